@@ -1,0 +1,5 @@
+"""``python -m blockcoupling``."""
+
+from blockcoupling.cli import main
+
+main()

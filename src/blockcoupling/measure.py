@@ -1,0 +1,566 @@
+"""measure(): capture -> Jacobians -> top-K SVD -> coupling, trajectories, spectra, influence.
+
+The orchestrator. For each batch of prompts it runs one forward pass (``capture``), computes
+the trajectory metrics from the captured block boundaries, and then, prompt by prompt and
+layer by layer, the Jacobians that the requested coupling kinds need:
+
+* pass 1 (per layer): the residual branch f^l of that block in the analysis dtype, its
+  Jacobians (dense blocks, or matrix-free operators), their top-K_max SVDs, the spectra and
+  the influence metrics;
+* pass 2 (per measured layer): every measured Jacobian J_a applied to the stacked bases of
+  all the Jacobians it is compared with (one GEMM, or one batched JVP, per measured
+  Jacobian), giving the K x K coupling matrices of both orientations at once; every variant
+  and every K <= K_max then comes from those matrices (the top-K subspaces are nested).
+
+Every prompt yields one :class:`Measurement` part (``iter_measure``), which is what the run
+store writes atomically; ``measure`` concatenates them.
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import torch
+from torch import Tensor
+
+from blockcoupling import jacobian as jac
+from blockcoupling import metrics, pairs, spectra, svd, trajectory
+from blockcoupling.blocks import BlockSpec, find_blocks
+from blockcoupling.capture import Capture, capture, residual_branch
+from blockcoupling.config import MeasureConfig
+from blockcoupling.errors import BlockCouplingError, NumericalError
+from blockcoupling.results import Measurement, conform
+
+Key = pairs.Key
+
+
+# ---------------------------------------------------------------------------- prompts in
+@dataclass(frozen=True)
+class PromptItem:
+    prompt_id: str
+    text: str
+    label: str = ""
+
+
+def normalise_prompts(prompts: Any) -> list[PromptItem]:
+    """Strings, :class:`blockcoupling.prompts.Prompt` objects, or (id, text) pairs."""
+    if isinstance(prompts, str):
+        prompts = [prompts]
+    items: list[PromptItem] = []
+    for i, p in enumerate(prompts):
+        if isinstance(p, str):
+            items.append(PromptItem(f"p{i:05d}", p))
+        elif isinstance(p, tuple) and len(p) == 2:
+            items.append(PromptItem(str(p[0]), str(p[1])))
+        elif hasattr(p, "text") and hasattr(p, "prompt_id"):
+            items.append(PromptItem(str(p.prompt_id), str(p.text), str(getattr(p, "label", ""))))
+        else:
+            raise BlockCouplingError(
+                f"prompt {i} has type {type(p).__name__}; pass strings, Prompt objects or "
+                "(prompt_id, text) pairs (for images pass a dict of model inputs)"
+            )
+    if not items:
+        raise BlockCouplingError("no prompts were given")
+    ids = [it.prompt_id for it in items]
+    if len(set(ids)) != len(ids):
+        raise BlockCouplingError("prompt ids must be unique; two prompts share an id")
+    for it in items:
+        if not it.text.strip():
+            raise BlockCouplingError(f"prompt {it.prompt_id!r} is empty; remove it or give it text")
+    return items
+
+
+def _context_length(model: torch.nn.Module) -> int | None:
+    cfg = getattr(model, "config", None)
+    for name in ("max_position_embeddings", "n_positions", "n_ctx", "max_seq_len"):
+        v = getattr(cfg, name, None)
+        if isinstance(v, int) and v > 0:
+            return v
+    return None
+
+
+def tokenize(tokenizer: Any, items: Sequence[PromptItem], model: torch.nn.Module,
+             device: torch.device) -> dict[str, Tensor]:
+    """Right-padded batch (so real positions are 0..n_b-1 and position ids are natural)."""
+    if tokenizer is None:
+        raise BlockCouplingError("text prompts need a tokenizer; pass the model's tokenizer")
+    old_side = getattr(tokenizer, "padding_side", None)
+    added_pad = False
+    if getattr(tokenizer, "pad_token", "x") is None:
+        eos = getattr(tokenizer, "eos_token", None) or getattr(tokenizer, "unk_token", None)
+        if eos is None:
+            raise BlockCouplingError("the tokenizer has no pad, eos or unk token to pad a batch with")
+        tokenizer.pad_token = eos
+        added_pad = True
+    try:
+        if old_side is not None:
+            tokenizer.padding_side = "right"
+        enc = tokenizer([it.text for it in items], return_tensors="pt", padding=True)
+    finally:
+        if old_side is not None:
+            tokenizer.padding_side = old_side
+        if added_pad:
+            tokenizer.pad_token = None
+    out = {k: v for k, v in dict(enc).items() if k in ("input_ids", "attention_mask", "token_type_ids")}
+    if "attention_mask" not in out:
+        out["attention_mask"] = torch.ones_like(out["input_ids"])
+    lengths = out["attention_mask"].sum(dim=1).tolist()
+    ctx = _context_length(model)
+    for it, n in zip(items, lengths, strict=True):
+        if n == 0:
+            raise BlockCouplingError(f"prompt {it.prompt_id!r} tokenizes to no tokens")
+        if ctx is not None and n > ctx:
+            raise BlockCouplingError(
+                f"prompt {it.prompt_id!r} has {n} tokens, more than the model's context of "
+                f"{ctx}; shorten it"
+            )
+    return {k: v.to(device) for k, v in out.items()}
+
+
+def _model_device(model: torch.nn.Module) -> torch.device:
+    for p in model.parameters():
+        return p.device
+    return torch.device("cpu")
+
+
+# ---------------------------------------------------------------------------- per-Jacobian state
+@dataclass
+class _Measured:
+    """One Jacobian J^l_{t_in t_out}: its top-K factors and a way to apply it."""
+
+    top: svd.TopK  # U (d, K), S (K,), V (d, K)
+    dense: Tensor | None  # (d, d) when computed densely
+    method: str
+    residual: float
+    seconds: float
+
+
+def _choose_method(cfg: MeasureConfig, d: int) -> str:
+    if cfg.method != "auto":
+        return cfg.method
+    # Dense blocks cost d VJPs per output token and d^2 memory; the matrix-free path costs
+    # ~(K + oversample) * (2 * n_iter + 2) products. Choose matrix-free only where it is cheaper.
+    per_op = (cfg.k_max + cfg.svd_oversample) * (2 * cfg.svd_iters + 2)
+    return "matrix_free" if d >= 2048 and per_op < d else "dense"
+
+
+class _PromptRun:
+    """All the Jacobian work for one prompt."""
+
+    def __init__(self, model: torch.nn.Module, cap: Capture, b: int, item: PromptItem,
+                 cfg: MeasureConfig, spec: BlockSpec, progress: Any,
+                 figure_ids: set[str]) -> None:
+        self.model, self.cap, self.b, self.item, self.cfg, self.spec = model, cap, b, item, cfg, spec
+        self.figure_ids = figure_ids
+        self.n = cap.lengths[b]
+        self.d = spec.hidden_size
+        self.layers = cfg.selected_layers(spec.num_layers)
+        self.tokens = pairs.resolve_tokens(cfg.tokens, self.n)
+        self.method = _choose_method(cfg, self.d)
+        self.progress = progress
+        self.pairs: dict[str, list[pairs.Pair]] = {
+            kind: pairs.kind_pairs(kind, tokens=self.tokens, layers=self.layers, n=self.n,
+                                   causal=spec.causal, pairs_mode=cfg.layer_pairs)
+            for kind in cfg.coupling
+        }
+        self.keys = pairs.needed_keys([p for ps in self.pairs.values() for p in ps])
+        if cfg.spectra:  # spectra of J^l_tt at every selected layer and token, at least
+            for la in self.layers:
+                self.keys.setdefault(la, [])
+                for t in self.tokens:
+                    if (t, t) not in self.keys[la]:
+                        self.keys[la].append((t, t))
+                self.keys[la].sort()
+        self.measured: dict[Key, _Measured] = {}
+        self.rows: dict[str, list[dict[str, Any]]] = {"spectra": [], "influence": [], "diagnostics": []}
+
+    # -- pass 1 ------------------------------------------------------------------------
+    def _branch(self, layer: int) -> tuple[Callable[[Tensor], Tensor], Tensor]:
+        return residual_branch(self.model, self.cap, layer, self.b, dtype=self.cfg.dtype)
+
+    def pass1(self) -> None:
+        kmax = self.cfg.k_max
+        want_influence = self.cfg.influence
+        layers = sorted(set(self.keys) | (set(self.layers) if want_influence else set()))
+        for layer in layers:
+            f, x = self._branch(layer)
+            keys = self.keys.get(layer, [])
+            infl = pairs.influence_keys([layer], n=self.n)[layer] if want_influence else []
+            dense_keys = keys if self.method == "dense" else []
+            blocks = self._dense_blocks(f, x, sorted(set(dense_keys) | set(infl)))
+            for t_in, t_out in keys:
+                t0 = time.perf_counter()
+                if self.method == "dense":
+                    J = blocks[(t_in, t_out)]
+                    top = svd.topk_svd(J, kmax)
+                    m = _Measured(top, J, "dense", 0.0, 0.0)
+                else:
+                    op = jac.jacobian_operator(f, x, t_in, t_out)
+                    top = svd.randomized_topk_svd(
+                        op, kmax, oversample=self.cfg.svd_oversample, n_iter=self.cfg.svd_iters,
+                        tol=self.cfg.svd_tol, seed=self.cfg.seed,
+                    )
+                    res = float(top.residual.max()) if top.residual is not None else 0.0
+                    m = _Measured(top, None, "matrix_free", res, 0.0)
+                    if self.cfg.method == "auto" and self.cfg.svd_tol is not None and res > self.cfg.svd_tol:
+                        # auto chooses from the measured residual: fall back to the exact path
+                        J = jac.jacobian_blocks(f, x, [t_out], in_tokens=[t_in],
+                                                chunk_size=self.cfg.chunk_size)[0, 0]
+                        m = _Measured(svd.topk_svd(J, kmax), J, "dense_fallback", res, 0.0)
+                m.seconds = time.perf_counter() - t0
+                _check_finite(m.top.S, layer, t_in, t_out)
+                self.measured[(layer, t_in, t_out)] = m
+                self.rows["diagnostics"].append(dict(
+                    prompt_id=self.item.prompt_id, layer=layer, token_in=t_in, token_out=t_out,
+                    method=m.method, residual=m.residual, seconds=m.seconds))
+                if self.cfg.spectra:
+                    s = m.top.S.detach().double().cpu().numpy()
+                    self.rows["spectra"] += [
+                        dict(prompt_id=self.item.prompt_id, layer=layer, token_in=t_in,
+                             token_out=t_out, rank=r + 1, singular_value=float(v))
+                        for r, v in enumerate(s)
+                    ]
+            if infl:
+                self._influence(layer, blocks, infl)
+            if self.progress is not None:
+                self.progress.set_postfix_str(f"{self.item.prompt_id} layer {layer}", refresh=False)
+
+    def _dense_blocks(self, f: Callable[[Tensor], Tensor], x: Tensor,
+                      keys: Sequence[tuple[int, int]]) -> dict[tuple[int, int], Tensor]:
+        """Dense J_{t_in t_out} for ``keys``: one VJP batch per output token (every input at once)."""
+        out: dict[tuple[int, int], Tensor] = {}
+        by_out: dict[int, list[int]] = {}
+        for t_in, t_out in keys:
+            by_out.setdefault(t_out, []).append(t_in)
+        for t_out, ins in by_out.items():
+            J = jac.jacobian_blocks(f, x, [t_out], in_tokens=ins, chunk_size=self.cfg.chunk_size)
+            for j, t_in in enumerate(ins):
+                out[(t_in, t_out)] = J[0, j]
+        return out
+
+    def _influence(self, layer: int, blocks: dict[tuple[int, int], Tensor],
+                   keys: Sequence[tuple[int, int]]) -> None:
+        Js = torch.stack([blocks[k] for k in keys])  # (n, d, d)
+        s = torch.linalg.svdvals(Js.double())  # (n, d)
+        vals = spectra.influence_metrics(s)
+        for name, v in vals.items():
+            for (t_in, t_out), value in zip(keys, v.cpu().numpy(), strict=True):
+                self.rows["influence"].append(dict(
+                    prompt_id=self.item.prompt_id, layer=layer, token_in=t_in, token_out=t_out,
+                    metric=name, value=float(value)))
+
+    # -- pass 2 ------------------------------------------------------------------------
+    def pass2(self) -> tuple[list[pd.DataFrame], dict[str, np.ndarray], dict[int, float]]:
+        """Coupling matrices for every pair of every kind, and the linearisation cosines."""
+        cfg = self.cfg
+        frames: list[pd.DataFrame] = []
+        arrays: dict[str, np.ndarray] = {}
+        lin_vec: dict[int, Tensor] = {}
+        want_lin = "depth" in cfg.coupling and tuple(self.layers) == tuple(
+            range(1, self.spec.num_layers + 1))
+        if want_lin:
+            x0 = self.cap.boundaries[0, self.b].to(self.cfg.dtype)
+            lin_vec = {t: x0[t].clone() for t in self.tokens}
+        # group pairs by measured Jacobian so each is applied once to all its bases
+        by_a: dict[Key, list[tuple[str, Key]]] = {}
+        for kind, ps in self.pairs.items():
+            for a, b in ps:
+                by_a.setdefault(a, []).append((kind, b))
+        A_store: dict[tuple[str, Key, Key, str], Tensor] = {}
+        measured_layers = sorted({a[0] for a in by_a})
+        for layer in measured_layers:
+            f = x = None
+            if self.method != "dense":
+                f, x = self._branch(layer)
+            for a in [a for a in by_a if a[0] == layer]:
+                apply = self._applier(a, f, x)
+                bases = by_a[a]
+                Ub = torch.stack([self.measured[b].top.U for _, b in bases])  # (P, d, K)
+                Vb = torch.stack([self.measured[b].top.V for _, b in bases])  # (P, d, K)
+                P, d, K = Ub.shape
+                for orient in cfg.orientations:
+                    right, left = (Vb, Ub) if orient == "ujv" else (Ub, Vb)
+                    JX = apply(right.permute(1, 0, 2).reshape(d, P * K))  # (d, P*K)
+                    JX = JX.reshape(d, P, K).permute(1, 0, 2)  # (P, d, K)
+                    A = left.transpose(-1, -2) @ JX  # (P, K, K)
+                    for (kind, b), Ab in zip(bases, A, strict=True):
+                        A_store[(kind, a, b, orient)] = Ab
+            if want_lin:
+                for t in self.tokens:
+                    key = (layer, t, t)
+                    if key in self.measured:
+                        apply = self._applier(key, f, x)
+                        v = lin_vec[t]
+                        lin_vec[t] = v + apply(v[:, None])[:, 0]
+        frames.append(self._coupling_rows(A_store))
+        arrays.update(self._figure_arrays(A_store))
+        lin: dict[int, float] = {}
+        if want_lin:
+            xL = self.cap.boundaries[-1, self.b].to(self.cfg.dtype)
+            for t, v in lin_vec.items():
+                lin[t] = float(torch.nn.functional.cosine_similarity(v, xL[t], dim=0))
+        return frames, arrays, lin
+
+    def _applier(self, key: Key, f: Any, x: Any) -> Callable[[Tensor], Tensor]:
+        m = self.measured[key]
+        if m.dense is not None:
+            J = m.dense
+            return lambda X: J @ X
+        op = jac.jacobian_operator(f, x, key[1], key[2])
+        return op.matmat
+
+    def _coupling_rows(self, A_store: dict[tuple[str, Key, Key, str], Tensor]) -> pd.DataFrame:
+        if not A_store:
+            return conform("coupling", [])
+        cfg = self.cfg
+        keys = list(A_store)
+        A = torch.stack([A_store[k] for k in keys])  # (P, Kmax, Kmax)
+        s1 = torch.stack([self.measured[k[1]].top.S for k in keys])  # (P, Kmax)
+        fro2 = torch.stack([torch.as_tensor(self.measured[k[1]].top.fro2, dtype=A.dtype,
+                                            device=A.device) for k in keys])  # (P,)
+        base = pd.DataFrame({
+            "prompt_id": self.item.prompt_id,
+            "kind": [k[0] for k in keys],
+            "layer_a": [k[1][0] for k in keys], "layer_b": [k[2][0] for k in keys],
+            "token_in_a": [k[1][1] for k in keys], "token_out_a": [k[1][2] for k in keys],
+            "token_in_b": [k[2][1] for k in keys], "token_out_b": [k[2][2] for k in keys],
+            "orientation": [k[3] for k in keys],
+        })
+        parts = []
+        for variant in cfg.variants:
+            ps: Sequence[float | None]
+            if variant in ("coupling", "miscoupling", "coupling_vs_null"):
+                ps = cfg.p
+            elif variant == "released_norm":
+                ps = (2.0,)
+            else:
+                ps = (None,)
+            for p in ps:
+                for k in cfg.k:
+                    vals = metrics.coupling_values(A, s1, k, variant, p=p, fro2=fro2, d=self.d)
+                    df = base.copy()
+                    df["k"] = k
+                    df["variant"] = variant
+                    df["p"] = np.nan if p is None else float(p)
+                    df["value"] = vals.detach().double().cpu().numpy()
+                    parts.append(df)
+        return conform("coupling", pd.concat(parts, ignore_index=True))
+
+    def _figure_arrays(self, A_store: dict[tuple[str, Key, Key, str], Tensor]) -> dict[str, np.ndarray]:
+        cfg = self.cfg
+        if "depth" not in cfg.coupling or self.item.prompt_id not in self.figure_ids:
+            return {}
+        lo, hi = cfg.figure_window or pairs.default_figure_window(self.layers)
+        window = [la for la in self.layers if lo <= la <= hi]
+        t = self.tokens[-1]
+        out = {}
+        for orient in cfg.orientations:
+            grid = torch.stack([
+                torch.stack([A_store[("depth", (la, t, t), (lb, t, t), orient)] for lb in window])
+                for la in window
+            ])  # (W, W, Kmax, Kmax)
+            out[f"A/{self.item.prompt_id}/{orient}"] = grid.detach().float().cpu().numpy()
+        return out
+
+
+def _check_finite(S: Tensor, layer: int, t_in: int, t_out: int) -> None:
+    if not torch.isfinite(S).all():
+        raise NumericalError(
+            f"the Jacobian of layer {layer} (token {t_in} -> {t_out}) has NaN or infinite "
+            "singular values; check the model's weights and dtype (try dtype=torch.float64)"
+        )
+
+
+# ---------------------------------------------------------------------------- trajectories
+def _trajectory_rows(cap: Capture, b: int, prompt_id: str, window: int
+                     ) -> tuple[pd.DataFrame, pd.DataFrame]:
+    n = cap.lengths[b]
+    X = cap.boundaries[:, b, :n].double()  # (L+1, n, d)
+    Lp1 = X.shape[0]
+    norms = trajectory.norms(X)  # (L+1, n)
+    steps = trajectory.step_norms(X)  # (L, n)
+    step_full = torch.cat([torch.full((1, n), float("nan"), dtype=X.dtype), steps])
+    pca = trajectory.pca_projection(X)  # (L+1, n, 2)
+    wl = trajectory.windowed_lss(X, width=window)  # (L+1, n)
+    layer_idx, tok_idx = np.meshgrid(np.arange(Lp1), np.arange(n), indexing="ij")
+    traj = pd.DataFrame({
+        "prompt_id": prompt_id,
+        "token": tok_idx.ravel(),
+        "layer": layer_idx.ravel(),
+        "norm": norms.numpy().ravel(),
+        "step_norm": step_full.numpy().ravel(),
+        "pca_x": pca[..., 0].numpy().ravel(),
+        "pca_y": pca[..., 1].numpy().ravel(),
+        "lss_window": wl.numpy().ravel(),
+    })
+    tokm = pd.DataFrame({
+        "prompt_id": prompt_id,
+        "token": np.arange(n),
+        "lss": trajectory.line_shape_score(X).numpy(),
+        "expodistance": trajectory.expodistance(X).numpy(),
+        "equidistance_cv": trajectory.equidistance_cv(X).numpy(),
+        "linearisation_cosine": np.nan,
+    })
+    return conform("trajectory", traj), conform("token_metrics", tokm)
+
+
+# ---------------------------------------------------------------------------- public API
+def iter_measure(model: torch.nn.Module, tokenizer: Any, prompts: Any, config: MeasureConfig,
+                 *, skip: frozenset[str] | set[str] = frozenset(), progress: bool = True,
+                 ) -> Iterator[Measurement]:
+    """Yield one :class:`Measurement` part per prompt (for incremental, resumable stores)."""
+    from tqdm.auto import tqdm
+
+    cfg = config
+    if model.training:
+        warnings.warn("the model was in training mode; blockcoupling measures it in eval mode "
+                      "(dropout off) and leaves it in eval mode", stacklevel=2)
+        model.eval()
+    spec = find_blocks(model, cfg.blocks_path)
+    cfg.check_model(spec.num_layers, spec.hidden_size)
+    device = _model_device(model)
+    if isinstance(prompts, Mapping):  # pre-built model inputs, e.g. {"pixel_values": ...}
+        batches = _input_batches(prompts, cfg.batch_size)
+    else:
+        items = normalise_prompts(prompts)
+        todo = [it for it in items if it.prompt_id not in skip]
+        batches = [
+            (todo[i:i + cfg.batch_size], None) for i in range(0, len(todo), cfg.batch_size)
+        ]
+    total = sum(len(b[0]) for b in batches)
+    figure_ids: set[str] = set()
+    bar = tqdm(total=total, desc="prompts", unit="prompt", disable=not progress, dynamic_ncols=True)
+    try:
+        for batch_items, raw_inputs in batches:
+            inputs = raw_inputs if raw_inputs is not None else tokenize(tokenizer, batch_items, model, device)
+            if raw_inputs is not None:
+                inputs = {k: v.to(device) for k, v in inputs.items()}
+            cap = capture(model, inputs, spec, final_norm=cfg.final_norm)
+            for b, item in enumerate(batch_items):
+                if len(figure_ids) < cfg.figure_prompts:
+                    figure_ids.add(item.prompt_id)
+                yield _measure_one(model, cap, b, item, cfg, spec, figure_ids, bar)
+                bar.update(1)
+    finally:
+        bar.close()
+
+
+def _input_batches(inputs: Mapping[str, Tensor], batch_size: int
+                   ) -> list[tuple[list[PromptItem], dict[str, Tensor]]]:
+    B = next(iter(inputs.values())).shape[0]
+    out = []
+    for i in range(0, B, batch_size):
+        sl = {k: v[i:i + batch_size] for k, v in inputs.items()}
+        items = [PromptItem(f"input-{j:05d}", f"<input {j}>") for j in range(i, min(B, i + batch_size))]
+        out.append((items, sl))
+    return out
+
+
+def _measure_one(model: torch.nn.Module, cap: Capture, b: int, item: PromptItem,
+                 cfg: MeasureConfig, spec: BlockSpec, figure_ids: set[str], bar: Any) -> Measurement:
+    t0 = time.perf_counter()
+    n = cap.lengths[b]
+    traj = tokm = None
+    if cfg.trajectory:
+        traj, tokm = _trajectory_rows(cap, b, item.prompt_id, cfg.lss_window)
+    run = _PromptRun(model, cap, b, item, cfg, spec, bar, figure_ids)
+    frames: list[pd.DataFrame] = []
+    arrays: dict[str, np.ndarray] = {}
+    if run.keys or cfg.influence:
+        run.pass1()
+        if cfg.coupling:
+            frames, arrays, lin = run.pass2()
+            if tokm is not None and lin:
+                tokm.loc[tokm["token"].isin(list(lin)), "linearisation_cosine"] = (
+                    tokm.loc[tokm["token"].isin(list(lin)), "token"].map(lin).astype(float))
+    prompts_df = conform("prompts", [dict(prompt_id=item.prompt_id, text=item.text, n_tokens=n,
+                                          label=item.label)])
+    part = Measurement(
+        coupling=pd.concat(frames, ignore_index=True) if frames else conform("coupling", []),
+        trajectory=traj if traj is not None else conform("trajectory", []),
+        token_metrics=tokm if tokm is not None else conform("token_metrics", []),
+        spectra=conform("spectra", run.rows["spectra"]),
+        influence=conform("influence", run.rows["influence"]),
+        prompts=prompts_df,
+        diagnostics=conform("diagnostics", run.rows["diagnostics"]),
+        arrays=arrays,
+        config=cfg,
+        meta={"seconds": time.perf_counter() - t0},
+    )
+    return part
+
+
+def build_meta(model: torch.nn.Module, cfg: MeasureConfig, **extra: Any) -> dict[str, Any]:
+    spec = find_blocks(model, cfg.blocks_path)
+    layers = cfg.selected_layers(spec.num_layers)
+    lo, hi = cfg.figure_window or pairs.default_figure_window(layers)
+    name = getattr(getattr(model, "config", None), "_name_or_path", "") or type(model).__name__
+    meta: dict[str, Any] = {
+        "model": name,
+        "arch": spec.arch,
+        "num_layers": spec.num_layers,
+        "hidden_size": spec.hidden_size,
+        "causal": spec.causal,
+        "blocks_path": spec.blocks_path,
+        "figure_window": [lo, hi],
+        "device": str(_model_device(model)),
+        "model_dtype": str(next(model.parameters()).dtype).removeprefix("torch."),
+    }
+    meta.update(extra)
+    return meta
+
+
+def measure(model: torch.nn.Module, tokenizer: Any = None, prompts: Any = (), *,
+            coupling: Sequence[str] | str = ("depth",), k: Sequence[int] | int = (10, 30, 50),
+            tokens: str | Sequence[int] = "last", p: float | Sequence[float] = 1,
+            dtype: torch.dtype = torch.float32, config: MeasureConfig | None = None,
+            progress: bool = True, **options: Any) -> Measurement:
+    """Measure block coupling, trajectories, spectra and influence of ``model`` on ``prompts``.
+
+    ``prompts`` are strings (tokenized with ``tokenizer``), :class:`Prompt` objects, or a dict
+    of ready model inputs (e.g. ``{"pixel_values": images}`` for a ViT). Every other keyword is
+    a :class:`MeasureConfig` field (``layers="9..16"``, ``variants=...``, ``final_norm=True``,
+    ``method="matrix_free"``, ``influence=True``, ...). ``dtype`` is the precision of the
+    analysis, not of the model: each analysed block is copied to it.
+    """
+    if config is None:
+        cfg = MeasureConfig(coupling=coupling, k=k, tokens=tokens, p=p, dtype=dtype, **options)
+    else:  # an explicit config wins over the keyword defaults; extra options still apply
+        cfg = config.replace(**options) if options else config
+    t0 = time.perf_counter()
+    parts = list(iter_measure(model, tokenizer, prompts, cfg, progress=progress))
+    meta = build_meta(model, cfg, seconds=time.perf_counter() - t0)
+    return Measurement.concat(parts, config=cfg, meta=meta)
+
+
+def measure_to_dir(model: torch.nn.Module, tokenizer: Any, prompts: Any, out_dir: Any, *,
+                   meta: dict[str, Any] | None = None, prompts_spec: str = "", resume: bool = False,
+                   progress: bool = True, config: MeasureConfig | None = None,
+                   **options: Any) -> Measurement:
+    """Like :func:`measure`, but written prompt by prompt into a resumable run directory."""
+    from blockcoupling.store import RunWriter, weights_hash
+
+    opts = dict(options)
+    cfg = config.replace(**opts) if (config is not None and opts) else (config or MeasureConfig(**opts))
+    items = normalise_prompts(prompts) if not isinstance(prompts, Mapping) else None
+    prompts_df = conform("prompts", [dict(prompt_id=it.prompt_id, text=it.text, n_tokens=0,
+                                          label=it.label) for it in items] if items else [])
+    full_meta = build_meta(model, cfg, prompts_spec=prompts_spec, weights_hash=weights_hash(model))
+    full_meta.update(meta or {})
+    t0 = time.perf_counter()
+    with RunWriter(out_dir, config=cfg, meta=full_meta, prompts=prompts_df, resume=resume) as writer:
+        done = writer.done_prompt_ids()
+        for part in iter_measure(model, tokenizer, items if items is not None else prompts, cfg,
+                                 skip=done, progress=progress):
+            writer.write_part(part)
+        return writer.finalize(timings={"seconds": time.perf_counter() - t0})
+
+
+__all__ = ["measure", "measure_to_dir", "iter_measure", "normalise_prompts", "PromptItem",
+           "build_meta"]

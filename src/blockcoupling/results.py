@@ -1,0 +1,225 @@
+"""Measurement: the result of :func:`blockcoupling.measure` and of :func:`open_run`.
+
+Long ("tidy") tables, one value per row, with the column names of DEFINITIONS.md ("Result
+tables"). Layers are 1-based (layer l = block l; layer 0 in ``trajectory`` is the input of
+block 1), tokens 0-based. Per-token trajectory metrics (``lss``, ``expodistance``,
+``equidistance_cv``, ``linearisation_cosine``) live in their own table ``token_metrics``
+rather than as rows with an empty layer: one row per (prompt, token), no sentinel values.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from blockcoupling.config import MeasureConfig
+
+# name -> (column, pandas dtype). The order is the column order of the tables.
+SCHEMAS: dict[str, dict[str, str]] = {
+    "coupling": {
+        "prompt_id": "string",
+        "kind": "string",
+        "layer_a": "int32",
+        "layer_b": "int32",
+        "token_in_a": "int32",
+        "token_out_a": "int32",
+        "token_in_b": "int32",
+        "token_out_b": "int32",
+        "k": "int32",
+        "variant": "string",
+        "p": "float64",  # NaN where the variant has no p
+        "orientation": "string",
+        "value": "float64",
+    },
+    "trajectory": {
+        "prompt_id": "string",
+        "token": "int32",
+        "layer": "int32",
+        "norm": "float64",
+        "step_norm": "float64",  # NaN at layer 0
+        "pca_x": "float64",
+        "pca_y": "float64",
+        "lss_window": "float64",
+    },
+    "token_metrics": {
+        "prompt_id": "string",
+        "token": "int32",
+        "lss": "float64",
+        "expodistance": "float64",
+        "equidistance_cv": "float64",
+        "linearisation_cosine": "float64",  # NaN unless depth Jacobians were computed
+    },
+    "spectra": {
+        "prompt_id": "string",
+        "layer": "int32",
+        "token_in": "int32",
+        "token_out": "int32",
+        "rank": "int32",
+        "singular_value": "float64",
+    },
+    "influence": {
+        "prompt_id": "string",
+        "layer": "int32",
+        "token_in": "int32",
+        "token_out": "int32",
+        "metric": "string",
+        "value": "float64",
+    },
+    "prompts": {
+        "prompt_id": "string",
+        "text": "string",
+        "n_tokens": "int32",
+        "label": "string",
+    },
+    "diagnostics": {
+        "prompt_id": "string",
+        "layer": "int32",
+        "token_in": "int32",
+        "token_out": "int32",
+        "method": "string",
+        "residual": "float64",
+        "seconds": "float64",
+    },
+}
+TABLES = tuple(SCHEMAS)
+
+
+def empty_table(name: str) -> pd.DataFrame:
+    """An empty table with the right columns and dtypes."""
+    return pd.DataFrame({c: pd.Series(dtype=t) for c, t in SCHEMAS[name].items()})
+
+
+def conform(name: str, frame: pd.DataFrame | Iterable[dict[str, Any]]) -> pd.DataFrame:
+    """Order and type the columns of ``frame`` as the schema says (extra columns are kept)."""
+    df = frame if isinstance(frame, pd.DataFrame) else pd.DataFrame(list(frame))
+    if df.empty and not len(df.columns):
+        return empty_table(name)
+    schema = SCHEMAS[name]
+    for col, dtype in schema.items():
+        if col not in df.columns:
+            df[col] = pd.Series([pd.NA if dtype == "string" else np.nan] * len(df), dtype=dtype if dtype != "int32" else "float64")
+        if dtype == "int32" and df[col].isna().any():
+            raise ValueError(f"table {name!r}: column {col!r} has missing values")
+        df[col] = df[col].astype(dtype)
+    extra = [c for c in df.columns if c not in schema]
+    return df[list(schema) + extra].reset_index(drop=True)
+
+
+@dataclass
+class Measurement:
+    """Everything one measurement produced. Tables are pandas DataFrames (see ``SCHEMAS``)."""
+
+    coupling: pd.DataFrame = field(default_factory=lambda: empty_table("coupling"))
+    trajectory: pd.DataFrame = field(default_factory=lambda: empty_table("trajectory"))
+    token_metrics: pd.DataFrame = field(default_factory=lambda: empty_table("token_metrics"))
+    spectra: pd.DataFrame = field(default_factory=lambda: empty_table("spectra"))
+    influence: pd.DataFrame = field(default_factory=lambda: empty_table("influence"))
+    prompts: pd.DataFrame = field(default_factory=lambda: empty_table("prompts"))
+    diagnostics: pd.DataFrame = field(default_factory=lambda: empty_table("diagnostics"))
+    arrays: dict[str, np.ndarray] = field(default_factory=dict)
+    config: MeasureConfig = field(default_factory=MeasureConfig)
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def table(self, name: str) -> pd.DataFrame:
+        if name not in SCHEMAS:
+            raise KeyError(f"unknown table {name!r}; tables are {', '.join(TABLES)}")
+        return getattr(self, name)
+
+    # ------------------------------------------------------------------ combining
+    @classmethod
+    def concat(cls, parts: list[Measurement], *, config: MeasureConfig | None = None,
+               meta: dict[str, Any] | None = None) -> Measurement:
+        """Stack the tables of several measurements (e.g. one per prompt batch)."""
+        if not parts:
+            return cls(config=config or MeasureConfig(), meta=meta or {})
+        tables = {
+            name: conform(name, pd.concat([p.table(name) for p in parts], ignore_index=True))
+            for name in TABLES
+        }
+        arrays: dict[str, np.ndarray] = {}
+        for p in parts:
+            arrays.update(p.arrays)
+        return cls(**tables, arrays=arrays, config=config or parts[0].config,
+                   meta=meta if meta is not None else dict(parts[0].meta))
+
+    # ------------------------------------------------------------------ aggregates
+    def _select(self, kind: str, k: int | None, variant: str, p: float | None,
+                orientation: str) -> pd.DataFrame:
+        df = self.coupling
+        k = k if k is not None else min(self.config.k)
+        sel = (df["kind"] == kind) & (df["k"] == k) & (df["variant"] == variant) & (
+            df["orientation"] == orientation
+        )
+        if p is not None and variant in ("coupling", "miscoupling", "coupling_vs_null"):
+            sel &= df["p"] == float(p)
+        out = df[sel]
+        if out.empty:
+            raise KeyError(
+                f"no {kind} coupling rows for k={k}, variant={variant}, p={p}, "
+                f"orientation={orientation}; measured k={self.config.k}, "
+                f"variants={self.config.variants}, kinds={self.config.coupling}"
+            )
+        return out
+
+    def mean_depth_coupling(self, k: int | None = None, *, variant: str = "coupling",
+                            p: float | None = 1.0, orientation: str = "ujv") -> pd.DataFrame:
+        """Per prompt (and token): mean depth-wise value over layer pairs l != l'
+        (``mean_offdiag``) and over all pairs including l = l' (``mean_all``)."""
+        df = self._select("depth", k, variant, p, orientation)
+        off = df[df["layer_a"] != df["layer_b"]]
+        keys = ["prompt_id", "token_out_a"]
+        res = df.groupby(keys, sort=False)["value"].mean().rename("mean_all").to_frame()
+        res["mean_offdiag"] = off.groupby(keys, sort=False)["value"].mean()
+        res = res.reset_index().rename(columns={"token_out_a": "token"})
+        return res[["prompt_id", "token", "mean_offdiag", "mean_all"]]
+
+    def coupling_by_distance(self, k: int | None = None, *, variant: str = "coupling",
+                             p: float | None = 1.0, orientation: str = "ujv") -> pd.DataFrame:
+        """Locality: mean depth-wise value as a function of layer distance |l - l'|."""
+        df = self._select("depth", k, variant, p, orientation).copy()
+        df["distance"] = (df["layer_a"] - df["layer_b"]).abs()
+        g = df.groupby("distance")["value"]
+        return pd.DataFrame({"mean": g.mean(), "std": g.std(), "count": g.size()}).reset_index()
+
+    def depth_matrix(self, prompt_id: str | None = None, *, token: int | None = None,
+                     k: int | None = None, variant: str = "coupling", p: float | None = 1.0,
+                     orientation: str = "ujv") -> pd.DataFrame:
+        """L x L matrix (rows = measured layer_a, columns = basis layer_b); mean over prompts
+        and tokens unless ``prompt_id`` / ``token`` pick one."""
+        df = self._select("depth", k, variant, p, orientation)
+        if prompt_id is not None:
+            df = df[df["prompt_id"] == prompt_id]
+        if token is not None:
+            df = df[df["token_out_a"] == token]
+        return df.pivot_table(index="layer_a", columns="layer_b", values="value", aggfunc="mean")
+
+    def summary(self) -> str:
+        """A few lines for humans (``blockcoupling show``)."""
+        cfg = self.config
+        lines = [
+            f"model: {self.meta.get('model', '?')}  prompts: {len(self.prompts)}  "
+            f"kinds: {', '.join(cfg.coupling) or '-'}  k: {', '.join(map(str, cfg.k))}",
+        ]
+        for name in TABLES:
+            lines.append(f"  {name:14s} {len(self.table(name)):>10,d} rows")
+        if "depth" in cfg.coupling and not self.coupling.empty:
+            for k in cfg.k:
+                try:
+                    m = self.mean_depth_coupling(k)
+                except KeyError:
+                    continue
+                lines.append(
+                    f"  mean depth-wise coupling (K={k}, p=1, ujv): off-diagonal "
+                    f"{m['mean_offdiag'].mean():.4f}, with diagonal {m['mean_all'].mean():.4f}"
+                )
+        if not self.token_metrics.empty:
+            tm = self.token_metrics
+            lines.append(
+                f"  trajectories: mean LSS {tm['lss'].mean():.3f}, mean expodistance "
+                f"{tm['expodistance'].mean():.3f}"
+            )
+        return "\n".join(lines)

@@ -1,0 +1,95 @@
+"""Which Jacobians each coupling kind compares, and config validation."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from blockcoupling.config import MeasureConfig, parse_layers, parse_tokens
+from blockcoupling.errors import BlockCouplingError
+from blockcoupling.pairs import (
+    default_figure_window,
+    influence_keys,
+    kind_pairs,
+    needed_keys,
+    resolve_tokens,
+)
+
+
+def test_resolve_tokens() -> None:
+    assert resolve_tokens("last", 5) == [4]
+    assert resolve_tokens("all", 3) == [0, 1, 2]
+    assert resolve_tokens((0, -1, 4), 5) == [0, 4]
+    with pytest.raises(BlockCouplingError, match="out of range .* 5 tokens"):
+        resolve_tokens((5,), 5)
+    with pytest.raises(BlockCouplingError, match="no tokens"):
+        resolve_tokens("last", 0)
+
+
+def test_depth_pairs_cover_all_layer_pairs() -> None:
+    ps = kind_pairs("depth", tokens=[4], layers=[1, 2, 3], n=5, causal=True)
+    assert len(ps) == 9
+    assert ((2, 4, 4), (3, 4, 4)) in ps
+    assert needed_keys(ps) == {1: [(4, 4)], 2: [(4, 4)], 3: [(4, 4)]}
+
+
+def test_self_pairs() -> None:
+    ps = kind_pairs("self", tokens=[0, 1, 2], layers=[1, 2], n=3, causal=True, pairs_mode="same")
+    assert len(ps) == 2 * 9
+    assert all(a[0] == b[0] for a, b in ps)
+    ps_all = kind_pairs("self", tokens=[0, 1], layers=[1, 2], n=3, causal=True, pairs_mode="all")
+    assert len(ps_all) == 4 * 4
+
+
+def test_context_pairs_respect_causality() -> None:
+    fo = kind_pairs("fixed_output", tokens=[2], layers=[1], n=4, causal=True)
+    # inputs t1, t1' <= 2 -> 3 x 3 pairs, output fixed at 2
+    assert len(fo) == 9 and all(a[2] == 2 and b[2] == 2 for a, b in fo)
+    assert max(max(a[1], b[1]) for a, b in fo) == 2
+    fi = kind_pairs("fixed_input", tokens=[1], layers=[1], n=4, causal=True)
+    assert len(fi) == 9 and all(a[1] == 1 and a[2] >= 1 and b[2] >= 1 for a, b in fi)
+    enc = kind_pairs("fixed_input", tokens=[1], layers=[1], n=4, causal=False)
+    assert len(enc) == 16  # an encoder's outputs all depend on every input
+
+
+def test_influence_and_window() -> None:
+    assert influence_keys([2], n=3) == {2: [(0, 2), (1, 2), (2, 2)]}
+    assert default_figure_window(list(range(1, 33))) == (13, 20)
+    assert default_figure_window([1, 2, 3]) == (1, 3)
+
+
+def test_config_parsing_and_roundtrip() -> None:
+    cfg = MeasureConfig(k="50,10", tokens="0,-1", layers="9..16", p=(1, 2, "inf"))
+    assert cfg.k == (10, 50) and cfg.tokens == (0, -1) and cfg.layers == tuple(range(9, 17))
+    assert cfg.p == (1.0, 2.0, math.inf)
+    assert MeasureConfig.from_dict(cfg.to_dict()) == cfg
+    assert parse_layers("3,5") == (3, 5) and parse_layers(None) is None
+    assert parse_tokens(2) == (2,)
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(coupling=("depthwise",)), "unknown; choose from depth"),
+        (dict(k=(0,)), "positive"),
+        (dict(variants=("nope",)), "variant 'nope'"),
+        (dict(p=(3,)), "p = 1, 2 or inf"),
+        (dict(method="svd"), "auto, dense or matrix-free"),
+        (dict(layers="5..2"), "empty"),
+        (dict(layers="0..2"), "numbered from 1"),
+        (dict(dtype="bfloat16"), "float32 or float64"),
+        (dict(tokens="first"), "last"),
+    ],
+)
+def test_config_errors(kwargs: dict, match: str) -> None:
+    with pytest.raises(BlockCouplingError, match=match):
+        MeasureConfig(**kwargs)
+
+
+def test_check_model() -> None:
+    cfg = MeasureConfig(k=(10, 30), layers="1..4")
+    with pytest.raises(BlockCouplingError, match="larger than the model's hidden size d=16"):
+        cfg.check_model(num_layers=4, hidden_size=16)
+    with pytest.raises(BlockCouplingError, match="goes past the model's 3 blocks"):
+        MeasureConfig(k=(2,), layers="1..4").check_model(num_layers=3, hidden_size=16)
