@@ -66,7 +66,8 @@ def measure(
     influence: Annotated[bool, typer.Option("--influence", help="Cross-token influence on the last token.")] = False,
     batch_size: Annotated[int, typer.Option(help="Prompts per forward pass.")] = 8,
     limit: Annotated[int | None, typer.Option(help="Use at most this many prompts (seeded subset).")] = None,
-    column: Annotated[str | None, typer.Option(help="Text column of a .csv/.jsonl prompt file.")] = None,
+    prompt_column: Annotated[str | None, typer.Option(help="Text column of a .csv/.jsonl prompt file.")] = None,
+    split: Annotated[str | None, typer.Option(help="Dataset split for hf: prompts.")] = None,
     seed: Annotated[int, typer.Option(help="Seed for prompt subsets and randomized SVDs.")] = 0,
     blocks: Annotated[str | None, typer.Option(help="Dotted path to the list of blocks (custom models).")] = None,
     resume: Annotated[bool, typer.Option("--resume", help="Continue an interrupted run in --out.")] = False,
@@ -87,7 +88,7 @@ def measure(
             layers=layers, layer_pairs=layer_pairs, final_norm=final_norm, method=method,
             influence=influence, batch_size=batch_size, seed=seed, blocks_path=blocks,
         )
-        items = load_prompts(prompts, limit=limit, seed=seed, column=column)
+        items = load_prompts(prompts, limit=limit, seed=seed, column=prompt_column, split=split)
         net, tok = load_model(model, revision=revision, dtype=dtype, device=device,
                               trust_remote_code=trust_remote_code)
         meta = {"model": model, "revision": revision, "prompts_spec": prompts}

@@ -241,7 +241,7 @@ class _PromptRun:
         for t_out, ins in by_out.items():
             J = jac.jacobian_blocks(f, x, [t_out], in_tokens=ins, chunk_size=self.cfg.chunk_size)
             for j, t_in in enumerate(ins):
-                out[(t_in, t_out)] = J[0, j]
+                out[(t_in, t_out)] = J[0, j].detach()
         return out
 
     def _influence(self, layer: int, blocks: dict[tuple[int, int], Tensor],
@@ -304,7 +304,7 @@ class _PromptRun:
         if want_lin:
             xL = self.cap.boundaries[-1, self.b].to(self.cfg.dtype)
             for t, v in lin_vec.items():
-                lin[t] = float(torch.nn.functional.cosine_similarity(v, xL[t], dim=0))
+                lin[t] = float(torch.nn.functional.cosine_similarity(v.detach(), xL[t], dim=0))
         return frames, arrays, lin
 
     def _applier(self, key: Key, f: Any, x: Any) -> Callable[[Tensor], Tensor]:
@@ -332,24 +332,16 @@ class _PromptRun:
             "token_in_b": [k[2][1] for k in keys], "token_out_b": [k[2][2] for k in keys],
             "orientation": [k[3] for k in keys],
         })
+        values = metrics.all_coupling_values(A, s1, cfg.k, variants=cfg.variants, ps=cfg.p,
+                                             fro2=fro2, d=self.d)
         parts = []
-        for variant in cfg.variants:
-            ps: Sequence[float | None]
-            if variant in ("coupling", "miscoupling", "coupling_vs_null"):
-                ps = cfg.p
-            elif variant == "released_norm":
-                ps = (2.0,)
-            else:
-                ps = (None,)
-            for p in ps:
-                for k in cfg.k:
-                    vals = metrics.coupling_values(A, s1, k, variant, p=p, fro2=fro2, d=self.d)
-                    df = base.copy()
-                    df["k"] = k
-                    df["variant"] = variant
-                    df["p"] = np.nan if p is None else float(p)
-                    df["value"] = vals.detach().double().cpu().numpy()
-                    parts.append(df)
+        for (variant, p, k), vals in values.items():
+            df = base.copy()
+            df["k"] = k
+            df["variant"] = variant
+            df["p"] = np.nan if p is None else float(p)
+            df["value"] = vals.detach().double().cpu().numpy()
+            parts.append(df)
         return conform("coupling", pd.concat(parts, ignore_index=True))
 
     def _figure_arrays(self, A_store: dict[tuple[str, Key, Key, str], Tensor]) -> dict[str, np.ndarray]:
@@ -441,7 +433,9 @@ def iter_measure(model: torch.nn.Module, tokenizer: Any, prompts: Any, config: M
             inputs = raw_inputs if raw_inputs is not None else tokenize(tokenizer, batch_items, model, device)
             if raw_inputs is not None:
                 inputs = {k: v.to(device) for k, v in inputs.items()}
-            cap = capture(model, inputs, spec, final_norm=cfg.final_norm)
+            # boundaries keep the precision of the analysis (float64 when asked for)
+            cap = capture(model, inputs, spec, final_norm=cfg.final_norm,
+                          boundary_dtype=torch.promote_types(cfg.dtype, torch.float32))
             for b, item in enumerate(batch_items):
                 if len(figure_ids) < cfg.figure_prompts:
                     figure_ids.add(item.prompt_id)

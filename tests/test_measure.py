@@ -1,0 +1,242 @@
+"""End to end: every number measure() puts in its tables against a float64 oracle.
+
+The oracle is written here, independently of the package: its own hooks record each block's
+call, ``torch.autograd.functional.jacobian`` gives the dense block Jacobians, ``numpy.linalg.svd``
+their SVDs, and the coupling formulas of DEFINITIONS.md are spelled out with explicit loops.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from tiny_models import tiny_inputs, tiny_model
+
+import blockcoupling as bc
+from blockcoupling.blocks import find_blocks, get_module
+
+TOL = 1e-8
+
+
+# ---------------------------------------------------------------------------- the oracle
+def oracle_calls(model: torch.nn.Module, inputs: dict) -> tuple[list, list, list]:
+    """Each block's (args, kwargs), input and output, recorded by hooks of our own."""
+    blocks = get_module(model, find_blocks(model).blocks_path)
+    calls, ins, outs, handles = [], [], [], []
+    for blk in blocks:
+        def pre(mod, args, kwargs):
+            calls.append((args, dict(kwargs)))
+            ins.append(args[0] if args else kwargs["hidden_states"])
+
+        def post(mod, args, kwargs, out):
+            outs.append(out[0] if isinstance(out, tuple) else out)
+
+        handles += [blk.register_forward_pre_hook(pre, with_kwargs=True),
+                    blk.register_forward_hook(post, with_kwargs=True)]
+    try:
+        with torch.no_grad():
+            model(**inputs, **({"use_cache": False} if "input_ids" in inputs else {}))
+    finally:
+        for h in handles:
+            h.remove()
+    return calls, ins, outs
+
+
+def oracle_jacobians(model, inputs) -> tuple[list[np.ndarray], np.ndarray]:
+    """J[l][t2, t1] = d f^l(X)_{t2} / d x_{t1} (d x d), and the trajectory X (L+1, n, d)."""
+    calls, ins, outs = oracle_calls(model, inputs)
+    blocks = get_module(model, find_blocks(model).blocks_path)
+    Js = []
+    for blk, (args, kwargs), x in zip(blocks, calls, ins, strict=True):
+        def f(X, blk=blk, args=args, kwargs=kwargs):
+            kw = {k: v for k, v in kwargs.items() if k != "hidden_states"}
+            out = blk(X[None], *args[1:], **kw)
+            out = out[0] if isinstance(out, tuple) else out
+            return out[0] - X
+
+        J = torch.autograd.functional.jacobian(f, x[0].detach())  # (n, d, n, d)
+        Js.append(J.permute(0, 2, 1, 3).numpy())  # (t_out, t_in, d_out, d_in)
+    X = torch.stack([ins[0][0]] + [o[0] for o in outs]).detach().numpy()
+    return Js, X
+
+
+def oracle_value(J1: np.ndarray, J2: np.ndarray, k: int, variant: str, p: float,
+                 orientation: str) -> float:
+    U1, S1, V1t = np.linalg.svd(J1)
+    U2, S2, V2t = np.linalg.svd(J2)
+    U2k, V2k = U2[:, :k], V2t[:k].T
+    A = U2k.T @ J1 @ V2k if orientation == "ujv" else V2k.T @ J1 @ U2k
+    s = S1[:k]
+    S = np.diag(s)
+    pn = {1.0: np.sum(np.abs(s)), 2.0: np.sqrt(np.sum(s ** 2)), math.inf: np.max(np.abs(s))}
+    if variant in ("miscoupling", "coupling", "coupling_vs_null"):
+        m = np.linalg.norm(A - S) / pn[p]
+        if variant == "miscoupling":
+            return m
+        c = 1 - m
+        if variant == "coupling":
+            return c
+        d = J1.shape[0]
+        c_null = 1 - np.sqrt((k / d) ** 2 * np.sum(J1 ** 2) + np.sum(s ** 2)) / pn[p]
+        return (c - c_null) / (1 - c_null)
+    if variant == "released_norm":
+        return np.linalg.norm(np.abs(A) - S) / np.sqrt(np.sum(s ** 2))
+    if variant == "released_trace":
+        return np.linalg.norm(np.abs(A) - S) / np.sum(s)
+    if variant == "offdiag_ratio":
+        return np.linalg.norm(A - np.diag(np.diag(A))) / np.linalg.norm(A)
+    raise AssertionError(variant)
+
+
+def check_coupling_table(df: pd.DataFrame, Js: list[np.ndarray]) -> int:
+    checked = 0
+    for row in df.itertuples(index=False):
+        J1 = Js[row.layer_a - 1][row.token_out_a, row.token_in_a]
+        J2 = Js[row.layer_b - 1][row.token_out_b, row.token_in_b]
+        p = 2.0 if row.variant == "released_norm" else (None if pd.isna(row.p) else float(row.p))
+        want = oracle_value(J1, J2, row.k, row.variant, p, row.orientation)
+        assert abs(row.value - want) < TOL * max(1.0, abs(want)), (row, want)
+        checked += 1
+    return checked
+
+
+# ---------------------------------------------------------------------------- tests
+@pytest.mark.parametrize("arch", ["gpt2", "llama", "bert", "vit"])
+def test_every_coupling_kind_matches_oracle(arch: str) -> None:
+    model = tiny_model(arch, dtype=torch.float64)
+    inputs = tiny_inputs(arch, n=4)
+    Js, _ = oracle_jacobians(model, inputs)
+    m = bc.measure(model, None, inputs, coupling=("depth", "self", "fixed_input", "fixed_output"),
+                   k=(2, 5), tokens="all", p=(1, 2, "inf"), dtype=torch.float64,
+                   layer_pairs="all", progress=False)
+    kinds = set(m.coupling["kind"])
+    assert kinds == {"depth", "self", "fixed_input", "fixed_output"}
+    assert set(m.coupling["variant"]) == set(bc.VARIANTS)
+    assert check_coupling_table(m.coupling, Js) == len(m.coupling) > 1000
+    # the diagonal of depth-wise coupling is exactly 1 (c_K(J, J) = 1)
+    diag = m.coupling.query(
+        "kind == 'depth' and layer_a == layer_b and variant == 'coupling' and orientation == 'ujv'")
+    np.testing.assert_allclose(diag["value"], 1.0, atol=1e-10)
+
+
+def test_trajectory_spectra_influence_match_oracle() -> None:
+    model = tiny_model("gpt_neox", dtype=torch.float64)
+    inputs = tiny_inputs("gpt_neox", n=5)
+    Js, X = oracle_jacobians(model, inputs)
+    m = bc.measure(model, None, inputs, coupling=("depth",), k=(3,), tokens="last",
+                   dtype=torch.float64, influence=True, progress=False)
+    L, n = X.shape[0] - 1, X.shape[1]
+    traj = m.trajectory.sort_values(["token", "layer"])
+    norms = np.linalg.norm(X, axis=-1)  # (L+1, n)
+    np.testing.assert_allclose(traj["norm"].to_numpy(), norms.T.ravel(), rtol=1e-10)
+    steps = np.linalg.norm(np.diff(X, axis=0), axis=-1)  # (L, n)
+    got = traj[traj["layer"] > 0]["step_norm"].to_numpy()
+    np.testing.assert_allclose(got, steps.T.ravel(), rtol=1e-10)
+    # LSS and expodistance straight from the definitions
+    tm = m.token_metrics.sort_values("token")
+    for i in range(n):
+        y = X[0, i].copy()
+        for layer in range(1, L + 1):
+            step = X[layer, i] - X[layer - 1, i]
+            y = y + step / np.linalg.norm(step)
+        lss = L / np.linalg.norm(y - X[0, i])
+        alpha = np.log(norms[1:, i] / norms[:-1, i])
+        ed = np.var(alpha) / np.mean(alpha) ** 2
+        assert tm.iloc[i]["lss"] == pytest.approx(lss, rel=1e-9)
+        assert tm.iloc[i]["expodistance"] == pytest.approx(ed, rel=1e-6)
+    # spectra: top singular values of J^l_tt at the last token
+    t = n - 1
+    for layer in range(1, L + 1):
+        s = np.linalg.svd(Js[layer - 1][t, t], compute_uv=False)[:3]
+        got = m.spectra.query(f"layer == {layer}").sort_values("rank")["singular_value"]
+        np.testing.assert_allclose(got.to_numpy(), s, rtol=1e-9)
+    # influence of every input token on the last token
+    for layer in range(1, L + 1):
+        for j in range(n):
+            s = np.linalg.svd(Js[layer - 1][t, j], compute_uv=False)
+            rows = m.influence.query(f"layer == {layer} and token_in == {j}").set_index("metric")["value"]
+            assert rows["frobenius"] == pytest.approx(np.linalg.norm(s), rel=1e-9, abs=1e-12)
+            assert rows["spectral"] == pytest.approx(s[0], rel=1e-9, abs=1e-12)
+            if s[0] > 1e-12:
+                assert rows["participation_ratio"] == pytest.approx(s.sum() ** 2 / (s ** 2).sum(), rel=1e-8)
+    # linearisation cosine: prod_l (I + J^l_tt) x^0_t against x^L_t
+    v = X[0, t].copy()
+    for layer in range(1, L + 1):
+        v = v + Js[layer - 1][t, t] @ v
+    cos = v @ X[L, t] / (np.linalg.norm(v) * np.linalg.norm(X[L, t]))
+    got = m.token_metrics.query(f"token == {t}")["linearisation_cosine"].item()
+    assert got == pytest.approx(cos, rel=1e-9)
+
+
+def test_matrix_free_agrees_with_dense_within_tolerance() -> None:
+    model = tiny_model("llama", dtype=torch.float64)
+    inputs = tiny_inputs("llama", n=4)
+    kw = dict(coupling=("depth",), k=(2, 4), dtype=torch.float64, progress=False,
+              variants=("coupling",), svd_tol=1e-10, svd_iters=30)
+    dense = bc.measure(model, None, inputs, method="dense", **kw).coupling
+    free = bc.measure(model, None, inputs, method="matrix_free", **kw).coupling
+    np.testing.assert_allclose(free["value"].to_numpy(), dense["value"].to_numpy(), atol=1e-6)
+
+
+def test_batched_mixed_lengths_equal_single_prompts() -> None:
+    from transformers import PreTrainedTokenizerFast
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    vocab = {w: i for i, w in enumerate(["[PAD]", "[UNK]"] + "the a cat dog sat on mat ran far".split())}
+    tk = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    tk.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok = PreTrainedTokenizerFast(tokenizer_object=tk, pad_token="[PAD]", unk_token="[UNK]")
+    model = tiny_model("gpt2", dtype=torch.float64)
+    prompts = ["the cat sat on the mat", "a dog ran", "the dog sat far"]
+    kw = dict(coupling=("depth", "self"), k=(2,), tokens="all", dtype=torch.float64, progress=False)
+    together = bc.measure(model, tok, prompts, batch_size=3, **kw)
+    for i, text in enumerate(prompts):
+        alone = bc.measure(model, tok, [(f"p{i:05d}", text)], batch_size=1, **kw)
+        for name in ("coupling", "trajectory", "token_metrics", "spectra"):
+            a = together.table(name).query(f"prompt_id == 'p{i:05d}'").reset_index(drop=True)
+            b = alone.table(name).reset_index(drop=True)
+            assert len(a) == len(b) > 0
+            num = a.select_dtypes("number").columns
+            np.testing.assert_allclose(a[num].to_numpy(float), b[num].to_numpy(float),
+                                       atol=1e-9, equal_nan=True)
+    assert together.prompts["n_tokens"].tolist() == [6, 3, 4]
+
+
+def test_aggregates() -> None:
+    model = tiny_model("gpt2", dtype=torch.float64)
+    m = bc.measure(model, None, tiny_inputs("gpt2", n=3), k=(2,), dtype=torch.float64,
+                   progress=False)
+    agg = m.mean_depth_coupling(2)
+    dm = m.depth_matrix(k=2).to_numpy()
+    L = dm.shape[0]
+    assert agg["mean_all"].item() == pytest.approx(dm.mean())
+    assert agg["mean_offdiag"].item() == pytest.approx(dm[~np.eye(L, dtype=bool)].mean())
+    dist = m.coupling_by_distance(2)
+    assert dist["distance"].tolist() == list(range(L))
+    assert dist.loc[0, "mean"] == pytest.approx(1.0)
+    assert "A/input-00000/ujv" in m.arrays and m.arrays["A/input-00000/ujv"].shape == (L, L, 2, 2)
+
+
+def test_bad_input_errors() -> None:
+    model = tiny_model("gpt2")
+    with pytest.raises(bc.BlockCouplingError, match="larger than the model's hidden size"):
+        bc.measure(model, None, tiny_inputs("gpt2"), k=(17,), progress=False)
+    with pytest.raises(bc.BlockCouplingError, match="out of range"):
+        bc.measure(model, None, tiny_inputs("gpt2", n=3), k=(2,), tokens=(7,), progress=False)
+    with pytest.raises(bc.BlockCouplingError, match="empty"):
+        bc.measure(model, object(), ["ok", "  "], k=(2,), progress=False)
+
+
+def test_too_long_prompt_is_refused() -> None:
+    from transformers import PreTrainedTokenizerFast
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    tk = Tokenizer(models.WordLevel({"[PAD]": 0, "[UNK]": 1, "word": 2}, unk_token="[UNK]"))
+    tk.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok = PreTrainedTokenizerFast(tokenizer_object=tk, pad_token="[PAD]", unk_token="[UNK]")
+    model = tiny_model("gpt2")  # context of 32 positions
+    with pytest.raises(bc.BlockCouplingError, match="40 tokens, more than the model's context of 32"):
+        bc.measure(model, tok, ["word " * 40], k=(2,), progress=False)

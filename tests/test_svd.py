@@ -1,0 +1,171 @@
+"""Tests for blockcoupling.svd: exact and randomized top-K SVD."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from blockcoupling.errors import BlockCouplingError, NumericalError
+from blockcoupling.svd import DenseOperator, LinearOperator, TopK, randomized_topk_svd, topk_svd
+
+SETTINGS = settings(max_examples=15, deadline=None, derandomize=True)
+F64 = torch.float64
+
+
+def _rand(seed: int, *shape: int) -> torch.Tensor:
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed), dtype=F64)
+
+
+def _with_spectrum(s: torch.Tensor, seed: int = 0) -> torch.Tensor:
+    d = s.shape[0]
+    Q1, _ = torch.linalg.qr(_rand(seed, d, d))
+    Q2, _ = torch.linalg.qr(_rand(seed + 1, d, d))
+    return Q1 @ torch.diag(s) @ Q2.mT
+
+
+def _rank_k(t: TopK) -> torch.Tensor:
+    return t.U @ torch.diag_embed(t.S) @ t.V.mT
+
+
+@SETTINGS
+@given(seed=st.integers(0, 10_000), m=st.integers(2, 9), n=st.integers(2, 9), data=st.data())
+def test_exact_matches_numpy_svd(seed: int, m: int, n: int, data: st.DataObject) -> None:
+    k = data.draw(st.integers(1, min(m, n)))
+    J = _rand(seed, 3, m, n)  # batched, non-square
+    t = topk_svd(J, k)
+    assert t.U.shape == (3, m, k) and t.S.shape == (3, k) and t.V.shape == (3, n, k)
+    assert t.residual is None and t.n_iter is None
+    for b in range(3):
+        Un, Sn, Vhn = np.linalg.svd(J[b].numpy())
+        np.testing.assert_allclose(t.S[b].numpy(), Sn[:k], rtol=1e-12, atol=1e-12)
+        ref = Un[:, :k] @ np.diag(Sn[:k]) @ Vhn[:k]
+        np.testing.assert_allclose(_rank_k(t)[b].numpy(), ref, atol=1e-10)
+        # vectors agree up to sign (random matrices have distinct singular values)
+        np.testing.assert_allclose(
+            np.abs(np.sum(t.U[b].numpy() * Un[:, :k], axis=0)), 1.0, atol=1e-8
+        )
+        np.testing.assert_allclose(
+            np.abs(np.sum(t.V[b].numpy() * Vhn[:k].T, axis=0)), 1.0, atol=1e-8
+        )
+        assert float(t.fro2[b]) == pytest.approx(float(np.sum(J[b].numpy() ** 2)), rel=1e-12)
+
+
+def test_exact_errors() -> None:
+    J = _rand(0, 5, 5)
+    with pytest.raises(BlockCouplingError, match="maximum is k=5"):
+        topk_svd(J, 6)
+    with pytest.raises(BlockCouplingError, match="at least 1"):
+        topk_svd(J, 0)
+    J[1, 2] = float("nan")
+    with pytest.raises(NumericalError):
+        topk_svd(J, 2)
+
+
+def _ref_residual(J: torch.Tensor, t: TopK) -> float:
+    worst = max(
+        float(torch.linalg.vector_norm(J @ t.V[:, i] - t.S[i] * t.U[:, i])) for i in range(t.k)
+    )
+    return worst / float(t.S[0])
+
+
+def test_randomized_decaying_spectrum_is_tight() -> None:
+    d, k = 64, 8
+    J = _with_spectrum(0.7 ** torch.arange(d, dtype=F64))
+    op = DenseOperator(J)
+    assert isinstance(op, LinearOperator)
+    t = randomized_topk_svd(op, k)
+    ex = topk_svd(J, k)
+    torch.testing.assert_close(t.S, ex.S, rtol=1e-12, atol=1e-13)
+    torch.testing.assert_close(_rank_k(t), _rank_k(ex), rtol=0, atol=1e-12)
+    torch.testing.assert_close(
+        (t.U * ex.U).sum(0).abs(), torch.ones(k, dtype=F64), rtol=0, atol=1e-10
+    )
+    assert float(t.residual) < 1e-12
+    assert float(t.residual) == pytest.approx(_ref_residual(J, t), rel=1e-6, abs=1e-15)
+    assert t.n_iter == 4
+    # J^T u_i = s_i v_i by construction (documented in the module)
+    assert float(torch.linalg.matrix_norm(J.mT @ t.U - t.V * t.S)) < 1e-12
+    # cost: (n_iter + 1) m columns each way, + k for the residual
+    m = k + 10
+    assert op.n_matmat == 5 * m + k and op.n_rmatmat == 5 * m
+
+
+def test_randomized_flat_spectrum_is_looser() -> None:
+    """Nearly flat spectrum (1% spread): the singular values are still accurate to ~1%, and the
+    residual is small because every direction is nearly singular, but the top-K *subspace* is
+    ill-determined (no spectral gap), so only values and the residual are checked."""
+    d, k = 64, 8
+    s = 1.0 + 0.01 * torch.linspace(1, 0, d, dtype=F64)
+    J = _with_spectrum(s, seed=3)
+    t = randomized_topk_svd(DenseOperator(J), k)
+    ex = topk_svd(J, k)
+    assert float(((t.S - ex.S) / ex.S).abs().max()) < 0.01
+    assert float(t.residual) < 0.02
+    assert float(t.residual) == pytest.approx(_ref_residual(J, t), rel=1e-6)
+    assert bool((t.S[:-1] >= t.S[1:]).all())
+
+
+def test_residual_decreases_with_n_iter_and_tol_iterates() -> None:
+    d, k = 64, 8
+    J = _with_spectrum(1.0 / (1.0 + 0.05 * torch.arange(d, dtype=F64)), seed=5)
+    ex = topk_svd(J, k)
+    res, err = [], []
+    for n_iter in (0, 1, 2, 4, 8):
+        t = randomized_topk_svd(DenseOperator(J), k, n_iter=n_iter)
+        assert float(t.residual) == pytest.approx(_ref_residual(J, t), rel=1e-6)
+        res.append(float(t.residual))
+        err.append(float(((t.S - ex.S) / ex.S).abs().max()))
+    assert all(a > b for a, b in zip(res, res[1:], strict=False)), res
+    assert all(a > b for a, b in zip(err, err[1:], strict=False)), err
+    assert res[-1] < 0.1 * res[0]
+    # with tol, the iteration continues until the residual is below it
+    t = randomized_topk_svd(DenseOperator(J), k, n_iter=0, tol=1e-6, max_iter=60)
+    assert float(t.residual) <= 1e-6 and t.n_iter > 8
+    torch.testing.assert_close(t.S, ex.S, rtol=1e-6, atol=0)
+    # ... and stops at max_iter, reporting the residual it reached
+    t = randomized_topk_svd(DenseOperator(J), k, n_iter=0, tol=1e-14, max_iter=3)
+    assert t.n_iter == 3 and float(t.residual) > 1e-14
+
+
+def test_randomized_is_deterministic_under_the_seed() -> None:
+    J = _with_spectrum(1.0 / (1.0 + 0.1 * torch.arange(32, dtype=F64)), seed=9)
+    a = randomized_topk_svd(DenseOperator(J), 5, n_iter=1, seed=7)
+    b = randomized_topk_svd(DenseOperator(J), 5, n_iter=1, seed=7)
+    c = randomized_topk_svd(DenseOperator(J), 5, n_iter=1, seed=8)
+    assert torch.equal(a.U, b.U) and torch.equal(a.S, b.S) and torch.equal(a.V, b.V)
+    assert torch.equal(a.fro2, b.fro2) and torch.equal(a.residual, b.residual)
+    assert not torch.equal(a.S, c.S)
+
+
+def test_fro2_estimate_is_unbiased() -> None:
+    d = 48
+    J = _with_spectrum(1.0 / (1.0 + 0.2 * torch.arange(d, dtype=F64)), seed=2)
+    exact = float((J**2).sum())
+    est = [
+        float(randomized_topk_svd(DenseOperator(J), 4, n_iter=0, seed=s).fro2) for s in range(200)
+    ]
+    assert np.mean(est) == pytest.approx(exact, rel=0.03)
+    assert np.std(est) > 0  # a real estimate, not the exact value by accident
+
+
+def test_randomized_float32_and_small_d() -> None:
+    d, k = 12, 12  # k = d: oversampling clipped to d, exact up to rounding
+    J = _rand(4, d, d)
+    t = randomized_topk_svd(DenseOperator(J.float()), k, n_iter=1)
+    assert t.S.dtype == torch.float32 and t.U.shape == (d, k)
+    torch.testing.assert_close(t.S.double(), torch.linalg.svdvals(J), rtol=1e-4, atol=1e-4)
+    assert float(t.residual) < 1e-4
+
+
+def test_randomized_errors_and_zero_operator() -> None:
+    with pytest.raises(BlockCouplingError, match="maximum is k=6"):
+        randomized_topk_svd(DenseOperator(_rand(0, 6, 6)), 7)
+    with pytest.raises(BlockCouplingError, match="square"):
+        DenseOperator(_rand(0, 6, 5))
+    with pytest.raises(BlockCouplingError, match="tol"):
+        randomized_topk_svd(DenseOperator(_rand(0, 6, 6)), 2, tol=0)
+    t = randomized_topk_svd(DenseOperator(torch.zeros(6, 6, dtype=F64)), 2)
+    assert float(t.residual) == 0.0 and float(t.S.abs().max()) == 0.0 and float(t.fro2) == 0.0
