@@ -160,8 +160,9 @@ class MeasureConfig:
             bad(f"layer_pairs={self.layer_pairs!r}: use 'same' (l = l') or 'all'")
         if self.batch_size < 1:
             bad("batch_size must be at least 1")
-        if self.lss_window < 2:
-            bad("lss_window must be at least 2 layers")
+        if self.lss_window < 3 or self.lss_window % 2 == 0:
+            bad(f"lss_window={self.lss_window}: the window is centred, so give an odd width >= 3 "
+                "(the paper uses 11)")
         if self.layers is not None and (not self.layers or min(self.layers) < 1):
             bad(f"layers={self.layers}: layers are numbered from 1 (layer l = block l)")
 
