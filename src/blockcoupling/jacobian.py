@@ -1,0 +1,281 @@
+"""Block Jacobians of a residual branch: dense blocks (batched VJP / JVP) and matrix-free operators.
+
+For ``f: (n, d) -> (n, d)`` (:func:`blockcoupling.capture.residual_branch`) the Jacobian block
+``J_{t1 t2} = d f(x)_{t2} / d x_{t1}`` is a (d, d) matrix with rows = output coordinates
+(token t2) and columns = input coordinates (token t1) (DEFINITIONS.md "Block Jacobians").
+
+* :func:`jacobian_blocks` -- reverse mode. One forward pass (``torch.func.vjp``), then the
+  vjp function is applied under ``vmap`` to one-hot cotangents: the cotangent ``e_{t2, a}``
+  gives row ``a`` of ``J_{t1 t2}`` for *every* input token t1 at once.
+* :func:`jacobian_blocks_jvp` -- forward mode. ``torch.func.jvp`` under ``vmap`` with
+  one-hot tangents: the tangent ``e_{t1, b}`` gives column ``b`` of ``J_{t1 t2}`` for every
+  output token t2 at once (used for ``fixed_input`` coupling).
+* :class:`JacobianOperator` -- matrix-free ``J_{t_in t_out}``: ``matmat`` by batched JVP,
+  ``rmatmat`` by batched VJP (forward pass done once, vjp function reused).
+
+Cotangent / tangent batches are chunked to a memory budget (``chunk_size`` or a default from
+:data:`DEFAULT_MEMORY_BYTES`). Every call runs in :func:`blockcoupling.capture.replay_context`
+(SDPA math backend) so that forward-mode AD and vmap work for every attention layer, and
+under ``torch.no_grad`` so that no graph towards the model's parameters is recorded.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator, Sequence
+
+import torch
+from torch import Tensor
+from torch.func import jvp, vjp, vmap
+
+from blockcoupling.capture import replay_context
+from blockcoupling.errors import BlockCouplingError, NumericalError
+
+__all__ = [
+    "DEFAULT_MEMORY_BYTES",
+    "JacobianOperator",
+    "default_chunk_size",
+    "jacobian_blocks",
+    "jacobian_blocks_jvp",
+    "jacobian_operator",
+]
+
+#: Default memory budget for one batch of cotangents / tangents (bytes).
+DEFAULT_MEMORY_BYTES: int = 1 << 30
+# Rough number of (n, d)-sized activations a transformer block keeps per batch element
+# (attention, a 4x MLP, norms) plus the per-head (n, n) attention matrices.
+_ACTIVATION_FACTOR: int = 32
+
+Fn = Callable[[Tensor], Tensor]
+
+
+@contextlib.contextmanager
+def _autodiff_context() -> Iterator[None]:
+    """SDPA math backend, and no outer autograd graph towards the model's parameters.
+
+    ``torch.func`` transforms differentiate with respect to their inputs whatever the outer
+    grad mode; ``no_grad`` only stops autograd from also recording the (unused) dependence on
+    parameters that have ``requires_grad=True``, which would keep every activation alive.
+    """
+    with replay_context(), torch.no_grad():
+        yield
+
+
+def default_chunk_size(
+    n: int, d: int, dtype: torch.dtype, memory_bytes: int = DEFAULT_MEMORY_BYTES
+) -> int:
+    """Batch size of one-hot (co)tangents that fits ``memory_bytes`` (at least 1)."""
+    itemsize = torch.finfo(dtype).bits // 8
+    per_vector = itemsize * (_ACTIVATION_FACTOR * n * d + 4 * n * n)
+    return max(1, int(memory_bytes // max(per_vector, 1)))
+
+
+def _tokens(tokens: Sequence[int] | None, n: int, what: str) -> list[int]:
+    toks = list(range(n)) if tokens is None else [int(t) for t in tokens]
+    bad = [t for t in toks if not 0 <= t < n]
+    if bad:
+        raise BlockCouplingError(f"{what} {bad} out of range: the prompt has positions 0..{n - 1}.")
+    if not toks:
+        raise BlockCouplingError(f"{what} is empty; give at least one token position.")
+    return toks
+
+
+def _check_finite(J: Tensor, what: str) -> Tensor:
+    if not torch.isfinite(J).all():
+        raise NumericalError(
+            f"the {what} contains NaN or inf. Use a wider analysis dtype (dtype=torch.float64) "
+            "or check the model's hidden states."
+        )
+    return J
+
+
+def _one_hot(idx: Tensor, tokens: Tensor, n: int, d: int, like: Tensor) -> Tensor:
+    """(m, n, d) one-hot vectors e_{tokens[i], coord[i]} for flat indices ``idx`` into (tokens x d)."""
+    m = idx.numel()
+    out = torch.zeros(m, n, d, dtype=like.dtype, device=like.device)
+    tok = tokens[idx // d]
+    coord = idx % d
+    out[torch.arange(m, device=like.device), tok, coord] = 1
+    return out
+
+
+def _check_x(x: Tensor) -> tuple[int, int]:
+    if x.ndim != 2:
+        raise BlockCouplingError(
+            f"x must be one prompt's hidden states (n, d); got shape {tuple(x.shape)}."
+        )
+    if not x.is_floating_point():
+        raise BlockCouplingError(f"x must be a floating tensor; got {x.dtype}.")
+    return int(x.shape[0]), int(x.shape[1])
+
+
+def jacobian_blocks(
+    f: Fn,
+    x: Tensor,
+    out_tokens: Sequence[int],
+    *,
+    in_tokens: Sequence[int] | None = None,
+    chunk_size: int | None = None,
+    memory_bytes: int = DEFAULT_MEMORY_BYTES,
+) -> Tensor:
+    """Dense Jacobian blocks by batched VJPs.
+
+    Returns J of shape (len(out_tokens), len(in_tokens), d, d) with
+    ``J[i, j] = d f(x)[out_tokens[i]] / d x[in_tokens[j]]`` (rows = output coordinates).
+    ``in_tokens=None`` means every position 0..n-1. One forward pass in total; the
+    len(out_tokens) * d one-hot cotangents go through ``vmap(vjp_fn)`` in chunks of
+    ``chunk_size`` (default from ``memory_bytes``).
+    """
+    n, d = _check_x(x)
+    outs = _tokens(out_tokens, n, "out_tokens")
+    ins = _tokens(in_tokens, n, "in_tokens")
+    chunk = chunk_size or default_chunk_size(n, d, x.dtype, memory_bytes)
+    out_t = torch.tensor(outs, device=x.device)
+    in_t = torch.tensor(ins, device=x.device)
+    with _autodiff_context():
+        _, vjp_fn = vjp(f, x)
+        pull = vmap(lambda u: vjp_fn(u)[0])
+        total = len(outs) * d
+        rows: list[Tensor] = []
+        for start in range(0, total, chunk):
+            idx = torch.arange(start, min(start + chunk, total), device=x.device)
+            cot = _one_hot(idx, out_t, n, d, x)  # (m, n, d)
+            grads = pull(cot)  # (m, n, d): grads[i] = e_i^T J (all input tokens)
+            rows.append(grads.index_select(1, in_t))  # (m, len(in), d)
+    G = torch.cat(rows).reshape(len(outs), d, len(ins), d)  # (out, a, in, b)
+    J = G.permute(0, 2, 1, 3).contiguous()  # (out, in, a, b)
+    return _check_finite(J, "Jacobian")
+
+
+def jacobian_blocks_jvp(
+    f: Fn,
+    x: Tensor,
+    in_tokens: Sequence[int],
+    *,
+    out_tokens: Sequence[int] | None = None,
+    chunk_size: int | None = None,
+    memory_bytes: int = DEFAULT_MEMORY_BYTES,
+) -> Tensor:
+    """Dense Jacobian blocks by batched JVPs (forward mode).
+
+    Same layout as :func:`jacobian_blocks`: (len(out_tokens), len(in_tokens), d, d), rows =
+    output coordinates. ``out_tokens=None`` means every position. The len(in_tokens) * d
+    one-hot tangents go through ``vmap(jvp)`` in chunks; each yields a column for every
+    output token at once.
+    """
+    n, d = _check_x(x)
+    ins = _tokens(in_tokens, n, "in_tokens")
+    outs = _tokens(out_tokens, n, "out_tokens")
+    chunk = chunk_size or default_chunk_size(n, d, x.dtype, memory_bytes)
+    out_t = torch.tensor(outs, device=x.device)
+    in_t = torch.tensor(ins, device=x.device)
+    push = vmap(lambda v: jvp(f, (x,), (v,))[1])
+    with _autodiff_context():
+        cols: list[Tensor] = []
+        total = len(ins) * d
+        for start in range(0, total, chunk):
+            idx = torch.arange(start, min(start + chunk, total), device=x.device)
+            tan = _one_hot(idx, in_t, n, d, x)  # (m, n, d)
+            jt = push(tan)  # (m, n, d): jt[i] = J e_i (all output tokens)
+            cols.append(jt.index_select(1, out_t))  # (m, len(out), d)
+    G = torch.cat(cols).reshape(len(ins), d, len(outs), d)  # (in, b, out, a)
+    J = G.permute(2, 0, 3, 1).contiguous()  # (out, in, a, b)
+    return _check_finite(J, "Jacobian")
+
+
+class JacobianOperator:
+    """Matrix-free ``J = J_{t_in t_out}`` (d, d) of ``f`` at ``x``.
+
+    ``matmat(V)`` = J V by batched JVP (one ``vmap(jvp)`` per chunk of columns);
+    ``rmatmat(U)`` = J^T U by batched VJP (the forward pass is done once, on first use, and
+    the vjp function is reused).
+    """
+
+    def __init__(
+        self,
+        f: Fn,
+        x: Tensor,
+        token_in: int,
+        token_out: int,
+        *,
+        chunk_size: int | None = None,
+        memory_bytes: int = DEFAULT_MEMORY_BYTES,
+    ) -> None:
+        n, d = _check_x(x)
+        self.token_in: int = _tokens([token_in], n, "token_in")[0]
+        self.token_out: int = _tokens([token_out], n, "token_out")[0]
+        self.f = f
+        self.x = x
+        self.n = n
+        self.d: int = d
+        self.dtype: torch.dtype = x.dtype
+        self.device: torch.device = x.device
+        self.chunk_size: int = chunk_size or default_chunk_size(n, d, x.dtype, memory_bytes)
+        self._vjp_fn: Callable[[Tensor], tuple[Tensor, ...]] | None = None
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (self.d, self.d)
+
+    def _check_block(self, M: Tensor, name: str) -> Tensor:
+        if M.ndim == 1:
+            M = M[:, None]
+        if M.ndim != 2 or M.shape[0] != self.d:
+            raise BlockCouplingError(
+                f"{name} must have shape (d, m) with d={self.d}; got {tuple(M.shape)}."
+            )
+        return M.to(self.device, self.dtype)
+
+    def matmat(self, V: Tensor) -> Tensor:
+        """(d, m) -> (d, m) = J V."""
+        V = self._check_block(V, "V")
+        m = V.shape[1]
+        push = vmap(lambda v: jvp(self.f, (self.x,), (v,))[1])
+        outs: list[Tensor] = []
+        with _autodiff_context():
+            for start in range(0, m, self.chunk_size):
+                Vc = V[:, start : start + self.chunk_size].T  # (c, d)
+                tan = torch.zeros(Vc.shape[0], self.n, self.d, dtype=self.dtype, device=self.device)
+                tan[:, self.token_in, :] = Vc
+                outs.append(push(tan)[:, self.token_out, :])  # (c, d)
+        return _check_finite(torch.cat(outs).T, "Jacobian-vector product")  # (d, m)
+
+    def rmatmat(self, U: Tensor) -> Tensor:
+        """(d, m) -> (d, m) = J^T U."""
+        U = self._check_block(U, "U")
+        m = U.shape[1]
+        with _autodiff_context():
+            if self._vjp_fn is None:
+                _, self._vjp_fn = vjp(self.f, self.x)
+            vjp_fn = self._vjp_fn
+            pull = vmap(lambda u: vjp_fn(u)[0])
+            outs: list[Tensor] = []
+            for start in range(0, m, self.chunk_size):
+                Uc = U[:, start : start + self.chunk_size].T  # (c, d)
+                cot = torch.zeros(Uc.shape[0], self.n, self.d, dtype=self.dtype, device=self.device)
+                cot[:, self.token_out, :] = Uc
+                outs.append(pull(cot)[:, self.token_in, :])  # (c, d)
+        return _check_finite(torch.cat(outs).T, "vector-Jacobian product")  # (d, m)
+
+    def matvec(self, v: Tensor) -> Tensor:
+        """(d,) -> (d,) = J v."""
+        return self.matmat(v[:, None])[:, 0]
+
+    def rmatvec(self, u: Tensor) -> Tensor:
+        """(d,) -> (d,) = J^T u."""
+        return self.rmatmat(u[:, None])[:, 0]
+
+
+def jacobian_operator(
+    f: Fn,
+    x: Tensor,
+    token_in: int,
+    token_out: int,
+    *,
+    chunk_size: int | None = None,
+    memory_bytes: int = DEFAULT_MEMORY_BYTES,
+) -> JacobianOperator:
+    """Matrix-free operator for ``J_{token_in token_out}`` of ``f`` at ``x``."""
+    return JacobianOperator(
+        f, x, token_in, token_out, chunk_size=chunk_size, memory_bytes=memory_bytes
+    )

@@ -1,0 +1,52 @@
+"""Shared test helpers: tiny float64 models with their capture, and block-call oracles."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))  # tiny_models importable in any import mode
+
+from tiny_models import ALL, tiny_inputs, tiny_model  # noqa: E402
+
+
+def call_block_oracle(
+    block: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], hidden: int | str
+) -> Callable[[torch.Tensor], torch.Tensor]:
+    """Straightforward oracle: ``h (1, n, d) -> block(h, recorded call)[0] - h``."""
+
+    def g(h: torch.Tensor) -> torch.Tensor:
+        if isinstance(hidden, int):
+            a = args[:hidden] + (h,) + args[hidden + 1 :]
+            out = block(*a, **kwargs)
+        else:
+            out = block(*args, **{**kwargs, hidden: h})
+        out = out[0] if isinstance(out, tuple) else out
+        return out - h
+
+    return g
+
+
+@pytest.fixture(scope="session")
+def tiny64() -> Callable[[str], tuple[torch.nn.Module, Any, Any]]:
+    """Cached factory ``arch -> (float64 model, spec, capture of 5 tokens / 4 patches + CLS)``."""
+    from blockcoupling.blocks import find_blocks
+    from blockcoupling.capture import capture
+
+    cache: dict[str, tuple[torch.nn.Module, Any, Any]] = {}
+
+    def make(arch: str) -> tuple[torch.nn.Module, Any, Any]:
+        if arch not in cache:
+            assert arch in ALL
+            model = tiny_model(arch, dtype=torch.float64)
+            spec = find_blocks(model)
+            cap = capture(model, tiny_inputs(arch, n=5), spec)
+            cache[arch] = (model, spec, cap)
+        return cache[arch]
+
+    return make

@@ -1,0 +1,168 @@
+"""The command line as a user runs it: measure, show, models, report, resume, exit codes."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from tiny_models import tiny_model
+from typer.testing import CliRunner
+
+import blockcoupling as bc
+from blockcoupling.cli import app
+
+runner = CliRunner()
+
+
+def save_tiny_lm(path: Path, arch: str = "gpt2") -> Path:
+    """A tiny random GPT-2 with a word-level tokenizer, saved like a hub model folder."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    words = "the a cat dog sat on mat ran far what is capital of france".split()
+    vocab = {w: i for i, w in enumerate(["[PAD]", "[UNK]", *words])}
+    tk = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    tk.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok = PreTrainedTokenizerFast(tokenizer_object=tk, pad_token="[PAD]", unk_token="[UNK]")
+    tiny_model(arch).save_pretrained(path)
+    tok.save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return save_tiny_lm(tmp_path_factory.mktemp("model") / "tiny-gpt2")
+
+
+@pytest.fixture(scope="module")
+def prompts_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    p = tmp_path_factory.mktemp("prompts") / "prompts.txt"
+    p.write_text("the cat sat on the mat\nwhat is the capital of france\na dog ran far\n"
+                 "the dog sat\nthe cat ran on the mat\n")
+    return p
+
+
+def run(*args: str) -> object:
+    return runner.invoke(app, list(args), catch_exceptions=False)
+
+
+def test_measure_show_report(model_dir: Path, prompts_file: Path, tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    r = run("--quiet", "measure", "--model", str(model_dir), "--prompts", str(prompts_file),
+            "--out", str(out), "--k", "2,4", "--coupling", "depth,self", "--tokens", "all",
+            "--influence")
+    assert r.exit_code == 0, r.output
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["config"]["k"] == [2, 4]
+    df = pd.read_parquet(out / "coupling.parquet")
+    assert set(df["kind"]) == {"depth", "self"} and df["prompt_id"].nunique() == 5
+    m = bc.open_run(out)
+    assert len(m.coupling) == len(df) and set(m.influence["metric"]) >= {"frobenius"}
+    # the stored numbers are the API's numbers
+    net = bc.measure  # same model, same prompts, same options
+    from blockcoupling.loading import load_model
+
+    model, tok = load_model(str(model_dir))
+    api = net(model, tok, bc.load_prompts(str(prompts_file)), k=(2, 4), coupling=("depth", "self"),
+              tokens="all", influence=True, progress=False)
+    pd.testing.assert_series_equal(api.coupling["value"], m.coupling["value"], check_names=False)
+
+    r = run("show", str(out))
+    assert r.exit_code == 0 and "mean depth-wise coupling (K=2" in r.output
+    html = tmp_path / "report.html"
+    r = run("--quiet", "report", str(out), "--out", str(html))
+    assert r.exit_code == 0, r.output
+    assert html.exists() and html.stat().st_size > 10_000
+
+
+def test_models_lists_architectures() -> None:
+    r = run("models")
+    assert r.exit_code == 0
+    for arch in ("gpt2", "llama", "bert", "vit"):
+        assert arch in r.output
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--model", "./no/such/model"], "does not exist"),
+        (["--k", "500"], "larger than the model's hidden size"),
+        (["--coupling", "diagonal"], "unknown; choose from depth"),
+        (["--tokens", "99"], "out of range"),
+    ],
+)
+def test_user_errors_exit_1_with_message(model_dir: Path, prompts_file: Path, tmp_path: Path,
+                                         args: list[str], message: str) -> None:
+    base = {"--model": str(model_dir), "--prompts": str(prompts_file),
+            "--out": str(tmp_path / "r"), "--k": "2"}
+    for flag, value in zip(args[::2], args[1::2], strict=True):
+        base[flag] = value
+    flat = [x for kv in base.items() for x in kv]
+    r = runner.invoke(app, ["--quiet", "measure", *flat])
+    assert r.exit_code == 1, r.output
+    assert message in r.output and "Traceback" not in r.output
+
+
+def test_bad_usage_exits_2() -> None:
+    r = runner.invoke(app, ["measure", "--no-such-flag"])
+    assert r.exit_code == 2
+
+
+def test_corrupt_run_dir(tmp_path: Path) -> None:
+    (tmp_path / "manifest.json").write_text("{not json")
+    r = runner.invoke(app, ["show", str(tmp_path)])
+    assert r.exit_code == 1 and "Traceback" not in r.output
+
+
+def test_kill_and_resume_gives_the_same_numbers(model_dir: Path, prompts_file: Path,
+                                                tmp_path: Path) -> None:
+    """SIGKILL mid-run, then --resume: no duplicates, same numbers as one uninterrupted run."""
+    words = "the a cat dog sat on mat ran far".split()
+    many = tmp_path / "many.txt"
+    many.write_text("\n".join(" ".join(words[(i + j) % 9] for j in range(3 + i % 5))
+                              for i in range(80)))
+    common = ["--model", str(model_dir), "--prompts", str(many), "--k", "2",
+              "--coupling", "depth,self", "--tokens", "all", "--batch-size", "1"]
+    full = tmp_path / "full"
+    assert run("--quiet", "measure", *common, "--out", str(full)).exit_code == 0
+
+    killed = tmp_path / "killed"
+    proc = subprocess.Popen([sys.executable, "-m", "blockcoupling", "--quiet", "measure", *common,
+                             "--out", str(killed)])
+    deadline = time.time() + 120
+    parts = killed / "parts"
+    while time.time() < deadline:
+        if parts.exists() and len(list(parts.glob("*"))) >= 3:
+            break
+        if proc.poll() is not None:
+            break
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    done_before = bc.open_run(killed).prompts["prompt_id"].nunique() if (killed / "manifest.json").exists() else 0
+    assert done_before < 80, "the run finished before it could be killed"
+    r = run("--quiet", "measure", *common, "--out", str(killed), "--resume")
+    assert r.exit_code == 0, r.output
+    a, b = bc.open_run(full), bc.open_run(killed)
+    for name in ("coupling", "trajectory", "token_metrics", "spectra"):
+        ta = a.table(name).sort_values(list(a.table(name).columns[:8])).reset_index(drop=True)
+        tb = b.table(name).sort_values(list(b.table(name).columns[:8])).reset_index(drop=True)
+        assert len(ta) == len(tb)
+        pd.testing.assert_frame_equal(ta, tb)
+    # without --resume an existing run is refused
+    r = runner.invoke(app, ["--quiet", "measure", *common, "--out", str(killed)])
+    assert r.exit_code == 1 and "--resume" in r.output
+
+
+def test_python_dash_m_entry_point() -> None:
+    r = subprocess.run([sys.executable, "-m", "blockcoupling", "--help"], capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0 and "measure" in r.stdout
+

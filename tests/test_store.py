@@ -1,0 +1,483 @@
+"""Run directories: round trip, incremental parts, resume, SIGKILL safety, lock, bad dirs."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import textwrap
+import zlib
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from blockcoupling.config import MeasureConfig
+from blockcoupling.errors import RunDirError
+from blockcoupling.results import SCHEMAS, TABLES, Measurement, conform
+from blockcoupling.store import RunWriter, is_run_dir, open_run, weights_hash
+
+TESTS = Path(__file__).resolve().parent
+PROMPT_IDS = [f"p{i}" for i in range(8)]
+PROMPTS = pd.DataFrame({
+    "prompt_id": PROMPT_IDS,
+    "text": [f"prompt number {i} with ü and \"quotes\"" for i in range(8)],
+    "label": ["a", "b", None, "a", "b", None, "a", "b"],
+})
+CONFIG = MeasureConfig(k=(2,), coupling=("depth",), p=(1.0,), batch_size=2)
+META = {"model": "tiny/gpt2", "revision": "abc123", "weights_hash": "sha256-full:00",
+        "device": "cpu", "note": [1, 2]}
+L = 3  # layers of the synthetic measurement
+
+
+def make_part(ids: list[str]) -> Measurement:
+    """A deterministic synthetic measurement of ``ids`` (values depend only on the prompt)."""
+    rows: dict[str, list[dict]] = {name: [] for name in TABLES}
+    arrays = {}
+    for pid in ids:
+        rng = np.random.default_rng(zlib.crc32(pid.encode()))
+        i = PROMPT_IDS.index(pid)
+        for a in range(1, L + 1):
+            for b in range(1, L + 1):
+                for variant, p in (("coupling", 1.0), ("released_norm", np.nan)):
+                    rows["coupling"].append(dict(
+                        prompt_id=pid, kind="depth", layer_a=a, layer_b=b, token_in_a=4,
+                        token_out_a=4, token_in_b=4, token_out_b=4, k=2, variant=variant,
+                        p=p, orientation="ujv", value=rng.standard_normal()))
+        for tok in range(2):
+            for layer in range(L + 1):
+                rows["trajectory"].append(dict(
+                    prompt_id=pid, token=tok, layer=layer, norm=rng.random(),
+                    step_norm=np.nan if layer == 0 else rng.random(), pca_x=rng.random(),
+                    pca_y=rng.random(), lss_window=rng.random()))
+            rows["token_metrics"].append(dict(
+                prompt_id=pid, token=tok, lss=rng.random(), expodistance=rng.random(),
+                equidistance_cv=rng.random(), linearisation_cosine=np.nan))
+        for layer in range(1, L + 1):
+            for r in (1, 2):
+                rows["spectra"].append(dict(prompt_id=pid, layer=layer, token_in=4, token_out=4,
+                                            rank=r, singular_value=rng.random()))
+            rows["influence"].append(dict(prompt_id=pid, layer=layer, token_in=4, token_out=4,
+                                          metric="top_singular", value=rng.random()))
+            rows["diagnostics"].append(dict(prompt_id=pid, layer=layer, token_in=4, token_out=4,
+                                            method="dense", residual=rng.random(),
+                                            seconds=0.25))
+        rec = PROMPTS.iloc[i]
+        rows["prompts"].append(dict(prompt_id=pid, text=rec["text"], n_tokens=5 + i,
+                                    label=rec["label"]))
+        arrays[f"A/{pid}/ujv"] = rng.standard_normal((L, L, 2, 2))
+        arrays[f"A/{pid}/vju"] = rng.standard_normal((L, L, 2, 2)).astype(np.float32)
+    tables = {name: conform(name, pd.DataFrame(r) if r else []) for name, r in rows.items()}
+    return Measurement(**tables, arrays=arrays, config=CONFIG, meta=dict(META))
+
+
+def reference(ids: list[str] = PROMPT_IDS) -> Measurement:
+    """The oracle: all prompts measured in memory, in prompt order."""
+    return Measurement.concat([make_part([pid]) for pid in ids], config=CONFIG, meta=dict(META))
+
+
+def assert_same(got: Measurement, want: Measurement) -> None:
+    for name in TABLES:
+        pd.testing.assert_frame_equal(got.table(name), want.table(name), check_exact=True)
+    assert sorted(got.arrays) == sorted(want.arrays)
+    for key, value in want.arrays.items():
+        assert got.arrays[key].dtype == value.dtype
+        np.testing.assert_array_equal(got.arrays[key], value)
+    assert got.config == want.config
+
+
+def write_run(root: Path, groups: list[list[str]], *, finalize: bool = True,
+              resume: bool = False) -> Measurement | None:
+    with RunWriter(root, config=CONFIG, meta=META, prompts=PROMPTS, resume=resume) as w:
+        for group in groups:
+            w.write_part(make_part(group))
+        return w.finalize(timings={"total_s": 1.5}) if finalize else None
+
+
+# ---------------------------------------------------------------------------- round trip
+def test_round_trip_equals_in_memory_measurement(tmp_path: Path) -> None:
+    root = tmp_path / "run"
+    returned = write_run(root, [PROMPT_IDS])
+    got = open_run(root)
+    want = reference()
+    assert_same(got, want)
+    assert_same(returned, want)
+    # p is NaN for variants without p, and stays NaN (not 0 or a string)
+    assert got.coupling.loc[got.coupling["variant"] == "released_norm", "p"].isna().all()
+    assert got.coupling.loc[got.coupling["variant"] == "coupling", "p"].eq(1.0).all()
+    assert pd.isna(got.prompts.loc[2, "label"])
+    for key, value in META.items():
+        assert got.meta[key] == value
+    assert got.meta["status"] == "complete"
+    assert got.meta["timings"] == {"total_s": 1.5}
+
+    manifest = json.loads((root / "manifest.json").read_text())
+    assert manifest["format"] == "blockcoupling-run" and manifest["format_version"] == 1
+    assert manifest["status"] == "complete"
+    assert MeasureConfig.from_dict(manifest["config"]) == CONFIG
+    assert manifest["model"] == "tiny/gpt2" and manifest["revision"] == "abc123"
+    assert manifest["dtype"] == "float32" and manifest["seed"] == 0
+    assert set(manifest["versions"]) >= {"blockcoupling", "torch", "transformers", "numpy",
+                                         "pandas", "pyarrow", "python", "platform"}
+    assert [p["prompt_id"] for p in manifest["prompts"]] == PROMPT_IDS
+    assert manifest["prompts"][2]["label"] is None
+    assert manifest["missing_prompt_ids"] == []
+    assert not (root / "parts").exists()
+    assert is_run_dir(root)
+
+
+def test_parquet_files_are_plain_and_typed(tmp_path: Path) -> None:
+    root = tmp_path / "run"
+    write_run(root, [PROMPT_IDS[:3]])
+    arrow_types = {"string": pa.string(), "int32": pa.int32(), "float64": pa.float64()}
+    for name in TABLES:
+        table = pq.read_table(root / f"{name}.parquet")
+        assert table.schema.metadata is None or b"pandas" not in table.schema.metadata
+        assert table.column_names == list(SCHEMAS[name])
+        for col, dtype in SCHEMAS[name].items():
+            assert table.schema.field(col).type == arrow_types[dtype], (name, col)
+        assert pd.read_parquet(root / f"{name}.parquet").shape[0] == table.num_rows
+    p = pq.read_table(root / "coupling.parquet").column("p")
+    assert p.null_count == len(p) // 2  # released_norm rows: empty p, as DEFINITIONS.md says
+    with np.load(root / "arrays.npz", allow_pickle=False) as z:
+        assert set(z.files) == {f"A/{pid}/{o}" for pid in PROMPT_IDS[:3] for o in ("ujv", "vju")}
+
+
+# ---------------------------------------------------------------------------- incremental
+def test_incremental_parts_open_unfinished_then_finalize(tmp_path: Path) -> None:
+    root = tmp_path / "run"
+    with RunWriter(root, config=CONFIG, meta=META, prompts=PROMPTS) as w:
+        w.write_part(make_part(["p0", "p1"]))
+        w.write_part(make_part(["p2"]))
+        assert w.done_prompt_ids() == {"p0", "p1", "p2"}
+        assert len(list((root / "parts").glob("part-*"))) == 2
+        partial = open_run(root)
+        assert partial.meta["status"] == "running"
+        assert_same(partial, reference(["p0", "p1", "p2"]))
+        for group in (["p3", "p4", "p5"], ["p6"], ["p7"]):
+            w.write_part(make_part(group))
+        final = w.finalize()
+        with pytest.raises(ValueError, match="finalized"):
+            w.write_part(make_part(["p0"]))
+    assert_same(final, reference())
+    assert_same(open_run(root), reference())
+
+
+@settings(max_examples=5, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.permutations(PROMPT_IDS), st.lists(st.integers(1, 3), min_size=8, max_size=8))
+def test_any_partition_and_order_of_parts_gives_the_same_run(order: list[str],
+                                                             sizes: list[int]) -> None:
+    groups, i = [], 0
+    for size in sizes:
+        if i < len(order):
+            groups.append(order[i:i + size])
+            i += size
+    with tempfile.TemporaryDirectory() as tmp:
+        write_run(Path(tmp) / "run", groups)
+        assert_same(open_run(Path(tmp) / "run"), reference())
+
+
+# ---------------------------------------------------------------------------- resume
+def test_resume_skips_done_prompts_without_duplicates(tmp_path: Path) -> None:
+    root = tmp_path / "run"
+    write_run(root, [["p0", "p1"], ["p2"]], finalize=False)
+    with RunWriter(root, config=CONFIG, meta=META, prompts=PROMPTS, resume=True) as w:
+        done = w.done_prompt_ids()
+        assert done == {"p0", "p1", "p2"}
+        with pytest.raises(ValueError, match="already written"):
+            w.write_part(make_part(["p2", "p3"]))
+        for pid in PROMPT_IDS:
+            if pid not in done:
+                w.write_part(make_part([pid]))
+        got = w.finalize()
+    assert_same(got, reference())
+    keys = ["prompt_id", "layer_a", "layer_b", "variant"]
+    assert not got.coupling.duplicated(keys).any()
+    assert got.prompts["prompt_id"].tolist() == PROMPT_IDS
+
+    # resuming a complete run: everything is done, finalizing again changes nothing
+    with RunWriter(root, config=CONFIG, meta=META, prompts=PROMPTS, resume=True) as w:
+        assert w.done_prompt_ids() == set(PROMPT_IDS)
+        again = w.finalize()
+    assert_same(again, reference())
+    assert_same(open_run(root), reference())
+
+
+def test_resume_with_only_runtime_options_changed_is_allowed(tmp_path: Path) -> None:
+    root = tmp_path / "run"
+    write_run(root, [["p0"]], finalize=False)
+    cfg = CONFIG.replace(batch_size=5, chunk_size=7)
+    with RunWriter(root, config=cfg, meta=META, prompts=PROMPTS, resume=True) as w:
+        assert w.done_prompt_ids() == {"p0"}
+
+
+def test_resume_with_a_different_config_is_refused(tmp_path: Path) -> None:
+    root = tmp_path / "run"
+    write_run(root, [["p0"]], finalize=False)
+    cfg = CONFIG.replace(k=(3,), tokens="all")
+    with pytest.raises(RunDirError) as err:
+        RunWriter(root, config=cfg, meta=META, prompts=PROMPTS, resume=True)
+    msg = str(err.value)
+    assert "k: run has [2], now [3]" in msg and "tokens:" in msg and "new --out" in msg
+    assert "batch_size" not in msg
+    with pytest.raises(RunDirError, match="weights_hash"):
+        RunWriter(root, config=CONFIG, meta={**META, "weights_hash": "sha256-full:11"},
+                  prompts=PROMPTS, resume=True)
+    other = PROMPTS.copy()
+    other.loc[3, "text"] = "changed"
+    with pytest.raises(RunDirError, match="prompts differ.*p3"):
+        RunWriter(root, config=CONFIG, meta=META, prompts=other, resume=True)
+    # the refused attempts left the run intact and unlocked
+    with RunWriter(root, config=CONFIG, meta=META, prompts=PROMPTS, resume=True) as w:
+        assert w.done_prompt_ids() == {"p0"}
+
+
+def test_existing_directory_without_resume_is_refused(tmp_path: Path) -> None:
+    root = tmp_path / "run"
+    write_run(root, [["p0"]], finalize=False)
+    with pytest.raises(RunDirError, match="use --resume to continue it or choose a new --out"):
+        RunWriter(root, config=CONFIG, meta=META, prompts=PROMPTS)
+    (tmp_path / "empty").mkdir()
+    with RunWriter(tmp_path / "empty", config=CONFIG, meta=META, prompts=PROMPTS) as w:
+        assert w.done_prompt_ids() == set()
+
+
+# ---------------------------------------------------------------------------- SIGKILL
+def child_code(root: Path, *, kill_at: tuple[str, ...] = (), sleep: float = 0.0,
+               finalize: bool = False) -> str:
+    """A writer process: writes one part per prompt (resuming), then optionally finalizes.
+    With ``kill_at`` it SIGKILLs itself when it fsyncs a file whose path contains all those
+    strings, i.e. in the middle of writing a part or the consolidated tables."""
+    return textwrap.dedent(f"""
+        import os, signal, sys, time
+        sys.path.insert(0, {str(TESTS)!r})
+        import test_store as t
+        from blockcoupling import store
+        real_fsync = os.fsync
+        def fsync(fd):
+            target = os.readlink(f"/proc/self/fd/{{fd}}")
+            if {kill_at!r} and all(s in target for s in {kill_at!r}):
+                os.kill(os.getpid(), signal.SIGKILL)
+            real_fsync(fd)
+        store.os.fsync = fsync
+        with store.RunWriter({str(root)!r}, config=t.CONFIG, meta=t.META, prompts=t.PROMPTS,
+                             resume=True) as w:
+            for pid in t.PROMPT_IDS:
+                if pid in w.done_prompt_ids():
+                    continue
+                w.write_part(t.make_part([pid]))
+                print("wrote", pid, flush=True)
+                time.sleep({sleep!r})
+            if {finalize!r}:
+                w.finalize()
+    """)
+
+
+def run_child(code: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120, env=env)
+
+
+def finish_in_process(root: Path) -> Measurement:
+    with RunWriter(root, config=CONFIG, meta=META, prompts=PROMPTS, resume=True) as w:
+        for pid in PROMPT_IDS:
+            if pid not in w.done_prompt_ids():
+                w.write_part(make_part([pid]))
+        return w.finalize()
+
+
+def test_sigkill_from_outside_then_resume_equals_uninterrupted_run(tmp_path: Path) -> None:
+    root = tmp_path / "run"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen([sys.executable, "-c", child_code(root, sleep=0.05)],
+                            stdout=subprocess.PIPE, text=True, env=env)
+    written = 0
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        written += line.startswith("wrote")
+        if written == 3:
+            proc.send_signal(signal.SIGKILL)
+            break
+    proc.wait(timeout=60)
+    assert proc.returncode == -signal.SIGKILL
+    partial = open_run(root)  # an unfinished, killed run is readable
+    assert partial.meta["status"] == "running"
+    done = partial.prompts["prompt_id"].tolist()
+    assert done[:3] == PROMPT_IDS[:3] and len(done) < len(PROMPT_IDS)
+    assert_same(partial, reference(done))
+    got = finish_in_process(root)
+    assert_same(got, reference())
+    uninterrupted = tmp_path / "clean"
+    write_run(uninterrupted, [[pid] for pid in PROMPT_IDS])
+    assert_same(open_run(root), open_run(uninterrupted))
+
+
+def test_sigkill_inside_a_part_and_inside_finalize_then_resume(tmp_path: Path) -> None:
+    root = tmp_path / "run"
+    # 1) die inside the 4th part: after its coupling/trajectory/token_metrics files
+    res = run_child(child_code(root, kill_at=(".tmp-part-000004-", "spectra.parquet")))
+    assert res.returncode == -signal.SIGKILL, res.stderr
+    assert res.stdout.split() == ["wrote", "p0", "wrote", "p1", "wrote", "p2"]
+    leftovers = [p for p in (root / "parts").iterdir() if p.name.startswith(".tmp-")]
+    assert len(leftovers) == 1 and (leftovers[0] / "token_metrics.parquet").exists()
+    assert open_run(root).prompts["prompt_id"].tolist() == PROMPT_IDS[:3]
+    # 2) resume, write the rest, die inside finalize (consolidated tables go in TABLES
+    #    order: coupling, trajectory, token_metrics are written, spectra is not)
+    res = run_child(child_code(root, kill_at=(".tmp-spectra.parquet",), finalize=True))
+    assert res.returncode == -signal.SIGKILL, res.stderr
+    assert res.stdout.split()[1::2] == PROMPT_IDS[3:]
+    assert not any(p.name.startswith(".tmp-") for p in (root / "parts").iterdir())
+    assert (root / "token_metrics.parquet").exists() and not (root / "spectra.parquet").exists()
+    assert json.loads((root / "manifest.json").read_text())["status"] == "running"
+    assert_same(open_run(root), reference())
+    # 3) resume again: nothing left to compute, finalize completes
+    got = finish_in_process(root)
+    assert_same(got, reference())
+    assert got.meta["status"] == "complete" and not (root / "parts").exists()
+
+
+def test_parts_left_over_after_finalize_are_not_counted_twice(tmp_path: Path) -> None:
+    """A kill after finalize committed the manifest but before it deleted the parts."""
+    root = tmp_path / "run"
+    write_run(root, [["p0", "p1"], ["p2"]], finalize=False)
+    shutil.copytree(root / "parts", tmp_path / "saved")
+    with RunWriter(root, config=CONFIG, meta=META, prompts=PROMPTS, resume=True) as w:
+        w.finalize()
+    shutil.copytree(tmp_path / "saved", root / "parts")
+    assert_same(open_run(root), reference(["p0", "p1", "p2"]))
+    with RunWriter(root, config=CONFIG, meta=META, prompts=PROMPTS, resume=True) as w:
+        assert w.done_prompt_ids() == {"p0", "p1", "p2"}
+        assert not (root / "parts" / "part-000001").exists()  # cleaned up under the lock
+        w.write_part(make_part(["p3"]))
+        assert (root / "parts" / "part-000003").exists()  # numbering continues
+        assert_same(open_run(root), reference(["p0", "p1", "p2", "p3"]))
+
+
+# ---------------------------------------------------------------------------- lock
+def test_second_process_is_refused_while_a_writer_holds_the_lock(tmp_path: Path) -> None:
+    root = tmp_path / "run"
+    code = textwrap.dedent(f"""
+        import sys
+        sys.path.insert(0, {str(TESTS)!r})
+        import test_store as t
+        from blockcoupling.errors import RunDirError
+        from blockcoupling.store import RunWriter
+        try:
+            with RunWriter({str(root)!r}, config=t.CONFIG, meta=t.META, prompts=t.PROMPTS,
+                           resume=True) as w:
+                print("acquired", sorted(w.done_prompt_ids()))
+        except RunDirError as err:
+            print("refused:", err)
+    """)
+    with RunWriter(root, config=CONFIG, meta=META, prompts=PROMPTS) as w:
+        w.write_part(make_part(["p0"]))
+        res = run_child(code)
+        assert res.returncode == 0, res.stderr
+        assert "refused:" in res.stdout and "in use" in res.stdout
+        assert f"PID {os.getpid()}" in res.stdout
+        with pytest.raises(RunDirError, match="in use"):  # also within one process
+            RunWriter(root, config=CONFIG, meta=META, prompts=PROMPTS, resume=True)
+    # released on close (flock conflicts between two open files even in one process)
+    with RunWriter(root, config=CONFIG, meta=META, prompts=PROMPTS, resume=True) as w:
+        assert w.done_prompt_ids() == {"p0"}
+
+
+# ---------------------------------------------------------------------------- bad directories
+def test_missing_path_and_foreign_directory(tmp_path: Path) -> None:
+    with pytest.raises(RunDirError, match="no run directory at"):
+        open_run(tmp_path / "nope")
+    foreign = tmp_path / "foreign"
+    foreign.mkdir()
+    (foreign / "data.csv").write_text("a,b\n")
+    with pytest.raises(RunDirError, match="not a blockcoupling run directory"):
+        open_run(foreign)
+    with pytest.raises(RunDirError, match="not a blockcoupling run directory"):
+        RunWriter(foreign, config=CONFIG, meta=META, prompts=PROMPTS, resume=True)
+    (foreign / "manifest.json").write_text(json.dumps({"format": "something-else"}))
+    with pytest.raises(RunDirError, match="belongs to something else"):
+        open_run(foreign)
+    assert not is_run_dir(foreign) and not is_run_dir(tmp_path / "nope")
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(RunDirError, match="is a file"):
+        open_run(tmp_path / "file")
+
+
+def test_corrupt_manifest(tmp_path: Path) -> None:
+    root = tmp_path / "run"
+    write_run(root, [["p0"]])
+    text = (root / "manifest.json").read_text()
+    (root / "manifest.json").write_text(text[: len(text) // 2])
+    with pytest.raises(RunDirError, match="manifest.json is corrupt.*new --out"):
+        open_run(root)
+    with pytest.raises(RunDirError, match="corrupt"):
+        RunWriter(root, config=CONFIG, meta=META, prompts=PROMPTS, resume=True)
+    assert not is_run_dir(root)
+
+
+def test_truncated_part_is_reported_and_can_be_recomputed(tmp_path: Path) -> None:
+    root = tmp_path / "run"
+    write_run(root, [["p0", "p1"], ["p2"]], finalize=False)
+    bad = root / "parts" / "part-000001" / "coupling.parquet"
+    data = bad.read_bytes()
+    bad.write_bytes(data[: len(data) // 2])
+    with pytest.raises(RunDirError) as err:
+        open_run(root)
+    assert str(bad) in str(err.value) and "Delete the part directory" in str(err.value)
+    with pytest.raises(RunDirError, match="Delete the part directory"):
+        RunWriter(root, config=CONFIG, meta=META, prompts=PROMPTS, resume=True)
+    # following the advice recomputes exactly the lost prompts
+    shutil.rmtree(bad.parent)
+    with RunWriter(root, config=CONFIG, meta=META, prompts=PROMPTS, resume=True) as w:
+        assert w.done_prompt_ids() == {"p2"}
+    assert_same(finish_in_process(root), reference())
+
+
+def test_missing_table_in_a_complete_run(tmp_path: Path) -> None:
+    root = tmp_path / "run"
+    write_run(root, [["p0"]])
+    (root / "spectra.parquet").unlink()
+    with pytest.raises(RunDirError, match="table 'spectra' is missing.*--resume"):
+        open_run(root)
+
+
+# ---------------------------------------------------------------------------- weights hash
+def _expected_full_hash(model: torch.nn.Module) -> str:
+    """Independent oracle: sha256 over name|shape|dtype lines and numpy value bytes."""
+    h = hashlib.sha256()
+    for name, t in model.state_dict().items():
+        h.update(f"{name}|{tuple(t.shape)}|{t.dtype}\n".encode())
+        h.update(t.detach().numpy().astype(t.detach().numpy().dtype).tobytes())
+    return "sha256-full:" + h.hexdigest()
+
+
+def test_weights_hash() -> None:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.LayerNorm(3))
+    twin = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.LayerNorm(3))
+    twin.load_state_dict(model.state_dict())
+    h = weights_hash(model)
+    assert h == _expected_full_hash(model)
+    assert weights_hash(twin) == h
+    with torch.no_grad():
+        twin[0].weight[2, 1] += 1e-6
+    assert weights_hash(twin) != h
+    assert weights_hash(model.double()).startswith("sha256-full:")
+    assert weights_hash(model) != h  # dtype is part of the fingerprint
+    sampled = weights_hash(model, max_full_bytes=0)
+    assert sampled.startswith("sha256-sampled:") and sampled == weights_hash(model, max_full_bytes=0)
+    with torch.no_grad():
+        model[0].weight[0, 0] += 1.0  # the first element is always in the sample
+    assert weights_hash(model, max_full_bytes=0) != sampled
+    assert weights_hash(model.to(torch.bfloat16)).startswith("sha256-full:")
