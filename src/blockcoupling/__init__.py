@@ -18,33 +18,23 @@ from blockcoupling.errors import (
     RunDirError,
 )
 from blockcoupling.measure import iter_measure, measure, measure_to_dir
+from blockcoupling.prompts import BUILTIN_SETS, Prompt, load_prompts
 from blockcoupling.results import SCHEMAS, Measurement
+from blockcoupling.store import is_run_dir, open_run
 
 __version__ = "0.1.0"
 
 
-def open_run(path):  # noqa: ANN001, ANN201 - thin lazy re-export of store.open_run
-    """Open a run directory written by ``measure_to_dir`` / ``blockcoupling measure``."""
-    from blockcoupling.store import open_run as _open_run
-
-    return _open_run(path)
-
-
-def load_prompts(spec, **kwargs):  # noqa: ANN001, ANN003, ANN201
-    """Load a prompt set: a file, ``builtin:NAME`` or ``hf:DATASET`` (see prompts.py)."""
-    from blockcoupling.prompts import load_prompts as _load
-
-    return _load(spec, **kwargs)
-
-
 def write_report(measurements, out, **kwargs):  # noqa: ANN001, ANN003, ANN201
-    """Write the HTML report for one or more Measurements (see report.py)."""
+    """Write the HTML report for one or more Measurements (see :mod:`blockcoupling.report`;
+    imported lazily because matplotlib is slow to import)."""
     from blockcoupling.report import write_report as _write
 
     return _write(measurements, out, **kwargs)
 
 
 __all__ = [
+    "BUILTIN_SETS",
     "KINDS",
     "ORIENTATIONS",
     "SCHEMAS",
@@ -56,10 +46,12 @@ __all__ = [
     "MeasureConfig",
     "Measurement",
     "NumericalError",
+    "Prompt",
     "ReplayError",
     "RunDirError",
     "__version__",
     "find_blocks",
+    "is_run_dir",
     "iter_measure",
     "load_prompts",
     "measure",

@@ -188,7 +188,10 @@ class _PromptRun:
         kmax = self.cfg.k_max
         want_influence = self.cfg.influence
         layers = sorted(set(self.keys) | (set(self.layers) if want_influence else set()))
-        for layer in layers:
+        from tqdm.auto import tqdm
+
+        for layer in tqdm(layers, desc=f"{self.item.prompt_id} Jacobians", unit="layer",
+                          leave=False, disable=self.progress is None or self.progress.disable):
             f, x = self._branch(layer)
             keys = self.keys.get(layer, [])
             infl = pairs.influence_keys([layer], n=self.n)[layer] if want_influence else []
@@ -228,8 +231,6 @@ class _PromptRun:
                     ]
             if infl:
                 self._influence(layer, blocks, infl)
-            if self.progress is not None:
-                self.progress.set_postfix_str(f"{self.item.prompt_id} layer {layer}", refresh=False)
 
     def _dense_blocks(self, f: Callable[[Tensor], Tensor], x: Tensor,
                       keys: Sequence[tuple[int, int]]) -> dict[tuple[int, int], Tensor]:
