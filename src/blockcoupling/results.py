@@ -147,7 +147,7 @@ class Measurement:
                    meta=meta if meta is not None else dict(parts[0].meta))
 
     # ------------------------------------------------------------------ aggregates
-    def _select(self, kind: str, k: int | None, variant: str, p: float | None,
+    def select(self, kind: str, k: int | None, variant: str, p: float | None,
                 orientation: str) -> pd.DataFrame:
         df = self.coupling
         k = k if k is not None else min(self.config.k)
@@ -169,7 +169,7 @@ class Measurement:
                             p: float | None = 1.0, orientation: str = "ujv") -> pd.DataFrame:
         """Per prompt (and token): mean depth-wise value over layer pairs l != l'
         (``mean_offdiag``) and over all pairs including l = l' (``mean_all``)."""
-        df = self._select("depth", k, variant, p, orientation)
+        df = self.select("depth", k, variant, p, orientation)
         off = df[df["layer_a"] != df["layer_b"]]
         keys = ["prompt_id", "token_out_a"]
         res = df.groupby(keys, sort=False)["value"].mean().rename("mean_all").to_frame()
@@ -180,7 +180,7 @@ class Measurement:
     def coupling_by_distance(self, k: int | None = None, *, variant: str = "coupling",
                              p: float | None = 1.0, orientation: str = "ujv") -> pd.DataFrame:
         """Locality: mean depth-wise value as a function of layer distance |l - l'|."""
-        df = self._select("depth", k, variant, p, orientation).copy()
+        df = self.select("depth", k, variant, p, orientation).copy()
         df["distance"] = (df["layer_a"] - df["layer_b"]).abs()
         g = df.groupby("distance")["value"]
         return pd.DataFrame({"mean": g.mean(), "std": g.std(), "count": g.size()}).reset_index()
@@ -190,7 +190,7 @@ class Measurement:
                      orientation: str = "ujv") -> pd.DataFrame:
         """L x L matrix (rows = measured layer_a, columns = basis layer_b); mean over prompts
         and tokens unless ``prompt_id`` / ``token`` pick one."""
-        df = self._select("depth", k, variant, p, orientation)
+        df = self.select("depth", k, variant, p, orientation)
         if prompt_id is not None:
             df = df[df["prompt_id"] == prompt_id]
         if token is not None:
