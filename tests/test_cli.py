@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -12,11 +11,11 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from tiny_models import tiny_model
 from typer.testing import CliRunner
 
 import blockcoupling as bc
 from blockcoupling.cli import app
+from tiny_models import tiny_model
 
 runner = CliRunner()
 

@@ -13,10 +13,10 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
-from tiny_models import tiny_inputs, tiny_model
 
 import blockcoupling as bc
 from blockcoupling.blocks import find_blocks, get_module
+from tiny_models import tiny_inputs, tiny_model
 
 TOL = 1e-8
 
@@ -182,8 +182,8 @@ def test_matrix_free_agrees_with_dense_within_tolerance() -> None:
 
 
 def test_batched_mixed_lengths_equal_single_prompts() -> None:
-    from transformers import PreTrainedTokenizerFast
     from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
 
     vocab = {w: i for i, w in enumerate(["[PAD]", "[UNK]"] + "the a cat dog sat on mat ran far".split())}
     tk = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
@@ -231,8 +231,8 @@ def test_bad_input_errors() -> None:
 
 
 def test_too_long_prompt_is_refused() -> None:
-    from transformers import PreTrainedTokenizerFast
     from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
 
     tk = Tokenizer(models.WordLevel({"[PAD]": 0, "[UNK]": 1, "word": 2}, unk_token="[UNK]"))
     tk.pre_tokenizer = pre_tokenizers.Whitespace()

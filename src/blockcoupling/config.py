@@ -15,19 +15,10 @@ from typing import Any, Literal
 import torch
 
 from blockcoupling.errors import BlockCouplingError
+from blockcoupling.metrics import ORIENTATIONS, VALID_P, VARIANTS
 
 KINDS = ("depth", "self", "fixed_input", "fixed_output")
-VARIANTS = (
-    "coupling",
-    "miscoupling",
-    "released_norm",
-    "released_trace",
-    "offdiag_ratio",
-    "coupling_vs_null",
-)
-ORIENTATIONS = ("ujv", "vju")
 METHODS = ("auto", "dense", "matrix_free")
-P_VALUES = (1.0, 2.0, math.inf)
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
 TokenSpec = Literal["last", "all"] | tuple[int, ...]
@@ -150,7 +141,7 @@ class MeasureConfig:
             if o not in ORIENTATIONS:
                 bad(f"orientation {o!r} is unknown; choose from {', '.join(ORIENTATIONS)}")
         for p in self.p:
-            if p not in P_VALUES:
+            if p not in VALID_P:
                 bad(f"p={p}: the normalising norm is p = 1, 2 or inf")
         if self.method not in METHODS:
             bad(f"method={self.method!r}: choose auto, dense or matrix-free")
