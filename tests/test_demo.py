@@ -1,0 +1,402 @@
+"""Tests of the offline demo's model side: corpus, tokenizer, tiny-LM training and cache,
+MiniLM loading and its random twin, and the orchestration of ``run_demo``."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+import types
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from blockcoupling import demo
+from blockcoupling.errors import BlockCouplingError
+
+# Small enough to train 30 steps in about a second on one core.
+SMALL = demo.TinyLMConfig(
+    n_layer=2, n_embd=16, n_head=2, block_size=16, batch_size=4, max_steps=30,
+    checkpoints=(0, 10, 30), warmup_steps=2, val_windows=4, lr=1e-2,
+)
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[tuple[int, Path]]]:
+    root = tmp_path_factory.mktemp("demo-cache")
+    return root, demo.train_tiny_lm(SMALL, root, progress=False)
+
+
+@pytest.fixture(scope="module")
+def tokenizer() -> Any:
+    return demo.build_tokenizer(demo.corpus_text())
+
+
+def _state(path: Path) -> dict[str, torch.Tensor]:
+    from transformers import GPT2LMHeadModel
+
+    return GPT2LMHeadModel.from_pretrained(path).state_dict()
+
+
+# ---------------------------------------------------------------------------------------------
+# Corpus
+# ---------------------------------------------------------------------------------------------
+
+
+def test_clean_folds_typography_and_drops_underlines() -> None:
+    raw = "Title\n*****\n\n\n\nUse \u201cif\u201d \u2014 it\u2019s fine\u2026   \n\tx = 1\n===\n"
+    assert demo._clean(raw) == "Title\n\nUse \"if\" - it's fine...\n    x = 1"
+
+
+def test_corpus_is_deterministic_ascii_and_complete() -> None:
+    from pydoc_data.topics import topics
+
+    first = demo.corpus_text()
+    demo._corpus_documents.cache_clear()
+    second = demo.corpus_text()
+    assert first == second
+    docs = demo.corpus_documents()
+    assert len(docs) == len(topics)
+    assert docs[0] == demo._clean(topics[sorted(topics)[0]])
+    assert all(c == "\n" or 0x20 <= ord(c) <= 0x7E for c in set(first))
+    assert 'The "if" statement' in first
+    assert not any(set(line.strip()) == {"*"} for line in first.split("\n"))
+    assert demo.corpus_sha256() == demo.corpus_sha256()
+
+
+# ---------------------------------------------------------------------------------------------
+# Tokenizer
+# ---------------------------------------------------------------------------------------------
+
+
+def test_tokenizer_ids_follow_sorted_characters(tokenizer: Any) -> None:
+    chars = sorted(set(demo.corpus_text()))
+    assert len(tokenizer) == len(chars) + 2
+    assert tokenizer.pad_token_id == 0 and tokenizer.unk_token_id == 1
+    text = "def f(x):\n    return x"
+    expected = [chars.index(c) + 2 for c in text]  # independent character -> id map
+    assert tokenizer(text)["input_ids"] == expected
+    assert tokenizer("a\u00e9b")["input_ids"] == [chars.index("a") + 2, 1, chars.index("b") + 2]
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.text(alphabet=sorted(set("abc XYZ\n().,:;\"'019_=+-*/<>{}[]")), max_size=40))
+def test_tokenizer_round_trip(tokenizer: Any, text: str) -> None:
+    ids = tokenizer(text)["input_ids"]
+    assert len(ids) == len(text)
+    assert tokenizer.decode(ids) == text
+
+
+def test_tokenizer_save_load_and_padded_batch(tokenizer: Any, tmp_path: Path) -> None:
+    from transformers import AutoTokenizer
+
+    tokenizer.save_pretrained(tmp_path)
+    loaded = AutoTokenizer.from_pretrained(tmp_path)
+    texts = ["The if statement", "x = 1", ""]
+    a = tokenizer(texts, return_tensors="pt", padding=True)
+    b = loaded(texts, return_tensors="pt", padding=True)
+    assert torch.equal(a["input_ids"], b["input_ids"])
+    assert torch.equal(a["attention_mask"], b["attention_mask"])
+    assert a["input_ids"].shape == (3, 16)
+    assert a["attention_mask"].sum(1).tolist() == [16, 5, 0]
+    assert (a["input_ids"][1, 5:] == 0).all()  # right padding with [PAD] = 0
+    assert loaded.decode(b["input_ids"][1, :5].tolist()) == "x = 1"
+
+
+# ---------------------------------------------------------------------------------------------
+# Config and schedule
+# ---------------------------------------------------------------------------------------------
+
+
+def test_config_validation_and_cache_key() -> None:
+    with pytest.raises(BlockCouplingError, match="multiple of n_head"):
+        demo.TinyLMConfig(n_embd=30, n_head=4)
+    with pytest.raises(BlockCouplingError, match="increasing"):
+        demo.TinyLMConfig(checkpoints=(0, 50, 25))
+    with pytest.raises(BlockCouplingError, match="within"):
+        demo.TinyLMConfig(max_steps=10, checkpoints=(0, 20))
+    same = demo.TinyLMConfig(**{**SMALL.to_dict(), "checkpoints": tuple(SMALL.checkpoints)})
+    assert same.cache_key() == SMALL.cache_key()
+    other = demo.TinyLMConfig(**{**SMALL.to_dict(), "checkpoints": (0, 10, 30), "seed": 1})
+    assert other.cache_key() != SMALL.cache_key()
+    assert len(SMALL.cache_key()) == 16
+
+
+def test_default_config_is_documented_small_lm() -> None:
+    cfg = demo.TinyLMConfig()
+    assert cfg.checkpoints[0] == 0 and cfg.checkpoints[-1] == cfg.max_steps
+    assert 4 <= cfg.n_layer <= 6 and 64 <= cfg.n_embd <= 128
+
+
+def test_lr_schedule_warmup_then_cosine() -> None:
+    cfg = demo.TinyLMConfig(max_steps=100, checkpoints=(0, 100), warmup_steps=10, lr=1.0,
+                            min_lr_ratio=0.1)
+    assert demo._lr_at(cfg, 0) == pytest.approx(0.1)
+    assert demo._lr_at(cfg, 9) == pytest.approx(1.0)
+    assert demo._lr_at(cfg, 10) == pytest.approx(1.0)
+    mid = 10 + 45  # half-way through the cosine
+    assert demo._lr_at(cfg, mid) == pytest.approx(0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi / 2)))
+    assert demo._lr_at(cfg, 100) == pytest.approx(0.1)
+
+
+# ---------------------------------------------------------------------------------------------
+# Training, checkpoints, cache
+# ---------------------------------------------------------------------------------------------
+
+
+def test_checkpoints_are_loadable(trained: tuple[Path, list[tuple[int, Path]]]) -> None:
+    root, ckpts = trained
+    assert [s for s, _ in ckpts] == [0, 10, 30]
+    key_dir = root / SMALL.cache_key()
+    for step, path in ckpts:
+        assert path == key_dir / f"step-{step:06d}"
+        model, tok = demo.load_checkpoint(path)
+        assert type(model).__name__ == "GPT2Model" and not model.training
+        assert model.config.n_layer == SMALL.n_layer and model.config.n_embd == SMALL.n_embd
+        batch = tok(["The if", "x"], return_tensors="pt", padding=True)
+        out = model(**batch).last_hidden_state
+        assert out.shape == (2, 6, SMALL.n_embd) and torch.isfinite(out).all()
+
+
+def test_step0_is_the_seeded_initialisation(trained: tuple[Path, list[tuple[int, Path]]]) -> None:
+    from transformers import GPT2LMHeadModel
+
+    _, ckpts = trained
+    tok = demo.build_tokenizer(demo.corpus_text())
+    torch.manual_seed(SMALL.seed)
+    fresh = GPT2LMHeadModel(demo._gpt2_config(SMALL, len(tok), 0)).state_dict()
+    saved = _state(ckpts[0][1])
+    for name, value in fresh.items():
+        assert torch.equal(saved[name], value), name
+    later = _state(ckpts[-1][1])
+    assert not torch.equal(later["transformer.h.0.attn.c_attn.weight"],
+                           saved["transformer.h.0.attn.c_attn.weight"])
+
+
+def test_loss_decreases(trained: tuple[Path, list[tuple[int, Path]]]) -> None:
+    root, _ = trained
+    log = demo.training_log(SMALL, root)
+    vocab = log["vocab_size"]
+    val = {int(s): v["val_loss"] for s, v in log["checkpoints"].items()}
+    # Untrained: close to the uniform-distribution loss ln(V).
+    assert abs(val[0] - math.log(vocab)) < 0.3
+    assert val[30] < val[0] - 0.5
+    assert len(log["train_loss"]) == SMALL.max_steps
+    assert log["final_train_loss"] < log["train_loss"][0] - 0.5
+    assert log["checkpoints"]["0"]["train_loss"] is None
+    assert log["checkpoints"]["30"]["train_loss"] == log["train_loss"][-1]
+
+
+def test_training_is_deterministic_and_leaves_global_state(tmp_path: Path) -> None:
+    cfg = demo.TinyLMConfig(**{**SMALL.to_dict(), "max_steps": 4, "checkpoints": (0, 4)})
+    torch.manual_seed(1234)
+    rng_before = torch.get_rng_state()
+    det_before = torch.are_deterministic_algorithms_enabled()
+    a = demo.train_tiny_lm(cfg, tmp_path / "a", progress=False)
+    assert torch.equal(torch.get_rng_state(), rng_before)
+    assert torch.are_deterministic_algorithms_enabled() == det_before
+    b = demo.train_tiny_lm(cfg, tmp_path / "b", progress=False)
+    sa, sb = _state(a[-1][1]), _state(b[-1][1])
+    assert sa.keys() == sb.keys()
+    for name in sa:
+        assert torch.equal(sa[name], sb[name]), name
+    assert not torch.equal(sa["transformer.wte.weight"], _state(a[0][1])["transformer.wte.weight"])
+    log_a = json.loads((a[0][1].parent / "training.json").read_text())
+    log_b = json.loads((b[0][1].parent / "training.json").read_text())
+    assert log_a["train_loss"] == log_b["train_loss"]
+
+
+def test_cache_is_reused_without_training(
+    trained: tuple[Path, list[tuple[int, Path]]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root, ckpts = trained
+    before = _state(ckpts[-1][1])
+
+    def boom(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError("trained again although the cache is complete")
+
+    monkeypatch.setattr(demo, "_train_and_save", boom)
+    again = demo.train_tiny_lm(SMALL, root, progress=False)
+    assert again == ckpts
+    after = _state(again[-1][1])
+    assert all(torch.equal(before[n], after[n]) for n in before)
+    # A different config is a different cache entry, so it must train (and here: fail).
+    with pytest.raises(AssertionError, match="trained again"):
+        demo.train_tiny_lm(demo.TinyLMConfig(**{**SMALL.to_dict(), "seed": 7}), root,
+                           progress=False)
+    assert not any(".tmp-" in p.name for p in root.iterdir())
+
+
+def test_incomplete_cache_is_retrained(tmp_path: Path) -> None:
+    cfg = demo.TinyLMConfig(**{**SMALL.to_dict(), "max_steps": 2, "checkpoints": (0, 2)})
+    stale = demo.tiny_lm_dir(cfg, tmp_path)
+    (stale / "step-000000").mkdir(parents=True)  # a crash left a folder without training.json
+    ckpts = demo.train_tiny_lm(cfg, tmp_path, progress=False)
+    assert (stale / "training.json").is_file()
+    assert all((p / "model.safetensors").is_file() for _, p in ckpts)
+
+
+def test_training_log_missing_raises(tmp_path: Path) -> None:
+    with pytest.raises(BlockCouplingError, match="train_tiny_lm"):
+        demo.training_log(SMALL, tmp_path)
+
+
+def test_default_cache_dir_respects_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("BLOCKCOUPLING_CACHE", str(tmp_path))
+    assert demo.default_cache_dir() == tmp_path / "demo"
+    monkeypatch.delenv("BLOCKCOUPLING_CACHE")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert demo.default_cache_dir() == tmp_path / "xdg" / "blockcoupling" / "demo"
+
+
+# ---------------------------------------------------------------------------------------------
+# MiniLM
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def minilm() -> tuple[Any, Any]:
+    return demo.load_minilm()
+
+
+def test_minilm_loads_without_network(monkeypatch: pytest.MonkeyPatch) -> None:
+    import socket
+
+    def no_network(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError("load_minilm tried to open a network connection")
+
+    monkeypatch.setattr(socket.socket, "connect", no_network)
+    monkeypatch.setattr(socket, "create_connection", no_network)
+    monkeypatch.setattr(socket, "getaddrinfo", no_network)
+    model, tok = demo.load_minilm()
+    assert type(model).__name__ == "BertModel"
+    assert tok("Paris")["input_ids"][0] == tok.cls_token_id
+
+
+def test_minilm_is_the_pretrained_model(minilm: tuple[Any, Any]) -> None:
+    from safetensors.torch import load_file
+
+    model, tok = minilm
+    weights = load_file(str(demo.minilm_dir() / "model.safetensors"))
+    for name in ("encoder.layer.3.attention.self.query.weight", "embeddings.word_embeddings.weight"):
+        assert torch.equal(model.state_dict()[name], weights[name]), name
+    assert type(model).__name__ == "BertModel" and not model.training
+    assert model.config.hidden_size == 384 and model.config.num_hidden_layers == 6
+    batch = tok([demo.CAPITAL_PROMPT, "Hi"], return_tensors="pt", padding=True)
+    assert batch["input_ids"][0, 0].item() == tok.cls_token_id
+    with torch.no_grad():
+        out = model(**batch).last_hidden_state
+    assert out.shape[-1] == 384 and torch.isfinite(out).all()
+
+
+def test_random_like_same_config_different_weights(minilm: tuple[Any, Any]) -> None:
+    model, _ = minilm
+    rng_before = torch.get_rng_state()
+    r0 = demo.random_like(model, seed=0)
+    assert torch.equal(torch.get_rng_state(), rng_before)
+    assert type(r0) is type(model) and not r0.training
+    assert r0.config.to_dict() == model.config.to_dict()
+    s, s0 = model.state_dict(), r0.state_dict()
+    assert s.keys() == s0.keys()
+    assert all(s[n].shape == s0[n].shape for n in s)
+    w = "encoder.layer.0.attention.self.query.weight"
+    assert not torch.allclose(s[w], s0[w])
+    # BERT init: normal(0, initializer_range) weights.
+    assert s0[w].std().item() == pytest.approx(model.config.initializer_range, rel=0.05)
+    r0_again, r1 = demo.random_like(model, seed=0), demo.random_like(model, seed=1)
+    assert torch.equal(r0_again.state_dict()[w], s0[w])
+    assert not torch.equal(r1.state_dict()[w], s0[w])
+
+
+# ---------------------------------------------------------------------------------------------
+# Prompts and run_demo
+# ---------------------------------------------------------------------------------------------
+
+
+def test_demo_prompts(tokenizer: Any) -> None:
+    general = demo.demo_prompts()
+    assert general[0] == "What is the capital of France? The capital is"
+    assert 3 <= len(general) <= 6
+    corpus = demo.demo_prompts("corpus")
+    assert 3 <= len(corpus) <= 6
+    for text in corpus:  # in the tiny LM's vocabulary, short
+        ids = tokenizer(text)["input_ids"]
+        assert tokenizer.unk_token_id not in ids and len(ids) <= 20
+    with pytest.raises(BlockCouplingError, match="register"):
+        demo.demo_prompts("nonsense")
+
+
+def test_k_values() -> None:
+    assert demo._k_values(384, quick=False) == (10, 38)
+    assert demo._k_values(128, quick=False) == (10, 13)
+    assert demo._k_values(16, quick=False) == (2, 10)
+    assert demo._k_values(8, quick=True) == (1,)
+
+
+def test_run_demo_call_sites(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, trained: tuple[Path, list[tuple[int, Path]]]
+) -> None:
+    """run_demo drives measure_to_dir / write_report with the agreed names (fakes stand in)."""
+    calls: list[dict[str, Any]] = []
+
+    def measure_to_dir(model, tokenizer, prompts, out_dir, *, meta, prompts_spec, resume=False,  # type: ignore[no-untyped-def]
+                       progress=True, **kw):
+        assert resume is True and progress is False
+        batch = tokenizer(list(prompts), return_tensors="pt", padding=True)
+        assert set(batch) >= {"input_ids", "attention_mask"}
+        calls.append({"model": model, "prompts": list(prompts), "out_dir": Path(out_dir),
+                      "meta": meta, "spec": prompts_spec, "kw": kw})
+        return f"measurement-{len(calls)}"
+
+    reports: list[tuple[list[Any], Path, list[str]]] = []
+
+    def write_report(measurements, out_path, labels, formats=("png", "svg", "pdf")):  # type: ignore[no-untyped-def]
+        reports.append((list(measurements), Path(out_path), list(labels)))
+        Path(out_path).write_text("<html></html>")
+        return Path(out_path)
+
+    monkeypatch.setitem(sys.modules, "blockcoupling.measure",
+                        types.SimpleNamespace(measure_to_dir=measure_to_dir))
+    monkeypatch.setitem(sys.modules, "blockcoupling.report",
+                        types.SimpleNamespace(write_report=write_report))
+    root, ckpts = trained
+    monkeypatch.setattr(demo.TinyLMConfig, "quick", classmethod(lambda cls: SMALL))
+
+    path = demo.run_demo(tmp_path / "out", quick=True, cache_dir=root, progress=False)
+
+    assert path == tmp_path / "out" / "report.html" and path.is_file()
+    labels = ["MiniLM pretrained", "MiniLM random init"] + [f"tiny LM step {s}" for s, _ in ckpts]
+    assert [c["meta"]["label"] for c in calls] == labels
+    assert reports == [([f"measurement-{i + 1}" for i in range(len(calls))], path, labels)]
+    assert len({c["out_dir"] for c in calls}) == len(calls)
+    assert all(c["out_dir"].parent == tmp_path / "out" for c in calls)
+    pre, rnd = calls[0]["model"], calls[1]["model"]
+    assert pre.config.to_dict() == rnd.config.to_dict()
+    assert calls[0]["prompts"] == [demo.CAPITAL_PROMPT]
+    assert calls[0]["meta"]["revision"] != calls[1]["meta"]["revision"]
+    log = demo.training_log(SMALL, root)
+    for c, (step, _) in zip(calls[2:], ckpts, strict=True):
+        assert c["meta"]["step"] == step
+        assert c["meta"]["val_loss"] == log["checkpoints"][str(step)]["val_loss"]
+        assert type(c["model"]).__name__ == "GPT2Model"
+        assert all(k <= SMALL.n_embd for k in c["kw"]["k"])
+    for c in calls:
+        assert c["kw"]["coupling"] == ("depth",) and c["kw"]["tokens"] == "last"
+        assert {"model", "label", "revision"} <= set(c["meta"])
+
+
+def test_run_demo_end_to_end_quick(tmp_path: Path) -> None:
+    """The real thing, once the measurement and report modules exist."""
+    pytest.importorskip("blockcoupling.measure")
+    pytest.importorskip("blockcoupling.report")
+    path = demo.run_demo(tmp_path / "out", quick=True, cache_dir=tmp_path / "cache",
+                         progress=False)
+    assert path.is_file() and path.stat().st_size > 0
+    runs = {p.name for p in (tmp_path / "out").iterdir() if (p / "manifest.json").is_file()}
+    assert runs == {"minilm-pretrained", "minilm-random", "tinylm-step-000000",
+                    "tinylm-step-000020"}
+    assert (tmp_path / "cache" / demo.TinyLMConfig.quick().cache_key() / "training.json").is_file()
