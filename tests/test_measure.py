@@ -240,3 +240,20 @@ def test_too_long_prompt_is_refused() -> None:
     model = tiny_model("gpt2")  # context of 32 positions
     with pytest.raises(bc.BlockCouplingError, match="40 tokens, more than the model's context of 32"):
         bc.measure(model, tok, ["word " * 40], k=(2,), progress=False)
+
+
+@pytest.mark.parametrize("method", ["dense", "matrix_free"])
+def test_fast_path_is_used_and_agrees_with_generic(method: str) -> None:
+    model = tiny_model("gpt_neox", dtype=torch.float64)
+    inputs = tiny_inputs("gpt_neox", n=5, batch=2)
+    kw = dict(coupling=("depth", "self"), k=(2, 4), tokens="all", dtype=torch.float64,
+              progress=False, method=method, svd_tol=1e-10, svd_iters=30)
+    fast = bc.measure(model, None, inputs, **kw)
+    slow = bc.measure(model, None, inputs, fast_path=False, **kw)
+    assert set(fast.diagnostics["method"]) == {f"{method}_fast"}
+    assert set(slow.diagnostics["method"]) == {method}
+    np.testing.assert_allclose(fast.coupling["value"], slow.coupling["value"], atol=1e-7)
+    # an encoder has no decode step: the generic path is used
+    enc = bc.measure(tiny_model("bert", dtype=torch.float64), None, tiny_inputs("bert"), k=(2,),
+                     dtype=torch.float64, progress=False)
+    assert set(enc.diagnostics["method"]) == {"dense"}

@@ -91,6 +91,7 @@ class MeasureConfig:
     layer_pairs: Literal["same", "all"] = "same"
     final_norm: bool = False
     method: str = "auto"
+    fast_path: bool = True  # decode-step Jacobians J^l_tt for causal models (fastpath.py)
     trajectory: bool = True
     spectra: bool = True
     influence: bool = False

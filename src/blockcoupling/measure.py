@@ -21,7 +21,7 @@ from __future__ import annotations
 import time
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -30,7 +30,7 @@ import torch
 from torch import Tensor
 
 from blockcoupling import jacobian as jac
-from blockcoupling import metrics, pairs, spectra, svd, trajectory
+from blockcoupling import fastpath, metrics, pairs, spectra, svd, trajectory
 from blockcoupling.blocks import BlockSpec, find_blocks
 from blockcoupling.capture import Capture, capture, residual_branch
 from blockcoupling.config import MeasureConfig
@@ -150,14 +150,22 @@ def _choose_method(cfg: MeasureConfig, d: int) -> str:
     return "matrix_free" if d >= 2048 and per_op < d else "dense"
 
 
+@dataclass
+class _RunState:
+    """What one measure() call learns across prompts."""
+
+    figure_ids: set[str] = field(default_factory=set)  # prompts whose K x K matrices are kept
+    fast_verified: set[int] = field(default_factory=set)  # layers whose fast path was checked
+    fast_failed: set[int] = field(default_factory=set)  # layers where it is unsupported
+
+
 class _PromptRun:
     """All the Jacobian work for one prompt."""
 
     def __init__(self, model: torch.nn.Module, cap: Capture, b: int, item: PromptItem,
-                 cfg: MeasureConfig, spec: BlockSpec, progress: Any,
-                 figure_ids: set[str]) -> None:
+                 cfg: MeasureConfig, spec: BlockSpec, progress: Any, state: _RunState) -> None:
         self.model, self.cap, self.b, self.item, self.cfg, self.spec = model, cap, b, item, cfg, spec
-        self.figure_ids = figure_ids
+        self.state = state
         self.n = cap.lengths[b]
         self.d = spec.hidden_size
         self.layers = cfg.selected_layers(spec.num_layers)
@@ -184,38 +192,58 @@ class _PromptRun:
     def _branch(self, layer: int) -> tuple[Callable[[Tensor], Tensor], Tensor]:
         return residual_branch(self.model, self.cap, layer, self.b, dtype=self.cfg.dtype)
 
+    def _fast(self, layer: int, keys: Sequence[tuple[int, int]]) -> dict[int, Any]:
+        """Decode-step operators (fastpath.TokenBranch) for the diagonal keys J^l_tt of a causal
+        model; {} where the fast path is off, unsupported, or failed its check. The check
+        against the generic path runs on the first prompt that reaches each layer."""
+        diag = [t_in for t_in, t_out in keys if t_in == t_out]
+        if not (self.cfg.fast_path and self.spec.causal and diag) or layer in self.state.fast_failed:
+            return {}
+        verify = layer not in self.state.fast_verified
+        tbs = fastpath.token_branches(self.model, self.cap, layer, self.b, diag,
+                                      dtype=self.cfg.dtype, verify=verify, seed=self.cfg.seed,
+                                      chunk_size=self.cfg.chunk_size)
+        if tbs is None:
+            self.state.fast_failed.add(layer)
+            return {}
+        self.state.fast_verified.add(layer)
+        return tbs
+
     def pass1(self) -> None:
+        from tqdm.auto import tqdm
+
         kmax = self.cfg.k_max
         want_influence = self.cfg.influence
         layers = sorted(set(self.keys) | (set(self.layers) if want_influence else set()))
-        from tqdm.auto import tqdm
-
         for layer in tqdm(layers, desc=f"{self.item.prompt_id} Jacobians", unit="layer",
                           leave=False, disable=self.progress is None or self.progress.disable):
             f, x = self._branch(layer)
             keys = self.keys.get(layer, [])
             infl = pairs.influence_keys([layer], n=self.n)[layer] if want_influence else []
-            dense_keys = keys if self.method == "dense" else []
-            blocks = self._dense_blocks(f, x, sorted(set(dense_keys) | set(infl)))
+            fast = self._fast(layer, keys)
+            generic = [k for k in keys if k[0] != k[1] or k[0] not in fast]
+            blocks = self._dense_blocks(
+                f, x, sorted(set(generic if self.method == "dense" else []) | set(infl)))
             for t_in, t_out in keys:
                 t0 = time.perf_counter()
+                tb = fast.get(t_in) if t_in == t_out else None
+                tag = "_fast" if tb is not None else ""
                 if self.method == "dense":
-                    J = blocks[(t_in, t_out)]
-                    top = svd.topk_svd(J, kmax)
-                    m = _Measured(top, J, "dense", 0.0, 0.0)
+                    J = tb.jacobian() if tb is not None else blocks[(t_in, t_out)]
+                    m = _Measured(svd.topk_svd(J, kmax), J, "dense" + tag, 0.0, 0.0)
                 else:
-                    op = jac.jacobian_operator(f, x, t_in, t_out)
+                    op = tb if tb is not None else jac.jacobian_operator(f, x, t_in, t_out)
                     top = svd.randomized_topk_svd(
                         op, kmax, oversample=self.cfg.svd_oversample, n_iter=self.cfg.svd_iters,
                         tol=self.cfg.svd_tol, seed=self.cfg.seed,
                     )
                     res = float(top.residual.max()) if top.residual is not None else 0.0
-                    m = _Measured(top, None, "matrix_free", res, 0.0)
+                    m = _Measured(top, None, "matrix_free" + tag, res, 0.0)
                     if self.cfg.method == "auto" and self.cfg.svd_tol is not None and res > self.cfg.svd_tol:
                         # auto chooses from the measured residual: fall back to the exact path
-                        J = jac.jacobian_blocks(f, x, [t_out], in_tokens=[t_in],
-                                                chunk_size=self.cfg.chunk_size)[0, 0]
-                        m = _Measured(svd.topk_svd(J, kmax), J, "dense_fallback", res, 0.0)
+                        J = tb.jacobian() if tb is not None else jac.jacobian_blocks(
+                            f, x, [t_out], in_tokens=[t_in], chunk_size=self.cfg.chunk_size)[0, 0]
+                        m = _Measured(svd.topk_svd(J, kmax), J, "dense_fallback" + tag, res, 0.0)
                 m.seconds = time.perf_counter() - t0
                 _check_finite(m.top.S, layer, t_in, t_out)
                 self.measured[(layer, t_in, t_out)] = m
@@ -277,10 +305,12 @@ class _PromptRun:
         measured_layers = sorted({a[0] for a in by_a})
         for layer in measured_layers:
             f = x = None
-            if self.method != "dense":
+            fast: dict[int, Any] = {}
+            if any(self.measured[a].dense is None for a in by_a if a[0] == layer):
                 f, x = self._branch(layer)
+                fast = self._fast(layer, [(a[1], a[2]) for a in by_a if a[0] == layer])
             for a in [a for a in by_a if a[0] == layer]:
-                apply = self._applier(a, f, x)
+                apply = self._applier(a, f, x, fast)
                 bases = by_a[a]
                 Ub = torch.stack([self.measured[b].top.U for _, b in bases])  # (P, d, K)
                 Vb = torch.stack([self.measured[b].top.V for _, b in bases])  # (P, d, K)
@@ -296,7 +326,7 @@ class _PromptRun:
                 for t in self.tokens:
                     key = (layer, t, t)
                     if key in self.measured:
-                        apply = self._applier(key, f, x)
+                        apply = self._applier(key, f, x, fast)
                         v = lin_vec[t]
                         lin_vec[t] = v + apply(v[:, None])[:, 0]
         frames.append(self._coupling_rows(A_store))
@@ -308,13 +338,14 @@ class _PromptRun:
                 lin[t] = float(torch.nn.functional.cosine_similarity(v.detach(), xL[t], dim=0))
         return frames, arrays, lin
 
-    def _applier(self, key: Key, f: Any, x: Any) -> Callable[[Tensor], Tensor]:
+    def _applier(self, key: Key, f: Any, x: Any, fast: dict[int, Any]) -> Callable[[Tensor], Tensor]:
         m = self.measured[key]
         if m.dense is not None:
             J = m.dense
             return lambda X: J @ X
-        op = jac.jacobian_operator(f, x, key[1], key[2])
-        return op.matmat
+        if key[1] == key[2] and key[1] in fast:
+            return fast[key[1]].matmat
+        return jac.jacobian_operator(f, x, key[1], key[2]).matmat
 
     def _coupling_rows(self, A_store: dict[tuple[str, Key, Key, str], Tensor]) -> pd.DataFrame:
         if not A_store:
@@ -347,7 +378,7 @@ class _PromptRun:
 
     def _figure_arrays(self, A_store: dict[tuple[str, Key, Key, str], Tensor]) -> dict[str, np.ndarray]:
         cfg = self.cfg
-        if "depth" not in cfg.coupling or self.item.prompt_id not in self.figure_ids:
+        if "depth" not in cfg.coupling or self.item.prompt_id not in self.state.figure_ids:
             return {}
         lo, hi = cfg.figure_window or pairs.default_figure_window(self.layers)
         window = [la for la in self.layers if lo <= la <= hi]
@@ -427,7 +458,7 @@ def iter_measure(model: torch.nn.Module, tokenizer: Any, prompts: Any, config: M
             (todo[i:i + cfg.batch_size], None) for i in range(0, len(todo), cfg.batch_size)
         ]
     total = sum(len(b[0]) for b in batches)
-    figure_ids: set[str] = set()
+    state = _RunState()
     bar = tqdm(total=total, desc="prompts", unit="prompt", disable=not progress, dynamic_ncols=True)
     try:
         for batch_items, raw_inputs in batches:
@@ -438,9 +469,9 @@ def iter_measure(model: torch.nn.Module, tokenizer: Any, prompts: Any, config: M
             cap = capture(model, inputs, spec, final_norm=cfg.final_norm,
                           boundary_dtype=torch.promote_types(cfg.dtype, torch.float32))
             for b, item in enumerate(batch_items):
-                if len(figure_ids) < cfg.figure_prompts:
-                    figure_ids.add(item.prompt_id)
-                yield _measure_one(model, cap, b, item, cfg, spec, figure_ids, bar)
+                if len(state.figure_ids) < cfg.figure_prompts:
+                    state.figure_ids.add(item.prompt_id)
+                yield _measure_one(model, cap, b, item, cfg, spec, state, bar)
                 bar.update(1)
     finally:
         bar.close()
@@ -458,13 +489,13 @@ def _input_batches(inputs: Mapping[str, Tensor], batch_size: int
 
 
 def _measure_one(model: torch.nn.Module, cap: Capture, b: int, item: PromptItem,
-                 cfg: MeasureConfig, spec: BlockSpec, figure_ids: set[str], bar: Any) -> Measurement:
+                 cfg: MeasureConfig, spec: BlockSpec, state: _RunState, bar: Any) -> Measurement:
     t0 = time.perf_counter()
     n = cap.lengths[b]
     traj = tokm = None
     if cfg.trajectory:
         traj, tokm = _trajectory_rows(cap, b, item.prompt_id, cfg.lss_window)
-    run = _PromptRun(model, cap, b, item, cfg, spec, bar, figure_ids)
+    run = _PromptRun(model, cap, b, item, cfg, spec, bar, state)
     frames: list[pd.DataFrame] = []
     arrays: dict[str, np.ndarray] = {}
     if run.keys or cfg.influence:

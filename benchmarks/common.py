@@ -1,0 +1,125 @@
+"""Shared helpers for the benchmarks: machine description, phase timer with peak RSS, JSON out.
+
+Peak memory on the CPU: ``tracemalloc`` does not see torch's allocator, and ``ru_maxrss`` is a
+process-wide high-water mark that never goes down, so each phase samples the resident set size
+(``psutil``) every few milliseconds in a thread and reports ``peak_rss_mb`` (highest RSS seen
+during the phase) and ``peak_rss_delta_mb`` (that peak minus the RSS at the start of the phase).
+On CUDA the phase also reports ``torch.cuda.max_memory_allocated`` (reset at phase start).
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import platform
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import psutil
+import torch
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def machine() -> dict[str, Any]:
+    """nproc, CPU model, load, torch / transformers versions, GPU if any."""
+    import transformers
+
+    cpu = "unknown"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    info: dict[str, Any] = {
+        "host": socket.gethostname(),
+        "nproc": os.cpu_count(),
+        "cpu_model": cpu,
+        "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
+        "torch_threads": torch.get_num_threads(),
+        "loadavg_1m": os.getloadavg()[0],
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+    }
+    return info
+
+
+class Phase:
+    """Timing and memory of one phase (filled in by :func:`phase`)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.seconds = 0.0
+        self.peak_rss_mb = 0.0
+        self.peak_rss_delta_mb = 0.0
+        self.cuda_peak_mb: float | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"seconds": round(self.seconds, 4),
+                               "peak_rss_mb": round(self.peak_rss_mb, 1),
+                               "peak_rss_delta_mb": round(self.peak_rss_delta_mb, 1)}
+        if self.cuda_peak_mb is not None:
+            out["cuda_peak_mb"] = round(self.cuda_peak_mb, 1)
+        return out
+
+
+@contextmanager
+def phase(name: str, device: torch.device | str = "cpu", interval: float = 0.005) -> Iterator[Phase]:
+    ph = Phase(name)
+    proc = psutil.Process()
+    start_rss = proc.memory_info().rss
+    peak = [start_rss]
+    stop = threading.Event()
+
+    def sample() -> None:
+        while not stop.is_set():
+            peak[0] = max(peak[0], proc.memory_info().rss)
+            stop.wait(interval)
+
+    cuda = torch.device(device).type == "cuda"
+    if cuda:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+    th = threading.Thread(target=sample, daemon=True)
+    th.start()
+    t0 = time.perf_counter()
+    try:
+        yield ph
+    finally:
+        if cuda:
+            torch.cuda.synchronize()
+        ph.seconds = time.perf_counter() - t0
+        stop.set()
+        th.join()
+        peak[0] = max(peak[0], proc.memory_info().rss)
+        ph.peak_rss_mb = peak[0] / 2**20
+        ph.peak_rss_delta_mb = (peak[0] - start_rss) / 2**20
+        if cuda:
+            ph.cuda_peak_mb = torch.cuda.max_memory_allocated() / 2**20
+
+
+def emit(record: dict[str, Any], sink: list[dict[str, Any]]) -> None:
+    """Print one JSON line and keep it for the results file."""
+    print(json.dumps(record), flush=True)
+    sink.append(record)
+
+
+def save(records: list[dict[str, Any]], name: str) -> Path:
+    """benchmarks/results/<date>_<host>_<name>.json with every record of the run."""
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    host = socket.gethostname().replace("/", "_")
+    path = RESULTS / f"{stamp}_{host}_{name}.json"
+    path.write_text(json.dumps(records, indent=1))
+    print(f"# saved {path}", flush=True)
+    return path

@@ -1,0 +1,466 @@
+"""Fast path for ``J^l_tt`` of causal decoders: the block as one *decode step* at token t.
+
+For a causal block, the output at token t depends on ``x_t`` and on the keys and values of
+tokens ``0..t-1``; with every other token's hidden state fixed (DEFINITIONS.md "Block
+Jacobians"), those keys and values are constants. So
+
+    g(x_t) = F^l(x_0, ..., x_{t-1}, x_t)_t - x_t          (d,) -> (d,)
+
+has Jacobian exactly ``J^l_tt``, and it is one query row through attention over t+1 keys plus
+one row through the MLP. :class:`TokenBranch` evaluates ``g`` on a batch ``X (m, d)`` of m
+independent candidate values of ``x_t`` at once: tangents / cotangents become the batch
+dimension of ordinary GEMMs (no ``vmap``, no work on the other n-1 rows).
+
+Mechanism (generic over HuggingFace decoders, checked against transformers 5.23): every
+supported decoder layer calls ``cache.update(key, value, layer_idx, ...)`` on the cache it is
+given (``past_key_values`` / ``layer_past``) and attends over what ``update`` returns.
+
+1. The block is run once on the whole prompt with a *recording* cache whose ``update``
+   stores the prompt's keys and values and returns them unchanged (and the output is checked
+   against the recorded one).
+2. ``g`` calls the block on ``(m, 1, d)`` with a stateless *prefix* cache whose ``update``
+   returns ``cat(prefix_kv.expand(m, ...), new_kv)`` along the sequence axis, and with the
+   recorded call sliced to row t: ``attention_mask[..., t:t+1, :t+1]``, ``position_ids[...,
+   t:t+1]``, ``cache_position[t:t+1]``, ``position_embeddings[..., t:t+1, :]``.
+3. At build time ``J_fast v`` and ``J_fast^T u`` are compared with the generic path
+   (:func:`blockcoupling.jacobian.jacobian_operator` on
+   :func:`blockcoupling.capture.residual_branch`) for random v, u; on any mismatch or
+   failure the builder returns ``None`` and the caller uses the generic path.
+
+Unsupported (``None``): encoders (non-causal), blocks without a key-value cache argument,
+recorded calls with other sequence-shaped tensors (e.g. Falcon's ALiBi), or anything the
+verification rejects.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+from torch.func import jvp
+
+from blockcoupling.blocks import get_blocks, get_module
+from blockcoupling.capture import (
+    REPLAY_RTOL,
+    Capture,
+    _as_dtype,
+    _first_float_param,
+    _first_output,
+    _select_prompt,
+    replay_context,
+    residual_branch,
+)
+from blockcoupling.errors import BlockCouplingError, NumericalError
+from blockcoupling.jacobian import DEFAULT_MEMORY_BYTES, jacobian_operator
+
+__all__ = [
+    "VERIFY_RTOL",
+    "TokenBranch",
+    "token_branch",
+    "token_branches",
+]
+
+#: Relative tolerance of the build-time check ``J_fast v == J_generic v`` by analysis dtype.
+#: float64 is 1e-6, not 1e-12: Llama-family RMSNorms compute in float32 internally.
+VERIFY_RTOL: dict[torch.dtype, float] = {
+    torch.float64: 1e-6,
+    torch.float32: 1e-4,
+    torch.float16: 5e-2,
+    torch.bfloat16: 5e-2,
+}
+
+_CACHE_PARAMS: tuple[str, ...] = ("past_key_values", "past_key_value", "layer_past")
+# Rough number of d-sized (and intermediate-sized) activations kept per batch row.
+_ROW_FACTOR: int = 48
+
+
+# ----------------------------------------------------------------------------- caches
+def _cache_base() -> type:
+    try:
+        from transformers.cache_utils import Cache
+    except ImportError:  # pragma: no cover - transformers is a dependency of the fast path
+        return object
+    return Cache
+
+
+class _RecordingCache(_cache_base()):  # type: ignore[misc]
+    """Stores the keys/values of the one ``update`` call and returns them unchanged."""
+
+    def __init__(self) -> None:
+        super().__init__(layers=[])
+        self.records: list[tuple[Tensor, Tensor]] = []
+
+    def update(self, key_states: Tensor, value_states: Tensor, layer_idx: int = 0,
+               *args: Any, **kwargs: Any) -> tuple[Tensor, Tensor]:
+        self.records.append((key_states.detach(), value_states.detach()))
+        return key_states, value_states
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return 0
+
+
+class _PrefixCache(_cache_base()):  # type: ignore[misc]
+    """Stateless: ``update(k, v)`` -> ``(cat(K_pre, k), cat(V_pre, v))`` on the sequence axis.
+
+    ``K_pre``/``V_pre`` (1, ..., t, hd) are expanded to the batch size of ``k`` (m rows).
+    """
+
+    def __init__(self, keys: Tensor, values: Tensor) -> None:
+        super().__init__(layers=[])
+        self.keys = keys  # (1, H_kv, t, hd)
+        self.values = values  # (1, H_kv, t, hd)
+
+    def update(self, key_states: Tensor, value_states: Tensor, layer_idx: int = 0,
+               *args: Any, **kwargs: Any) -> tuple[Tensor, Tensor]:
+        m = key_states.shape[0]
+        k = self.keys.expand(m, *self.keys.shape[1:])
+        v = self.values.expand(m, *self.values.shape[1:])
+        return torch.cat([k, key_states], dim=-2), torch.cat([v, value_states], dim=-2)
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return int(self.keys.shape[-2])
+
+
+# ----------------------------------------------------------------------------- slicing
+def _slice_kwarg(name: str, value: Any, t: int, n: int) -> Any:
+    """Row-t version of one recorded keyword argument; raises ValueError if unknown."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if name == "attention_mask" and isinstance(value, Tensor):
+        if value.ndim == 4 and value.shape[-2] == n and value.shape[-1] >= n:
+            return value[..., t : t + 1, : t + 1]  # (b, 1, 1, t+1)
+        if value.ndim == 2 and value.shape[-1] == n:
+            return value[:, : t + 1]
+        raise ValueError(f"attention_mask of shape {tuple(value.shape)}")
+    if name in ("position_ids", "cache_position") and isinstance(value, Tensor):
+        if value.shape[-1] != n:
+            raise ValueError(f"{name} of shape {tuple(value.shape)}")
+        return value[..., t : t + 1]
+    if name == "position_embeddings" and isinstance(value, tuple):
+        out = []
+        for v in value:
+            if not (isinstance(v, Tensor) and v.ndim >= 2 and v.shape[-2] == n):
+                raise ValueError("position_embeddings of unexpected shape")
+            out.append(v[..., t : t + 1, :])
+        return tuple(out)
+    if isinstance(value, Tensor) and n in tuple(value.shape):
+        raise ValueError(f"sequence-shaped argument {name!r} of shape {tuple(value.shape)}")
+    if isinstance(value, (tuple, list, dict)):
+        raise ValueError(f"structured argument {name!r}")
+    return value
+
+
+def _named_call(block: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
+                ) -> tuple[dict[str, Any], str, str]:
+    """All arguments by name, the hidden-state name and the cache parameter name."""
+    sig = inspect.signature(block.forward)
+    bound = sig.bind(*args, **kwargs)
+    named: dict[str, Any] = {}
+    for pname, val in bound.arguments.items():
+        kind = sig.parameters[pname].kind
+        if kind is inspect.Parameter.VAR_KEYWORD:
+            named.update(val)
+        elif kind is inspect.Parameter.VAR_POSITIONAL:
+            if val:
+                raise ValueError("block called with extra positional arguments")
+        else:
+            named[pname] = val
+    params = [p for p in sig.parameters.values()
+              if p.kind in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)]
+    if not params:
+        raise ValueError("block.forward has no hidden-state parameter")
+    hidden_name = params[0].name
+    cache = [c for c in _CACHE_PARAMS if c in sig.parameters or c in named]
+    if not cache:
+        raise ValueError("block.forward takes no key-value cache")
+    return named, hidden_name, cache[0]
+
+
+# ----------------------------------------------------------------------------- operator
+@dataclass
+class TokenBranch:
+    """``J^l_tt`` of one causal block at one token, through the decode-step map ``g``.
+
+    ``g(X)`` (m, d) -> (m, d): the residual-branch output at token t for m candidate values of
+    ``x_t`` (rows independent). ``x`` (d,) is the recorded ``x^{l-1}_t``. Satisfies the
+    :class:`blockcoupling.svd.LinearOperator` protocol (``d``, ``dtype``, ``device``,
+    ``matmat``, ``rmatmat``), so :func:`blockcoupling.svd.randomized_topk_svd` takes it.
+    """
+
+    g: Callable[[Tensor], Tensor]
+    x: Tensor  # (d,)
+    layer: int
+    token: int
+    chunk_size: int
+    verify_error: float | None = None  # relative error of the build-time check
+    d: int = field(init=False)
+    dtype: torch.dtype = field(init=False)
+    device: torch.device = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.d = int(self.x.shape[0])
+        self.dtype = self.x.dtype
+        self.device = self.x.device
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (self.d, self.d)
+
+    def _check(self, M: Tensor, name: str) -> Tensor:
+        if M.ndim == 1:
+            M = M[:, None]
+        if M.ndim != 2 or M.shape[0] != self.d:
+            raise BlockCouplingError(
+                f"{name} must have shape (d, m) with d={self.d}; got {tuple(M.shape)}."
+            )
+        return M.to(self.device, self.dtype)
+
+    def _rows(self, m: int) -> Tensor:
+        return self.x.expand(m, self.d).contiguous()  # (m, d)
+
+    def value(self) -> Tensor:
+        """``g(x)`` (d,): the residual branch at token t (equals the recorded F(x)_t - x_t)."""
+        with replay_context(), torch.no_grad():
+            return self.g(self.x[None])[0]
+
+    def matmat(self, V: Tensor) -> Tensor:
+        """(d, m) -> (d, m) = J V, forward mode with the m tangents as the batch."""
+        V = self._check(V, "V")
+        outs: list[Tensor] = []
+        with replay_context(), torch.no_grad():
+            for s in range(0, V.shape[1], self.chunk_size):
+                Vc = V[:, s : s + self.chunk_size].T.contiguous()  # (c, d)
+                _, jv = jvp(self.g, (self._rows(Vc.shape[0]),), (Vc,))
+                outs.append(jv)  # (c, d)
+        return _finite(torch.cat(outs).T, "Jacobian-vector product")  # (d, m)
+
+    def rmatmat(self, U: Tensor) -> Tensor:
+        """(d, m) -> (d, m) = J^T U, one reverse pass with the m cotangents as the batch."""
+        U = self._check(U, "U")
+        outs: list[Tensor] = []
+        with replay_context(), torch.enable_grad():
+            for s in range(0, U.shape[1], self.chunk_size):
+                Uc = U[:, s : s + self.chunk_size].T.contiguous()  # (c, d)
+                X = self._rows(Uc.shape[0]).requires_grad_(True)  # (c, d)
+                (gx,) = torch.autograd.grad(self.g(X), X, Uc)
+                outs.append(gx.detach())  # (c, d): row i = J^T u_i
+        return _finite(torch.cat(outs).T, "vector-Jacobian product")  # (d, m)
+
+    def jacobian(self) -> Tensor:
+        """Dense ``J^l_tt`` (d, d), rows = output coordinates.
+
+        One forward with d identical rows and one backward with the identity as cotangents
+        (chunked by ``chunk_size``): row i of the input gradient is ``e_i^T J``.
+        """
+        eye = torch.eye(self.d, dtype=self.dtype, device=self.device)
+        return self.rmatmat(eye).T.contiguous()  # (d, d): (J^T I)^T
+
+
+def _finite(M: Tensor, what: str) -> Tensor:
+    if not bool(torch.isfinite(M).all()):
+        raise NumericalError(
+            f"the {what} contains NaN or inf. Use a wider analysis dtype (dtype=torch.float64) "
+            "or check the model's hidden states."
+        )
+    return M
+
+
+def _default_chunk(d: int, kv_width: int, n: int, dtype: torch.dtype,
+                   memory_bytes: int = DEFAULT_MEMORY_BYTES) -> int:
+    itemsize = max(1, torch.finfo(dtype).bits // 8)
+    per_row = itemsize * (_ROW_FACTOR * d + 4 * kv_width * (n + 1))
+    return int(max(1, min(d, memory_bytes // max(per_row, 1))))
+
+
+# ----------------------------------------------------------------------------- builders
+def token_branches(
+    model: nn.Module,
+    cap: Capture,
+    layer: int,
+    prompt: int,
+    tokens: Sequence[int],
+    *,
+    dtype: torch.dtype = torch.float32,
+    verify: bool = True,
+    n_check: int = 2,
+    chunk_size: int | None = None,
+    memory_bytes: int = DEFAULT_MEMORY_BYTES,
+    seed: int = 0,
+) -> dict[int, TokenBranch] | None:
+    """Decode-step operators for ``J^l_tt`` at each token in ``tokens`` (real, 0-based).
+
+    Shares one dtype copy of the block and one recording pass between the tokens. Returns
+    ``None`` when the model is not causal, the block is not supported, or (``verify=True``)
+    ``J_fast`` differs from the generic path on ``n_check`` random vectors per token by more
+    than :data:`VERIFY_RTOL` (a warning says which); the caller then uses the generic path.
+    Raises :class:`BlockCouplingError` for out-of-range layer, prompt or token.
+    """
+    if cap.calls is None:
+        raise BlockCouplingError(
+            "this Capture was made with keep_calls=False; capture again with keep_calls=True."
+        )
+    L = len(cap.calls)
+    if not 1 <= layer <= L:
+        raise BlockCouplingError(f"layer {layer} is out of range: the model has layers 1..{L}.")
+    if not 0 <= prompt < cap.batch_size:
+        raise BlockCouplingError(
+            f"prompt {prompt} is out of range: the batch has prompts 0..{cap.batch_size - 1}."
+        )
+    n_real = cap.lengths[prompt]
+    toks = [int(t) for t in tokens]
+    bad = [t for t in toks if not 0 <= t < n_real]
+    if bad or not toks:
+        raise BlockCouplingError(
+            f"tokens {bad or '[]'} are out of range: prompt {prompt} has positions 0..{n_real - 1}."
+        )
+    if not cap.spec.causal:
+        return None
+    try:
+        built = _build(model, cap, layer, prompt, toks, dtype, chunk_size, memory_bytes)
+    except (TypeError, ValueError, RuntimeError, AttributeError, IndexError) as err:
+        if isinstance(err, BlockCouplingError):
+            raise
+        return None
+    if built is None:
+        return None
+    if verify:
+        bad_msg = _verify(model, cap, layer, prompt, built, dtype, n_check, seed)
+        if bad_msg is not None:
+            warnings.warn(
+                f"fast path for layer {layer} ({cap.spec.arch}) disagrees with the generic "
+                f"Jacobian ({bad_msg}); using the generic path.",
+                stacklevel=2,
+            )
+            return None
+    return built
+
+
+def token_branch(
+    model: nn.Module,
+    cap: Capture,
+    layer: int,
+    prompt: int,
+    token: int,
+    *,
+    dtype: torch.dtype = torch.float32,
+    verify: bool = True,
+    chunk_size: int | None = None,
+    seed: int = 0,
+) -> TokenBranch | None:
+    """Decode-step operator for ``J^l_{token token}`` (see :func:`token_branches`), or None."""
+    out = token_branches(model, cap, layer, prompt, [token], dtype=dtype, verify=verify,
+                         chunk_size=chunk_size, seed=seed)
+    return None if out is None else out[int(token)]
+
+
+def _build(model: nn.Module, cap: Capture, layer: int, prompt: int, tokens: list[int],
+           dtype: torch.dtype, chunk_size: int | None, memory_bytes: int
+           ) -> dict[int, TokenBranch] | None:
+    assert cap.calls is not None
+    L = len(cap.calls)
+    spec = cap.spec
+    block_orig = get_blocks(model, spec)[layer - 1]
+    use_norm = cap.final_norm and layer == L
+    norm_orig = get_module(model, spec.final_norm_path) if (use_norm and spec.final_norm_path) else None
+    for mod in (block_orig, norm_orig):
+        if mod is not None and mod.training:
+            raise BlockCouplingError(
+                f"block {layer} is in training mode (dropout on); call model.eval() before measuring."
+            )
+    call = cap.calls[layer - 1]
+    ref = _first_float_param(block_orig)
+    device = ref.device if ref is not None else call.input.device
+    block = _as_dtype(block_orig, dtype)
+    norm = _as_dtype(norm_orig, dtype) if norm_orig is not None else None
+    B = cap.batch_size
+    args = _select_prompt(call.args, B, prompt, dtype, device)
+    kwargs = _select_prompt(call.kwargs, B, prompt, dtype, device)
+    named, hidden_name, cache_name = _named_call(block, args, kwargs)
+    x = call.input[prompt].detach().to(device, dtype)  # (n, d)
+    n, d = x.shape
+    if named.get("alibi") is not None:  # Falcon ALiBi: key-length-shaped bias, not verified
+        return None
+    if named.get("encoder_hidden_states") is not None:
+        return None
+
+    # 1. recording pass over the whole prompt
+    rec = _RecordingCache()
+    full = {**named, hidden_name: x[None], cache_name: rec}
+    with replay_context(), torch.no_grad():
+        out = _first_output(block(**full))  # (1, n, d)
+    if len(rec.records) != 1:
+        return None
+    keys, values = rec.records[0]
+    if keys.ndim < 3 or keys.shape[-2] != n or values.shape[-2] != n or keys.shape[0] != 1:
+        return None
+    recorded = call.output[prompt].detach().to(device, dtype)  # (n, d)
+    real = slice(0, cap.lengths[prompt])
+    scale = max(float(recorded[real].abs().max()), torch.finfo(dtype).tiny)
+    # the recorded output is in the model's dtype: tolerance of the lower precision
+    low = cap.model_dtype if torch.finfo(cap.model_dtype).eps > torch.finfo(dtype).eps else dtype
+    if not float((out[0, real] - recorded[real]).abs().max()) / scale <= REPLAY_RTOL.get(low, 5e-2):
+        return None
+    kv_width = int(keys[0, ..., 0, :].numel())
+    chunk = chunk_size or _default_chunk(d, kv_width, n, dtype, memory_bytes)
+
+    out_map: dict[int, TokenBranch] = {}
+    for t in tokens:
+        row_kwargs = {k: _slice_kwarg(k, v, t, n) for k, v in named.items()
+                      if k not in (hidden_name, cache_name)}
+        cache = _PrefixCache(keys[..., :t, :], values[..., :t, :])
+        g = _make_g(block, norm, row_kwargs, hidden_name, cache_name, cache)
+        out_map[t] = TokenBranch(g=g, x=x[t].clone(), layer=layer, token=t, chunk_size=chunk)
+    return out_map
+
+
+def _make_g(block: nn.Module, norm: nn.Module | None, row_kwargs: dict[str, Any],
+            hidden_name: str, cache_name: str, cache: _PrefixCache
+            ) -> Callable[[Tensor], Tensor]:
+    def g(X: Tensor) -> Tensor:  # (m, d) -> (m, d)
+        call = {**row_kwargs, hidden_name: X[:, None, :], cache_name: cache}
+        with replay_context():
+            out = _first_output(block(**call))  # (m, 1, d)
+            if norm is not None:
+                out = _first_output(norm(out))
+        return out[:, 0, :] - X
+
+    return g
+
+
+def _verify(model: nn.Module, cap: Capture, layer: int, prompt: int,
+            built: dict[int, TokenBranch], dtype: torch.dtype, n_check: int, seed: int
+            ) -> str | None:
+    """None if every token's J v and J^T u match the generic path; else a description."""
+    f, x = residual_branch(model, cap, layer, prompt, dtype=dtype)
+    tol = VERIFY_RTOL.get(dtype, 5e-2)
+    gen = torch.Generator().manual_seed(int(seed))
+    for t, tb in built.items():
+        try:
+            gx = tb.value()
+            with replay_context(), torch.no_grad():
+                fx = f(x)[t]
+            errs = [_rel(gx, fx)]
+            op = jacobian_operator(f, x, t, t)
+            V = torch.randn(tb.d, n_check, generator=gen, dtype=torch.float64).to(tb.device, tb.dtype)
+            errs.append(_rel(tb.matmat(V), op.matmat(V)))
+            errs.append(_rel(tb.rmatmat(V), op.rmatmat(V)))
+        except (TypeError, ValueError, RuntimeError, AttributeError, IndexError) as err:
+            return f"token {t}: {type(err).__name__}: {err}"
+        tb.verify_error = max(errs)
+        if not tb.verify_error <= tol:  # also catches NaN
+            return f"token {t}: relative error {tb.verify_error:.3g} > {tol:.3g}"
+    return None
+
+
+def _rel(a: Tensor, b: Tensor) -> float:
+    scale = float(b.abs().max())
+    err = float((a - b).abs().max())
+    if not math.isfinite(err):
+        return math.inf
+    return err / max(scale, torch.finfo(b.dtype).tiny)
