@@ -9,7 +9,7 @@ Jacobians"), those keys and values are constants. So
 has Jacobian exactly ``J^l_tt``, and it is one query row through attention over t+1 keys plus
 one row through the MLP. :class:`TokenBranch` evaluates ``g`` on a batch ``X (m, d)`` of m
 independent candidate values of ``x_t`` at once: tangents / cotangents become the batch
-dimension of ordinary GEMMs (no ``vmap``, no work on the other n-1 rows).
+dimension of batched GEMMs (no work on the other n-1 rows).
 
 Mechanism (generic over HuggingFace decoders, checked against transformers 5.23): every
 supported decoder layer calls ``cache.update(key, value, layer_idx, ...)`` on the cache it is
@@ -43,7 +43,7 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
-from torch.func import jvp
+from torch.func import jvp, vjp, vmap
 
 from blockcoupling.blocks import get_blocks, get_module
 from blockcoupling.capture import (
@@ -230,32 +230,33 @@ class TokenBranch:
             return self.g(self.x[None])[0]
 
     def matmat(self, V: Tensor) -> Tensor:
-        """(d, m) -> (d, m) = J V, forward mode with the m tangents as the batch."""
+        """(d, m) -> (d, m) = J V: forward mode, the primal computed once (unbatched) and only
+        the m tangents batched by ``vmap``."""
         V = self._check(V, "V")
+        x1 = self.x[None]  # (1, d)
+        push = vmap(lambda v: jvp(self.g, (x1,), (v[None],))[1][0])
         outs: list[Tensor] = []
         with replay_context(), torch.no_grad():
             for s in range(0, V.shape[1], self.chunk_size):
-                Vc = V[:, s : s + self.chunk_size].T.contiguous()  # (c, d)
-                _, jv = jvp(self.g, (self._rows(Vc.shape[0]),), (Vc,))
-                outs.append(jv)  # (c, d)
+                outs.append(push(V[:, s : s + self.chunk_size].T))  # (c, d)
         return _finite(torch.cat(outs).T, "Jacobian-vector product")  # (d, m)
 
     def rmatmat(self, U: Tensor) -> Tensor:
-        """(d, m) -> (d, m) = J^T U, one reverse pass with the m cotangents as the batch."""
+        """(d, m) -> (d, m) = J^T U: one forward pass of the single row, then the m
+        cotangents pulled back together (``vmap`` over the vjp function)."""
         U = self._check(U, "U")
         outs: list[Tensor] = []
-        with replay_context(), torch.enable_grad():
+        with replay_context():
+            _, vjp_fn = vjp(self.g, self.x[None])  # forward once, batch 1
+            pull = vmap(lambda u: vjp_fn(u[None])[0][0])
             for s in range(0, U.shape[1], self.chunk_size):
-                Uc = U[:, s : s + self.chunk_size].T.contiguous()  # (c, d)
-                X = self._rows(Uc.shape[0]).requires_grad_(True)  # (c, d)
-                (gx,) = torch.autograd.grad(self.g(X), X, Uc)
-                outs.append(gx.detach())  # (c, d): row i = J^T u_i
+                outs.append(pull(U[:, s : s + self.chunk_size].T).detach())  # (c, d): J^T u_i
         return _finite(torch.cat(outs).T, "vector-Jacobian product")  # (d, m)
 
     def jacobian(self) -> Tensor:
         """Dense ``J^l_tt`` (d, d), rows = output coordinates.
 
-        One forward with d identical rows and one backward with the identity as cotangents
+        One forward of the single row and a backward with the identity as cotangents
         (chunked by ``chunk_size``): row i of the input gradient is ``e_i^T J``.
         """
         eye = torch.eye(self.d, dtype=self.dtype, device=self.device)
