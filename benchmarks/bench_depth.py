@@ -1,29 +1,54 @@
-"""Depth-wise coupling at the last token: released algorithm vs blockcoupling, one process.
+"""Depth-wise coupling at the last token: the released algorithm vs ``blockcoupling.measure``.
 
-Same random-weight model and prompt for every method:
-  (a) ``released``: benchmarks/released.py (HF hidden_states, d VJPs per block, J - I, full SVD,
-      numpy pair loops);
-  (b) ``measure_dense``: ``blockcoupling.measure(..., method="dense")`` (the engine's generic
-      dense path: batched VJPs through the whole block);
-  (c) ``fastpath``: ``blockcoupling.fastpath.token_branches`` dense J_tt (one batched
-      reverse pass of the decode step per block), top-K from ``--svd`` (``gram``: eigh of
-      J^T J; ``full``: torch.linalg.svd), coupling matrices of all pairs and both orientations
-      by batched GEMMs, every variant from ``blockcoupling.metrics``. Called directly from this
-      script: measure() does not use the fast path yet.
-Oracle: float64 dense J_tt of the same blocks (``--oracle generic``: jacobian_blocks on
-residual_branch; ``fast64``: the verified fast path in float64), exact float64 SVD, float64
-metrics. Every method includes the final norm in the last block (the released convention,
-``final_norm=True``). Prints one JSON line per record and saves them in benchmarks/results/.
+One process, one random-weight GPT-2-small-shape model (d=768, 12 layers), 12-token random
+prompts, ``OMP_NUM_THREADS`` as given (the documented runs use 2):
 
-    OMP_NUM_THREADS=2 python benchmarks/bench_depth.py            # GPT-2-small shape
-    OMP_NUM_THREADS=2 python benchmarks/bench_depth.py --curve    # + prompts/s vs batch size
+  (a) ``released``: benchmarks/released.py on prompt 0 (HF hidden_states, d VJPs per block
+      through the whole prompt, J - I, full SVD, numpy pair loops; ``released_norm`` only);
+  (b) ``measure_fast``: what a user runs, with the defaults (``fast_path=True``)::
+
+          measure(model, None, {"input_ids": ids}, coupling=("depth",), k=(10, 30, 50),
+                  final_norm=True, progress=False, batch_size=1)
+
+      ONE call on ``--prompts`` prompts (prompt 0 first). Per prompt we time, by wrapping the
+      module-level ``capture`` and ``_measure_one`` of ``blockcoupling.measure`` with a clock
+      (no other change), the capture forward of that prompt (batch of 1) plus all of its
+      Jacobian / SVD / coupling / trajectory / spectra work. Prompt 0 includes the one-time
+      check of the fast path against the generic path (once per layer per call); prompts
+      1.. are the steady state. The call's wall time and the rest (concatenating the
+      tables, ``build_meta``) are reported too;
+  (c) ``measure_generic``: the same call with ``fast_path=False`` on prompt 0 only.
+
+Oracle, float64: prompt 0 by the engine's generic path (``jacobian_blocks`` on
+``residual_branch`` of the float64 model, dense J_tt through the whole 12-token block); prompts
+1.. by the fast path in float64 (``fastpath.token_branch(..., dtype=float64, verify=True)``: each
+block checked against the generic float64 J v and J^T u at 1e-6), cross-checked against the
+generic oracle on prompt 0. Then exact float64 SVD and float64 metrics
+(``blockcoupling.metrics.all_coupling_values``) for every variant, K and orientation. The
+released values are computed by independent numpy code. Every method includes the final norm
+in the last block (``final_norm=True``, the released convention).
+
+``--curve``: prompts/s vs ``batch_size`` (1, 2, 4, 8) on 8 prompts, in one measure() call
+per point: trajectory only (``coupling=(), spectra=False``; ``--traj-repeats`` repeats, median)
+and depth-wise with the defaults as in (b) (``--depth-repeats`` sweeps, the second in reverse
+order, median). Every record carries the 1-minute load average; ``uptime`` is recorded at the
+start and the end. Prints one JSON line per record and saves all of them in benchmarks/results/.
+
+    OMP_NUM_THREADS=2 python benchmarks/bench_depth.py --curve   # the documented run (~5 min)
+    OMP_NUM_THREADS=2 python benchmarks/bench_depth.py --small   # tiny GPT-2 smoke test
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
+import os
+import statistics
+import subprocess
 import sys
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +63,9 @@ from blockcoupling import fastpath, metrics  # noqa: E402
 from blockcoupling.blocks import find_blocks  # noqa: E402
 from blockcoupling.capture import capture, residual_branch  # noqa: E402
 from blockcoupling.jacobian import jacobian_blocks  # noqa: E402
-from blockcoupling.measure import measure  # noqa: E402
+
+# ``blockcoupling.measure`` is re-exported as the function; the module holds the internals.
+M = importlib.import_module("blockcoupling.measure")
 
 KS = (10, 30, 50)
 ORIENTS = ("ujv", "vju")
@@ -52,6 +79,20 @@ def gpt2(small: bool, seed: int = 0) -> torch.nn.Module:
     return tf.GPT2Model(cfg).eval()
 
 
+def load() -> dict[str, Any]:
+    """``uptime`` text and the 1/5/15-minute load averages."""
+    try:
+        text = subprocess.run(["uptime"], capture_output=True, text=True, timeout=5).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        text = ""
+    return {"uptime": text, "loadavg": [round(x, 2) for x in os.getloadavg()]}
+
+
+def la1() -> float:
+    return round(os.getloadavg()[0], 2)
+
+
+# ------------------------------------------------------------------ helpers (also used by the GPU script)
 def topk_gram(J: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Top-k SVD of a batch J (B, d, d) from the eigendecomposition of J^T J (float32 GEMMs).
 
@@ -91,68 +132,10 @@ def pair_values(J: torch.Tensor, U: torch.Tensor, S: torch.Tensor, V: torch.Tens
     return out
 
 
-def fast_depth(model: torch.nn.Module, ids: torch.Tensor, svd: str, dtype: torch.dtype
-               ) -> tuple[Values, dict[str, Any], torch.Tensor]:
-    spec = find_blocks(model)
-    phases: dict[str, Any] = {}
-    with phase("jacobians") as ph:
-        cap = capture(model, {"input_ids": ids}, spec, final_norm=True,
-                      boundary_dtype=torch.promote_types(dtype, torch.float32))
-        t = cap.lengths[0] - 1
-        Js = []
-        for layer in range(1, spec.num_layers + 1):
-            tb = fastpath.token_branch(model, cap, layer, 0, t, dtype=dtype)
-            if tb is None:
-                raise SystemExit(f"fast path refused layer {layer}")
-            Js.append(tb.jacobian())
-        J = torch.stack(Js)  # (L, d, d)
-    phases["jacobians"] = ph.as_dict()
-    with phase("svd") as ph:
-        U, S, V = (topk_gram if svd == "gram" else topk_full)(J, max(KS))
-        fro2 = (J * J).sum((-2, -1))
-    phases["svd"] = ph.as_dict()
-    with phase("pairs") as ph:
-        vals = pair_values(J, U, S, V, fro2)
-    phases["pairs"] = ph.as_dict()
-    return vals, phases, J
-
-
-def oracle(model: torch.nn.Module, ids: torch.Tensor, how: str) -> tuple[Values, float]:
-    """float64 dense J_tt of the same blocks, exact float64 SVD and metrics."""
-    t0 = time.perf_counter()
-    m64 = model.double() if how == "generic" else model
-    spec = find_blocks(m64)
-    cap = capture(m64, {"input_ids": ids}, spec, final_norm=True, boundary_dtype=torch.float64)
-    t = cap.lengths[0] - 1
-    Js = []
-    for layer in range(1, spec.num_layers + 1):
-        if how == "generic":
-            f, x = residual_branch(m64, cap, layer, 0, dtype=torch.float64)
-            Js.append(jacobian_blocks(f, x, [t], in_tokens=[t], chunk_size=128)[0, 0])
-        else:
-            tb = fastpath.token_branch(m64, cap, layer, 0, t, dtype=torch.float64)
-            assert tb is not None
-            Js.append(tb.jacobian())
-    J = torch.stack(Js)
-    if how == "generic":
-        model.float()
-    U, S, V = topk_full(J, max(KS))
-    return pair_values(J, U, S, V, (J * J).sum((-2, -1))), time.perf_counter() - t0
-
-
-def measure_values(model: torch.nn.Module, ids: torch.Tensor) -> tuple[Values, dict[str, Any]]:
-    with phase("total") as ph:
-        m = measure(model, None, {"input_ids": ids}, coupling=("depth",), k=KS, final_norm=True,
-                    method="dense", trajectory=False, spectra=False, progress=False)
-    df = m.coupling
-    vals: Values = {}
-    for r in df.itertuples(index=False):
-        vals[(r.variant, int(r.k), r.orientation, int(r.layer_a), int(r.layer_b))] = float(r.value)
-    return vals, {"total": ph.as_dict()}
-
-
 def agreement(vals: Values, ref: Values, variants: tuple[str, ...] | None = None) -> dict[str, Any]:
     keys = [k for k in vals if (variants is None or k[0] in variants) and k in ref]
+    if not keys:
+        raise SystemExit("no values in common with the oracle")
     diffs = {k: abs(vals[k] - ref[k]) for k in keys}
     worst = max(diffs, key=lambda k: diffs[k])
     per_variant = {}
@@ -162,92 +145,223 @@ def agreement(vals: Values, ref: Values, variants: tuple[str, ...] | None = None
             "max_abs_diff_by_variant": per_variant}
 
 
-def curve(model: torch.nn.Module, n_tokens: int, n_prompts: int, batch_sizes: list[int],
-          svd: str, sink: list[dict[str, Any]], info: dict[str, Any]) -> None:
-    """prompts/s vs batch size: trajectory only (measure), and depth-wise (fast path per prompt)."""
-    g = torch.Generator().manual_seed(1)
-    V = model.config.vocab_size
-    ids = torch.randint(0, V, (n_prompts, n_tokens), generator=g)
-    spec = find_blocks(model)
-    for bs in batch_sizes:
-        t0 = time.perf_counter()
-        measure(model, None, {"input_ids": ids}, coupling=(), trajectory=True, spectra=False,
-                batch_size=bs, progress=False)
-        dt = time.perf_counter() - t0
-        emit({"record": "curve", "what": "trajectory_only", "batch_size": bs,
-              "n_prompts": n_prompts, "seconds": round(dt, 3),
-              "prompts_per_s": round(n_prompts / dt, 3), "loadavg_1m": __import__("os").getloadavg()[0],
-              **{"machine": info}}, sink)
-    for bs in batch_sizes:
-        t0 = time.perf_counter()
-        for s in range(0, n_prompts, bs):
-            batch = ids[s : s + bs]
-            cap = capture(model, {"input_ids": batch}, spec, final_norm=True)
-            for b in range(batch.shape[0]):
-                Js = []
-                for layer in range(1, spec.num_layers + 1):
-                    tb = fastpath.token_branch(model, cap, layer, b, n_tokens - 1, verify=False)
-                    assert tb is not None
-                    Js.append(tb.jacobian())
-                J = torch.stack(Js)
-                U, S, Vv = (topk_gram if svd == "gram" else topk_full)(J, max(KS))
-                pair_values(J, U, S, Vv, (J * J).sum((-2, -1)))
-        dt = time.perf_counter() - t0
-        emit({"record": "curve", "what": "depth_fastpath", "batch_size": bs,
-              "n_prompts": n_prompts, "seconds": round(dt, 3),
-              "prompts_per_s": round(n_prompts / dt, 3), "loadavg_1m": __import__("os").getloadavg()[0],
-              "note": "Jacobians are per prompt; batching shares only the capture pass"}, sink)
+# ------------------------------------------------------------------ oracle
+def oracle(model: torch.nn.Module, ids: torch.Tensor, how: str) -> tuple[Values, float]:
+    """float64 dense J_tt at the last token of ``ids`` (1, n), exact float64 SVD and metrics.
+
+    ``generic``: jacobian_blocks on residual_branch of the float64 model (the model is cast to
+    float64 and back: float32 -> float64 -> float32 is exact). ``fast64``: the fast path in
+    float64 with its check against the generic float64 products on every block.
+    """
+    t0 = time.perf_counter()
+    m64 = model.double() if how == "generic" else model
+    try:
+        spec = find_blocks(m64)
+        cap = capture(m64, {"input_ids": ids}, spec, final_norm=True, boundary_dtype=torch.float64)
+        t = cap.lengths[0] - 1
+        Js = []
+        for layer in range(1, spec.num_layers + 1):
+            if how == "generic":
+                f, x = residual_branch(m64, cap, layer, 0, dtype=torch.float64)
+                Js.append(jacobian_blocks(f, x, [t], in_tokens=[t], chunk_size=128)[0, 0])
+            else:
+                tb = fastpath.token_branch(m64, cap, layer, 0, t, dtype=torch.float64, verify=True)
+                if tb is None:
+                    raise SystemExit(f"float64 fast path refused or failed its check at layer {layer}")
+                Js.append(tb.jacobian())
+        J = torch.stack(Js)  # (L, d, d)
+    finally:
+        if how == "generic":
+            model.float()
+    U, S, V = topk_full(J, max(KS))
+    return pair_values(J, U, S, V, (J * J).sum((-2, -1))), time.perf_counter() - t0
 
 
+# ------------------------------------------------------------------ measure(), timed per prompt
+@contextmanager
+def per_prompt_clock() -> Iterator[list[dict[str, float]]]:
+    """Wrap ``blockcoupling.measure.capture`` and ``._measure_one`` with a clock.
+
+    With batch_size=1 each capture is one prompt's forward pass; the list gets one entry per
+    prompt: ``capture_s``, ``work_s`` (``_measure_one``: trajectories, Jacobians, SVDs,
+    coupling, spectra) and ``seconds`` (their sum).
+    """
+    log: list[dict[str, float]] = []
+    pending = {"capture_s": 0.0}
+    orig_capture: Callable[..., Any] = M.capture
+    orig_one: Callable[..., Any] = M._measure_one
+
+    def timed_capture(*a: Any, **kw: Any) -> Any:
+        t0 = time.perf_counter()
+        out = orig_capture(*a, **kw)
+        pending["capture_s"] += time.perf_counter() - t0
+        return out
+
+    def timed_one(*a: Any, **kw: Any) -> Any:
+        t0 = time.perf_counter()
+        out = orig_one(*a, **kw)
+        work = time.perf_counter() - t0
+        cap_s = pending["capture_s"]
+        pending["capture_s"] = 0.0
+        log.append({"capture_s": round(cap_s, 4), "work_s": round(work, 4),
+                    "seconds": round(cap_s + work, 4)})
+        return out
+
+    M.capture, M._measure_one = timed_capture, timed_one
+    try:
+        yield log
+    finally:
+        M.capture, M._measure_one = orig_capture, orig_one
+
+
+def coupling_values(df: Any) -> dict[str, Values]:
+    """measure()'s coupling table as {prompt_id: values}."""
+    out: dict[str, Values] = {}
+    for r in df.itertuples(index=False):
+        out.setdefault(str(r.prompt_id), {})[
+            (str(r.variant), int(r.k), str(r.orientation), int(r.layer_a), int(r.layer_b))
+        ] = float(r.value)
+    return out
+
+
+def run_measure(model: torch.nn.Module, ids: torch.Tensor, **options: Any
+                ) -> tuple[Any, list[dict[str, float]], dict[str, Any]]:
+    """The user's call on ``ids`` (B, n), batch_size=1, with per-prompt clocks."""
+    with per_prompt_clock() as log, phase("measure") as ph:
+        m = M.measure(model, None, {"input_ids": ids}, coupling=("depth",), k=KS,
+                      final_norm=True, progress=False, batch_size=1, **options)
+    return m, log, ph.as_dict()
+
+
+def methods_used(m: Any) -> dict[str, int]:
+    return {str(k): int(v) for k, v in m.diagnostics["method"].value_counts().items()}
+
+
+# ------------------------------------------------------------------ prompts/s vs batch size
+def curve(model: torch.nn.Module, ids: torch.Tensor, batch_sizes: list[int], traj_repeats: int,
+          depth_repeats: int, sink: list[dict[str, Any]]) -> None:
+    n_prompts = ids.shape[0]
+    inputs = {"input_ids": ids}
+
+    def one(what: str, bs: int) -> float:
+        t0 = time.perf_counter()
+        if what == "trajectory_only":
+            M.measure(model, None, inputs, coupling=(), trajectory=True, spectra=False,
+                      batch_size=bs, progress=False)
+        else:
+            M.measure(model, None, inputs, coupling=("depth",), k=KS, final_norm=True,
+                      batch_size=bs, progress=False)
+        return time.perf_counter() - t0
+
+    plans = {"trajectory_only": traj_repeats, "depth_measure": depth_repeats}
+    for what, reps in plans.items():
+        secs: dict[int, list[float]] = {bs: [] for bs in batch_sizes}
+        loads: dict[int, list[float]] = {bs: [] for bs in batch_sizes}
+        for r in range(reps):  # alternate the sweep direction so drift in load cancels
+            for bs in (batch_sizes if r % 2 == 0 else list(reversed(batch_sizes))):
+                secs[bs].append(round(one(what, bs), 3))
+                loads[bs].append(la1())
+        for bs in batch_sizes:
+            med = statistics.median(secs[bs])
+            emit({"record": "curve", "what": what, "batch_size": bs, "n_prompts": n_prompts,
+                  "repeats": reps, "seconds_each": secs[bs], "seconds_median": round(med, 3),
+                  "prompts_per_s_median": round(n_prompts / med, 3),
+                  "prompts_per_s_each": [round(n_prompts / s, 3) for s in secs[bs]],
+                  "loadavg_1m_each": loads[bs]}, sink)
+
+
+# ------------------------------------------------------------------ main
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--small", action="store_true", help="tiny GPT-2 (d=128, 4 layers) for a smoke test")
     ap.add_argument("--tokens", type=int, default=12)
-    ap.add_argument("--svd", choices=("gram", "full"), default="gram")
-    ap.add_argument("--oracle", choices=("generic", "fast64"), default="generic")
-    ap.add_argument("--skip-measure", action="store_true", help="skip (b), the engine's dense path")
-    ap.add_argument("--curve", action="store_true", help="also the prompts/s vs batch size curve")
+    ap.add_argument("--prompts", type=int, default=5, help="prompts of (b): 1 first + steady state")
+    ap.add_argument("--curve", action="store_true", help="also prompts/s vs batch size")
     ap.add_argument("--curve-prompts", type=int, default=8)
+    ap.add_argument("--traj-repeats", type=int, default=5)
+    ap.add_argument("--depth-repeats", type=int, default=2)
     args = ap.parse_args()
+    if args.prompts < 2:
+        ap.error("--prompts must be at least 2 (one first prompt and one steady-state prompt)")
 
     sink: list[dict[str, Any]] = []
-    info = machine()
-    model = gpt2(args.small)
-    d, L = model.config.n_embd, model.config.n_layer
-    ids = torch.randint(0, model.config.vocab_size, (1, args.tokens),
-                        generator=torch.Generator().manual_seed(0))
-    base = {"model": "gpt2-random", "d": d, "layers": L, "n_tokens": args.tokens, "ks": list(KS),
-            "token": "last", "final_norm": True, "machine": info}
-    emit({"record": "config", **base, "svd": args.svd, "oracle": args.oracle}, sink)
+    name = "bench_depth" + ("_small" if args.small else "")
+    complete = False
+    try:
+        info = machine()
+        model = gpt2(args.small)
+        d, L, V = model.config.n_embd, model.config.n_layer, model.config.vocab_size
+        ids = torch.randint(0, V, (args.prompts, args.tokens), generator=torch.Generator().manual_seed(0))
+        emit({"record": "config", "model": "gpt2-random", "d": d, "layers": L,
+              "n_tokens": args.tokens, "n_prompts": args.prompts, "ks": list(KS), "token": "last",
+              "final_norm": True, "machine": info, "load_start": load()}, sink)
 
-    ref, t_oracle = oracle(model, ids, args.oracle)
-    emit({"record": "oracle", "how": args.oracle, "seconds": round(t_oracle, 2)}, sink)
+        # oracles
+        refs: dict[int, Values] = {}
+        refs[0], t_or = oracle(model, ids[:1], "generic")
+        emit({"record": "oracle", "prompt": 0, "how": "generic", "seconds": round(t_or, 2),
+              "loadavg_1m": la1()}, sink)
+        fast0, t_f = oracle(model, ids[:1], "fast64")
+        emit({"record": "oracle_crosscheck", "prompt": 0, "how": "fast64 vs generic",
+              "seconds": round(t_f, 2), "agreement": agreement(fast0, refs[0])}, sink)
+        for i in range(1, args.prompts):
+            refs[i], t_f = oracle(model, ids[i : i + 1], "fast64")
+            emit({"record": "oracle", "prompt": i, "how": "fast64", "seconds": round(t_f, 2),
+                  "loadavg_1m": la1()}, sink)
 
-    rel_vals, rel_ph = released_depth(model, ids, ks=KS)
-    rel_total = sum(p.seconds for p in rel_ph.values())
-    rel_as = {("released_norm", k, o, a, b): v for (k, o, a, b), v in rel_vals.items()}
-    emit({"record": "method", "method": "released", "dtype": "float32",
-          "seconds": round(rel_total, 3), "phases": {k: p.as_dict() for k, p in rel_ph.items()},
-          "agreement": agreement(rel_as, ref), "loadavg_1m": __import__("os").getloadavg()[0]}, sink)
+        # (a) released, prompt 0
+        rel_vals, rel_ph = released_depth(model, ids[:1], ks=KS)
+        rel_total = sum(p.seconds for p in rel_ph.values())
+        rel_as = {("released_norm", k, o, a, b): v for (k, o, a, b), v in rel_vals.items()}
+        emit({"record": "method", "method": "released", "prompt": 0, "dtype": "float32",
+              "seconds": round(rel_total, 3), "phases": {k: p.as_dict() for k, p in rel_ph.items()},
+              "agreement": agreement(rel_as, refs[0]), "loadavg_1m": la1()}, sink)
 
-    fast_vals, fast_ph, _ = fast_depth(model, ids, args.svd, torch.float32)
-    fast_total = sum(p["seconds"] for p in fast_ph.values())
-    emit({"record": "method", "method": f"fastpath+{args.svd}", "dtype": "float32",
-          "seconds": round(fast_total, 3), "phases": fast_ph,
-          "speedup_vs_released": round(rel_total / fast_total, 2),
-          "agreement": agreement(fast_vals, ref), "loadavg_1m": __import__("os").getloadavg()[0]}, sink)
+        # (b) measure(), defaults (fast path), one call on every prompt
+        m, log, ph = run_measure(model, ids)
+        got = coupling_values(m.coupling)
+        pids = list(dict.fromkeys(m.prompts["prompt_id"].astype(str)))
+        per_prompt = []
+        for i, (pid, clk) in enumerate(zip(pids, log, strict=True)):
+            per_prompt.append({"prompt": i, "prompt_id": pid, **clk,
+                               "diagnostics_s": round(float(
+                                   m.diagnostics.loc[m.diagnostics["prompt_id"] == pid, "seconds"].sum()), 4),
+                               "agreement": agreement(got[pid], refs[i])})
+        first = log[0]["seconds"]
+        steady = [c["seconds"] for c in log[1:]]
+        steady_med = statistics.median(steady)
+        emit({"record": "method", "method": "measure_fast", "dtype": "float32",
+              "call": "measure(model, None, {'input_ids': ids}, coupling=('depth',), k=(10,30,50), "
+                      "final_norm=True, progress=False, batch_size=1)",
+              "n_prompts": len(log), "call_seconds": ph["seconds"], "call_phase": ph,
+              "per_prompt": per_prompt, "first_prompt_s": first,
+              "steady_median_s": round(steady_med, 4), "steady_mean_s": round(statistics.mean(steady), 4),
+              "steady_min_s": min(steady), "steady_max_s": max(steady),
+              "outside_prompts_s": round(ph["seconds"] - sum(c["seconds"] for c in log), 4),
+              "methods": methods_used(m),
+              "speedup_vs_released_steady": round(rel_total / steady_med, 2),
+              "speedup_vs_released_first": round(rel_total / first, 2),
+              "max_abs_diff_all_prompts": max(p["agreement"]["max_abs_diff"] for p in per_prompt),
+              "loadavg_1m": la1()}, sink)
 
-    if not args.skip_measure:
-        m_vals, m_ph = measure_values(model, ids)
-        m_total = m_ph["total"]["seconds"]
-        emit({"record": "method", "method": "measure_dense", "dtype": "float32",
-              "seconds": round(m_total, 3), "phases": m_ph,
-              "speedup_vs_released": round(rel_total / m_total, 2),
-              "agreement": agreement(m_vals, ref), "loadavg_1m": __import__("os").getloadavg()[0]}, sink)
+        # (c) measure(fast_path=False), prompt 0
+        m, log, ph = run_measure(model, ids[:1], fast_path=False)
+        got = coupling_values(m.coupling)
+        emit({"record": "method", "method": "measure_generic", "dtype": "float32", "prompt": 0,
+              "call": "same as measure_fast with fast_path=False, prompt 0 only",
+              "call_seconds": ph["seconds"], "call_phase": ph, "per_prompt": log,
+              "seconds": log[0]["seconds"], "methods": methods_used(m),
+              "speedup_vs_released": round(rel_total / log[0]["seconds"], 2),
+              "agreement": agreement(next(iter(got.values())), refs[0]), "loadavg_1m": la1()}, sink)
 
-    if args.curve:
-        curve(model, args.tokens, args.curve_prompts, [1, 2, 4, 8], args.svd, sink, info)
-    save(sink, "bench_depth" + ("_small" if args.small else ""))
+        if args.curve:
+            cids = torch.randint(0, V, (args.curve_prompts, args.tokens),
+                                 generator=torch.Generator().manual_seed(1))
+            curve(model, cids, [1, 2, 4, 8], args.traj_repeats, args.depth_repeats, sink)
+        emit({"record": "end", "load_end": load()}, sink)
+        complete = True
+    finally:
+        save(sink, name if complete else name + "_partial")
 
 
 if __name__ == "__main__":
