@@ -193,7 +193,7 @@ def _hidden_location(args: tuple[Any, ...], kwargs: dict[str, Any]) -> int | str
     )
 
 
-def _first_output(output: Any) -> Tensor:
+def first_output(output: Any) -> Tensor:
     out = output[0] if isinstance(output, (tuple, list)) else output
     if not isinstance(out, Tensor):
         raise ArchitectureError(
@@ -292,12 +292,12 @@ def capture(
 
     def make_post(i: int) -> Callable[..., None]:
         def hook(mod: nn.Module, args: tuple[Any, ...], output: Any) -> None:
-            outputs[i].append(_first_output(output).detach())
+            outputs[i].append(first_output(output).detach())
 
         return hook
 
     def norm_hook(mod: nn.Module, args: tuple[Any, ...], output: Any) -> None:
-        norm_out.append(_first_output(output).detach())
+        norm_out.append(first_output(output).detach())
 
     handles = []
     try:
@@ -381,12 +381,15 @@ def capture(
 # ----------------------------------------------------------------------------- replay
 
 
-def _as_dtype(module: nn.Module, dtype: torch.dtype) -> nn.Module:
-    """``module`` itself if its floating parameters are in ``dtype``, else a converted copy."""
+def _as_dtype(module: nn.Module, dtype: torch.dtype,
+              device: torch.device | None = None) -> nn.Module:
+    """``module`` itself if its floating parameters are already in ``dtype`` (and on
+    ``device``), else a converted copy: the user's model is never mutated, and a model bigger
+    than the analysis device is streamed to it one block at a time."""
     ref = _first_float_param(module)
-    if ref is None or ref.dtype == dtype:
+    if ref is None or (ref.dtype == dtype and (device is None or ref.device == device)):
         return module
-    return copy.deepcopy(module).to(dtype)
+    return copy.deepcopy(module).to(device=device or ref.device, dtype=dtype)
 
 
 def _select_prompt(
@@ -403,27 +406,26 @@ def _select_prompt(
     return _map_tensors(obj, fn)
 
 
-def residual_branch(
-    model: nn.Module,
-    cap: Capture,
-    layer: int,
-    prompt: int,
-    *,
-    dtype: torch.dtype = torch.float32,
-    check: bool = True,
-    rtol: float | None = None,
-) -> tuple[Callable[[Tensor], Tensor], Tensor]:
-    """The residual branch ``f^l(X) = F^l(X) - X`` of block ``layer`` for one prompt.
+@dataclass
+class BlockReplay:
+    """One block's recorded call for one prompt, ready to be re-run in the analysis dtype on
+    the analysis device (the pieces :func:`residual_branch` and the fast path share)."""
 
-    Returns ``(f, x)``: ``f`` maps a hidden input (n, d) (n = the padded length of the batch;
-    only real positions are meaningful) to (n, d) in ``dtype``; ``x`` (n, d) is the recorded
-    input of the block for that prompt, in ``dtype`` on the block's device. With
-    ``cap.final_norm`` and ``layer == L``, ``F`` includes the final norm. The block is copied
-    to ``dtype`` when its parameters have another dtype (the user's model is never mutated).
-    ``f`` is pure and works under ``torch.func`` transforms. With ``check`` the replay
-    ``f(x) + x`` is compared with the recorded output at real positions (relative max error,
-    tolerance ``rtol`` or :data:`REPLAY_RTOL`); a mismatch raises :class:`ReplayError`.
-    """
+    block: nn.Module  # the block, in the analysis dtype/device (a copy if needed)
+    norm: nn.Module | None  # the final norm when folded into the last block
+    args: tuple[Any, ...]  # recorded positional arguments, sliced to the prompt, cast
+    kwargs: dict[str, Any]  # recorded keyword arguments, likewise
+    where: int | str  # position or name of the hidden-state argument
+    x: Tensor  # (n, d) the recorded block input
+    recorded: Tensor  # (n, d) the recorded block output (before any folded final norm)
+    device: torch.device
+
+
+def prepare_replay(model: nn.Module, cap: Capture, layer: int, prompt: int, *,
+                   dtype: torch.dtype = torch.float32,
+                   device: torch.device | str | None = None) -> BlockReplay:
+    """Block ``layer``'s recorded call for ``prompt``, cast to ``dtype`` and moved to ``device``
+    (default: where the block's weights are). Validates the layer, the prompt and eval mode."""
     if cap.calls is None:
         raise BlockCouplingError(
             "this Capture was made with keep_calls=False; capture again with keep_calls=True."
@@ -449,14 +451,60 @@ def residual_branch(
             )
     call = cap.calls[layer - 1]
     ref = _first_float_param(block_orig)
-    device = ref.device if ref is not None else call.input.device
-    block = _as_dtype(block_orig, dtype)
-    norm = _as_dtype(norm_orig, dtype) if norm_orig is not None else None
+    dev = torch.device(device) if device is not None else (
+        ref.device if ref is not None else call.input.device)
+    return BlockReplay(
+        block=_as_dtype(block_orig, dtype, dev),
+        norm=_as_dtype(norm_orig, dtype, dev) if norm_orig is not None else None,
+        args=_select_prompt(call.args, B, prompt, dtype, dev),
+        kwargs=_select_prompt(call.kwargs, B, prompt, dtype, dev),
+        where=call.hidden,
+        x=call.input[prompt].detach().to(dev, dtype),
+        recorded=call.output[prompt].detach().to(dev, dtype),
+        device=dev,
+    )
 
-    args = _select_prompt(call.args, B, prompt, dtype, device)
-    kwargs = _select_prompt(call.kwargs, B, prompt, dtype, device)
-    where = call.hidden
-    x = call.input[prompt].detach().to(device, dtype)  # (n, d)
+
+def replay_tolerance(cap: Capture, dtype: torch.dtype) -> float:
+    """Relative tolerance of a replay: that of the lower of the model's and the analysis'
+    precision (the recorded output is in the model's dtype)."""
+    low = cap.model_dtype if torch.finfo(cap.model_dtype).eps > torch.finfo(dtype).eps else dtype
+    return REPLAY_RTOL.get(low, 1e-2)
+
+
+def relative_error(got: Tensor, ref: Tensor, real: Tensor | slice) -> float:
+    """max |got - ref| / max |ref| over the real positions (inf/NaN-safe: NaN compares false)."""
+    err = float((got - ref)[real].abs().max())
+    scale = float(ref[real].abs().max())
+    return err / max(scale, torch.finfo(ref.dtype).tiny)
+
+
+def residual_branch(
+    model: nn.Module,
+    cap: Capture,
+    layer: int,
+    prompt: int,
+    *,
+    dtype: torch.dtype = torch.float32,
+    check: bool = True,
+    rtol: float | None = None,
+    device: torch.device | str | None = None,
+) -> tuple[Callable[[Tensor], Tensor], Tensor]:
+    """The residual branch ``f^l(X) = F^l(X) - X`` of block ``layer`` for one prompt.
+
+    Returns ``(f, x)``: ``f`` maps a hidden input (n, d) (n = the padded length of the batch;
+    only real positions are meaningful) to (n, d) in ``dtype``; ``x`` (n, d) is the recorded
+    input of the block for that prompt, in ``dtype`` on ``device`` (default: the block's own
+    device). With ``cap.final_norm`` and ``layer == L``, ``F`` includes the final norm. The
+    block is copied to ``dtype``/``device`` when its parameters are elsewhere (the user's model
+    is never mutated). ``f`` is pure and works under ``torch.func`` transforms. With ``check``
+    the replay ``f(x) + x`` is compared with the recorded output at real positions (relative
+    max error, tolerance ``rtol`` or :data:`REPLAY_RTOL`); a mismatch raises
+    :class:`ReplayError`.
+    """
+    rp = prepare_replay(model, cap, layer, prompt, dtype=dtype, device=device)
+    block, norm, args, kwargs, where, x = rp.block, rp.norm, rp.args, rp.kwargs, rp.where, rp.x
+    use_norm = norm is not None
 
     def f(h: Tensor) -> Tensor:  # (n, d) -> (n, d)
         h3 = h.unsqueeze(0)  # (1, n, d)
@@ -467,25 +515,20 @@ def residual_branch(
             a = args
             k = {**kwargs, where: h3}
         with replay_context():
-            out = _first_output(block(*a, **k))
+            out = first_output(block(*a, **k))
             if norm is not None:
-                out = _first_output(norm(out))
+                out = first_output(norm(out))
         return out.squeeze(0) - h
 
     if check:
-        recorded = cap.final_output if use_norm else call.output
+        recorded = cap.final_output if use_norm else cap.calls[layer - 1].output
         assert recorded is not None
-        ref_out = recorded[prompt].detach().to(device, dtype)  # (n, d)
+        ref_out = recorded[prompt].detach().to(rp.device, dtype)  # (n, d)
         with torch.no_grad():
             got = f(x) + x  # (n, d)
-        real = cap.valid[prompt].to(device)  # (n,)
-        err = (got - ref_out)[real].abs().max().item() if bool(real.any()) else 0.0
-        scale = ref_out[real].abs().max().item() if bool(real.any()) else 1.0
-        rel = err / max(scale, torch.finfo(dtype).tiny)
-        low = (
-            cap.model_dtype if torch.finfo(cap.model_dtype).eps > torch.finfo(dtype).eps else dtype
-        )
-        tol = rtol if rtol is not None else REPLAY_RTOL.get(low, 1e-2)
+        real = cap.valid[prompt].to(rp.device)  # (n,)
+        rel = relative_error(got, ref_out, real) if bool(real.any()) else 0.0
+        tol = rtol if rtol is not None else replay_tolerance(cap, dtype)
         if not rel <= tol:  # also catches NaN
             raise ReplayError(
                 f"replaying block {layer} (prompt {prompt}) did not reproduce its recorded output: "

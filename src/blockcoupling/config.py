@@ -92,6 +92,10 @@ class MeasureConfig:
     final_norm: bool = False
     method: str = "auto"
     fast_path: bool = True  # decode-step Jacobians J^l_tt for causal models (fastpath.py)
+    # where the Jacobian work runs; None = where each block's weights are. A model bigger than
+    # the GPU stays on the CPU (or is offloaded) and each analysed block is copied to this
+    # device in the analysis dtype, one block at a time.
+    analysis_device: str | None = None
     trajectory: bool = True
     spectra: bool = True
     influence: bool = False

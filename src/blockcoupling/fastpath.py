@@ -45,15 +45,13 @@ import torch
 from torch import Tensor, nn
 from torch.func import jvp, vjp, vmap
 
-from blockcoupling.blocks import get_blocks, get_module
 from blockcoupling.capture import (
-    REPLAY_RTOL,
     Capture,
-    _as_dtype,
-    _first_float_param,
-    _first_output,
-    _select_prompt,
+    first_output,
+    prepare_replay,
+    relative_error,
     replay_context,
+    replay_tolerance,
     residual_branch,
 )
 from blockcoupling.errors import BlockCouplingError, NumericalError
@@ -293,6 +291,7 @@ def token_branches(
     chunk_size: int | None = None,
     memory_bytes: int = DEFAULT_MEMORY_BYTES,
     seed: int = 0,
+    device: torch.device | str | None = None,
 ) -> dict[int, TokenBranch] | None:
     """Decode-step operators for ``J^l_tt`` at each token in ``tokens`` (real, 0-based).
 
@@ -323,7 +322,7 @@ def token_branches(
     if not cap.spec.causal:
         return None
     try:
-        built = _build(model, cap, layer, prompt, toks, dtype, chunk_size, memory_bytes)
+        built = _build(model, cap, layer, prompt, toks, dtype, chunk_size, memory_bytes, device)
     except (TypeError, ValueError, RuntimeError, AttributeError, IndexError) as err:
         if isinstance(err, BlockCouplingError):
             raise
@@ -331,7 +330,7 @@ def token_branches(
     if built is None:
         return None
     if verify:
-        bad_msg = _verify(model, cap, layer, prompt, built, dtype, n_check, seed)
+        bad_msg = _verify(model, cap, layer, prompt, built, dtype, n_check, seed, device)
         if bad_msg is not None:
             warnings.warn(
                 f"fast path for layer {layer} ({cap.spec.arch}) disagrees with the generic "
@@ -361,29 +360,11 @@ def token_branch(
 
 
 def _build(model: nn.Module, cap: Capture, layer: int, prompt: int, tokens: list[int],
-           dtype: torch.dtype, chunk_size: int | None, memory_bytes: int
-           ) -> dict[int, TokenBranch] | None:
-    assert cap.calls is not None
-    L = len(cap.calls)
-    spec = cap.spec
-    block_orig = get_blocks(model, spec)[layer - 1]
-    use_norm = cap.final_norm and layer == L
-    norm_orig = get_module(model, spec.final_norm_path) if (use_norm and spec.final_norm_path) else None
-    for mod in (block_orig, norm_orig):
-        if mod is not None and mod.training:
-            raise BlockCouplingError(
-                f"block {layer} is in training mode (dropout on); call model.eval() before measuring."
-            )
-    call = cap.calls[layer - 1]
-    ref = _first_float_param(block_orig)
-    device = ref.device if ref is not None else call.input.device
-    block = _as_dtype(block_orig, dtype)
-    norm = _as_dtype(norm_orig, dtype) if norm_orig is not None else None
-    B = cap.batch_size
-    args = _select_prompt(call.args, B, prompt, dtype, device)
-    kwargs = _select_prompt(call.kwargs, B, prompt, dtype, device)
-    named, hidden_name, cache_name = _named_call(block, args, kwargs)
-    x = call.input[prompt].detach().to(device, dtype)  # (n, d)
+           dtype: torch.dtype, chunk_size: int | None, memory_bytes: int,
+           device: torch.device | str | None = None) -> dict[int, TokenBranch] | None:
+    rp = prepare_replay(model, cap, layer, prompt, dtype=dtype, device=device)
+    block, norm, x = rp.block, rp.norm, rp.x
+    named, hidden_name, cache_name = _named_call(block, rp.args, rp.kwargs)
     n, d = x.shape
     if named.get("alibi") is not None:  # Falcon ALiBi: key-length-shaped bias, not verified
         return None
@@ -394,18 +375,14 @@ def _build(model: nn.Module, cap: Capture, layer: int, prompt: int, tokens: list
     rec = _RecordingCache()
     full = {**named, hidden_name: x[None], cache_name: rec}
     with replay_context(), torch.no_grad():
-        out = _first_output(block(**full))  # (1, n, d)
+        out = first_output(block(**full))  # (1, n, d)
     if len(rec.records) != 1:
         return None
     keys, values = rec.records[0]
     if keys.ndim < 3 or keys.shape[-2] != n or values.shape[-2] != n or keys.shape[0] != 1:
         return None
-    recorded = call.output[prompt].detach().to(device, dtype)  # (n, d)
     real = slice(0, cap.lengths[prompt])
-    scale = max(float(recorded[real].abs().max()), torch.finfo(dtype).tiny)
-    # the recorded output is in the model's dtype: tolerance of the lower precision
-    low = cap.model_dtype if torch.finfo(cap.model_dtype).eps > torch.finfo(dtype).eps else dtype
-    if not float((out[0, real] - recorded[real]).abs().max()) / scale <= REPLAY_RTOL.get(low, 5e-2):
+    if not relative_error(out[0], rp.recorded, real) <= replay_tolerance(cap, dtype):
         return None
     kv_width = int(keys[0, ..., 0, :].numel())
     chunk = chunk_size or _default_chunk(d, kv_width, n, dtype, memory_bytes)
@@ -426,19 +403,19 @@ def _make_g(block: nn.Module, norm: nn.Module | None, row_kwargs: dict[str, Any]
     def g(X: Tensor) -> Tensor:  # (m, d) -> (m, d)
         call = {**row_kwargs, hidden_name: X[:, None, :], cache_name: cache}
         with replay_context():
-            out = _first_output(block(**call))  # (m, 1, d)
+            out = first_output(block(**call))  # (m, 1, d)
             if norm is not None:
-                out = _first_output(norm(out))
+                out = first_output(norm(out))
         return out[:, 0, :] - X
 
     return g
 
 
 def _verify(model: nn.Module, cap: Capture, layer: int, prompt: int,
-            built: dict[int, TokenBranch], dtype: torch.dtype, n_check: int, seed: int
-            ) -> str | None:
+            built: dict[int, TokenBranch], dtype: torch.dtype, n_check: int, seed: int,
+            device: torch.device | str | None = None) -> str | None:
     """None if every token's J v and J^T u match the generic path; else a description."""
-    f, x = residual_branch(model, cap, layer, prompt, dtype=dtype)
+    f, x = residual_branch(model, cap, layer, prompt, dtype=dtype, device=device)
     tol = VERIFY_RTOL.get(dtype, 5e-2)
     gen = torch.Generator().manual_seed(int(seed))
     for t, tb in built.items():

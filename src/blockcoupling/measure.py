@@ -166,6 +166,8 @@ class _PromptRun:
                  cfg: MeasureConfig, spec: BlockSpec, progress: Any, state: _RunState) -> None:
         self.model, self.cap, self.b, self.item, self.cfg, self.spec = model, cap, b, item, cfg, spec
         self.state = state
+        self._device = torch.device(cfg.analysis_device) if cfg.analysis_device else (
+            _model_device(model))
         self.n = cap.lengths[b]
         self.d = spec.hidden_size
         self.layers = cfg.selected_layers(spec.num_layers)
@@ -190,7 +192,8 @@ class _PromptRun:
 
     # -- pass 1 ------------------------------------------------------------------------
     def _branch(self, layer: int) -> tuple[Callable[[Tensor], Tensor], Tensor]:
-        return residual_branch(self.model, self.cap, layer, self.b, dtype=self.cfg.dtype)
+        return residual_branch(self.model, self.cap, layer, self.b, dtype=self.cfg.dtype,
+                               device=self.cfg.analysis_device)
 
     def _fast(self, layer: int, keys: Sequence[tuple[int, int]]) -> dict[int, Any]:
         """Decode-step operators (fastpath.TokenBranch) for the diagonal keys J^l_tt of a causal
@@ -202,7 +205,8 @@ class _PromptRun:
         verify = layer not in self.state.fast_verified
         tbs = fastpath.token_branches(self.model, self.cap, layer, self.b, diag,
                                       dtype=self.cfg.dtype, verify=verify, seed=self.cfg.seed,
-                                      chunk_size=self.cfg.chunk_size)
+                                      chunk_size=self.cfg.chunk_size,
+                                      device=self.cfg.analysis_device)
         if tbs is None:
             self.state.fast_failed.add(layer)
             return {}
@@ -217,11 +221,13 @@ class _PromptRun:
         layers = sorted(set(self.keys) | (set(self.layers) if want_influence else set()))
         for layer in tqdm(layers, desc=f"{self.item.prompt_id} Jacobians", unit="layer",
                           leave=False, disable=self.progress is None or self.progress.disable):
-            f, x = self._branch(layer)
             keys = self.keys.get(layer, [])
             infl = pairs.influence_keys([layer], n=self.n)[layer] if want_influence else []
             fast = self._fast(layer, keys)
             generic = [k for k in keys if k[0] != k[1] or k[0] not in fast]
+            # the generic residual branch only where something needs it (the fast path
+            # replays the block against its recorded output on its own)
+            f, x = self._branch(layer) if (generic or infl) else (None, None)
             blocks = self._dense_blocks(
                 f, x, sorted(set(generic if self.method == "dense" else []) | set(infl)))
             for t_in, t_out in keys:
@@ -260,7 +266,7 @@ class _PromptRun:
             if infl:
                 self._influence(layer, blocks, infl)
 
-    def _dense_blocks(self, f: Callable[[Tensor], Tensor], x: Tensor,
+    def _dense_blocks(self, f: Callable[[Tensor], Tensor] | None, x: Tensor | None,
                       keys: Sequence[tuple[int, int]]) -> dict[tuple[int, int], Tensor]:
         """Dense J_{t_in t_out} for ``keys``: one VJP batch per output token (every input at once)."""
         out: dict[tuple[int, int], Tensor] = {}
@@ -294,7 +300,7 @@ class _PromptRun:
         want_lin = "depth" in cfg.coupling and tuple(self.layers) == tuple(
             range(1, self.spec.num_layers + 1))
         if want_lin:
-            x0 = self.cap.boundaries[0, self.b].to(self.cfg.dtype)
+            x0 = self.cap.boundaries[0, self.b].to(self._device, self.cfg.dtype)
             lin_vec = {t: x0[t].clone() for t in self.tokens}
         # group pairs by measured Jacobian so each is applied once to all its bases
         by_a: dict[Key, list[tuple[str, Key]]] = {}
@@ -333,7 +339,7 @@ class _PromptRun:
         arrays.update(self._figure_arrays(A_store))
         lin: dict[int, float] = {}
         if want_lin:
-            xL = self.cap.boundaries[-1, self.b].to(self.cfg.dtype)
+            xL = self.cap.boundaries[-1, self.b].to(self._device, self.cfg.dtype)
             for t, v in lin_vec.items():
                 lin[t] = float(torch.nn.functional.cosine_similarity(v.detach(), xL[t], dim=0))
         return frames, arrays, lin
