@@ -23,17 +23,16 @@ from typing import Any
 
 import numpy as np
 import torch
+from common import Phase, phase
 from torch import Tensor, nn
 from torch.func import vjp, vmap
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from common import Phase, phase
-
 
 def _blocks_and_norm(model: nn.Module) -> tuple[nn.ModuleList, nn.Module]:
     base = getattr(model, "transformer", None) or getattr(model, "model", None) or model
-    blocks = getattr(base, "h", None) or getattr(base, "layers")
-    norm = getattr(base, "ln_f", None) or getattr(base, "norm")
+    blocks = getattr(base, "h", None) or base.layers
+    norm = getattr(base, "ln_f", None) or base.norm
     return blocks, norm
 
 
@@ -90,7 +89,7 @@ def released_depth(model: nn.Module, input_ids: Tensor, *, token: int = -1,
                     idx = torch.arange(s, min(s + chunk, d), device=device)
                     cot = torch.zeros(len(idx), 1, n, d, device=device, dtype=x.dtype)
                     cot[torch.arange(len(idx)), 0, t, idx] = 1
-                    g = vmap(lambda c: pull(c)[0])(cot)  # (c, 1, n, d)
+                    g = vmap(lambda c: pull(c)[0])(cot)  # (c, 1, n, d)  # noqa: B023 - called at once
                     rows.append(g[:, 0, t, :])  # (c, d): rows of J_block
             J = torch.cat(rows) - torch.eye(d, device=device, dtype=x.dtype)  # (d, d)
             Js.append(J.float())
