@@ -15,6 +15,7 @@ from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 from matplotlib.collections import LineCollection
 from matplotlib.figure import Figure
@@ -334,6 +335,7 @@ def test_fit_inverse_depth_recovers_exact_law() -> None:
 # ---------------------------------------------------------------------- 9. across runs
 def test_across_runs(runs: list[Measurement]) -> None:
     fig = F.plot_across_runs(runs, **SEL)
+    # the synthetic runs have no coupling_vs_null rows: three panels
     ax_c, ax_l, ax_e = fig.axes
     want_c = []
     for m in runs:
@@ -345,11 +347,23 @@ def test_across_runs(runs: list[Measurement]) -> None:
         want_c.append(np.mean([np.mean(v) for v in per_prompt.values()]))
     np.testing.assert_allclose(ax_c.lines[0].get_ydata(), want_c, atol=1e-12)
     np.testing.assert_allclose(ax_l.lines[0].get_ydata(),
-                               [m.token_metrics.lss.mean() for m in runs], atol=1e-12)
+                               [np.median(m.token_metrics.lss) for m in runs], atol=1e-12)
     np.testing.assert_allclose(ax_e.lines[0].get_ydata(),
-                               [m.token_metrics.expodistance.mean() for m in runs], atol=1e-12)
+                               [np.median(m.token_metrics.expodistance) for m in runs], atol=1e-12)
     assert [t.get_text() for t in ax_c.get_xticklabels()] == ["random init", "trained"]
     assert want_c[1] > want_c[0]
+    # with coupling_vs_null rows a panel shows it too (here: a copy of the coupling values)
+    extra = []
+    for m in runs:
+        null = m.coupling[m.coupling["variant"] == "coupling"].copy()
+        null["variant"] = "coupling_vs_null"
+        extra.append(Measurement(**{**{n: m.table(n) for n in ("trajectory", "token_metrics",
+                     "spectra", "influence", "prompts", "diagnostics")},
+                     "coupling": pd.concat([m.coupling, null], ignore_index=True)},
+                     arrays=m.arrays, config=m.config, meta=m.meta))
+    fig = F.plot_across_runs(extra, **SEL)
+    assert len(fig.axes) == 4 and "coupling_vs_null" in fig.axes[1].get_title()
+    np.testing.assert_allclose(fig.axes[1].lines[0].get_ydata(), want_c, atol=1e-12)
     fig = F.plot_across_runs(runs, labels=["init", "final"], **SEL)
     assert [t.get_text() for t in fig.axes[0].get_xticklabels()] == ["init", "final"]
     # x labels fall back to the revision, then the model

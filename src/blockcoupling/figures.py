@@ -988,21 +988,27 @@ def caption_singular_values(runs: Runs, *, rank: int = 1, token: int | None = No
 def across_runs_data(runs: Runs, *, k: int | None = None, variant: str = "coupling",
                      p: float | None = 1.0, orientation: str = "ujv") -> pd.DataFrame:
     """One row per run (in order): mean and std over prompts/tokens of the off-diagonal
-    depth-wise value, of the per-token LSS and of the expodistance (NaN where absent)."""
+    depth-wise value (and of ``coupling_vs_null``, the same against its chance level, when it
+    was measured), and mean, std, median and quartiles of the per-token LSS and expodistance
+    (NaN where absent). Expodistance is heavy-tailed where norms barely grow (post-LN models),
+    so the figure shows medians and quartiles for the trajectory metrics."""
     _check_variant(variant, orientation)
     rows = []
     for m in as_runs(runs):
         row: dict[str, float] = {}
-        if _depth_rows(m, k, variant, p, orientation) is not None:
-            md = m.mean_depth_coupling(resolve_k(m, k), variant=variant, p=p,
-                                       orientation=orientation)["mean_offdiag"]
-            row["coupling_mean"], row["coupling_std"] = float(md.mean()), float(md.std(ddof=0))
-        else:
-            row["coupling_mean"] = row["coupling_std"] = float("nan")
+        for name, var in (("coupling", variant), ("null", "coupling_vs_null")):
+            if (name == "coupling" or var != variant) and _depth_rows(m, k, var, p, orientation) is not None:
+                md = m.mean_depth_coupling(resolve_k(m, k), variant=var, p=p,
+                                           orientation=orientation)["mean_offdiag"]
+                row[f"{name}_mean"], row[f"{name}_std"] = float(md.mean()), float(md.std(ddof=0))
+            else:
+                row[f"{name}_mean"] = row[f"{name}_std"] = float("nan")
         for col in ("lss", "expodistance"):
             v = m.token_metrics[col].dropna()
             row[f"{col}_mean"] = float(v.mean()) if len(v) else float("nan")
             row[f"{col}_std"] = float(v.std(ddof=0)) if len(v) else float("nan")
+            q = v.quantile([0.25, 0.5, 0.75]).to_numpy() if len(v) else [float("nan")] * 3
+            row[f"{col}_q25"], row[f"{col}_median"], row[f"{col}_q75"] = map(float, q)
         rows.append(row)
     out = pd.DataFrame(rows)
     if out[["coupling_mean", "lss_mean", "expodistance_mean"]].isna().all().all():
@@ -1018,15 +1024,22 @@ def plot_across_runs(runs: Runs, *, k: int | None = None, variant: str = "coupli
     ms = as_runs(runs)
     labs = run_labels(ms, labels)
     data = across_runs_data(ms, k=k, variant=variant, p=p, orientation=orientation)
-    fig = _new_figure(min(18.0, max(9.0, 6.0 + 1.2 * len(ms))), 3.8)
-    axes = fig.subplots(1, 3)
+    panels = [("coupling", f"mean off-diagonal {variant}")]
+    if not data["null_mean"].isna().all():
+        panels.append(("null", "mean off-diagonal coupling_vs_null"))
+    panels += [("lss", "median LSS"), ("expodistance", "median expodistance")]
+    fig = _new_figure(min(22.0, max(9.0, 2.0 + 1.6 * len(panels) + 1.2 * len(ms))), 3.8)
+    axes = fig.subplots(1, len(panels))
     x = np.arange(len(ms), dtype=float)
-    for ax, col, name in zip(axes, ("coupling", "lss", "expodistance"),
-                             (f"mean off-diagonal {variant}", "mean LSS", "mean expodistance"),
-                             strict=True):
-        y = data[f"{col}_mean"].to_numpy(dtype=float)
-        e = data[f"{col}_std"].to_numpy(dtype=float)
+    for ax, (col, name) in zip(axes, panels, strict=True):
         ax.set_title(name, fontsize="medium")
+        if col in ("lss", "expodistance"):  # median with the inter-quartile range
+            y = data[f"{col}_median"].to_numpy(dtype=float)
+            e = np.vstack([y - data[f"{col}_q25"].to_numpy(float),
+                           data[f"{col}_q75"].to_numpy(float) - y])
+        else:  # mean +- one std
+            y = data[f"{col}_mean"].to_numpy(dtype=float)
+            e = data[f"{col}_std"].to_numpy(dtype=float)
         if np.isnan(y).all():
             _no_data(ax)
             continue
@@ -1045,7 +1058,9 @@ def caption_across_runs(runs: Runs, *, k: int | None = None, variant: str = "cou
     ms = as_runs(runs)
     across_runs_data(ms, k=k, variant=variant, p=p, orientation=orientation)
     return ("Across runs, in the order given: mean depth-wise value over layer pairs l != l' "
-            "(mean over prompts and tokens), mean per-token LSS and mean expodistance; error "
-            "bars are one standard deviation over prompts and tokens. "
+            "(mean over prompts and tokens, error bars one standard deviation), the same for "
+            "coupling_vs_null (0 = the chance level of a random basis, 1 = perfect coupling) when "
+            "it was measured, and the median per-token LSS and expodistance (error bars the "
+            "inter-quartile range; expodistance is heavy-tailed where norms barely grow). "
             + _selection_text(ms, k, variant, p, orientation, None) + " "
             + _runs_text(ms, labels))
