@@ -175,7 +175,7 @@ def test_matrix_free_agrees_with_dense_within_tolerance() -> None:
     model = tiny_model("llama", dtype=torch.float64)
     inputs = tiny_inputs("llama", n=4)
     kw = dict(coupling=("depth",), k=(2, 4), dtype=torch.float64, progress=False,
-              variants=("coupling",), svd_tol=1e-10, svd_iters=30)
+              variants=("coupling",), svd_tol=1e-10, svd_iters=6)
     dense = bc.measure(model, None, inputs, method="dense", **kw).coupling
     free = bc.measure(model, None, inputs, method="matrix_free", **kw).coupling
     np.testing.assert_allclose(free["value"].to_numpy(), dense["value"].to_numpy(), atol=1e-6)
@@ -247,7 +247,7 @@ def test_fast_path_is_used_and_agrees_with_generic(method: str) -> None:
     model = tiny_model("gpt_neox", dtype=torch.float64)
     inputs = tiny_inputs("gpt_neox", n=5, batch=2)
     kw = dict(coupling=("depth", "self"), k=(2, 4), tokens="all", dtype=torch.float64,
-              progress=False, method=method, svd_tol=1e-10, svd_iters=30)
+              progress=False, method=method, svd_tol=1e-10, svd_iters=6)
     fast = bc.measure(model, None, inputs, **kw)
     slow = bc.measure(model, None, inputs, fast_path=False, **kw)
     assert set(fast.diagnostics["method"]) == {f"{method}_fast"}
