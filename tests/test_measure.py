@@ -267,8 +267,9 @@ def test_fast_path_is_used_and_agrees_with_generic(method: str) -> None:
 
 def test_real_minilm_depth_coupling_and_trajectories_match_oracle() -> None:
     """The real pretrained all-MiniLM-L6-v2 (float32 weights), analysed in float64."""
-    from tiny_models import minilm_path
     from transformers import AutoModel, AutoTokenizer
+
+    from tiny_models import minilm_path
 
     path = minilm_path()
     model = AutoModel.from_pretrained(path).eval()

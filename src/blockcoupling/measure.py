@@ -29,8 +29,8 @@ import pandas as pd
 import torch
 from torch import Tensor
 
-from blockcoupling import jacobian as jac
 from blockcoupling import fastpath, metrics, pairs, spectra, svd, trajectory
+from blockcoupling import jacobian as jac
 from blockcoupling.blocks import BlockSpec, find_blocks
 from blockcoupling.capture import Capture, capture, residual_branch
 from blockcoupling.config import MeasureConfig
