@@ -154,6 +154,27 @@ def test_parquet_files_are_plain_and_typed(tmp_path: Path) -> None:
         assert set(z.files) == {f"A/{pid}/{o}" for pid in PROMPT_IDS[:3] for o in ("ujv", "vju")}
 
 
+
+def test_tables_read_the_same_in_polars_and_duckdb(tmp_path: Path) -> None:
+    import duckdb
+    import polars as pl
+
+    root = tmp_path / "run"
+    write_run(root, [PROMPT_IDS[:3]])
+    for name in TABLES:
+        path = root / f"{name}.parquet"
+        want = pd.read_parquet(path)
+        got_pl = pl.read_parquet(path)
+        assert got_pl.columns == list(SCHEMAS[name]) and got_pl.height == len(want)
+        n_db = duckdb.sql(f"select count(*) from read_parquet('{path}')").fetchone()[0]
+        assert n_db == len(want)
+    path = root / "coupling.parquet"
+    want = pd.read_parquet(path)["value"].to_numpy()
+    np.testing.assert_array_equal(pl.read_parquet(path)["value"].to_numpy(), want)
+    rows = duckdb.sql(f"select value from read_parquet('{path}')").fetchnumpy()["value"]
+    np.testing.assert_array_equal(rows, want)
+
+
 # ---------------------------------------------------------------------------- incremental
 def test_incremental_parts_open_unfinished_then_finalize(tmp_path: Path) -> None:
     root = tmp_path / "run"
