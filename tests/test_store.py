@@ -166,7 +166,7 @@ def test_tables_read_the_same_in_polars_and_duckdb(tmp_path: Path) -> None:
         want = pd.read_parquet(path)
         got_pl = pl.read_parquet(path)
         assert got_pl.columns == list(SCHEMAS[name]) and got_pl.height == len(want)
-        n_db = duckdb.sql(f"select count(*) from read_parquet('{path}')").fetchone()[0]
+        n_db = duckdb.sql(f"select count(*) from read_parquet('{path}')").fetchall()[0][0]
         assert n_db == len(want)
     path = root / "coupling.parquet"
     want = pd.read_parquet(path)["value"].to_numpy()
