@@ -236,6 +236,19 @@ def test_bad_input_errors() -> None:
         bc.measure(model, object(), ["ok", "  "], k=(2,), progress=False)
 
 
+def test_analysis_device_streams_blocks_and_checks_the_device() -> None:
+    model = tiny_model("gpt2", dtype=torch.float64)
+    inputs = tiny_inputs("gpt2", n=4)
+    kw = dict(k=(2,), dtype=torch.float32, progress=False)
+    here = bc.measure(model, None, inputs, **kw)
+    streamed = bc.measure(model, None, inputs, analysis_device="cpu", **kw)
+    np.testing.assert_array_equal(here.coupling["value"], streamed.coupling["value"])
+    assert next(model.parameters()).dtype == torch.float64  # the user's model is untouched
+    if not torch.cuda.is_available():
+        with pytest.raises(bc.BlockCouplingError, match="no CUDA GPU is visible"):
+            bc.measure(model, None, inputs, analysis_device="cuda", **kw)
+
+
 def test_too_long_prompt_is_refused() -> None:
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast

@@ -52,7 +52,8 @@ def measure(
     revision: Annotated[str | None, typer.Option(help="Model revision (branch, tag, commit, e.g. step1000).")] = None,
     dtype: Annotated[str, typer.Option(help="Model weight dtype: auto, float32, bfloat16, float16.")] = "auto",
     analysis_dtype: Annotated[str, typer.Option(help="Precision of the analysis: float32 or float64.")] = "float32",
-    device: Annotated[str, typer.Option(help="auto, cpu, cuda, cuda:N.")] = "auto",
+    device: Annotated[str, typer.Option(help="Where the model runs: auto, cpu, cuda, cuda:N.")] = "auto",
+    analysis_device: Annotated[str | None, typer.Option(help="Where the Jacobian work runs (default: with each block). A model that does not fit the GPU: --device cpu --analysis-device cuda streams one block at a time.")] = None,
     coupling: Annotated[str, typer.Option(help="Kinds: depth,self,fixed_input,fixed_output (or none).")] = "depth",
     k: Annotated[str, typer.Option("--k", help="Top-K sizes, e.g. 10,30,50.")] = "10,30,50",
     tokens: Annotated[str, typer.Option(help="last, all, or positions such as 0,5,-1.")] = "last",
@@ -87,6 +88,7 @@ def measure(
             variants=tuple(_csv(variant) or VARIANTS), orientations=tuple(_csv(orientation) or ()),
             layers=layers, layer_pairs=layer_pairs, final_norm=final_norm, method=method,
             influence=influence, batch_size=batch_size, seed=seed, blocks_path=blocks,
+            analysis_device=analysis_device,
         )
         items = load_prompts(prompts, limit=limit, seed=seed, column=prompt_column, split=split)
         net, tok = load_model(model, revision=revision, dtype=dtype, device=device,

@@ -454,6 +454,10 @@ def iter_measure(model: torch.nn.Module, tokenizer: Any, prompts: Any, config: M
         model.eval()
     spec = find_blocks(model, cfg.blocks_path)
     cfg.check_model(spec.num_layers, spec.hidden_size)
+    if cfg.analysis_device is not None:
+        from blockcoupling.loading import resolve_device
+
+        resolve_device(cfg.analysis_device)  # a clear error for an unavailable device
     device = _model_device(model)
     if isinstance(prompts, Mapping):  # pre-built model inputs, e.g. {"pixel_values": ...}
         batches = _input_batches(prompts, cfg.batch_size)
