@@ -421,11 +421,8 @@ class BlockReplay:
     device: torch.device
 
 
-def prepare_replay(model: nn.Module, cap: Capture, layer: int, prompt: int, *,
-                   dtype: torch.dtype = torch.float32,
-                   device: torch.device | str | None = None) -> BlockReplay:
-    """Block ``layer``'s recorded call for ``prompt``, cast to ``dtype`` and moved to ``device``
-    (default: where the block's weights are). Validates the layer, the prompt and eval mode."""
+def check_call_index(cap: Capture, layer: int, prompt: int) -> None:
+    """Clear errors for a capture without calls, or a layer or prompt out of range."""
     if cap.calls is None:
         raise BlockCouplingError(
             "this Capture was made with keep_calls=False; capture again with keep_calls=True."
@@ -433,11 +430,19 @@ def prepare_replay(model: nn.Module, cap: Capture, layer: int, prompt: int, *,
     L = len(cap.calls)
     if not 1 <= layer <= L:
         raise BlockCouplingError(f"layer {layer} is out of range: the model has layers 1..{L}.")
-    B = cap.batch_size
-    if not 0 <= prompt < B:
+    if not 0 <= prompt < cap.batch_size:
         raise BlockCouplingError(
-            f"prompt {prompt} is out of range: the batch has prompts 0..{B - 1}."
+            f"prompt {prompt} is out of range: the batch has prompts 0..{cap.batch_size - 1}."
         )
+
+
+def prepare_replay(model: nn.Module, cap: Capture, layer: int, prompt: int, *,
+                   dtype: torch.dtype = torch.float32,
+                   device: torch.device | str | None = None) -> BlockReplay:
+    """Block ``layer``'s recorded call for ``prompt``, cast to ``dtype`` and moved to ``device``
+    (default: where the block's weights are). Validates the layer, the prompt and eval mode."""
+    check_call_index(cap, layer, prompt)
+    L, B = len(cap.calls), cap.batch_size  # type: ignore[arg-type]
     spec = cap.spec
     block_orig = get_blocks(model, spec)[layer - 1]
     use_norm = cap.final_norm and layer == L

@@ -291,7 +291,7 @@ def _lm_loss(model: torch.nn.Module, chunk: torch.Tensor) -> torch.Tensor:
 def _train_and_save(cfg: TinyLMConfig, target: Path, progress: bool) -> dict[str, Any]:
     """Train the tiny LM from scratch and save every checkpoint under ``target``.
 
-    Writes ``target/step-XXXXXX/`` (model + tokenizer, loadable with ``from_pretrained``) for
+    Writes ``target/step-NNNNNN/`` (model + tokenizer, loadable with ``from_pretrained``) for
     each step in ``cfg.checkpoints`` and returns the training log (also saved by the caller).
     """
     from transformers import GPT2LMHeadModel
@@ -403,7 +403,7 @@ def train_tiny_lm(
 ) -> list[tuple[int, Path]]:
     """Train (or reuse) the tiny LM; return ``(step, checkpoint folder)`` for each checkpoint.
 
-    Checkpoints live in ``<cache_dir>/<cfg.cache_key()>/step-XXXXXX`` (``cache_dir`` defaults
+    Checkpoints live in ``<cache_dir>/<cfg.cache_key()>/step-NNNNNN`` (``cache_dir`` defaults
     to :func:`default_cache_dir`), each with its tokenizer, so ``AutoModel.from_pretrained`` and
     ``AutoTokenizer.from_pretrained`` load it. ``training.json`` (losses, timings) is written
     last; a folder that has it is complete and is reused without training. Training goes to a
@@ -559,7 +559,7 @@ def run_demo(
     """Run the whole offline demo and return the path of its HTML report.
 
     Writes one run folder per measured model under ``out_dir`` (``minilm-pretrained``,
-    ``minilm-random``, ``tinylm-step-XXXXXX``) and ``out_dir/report.html`` comparing them.
+    ``minilm-random``, ``tinylm-step-NNNNNN``) and ``out_dir/report.html`` comparing them.
     ``quick=True`` trains :meth:`TinyLMConfig.quick`, uses one prompt per model, the last
     token and depth-wise coupling only: it is meant for tests. Runs are opened with
     ``resume=True``, so running the demo again into the same ``out_dir`` reuses finished

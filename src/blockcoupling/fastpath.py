@@ -47,6 +47,7 @@ from torch.func import jvp, vjp, vmap
 
 from blockcoupling.capture import (
     Capture,
+    check_call_index,
     first_output,
     prepare_replay,
     relative_error,
@@ -55,7 +56,7 @@ from blockcoupling.capture import (
     residual_branch,
 )
 from blockcoupling.errors import BlockCouplingError, NumericalError
-from blockcoupling.jacobian import DEFAULT_MEMORY_BYTES, jacobian_operator
+from blockcoupling.jacobian import DEFAULT_MEMORY_BYTES, as_columns, jacobian_operator
 
 __all__ = [
     "VERIFY_RTOL",
@@ -211,13 +212,7 @@ class TokenBranch:
         return (self.d, self.d)
 
     def _check(self, M: Tensor, name: str) -> Tensor:
-        if M.ndim == 1:
-            M = M[:, None]
-        if M.ndim != 2 or M.shape[0] != self.d:
-            raise BlockCouplingError(
-                f"{name} must have shape (d, m) with d={self.d}; got {tuple(M.shape)}."
-            )
-        return M.to(self.device, self.dtype)
+        return as_columns(M, self.d, self.device, self.dtype, name)
 
     def _rows(self, m: int) -> Tensor:
         return self.x.expand(m, self.d).contiguous()  # (m, d)
@@ -301,17 +296,7 @@ def token_branches(
     than :data:`VERIFY_RTOL` (a warning says which); the caller then uses the generic path.
     Raises :class:`BlockCouplingError` for out-of-range layer, prompt or token.
     """
-    if cap.calls is None:
-        raise BlockCouplingError(
-            "this Capture was made with keep_calls=False; capture again with keep_calls=True."
-        )
-    L = len(cap.calls)
-    if not 1 <= layer <= L:
-        raise BlockCouplingError(f"layer {layer} is out of range: the model has layers 1..{L}.")
-    if not 0 <= prompt < cap.batch_size:
-        raise BlockCouplingError(
-            f"prompt {prompt} is out of range: the batch has prompts 0..{cap.batch_size - 1}."
-        )
+    check_call_index(cap, layer, prompt)
     n_real = cap.lengths[prompt]
     toks = [int(t) for t in tokens]
     bad = [t for t in toks if not 0 <= t < n_real]

@@ -61,6 +61,16 @@ def _autodiff_context() -> Iterator[None]:
         yield
 
 
+def as_columns(M: Tensor, d: int, device: torch.device, dtype: torch.dtype, name: str) -> Tensor:
+    """``M`` as a block of column vectors (d, m) on ``device`` in ``dtype`` (a vector is one
+    column); a clear error for any other shape. Shared by the matrix-free operators."""
+    if M.ndim == 1:
+        M = M[:, None]
+    if M.ndim != 2 or M.shape[0] != d:
+        raise BlockCouplingError(f"{name} must have shape (d, m) with d={d}; got {tuple(M.shape)}.")
+    return M.to(device, dtype)
+
+
 def default_chunk_size(
     n: int, d: int, dtype: torch.dtype, memory_bytes: int = DEFAULT_MEMORY_BYTES
 ) -> int:
@@ -218,13 +228,7 @@ class JacobianOperator:
         return (self.d, self.d)
 
     def _check_block(self, M: Tensor, name: str) -> Tensor:
-        if M.ndim == 1:
-            M = M[:, None]
-        if M.ndim != 2 or M.shape[0] != self.d:
-            raise BlockCouplingError(
-                f"{name} must have shape (d, m) with d={self.d}; got {tuple(M.shape)}."
-            )
-        return M.to(self.device, self.dtype)
+        return as_columns(M, self.d, self.device, self.dtype, name)
 
     def matmat(self, V: Tensor) -> Tensor:
         """(d, m) -> (d, m) = J V."""
