@@ -9,6 +9,7 @@ rather than as rows with an empty layer: one row per (prompt, token), no sentine
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -88,9 +89,14 @@ SCHEMAS: dict[str, dict[str, str]] = {
 TABLES = tuple(SCHEMAS)
 
 
+@functools.cache
+def _empty(name: str) -> pd.DataFrame:
+    return pd.DataFrame({c: pd.Series(dtype=t) for c, t in SCHEMAS[name].items()})
+
+
 def empty_table(name: str) -> pd.DataFrame:
     """An empty table with the right columns and dtypes."""
-    return pd.DataFrame({c: pd.Series(dtype=t) for c, t in SCHEMAS[name].items()})
+    return _empty(name).copy()
 
 
 def conform(name: str, frame: pd.DataFrame | Iterable[dict[str, Any]]) -> pd.DataFrame:
@@ -101,7 +107,10 @@ def conform(name: str, frame: pd.DataFrame | Iterable[dict[str, Any]]) -> pd.Dat
     schema = SCHEMAS[name]
     for col, dtype in schema.items():
         if col not in df.columns:
-            df[col] = pd.Series([pd.NA if dtype == "string" else np.nan] * len(df), dtype=dtype if dtype != "int32" else "float64")
+            df[col] = pd.Series([pd.NA if dtype == "string" else np.nan] * len(df),
+                                dtype=dtype if dtype != "int32" else "float64")
+        if df[col].dtype == dtype:
+            continue
         if dtype == "int32" and df[col].isna().any():
             raise ValueError(f"table {name!r}: column {col!r} has missing values")
         df[col] = df[col].astype(dtype)
