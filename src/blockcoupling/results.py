@@ -109,7 +109,7 @@ def conform(name: str, frame: pd.DataFrame | Iterable[dict[str, Any]]) -> pd.Dat
         if col not in df.columns:
             df[col] = pd.Series([pd.NA if dtype == "string" else np.nan] * len(df),
                                 dtype=dtype if dtype != "int32" else "float64")
-        if df[col].dtype == dtype:
+        if str(df[col].dtype) == dtype:  # exact: pandas 3 "str" compares equal to "string"
             continue
         if dtype == "int32" and df[col].isna().any():
             raise ValueError(f"table {name!r}: column {col!r} has missing values")
