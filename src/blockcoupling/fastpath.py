@@ -77,6 +77,7 @@ VERIFY_RTOL: dict[torch.dtype, float] = {
 _CACHE_PARAMS: tuple[str, ...] = ("past_key_values", "past_key_value", "layer_past")
 # Rough number of d-sized (and intermediate-sized) activations kept per batch row.
 _ROW_FACTOR: int = 48
+_PARAM_FACTOR: int = 32
 
 
 # ----------------------------------------------------------------------------- caches
@@ -266,9 +267,15 @@ def _finite(M: Tensor, what: str) -> Tensor:
 
 
 def _default_chunk(d: int, kv_width: int, n: int, dtype: torch.dtype,
-                   memory_bytes: int = DEFAULT_MEMORY_BYTES) -> int:
+                   memory_bytes: int = DEFAULT_MEMORY_BYTES, block_params: int = 0) -> int:
+    """Vectors per batch that fit ``memory_bytes``. Per vector the decode step keeps every
+    layer's activations (and tangents): counted as ``_ROW_FACTOR`` d-sized rows, or, when
+    larger, ``_PARAM_FACTOR`` x (block parameters / d) elements -- calibrated on one
+    Llama-3-70B-shaped block (60 vectors took 0.93 GB, BENCHMARKS.md), where the MLP is 3.5 d
+    wide and d-sized rows alone undercount by ~10x."""
     itemsize = max(1, torch.finfo(dtype).bits // 8)
-    per_row = itemsize * (_ROW_FACTOR * d + 4 * kv_width * (n + 1))
+    rows = max(_ROW_FACTOR * d, _PARAM_FACTOR * block_params // max(d, 1))
+    per_row = itemsize * (rows + 4 * kv_width * (n + 1))
     return int(max(1, min(d, memory_bytes // max(per_row, 1))))
 
 
@@ -370,7 +377,8 @@ def _build(model: nn.Module, cap: Capture, layer: int, prompt: int, tokens: list
     if not relative_error(out[0], rp.recorded, real) <= replay_tolerance(cap, dtype):
         return None
     kv_width = int(keys[0, ..., 0, :].numel())
-    chunk = chunk_size or _default_chunk(d, kv_width, n, dtype, memory_bytes)
+    n_params = sum(p.numel() for p in block.parameters())
+    chunk = chunk_size or _default_chunk(d, kv_width, n, dtype, memory_bytes, n_params)
 
     out_map: dict[int, TokenBranch] = {}
     for t in tokens:
