@@ -408,36 +408,42 @@ def _check_finite(S: Tensor, layer: int, t_in: int, t_out: int) -> None:
 
 
 # ---------------------------------------------------------------------------- trajectories
-def _trajectory_rows(cap: Capture, b: int, prompt_id: str, window: int
-                     ) -> tuple[pd.DataFrame, pd.DataFrame]:
-    n = cap.lengths[b]
-    X = cap.boundaries[:, b, :n].double()  # (L+1, n, d)
-    Lp1 = X.shape[0]
-    norms = trajectory.norms(X)  # (L+1, n)
-    steps = trajectory.step_norms(X)  # (L, n)
-    step_full = torch.cat([torch.full((1, n), float("nan"), dtype=X.dtype), steps])
-    pca = trajectory.pca_projection(X)  # (L+1, n, 2)
-    wl = trajectory.windowed_lss(X, width=window)  # (L+1, n)
-    layer_idx, tok_idx = np.meshgrid(np.arange(Lp1), np.arange(n), indexing="ij")
-    traj = pd.DataFrame({
-        "prompt_id": prompt_id,
-        "token": tok_idx.ravel(),
-        "layer": layer_idx.ravel(),
-        "norm": norms.numpy().ravel(),
-        "step_norm": step_full.numpy().ravel(),
-        "pca_x": pca[..., 0].numpy().ravel(),
-        "pca_y": pca[..., 1].numpy().ravel(),
-        "lss_window": wl.numpy().ravel(),
-    })
-    tokm = pd.DataFrame({
-        "prompt_id": prompt_id,
-        "token": np.arange(n),
-        "lss": trajectory.line_shape_score(X).numpy(),
-        "expodistance": trajectory.expodistance(X).numpy(),
-        "equidistance_cv": trajectory.equidistance_cv(X).numpy(),
-        "linearisation_cosine": np.nan,
-    })
-    return conform("trajectory", traj), conform("token_metrics", tokm)
+def _trajectory_tables(cap: Capture, prompt_ids: Sequence[str], window: int
+                       ) -> dict[str, tuple[pd.DataFrame, pd.DataFrame]]:
+    """Per prompt of a captured batch: the ``trajectory`` and ``token_metrics`` tables.
+
+    Every metric but the PCA is per token, so they are computed once for all the batch's real
+    tokens side by side, (L+1, N, d) with N = sum of the prompts' lengths (padding never
+    enters); the PCA is fitted per prompt on its last layer."""
+    lengths = cap.lengths
+    X = torch.cat([cap.boundaries[:, b, :n] for b, n in enumerate(lengths)], dim=1).double()
+    Lp1, N = X.shape[0], X.shape[1]  # X: (L+1, N, d)
+    norms = trajectory.norms(X).numpy()  # (L+1, N)
+    steps = torch.cat([torch.full((1, N), float("nan"), dtype=X.dtype),
+                       trajectory.step_norms(X)]).numpy()  # (L+1, N), NaN at layer 0
+    wl = trajectory.windowed_lss(X, width=window).numpy()  # (L+1, N)
+    lss = trajectory.line_shape_score(X).numpy()  # (N,)
+    ed = trajectory.expodistance(X).numpy()
+    cv = trajectory.equidistance_cv(X).numpy()
+    out: dict[str, tuple[pd.DataFrame, pd.DataFrame]] = {}
+    start = 0
+    for pid, n in zip(prompt_ids, lengths, strict=True):
+        sl = slice(start, start + n)
+        pca = trajectory.pca_projection(X[:, sl]).numpy()  # (L+1, n, 2)
+        layer_idx, tok_idx = np.meshgrid(np.arange(Lp1), np.arange(n), indexing="ij")
+        traj = pd.DataFrame({
+            "prompt_id": pid, "token": tok_idx.ravel(), "layer": layer_idx.ravel(),
+            "norm": norms[:, sl].ravel(), "step_norm": steps[:, sl].ravel(),
+            "pca_x": pca[..., 0].ravel(), "pca_y": pca[..., 1].ravel(),
+            "lss_window": wl[:, sl].ravel(),
+        })
+        tokm = pd.DataFrame({
+            "prompt_id": pid, "token": np.arange(n), "lss": lss[sl], "expodistance": ed[sl],
+            "equidistance_cv": cv[sl], "linearisation_cosine": np.nan,
+        })
+        out[pid] = (conform("trajectory", traj), conform("token_metrics", tokm))
+        start += n
+    return out
 
 
 # ---------------------------------------------------------------------------- public API
@@ -478,10 +484,12 @@ def iter_measure(model: torch.nn.Module, tokenizer: Any, prompts: Any, config: M
             # boundaries keep the precision of the analysis (float64 when asked for)
             cap = capture(model, inputs, spec, final_norm=cfg.final_norm,
                           boundary_dtype=torch.promote_types(cfg.dtype, torch.float32))
+            trajectories = (_trajectory_tables(cap, [it.prompt_id for it in batch_items],
+                                               cfg.lss_window) if cfg.trajectory else {})
             for b, item in enumerate(batch_items):
                 if len(state.figure_ids) < cfg.figure_prompts:
                     state.figure_ids.add(item.prompt_id)
-                yield _measure_one(model, cap, b, item, cfg, spec, state, bar)
+                yield _measure_one(model, cap, b, item, cfg, spec, state, bar, trajectories)
                 bar.update(1)
     finally:
         bar.close()
@@ -499,12 +507,11 @@ def _input_batches(inputs: Mapping[str, Tensor], batch_size: int
 
 
 def _measure_one(model: torch.nn.Module, cap: Capture, b: int, item: PromptItem,
-                 cfg: MeasureConfig, spec: BlockSpec, state: _RunState, bar: Any) -> Measurement:
+                 cfg: MeasureConfig, spec: BlockSpec, state: _RunState, bar: Any,
+                 trajectories: dict[str, tuple[pd.DataFrame, pd.DataFrame]]) -> Measurement:
     t0 = time.perf_counter()
     n = cap.lengths[b]
-    traj = tokm = None
-    if cfg.trajectory:
-        traj, tokm = _trajectory_rows(cap, b, item.prompt_id, cfg.lss_window)
+    traj, tokm = trajectories.get(item.prompt_id, (None, None))
     run = _PromptRun(model, cap, b, item, cfg, spec, bar, state)
     frames: list[pd.DataFrame] = []
     arrays: dict[str, np.ndarray] = {}
