@@ -15,6 +15,7 @@ from blockcoupling.trajectory import (
     equidistance_cv,
     expodistance,
     line_shape_score,
+    line_shape_scores,
     norms,
     pca_projection,
     step_norms,
@@ -221,3 +222,13 @@ def test_float32_works() -> None:
         a, b = fn(X.float()), fn(X)
         assert a.dtype == torch.float32
         torch.testing.assert_close(a.double(), b, rtol=1e-4, atol=1e-4)
+
+
+@given(st.integers(2, 14), st.integers(1, 4), st.sampled_from([1, 3, 5, 11]), st.integers(0, 10**6))
+@SETTINGS
+def test_line_shape_scores_equal_the_single_functions(L: int, n: int, width: int, seed: int) -> None:
+    g = torch.Generator().manual_seed(seed)
+    X = torch.randn(L + 1, n, 5, generator=g, dtype=torch.float64).cumsum(0)
+    whole, windowed = line_shape_scores(X, width)
+    torch.testing.assert_close(whole, line_shape_score(X), equal_nan=True)
+    torch.testing.assert_close(windowed, windowed_lss(X, width), equal_nan=True)

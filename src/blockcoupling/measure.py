@@ -409,40 +409,67 @@ def _check_finite(S: Tensor, layer: int, t_in: int, t_out: int) -> None:
 
 # ---------------------------------------------------------------------------- trajectories
 def _trajectory_tables(cap: Capture, prompt_ids: Sequence[str], window: int
-                       ) -> dict[str, tuple[pd.DataFrame, pd.DataFrame]]:
-    """Per prompt of a captured batch: the ``trajectory`` and ``token_metrics`` tables.
+                       ) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The ``trajectory`` and ``token_metrics`` tables of a captured batch (prompts in order,
+    each prompt's rows contiguous).
 
     Every metric but the PCA is per token, so they are computed once for all the batch's real
     tokens side by side, (L+1, N, d) with N = sum of the prompts' lengths (padding never
     enters); the PCA is fitted per prompt on its last layer."""
     lengths = cap.lengths
-    X = torch.cat([cap.boundaries[:, b, :n] for b, n in enumerate(lengths)], dim=1).double()
+    # in the boundaries' precision: float32, or float64 when the analysis asks for it
+    X = torch.cat([cap.boundaries[:, b, :n] for b, n in enumerate(lengths)], dim=1)
     Lp1, N = X.shape[0], X.shape[1]  # X: (L+1, N, d)
     norms = trajectory.norms(X).numpy()  # (L+1, N)
     steps = torch.cat([torch.full((1, N), float("nan"), dtype=X.dtype),
                        trajectory.step_norms(X)]).numpy()  # (L+1, N), NaN at layer 0
-    wl = trajectory.windowed_lss(X, width=window).numpy()  # (L+1, N)
-    lss = trajectory.line_shape_score(X).numpy()  # (N,)
+    lss_t, wl_t = trajectory.line_shape_scores(X, width=window)
+    lss, wl = lss_t.numpy(), wl_t.numpy()  # (N,), (L+1, N)
     ed = trajectory.expodistance(X).numpy()
     cv = trajectory.equidistance_cv(X).numpy()
-    out: dict[str, tuple[pd.DataFrame, pd.DataFrame]] = {}
+    # one DataFrame per table for the whole batch (pandas construction and typing are the
+    # expensive part), then a row slice per prompt
+    cols: dict[str, list[np.ndarray]] = {c: [] for c in (
+        "token", "layer", "norm", "step_norm", "pca_x", "pca_y", "lss_window")}
     start = 0
-    for pid, n in zip(prompt_ids, lengths, strict=True):
+    for n in lengths:
         sl = slice(start, start + n)
         pca = trajectory.pca_projection(X[:, sl]).numpy()  # (L+1, n, 2)
         layer_idx, tok_idx = np.meshgrid(np.arange(Lp1), np.arange(n), indexing="ij")
-        traj = pd.DataFrame({
-            "prompt_id": pid, "token": tok_idx.ravel(), "layer": layer_idx.ravel(),
-            "norm": norms[:, sl].ravel(), "step_norm": steps[:, sl].ravel(),
-            "pca_x": pca[..., 0].ravel(), "pca_y": pca[..., 1].ravel(),
-            "lss_window": wl[:, sl].ravel(),
-        })
-        tokm = pd.DataFrame({
-            "prompt_id": pid, "token": np.arange(n), "lss": lss[sl], "expodistance": ed[sl],
-            "equidistance_cv": cv[sl], "linearisation_cosine": np.nan,
-        })
-        out[pid] = (conform("trajectory", traj), conform("token_metrics", tokm))
+        for name, arr in (("token", tok_idx), ("layer", layer_idx), ("norm", norms[:, sl]),
+                          ("step_norm", steps[:, sl]), ("pca_x", pca[..., 0]),
+                          ("pca_y", pca[..., 1]), ("lss_window", wl[:, sl])):
+            cols[name].append(arr.ravel())
         start += n
+    ids = np.asarray(prompt_ids, dtype=object)
+    traj = conform("trajectory", pd.DataFrame({
+        "prompt_id": np.repeat(ids, [Lp1 * n for n in lengths]),
+        **{c: np.concatenate(v) for c, v in cols.items()},
+    }))
+    tokm = conform("token_metrics", pd.DataFrame({
+        "prompt_id": np.repeat(ids, lengths),
+        "token": np.concatenate([np.arange(n) for n in lengths]),
+        "lss": lss, "expodistance": ed, "equidistance_cv": cv, "linearisation_cosine": np.nan,
+    }))
+    return traj, tokm
+
+
+def _split_by_prompt(tables: tuple[pd.DataFrame, pd.DataFrame], prompt_ids: Sequence[str],
+                     lengths: Sequence[int]) -> dict[str, tuple[pd.DataFrame, pd.DataFrame]]:
+    """Row slices of the batch's trajectory tables, one pair per prompt."""
+    traj, tokm = tables
+    Lp1 = int(traj["layer"].max()) + 1 if len(traj) else 0
+
+    def rows(df: pd.DataFrame, a: int, b: int) -> pd.DataFrame:
+        part = df.iloc[a:b]  # shares the data (copy-on-write); reset_index would copy it
+        part.index = pd.RangeIndex(b - a)
+        return part
+
+    out: dict[str, tuple[pd.DataFrame, pd.DataFrame]] = {}
+    t0 = k0 = 0
+    for pid, n in zip(prompt_ids, lengths, strict=True):
+        out[pid] = (rows(traj, t0, t0 + Lp1 * n), rows(tokm, k0, k0 + n))
+        t0, k0 = t0 + Lp1 * n, k0 + n
     return out
 
 
@@ -484,8 +511,14 @@ def iter_measure(model: torch.nn.Module, tokenizer: Any, prompts: Any, config: M
             # boundaries keep the precision of the analysis (float64 when asked for)
             cap = capture(model, inputs, spec, final_norm=cfg.final_norm,
                           boundary_dtype=torch.promote_types(cfg.dtype, torch.float32))
-            trajectories = (_trajectory_tables(cap, [it.prompt_id for it in batch_items],
-                                               cfg.lss_window) if cfg.trajectory else {})
+            ids = [it.prompt_id for it in batch_items]
+            tables = _trajectory_tables(cap, ids, cfg.lss_window) if cfg.trajectory else None
+            if not (cfg.coupling or cfg.spectra or cfg.influence):
+                # no Jacobian work: the whole batch is one part (one table build, one write)
+                yield _trajectory_part(cap, batch_items, cfg, tables)
+                bar.update(len(batch_items))
+                continue
+            trajectories = _split_by_prompt(tables, ids, cap.lengths) if tables else {}
             for b, item in enumerate(batch_items):
                 if len(state.figure_ids) < cfg.figure_prompts:
                     state.figure_ids.add(item.prompt_id)
@@ -504,6 +537,16 @@ def _input_batches(inputs: Mapping[str, Tensor], batch_size: int
         items = [PromptItem(f"input-{j:05d}", f"<input {j}>") for j in range(i, min(B, i + batch_size))]
         out.append((items, sl))
     return out
+
+
+def _trajectory_part(cap: Capture, items: Sequence[PromptItem], cfg: MeasureConfig,
+                     tables: tuple[pd.DataFrame, pd.DataFrame] | None) -> Measurement:
+    prompts_df = conform("prompts", pd.DataFrame({
+        "prompt_id": [it.prompt_id for it in items], "text": [it.text for it in items],
+        "n_tokens": cap.lengths, "label": [it.label for it in items]}))
+    traj, tokm = tables if tables is not None else (conform("trajectory", []),
+                                                    conform("token_metrics", []))
+    return Measurement(trajectory=traj, token_metrics=tokm, prompts=prompts_df, config=cfg)
 
 
 def _measure_one(model: torch.nn.Module, cap: Capture, b: int, item: PromptItem,

@@ -115,6 +115,24 @@ def windowed_lss(X: Tensor, width: int = 11) -> Tensor:
     return _lss_between(unit, nonzero, lo, hi)  # (L+1, n)
 
 
+def line_shape_scores(X: Tensor, width: int = 11) -> tuple[Tensor, Tensor]:
+    """:func:`line_shape_score` and :func:`windowed_lss` together, sharing one computation of
+    the unit steps: (L+1, n, d) -> ((n,), (L+1, n))."""
+    _check_X(X, 2)
+    if int(width) < 1 or int(width) % 2 == 0:
+        raise BlockCouplingError(
+            f"the LSS window width must be an odd positive integer, got {width}"
+        )
+    L = X.shape[0] - 1
+    h = (int(width) - 1) // 2
+    layers = torch.arange(L + 1, device=X.device)
+    lo = torch.cat([torch.tensor([0], device=X.device), (layers - h).clamp(min=0)])
+    hi = torch.cat([torch.tensor([L], device=X.device), (layers + h).clamp(max=L)])
+    unit, nonzero = _unit_steps(X)
+    both = _lss_between(unit, nonzero, lo, hi)  # (1 + L+1, n)
+    return both[0], both[1:]
+
+
 def expodistance(X: Tensor) -> Tensor:
     """Expodistance ``ED = Var_l(alpha^l) / Mean_l(alpha^l)^2``: (L+1, n, d) -> (n,).
 
