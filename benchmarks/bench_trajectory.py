@@ -13,7 +13,7 @@ B in (8, 32), interleaved repeats (after one warm-up of each) of
     mask}, coupling=(), trajectory=True, spectra=False, batch_size=B, progress=False)``.
 
 Reports the medians, the ratio measure / plain, and a breakdown of the measure call (by
-wrapping the module-level ``capture``, ``_trajectory_rows`` and ``_measure_one`` of
+wrapping the module-level ``capture``, ``_trajectory_tables`` and ``_trajectory_part`` of
 ``blockcoupling.measure`` with a clock; nothing else changes). With ``--profile`` (or when a
 ratio is above 1.2) one extra measure call per B runs under cProfile and the top functions by
 cumulative and by own time go to the JSON. Every record carries ``uptime``.
@@ -144,13 +144,13 @@ def main() -> None:
         plain(model, inputs, B, None)
         plain(model, inputs, B, False)
         times: dict[str, list[float]] = {"plain": [], "plain_nocache": [], "measure": []}
-        parts: dict[str, list[float]] = {"capture": [], "_trajectory_rows": [], "_measure_one": []}
+        parts: dict[str, list[float]] = {"capture": [], "_trajectory_tables": [], "_trajectory_part": []}
         loads = []
         for _ in range(args.repeats):
             for label in ("plain", "measure", "plain_nocache"):
                 t0 = time.perf_counter()
                 if label == "measure":
-                    with clocked(("capture", "_trajectory_rows", "_measure_one")) as tot:
+                    with clocked(("capture", "_trajectory_tables", "_trajectory_part")) as tot:
                         run_measure(model, inputs, B)
                     dt = time.perf_counter() - t0
                     for k_, v in tot.items():
@@ -172,9 +172,9 @@ def main() -> None:
             "ratio_measure_over_plain_nocache": round(med["measure"] / med["plain_nocache"], 3),
             "measure_breakdown_median_s": {
                 "capture_forward": round(part_med["capture"], 4),
-                "trajectory_rows": round(part_med["_trajectory_rows"], 4),
-                "measure_one_total": round(part_med["_measure_one"], 4),
-                "rest_of_call": round(med["measure"] - part_med["capture"] - part_med["_measure_one"], 4),
+                "trajectory_rows": round(part_med["_trajectory_tables"], 4),
+                "measure_one_total": round(part_med["_trajectory_part"], 4),
+                "rest_of_call": round(med["measure"] - part_med["capture"] - part_med["_trajectory_part"], 4),
             },
             "loadavg_1m_per_repeat": loads,
             "uptime": uptime(),
