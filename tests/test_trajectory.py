@@ -232,3 +232,16 @@ def test_line_shape_scores_equal_the_single_functions(L: int, n: int, width: int
     whole, windowed = line_shape_scores(X, width)
     torch.testing.assert_close(whole, line_shape_score(X), equal_nan=True)
     torch.testing.assert_close(windowed, windowed_lss(X, width), equal_nan=True)
+
+
+def test_expodistance_is_nan_where_norms_only_change_by_rounding() -> None:
+    # every layer rescaled to the same norm up to float32 rounding (a post-LN block at init)
+    g = torch.Generator().manual_seed(0)
+    X = torch.randn(7, 3, 64, generator=g)
+    X = X / torch.linalg.vector_norm(X, dim=-1, keepdim=True) * 8.0
+    ed = expodistance(X, resolution=8 * torch.finfo(torch.float32).eps)
+    assert torch.isnan(ed).all()
+    # real growth is untouched by the resolution
+    Y = X * (1.1 ** torch.arange(7.0))[:, None, None]
+    torch.testing.assert_close(expodistance(Y, resolution=1e-6), expodistance(Y))
+    assert torch.isfinite(expodistance(Y)).all()

@@ -425,7 +425,8 @@ def _trajectory_tables(cap: Capture, prompt_ids: Sequence[str], window: int
                        trajectory.step_norms(X)]).numpy()  # (L+1, N), NaN at layer 0
     lss_t, wl_t = trajectory.line_shape_scores(X, width=window)
     lss, wl = lss_t.numpy(), wl_t.numpy()  # (N,), (L+1, N)
-    ed = trajectory.expodistance(X).numpy()
+    # norms that only change by rounding have no growth rate: NaN, not a ratio of noise
+    ed = trajectory.expodistance(X, resolution=8 * torch.finfo(X.dtype).eps).numpy()
     cv = trajectory.equidistance_cv(X).numpy()
     # one DataFrame per table for the whole batch (pandas construction and typing are the
     # expensive part), then a row slice per prompt

@@ -133,23 +133,26 @@ def line_shape_scores(X: Tensor, width: int = 11) -> tuple[Tensor, Tensor]:
     return both[0], both[1:]
 
 
-def expodistance(X: Tensor) -> Tensor:
+def expodistance(X: Tensor, *, resolution: float = 0.0) -> Tensor:
     """Expodistance ``ED = Var_l(alpha^l) / Mean_l(alpha^l)^2``: (L+1, n, d) -> (n,).
 
     ``alpha^l = ln(||x^l|| / ||x^{l-1}||)`` for l = 1..L; Var is the population variance
     (mean of squared deviations, ddof = 0). ED = 0 for exact exponential growth (or decay) of
-    the norms. NaN if any norm along the trajectory is zero (alpha undefined) or if the mean
-    and the variance of alpha are both zero; +inf if only the mean is zero.
+    the norms. NaN if any norm along the trajectory is zero (alpha undefined), if the mean
+    and the variance of alpha are both zero, or if every |alpha^l| is at most ``resolution``:
+    norms that do not change beyond rounding (e.g. post-LN blocks whose LayerNorm fixes the
+    norm) have no growth rate, and their ratio of rounding noise is not a measurement.
+    +inf if only the mean is zero.
     """
     _check_X(X, 2)
-    nr = norms(X)  # (L+1, n)
-    ok = (nr > 0).all(dim=0)  # (n,)
+    nr = torch.linalg.vector_norm(X, dim=-1, dtype=torch.float64)  # (L+1, n)
     safe = torch.where(nr > 0, nr, torch.ones_like(nr))
     alpha = torch.log(safe[1:]) - torch.log(safe[:-1])  # (L, n)
+    ok = (nr > 0).all(dim=0) & (alpha.abs().amax(0) > resolution)  # (n,)
     mean = alpha.mean(0)
     var = ((alpha - mean) ** 2).mean(0)
     ed = var / mean**2
-    return torch.where(ok, ed, torch.full_like(ed, float("nan")))
+    return torch.where(ok, ed, torch.full_like(ed, float("nan"))).to(X.dtype)
 
 
 def equidistance_cv(X: Tensor) -> Tensor:
