@@ -268,11 +268,22 @@ class _PromptRun:
 
     def _dense_blocks(self, f: Callable[[Tensor], Tensor] | None, x: Tensor | None,
                       keys: Sequence[tuple[int, int]]) -> dict[tuple[int, int], Tensor]:
-        """Dense J_{t_in t_out} for ``keys``: one VJP batch per output token (every input at once)."""
+        """Dense J_{t_in t_out} for ``keys``: one VJP batch per output token yields every
+        input token at once, one JVP batch per input token every output token; whichever
+        needs fewer batches (e.g. JVPs for ``fixed_input`` at one input token)."""
         out: dict[tuple[int, int], Tensor] = {}
         by_out: dict[int, list[int]] = {}
+        by_in: dict[int, list[int]] = {}
         for t_in, t_out in keys:
             by_out.setdefault(t_out, []).append(t_in)
+            by_in.setdefault(t_in, []).append(t_out)
+        if len(by_in) < len(by_out):
+            for t_in, outs in by_in.items():
+                J = jac.jacobian_blocks_jvp(f, x, [t_in], out_tokens=outs,
+                                            chunk_size=self.cfg.chunk_size)  # (len(outs), 1, d, d)
+                for i, t_out in enumerate(outs):
+                    out[(t_in, t_out)] = J[i, 0].detach()
+            return out
         for t_out, ins in by_out.items():
             J = jac.jacobian_blocks(f, x, [t_out], in_tokens=ins, chunk_size=self.cfg.chunk_size)
             for j, t_in in enumerate(ins):
