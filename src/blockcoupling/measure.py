@@ -323,9 +323,11 @@ class _PromptRun:
         for layer in measured_layers:
             f = x = None
             fast: dict[int, Any] = {}
-            if any(self.measured[a].dense is None for a in by_a if a[0] == layer):
-                f, x = self._branch(layer)
-                fast = self._fast(layer, [(a[1], a[2]) for a in by_a if a[0] == layer])
+            operator_keys = [a for a in by_a if a[0] == layer and self.measured[a].dense is None]
+            if operator_keys:  # matrix-free: rebuild the operators of this layer
+                fast = self._fast(layer, [(a[1], a[2]) for a in operator_keys])
+                if any(a[1] != a[2] or a[1] not in fast for a in operator_keys):
+                    f, x = self._branch(layer)  # the generic branch only where it is needed
             for a in [a for a in by_a if a[0] == layer]:
                 apply = self._applier(a, f, x, fast)
                 bases = by_a[a]
