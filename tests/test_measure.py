@@ -248,7 +248,9 @@ def test_bad_input_errors() -> None:
         bc.measure(model, object(), ["ok", "  "], k=(2,), progress=False)
 
 
-def test_analysis_device_streams_blocks_and_checks_the_device() -> None:
+def test_analysis_device_option_and_an_unavailable_device() -> None:
+    """The analysis_device path gives the same numbers and leaves the model alone (only the
+    CPU exists here: copying to a GPU is not exercised by this test)."""
     model = tiny_model("gpt2", dtype=torch.float64)
     inputs = tiny_inputs("gpt2", n=4)
     kw = dict(k=(2,), dtype=torch.float32, progress=False)
@@ -335,3 +337,53 @@ def test_real_minilm_depth_coupling_and_trajectories_match_oracle() -> None:
     null = m.coupling.query("variant == 'coupling_vs_null' and k == 5 and orientation == 'ujv' "
                             "and layer_a != layer_b")["value"]
     assert null.mean() > 0.1
+
+
+def test_nan_in_a_jacobian_names_the_prompt_layer_and_tokens() -> None:
+    class Block(torch.nn.Module):
+        def forward(self, h: torch.Tensor) -> torch.Tensor:
+            return h + torch.sqrt(h.abs())  # infinite derivative where h = 0
+
+    class Net(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layers = torch.nn.ModuleList([Block(), Block()])
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            for blk in self.layers:
+                x = blk(x)
+            return x
+
+    x = torch.ones(1, 3, 4)
+    x[0, 2, 1] = 0.0  # the last token's input to block 1 has a zero coordinate
+    net = Net().eval()
+    with pytest.raises(bc.NumericalError, match="prompt .input-00000., layer 1, token 2 -> 2"):
+        bc.measure(net, None, {"x": x}, blocks_path="layers", k=(2,), progress=False,
+                   fast_path=False)
+
+
+def test_custom_module_with_blocks_path_measures() -> None:
+    """Any nn.Module with a list of blocks: the hidden size is learnt from the capture."""
+    torch.manual_seed(0)
+
+    class Net(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layers = torch.nn.ModuleList(
+                [torch.nn.TransformerEncoderLayer(8, 2, 16, dropout=0.0, batch_first=True)
+                 for _ in range(3)])
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            for blk in self.layers:
+                x = blk(x)
+            return x
+
+    net = Net().double().eval()
+    x = torch.randn(1, 4, 8, dtype=torch.float64)
+    m = bc.measure(net, None, {"x": x}, blocks_path="layers", k=(2,), dtype=torch.float64,
+                   progress=False)
+    assert m.coupling["layer_a"].nunique() == 3
+    diag = m.coupling.query("layer_a == layer_b and variant == 'coupling' and orientation == 'ujv'")
+    np.testing.assert_allclose(diag["value"], 1.0, atol=1e-10)
+    with pytest.raises(bc.BlockCouplingError, match="larger than the model's hidden size d=8"):
+        bc.measure(net, None, {"x": x}, blocks_path="layers", k=(9,), progress=False)

@@ -119,6 +119,18 @@ def _check_x(x: Tensor) -> tuple[int, int]:
     return int(x.shape[0]), int(x.shape[1])
 
 
+def _block_setup(x: Tensor, out_tokens: Sequence[int] | None, in_tokens: Sequence[int] | None,
+                 chunk_size: int | None, memory_bytes: int
+                 ) -> tuple[int, int, list[int], list[int], Tensor, Tensor, int]:
+    """Checked shapes and token lists, their index tensors, and the batch size of (co)tangents."""
+    n, d = _check_x(x)
+    outs = _tokens(out_tokens, n, "out_tokens")
+    ins = _tokens(in_tokens, n, "in_tokens")
+    chunk = chunk_size or default_chunk_size(n, d, x.dtype, memory_bytes)
+    return (n, d, outs, ins, torch.tensor(outs, device=x.device),
+            torch.tensor(ins, device=x.device), chunk)
+
+
 def jacobian_blocks(
     f: Fn,
     x: Tensor,
@@ -136,12 +148,8 @@ def jacobian_blocks(
     len(out_tokens) * d one-hot cotangents go through ``vmap(vjp_fn)`` in chunks of
     ``chunk_size`` (default from ``memory_bytes``).
     """
-    n, d = _check_x(x)
-    outs = _tokens(out_tokens, n, "out_tokens")
-    ins = _tokens(in_tokens, n, "in_tokens")
-    chunk = chunk_size or default_chunk_size(n, d, x.dtype, memory_bytes)
-    out_t = torch.tensor(outs, device=x.device)
-    in_t = torch.tensor(ins, device=x.device)
+    n, d, outs, ins, out_t, in_t, chunk = _block_setup(x, out_tokens, in_tokens, chunk_size,
+                                                        memory_bytes)
     with _autodiff_context():
         _, vjp_fn = vjp(f, x)
         pull = vmap(lambda u: vjp_fn(u)[0])
@@ -173,12 +181,8 @@ def jacobian_blocks_jvp(
     one-hot tangents go through ``vmap(jvp)`` in chunks; each yields a column for every
     output token at once.
     """
-    n, d = _check_x(x)
-    ins = _tokens(in_tokens, n, "in_tokens")
-    outs = _tokens(out_tokens, n, "out_tokens")
-    chunk = chunk_size or default_chunk_size(n, d, x.dtype, memory_bytes)
-    out_t = torch.tensor(outs, device=x.device)
-    in_t = torch.tensor(ins, device=x.device)
+    n, d, outs, ins, out_t, in_t, chunk = _block_setup(x, out_tokens, in_tokens, chunk_size,
+                                                        memory_bytes)
     push = vmap(lambda v: jvp(f, (x,), (v,))[1])
     with _autodiff_context():
         cols: list[Tensor] = []

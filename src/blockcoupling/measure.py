@@ -21,6 +21,7 @@ from __future__ import annotations
 import time
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,31 +36,25 @@ from blockcoupling.blocks import BlockSpec, find_blocks
 from blockcoupling.capture import Capture, capture, residual_branch
 from blockcoupling.config import MeasureConfig
 from blockcoupling.errors import BlockCouplingError, NumericalError
+from blockcoupling.prompts import Prompt
 from blockcoupling.results import Measurement, conform
 
 Key = pairs.Key
 
 
 # ---------------------------------------------------------------------------- prompts in
-@dataclass(frozen=True)
-class PromptItem:
-    prompt_id: str
-    text: str
-    label: str = ""
-
-
-def normalise_prompts(prompts: Any) -> list[PromptItem]:
+def normalise_prompts(prompts: Any) -> list[Prompt]:
     """Strings, :class:`blockcoupling.prompts.Prompt` objects, or (id, text) pairs."""
     if isinstance(prompts, str):
         prompts = [prompts]
-    items: list[PromptItem] = []
+    items: list[Prompt] = []
     for i, p in enumerate(prompts):
         if isinstance(p, str):
-            items.append(PromptItem(f"p{i:05d}", p))
+            items.append(Prompt(f"p{i:05d}", p, ""))
         elif isinstance(p, tuple) and len(p) == 2:
-            items.append(PromptItem(str(p[0]), str(p[1])))
+            items.append(Prompt(str(p[0]), str(p[1]), ""))
         elif hasattr(p, "text") and hasattr(p, "prompt_id"):
-            items.append(PromptItem(str(p.prompt_id), str(p.text), str(getattr(p, "label", ""))))
+            items.append(Prompt(str(p.prompt_id), str(p.text), str(getattr(p, "label", ""))))
         else:
             raise BlockCouplingError(
                 f"prompt {i} has type {type(p).__name__}; pass strings, Prompt objects or "
@@ -85,7 +80,7 @@ def _context_length(model: torch.nn.Module) -> int | None:
     return None
 
 
-def tokenize(tokenizer: Any, items: Sequence[PromptItem], model: torch.nn.Module,
+def tokenize(tokenizer: Any, items: Sequence[Prompt], model: torch.nn.Module,
              device: torch.device) -> dict[str, Tensor]:
     """Right-padded batch (so real positions are 0..n_b-1 and position ids are natural)."""
     if tokenizer is None:
@@ -162,7 +157,7 @@ class _RunState:
 class _PromptRun:
     """All the Jacobian work for one prompt."""
 
-    def __init__(self, model: torch.nn.Module, cap: Capture, b: int, item: PromptItem,
+    def __init__(self, model: torch.nn.Module, cap: Capture, b: int, item: Prompt,
                  cfg: MeasureConfig, spec: BlockSpec, progress: Any, state: _RunState) -> None:
         self.model, self.cap, self.b, self.item, self.cfg, self.spec = model, cap, b, item, cfg, spec
         self.state = state
@@ -216,7 +211,6 @@ class _PromptRun:
     def pass1(self) -> None:
         from tqdm.auto import tqdm
 
-        kmax = self.cfg.k_max
         want_influence = self.cfg.influence
         layers = sorted(set(self.keys) | (set(self.layers) if want_influence else set()))
         for layer in tqdm(layers, desc=f"{self.item.prompt_id} Jacobians", unit="layer",
@@ -228,30 +222,13 @@ class _PromptRun:
             # the generic residual branch only where something needs it (the fast path
             # replays the block against its recorded output on its own)
             f, x = self._branch(layer) if (generic or infl) else (None, None)
-            blocks = self._dense_blocks(
-                f, x, sorted(set(generic if self.method == "dense" else []) | set(infl)))
+            dense_keys = sorted(set(generic if self.method == "dense" else []) | set(infl))
+            with self._where(layer, dense_keys):
+                blocks = self._dense_blocks(f, x, dense_keys)
             for t_in, t_out in keys:
-                t0 = time.perf_counter()
                 tb = fast.get(t_in) if t_in == t_out else None
-                tag = "_fast" if tb is not None else ""
-                if self.method == "dense":
-                    J = tb.jacobian() if tb is not None else blocks[(t_in, t_out)]
-                    m = _Measured(svd.topk_svd(J, kmax), J, "dense" + tag, 0.0, 0.0)
-                else:
-                    op = tb if tb is not None else jac.jacobian_operator(f, x, t_in, t_out)
-                    top = svd.randomized_topk_svd(
-                        op, kmax, oversample=self.cfg.svd_oversample, n_iter=self.cfg.svd_iters,
-                        tol=self.cfg.svd_tol, seed=self.cfg.seed,
-                    )
-                    res = float(top.residual.max()) if top.residual is not None else 0.0
-                    m = _Measured(top, None, "matrix_free" + tag, res, 0.0)
-                    if self.cfg.method == "auto" and self.cfg.svd_tol is not None and res > self.cfg.svd_tol:
-                        # auto chooses from the measured residual: fall back to the exact path
-                        J = tb.jacobian() if tb is not None else jac.jacobian_blocks(
-                            f, x, [t_out], in_tokens=[t_in], chunk_size=self.cfg.chunk_size)[0, 0]
-                        m = _Measured(svd.topk_svd(J, kmax), J, "dense_fallback" + tag, res, 0.0)
-                m.seconds = time.perf_counter() - t0
-                _check_finite(m.top.S, layer, t_in, t_out)
+                with self._where(layer, [(t_in, t_out)]):
+                    m = self._measure_key(t_in, t_out, tb, f, x, blocks)
                 self.measured[(layer, t_in, t_out)] = m
                 self.rows["diagnostics"].append(dict(
                     prompt_id=self.item.prompt_id, layer=layer, token_in=t_in, token_out=t_out,
@@ -265,6 +242,41 @@ class _PromptRun:
                     ]
             if infl:
                 self._influence(layer, blocks, infl)
+
+    @contextmanager
+    def _where(self, layer: int, keys: Sequence[tuple[int, int]]) -> Iterator[None]:
+        """A NaN or inf raised inside says which prompt, layer and token pair it came from."""
+        try:
+            yield
+        except NumericalError as err:
+            pairs_ = ", ".join(f"{a} -> {b}" for a, b in keys[:4]) + (" ..." if len(keys) > 4 else "")
+            raise NumericalError(
+                f"prompt {self.item.prompt_id!r}, layer {layer}, token {pairs_}: {err}") from err
+
+    def _measure_key(self, t_in: int, t_out: int, tb: Any, f: Any, x: Any,
+                     blocks: dict[tuple[int, int], Tensor]) -> _Measured:
+        """Top-K factors of J_{t_in t_out}: dense (from ``blocks`` or the fast path ``tb``)
+        or matrix-free; ``auto`` falls back to dense where the SVD residual is above tol."""
+        t0 = time.perf_counter()
+        kmax = self.cfg.k_max
+        tag = "_fast" if tb is not None else ""
+        if self.method == "dense":
+            J = tb.jacobian() if tb is not None else blocks[(t_in, t_out)]
+            m = _Measured(svd.topk_svd(J, kmax), J, "dense" + tag, 0.0, 0.0)
+        else:
+            op = tb if tb is not None else jac.jacobian_operator(f, x, t_in, t_out)
+            top = svd.randomized_topk_svd(
+                op, kmax, oversample=self.cfg.svd_oversample, n_iter=self.cfg.svd_iters,
+                tol=self.cfg.svd_tol, seed=self.cfg.seed,
+            )
+            res = float(top.residual.max()) if top.residual is not None else 0.0
+            m = _Measured(top, None, "matrix_free" + tag, res, 0.0)
+            if self.cfg.method == "auto" and self.cfg.svd_tol is not None and res > self.cfg.svd_tol:
+                J = tb.jacobian() if tb is not None else jac.jacobian_blocks(
+                    f, x, [t_out], in_tokens=[t_in], chunk_size=self.cfg.chunk_size)[0, 0]
+                m = _Measured(svd.topk_svd(J, kmax), J, "dense_fallback" + tag, res, 0.0)
+        m.seconds = time.perf_counter() - t0
+        return m
 
     def _dense_blocks(self, f: Callable[[Tensor], Tensor] | None, x: Tensor | None,
                       keys: Sequence[tuple[int, int]]) -> dict[tuple[int, int], Tensor]:
@@ -412,14 +424,6 @@ class _PromptRun:
         return out
 
 
-def _check_finite(S: Tensor, layer: int, t_in: int, t_out: int) -> None:
-    if not torch.isfinite(S).all():
-        raise NumericalError(
-            f"the Jacobian of layer {layer} (token {t_in} -> {t_out}) has NaN or infinite "
-            "singular values; check the model's weights and dtype (try dtype=torch.float64)"
-        )
-
-
 # ---------------------------------------------------------------------------- trajectories
 def _trajectory_tables(cap: Capture, prompt_ids: Sequence[str], window: int
                        ) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -500,7 +504,8 @@ def iter_measure(model: torch.nn.Module, tokenizer: Any, prompts: Any, config: M
                       "(dropout off) and leaves it in eval mode", stacklevel=2)
         model.eval()
     spec = find_blocks(model, cfg.blocks_path)
-    cfg.check_model(spec.num_layers, spec.hidden_size)
+    if spec.hidden_size:  # a custom model's hidden size is known only after the capture
+        cfg.check_model(spec.num_layers, spec.hidden_size)
     if cfg.analysis_device is not None:
         from blockcoupling.loading import resolve_device
 
@@ -525,6 +530,7 @@ def iter_measure(model: torch.nn.Module, tokenizer: Any, prompts: Any, config: M
             # boundaries keep the precision of the analysis (float64 when asked for)
             cap = capture(model, inputs, spec, final_norm=cfg.final_norm,
                           boundary_dtype=torch.promote_types(cfg.dtype, torch.float32))
+            cfg.check_model(cap.spec.num_layers, cap.spec.hidden_size)
             ids = [it.prompt_id for it in batch_items]
             tables = _trajectory_tables(cap, ids, cfg.lss_window) if cfg.trajectory else None
             if not (cfg.coupling or cfg.spectra or cfg.influence):
@@ -536,24 +542,24 @@ def iter_measure(model: torch.nn.Module, tokenizer: Any, prompts: Any, config: M
             for b, item in enumerate(batch_items):
                 if len(state.figure_ids) < cfg.figure_prompts:
                     state.figure_ids.add(item.prompt_id)
-                yield _measure_one(model, cap, b, item, cfg, spec, state, bar, trajectories)
+                yield _measure_one(model, cap, b, item, cfg, cap.spec, state, bar, trajectories)
                 bar.update(1)
     finally:
         bar.close()
 
 
 def _input_batches(inputs: Mapping[str, Tensor], batch_size: int
-                   ) -> list[tuple[list[PromptItem], dict[str, Tensor]]]:
+                   ) -> list[tuple[list[Prompt], dict[str, Tensor]]]:
     B = next(iter(inputs.values())).shape[0]
     out = []
     for i in range(0, B, batch_size):
         sl = {k: v[i:i + batch_size] for k, v in inputs.items()}
-        items = [PromptItem(f"input-{j:05d}", f"<input {j}>") for j in range(i, min(B, i + batch_size))]
+        items = [Prompt(f"input-{j:05d}", f"<input {j}>", "") for j in range(i, min(B, i + batch_size))]
         out.append((items, sl))
     return out
 
 
-def _trajectory_part(cap: Capture, items: Sequence[PromptItem], cfg: MeasureConfig,
+def _trajectory_part(cap: Capture, items: Sequence[Prompt], cfg: MeasureConfig,
                      tables: tuple[pd.DataFrame, pd.DataFrame] | None) -> Measurement:
     prompts_df = conform("prompts", pd.DataFrame({
         "prompt_id": [it.prompt_id for it in items], "text": [it.text for it in items],
@@ -563,7 +569,7 @@ def _trajectory_part(cap: Capture, items: Sequence[PromptItem], cfg: MeasureConf
     return Measurement(trajectory=traj, token_metrics=tokm, prompts=prompts_df, config=cfg)
 
 
-def _measure_one(model: torch.nn.Module, cap: Capture, b: int, item: PromptItem,
+def _measure_one(model: torch.nn.Module, cap: Capture, b: int, item: Prompt,
                  cfg: MeasureConfig, spec: BlockSpec, state: _RunState, bar: Any,
                  trajectories: dict[str, tuple[pd.DataFrame, pd.DataFrame]]) -> Measurement:
     t0 = time.perf_counter()
@@ -662,5 +668,5 @@ def measure_to_dir(model: torch.nn.Module, tokenizer: Any, prompts: Any, out_dir
         return writer.finalize(timings={"seconds": time.perf_counter() - t0})
 
 
-__all__ = ["measure", "measure_to_dir", "iter_measure", "normalise_prompts", "PromptItem",
+__all__ = ["measure", "measure_to_dir", "iter_measure", "normalise_prompts",
            "build_meta"]
