@@ -13,7 +13,7 @@ For each model variant, depth-wise coupling at the last token (``coupling=("dept
   iterations in all, until its residual ``max_i ||J v_i - s_i u_i|| / s_1`` is <= 1e-3);
 * ``mf32_fixed`` -- the same with ``svd_tol=None``: exactly 4 subspace iterations, no
   adaptive extension (what the randomized SVD gives on its own);
-* ``auto32_forced_mf`` -- ``method="auto"`` with ``blockcoupling.measure._choose_method``
+* ``auto32_forced_mf`` -- ``method="auto"`` with ``blockcoupling.engine.measure._choose_method``
   patched *in this process only* to return ``"matrix_free"``. At these sizes (d = 384 and 128)
   the real ``auto`` picks ``"dense"`` (it only picks matrix-free for d >= 2048), so this is
   how we see what auto's residual-driven fallback would do: every Jacobian whose residual after
@@ -56,9 +56,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import emit, machine, save  # noqa: E402
 
 import blockcoupling  # noqa: E402
-from blockcoupling import demo  # noqa: E402
+from blockcoupling.studies import demo  # noqa: E402
 
-measure_mod = importlib.import_module("blockcoupling.measure")  # the module, not the function
+measure_mod = importlib.import_module("blockcoupling.engine.measure")  # the module, not the function
 
 PROMPT_IDS = ("science-00", "math-00", "commonsense-00", "truthfulness-00")
 KEYS = ["prompt_id", "kind", "layer_a", "layer_b", "token_in_a", "token_out_a", "token_in_b",
@@ -150,11 +150,11 @@ def run_variant(name: str, model: torch.nn.Module, tok: Any, prompts: list[Any],
     ]
     for label, opts in plan:
         t0 = time.perf_counter()
-        runs[label] = blockcoupling.measure(model, tok, prompts, **common, **opts)
+        runs[label] = blockcoupling.engine.measure(model, tok, prompts, **common, **opts)
         secs[label] = time.perf_counter() - t0
     t0 = time.perf_counter()
     with forced_matrix_free_auto():
-        runs["auto32_forced_mf"] = blockcoupling.measure(model, tok, prompts, **common,
+        runs["auto32_forced_mf"] = blockcoupling.engine.measure(model, tok, prompts, **common,
                                                          method="auto")
     secs["auto32_forced_mf"] = time.perf_counter() - t0
     cfg = runs["dense32"].config.replace(method="auto")

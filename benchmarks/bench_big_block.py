@@ -58,11 +58,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import emit, machine, phase, save  # noqa: E402
 
 import blockcoupling  # noqa: E402
-from blockcoupling import capture as capture_mod  # noqa: E402
-from blockcoupling import fastpath, svd  # noqa: E402
+from blockcoupling.engine import capture as capture_mod  # noqa: E402
+from blockcoupling.engine import (
+    fastpath,
+    svd,  # noqa: E402
+)
 
-measure_mod = importlib.import_module("blockcoupling.measure")  # the module, not the function
-from blockcoupling.blocks import find_blocks  # noqa: E402
+measure_mod = importlib.import_module("blockcoupling.engine.measure")  # the module, not the function
+from blockcoupling.engine.blocks import find_blocks  # noqa: E402
 
 SHAPES: dict[str, dict[str, int]] = {
     "llama3_70b": dict(hidden_size=8192, intermediate_size=28672, num_attention_heads=64,
@@ -164,7 +167,7 @@ def measured_one_block(model: torch.nn.Module, ids: torch.Tensor,
     targets = [(measure_mod, "capture"), (capture_mod, "_as_dtype"), (fastpath, "token_branches"),
                (measure_mod, "residual_branch"), (svd, "randomized_topk_svd")]
     with clocked(targets) as (calls, rets), phase("measure_one_block") as ph:
-        m = blockcoupling.measure(model, None, {"input_ids": ids}, coupling=("depth",), k=(10,),
+        m = blockcoupling.engine.measure(model, None, {"input_ids": ids}, coupling=("depth",), k=(10,),
                                   layers=(1,), method="matrix_free", fast_path=True,
                                   trajectory=False, spectra=False, progress=False)
     rec = {"record": "measured_one_block", "what": "MEASURED", **ph.as_dict(),

@@ -1,4 +1,4 @@
-"""Depth-wise coupling at the last token: the released algorithm vs ``blockcoupling.measure``.
+"""Depth-wise coupling at the last token: the released algorithm vs ``blockcoupling.engine.measure``.
 
 One process, one random-weight GPT-2-small-shape model (d=768, 12 layers), 12-token random
 prompts, ``OMP_NUM_THREADS`` as given (the documented runs use 2):
@@ -11,7 +11,7 @@ prompts, ``OMP_NUM_THREADS`` as given (the documented runs use 2):
                   final_norm=True, progress=False, batch_size=1)
 
       ONE call on ``--prompts`` prompts (prompt 0 first). Per prompt we time, by wrapping the
-      module-level ``capture`` and ``_measure_one`` of ``blockcoupling.measure`` with a clock
+      module-level ``capture`` and ``_measure_one`` of ``blockcoupling.engine.measure`` with a clock
       (no other change), the capture forward of that prompt (batch of 1) plus all of its
       Jacobian / SVD / coupling / trajectory / spectra work. Prompt 0 includes the one-time
       check of the fast path against the generic path (once per layer per call); prompts
@@ -24,7 +24,7 @@ Oracle, float64: prompt 0 by the engine's generic path (``jacobian_blocks`` on
 1.. by the fast path in float64 (``fastpath.token_branch(..., dtype=float64, verify=True)``: each
 block checked against the generic float64 J v and J^T u at 1e-6), cross-checked against the
 generic oracle on prompt 0. Then exact float64 SVD and float64 metrics
-(``blockcoupling.metrics.all_coupling_values``) for every variant, K and orientation. The
+(``blockcoupling.engine.metrics.all_coupling_values``) for every variant, K and orientation. The
 released values are computed by independent numpy code. Every method includes the final norm
 in the last block (``final_norm=True``, the released convention).
 
@@ -59,13 +59,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import emit, machine, phase, save  # noqa: E402
 from released import released_depth  # noqa: E402
 
-from blockcoupling import fastpath, metrics  # noqa: E402
-from blockcoupling.blocks import find_blocks  # noqa: E402
-from blockcoupling.capture import capture, residual_branch  # noqa: E402
-from blockcoupling.jacobian import jacobian_blocks  # noqa: E402
+from blockcoupling.engine import (
+    fastpath,
+    metrics,  # noqa: E402
+)
+from blockcoupling.engine.blocks import find_blocks  # noqa: E402
+from blockcoupling.engine.capture import capture, residual_branch  # noqa: E402
+from blockcoupling.engine.jacobian import jacobian_blocks  # noqa: E402
 
-# ``blockcoupling.measure`` is re-exported as the function; the module holds the internals.
-M = importlib.import_module("blockcoupling.measure")
+# ``blockcoupling.engine.measure`` is re-exported as the function; the module holds the internals.
+M = importlib.import_module("blockcoupling.engine.measure")
 
 KS = (10, 30, 50)
 ORIENTS = ("ujv", "vju")
@@ -180,7 +183,7 @@ def oracle(model: torch.nn.Module, ids: torch.Tensor, how: str) -> tuple[Values,
 # ------------------------------------------------------------------ measure(), timed per prompt
 @contextmanager
 def per_prompt_clock() -> Iterator[list[dict[str, float]]]:
-    """Wrap ``blockcoupling.measure.capture`` and ``._measure_one`` with a clock.
+    """Wrap ``blockcoupling.engine.measure.capture`` and ``._measure_one`` with a clock.
 
     With batch_size=1 each capture is one prompt's forward pass; the list gets one entry per
     prompt: ``capture_s``, ``work_s`` (``_measure_one``: trajectories, Jacobians, SVDs,

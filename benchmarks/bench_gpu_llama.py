@@ -5,9 +5,9 @@ orientations, every variant, final norm folded into the last block):
   ``released`` (benchmarks/released.py; skipped with --skip-released),
   ``fast_dense``: fast-path dense J_tt (decode step, float32 copy of one block at a time) +
       top-K from eigh(J^T J) + batched pair GEMMs,
-  ``fast_randomized``: fast-path operator + blockcoupling.svd.randomized_topk_svd (K=50,
+  ``fast_randomized``: fast-path operator + blockcoupling.engine.svd.randomized_topk_svd (K=50,
       oversample 10, 4 iterations) + J_l V_l' products through the operator,
-  ``measure``: what a user runs, ``blockcoupling.measure(model, None, {"input_ids": ids},
+  ``measure``: what a user runs, ``blockcoupling.engine.measure(model, None, {"input_ids": ids},
       coupling=("depth",), k=(10, 30, 50), final_norm=True, progress=False)`` with the
       defaults (fast path on; ``method="auto"`` picks the matrix-free randomized SVD at
       d = 4096), one call on one prompt, so it includes the one-time fast-path check.
@@ -35,9 +35,14 @@ from bench_depth import KS, Values, agreement, pair_values, topk_full, topk_gram
 from common import emit, machine, phase, save  # noqa: E402
 from released import released_depth  # noqa: E402
 
-from blockcoupling import fastpath, measure, metrics, svd  # noqa: E402
-from blockcoupling.blocks import find_blocks  # noqa: E402
-from blockcoupling.capture import capture  # noqa: E402
+from blockcoupling.engine import (
+    fastpath,
+    measure,
+    metrics,
+    svd,  # noqa: E402
+)
+from blockcoupling.engine.blocks import find_blocks  # noqa: E402
+from blockcoupling.engine.capture import capture  # noqa: E402
 
 
 def llama(small: bool, device: str) -> torch.nn.Module:
@@ -126,7 +131,7 @@ def fast_randomized(model: torch.nn.Module, ids: torch.Tensor, device: str
 
 def user_measure(model: torch.nn.Module, ids: torch.Tensor, device: str
                  ) -> tuple[Values, dict[str, Any]]:
-    """blockcoupling.measure() with the defaults, as a user calls it (one prompt)."""
+    """blockcoupling.engine.measure() with the defaults, as a user calls it (one prompt)."""
     with phase("measure", device) as ph:
         m = measure(model, None, {"input_ids": ids}, coupling=("depth",), k=KS, final_norm=True,
                     progress=False)

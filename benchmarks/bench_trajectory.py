@@ -9,12 +9,12 @@ B in (8, 32), interleaved repeats (after one warm-up of each) of
 (a) ``plain``: the plain batched forward over the 32 prompts in batches of B,
     ``model(input_ids=ids[i:i+B], attention_mask=mask[i:i+B])`` under ``torch.no_grad()``
     (and ``plain_nocache``: the same with ``use_cache=False``, which is what ``capture`` passes);
-(b) ``measure``: ``blockcoupling.measure(model, None, {"input_ids": ids, "attention_mask":
+(b) ``measure``: ``blockcoupling.engine.measure(model, None, {"input_ids": ids, "attention_mask":
     mask}, coupling=(), trajectory=True, spectra=False, batch_size=B, progress=False)``.
 
 Reports the medians, the ratio measure / plain, and a breakdown of the measure call (by
 wrapping the module-level ``capture``, ``_trajectory_tables`` and ``_trajectory_part`` of
-``blockcoupling.measure`` with a clock; nothing else changes). With ``--profile`` (or when a
+``blockcoupling.engine.measure`` with a clock; nothing else changes). With ``--profile`` (or when a
 ratio is above 1.2) one extra measure call per B runs under cProfile and the top functions by
 cumulative and by own time go to the JSON. Every record carries ``uptime``.
 
@@ -46,7 +46,7 @@ from common import emit, machine, save  # noqa: E402
 
 import blockcoupling  # noqa: E402
 
-measure_mod = importlib.import_module("blockcoupling.measure")  # the module, not the function
+measure_mod = importlib.import_module("blockcoupling.engine.measure")  # the module, not the function
 
 N_PROMPTS = 32
 MIN_LEN, MAX_LEN = 10, 30
@@ -77,13 +77,13 @@ def plain(model: torch.nn.Module, inputs: dict[str, torch.Tensor], B: int,
 
 
 def run_measure(model: torch.nn.Module, inputs: dict[str, torch.Tensor], B: int) -> Any:
-    return blockcoupling.measure(model, None, dict(inputs), coupling=(), trajectory=True,
+    return blockcoupling.engine.measure(model, None, dict(inputs), coupling=(), trajectory=True,
                                  spectra=False, batch_size=B, progress=False)
 
 
 @contextmanager
 def clocked(names: tuple[str, ...]) -> Iterator[dict[str, float]]:
-    """Wrap functions of blockcoupling.measure with a clock; yields {name: total seconds}."""
+    """Wrap functions of blockcoupling.engine.measure with a clock; yields {name: total seconds}."""
     totals = {n: 0.0 for n in names}
     orig: dict[str, Callable[..., Any]] = {n: getattr(measure_mod, n) for n in names}
 

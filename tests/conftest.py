@@ -35,8 +35,8 @@ def call_block_oracle(
 @pytest.fixture(scope="session")
 def tiny64() -> Callable[[str], tuple[torch.nn.Module, Any, Any]]:
     """Cached factory ``arch -> (float64 model, spec, capture of 5 tokens / 4 patches + CLS)``."""
-    from blockcoupling.blocks import find_blocks
-    from blockcoupling.capture import capture
+    from blockcoupling.engine.blocks import find_blocks
+    from blockcoupling.engine.capture import capture
 
     cache: dict[str, tuple[torch.nn.Module, Any, Any]] = {}
 

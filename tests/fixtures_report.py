@@ -12,8 +12,8 @@ import itertools
 import numpy as np
 import pandas as pd
 
-from blockcoupling.config import MeasureConfig
-from blockcoupling.results import Measurement, conform
+from blockcoupling.engine.config import MeasureConfig
+from blockcoupling.engine.results import Measurement, conform
 
 L = 6
 N_TOKENS = 5

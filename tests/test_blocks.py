@@ -7,7 +7,7 @@ import torch
 import transformers as tf
 from torch import nn
 
-from blockcoupling.blocks import (
+from blockcoupling.engine.blocks import (
     SUPPORTED_ARCHITECTURES,
     BlockSpec,
     find_blocks,

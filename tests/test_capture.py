@@ -8,8 +8,8 @@ import pytest
 import torch
 from torch import nn
 
-from blockcoupling.blocks import find_blocks, get_blocks, get_module
-from blockcoupling.capture import capture, residual_branch
+from blockcoupling.engine.blocks import find_blocks, get_blocks, get_module
+from blockcoupling.engine.capture import capture, residual_branch
 from blockcoupling.errors import ArchitectureError, BlockCouplingError, NumericalError, ReplayError
 from tiny_models import ALL, D, tiny_inputs, tiny_model
 

@@ -15,8 +15,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from blockcoupling import demo
 from blockcoupling.errors import BlockCouplingError
+from blockcoupling.studies import demo
 
 # Small enough to train 30 steps in about a second on one core.
 SMALL = demo.TinyLMConfig(
@@ -359,9 +359,9 @@ def test_run_demo_call_sites(
         Path(out_path).write_text("<html></html>")
         return Path(out_path)
 
-    monkeypatch.setitem(sys.modules, "blockcoupling.measure",
+    monkeypatch.setitem(sys.modules, "blockcoupling.store.record",
                         types.SimpleNamespace(measure_to_dir=measure_to_dir))
-    monkeypatch.setitem(sys.modules, "blockcoupling.report",
+    monkeypatch.setitem(sys.modules, "blockcoupling.report.html",
                         types.SimpleNamespace(write_report=write_report))
     root, ckpts = trained
     monkeypatch.setattr(demo.TinyLMConfig, "quick", classmethod(lambda cls: SMALL))
@@ -391,8 +391,8 @@ def test_run_demo_call_sites(
 
 def test_run_demo_end_to_end_quick(tmp_path: Path) -> None:
     """The real thing, once the measurement and report modules exist."""
-    pytest.importorskip("blockcoupling.measure")
-    pytest.importorskip("blockcoupling.report")
+    pytest.importorskip("blockcoupling.engine.measure")
+    pytest.importorskip("blockcoupling.report.html")
     path = demo.run_demo(tmp_path / "out", quick=True, cache_dir=tmp_path / "cache",
                          progress=False)
     assert path.is_file() and path.stat().st_size > 0

@@ -15,12 +15,12 @@ import torch
 import transformers as tf
 from torch import nn
 
-from blockcoupling import fastpath
-from blockcoupling.blocks import find_blocks
-from blockcoupling.capture import Capture, capture, replay_context, residual_branch
+from blockcoupling.engine import fastpath
+from blockcoupling.engine.blocks import find_blocks
+from blockcoupling.engine.capture import Capture, capture, replay_context, residual_branch
+from blockcoupling.engine.jacobian import jacobian_blocks
+from blockcoupling.engine.svd import randomized_topk_svd
 from blockcoupling.errors import BlockCouplingError
-from blockcoupling.jacobian import jacobian_blocks
-from blockcoupling.svd import randomized_topk_svd
 from tiny_models import CAUSAL, ENCODERS, minilm_path, tiny_inputs, tiny_model
 
 F64 = torch.float64

@@ -13,15 +13,15 @@ from hypothesis import strategies as st
 from torch.autograd.functional import jacobian as autograd_jacobian
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from blockcoupling.blocks import find_blocks, get_blocks, get_module
-from blockcoupling.capture import capture, residual_branch
-from blockcoupling.errors import BlockCouplingError, NumericalError
-from blockcoupling.jacobian import (
+from blockcoupling.engine.blocks import find_blocks, get_blocks, get_module
+from blockcoupling.engine.capture import capture, residual_branch
+from blockcoupling.engine.jacobian import (
     JacobianOperator,
     jacobian_blocks,
     jacobian_blocks_jvp,
     jacobian_operator,
 )
+from blockcoupling.errors import BlockCouplingError, NumericalError
 from conftest import call_block_oracle
 from tiny_models import ALL, CAUSAL, ENCODERS, minilm_path, tiny_inputs, tiny_model
 

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import blockcoupling as bc
-from blockcoupling.blocks import find_blocks, get_module
+from blockcoupling.engine.blocks import find_blocks, get_module
 from tiny_models import tiny_inputs, tiny_model
 
 TOL = 1e-8

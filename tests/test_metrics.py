@@ -1,4 +1,4 @@
-"""Tests for blockcoupling.metrics: coupling matrices, variants, the chance level."""
+"""Tests for blockcoupling.engine.metrics: coupling matrices, variants, the chance level."""
 
 from __future__ import annotations
 
@@ -10,8 +10,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from blockcoupling.errors import BlockCouplingError
-from blockcoupling.metrics import (
+from blockcoupling.engine.metrics import (
     VARIANTS,
     all_coupling_values,
     chance_coupling,
@@ -22,6 +21,7 @@ from blockcoupling.metrics import (
     reported_p,
     variant_p_pairs,
 )
+from blockcoupling.errors import BlockCouplingError
 
 SETTINGS = settings(max_examples=20, deadline=None, derandomize=True)
 F64 = torch.float64

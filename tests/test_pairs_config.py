@@ -6,15 +6,15 @@ import math
 
 import pytest
 
-from blockcoupling.config import MeasureConfig, parse_layers, parse_tokens
-from blockcoupling.errors import BlockCouplingError
-from blockcoupling.pairs import (
+from blockcoupling.engine.config import MeasureConfig, parse_layers, parse_tokens
+from blockcoupling.engine.pairs import (
     default_figure_window,
     influence_keys,
     kind_pairs,
     needed_keys,
     resolve_tokens,
 )
+from blockcoupling.errors import BlockCouplingError
 
 
 def test_resolve_tokens() -> None:

@@ -1,4 +1,4 @@
-"""Tests of blockcoupling.prompts: every spec form, seeded subsets, the benchmark
+"""Tests of blockcoupling.prompts.sources: every spec form, seeded subsets, the benchmark
 formatters (against hand-written expected strings) and the error messages."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from blockcoupling.errors import BlockCouplingError
-from blockcoupling.prompts import (
+from blockcoupling.prompts.sources import (
     BUILTIN_SETS,
     HF_DATASETS,
     STYLE_LABELS,
@@ -99,10 +99,9 @@ def test_benchmark_styles_shipped_file_matches_generator() -> None:
 
     import blockcoupling
 
-    data_dir = Path(blockcoupling.__file__).parent / "data"
-    spec = importlib.util.spec_from_file_location(
-        "_gen", data_dir / "_generate_benchmark_styles.py"
-    )
+    data_dir = Path(blockcoupling.__file__).parent / "prompts" / "data"
+    tool = Path(__file__).resolve().parents[1] / "tools" / "generate_benchmark_styles.py"
+    spec = importlib.util.spec_from_file_location("_gen", tool)
     assert spec is not None and spec.loader is not None
     gen = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(gen)
@@ -162,7 +161,7 @@ def test_builtin_limit_property(limit: int, seed: int) -> None:
 def test_stratified_subset_water_filling(sizes: list[int], frac: float, seed: int) -> None:
     """Unbalanced labels: labels not used up differ by at most one, used-up labels never
     hold more than the others."""
-    from blockcoupling.prompts import _stratified_subset
+    from blockcoupling.prompts.sources import _stratified_subset
 
     labels = [f"l{j}" for j, size in enumerate(sizes) for _ in range(size)]
     rng_order = sorted(range(len(labels)), key=lambda i: (i * 7919) % len(labels))

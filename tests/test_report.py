@@ -20,10 +20,10 @@ import pytest
 from matplotlib.collections import LineCollection
 from matplotlib.figure import Figure
 
-from blockcoupling import figures as F
+from blockcoupling.engine.results import Measurement
 from blockcoupling.errors import BlockCouplingError
-from blockcoupling.report import report_figures, write_report, write_report_from_dirs
-from blockcoupling.results import Measurement
+from blockcoupling.report import figures as F
+from blockcoupling.report.html import report_figures, write_report, write_report_from_dirs
 from fixtures_report import KS, N_TOKENS, PROMPTS, WINDOW, L, make_run, make_runs
 
 SEL = dict(k=2, variant="coupling", p=1.0, orientation="ujv")
@@ -449,14 +449,14 @@ def test_report_from_dirs_uses_open_run(tmp_path: Path,
         m.coupling, m.spectra = m.coupling.iloc[0:0], m.spectra.iloc[0:0]
         runs.append(m)
     opened: list[Path] = []
-    fake = types.ModuleType("blockcoupling.store")
+    fake = types.ModuleType("blockcoupling.store.rundir")
 
     def open_run(path: Path) -> Measurement:
         opened.append(path)
         return runs[len(opened) - 1]
 
     fake.open_run = open_run  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "blockcoupling.store", fake)
+    monkeypatch.setitem(sys.modules, "blockcoupling.store.rundir", fake)
     out = write_report_from_dirs([tmp_path / "a", tmp_path / "b"], tmp_path / "r.html",
                                  formats=(), labels=["before", "after"])
     assert opened == [tmp_path / "a", tmp_path / "b"]

@@ -1,4 +1,4 @@
-"""Tests for blockcoupling.spectra: influence metrics, 1/depth fit, linearisation cosine."""
+"""Tests for blockcoupling.engine.spectra: influence metrics, 1/depth fit, linearisation cosine."""
 
 from __future__ import annotations
 
@@ -11,13 +11,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import stats
 
-from blockcoupling.errors import BlockCouplingError
-from blockcoupling.spectra import (
+from blockcoupling.engine.spectra import (
     INFLUENCE_METRICS,
     fit_inverse_depth,
     influence_metrics,
     linearisation_cosine,
 )
+from blockcoupling.errors import BlockCouplingError
 
 SETTINGS = settings(max_examples=20, deadline=None, derandomize=True)
 F64 = torch.float64

@@ -23,10 +23,10 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from blockcoupling.config import MeasureConfig
+from blockcoupling.engine.config import MeasureConfig
+from blockcoupling.engine.results import SCHEMAS, TABLES, Measurement, conform
 from blockcoupling.errors import RunDirError
-from blockcoupling.results import SCHEMAS, TABLES, Measurement, conform
-from blockcoupling.store import RunWriter, is_run_dir, open_run, weights_hash
+from blockcoupling.store.rundir import RunWriter, is_run_dir, open_run, weights_hash
 
 TESTS = Path(__file__).resolve().parent
 PROMPT_IDS = [f"p{i}" for i in range(8)]
@@ -284,7 +284,7 @@ def child_code(root: Path, *, kill_at: tuple[str, ...] = (), sleep: float = 0.0,
         import os, signal, sys, time
         sys.path.insert(0, {str(TESTS)!r})
         import test_store as t
-        from blockcoupling import store
+        from blockcoupling.store import rundir as store
         real_fsync = os.fsync
         def fsync(fd):
             target = os.readlink(f"/proc/self/fd/{{fd}}")
@@ -394,7 +394,7 @@ def test_second_process_is_refused_while_a_writer_holds_the_lock(tmp_path: Path)
         sys.path.insert(0, {str(TESTS)!r})
         import test_store as t
         from blockcoupling.errors import RunDirError
-        from blockcoupling.store import RunWriter
+        from blockcoupling.store.rundir import RunWriter
         try:
             with RunWriter({str(root)!r}, config=t.CONFIG, meta=t.META, prompts=t.PROMPTS,
                            resume=True) as w:

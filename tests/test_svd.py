@@ -1,4 +1,4 @@
-"""Tests for blockcoupling.svd: exact and randomized top-K SVD."""
+"""Tests for blockcoupling.engine.svd: exact and randomized top-K SVD."""
 
 from __future__ import annotations
 
@@ -8,8 +8,14 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from blockcoupling.engine.svd import (
+    DenseOperator,
+    LinearOperator,
+    TopK,
+    randomized_topk_svd,
+    topk_svd,
+)
 from blockcoupling.errors import BlockCouplingError, NumericalError
-from blockcoupling.svd import DenseOperator, LinearOperator, TopK, randomized_topk_svd, topk_svd
 
 SETTINGS = settings(max_examples=15, deadline=None, derandomize=True)
 F64 = torch.float64

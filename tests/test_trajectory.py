@@ -1,4 +1,4 @@
-"""Tests for blockcoupling.trajectory: norms, LSS (whole and windowed), expodistance, cv, PCA."""
+"""Tests for blockcoupling.engine.trajectory: norms, LSS (whole and windowed), expodistance, cv, PCA."""
 
 from __future__ import annotations
 
@@ -10,8 +10,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from blockcoupling.errors import BlockCouplingError
-from blockcoupling.trajectory import (
+from blockcoupling.engine.trajectory import (
     equidistance_cv,
     expodistance,
     line_shape_score,
@@ -21,6 +20,7 @@ from blockcoupling.trajectory import (
     step_norms,
     windowed_lss,
 )
+from blockcoupling.errors import BlockCouplingError
 
 SETTINGS = settings(max_examples=20, deadline=None, derandomize=True)
 F64 = torch.float64

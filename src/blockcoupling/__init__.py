@@ -8,8 +8,10 @@ The public API, re-exported explicitly; everything else is private to its module
 >>> m.coupling.head()                                                     # doctest: +SKIP
 """
 
-from blockcoupling.blocks import SUPPORTED_ARCHITECTURES, BlockSpec, find_blocks
-from blockcoupling.config import KINDS, ORIENTATIONS, VARIANTS, MeasureConfig
+from blockcoupling.engine.blocks import SUPPORTED_ARCHITECTURES, BlockSpec, find_blocks
+from blockcoupling.engine.config import KINDS, ORIENTATIONS, VARIANTS, MeasureConfig
+from blockcoupling.engine.measure import iter_measure, measure
+from blockcoupling.engine.results import SCHEMAS, Measurement
 from blockcoupling.errors import (
     ArchitectureError,
     BlockCouplingError,
@@ -17,18 +19,17 @@ from blockcoupling.errors import (
     ReplayError,
     RunDirError,
 )
-from blockcoupling.measure import iter_measure, measure, measure_to_dir
-from blockcoupling.prompts import BUILTIN_SETS, Prompt, load_prompts
-from blockcoupling.results import SCHEMAS, Measurement
-from blockcoupling.store import is_run_dir, open_run
+from blockcoupling.prompts.sources import BUILTIN_SETS, Prompt, load_prompts
+from blockcoupling.store.record import measure_to_dir
+from blockcoupling.store.rundir import is_run_dir, open_run
 
 __version__ = "0.1.0"
 
 
 def write_report(measurements, out, **kwargs):  # noqa: ANN001, ANN003, ANN201
-    """Write the HTML report for one or more Measurements (see :mod:`blockcoupling.report`;
+    """Write the HTML report for one or more Measurements (see :mod:`blockcoupling.report.html`;
     imported lazily because matplotlib is slow to import)."""
-    from blockcoupling.report import write_report as _write
+    from blockcoupling.report.html import write_report as _write
 
     return _write(measurements, out, **kwargs)
 

@@ -1,4 +1,4 @@
-"""MeasureConfig: every option of :func:`blockcoupling.measure`, validated in one place.
+"""MeasureConfig: every option of :func:`blockcoupling.engine.measure`, validated in one place.
 
 The keyword names are the public contract of DEFINITIONS.md (``coupling``, ``k``, ``tokens``,
 ``p``, ``dtype``, ...). A config is plain data: it round-trips through JSON (``to_dict`` /
@@ -14,8 +14,8 @@ from typing import Any, Literal
 
 import torch
 
+from blockcoupling.engine.metrics import ORIENTATIONS, VALID_P, VARIANTS
 from blockcoupling.errors import BlockCouplingError
-from blockcoupling.metrics import ORIENTATIONS, VALID_P, VARIANTS
 
 KINDS = ("depth", "self", "fixed_input", "fixed_output")
 METHODS = ("auto", "dense", "matrix_free")

@@ -10,7 +10,7 @@ after the final norm. HuggingFace ``hidden_states`` are never used.
 
 :func:`residual_branch` turns a recorded call into a pure function of one prompt's hidden
 input, ``f(X) = F^l(X) - X`` with ``X`` of shape ``(n, d)``, ready for ``torch.func``
-transforms (:mod:`blockcoupling.jacobian`). Key-value caches are stripped from the recorded
+transforms (:mod:`blockcoupling.engine.jacobian`). Key-value caches are stripped from the recorded
 call (``past_key_value(s)`` / ``layer_past`` / any ``Cache`` object -> None, ``use_cache`` ->
 False); the attention mask, position ids and rotary embeddings are replayed as recorded.
 
@@ -51,7 +51,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from blockcoupling.blocks import BlockSpec, get_blocks, get_module
+from blockcoupling.engine.blocks import BlockSpec, get_blocks, get_module
 from blockcoupling.errors import ArchitectureError, BlockCouplingError, NumericalError, ReplayError
 
 __all__ = [

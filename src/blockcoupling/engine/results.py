@@ -1,4 +1,4 @@
-"""Measurement: the result of :func:`blockcoupling.measure` and of :func:`open_run`.
+"""Measurement: the result of :func:`blockcoupling.engine.measure` and of :func:`open_run`.
 
 Long ("tidy") tables, one value per row, with the column names of DEFINITIONS.md ("Result
 tables"). Layers are 1-based (layer l = block l; layer 0 in ``trajectory`` is the input of
@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from blockcoupling.config import MeasureConfig
+from blockcoupling.engine.config import MeasureConfig
 
 # name -> (column, pandas dtype). The order is the column order of the tables.
 SCHEMAS: dict[str, dict[str, str]] = {

@@ -1,6 +1,6 @@
 """Block Jacobians of a residual branch: dense blocks (batched VJP / JVP) and matrix-free operators.
 
-For ``f: (n, d) -> (n, d)`` (:func:`blockcoupling.capture.residual_branch`) the Jacobian block
+For ``f: (n, d) -> (n, d)`` (:func:`blockcoupling.engine.capture.residual_branch`) the Jacobian block
 ``J_{t1 t2} = d f(x)_{t2} / d x_{t1}`` is a (d, d) matrix with rows = output coordinates
 (token t2) and columns = input coordinates (token t1) (DEFINITIONS.md "Block Jacobians").
 
@@ -14,7 +14,7 @@ For ``f: (n, d) -> (n, d)`` (:func:`blockcoupling.capture.residual_branch`) the 
   ``rmatmat`` by batched VJP (forward pass done once, vjp function reused).
 
 Cotangent / tangent batches are chunked to a memory budget (``chunk_size`` or a default from
-:data:`DEFAULT_MEMORY_BYTES`). Every call runs in :func:`blockcoupling.capture.replay_context`
+:data:`DEFAULT_MEMORY_BYTES`). Every call runs in :func:`blockcoupling.engine.capture.replay_context`
 (SDPA math backend) so that forward-mode AD and vmap work for every attention layer, and
 under ``torch.no_grad`` so that no graph towards the model's parameters is recorded.
 """
@@ -28,7 +28,7 @@ import torch
 from torch import Tensor
 from torch.func import jvp, vjp, vmap
 
-from blockcoupling.capture import replay_context
+from blockcoupling.engine.capture import replay_context
 from blockcoupling.errors import BlockCouplingError, NumericalError
 
 __all__ = [

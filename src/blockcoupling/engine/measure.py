@@ -30,21 +30,21 @@ import pandas as pd
 import torch
 from torch import Tensor
 
-from blockcoupling import fastpath, metrics, pairs, spectra, svd, trajectory
-from blockcoupling import jacobian as jac
-from blockcoupling.blocks import BlockSpec, find_blocks
-from blockcoupling.capture import Capture, capture, residual_branch
-from blockcoupling.config import MeasureConfig
+from blockcoupling.engine import fastpath, metrics, pairs, spectra, svd, trajectory
+from blockcoupling.engine import jacobian as jac
+from blockcoupling.engine.blocks import BlockSpec, find_blocks
+from blockcoupling.engine.capture import Capture, capture, residual_branch
+from blockcoupling.engine.config import MeasureConfig
+from blockcoupling.engine.results import Measurement, conform
 from blockcoupling.errors import BlockCouplingError, NumericalError
-from blockcoupling.prompts import Prompt
-from blockcoupling.results import Measurement, conform
+from blockcoupling.prompts.sources import Prompt
 
 Key = pairs.Key
 
 
 # ---------------------------------------------------------------------------- prompts in
 def normalise_prompts(prompts: Any) -> list[Prompt]:
-    """Strings, :class:`blockcoupling.prompts.Prompt` objects, or (id, text) pairs."""
+    """Strings, :class:`blockcoupling.prompts.sources.Prompt` objects, or (id, text) pairs."""
     if isinstance(prompts, str):
         prompts = [prompts]
     items: list[Prompt] = []
@@ -645,28 +645,4 @@ def measure(model: torch.nn.Module, tokenizer: Any = None, prompts: Any = (), *,
     return Measurement.concat(parts, config=cfg, meta=meta)
 
 
-def measure_to_dir(model: torch.nn.Module, tokenizer: Any, prompts: Any, out_dir: Any, *,
-                   meta: dict[str, Any] | None = None, prompts_spec: str = "", resume: bool = False,
-                   progress: bool = True, config: MeasureConfig | None = None,
-                   **options: Any) -> Measurement:
-    """Like :func:`measure`, but written prompt by prompt into a resumable run directory."""
-    from blockcoupling.store import RunWriter, weights_hash
-
-    opts = dict(options)
-    cfg = config.replace(**opts) if (config is not None and opts) else (config or MeasureConfig(**opts))
-    items = normalise_prompts(prompts) if not isinstance(prompts, Mapping) else None
-    prompts_df = conform("prompts", [dict(prompt_id=it.prompt_id, text=it.text, n_tokens=0,
-                                          label=it.label) for it in items] if items else [])
-    full_meta = build_meta(model, cfg, prompts_spec=prompts_spec, weights_hash=weights_hash(model))
-    full_meta.update(meta or {})
-    t0 = time.perf_counter()
-    with RunWriter(out_dir, config=cfg, meta=full_meta, prompts=prompts_df, resume=resume) as writer:
-        done = writer.done_prompt_ids()
-        for part in iter_measure(model, tokenizer, items if items is not None else prompts, cfg,
-                                 skip=done, progress=progress):
-            writer.write_part(part)
-        return writer.finalize(timings={"seconds": time.perf_counter() - t0})
-
-
-__all__ = ["measure", "measure_to_dir", "iter_measure", "normalise_prompts",
-           "build_meta"]
+__all__ = ["measure", "iter_measure", "normalise_prompts", "build_meta"]

@@ -53,9 +53,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
-from blockcoupling.config import MeasureConfig
+from blockcoupling.engine.config import MeasureConfig
+from blockcoupling.engine.results import SCHEMAS, TABLES, Measurement, conform
 from blockcoupling.errors import BlockCouplingError, RunDirError
-from blockcoupling.results import SCHEMAS, TABLES, Measurement, conform
 
 FORMAT_NAME = "blockcoupling-run"
 FORMAT_VERSION = 1

@@ -1,43 +1,17 @@
-"""The ``blockcoupling`` command line (also ``python -m blockcoupling``).
-
-Exit codes: 0 success, 1 a user error (the message says what to do; no traceback),
-2 bad usage (typer/click's own code). ``--verbose`` shows tracebacks.
-"""
+"""Commands on one model and its runs: ``measure``, ``report``, ``show``, ``models``, ``demo``."""
 
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
+from blockcoupling.cli.app import STATE as _STATE
+from blockcoupling.cli.app import app
+from blockcoupling.cli.app import fail as _fail
 from blockcoupling.errors import BlockCouplingError
-
-app = typer.Typer(
-    add_completion=False,
-    no_args_is_help=True,
-    help="Measure transformer block coupling, trajectories and spectra (Aubry et al., ICLR 2025).",
-    pretty_exceptions_enable=False,
-)
-
-_STATE = {"verbose": False, "quiet": False}
-
-
-def _fail(err: BaseException) -> None:
-    if _STATE["verbose"]:
-        raise err
-    typer.echo(f"error: {err}", err=True)
-    raise typer.Exit(1)
-
-
-@app.callback()
-def _main(
-    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="More output; tracebacks on errors.")] = False,
-    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bars.")] = False,
-) -> None:
-    _STATE["verbose"], _STATE["quiet"] = verbose, quiet
 
 
 def _csv(value: str | None) -> list[str] | None:
@@ -75,10 +49,10 @@ def measure(
     trust_remote_code: Annotated[bool, typer.Option("--trust-remote-code")] = False,
 ) -> None:
     """Measure a model on a prompt set and write a resumable run directory."""
-    from blockcoupling.config import VARIANTS, MeasureConfig
+    from blockcoupling.engine.config import VARIANTS, MeasureConfig
     from blockcoupling.loading import load_model
-    from blockcoupling.measure import measure_to_dir
-    from blockcoupling.prompts import load_prompts
+    from blockcoupling.prompts.sources import load_prompts
+    from blockcoupling.store.record import measure_to_dir
 
     try:
         kinds = [] if coupling.strip().lower() in ("", "none") else _csv(coupling)
@@ -115,7 +89,7 @@ def report(
     labels: Annotated[str | None, typer.Option(help="Comma-separated labels, one per run.")] = None,
 ) -> None:
     """Write one self-contained HTML report (plus PNG/SVG/PDF figures) from stored runs."""
-    from blockcoupling.report import write_report_from_dirs
+    from blockcoupling.report.html import write_report_from_dirs
 
     try:
         path = write_report_from_dirs(run_dirs, out, labels=_csv(labels))
@@ -129,7 +103,7 @@ def report(
 @app.command()
 def show(run_dir: Annotated[Path, typer.Argument(help="A run directory.")]) -> None:
     """A short text summary of a run."""
-    from blockcoupling.store import open_run
+    from blockcoupling.store.rundir import open_run
 
     try:
         typer.echo(open_run(run_dir).summary())
@@ -140,7 +114,7 @@ def show(run_dir: Annotated[Path, typer.Argument(help="A run directory.")]) -> N
 @app.command()
 def models() -> None:
     """The architectures blockcoupling finds blocks in by itself."""
-    from blockcoupling.blocks import SUPPORTED_ARCHITECTURES
+    from blockcoupling.engine.blocks import SUPPORTED_ARCHITECTURES
 
     width = max(map(len, SUPPORTED_ARCHITECTURES))
     for arch, desc in SUPPORTED_ARCHITECTURES.items():
@@ -155,7 +129,7 @@ def demo(
     cache_dir: Annotated[Path | None, typer.Option(help="Where trained demo checkpoints are cached.")] = None,
 ) -> None:
     """The offline demo: pretrained MiniLM vs random init, and a tiny LM across training."""
-    from blockcoupling.demo import run_demo
+    from blockcoupling.studies.demo import run_demo
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     out = out or Path("demo_run_quick" if quick else "demo_run")
@@ -165,16 +139,3 @@ def demo(
         _fail(err)
         return
     typer.echo(f"report: {path}")
-
-
-def main() -> None:
-    """Console entry point."""
-    try:
-        app()
-    except BlockCouplingError as err:  # pragma: no cover - commands catch their own
-        print(f"error: {err}", file=sys.stderr)
-        sys.exit(1)
-
-
-if __name__ == "__main__":  # pragma: no cover
-    main()

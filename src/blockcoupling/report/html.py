@@ -1,6 +1,6 @@
 """A self-contained static HTML report of one or more runs.
 
-:func:`write_report` draws every figure of :mod:`blockcoupling.figures` from the stored tables
+:func:`write_report` draws every figure of :mod:`blockcoupling.report.figures` from the stored tables
 of the given measurements (several runs side by side: a trained model next to its random
 initialisation, training checkpoints, different models) and writes
 
@@ -27,9 +27,9 @@ from typing import Any
 
 from matplotlib.figure import Figure
 
-from blockcoupling import figures as F
+from blockcoupling.engine.results import Measurement
 from blockcoupling.errors import BlockCouplingError
-from blockcoupling.results import Measurement
+from blockcoupling.report import figures as F
 
 
 @dataclass(frozen=True)
@@ -259,8 +259,8 @@ def write_report(measurements: Sequence[Measurement], out: Path | str, *,
 
 def write_report_from_dirs(run_dirs: Sequence[Path | str], out: Path | str,
                            **options: Any) -> Path:
-    """Open each run directory with :func:`blockcoupling.store.open_run` and write the report
+    """Open each run directory with :func:`blockcoupling.store.rundir.open_run` and write the report
     (options as for :func:`write_report`)."""
-    from blockcoupling.store import open_run
+    from blockcoupling.store.rundir import open_run
 
     return write_report([open_run(Path(d)) for d in run_dirs], out, **options)

@@ -36,7 +36,7 @@ class BlockSpec:
     """Where the blocks of a model are and what kind of model it is.
 
     ``hidden_size`` is 0 when it is not known before a forward pass (a custom model given by
-    ``blocks_path`` without ``hidden_size``); :func:`blockcoupling.capture.capture` returns a
+    ``blocks_path`` without ``hidden_size``); :func:`blockcoupling.engine.capture.capture` returns a
     spec with the value read from the first block input.
     """
 

@@ -23,8 +23,8 @@ given (``past_key_values`` / ``layer_past``) and attends over what ``update`` re
    recorded call sliced to row t: ``attention_mask[..., t:t+1, :t+1]``, ``position_ids[...,
    t:t+1]``, ``cache_position[t:t+1]``, ``position_embeddings[..., t:t+1, :]``.
 3. At build time ``J_fast v`` and ``J_fast^T u`` are compared with the generic path
-   (:func:`blockcoupling.jacobian.jacobian_operator` on
-   :func:`blockcoupling.capture.residual_branch`) for random v, u; on any mismatch or
+   (:func:`blockcoupling.engine.jacobian.jacobian_operator` on
+   :func:`blockcoupling.engine.capture.residual_branch`) for random v, u; on any mismatch or
    failure the builder returns ``None`` and the caller uses the generic path.
 
 Unsupported (``None``): encoders (non-causal), blocks without a key-value cache argument,
@@ -45,7 +45,7 @@ import torch
 from torch import Tensor, nn
 from torch.func import jvp, vjp, vmap
 
-from blockcoupling.capture import (
+from blockcoupling.engine.capture import (
     Capture,
     check_call_index,
     first_output,
@@ -55,8 +55,8 @@ from blockcoupling.capture import (
     replay_tolerance,
     residual_branch,
 )
+from blockcoupling.engine.jacobian import DEFAULT_MEMORY_BYTES, as_columns, jacobian_operator
 from blockcoupling.errors import BlockCouplingError, NumericalError
-from blockcoupling.jacobian import DEFAULT_MEMORY_BYTES, as_columns, jacobian_operator
 
 __all__ = [
     "VERIFY_RTOL",
@@ -189,8 +189,8 @@ class TokenBranch:
 
     ``g(X)`` (m, d) -> (m, d): the residual-branch output at token t for m candidate values of
     ``x_t`` (rows independent). ``x`` (d,) is the recorded ``x^{l-1}_t``. Satisfies the
-    :class:`blockcoupling.svd.LinearOperator` protocol (``d``, ``dtype``, ``device``,
-    ``matmat``, ``rmatmat``), so :func:`blockcoupling.svd.randomized_topk_svd` takes it.
+    :class:`blockcoupling.engine.svd.LinearOperator` protocol (``d``, ``dtype``, ``device``,
+    ``matmat``, ``rmatmat``), so :func:`blockcoupling.engine.svd.randomized_topk_svd` takes it.
     """
 
     g: Callable[[Tensor], Tensor]

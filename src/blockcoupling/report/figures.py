@@ -1,6 +1,6 @@
 """The paper's figures, drawn from stored measurements only.
 
-Every ``plot_*`` function takes one :class:`~blockcoupling.results.Measurement` or a sequence of
+Every ``plot_*`` function takes one :class:`~blockcoupling.engine.results.Measurement` or a sequence of
 them (several runs side by side: a trained model next to its random initialisation, training
 checkpoints, different models) and returns a :class:`matplotlib.figure.Figure`. Every figure
 has a ``caption_*`` function with the same arguments that says what was measured: the model,
@@ -49,9 +49,9 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.ticker import MaxNLocator
 
+from blockcoupling.engine.results import Measurement
+from blockcoupling.engine.spectra import fit_inverse_depth
 from blockcoupling.errors import BlockCouplingError
-from blockcoupling.results import Measurement
-from blockcoupling.spectra import fit_inverse_depth
 
 Runs = Measurement | Sequence[Measurement]
 

@@ -565,8 +565,8 @@ def run_demo(
     ``resume=True``, so running the demo again into the same ``out_dir`` reuses finished
     prompts (the weights are deterministic, so their hashes match).
     """
-    from blockcoupling.measure import measure_to_dir
-    from blockcoupling.report import write_report
+    from blockcoupling.report.html import write_report
+    from blockcoupling.store.record import measure_to_dir
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)

@@ -22,7 +22,7 @@ import random
 from collections.abc import Callable
 from pathlib import Path
 
-OUT = Path(__file__).with_name("benchmark_styles.jsonl")
+OUT = Path(__file__).resolve().parents[1] / "src/blockcoupling/prompts/data/benchmark_styles.jsonl"
 SEED = 20250101
 
 # --------------------------------------------------------------------------------------

@@ -1,0 +1,28 @@
+"""The ``blockcoupling`` command line (also ``python -m blockcoupling``).
+
+Exit codes: 0 success, 1 a user error (the message says what to do; no traceback),
+2 bad usage (typer/click's own code). ``--verbose`` shows tracebacks.
+
+Each command family lives in its own module and registers on :data:`app` when imported here;
+heavy libraries (torch, matplotlib, ray) are imported inside the commands, not at start-up.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from blockcoupling.cli import run as _run  # noqa: F401  (registers measure/report/show/models/demo)
+from blockcoupling.cli.app import app
+from blockcoupling.errors import BlockCouplingError
+
+
+def main() -> None:
+    """Console entry point."""
+    try:
+        app()
+    except BlockCouplingError as err:  # pragma: no cover - commands catch their own
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(1)
+
+
+__all__ = ["app", "main"]
