@@ -36,6 +36,7 @@ from blockcoupling.engine.blocks import BlockSpec, find_blocks
 from blockcoupling.engine.capture import Capture, capture, residual_branch
 from blockcoupling.engine.config import MeasureConfig, parse_config
 from blockcoupling.engine.results import Measurement, conform
+from blockcoupling.engine.state import preserved
 from blockcoupling.errors import BlockCouplingError, NumericalError
 from blockcoupling.prompts.sources import Prompt
 
@@ -495,14 +496,22 @@ def _split_by_prompt(tables: tuple[pd.DataFrame, pd.DataFrame], prompt_ids: Sequ
 def iter_measure(model: torch.nn.Module, tokenizer: Any, prompts: Any, config: MeasureConfig,
                  *, skip: frozenset[str] | set[str] = frozenset(), progress: bool = True,
                  ) -> Iterator[Measurement]:
-    """Yield one :class:`Measurement` part per prompt (for incremental, resumable stores)."""
+    """Yield one :class:`Measurement` part per prompt (for incremental, resumable stores).
+
+    The model is measured in eval mode (dropout off); its training flags, attention
+    implementation, ``requires_grad`` flags and every global RNG state are restored when the
+    iterator is exhausted, closed or raises (:func:`blockcoupling.engine.state.preserved`).
+    """
+    with preserved(model):
+        model.eval()
+        yield from _iter_parts(model, tokenizer, prompts, config, skip=skip, progress=progress)
+
+
+def _iter_parts(model: torch.nn.Module, tokenizer: Any, prompts: Any, config: MeasureConfig,
+                *, skip: frozenset[str] | set[str], progress: bool) -> Iterator[Measurement]:
     from tqdm.auto import tqdm
 
     cfg = config
-    if model.training:
-        warnings.warn("the model was in training mode; blockcoupling measures it in eval mode "
-                      "(dropout off) and leaves it in eval mode", stacklevel=2)
-        model.eval()
     spec = find_blocks(model, cfg.blocks_path)
     if spec.hidden_size:  # a custom model's hidden size is known only after the capture
         cfg.check_model(spec.num_layers, spec.hidden_size)
