@@ -151,9 +151,11 @@ def _execute_ray(root: Path, units: list[Unit], *, address: str | None, retries:
                  num_cpus: int | None, progress: Callable[[dict[str, Any]], None],
                  session: dict[str, Any]) -> None:
     ray = import_ray()
+    session["ray_version"] = ray.__version__
+    if not units:  # nothing left to run: no cluster needed
+        return
     started_here = not ray.is_initialized()
     session["address"] = start_ray(address, num_cpus=num_cpus)
-    session["ray_version"] = ray.__version__
     try:
         task = ray.remote(_ray_unit)
         refs = {task.options(num_cpus=u.num_cpus, num_gpus=u.num_gpus, max_retries=retries,
