@@ -146,7 +146,7 @@ class Sweep:
                 raise
         finally:
             con.close()
-        return df
+        return _unit_types(df)
 
     coupling = property(lambda self: self.table("coupling"))
     trajectory = property(lambda self: self.table("trajectory"))
@@ -207,6 +207,14 @@ class Sweep:
                 out[c] = out["unit_id"].map(part[c]).astype("float64")
         out["k"] = out["k"].astype("Int64")
         return out
+
+
+def _unit_types(df: pd.DataFrame) -> pd.DataFrame:
+    """The unit columns typed alike in every sweep: ``step`` Int64, the others string."""
+    for col in UNIT_COLUMNS:
+        if col in df.columns:
+            df[col] = df[col].astype("Int64" if col == "step" else "string")
+    return df
 
 
 def open_sweep(path: str | os.PathLike[str]) -> Sweep:
