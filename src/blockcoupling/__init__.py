@@ -22,6 +22,8 @@ from blockcoupling.errors import (
 from blockcoupling.prompts.sources import BUILTIN_SETS, Prompt, load_prompts
 from blockcoupling.store.record import measure_to_dir
 from blockcoupling.store.rundir import is_run_dir, open_run
+from blockcoupling.studies.monitor import CouplingCallback, CouplingMonitor
+from blockcoupling.studies.sweep import Sweep, SweepSpec, load_spec, open_sweep, run_sweep
 
 __version__ = "0.1.0"
 
@@ -44,19 +46,26 @@ __all__ = [
     "ArchitectureError",
     "BlockCouplingError",
     "BlockSpec",
+    "CouplingCallback",
+    "CouplingMonitor",
     "MeasureConfig",
     "Measurement",
     "NumericalError",
     "Prompt",
     "ReplayError",
     "RunDirError",
+    "Sweep",
+    "SweepSpec",
     "__version__",
     "find_blocks",
     "is_run_dir",
     "iter_measure",
     "load_prompts",
+    "load_spec",
     "measure",
     "measure_to_dir",
     "open_run",
+    "open_sweep",
+    "run_sweep",
     "write_report",
 ]

@@ -146,15 +146,21 @@ def _check_out(out: Path, resume: bool) -> None:
 
 @app.command()
 def report(
-    run_dirs: Annotated[list[Path], typer.Argument(help="One or more run directories.")],
+    run_dirs: Annotated[list[Path], typer.Argument(help="One or more run directories, or one sweep directory (emergence report).")],
     out: Annotated[Path, typer.Option("--out", "-o", help="HTML file to write.")] = Path("report.html"),
     labels: Annotated[str | None, typer.Option(help="Comma-separated labels, one per run.")] = None,
 ) -> None:
     """Write one self-contained HTML report (plus PNG/SVG/PDF figures) from stored runs."""
     from blockcoupling.report.html import write_report_from_dirs
+    from blockcoupling.studies.sweep.store import is_sweep_dir
 
     try:
-        path = write_report_from_dirs(run_dirs, out, labels=_csv(labels))
+        if len(run_dirs) == 1 and is_sweep_dir(run_dirs[0]):  # a sweep or monitor directory
+            from blockcoupling.report.emergence import write_emergence_report
+
+            path = write_emergence_report(run_dirs[0], out)
+        else:
+            path = write_report_from_dirs(run_dirs, out, labels=_csv(labels))
     except BlockCouplingError as err:
         _fail(err)
         return
