@@ -12,6 +12,7 @@ from __future__ import annotations
 import sys
 
 from blockcoupling.cli import run as _run  # noqa: F401  (registers measure/report/show/models/demo)
+from blockcoupling.cli import vit as _vit  # noqa: F401  (registers vit-train/vit-grid/vit-figures)
 from blockcoupling.cli.app import app
 from blockcoupling.errors import BlockCouplingError
 
