@@ -22,19 +22,13 @@ from typing import Any
 import numpy as np
 import pandas as pd
 from matplotlib import colormaps
-from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.colors import Normalize
 from matplotlib.figure import Figure
 
 from blockcoupling.report.figures import FigureUnavailable, save_figure
+from blockcoupling.report.figures.base import new_figure as _new_figure
 
 _CMAP = "viridis"
-
-
-def _new_figure(width: float, height: float) -> Figure:
-    fig = Figure(figsize=(width, height), dpi=110, layout="constrained")
-    FigureCanvasAgg(fig)
-    return fig
 
 
 def _finite(df: pd.DataFrame, *cols: str) -> pd.DataFrame:
@@ -126,6 +120,10 @@ def plot_coupling_epochs(epochs: pd.DataFrame) -> Figure:
         g = g.sort_values("epoch")
         colour = colormaps[_CMAP](norm(float(g["drop_path"].iloc[0])))
         ax_a.plot(g["epoch"], g["test_accuracy"], "-", color=colour, lw=1)
+    from matplotlib.ticker import MaxNLocator
+
+    for ax in (ax_c, ax_a):
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax_c.set_xlabel("epoch")
     ax_c.set_ylabel("mean depth-wise coupling (CLS)")
     ax_a.set_xlabel("epoch")

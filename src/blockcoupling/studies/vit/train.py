@@ -202,13 +202,13 @@ def measure_images(model: torch.nn.Module, pixel_values: Tensor, run_dir: Path, 
                    *, progress: bool = False) -> float:
     """Depth-wise coupling at the [CLS] token of ``pixel_values`` into the run directory
     ``run_dir``; returns the mean over images of the off-diagonal mean (K = ``k``, p = 1, ujv)."""
+    from blockcoupling.store.reader import is_run_dir, open_run, run_progress
     from blockcoupling.store.record import measure_to_dir
-    from blockcoupling.store.rundir import is_run_dir, open_run
 
     was_training = model.training
     model.eval()
     try:
-        if is_run_dir(run_dir) and (run_dir / "coupling.parquet").exists():
+        if is_run_dir(run_dir) and run_progress(run_dir).finished:
             m = open_run(run_dir)
         else:
             if run_dir.exists():  # an interrupted measurement: start it again
@@ -389,7 +389,7 @@ def _train(config: TrainConfig, out: Path, *, progress: bool, on_epoch: EpochCal
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()
-            objective_sum += float(loss) * len(y)
+            objective_sum += loss.item() * len(y)
             seen += len(y)
         seconds_train = time.perf_counter() - t0
         cpu_seconds_train = time.process_time() - c0
