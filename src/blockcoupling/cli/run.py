@@ -67,17 +67,17 @@ def measure(
     variant: Annotated[str | None, typer.Option("--variant", help="Variants to store (default: all).")] = None,
     p: Annotated[str, typer.Option(help="Norms for miscoupling: 1,2,inf.")] = "1",
     orientation: Annotated[str, typer.Option(help="ujv,vju.")] = "ujv,vju",
-    final_norm: Annotated[bool, typer.Option("--final-norm", help="Fold the final norm into the last block.")] = False,
+    final_norm: Annotated[bool, typer.Option("--final-norm/--no-final-norm", help="Fold the final norm into the last block (the paper's eq. 7).")] = False,
     method: Annotated[str, typer.Option(help="auto, dense or matrix-free.")] = "auto",
-    influence: Annotated[bool, typer.Option("--influence", help="Cross-token influence on the last token.")] = False,
+    influence: Annotated[bool, typer.Option("--influence/--no-influence", help="Cross-token influence on the last token.")] = False,
     batch_size: Annotated[int, typer.Option(help="Prompts per forward pass.")] = 8,
     limit: Annotated[int | None, typer.Option(help="Use at most this many prompts (seeded subset).")] = None,
     prompt_column: Annotated[str | None, typer.Option(help="Text column of a .csv/.jsonl prompt file.")] = None,
     split: Annotated[str | None, typer.Option(help="Dataset split for hf: prompts.")] = None,
     seed: Annotated[int, typer.Option(help="Seed for prompt subsets and randomized SVDs.")] = 0,
     blocks: Annotated[str | None, typer.Option(help="Dotted path to the list of blocks (custom models).")] = None,
-    resume: Annotated[bool, typer.Option("--resume", help="Continue an interrupted run in --out.")] = False,
-    trust_remote_code: Annotated[bool, typer.Option("--trust-remote-code")] = False,
+    resume: Annotated[bool, typer.Option("--resume/--no-resume", help="Continue an interrupted run in --out.")] = False,
+    trust_remote_code: Annotated[bool, typer.Option("--trust-remote-code/--no-trust-remote-code", help="Run the model repository's own Python code (transformers trust_remote_code); only for repositories you trust.")] = False,
 ) -> None:
     """Measure a model on a prompt set and write a resumable run directory."""
     from blockcoupling.engine.config import VARIANTS, MeasureConfig
@@ -200,7 +200,7 @@ def models() -> None:
 @app.command()
 def demo(
     out: Annotated[Path | None, typer.Option("--out", "-o", help="Folder for the demo's runs and report (default demo_run, or demo_run_quick).")] = None,
-    quick: Annotated[bool, typer.Option("--quick", help="A much smaller demo (for tests).")] = False,
+    quick: Annotated[bool, typer.Option("--quick/--no-quick", help="A much smaller demo (for tests).")] = False,
     cache_dir: Annotated[Path | None, typer.Option(help="Where trained demo checkpoints are cached.")] = None,
 ) -> None:
     """The offline demo: pretrained MiniLM vs random init, and a tiny LM across training."""
