@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated
 
@@ -16,6 +19,34 @@ from blockcoupling.errors import BlockCouplingError
 
 def _csv(value: str | None) -> list[str] | None:
     return None if value is None else [v.strip() for v in value.split(",") if v.strip()]
+
+
+class _Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where the run is, so that it unwinds like Ctrl-C."""
+
+
+@contextlib.contextmanager
+def _sigterm_as_interrupt() -> Iterator[None]:
+    """SIGTERM (``kill PID``, a batch scheduler's stop) ends a measure like Ctrl-C: the parts
+    already written stay, the lock is released, and the user is told how to continue."""
+    def handler(signum: int, frame: object) -> None:
+        raise _Terminated
+
+    try:
+        old = signal.signal(signal.SIGTERM, handler)
+    except ValueError:  # not the main thread (e.g. a test runner's worker): leave it
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old)
+
+
+def _os_error(err: OSError, what: str) -> BlockCouplingError:
+    """An operating-system error outside the run store (model or prompt files), as one line."""
+    where = f" {err.filename}" if err.filename else ""
+    return BlockCouplingError(f"{what}:{where}: {err.strerror or err}; check the path and try again")
 
 
 @app.command()
@@ -55,6 +86,7 @@ def measure(
     from blockcoupling.store.record import measure_to_dir
 
     try:
+        _check_out(out, resume)
         kinds = [] if coupling.strip().lower() in ("", "none") else _csv(coupling)
         cfg = MeasureConfig(
             coupling=tuple(kinds or ()), k=tuple(int(v) for v in _csv(k) or ()), tokens=tokens,
@@ -66,20 +98,50 @@ def measure(
         )
         items = load_prompts(prompts, limit=limit, seed=seed, column=prompt_column, split=split)
         net, tok = load_model(model, revision=revision, dtype=dtype, device=device,
-                              trust_remote_code=trust_remote_code)
+                              trust_remote_code=trust_remote_code, require_tokenizer=True,
+                              progress=not _STATE["quiet"])
         meta = {"model": model, "revision": revision, "prompts_spec": prompts}
-        result = measure_to_dir(net, tok, items, out, meta=meta, prompts_spec=prompts,
-                                resume=resume, progress=not _STATE["quiet"], config=cfg)
-    except KeyboardInterrupt:
+        with _sigterm_as_interrupt():
+            result = measure_to_dir(net, tok, items, out, meta=meta, prompts_spec=prompts,
+                                    resume=resume, progress=not _STATE["quiet"], config=cfg)
+    except KeyboardInterrupt as stop:
         typer.echo(f"\ninterrupted: finished prompts are saved in {out}; "
                    "continue with the same command and --resume", err=True)
-        raise typer.Exit(130) from None
+        # the shell's convention: 128 + the signal's number
+        raise typer.Exit(143 if isinstance(stop, _Terminated) else 130) from None
     except BlockCouplingError as err:
         _fail(err)
+        return
+    except OSError as err:
+        _fail(_os_error(err, "cannot read or write a file"))
         return
     if not _STATE["quiet"]:
         typer.echo(result.summary())
         typer.echo(f"wrote {out}")
+
+
+def _check_out(out: Path, resume: bool) -> None:
+    """Refuse an --out that cannot become a run directory before any work is done."""
+    from blockcoupling.store.reader import is_run_dir
+
+    if out.exists() and not out.is_dir():
+        raise BlockCouplingError(f"--out {out} is a file; choose a directory for the run")
+    parent = out
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir():
+        raise BlockCouplingError(
+            f"--out {out}: {parent} is a file, so no directory can be created under it; "
+            "choose another --out"
+        )
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise BlockCouplingError(
+            f"--out {out}: {parent} is not writable; choose a --out in a folder you can write to"
+        )
+    if out.is_dir() and not resume and any(out.iterdir()) and not is_run_dir(out):
+        raise BlockCouplingError(
+            f"--out {out} is a folder that holds other files; choose a new or empty --out"
+        )
 
 
 @app.command()
@@ -102,19 +164,26 @@ def report(
     except BlockCouplingError as err:
         _fail(err)
         return
+    except OSError as err:
+        _fail(_os_error(err, "cannot write the report"))
+        return
     if not _STATE["quiet"]:
         typer.echo(f"wrote {path}")
 
 
 @app.command()
 def show(run_dir: Annotated[Path, typer.Argument(help="A run directory.")]) -> None:
-    """A short text summary of a run."""
-    from blockcoupling.store.rundir import open_run
+    """A short text summary of a run; says whether it is complete ("2 of 3 prompts")."""
+    from blockcoupling.store.reader import open_run, run_progress
 
     try:
-        typer.echo(open_run(run_dir).summary())
+        progress = run_progress(run_dir)
+        summary = open_run(run_dir).summary()
     except BlockCouplingError as err:
         _fail(err)
+        return
+    typer.echo(f"status: {progress.describe(run_dir)}")
+    typer.echo(summary)
 
 
 @app.command()
