@@ -100,7 +100,7 @@ def test_monitor_does_not_change_training(tmp_path: Path) -> None:
     r = CliRunner().invoke(app, ["--quiet", "report", str(tmp_path / "mon"), "--out", str(html)])
     assert r.exit_code == 0, r.output
     page = html.read_text()
-    assert page.count("<img") == 4 and "Skipped" not in page
+    assert page.count("<img") == 4 and "Not drawn" not in page
     assert (tmp_path / "em_figures" / "01_coupling_vs_step.svg").is_file()
 
 
