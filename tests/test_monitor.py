@@ -91,6 +91,17 @@ def test_monitor_does_not_change_training(tmp_path: Path) -> None:
     assert summ["weights_hash"].nunique() == 3
     cp = s.coupling
     assert set(cp["step"]) == {0, 3, 6} and set(cp["k"]) == {2}
+    # the emergence report of a monitor directory (the CLI's report SWEEP_DIR)
+    from typer.testing import CliRunner
+
+    from blockcoupling.cli import app
+
+    html = tmp_path / "em.html"
+    r = CliRunner().invoke(app, ["--quiet", "report", str(tmp_path / "mon"), "--out", str(html)])
+    assert r.exit_code == 0, r.output
+    page = html.read_text()
+    assert page.count("<img") == 4 and "Not drawn" not in page
+    assert (tmp_path / "em_figures" / "01_coupling_vs_step.svg").is_file()
 
 
 def test_monitor_numbers_are_measure_numbers_and_resume_skips(tmp_path: Path) -> None:

@@ -18,9 +18,6 @@ catalogue; ``blockcoupling report SWEEP_DIR --out x.html`` calls it.
 
 from __future__ import annotations
 
-import base64
-import html
-import io
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -175,40 +172,21 @@ def plot_depth_heatmaps(sweep: Sweep, ids: Sequence[str], *, k: int | None = Non
 
 
 # ====================================================================== HTML
-def _e(x: Any) -> str:
-    return html.escape(str(x), quote=True)
-
-
-def _png(fig: Figure) -> bytes:
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=110, metadata={"Software": None})
-    return buf.getvalue()
-
-
-def _units_table(sweep: Sweep, summ: pd.DataFrame) -> str:
-    cols = ["label", "step", "revision", "prompt_set", "status", "attempts", "duplicate_of"]
+def _units_frame(sweep: Sweep, summ: pd.DataFrame) -> pd.DataFrame:
+    """The catalogue with each unit's summary values (for the page's unit table)."""
     cat = sweep.catalogue
+    cols = ["label", "step", "revision", "prompt_set", "status", "attempts", "duplicate_of"]
+    df = cat.set_index("unit_id")[cols].copy()
     vals = summ.set_index("unit_id") if len(summ) else pd.DataFrame()
-    head = "".join(f"<th>{_e(c)}</th>" for c in ["unit", *cols, "mean depth coupling",
-                                                   "chance", "LSS", "expodistance",
-                                                   "message"])
-    rows = []
-    for r in cat.itertuples():
-        cells = [r.unit_id] + [getattr(r, c) for c in cols]
-        for c in ("mean_depth_coupling", "chance_coupling", "lss", "expodistance"):
-            v = vals[c].get(r.unit_id) if len(vals) and r.unit_id in vals.index else None
-            cells.append("" if v is None or pd.isna(v) else f"{v:.4f}")
-        cells.append("" if pd.isna(r.message) else str(r.message).splitlines()[0])
-        rows.append("<tr>" + "".join("<td>" + ("" if c is None or (not isinstance(c, str)
-                    and pd.isna(c)) else _e(c)) + "</td>" for c in cells) + "</tr>")
-    return f'<table class="units"><tr>{head}</tr>{"".join(rows)}</table>'
-
-
-_CSS = """body{font-family:system-ui,Helvetica,Arial,sans-serif;margin:2em auto;max-width:1300px;
-padding:0 1em;color:#222}table.units{border-collapse:collapse;font-size:.8em}
-table.units td,table.units th{border:1px solid #ccc;padding:.2em .5em;text-align:left}
-figure img{max-width:100%}figcaption{font-size:.9em}.note{color:#8a5a00;background:#fff7e6;
-border:1px solid #f0d9a8;padding:.5em .8em}"""
+    for c, name in (("mean_depth_coupling", "mean depth coupling"),
+                    ("chance_coupling", "chance"), ("lss", "LSS"),
+                    ("expodistance", "expodistance")):
+        df[name] = [float(vals[c].get(u)) if len(vals) and u in vals.index else float("nan")
+                    for u in df.index]
+    df["message"] = [None if pd.isna(m) else str(m).splitlines()[0] for m in cat["message"]]
+    df["step"] = [None if pd.isna(x) else int(x) for x in df["step"]]
+    df.index.name = "unit"
+    return df.astype(object).where(df.notna(), None)
 
 
 def write_emergence_report(sweep: Sweep | str | os.PathLike[str], out: str | os.PathLike[str],
@@ -218,13 +196,14 @@ def write_emergence_report(sweep: Sweep | str | os.PathLike[str], out: str | os.
     """Write the emergence report of a sweep or monitor directory to ``out`` (.html) and
     its figures to ``<out stem>_figures/``; returns the HTML path. ``steps`` picks the
     checkpoints of the per-checkpoint figures (default: first, middle, last per model)."""
+    from blockcoupling.report.html import Section, esc, figure_html, table_html, write_page
+
     s = sweep if isinstance(sweep, Sweep) else open_sweep(sweep)
     out = Path(out)
     if out.suffix.lower() not in (".html", ".htm"):
         raise BlockCouplingError(f"report path {out}: give a file name ending in .html")
     summ = s.summary(k=k)
     fig_dir = out.parent / f"{out.stem}_figures"
-    fig_dir.mkdir(parents=True, exist_ok=True)
     ids = chosen_checkpoints(s, steps=steps) if len(summ) else []
     kk = int(summ["k"].dropna().min()) if len(summ) and summ["k"].notna().any() else k
     specs = [
@@ -249,36 +228,32 @@ def write_emergence_report(sweep: Sweep | str | os.PathLike[str], out: str | os.
          "L x L depth-wise coupling (rows: measured layer l, columns: basis layer l'), mean "
          "over prompts, one colour scale across panels."),
     ]
-    sections = []
-    for i, (name, head, make, caption) in enumerate(specs, start=1):
-        top = f"<section><h2>{i}. {_e(head)}</h2>"
+    sections = [Section("units", "Units", table_html(_units_frame(s, summ)))]
+    skipped = []
+    number = 0
+    for name, head, make, caption in specs:
         if not ids and name in ("layer_graphs", "depth_heatmaps"):
-            sections.append(f'{top}<p class="note">Skipped: no unit is done.</p></section>')
+            skipped.append(f"{head}: no unit is done")
             continue
         try:
             fig = make()
         except F.FigureUnavailable as err:
-            sections.append(f'{top}<p class="note">Skipped: {_e(err)}.</p></section>')
+            skipped.append(f"{head}: {err}")
             continue
-        png = _png(fig)
-        fig.set_layout_engine("none")
-        stem = fig_dir / f"{i:02d}_{name}"
-        stem.with_suffix(".png").write_bytes(png)
-        F.save_figure(fig, stem, [f for f in formats if f != "png"])
-        sections.append(f'{top}<figure><img alt="{_e(head)}" src="data:image/png;base64,'
-                        f'{base64.b64encode(png).decode("ascii")}"><figcaption><b>Figure '
-                        f"{i}.</b> {_e(caption)}</figcaption></figure></section>")
+        number += 1
+        body = figure_html(fig, caption, title=head, number=number,
+                           stem=fig_dir / f"{number:02d}_{name}", formats=formats)
+        sections.append(Section(name, head, body))
+    if skipped:
+        sections.append(Section("skipped", "Not drawn",
+                                "<ul>" + "".join(f"<li>{esc(x)}</li>" for x in skipped)
+                                + "</ul>"))
     counts = s.catalogue["status"].value_counts().to_dict() if len(s.catalogue) else {}
-    doc_title = title or f"blockcoupling emergence report: {s.root.name}"
-    page = (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>'
-            f"{_e(doc_title)}</title><style>{_CSS}</style></head><body><h1>{_e(doc_title)}</h1>"
-            f"<p>{_e(len(s.catalogue))} units ({_e(', '.join(f'{n} {k}' for k, n in counts.items()))})"
-            f" in {_e(s.root)}. Layers are numbered from 1.</p><h2>Units</h2>"
-            f"{_units_table(s, summ)}" + "".join(sections) + "</body></html>\n")
-    tmp = out.with_name(f".{out.name}.tmp")
-    tmp.write_text(page, encoding="utf-8")
-    os.replace(tmp, out)
-    return out
+    lead = (f"<p>{esc(len(s.catalogue))} units ("
+            f"{esc(', '.join(f'{n} {st}' for st, n in counts.items()))}) in "
+            f"<code>{esc(s.root)}</code>. Layers are numbered from 1.</p>")
+    return write_page(out, title or f"blockcoupling emergence report: {s.root.name}",
+                      sections, lead=lead)
 
 
 __all__ = ["chosen_checkpoints", "plot_coupling_vs_step", "plot_depth_heatmaps",
