@@ -188,9 +188,8 @@ def test_statistic_equals_direct_computation_from_the_run_tables(runs: list[Path
 
 
 def test_statistic_on_a_real_tiny_model_matches_mean_depth_coupling(tmp_path: Path) -> None:
-    from tiny_models import tiny_model
-
     from blockcoupling.studies.demo import build_tokenizer
+    from tiny_models import tiny_model
 
     model = tiny_model("gpt2")  # d = 16 -> K = 2
     tok = build_tokenizer("abcdefgh ")

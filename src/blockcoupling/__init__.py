@@ -22,6 +22,7 @@ from blockcoupling.errors import (
 from blockcoupling.prompts.sources import BUILTIN_SETS, Prompt, load_prompts
 from blockcoupling.store.record import measure_to_dir
 from blockcoupling.store.rundir import is_run_dir, open_run
+from blockcoupling.studies.correlate import CorrelationResult, correlate, paper_scores
 
 __version__ = "0.1.0"
 
@@ -44,6 +45,7 @@ __all__ = [
     "ArchitectureError",
     "BlockCouplingError",
     "BlockSpec",
+    "CorrelationResult",
     "MeasureConfig",
     "Measurement",
     "NumericalError",
@@ -51,6 +53,7 @@ __all__ = [
     "ReplayError",
     "RunDirError",
     "__version__",
+    "correlate",
     "find_blocks",
     "is_run_dir",
     "iter_measure",
@@ -58,5 +61,6 @@ __all__ = [
     "measure",
     "measure_to_dir",
     "open_run",
+    "paper_scores",
     "write_report",
 ]
