@@ -266,8 +266,8 @@ def write_lmeval(root: Path) -> None:
         "hellaswag": {"acc,none": 0.5, "acc_norm,none": 0.6},
         "truthfulqa_mc2": {"acc,none": 0.38},
         "gsm8k": {"exact_match,strict-match": 0.1, "exact_match,flexible-extract": 0.2},
-        "mmlu": {"acc,none": 0.30}, "mmlu_anatomy": {"acc,none": 0.9},
-        "winogrande": {"acc,none": 0.7}},
+        "mmlu_anatomy": {"acc,none": 0.9}, "winogrande": {"acc,none": 0.7}},
+        "groups": {"mmlu": {"acc,none": 0.30}},
         "group_subtasks": {"mmlu": ["mmlu_anatomy"], "arc_challenge": []},
         "config": {"model": "hf", "model_args": "pretrained=org/new-model,dtype=float32"},
         "model_name": "org/new-model"}

@@ -389,6 +389,9 @@ def read_lmeval_dir(path: str | Path) -> pd.DataFrame:
         if not isinstance(results, dict):
             raise BlockCouplingError(f"{f}: no 'results' object; is this an lm-evaluation-harness "
                                      "results file?")
+        groups = data.get("groups")
+        if isinstance(groups, dict):  # group scores may be listed only under "groups"
+            results = {**{g: v for g, v in groups.items() if g not in results}, **results}
         model = _lmeval_model(data)
         if model is None:
             raise BlockCouplingError(f"{f}: cannot tell the model (no model_name and no "
