@@ -41,6 +41,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "blockcoupling.report.html": ("write_report",),
     "blockcoupling.studies.monitor": ("CouplingCallback", "CouplingMonitor"),
     "blockcoupling.studies.sweep": ("Sweep", "SweepSpec", "load_spec", "open_sweep", "run_sweep"),
+    "blockcoupling.studies.correlate": ("CorrelationResult", "correlate", "paper_scores"),
 }
 _WHERE: dict[str, str] = {name: mod for mod, names in _EXPORTS.items() for name in names}
 
@@ -53,6 +54,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ do
     from blockcoupling.report.html import write_report
     from blockcoupling.store.record import measure_to_dir
     from blockcoupling.store.rundir import is_run_dir, open_run
+    from blockcoupling.studies.correlate import CorrelationResult, correlate, paper_scores
     from blockcoupling.studies.monitor import CouplingCallback, CouplingMonitor
     from blockcoupling.studies.sweep import Sweep, SweepSpec, load_spec, open_sweep, run_sweep
 
@@ -80,6 +82,7 @@ __all__ = [
     "ArchitectureError",
     "BlockCouplingError",
     "BlockSpec",
+    "CorrelationResult",
     "CouplingCallback",
     "CouplingMonitor",
     "MeasureConfig",
@@ -91,6 +94,7 @@ __all__ = [
     "Sweep",
     "SweepSpec",
     "__version__",
+    "correlate",
     "find_blocks",
     "is_run_dir",
     "iter_measure",
@@ -100,6 +104,7 @@ __all__ = [
     "measure_to_dir",
     "open_run",
     "open_sweep",
+    "paper_scores",
     "run_sweep",
     "write_report",
 ]
