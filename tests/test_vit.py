@@ -327,7 +327,7 @@ def test_grid_configs_default_to_the_paper() -> None:
 
 
 def test_small_grid_runs_locally_and_figures(tmp_path: Path) -> None:
-    base = TrainConfig(epochs=1, **TINY)
+    base = TrainConfig(epochs=1, **{**TINY, "monitor_images": 1, "final_images": 1})
     seen: list[dict] = []
     runs = run_grid(base, tmp_path / "grid", drop_paths=(0.0, 0.2), weight_decays=(0.01, 0.1),
                     executor="local", progress=False, on_run=seen.append)

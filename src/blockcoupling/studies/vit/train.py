@@ -402,11 +402,11 @@ def _train(config: TrainConfig, out: Path, *, progress: bool, on_epoch: EpochCal
                "seconds_eval": time.perf_counter() - t0 - seconds_train}
         row.update(coupling_row(epoch) if monitored(epoch) else
                    {"coupling": float("nan"), "seconds_measure": 0.0, "cpu_seconds_measure": 0.0})
+        if epoch < config.epochs:  # the checkpoint first: a finished epoch is never lost
+            _save_checkpoint(ckpt_path, config, model, optimizer, [*history, row], epoch)
         record(epoch, row)
         if hasattr(bar, "set_postfix"):
             bar.set_postfix(test_acc=f"{te_acc:.3f}", coupling=f"{row['coupling']:.3f}")
-        if epoch < config.epochs:
-            _save_checkpoint(ckpt_path, config, model, optimizer, history, epoch)
 
     # The trained model, then its final measurement, then the "complete" status.
     _save_model(model, out / "model")
