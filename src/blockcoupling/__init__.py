@@ -22,6 +22,7 @@ from blockcoupling.errors import (
 from blockcoupling.prompts.sources import BUILTIN_SETS, Prompt, load_prompts
 from blockcoupling.store.record import measure_to_dir
 from blockcoupling.store.rundir import is_run_dir, open_run
+from blockcoupling.studies.vit.train import VitTrainConfig, train_vit
 
 __version__ = "0.1.0"
 
@@ -50,6 +51,7 @@ __all__ = [
     "Prompt",
     "ReplayError",
     "RunDirError",
+    "VitTrainConfig",
     "__version__",
     "find_blocks",
     "is_run_dir",
@@ -58,5 +60,6 @@ __all__ = [
     "measure",
     "measure_to_dir",
     "open_run",
+    "train_vit",
     "write_report",
 ]
