@@ -370,6 +370,18 @@ def test_small_grid_runs_locally_and_figures(tmp_path: Path) -> None:
     assert len(pd.read_csv(tmp_path / "fig" / "vit_runs.csv")) == 4
 
 
+def test_grid_on_ray_matches_this_process(tmp_path: Path, ray_cluster: str) -> None:
+    """One Ray task per run; a run is a pure function of its config, wherever it runs."""
+    base = VitTrainConfig(epochs=1, **{**TINY, "monitor_every": 0, "final_images": 1})
+    kw = dict(drop_paths=(0.0, 0.2), weight_decays=(0.01,), progress=False)
+    on_ray = run_grid(base, tmp_path / "ray", executor="ray", address=ray_cluster, **kw)
+    here = run_grid(base, tmp_path / "local", executor="local", **kw)
+    assert set(on_ray["status"]) == {"complete"} and len(on_ray) == 2
+    cols = ["name", "drop_path", "weight_decay", "test_accuracy", "test_loss", "coupling"]
+    pd.testing.assert_frame_equal(on_ray[cols].sort_values("name").reset_index(drop=True),
+                                  here[cols].sort_values("name").reset_index(drop=True))
+
+
 def test_grid_records_failed_runs(tmp_path: Path) -> None:
     base = VitTrainConfig(epochs=1, **{**TINY, "k": 17})  # K larger than the width 16
     runs = run_grid(base, tmp_path / "g", drop_paths=(0.0,), weight_decays=(0.01,),
