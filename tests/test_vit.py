@@ -29,7 +29,7 @@ from blockcoupling.studies.vit.grid import (
 )
 from blockcoupling.studies.vit.model import build_vit, load_vit, resolve_shape
 from blockcoupling.studies.vit.train import (
-    TrainConfig,
+    VitTrainConfig,
     is_trained,
     lr_at,
     param_groups,
@@ -53,7 +53,7 @@ def _one_thread():
 def trained(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """One tiny 2-epoch training shared by the tests that read a finished output."""
     out = tmp_path_factory.mktemp("vit") / "run"
-    train_vit(TrainConfig(epochs=2, drop_path=0.1, **TINY), out, progress=False)
+    train_vit(VitTrainConfig(epochs=2, drop_path=0.1, **TINY), out, progress=False)
     return out
 
 
@@ -226,13 +226,13 @@ def test_config_validation() -> None:
                      (dict(dataset="svhn"), "unknown data set"),
                      (dict(weight_decay=-1), "weight decay"), (dict(k=0), "k must")]:
         with pytest.raises(BlockCouplingError, match=msg):
-            TrainConfig(**bad)
+            VitTrainConfig(**bad)
     with pytest.raises(BlockCouplingError, match="unknown training option"):
-        TrainConfig.from_dict({"dropout": 0.1})
-    c = TrainConfig()
-    assert TrainConfig.from_dict(c.to_dict()) == c and c.key() == TrainConfig().key()
+        VitTrainConfig.from_dict({"dropout": 0.1})
+    c = VitTrainConfig()
+    assert VitTrainConfig.from_dict(c.to_dict()) == c and c.key() == VitTrainConfig().key()
     assert c.key() != c.replace(drop_path=0.2).key()
-    assert c.mixup_alpha == 0.0 and TrainConfig(dataset="cifar10").mixup_alpha == 0.8
+    assert c.mixup_alpha == 0.0 and VitTrainConfig(dataset="cifar10").mixup_alpha == 0.8
 
 
 # ---------------------------------------------------------------------------- training
@@ -274,7 +274,7 @@ def test_training_writes_model_metrics_and_coupling(trained: Path) -> None:
 def test_finished_training_is_skipped_and_other_configs_refused(trained: Path) -> None:
     before = (trained / "metrics.json").read_text()
     calls: list[dict] = []
-    cfg = TrainConfig(epochs=2, drop_path=0.1, **TINY)
+    cfg = VitTrainConfig(epochs=2, drop_path=0.1, **TINY)
     assert train_vit(cfg, trained, progress=False, on_epoch=calls.append) == trained
     assert calls == [] and (trained / "metrics.json").read_text() == before
     with pytest.raises(BlockCouplingError, match="another config"):
@@ -282,7 +282,7 @@ def test_finished_training_is_skipped_and_other_configs_refused(trained: Path) -
 
 
 def test_interrupted_training_resumes_to_the_same_result(tmp_path: Path) -> None:
-    cfg = TrainConfig(epochs=2, drop_path=0.2, monitor_every=0, mixup=0.8, augment=True, **TINY)
+    cfg = VitTrainConfig(epochs=2, drop_path=0.2, monitor_every=0, mixup=0.8, augment=True, **TINY)
     train_vit(cfg, tmp_path / "straight", progress=False)
 
     def stop(row: dict) -> None:
@@ -306,7 +306,7 @@ def test_interrupted_training_resumes_to_the_same_result(tmp_path: Path) -> None
 
 def test_training_learns_digits(tmp_path: Path) -> None:
     """Well above chance (10%) after a few seconds of CPU (the full claim is in BENCHMARKS.md)."""
-    cfg = TrainConfig(epochs=4, drop_path=0.0, preset="tiny", hidden_size=32, depth=2, heads=2,
+    cfg = VitTrainConfig(epochs=4, drop_path=0.0, preset="tiny", hidden_size=32, depth=2, heads=2,
                       image_size=8, batch_size=32, lr=2e-3, warmup_epochs=0.5, monitor_every=0,
                       final_images=1, k=2, train_limit=600)
     train_vit(cfg, tmp_path, progress=False)
@@ -317,17 +317,17 @@ def test_training_learns_digits(tmp_path: Path) -> None:
 
 # ---------------------------------------------------------------------------- grid
 def test_grid_configs_default_to_the_paper() -> None:
-    configs = grid_configs(TrainConfig())
+    configs = grid_configs(VitTrainConfig())
     assert len(configs) == 64
     assert {c.drop_path for c in configs} == set(PAPER_DROP_PATH)
     assert {c.weight_decay for c in configs} == set(PAPER_WEIGHT_DECAY)
     assert run_name(configs[1]) == "dp0.025-wd0.005-s0"
     with pytest.raises(BlockCouplingError, match="repeats"):
-        grid_configs(TrainConfig(), drop_paths=(0.1, 0.1), weight_decays=(0.05,))
+        grid_configs(VitTrainConfig(), drop_paths=(0.1, 0.1), weight_decays=(0.05,))
 
 
 def test_small_grid_runs_locally_and_figures(tmp_path: Path) -> None:
-    base = TrainConfig(epochs=1, **TINY)
+    base = VitTrainConfig(epochs=1, **{**TINY, "monitor_images": 1, "final_images": 1})
     seen: list[dict] = []
     runs = run_grid(base, tmp_path / "grid", drop_paths=(0.0, 0.2), weight_decays=(0.01, 0.1),
                     executor="local", progress=False, on_run=seen.append)
@@ -370,8 +370,20 @@ def test_small_grid_runs_locally_and_figures(tmp_path: Path) -> None:
     assert len(pd.read_csv(tmp_path / "fig" / "vit_runs.csv")) == 4
 
 
+def test_grid_on_ray_matches_this_process(tmp_path: Path, ray_cluster: str) -> None:
+    """One Ray task per run; a run is a pure function of its config, wherever it runs."""
+    base = VitTrainConfig(epochs=1, **{**TINY, "monitor_every": 0, "final_images": 1})
+    kw = dict(drop_paths=(0.0, 0.2), weight_decays=(0.01,), progress=False)
+    on_ray = run_grid(base, tmp_path / "ray", executor="ray", address=ray_cluster, **kw)
+    here = run_grid(base, tmp_path / "local", executor="local", **kw)
+    assert set(on_ray["status"]) == {"complete"} and len(on_ray) == 2
+    cols = ["name", "drop_path", "weight_decay", "test_accuracy", "test_loss", "coupling"]
+    pd.testing.assert_frame_equal(on_ray[cols].sort_values("name").reset_index(drop=True),
+                                  here[cols].sort_values("name").reset_index(drop=True))
+
+
 def test_grid_records_failed_runs(tmp_path: Path) -> None:
-    base = TrainConfig(epochs=1, **{**TINY, "k": 17})  # K larger than the width 16
+    base = VitTrainConfig(epochs=1, **{**TINY, "k": 17})  # K larger than the width 16
     runs = run_grid(base, tmp_path / "g", drop_paths=(0.0,), weight_decays=(0.01,),
                     executor="local", progress=False)
     assert runs["status"].tolist() == ["failed"] and "exceeds" in runs["message"].iloc[0]

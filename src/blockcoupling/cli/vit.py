@@ -23,9 +23,9 @@ def _floats(value: str, what: str) -> list[float]:
 
 
 def _train_config(**kw: Any) -> Any:
-    from blockcoupling.studies.vit.train import TrainConfig
+    from blockcoupling.studies.vit.train import VitTrainConfig
 
-    return TrainConfig(**kw)
+    return VitTrainConfig(**kw)
 
 
 def _common(dataset: str, epochs: int, preset: str, hidden_size: int | None, depth: int | None,

@@ -32,7 +32,7 @@ import pandas as pd
 from blockcoupling.errors import BlockCouplingError
 from blockcoupling.studies.vit.train import (
     METRICS_FILE,
-    TrainConfig,
+    VitTrainConfig,
     is_trained,
     read_metrics,
     train_vit,
@@ -46,14 +46,14 @@ GRID_FORMAT = "blockcoupling-vit-grid"
 EXECUTORS = ("ray", "local")
 
 
-def run_name(config: TrainConfig) -> str:
+def run_name(config: VitTrainConfig) -> str:
     """``dp<rate>-wd<decay>-s<seed>``, e.g. ``dp0.1-wd0.05-s0``."""
     return f"dp{config.drop_path:g}-wd{config.weight_decay:g}-s{config.seed}"
 
 
-def grid_configs(base: TrainConfig, drop_paths: Sequence[float] = PAPER_DROP_PATH,
+def grid_configs(base: VitTrainConfig, drop_paths: Sequence[float] = PAPER_DROP_PATH,
                  weight_decays: Sequence[float] = PAPER_WEIGHT_DECAY,
-                 seeds: Sequence[int] = (0,)) -> list[TrainConfig]:
+                 seeds: Sequence[int] = (0,)) -> list[VitTrainConfig]:
     """One config per (weight decay, drop-path rate, seed), weight decay outermost."""
     if not drop_paths or not weight_decays or not seeds:
         raise BlockCouplingError("the grid needs at least one drop-path rate, weight decay and seed")
@@ -70,7 +70,7 @@ def train_unit(config: dict[str, Any], out_dir: str, threads: int | None = 1) ->
     t0 = time.perf_counter()
     name = Path(out_dir).name
     try:
-        cfg = TrainConfig.from_dict(config)
+        cfg = VitTrainConfig.from_dict(config)
         skipped = is_trained(out_dir, cfg)
         train_vit(cfg, out_dir, progress=False, threads=threads)
         return {"name": name, "status": "done", "skipped": skipped, "message": None,
@@ -91,7 +91,7 @@ def _write_json(path: Path, data: dict[str, Any]) -> None:
     os.replace(tmp, path)
 
 
-def run_grid(base: TrainConfig, root: str | Path, *,
+def run_grid(base: VitTrainConfig, root: str | Path, *,
              drop_paths: Sequence[float] = PAPER_DROP_PATH,
              weight_decays: Sequence[float] = PAPER_WEIGHT_DECAY, seeds: Sequence[int] = (0,),
              executor: str = "ray", address: str | None = None, num_cpus: int = 1,

@@ -1,6 +1,6 @@
 """Training one DeiT-style ViT with stochastic depth, and measuring its coupling as it trains.
 
-:func:`train_vit` is a pure function of ``(TrainConfig, out_dir)`` (the seed is in the
+:func:`train_vit` is a pure function of ``(VitTrainConfig, out_dir)`` (the seed is in the
 config): the same config gives the same model, metrics and coupling, and a finished output
 folder is returned untouched (idempotent), so a grid runner may call it again and again.
 An interrupted training resumes from its last finished epoch (``checkpoint.pt``).
@@ -50,7 +50,7 @@ CLS_TOKEN = 0  # BEiT puts [CLS] at position 0
 
 
 @dataclass(frozen=True)
-class TrainConfig:
+class VitTrainConfig:
     """Everything that determines one training run (and so its output)."""
 
     dataset: str = "digits"
@@ -120,7 +120,7 @@ class TrainConfig:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> TrainConfig:
+    def from_dict(cls, data: dict[str, Any]) -> VitTrainConfig:
         known = {f.name for f in fields(cls)}
         unknown = set(data) - known
         if unknown:
@@ -129,7 +129,7 @@ class TrainConfig:
             )
         return cls(**data)
 
-    def replace(self, **changes: Any) -> TrainConfig:
+    def replace(self, **changes: Any) -> VitTrainConfig:
         return replace(self, **changes)
 
     def key(self) -> str:
@@ -240,7 +240,7 @@ def read_metrics(out_dir: str | Path) -> dict[str, Any]:
     return data
 
 
-def is_trained(out_dir: str | Path, config: TrainConfig | None = None) -> bool:
+def is_trained(out_dir: str | Path, config: VitTrainConfig | None = None) -> bool:
     """True when ``out_dir`` holds a finished training (of ``config``, if given)."""
     out = Path(out_dir)
     try:
@@ -256,7 +256,7 @@ def is_trained(out_dir: str | Path, config: TrainConfig | None = None) -> bool:
 EpochCallback = Callable[[dict[str, Any]], None]
 
 
-def train_vit(config: TrainConfig, out_dir: str | Path, *, progress: bool = True,
+def train_vit(config: VitTrainConfig, out_dir: str | Path, *, progress: bool = True,
               on_epoch: EpochCallback | None = None, data: ImageData | None = None,
               threads: int | None = None) -> Path:
     """Train one ViT as ``config`` says, into ``out_dir``; returns ``out_dir``.
@@ -280,7 +280,7 @@ def train_vit(config: TrainConfig, out_dir: str | Path, *, progress: bool = True
         torch.set_num_threads(old_threads)
 
 
-def _train(config: TrainConfig, out: Path, *, progress: bool, on_epoch: EpochCallback | None,
+def _train(config: VitTrainConfig, out: Path, *, progress: bool, on_epoch: EpochCallback | None,
            data: ImageData | None) -> Path:
     if (out / METRICS_FILE).exists():
         old = read_metrics(out)
@@ -402,11 +402,11 @@ def _train(config: TrainConfig, out: Path, *, progress: bool, on_epoch: EpochCal
                "seconds_eval": time.perf_counter() - t0 - seconds_train}
         row.update(coupling_row(epoch) if monitored(epoch) else
                    {"coupling": float("nan"), "seconds_measure": 0.0, "cpu_seconds_measure": 0.0})
+        if epoch < config.epochs:  # the checkpoint first: a finished epoch is never lost
+            _save_checkpoint(ckpt_path, config, model, optimizer, [*history, row], epoch)
         record(epoch, row)
         if hasattr(bar, "set_postfix"):
             bar.set_postfix(test_acc=f"{te_acc:.3f}", coupling=f"{row['coupling']:.3f}")
-        if epoch < config.epochs:
-            _save_checkpoint(ckpt_path, config, model, optimizer, history, epoch)
 
     # The trained model, then its final measurement, then the "complete" status.
     _save_model(model, out / "model")
@@ -433,7 +433,7 @@ def _progress(it: range, enabled: bool, desc: str) -> Any:
     return tqdm(it, desc=desc, unit="epoch", leave=False)
 
 
-def _metrics_doc(config: TrainConfig, data: ImageData, shape: Any, history: list[dict[str, Any]],
+def _metrics_doc(config: VitTrainConfig, data: ImageData, shape: Any, history: list[dict[str, Any]],
                  status: str, data_seconds: float) -> dict[str, Any]:
     return {
         "format": FORMAT,
@@ -449,7 +449,7 @@ def _metrics_doc(config: TrainConfig, data: ImageData, shape: Any, history: list
     }
 
 
-def _save_checkpoint(path: Path, config: TrainConfig, model: torch.nn.Module,
+def _save_checkpoint(path: Path, config: VitTrainConfig, model: torch.nn.Module,
                      optimizer: torch.optim.Optimizer, history: list[dict[str, Any]],
                      epoch: int) -> None:
     tmp = path.with_suffix(".tmp")
@@ -468,5 +468,5 @@ def _save_model(model: Any, folder: Path) -> None:
     os.replace(tmp, folder)
 
 
-__all__ = ["TrainConfig", "evaluate", "is_trained", "lr_at", "measure_images", "param_groups",
+__all__ = ["VitTrainConfig", "evaluate", "is_trained", "lr_at", "measure_images", "param_groups",
            "read_metrics", "train_vit"]
