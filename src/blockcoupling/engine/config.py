@@ -90,6 +90,9 @@ class MeasureConfig:
     layers: LayerSpec = None
     layer_pairs: Literal["same", "all"] = "same"
     final_norm: bool = False
+    # post-LN blocks: project the output LayerNorm's directions out of every Jacobian before
+    # the SVD (engine/normdirs.py; docs/conventions.md "Post-LN blocks")
+    remove_norm_directions: bool = False
     method: str = "auto"
     fast_path: bool = True  # decode-step Jacobians J^l_tt for causal models (fastpath.py)
     # where the Jacobian work runs; None = where each block's weights are. A model bigger than
