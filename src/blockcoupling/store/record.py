@@ -8,10 +8,12 @@ from typing import Any
 
 import torch
 
-from blockcoupling.engine.config import MeasureConfig
+from blockcoupling.engine.config import MeasureConfig, parse_config
 from blockcoupling.engine.measure import build_meta, iter_measure, normalise_prompts
 from blockcoupling.engine.results import Measurement, conform
-from blockcoupling.store.rundir import RunWriter, weights_hash
+from blockcoupling.store.fingerprint import weights_hash
+from blockcoupling.store.preflight import preflight
+from blockcoupling.store.writer import RunWriter
 
 
 def measure_to_dir(model: torch.nn.Module, tokenizer: Any, prompts: Any, out_dir: Any, *,
@@ -19,13 +21,13 @@ def measure_to_dir(model: torch.nn.Module, tokenizer: Any, prompts: Any, out_dir
                    progress: bool = True, config: MeasureConfig | None = None,
                    **options: Any) -> Measurement:
     """Like :func:`measure`, but written prompt by prompt into a resumable run directory."""
-    opts = dict(options)
-    cfg = config.replace(**opts) if (config is not None and opts) else (config or MeasureConfig(**opts))
+    cfg = parse_config(config, **options)
     items = normalise_prompts(prompts) if not isinstance(prompts, Mapping) else None
     prompts_df = conform("prompts", [dict(prompt_id=it.prompt_id, text=it.text, n_tokens=0,
                                           label=it.label) for it in items] if items else [])
     full_meta = build_meta(model, cfg, prompts_spec=prompts_spec, weights_hash=weights_hash(model))
     full_meta.update(meta or {})
+    preflight(model, tokenizer, items if items is not None else prompts, cfg)  # before any file
     t0 = time.perf_counter()
     with RunWriter(out_dir, config=cfg, meta=full_meta, prompts=prompts_df, resume=resume) as writer:
         done = writer.done_prompt_ids()
