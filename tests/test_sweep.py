@@ -205,7 +205,7 @@ def test_driver_killed_and_resumed(study: Path, reference: bc.Sweep, ray_cluster
     out = study / "killed_driver"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "blockcoupling", "-q", "sweep", str(study / "study.yaml"),
+        [sys.executable, "-m", "blockcoupling", "-q", "sweep", str(study / "neox.yaml"),
          "--out", str(out), "--address", ray_cluster],
         env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:
@@ -214,7 +214,7 @@ def test_driver_killed_and_resumed(study: Path, reference: bc.Sweep, ray_cluster
         assert proc.poll() is None, proc.stdout.read().decode() if proc.stdout else ""
         # two sweeps on one directory are refused
         with pytest.raises(bc.BlockCouplingError, match="in use by another sweep"):
-            bc.run_sweep(study / "study.yaml", out, resume=True, progress=False)
+            bc.run_sweep(study / "neox.yaml", out, resume=True, progress=False)
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=60)
     finally:
@@ -222,10 +222,10 @@ def test_driver_killed_and_resumed(study: Path, reference: bc.Sweep, ray_cluster
             proc.kill()
     st = sweep_status(out)
     assert "done" in set(st["status"]) and set(st["status"]) - {"done", "failed"}
-    s = bc.run_sweep(study / "study.yaml", out, resume=True, progress=False)
-    assert s.catalogue["status"].tolist() == reference.catalogue["status"].tolist()
-    done = s.done()["unit_id"].tolist()
-    _assert_same(s, reference, done)  # identical rows, none twice
+    s = bc.run_sweep(study / "neox.yaml", out, resume=True, progress=False)
+    assert s.catalogue["status"].tolist() == ["done"] * 3
+    assert len(json.loads((out / "sweep.json").read_text())["sessions"]) == 2
+    _assert_same(s, reference, s.catalogue["unit_id"].tolist())  # identical rows, none twice
 
 
 # ------------------------------------------------------------------------- without Ray
