@@ -136,6 +136,14 @@ def test_sweep_on_ray(study: Path, reference: bc.Sweep) -> None:
     assert set(few["unit_id"]) == {uid} and list(few.columns) == ["unit_id", "value"]
     n = reference.sql("SELECT label, count(*) AS n FROM coupling GROUP BY label ORDER BY label")
     assert n["label"].tolist() == ["gpt2", "neox"]
+    # offline mode reaches the workers
+    import ray
+
+    @ray.remote
+    def worker_env() -> str | None:
+        return os.environ.get("HF_HUB_OFFLINE")
+
+    assert ray.get(worker_env.remote()) == "1"
     # the manifest records the executor, Ray's version and address; catalogue for DuckDB
     man = json.loads((study / "ref" / "sweep.json").read_text())
     sess = man["sessions"][-1]
