@@ -64,7 +64,7 @@ def main() -> None:
     root = Path(tempfile.mkdtemp(prefix="bench_sweep_"))
     try:
         ckpts = make_checkpoints(root)
-        cfg = bc.MeasureConfig(**MEASURE)
+        cfg = bc.MeasureConfig.parse(**MEASURE)
         spec = {"models": [{"label": "tiny", "checkpoints": str(root / "train" / "checkpoint-*"),
                             "resources": {"num_cpus": 2}}],
                 "prompts": [PROMPTS], "limit": LIMIT, "measure": MEASURE}

@@ -126,7 +126,7 @@ def test_sweep_on_ray(study: Path, reference: bc.Sweep) -> None:
     uid = neox["unit_id"].iloc[1]
     model, tok = __import__("blockcoupling.loading", fromlist=["load_model"]).load_model(
         str(study / "runs/train/checkpoint-10"))
-    cfg = bc.MeasureConfig(**MEASURE)
+    cfg = bc.MeasureConfig.parse(**MEASURE)
     direct = bc.measure(model, tok, bc.load_prompts(str(study / "prompts.txt")), config=cfg,
                         progress=False)
     mine = cp[cp["unit_id"] == uid].reset_index(drop=True)

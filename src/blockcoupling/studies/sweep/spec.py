@@ -36,7 +36,7 @@ MODEL_KEYS = ("label", "model", "revisions", "steps", "checkpoints", "dtype", "d
               "resources", "trust_remote_code")
 RESOURCE_KEYS = ("num_cpus", "num_gpus")
 # MeasureConfig fields a spec may not set: the sweep chooses them itself.
-_MEASURE_FORBIDDEN = ("extra",)
+_MEASURE_FORBIDDEN: tuple[str, ...] = ("extra",)
 
 
 class SpecError(BlockCouplingError):
@@ -156,7 +156,7 @@ def parse_measure(data: Any) -> tuple[MeasureConfig, dict[str, Any]]:
     _check_keys(data, known, "measure")
     plain = {str(k): (list(v) if isinstance(v, (list, tuple)) else v) for k, v in data.items()}
     try:
-        cfg = MeasureConfig(**plain)
+        cfg = MeasureConfig.parse(**plain)
     except BlockCouplingError as err:
         raise SpecError(f"measure: {err}") from err
     except (TypeError, ValueError) as err:

@@ -38,15 +38,7 @@ def parse_step(name: str | None) -> int | None:
 
 def config_hash(cfg: MeasureConfig) -> str:
     """``cfg.config_hash()``: the stable hash of the fields that change numbers."""
-    if hasattr(cfg, "config_hash"):
-        return str(cfg.config_hash())
-    # TEMPORARY FALLBACK until MeasureConfig.config_hash() (foundation) is merged: every field
-    # except the runtime-only ones, as sorted JSON.
-    from blockcoupling.store.rundir import RUNTIME_KEYS
-
-    data = {k: v for k, v in cfg.to_dict().items() if k not in RUNTIME_KEYS}
-    text = json.dumps(data, sort_keys=True, default=str)
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
+    return cfg.config_hash()
 
 
 def _slug(text: str, width: int = 40) -> str:
