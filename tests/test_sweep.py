@@ -239,11 +239,18 @@ def test_driver_killed_and_resumed(study: Path, reference: bc.Sweep, ray_cluster
 # ------------------------------------------------------------------------- without Ray
 def test_local_executor_and_spec_resume_rules(study: Path, tmp_path: Path) -> None:
     spec = {"models": [{"label": "g", "model": str(study / "models" / "gpt2")}],
-            "prompts": [str(study / "prompts.txt")], "limit": 2, "measure": MEASURE}
+            "prompts": [str(study / "prompts.txt"),
+                        {"name": "mine", "texts": ["the cat sat", "a dog ran", "the mat"]}],
+            "limit": 2, "measure": MEASURE}
     s = bc.run_sweep(spec, tmp_path / "s", executor="local", progress=False)
-    assert s.catalogue["status"].tolist() == ["done"] and s.catalogue["n_prompts"][0] == 2
+    assert s.catalogue["status"].tolist() == ["done", "done"]
+    assert s.catalogue["n_prompts"].tolist() == [2, 2]
+    assert s.catalogue["prompt_set"].tolist()[1] == "inline:mine"
+    texts = s.prompts
+    assert texts[texts["prompt_set"] == "inline:mine"]["text"].tolist() == ["the cat sat",
+                                                                             "a dog ran"]
     again = bc.run_sweep(spec, tmp_path / "s", executor="local", resume=True, progress=False)
-    assert again.catalogue["attempts"].tolist() == [1]  # done units are not re-run
+    assert again.catalogue["attempts"].tolist() == [1, 1]  # done units are not re-run
     with pytest.raises(SpecError, match="limit"):
         bc.run_sweep({**spec, "limit": 0}, tmp_path / "s", executor="local", resume=True)
     with pytest.raises(bc.BlockCouplingError, match="spec differs"):
@@ -285,6 +292,8 @@ def test_units_and_steps(study: Path) -> None:
     ({"models": [{"checkpoints": "/nonexistent/checkpoint-*"}], "prompts": "builtin:capital"},
      "no checkpoint folder"),
     ({"models": [{"model": "gpt2", "steps": [-1]}], "prompts": "builtin:capital"}, "steps"),
+    ({"models": ["gpt2"], "prompts": [{"name": "x", "texts": []}]}, r"prompts\[0\].texts"),
+    ({"models": ["gpt2"], "prompts": [{"name": "x", "text": ["a"]}]}, "unknown key 'text'"),
 ])
 def test_spec_errors(spec: dict[str, Any], match: str) -> None:
     with pytest.raises(SpecError, match=match):
