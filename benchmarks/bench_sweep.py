@@ -28,9 +28,10 @@ import transformers as tf
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from common import emit, machine, phase, save  # noqa: E402
+
 import blockcoupling as bc  # noqa: E402
 from blockcoupling.loading import load_model  # noqa: E402
-from common import emit, machine, phase, save  # noqa: E402
 
 N_CKPT = 4
 PROMPTS = "builtin:all_styles_small"
@@ -63,7 +64,7 @@ def main() -> None:
     root = Path(tempfile.mkdtemp(prefix="bench_sweep_"))
     try:
         ckpts = make_checkpoints(root)
-        cfg = bc.MeasureConfig(**MEASURE)
+        cfg = bc.MeasureConfig.parse(**MEASURE)
         spec = {"models": [{"label": "tiny", "checkpoints": str(root / "train" / "checkpoint-*"),
                             "resources": {"num_cpus": 2}}],
                 "prompts": [PROMPTS], "limit": LIMIT, "measure": MEASURE}

@@ -65,6 +65,7 @@ table.data thead th { background: #f3f3f3; }
 table.data tbody th { background: #fafafa; position: sticky; left: 0; white-space: nowrap; }
 figure { margin: 1.5em 0; }
 figure img { display: block; max-width: 100%; height: auto; border: 1px solid #eee; }
+.figbox { border: 0; margin: 0; }
 figcaption { font-size: .9em; color: #333; max-width: 70em; margin-top: .4em; }
 .summary { background: #f5f8fc; border: 1px solid #d5e1f0; padding: .6em 1em; }
 .summary ul { margin: .3em 0 .6em; padding-left: 1.3em; }
@@ -82,6 +83,10 @@ nav ul { columns: 2; font-size: .9em; list-style: none; padding-left: 0; }
 @media (max-width: 700px) {
   body { margin: .8em auto; padding: 0 .6em; }
   nav ul { columns: 1; }
+  .summary { padding: .4em .6em; }
+  /* many-panel figures stay legible on a phone: at least 55 % of their natural size,
+     scrolling sideways inside their own box rather than shrinking to a thumbnail */
+  .figbox img { max-width: none; width: max(100%, calc(var(--w) * 0.55)); }
 }
 """
 
@@ -178,8 +183,10 @@ def figure_html(fig: Figure, caption: str, *, title: str = "", number: int | Non
         links = ('<p class="files">Files: ' + " ".join(
             f"{esc(stem.parent.name)}/{esc(path.name)}" for path in files) + "</p>")
     label = f"<b>Figure {number}.</b> " if number is not None else ""
-    return (f'<figure><img alt="{esc(title or caption[:80])}" '
-            f'src="data:image/png;base64,{base64.b64encode(png).decode("ascii")}">'
+    width = round(fig.get_figwidth() * fig.dpi)  # the PNG's natural width in pixels
+    return (f'<figure><div class="scroll figbox" style="--w: {width}px">'
+            f'<img alt="{esc(title or caption[:80])}" '
+            f'src="data:image/png;base64,{base64.b64encode(png).decode("ascii")}"></div>'
             f"<figcaption>{label}{esc(caption)}</figcaption></figure>{links}")
 
 

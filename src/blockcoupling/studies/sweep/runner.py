@@ -61,7 +61,10 @@ def run_unit(unit: Unit | Mapping[str, Any], root: str | os.PathLike[str]) -> di
             m = open_run(out)
         else:
             cfg = MeasureConfig.from_dict(dict(u.config))
-            prompts = load_prompts(u.prompt_set, limit=u.limit, seed=cfg.seed)
+            if u.prompt_texts:  # an inline set: ids p00000, p00001, ... (limit: the first N)
+                prompts = list(u.prompt_texts)[: u.limit] if u.limit else list(u.prompt_texts)
+            else:
+                prompts = load_prompts(u.prompt_set, limit=u.limit, seed=cfg.seed)
             model, tok = load_model(u.model, revision=u.revision, dtype=u.dtype, device=u.device,
                                     trust_remote_code=u.trust_remote_code)
             meta = {"model": u.model, "revision": u.revision, "label": u.label, "step": u.step,
