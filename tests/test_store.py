@@ -123,7 +123,7 @@ def test_round_trip_equals_in_memory_measurement(tmp_path: Path) -> None:
     assert got.meta["timings"] == {"total_s": 1.5}
 
     manifest = json.loads((root / "manifest.json").read_text())
-    assert manifest["format"] == "blockcoupling-run" and manifest["format_version"] == 1
+    assert manifest["format"] == "blockcoupling-run" and manifest["format_version"] == 2
     assert manifest["status"] == "complete"
     assert MeasureConfig.from_dict(manifest["config"]) == CONFIG
     assert manifest["model"] == "tiny/gpt2" and manifest["revision"] == "abc123"
@@ -238,9 +238,18 @@ def test_resume_skips_done_prompts_without_duplicates(tmp_path: Path) -> None:
 def test_resume_with_only_runtime_options_changed_is_allowed(tmp_path: Path) -> None:
     root = tmp_path / "run"
     write_run(root, [["p0"]], finalize=False)
-    cfg = CONFIG.replace(batch_size=5, chunk_size=7)
+    cfg = CONFIG.replace(chunk_size=7)
     with RunWriter(root, config=cfg, meta=META, prompts=PROMPTS, resume=True) as w:
         assert w.done_prompt_ids() == {"p0"}
+
+
+def test_resume_with_another_batch_size_is_refused_with_the_option_to_use(tmp_path: Path) -> None:
+    """Batch composition changes float32 rounding: batch_size is part of the identity."""
+    root = tmp_path / "run"
+    write_run(root, [["p0"]], finalize=False)
+    with pytest.raises(RunDirError, match="batch_size: run has 2, now 5.*--batch-size 2"):
+        RunWriter(root, config=CONFIG.replace(batch_size=5), meta=META, prompts=PROMPTS,
+                  resume=True)
 
 
 def test_resume_with_a_different_config_is_refused(tmp_path: Path) -> None:
@@ -291,7 +300,7 @@ def child_code(root: Path, *, kill_at: tuple[str, ...] = (), sleep: float = 0.0,
             if {kill_at!r} and all(s in target for s in {kill_at!r}):
                 os.kill(os.getpid(), signal.SIGKILL)
             real_fsync(fd)
-        store.os.fsync = fsync
+        os.fsync = fsync
         with store.RunWriter({str(root)!r}, config=t.CONFIG, meta=t.META, prompts=t.PROMPTS,
                              resume=True) as w:
             for pid in t.PROMPT_IDS:
@@ -354,13 +363,14 @@ def test_sigkill_inside_a_part_and_inside_finalize_then_resume(tmp_path: Path) -
     leftovers = [p for p in (root / "parts").iterdir() if p.name.startswith(".tmp-")]
     assert len(leftovers) == 1 and (leftovers[0] / "token_metrics.parquet").exists()
     assert open_run(root).prompts["prompt_id"].tolist() == PROMPT_IDS[:3]
-    # 2) resume, write the rest, die inside finalize (consolidated tables go in TABLES
-    #    order: coupling, trajectory, token_metrics are written, spectra is not)
+    # 2) resume, write the rest, die inside finalize (consolidated tables go to temporary
+    #    files first, in TABLES order: coupling, trajectory, token_metrics are written)
     res = run_child(child_code(root, kill_at=(".tmp-spectra.parquet",), finalize=True))
     assert res.returncode == -signal.SIGKILL, res.stderr
     assert res.stdout.split()[1::2] == PROMPT_IDS[3:]
     assert not any(p.name.startswith(".tmp-") for p in (root / "parts").iterdir())
-    assert (root / "token_metrics.parquet").exists() and not (root / "spectra.parquet").exists()
+    assert any(p.name.startswith(".tmp-token_metrics.parquet") for p in root.iterdir())
+    assert not (root / "coupling.parquet").exists()  # nothing renamed before the commit
     assert json.loads((root / "manifest.json").read_text())["status"] == "running"
     assert_same(open_run(root), reference())
     # 3) resume again: nothing left to compute, finalize completes
@@ -469,8 +479,10 @@ def test_missing_table_in_a_complete_run(tmp_path: Path) -> None:
     root = tmp_path / "run"
     write_run(root, [["p0"]])
     (root / "spectra.parquet").unlink()
-    with pytest.raises(RunDirError, match="table 'spectra' is missing.*--resume"):
+    with pytest.raises(RunDirError, match="spectra.parquet is missing") as err:
         open_run(root)
+    # the parts were merged and deleted: --resume cannot rebuild it, and the message says so
+    assert "cannot rebuild it" in str(err.value) and "new --out" in str(err.value)
 
 
 # ---------------------------------------------------------------------------- weights hash

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import os
+import signal
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from typer.core import TyperCommand
 
 from blockcoupling.cli.app import STATE as _STATE
 from blockcoupling.cli.app import app
@@ -19,7 +23,36 @@ def _csv(value: str | None) -> list[str] | None:
     return None if value is None else [v.strip() for v in value.split(",") if v.strip()]
 
 
+class _Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where the run is, so that it unwinds like Ctrl-C."""
+
+
+@contextlib.contextmanager
+def _sigterm_as_interrupt() -> Iterator[None]:
+    """SIGTERM (``kill PID``, a batch scheduler's stop) ends a measure like Ctrl-C: the parts
+    already written stay, the lock is released, and the user is told how to continue."""
+    def handler(signum: int, frame: object) -> None:
+        raise _Terminated
+
+    try:
+        old = signal.signal(signal.SIGTERM, handler)
+    except ValueError:  # not the main thread (e.g. a test runner's worker): leave it
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old)
+
+
+def _os_error(err: OSError, what: str) -> BlockCouplingError:
+    """An operating-system error outside the run store (model or prompt files), as one line."""
+    where = f" {err.filename}" if err.filename else ""
+    return BlockCouplingError(f"{what}:{where}: {err.strerror or err}; check the path and try again")
+
+
 def measure(
+    ctx: typer.Context,
     model: Annotated[str, typer.Option("--model", "-m", help="Hub id or local model folder.")],
     prompts: Annotated[str, typer.Option("--prompts", help="File (.txt/.jsonl/.csv), builtin:NAME or hf:DATASET.")],
     out: Annotated[Path, typer.Option("--out", "-o", help="Run directory to write.")],
@@ -29,9 +62,8 @@ def measure(
     limit: Annotated[int | None, typer.Option(help="Use at most this many prompts (seeded subset).")] = None,
     prompt_column: Annotated[str | None, typer.Option(help="Text column of a .csv/.jsonl prompt file.")] = None,
     split: Annotated[str | None, typer.Option(help="Dataset split for hf: prompts.")] = None,
-    resume: Annotated[bool, typer.Option("--resume", help="Continue an interrupted run in --out.")] = False,
-    trust_remote_code: Annotated[bool, typer.Option("--trust-remote-code")] = False,
-    **config_options: Any,
+    resume: Annotated[bool, typer.Option("--resume/--no-resume", help="Continue an interrupted run in --out.")] = False,
+    trust_remote_code: Annotated[bool, typer.Option("--trust-remote-code/--no-trust-remote-code", help="Run the model repository's own Python code (transformers trust_remote_code); only for repositories you trust.")] = False,
 ) -> None:
     """Measure a model on a prompt set and write a resumable run directory."""
     from blockcoupling.engine.config import parse_config
@@ -40,71 +72,141 @@ def measure(
     from blockcoupling.store.record import measure_to_dir
 
     try:
+        _check_out(out, resume)
         # the raw strings of the options that were given go to the one parser
-        cfg = parse_config(None, **{_CONFIG_PARAMS[name]: value
-                                    for name, value in config_options.items() if value is not None})
+        # (the MeasureConfig options, given by _ConfigOptionsCommand: field -> raw value)
+        config_options = ctx.meta.get(_CONFIG_KEY, {})
+        cfg = parse_config(None, **{name: value for name, value in config_options.items()
+                                    if value is not None})
         items = load_prompts(prompts, limit=limit, seed=cfg.seed, column=prompt_column, split=split)
         net, tok = load_model(model, revision=revision, dtype=dtype, device=device,
-                              trust_remote_code=trust_remote_code)
+                              trust_remote_code=trust_remote_code, require_tokenizer=True,
+                              progress=not _STATE["quiet"])
         meta = {"model": model, "revision": revision, "prompts_spec": prompts}
-        result = measure_to_dir(net, tok, items, out, meta=meta, prompts_spec=prompts,
-                                resume=resume, progress=not _STATE["quiet"], config=cfg)
-    except KeyboardInterrupt:
+        with _sigterm_as_interrupt():
+            result = measure_to_dir(net, tok, items, out, meta=meta, prompts_spec=prompts,
+                                    resume=resume, progress=not _STATE["quiet"], config=cfg)
+    except KeyboardInterrupt as stop:
         typer.echo(f"\ninterrupted: finished prompts are saved in {out}; "
                    "continue with the same command and --resume", err=True)
-        raise typer.Exit(130) from None
+        # the shell's convention: 128 + the signal's number
+        raise typer.Exit(143 if isinstance(stop, _Terminated) else 130) from None
     except BlockCouplingError as err:
         _fail(err)
+        return
+    except OSError as err:
+        _fail(_os_error(err, "cannot read or write a file"))
         return
     if not _STATE["quiet"]:
         typer.echo(result.summary())
         typer.echo(f"wrote {out}")
 
 
-def _with_config_options(fn: Any) -> tuple[Any, dict[str, str]]:
-    """``fn`` with one CLI option per exposed :class:`MeasureConfig` field (from the fields'
+_CONFIG_KEY = "blockcoupling.measure_config_options"
+
+
+class _ConfigOptionsCommand(TyperCommand):
+    """``measure`` with one option per exposed :class:`MeasureConfig` field (from the fields'
     metadata: flag, help, default). Flags (bool fields) are ``--x/--no-x``; every other option
-    is a raw string (``None`` = not given) that :func:`parse_config` parses."""
-    from blockcoupling.engine.config import cli_fields, render_default
+    is a raw string (``None`` = not given) that :func:`parse_config` parses.
 
-    sig = inspect.signature(fn, eval_str=True)
-    params = [p for p in sig.parameters.values() if p.kind is not inspect.Parameter.VAR_KEYWORD]
-    names: dict[str, str] = {}
-    annotations: dict[str, Any] = {p.name: p.annotation for p in params}
-    for name, default, help_, is_flag, flag in cli_fields():
-        pname = flag.removeprefix("--").replace("-", "_")
-        names[pname] = name
-        if is_flag:
-            opt = typer.Option(f"{flag}/--no-{flag.removeprefix('--')}", help=help_)
-            ann: Any = Annotated[bool | None, opt]
-        else:
-            opt = typer.Option(flag, help=f"{help_} [default: {render_default(name, default)}]")
-            ann = Annotated[str | None, opt]
-        params.append(inspect.Parameter(pname, inspect.Parameter.KEYWORD_ONLY, default=None,
-                                        annotation=ann))
-        annotations[pname] = ann
-    fn.__signature__ = sig.replace(parameters=params)
-    fn.__annotations__ = {**annotations, "return": None}
-    return fn, names
+    The options are added the first time the command's parameters are needed (parsing its
+    arguments or printing its help), not at import: engine/config.py imports torch, and
+    ``blockcoupling --help`` or another command must not pay for it. The parsed values reach
+    ``measure`` through the click context (``ctx.meta[_CONFIG_KEY]``: field -> raw value).
+    """
+
+    _fields: dict[str, str] | None = None  # click parameter name -> MeasureConfig field
+
+    def _load(self) -> dict[str, str]:
+        if self._fields is None:
+            from blockcoupling.engine.config import cli_fields, render_default
+
+            fields: dict[str, str] = {}
+            params: list[inspect.Parameter] = []
+            for name, default, help_, is_flag, flag in cli_fields():
+                pname = flag.removeprefix("--").replace("-", "_")
+                fields[pname] = name
+                if is_flag:
+                    opt = typer.Option(f"{flag}/--no-{flag.removeprefix('--')}", help=help_)
+                    ann: Any = Annotated[bool | None, opt]
+                else:
+                    opt = typer.Option(flag, help=f"{help_} [default: {render_default(name, default)}]")
+                    ann = Annotated[str | None, opt]
+                params.append(inspect.Parameter(pname, inspect.Parameter.KEYWORD_ONLY,
+                                                default=None, annotation=ann))
+
+            def options() -> None:  # typer builds the click options from this signature
+                return None
+
+            options.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
+            options.__annotations__ = {p.name: p.annotation for p in params} | {"return": None}
+            scratch = typer.Typer(add_completion=False)
+            scratch.command()(options)
+            self.params.extend(typer.main.get_command(scratch).params)
+            self._fields = fields
+        return self._fields
+
+    def get_params(self, ctx: Any) -> list[Any]:
+        self._load()
+        return super().get_params(ctx)
+
+    def invoke(self, ctx: Any) -> Any:
+        fields = self._load()
+        ctx.meta[_CONFIG_KEY] = {fields[k]: ctx.params.pop(k) for k in list(ctx.params)
+                                 if k in fields}
+        return super().invoke(ctx)
 
 
-measure, _CONFIG_PARAMS = _with_config_options(measure)
-app.command()(measure)
+app.command(cls=_ConfigOptionsCommand)(measure)
+
+
+def _check_out(out: Path, resume: bool) -> None:
+    """Refuse an --out that cannot become a run directory before any work is done."""
+    from blockcoupling.store.reader import is_run_dir
+
+    if out.exists() and not out.is_dir():
+        raise BlockCouplingError(f"--out {out} is a file; choose a directory for the run")
+    parent = out
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir():
+        raise BlockCouplingError(
+            f"--out {out}: {parent} is a file, so no directory can be created under it; "
+            "choose another --out"
+        )
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise BlockCouplingError(
+            f"--out {out}: {parent} is not writable; choose a --out in a folder you can write to"
+        )
+    if out.is_dir() and not resume and any(out.iterdir()) and not is_run_dir(out):
+        raise BlockCouplingError(
+            f"--out {out} is a folder that holds other files; choose a new or empty --out"
+        )
 
 
 @app.command()
 def report(
-    run_dirs: Annotated[list[Path], typer.Argument(help="One or more run directories.")],
+    run_dirs: Annotated[list[Path], typer.Argument(help="One or more run directories, or one sweep directory (emergence report).")],
     out: Annotated[Path, typer.Option("--out", "-o", help="HTML file to write.")] = Path("report.html"),
     labels: Annotated[str | None, typer.Option(help="Comma-separated labels, one per run.")] = None,
 ) -> None:
     """Write one self-contained HTML report (plus PNG/SVG/PDF figures) from stored runs."""
     from blockcoupling.report.html import write_report_from_dirs
+    from blockcoupling.studies.sweep.store import is_sweep_dir
 
     try:
-        path = write_report_from_dirs(run_dirs, out, labels=_csv(labels))
+        if len(run_dirs) == 1 and is_sweep_dir(run_dirs[0]):  # a sweep or monitor directory
+            from blockcoupling.report.emergence import write_emergence_report
+
+            path = write_emergence_report(run_dirs[0], out)
+        else:
+            path = write_report_from_dirs(run_dirs, out, labels=_csv(labels))
     except BlockCouplingError as err:
         _fail(err)
+        return
+    except OSError as err:
+        _fail(_os_error(err, "cannot write the report"))
         return
     if not _STATE["quiet"]:
         typer.echo(f"wrote {path}")
@@ -112,13 +214,17 @@ def report(
 
 @app.command()
 def show(run_dir: Annotated[Path, typer.Argument(help="A run directory.")]) -> None:
-    """A short text summary of a run."""
-    from blockcoupling.store.rundir import open_run
+    """A short text summary of a run; says whether it is complete ("2 of 3 prompts")."""
+    from blockcoupling.store.reader import open_run, run_progress
 
     try:
-        typer.echo(open_run(run_dir).summary())
+        progress = run_progress(run_dir)
+        summary = open_run(run_dir).summary()
     except BlockCouplingError as err:
         _fail(err)
+        return
+    typer.echo(f"status: {progress.describe(run_dir)}")
+    typer.echo(summary)
 
 
 @app.command()
@@ -135,7 +241,7 @@ def models() -> None:
 @app.command()
 def demo(
     out: Annotated[Path | None, typer.Option("--out", "-o", help="Folder for the demo's runs and report (default demo_run, or demo_run_quick).")] = None,
-    quick: Annotated[bool, typer.Option("--quick", help="A much smaller demo (for tests).")] = False,
+    quick: Annotated[bool, typer.Option("--quick/--no-quick", help="A much smaller demo (for tests).")] = False,
     cache_dir: Annotated[Path | None, typer.Option(help="Where trained demo checkpoints are cached.")] = None,
 ) -> None:
     """The offline demo: pretrained MiniLM vs random init, and a tiny LM across training."""

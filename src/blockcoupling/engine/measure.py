@@ -30,7 +30,7 @@ import pandas as pd
 import torch
 from torch import Tensor
 
-from blockcoupling.engine import fastpath, metrics, pairs, spectra, svd, tables
+from blockcoupling.engine import fastpath, metrics, normdirs, pairs, spectra, svd, tables
 from blockcoupling.engine import jacobian as jac
 from blockcoupling.engine.blocks import BlockSpec, find_blocks
 from blockcoupling.engine.capture import Capture, capture, residual_branch
@@ -109,7 +109,8 @@ class _PromptRun:
         self.n = cap.lengths[b]
         self.d = spec.hidden_size
         self.layers = cfg.selected_layers(spec.num_layers)
-        self.tokens = pairs.resolve_tokens(cfg.tokens, self.n)
+        self.tokens = pairs.resolve_tokens(cfg.tokens, self.n,
+                                           cls=pairs.cls_position(spec.arch, spec.causal))
         self.method = choose_method(cfg, self.d)
         self.progress = progress
         self.pairs: dict[str, list[pairs.Pair]] = {
@@ -126,6 +127,7 @@ class _PromptRun:
                         self.keys[la].append((t, t))
                 self.keys[la].sort()
         self.measured: dict[Key, _Measured] = {}
+        self.norm_bases: dict[int, Tensor] = {}  # remove_norm_directions: layer -> (n, d, 2)
         self.rows: dict[str, list[dict[str, Any]]] = {"spectra": [], "influence": [], "diagnostics": []}
 
     # -- pass 1 ------------------------------------------------------------------------
@@ -174,7 +176,7 @@ class _PromptRun:
             for t_in, t_out in keys:
                 tb = fast.get(t_in) if t_in == t_out else None
                 with self._where(layer, [(t_in, t_out)]):
-                    m = self._measure_key(t_in, t_out, tb, f, x, blocks)
+                    m = self._measure_key(layer, t_in, t_out, tb, f, x, blocks)
                 self.measured[(layer, t_in, t_out)] = m
                 self.state.on_event(MeasureEvent(
                     "svd", m.seconds, self.item.prompt_id, layer, t_in, t_out, m.method))
@@ -205,7 +207,20 @@ class _PromptRun:
             raise NumericalError(
                 f"prompt {self.item.prompt_id!r}, layer {layer}, token {pairs_}: {err}") from err
 
-    def _measure_key(self, t_in: int, t_out: int, tb: Any, f: Any, x: Any,
+    def _project(self, layer: int, t_out: int, J: Any) -> Any:
+        """``Q_N J`` with ``remove_norm_directions`` (engine/normdirs.py): a dense (d, d) J or
+        an operator; J itself when the option is off."""
+        if not self.cfg.remove_norm_directions:
+            return J
+        if layer not in self.norm_bases:
+            self.norm_bases[layer] = normdirs.block_null_bases(
+                self.model, self.cap, layer, self.b, dtype=self.cfg.dtype, device=self._device)
+        N = self.norm_bases[layer][t_out]  # (d, 2)
+        if isinstance(J, Tensor):
+            return normdirs.project_rows(J, N.to(J.device, J.dtype))
+        return normdirs.ProjectedOperator(J, N)
+
+    def _measure_key(self, layer: int, t_in: int, t_out: int, tb: Any, f: Any, x: Any,
                      blocks: dict[tuple[int, int], Tensor]) -> _Measured:
         """Top-K factors of J_{t_in t_out}: dense (from ``blocks`` or the fast path ``tb``)
         or matrix-free; ``auto`` falls back to dense where the SVD residual is above tol."""
@@ -213,10 +228,12 @@ class _PromptRun:
         kmax = self.cfg.k_max
         tag = "_fast" if tb is not None else ""
         if self.method == "dense":
-            J = tb.jacobian() if tb is not None else blocks[(t_in, t_out)]
+            J = self._project(layer, t_out,
+                              tb.jacobian() if tb is not None else blocks[(t_in, t_out)])
             m = _Measured(svd.topk_svd(J, kmax), J, "dense" + tag, 0.0, 0.0)
         else:
-            op = tb if tb is not None else jac.jacobian_operator(f, x, t_in, t_out)
+            op = self._project(layer, t_out,
+                               tb if tb is not None else jac.jacobian_operator(f, x, t_in, t_out))
             top = svd.randomized_topk_svd(
                 op, kmax, oversample=self.cfg.svd_oversample, n_iter=self.cfg.svd_iters,
                 tol=self.cfg.svd_tol, seed=self.cfg.seed,
@@ -224,8 +241,8 @@ class _PromptRun:
             res = float(top.residual.max()) if top.residual is not None else 0.0
             m = _Measured(top, None, "matrix_free" + tag, res, 0.0)
             if self.cfg.method == "auto" and self.cfg.svd_tol is not None and res > self.cfg.svd_tol:
-                J = tb.jacobian() if tb is not None else jac.jacobian_blocks(
-                    f, x, [t_out], in_tokens=[t_in], chunk_size=self.cfg.chunk_size)[0, 0]
+                J = self._project(layer, t_out, tb.jacobian() if tb is not None else jac.jacobian_blocks(
+                    f, x, [t_out], in_tokens=[t_in], chunk_size=self.cfg.chunk_size)[0, 0])
                 m = _Measured(svd.topk_svd(J, kmax), J, "dense_fallback" + tag, res, 0.0)
         m.seconds = time.perf_counter() - t0
         return m
@@ -259,7 +276,7 @@ class _PromptRun:
 
     def _influence(self, layer: int, blocks: dict[tuple[int, int], Tensor],
                    keys: Sequence[tuple[int, int]]) -> None:
-        Js = torch.stack([blocks[k] for k in keys])  # (n, d, d)
+        Js = torch.stack([self._project(layer, k[1], blocks[k]) for k in keys])  # (n, d, d)
         s = torch.linalg.svdvals(Js.double())  # (n, d)
         vals = spectra.influence_metrics(s)
         for name, v in vals.items():
@@ -272,8 +289,9 @@ class _PromptRun:
     def pass2(self) -> tuple[list[pd.DataFrame], dict[str, np.ndarray], dict[int, float]]:
         """Coupling matrices for every pair of every kind, and the linearisation cosines."""
         cfg = self.cfg
-        want_lin = "depth" in cfg.coupling and tuple(self.layers) == tuple(
-            range(1, self.spec.num_layers + 1))
+        # the linearisation check needs the true Jacobians, not the projected ones
+        want_lin = "depth" in cfg.coupling and not cfg.remove_norm_directions and tuple(
+            self.layers) == tuple(range(1, self.spec.num_layers + 1))
         A_store: dict[tuple[str, Key, Key, str], Tensor] = {}
         layer_ops = self._coupling_by_layer(A_store)
         lin: dict[int, float] = {}
@@ -333,8 +351,8 @@ class _PromptRun:
             J = m.dense
             return lambda X: J @ X
         if key[1] == key[2] and key[1] in fast:
-            return fast[key[1]].matmat
-        return jac.jacobian_operator(f, x, key[1], key[2]).matmat
+            return self._project(key[0], key[2], fast[key[1]]).matmat
+        return self._project(key[0], key[2], jac.jacobian_operator(f, x, key[1], key[2])).matmat
 
 
 # ---------------------------------------------------------------------------- public API
@@ -460,7 +478,7 @@ def build_meta(model: torch.nn.Module, cfg: MeasureConfig, **extra: Any) -> dict
 
 def measure(model: torch.nn.Module, tokenizer: Any = None, prompts: Any = (), *,
             coupling: Sequence[str] | str = ("depth",), k: Sequence[int] | int = (10, 30, 50),
-            tokens: str | Sequence[int] = "last", p: float | Sequence[float] = 1,
+            tokens: str | Sequence[int] = "auto", p: float | Sequence[float] = 1,
             dtype: torch.dtype = torch.float32, config: MeasureConfig | None = None,
             progress: bool = True, on_event: EventCallback | None = None,
             **options: Any) -> Measurement:

@@ -7,14 +7,15 @@ from typing import Any
 
 import torch
 
-from blockcoupling.engine.blocks import find_blocks
 from blockcoupling.engine.config import MeasureConfig, parse_config
 from blockcoupling.engine.events import EventCallback
 from blockcoupling.engine.inputs import normalise_inputs
 from blockcoupling.engine.measure import build_meta, iter_measure
 from blockcoupling.engine.results import Measurement, conform
 from blockcoupling.errors import BlockCouplingError
-from blockcoupling.store.rundir import RunWriter, weights_hash
+from blockcoupling.store.fingerprint import weights_hash
+from blockcoupling.store.preflight import preflight
+from blockcoupling.store.writer import RunWriter
 
 
 def measure_to_dir(model: torch.nn.Module, tokenizer: Any, prompts: Any, out_dir: Any, *,
@@ -32,13 +33,11 @@ def measure_to_dir(model: torch.nn.Module, tokenizer: Any, prompts: Any, out_dir
     items = normalise_inputs(prompts)
     if items[0].is_text and tokenizer is None:
         raise BlockCouplingError("text prompts need a tokenizer; pass the model's tokenizer")
-    spec = find_blocks(model, cfg.blocks_path)
-    if spec.hidden_size:
-        cfg.check_model(spec.num_layers, spec.hidden_size)
     prompts_df = conform("prompts", [dict(prompt_id=it.prompt_id, text=it.text, n_tokens=0,
                                           label=it.label) for it in items])
     full_meta = build_meta(model, cfg, prompts_spec=prompts_spec, weights_hash=weights_hash(model))
     full_meta.update(meta or {})
+    preflight(model, tokenizer, items, cfg)  # before any file
     t0 = time.perf_counter()
     with RunWriter(out_dir, config=cfg, meta=full_meta, prompts=prompts_df, resume=resume) as writer:
         done = writer.done_prompt_ids()
