@@ -325,8 +325,6 @@ def _run_fields(m: Measurement) -> dict[str, Any]:
     for key, value in c.to_dict().items():  # any other option set away from its default
         if key not in shown and value != defaults.get(key):
             out[key] = _fmt(value)
-    for key, value in sorted((c.extra or {}).items()):
-        out[f"extra.{key}"] = _fmt(value)
     for key, value in sorted(m.meta.items()):
         if key in ("model", "revision", "prompts_spec", "label", "figure_window"):
             continue
