@@ -60,7 +60,7 @@ h3 { font-size: 1.05em; margin: 1.2em 0 .3em; }
 table.data { border-collapse: collapse; font-size: .88em; }
 table.data th, table.data td { border: 1px solid #d6d6d6; padding: .3em .6em;
        vertical-align: top; text-align: left; }
-table.data td.long { overflow-wrap: anywhere; min-width: 12em; }
+table.data td.long { overflow-wrap: anywhere; min-width: 10em; }
 table.data td.num { text-align: right; font-variant-numeric: tabular-nums; }
 table.data thead th { background: #f3f3f3; }
 table.data tbody th { background: #fafafa; position: sticky; left: 0; white-space: nowrap; }
