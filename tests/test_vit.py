@@ -29,7 +29,7 @@ from blockcoupling.studies.vit.grid import (
 )
 from blockcoupling.studies.vit.model import build_vit, load_vit, resolve_shape
 from blockcoupling.studies.vit.train import (
-    TrainConfig,
+    VitTrainConfig,
     is_trained,
     lr_at,
     param_groups,
@@ -53,7 +53,7 @@ def _one_thread():
 def trained(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """One tiny 2-epoch training shared by the tests that read a finished output."""
     out = tmp_path_factory.mktemp("vit") / "run"
-    train_vit(TrainConfig(epochs=2, drop_path=0.1, **TINY), out, progress=False)
+    train_vit(VitTrainConfig(epochs=2, drop_path=0.1, **TINY), out, progress=False)
     return out
 
 
@@ -197,6 +197,55 @@ def test_load_vit_error(tmp_path: Path) -> None:
         load_vit(tmp_path)
 
 
+# ---------------------------------------------------------------------------- tokens
+def test_token_selection_auto_and_cls() -> None:
+    from blockcoupling.engine.config import MeasureConfig
+    from blockcoupling.engine.pairs import cls_position, resolve_tokens
+
+    assert MeasureConfig().tokens == "auto"
+    assert MeasureConfig.parse(tokens="cls").tokens == "cls"
+    assert cls_position("beit", False) == 0 and cls_position("bert", False) == 0
+    assert cls_position("gpt2", True) is None and cls_position("custom", False) is None
+    assert resolve_tokens("auto", 5, cls=0) == [0] and resolve_tokens("auto", 5) == [4]
+    assert resolve_tokens("cls", 5, cls=0) == [0]
+    assert resolve_tokens("last", 5, cls=0) == [4]  # explicit choices are kept
+    with pytest.raises(BlockCouplingError, match="no \\[CLS\\] token"):
+        resolve_tokens("cls", 5)
+    with pytest.raises(BlockCouplingError, match="'auto', 'cls', 'last'"):
+        MeasureConfig.parse(tokens="first")
+
+
+def test_default_token_is_cls_for_a_vit_and_last_for_others() -> None:
+    shape = resolve_shape("tiny", hidden_size=16, depth=2, heads=2)
+    vit = build_vit(shape, image_size=8, num_channels=1, num_labels=10, drop_path=0.1).eval()
+    x = {"pixel_values": torch.randn(1, 1, 8, 8)}
+    kw = dict(coupling=("depth",), k=(2,), progress=False, trajectory=False, spectra=False)
+    auto = bc.measure(vit, None, x, **kw)
+    assert set(auto.coupling["token_out_a"]) == {0}  # [CLS], not the last patch (4)
+    cls = bc.measure(vit, None, x, tokens="cls", **kw)
+    pd.testing.assert_frame_equal(auto.coupling, cls.coupling)
+    assert set(bc.measure(vit, None, x, tokens="last", **kw).coupling["token_out_a"]) == {4}
+
+    class Net(torch.nn.Module):  # nn.TransformerEncoderLayer blocks by blocks_path: no [CLS]
+        def __init__(self) -> None:
+            super().__init__()
+            self.layers = torch.nn.ModuleList(
+                [torch.nn.TransformerEncoderLayer(8, 2, 16, dropout=0.0, batch_first=True)
+                 for _ in range(2)])
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            for blk in self.layers:
+                x = blk(x)
+            return x
+
+    net = Net().eval()
+    m = bc.measure(net, None, {"x": torch.randn(1, 5, 8)}, blocks_path="layers", **kw)
+    assert set(m.coupling["token_out_a"]) == {4}
+    with pytest.raises(BlockCouplingError, match="no \\[CLS\\] token"):
+        bc.measure(net, None, {"x": torch.randn(1, 5, 8)}, blocks_path="layers", tokens="cls",
+                   **kw)
+
+
 # ---------------------------------------------------------------------------- recipe
 def test_lr_schedule_warmup_then_cosine() -> None:
     lrs = [lr_at(s, 100, 10, 1e-3, 1e-5) for s in range(100)]
@@ -226,13 +275,13 @@ def test_config_validation() -> None:
                      (dict(dataset="svhn"), "unknown data set"),
                      (dict(weight_decay=-1), "weight decay"), (dict(k=0), "k must")]:
         with pytest.raises(BlockCouplingError, match=msg):
-            TrainConfig(**bad)
+            VitTrainConfig(**bad)
     with pytest.raises(BlockCouplingError, match="unknown training option"):
-        TrainConfig.from_dict({"dropout": 0.1})
-    c = TrainConfig()
-    assert TrainConfig.from_dict(c.to_dict()) == c and c.key() == TrainConfig().key()
+        VitTrainConfig.from_dict({"dropout": 0.1})
+    c = VitTrainConfig()
+    assert VitTrainConfig.from_dict(c.to_dict()) == c and c.key() == VitTrainConfig().key()
     assert c.key() != c.replace(drop_path=0.2).key()
-    assert c.mixup_alpha == 0.0 and TrainConfig(dataset="cifar10").mixup_alpha == 0.8
+    assert c.mixup_alpha == 0.0 and VitTrainConfig(dataset="cifar10").mixup_alpha == 0.8
 
 
 # ---------------------------------------------------------------------------- training
@@ -274,7 +323,7 @@ def test_training_writes_model_metrics_and_coupling(trained: Path) -> None:
 def test_finished_training_is_skipped_and_other_configs_refused(trained: Path) -> None:
     before = (trained / "metrics.json").read_text()
     calls: list[dict] = []
-    cfg = TrainConfig(epochs=2, drop_path=0.1, **TINY)
+    cfg = VitTrainConfig(epochs=2, drop_path=0.1, **TINY)
     assert train_vit(cfg, trained, progress=False, on_epoch=calls.append) == trained
     assert calls == [] and (trained / "metrics.json").read_text() == before
     with pytest.raises(BlockCouplingError, match="another config"):
@@ -282,7 +331,7 @@ def test_finished_training_is_skipped_and_other_configs_refused(trained: Path) -
 
 
 def test_interrupted_training_resumes_to_the_same_result(tmp_path: Path) -> None:
-    cfg = TrainConfig(epochs=2, drop_path=0.2, monitor_every=0, mixup=0.8, augment=True, **TINY)
+    cfg = VitTrainConfig(epochs=2, drop_path=0.2, monitor_every=0, mixup=0.8, augment=True, **TINY)
     train_vit(cfg, tmp_path / "straight", progress=False)
 
     def stop(row: dict) -> None:
@@ -306,7 +355,7 @@ def test_interrupted_training_resumes_to_the_same_result(tmp_path: Path) -> None
 
 def test_training_learns_digits(tmp_path: Path) -> None:
     """Well above chance (10%) after a few seconds of CPU (the full claim is in BENCHMARKS.md)."""
-    cfg = TrainConfig(epochs=4, drop_path=0.0, preset="tiny", hidden_size=32, depth=2, heads=2,
+    cfg = VitTrainConfig(epochs=4, drop_path=0.0, preset="tiny", hidden_size=32, depth=2, heads=2,
                       image_size=8, batch_size=32, lr=2e-3, warmup_epochs=0.5, monitor_every=0,
                       final_images=1, k=2, train_limit=600)
     train_vit(cfg, tmp_path, progress=False)
@@ -317,17 +366,17 @@ def test_training_learns_digits(tmp_path: Path) -> None:
 
 # ---------------------------------------------------------------------------- grid
 def test_grid_configs_default_to_the_paper() -> None:
-    configs = grid_configs(TrainConfig())
+    configs = grid_configs(VitTrainConfig())
     assert len(configs) == 64
     assert {c.drop_path for c in configs} == set(PAPER_DROP_PATH)
     assert {c.weight_decay for c in configs} == set(PAPER_WEIGHT_DECAY)
     assert run_name(configs[1]) == "dp0.025-wd0.005-s0"
     with pytest.raises(BlockCouplingError, match="repeats"):
-        grid_configs(TrainConfig(), drop_paths=(0.1, 0.1), weight_decays=(0.05,))
+        grid_configs(VitTrainConfig(), drop_paths=(0.1, 0.1), weight_decays=(0.05,))
 
 
 def test_small_grid_runs_locally_and_figures(tmp_path: Path) -> None:
-    base = TrainConfig(epochs=1, **TINY)
+    base = VitTrainConfig(epochs=1, **{**TINY, "monitor_images": 1, "final_images": 1})
     seen: list[dict] = []
     runs = run_grid(base, tmp_path / "grid", drop_paths=(0.0, 0.2), weight_decays=(0.01, 0.1),
                     executor="local", progress=False, on_run=seen.append)
@@ -370,8 +419,42 @@ def test_small_grid_runs_locally_and_figures(tmp_path: Path) -> None:
     assert len(pd.read_csv(tmp_path / "fig" / "vit_runs.csv")) == 4
 
 
+def test_grid_on_ray_matches_this_process(tmp_path: Path, ray_cluster: str) -> None:
+    """One Ray task per run; a run is a pure function of its config, wherever it runs."""
+    base = VitTrainConfig(epochs=1, **{**TINY, "monitor_every": 0, "final_images": 1})
+    kw = dict(drop_paths=(0.0, 0.2), weight_decays=(0.01,), progress=False)
+    on_ray = run_grid(base, tmp_path / "ray", executor="ray", address=ray_cluster, **kw)
+    here = run_grid(base, tmp_path / "local", executor="local", **kw)
+    assert set(on_ray["status"]) == {"complete"} and len(on_ray) == 2
+    cols = ["name", "drop_path", "weight_decay", "test_accuracy", "test_loss", "coupling"]
+    pd.testing.assert_frame_equal(on_ray[cols].sort_values("name").reset_index(drop=True),
+                                  here[cols].sort_values("name").reset_index(drop=True))
+
+
+def test_grid_spec_yaml(tmp_path: Path) -> None:
+    from blockcoupling.studies.vit.grid import load_grid_spec
+
+    spec = tmp_path / "vit-grid.yaml"
+    spec.write_text("drop_path: [0, 0.1]\nweight_decay: 0.05\nseeds: [0, 1]\n"
+                    "train: {dataset: digits, epochs: 2, preset: tiny}\nexecutor: local\n")
+    base, kw = load_grid_spec(spec)
+    assert base == VitTrainConfig(dataset="digits", epochs=2, preset="tiny")
+    assert kw == {"drop_paths": [0.0, 0.1], "weight_decays": [0.05], "seeds": [0, 1],
+                  "executor": "local"}
+    base, kw = load_grid_spec({"train": {"epochs": 1}})
+    assert kw["drop_paths"] == list(PAPER_DROP_PATH) and kw["seeds"] == [0]
+    for bad, msg in [({"dropout": [0.1]}, "unknown grid spec key"),
+                     ({"train": {"drop_path": 0.1}}, "set by the grid"),
+                     ({"train": {"lr_max": 1}}, "unknown training option"),
+                     ({"drop_path": ["x"]}, "list of numbers")]:
+        with pytest.raises(BlockCouplingError, match=msg):
+            load_grid_spec(bad)
+    with pytest.raises(BlockCouplingError, match="does not exist"):
+        load_grid_spec(tmp_path / "missing.yaml")
+
+
 def test_grid_records_failed_runs(tmp_path: Path) -> None:
-    base = TrainConfig(epochs=1, **{**TINY, "k": 17})  # K larger than the width 16
+    base = VitTrainConfig(epochs=1, **{**TINY, "k": 17})  # K larger than the width 16
     runs = run_grid(base, tmp_path / "g", drop_paths=(0.0,), weight_decays=(0.01,),
                     executor="local", progress=False)
     assert runs["status"].tolist() == ["failed"] and "exceeds" in runs["message"].iloc[0]
@@ -410,3 +493,10 @@ def test_cli_vit_train_and_figures(tmp_path: Path, trained: Path) -> None:
     assert res.exit_code == 1 and "error:" in res.output
     res = runner.invoke(app, ["vit-grid", "--out", str(tmp_path / "g"), "--executor", "dask"])
     assert res.exit_code == 1 and "choose ray or local" in res.output
+    spec = tmp_path / "grid.yaml"
+    spec.write_text("drop_path: [0.1]\nweight_decay: [0.05]\nexecutor: local\ntrain:\n" + "".join(
+        f"  {k}: {v}\n" for k, v in {**TINY, "epochs": 1, "monitor_every": 0,
+                                     "final_images": 1}.items()))
+    res = runner.invoke(app, ["-q", "vit-grid", "--spec", str(spec), "--out", str(tmp_path / "g2")])
+    assert res.exit_code == 0, res.output
+    assert collect_runs(tmp_path / "g2")["status"].tolist() == ["complete"]

@@ -42,6 +42,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "blockcoupling.studies.monitor": ("CouplingCallback", "CouplingMonitor"),
     "blockcoupling.studies.sweep": ("Sweep", "SweepSpec", "load_spec", "open_sweep", "run_sweep"),
     "blockcoupling.studies.correlate": ("CorrelationResult", "correlate", "paper_scores"),
+    "blockcoupling.studies.vit.train": ("VitTrainConfig", "train_vit"),
 }
 _WHERE: dict[str, str] = {name: mod for mod, names in _EXPORTS.items() for name in names}
 
@@ -57,6 +58,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ do
     from blockcoupling.studies.correlate import CorrelationResult, correlate, paper_scores
     from blockcoupling.studies.monitor import CouplingCallback, CouplingMonitor
     from blockcoupling.studies.sweep import Sweep, SweepSpec, load_spec, open_sweep, run_sweep
+    from blockcoupling.studies.vit.train import VitTrainConfig, train_vit
 
 
 def __getattr__(name: str) -> Any:
@@ -93,6 +95,7 @@ __all__ = [
     "RunDirError",
     "Sweep",
     "SweepSpec",
+    "VitTrainConfig",
     "__version__",
     "correlate",
     "find_blocks",
@@ -106,5 +109,6 @@ __all__ = [
     "open_sweep",
     "paper_scores",
     "run_sweep",
+    "train_vit",
     "write_report",
 ]

@@ -32,7 +32,7 @@ import pandas as pd
 from blockcoupling.errors import BlockCouplingError
 from blockcoupling.studies.vit.train import (
     METRICS_FILE,
-    TrainConfig,
+    VitTrainConfig,
     is_trained,
     read_metrics,
     train_vit,
@@ -46,14 +46,14 @@ GRID_FORMAT = "blockcoupling-vit-grid"
 EXECUTORS = ("ray", "local")
 
 
-def run_name(config: TrainConfig) -> str:
+def run_name(config: VitTrainConfig) -> str:
     """``dp<rate>-wd<decay>-s<seed>``, e.g. ``dp0.1-wd0.05-s0``."""
     return f"dp{config.drop_path:g}-wd{config.weight_decay:g}-s{config.seed}"
 
 
-def grid_configs(base: TrainConfig, drop_paths: Sequence[float] = PAPER_DROP_PATH,
+def grid_configs(base: VitTrainConfig, drop_paths: Sequence[float] = PAPER_DROP_PATH,
                  weight_decays: Sequence[float] = PAPER_WEIGHT_DECAY,
-                 seeds: Sequence[int] = (0,)) -> list[TrainConfig]:
+                 seeds: Sequence[int] = (0,)) -> list[VitTrainConfig]:
     """One config per (weight decay, drop-path rate, seed), weight decay outermost."""
     if not drop_paths or not weight_decays or not seeds:
         raise BlockCouplingError("the grid needs at least one drop-path rate, weight decay and seed")
@@ -65,12 +65,70 @@ def grid_configs(base: TrainConfig, drop_paths: Sequence[float] = PAPER_DROP_PAT
     return out
 
 
+def load_grid_spec(source: str | Path | dict[str, Any]
+                   ) -> tuple[VitTrainConfig, dict[str, Any]]:
+    """A grid from YAML (or a dict): ``drop_path`` and ``weight_decay`` lists (default: the
+    paper's), ``seeds`` (default [0]), ``train`` (:class:`VitTrainConfig` fields, shared by
+    every run), and optionally ``executor``, ``address``, ``cpus_per_run``, ``threads``.
+    Returns the base config and the keyword arguments of :func:`run_grid`::
+
+        drop_path: [0, 0.1, 0.3]
+        weight_decay: [0.01, 0.1]
+        seeds: [0, 1]
+        train: {dataset: digits, epochs: 5, preset: tiny}
+        executor: ray
+    """
+    if isinstance(source, dict):
+        data = source
+    else:
+        import yaml
+
+        path = Path(source)
+        if not path.is_file():
+            raise BlockCouplingError(f"grid spec {path} does not exist")
+        try:
+            data = yaml.safe_load(path.read_text()) or {}
+        except yaml.YAMLError as err:
+            raise BlockCouplingError(f"grid spec {path} is not valid YAML: {err}") from err
+    if not isinstance(data, dict):
+        raise BlockCouplingError("a grid spec is a mapping with drop_path, weight_decay, train")
+    allowed = {"drop_path", "weight_decay", "seeds", "train", "executor", "address",
+               "cpus_per_run", "threads"}
+    unknown = sorted(set(data) - allowed)
+    if unknown:
+        raise BlockCouplingError(f"unknown grid spec key(s) {unknown}; known: {sorted(allowed)}")
+    train = dict(data.get("train") or {})
+    for key in ("drop_path", "weight_decay", "seed"):
+        if key in train:
+            raise BlockCouplingError(f"train.{key} is set by the grid; give it at the top level")
+    base = VitTrainConfig.from_dict(train)
+
+    def numbers(key: str, default: Sequence[float]) -> list[float]:
+        value = data.get(key, list(default))
+        value = value if isinstance(value, list) else [value]
+        try:
+            return [float(v) for v in value]
+        except (TypeError, ValueError) as err:
+            raise BlockCouplingError(f"{key}: give a list of numbers") from err
+
+    kwargs: dict[str, Any] = {
+        "drop_paths": numbers("drop_path", PAPER_DROP_PATH),
+        "weight_decays": numbers("weight_decay", PAPER_WEIGHT_DECAY),
+        "seeds": [int(v) for v in numbers("seeds", (0,))],
+    }
+    for key, name in (("executor", "executor"), ("address", "address"),
+                      ("cpus_per_run", "num_cpus"), ("threads", "threads")):
+        if key in data:
+            kwargs[name] = data[key]
+    return base, kwargs
+
+
 def train_unit(config: dict[str, Any], out_dir: str, threads: int | None = 1) -> dict[str, Any]:
     """Train one grid point; never raises for a user error (returns a ``failed`` record)."""
     t0 = time.perf_counter()
     name = Path(out_dir).name
     try:
-        cfg = TrainConfig.from_dict(config)
+        cfg = VitTrainConfig.from_dict(config)
         skipped = is_trained(out_dir, cfg)
         train_vit(cfg, out_dir, progress=False, threads=threads)
         return {"name": name, "status": "done", "skipped": skipped, "message": None,
@@ -91,7 +149,7 @@ def _write_json(path: Path, data: dict[str, Any]) -> None:
     os.replace(tmp, path)
 
 
-def run_grid(base: TrainConfig, root: str | Path, *,
+def run_grid(base: VitTrainConfig, root: str | Path, *,
              drop_paths: Sequence[float] = PAPER_DROP_PATH,
              weight_decays: Sequence[float] = PAPER_WEIGHT_DECAY, seeds: Sequence[int] = (0,),
              executor: str = "ray", address: str | None = None, num_cpus: int = 1,
@@ -261,4 +319,5 @@ def collect_epochs(root: str | Path) -> pd.DataFrame:
 
 
 __all__ = ["EXECUTORS", "PAPER_DROP_PATH", "PAPER_WEIGHT_DECAY", "collect_epochs",
-           "collect_runs", "grid_configs", "run_grid", "run_name", "train_unit"]
+           "collect_runs", "grid_configs", "load_grid_spec", "run_grid", "run_name",
+           "train_unit"]

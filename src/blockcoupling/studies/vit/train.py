@@ -1,6 +1,6 @@
 """Training one DeiT-style ViT with stochastic depth, and measuring its coupling as it trains.
 
-:func:`train_vit` is a pure function of ``(TrainConfig, out_dir)`` (the seed is in the
+:func:`train_vit` is a pure function of ``(VitTrainConfig, out_dir)`` (the seed is in the
 config): the same config gives the same model, metrics and coupling, and a finished output
 folder is returned untouched (idempotent), so a grid runner may call it again and again.
 An interrupted training resumes from its last finished epoch (``checkpoint.pt``).
@@ -50,7 +50,7 @@ CLS_TOKEN = 0  # BEiT puts [CLS] at position 0
 
 
 @dataclass(frozen=True)
-class TrainConfig:
+class VitTrainConfig:
     """Everything that determines one training run (and so its output)."""
 
     dataset: str = "digits"
@@ -120,7 +120,7 @@ class TrainConfig:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> TrainConfig:
+    def from_dict(cls, data: dict[str, Any]) -> VitTrainConfig:
         known = {f.name for f in fields(cls)}
         unknown = set(data) - known
         if unknown:
@@ -129,7 +129,7 @@ class TrainConfig:
             )
         return cls(**data)
 
-    def replace(self, **changes: Any) -> TrainConfig:
+    def replace(self, **changes: Any) -> VitTrainConfig:
         return replace(self, **changes)
 
     def key(self) -> str:
@@ -198,12 +198,42 @@ def evaluate(model: torch.nn.Module, x: Tensor, y: Tensor, batch_size: int = 256
 
 
 # ---------------------------------------------------------------------------- coupling
+def record_images(model: torch.nn.Module, pixel_values: Tensor, run_dir: Path, k: int, *,
+                  labels: list[str] | None = None, progress: bool = False) -> Any:
+    """Depth-wise coupling at [CLS] of each image into the run directory ``run_dir``.
+
+    ``measure_to_dir`` with image inputs, with a prompts table that names the images
+    (``input-00000``, ... as ``iter_measure`` numbers model inputs; ``label`` = their class).
+    Returns the :class:`~blockcoupling.Measurement`.
+    """
+    from blockcoupling.engine.config import MeasureConfig
+    from blockcoupling.engine.measure import build_meta, iter_measure
+    from blockcoupling.engine.results import conform
+    from blockcoupling.store.fingerprint import weights_hash
+    from blockcoupling.store.writer import RunWriter
+
+    cfg = MeasureConfig(coupling=("depth",), k=(k,), tokens="cls")
+    n = int(pixel_values.shape[0])
+    prompts = conform("prompts", [
+        dict(prompt_id=f"input-{j:05d}", text=f"test image {j}", n_tokens=0,
+             label=labels[j] if labels else "") for j in range(n)])
+    meta = build_meta(model, cfg, prompts_spec="vit-test-images",
+                      weights_hash=weights_hash(model))
+    meta["model"] = "vit-train"
+    t0 = time.perf_counter()
+    with RunWriter(run_dir, config=cfg, meta=meta, prompts=prompts) as writer:
+        for part in iter_measure(model, None, {"pixel_values": pixel_values}, cfg,
+                                 progress=progress):
+            writer.write_part(part)
+        return writer.finalize(timings={"seconds": time.perf_counter() - t0})
+
+
 def measure_images(model: torch.nn.Module, pixel_values: Tensor, run_dir: Path, k: int,
-                   *, progress: bool = False) -> float:
-    """Depth-wise coupling at the [CLS] token of ``pixel_values`` into the run directory
-    ``run_dir``; returns the mean over images of the off-diagonal mean (K = ``k``, p = 1, ujv)."""
+                   *, labels: list[str] | None = None, progress: bool = False) -> float:
+    """:func:`record_images` (or the finished run already in ``run_dir``) in eval mode with
+    the training RNG untouched; returns the mean over images of the off-diagonal mean
+    depth-wise coupling at [CLS] (K = ``k``, p = 1, ujv)."""
     from blockcoupling.store.reader import is_run_dir, open_run, run_progress
-    from blockcoupling.store.record import measure_to_dir
 
     was_training = model.training
     model.eval()
@@ -214,9 +244,8 @@ def measure_images(model: torch.nn.Module, pixel_values: Tensor, run_dir: Path, 
             if run_dir.exists():  # an interrupted measurement: start it again
                 shutil.rmtree(run_dir)
             with torch.random.fork_rng(devices=[]):
-                m = measure_to_dir(model, None, {"pixel_values": pixel_values}, run_dir,
-                                   coupling=("depth",), k=(k,), tokens=(CLS_TOKEN,),
-                                   progress=progress, meta={"model": "vit-train"})
+                m = record_images(model, pixel_values, run_dir, k, labels=labels,
+                                  progress=progress)
     finally:
         model.train(was_training)
     return float(m.mean_depth_coupling(k)["mean_offdiag"].mean())
@@ -240,7 +269,7 @@ def read_metrics(out_dir: str | Path) -> dict[str, Any]:
     return data
 
 
-def is_trained(out_dir: str | Path, config: TrainConfig | None = None) -> bool:
+def is_trained(out_dir: str | Path, config: VitTrainConfig | None = None) -> bool:
     """True when ``out_dir`` holds a finished training (of ``config``, if given)."""
     out = Path(out_dir)
     try:
@@ -256,7 +285,7 @@ def is_trained(out_dir: str | Path, config: TrainConfig | None = None) -> bool:
 EpochCallback = Callable[[dict[str, Any]], None]
 
 
-def train_vit(config: TrainConfig, out_dir: str | Path, *, progress: bool = True,
+def train_vit(config: VitTrainConfig, out_dir: str | Path, *, progress: bool = True,
               on_epoch: EpochCallback | None = None, data: ImageData | None = None,
               threads: int | None = None) -> Path:
     """Train one ViT as ``config`` says, into ``out_dir``; returns ``out_dir``.
@@ -280,7 +309,7 @@ def train_vit(config: TrainConfig, out_dir: str | Path, *, progress: bool = True
         torch.set_num_threads(old_threads)
 
 
-def _train(config: TrainConfig, out: Path, *, progress: bool, on_epoch: EpochCallback | None,
+def _train(config: VitTrainConfig, out: Path, *, progress: bool, on_epoch: EpochCallback | None,
            data: ImageData | None) -> Path:
     if (out / METRICS_FILE).exists():
         old = read_metrics(out)
@@ -326,6 +355,7 @@ def _train(config: TrainConfig, out: Path, *, progress: bool, on_epoch: EpochCal
             start_epoch = int(ckpt["epoch"]) + 1
 
     mon_x = data.test_x[: config.monitor_images]
+    mon_labels = [data.classes[int(y)] for y in data.test_y[: config.monitor_images]]
     eval_tr = slice(0, config.eval_train_limit)
 
     def record(epoch: int, row: dict[str, Any]) -> None:
@@ -342,7 +372,8 @@ def _train(config: TrainConfig, out: Path, *, progress: bool, on_epoch: EpochCal
     def coupling_row(epoch: int) -> dict[str, Any]:
         t0 = time.perf_counter()
         c0 = time.process_time()
-        c = measure_images(model, mon_x, out / "coupling" / f"epoch-{epoch:04d}", config.k)
+        c = measure_images(model, mon_x, out / "coupling" / f"epoch-{epoch:04d}", config.k,
+                           labels=mon_labels)
         return {"coupling": c, "seconds_measure": time.perf_counter() - t0,
                 "cpu_seconds_measure": time.process_time() - c0}
 
@@ -402,17 +433,18 @@ def _train(config: TrainConfig, out: Path, *, progress: bool, on_epoch: EpochCal
                "seconds_eval": time.perf_counter() - t0 - seconds_train}
         row.update(coupling_row(epoch) if monitored(epoch) else
                    {"coupling": float("nan"), "seconds_measure": 0.0, "cpu_seconds_measure": 0.0})
+        if epoch < config.epochs:  # the checkpoint first: a finished epoch is never lost
+            _save_checkpoint(ckpt_path, config, model, optimizer, [*history, row], epoch)
         record(epoch, row)
         if hasattr(bar, "set_postfix"):
             bar.set_postfix(test_acc=f"{te_acc:.3f}", coupling=f"{row['coupling']:.3f}")
-        if epoch < config.epochs:
-            _save_checkpoint(ckpt_path, config, model, optimizer, history, epoch)
 
     # The trained model, then its final measurement, then the "complete" status.
     _save_model(model, out / "model")
     t0 = time.perf_counter()
     final = measure_images(model, data.test_x[: config.final_images], out / "coupling" / "final",
-                           config.k)
+                           config.k, labels=[data.classes[int(y)]
+                                             for y in data.test_y[: config.final_images]])
     final_seconds = time.perf_counter() - t0
     metrics = _metrics_doc(config, data, shape, history, "complete", data_seconds)
     metrics["final"] = {**{k: history[-1][k] for k in ("train_loss", "train_accuracy",
@@ -433,7 +465,7 @@ def _progress(it: range, enabled: bool, desc: str) -> Any:
     return tqdm(it, desc=desc, unit="epoch", leave=False)
 
 
-def _metrics_doc(config: TrainConfig, data: ImageData, shape: Any, history: list[dict[str, Any]],
+def _metrics_doc(config: VitTrainConfig, data: ImageData, shape: Any, history: list[dict[str, Any]],
                  status: str, data_seconds: float) -> dict[str, Any]:
     return {
         "format": FORMAT,
@@ -449,7 +481,7 @@ def _metrics_doc(config: TrainConfig, data: ImageData, shape: Any, history: list
     }
 
 
-def _save_checkpoint(path: Path, config: TrainConfig, model: torch.nn.Module,
+def _save_checkpoint(path: Path, config: VitTrainConfig, model: torch.nn.Module,
                      optimizer: torch.optim.Optimizer, history: list[dict[str, Any]],
                      epoch: int) -> None:
     tmp = path.with_suffix(".tmp")
@@ -468,5 +500,5 @@ def _save_model(model: Any, folder: Path) -> None:
     os.replace(tmp, folder)
 
 
-__all__ = ["TrainConfig", "evaluate", "is_trained", "lr_at", "measure_images", "param_groups",
-           "read_metrics", "train_vit"]
+__all__ = ["VitTrainConfig", "evaluate", "is_trained", "lr_at", "measure_images", "param_groups",
+           "read_metrics", "record_images", "train_vit"]
