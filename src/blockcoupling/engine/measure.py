@@ -90,7 +90,8 @@ class _PromptRun:
         self.n = cap.lengths[b]
         self.d = spec.hidden_size
         self.layers = cfg.selected_layers(spec.num_layers)
-        self.tokens = pairs.resolve_tokens(cfg.tokens, self.n)
+        self.tokens = pairs.resolve_tokens(cfg.tokens, self.n,
+                                           cls=pairs.cls_position(spec.arch, spec.causal))
         self.method = _choose_method(cfg, self.d)
         self.progress = progress
         self.pairs: dict[str, list[pairs.Pair]] = {
@@ -555,7 +556,7 @@ def build_meta(model: torch.nn.Module, cfg: MeasureConfig, **extra: Any) -> dict
 
 def measure(model: torch.nn.Module, tokenizer: Any = None, prompts: Any = (), *,
             coupling: Sequence[str] | str = ("depth",), k: Sequence[int] | int = (10, 30, 50),
-            tokens: str | Sequence[int] = "last", p: float | Sequence[float] = 1,
+            tokens: str | Sequence[int] = "auto", p: float | Sequence[float] = 1,
             dtype: torch.dtype = torch.float32, config: MeasureConfig | None = None,
             progress: bool = True, **options: Any) -> Measurement:
     """Measure block coupling, trajectories, spectra and influence of ``model`` on ``prompts``.

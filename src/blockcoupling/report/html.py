@@ -35,6 +35,7 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
+from blockcoupling.engine.config import MeasureConfig
 from blockcoupling.engine.results import Measurement
 from blockcoupling.errors import BlockCouplingError
 from blockcoupling.report import figures as F
@@ -318,6 +319,12 @@ def _run_fields(m: Measurement) -> dict[str, Any]:
         "final_norm": c.final_norm,
         "lss_window": c.lss_window,
     }
+    shown = {"coupling", "k", "tokens", "p", "variants", "orientations", "layers", "dtype",
+             "method", "final_norm", "lss_window", "extra"}
+    defaults = MeasureConfig().to_dict()
+    for key, value in c.to_dict().items():  # any other option set away from its default
+        if key not in shown and value != defaults.get(key):
+            out[key] = _fmt(value)
     for key, value in sorted((c.extra or {}).items()):
         out[f"extra.{key}"] = _fmt(value)
     for key, value in sorted(m.meta.items()):
@@ -336,7 +343,8 @@ def runs_html(ms: Sequence[Measurement], labels: Sequence[str]) -> str:
     run of what differs (scrolls inside its box), then per-run details."""
     fields = [_run_fields(m) for m in ms]
     names = list(dict.fromkeys(k for f in fields for k in f))
-    common, differ = [], []
+    common: list[str] = []
+    differ: list[str] = []
     for name in names:
         vals = [f.get(name) for f in fields]
         (common if len(ms) > 1 and len({repr(v) for v in vals}) == 1 else differ).append(name)

@@ -212,7 +212,7 @@ def record_images(model: torch.nn.Module, pixel_values: Tensor, run_dir: Path, k
     from blockcoupling.store.fingerprint import weights_hash
     from blockcoupling.store.writer import RunWriter
 
-    cfg = MeasureConfig(coupling=("depth",), k=(k,), tokens=(CLS_TOKEN,))
+    cfg = MeasureConfig(coupling=("depth",), k=(k,), tokens="cls")
     n = int(pixel_values.shape[0])
     prompts = conform("prompts", [
         dict(prompt_id=f"input-{j:05d}", text=f"test image {j}", n_tokens=0,
