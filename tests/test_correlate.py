@@ -188,9 +188,8 @@ def test_statistic_equals_direct_computation_from_the_run_tables(runs: list[Path
 
 
 def test_statistic_on_a_real_tiny_model_matches_mean_depth_coupling(tmp_path: Path) -> None:
-    from tiny_models import tiny_model
-
     from blockcoupling.studies.demo import build_tokenizer
+    from tiny_models import tiny_model
 
     model = tiny_model("gpt2")  # d = 16 -> K = 2
     tok = build_tokenizer("abcdefgh ")
@@ -267,8 +266,8 @@ def write_lmeval(root: Path) -> None:
         "hellaswag": {"acc,none": 0.5, "acc_norm,none": 0.6},
         "truthfulqa_mc2": {"acc,none": 0.38},
         "gsm8k": {"exact_match,strict-match": 0.1, "exact_match,flexible-extract": 0.2},
-        "mmlu": {"acc,none": 0.30}, "mmlu_anatomy": {"acc,none": 0.9},
-        "winogrande": {"acc,none": 0.7}},
+        "mmlu_anatomy": {"acc,none": 0.9}, "winogrande": {"acc,none": 0.7}},
+        "groups": {"mmlu": {"acc,none": 0.30}},
         "group_subtasks": {"mmlu": ["mmlu_anatomy"], "arc_challenge": []},
         "config": {"model": "hf", "model_args": "pretrained=org/new-model,dtype=float32"},
         "model_name": "org/new-model"}

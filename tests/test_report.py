@@ -658,9 +658,10 @@ window.addEventListener("load", function () {
       wide.push(e.tagName + "." + e.className + " right=" + Math.round(r.right));
   });
   document.querySelectorAll("img").forEach(function (i) {
-    var r = i.getBoundingClientRect();
+    var r = i.getBoundingClientRect(), box = i.closest(".scroll") || i;
+    var b = box.getBoundingClientRect();
     imgs.push([i.naturalWidth, i.naturalHeight, Math.round(r.width), Math.round(r.height),
-               Math.round(r.left), Math.round(r.right)]);
+               Math.round(b.left), Math.round(b.right)]);
   });
   var boxes = [];
   document.querySelectorAll(".scroll").forEach(function (e) {
@@ -717,8 +718,10 @@ def test_report_fits_desktop_and_phone(width: int, height: int, report: Path,
         assert len(probe["imgs"]) == 11
         for nat_w, nat_h, w, h, left, right in probe["imgs"]:
             assert nat_w > 300 and nat_h > 200  # decoded
-            assert 0 <= left and right <= probe["vw"]  # inside the page
+            assert 0 <= left and right <= probe["vw"]  # its box is inside the page
             assert w >= min(nat_w, 0.8 * probe["vw"]) - 40  # drawn wide, not a thumbnail
+            if width < 500:  # a phone: at least 55 % of the natural size (box scrolls)
+                assert w >= 0.55 * nat_w - 2
             assert h > 60
     if width < 500:
         # the eight-run tables are wider than a phone: they scroll inside their boxes

@@ -41,6 +41,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "blockcoupling.report.html": ("write_report",),
     "blockcoupling.studies.monitor": ("CouplingCallback", "CouplingMonitor"),
     "blockcoupling.studies.sweep": ("Sweep", "SweepSpec", "load_spec", "open_sweep", "run_sweep"),
+    "blockcoupling.studies.correlate": ("CorrelationResult", "correlate", "paper_scores"),
     "blockcoupling.studies.vit.train": ("VitTrainConfig", "train_vit"),
 }
 _WHERE: dict[str, str] = {name: mod for mod, names in _EXPORTS.items() for name in names}
@@ -54,6 +55,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ do
     from blockcoupling.report.html import write_report
     from blockcoupling.store.record import measure_to_dir
     from blockcoupling.store.rundir import is_run_dir, open_run
+    from blockcoupling.studies.correlate import CorrelationResult, correlate, paper_scores
     from blockcoupling.studies.monitor import CouplingCallback, CouplingMonitor
     from blockcoupling.studies.sweep import Sweep, SweepSpec, load_spec, open_sweep, run_sweep
     from blockcoupling.studies.vit.train import VitTrainConfig, train_vit
@@ -82,6 +84,7 @@ __all__ = [
     "ArchitectureError",
     "BlockCouplingError",
     "BlockSpec",
+    "CorrelationResult",
     "CouplingCallback",
     "CouplingMonitor",
     "MeasureConfig",
@@ -94,6 +97,7 @@ __all__ = [
     "SweepSpec",
     "VitTrainConfig",
     "__version__",
+    "correlate",
     "find_blocks",
     "is_run_dir",
     "iter_measure",
@@ -103,6 +107,7 @@ __all__ = [
     "measure_to_dir",
     "open_run",
     "open_sweep",
+    "paper_scores",
     "run_sweep",
     "train_vit",
     "write_report",

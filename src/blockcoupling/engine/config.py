@@ -240,6 +240,10 @@ class MeasureConfig:
         cli="layer-pairs")
     final_norm: bool = _opt(False, "Fold the final norm into the last block.", parse_bool,
                             cli="final-norm")
+    remove_norm_directions: bool = _opt(
+        False, "Post-LN blocks: project the output LayerNorm's two directions (ones, normalised "
+        "state) out of every Jacobian before the SVD (docs/conventions.md, Post-LN blocks).",
+        parse_bool, cli="remove-norm-directions")
     method: str = _opt("auto", "auto, dense or matrix-free.", parse_method, cli="method")
     fast_path: bool = _opt(True, "Decode-step Jacobians J^l_tt for causal models (fastpath.py).",
                            parse_bool)

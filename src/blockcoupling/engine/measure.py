@@ -19,8 +19,7 @@ store writes atomically; ``measure`` concatenates them.
 from __future__ import annotations
 
 import time
-import warnings
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -30,92 +29,17 @@ import pandas as pd
 import torch
 from torch import Tensor
 
-from blockcoupling.engine import fastpath, metrics, pairs, spectra, svd, trajectory
+from blockcoupling.engine import fastpath, metrics, normdirs, pairs, spectra, svd, trajectory
 from blockcoupling.engine import jacobian as jac
 from blockcoupling.engine.blocks import BlockSpec, find_blocks
 from blockcoupling.engine.capture import Capture, capture, residual_branch
 from blockcoupling.engine.config import MeasureConfig, parse_config
+from blockcoupling.engine.inputs import MeasureInput, make_batch, normalise_inputs
 from blockcoupling.engine.results import Measurement, conform
-from blockcoupling.errors import BlockCouplingError, NumericalError
-from blockcoupling.prompts.sources import Prompt
+from blockcoupling.engine.state import preserved
+from blockcoupling.errors import NumericalError
 
 Key = pairs.Key
-
-
-# ---------------------------------------------------------------------------- prompts in
-def normalise_prompts(prompts: Any) -> list[Prompt]:
-    """Strings, :class:`blockcoupling.prompts.sources.Prompt` objects, or (id, text) pairs."""
-    if isinstance(prompts, str):
-        prompts = [prompts]
-    items: list[Prompt] = []
-    for i, p in enumerate(prompts):
-        if isinstance(p, str):
-            items.append(Prompt(f"p{i:05d}", p, ""))
-        elif isinstance(p, tuple) and len(p) == 2:
-            items.append(Prompt(str(p[0]), str(p[1]), ""))
-        elif hasattr(p, "text") and hasattr(p, "prompt_id"):
-            items.append(Prompt(str(p.prompt_id), str(p.text), str(getattr(p, "label", ""))))
-        else:
-            raise BlockCouplingError(
-                f"prompt {i} has type {type(p).__name__}; pass strings, Prompt objects or "
-                "(prompt_id, text) pairs (for images pass a dict of model inputs)"
-            )
-    if not items:
-        raise BlockCouplingError("no prompts were given")
-    ids = [it.prompt_id for it in items]
-    if len(set(ids)) != len(ids):
-        raise BlockCouplingError("prompt ids must be unique; two prompts share an id")
-    for it in items:
-        if not it.text.strip():
-            raise BlockCouplingError(f"prompt {it.prompt_id!r} is empty; remove it or give it text")
-    return items
-
-
-def _context_length(model: torch.nn.Module) -> int | None:
-    cfg = getattr(model, "config", None)
-    for name in ("max_position_embeddings", "n_positions", "n_ctx", "max_seq_len"):
-        v = getattr(cfg, name, None)
-        if isinstance(v, int) and v > 0:
-            return v
-    return None
-
-
-def tokenize(tokenizer: Any, items: Sequence[Prompt], model: torch.nn.Module,
-             device: torch.device) -> dict[str, Tensor]:
-    """Right-padded batch (so real positions are 0..n_b-1 and position ids are natural)."""
-    if tokenizer is None:
-        raise BlockCouplingError("text prompts need a tokenizer; pass the model's tokenizer")
-    old_side = getattr(tokenizer, "padding_side", None)
-    added_pad = False
-    if getattr(tokenizer, "pad_token", "x") is None:
-        eos = getattr(tokenizer, "eos_token", None) or getattr(tokenizer, "unk_token", None)
-        if eos is None:
-            raise BlockCouplingError("the tokenizer has no pad, eos or unk token to pad a batch with")
-        tokenizer.pad_token = eos
-        added_pad = True
-    try:
-        if old_side is not None:
-            tokenizer.padding_side = "right"
-        enc = tokenizer([it.text for it in items], return_tensors="pt", padding=True)
-    finally:
-        if old_side is not None:
-            tokenizer.padding_side = old_side
-        if added_pad:
-            tokenizer.pad_token = None
-    out = {k: v for k, v in dict(enc).items() if k in ("input_ids", "attention_mask", "token_type_ids")}
-    if "attention_mask" not in out:
-        out["attention_mask"] = torch.ones_like(out["input_ids"])
-    lengths = out["attention_mask"].sum(dim=1).tolist()
-    ctx = _context_length(model)
-    for it, n in zip(items, lengths, strict=True):
-        if n == 0:
-            raise BlockCouplingError(f"prompt {it.prompt_id!r} tokenizes to no tokens")
-        if ctx is not None and n > ctx:
-            raise BlockCouplingError(
-                f"prompt {it.prompt_id!r} has {n} tokens, more than the model's context of "
-                f"{ctx}; shorten it"
-            )
-    return {k: v.to(device) for k, v in out.items()}
 
 
 def _model_device(model: torch.nn.Module) -> torch.device:
@@ -157,7 +81,7 @@ class _RunState:
 class _PromptRun:
     """All the Jacobian work for one prompt."""
 
-    def __init__(self, model: torch.nn.Module, cap: Capture, b: int, item: Prompt,
+    def __init__(self, model: torch.nn.Module, cap: Capture, b: int, item: MeasureInput,
                  cfg: MeasureConfig, spec: BlockSpec, progress: Any, state: _RunState) -> None:
         self.model, self.cap, self.b, self.item, self.cfg, self.spec = model, cap, b, item, cfg, spec
         self.state = state
@@ -184,6 +108,7 @@ class _PromptRun:
                         self.keys[la].append((t, t))
                 self.keys[la].sort()
         self.measured: dict[Key, _Measured] = {}
+        self.norm_bases: dict[int, Tensor] = {}  # remove_norm_directions: layer -> (n, d, 2)
         self.rows: dict[str, list[dict[str, Any]]] = {"spectra": [], "influence": [], "diagnostics": []}
 
     # -- pass 1 ------------------------------------------------------------------------
@@ -229,7 +154,7 @@ class _PromptRun:
             for t_in, t_out in keys:
                 tb = fast.get(t_in) if t_in == t_out else None
                 with self._where(layer, [(t_in, t_out)]):
-                    m = self._measure_key(t_in, t_out, tb, f, x, blocks)
+                    m = self._measure_key(layer, t_in, t_out, tb, f, x, blocks)
                 self.measured[(layer, t_in, t_out)] = m
                 self.rows["diagnostics"].append(dict(
                     prompt_id=self.item.prompt_id, layer=layer, token_in=t_in, token_out=t_out,
@@ -254,7 +179,20 @@ class _PromptRun:
             raise NumericalError(
                 f"prompt {self.item.prompt_id!r}, layer {layer}, token {pairs_}: {err}") from err
 
-    def _measure_key(self, t_in: int, t_out: int, tb: Any, f: Any, x: Any,
+    def _project(self, layer: int, t_out: int, J: Any) -> Any:
+        """``Q_N J`` with ``remove_norm_directions`` (engine/normdirs.py): a dense (d, d) J or
+        an operator; J itself when the option is off."""
+        if not self.cfg.remove_norm_directions:
+            return J
+        if layer not in self.norm_bases:
+            self.norm_bases[layer] = normdirs.block_null_bases(
+                self.model, self.cap, layer, self.b, dtype=self.cfg.dtype, device=self._device)
+        N = self.norm_bases[layer][t_out]  # (d, 2)
+        if isinstance(J, Tensor):
+            return normdirs.project_rows(J, N.to(J.device, J.dtype))
+        return normdirs.ProjectedOperator(J, N)
+
+    def _measure_key(self, layer: int, t_in: int, t_out: int, tb: Any, f: Any, x: Any,
                      blocks: dict[tuple[int, int], Tensor]) -> _Measured:
         """Top-K factors of J_{t_in t_out}: dense (from ``blocks`` or the fast path ``tb``)
         or matrix-free; ``auto`` falls back to dense where the SVD residual is above tol."""
@@ -262,10 +200,12 @@ class _PromptRun:
         kmax = self.cfg.k_max
         tag = "_fast" if tb is not None else ""
         if self.method == "dense":
-            J = tb.jacobian() if tb is not None else blocks[(t_in, t_out)]
+            J = self._project(layer, t_out,
+                              tb.jacobian() if tb is not None else blocks[(t_in, t_out)])
             m = _Measured(svd.topk_svd(J, kmax), J, "dense" + tag, 0.0, 0.0)
         else:
-            op = tb if tb is not None else jac.jacobian_operator(f, x, t_in, t_out)
+            op = self._project(layer, t_out,
+                               tb if tb is not None else jac.jacobian_operator(f, x, t_in, t_out))
             top = svd.randomized_topk_svd(
                 op, kmax, oversample=self.cfg.svd_oversample, n_iter=self.cfg.svd_iters,
                 tol=self.cfg.svd_tol, seed=self.cfg.seed,
@@ -273,8 +213,8 @@ class _PromptRun:
             res = float(top.residual.max()) if top.residual is not None else 0.0
             m = _Measured(top, None, "matrix_free" + tag, res, 0.0)
             if self.cfg.method == "auto" and self.cfg.svd_tol is not None and res > self.cfg.svd_tol:
-                J = tb.jacobian() if tb is not None else jac.jacobian_blocks(
-                    f, x, [t_out], in_tokens=[t_in], chunk_size=self.cfg.chunk_size)[0, 0]
+                J = self._project(layer, t_out, tb.jacobian() if tb is not None else jac.jacobian_blocks(
+                    f, x, [t_out], in_tokens=[t_in], chunk_size=self.cfg.chunk_size)[0, 0])
                 m = _Measured(svd.topk_svd(J, kmax), J, "dense_fallback" + tag, res, 0.0)
         m.seconds = time.perf_counter() - t0
         return m
@@ -305,7 +245,7 @@ class _PromptRun:
 
     def _influence(self, layer: int, blocks: dict[tuple[int, int], Tensor],
                    keys: Sequence[tuple[int, int]]) -> None:
-        Js = torch.stack([blocks[k] for k in keys])  # (n, d, d)
+        Js = torch.stack([self._project(layer, k[1], blocks[k]) for k in keys])  # (n, d, d)
         s = torch.linalg.svdvals(Js.double())  # (n, d)
         vals = spectra.influence_metrics(s)
         for name, v in vals.items():
@@ -321,8 +261,9 @@ class _PromptRun:
         frames: list[pd.DataFrame] = []
         arrays: dict[str, np.ndarray] = {}
         lin_vec: dict[int, Tensor] = {}
-        want_lin = "depth" in cfg.coupling and tuple(self.layers) == tuple(
-            range(1, self.spec.num_layers + 1))
+        # the linearisation check needs the true Jacobians, not the projected ones
+        want_lin = "depth" in cfg.coupling and not cfg.remove_norm_directions and tuple(
+            self.layers) == tuple(range(1, self.spec.num_layers + 1))
         if want_lin:
             x0 = self.cap.boundaries[0, self.b].to(self._device, self.cfg.dtype)
             lin_vec = {t: x0[t].clone() for t in self.tokens}
@@ -376,8 +317,8 @@ class _PromptRun:
             J = m.dense
             return lambda X: J @ X
         if key[1] == key[2] and key[1] in fast:
-            return fast[key[1]].matmat
-        return jac.jacobian_operator(f, x, key[1], key[2]).matmat
+            return self._project(key[0], key[2], fast[key[1]]).matmat
+        return self._project(key[0], key[2], jac.jacobian_operator(f, x, key[1], key[2])).matmat
 
     def _coupling_rows(self, A_store: dict[tuple[str, Key, Key, str], Tensor]) -> pd.DataFrame:
         if not A_store:
@@ -496,14 +437,22 @@ def _split_by_prompt(tables: tuple[pd.DataFrame, pd.DataFrame], prompt_ids: Sequ
 def iter_measure(model: torch.nn.Module, tokenizer: Any, prompts: Any, config: MeasureConfig,
                  *, skip: frozenset[str] | set[str] = frozenset(), progress: bool = True,
                  ) -> Iterator[Measurement]:
-    """Yield one :class:`Measurement` part per prompt (for incremental, resumable stores)."""
+    """Yield one :class:`Measurement` part per prompt (for incremental, resumable stores).
+
+    The model is measured in eval mode (dropout off); its training flags, attention
+    implementation, ``requires_grad`` flags and every global RNG state are restored when the
+    iterator is exhausted, closed or raises (:func:`blockcoupling.engine.state.preserved`).
+    """
+    with preserved(model):
+        model.eval()
+        yield from _iter_parts(model, tokenizer, prompts, config, skip=skip, progress=progress)
+
+
+def _iter_parts(model: torch.nn.Module, tokenizer: Any, prompts: Any, config: MeasureConfig,
+                *, skip: frozenset[str] | set[str], progress: bool) -> Iterator[Measurement]:
     from tqdm.auto import tqdm
 
     cfg = config
-    if model.training:
-        warnings.warn("the model was in training mode; blockcoupling measures it in eval mode "
-                      "(dropout off) and leaves it in eval mode", stacklevel=2)
-        model.eval()
     spec = find_blocks(model, cfg.blocks_path)
     if spec.hidden_size:  # a custom model's hidden size is known only after the capture
         cfg.check_model(spec.num_layers, spec.hidden_size)
@@ -512,22 +461,15 @@ def iter_measure(model: torch.nn.Module, tokenizer: Any, prompts: Any, config: M
 
         resolve_device(cfg.analysis_device)  # a clear error for an unavailable device
     device = _model_device(model)
-    if isinstance(prompts, Mapping):  # pre-built model inputs, e.g. {"pixel_values": ...}
-        batches = _input_batches(prompts, cfg.batch_size)
-    else:
-        items = normalise_prompts(prompts)
-        todo = [it for it in items if it.prompt_id not in skip]
-        batches = [
-            (todo[i:i + cfg.batch_size], None) for i in range(0, len(todo), cfg.batch_size)
-        ]
-    total = sum(len(b[0]) for b in batches)
+    items = normalise_inputs(prompts)
+    todo = [it for it in items if it.prompt_id not in skip]
+    batches = [todo[i:i + cfg.batch_size] for i in range(0, len(todo), cfg.batch_size)]
+    total = len(todo)
     state = _RunState()
     bar = tqdm(total=total, desc="prompts", unit="prompt", disable=not progress, dynamic_ncols=True)
     try:
-        for batch_items, raw_inputs in batches:
-            inputs = raw_inputs if raw_inputs is not None else tokenize(tokenizer, batch_items, model, device)
-            if raw_inputs is not None:
-                inputs = {k: v.to(device) for k, v in inputs.items()}
+        for batch_items in batches:
+            inputs = make_batch(tokenizer, batch_items, model, device)
             # boundaries keep the precision of the analysis (float64 when asked for)
             cap = capture(model, inputs, spec, final_norm=cfg.final_norm,
                           boundary_dtype=torch.promote_types(cfg.dtype, torch.float32))
@@ -549,18 +491,7 @@ def iter_measure(model: torch.nn.Module, tokenizer: Any, prompts: Any, config: M
         bar.close()
 
 
-def _input_batches(inputs: Mapping[str, Tensor], batch_size: int
-                   ) -> list[tuple[list[Prompt], dict[str, Tensor]]]:
-    B = next(iter(inputs.values())).shape[0]
-    out = []
-    for i in range(0, B, batch_size):
-        sl = {k: v[i:i + batch_size] for k, v in inputs.items()}
-        items = [Prompt(f"input-{j:05d}", f"<input {j}>", "") for j in range(i, min(B, i + batch_size))]
-        out.append((items, sl))
-    return out
-
-
-def _trajectory_part(cap: Capture, items: Sequence[Prompt], cfg: MeasureConfig,
+def _trajectory_part(cap: Capture, items: Sequence[MeasureInput], cfg: MeasureConfig,
                      tables: tuple[pd.DataFrame, pd.DataFrame] | None) -> Measurement:
     prompts_df = conform("prompts", pd.DataFrame({
         "prompt_id": [it.prompt_id for it in items], "text": [it.text for it in items],
@@ -570,7 +501,7 @@ def _trajectory_part(cap: Capture, items: Sequence[Prompt], cfg: MeasureConfig,
     return Measurement(trajectory=traj, token_metrics=tokm, prompts=prompts_df, config=cfg)
 
 
-def _measure_one(model: torch.nn.Module, cap: Capture, b: int, item: Prompt,
+def _measure_one(model: torch.nn.Module, cap: Capture, b: int, item: MeasureInput,
                  cfg: MeasureConfig, spec: BlockSpec, state: _RunState, bar: Any,
                  trajectories: dict[str, tuple[pd.DataFrame, pd.DataFrame]]) -> Measurement:
     t0 = time.perf_counter()
@@ -647,4 +578,7 @@ def measure(model: torch.nn.Module, tokenizer: Any = None, prompts: Any = (), *,
     return Measurement.concat(parts, config=cfg, meta=meta)
 
 
-__all__ = ["measure", "iter_measure", "normalise_prompts", "build_meta"]
+#: the name used before inputs.py existed
+normalise_prompts = normalise_inputs
+
+__all__ = ["measure", "iter_measure", "normalise_inputs", "normalise_prompts", "build_meta"]

@@ -195,10 +195,47 @@ def _unit_from_run(path: Path) -> ModelUnit:
                      keys=(path.name,))
 
 
+def _sweep_reader() -> Any:
+    """``blockcoupling.studies.sweep`` if this install has it, else None."""
+    try:
+        from blockcoupling.studies import sweep
+    except ImportError:
+        return None
+    return sweep
+
+
+def _units_from_sweep(sweep: Any, path: Path) -> list[ModelUnit]:
+    """One unit per done unit of a sweep directory, named by the sweep's catalogue."""
+    sw = sweep.open_sweep(path)
+    rows = sw.done().to_dict("records")
+    labels = [str(r.get("label") or "") for r in rows]
+    prompt_sets = {str(r.get("prompt_set")) for r in rows}
+    units = []
+    for row, label in zip(rows, labels, strict=True):
+        unit = _unit_from_run(Path(sw.run_dir(row["unit_id"])))
+        for name in ("model", "revision"):
+            if isinstance(row.get(name), str) and row[name]:
+                setattr(unit, name, row[name])
+        step = row.get("step")
+        unit.step = int(step) if step is not None and not pd.isna(step) else None
+        if label and labels.count(label) > 1:  # checkpoints of one model: name each one
+            label += (f"-step{unit.step}" if unit.step is not None
+                      else f"@{unit.revision}" if unit.revision else f"-{row['unit_id']}")
+            if len(prompt_sets) > 1:
+                label += f"-{Path(str(row['prompt_set'])).stem}"
+        unit.label = label or unit.label
+        unit.keys = (*unit.keys, str(row["unit_id"]))
+        units.append(unit)
+    if not units:
+        raise BlockCouplingError(f"the sweep {path} has no finished unit yet; run it first")
+    return units
+
+
 def load_units(paths: Iterable[str | Path]) -> list[ModelUnit]:
-    """One :class:`ModelUnit` per run directory (a sweep directory adds one per unit)."""
+    """One :class:`ModelUnit` per run directory; a sweep directory adds one per done unit."""
     from blockcoupling.store.rundir import is_run_dir
 
+    sweep = _sweep_reader()
     units: list[ModelUnit] = []
     for raw in paths:
         path = Path(raw)
@@ -207,6 +244,9 @@ def load_units(paths: Iterable[str | Path]) -> list[ModelUnit]:
                                      "(blockcoupling measure --out DIR) or a sweep directory")
         if is_run_dir(path):
             units.append(_unit_from_run(path))
+            continue
+        if sweep is not None and sweep.is_sweep_dir(path):
+            units += _units_from_sweep(sweep, path)
             continue
         raise BlockCouplingError(f"{path} is not a blockcoupling run directory (no readable "
                                  "manifest.json); pass run directories written by "
@@ -358,6 +398,9 @@ def read_lmeval_dir(path: str | Path) -> pd.DataFrame:
         if not isinstance(results, dict):
             raise BlockCouplingError(f"{f}: no 'results' object; is this an lm-evaluation-harness "
                                      "results file?")
+        groups = data.get("groups")
+        if isinstance(groups, dict):  # group scores may be listed only under "groups"
+            results = {**{g: v for g, v in groups.items() if g not in results}, **results}
         model = _lmeval_model(data)
         if model is None:
             raise BlockCouplingError(f"{f}: cannot tell the model (no model_name and no "
@@ -456,9 +499,9 @@ def match_scores(models: pd.DataFrame, units: Sequence[ModelUnit], scores: pd.Da
             f"runs {', '.join(labs)} all match the score row {scores.loc[c, 'model']!r}; give "
             "each run its own label and put the labels in the score table's 'model' column"
         )
-    extra = [c for c in scores.columns if c not in ("model",)]
+    extra = [c for c in scores.columns if c != "model"]
     right = scores.loc[[int(c) for c in chosen], extra].reset_index(drop=True)  # type: ignore[arg-type]
-    right = right.rename(columns={"model": "score_model"})
+    right = right.rename(columns={c: f"score_{c}" for c in extra if c in models.columns})
     right.insert(0, "score_model", scores.loc[[int(c) for c in chosen], "model"].to_numpy())  # type: ignore[arg-type]
     table = pd.concat([models.reset_index(drop=True), right], axis=1)
     for col, run_col in (("layers", "layers_run"), ("d_model", "d_model_run")):
