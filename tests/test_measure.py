@@ -304,7 +304,7 @@ def test_real_minilm_depth_coupling_and_trajectories_match_oracle() -> None:
     model = AutoModel.from_pretrained(path).eval()
     tok = AutoTokenizer.from_pretrained(path)
     text = "What is the capital of France? The capital is"
-    m = bc.measure(model, tok, [text], coupling=("depth",), k=(5, 38), dtype=torch.float64,
+    m = bc.measure(model, tok, [text], coupling=("depth",), k=(5, 38), tokens="last", dtype=torch.float64,
                    variants=("coupling", "coupling_vs_null", "offdiag_ratio"), progress=False)
     inputs = dict(tok([text], return_tensors="pt"))
     calls, ins, outs = oracle_calls(model, inputs)

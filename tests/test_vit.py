@@ -308,6 +308,8 @@ def test_training_writes_model_metrics_and_coupling(trained: Path) -> None:
         assert set(run.coupling["token_out_a"]) == {0}
         assert set(run.coupling["layer_a"]) == {1, 2}
     final = bc.open_run(trained / "coupling" / "final")
+    data_labels = load_image_data("digits", image_size=8, train_limit=96, test_limit=32).test_y
+    assert final.prompts["label"].tolist() == [str(int(y)) for y in data_labels[:2]]
     c = final.mean_depth_coupling(2)["mean_offdiag"].mean()
     assert c == pytest.approx(m["final"]["coupling"])
     last = bc.open_run(trained / "coupling" / "epoch-0002")
