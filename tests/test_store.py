@@ -514,3 +514,30 @@ def test_weights_hash() -> None:
         model[0].weight[0, 0] += 1.0  # the first element is always in the sample
     assert weights_hash(model, max_full_bytes=0) != sampled
     assert weights_hash(model.to(torch.bfloat16)).startswith("sha256-full:")
+
+
+# ---------------------------------------------------------------------------- lock file, progress
+def test_no_lock_file_is_left_and_progress_is_counted(tmp_path: Path) -> None:
+    from blockcoupling.store import run_progress
+
+    root = tmp_path / "run"
+    with RunWriter(root, config=CONFIG, meta=META, prompts=PROMPTS) as w:
+        w.write_part(make_part(["p0", "p1"]))
+        live = run_progress(root)
+        assert live.writer_pid == str(os.getpid()) and "in progress" in live.describe(root)
+    assert not (root / ".lock").exists()  # released and removed on close
+    progress = run_progress(root)
+    assert (progress.status, progress.done, progress.total, progress.writer_pid) == (
+        "running", 2, 8, None)
+    assert "INCOMPLETE: 2 of 8 prompts" in progress.describe(root)
+    finish_in_process(root)
+    assert not (root / ".lock").exists()
+    assert run_progress(root).finished and "complete: 8 of 8" in run_progress(root).describe(root)
+
+
+def test_a_run_without_results_is_replaced_by_a_new_writer(tmp_path: Path) -> None:
+    root = tmp_path / "run"
+    RunWriter(root, config=CONFIG.replace(k=(3,)), meta=META, prompts=PROMPTS).close()
+    with RunWriter(root, config=CONFIG, meta=META, prompts=PROMPTS) as w:  # no resume needed
+        assert w.done_prompt_ids() == set()
+    assert json.loads((root / "manifest.json").read_text())["config"]["k"] == [2]

@@ -511,16 +511,21 @@ def iter_measure(model: torch.nn.Module, tokenizer: Any, prompts: Any, config: M
 
         resolve_device(cfg.analysis_device)  # a clear error for an unavailable device
     device = _model_device(model)
+    # The batches are cut from the whole prompt list, skipped prompts included, so that a
+    # resumed run measures every prompt in the batch it had in the first run (batch
+    # composition changes float32 rounding): a resume is bit-identical. Likewise the prompts
+    # that keep their K x K matrices are the first ones of the list, not of this process.
     if isinstance(prompts, Mapping):  # pre-built model inputs, e.g. {"pixel_values": ...}
         batches = _input_batches(prompts, cfg.batch_size)
     else:
         items = normalise_prompts(prompts)
-        todo = [it for it in items if it.prompt_id not in skip]
         batches = [
-            (todo[i:i + cfg.batch_size], None) for i in range(0, len(todo), cfg.batch_size)
+            (items[i:i + cfg.batch_size], None) for i in range(0, len(items), cfg.batch_size)
         ]
-    total = sum(len(b[0]) for b in batches)
-    state = _RunState()
+    everything = [it for batch_items, _ in batches for it in batch_items]
+    state = _RunState(figure_ids={it.prompt_id for it in everything[:cfg.figure_prompts]})
+    batches = [b for b in batches if any(it.prompt_id not in skip for it in b[0])]
+    total = sum(it.prompt_id not in skip for b in batches for it in b[0])
     bar = tqdm(total=total, desc="prompts", unit="prompt", disable=not progress, dynamic_ncols=True)
     try:
         for batch_items, raw_inputs in batches:
@@ -535,13 +540,16 @@ def iter_measure(model: torch.nn.Module, tokenizer: Any, prompts: Any, config: M
             tables = _trajectory_tables(cap, ids, cfg.lss_window) if cfg.trajectory else None
             if not (cfg.coupling or cfg.spectra or cfg.influence):
                 # no Jacobian work: the whole batch is one part (one table build, one write)
-                yield _trajectory_part(cap, batch_items, cfg, tables)
-                bar.update(len(batch_items))
+                part = _trajectory_part(cap, batch_items, cfg, tables)
+                if any(i in skip for i in ids):  # a batch partly stored by another run
+                    part = _without_prompts(part, skip)
+                yield part
+                bar.update(sum(i not in skip for i in ids))
                 continue
             trajectories = _split_by_prompt(tables, ids, cap.lengths) if tables else {}
             for b, item in enumerate(batch_items):
-                if len(state.figure_ids) < cfg.figure_prompts:
-                    state.figure_ids.add(item.prompt_id)
+                if item.prompt_id in skip:
+                    continue
                 yield _measure_one(model, cap, b, item, cfg, cap.spec, state, bar, trajectories)
                 bar.update(1)
     finally:
@@ -567,6 +575,15 @@ def _trajectory_part(cap: Capture, items: Sequence[Prompt], cfg: MeasureConfig,
     traj, tokm = tables if tables is not None else (conform("trajectory", []),
                                                     conform("token_metrics", []))
     return Measurement(trajectory=traj, token_metrics=tokm, prompts=prompts_df, config=cfg)
+
+
+def _without_prompts(part: Measurement, skip: frozenset[str] | set[str]) -> Measurement:
+    """``part`` without the rows of the prompts in ``skip`` (a trajectory-only part)."""
+    def keep(df: pd.DataFrame) -> pd.DataFrame:
+        return df[~df["prompt_id"].isin(list(skip))].reset_index(drop=True)
+
+    return Measurement(trajectory=keep(part.trajectory), token_metrics=keep(part.token_metrics),
+                       prompts=keep(part.prompts), config=part.config)
 
 
 def _measure_one(model: torch.nn.Module, cap: Capture, b: int, item: Prompt,
