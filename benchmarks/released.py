@@ -1,120 +1,98 @@
-"""The released method's depth-wise algorithm, re-implemented from its description (issue 4).
+"""The released method's depth-wise algorithm (sugolov/coupling), as fast as it honestly runs.
 
-Written from the description only, as the baseline of the benchmarks:
+The baseline of every speed-up in BENCHMARKS.md. Written for this project after reading the
+released code (``coupling/main.py``, ``jacobian.py``, ``metrics.py``); the structure is the
+released one, only the batching is tuned:
 
-1. one forward pass with ``output_hidden_states=True``; block l's input is
-   ``hidden_states[l-1]`` and its output ``hidden_states[l]`` (so the last "block" includes the
-   final norm, as in the released code);
-2. per block, d batched VJPs through the whole block on the whole prompt (one one-hot
-   cotangent per output coordinate of token t) give the block Jacobian at token t, which
-   includes the skip connection, so ``J = J_block - I``;
-3. a full ``torch.linalg.svd`` per block;
-4. every layer pair, every K and both orientations compared on the CPU in Python loops with
-   numpy, with the released normalisation ``|| |A_K| - S_K ||_F / ||s_K||_2``.
+1. ONE forward pass of the whole prompt with ``output_hidden_states=True`` and the autograd
+   graph kept. Block l's input is ``hidden_states[l-1]``, its output ``hidden_states[l]``
+   (so the last "block" includes the final norm, as in the released code).
+2. Per block, the d rows of the block Jacobian at token t by reverse mode through that graph:
+   one-hot cotangents ``e_a`` on ``hidden_states[l][0, t, :]``, pulled back to
+   ``hidden_states[l-1]`` with ``torch.autograd.grad(..., retain_graph=True)``. The released
+   code batches them with ``functorch``'s ``chunk_vmap`` over ``grad``; here the same thing
+   is ``is_grads_batched=True`` (vmap over the backward) in chunks of ``chunk`` cotangents
+   (default: all d at once, the fastest on the CPU runs of BENCHMARKS.md; the released code
+   uses ``2 * (n // 20) + 5 + i`` chunks). Every pullback goes through all n tokens of the
+   block -- that is the algorithm. Then ``J = J_block - I``.
+3. A full ``torch.linalg.svd`` per block.
+4. Every layer pair, K and orientation in Python loops (torch on the CPU, as the released
+   ``metrics`` does): ``M = U2^T J1 V2``, ``diff = || |M| - S1 ||_F``, storing both released
+   normalisations ``diff / tr(S1)`` and ``diff / ||s1||_2`` as float32.
 
-The block is called with the keyword arguments the model itself passed it (recorded by a
-forward pre-hook), so that masks and position embeddings are those of the forward pass.
+No block is re-run: the only forward is step 1 (the released code's graph reuse). The model's
+own attention implementation is used for the forward; if its backward cannot be batched by
+vmap the run raises (no silent slow path).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
-import numpy as np
 import torch
 from common import Phase, phase
 from torch import Tensor, nn
-from torch.func import vjp, vmap
-from torch.nn.attention import SDPBackend, sdpa_kernel
-
-
-def _blocks_and_norm(model: nn.Module) -> tuple[nn.ModuleList, nn.Module]:
-    base = getattr(model, "transformer", None) or getattr(model, "model", None) or model
-    blocks = getattr(base, "h", None) or base.layers
-    norm = getattr(base, "ln_f", None) or base.norm
-    return blocks, norm
 
 
 def released_depth(model: nn.Module, input_ids: Tensor, *, token: int = -1,
-                   ks: Sequence[int] = (10, 30, 50), chunk: int = 256,
+                   ks: Sequence[int] = (10, 30, 50), chunk: int | None = None,
                    ) -> tuple[dict[tuple[int, str, int, int], float], dict[str, Phase]]:
     """Depth-wise released_norm for every (K, orientation, layer_a, layer_b) (1-based layers).
 
-    Returns ``values[(k, orientation, la, lb)]`` and the phases ``jacobians``, ``svd``,
-    ``pairs`` (time and peak memory).
+    Returns ``values[(k, orientation, la, lb)]`` (the ``diff / ||s_K||_2`` normalisation;
+    ``diff / tr`` is computed and stored too, as the released code does) and the phases
+    ``jacobians`` (forward + pullbacks), ``svd``, ``pairs`` (time and peak memory).
     """
-    blocks, norm = _blocks_and_norm(model)
-    L = len(blocks)
     device = input_ids.device
-    calls: list[dict[str, Any]] = []
-
-    def pre(mod: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        calls.append(dict(kwargs, _args=args[1:]))
-
     phases: dict[str, Phase] = {}
     with phase("jacobians", device) as ph:
-        hooks = [b.register_forward_pre_hook(pre, with_kwargs=True) for b in blocks]
-        try:
-            with torch.no_grad():
-                out = model(input_ids, output_hidden_states=True, use_cache=False)
-        finally:
-            for h in hooks:
-                h.remove()
-        hs = out.hidden_states  # L+1 tensors (1, n, d)
-        n, d = hs[0].shape[1], hs[0].shape[2]
-        t = token % n
-        Js: list[Tensor] = []
-        for layer in range(1, L + 1):
-            kw = {k: v for k, v in calls[layer - 1].items() if k != "_args"}
-            for cache_name in ("past_key_values", "layer_past"):
-                if cache_name in kw:
-                    kw[cache_name] = None
-            extra = calls[layer - 1]["_args"]
-            extra = tuple(None if not isinstance(a, Tensor) and a is not None and
-                          type(a).__name__.endswith("Cache") else a for a in extra)
-            block = blocks[layer - 1]
-
-            def fn(x: Tensor, block: nn.Module = block, kw: dict[str, Any] = kw,
-                   extra: tuple[Any, ...] = extra, last: bool = layer == L) -> Tensor:
-                y = block(x, *extra, **kw)
-                y = y[0] if isinstance(y, tuple) else y
-                return norm(y) if last else y
-
-            x = hs[layer - 1].detach()
-            with sdpa_kernel(SDPBackend.MATH), torch.no_grad():
-                _, pull = vjp(fn, x)
+        with torch.enable_grad():
+            out = model(input_ids, output_hidden_states=True, use_cache=False)
+            hs = out.hidden_states  # L+1 tensors (1, n, d), one graph
+            L = len(hs) - 1
+            n, d = hs[0].shape[1], hs[0].shape[2]
+            t = token % n
+            c = chunk or d
+            eye = torch.eye(d, device=device, dtype=hs[0].dtype)
+            Js: list[Tensor] = []
+            for layer in range(1, L + 1):
+                y = hs[layer][0, t, :]  # (d,)
                 rows = []
-                for s in range(0, d, chunk):
-                    idx = torch.arange(s, min(s + chunk, d), device=device)
-                    cot = torch.zeros(len(idx), 1, n, d, device=device, dtype=x.dtype)
-                    cot[torch.arange(len(idx)), 0, t, idx] = 1
-                    g = vmap(lambda c: pull(c)[0])(cot)  # (c, 1, n, d)  # noqa: B023 - called at once
-                    rows.append(g[:, 0, t, :])  # (c, d): rows of J_block
-            J = torch.cat(rows) - torch.eye(d, device=device, dtype=x.dtype)  # (d, d)
-            Js.append(J.float())
+                for s in range(0, d, c):
+                    (g,) = torch.autograd.grad(y, hs[layer - 1], eye[s : s + c],
+                                               retain_graph=True, is_grads_batched=True)
+                    rows.append(g[:, 0, t, :])  # (c, d): rows of J_block at input token t
+                Js.append((torch.cat(rows) - eye).detach().float())  # (d, d)
+        del out, hs
     phases["jacobians"] = ph
 
     with phase("svd", device) as ph:
-        svds = [torch.linalg.svd(J) for J in Js]
-        J_np = [J.cpu().numpy() for J in Js]
-        U_np = [u.cpu().numpy() for u, _, _ in svds]
-        S_np = [s.cpu().numpy() for _, s, _ in svds]
-        V_np = [vh.mT.cpu().numpy() for _, _, vh in svds]
+        svds = [torch.linalg.svd(J) for J in Js]  # full matrices, as released
+        Us = [u.cpu() for u, _, _ in svds]
+        Ss = torch.stack([s for _, s, _ in svds]).cpu()  # (L, d)
+        Vhs = [vh.cpu() for _, _, vh in svds]
+        Jc = [J.cpu() for J in Js]
     phases["svd"] = ph
 
     values: dict[tuple[int, str, int, int], float] = {}
     with phase("pairs") as ph:
         for k in ks:
+            U = [u[:, :k] for u in Us]
+            V = [vh[:k, :].T for vh in Vhs]
+            trace = {o: torch.zeros(L, L) for o in ("ujv", "vju")}
+            norm = {o: torch.zeros(L, L) for o in ("ujv", "vju")}
+            for i in range(L):
+                S1 = torch.diag(Ss[i][:k])
+                tr, nrm = torch.trace(S1), torch.linalg.norm(Ss[i][:k])
+                for j in range(L):
+                    for orient, (left, right) in (("ujv", (U[j], V[j])), ("vju", (V[j], U[j]))):
+                        M = left.T @ Jc[i] @ right
+                        diff = torch.linalg.norm(torch.abs(M) - S1)
+                        trace[orient][i, j] = diff / tr
+                        norm[orient][i, j] = diff / nrm
             for orient in ("ujv", "vju"):
-                for a in range(L):
-                    s1 = S_np[a][:k]
-                    for b in range(L):
-                        if orient == "ujv":
-                            A = U_np[b][:, :k].T @ J_np[a] @ V_np[b][:, :k]
-                        else:
-                            A = V_np[b][:, :k].T @ J_np[a] @ U_np[b][:, :k]
-                        num = np.linalg.norm(np.abs(A) - np.diag(s1))
-                        values[(k, orient, a + 1, b + 1)] = float(num / np.linalg.norm(s1))
+                for i in range(L):
+                    for j in range(L):
+                        values[(k, orient, i + 1, j + 1)] = float(norm[orient][i, j])
     phases["pairs"] = ph
     return values, phases

@@ -50,3 +50,18 @@ def tiny64() -> Callable[[str], tuple[torch.nn.Module, Any, Any]]:
         return cache[arch]
 
     return make
+
+
+@pytest.fixture(scope="session")
+def ray_cluster() -> Any:
+    """ONE small local Ray cluster for the whole test session (2 CPUs, a 200 MB object store,
+    no dashboard); yields its address. Skipped only where ray is not installed."""
+    ray = pytest.importorskip(
+        "ray", reason="ray is not installed: the sweep tests need pip install 'blockcoupling[sweep]'")
+    from blockcoupling.studies.sweep import start_ray
+
+    started = not ray.is_initialized()
+    address = start_ray(num_cpus=2)
+    yield address
+    if started:
+        ray.shutdown()

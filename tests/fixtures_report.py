@@ -35,17 +35,20 @@ def _coupling_rows(rng: np.random.Generator, strength: float, kinds: tuple[str, 
 
     def add(pid: str, kind: str, la: int, lb: int, tia: int, toa: int, tib: int, tob: int,
             base: float) -> None:
-        for k, variant, orient in itertools.product(KS, VARIANTS, ORIENTATIONS):
+        for k, orient in itertools.product(KS, ORIENTATIONS):
+            # one coupling value per Jacobian pair; every variant follows from it
             c = float(np.clip(base + 0.05 * rng.standard_normal() - 0.03 * k, -0.5, 1.0))
-            if variant == "coupling_vs_null":  # every Jacobian pair's chance level = chance
-                value = (c - chance) / (1.0 - chance)
-            else:
-                value = c if variant == "coupling" else 1.0 - c + (0.1 if variant ==
-                                                                   "released_norm" else 0.0)
-            rows.append(dict(prompt_id=pid, kind=kind, layer_a=la, layer_b=lb, token_in_a=tia,
-                             token_out_a=toa, token_in_b=tib, token_out_b=tob, k=k,
-                             variant=variant, p=_p_of(variant), orientation=orient,
-                             value=value))
+            for variant in VARIANTS:
+                if variant == "coupling_vs_null":  # every pair's chance level = chance
+                    value = (c - chance) / (1.0 - chance)
+                elif variant == "coupling":
+                    value = c
+                else:
+                    value = 1.0 - c + (0.1 if variant == "released_norm" else 0.0)
+                rows.append(dict(prompt_id=pid, kind=kind, layer_a=la, layer_b=lb,
+                                 token_in_a=tia, token_out_a=toa, token_in_b=tib,
+                                 token_out_b=tob, k=k, variant=variant, p=_p_of(variant),
+                                 orientation=orient, value=value))
 
     for pid in PROMPTS:
         if "depth" in kinds:

@@ -175,3 +175,38 @@ def test_randomized_errors_and_zero_operator() -> None:
         randomized_topk_svd(DenseOperator(_rand(0, 6, 6)), 2, tol=0)
     t = randomized_topk_svd(DenseOperator(torch.zeros(6, 6, dtype=F64)), 2)
     assert float(t.residual) == 0.0 and float(t.S.abs().max()) == 0.0 and float(t.fro2) == 0.0
+
+
+def test_gram_route_for_float32_is_as_exact_as_the_float32_svd() -> None:
+    """A float32 CPU matrix with 4k <= d goes through the float64 Gram matrix: its top-k
+    triplets must be at least as close to the float64 SVD of the same float32 matrix as
+    torch's float32 SVD is (singular values, projectors of the top-k subspaces)."""
+    d, k = 96, 20
+    s = torch.cat([torch.linspace(10, 1, 40, dtype=F64), torch.linspace(0.9, 0.01, d - 40, dtype=F64)])
+    J32 = _with_spectrum(s, seed=3).float()
+    t = topk_svd(J32, k)
+    assert t.U.dtype == torch.float32 and t.U.shape == (d, k) and t.V.shape == (d, k)
+    U64, S64, Vh64 = torch.linalg.svd(J32.double())
+    U32, S32, Vh32 = torch.linalg.svd(J32)
+
+    def errs(U: torch.Tensor, S: torch.Tensor, V: torch.Tensor) -> tuple[float, float, float]:
+        es = float((S.double() - S64[:k]).abs().max())
+        eu = float((U.double() @ U.double().mT - U64[:, :k] @ U64[:, :k].mT).abs().max())
+        ev = float((V.double() @ V.double().mT - Vh64[:k].mT @ Vh64[:k]).abs().max())
+        return es, eu, ev
+
+    got, ref = errs(t.U, t.S, t.V), errs(U32[:, :k], S32[:k], Vh32[:k].mT)
+    for g, r in zip(got, ref, strict=True):
+        assert g <= max(2 * r, 1e-6), (got, ref)
+    assert float(t.fro2) == pytest.approx(float((J32.double() ** 2).sum()), rel=1e-5)
+
+
+def test_gram_route_falls_back_where_the_tail_is_tiny() -> None:
+    """s_k / s_1 below 1e-3: the Gram route would lose digits; the full SVD is used."""
+    d, k = 40, 10
+    s = torch.cat([torch.tensor([1.0], dtype=F64), torch.full((d - 1,), 1e-5, dtype=F64)])
+    s[1:] -= torch.arange(d - 1, dtype=F64) * 1e-8  # distinct
+    J32 = _with_spectrum(s, seed=5).float()
+    t = topk_svd(J32, k)
+    S32 = torch.linalg.svd(J32).S[:k]
+    assert torch.equal(t.S, S32)  # the very same computation as torch.linalg.svd

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import contextlib
+import inspect
 import os
 import signal
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -49,54 +50,32 @@ def _os_error(err: OSError, what: str) -> BlockCouplingError:
     return BlockCouplingError(f"{what}:{where}: {err.strerror or err}; check the path and try again")
 
 
-@app.command()
 def measure(
     model: Annotated[str, typer.Option("--model", "-m", help="Hub id or local model folder.")],
     prompts: Annotated[str, typer.Option("--prompts", help="File (.txt/.jsonl/.csv), builtin:NAME or hf:DATASET.")],
     out: Annotated[Path, typer.Option("--out", "-o", help="Run directory to write.")],
     revision: Annotated[str | None, typer.Option(help="Model revision (branch, tag, commit, e.g. step1000).")] = None,
     dtype: Annotated[str, typer.Option(help="Model weight dtype: auto, float32, bfloat16, float16.")] = "auto",
-    analysis_dtype: Annotated[str, typer.Option(help="Precision of the analysis: float32 or float64.")] = "float32",
     device: Annotated[str, typer.Option(help="Where the model runs: auto, cpu, cuda, cuda:N.")] = "auto",
-    analysis_device: Annotated[str | None, typer.Option(help="Where the Jacobian work runs (default: with each block). A model that does not fit the GPU: --device cpu --analysis-device cuda streams one block at a time.")] = None,
-    coupling: Annotated[str, typer.Option(help="Kinds: depth,self,fixed_input,fixed_output (or none).")] = "depth",
-    k: Annotated[str, typer.Option("--k", help="Top-K sizes, e.g. 10,30,50.")] = "10,30,50",
-    tokens: Annotated[str, typer.Option(help="last, all, or positions such as 0,5,-1.")] = "last",
-    layers: Annotated[str | None, typer.Option(help="Layer window A..B or a list (1-based).")] = None,
-    layer_pairs: Annotated[str, typer.Option(help="Token-wise kinds: same (l = l') or all.")] = "same",
-    variant: Annotated[str | None, typer.Option("--variant", help="Variants to store (default: all).")] = None,
-    p: Annotated[str, typer.Option(help="Norms for miscoupling: 1,2,inf.")] = "1",
-    orientation: Annotated[str, typer.Option(help="ujv,vju.")] = "ujv,vju",
-    final_norm: Annotated[bool, typer.Option("--final-norm", help="Fold the final norm into the last block.")] = False,
-    method: Annotated[str, typer.Option(help="auto, dense or matrix-free.")] = "auto",
-    influence: Annotated[bool, typer.Option("--influence", help="Cross-token influence on the last token.")] = False,
-    batch_size: Annotated[int, typer.Option(help="Prompts per forward pass.")] = 8,
     limit: Annotated[int | None, typer.Option(help="Use at most this many prompts (seeded subset).")] = None,
     prompt_column: Annotated[str | None, typer.Option(help="Text column of a .csv/.jsonl prompt file.")] = None,
     split: Annotated[str | None, typer.Option(help="Dataset split for hf: prompts.")] = None,
-    seed: Annotated[int, typer.Option(help="Seed for prompt subsets and randomized SVDs.")] = 0,
-    blocks: Annotated[str | None, typer.Option(help="Dotted path to the list of blocks (custom models).")] = None,
-    resume: Annotated[bool, typer.Option("--resume", help="Continue an interrupted run in --out.")] = False,
-    trust_remote_code: Annotated[bool, typer.Option("--trust-remote-code")] = False,
+    resume: Annotated[bool, typer.Option("--resume/--no-resume", help="Continue an interrupted run in --out.")] = False,
+    trust_remote_code: Annotated[bool, typer.Option("--trust-remote-code/--no-trust-remote-code", help="Run the model repository's own Python code (transformers trust_remote_code); only for repositories you trust.")] = False,
+    **config_options: Any,
 ) -> None:
     """Measure a model on a prompt set and write a resumable run directory."""
-    from blockcoupling.engine.config import VARIANTS, MeasureConfig
+    from blockcoupling.engine.config import parse_config
     from blockcoupling.loading import load_model
     from blockcoupling.prompts.sources import load_prompts
     from blockcoupling.store.record import measure_to_dir
 
     try:
         _check_out(out, resume)
-        kinds = [] if coupling.strip().lower() in ("", "none") else _csv(coupling)
-        cfg = MeasureConfig(
-            coupling=tuple(kinds or ()), k=tuple(int(v) for v in _csv(k) or ()), tokens=tokens,
-            p=tuple(_csv(p) or ["1"]), dtype=analysis_dtype,
-            variants=tuple(_csv(variant) or VARIANTS), orientations=tuple(_csv(orientation) or ()),
-            layers=layers, layer_pairs=layer_pairs, final_norm=final_norm, method=method,
-            influence=influence, batch_size=batch_size, seed=seed, blocks_path=blocks,
-            analysis_device=analysis_device,
-        )
-        items = load_prompts(prompts, limit=limit, seed=seed, column=prompt_column, split=split)
+        # the raw strings of the options that were given go to the one parser
+        cfg = parse_config(None, **{_CONFIG_PARAMS[name]: value
+                                    for name, value in config_options.items() if value is not None})
+        items = load_prompts(prompts, limit=limit, seed=cfg.seed, column=prompt_column, split=split)
         net, tok = load_model(model, revision=revision, dtype=dtype, device=device,
                               trust_remote_code=trust_remote_code, require_tokenizer=True,
                               progress=not _STATE["quiet"])
@@ -118,6 +97,37 @@ def measure(
     if not _STATE["quiet"]:
         typer.echo(result.summary())
         typer.echo(f"wrote {out}")
+
+
+def _with_config_options(fn: Any) -> tuple[Any, dict[str, str]]:
+    """``fn`` with one CLI option per exposed :class:`MeasureConfig` field (from the fields'
+    metadata: flag, help, default). Flags (bool fields) are ``--x/--no-x``; every other option
+    is a raw string (``None`` = not given) that :func:`parse_config` parses."""
+    from blockcoupling.engine.config import cli_fields, render_default
+
+    sig = inspect.signature(fn, eval_str=True)
+    params = [p for p in sig.parameters.values() if p.kind is not inspect.Parameter.VAR_KEYWORD]
+    names: dict[str, str] = {}
+    annotations: dict[str, Any] = {p.name: p.annotation for p in params}
+    for name, default, help_, is_flag, flag in cli_fields():
+        pname = flag.removeprefix("--").replace("-", "_")
+        names[pname] = name
+        if is_flag:
+            opt = typer.Option(f"{flag}/--no-{flag.removeprefix('--')}", help=help_)
+            ann: Any = Annotated[bool | None, opt]
+        else:
+            opt = typer.Option(flag, help=f"{help_} [default: {render_default(name, default)}]")
+            ann = Annotated[str | None, opt]
+        params.append(inspect.Parameter(pname, inspect.Parameter.KEYWORD_ONLY, default=None,
+                                        annotation=ann))
+        annotations[pname] = ann
+    fn.__signature__ = sig.replace(parameters=params)
+    fn.__annotations__ = {**annotations, "return": None}
+    return fn, names
+
+
+measure, _CONFIG_PARAMS = _with_config_options(measure)
+app.command()(measure)
 
 
 def _check_out(out: Path, resume: bool) -> None:
@@ -146,15 +156,21 @@ def _check_out(out: Path, resume: bool) -> None:
 
 @app.command()
 def report(
-    run_dirs: Annotated[list[Path], typer.Argument(help="One or more run directories.")],
+    run_dirs: Annotated[list[Path], typer.Argument(help="One or more run directories, or one sweep directory (emergence report).")],
     out: Annotated[Path, typer.Option("--out", "-o", help="HTML file to write.")] = Path("report.html"),
     labels: Annotated[str | None, typer.Option(help="Comma-separated labels, one per run.")] = None,
 ) -> None:
     """Write one self-contained HTML report (plus PNG/SVG/PDF figures) from stored runs."""
     from blockcoupling.report.html import write_report_from_dirs
+    from blockcoupling.studies.sweep.store import is_sweep_dir
 
     try:
-        path = write_report_from_dirs(run_dirs, out, labels=_csv(labels))
+        if len(run_dirs) == 1 and is_sweep_dir(run_dirs[0]):  # a sweep or monitor directory
+            from blockcoupling.report.emergence import write_emergence_report
+
+            path = write_emergence_report(run_dirs[0], out)
+        else:
+            path = write_report_from_dirs(run_dirs, out, labels=_csv(labels))
     except BlockCouplingError as err:
         _fail(err)
         return
@@ -194,7 +210,7 @@ def models() -> None:
 @app.command()
 def demo(
     out: Annotated[Path | None, typer.Option("--out", "-o", help="Folder for the demo's runs and report (default demo_run, or demo_run_quick).")] = None,
-    quick: Annotated[bool, typer.Option("--quick", help="A much smaller demo (for tests).")] = False,
+    quick: Annotated[bool, typer.Option("--quick/--no-quick", help="A much smaller demo (for tests).")] = False,
     cache_dir: Annotated[Path | None, typer.Option(help="Where trained demo checkpoints are cached.")] = None,
 ) -> None:
     """The offline demo: pretrained MiniLM vs random init, and a tiny LM across training."""

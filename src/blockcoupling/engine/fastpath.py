@@ -27,6 +27,13 @@ given (``past_key_values`` / ``layer_past``) and attends over what ``update`` re
    :func:`blockcoupling.engine.capture.residual_branch`) for random v, u; on any mismatch or
    failure the builder returns ``None`` and the caller uses the generic path.
 
+Dense ``J^l_tt``: for block types :mod:`blockcoupling.engine.structured` knows (GPT-2,
+Llama) it is assembled from the block's weights by a few GEMMs (about half the flops of the
+pullback, with no autodiff); otherwise, or if the structured forward does not reproduce the
+recorded output, by pulling the d identity cotangents back through ``g``. The structured
+Jacobian is checked with the rest at build time; where it disagrees it is switched off for
+that block (a warning says so) and the pullback is used.
+
 Unsupported (``None``): encoders (non-causal), blocks without a key-value cache argument,
 recorded calls with other sequence-shaped tensors (e.g. Falcon's ALiBi), or anything the
 verification rejects.
@@ -37,6 +44,7 @@ from __future__ import annotations
 import inspect
 import math
 import warnings
+import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -55,6 +63,8 @@ from blockcoupling.engine.capture import (
     replay_tolerance,
     residual_branch,
 )
+from blockcoupling.engine import structured
+from blockcoupling.engine.blocks import get_blocks
 from blockcoupling.engine.jacobian import DEFAULT_MEMORY_BYTES, as_columns, jacobian_operator
 from blockcoupling.errors import BlockCouplingError, NumericalError
 
@@ -78,6 +88,9 @@ _CACHE_PARAMS: tuple[str, ...] = ("past_key_values", "past_key_value", "layer_pa
 # Rough number of d-sized (and intermediate-sized) activations kept per batch row.
 _ROW_FACTOR: int = 48
 _PARAM_FACTOR: int = 32
+# Blocks (the model's own modules) whose structured Jacobian failed the build-time check:
+# the pullback is used for them from then on, also in unverified builds of later prompts.
+_STRUCTURED_OFF: weakref.WeakSet[nn.Module] = weakref.WeakSet()
 
 
 # ----------------------------------------------------------------------------- caches
@@ -199,6 +212,8 @@ class TokenBranch:
     token: int
     chunk_size: int
     verify_error: float | None = None  # relative error of the build-time check
+    # dense J (d, d) from the block's structure (engine.structured), None if not applicable
+    dense_fn: Callable[[], Tensor | None] | None = None
     d: int = field(init=False)
     dtype: torch.dtype = field(init=False)
     device: torch.device = field(init=False)
@@ -207,6 +222,12 @@ class TokenBranch:
         self.d = int(self.x.shape[0])
         self.dtype = self.x.dtype
         self.device = self.x.device
+        self._dense: Tensor | None = None
+
+    @property
+    def structured(self) -> bool:
+        """Whether :meth:`jacobian` assembles J from the block's structure."""
+        return self.dense_fn is not None
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -248,13 +269,20 @@ class TokenBranch:
         return _finite(torch.cat(outs).T, "vector-Jacobian product")  # (d, m)
 
     def jacobian(self) -> Tensor:
-        """Dense ``J^l_tt`` (d, d), rows = output coordinates.
+        """Dense ``J^l_tt`` (d, d), rows = output coordinates (computed once, then kept).
 
-        One forward of the single row and a backward with the identity as cotangents
-        (chunked by ``chunk_size``): row i of the input gradient is ``e_i^T J``.
+        From the block's structure where :attr:`dense_fn` is set and applies; otherwise one
+        forward of the single row and a backward with the identity as cotangents (chunked by
+        ``chunk_size``): row i of the input gradient is ``e_i^T J``.
         """
-        eye = torch.eye(self.d, dtype=self.dtype, device=self.device)
-        return self.rmatmat(eye).T.contiguous()  # (d, d): (J^T I)^T
+        if self._dense is None:
+            J = self.dense_fn() if self.dense_fn is not None else None
+            if J is None:
+                self.dense_fn = None
+                eye = torch.eye(self.d, dtype=self.dtype, device=self.device)
+                J = self.rmatmat(eye).T.contiguous()  # (d, d): (J^T I)^T
+            self._dense = _finite(J, "Jacobian")
+        return self._dense
 
 
 def _finite(M: Tensor, what: str) -> Tensor:
@@ -379,6 +407,9 @@ def _build(model: nn.Module, cap: Capture, layer: int, prompt: int, tokens: list
     kv_width = int(keys[0, ..., 0, :].numel())
     n_params = sum(p.numel() for p in block.parameters())
     chunk = chunk_size or _default_chunk(d, kv_width, n, dtype, memory_bytes, n_params)
+    use_structured = (structured.supports(block)
+                      and get_blocks(model, cap.spec)[layer - 1] not in _STRUCTURED_OFF)
+    rtol = replay_tolerance(cap, dtype)
 
     out_map: dict[int, TokenBranch] = {}
     for t in tokens:
@@ -386,8 +417,23 @@ def _build(model: nn.Module, cap: Capture, layer: int, prompt: int, tokens: list
                       if k not in (hidden_name, cache_name)}
         cache = _PrefixCache(keys[..., :t, :], values[..., :t, :])
         g = _make_g(block, norm, row_kwargs, hidden_name, cache_name, cache)
-        out_map[t] = TokenBranch(g=g, x=x[t].clone(), layer=layer, token=t, chunk_size=chunk)
+        dense_fn = None
+        if use_structured:
+            dense_fn = _structured_fn(block, norm, x[t], keys, values, t, row_kwargs,
+                                      rp.recorded[t], rtol)
+        out_map[t] = TokenBranch(g=g, x=x[t].clone(), layer=layer, token=t, chunk_size=chunk,
+                                 dense_fn=dense_fn)
     return out_map
+
+
+def _structured_fn(block: nn.Module, norm: nn.Module | None, x: Tensor, keys: Tensor,
+                   values: Tensor, t: int, row_kwargs: dict[str, Any], recorded: Tensor,
+                   rtol: float) -> Callable[[], Tensor | None]:
+    def dense() -> Tensor | None:
+        return structured.decode_step_jacobian(block, norm, x, keys, values, t, row_kwargs,
+                                               recorded, rtol)
+
+    return dense
 
 
 def _make_g(block: nn.Module, norm: nn.Module | None, row_kwargs: dict[str, Any],
@@ -419,14 +465,42 @@ def _verify(model: nn.Module, cap: Capture, layer: int, prompt: int,
             errs = [_rel(gx, fx)]
             op = jacobian_operator(f, x, t, t)
             V = torch.randn(tb.d, n_check, generator=gen, dtype=torch.float64).to(tb.device, tb.dtype)
-            errs.append(_rel(tb.matmat(V), op.matmat(V)))
-            errs.append(_rel(tb.rmatmat(V), op.rmatmat(V)))
+            JV, JtV = op.matmat(V), op.rmatmat(V)
+            errs.append(_rel(tb.matmat(V), JV))
+            errs.append(_rel(tb.rmatmat(V), JtV))
         except (TypeError, ValueError, RuntimeError, AttributeError, IndexError) as err:
             return f"token {t}: {type(err).__name__}: {err}"
         tb.verify_error = max(errs)
         if not tb.verify_error <= tol:  # also catches NaN
             return f"token {t}: relative error {tb.verify_error:.3g} > {tol:.3g}"
+        if tb.dense_fn is not None:
+            _verify_structured(model, cap, layer, tb, V, JV, JtV, tol)
     return None
+
+
+def _verify_structured(model: nn.Module, cap: Capture, layer: int, tb: TokenBranch, V: Tensor,
+                       JV: Tensor, JtV: Tensor, tol: float) -> None:
+    """Check the structured dense J against the generic J V and J^T V; switch it off for this
+    block (with a warning) where it disagrees."""
+    try:
+        J = tb.dense_fn() if tb.dense_fn is not None else None
+        err = math.inf if J is None else max(_rel(J @ V, JV), _rel(J.T @ V, JtV))
+    except (TypeError, ValueError, RuntimeError, AttributeError, IndexError) as exc:
+        J, err = None, math.inf
+        why = f"{type(exc).__name__}: {exc}"
+    else:
+        why = f"relative error {err:.3g} > {tol:.3g}" if J is not None else "not applicable"
+    if J is not None and err <= tol:
+        tb._dense = _finite(J, "Jacobian")
+        return
+    tb.dense_fn = None
+    if J is not None or why != "not applicable":
+        _STRUCTURED_OFF.add(get_blocks(model, cap.spec)[layer - 1])
+        warnings.warn(
+            f"structured Jacobian of layer {layer} ({cap.spec.arch}) disagrees with the generic "
+            f"path ({why}); pulling back through the decode step instead.",
+            stacklevel=3,
+        )
 
 
 def _rel(a: Tensor, b: Tensor) -> float:

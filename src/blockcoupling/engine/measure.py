@@ -34,7 +34,7 @@ from blockcoupling.engine import fastpath, metrics, pairs, spectra, svd, traject
 from blockcoupling.engine import jacobian as jac
 from blockcoupling.engine.blocks import BlockSpec, find_blocks
 from blockcoupling.engine.capture import Capture, capture, residual_branch
-from blockcoupling.engine.config import MeasureConfig
+from blockcoupling.engine.config import MeasureConfig, parse_config
 from blockcoupling.engine.results import Measurement, conform
 from blockcoupling.errors import BlockCouplingError, NumericalError
 from blockcoupling.prompts.sources import Prompt
@@ -653,7 +653,8 @@ def measure(model: torch.nn.Module, tokenizer: Any = None, prompts: Any = (), *,
     analysis, not of the model: each analysed block is copied to it.
     """
     if config is None:
-        cfg = MeasureConfig(coupling=coupling, k=k, tokens=tokens, p=p, dtype=dtype, **options)
+        cfg = parse_config(None, coupling=coupling, k=k, tokens=tokens, p=p, dtype=dtype,
+                           **options)
     else:  # an explicit config wins over the keyword defaults; extra options still apply
         cfg = config.replace(**options) if options else config
     t0 = time.perf_counter()

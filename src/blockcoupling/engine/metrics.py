@@ -43,20 +43,10 @@ from collections.abc import Iterable, Sequence
 import torch
 from torch import Tensor
 
+from blockcoupling.engine.names import ORIENTATIONS, P_VARIANTS, VALID_P, VARIANTS
 from blockcoupling.errors import BlockCouplingError
 
-ORIENTATIONS: tuple[str, ...] = ("ujv", "vju")
-VARIANTS: tuple[str, ...] = (
-    "coupling",
-    "miscoupling",
-    "released_norm",
-    "released_trace",
-    "offdiag_ratio",
-    "coupling_vs_null",
-)
-#: variants whose normaliser takes a user-chosen p (default 1)
-P_VARIANTS: tuple[str, ...] = ("coupling", "miscoupling", "coupling_vs_null")
-VALID_P: tuple[float, ...] = (1.0, 2.0, math.inf)
+__all__ = ["ORIENTATIONS", "P_VARIANTS", "VALID_P", "VARIANTS"]  # and the functions below
 
 
 # --------------------------------------------------------------------------- validation

@@ -29,6 +29,10 @@ a file path
     ``<dataset>-<row index:04d>`` (row index in the split, so an id does not depend on
     ``limit``), labels are the dataset name.
 
+``protocol:paper[@DIR]``
+    The paper's 1,200 prompts: 200 seeded prompts from each of the six ``hf:`` benchmarks
+    (from the hub, or from a folder of local row files); see :mod:`blockcoupling.prompts.protocol`.
+
 ``limit`` always takes a seeded random subset (``random.Random(seed)``), returned in the
 set's original order; ``limit`` >= the set size returns the whole set. For built-in sets
 the subset is *stratified* by label (the styles get ``limit // n_styles`` prompts each and
@@ -602,7 +606,7 @@ def load_prompts(
     spec = spec.strip()
     if split is not None and not spec.startswith("hf:"):
         raise BlockCouplingError(f"split={split!r} only applies to hf: prompt sets, not {spec!r}")
-    if column is not None and (spec.startswith("hf:") or spec.startswith("builtin:")):
+    if column is not None and spec.startswith(("hf:", "builtin:", "protocol:")):
         raise BlockCouplingError(
             f"column={column!r} only applies to .jsonl/.csv prompt files, not {spec!r}"
         )
@@ -617,6 +621,10 @@ def load_prompts(
         prompts = [prompts[i] for i in _stratified_subset([p.label for p in prompts], limit, seed)]
     elif spec.startswith("hf:"):
         prompts = _load_hf(spec, limit, seed, split)
+    elif spec.startswith("protocol:"):  # the paper's 1,200-prompt set: prompts/protocol.py
+        from blockcoupling.prompts.protocol import load_protocol
+
+        prompts = load_protocol(spec, limit=limit, seed=seed)
     else:
         path = Path(spec).expanduser()
         if not path.is_file():

@@ -697,7 +697,7 @@ def fmt_number(value: Any, digits: int = 3) -> str:
         if v == 0:
             return "0"
         if abs(v) >= 1e6 or abs(v) < 1e-3:
-            return f"{v:.{max(1, digits - 1)}e}"
+            return f"{v:.{digits}g}"
         if abs(v) >= 10 ** digits:
             return f"{v:,.0f}"
         return f"{v:.{digits}g}"

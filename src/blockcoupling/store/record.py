@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from blockcoupling.engine.config import MeasureConfig
+from blockcoupling.engine.config import MeasureConfig, parse_config
 from blockcoupling.engine.measure import build_meta, iter_measure, normalise_prompts
 from blockcoupling.engine.results import Measurement, conform
 from blockcoupling.store.fingerprint import weights_hash
@@ -21,8 +21,7 @@ def measure_to_dir(model: torch.nn.Module, tokenizer: Any, prompts: Any, out_dir
                    progress: bool = True, config: MeasureConfig | None = None,
                    **options: Any) -> Measurement:
     """Like :func:`measure`, but written prompt by prompt into a resumable run directory."""
-    opts = dict(options)
-    cfg = config.replace(**opts) if (config is not None and opts) else (config or MeasureConfig(**opts))
+    cfg = parse_config(config, **options)
     items = normalise_prompts(prompts) if not isinstance(prompts, Mapping) else None
     prompts_df = conform("prompts", [dict(prompt_id=it.prompt_id, text=it.text, n_tokens=0,
                                           label=it.label) for it in items] if items else [])

@@ -1,0 +1,298 @@
+"""Dense ``J^l_tt`` of known decoder blocks by a few GEMMs (the block's structure, no autodiff).
+
+The decode step at token t (:mod:`blockcoupling.engine.fastpath`) maps ``x = x_t`` to the
+block output at t with the keys and values of tokens ``0..t-1`` fixed. For the pre-norm
+blocks below its Jacobian is, by the chain rule (column convention, ``J = dy/dx``):
+
+    J_n    = diag(c) - P Q^T                 a norm at its input (LayerNorm: rank 2, RMSNorm: 1)
+    J_q    = R W_q J_n1,  J_k = R W_k J_n1,  J_v = W_v J_n1     (R: the rotary map at t, or I)
+    J_o,h  = C_h J_q,h + c_h (q_h^T J_k,g(h)) + p_t,h J_v,g(h)  per head h (kv head g(h))
+             C_h = s V_h^T (diag p_h - p_h p_h^T) K_h,  c_h = s p_t,h (v_t,h - o_h)
+    J_a    = W_o J_o                                              (attention branch)
+    N      = W_out diag(act'(z)) W_in J_n2                        (MLP; gated: W_d [diag(act'(g) u) W_g
+                                                                    + diag(act(g)) W_u] J_n2)
+    J_y    = I + J_a + N + N J_a                                  (two residual connections)
+    J      = J_nf J_y - I                                         (J_nf: the folded final norm)
+
+where ``p_h`` are the attention probabilities of token t over keys ``K_h (t+1, hd)`` / values
+``V_h``, ``o_h = V_h^T p_h`` and ``s`` the score scale. Products with a norm Jacobian cost
+O(d^2) (diagonal plus low rank), the per-head maps are hd x hd, so the cost is three GEMMs:
+``W_o J_o`` (2 d^3), ``N`` (2 d I d, I the MLP width) and ``N J_a`` (2 d^3) -- about half the
+flops of pulling back d cotangents through the decode step, as large GEMMs.
+
+Supported (by class name, exactly): ``GPT2Block`` (LayerNorm, fused ``c_attn`` Conv1D,
+elementwise MLP) and ``LlamaDecoderLayer`` with its structural twins ``MistralDecoderLayer``
+and ``Qwen2DecoderLayer`` (RMSNorm, RoPE, grouped-query attention, projection biases, gated
+MLP; a sliding window enters through the sliced attention mask). Anything else, or anything unexpected (a mask of another shape, a recomputed key that
+differs from the recorded one, an output that differs from the recorded output) gives
+``None`` and the caller pulls back through the decode step instead. The caller also checks the
+result against the generic path once per layer (``fastpath`` verification).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+from torch.func import jvp
+
+__all__ = ["decode_step_jacobian", "supports"]
+
+_LLAMA_LIKE = ("LlamaDecoderLayer", "MistralDecoderLayer", "Qwen2DecoderLayer")
+_SUPPORTED = ("GPT2Block", *_LLAMA_LIKE)
+_RMS_NORMS = ("LlamaRMSNorm", "MistralRMSNorm", "Qwen2RMSNorm")  # w * x / rms(x)
+
+
+def supports(block: nn.Module) -> bool:
+    """Whether :func:`decode_step_jacobian` knows this block type."""
+    return type(block).__name__ in _SUPPORTED
+
+
+# ----------------------------------------------------------------------------- pieces
+@dataclass
+class NormJacobian:
+    """Jacobian of a norm at one input: ``J = diag(c) - P Q^T`` (d, d), c (d,), P/Q (d, r)."""
+
+    c: Tensor
+    P: Tensor
+    Q: Tensor
+
+    def dense(self) -> Tensor:
+        return torch.diag(self.c) - self.P @ self.Q.T  # (d, d)
+
+    def right_of(self, W: Tensor) -> Tensor:
+        """``W J`` for W (m, d), in O(m d)."""
+        return W * self.c - (W @ self.P) @ self.Q.T
+
+    def left_of(self, M: Tensor) -> Tensor:
+        """``J M`` for M (d, m), in O(d m)."""
+        return self.c[:, None] * M - self.P @ (self.Q.T @ M)
+
+
+def norm_jacobian(norm: nn.Module, x: Tensor) -> tuple[Tensor, NormJacobian] | None:
+    """Value and Jacobian of ``nn.LayerNorm`` or a Llama-style RMSNorm at x (d,); None otherwise."""
+    d = x.shape[0]
+    if isinstance(norm, nn.LayerNorm):
+        if tuple(norm.normalized_shape) != (d,):
+            return None
+        mu = x.mean()
+        xc = x - mu
+        sigma = torch.sqrt((xc * xc).mean() + norm.eps)
+        xh = xc / sigma  # (d,)
+        gamma = norm.weight if norm.weight is not None else torch.ones_like(x)
+        c = gamma / sigma
+        P = torch.stack([c, c * xh], dim=1)  # (d, 2)
+        Q = torch.stack([torch.full_like(x, 1.0 / d), xh / d], dim=1)  # (d, 2)
+        return norm(x[None])[0], NormJacobian(c, P, Q)
+    if type(norm).__name__ in _RMS_NORMS:
+        eps = float(norm.variance_epsilon)
+        r = torch.sqrt((x * x).mean() + eps)
+        w = norm.weight
+        c = w / r
+        P = (w * x / r**3)[:, None]  # (d, 1)
+        Q = (x / d)[:, None]  # (d, 1)
+        return norm(x[None])[0], NormJacobian(c, P, Q)
+    return None
+
+
+def _act_and_grad(act: Callable[[Tensor], Tensor], z: Tensor) -> tuple[Tensor, Tensor]:
+    """act(z) and its elementwise derivative (a JVP with a ones tangent; exact for an
+    elementwise activation, which the caller's checks confirm)."""
+    return jvp(act, (z,), (torch.ones_like(z),))
+
+
+def _bias(mask: Any, t: int, dtype: torch.dtype) -> Tensor | None | bool:
+    """The row-t attention mask as an additive bias (t+1,), None for no mask, False if its
+    shape is not understood."""
+    if mask is None:
+        return None
+    if not isinstance(mask, Tensor) or mask.numel() != t + 1:
+        return False
+    m = mask.reshape(t + 1)
+    if m.dtype == torch.bool:
+        return torch.where(m, 0.0, float("-inf")).to(dtype)
+    return m.to(dtype)
+
+
+@dataclass
+class _Attention:
+    """What the attention of one block needs, in matrices (rows = outputs)."""
+
+    Wq: Tensor  # (H*hd, d)
+    Wk: Tensor  # (Hkv*hd, d)
+    Wv: Tensor  # (Hkv*hd, d)
+    bq: Tensor | None
+    bk: Tensor | None
+    bv: Tensor | None
+    Wo: Tensor  # (d, H*hd)
+    bo: Tensor | None
+    H: int
+    Hkv: int
+    hd: int
+    scale: float
+    rope: Tensor | None  # (hd, hd) rotary map at position t, or None
+
+
+def _attend(at: _Attention, a: Tensor, J_n: NormJacobian, K_pre: Tensor, V_pre: Tensor,
+            k_rec: Tensor, bias: Tensor | None, rtol: float) -> tuple[Tensor, Tensor] | None:
+    """Attention branch value (d,) and Jacobian (d, d) at the normed input ``a`` (d,)."""
+    H, Hkv, hd = at.H, at.Hkv, at.hd
+    rep = H // Hkv
+
+    def proj(W: Tensor, b: Tensor | None) -> Tensor:
+        return W @ a + (b if b is not None else 0)
+
+    q, k, v = proj(at.Wq, at.bq).view(H, hd), proj(at.Wk, at.bk).view(Hkv, hd), proj(at.Wv, at.bv).view(Hkv, hd)
+    Jq = J_n.right_of(at.Wq).view(H, hd, -1)  # (H, hd, d)
+    Jk = J_n.right_of(at.Wk).view(Hkv, hd, -1)
+    Jv = J_n.right_of(at.Wv).view(Hkv, hd, -1)
+    if at.rope is not None:
+        R = at.rope
+        q, k = q @ R.T, k @ R.T
+        Jq, Jk = R @ Jq, R @ Jk
+    # the recomputed key of token t must be the one the block itself cached
+    if not float((k - k_rec).abs().max()) <= rtol * max(float(k_rec.abs().max()), 1e-30):
+        return None
+    K = torch.cat([K_pre, k[:, None, :]], dim=1).repeat_interleave(rep, dim=0)  # (H, t+1, hd)
+    V = torch.cat([V_pre, v[:, None, :]], dim=1).repeat_interleave(rep, dim=0)  # (H, t+1, hd)
+    s = at.scale * (K @ q[:, :, None])[..., 0]  # (H, t+1)
+    if bias is not None:
+        s = s + bias
+    p = torch.softmax(s, dim=-1)  # (H, t+1)
+    o = (p[:, :, None] * V).sum(1)  # (H, hd)
+    Pm = torch.diag_embed(p) - p[:, :, None] * p[:, None, :]  # (H, t+1, t+1)
+    C = at.scale * V.mT @ Pm @ K  # (H, hd, hd)
+    pt = p[:, -1]  # (H,)
+    ck = at.scale * pt[:, None] * (V[:, -1] - o)  # (H, hd)
+    Jk_h, Jv_h = Jk.repeat_interleave(rep, dim=0), Jv.repeat_interleave(rep, dim=0)  # (H, hd, d)
+    qJk = torch.einsum("hi,hid->hd", q, Jk_h)  # (H, d)
+    Jo = C @ Jq + ck[:, :, None] * qJk[:, None, :] + pt[:, None, None] * Jv_h  # (H, hd, d)
+    val = at.Wo @ o.reshape(-1) + (at.bo if at.bo is not None else 0)  # (d,)
+    return val, at.Wo @ Jo.reshape(H * hd, -1)  # (d,), (d, d)
+
+
+def _rope_matrix(block: nn.Module, cos: Tensor, sin: Tensor, hd: int) -> Tensor | None:
+    """The rotary map at one position as a matrix (hd, hd), from the model's own function."""
+    mod = sys.modules.get(type(block).__module__)
+    fn = getattr(mod, "apply_rotary_pos_emb", None)
+    if fn is None:
+        return None
+    E = torch.eye(hd, dtype=cos.dtype, device=cos.device)[None, None]  # (1, 1, hd, hd)
+    qr, _ = fn(E, E, cos.reshape(1, 1, hd), sin.reshape(1, 1, hd))  # rows: R e_i
+    return qr[0, 0].T.contiguous()
+
+
+def _linear(m: nn.Module, transpose: bool = False) -> tuple[Tensor, Tensor | None]:
+    W = m.weight.T if transpose else m.weight  # Conv1D stores (in, out)
+    return W, getattr(m, "bias", None)
+
+
+# ----------------------------------------------------------------------------- blocks
+def _gpt2(block: nn.Module, x: Tensor) -> tuple[Any, ...] | None:
+    at = block.attn
+    if getattr(at, "is_cross_attention", False) or type(block.mlp.c_fc).__name__ != "Conv1D":
+        return None
+    W, b = _linear(at.c_attn, transpose=True)  # (3d, d)
+    d = x.shape[0]
+    H, hd = int(at.num_heads), int(at.head_dim)
+    bq, bk, bv = (None, None, None) if b is None else b.split(d)
+    Wo, bo = _linear(at.c_proj, transpose=True)
+    attn = _Attention(*W.split(d), bq, bk, bv, Wo, bo, H, H, hd, float(at.scaling), None)
+    W_in, b_in = _linear(block.mlp.c_fc, transpose=True)
+    W_out, b_out = _linear(block.mlp.c_proj, transpose=True)
+    mlp = ("plain", W_in, b_in, W_out, b_out, block.mlp.act)
+    return block.ln_1, attn, block.ln_2, mlp
+
+
+def _llama(block: nn.Module, x: Tensor, row_kwargs: dict[str, Any]) -> tuple[Any, ...] | None:
+    sa = block.self_attn
+    pe = row_kwargs.get("position_embeddings")
+    cfg = sa.config
+    H, Hkv, hd = int(cfg.num_attention_heads), int(cfg.num_key_value_heads), int(sa.head_dim)
+    if not (isinstance(pe, tuple) and len(pe) == 2) or pe[0].numel() != hd:
+        return None
+    R = _rope_matrix(block, pe[0].to(x.dtype), pe[1].to(x.dtype), hd)
+    if R is None:
+        return None
+    Wq, bq = _linear(sa.q_proj)
+    Wk, bk = _linear(sa.k_proj)
+    Wv, bv = _linear(sa.v_proj)
+    Wo, bo = _linear(sa.o_proj)
+    attn = _Attention(Wq, Wk, Wv, bq, bk, bv, Wo, bo, H, Hkv, hd, float(sa.scaling), R)
+    m = block.mlp
+    mlp = ("gated", *_linear(m.gate_proj), *_linear(m.up_proj), *_linear(m.down_proj), m.act_fn)
+    return block.input_layernorm, attn, block.post_attention_layernorm, mlp
+
+
+def _mlp(mlp: tuple[Any, ...], a: Tensor, J_n: NormJacobian) -> tuple[Tensor, Tensor]:
+    """MLP value (d,) and Jacobian N (d, d) at the normed input ``a``."""
+    if mlp[0] == "plain":
+        _, W_in, b_in, W_out, b_out, act = mlp
+        z = W_in @ a + (b_in if b_in is not None else 0)  # (I,)
+        h, dh = _act_and_grad(act, z)
+        val = W_out @ h + (b_out if b_out is not None else 0)
+        return val, (W_out * dh) @ J_n.right_of(W_in)  # (d, I) @ (I, d)
+    _, Wg, bg, Wu, bu, Wd, bd, act = mlp
+    g = Wg @ a + (bg if bg is not None else 0)
+    u = Wu @ a + (bu if bu is not None else 0)
+    h, dh = _act_and_grad(act, g)
+    val = Wd @ (h * u) + (bd if bd is not None else 0)
+    inner = (dh * u)[:, None] * Wg + h[:, None] * Wu  # (I, d)
+    return val, Wd @ J_n.right_of(inner)
+
+
+@torch.no_grad()
+def decode_step_jacobian(block: nn.Module, final_norm: nn.Module | None, x: Tensor,
+                         keys: Tensor, values: Tensor, t: int, row_kwargs: dict[str, Any],
+                         recorded: Tensor, rtol: float) -> Tensor | None:
+    """Dense ``J^l_tt`` (d, d) of the decode step at token t, or None if not supported.
+
+    block/final_norm: the analysed (dtype) copies; x (d,) = x_t; keys/values (1, Hkv, n, hd)
+    as the block cached them (after RoPE); row_kwargs: the block's call sliced to row t;
+    recorded (d,): the recorded block output at t (before a folded final norm), which the
+    structured forward must reproduce within ``rtol`` (relative, max-norm).
+    """
+    name = type(block).__name__
+    if name == "GPT2Block":
+        parts = _gpt2(block, x)
+    elif name in _LLAMA_LIKE:
+        parts = _llama(block, x, row_kwargs)
+    else:
+        return None
+    if parts is None:
+        return None
+    norm1, attn, norm2, mlp = parts
+    bias = _bias(row_kwargs.get("attention_mask"), t, x.dtype)
+    if bias is False or keys.ndim != 4 or keys.shape[0] != 1 or keys.shape[1] != attn.Hkv:
+        return None
+    n1 = norm_jacobian(norm1, x)
+    if n1 is None:
+        return None
+    a1, J_n1 = n1
+    att = _attend(attn, a1, J_n1, keys[0, :, :t], values[0, :, :t], keys[0, :, t], bias, rtol)
+    if att is None:
+        return None
+    a_val, J_a = att
+    h = x + a_val
+    n2 = norm_jacobian(norm2, h)
+    if n2 is None:
+        return None
+    a2, J_n2 = n2
+    m_val, N = _mlp(mlp, a2, J_n2)
+    y = h + m_val  # the block output at t: must be the recorded one
+    scale = max(float(recorded.abs().max()), 1e-30)
+    if not float((y - recorded).abs().max()) <= rtol * scale:
+        return None
+    eye = torch.eye(x.shape[0], dtype=x.dtype, device=x.device)
+    J_y = J_a + N + N @ J_a  # (d, d), without the identity
+    J_y.diagonal().add_(1.0)
+    if final_norm is not None:
+        nf = norm_jacobian(final_norm, y)
+        if nf is None:
+            return None
+        J_y = nf[1].left_of(J_y)
+    return J_y - eye

@@ -1,0 +1,131 @@
+"""Structured (GEMM-assembled) decode-step Jacobians against float64 autodiff oracles."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+import transformers as tf
+from torch.func import jacrev
+
+from blockcoupling.engine import fastpath, structured
+from blockcoupling.engine.blocks import find_blocks
+from blockcoupling.engine.capture import Capture, capture, residual_branch
+from blockcoupling.engine.jacobian import jacobian_blocks
+from tiny_models import tiny_inputs, tiny_model
+
+F64 = torch.float64
+STRUCTURED = ("gpt2", "llama", "mistral", "qwen2")
+
+
+def _cap(model: torch.nn.Module, arch: str, final_norm: bool) -> Capture:
+    inputs = tiny_inputs(arch, n=6, batch=2, seed=1)
+    inputs["attention_mask"] = torch.tensor([[1, 1, 1, 1, 1, 1], [1, 1, 1, 1, 0, 0]])
+    return capture(model, inputs, find_blocks(model), final_norm=final_norm, boundary_dtype=F64)
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a - b).detach().abs().max() / b.detach().abs().max())
+
+
+@pytest.mark.parametrize("arch", STRUCTURED)
+def test_structured_jacobian_equals_generic_oracle(arch: str) -> None:
+    model = tiny_model(arch, seed=4, dtype=F64)
+    tol = 1e-12 if arch == "gpt2" else 1e-6  # Llama-family RMSNorm computes in float32
+    for final_norm in (False, True):
+        cap = _cap(model, arch, final_norm)
+        for prompt in (0, 1):
+            n = cap.lengths[prompt]
+            layer = cap.n_layers if final_norm else 2
+            f, x = residual_branch(model, cap, layer, prompt, dtype=F64)
+            tokens = [0, n // 2, n - 1]
+            J_ref = jacobian_blocks(f, x, tokens, in_tokens=tokens)
+            tbs = fastpath.token_branches(model, cap, layer, prompt, tokens, dtype=F64, verify=False)
+            assert tbs is not None
+            for i, t in enumerate(tokens):
+                assert tbs[t].structured, (arch, t)
+                J = tbs[t].jacobian()
+                assert tbs[t].structured  # it applied (no fallback to the pullback)
+                assert _rel(J, J_ref[i, i]) < tol, (arch, final_norm, prompt, t)
+
+
+def test_unknown_block_types_use_the_pullback() -> None:
+    model = tiny_model("gpt_neox", seed=1, dtype=F64)
+    cap = _cap(model, "gpt_neox", False)
+    tb = fastpath.token_branch(model, cap, 1, 0, 5, dtype=F64)
+    assert tb is not None and not tb.structured
+    f, x = residual_branch(model, cap, 1, 0, dtype=F64)
+    assert _rel(tb.jacobian(), jacobian_blocks(f, x, [5], in_tokens=[5])[0, 0]) < 1e-12
+
+
+def test_norm_jacobians_match_autodiff() -> None:
+    torch.manual_seed(0)
+    d = 12
+    x = torch.randn(d, dtype=F64) * 3 + 1
+    ln = torch.nn.LayerNorm(d, eps=1e-3).double()
+    torch.nn.init.normal_(ln.weight)
+    rms = tf.models.llama.modeling_llama.LlamaRMSNorm(d, eps=1e-3).double()
+    torch.nn.init.normal_(rms.weight)
+    for norm in (ln, rms):
+        got = structured.norm_jacobian(norm, x)
+        assert got is not None
+        val, J = got
+        ref = jacrev(lambda v, norm=norm: norm(v[None])[0])(x)
+        tol = 1e-12 if norm is ln else 1e-6  # float32 inside the RMSNorm
+        assert _rel(J.dense(), ref) < tol
+        assert _rel(val, norm(x[None])[0]) < 1e-12
+        W, M = torch.randn(5, d, dtype=F64), torch.randn(d, 4, dtype=F64)
+        assert _rel(J.right_of(W), W @ J.dense()) < 1e-12
+        assert _rel(J.left_of(M), J.dense() @ M) < 1e-12
+    assert structured.norm_jacobian(torch.nn.Identity(), x) is None
+
+
+def test_an_output_that_differs_from_the_recorded_one_falls_back(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The structured forward must reproduce the recorded block output at t: with a wrong
+    recorded output it declines (None), and the TokenBranch pulls back instead."""
+    model = tiny_model("gpt2", seed=2, dtype=F64)
+    cap = _cap(model, "gpt2", False)
+    good = structured.decode_step_jacobian
+    seen: list[bool] = []
+
+    def shifted(block, norm, x, keys, values, t, row_kwargs, recorded, rtol):  # type: ignore[no-untyped-def]
+        assert good(block, norm, x, keys, values, t, row_kwargs, recorded, rtol) is not None
+        out = good(block, norm, x, keys, values, t, row_kwargs, recorded + 1.0, rtol)
+        seen.append(out is None)
+        return out
+
+    monkeypatch.setattr(structured, "decode_step_jacobian", shifted)
+    tb = fastpath.token_branch(model, cap, 1, 0, 5, dtype=F64, verify=False)
+    assert tb is not None and tb.structured
+    J = tb.jacobian()
+    assert seen == [True] and not tb.structured
+    f, x = residual_branch(model, cap, 1, 0, dtype=F64)
+    assert _rel(J, jacobian_blocks(f, x, [5], in_tokens=[5])[0, 0]) < 1e-12
+
+
+def test_a_wrong_structured_jacobian_is_switched_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    model = tiny_model("llama", seed=3, dtype=F64)
+    cap = _cap(model, "llama", False)
+    good = structured.decode_step_jacobian
+
+    def wrong(*a: object, **kw: object) -> torch.Tensor | None:
+        J = good(*a, **kw)  # type: ignore[arg-type]
+        return None if J is None else J + 1e-3
+
+    monkeypatch.setattr(structured, "decode_step_jacobian", wrong)
+    with pytest.warns(UserWarning, match="structured Jacobian of layer 2"):
+        tb = fastpath.token_branch(model, cap, 2, 0, 5, dtype=F64)
+    assert tb is not None and not tb.structured  # the fast path itself stays on
+    f, x = residual_branch(model, cap, 2, 0, dtype=F64)
+    J_ref = jacobian_blocks(f, x, [5], in_tokens=[5])[0, 0]
+    assert _rel(tb.jacobian(), J_ref) < 1e-6
+    # later, unverified builds of that block (later prompts) no longer use it either
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        later = fastpath.token_branch(model, cap, 2, 1, 3, dtype=F64, verify=False)
+    assert later is not None and not later.structured
+    # other blocks still do
+    other = fastpath.token_branch(model, cap, 1, 0, 5, dtype=F64, verify=False)
+    assert other is not None and other.structured
