@@ -235,20 +235,15 @@ def test_resume_skips_done_prompts_without_duplicates(tmp_path: Path) -> None:
     assert_same(open_run(root), reference())
 
 
-def test_resume_with_only_runtime_options_changed_is_allowed(tmp_path: Path) -> None:
-    root = tmp_path / "run"
-    write_run(root, [["p0"]], finalize=False)
-    cfg = CONFIG.replace(chunk_size=7)
-    with RunWriter(root, config=cfg, meta=META, prompts=PROMPTS, resume=True) as w:
-        assert w.done_prompt_ids() == {"p0"}
-
-
 def test_resume_with_another_batch_size_is_refused_with_the_option_to_use(tmp_path: Path) -> None:
     """Batch composition changes float32 rounding: batch_size is part of the identity."""
     root = tmp_path / "run"
     write_run(root, [["p0"]], finalize=False)
     with pytest.raises(RunDirError, match="batch_size: run has 2, now 5.*--batch-size 2"):
         RunWriter(root, config=CONFIG.replace(batch_size=5), meta=META, prompts=PROMPTS,
+                  resume=True)
+    with pytest.raises(RunDirError, match="chunk_size: run has None, now 7.*resume without --chunk-size"):
+        RunWriter(root, config=CONFIG.replace(chunk_size=7), meta=META, prompts=PROMPTS,
                   resume=True)
 
 
