@@ -386,11 +386,16 @@ def _iter_parts(model: torch.nn.Module, tokenizer: Any, prompts: Any, config: Me
         resolve_device(cfg.analysis_device)  # a clear error for an unavailable device
     device = _model_device(model)
     hidden_dtype = _model_dtype(model)  # the precision the hidden states carry
+    # The batches are cut from the whole prompt list, skipped prompts included, so that a
+    # resumed run measures every prompt in the batch it had in the first run (batch
+    # composition changes float32 rounding): a resume is bit-identical. Likewise the prompts
+    # that keep their K x K matrices are the first ones of the list, not of this process.
     items = normalise_inputs(prompts)
-    todo = [it for it in items if it.prompt_id not in skip]
-    batches = [todo[i:i + cfg.batch_size] for i in range(0, len(todo), cfg.batch_size)]
-    total = len(todo)
-    state = _RunState(on_event=on_event)
+    batches = [items[i:i + cfg.batch_size] for i in range(0, len(items), cfg.batch_size)]
+    state = _RunState(figure_ids={it.prompt_id for it in items[:cfg.figure_prompts]},
+                      on_event=on_event)
+    batches = [b for b in batches if any(it.prompt_id not in skip for it in b)]
+    total = sum(it.prompt_id not in skip for b in batches for it in b)
     bar = tqdm(total=total, desc="prompts", unit="prompt", disable=not progress, dynamic_ncols=True)
     try:
         for batch_items in batches:
@@ -408,18 +413,30 @@ def _iter_parts(model: torch.nn.Module, tokenizer: Any, prompts: Any, config: Me
             on_event(MeasureEvent("trajectory", time.perf_counter() - t0, prompt_ids=tuple(ids)))
             if not (cfg.coupling or cfg.spectra or cfg.influence):
                 # no Jacobian work: the whole batch is one part (one table build, one write)
-                yield tables.trajectory_part(cap, batch_items, cfg, batch_tables)
-                bar.update(len(batch_items))
+                part = tables.trajectory_part(cap, batch_items, cfg, batch_tables)
+                if any(i in skip for i in ids):  # a batch partly stored by another run
+                    part = _without_prompts(part, skip)
+                yield part
+                bar.update(sum(i not in skip for i in ids))
                 continue
             trajectories = (tables.split_by_prompt(batch_tables, ids, cap.lengths)
                             if batch_tables else {})
             for b, item in enumerate(batch_items):
-                if len(state.figure_ids) < cfg.figure_prompts:
-                    state.figure_ids.add(item.prompt_id)
+                if item.prompt_id in skip:
+                    continue
                 yield _measure_one(model, cap, b, item, cfg, cap.spec, state, bar, trajectories)
                 bar.update(1)
     finally:
         bar.close()
+
+
+def _without_prompts(part: Measurement, skip: frozenset[str] | set[str]) -> Measurement:
+    """``part`` without the rows of the prompts in ``skip`` (a trajectory-only part)."""
+    def keep(df: pd.DataFrame) -> pd.DataFrame:
+        return df[~df["prompt_id"].isin(list(skip))].reset_index(drop=True)
+
+    return Measurement(trajectory=keep(part.trajectory), token_metrics=keep(part.token_metrics),
+                       prompts=keep(part.prompts), config=part.config)
 
 
 def _measure_one(model: torch.nn.Module, cap: Capture, b: int, item: MeasureInput,
