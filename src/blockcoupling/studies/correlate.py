@@ -481,11 +481,11 @@ def match_scores(models: pd.DataFrame, units: Sequence[ModelUnit], scores: pd.Da
         chosen.append(hit)
     unmatched = [u for u, c in zip(units, chosen, strict=True) if c is None]
     if unmatched:
-        names = "; ".join(f"{u.label}" + (f" (model {u.model})" if u.model != u.label else "")
-                          for u in unmatched)
+        listed = "; ".join(f"{u.label}" + (f" (model {u.model})" if u.model != u.label else "")
+                           for u in unmatched)
         known = ", ".join(map(str, scores["model"].head(8)))
         raise BlockCouplingError(
-            f"no score for {len(unmatched)} run(s): {names}. Add rows whose 'model' is the run's "
+            f"no score for {len(unmatched)} run(s): {listed}. Add rows whose 'model' is the run's "
             f"label or model id (score table has {len(scores)} models: {known}"
             f"{', ...' if len(scores) > 8 else ''})"
         )
