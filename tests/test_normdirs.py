@@ -185,3 +185,13 @@ def test_real_minilm_random_init_drops_to_chance_and_pretrained_keeps_its_coupli
     assert raw_rnd > 0.2 and raw_pre > 0.15  # both look coupled without the option
     assert abs(nd_rnd) < 0.05  # random init: at chance
     assert nd_pre > 0.15 and nd_pre > raw_pre - 0.05  # pretrained: keeps its coupling
+
+
+def test_option_is_part_of_the_config_identity_and_the_cli() -> None:
+    from blockcoupling.engine.config import MeasureConfig, cli_fields, parse_config
+
+    on = parse_config(None, remove_norm_directions="true")
+    assert on.remove_norm_directions is True
+    assert on.config_hash() != MeasureConfig().config_hash()
+    assert MeasureConfig.from_dict(on.to_dict()) == on
+    assert "--remove-norm-directions" in [flag for *_, flag in cli_fields()]

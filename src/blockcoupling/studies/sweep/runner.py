@@ -137,11 +137,12 @@ def start_ray(address: str | None = None, *, num_cpus: int | None = None,
                 ray.init(address=address, **kwargs)
             else:
                 ray.init(num_cpus=num_cpus, object_store_memory=object_store_memory, **kwargs)
-        except (ConnectionError, RuntimeError, ValueError) as err:
+        except Exception as err:  # ray raises bare Exception, e.g. a node start-up timeout
             where = f"the Ray cluster at {address}" if address else "a local Ray cluster"
             raise SweepError(f"could not start or reach {where}: "
                              f"{str(err).splitlines()[0] if str(err) else type(err).__name__}; "
-                             "check --address (e.g. ray://head:10001) or try --executor local"
+                             "check --address (e.g. ray://head:10001), try again on a less busy "
+                             "machine, or use --executor local"
                              ) from err
     return str(ray.get_runtime_context().gcs_address)
 

@@ -199,40 +199,31 @@ def evaluate(model: torch.nn.Module, x: Tensor, y: Tensor, batch_size: int = 256
 
 # ---------------------------------------------------------------------------- coupling
 def record_images(model: torch.nn.Module, pixel_values: Tensor, run_dir: Path, k: int, *,
-                  labels: list[str] | None = None, progress: bool = False) -> Any:
-    """Depth-wise coupling at [CLS] of each image into the run directory ``run_dir``.
+                  labels: list[str] | None = None, progress: bool = False,
+                  resume: bool = False) -> Any:
+    """Depth-wise coupling at [CLS] of each image into the run directory ``run_dir``
+    (``measure_to_dir``; the images' ids derive from their content, their ``label`` is their
+    class). Returns the :class:`~blockcoupling.Measurement`."""
+    from dataclasses import replace as _replace
 
-    ``measure_to_dir`` with image inputs, with a prompts table that names the images
-    (``input-00000``, ... as ``iter_measure`` numbers model inputs; ``label`` = their class).
-    Returns the :class:`~blockcoupling.Measurement`.
-    """
     from blockcoupling.engine.config import MeasureConfig
-    from blockcoupling.engine.measure import build_meta, iter_measure
-    from blockcoupling.engine.results import conform
-    from blockcoupling.store.fingerprint import weights_hash
-    from blockcoupling.store.writer import RunWriter
+    from blockcoupling.engine.inputs import split_tensor_inputs
+    from blockcoupling.store.record import measure_to_dir
 
-    cfg = MeasureConfig(coupling=("depth",), k=(k,), tokens=(CLS_TOKEN,))
-    n = int(pixel_values.shape[0])
-    prompts = conform("prompts", [
-        dict(prompt_id=f"input-{j:05d}", text=f"test image {j}", n_tokens=0,
-             label=labels[j] if labels else "") for j in range(n)])
-    meta = build_meta(model, cfg, prompts_spec="vit-test-images",
-                      weights_hash=weights_hash(model))
-    meta["model"] = "vit-train"
-    t0 = time.perf_counter()
-    with RunWriter(run_dir, config=cfg, meta=meta, prompts=prompts) as writer:
-        for part in iter_measure(model, None, {"pixel_values": pixel_values}, cfg,
-                                 progress=progress):
-            writer.write_part(part)
-        return writer.finalize(timings={"seconds": time.perf_counter() - t0})
+    cfg = MeasureConfig(coupling=("depth",), k=(k,), tokens="cls")
+    items = split_tensor_inputs({"pixel_values": pixel_values})
+    if labels is not None:
+        items = [_replace(it, label=lab) for it, lab in zip(items, labels, strict=True)]
+    return measure_to_dir(model, None, items, run_dir, config=cfg, resume=resume,
+                          prompts_spec="vit-test-images", meta={"model": "vit-train"},
+                          progress=progress)
 
 
 def measure_images(model: torch.nn.Module, pixel_values: Tensor, run_dir: Path, k: int,
                    *, labels: list[str] | None = None, progress: bool = False) -> float:
-    """:func:`record_images` (or the finished run already in ``run_dir``) in eval mode with
-    the training RNG untouched; returns the mean over images of the off-diagonal mean
-    depth-wise coupling at [CLS] (K = ``k``, p = 1, ujv)."""
+    """:func:`record_images` (resumed, or the finished run already in ``run_dir``) in eval
+    mode with the training RNG untouched; returns the mean over images of the off-diagonal
+    mean depth-wise coupling at [CLS] (K = ``k``, p = 1, ujv)."""
     from blockcoupling.store.reader import is_run_dir, open_run, run_progress
 
     was_training = model.training
@@ -241,11 +232,9 @@ def measure_images(model: torch.nn.Module, pixel_values: Tensor, run_dir: Path, 
         if is_run_dir(run_dir) and run_progress(run_dir).finished:
             m = open_run(run_dir)
         else:
-            if run_dir.exists():  # an interrupted measurement: start it again
-                shutil.rmtree(run_dir)
             with torch.random.fork_rng(devices=[]):
                 m = record_images(model, pixel_values, run_dir, k, labels=labels,
-                                  progress=progress)
+                                  progress=progress, resume=is_run_dir(run_dir))
     finally:
         model.train(was_training)
     return float(m.mean_depth_coupling(k)["mean_offdiag"].mean())
