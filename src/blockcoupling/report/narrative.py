@@ -79,8 +79,9 @@ def headline_table(ov: pd.DataFrame) -> pd.DataFrame:
     t = pd.DataFrame(index=pd.Index(ov["label"], name="run"))
     t["K"] = ov["k"].to_numpy()
     t["above chance (median)"] = ov["vs_null_median"].to_numpy()
-    t["above chance: min"] = ov["vs_null_min"].to_numpy()
-    t["above chance: max"] = ov["vs_null_max"].to_numpy()
+    if (ov["vs_null_n"] > 1).any():  # a range needs two or more prompt/token means
+        t["above chance: min"] = ov["vs_null_min"].to_numpy()
+        t["above chance: max"] = ov["vs_null_max"].to_numpy()
     t["raw c_K"] = ov["coupling"].to_numpy()
     t["chance c_K"] = ov["chance_coupling"].to_numpy()
     t["LSS median"] = ov["lss_median"].to_numpy()
@@ -265,10 +266,8 @@ def report_summary(runs: Measurement | Sequence[Measurement],
         for a, b in _pairs(ms, rest):
             out.comparisons.append(_pair_text(ms, ov, labs, vs, a, b))
     groups = [[i for i in idx if has_null[i]] for idx in _group_by_model(ov).values()]
-    firsts = [g[-1] for g in groups if g]
-    if len(firsts) > 1:
-        out.comparisons.append(_ranking_text(
-            ov, labs, firsts, "Models (the last run of each)"))
+    if len(groups) > 1 and all(len(g) == 1 for g in groups):  # one run per model: rank them
+        out.comparisons.append(_ranking_text(ov, labs, [g[0] for g in groups], "Models"))
 
     # ------------------------------------------------------------------ what it does not show
     at_chance = [r["label"] for _, r in ov.iterrows()
