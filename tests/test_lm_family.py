@@ -30,7 +30,8 @@ def test_quick_family_end_to_end(tmp_path: Path) -> None:
         want, _ = C.mean_offdiag_coupling(m.coupling, k=max(1, round(row.d_model / 10)))
         assert row.coupling == pytest.approx(want)
     data = json.loads((out / "correlation.json").read_text())
-    assert set(data) == {"accuracy", "neg_loss"}
+    assert set(data) == {"accuracy", "neg_loss", "accuracy_vs_null"}
+    assert data["accuracy_vs_null"]["statistic"]["variant"] == "coupling_vs_null"
     assert data["accuracy"]["n_models"] == 4
     assert "coupling" in data["accuracy"]["predictors"]
     neg = res.loss.table.set_index("label")["score"]

@@ -515,6 +515,20 @@ def test_summary_is_generated_not_canned(runs: list[Measurement]) -> None:
     s = report_summary(cps)
     series = next(x for x in s.comparisons if x.startswith("Across 4 training checkpoints"))
     assert "Spearman correlation with the validation loss over the checkpoints: -1" in series
+    # two views of one model (an option that changes the numbers, e.g. the post-LN
+    # shared-directions removal): compared within each view and across views per revision
+    views = []
+    for m in runs:
+        other = Measurement(**{n: m.table(n) for n in ("coupling", "trajectory",
+                            "token_metrics", "spectra", "influence", "prompts", "diagnostics")},
+                            arrays=m.arrays, config=m.config.replace(remove_norm_directions=True),
+                            meta={**m.meta, "label": m.meta["label"] + ", LN removed"})
+        views.append(other)
+    s = report_summary(runs + views)
+    heads = [x.split(":")[0] for x in s.comparisons]
+    assert heads == ["random init vs trained", "random init, LN removed vs trained, LN removed",
+                     "random init vs random init, LN removed", "trained vs trained, LN removed"]
+    assert "remove_norm_directions (False vs True)" in s.comparisons[2]
     empty = report_summary([Measurement(meta={"label": "nothing"})])
     assert empty.nothing_measured and "Nothing was measured" in empty.measured[0]
 

@@ -60,7 +60,7 @@ h3 { font-size: 1.05em; margin: 1.2em 0 .3em; }
 table.data { border-collapse: collapse; font-size: .88em; }
 table.data th, table.data td { border: 1px solid #d6d6d6; padding: .3em .6em;
        vertical-align: top; text-align: left; }
-table.data td.long { overflow-wrap: anywhere; min-width: 12em; }
+table.data td.long { overflow-wrap: anywhere; min-width: 10em; }
 table.data td.num { text-align: right; font-variant-numeric: tabular-nums; }
 table.data thead th { background: #f3f3f3; }
 table.data tbody th { background: #fafafa; position: sticky; left: 0; white-space: nowrap; }
@@ -325,8 +325,6 @@ def _run_fields(m: Measurement) -> dict[str, Any]:
     for key, value in c.to_dict().items():  # any other option set away from its default
         if key not in shown and value != defaults.get(key):
             out[key] = _fmt(value)
-    for key, value in sorted((c.extra or {}).items()):
-        out[f"extra.{key}"] = _fmt(value)
     for key, value in sorted(m.meta.items()):
         if key in ("model", "revision", "prompts_spec", "label", "figure_window"):
             continue

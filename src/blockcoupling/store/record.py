@@ -8,6 +8,7 @@ from typing import Any
 import torch
 
 from blockcoupling.engine.config import MeasureConfig, parse_config
+from blockcoupling.engine.events import EventCallback
 from blockcoupling.engine.inputs import normalise_inputs
 from blockcoupling.engine.measure import build_meta, iter_measure
 from blockcoupling.engine.results import Measurement, conform
@@ -20,7 +21,7 @@ from blockcoupling.store.writer import RunWriter
 def measure_to_dir(model: torch.nn.Module, tokenizer: Any, prompts: Any, out_dir: Any, *,
                    meta: dict[str, Any] | None = None, prompts_spec: str = "", resume: bool = False,
                    progress: bool = True, config: MeasureConfig | None = None,
-                   **options: Any) -> Measurement:
+                   on_event: EventCallback | None = None, **options: Any) -> Measurement:
     """Like :func:`measure`, but written prompt by prompt into a resumable run directory.
 
     ``prompts`` is anything :func:`blockcoupling.engine.inputs.normalise_inputs` accepts:
@@ -40,7 +41,8 @@ def measure_to_dir(model: torch.nn.Module, tokenizer: Any, prompts: Any, out_dir
     t0 = time.perf_counter()
     with RunWriter(out_dir, config=cfg, meta=full_meta, prompts=prompts_df, resume=resume) as writer:
         done = writer.done_prompt_ids()
-        for part in iter_measure(model, tokenizer, items, cfg, skip=done, progress=progress):
+        for part in iter_measure(model, tokenizer, items, cfg, skip=done, progress=progress,
+                                 on_event=on_event):
             writer.write_part(part)
         return writer.finalize(timings={"seconds": time.perf_counter() - t0})
 

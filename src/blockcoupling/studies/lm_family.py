@@ -18,8 +18,9 @@ two CPU cores:
 - **The coupling** of each checkpoint: depth-wise, last token, K = round(d / 10), variant
   ``coupling``, p = 1, ``ujv``, on held-out windows (:func:`family_prompts`), measured by a
   sweep (:func:`blockcoupling.studies.sweep.run_sweep`, local executor, resumable).
-- **The correlation**: :func:`blockcoupling.studies.correlate.correlate` on the run
-  directories with the scores, plus the same with ``-val_loss`` as the score.
+- **The correlation**: :func:`blockcoupling.studies.correlate.correlate` on the sweep with
+  the scores, plus the same with ``-val_loss`` as the score, and with the statistic
+  ``coupling_vs_null`` (raw coupling at different K has different chance levels).
 
 :func:`run_lm_family` does everything and writes ``scores.csv``, ``correlation.json`` and
 ``correlation.html`` under its output folder. Whatever the numbers show is reported as is.
@@ -158,7 +159,7 @@ def _measure_by_sweep(members: list[FamilyMember], checkpoints: dict[str, list[P
                        for m in members],
             "prompts": [str(prompts)],
             "measure": {"coupling": ["depth"], "k": ks, "tokens": "last", "p": [1],
-                        "variants": ["coupling"], "orientations": ["ujv"]}}
+                        "variants": ["coupling", "coupling_vs_null"], "orientations": ["ujv"]}}
     root = out / "sweep"
     run_sweep(spec, root, executor="local", resume=is_sweep_dir(root), progress=progress)
     units = open_sweep(root).units
@@ -191,6 +192,7 @@ class LMFamilyResult:
 
     accuracy: Any  # CorrelationResult: score = held-out top-1 accuracy (%)
     loss: Any  # CorrelationResult: score = -held-out loss
+    accuracy_vs_null: Any  # CorrelationResult: statistic coupling_vs_null, score = accuracy
     scores: pd.DataFrame  # one row per model (the scores.csv)
     sweep_dir: Path  # the sweep directory of the measurements (bc.open_sweep reads it)
     json_path: Path
@@ -199,9 +201,11 @@ class LMFamilyResult:
     def summary(self) -> str:
         acc = self.accuracy.overall["predictors"]["coupling"]
         loss = self.loss.overall["predictors"]["coupling"]
+        null = self.accuracy_vs_null.overall["predictors"]["coupling"]
         return (f"tiny-LM family: {len(self.scores)} models. Coupling vs held-out accuracy: "
                 f"R^2={acc['r2']:.2f} (p={acc['p']:.2g}, rho={acc['spearman_rho']:+.2f}); "
-                f"vs -loss: R^2={loss['r2']:.2f} (p={loss['p']:.2g}). Report: {self.html_path}")
+                f"vs -loss: R^2={loss['r2']:.2f} (p={loss['p']:.2g}); coupling_vs_null vs "
+                f"accuracy: R^2={null['r2']:.2f} (p={null['p']:.2g}). Report: {self.html_path}")
 
 
 def run_lm_family(out_dir: str | Path, *, quick: bool = False,
@@ -212,8 +216,9 @@ def run_lm_family(out_dir: str | Path, *, quick: bool = False,
     Under ``out_dir``: ``sweep/`` (the measurements: a sweep directory with one unit per
     checkpoint, ``prompts.txt`` its prompts), ``scores.csv``
     (model, score, val_loss, params_b, layers, d_model, train_tokens_t, group, step),
-    ``correlation.json`` (``{"accuracy": ..., "neg_loss": ...}``, each the JSON of
-    :meth:`CorrelationResult.to_dict`) and ``correlation.html`` (the accuracy study).
+    ``correlation.json`` (``{"accuracy": ..., "neg_loss": ..., "accuracy_vs_null": ...}``:
+    coupling against accuracy and against -loss, coupling_vs_null against accuracy; each the
+    JSON of :meth:`CorrelationResult.to_dict`) and ``correlation.html`` (the accuracy study).
     Trained checkpoints are cached as the demo's are (``cache_dir``); run directories are
     resumed, so a second call only re-does the scores and the statistics.
     """
@@ -240,8 +245,11 @@ def run_lm_family(out_dir: str | Path, *, quick: bool = False,
     neg = table.drop(columns=["score", "step"]).rename(columns={"val_loss": "score"})
     neg["score"] = -neg["score"]
     loss = correlate([sweep_dir], neg, n_boot=n_boot, seed=seed)
+    vs_null = correlate([sweep_dir], table.drop(columns=["val_loss", "step"]),
+                        variant="coupling_vs_null", n_boot=n_boot, seed=seed)
     json_path = out / "correlation.json"
-    json_path.write_text(json.dumps({"accuracy": acc.to_dict(), "neg_loss": loss.to_dict()},
+    json_path.write_text(json.dumps({"accuracy": acc.to_dict(), "neg_loss": loss.to_dict(),
+                                     "accuracy_vs_null": vs_null.to_dict()},
                                     indent=1, allow_nan=False) + "\n")
     intro = (f"A family of {len(table)} tiny character-level GPT-2 LMs trained on the pydoc help "
              "texts (widths, depths, batch sizes and training steps vary); score = held-out "
@@ -250,7 +258,7 @@ def run_lm_family(out_dir: str | Path, *, quick: bool = False,
     html_path = write_correlation_html(acc, out / "correlation.html",
                                        title="Coupling vs held-out accuracy: tiny-LM family",
                                        intro=intro)
-    return LMFamilyResult(accuracy=acc, loss=loss, scores=table, sweep_dir=sweep_dir,
+    return LMFamilyResult(accuracy=acc, loss=loss, accuracy_vs_null=vs_null, scores=table, sweep_dir=sweep_dir,
                           json_path=json_path, html_path=html_path)
 
 
