@@ -38,7 +38,7 @@ def resolve_tokens(spec: str | Sequence[int], n: int, *, cls: int | None = None)
     if n < 1:
         raise BlockCouplingError("a prompt has no tokens; remove empty prompts")
     if spec == "auto":
-        spec = "last" if cls is None else "cls"
+        return resolve_tokens("last" if cls is None else "cls", n, cls=cls)
     if spec == "cls":
         if cls is None:
             raise BlockCouplingError(

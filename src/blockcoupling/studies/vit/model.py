@@ -78,7 +78,8 @@ def build_vit(shape: VitShape, *, image_size: int, num_channels: int, num_labels
         raise BlockCouplingError(
             f"image size {image_size} is not a multiple of the patch size {shape.patch_size}"
         )
-    config = BeitConfig(  # type: ignore[call-arg]  (num_labels etc. go to PretrainedConfig)
+    # num_labels, id2label, label2id go to PretrainedConfig through **kwargs
+    config = BeitConfig(  # type: ignore[call-arg]
         image_size=image_size,
         patch_size=shape.patch_size,
         num_channels=num_channels,
