@@ -420,6 +420,19 @@ def test_small_grid_runs_locally_and_figures(tmp_path: Path) -> None:
             "vit_coupling_epochs.png", "vit_runs.csv"} <= names
     assert len(pd.read_csv(tmp_path / "fig" / "vit_runs.csv")) == 4
 
+    # `blockcoupling report GRID` recognises a folder of vit-train runs and writes the study page
+    from typer.testing import CliRunner
+
+    from blockcoupling.cli import app
+
+    res = CliRunner().invoke(app, ["report", str(tmp_path / "grid"), "--out",
+                                   str(tmp_path / "vit.html")])
+    assert res.exit_code == 0, res.output
+    page = (tmp_path / "vit.html").read_text()
+    assert "Coupling against the stochastic-depth rate" in page
+    assert "Coupling against test accuracy" in page and page.count("<tr") >= 5  # 4 runs + header
+    assert (tmp_path / "vit_figures" / "vit_coupling_vs_drop_path.png").exists()
+
 
 def test_grid_on_ray_matches_this_process(tmp_path: Path, ray_cluster: str) -> None:
     """One Ray task per run; a run is a pure function of its config, wherever it runs."""

@@ -185,9 +185,23 @@ def _check_out(out: Path, resume: bool) -> None:
         )
 
 
+def _is_vit_dir(path: Path) -> bool:
+    """A folder of ``vit-train`` outputs (a ``metrics.json`` of a ViT run in it or below)."""
+    from blockcoupling.store.reader import is_run_dir
+
+    if not path.is_dir() or is_run_dir(path):
+        return False
+    from blockcoupling.studies.vit.grid import collect_runs
+
+    try:
+        return not collect_runs(path).empty
+    except (OSError, ValueError, KeyError):
+        return False
+
+
 @app.command()
 def report(
-    run_dirs: Annotated[list[Path], typer.Argument(help="One or more run directories, or one sweep directory (emergence report).")],
+    run_dirs: Annotated[list[Path], typer.Argument(help="One or more run directories, one sweep directory (emergence report) or one folder of vit-train runs (ViT study).")],
     out: Annotated[Path, typer.Option("--out", "-o", help="HTML file to write.")] = Path("report.html"),
     labels: Annotated[str | None, typer.Option(help="Comma-separated labels, one per run.")] = None,
 ) -> None:
@@ -200,6 +214,10 @@ def report(
             from blockcoupling.report.emergence import write_emergence_report
 
             path = write_emergence_report(run_dirs[0], out)
+        elif len(run_dirs) == 1 and _is_vit_dir(run_dirs[0]):  # vit-train / vit-grid outputs
+            from blockcoupling.report.vit import write_vit_report
+
+            path = write_vit_report(run_dirs[0], out)
         else:
             path = write_report_from_dirs(run_dirs, out, labels=_csv(labels))
     except BlockCouplingError as err:

@@ -167,5 +167,48 @@ def write_vit_figures(root: str | Path, out: str | Path, *,
     return written
 
 
+_CAPTIONS = {
+    "vit_coupling_vs_drop_path": ("Coupling against the stochastic-depth rate",
+                                  "Final mean depth-wise coupling at [CLS] of each run against its "
+                                  "drop-path rate, one line per weight decay (paper figs. 6, 11)."),
+    "vit_coupling_vs_accuracy": ("Coupling against test accuracy",
+                                 "Final coupling against test accuracy, colour = drop-path rate, "
+                                 "with the least-squares line and its R^2 and p (paper fig. 12)."),
+    "vit_coupling_epochs": ("Coupling across epochs",
+                            "Coupling on the fixed monitor images at every measured epoch "
+                            "(epoch 0 = initialisation), one line per run."),
+}
+
+
+def write_vit_report(root: str | Path, out: str | Path, *,
+                     formats: tuple[str, ...] = ("png",)) -> Path:
+    """A self-contained HTML page for the ``vit-train`` / ``vit-grid`` outputs under ``root``:
+    the runs table and every ViT figure whose data exists (figure files beside it in
+    ``<out stem>_figures/``). Returns the HTML path."""
+    from blockcoupling.report.html import Section, figure_html, table_html, write_page
+    from blockcoupling.studies.vit.grid import collect_epochs, collect_runs
+
+    out = Path(out)
+    if out.suffix.lower() not in (".html", ".htm"):
+        raise FigureUnavailable(f"report path {out}: give a file name ending in .html")
+    runs, epochs = collect_runs(root), collect_epochs(root)
+    if runs.empty:
+        raise FigureUnavailable(f"no vit-train outputs (metrics.json) under {root}")
+    fig_dir = out.parent / f"{out.stem}_figures"
+    sections = [Section("runs", "Training runs", table_html(runs, index=False))]
+    for i, (name, make) in enumerate(FIGURES.items(), start=1):
+        try:
+            fig = make(runs, epochs)
+        except FigureUnavailable:
+            continue
+        title, caption = _CAPTIONS[name]
+        sections.append(Section(name, title, figure_html(fig, caption, number=i,
+                                                         stem=fig_dir / name, formats=formats)))
+    lead = (f"{len(runs)} ViT training run(s) under {root}: coupling against the "
+            "stochastic-depth rate, the weight decay and test accuracy.")
+    return write_page(out, "ViT stochastic-depth study", sections, lead=lead)
+
+
 __all__ = ["FIGURES", "coupling_accuracy_fit", "plot_coupling_epochs",
-           "plot_coupling_vs_accuracy", "plot_coupling_vs_drop_path", "write_vit_figures"]
+           "plot_coupling_vs_accuracy", "plot_coupling_vs_drop_path", "write_vit_figures",
+           "write_vit_report"]
