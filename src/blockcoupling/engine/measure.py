@@ -91,12 +91,6 @@ class _RunState:
     on_event: EventCallback = ignore  # receives a MeasureEvent per finished piece of work
 
 
-def _apply_per_token(appliers: dict[int, Callable[[Tensor], Tensor]], tokens: list[int],
-                     V: Tensor) -> Tensor:
-    """``V (T, d) -> (J_t V_t)_t``: each token's vector through its own Jacobian."""
-    return torch.stack([appliers[t](v[:, None])[:, 0] for t, v in zip(tokens, V, strict=True)])
-
-
 class _PromptRun:
     """All the Jacobian work for one prompt."""
 
@@ -341,9 +335,15 @@ class _PromptRun:
                     for (kind, b), Ab in zip(bases, A, strict=True):
                         A_store[(kind, a, b, orient)] = Ab
             self._emit("coupling", t0, layer=layer)
-            appliers = {t: self._applier((layer, t, t), f, x, fast) for t in self.tokens
-                        if (layer, t, t) in self.measured}
-            yield functools.partial(_apply_per_token, appliers, list(self.tokens))
+            # built only when the linearisation consumes it (it needs J^l_tt at every token)
+            yield functools.partial(self._apply_per_token, layer, f, x, fast)
+
+    def _apply_per_token(self, layer: int, f: Any, x: Any, fast: dict[int, Any],
+                         V: Tensor) -> Tensor:
+        """``V (T, d) -> (J^l_tt V_t)_t``: each selected token's vector through its own
+        Jacobian at ``layer``."""
+        return torch.stack([self._applier((layer, t, t), f, x, fast)(v[:, None])[:, 0]
+                            for t, v in zip(self.tokens, V, strict=True)])
 
     def _applier(self, key: Key, f: Any, x: Any, fast: dict[int, Any]) -> Callable[[Tensor], Tensor]:
         m = self.measured[key]
