@@ -515,8 +515,9 @@ def iter_measure(model: torch.nn.Module, tokenizer: Any, prompts: Any, config: M
     # resumed run measures every prompt in the batch it had in the first run (batch
     # composition changes float32 rounding): a resume is bit-identical. Likewise the prompts
     # that keep their K x K matrices are the first ones of the list, not of this process.
+    batches: list[tuple[list[Prompt], dict[str, Tensor] | None]]
     if isinstance(prompts, Mapping):  # pre-built model inputs, e.g. {"pixel_values": ...}
-        batches = _input_batches(prompts, cfg.batch_size)
+        batches = list(_input_batches(prompts, cfg.batch_size))
     else:
         items = normalise_prompts(prompts)
         batches = [
