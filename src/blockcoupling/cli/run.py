@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from typer.core import TyperCommand
 
 from blockcoupling.cli.app import STATE as _STATE
 from blockcoupling.cli.app import app
@@ -51,6 +52,7 @@ def _os_error(err: OSError, what: str) -> BlockCouplingError:
 
 
 def measure(
+    ctx: typer.Context,
     model: Annotated[str, typer.Option("--model", "-m", help="Hub id or local model folder.")],
     prompts: Annotated[str, typer.Option("--prompts", help="File (.txt/.jsonl/.csv), builtin:NAME or hf:DATASET.")],
     out: Annotated[Path, typer.Option("--out", "-o", help="Run directory to write.")],
@@ -62,7 +64,6 @@ def measure(
     split: Annotated[str | None, typer.Option(help="Dataset split for hf: prompts.")] = None,
     resume: Annotated[bool, typer.Option("--resume/--no-resume", help="Continue an interrupted run in --out.")] = False,
     trust_remote_code: Annotated[bool, typer.Option("--trust-remote-code/--no-trust-remote-code", help="Run the model repository's own Python code (transformers trust_remote_code); only for repositories you trust.")] = False,
-    **config_options: Any,
 ) -> None:
     """Measure a model on a prompt set and write a resumable run directory."""
     from blockcoupling.engine.config import parse_config
@@ -73,8 +74,10 @@ def measure(
     try:
         _check_out(out, resume)
         # the raw strings of the options that were given go to the one parser
-        cfg = parse_config(None, **{_CONFIG_PARAMS[name]: value
-                                    for name, value in config_options.items() if value is not None})
+        # (the MeasureConfig options, given by _ConfigOptionsCommand: field -> raw value)
+        config_options = ctx.meta.get(_CONFIG_KEY, {})
+        cfg = parse_config(None, **{name: value for name, value in config_options.items()
+                                    if value is not None})
         items = load_prompts(prompts, limit=limit, seed=cfg.seed, column=prompt_column, split=split)
         net, tok = load_model(model, revision=revision, dtype=dtype, device=device,
                               trust_remote_code=trust_remote_code, require_tokenizer=True,
@@ -99,35 +102,63 @@ def measure(
         typer.echo(f"wrote {out}")
 
 
-def _with_config_options(fn: Any) -> tuple[Any, dict[str, str]]:
-    """``fn`` with one CLI option per exposed :class:`MeasureConfig` field (from the fields'
+_CONFIG_KEY = "blockcoupling.measure_config_options"
+
+
+class _ConfigOptionsCommand(TyperCommand):
+    """``measure`` with one option per exposed :class:`MeasureConfig` field (from the fields'
     metadata: flag, help, default). Flags (bool fields) are ``--x/--no-x``; every other option
-    is a raw string (``None`` = not given) that :func:`parse_config` parses."""
-    from blockcoupling.engine.config import cli_fields, render_default
+    is a raw string (``None`` = not given) that :func:`parse_config` parses.
 
-    sig = inspect.signature(fn, eval_str=True)
-    params = [p for p in sig.parameters.values() if p.kind is not inspect.Parameter.VAR_KEYWORD]
-    names: dict[str, str] = {}
-    annotations: dict[str, Any] = {p.name: p.annotation for p in params}
-    for name, default, help_, is_flag, flag in cli_fields():
-        pname = flag.removeprefix("--").replace("-", "_")
-        names[pname] = name
-        if is_flag:
-            opt = typer.Option(f"{flag}/--no-{flag.removeprefix('--')}", help=help_)
-            ann: Any = Annotated[bool | None, opt]
-        else:
-            opt = typer.Option(flag, help=f"{help_} [default: {render_default(name, default)}]")
-            ann = Annotated[str | None, opt]
-        params.append(inspect.Parameter(pname, inspect.Parameter.KEYWORD_ONLY, default=None,
-                                        annotation=ann))
-        annotations[pname] = ann
-    fn.__signature__ = sig.replace(parameters=params)
-    fn.__annotations__ = {**annotations, "return": None}
-    return fn, names
+    The options are added the first time the command's parameters are needed (parsing its
+    arguments or printing its help), not at import: engine/config.py imports torch, and
+    ``blockcoupling --help`` or another command must not pay for it. The parsed values reach
+    ``measure`` through the click context (``ctx.meta[_CONFIG_KEY]``: field -> raw value).
+    """
+
+    _fields: dict[str, str] | None = None  # click parameter name -> MeasureConfig field
+
+    def _load(self) -> dict[str, str]:
+        if self._fields is None:
+            from blockcoupling.engine.config import cli_fields, render_default
+
+            fields: dict[str, str] = {}
+            params: list[inspect.Parameter] = []
+            for name, default, help_, is_flag, flag in cli_fields():
+                pname = flag.removeprefix("--").replace("-", "_")
+                fields[pname] = name
+                if is_flag:
+                    opt = typer.Option(f"{flag}/--no-{flag.removeprefix('--')}", help=help_)
+                    ann: Any = Annotated[bool | None, opt]
+                else:
+                    opt = typer.Option(flag, help=f"{help_} [default: {render_default(name, default)}]")
+                    ann = Annotated[str | None, opt]
+                params.append(inspect.Parameter(pname, inspect.Parameter.KEYWORD_ONLY,
+                                                default=None, annotation=ann))
+
+            def options() -> None:  # typer builds the click options from this signature
+                return None
+
+            options.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
+            options.__annotations__ = {p.name: p.annotation for p in params} | {"return": None}
+            scratch = typer.Typer(add_completion=False)
+            scratch.command()(options)
+            self.params.extend(typer.main.get_command(scratch).params)
+            self._fields = fields
+        return self._fields
+
+    def get_params(self, ctx: Any) -> list[Any]:
+        self._load()
+        return super().get_params(ctx)
+
+    def invoke(self, ctx: Any) -> Any:
+        fields = self._load()
+        ctx.meta[_CONFIG_KEY] = {fields[k]: ctx.params.pop(k) for k in list(ctx.params)
+                                 if k in fields}
+        return super().invoke(ctx)
 
 
-measure, _CONFIG_PARAMS = _with_config_options(measure)
-app.command()(measure)
+app.command(cls=_ConfigOptionsCommand)(measure)
 
 
 def _check_out(out: Path, resume: bool) -> None:

@@ -27,6 +27,8 @@ dense Jacobians and the matrix-free operators before their SVD.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import Tensor, nn
 
@@ -34,6 +36,7 @@ from blockcoupling.errors import BlockCouplingError
 
 __all__ = [
     "ProjectedOperator",
+    "block_null_bases",
     "is_layernorm_output",
     "layernorm_null_basis",
     "output_layernorm",
@@ -140,3 +143,37 @@ def output_layernorm(block: nn.Module) -> nn.LayerNorm | None:
         if isinstance(module, nn.LayerNorm):
             last = module
     return last
+
+
+def block_null_bases(model: nn.Module, cap: Any, layer: int, prompt: int, *,
+                     dtype: torch.dtype = torch.float32,
+                     device: torch.device | str | None = None) -> Tensor:
+    """``N_t`` for every position t of block ``layer``'s output for ``prompt``: (n, d, 2).
+
+    The output norm is the folded final norm for the last block of a ``final_norm`` capture,
+    else the block's last ``nn.LayerNorm``; the recorded output must be that norm's output at
+    every real token (:func:`is_layernorm_output`), otherwise the block is not post-LN and this
+    raises :class:`BlockCouplingError`. ``cap`` is a :class:`~blockcoupling.engine.capture.Capture`.
+    """
+    from blockcoupling.engine.blocks import get_blocks, get_module
+
+    folded = cap.final_norm and layer == cap.n_layers and cap.spec.final_norm_path
+    if folded:
+        norm = get_module(model, cap.spec.final_norm_path)
+        y = cap.final_output[prompt]  # (n, d)
+    else:
+        norm = output_layernorm(get_blocks(model, cap.spec)[layer - 1])
+        y = cap.calls[layer - 1].output[prompt]  # (n, d)
+    real = cap.valid[prompt].to(y.device)  # (n,)
+    w = None if norm is None or norm.weight is None else norm.weight.detach()
+    b = None if norm is None or norm.bias is None else norm.bias.detach()
+    if norm is None or not is_layernorm_output(y[real], w, b):
+        where = "has no nn.LayerNorm" if norm is None else "does not end in its last LayerNorm"
+        raise BlockCouplingError(
+            f"remove_norm_directions: block {layer} {where} (it is not a post-LN block, e.g. a "
+            "pre-LN GPT-2/Llama block, whose Jacobian has no normalisation directions to "
+            "remove); measure it without the option"
+        )
+    dev = torch.device(device) if device is not None else y.device
+    cast = (lambda t: None if t is None else t.to(dev, dtype))  # noqa: E731
+    return layernorm_null_basis(y.detach().to(dev, dtype), cast(w), cast(b))  # (n, d, 2)
