@@ -17,6 +17,7 @@ import pytest
 
 from tiny_runs import cli, save_tiny_lm, write_prompts
 
+
 @pytest.fixture(scope="module")
 def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     base = tmp_path_factory.mktemp("bad")
