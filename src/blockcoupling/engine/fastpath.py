@@ -53,6 +53,8 @@ import torch
 from torch import Tensor, nn
 from torch.func import jvp, vjp, vmap
 
+from blockcoupling.engine import structured
+from blockcoupling.engine.blocks import get_blocks
 from blockcoupling.engine.capture import (
     Capture,
     check_call_index,
@@ -63,8 +65,6 @@ from blockcoupling.engine.capture import (
     replay_tolerance,
     residual_branch,
 )
-from blockcoupling.engine import structured
-from blockcoupling.engine.blocks import get_blocks
 from blockcoupling.engine.jacobian import DEFAULT_MEMORY_BYTES, as_columns, jacobian_operator
 from blockcoupling.errors import BlockCouplingError, NumericalError
 
