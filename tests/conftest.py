@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -50,3 +51,19 @@ def tiny64() -> Callable[[str], tuple[torch.nn.Module, Any, Any]]:
         return cache[arch]
 
     return make
+
+
+@pytest.fixture(scope="session")
+def ray_cluster() -> Any:
+    """ONE small local Ray cluster for the whole test session (2 CPUs, a 200 MB object store,
+    no dashboard); yields its address. Skipped only where ray is not installed."""
+    ray = pytest.importorskip(
+        "ray", reason="ray is not installed: the sweep tests need pip install 'blockcoupling[sweep]'")
+    from blockcoupling.studies.sweep import start_ray
+
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # tests never download; workers get it too
+    started = not ray.is_initialized()
+    address = start_ray(num_cpus=2)
+    yield address
+    if started:
+        ray.shutdown()

@@ -20,7 +20,7 @@ N_TOKENS = 5
 KS = (2, 4)
 PROMPTS = ("p0", "p1", "p2")
 WINDOW = (2, 5)  # figure_window, 1-based inclusive
-VARIANTS = ("coupling", "miscoupling", "released_norm")
+VARIANTS = ("coupling", "miscoupling", "released_norm", "coupling_vs_null")
 ORIENTATIONS = ("ujv", "vju")
 
 
@@ -28,21 +28,27 @@ def _p_of(variant: str) -> float:
     return 2.0 if variant == "released_norm" else 1.0
 
 
-def _coupling_rows(rng: np.random.Generator, strength: float,
-                   kinds: tuple[str, ...]) -> list[dict]:
+def _coupling_rows(rng: np.random.Generator, strength: float, kinds: tuple[str, ...],
+                   chance: float) -> list[dict]:
     rows: list[dict] = []
     last = N_TOKENS - 1
 
     def add(pid: str, kind: str, la: int, lb: int, tia: int, toa: int, tib: int, tob: int,
             base: float) -> None:
-        for k, variant, orient in itertools.product(KS, VARIANTS, ORIENTATIONS):
+        for k, orient in itertools.product(KS, ORIENTATIONS):
+            # one coupling value per Jacobian pair; every variant follows from it
             c = float(np.clip(base + 0.05 * rng.standard_normal() - 0.03 * k, -0.5, 1.0))
-            value = c if variant == "coupling" else 1.0 - c + (0.1 if variant ==
-                                                               "released_norm" else 0.0)
-            rows.append(dict(prompt_id=pid, kind=kind, layer_a=la, layer_b=lb, token_in_a=tia,
-                             token_out_a=toa, token_in_b=tib, token_out_b=tob, k=k,
-                             variant=variant, p=_p_of(variant), orientation=orient,
-                             value=value))
+            for variant in VARIANTS:
+                if variant == "coupling_vs_null":  # every pair's chance level = chance
+                    value = (c - chance) / (1.0 - chance)
+                elif variant == "coupling":
+                    value = c
+                else:
+                    value = 1.0 - c + (0.1 if variant == "released_norm" else 0.0)
+                rows.append(dict(prompt_id=pid, kind=kind, layer_a=la, layer_b=lb,
+                                 token_in_a=tia, token_out_a=toa, token_in_b=tib,
+                                 token_out_b=tob, k=k, variant=variant, p=_p_of(variant),
+                                 orientation=orient, value=value))
 
     for pid in PROMPTS:
         if "depth" in kinds:
@@ -102,11 +108,21 @@ def _spectra(rng: np.random.Generator, a: float, b: float) -> pd.DataFrame:
 
 def make_run(seed: int, *, label: str, strength: float,
              kinds: tuple[str, ...] = ("depth", "self", "fixed_input", "fixed_output"),
-             arrays: bool = True) -> Measurement:
-    """One synthetic run; ``strength`` scales the off-diagonal coupling (trained ~ 0.8)."""
+             arrays: bool = True, chance: float = 0.3, lss_window: int = 3,
+             expodistance_nan: int = 0, expodistance_outlier: float | None = None,
+             meta: dict | None = None) -> Measurement:
+    """One synthetic run; ``strength`` scales the off-diagonal coupling (trained ~ 0.8),
+    ``chance`` is every pair's chance coupling c_null (``coupling_vs_null`` rows follow from
+    it), the first ``expodistance_nan`` tokens have no expodistance and token 1 of prompt p1
+    gets ``expodistance_outlier``."""
     rng = np.random.default_rng(seed)
-    coupling = conform("coupling", _coupling_rows(rng, strength, kinds))
+    coupling = conform("coupling", _coupling_rows(rng, strength, kinds, chance))
     traj, tm = _trajectory(rng, 0.3 + 0.1 * seed)
+    if expodistance_nan:
+        tm.loc[: expodistance_nan - 1, "expodistance"] = float("nan")
+    if expodistance_outlier is not None:
+        tm.loc[(tm["prompt_id"] == "p1") & (tm["token"] == 1), "expodistance"] = \
+            expodistance_outlier
     spectra = _spectra(rng, a=3.0 + seed, b=0.5)
     prompts = conform("prompts", [
         dict(prompt_id=pid, text=f"What is the capital of France? ({pid}) The capital is",
@@ -120,17 +136,38 @@ def make_run(seed: int, *, label: str, strength: float,
                 A[i, i] += np.diag(np.linspace(3, 1, max(KS)))
             arr[f"A/p0/{orient}"] = A
     config = MeasureConfig(coupling=kinds, k=KS, tokens="last", p=(1.0,), variants=VARIANTS,
-                           figure_window=WINDOW)
+                           figure_window=WINDOW, lss_window=lss_window)
     meta = {"model": "tiny-gpt2-synthetic", "revision": f"step{seed}", "label": label,
             "prompts_spec": "builtin:capital", "figure_window": list(WINDOW),
-            "versions": {"blockcoupling": "0.1.0", "torch": "2.13"}, "seconds": 1.5}
+            "versions": {"blockcoupling": "0.1.0", "torch": "2.13"}, "seconds": 1.5,
+            **(meta or {})}
     return Measurement(coupling=coupling, trajectory=traj, token_metrics=tm, spectra=spectra,
                        prompts=prompts, arrays=arr, config=config, meta=meta)
 
 
 def make_runs() -> list[Measurement]:
-    """A 'trained' run with every kind and a 'random init' run with depth and self only."""
+    """A 'trained' run with every kind and a 'random init' run with depth and self only.
+
+    The random init is at the chance level (c_null = 0: coupling_vs_null = c ~ 0.02), has an
+    LSS window (11) longer than its 7-point trajectories, two tokens without expodistance
+    and one heavy-tailed token (347,420, as a random post-LN model produced)."""
     return [
-        make_run(0, label="random init", strength=0.1, kinds=("depth", "self")),
+        make_run(0, label="random init", strength=0.1, kinds=("depth", "self"), chance=0.0,
+                 lss_window=11, expodistance_nan=2, expodistance_outlier=347_420.0),
         make_run(1, label="trained", strength=0.8),
     ]
+
+
+def make_checkpoints(n: int = 8) -> list[Measurement]:
+    """``n`` training checkpoints of one model (meta ``step`` and ``val_loss``), coupling
+    rising with the step; depth-wise coupling only, no stored matrices."""
+    runs = []
+    for i in range(n):
+        step = 0 if i == 0 else 25 * 2 ** (i - 1)
+        runs.append(make_run(10 + i, label=f"tiny LM step {step}", strength=0.1 + 0.1 * i,
+                             kinds=("depth",), arrays=False, chance=0.25,
+                             meta={"revision": f"step-{step:06d}", "step": step,
+                                   "val_loss": 5.0 - 0.4 * i, "model": "tiny-lm-synthetic", "train_loss": 5.1 - 0.45 * i,
+                                   "path": "/very/long/path/to/checkpoints/tinylm/"
+                                           f"step-{step:06d}/model.safetensors"}))
+    return runs

@@ -369,17 +369,24 @@ def test_run_demo_call_sites(
     path = demo.run_demo(tmp_path / "out", quick=True, cache_dir=root, progress=False)
 
     assert path == tmp_path / "out" / "report.html" and path.is_file()
-    labels = ["MiniLM pretrained", "MiniLM random init"] + [f"tiny LM step {s}" for s, _ in ckpts]
+    minilm = ["MiniLM pretrained", "MiniLM random init", "MiniLM pretrained, LN directions removed",
+              "MiniLM random init, LN directions removed"]
+    labels = minilm + [f"tiny LM step {s}" for s, _ in ckpts]
     assert [c["meta"]["label"] for c in calls] == labels
     assert reports == [([f"measurement-{i + 1}" for i in range(len(calls))], path, labels)]
     assert len({c["out_dir"] for c in calls}) == len(calls)
     assert all(c["out_dir"].parent == tmp_path / "out" for c in calls)
     pre, rnd = calls[0]["model"], calls[1]["model"]
     assert pre.config.to_dict() == rnd.config.to_dict()
+    assert calls[2]["model"] is pre and calls[3]["model"] is rnd  # same models, both views
     assert calls[0]["prompts"] == [demo.CAPITAL_PROMPT]
     assert calls[0]["meta"]["revision"] != calls[1]["meta"]["revision"]
+    for c in calls[:2] + calls[4:]:
+        assert "remove_norm_directions" not in c["kw"]
+    for c in calls[2:4]:
+        assert c["kw"]["remove_norm_directions"] is True and c["meta"]["remove_norm_directions"]
     log = demo.training_log(SMALL, root)
-    for c, (step, _) in zip(calls[2:], ckpts, strict=True):
+    for c, (step, _) in zip(calls[4:], ckpts, strict=True):
         assert c["meta"]["step"] == step
         assert c["meta"]["val_loss"] == log["checkpoints"][str(step)]["val_loss"]
         assert type(c["model"]).__name__ == "GPT2Model"
@@ -397,6 +404,6 @@ def test_run_demo_end_to_end_quick(tmp_path: Path) -> None:
                          progress=False)
     assert path.is_file() and path.stat().st_size > 0
     runs = {p.name for p in (tmp_path / "out").iterdir() if (p / "manifest.json").is_file()}
-    assert runs == {"minilm-pretrained", "minilm-random", "tinylm-step-000000",
-                    "tinylm-step-000020"}
+    assert runs == {"minilm-pretrained", "minilm-random", "minilm-pretrained-normdirs",
+                    "minilm-random-normdirs", "tinylm-step-000000", "tinylm-step-000020"}
     assert (tmp_path / "cache" / demo.TinyLMConfig.quick().cache_key() / "training.json").is_file()

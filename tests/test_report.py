@@ -7,10 +7,15 @@ written here (plain loops over the table rows), not against the aggregation help
 from __future__ import annotations
 
 import base64
+import html
 import itertools
+import json
+import os
 import re
 import shutil
 import subprocess
+import sys
+import tempfile
 from collections import defaultdict
 from pathlib import Path
 
@@ -23,8 +28,19 @@ from matplotlib.figure import Figure
 from blockcoupling.engine.results import Measurement
 from blockcoupling.errors import BlockCouplingError
 from blockcoupling.report import figures as F
-from blockcoupling.report.html import report_figures, write_report, write_report_from_dirs
-from fixtures_report import KS, N_TOKENS, PROMPTS, WINDOW, L, make_run, make_runs
+from blockcoupling.report import summaries
+from blockcoupling.report.html import (
+    Section,
+    figure_html,
+    report_figures,
+    runs_html,
+    table_html,
+    write_page,
+    write_report,
+    write_report_from_dirs,
+)
+from blockcoupling.report.narrative import report_summary
+from fixtures_report import KS, N_TOKENS, WINDOW, L, make_checkpoints, make_run, make_runs
 
 SEL = dict(k=2, variant="coupling", p=1.0, orientation="ujv")
 
@@ -81,9 +97,16 @@ def test_depth_heatmap_selection_and_caption(runs: list[Measurement]) -> None:
                                depth_oracle(runs[1], 4, "miscoupling", "vju"), atol=1e-12)
     cap = F.caption_depth_heatmap(runs, k=4, variant="miscoupling", orientation="vju")
     for text in ("K=4", "variant=miscoupling", "lower = more coupled", "p=1",
-                 "orientation=vju", "token 'last'", "tiny-gpt2-synthetic", "revision step1",
-                 f"{len(PROMPTS)} prompts from builtin:capital", "random init", "trained"):
+                 "orientation=vju", "token 'last'"):
         assert text in cap, text
+    # runs are defined once, in the report's runs table: captions do not repeat them
+    for text in ("tiny-gpt2-synthetic", "revision step1", "builtin:capital", "random init"):
+        assert text not in cap, text
+    # where the runs differ, captions name them by label
+    other = make_run(5, label="other K", strength=0.5, kinds=("depth",))
+    other.config = other.config.replace(k=(4,))
+    cap = F.caption_depth_heatmap([runs[0], other])
+    assert "K=2 (random init), 4 (other K)" in cap
     # default K is each run's smallest K; released_norm has no user p
     cap = F.caption_depth_heatmap(runs, variant="released_norm")
     assert f"K={min(KS)}" in cap and "p=" not in cap
@@ -129,8 +152,8 @@ def test_coupling_grid_tiles_normalised_abs_A(runs: list[Measurement]) -> None:
         assert [t.get_text() for t in ax.get_yticklabels()] == [
             str(x) for x in range(WINDOW[0], WINDOW[1] + 1)]
     cap = F.caption_coupling_grid(runs, k=3)
-    assert "K=3" in cap and "layers 2..5" in cap and "prompt p0" in cap
-    assert "orientation=ujv" in cap and "tiny-gpt2-synthetic" in cap
+    assert "random init: K=3" in cap and "layers 2..5" in cap and "prompt p0" in cap
+    assert "orientation=ujv" in cap and "tiny-gpt2-synthetic" not in cap
     # default k = the stored K_max
     pick = F.coupling_grid_data(runs[0])[0]
     assert pick is not None and pick.k == max(KS)
@@ -184,14 +207,14 @@ def test_token_heatmap_self(runs: list[Measurement]) -> None:
                                token_oracle(runs[1], "self", 2, 5, None), atol=1e-12)
     cap = F.caption_token_heatmap(runs, "self", layers=(2, 5), **SEL)
     assert "l=2, l'=5" in cap and "K=2" in cap and "variant=coupling" in cap
-    assert "prompt p0" in cap and "tiny-gpt2-synthetic" in cap
+    assert "trained: prompt p0" in cap and "tiny-gpt2-synthetic" not in cap
 
 
 def test_token_heatmap_context_kinds(runs: list[Measurement]) -> None:
     fig = F.plot_token_heatmap(runs, "fixed_input", **SEL)
-    axes = data_axes(fig)
-    assert not axes[0].images and "no data" in [t.get_text() for t in axes[0].texts]
-    np.testing.assert_allclose(image_data(axes[1]),
+    axes = data_axes(fig)  # the random init did not measure fixed_input: no empty panel
+    assert len(axes) == 1 and axes[0].get_title().startswith("trained")
+    np.testing.assert_allclose(image_data(axes[0]),
                                token_oracle(runs[1], "fixed_input", 3, 3, 0), atol=1e-12)
     fig = F.plot_token_heatmap(runs[1], "fixed_output", **SEL)
     np.testing.assert_allclose(image_data(fig.axes[0]),
@@ -203,7 +226,7 @@ def test_token_heatmap_context_kinds(runs: list[Measurement]) -> None:
     np.testing.assert_allclose(got, token_oracle(runs[1], "fixed_output", 3, 3, 2)[:3, :3],
                                atol=1e-12)
     cap = F.caption_token_heatmap(runs, "fixed_output", fixed_token=2, **SEL)
-    assert "fixed output token 2" in cap and "run 1: not measured" in cap
+    assert "fixed output token 2" in cap and "Not measured for random init" in cap
     with pytest.raises(F.FigureUnavailable):
         F.plot_token_heatmap(runs[0], "fixed_output")
     with pytest.raises(BlockCouplingError, match="kind"):
@@ -211,33 +234,37 @@ def test_token_heatmap_context_kinds(runs: list[Measurement]) -> None:
 
 
 # ---------------------------------------------------------------------- 4. layer graph
-def test_layer_graph_edges_follow_the_coupling(runs: list[Measurement]) -> None:
-    fig = F.plot_layer_graph(runs, **SEL)
-    mats = [depth_oracle(m, 2) for m in runs]
+def test_layer_graph_edges_on_a_fixed_scale_against_chance(runs: list[Measurement]) -> None:
     pairs = [(a, b) for a in range(1, L + 1) for b in range(a + 1, L + 1)]
-    weights = [np.array([(M[a - 1, b - 1] + M[b - 1, a - 1]) / 2 for a, b in pairs])
-               for M in mats]
-    lo, hi = min(w.min() for w in weights), max(w.max() for w in weights)
-    for ax, w in zip(fig.axes, weights, strict=True):
+
+    def edge_values(m: Measurement, variant: str) -> np.ndarray:
+        M = depth_oracle(m, 2, variant)
+        return np.array([(M[a - 1, b - 1] + M[b - 1, a - 1]) / 2 for a, b in pairs])
+
+    # coupling_vs_null was measured: edges show it, 0 (chance) thinnest, 1 thickest
+    fig = F.plot_layer_graph(runs, **SEL)
+    widths = []
+    for ax, m in zip(fig.axes, runs, strict=True):
         (coll,) = [c for c in ax.collections if isinstance(c, LineCollection)]
         assert len(coll.get_segments()) == len(pairs) == L * (L - 1) // 2
-        s = (w - lo) / (hi - lo)
+        s = np.clip(edge_values(m, "coupling_vs_null"), 0.0, 1.0)
         np.testing.assert_allclose(coll.get_linewidths(), 0.3 + 5.0 * s, atol=1e-9)
         np.testing.assert_allclose(coll.get_colors()[:, 3], 0.05 + 0.9 * s, atol=1e-9)
-        # node i sits on the unit circle, layer 1 at the top
-        seg = coll.get_segments()[0]  # edge (1, 2)
+        seg = coll.get_segments()[0]  # edge (1, 2); node i on the unit circle, layer 1 on top
         np.testing.assert_allclose(seg[0], [0.0, 1.0], atol=1e-12)
-    # the trained run's edges are heavier on average
-    widths = [next(c for c in ax.collections if isinstance(c, LineCollection)).get_linewidths()
-              for ax in fig.axes]
-    assert np.mean(widths[1]) > np.mean(widths[0])
-    # lower-is-coupled variants flip the scale: the strongest coupling is the widest edge
-    fig = F.plot_layer_graph(runs[1], k=2, variant="miscoupling")
+        widths.append(np.asarray(coll.get_linewidths()))
+    # the random init is at chance: every edge is near the thinnest width, whatever its spread
+    assert widths[0].max() < 0.3 + 5.0 * 0.05
+    assert widths[1].mean() > 0.3 + 5.0 * 0.2
+    assert "chance level" in F.caption_layer_graph(runs, **SEL)
+    # without a chance level: the variant's own fixed scale; lower-is-coupled flips it
+    fig = F.plot_layer_graph(runs[1], k=2, variant="miscoupling", against_chance=False)
     coll = next(c for c in fig.axes[0].collections if isinstance(c, LineCollection))
-    wm = np.array([(M[a - 1, b - 1] + M[b - 1, a - 1]) / 2 for M in
-                   [depth_oracle(runs[1], 2, "miscoupling")] for a, b in pairs])
-    assert np.argmax(coll.get_linewidths()) == np.argmin(wm)
-    assert "edge width" in F.caption_layer_graph(runs, **SEL)
+    wm = edge_values(runs[1], "miscoupling")
+    np.testing.assert_allclose(coll.get_linewidths(), 0.3 + 5.0 * np.clip(1 - wm, 0, 1),
+                               atol=1e-9)
+    assert "not the data's range" in F.caption_layer_graph(runs[1], k=2, variant="miscoupling",
+                                                           against_chance=False)
 
 
 # ---------------------------------------------------------------------- 5. distance
@@ -254,7 +281,7 @@ def test_coupling_by_distance_lines(runs: list[Measurement]) -> None:
         np.testing.assert_array_equal(line.get_xdata(), np.arange(L))
         np.testing.assert_allclose(line.get_ydata(), [np.mean(acc[d]) for d in range(L)],
                                    atol=1e-12)
-    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["random init", "trained"]
+    assert [t.get_text() for t in fig.legends[0].get_texts()] == ["random init", "trained"]
     assert "|l - l'|" in F.caption_coupling_by_distance(runs, **SEL)
 
 
@@ -287,19 +314,33 @@ def test_trajectory_metrics(runs: list[Measurement]) -> None:
             if not np.isnan(r.lss_window):
                 wins[r.layer].append(r.lss_window)
         np.testing.assert_allclose(ax_norm.lines[i].get_ydata(),
-                                   [np.mean(norms[x]) for x in range(L + 1)], atol=1e-12)
-        np.testing.assert_allclose(ax_win.lines[i].get_xdata(), range(1, L))
-        np.testing.assert_allclose(ax_win.lines[i].get_ydata(),
-                                   [np.mean(wins[x]) for x in range(1, L)], atol=1e-12)
-        # one dot per (prompt, token)
+                                   [np.median(norms[x]) for x in range(L + 1)], atol=1e-12)
+        # one dot per (prompt, token) with a finite value
         dots = ax_lss.collections[i].get_offsets()
         np.testing.assert_allclose(np.sort(np.asarray(dots)[:, 1]),
                                    np.sort(m.token_metrics.lss.to_numpy()), atol=1e-12)
+        ed = m.token_metrics.expodistance.to_numpy()
         dots = ax_ed.collections[i].get_offsets()
-        np.testing.assert_allclose(np.sort(np.asarray(dots)[:, 1]),
-                                   np.sort(m.token_metrics.expodistance.to_numpy()), atol=1e-12)
-    assert [t.get_text() for t in ax_lss.get_xticklabels()] == ["random init", "trained"]
-    assert "window of 11" in F.caption_trajectory_metrics(runs)
+        np.testing.assert_allclose(np.sort(np.asarray(dots)[:, 1]), np.sort(ed[~np.isnan(ed)]),
+                                   atol=1e-12)
+    # the random init's window (11) covers its 7-point trajectories: only 'trained' is drawn,
+    # and the panel says why
+    assert len(ax_win.lines) == 1 and ax_win.lines[0].get_label() == "trained"
+    wins = defaultdict(list)
+    for r in runs[1].trajectory.itertuples():
+        if not np.isnan(r.lss_window):
+            wins[r.layer].append(r.lss_window)
+    np.testing.assert_allclose(ax_win.lines[0].get_xdata(), range(1, L))
+    np.testing.assert_allclose(ax_win.lines[0].get_ydata(),
+                               [np.median(wins[x]) for x in range(1, L)], atol=1e-12)
+    assert any("random init" in t.get_text() for t in ax_win.texts)
+    # expodistance spans decades (one token at 347,420): log axis; NaN counted in the labels
+    assert ax_ed.get_yscale() == "log" and ax_lss.get_yscale() == "linear"
+    assert [t.get_text() for t in ax_ed.get_xticklabels()] == ["random init\n(2 NaN)",
+                                                                "trained"]
+    cap = F.caption_trajectory_metrics(runs)
+    assert "window of 3, 11" in cap and "random init (L=6)" in cap
+    assert "random init: 2 of 15" in cap and "rounding" in cap
 
 
 # ---------------------------------------------------------------------- 8. spectra
@@ -321,7 +362,28 @@ def test_singular_values_and_inverse_depth_fit(runs: list[Measurement]) -> None:
         np.testing.assert_allclose(fit.get_ydata(), a / xs + b, rtol=1e-9)
         assert fit.get_linestyle() == "--"
         assert "R²" in fit.get_label()
+    assert ax.get_legend() is None and len(fig.legends) == 1  # outside the axes
     assert "sigma_1" in F.caption_singular_values(runs)
+
+
+def test_singular_value_fit_drawn_only_where_it_fits() -> None:
+    """A fit that goes negative or explains little is listed in the legend, not drawn; values
+    spanning decades get a log axis."""
+    m = make_run(3, label="rising", strength=0.5)
+    sp = m.spectra.copy()
+    diag = (sp["token_in"] == sp["token_out"]) & (sp["rank"] == 1)
+    sp.loc[diag, "singular_value"] = 10.0 ** (sp.loc[diag, "layer"].to_numpy(float) - 3)
+    m.spectra = sp  # sigma_1 = 1e-2 .. 1e3, rising: a / l + b fits badly and goes negative
+    t = F.top_singular_values(m)
+    fit = summaries.inverse_depth_fit(t)
+    assert fit is not None and fit.a < 0 and not fit.describes_data()
+    fig = F.plot_singular_values(m)
+    ax = fig.axes[0]
+    assert ax.get_yscale() == "log"
+    drawn = [line for line in ax.lines if line.get_linestyle() == "--"]
+    assert drawn == []
+    names = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert any(n.endswith("(not drawn)") for n in names), names
 
 
 def test_fit_inverse_depth_recovers_exact_law() -> None:
@@ -335,35 +397,35 @@ def test_fit_inverse_depth_recovers_exact_law() -> None:
 # ---------------------------------------------------------------------- 9. across runs
 def test_across_runs(runs: list[Measurement]) -> None:
     fig = F.plot_across_runs(runs, **SEL)
-    # the synthetic runs have no coupling_vs_null rows: three panels
-    ax_c, ax_l, ax_e = fig.axes
-    want_c = []
+    ax_c, ax_n, ax_l, ax_e = fig.axes
+    want: dict[str, list[float]] = {"coupling": [], "coupling_vs_null": []}
     for m in runs:
-        per_prompt = defaultdict(list)
-        for r in m.coupling.itertuples():
-            if (r.kind == "depth" and r.k == 2 and r.variant == "coupling"
-                    and r.orientation == "ujv" and r.layer_a != r.layer_b):
-                per_prompt[r.prompt_id].append(r.value)
-        want_c.append(np.mean([np.mean(v) for v in per_prompt.values()]))
-    np.testing.assert_allclose(ax_c.lines[0].get_ydata(), want_c, atol=1e-12)
+        for variant, agg in (("coupling", np.mean), ("coupling_vs_null", np.median)):
+            per_prompt = defaultdict(list)
+            for r in m.coupling.itertuples():
+                if (r.kind == "depth" and r.k == 2 and r.variant == variant
+                        and r.orientation == "ujv" and r.layer_a != r.layer_b):
+                    per_prompt[r.prompt_id].append(r.value)
+            want[variant].append(agg([np.mean(v) for v in per_prompt.values()]))
+    np.testing.assert_allclose(ax_c.lines[0].get_ydata(), want["coupling"], atol=1e-12)
+    assert "coupling_vs_null" in ax_n.get_title()
+    np.testing.assert_allclose(ax_n.lines[0].get_ydata(), want["coupling_vs_null"], atol=1e-12)
     np.testing.assert_allclose(ax_l.lines[0].get_ydata(),
                                [np.median(m.token_metrics.lss) for m in runs], atol=1e-12)
     np.testing.assert_allclose(ax_e.lines[0].get_ydata(),
-                               [np.median(m.token_metrics.expodistance) for m in runs], atol=1e-12)
+                               [np.nanmedian(m.token_metrics.expodistance) for m in runs],
+                               atol=1e-12)
     assert [t.get_text() for t in ax_c.get_xticklabels()] == ["random init", "trained"]
-    assert want_c[1] > want_c[0]
-    # with coupling_vs_null rows a panel shows it too (here: a copy of the coupling values)
-    extra = []
+    assert want["coupling"][1] > want["coupling"][0]
+    # without coupling_vs_null rows: three panels
+    bare = []
     for m in runs:
-        null = m.coupling[m.coupling["variant"] == "coupling"].copy()
-        null["variant"] = "coupling_vs_null"
-        extra.append(Measurement(**{**{n: m.table(n) for n in ("trajectory", "token_metrics",
-                     "spectra", "influence", "prompts", "diagnostics")},
-                     "coupling": pd.concat([m.coupling, null], ignore_index=True)},
-                     arrays=m.arrays, config=m.config, meta=m.meta))
-    fig = F.plot_across_runs(extra, **SEL)
-    assert len(fig.axes) == 4 and "coupling_vs_null" in fig.axes[1].get_title()
-    np.testing.assert_allclose(fig.axes[1].lines[0].get_ydata(), want_c, atol=1e-12)
+        c = m.coupling[m.coupling["variant"] != "coupling_vs_null"]
+        bare.append(Measurement(**{**{n: m.table(n) for n in ("trajectory", "token_metrics",
+                    "spectra", "influence", "prompts", "diagnostics")}, "coupling": c},
+                    arrays=m.arrays, config=m.config, meta=m.meta))
+    fig = F.plot_across_runs(bare, **SEL)
+    assert len(fig.axes) == 3
     fig = F.plot_across_runs(runs, labels=["init", "final"], **SEL)
     assert [t.get_text() for t in fig.axes[0].get_xticklabels()] == ["init", "final"]
     # x labels fall back to the revision, then the model
@@ -406,27 +468,84 @@ def test_report_contains_every_figure(report: Path) -> None:
     stripped = _strip_data_uris(text)
     assert "http" not in stripped and "://" not in text
     assert "<link" not in stripped and "src=\"" not in stripped.replace('src=""', "")
-    # header: one column per run with model, revision, prompts, config, versions
+    # the runs, defined once: what they share, then a table of what differs
     for s in ("tiny-gpt2-synthetic", "step0", "step1", "3 from builtin:capital",
-              "K 2, 4", "blockcoupling 0.1.0", "random init", "trained"):
+              "<dt>K</dt><dd>2, 4</dd>", "blockcoupling 0.1.0", "random init", "trained"):
         assert s in text, s
+    assert text.count("tiny-gpt2-synthetic") <= 3  # the shared list and the two JSON dumps
     assert text.count("<figcaption>") == len(names)
     assert "K=2" in text and "variant=coupling" in text
-    assert "class=\"note\"" not in text
+    assert "Skipped" not in text and "None" not in stripped.split("<details>")[0]
 
 
-def test_report_skips_missing_figures_with_a_note(tmp_path: Path) -> None:
+def test_report_summary_states_the_numbers(report: Path, runs: list[Measurement]) -> None:
+    """The summary at the top is generated from the data: the above-chance values, raw and
+    chance coupling, the at-chance run and the NaN tokens, checked against the tables."""
+    text = report.read_text(encoding="utf-8")
+    top = text[text.index('id="summary"'):text.index('id="runs"')]
+    rows = {}
+    for m in runs:
+        c = m.coupling
+        sel = (c.kind == "depth") & (c.k == 2) & (c.orientation == "ujv") & (
+            c.layer_a != c.layer_b)
+        v = c[sel & (c.variant == "coupling_vs_null")].groupby("prompt_id")["value"].mean()
+        raw = c[sel & (c.variant == "coupling")].groupby("prompt_id")["value"].mean()
+        rows[m.meta["label"]] = (float(np.median(v)), float(raw.mean()))
+    for label, (above, raw) in rows.items():
+        assert summaries.fmt_number(above) in top, (label, above)
+        assert summaries.fmt_number(raw) in top, (label, raw)
+    assert "0.3" in top  # the trained run's chance level c_null = 0.3 of the fixture
+    assert re.search(r"At the chance level[^<]*random init", top)
+    assert "trained" not in re.search(r"At the chance level[^<]*", top).group(0)
+    assert "2 of 15" in top and "heavy-tailed" in top
+    assert "random init vs trained" in top and "do not overlap" in top
+
+
+def test_summary_is_generated_not_canned(runs: list[Measurement]) -> None:
+    """Swap which run is coupled and the sentences follow; an empty run says so."""
+    s = report_summary(runs)
+    pair = next(x for x in s.comparisons if x.startswith("random init vs trained"))
+    assert "random init below trained" in pair
+    s = report_summary(runs[::-1])
+    pair = next(x for x in s.comparisons if x.startswith("trained vs random init"))
+    assert "trained above random init" in pair
+    assert "lss_window (3 vs 11)" in pair  # the configurations differ: the text says where
+    # training checkpoints: first, last, highest, correlation with the validation loss
+    cps = make_checkpoints(4)
+    s = report_summary(cps)
+    series = next(x for x in s.comparisons if x.startswith("Across 4 training checkpoints"))
+    assert "Spearman correlation with the validation loss over the checkpoints: -1" in series
+    # two views of one model (an option that changes the numbers, e.g. the post-LN
+    # shared-directions removal): compared within each view and across views per revision
+    views = []
+    for m in runs:
+        other = Measurement(**{n: m.table(n) for n in ("coupling", "trajectory",
+                            "token_metrics", "spectra", "influence", "prompts", "diagnostics")},
+                            arrays=m.arrays, config=m.config.replace(remove_norm_directions=True),
+                            meta={**m.meta, "label": m.meta["label"] + ", LN removed"})
+        views.append(other)
+    s = report_summary(runs + views)
+    heads = [x.split(":")[0] for x in s.comparisons]
+    assert heads == ["random init vs trained", "random init, LN removed vs trained, LN removed",
+                     "random init vs random init, LN removed", "trained vs trained, LN removed"]
+    assert "remove_norm_directions (False vs True)" in s.comparisons[2]
+    empty = report_summary([Measurement(meta={"label": "nothing"})])
+    assert empty.nothing_measured and "Nothing was measured" in empty.measured[0]
+
+
+def test_report_of_missing_figures_leaves_them_out(tmp_path: Path) -> None:
     m = make_run(0, label="traj only", strength=0.5, kinds=("depth",), arrays=False)
     m.coupling = m.coupling.iloc[0:0]
     m.spectra = m.spectra.iloc[0:0]
     out = write_report([m], tmp_path / "only.html")
     text = out.read_text(encoding="utf-8")
-    notes = re.findall(r'<p class="note">Skipped: ([^<]*)</p>', text)
-    assert len(notes) == 9  # 7 coupling figures, singular values, across runs (one run)
-    assert any("needs 2 or more runs" in n for n in notes)
+    assert "Skipped" not in text and 'class="note"' not in text
     assert text.count("<img") == 2  # PCA and trajectory metrics
+    assert "<h2>1. Token trajectories (PCA)</h2>" in text
+    not_shown = re.search(r'id="not-shown".*?</section>', text, re.S).group(0)
+    assert "Depth-wise coupling" in not_shown and "Across runs" not in not_shown
     files = sorted(p.name for p in (tmp_path / "only_figures").iterdir())
-    assert files == [f"{stem}.{fmt}" for stem in ("08_pca_trajectories", "09_trajectory_metrics")
+    assert files == [f"{stem}.{fmt}" for stem in ("01_pca_trajectories", "02_trajectory_metrics")
                      for fmt in ("pdf", "png", "svg")]
     for f in files:
         data = (tmp_path / "only_figures" / f).read_bytes()
@@ -436,6 +555,28 @@ def test_report_skips_missing_figures_with_a_note(tmp_path: Path) -> None:
         write_report([m], tmp_path / "x.txt")
     with pytest.raises(BlockCouplingError, match="format"):
         write_report([m], tmp_path / "x.html", formats=("gif",))
+
+
+def test_report_of_an_empty_run_says_nothing_was_measured(tmp_path: Path) -> None:
+    out = write_report([Measurement(meta={"model": "m", "label": "empty"})],
+                       tmp_path / "empty.html")
+    text = out.read_text(encoding="utf-8")
+    assert "Nothing was measured" in text and "<img" not in text
+    assert not (tmp_path / "empty_figures").exists()
+
+
+def test_runs_table_formats_numbers(tmp_path: Path) -> None:
+    cps = make_checkpoints(3)
+    cps[1].meta["seconds"] = 4.547863006591797
+    cps[2].meta["note"] = None
+    table = runs_html(cps, [m.meta["label"] for m in cps]).split("<details>")[0]
+    assert "4.55" in table and "4.547863" not in table
+    assert "None" not in table and "1,600" not in table
+    assert '<div class="scroll"><table class="data">' in table
+    assert summaries.fmt_number(347_420.0) == "347,420"
+    assert summaries.fmt_number(1.5e-5) == "1.5e-05"
+    assert summaries.fmt_number(float("nan")) == "-" and summaries.fmt_number(None) == "-"
+    assert summaries.fmt_number(0.26113) == "0.261" and summaries.fmt_number(7) == "7"
 
 
 def test_report_from_dirs_uses_open_run(tmp_path: Path,
@@ -465,36 +606,156 @@ def test_report_from_dirs_uses_open_run(tmp_path: Path,
     assert "<th>before</th><th>after</th>" in text
 
 
+def test_page_skeleton_is_reusable(tmp_path: Path) -> None:
+    """Other report pages build on Section / render_page / table_html / figure_html."""
+    fig = F.plot_depth_heatmap(make_run(1, label="x", strength=0.5, kinds=("depth",)), k=2)
+    body = figure_html(fig, "a caption", title="t", number=1, stem=tmp_path / "f" / "01_x")
+    df = pd.DataFrame({"value": [4.547863006591797, float("nan")]}, index=["a", "b"])
+    out = write_page(tmp_path / "page.html", "A page", [
+        Section("one", "One", body), Section("two", "Two", table_html(df))])
+    text = out.read_text(encoding="utf-8")
+    assert text.count("<style>") == 1 and '<a href="#two">Two</a>' in text
+    assert "4.55" in text and "<td>-</td>" in text and (tmp_path / "f" / "01_x.png").is_file()
+    assert "Files: f/01_x.png" in text
+
+
+def test_summaries_do_not_import_matplotlib() -> None:
+    code = ("import sys, blockcoupling.report.summaries, blockcoupling.report.narrative; "
+            "print(any(m.split('.')[0] == 'matplotlib' for m in sys.modules))")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env=env, check=True, timeout=120)
+    assert res.stdout.strip() == "False"
+
+
+def test_summaries_numbers(runs: list[Measurement]) -> None:
+    st = summaries.robust_stats([3.0, np.nan, 1.0, 2.0, 100.0, np.inf])
+    assert (st.n, st.n_nan, st.median, st.min, st.max) == (4, 2, 2.5, 1.0, 100.0)
+    assert st.q25 == pytest.approx(np.quantile([1, 2, 3, 100], 0.25))
+    assert summaries.robust_stats([1e-3, 1.0]).spans_decades(2.0) is True
+    # c_null is recovered row by row from coupling and coupling_vs_null (fixture: 0.3)
+    ch = summaries.chance_coupling_rows(runs[1], k=2)
+    assert ch is not None and len(ch) > 0
+    np.testing.assert_allclose(ch["chance_coupling"], 0.3, atol=1e-12)
+    np.testing.assert_allclose(summaries.edge_strength([-0.2, 0.4, 1.3], "coupling_vs_null"),
+                               [0.0, 0.4, 1.0])
+    np.testing.assert_allclose(summaries.edge_strength([0.1], "miscoupling"), [0.9])
+    ov = summaries.run_overview(runs)
+    assert list(ov["label"]) == ["random init", "trained"]
+    assert list(ov["expodistance_nan"]) == [2, 0]
+    assert ov.loc[0, "expodistance_max"] == 347_420.0
+    assert summaries.window_covers_model(runs[0]) and not summaries.window_covers_model(runs[1])
+
+
+def test_measurement_summary_is_robust(runs: list[Measurement]) -> None:
+    text = runs[0].summary()
+    ed = runs[0].token_metrics["expodistance"].dropna()
+    assert f"expodistance median {ed.median():.4g}" in text
+    assert f"IQR {ed.quantile(0.25):.4g} to {ed.quantile(0.75):.4g}" in text
+    assert "NaN for 2 of 15 tokens" in text and "rounding" in text
+    assert f"{ed.mean():.4g}" not in text  # the mean (dominated by one token) is not shown
+    assert "above chance (coupling_vs_null)" in text
+    assert "nothing was measured" in Measurement().summary()
+
+
 # ---------------------------------------------------------------------- browser
 CHROMIUM = shutil.which("chromium") or ("/usr/bin/chromium"
                                         if Path("/usr/bin/chromium").exists() else None)
+
+# Injected into a copy of the page: what overflows the viewport and what each image shows.
+_PROBE = """<script>
+window.addEventListener("load", function () {
+  var d = document.documentElement, vw = d.clientWidth, wide = [], imgs = [];
+  document.querySelectorAll("body *").forEach(function (e) {
+    var r = e.getBoundingClientRect();
+    if (r.width > 0 && r.right > vw + 1 && !(e.parentElement && e.parentElement.closest(".scroll")))
+      wide.push(e.tagName + "." + e.className + " right=" + Math.round(r.right));
+  });
+  document.querySelectorAll("img").forEach(function (i) {
+    var r = i.getBoundingClientRect(), box = i.closest(".scroll") || i;
+    var b = box.getBoundingClientRect();
+    imgs.push([i.naturalWidth, i.naturalHeight, Math.round(r.width), Math.round(r.height),
+               Math.round(b.left), Math.round(b.right)]);
+  });
+  var boxes = [];
+  document.querySelectorAll(".scroll").forEach(function (e) {
+    boxes.push([e.scrollWidth, e.clientWidth]);
+  });
+  document.body.setAttribute("data-probe", JSON.stringify(
+    {vw: vw, sw: d.scrollWidth, wide: wide, imgs: imgs, boxes: boxes}));
+});
+</script>"""
+
+
+def _chromium(args: list[str], tmp_path: Path) -> subprocess.CompletedProcess:
+    profile = tempfile.mkdtemp(dir=tmp_path)
+    base = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
+            "--no-first-run", "--disable-background-networking", "--disable-component-update",
+            "--disable-sync", "--hide-scrollbars", f"--user-data-dir={profile}"]
+    return subprocess.run(base + args, check=True, capture_output=True, text=True,
+                          timeout=180)
+
+
+def _probe(page: Path, width: int, height: int, tmp_path: Path) -> dict:
+    copy = tmp_path / f"probe_{width}_{page.name}"
+    copy.write_text(page.read_text(encoding="utf-8").replace("</body>", _PROBE + "</body>"),
+                    encoding="utf-8")
+    dom = _chromium([f"--window-size={width},{height}", "--virtual-time-budget=10000",
+                     "--dump-dom", copy.resolve().as_uri()], tmp_path)
+    match = re.search(r'data-probe="([^"]*)"', dom.stdout)
+    assert match, "the probe script did not run"
+    probe = json.loads(html.unescape(match.group(1)))
+    ok = re.search(r'data-images-ok="(\d+)/(\d+)"', dom.stdout)
+    assert ok and ok.group(1) == ok.group(2), "an image did not decode"
+    return probe
+
+
+@pytest.fixture(scope="module")
+def eight_runs_report(runs: list[Measurement], tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Eight runs: the two of ``runs`` and six training checkpoints (long paths in meta)."""
+    out = tmp_path_factory.mktemp("eight") / "eight.html"
+    return write_report(runs + make_checkpoints(6), out, formats=())
 
 
 @pytest.mark.browser
 @pytest.mark.skipif(CHROMIUM is None, reason="headless chromium is not installed "
                                              "(apt-get install chromium)")
-def test_report_renders_in_chromium(report: Path, tmp_path: Path) -> None:
-    out = report
-    profile = tmp_path / "profile"
-    base = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
-            "--no-first-run", "--disable-background-networking", "--disable-component-update",
-            "--disable-sync", f"--user-data-dir={profile}"]
-    url = out.resolve().as_uri()
+@pytest.mark.parametrize("width, height", [(1400, 900), (390, 844)])
+def test_report_fits_desktop_and_phone(width: int, height: int, report: Path,
+                                       eight_runs_report: Path, tmp_path: Path) -> None:
+    """At 1400 px and on a phone: nothing overflows the page sideways (wide tables scroll in
+    their own box), every figure decodes, fits the page and is drawn large enough to see."""
+    for page in (report, eight_runs_report):
+        probe = _probe(page, width, height, tmp_path)
+        assert probe["sw"] <= probe["vw"], (page.name, probe["wide"][:5])
+        assert probe["wide"] == [], probe["wide"][:5]
+        assert len(probe["imgs"]) == 11
+        for nat_w, nat_h, w, h, left, right in probe["imgs"]:
+            assert nat_w > 300 and nat_h > 200  # decoded
+            assert 0 <= left and right <= probe["vw"]  # its box is inside the page
+            assert w >= min(nat_w, 0.8 * probe["vw"]) - 40  # drawn wide, not a thumbnail
+            if width < 500:  # a phone: at least 55 % of the natural size (box scrolls)
+                assert w >= 0.55 * nat_w - 2
+            assert h > 60
+    if width < 500:
+        # the eight-run tables are wider than a phone: they scroll inside their boxes
+        assert any(sw > cw for sw, cw in probe["boxes"])
+        # negative control: the probe does see an element wider than the page
+        bad = tmp_path / "bad.html"
+        bad.write_text(report.read_text(encoding="utf-8").replace(
+            "<body>", '<body><div style="width:2000px">wide</div>'), encoding="utf-8")
+        probe = _probe(bad, width, height, tmp_path)
+        assert probe["sw"] > probe["vw"] and probe["wide"]
+
+
+@pytest.mark.browser
+@pytest.mark.skipif(CHROMIUM is None, reason="headless chromium is not installed")
+def test_report_screenshot_is_not_blank(report: Path, tmp_path: Path) -> None:
     shot = tmp_path / "report.png"
-    subprocess.run(base + [f"--screenshot={shot}", "--window-size=1400,4000", url],
-                   check=True, capture_output=True, timeout=120)
-    assert shot.is_file() and shot.stat().st_size > 50_000
+    _chromium([f"--screenshot={shot}", "--window-size=1400,3000", report.resolve().as_uri()],
+              tmp_path)
     from matplotlib.image import imread
 
     pixels = imread(shot)
-    assert pixels.shape[0] == 4000 and pixels.shape[1] == 1400
+    assert pixels.shape[0] == 3000 and pixels.shape[1] == 1400
     assert pixels[..., :3].std() > 0.05  # not a blank page
-    dom = subprocess.run(base + ["--enable-logging=stderr", "--v=0",
-                                 "--virtual-time-budget=5000", "--dump-dom", url],
-                         check=True, capture_output=True, text=True, timeout=120)
-    match = re.search(r'data-images-ok="(\d+)/(\d+)"', dom.stdout)
-    assert match, "the inline check script did not run"
-    assert match.group(1) == match.group(2) == "11"
-    console_errors = [line for line in dom.stderr.splitlines()
-                      if "CONSOLE" in line and ("ERROR" in line or "Uncaught" in line)]
-    assert not console_errors, console_errors

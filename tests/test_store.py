@@ -123,7 +123,7 @@ def test_round_trip_equals_in_memory_measurement(tmp_path: Path) -> None:
     assert got.meta["timings"] == {"total_s": 1.5}
 
     manifest = json.loads((root / "manifest.json").read_text())
-    assert manifest["format"] == "blockcoupling-run" and manifest["format_version"] == 1
+    assert manifest["format"] == "blockcoupling-run" and manifest["format_version"] == 2
     assert manifest["status"] == "complete"
     assert MeasureConfig.from_dict(manifest["config"]) == CONFIG
     assert manifest["model"] == "tiny/gpt2" and manifest["revision"] == "abc123"
@@ -235,12 +235,16 @@ def test_resume_skips_done_prompts_without_duplicates(tmp_path: Path) -> None:
     assert_same(open_run(root), reference())
 
 
-def test_resume_with_only_runtime_options_changed_is_allowed(tmp_path: Path) -> None:
+def test_resume_with_another_batch_size_is_refused_with_the_option_to_use(tmp_path: Path) -> None:
+    """Batch composition changes float32 rounding: batch_size is part of the identity."""
     root = tmp_path / "run"
     write_run(root, [["p0"]], finalize=False)
-    cfg = CONFIG.replace(batch_size=5, chunk_size=7)
-    with RunWriter(root, config=cfg, meta=META, prompts=PROMPTS, resume=True) as w:
-        assert w.done_prompt_ids() == {"p0"}
+    with pytest.raises(RunDirError, match="batch_size: run has 2, now 5.*--batch-size 2"):
+        RunWriter(root, config=CONFIG.replace(batch_size=5), meta=META, prompts=PROMPTS,
+                  resume=True)
+    with pytest.raises(RunDirError, match="chunk_size: run has None, now 7.*resume without --chunk-size"):
+        RunWriter(root, config=CONFIG.replace(chunk_size=7), meta=META, prompts=PROMPTS,
+                  resume=True)
 
 
 def test_resume_with_a_different_config_is_refused(tmp_path: Path) -> None:
@@ -291,7 +295,7 @@ def child_code(root: Path, *, kill_at: tuple[str, ...] = (), sleep: float = 0.0,
             if {kill_at!r} and all(s in target for s in {kill_at!r}):
                 os.kill(os.getpid(), signal.SIGKILL)
             real_fsync(fd)
-        store.os.fsync = fsync
+        os.fsync = fsync
         with store.RunWriter({str(root)!r}, config=t.CONFIG, meta=t.META, prompts=t.PROMPTS,
                              resume=True) as w:
             for pid in t.PROMPT_IDS:
@@ -354,13 +358,14 @@ def test_sigkill_inside_a_part_and_inside_finalize_then_resume(tmp_path: Path) -
     leftovers = [p for p in (root / "parts").iterdir() if p.name.startswith(".tmp-")]
     assert len(leftovers) == 1 and (leftovers[0] / "token_metrics.parquet").exists()
     assert open_run(root).prompts["prompt_id"].tolist() == PROMPT_IDS[:3]
-    # 2) resume, write the rest, die inside finalize (consolidated tables go in TABLES
-    #    order: coupling, trajectory, token_metrics are written, spectra is not)
+    # 2) resume, write the rest, die inside finalize (consolidated tables go to temporary
+    #    files first, in TABLES order: coupling, trajectory, token_metrics are written)
     res = run_child(child_code(root, kill_at=(".tmp-spectra.parquet",), finalize=True))
     assert res.returncode == -signal.SIGKILL, res.stderr
     assert res.stdout.split()[1::2] == PROMPT_IDS[3:]
     assert not any(p.name.startswith(".tmp-") for p in (root / "parts").iterdir())
-    assert (root / "token_metrics.parquet").exists() and not (root / "spectra.parquet").exists()
+    assert any(p.name.startswith(".tmp-token_metrics.parquet") for p in root.iterdir())
+    assert not (root / "coupling.parquet").exists()  # nothing renamed before the commit
     assert json.loads((root / "manifest.json").read_text())["status"] == "running"
     assert_same(open_run(root), reference())
     # 3) resume again: nothing left to compute, finalize completes
@@ -469,8 +474,10 @@ def test_missing_table_in_a_complete_run(tmp_path: Path) -> None:
     root = tmp_path / "run"
     write_run(root, [["p0"]])
     (root / "spectra.parquet").unlink()
-    with pytest.raises(RunDirError, match="table 'spectra' is missing.*--resume"):
+    with pytest.raises(RunDirError, match="spectra.parquet is missing") as err:
         open_run(root)
+    # the parts were merged and deleted: --resume cannot rebuild it, and the message says so
+    assert "cannot rebuild it" in str(err.value) and "new --out" in str(err.value)
 
 
 # ---------------------------------------------------------------------------- weights hash
@@ -502,3 +509,30 @@ def test_weights_hash() -> None:
         model[0].weight[0, 0] += 1.0  # the first element is always in the sample
     assert weights_hash(model, max_full_bytes=0) != sampled
     assert weights_hash(model.to(torch.bfloat16)).startswith("sha256-full:")
+
+
+# ---------------------------------------------------------------------------- lock file, progress
+def test_no_lock_file_is_left_and_progress_is_counted(tmp_path: Path) -> None:
+    from blockcoupling.store import run_progress
+
+    root = tmp_path / "run"
+    with RunWriter(root, config=CONFIG, meta=META, prompts=PROMPTS) as w:
+        w.write_part(make_part(["p0", "p1"]))
+        live = run_progress(root)
+        assert live.writer_pid == str(os.getpid()) and "in progress" in live.describe(root)
+    assert not (root / ".lock").exists()  # released and removed on close
+    progress = run_progress(root)
+    assert (progress.status, progress.done, progress.total, progress.writer_pid) == (
+        "running", 2, 8, None)
+    assert "INCOMPLETE: 2 of 8 prompts" in progress.describe(root)
+    finish_in_process(root)
+    assert not (root / ".lock").exists()
+    assert run_progress(root).finished and "complete: 8 of 8" in run_progress(root).describe(root)
+
+
+def test_a_run_without_results_is_replaced_by_a_new_writer(tmp_path: Path) -> None:
+    root = tmp_path / "run"
+    RunWriter(root, config=CONFIG.replace(k=(3,)), meta=META, prompts=PROMPTS).close()
+    with RunWriter(root, config=CONFIG, meta=META, prompts=PROMPTS) as w:  # no resume needed
+        assert w.done_prompt_ids() == set()
+    assert json.loads((root / "manifest.json").read_text())["config"]["k"] == [2]

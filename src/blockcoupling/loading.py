@@ -8,9 +8,13 @@ then fails with a message that says so.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlparse
 
 import torch
 
@@ -36,14 +40,97 @@ def resolve_device(device: str = "auto") -> torch.device:
         raise BlockCouplingError(f"--device {device!r} is not a device torch knows (auto, cpu, cuda, cuda:1)") from err
 
 
+# Files that make a folder's tokenizer loadable (any one of them).
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "vocab.txt",
+                   "spiece.model", "tokenizer.model", "sentencepiece.bpe.model")
+HUB_PROBE_TIMEOUT_S = 3.0
+
+
+@contextlib.contextmanager
+def _quiet_transformers(progress: bool) -> Iterator[None]:
+    """Silence transformers' warnings (e.g. the load report listing a causal LM's unused
+    ``lm_head``: blockcoupling loads the base model on purpose) and, unless ``progress``,
+    its weight-loading progress bar; restore both afterwards."""
+    from transformers.utils import logging as hf_logging
+
+    verbosity = hf_logging.get_verbosity()
+    bars = hf_logging.is_progress_bar_enabled()
+    hf_logging.set_verbosity_error()
+    if not progress:
+        hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(verbosity)
+        if bars:
+            hf_logging.enable_progress_bar()
+
+
+def _offline() -> bool:
+    return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def _in_hub_cache(name: str, revision: str | None) -> bool:
+    try:
+        from huggingface_hub import try_to_load_from_cache
+
+        found = try_to_load_from_cache(name, "config.json", revision=revision)
+    except Exception:  # an invalid repo id, a broken cache: let from_pretrained explain
+        return False
+    return isinstance(found, str)
+
+
+def _hub_reachable(timeout: float = HUB_PROBE_TIMEOUT_S) -> str | None:
+    """None if the hub's host accepts a connection within ``timeout`` seconds, else why not.
+    (Behind an HTTP(S) proxy the probe is skipped: the proxy decides.)"""
+    import socket
+
+    if any(os.environ.get(v) for v in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy")):
+        return None
+    try:
+        from huggingface_hub import constants
+
+        endpoint = constants.ENDPOINT
+    except Exception:
+        endpoint = "https://huggingface.co"
+    url = urlparse(endpoint)
+    host, port = url.hostname or "huggingface.co", url.port or (80 if url.scheme == "http" else 443)
+    result: list[str | None] = []
+
+    def probe() -> None:  # getaddrinfo has no timeout of its own: run it in a thread
+        try:
+            socket.create_connection((host, port), timeout=timeout).close()
+            result.append(None)
+        except OSError as err:
+            result.append(f"{host}: {err.strerror or err}")
+
+    thread = threading.Thread(target=probe, daemon=True)
+    thread.start()
+    thread.join(timeout + 0.5)
+    return result[0] if result else f"{host}: no answer within {timeout:.0f} s"
+
+
 def _looks_like_path(name: str) -> bool:
     """Explicit paths; ``org/name`` is a hub id unless such a folder exists."""
     return name.startswith((".", "/", "~")) or name.endswith(os.sep)
 
 
 def load_model(name: str, *, revision: str | None = None, dtype: str = "auto",
-               device: str = "auto", trust_remote_code: bool = False) -> tuple[Any, Any]:
-    """``(model, tokenizer)`` for a hub id or a local folder, in eval mode on ``device``."""
+               device: str = "auto", trust_remote_code: bool = False,
+               require_tokenizer: bool = False, progress: bool = True) -> tuple[Any, Any]:
+    """``(model, tokenizer)`` for a hub id or a local folder, in eval mode on ``device``.
+
+    ``tokenizer`` is None for a model without one (vision models), unless
+    ``require_tokenizer`` (text prompts), which makes that an error. ``progress=False``
+    hides transformers' weight-loading bar. A hub id that is neither cached nor reachable
+    fails at once (no retries) with a message naming the ways out."""
+    with _quiet_transformers(progress):
+        return _load(name, revision=revision, dtype=dtype, device=device,
+                     trust_remote_code=trust_remote_code, require_tokenizer=require_tokenizer)
+
+
+def _load(name: str, *, revision: str | None, dtype: str, device: str, trust_remote_code: bool,
+          require_tokenizer: bool) -> tuple[Any, Any]:
     from transformers import AutoConfig, AutoModel, AutoTokenizer
 
     if dtype not in MODEL_DTYPES:
@@ -56,10 +143,18 @@ def load_model(name: str, *, revision: str | None = None, dtype: str = "auto",
         raise BlockCouplingError(f"{name!r} has no config.json: is it a HuggingFace model folder "
                                  "(saved with save_pretrained)?")
     src = str(path) if path.exists() else name
+    if not path.exists() and not _offline() and not _in_hub_cache(name, revision):
+        why = _hub_reachable()
+        if why is not None:
+            raise BlockCouplingError(
+                f"model {name!r} is not a local folder and not in the local cache, and the "
+                f"Hugging Face hub cannot be reached ({why}); give a local model folder "
+                "(--model ./path/to/model), or set HF_HUB_OFFLINE=1 to use the local cache"
+            )
     try:
         config = AutoConfig.from_pretrained(src, revision=revision, trust_remote_code=trust_remote_code)
     except (OSError, ValueError) as err:
-        offline = os.environ.get("HF_HUB_OFFLINE") == "1"
+        offline = _offline()
         raise BlockCouplingError(
             f"could not load the model config of {name!r}"
             + (" (HF_HUB_OFFLINE=1: only models already in the local cache load)" if offline else "")
@@ -67,15 +162,40 @@ def load_model(name: str, *, revision: str | None = None, dtype: str = "auto",
         ) from err
     kwargs: dict[str, Any] = {"revision": revision, "trust_remote_code": trust_remote_code}
     kwargs["dtype"] = MODEL_DTYPES[dtype]
+    target = resolve_device(device)
     try:
         model = AutoModel.from_pretrained(src, config=config, **kwargs)
-    except (OSError, ValueError) as err:
-        raise BlockCouplingError(f"could not load the weights of {name!r}: {str(err).splitlines()[0]}") from err
-    model = model.to(resolve_device(device)).eval()
+    except Exception as err:  # safetensors, torch and OS errors for damaged weight files
+        first = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        raise BlockCouplingError(
+            f"could not load the weights of {name!r} ({type(err).__name__}: {first}); the "
+            "weight files are missing or damaged: save the model again with save_pretrained "
+            "or download it again"
+        ) from err
+    model = model.to(target).eval()
     tokenizer = None
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(src, revision=revision,
-                                                  trust_remote_code=trust_remote_code)
-    except (OSError, ValueError, KeyError):
-        tokenizer = None  # vision models: the caller passes ready inputs
+    has_files = not path.exists() or any((path / f).exists() for f in TOKENIZER_FILES)
+    if has_files:
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(src, revision=revision,
+                                                      trust_remote_code=trust_remote_code)
+        except Exception:  # vision models have none; a broken one is reported below
+            tokenizer = None
+    if tokenizer is not None and not _tokenizes(tokenizer):
+        tokenizer = None  # e.g. a tokenizer class without its vocabulary files
+    if tokenizer is None and require_tokenizer:
+        where = f"the folder {name!r}" if path.exists() else f"the model {name!r}"
+        raise BlockCouplingError(
+            f"{where} has no usable tokenizer (none of {', '.join(TOKENIZER_FILES[:4])}, ...); "
+            "save the model's tokenizer next to it with tokenizer.save_pretrained(folder)"
+        )
     return model, tokenizer
+
+
+def _tokenizes(tokenizer: Any) -> bool:
+    """True if the tokenizer turns ordinary text into at least one token."""
+    try:
+        ids = tokenizer("The cat sat on the mat.", add_special_tokens=False)["input_ids"]
+        return len(ids) > 0 and len(tokenizer) > 1
+    except Exception:
+        return False

@@ -11,6 +11,9 @@ app = typer.Typer(
     no_args_is_help=True,
     help="Measure transformer block coupling, trajectories and spectra (Aubry et al., ICLR 2025).",
     pretty_exceptions_enable=False,
+    # plain click help: flags read "--final-norm / --no-final-norm" (rich shows them as
+    # "<bool>", which invites "--final-norm true"), and rich is not imported at start-up
+    rich_markup_mode=None,
 )
 
 STATE = {"verbose": False, "quiet": False}

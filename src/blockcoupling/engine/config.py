@@ -1,133 +1,299 @@
-"""MeasureConfig: every option of :func:`blockcoupling.engine.measure`, validated in one place.
+"""MeasureConfig: every option of :func:`blockcoupling.engine.measure`, as one typed record.
+
+Two steps, kept apart:
+
+* :meth:`MeasureConfig.parse` (and :func:`parse_config`) turns *user input* into a record:
+  CLI strings such as ``"10,30,50"``, ``"1,2,inf"``, ``"last"``, ``"0,5,-1"``, ``"9..16"``,
+  ``"none"``, or Python keyword values (``k=10``, ``p=(1, 2, "inf")``, ``dtype="float64"``).
+* ``MeasureConfig(...)`` itself is strict: every field must already have its declared type
+  (``k: tuple[int, ...]``, ``p: tuple[float, ...]``, ``dtype: torch.dtype``, ...; an ``int``
+  is accepted where a ``float`` is declared, as in the typing rules). A string where a tuple
+  is declared is an error that points to ``parse``. The record only canonicalises order
+  (``k`` sorted and de-duplicated, ``p`` as floats) and validates the values.
+
+Each field carries its help text and its CLI flag in ``field(metadata=...)``; the ``measure``
+command builds its options from that metadata (:func:`cli_fields`) and hands the raw strings to
+:meth:`MeasureConfig.parse`, so there is no second list of options to keep in step.
+
+:meth:`MeasureConfig.config_hash` is the record's identity: a sha256 over a canonical JSON of
+every field that can change a stored number (which fields are in, and why, is in
+``docs/conventions.md``, "Configuration identity").
 
 The keyword names are the public contract of DEFINITIONS.md (``coupling``, ``k``, ``tokens``,
-``p``, ``dtype``, ...). A config is plain data: it round-trips through JSON (``to_dict`` /
-``from_dict``) so a run directory's manifest can rebuild it and a sweep can hash it.
+``p``, ``dtype``, ...). A record round-trips through JSON (``to_dict`` / ``from_dict``) so a run
+directory's manifest can rebuild it.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
-from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field, fields, replace
+import types
+import typing
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field, fields, replace
 from typing import Any, Literal
 
 import torch
 
-from blockcoupling.engine.metrics import ORIENTATIONS, VALID_P, VARIANTS
+from blockcoupling.engine.names import KINDS, METHODS, ORIENTATIONS, VALID_P, VARIANTS
 from blockcoupling.errors import BlockCouplingError
 
-KINDS = ("depth", "self", "fixed_input", "fixed_output")
-METHODS = ("auto", "dense", "matrix_free")
-DTYPES = {"float32": torch.float32, "float64": torch.float64}
+DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "float64": torch.float64}
+HASH_VERSION = "measure-config-v1"
 
-TokenSpec = Literal["last", "all"] | tuple[int, ...]
+TokenSpec = Literal["auto", "cls", "last", "all"] | tuple[int, ...]
 LayerSpec = tuple[int, ...] | None
 
 
-def _as_tuple(value: Any) -> tuple:
+# ---------------------------------------------------------------------------- parsers
+def _bad(name: str, value: Any, hint: str) -> BlockCouplingError:
+    return BlockCouplingError(f"{name}={value!r}: {hint}")
+
+
+def _items(name: str, value: Any) -> tuple[Any, ...]:
+    """A comma-separated string, a scalar or an iterable -> a tuple of raw items (not empty)."""
     if isinstance(value, str):
-        return tuple(v.strip() for v in value.split(",") if v.strip())
-    if isinstance(value, Sequence):
-        return tuple(value)
-    return (value,)
+        out: tuple[Any, ...] = tuple(v.strip() for v in value.split(",") if v.strip())
+    elif isinstance(value, Iterable) and not isinstance(value, (bytes, Mapping)):
+        out = tuple(value)
+    else:
+        out = (value,)
+    if not out:
+        raise _bad(name, value, "the list is empty; give at least one value")
+    return out
 
 
-def parse_layers(spec: str | Sequence[int] | None) -> LayerSpec:
-    """``None`` (all layers), ``"9..16"`` (inclusive, 1-based), ``"3,5,7"`` or a sequence."""
-    if spec is None or spec == "" or spec == "all":
+def _int(name: str, v: Any, whole: Any) -> int:
+    """One whole number from an int, an integral float or a numeric string (not 4.7, not 'abc')."""
+    if isinstance(v, bool):
+        raise _bad(name, whole, "give whole numbers, not True/False")
+    if isinstance(v, int):
+        return v
+    if isinstance(v, float) and v.is_integer():
+        return int(v)
+    if isinstance(v, str):
+        try:
+            return int(v.strip())
+        except ValueError:
+            pass
+    raise _bad(name, whole, f"{v!r} is not a whole number; give integers such as 10,30,50")
+
+
+def parse_ints(name: str, value: Any) -> tuple[int, ...]:
+    return tuple(_int(name, v, value) for v in _items(name, value))
+
+
+def parse_strs(name: str, value: Any) -> tuple[str, ...]:
+    out = []
+    for v in _items(name, value):
+        if not isinstance(v, str):
+            raise _bad(name, value, f"{v!r} is not a name")
+        out.append(v.strip())
+    return tuple(out)
+
+
+def parse_kinds(name: str, value: Any) -> tuple[str, ...]:
+    """Coupling kinds; ``"none"`` or an empty string/sequence = no coupling (trajectories only)."""
+    if value is None or (isinstance(value, str) and value.strip().lower() in ("", "none")):
+        return ()
+    if isinstance(value, (tuple, list)) and not value:
+        return ()
+    return parse_strs(name, value)
+
+
+def parse_p(name: str, value: Any) -> tuple[float, ...]:
+    out = []
+    for v in _items(name, value):
+        if isinstance(v, str) and v.strip().lower() in ("inf", "infinity", "max"):
+            out.append(math.inf)
+            continue
+        if isinstance(v, bool):
+            raise _bad(name, value, "the normalising norm is p = 1, 2 or inf")
+        try:
+            out.append(float(v))
+        except (TypeError, ValueError):
+            raise _bad(name, value, "the normalising norm is p = 1, 2 or inf") from None
+    return tuple(out)
+
+
+def parse_layers(spec: Any, name: str = "layers") -> LayerSpec:
+    """``None``/``"all"`` (all layers), ``"9..16"`` (inclusive, 1-based), ``"3,5,7"`` or ints."""
+    if spec is None or (isinstance(spec, str) and spec.strip() in ("", "all")):
         return None
-    if isinstance(spec, str):
-        spec = spec.strip()
-        if ".." in spec:
-            lo, _, hi = spec.partition("..")
-            try:
-                a, b = int(lo), int(hi)
-            except ValueError as err:
-                raise BlockCouplingError(
-                    f"layers={spec!r}: write a range as A..B with whole numbers, e.g. 9..16"
-                ) from err
-            if b < a:
-                raise BlockCouplingError(f"layers={spec!r}: the range is empty (B < A)")
-            return tuple(range(a, b + 1))
+    if isinstance(spec, str) and ".." in spec:
+        lo, _, hi = spec.strip().partition("..")
         try:
-            return tuple(int(v) for v in spec.split(",") if v.strip())
-        except ValueError as err:
-            raise BlockCouplingError(
-                f"layers={spec!r}: give a range A..B or a comma-separated list of layers"
-            ) from err
-    return tuple(int(v) for v in spec)
+            a, b = int(lo), int(hi)
+        except ValueError:
+            raise _bad(name, spec, "write a range as A..B with whole numbers, e.g. 9..16") from None
+        if b < a:
+            raise _bad(name, spec, "the range is empty (B < A)")
+        return tuple(range(a, b + 1))
+    return parse_ints(name, spec)
 
 
-def parse_tokens(spec: str | int | Sequence[int]) -> TokenSpec:
-    """``"last"``, ``"all"``, or explicit 0-based positions (negative counts from the end)."""
-    if isinstance(spec, str):
-        s = spec.strip()
-        if s in ("last", "all"):
-            return s  # type: ignore[return-value]
-        try:
-            return tuple(int(v) for v in s.split(",") if v.strip())
-        except ValueError as err:
-            raise BlockCouplingError(
-                f"tokens={spec!r}: use 'last', 'all' or comma-separated positions such as 0,3,-1"
-            ) from err
-    if isinstance(spec, int):
-        return (spec,)
-    return tuple(int(v) for v in spec)
+def parse_tokens(spec: Any, name: str = "tokens") -> TokenSpec:
+    """``"auto"`` ([CLS] where the model has one, else the last token), ``"cls"``, ``"last"``,
+    ``"all"``, or explicit 0-based positions (negative counts from the end)."""
+    if isinstance(spec, str) and spec.strip() in ("auto", "cls", "last", "all"):
+        return spec.strip()  # type: ignore[return-value]
+    try:
+        return parse_ints(name, spec)
+    except BlockCouplingError:
+        raise _bad(name, spec, "use 'auto', 'cls', 'last', 'all' or comma-separated positions "
+                               "such as 0,3,-1") from None
 
 
+def parse_dtype(name: str, value: Any) -> torch.dtype:
+    if isinstance(value, torch.dtype):
+        return value
+    key = str(value).strip().removeprefix("torch.")
+    if key not in DTYPES:
+        raise _bad(name, value, "the analysis runs in float32 or float64")
+    return DTYPES[key]
+
+
+def parse_bool(name: str, value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    s = str(value).strip().lower()
+    if s in ("1", "true", "yes", "on"):
+        return True
+    if s in ("0", "false", "no", "off"):
+        return False
+    raise _bad(name, value, "give true or false")
+
+
+def parse_int(name: str, value: Any) -> int:
+    return _int(name, value, value)
+
+
+def parse_opt_int(name: str, value: Any) -> int | None:
+    if value is None or (isinstance(value, str) and value.strip().lower() in ("", "none")):
+        return None
+    return _int(name, value, value)
+
+
+def parse_opt_float(name: str, value: Any) -> float | None:
+    if value is None or (isinstance(value, str) and value.strip().lower() in ("", "none")):
+        return None
+    if isinstance(value, bool):
+        raise _bad(name, value, "give a number or none")
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        raise _bad(name, value, "give a number or none") from None
+
+
+def parse_opt_str(name: str, value: Any) -> str | None:
+    if value is None or (isinstance(value, str) and value.strip().lower() in ("", "none")):
+        return None
+    return str(value).strip()
+
+
+def parse_method(name: str, value: Any) -> str:
+    return str(value).strip().replace("-", "_")
+
+
+def parse_window(name: str, value: Any) -> tuple[int, int] | None:
+    if value is None or (isinstance(value, str) and value.strip().lower() in ("", "none")):
+        return None
+    layers = parse_layers(value, name) if isinstance(value, str) else parse_ints(name, value)
+    if layers is None or len(layers) < 2:
+        raise _bad(name, value, "give the figure window as A..B")
+    return (layers[0], layers[-1])
+
+
+def _opt(default: Any, help: str, parse: Callable[[str, Any], Any], *, cli: str | None = None,
+         hashed: bool = True) -> Any:
+    """A config field: its default, help text, parser, CLI flag (None = not on the CLI) and
+    whether it enters :meth:`MeasureConfig.config_hash`."""
+    meta = {"help": help, "parse": parse, "cli": cli, "hashed": hashed}
+    return field(default=default, metadata=meta)
+
+
+# ---------------------------------------------------------------------------- the record
 @dataclass(frozen=True)
 class MeasureConfig:
     """What to measure and how. See DEFINITIONS.md for the mathematics of each option."""
 
-    coupling: tuple[str, ...] = ("depth",)
-    k: tuple[int, ...] = (10, 30, 50)
-    tokens: TokenSpec = "last"
-    p: tuple[float, ...] = (1.0,)
-    dtype: torch.dtype = torch.float32
-    variants: tuple[str, ...] = VARIANTS
-    orientations: tuple[str, ...] = ORIENTATIONS
-    layers: LayerSpec = None
-    layer_pairs: Literal["same", "all"] = "same"
-    final_norm: bool = False
-    method: str = "auto"
-    fast_path: bool = True  # decode-step Jacobians J^l_tt for causal models (fastpath.py)
-    # where the Jacobian work runs; None = where each block's weights are. A model bigger than
-    # the GPU stays on the CPU (or is offloaded) and each analysed block is copied to this
-    # device in the analysis dtype, one block at a time.
-    analysis_device: str | None = None
-    trajectory: bool = True
-    spectra: bool = True
-    influence: bool = False
-    lss_window: int = 11
-    batch_size: int = 8
-    seed: int = 0
-    blocks_path: str | None = None
-    svd_oversample: int = 10
-    svd_iters: int = 4
-    svd_tol: float | None = 1e-3
-    figure_window: tuple[int, int] | None = None
-    figure_prompts: int = 1
-    chunk_size: int | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
+    coupling: tuple[str, ...] = _opt(
+        ("depth",), "Coupling kinds: depth,self,fixed_input,fixed_output (or none).",
+        parse_kinds, cli="coupling")
+    k: tuple[int, ...] = _opt((10, 30, 50), "Top-K sizes, e.g. 10,30,50.", parse_ints, cli="k")
+    tokens: TokenSpec = _opt("auto", "auto ([CLS] for ViTs and BERT-style encoders, last for "
+                             "the rest), cls, last, all, or positions such as 0,5,-1.",
+                             lambda n, v: parse_tokens(v, n), cli="tokens")
+    p: tuple[float, ...] = _opt((1.0,), "Norms for miscoupling: 1,2,inf.", parse_p, cli="p")
+    dtype: torch.dtype = _opt(torch.float32, "Precision of the analysis: float32 or float64.",
+                              parse_dtype, cli="analysis-dtype")
+    variants: tuple[str, ...] = _opt(VARIANTS, "Variants to store (default: all).", parse_strs,
+                                     cli="variant")
+    orientations: tuple[str, ...] = _opt(ORIENTATIONS, "Orientations: ujv,vju.", parse_strs,
+                                         cli="orientation")
+    layers: LayerSpec = _opt(None, "Layer window A..B or a list (1-based; default all).",
+                             lambda n, v: parse_layers(v, n), cli="layers")
+    layer_pairs: str = _opt(
+        "same", "Token-wise kinds: same (l = l') or all.", lambda n, v: str(v).strip(),
+        cli="layer-pairs")
+    final_norm: bool = _opt(False, "Fold the final norm into the last block.", parse_bool,
+                            cli="final-norm")
+    remove_norm_directions: bool = _opt(
+        False, "Post-LN blocks: project the output LayerNorm's two directions (ones, normalised "
+        "state) out of every Jacobian before the SVD (docs/conventions.md, Post-LN blocks).",
+        parse_bool, cli="remove-norm-directions")
+    method: str = _opt("auto", "auto, dense or matrix-free.", parse_method, cli="method")
+    fast_path: bool = _opt(True, "Decode-step Jacobians J^l_tt for causal models (fastpath.py).",
+                           parse_bool)
+    analysis_device: str | None = _opt(
+        None, "Where the Jacobian work runs (default: with each block). A model that does not "
+        "fit the GPU: --device cpu --analysis-device cuda streams one block at a time.",
+        parse_opt_str, cli="analysis-device")
+    trajectory: bool = _opt(True, "Trajectory metrics.", parse_bool)
+    spectra: bool = _opt(True, "Singular-value spectra of J^l_tt.", parse_bool)
+    influence: bool = _opt(False, "Cross-token influence on the last token.", parse_bool,
+                           cli="influence")
+    lss_window: int = _opt(11, "Width of the centred line-shape-score window (odd).", parse_int)
+    batch_size: int = _opt(8, "Prompts per forward pass.", parse_int, cli="batch-size")
+    seed: int = _opt(0, "Seed for prompt subsets and randomized SVDs.", parse_int, cli="seed")
+    blocks_path: str | None = _opt(None, "Dotted path to the list of blocks (custom models).",
+                                   parse_opt_str, cli="blocks")
+    svd_oversample: int = _opt(10, "Randomized SVD oversampling.", parse_int)
+    svd_iters: int = _opt(4, "Randomized SVD power iterations.", parse_int)
+    svd_tol: float | None = _opt(1e-3, "Residual above which auto falls back to dense.",
+                                 parse_opt_float)
+    figure_window: tuple[int, int] | None = _opt(
+        None, "Layers of the stored K x K figure matrices (A..B).", parse_window, hashed=False)
+    figure_prompts: int = _opt(1, "Prompts whose K x K matrices are stored.", parse_int,
+                               hashed=False)
+    chunk_size: int | None = _opt(None, "Jacobian rows per vmap chunk (default: automatic).",
+                                  parse_opt_int)
 
+    # ------------------------------------------------------------------ construction
     def __post_init__(self) -> None:
+        hints = _hints()
+        for f in fields(self):
+            _check_type(f.name, getattr(self, f.name), hints[f.name])
         set_ = object.__setattr__
-        set_(self, "coupling", tuple(_as_tuple(self.coupling)))
-        set_(self, "k", tuple(sorted({int(v) for v in _as_tuple(self.k)})))
-        set_(self, "tokens", parse_tokens(self.tokens))
-        set_(self, "p", tuple(float(v) for v in _as_tuple(self.p)))
-        set_(self, "variants", tuple(_as_tuple(self.variants)))
-        set_(self, "orientations", tuple(_as_tuple(self.orientations)))
-        set_(self, "layers", parse_layers(self.layers))
-        set_(self, "method", str(self.method).replace("-", "_"))
-        if isinstance(self.dtype, str):
-            if self.dtype not in DTYPES:
-                raise BlockCouplingError(
-                    f"dtype={self.dtype!r}: the analysis runs in float32 or float64"
-                )
-            set_(self, "dtype", DTYPES[self.dtype])
+        set_(self, "k", tuple(sorted(set(self.k))))
+        set_(self, "p", tuple(float(v) for v in self.p))
+        if self.svd_tol is not None:
+            set_(self, "svd_tol", float(self.svd_tol))
         self._validate()
+
+    @classmethod
+    def parse(cls, base: MeasureConfig | None = None, **user_values: Any) -> MeasureConfig:
+        """A record from user input (CLI strings or Python values), on top of ``base``.
+
+        Every key must be a field name; each value goes through its field's parser.
+        """
+        return parse_config(base, **user_values)
+
+    def replace(self, **changes: Any) -> MeasureConfig:
+        """A copy with ``changes`` parsed like user input (``cfg.replace(k="2,4")``)."""
+        return parse_config(self, **changes)
 
     # ------------------------------------------------------------------ validation
     def _validate(self) -> None:
@@ -139,6 +305,8 @@ class MeasureConfig:
                 bad(f"coupling kind {kind!r} is unknown; choose from {', '.join(KINDS)}")
         if not self.k or min(self.k) < 1:
             bad(f"k={self.k}: give one or more positive top-K sizes, e.g. 10,30,50")
+        if not self.p:
+            bad("p=(): give one or more norms for miscoupling, e.g. 1,2,inf")
         for v in self.variants:
             if v not in VARIANTS:
                 bad(f"variant {v!r} is unknown; choose from {', '.join(VARIANTS)}")
@@ -150,12 +318,21 @@ class MeasureConfig:
                 bad(f"p={p}: the normalising norm is p = 1, 2 or inf")
         if self.method not in METHODS:
             bad(f"method={self.method!r}: choose auto, dense or matrix-free")
-        if self.dtype not in (torch.float32, torch.float64):
+        if self.dtype not in DTYPES.values():
             bad(f"dtype={self.dtype}: the analysis runs in torch.float32 or torch.float64")
         if self.layer_pairs not in ("same", "all"):
             bad(f"layer_pairs={self.layer_pairs!r}: use 'same' (l = l') or 'all'")
+        if isinstance(self.tokens, tuple) and not self.tokens:
+            bad("tokens=(): give 'auto', 'cls', 'last', 'all' or one or more positions such as "
+                "0,3,-1")
         if self.batch_size < 1:
             bad("batch_size must be at least 1")
+        if self.chunk_size is not None and self.chunk_size < 1:
+            bad("chunk_size must be at least 1 (or None for automatic)")
+        if self.svd_oversample < 0 or self.svd_iters < 0:
+            bad("svd_oversample and svd_iters must be >= 0")
+        if self.figure_prompts < 0:
+            bad("figure_prompts must be >= 0")
         if self.lss_window < 3 or self.lss_window % 2 == 0:
             bad(f"lss_window={self.lss_window}: the window is centred, so give an odd width >= 3 "
                 "(the paper uses 11)")
@@ -184,28 +361,116 @@ class MeasureConfig:
 
     # ------------------------------------------------------------------ serialisation
     def to_dict(self) -> dict[str, Any]:
-        out = asdict(self)
-        out["dtype"] = str(self.dtype).removeprefix("torch.")
-        out["p"] = [("inf" if math.isinf(p) else p) for p in self.p]
-        out["tokens"] = self.tokens if isinstance(self.tokens, str) else list(self.tokens)
-        return out
+        """JSON-ready values: tuples as lists, ``dtype`` as ``"float32"``, ``p = inf`` as ``"inf"``."""
+        return {f.name: _jsonable(f.name, getattr(self, f.name)) for f in fields(self)}
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> MeasureConfig:
+    def from_dict(cls, data: Mapping[str, Any]) -> MeasureConfig:
+        """The inverse of :meth:`to_dict` (unknown keys, e.g. of older versions, are ignored)."""
         known = {f.name for f in fields(cls)}
-        data = {k: v for k, v in data.items() if k in known}
-        if "p" in data:
-            data["p"] = tuple(math.inf if v in ("inf", "Infinity") else float(v) for v in data["p"])
-        for key in ("k", "coupling", "variants", "orientations"):
-            if key in data and isinstance(data[key], list):
-                data[key] = tuple(data[key])
-        if isinstance(data.get("tokens"), list):
-            data["tokens"] = tuple(data["tokens"])
-        if isinstance(data.get("layers"), list):
-            data["layers"] = tuple(data["layers"])
-        if isinstance(data.get("figure_window"), list):
-            data["figure_window"] = tuple(data["figure_window"])
-        return cls(**data)
+        return parse_config(None, **{k: v for k, v in data.items() if k in known})
 
-    def replace(self, **changes: Any) -> MeasureConfig:
-        return replace(self, **changes)
+    def config_hash(self) -> str:
+        """sha256 hex digest of the canonical JSON of every field that can change a number.
+
+        The same on every process and machine for equal records (no Python ``hash``, sorted
+        keys, fixed separators, floats by their shortest ``repr``). Fields marked
+        ``hashed=False`` (``figure_window``, ``figure_prompts``: which already computed K x K
+        matrices are kept for figures) are left out; see ``docs/conventions.md``.
+        """
+        d = self.to_dict()
+        payload = {"version": HASH_VERSION,
+                   **{f.name: d[f.name] for f in fields(self) if f.metadata.get("hashed", True)}}
+        text = json.dumps(payload, sort_keys=True, separators=(",", ":"), allow_nan=False)
+        return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+# ---------------------------------------------------------------------------- helpers
+def parse_config(base: MeasureConfig | None = None, **user_values: Any) -> MeasureConfig:
+    """Parse user values (CLI strings, Python values) field by field onto ``base`` (or the
+    defaults). Unknown keys are an error that lists the known ones."""
+    by_name = {f.name: f for f in fields(MeasureConfig)}
+    unknown = sorted(set(user_values) - set(by_name))
+    if unknown:
+        raise BlockCouplingError(
+            f"unknown measure option(s) {', '.join(unknown)}; known: {', '.join(by_name)}")
+    parsed = {name: by_name[name].metadata["parse"](name, value)
+              for name, value in user_values.items()}
+    return replace(base, **parsed) if base is not None else MeasureConfig(**parsed)
+
+
+def cli_fields() -> list[tuple[str, Any, str, bool, str]]:
+    """``(field name, default, help, is_flag, --flag)`` of every field exposed on the CLI."""
+    out = []
+    for f in fields(MeasureConfig):
+        if f.metadata.get("cli"):
+            out.append((f.name, f.default, f.metadata["help"], isinstance(f.default, bool),
+                        "--" + f.metadata["cli"]))
+    return out
+
+
+def render_default(name: str, value: Any) -> str:
+    """A field's default as the CLI string that parses back to it (``10,30,50``, ``inf``)."""
+    v = _jsonable(name, value)
+    if v is None:
+        return "none"
+    if isinstance(v, list):
+        return ",".join(str(x) for x in v) if v else "none"
+    return str(v)
+
+
+def _jsonable(name: str, value: Any) -> Any:
+    if name == "dtype":
+        return str(value).removeprefix("torch.")
+    if name == "p":
+        return ["inf" if math.isinf(v) else float(v) for v in value]
+    if isinstance(value, tuple):
+        return list(value)
+    return value
+
+
+_HINTS: dict[str, Any] = {}
+
+
+def _hints() -> dict[str, Any]:
+    if not _HINTS:
+        _HINTS.update(typing.get_type_hints(MeasureConfig))
+    return _HINTS
+
+
+def _matches(value: Any, tp: Any) -> bool:
+    """Does ``value`` have the declared type ``tp`` (int accepted for float, bool not for int)?"""
+    origin = typing.get_origin(tp)
+    if tp is Any:
+        return True
+    if origin in (typing.Union, types.UnionType):
+        return any(_matches(value, a) for a in typing.get_args(tp))
+    if origin is Literal:
+        return any(value == a and type(value) is type(a) for a in typing.get_args(tp))
+    if origin is tuple:
+        args = typing.get_args(tp)
+        if not isinstance(value, tuple):
+            return False
+        if len(args) == 2 and args[1] is Ellipsis:
+            return all(_matches(v, args[0]) for v in value)
+        return len(args) == len(value) and all(_matches(v, a) for v, a in zip(value, args, strict=True))
+    if tp is type(None):
+        return value is None
+    if tp is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if tp is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    return isinstance(value, tp)
+
+
+def _check_type(name: str, value: Any, tp: Any) -> None:
+    if not _matches(value, tp):
+        shown = getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
+        raise BlockCouplingError(
+            f"{name}={value!r} is not of type {shown}; MeasureConfig is a typed record: pass "
+            f"user input through MeasureConfig.parse({name}=...) (it accepts strings such as "
+            "'10,30,50', '1,2,inf', 'last', '9..16')")
+
+
+__all__ = ["DTYPES", "KINDS", "METHODS", "ORIENTATIONS", "VARIANTS", "MeasureConfig",
+           "cli_fields", "parse_config", "parse_layers", "parse_tokens", "render_default"]

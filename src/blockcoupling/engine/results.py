@@ -18,6 +18,7 @@ import numpy as np
 import pandas as pd
 
 from blockcoupling.engine.config import MeasureConfig
+from blockcoupling.engine.names import P_VARIANTS
 
 # name -> (column, pandas dtype). The order is the column order of the tables.
 SCHEMAS: dict[str, dict[str, str]] = {
@@ -163,7 +164,7 @@ class Measurement:
         sel = (df["kind"] == kind) & (df["k"] == k) & (df["variant"] == variant) & (
             df["orientation"] == orientation
         )
-        if p is not None and variant in ("coupling", "miscoupling", "coupling_vs_null"):
+        if p is not None and variant in P_VARIANTS:  # the others have one fixed p
             sel &= df["p"] == float(p)
         out = df[sel]
         if out.empty:
@@ -207,7 +208,10 @@ class Measurement:
         return df.pivot_table(index="layer_a", columns="layer_b", values="value", aggfunc="mean")
 
     def summary(self) -> str:
-        """A few lines for humans (``blockcoupling show``)."""
+        """A few lines for humans (``blockcoupling show``): table sizes, the mean depth-wise
+        coupling per K (and against its chance level, ``coupling_vs_null``, when measured),
+        and robust trajectory summaries (median and inter-quartile range: expodistance is
+        heavy-tailed) with the number of tokens whose expodistance is NaN and why."""
         cfg = self.config
         lines = [
             f"model: {self.meta.get('model', '?')}  prompts: {len(self.prompts)}  "
@@ -215,20 +219,36 @@ class Measurement:
         ]
         for name in TABLES:
             lines.append(f"  {name:14s} {len(self.table(name)):>10,d} rows")
+        if all(self.table(n).empty for n in TABLES if n not in ("prompts", "diagnostics")):
+            lines.append("  nothing was measured (no result rows)")
         if "depth" in cfg.coupling and not self.coupling.empty:
             for k in cfg.k:
                 try:
                     m = self.mean_depth_coupling(k)
                 except KeyError:
                     continue
-                lines.append(
-                    f"  mean depth-wise coupling (K={k}, p=1, ujv): off-diagonal "
-                    f"{m['mean_offdiag'].mean():.4f}, with diagonal {m['mean_all'].mean():.4f}"
-                )
+                line = (f"  mean depth-wise coupling (K={k}, p=1, ujv): off-diagonal "
+                        f"{m['mean_offdiag'].mean():.4f}, with diagonal {m['mean_all'].mean():.4f}")
+                try:
+                    v = self.mean_depth_coupling(k, variant="coupling_vs_null")["mean_offdiag"]
+                    line += f"; above chance (coupling_vs_null) {v.median():.4f} median"
+                except KeyError:
+                    pass
+                lines.append(line)
         if not self.token_metrics.empty:
             tm = self.token_metrics
-            lines.append(
-                f"  trajectories: mean LSS {tm['lss'].mean():.3f}, mean expodistance "
-                f"{tm['expodistance'].mean():.3f}"
-            )
+            parts = []
+            for col in ("lss", "expodistance"):
+                v = tm[col].dropna()
+                if len(v):
+                    q25, med, q75 = v.quantile([0.25, 0.5, 0.75])
+                    parts.append(f"{col} median {med:.4g} (IQR {q25:.4g} to {q75:.4g})")
+                else:
+                    parts.append(f"{col} -")
+            lines.append(f"  trajectories ({len(tm)} tokens): " + "; ".join(parts))
+            n_nan = int(tm["expodistance"].isna().sum())
+            if n_nan:
+                lines.append(
+                    f"  expodistance is NaN for {n_nan} of {len(tm)} tokens: their norms do not "
+                    "change beyond the rounding of the stored hidden states (no growth rate)")
         return "\n".join(lines)

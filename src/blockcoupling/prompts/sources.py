@@ -29,6 +29,10 @@ a file path
     ``<dataset>-<row index:04d>`` (row index in the split, so an id does not depend on
     ``limit``), labels are the dataset name.
 
+``protocol:paper[@DIR]``
+    The paper's 1,200 prompts: 200 seeded prompts from each of the six ``hf:`` benchmarks
+    (from the hub, or from a folder of local row files); see :mod:`blockcoupling.prompts.protocol`.
+
 ``limit`` always takes a seeded random subset (``random.Random(seed)``), returned in the
 set's original order; ``limit`` >= the set size returns the whole set. For built-in sets
 the subset is *stratified* by label (the styles get ``limit // n_styles`` prompts each and
@@ -38,6 +42,7 @@ sets it is a plain uniform subset without replacement.
 
 from __future__ import annotations
 
+import io
 import json
 import random
 import re
@@ -336,6 +341,40 @@ def _cell_str(value: Any) -> str | None:
     return str(value)
 
 
+def check_text(text: str, where: str) -> None:
+    """Reject text no tokenizer should see: NUL bytes (a binary file) or characters that are
+    not valid Unicode (a lone surrogate from an escape such as ``\\ud800`` in JSON)."""
+    if "\x00" in text:
+        raise BlockCouplingError(
+            f"{where}: the prompt holds NUL bytes (\\x00), so this is not a text prompt "
+            "(a binary file?); give plain text"
+        )
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as err:
+        bad = text[err.start:err.end].encode("utf-8", "backslashreplace").decode()
+        raise BlockCouplingError(
+            f"{where}: the prompt holds an invalid character {bad} (a lone surrogate, "
+            "e.g. from a JSON escape); fix or remove it"
+        ) from None
+
+
+def _read_text(path: Path) -> str:
+    """A prompt file's text; a clear error if it is not UTF-8 or cannot be read."""
+    try:
+        data = path.read_bytes()
+    except OSError as err:
+        raise BlockCouplingError(f"cannot read the prompt file {path} ({err.strerror})") from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        line = data[: err.start].count(b"\n") + 1
+        raise BlockCouplingError(
+            f"{path}, line {line}: not UTF-8 text (byte 0x{data[err.start]:02x}); save the file "
+            "as UTF-8"
+        ) from None
+
+
 def _records_to_prompts(
     records: Iterable[tuple[str, Mapping[str, Any]]], stem: str, text_key: str, source: str
 ) -> list[Prompt]:
@@ -358,6 +397,7 @@ def _records_to_prompts(
                 f"{source}, {where} (prompt id {pid!r}): the prompt text is empty; "
                 "remove the row or give it a text"
             )
+        check_text(text, f"{source}, {where}")
         label = _cell_str(row.get("label")) or "file"
         prompts.append(Prompt(pid, text, label))
     return prompts
@@ -365,41 +405,46 @@ def _records_to_prompts(
 
 def _load_txt(path: Path) -> list[Prompt]:
     prompts: list[Prompt] = []
-    with path.open(encoding="utf-8") as fh:
-        for line in fh:
-            text = line.rstrip("\r\n")
-            if text.strip():
-                prompts.append(Prompt(f"{path.stem}-{len(prompts):04d}", text, "file"))
+    # universal newlines (\n, \r\n, \r), as a file opened in text mode reads them
+    for lineno, line in enumerate(io.StringIO(_read_text(path), newline=None), start=1):
+        text = line.rstrip("\r\n")
+        if text.strip():
+            check_text(text, f"{path}, line {lineno}")
+            prompts.append(Prompt(f"{path.stem}-{len(prompts):04d}", text, "file"))
     return prompts
 
 
 def _load_jsonl(path: Path, column: str | None) -> list[Prompt]:
     records: list[tuple[str, Mapping[str, Any]]] = []
-    with path.open(encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, start=1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise BlockCouplingError(
-                    f"{path}, line {lineno}: not valid JSON ({exc.msg}); a .jsonl file needs "
-                    "one JSON object per line"
-                ) from None
-            if not isinstance(row, dict):
-                raise BlockCouplingError(
-                    f"{path}, line {lineno}: expected a JSON object like "
-                    '{"text": "..."}, got ' + type(row).__name__
-                )
-            records.append((f"line {lineno}", row))
+    for lineno, line in enumerate(_read_text(path).split("\n"), start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise BlockCouplingError(
+                f"{path}, line {lineno}: not valid JSON ({exc.msg}); a .jsonl file needs "
+                "one JSON object per line"
+            ) from None
+        if not isinstance(row, dict):
+            raise BlockCouplingError(
+                f"{path}, line {lineno}: expected a JSON object like "
+                '{"text": "..."}, got ' + type(row).__name__
+            )
+        records.append((f"line {lineno}", row))
     return _records_to_prompts(records, path.stem, column or "text", str(path))
 
 
 def _load_csv(path: Path, column: str | None) -> list[Prompt]:
     try:
-        df = pd.read_csv(path, dtype=str, keep_default_na=False)
+        df = pd.read_csv(io.StringIO(_read_text(path)), dtype=str, keep_default_na=False)
     except pd.errors.EmptyDataError:
         return []
+    except pd.errors.ParserError as err:
+        raise BlockCouplingError(
+            f"{path} is not a valid CSV file ({str(err).strip()}); check its quoting and "
+            "separators, or use .jsonl"
+        ) from None
     key = column or "text"
     if key not in df.columns:
         raise BlockCouplingError(
@@ -561,7 +606,7 @@ def load_prompts(
     spec = spec.strip()
     if split is not None and not spec.startswith("hf:"):
         raise BlockCouplingError(f"split={split!r} only applies to hf: prompt sets, not {spec!r}")
-    if column is not None and (spec.startswith("hf:") or spec.startswith("builtin:")):
+    if column is not None and spec.startswith(("hf:", "builtin:", "protocol:")):
         raise BlockCouplingError(
             f"column={column!r} only applies to .jsonl/.csv prompt files, not {spec!r}"
         )
@@ -576,6 +621,10 @@ def load_prompts(
         prompts = [prompts[i] for i in _stratified_subset([p.label for p in prompts], limit, seed)]
     elif spec.startswith("hf:"):
         prompts = _load_hf(spec, limit, seed, split)
+    elif spec.startswith("protocol:"):  # the paper's 1,200-prompt set: prompts/protocol.py
+        from blockcoupling.prompts.protocol import load_protocol
+
+        prompts = load_protocol(spec, limit=limit, seed=seed)
     else:
         path = Path(spec).expanduser()
         if not path.is_file():

@@ -549,6 +549,36 @@ def _k_values(d: int, quick: bool) -> tuple[int, ...]:
     return (min(ks),) if quick else tuple(sorted(ks))
 
 
+@dataclass(frozen=True)
+class DemoRun:
+    """One measured run of the demo: where it goes, its label, and what it measures."""
+
+    sub: str  # folder under the demo's out_dir
+    label: str  # the report's name for it
+    options: dict[str, Any]  # MeasureConfig fields beyond the demo's common ones
+
+
+def _announce(i: int, total: int, run: DemoRun, n_prompts: int, out: Path, progress: bool) -> None:
+    """One line before each run, so the (identical) progress bars say whose they are."""
+    if not progress:
+        return
+    from tqdm.auto import tqdm
+
+    extra = ", normalisation directions removed" if run.options.get("remove_norm_directions") else ""
+    tqdm.write(f"[{i}/{total}] {run.label}: {n_prompts} prompt(s){extra} -> {out / run.sub}")
+
+
+def headline(m: Any, k: int) -> tuple[float, float]:
+    """Mean depth-wise ``coupling`` and ``coupling_vs_null`` over layer pairs l != l' (K = k,
+    p = 1, orientation ``ujv``, every prompt and token) of a Measurement."""
+    df = m.coupling
+    sel = df[(df["kind"] == "depth") & (df["layer_a"] != df["layer_b"]) & (df["k"] == k)
+             & (df["orientation"] == "ujv") & (df["p"] == 1.0)]
+    c = sel.loc[sel["variant"] == "coupling", "value"].mean()
+    v = sel.loc[sel["variant"] == "coupling_vs_null", "value"].mean()
+    return float(c), float(v)
+
+
 def run_demo(
     out_dir: str | Path,
     *,
@@ -558,12 +588,25 @@ def run_demo(
 ) -> Path:
     """Run the whole offline demo and return the path of its HTML report.
 
-    Writes one run folder per measured model under ``out_dir`` (``minilm-pretrained``,
-    ``minilm-random``, ``tinylm-step-NNNNNN``) and ``out_dir/report.html`` comparing them.
-    ``quick=True`` trains :meth:`TinyLMConfig.quick`, uses one prompt per model, the last
-    token and depth-wise coupling only: it is meant for tests. Runs are opened with
-    ``resume=True``, so running the demo again into the same ``out_dir`` reuses finished
-    prompts (the weights are deterministic, so their hashes match).
+    Writes one run folder per measured model under ``out_dir`` and ``out_dir/report.html``
+    comparing them:
+
+    * ``minilm-pretrained`` / ``minilm-random``: MiniLM and its random-init twin, as measured
+      by default (``f = F - X``);
+    * ``minilm-pretrained-normdirs`` / ``minilm-random-normdirs``: the same with
+      ``remove_norm_directions=True`` (MiniLM is post-LN: at random init its Jacobians are
+      dominated by the output LayerNorm's two directions, shared by every layer; see
+      docs/conventions.md). Both views are shown on purpose;
+    * ``tinylm-step-NNNNNN``: the tiny LM at each checkpoint (``meta`` carries ``step`` and
+      ``val_loss`` for the emergence figure).
+
+    MiniLM is measured at the last token (depth-wise coupling, K = 10 and d/10); the tiny LM at
+    every token (depth-wise and token-wise). ``quick=True`` trains
+    :meth:`TinyLMConfig.quick`, uses one prompt per model and K = 10 only: it is meant for
+    tests. Runs are opened with ``resume=True``, so running the demo again into the same
+    ``out_dir`` reuses finished prompts (the weights are deterministic, so their hashes match).
+    A summary line per run (mean depth-wise coupling and coupling above chance) is printed at
+    the end when ``progress`` is on.
     """
     from blockcoupling.report.html import write_report
     from blockcoupling.store.record import measure_to_dir
@@ -572,10 +615,9 @@ def run_demo(
     out.mkdir(parents=True, exist_ok=True)
     measurements: list[Any] = []
     labels: list[str] = []
-    coupling = ("depth",) if quick else ("depth", "self")
-    tokens = "last" if quick else "all"
+    cfg = TinyLMConfig.quick() if quick else TinyLMConfig()
 
-    # (a) MiniLM, pretrained vs random init.
+    # (a) MiniLM, pretrained vs random init, each as measured and with the LN directions removed.
     general = demo_prompts("general")[:1] if quick else demo_prompts("general")
     pretrained, mtok = load_minilm()
     d = int(pretrained.config.hidden_size)
@@ -584,35 +626,44 @@ def run_demo(
         "source": f"{MINILM_PACKAGE} {minilm_version()}",
         "path": str(minilm_dir()),
     }
-    for model, label, revision, sub in (
-        (pretrained, "MiniLM pretrained", "pretrained", "minilm-pretrained"),
-        (random_like(pretrained, seed=0), "MiniLM random init", "random-init-seed0", "minilm-random"),
-    ):
+    random_init = random_like(pretrained, seed=0)
+    nd = {"remove_norm_directions": True}
+    minilm_runs = [
+        (pretrained, "pretrained", DemoRun("minilm-pretrained", "MiniLM pretrained", {})),
+        (random_init, "random-init-seed0", DemoRun("minilm-random", "MiniLM random init", {})),
+        (pretrained, "pretrained",
+         DemoRun("minilm-pretrained-normdirs", "MiniLM pretrained, LN directions removed", nd)),
+        (random_init, "random-init-seed0",
+         DemoRun("minilm-random-normdirs", "MiniLM random init, LN directions removed", nd)),
+    ]
+    total = len(minilm_runs) + len(cfg.checkpoints)
+    for i, (model, revision, run) in enumerate(minilm_runs, start=1):
+        _announce(i, total, run, len(general), out, progress)
         m = measure_to_dir(
-            model, mtok, general, out / sub,
-            meta={**minilm_meta, "label": label, "revision": revision},
+            model, mtok, general, out / run.sub,
+            meta={**minilm_meta, "label": run.label, "revision": revision, **run.options},
             prompts_spec="demo:general",
-            coupling=coupling, k=_k_values(d, quick), tokens=tokens,
-            resume=True, progress=progress,
+            coupling=("depth",), k=_k_values(d, quick), tokens="last",
+            resume=True, progress=progress, **run.options,
         )
         measurements.append(m)
-        labels.append(label)
-    del pretrained
+        labels.append(run.label)
+    del pretrained, random_init
 
     # (b) the tiny LM across training.
-    cfg = TinyLMConfig.quick() if quick else TinyLMConfig()
     checkpoints = train_tiny_lm(cfg, cache_dir, progress=progress)
     log = training_log(cfg, cache_dir)
     corpus = demo_prompts("corpus")[:1] if quick else demo_prompts("corpus")
-    for step, path in checkpoints:
+    for i, (step, path) in enumerate(checkpoints, start=len(minilm_runs) + 1):
         model, tok = load_checkpoint(path)
-        label = f"tiny LM step {step}"
+        run = DemoRun(f"tinylm-{checkpoint_name(step)}", f"tiny LM step {step}", {})
+        _announce(i, total, run, len(corpus), out, progress)
         losses = log["checkpoints"][str(step)]
         m = measure_to_dir(
-            model, tok, corpus, out / f"tinylm-{checkpoint_name(step)}",
+            model, tok, corpus, out / run.sub,
             meta={
                 "model": f"tiny-gpt2-pydoc-{cfg.cache_key()}",
-                "label": label,
+                "label": run.label,
                 "revision": checkpoint_name(step),
                 "step": step,
                 "path": str(path),
@@ -622,24 +673,36 @@ def run_demo(
                 "training": cfg.to_dict(),
             },
             prompts_spec="demo:corpus",
-            coupling=coupling, k=_k_values(cfg.n_embd, quick), tokens=tokens,
+            coupling=("depth",) if quick else ("depth", "self"),
+            k=_k_values(cfg.n_embd, quick), tokens="last" if quick else "all",
             resume=True, progress=progress,
         )
         measurements.append(m)
-        labels.append(label)
+        labels.append(run.label)
 
+    if progress:
+        from tqdm.auto import tqdm
+
+        k = min(10, d, cfg.n_embd)
+        tqdm.write(f"mean depth-wise coupling over layer pairs l != l' (K = {k}); "
+                   "above chance: 0 = chance level, 1 = perfect")
+        for label, m in zip(labels, measurements, strict=True):
+            c, v = headline(m, k)
+            tqdm.write(f"  {label:<42} coupling {c:6.3f}   above chance {v:6.3f}")
     # PNG figure files only: the HTML embeds them, and SVG/PDF would double the report's time
     return Path(write_report(measurements, out / "report.html", labels=labels, formats=("png",)))
 
 
 __all__ = [
     "CAPITAL_PROMPT",
+    "DemoRun",
     "TinyLMConfig",
     "build_tokenizer",
     "corpus_documents",
     "corpus_text",
     "default_cache_dir",
     "demo_prompts",
+    "headline",
     "load_checkpoint",
     "load_minilm",
     "random_like",

@@ -1,0 +1,73 @@
+# Two commands on a fresh clone (see README, "Quick start"):
+#
+#   make demo     create .venv (once), install blockcoupling + the demo's extras, run the demo
+#   make test     the same .venv, plus the test extras (pytest, hypothesis, ray, ...), run the tests
+#
+# torch is installed first and pinned by a constraints file, so no later install can replace it
+# (an unpinned `pip install torch` on Linux pulls the multi-GB CUDA build). Installs are
+# remembered by stamp files keyed on the contents of pyproject.toml and the torch pin: a
+# second `make demo` goes straight to the demo. Variables (override on the command line):
+#
+#   TORCH=torch==2.13.0       the torch requirement; e.g. a CUDA build on a GPU machine:
+#   TORCH_PIP_ARGS=...        extra pip arguments for torch only, e.g.
+#                             --index-url https://download.pytorch.org/whl/cpu (CPU wheels)
+#   PYTHON=python3            the interpreter that creates the venv (3.10 or newer)
+#   VENV=.venv                where the environment lives
+#   DEMO_ARGS=                arguments for `blockcoupling demo`, e.g. --quick
+#   TEST_ARGS=-q              arguments for pytest, e.g. "-q -x tests/test_demo.py"
+
+PYTHON ?= python3
+VENV ?= .venv
+TORCH ?= torch==2.13.0
+TORCH_PIP_ARGS ?=
+DEMO_ARGS ?=
+TEST_ARGS ?= -q
+
+# offline by default: the demo and the tests need no Hub; Agg: no display needed
+export HF_HUB_OFFLINE ?= 1
+export MPLBACKEND ?= Agg
+export PIP_DISABLE_PIP_VERSION_CHECK ?= 1
+
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+CONSTRAINTS := $(VENV)/constraints.txt
+# cksum is POSIX (Linux and macOS); the key changes when pyproject.toml or the torch pin does
+KEY := $(firstword $(shell cat pyproject.toml | cksum))-$(firstword $(shell echo '$(TORCH)' | cksum))
+TORCH_STAMP := $(VENV)/.stamp-torch-$(firstword $(shell echo '$(TORCH)' | cksum))
+DEMO_STAMP := $(VENV)/.stamp-demo-$(KEY)
+TEST_STAMP := $(VENV)/.stamp-test-$(KEY)
+
+.PHONY: demo test venv clean-venv help
+
+help:
+	@echo "make demo    create .venv, install, run the offline demo (writes demo_run/report.html)"
+	@echo "make test    same .venv plus the test extras, run the test-suite"
+	@echo "make clean-venv   delete .venv"
+
+demo: $(DEMO_STAMP)
+	$(VENV)/bin/blockcoupling demo $(DEMO_ARGS)
+
+test: $(TEST_STAMP)
+	$(PY) -m pytest $(TEST_ARGS)
+
+venv: $(DEMO_STAMP)
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+
+$(TORCH_STAMP): | $(PY)
+	$(PIP) install $(TORCH_PIP_ARGS) '$(TORCH)'
+	echo '$(TORCH)' > $(CONSTRAINTS)
+	rm -f $(VENV)/.stamp-torch-*
+	touch $@
+
+$(DEMO_STAMP): $(TORCH_STAMP)
+	$(PIP) install -c $(CONSTRAINTS) -e '.[demo]'
+	touch $@
+
+$(TEST_STAMP): $(TORCH_STAMP)
+	$(PIP) install -c $(CONSTRAINTS) -e '.[demo,test,sweep]'
+	touch $(DEMO_STAMP) $@
+
+clean-venv:
+	rm -rf $(VENV)

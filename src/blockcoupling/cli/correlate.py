@@ -1,0 +1,48 @@
+"""``blockcoupling correlate``: mean depth-wise coupling per model against benchmark scores."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from blockcoupling.cli.app import STATE as _STATE
+from blockcoupling.cli.app import app
+from blockcoupling.cli.app import fail as _fail
+from blockcoupling.errors import BlockCouplingError
+
+
+@app.command()
+def correlate(
+    inputs: Annotated[list[Path], typer.Argument(help="Run directories (one per model) or a sweep directory.")],
+    scores: Annotated[str, typer.Option("--scores", help="CSV (model, score[, params_b, layers, d_model, train_tokens_t, group]), 'paper', or an lm-evaluation-harness results folder.")],
+    json_out: Annotated[Path | None, typer.Option("--json", help="Write every statistic as JSON here.")] = None,
+    out: Annotated[Path | None, typer.Option("--out", "-o", help="Write the HTML page (figures inline) here.")] = None,
+    k: Annotated[int | None, typer.Option("--k", help="Fixed top-K for every model (default: round(d/10) per model).")] = None,
+    variant: Annotated[str, typer.Option("--variant", help="coupling, coupling_vs_null, miscoupling, released_norm, ...")] = "coupling",
+    p: Annotated[float, typer.Option("--p", help="Norm of the variants that have one (1, 2, inf).")] = 1.0,
+    orientation: Annotated[str, typer.Option("--orientation", help="ujv or vju.")] = "ujv",
+    n_boot: Annotated[int, typer.Option("--n-boot", help="Bootstrap resamples for the CI of R^2.")] = 2000,
+    seed: Annotated[int, typer.Option("--seed", help="Seed of the bootstrap.")] = 0,
+) -> None:
+    """Correlate each model's mean depth-wise coupling with its benchmark score."""
+    from blockcoupling.studies.correlate import correlate as run
+
+    try:
+        result = run(inputs, scores, k=k, variant=variant, p=p, orientation=orientation,
+                     n_boot=n_boot, seed=seed)
+        written = []
+        if json_out is not None:
+            written.append(result.to_json(json_out))
+        if out is not None:
+            from blockcoupling.report.correlation import write_correlation_html
+
+            written.append(write_correlation_html(result, out))
+    except BlockCouplingError as err:
+        _fail(err)
+        return
+    if not _STATE["quiet"]:
+        typer.echo(result.summary())
+        for path in written:
+            typer.echo(f"wrote {path}")

@@ -1,0 +1,81 @@
+"""Commands on sweeps: ``sweep`` (run or resume one) and ``sweep-status``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from blockcoupling.cli.app import STATE as _STATE
+from blockcoupling.cli.app import app
+from blockcoupling.cli.app import fail as _fail
+from blockcoupling.errors import BlockCouplingError
+
+
+@app.command()
+def sweep(
+    spec: Annotated[Path, typer.Argument(help="The sweep spec (YAML): models, prompts, measure.")],
+    out: Annotated[Path, typer.Option("--out", "-o", help="Sweep directory to write.")],
+    address: Annotated[str | None, typer.Option(help="Ray cluster to use, e.g. ray://head:10001 (default: start a local one).")] = None,
+    resume: Annotated[bool, typer.Option("--resume", help="Continue the sweep in --out (after a crash or a kill).")] = False,
+    executor: Annotated[str, typer.Option(help="ray (default) or local (one unit after the other in this process, for debugging).")] = "ray",
+    num_cpus: Annotated[int | None, typer.Option(help="CPUs of the local Ray cluster (default: all).")] = None,
+    retries: Annotated[int | None, typer.Option(help="Ray retries of a unit whose worker died (default: the spec's retries, 3).")] = None,
+) -> None:
+    """Measure every unit of a sweep (models x revisions/checkpoints x prompt sets) on Ray."""
+    from blockcoupling.studies.sweep import run_sweep
+
+    try:
+        s = run_sweep(spec, out, executor=executor, address=address, resume=resume,
+                      progress=not _STATE["quiet"], num_cpus=num_cpus, retries=retries)
+    except KeyboardInterrupt:
+        typer.echo(f"\ninterrupted: finished units are saved in {out}; continue with the same "
+                   "command and --resume", err=True)
+        raise typer.Exit(130) from None
+    except BlockCouplingError as err:
+        _fail(err)
+        return
+    cat = s.catalogue
+    failed = cat[cat["status"] == "failed"]
+    if not _STATE["quiet"]:
+        typer.echo(f"{(cat['status'] == 'done').sum()} of {len(cat)} units done, "
+                   f"{len(failed)} failed; wrote {out}")
+        for r in failed.itertuples():
+            typer.echo(f"  failed {r.unit_id}: {str(r.message).splitlines()[0]}")
+        dups = s.duplicates()
+        for r in dups.itertuples():
+            typer.echo(f"  {r.unit_id} has the same weights as {r.duplicate_of} (not counted "
+                       "twice in summaries)")
+    if len(failed):
+        raise typer.Exit(1)
+
+
+@app.command("sweep-status")
+def sweep_status_cmd(
+    sweep_dir: Annotated[Path, typer.Argument(help="A sweep (or monitor) directory.")],
+) -> None:
+    """Done / running / failed units of a sweep, with the failures' messages."""
+    from blockcoupling.studies.sweep import sweep_status
+
+    try:
+        st = sweep_status(sweep_dir)
+    except BlockCouplingError as err:
+        _fail(err)
+        return
+    if st.empty:
+        typer.echo(f"{sweep_dir}: no units yet")
+        return
+    counts = st["status"].value_counts()
+    typer.echo(f"{sweep_dir}: {len(st)} units: "
+               + ", ".join(f"{n} {s}" for s, n in counts.items()))
+    for r in st.itertuples():
+        step = "" if r.step is None or str(r.step) == "<NA>" else f" step {r.step}"
+        line = f"  {r.status:<12s} {r.unit_id}{step}"
+        if r.attempts and r.attempts > 1:
+            line += f" (attempts {r.attempts})"
+        if isinstance(r.duplicate_of, str):
+            line += f" same weights as {r.duplicate_of}"
+        if isinstance(r.message, str) and r.message:
+            line += f": {r.message.splitlines()[0]}"
+        typer.echo(line)

@@ -1,0 +1,219 @@
+"""Figures and a self-contained HTML page for the correlation study (paper fig. 1a, 8, 9).
+
+- :func:`plot_predictors`: one panel per predictor (coupling first, then parameters, depth,
+  d_model, training tokens, log10 parameters), score against predictor, every model labelled,
+  the least-squares line with its 95% confidence band for the mean (statsmodels OLS
+  ``get_prediction``) and n, R^2, p in the panel title.
+- :func:`plot_exponential`: score against coupling with the linear and the exponential fit.
+- :func:`write_correlation_html`: both figures embedded as base64 PNGs, the statistic used,
+  the tables of results (overall and per group) and the models; no external resource.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+    from blockcoupling.studies.correlate import CorrelationResult
+
+PRETTY = {
+    "coupling": "mean depth-wise coupling",
+    "params_b": "parameters (billions)",
+    "layers": "layers L",
+    "d_model": "d_model",
+    "train_tokens_t": "training tokens (T)",
+    "log_params": "log10 parameters",
+}
+
+
+def fit_band(x: np.ndarray, y: np.ndarray, grid: np.ndarray, level: float = 0.95
+             ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """OLS line of y on x evaluated on ``grid`` with the ``level`` confidence band of the mean.
+    Returns (mean, lower, upper), each (len(grid),)."""
+    import statsmodels.api as sm
+
+    fit = sm.OLS(y, sm.add_constant(x)).fit()
+    pred = fit.get_prediction(sm.add_constant(grid, has_constant="add"))
+    lo, hi = pred.conf_int(alpha=1 - level).T
+    return pred.predicted_mean, lo, hi
+
+
+def _xy(result: CorrelationResult, name: str) -> tuple[np.ndarray, np.ndarray, list[str]]:
+    t = result.table
+    x, y = t[name].to_numpy(dtype=float), t["score"].to_numpy(dtype=float)
+    keep = np.isfinite(x) & np.isfinite(y)
+    return x[keep], y[keep], [str(v) for v in t.loc[keep, "label"]]
+
+
+def _scatter(ax: Any, x: np.ndarray, y: np.ndarray, labels: Sequence[str]) -> None:
+    ax.scatter(x, y, s=18, color="C0", zorder=3)
+    for xi, yi, lab in zip(x, y, labels, strict=True):
+        ax.annotate(lab, (xi, yi), xytext=(3, 3), textcoords="offset points", fontsize=6,
+                    alpha=0.85)
+
+
+def plot_predictors(result: CorrelationResult) -> Figure:
+    """One panel per regressed predictor: labelled points, OLS line and 95% band."""
+    from matplotlib.figure import Figure
+
+    stats = result.overall["predictors"]
+    names = [n for n, r in stats.items() if "skipped" not in r]
+    cols = min(3, max(1, len(names)))
+    rows = max(1, math.ceil(len(names) / cols))
+    fig = Figure(figsize=(4.2 * cols, 3.6 * rows), layout="constrained")
+    axes = fig.subplots(rows, cols, squeeze=False).ravel()
+    for ax, name in zip(axes, names, strict=False):
+        x, y, labels = _xy(result, name)
+        grid = np.linspace(x.min(), x.max(), 100)
+        mean, lo, hi = fit_band(x, y, grid)
+        ax.fill_between(grid, lo, hi, color="C1", alpha=0.2, lw=0, label="95% CI of the fit")
+        ax.plot(grid, mean, color="C1", lw=1.5, label="least squares")
+        _scatter(ax, x, y, labels)
+        r = stats[name]
+        ax.set_title(f"{PRETTY.get(name, name)}\nn={r['n']}  R²={r['r2']:.2f}  p={r['p']:.2g}",
+                     fontsize=9)
+        ax.set_xlabel(PRETTY.get(name, name), fontsize=8)
+        ax.set_ylabel("score", fontsize=8)
+        ax.tick_params(labelsize=7)
+    for ax in axes[len(names):]:
+        ax.set_visible(False)
+    if names:
+        axes[0].legend(fontsize=6, loc="best")
+    return fig
+
+
+def plot_exponential(result: CorrelationResult) -> Figure:
+    """Score against coupling with the straight line and the fit score = a exp(b coupling)."""
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(5.2, 4.0), layout="constrained")
+    ax = fig.subplots()
+    x, y, labels = _xy(result, "coupling")
+    grid = np.linspace(x.min(), x.max(), 100)
+    lin = result.overall["predictors"].get("coupling", {})
+    if "slope" in lin:
+        mean, lo, hi = fit_band(x, y, grid)
+        ax.fill_between(grid, lo, hi, color="C1", alpha=0.2, lw=0)
+        ax.plot(grid, mean, color="C1", label=f"linear, R²={lin['r2']:.2f}")
+    ex = result.overall.get("exponential", {})
+    if ex.get("converged"):
+        ax.plot(grid, ex["a"] * np.exp(ex["b"] * grid), color="C2", ls="--",
+                label=f"a·exp(b·c), R²={ex['r2']:.2f}")
+    _scatter(ax, x, y, labels)
+    ax.set_xlabel(PRETTY["coupling"])
+    ax.set_ylabel("score")
+    ax.legend(fontsize=7)
+    return fig
+
+
+def _png(fig: Figure) -> str:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110)
+    return base64.b64encode(buf.getvalue()).decode()
+
+
+def _fmt(v: Any, digits: int = 3) -> str:
+    if v is None or (isinstance(v, float) and not math.isfinite(v)):
+        return "–"
+    if isinstance(v, float):
+        return f"{v:.{digits}g}"
+    return html.escape(str(v))
+
+
+def _stats_table(block: dict[str, Any]) -> str:
+    head = ("<tr><th>predictor</th><th>n</th><th>slope</th><th>intercept</th><th>R²</th>"
+            "<th>95% CI of R² (bootstrap)</th><th>p</th><th>Pearson r</th><th>Spearman ρ</th>"
+            "<th>Spearman p</th></tr>")
+    rows = []
+    for name, r in block.get("predictors", {}).items():
+        if "skipped" in r:
+            rows.append(f"<tr><td>{html.escape(name)}</td><td colspan=9>skipped: "
+                        f"{html.escape(r['skipped'])}</td></tr>")
+            continue
+        lo, hi = r["r2_ci"]
+        rows.append(
+            f"<tr><td>{html.escape(name)}</td><td>{r['n']}</td><td>{_fmt(r['slope'])}</td>"
+            f"<td>{_fmt(r['intercept'])}</td><td>{_fmt(r['r2'])}</td>"
+            f"<td>[{_fmt(lo, 2)}, {_fmt(hi, 2)}]</td><td>{_fmt(r['p'])}</td>"
+            f"<td>{_fmt(r['r'])}</td><td>{_fmt(r['spearman_rho'])}</td>"
+            f"<td>{_fmt(r['spearman_p'])}</td></tr>")
+    out = f"<table>{head}{''.join(rows)}</table>"
+    ex, pc = block.get("exponential", {}), block.get("partial_correlation", {})
+    if "a" in ex:
+        out += (f"<p>Exponential fit score = a·exp(b·coupling): a = {_fmt(ex['a'])}, "
+                f"b = {_fmt(ex['b'])}, R² = {_fmt(ex['r2'])} (n = {ex['n']}).</p>")
+    elif "skipped" in ex:
+        out += f"<p>Exponential fit skipped: {html.escape(ex['skipped'])}</p>"
+    if "r" in pc:
+        out += (f"<p>Partial correlation of coupling with the score controlling for log10 "
+                f"parameters: r = {_fmt(pc['r'])}, p = {_fmt(pc['p'])} (n = {pc['n']}, "
+                f"{pc['df']} degrees of freedom).</p>")
+    elif "skipped" in pc:
+        out += f"<p>Partial correlation skipped: {html.escape(pc['skipped'])}</p>"
+    return out
+
+
+def _models_table(result: CorrelationResult) -> str:
+    cols = [c for c in ("label", "score_model", "group", "k", "n_prompts", "coupling", "score",
+                        "params_b", "layers", "d_model", "train_tokens_t")
+            if c in result.table.columns]
+    head = "".join(f"<th>{html.escape(c)}</th>" for c in cols)
+    body = "".join(
+        "<tr>" + "".join(f"<td>{_fmt(row[c], 4) if isinstance(row[c], float) else _fmt(row[c])}"
+                         "</td>" for c in cols) + "</tr>"
+        for _, row in result.table[cols].astype(object).iterrows())
+    return f"<table><tr>{head}</tr>{body}</table>"
+
+
+def write_correlation_html(result: CorrelationResult, out: str | Path, *,
+                           title: str = "Coupling and generalisation",
+                           intro: str = "") -> Path:
+    """Write one self-contained HTML page (figures inline) and return its path."""
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    figs = [("Score against each predictor (paper fig. 1a, 9)", plot_predictors(result)),
+            ("Linear and exponential fit (arXiv v1 fig. 8)", plot_exponential(result))]
+    parts = [
+        "<!doctype html><html><head><meta charset='utf-8'>",
+        f"<title>{html.escape(title)}</title><style>body{{font-family:sans-serif;max-width:"
+        "1100px;margin:auto}table{border-collapse:collapse;font-size:12px;margin:8px 0}"
+        "td,th{border:1px solid #ccc;padding:2px 6px;text-align:right}img{max-width:100%}"
+        "</style></head><body>",
+        f"<h1>{html.escape(title)}</h1>",
+        f"<p>{html.escape(intro)}</p>" if intro else "",
+        f"<p><b>Coupling statistic:</b> {html.escape(result.statistic.describe())}.<br>"
+        f"<b>Scores:</b> {html.escape(result.scores_source)}. <b>Models:</b> {len(result.table)}. "
+        f"Bootstrap: {result.n_boot} resamples, seed {result.seed}. Statistics: scipy.stats "
+        "(linregress, spearmanr, bootstrap), statsmodels (OLS).</p>",
+    ]
+    if result.excluded:
+        parts.append("<p>Excluded: " + "; ".join(
+            f"{html.escape(e['label'])} ({html.escape(e['reason'])})" for e in result.excluded)
+            + "</p>")
+    for caption, fig in figs:
+        parts.append(f"<figure><img alt='{html.escape(caption)}' src='data:image/png;base64,"
+                     f"{_png(fig)}'><figcaption>{html.escape(caption)}</figcaption></figure>")
+    parts.append("<h2>All models</h2>" + _stats_table(result.overall))
+    for g, block in result.groups.items():
+        if "skipped" in block:
+            parts.append(f"<h2>Group {html.escape(g)}</h2><p>n = {block['n']}: skipped "
+                         f"({html.escape(block['skipped'])})</p>")
+        else:
+            parts.append(f"<h2>Group {html.escape(g)}</h2>" + _stats_table(block))
+    parts.append("<h2>Models</h2>" + _models_table(result))
+    parts.append("</body></html>")
+    out.write_text("\n".join(parts), encoding="utf-8")
+    return out
+
+
+__all__ = ["fit_band", "plot_exponential", "plot_predictors", "write_correlation_html"]

@@ -1,0 +1,260 @@
+"""Emergence figures from a sweep (or a training monitor): coupling across training.
+
+As in the paper (fig. 1b-e), from a :class:`~blockcoupling.studies.sweep.Sweep`:
+
+1. :func:`plot_coupling_vs_step` - mean depth-wise coupling against the training step, one
+   line per model, on a numeric (log) step axis (step 0 on a short linear stretch), with
+   each model's chance level drawn dashed [fig. 1b]. Models without steps (plain models
+   side by side) are a bar panel.
+2. :func:`plot_trajectory_vs_step` - mean LSS and median expodistance against the step.
+3. Layer adjacency graphs at chosen checkpoints [fig. 1c-e] and
+4. depth-wise heatmaps per checkpoint: the existing figures of
+   :mod:`blockcoupling.report.figures` drawn from the chosen units' run directories.
+
+Values come from :meth:`Sweep.summary` (units with duplicate weights counted once).
+:func:`write_emergence_report` writes them as one self-contained HTML file with the unit
+catalogue; ``blockcoupling report SWEEP_DIR --out x.html`` calls it.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from matplotlib import colormaps
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+from blockcoupling.errors import BlockCouplingError
+from blockcoupling.report import figures as F
+from blockcoupling.studies.sweep.read import Sweep, open_sweep
+
+
+def _figure(width: float, height: float, ncols: int = 1) -> tuple[Figure, list[Any]]:
+    fig = Figure(figsize=(width, height), layout="constrained")
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(1, ncols, squeeze=False)[0]
+    return fig, list(axes)
+
+
+def _step_axis(ax: Any, steps: pd.Series) -> None:
+    """Log step axis; with a step 0, a symmetric-log axis linear below step 1."""
+    s = steps.dropna().astype(float)
+    if len(s) and s.min() <= 0:
+        ax.set_xscale("symlog", linthresh=1.0, linscale=0.5)
+    elif len(s) and s.max() / max(s.min(), 1.0) > 20:
+        ax.set_xscale("log")
+    ax.set_xlabel("training step")
+
+
+def _colors(labels: Sequence[str]) -> dict[str, Any]:
+    cmap = colormaps["tab10"]
+    return {lab: cmap(i % 10) for i, lab in enumerate(labels)}
+
+
+def _summary(sweep: Sweep | pd.DataFrame, k: int | None) -> pd.DataFrame:
+    df = sweep.summary(k=k) if isinstance(sweep, Sweep) else sweep
+    if df.empty:
+        raise F.FigureUnavailable("no unit of the sweep is done yet")
+    return df
+
+
+def plot_coupling_vs_step(sweep: Sweep | pd.DataFrame, *, k: int | None = None) -> Figure:
+    """Mean depth-wise coupling (l != l', mean over prompts) against the step, per model,
+    with the chance level c_null (dashed) where ``coupling_vs_null`` was measured."""
+    df = _summary(sweep, k)
+    if df["mean_depth_coupling"].isna().all():
+        raise F.FigureUnavailable("no depth-wise coupling was measured (add depth to "
+                                  "measure.coupling)")
+    stepped = df[df["step"].notna()]
+    plain = df[df["step"].isna()]
+    ncols = int(len(stepped) > 0) + int(len(plain) > 0)
+    fig, axes = _figure(6.0 + 3.0 * (ncols - 1), 4.0, ncols)
+    colors = _colors(list(dict.fromkeys(df["label"].astype(str))))
+    ax_i = 0
+    if len(stepped):
+        ax = axes[ax_i]
+        ax_i += 1
+        for lab, g in stepped.groupby("label", sort=False):
+            g = g.sort_values("step")
+            x = g["step"].astype(float).to_numpy()
+            ax.plot(x, g["mean_depth_coupling"], "o-", color=colors[str(lab)], label=str(lab))
+            if g["chance_coupling"].notna().any():
+                ax.plot(x, g["chance_coupling"], "--", color=colors[str(lab)], alpha=0.7,
+                        label=f"{lab}: chance")
+        _step_axis(ax, stepped["step"])
+        ax.set_ylabel("mean depth-wise coupling")
+        ax.legend(fontsize="small")
+        ax.grid(alpha=0.3)
+    if len(plain):
+        ax = axes[ax_i]
+        xs = np.arange(len(plain))
+        ax.bar(xs, plain["mean_depth_coupling"],
+               color=[colors[str(lab)] for lab in plain["label"]])
+        if plain["chance_coupling"].notna().any():
+            ax.scatter(xs, plain["chance_coupling"], marker="_", s=400, color="k",
+                       label="chance", zorder=3)
+            ax.legend(fontsize="small")
+        ax.set_xticks(xs, [str(x) for x in plain["label"]], rotation=30, ha="right")
+        ax.set_ylabel("mean depth-wise coupling")
+    return fig
+
+
+def plot_trajectory_vs_step(sweep: Sweep | pd.DataFrame, *, k: int | None = None) -> Figure:
+    """Mean line-shape score and median expodistance against the step, per model."""
+    df = _summary(sweep, k)
+    stepped = df[df["step"].notna()]
+    if stepped.empty or stepped[["lss", "expodistance"]].isna().all().all():
+        raise F.FigureUnavailable("no trajectory metrics at training steps (units need a "
+                                  "step and measure.trajectory: true)")
+    fig, axes = _figure(9.0, 3.6, 2)
+    colors = _colors(list(dict.fromkeys(stepped["label"].astype(str))))
+    for ax, col, name in ((axes[0], "lss", "mean LSS"),
+                          (axes[1], "expodistance", "median expodistance")):
+        for lab, g in stepped.groupby("label", sort=False):
+            g = g.sort_values("step")
+            ax.plot(g["step"].astype(float), g[col], "o-", color=colors[str(lab)],
+                    label=str(lab))
+        _step_axis(ax, stepped["step"])
+        ax.set_ylabel(name)
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize="small")
+    return fig
+
+
+def chosen_checkpoints(sweep: Sweep, *, steps: Sequence[int] | None = None,
+                       per_model: int = 3) -> list[str]:
+    """Unit ids for the per-checkpoint figures: the given ``steps`` of every model, else
+    ``per_model`` steps spread evenly on the log axis (first, ..., last) per model."""
+    summ = sweep.summary()
+    stepped = summ[summ["step"].notna()]
+    ids: list[str] = []
+    for _, g in stepped.groupby("label", sort=False):
+        g = g.sort_values("step")
+        if steps is not None:
+            ids += g[g["step"].isin([int(s) for s in steps])]["unit_id"].tolist()
+            continue
+        pos = np.log1p(g["step"].astype(float).to_numpy())
+        targets = np.linspace(pos.min(), pos.max(), min(per_model, len(g)))
+        picks = dict.fromkeys(int(np.abs(pos - t).argmin()) for t in targets)
+        ids += [g["unit_id"].iloc[i] for i in picks]
+    if not ids:  # no steps: one panel per model
+        ids = summ["unit_id"].tolist()[: max(per_model, 1) * 2]
+    return [str(i) for i in ids]
+
+
+def _unit_runs(sweep: Sweep, ids: Sequence[str]) -> tuple[list[Any], list[str]]:
+    cat = sweep.catalogue.set_index("unit_id")
+    runs, labels = [], []
+    for uid in ids:
+        runs.append(sweep.open_unit(uid))
+        row = cat.loc[uid]
+        step = row["step"]
+        labels.append(f"{row['label']} step {int(step)}" if not pd.isna(step)
+                      else str(row["label"]))
+    return runs, labels
+
+
+def plot_layer_graphs(sweep: Sweep, ids: Sequence[str], *, k: int | None = None) -> Figure:
+    """Layer adjacency graphs (paper fig. 1c-e) of the units ``ids``, one scale."""
+    runs, labels = _unit_runs(sweep, ids)
+    return F.plot_layer_graph(runs, k=k, labels=labels)
+
+
+def plot_depth_heatmaps(sweep: Sweep, ids: Sequence[str], *, k: int | None = None) -> Figure:
+    """L x L depth-wise coupling heatmaps of the units ``ids``, one colour scale."""
+    runs, labels = _unit_runs(sweep, ids)
+    return F.plot_depth_heatmap(runs, k=k, labels=labels)
+
+
+# ====================================================================== HTML
+def _units_frame(sweep: Sweep, summ: pd.DataFrame) -> pd.DataFrame:
+    """The catalogue with each unit's summary values (for the page's unit table)."""
+    cat = sweep.catalogue
+    cols = ["label", "step", "revision", "prompt_set", "status", "attempts", "duplicate_of"]
+    df = cat.set_index("unit_id")[cols].copy()
+    vals = summ.set_index("unit_id") if len(summ) else pd.DataFrame()
+    for c, name in (("mean_depth_coupling", "mean depth coupling"),
+                    ("chance_coupling", "chance"), ("lss", "LSS"),
+                    ("expodistance", "expodistance")):
+        df[name] = [float(vals[c].get(u)) if len(vals) and u in vals.index else float("nan")
+                    for u in df.index]
+    df["message"] = [None if pd.isna(m) else str(m).splitlines()[0] for m in cat["message"]]
+    df["step"] = [None if pd.isna(x) else int(x) for x in df["step"]]
+    df.index.name = "unit"
+    return df.astype(object).where(df.notna(), None)
+
+
+def write_emergence_report(sweep: Sweep | str | os.PathLike[str], out: str | os.PathLike[str],
+                           *, steps: Sequence[int] | None = None, k: int | None = None,
+                           formats: Sequence[str] = ("png", "svg", "pdf"),
+                           title: str | None = None) -> Path:
+    """Write the emergence report of a sweep or monitor directory to ``out`` (.html) and
+    its figures to ``<out stem>_figures/``; returns the HTML path. ``steps`` picks the
+    checkpoints of the per-checkpoint figures (default: first, middle, last per model)."""
+    from blockcoupling.report.html import Section, esc, figure_html, table_html, write_page
+
+    s = sweep if isinstance(sweep, Sweep) else open_sweep(sweep)
+    out = Path(out)
+    if out.suffix.lower() not in (".html", ".htm"):
+        raise BlockCouplingError(f"report path {out}: give a file name ending in .html")
+    summ = s.summary(k=k)
+    fig_dir = out.parent / f"{out.stem}_figures"
+    ids = chosen_checkpoints(s, steps=steps) if len(summ) else []
+    kk = int(summ["k"].dropna().min()) if len(summ) and summ["k"].notna().any() else k
+    specs = [
+        ("coupling_vs_step", "Mean depth-wise coupling across training",
+         lambda: plot_coupling_vs_step(summ),
+         f"Mean depth-wise coupling (variant coupling, p=1, ujv, K={kk}; mean over layer "
+         "pairs l != l' and prompts) of each unit against its training step on a log axis "
+         "(step 0 on a short linear stretch), one line per model; dashed: the model's chance "
+         "level c_null (Haar-random bases; see the conventions), where coupling_vs_null was "
+         "measured. Models without a step are bars. Units whose weights repeat an earlier "
+         "unit's are counted once."),
+        ("trajectory_vs_step", "Trajectory metrics across training",
+         lambda: plot_trajectory_vs_step(summ),
+         "Mean line-shape score (1 = straight trajectory) and median expodistance (0 = "
+         "exact exponential growth of the norms) over prompts and tokens, against the step."),
+        ("layer_graphs", "Layer adjacency graphs at chosen checkpoints",
+         lambda: plot_layer_graphs(s, ids, k=k),
+         "Layers on a circle (layer 1 at the top, clockwise); edge width and opacity grow "
+         "with the mean depth-wise coupling of the two layers, one scale across panels."),
+        ("depth_heatmaps", "Depth-wise coupling per checkpoint",
+         lambda: plot_depth_heatmaps(s, ids, k=k),
+         "L x L depth-wise coupling (rows: measured layer l, columns: basis layer l'), mean "
+         "over prompts, one colour scale across panels."),
+    ]
+    sections = [Section("units", "Units", table_html(_units_frame(s, summ)))]
+    skipped = []
+    number = 0
+    for name, head, make, caption in specs:
+        if not ids and name in ("layer_graphs", "depth_heatmaps"):
+            skipped.append(f"{head}: no unit is done")
+            continue
+        try:
+            fig = make()
+        except F.FigureUnavailable as err:
+            skipped.append(f"{head}: {err}")
+            continue
+        number += 1
+        body = figure_html(fig, caption, title=head, number=number,
+                           stem=fig_dir / f"{number:02d}_{name}", formats=formats)
+        sections.append(Section(name, head, body))
+    if skipped:
+        sections.append(Section("skipped", "Not drawn",
+                                "<ul>" + "".join(f"<li>{esc(x)}</li>" for x in skipped)
+                                + "</ul>"))
+    counts = s.catalogue["status"].value_counts().to_dict() if len(s.catalogue) else {}
+    lead = (f"<p>{esc(len(s.catalogue))} units ("
+            f"{esc(', '.join(f'{n} {st}' for st, n in counts.items()))}) in "
+            f"<code>{esc(s.root)}</code>. Layers are numbered from 1.</p>")
+    return write_page(out, title or f"blockcoupling emergence report: {s.root.name}",
+                      sections, lead=lead)
+
+
+__all__ = ["chosen_checkpoints", "plot_coupling_vs_step", "plot_depth_heatmaps",
+           "plot_layer_graphs", "plot_trajectory_vs_step", "write_emergence_report"]

@@ -1,0 +1,288 @@
+"""Depth-wise coupling figures: the L x L heatmap, the |A| grid [paper fig. 3], the layer
+graph [fig. 1c-e] and coupling against layer distance. Data from
+:mod:`blockcoupling.report.summaries`."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+import pandas as pd
+from matplotlib.collections import LineCollection
+from matplotlib.colors import Normalize
+from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
+from matplotlib.ticker import MaxNLocator
+
+from blockcoupling.engine.results import Measurement
+from blockcoupling.report.figures.base import (
+    GRID_CMAP,
+    HEATMAP_CMAP,
+    FigureUnavailable,
+    Runs,
+    colormap,
+    missing_text,
+    new_figure,
+    panels,
+    present,
+    selection_text,
+)
+from blockcoupling.report.summaries import (
+    as_runs,
+    coupling_by_distance,
+    coupling_grid_data,
+    depth_matrices,
+    edge_strength,
+    has_variant,
+    layer_graph_weights,
+    run_labels,
+)
+
+__all__ = ["caption_coupling_by_distance", "caption_coupling_grid", "caption_depth_heatmap",
+           "caption_layer_graph", "layer_graph_variant", "plot_coupling_by_distance",
+           "plot_coupling_grid", "plot_depth_heatmap", "plot_layer_graph", "prompt_text"]
+
+
+def prompt_text(m: Measurement, prompt_id: str) -> str:
+    """' ("the prompt text")', shortened to 80 characters, or '' when unknown."""
+    rows = m.prompts[m.prompts["prompt_id"] == prompt_id]
+    if rows.empty or pd.isna(rows["text"].iloc[0]):
+        return ""
+    text = str(rows["text"].iloc[0])
+    return f' ("{text[:77] + "..." if len(text) > 80 else text}")'
+
+
+def _layer_ticks(ax, rows: list, cols: list) -> None:  # type: ignore[no-untyped-def]
+    step = max(1, math.ceil(len(cols) / 12))
+    ax.set_xticks(range(0, len(cols), step), [str(c) for c in cols[::step]])
+    ax.set_yticks(range(0, len(rows), step), [str(r) for r in rows[::step]])
+
+
+# ====================================================================== L x L heatmap
+def plot_depth_heatmap(runs: Runs, *, k: int | None = None, variant: str = "coupling",
+                       p: float | None = 1.0, orientation: str = "ujv",
+                       token: int | None = None,
+                       labels: Sequence[str] | None = None) -> Figure:
+    """L x L depth-wise coupling heatmaps, one panel per run, one shared colour scale.
+
+    Rows are the measured layer l (side a), columns the basis layer l' (side b); each cell is
+    the mean over prompts (and tokens) of ``Measurement.depth_matrix``."""
+    ms = as_runs(runs)
+    mats, labs = present(depth_matrices(ms, k=k, variant=variant, p=p,
+                                        orientation=orientation, token=token),
+                         run_labels(ms, labels))
+    values = np.concatenate([m.to_numpy().ravel() for m in mats])
+    norm = Normalize(float(np.nanmin(values)), float(np.nanmax(values)))
+    fig, axes = panels(len(mats), 3.6, 4.0, extra_width=1.0)
+    image = None
+    for ax, mat, lab in zip(axes, mats, labs, strict=True):
+        ax.set_title(lab)
+        image = ax.imshow(mat.to_numpy(dtype=float), cmap=HEATMAP_CMAP, norm=norm,
+                          origin="upper", interpolation="nearest")
+        _layer_ticks(ax, list(mat.index), list(mat.columns))
+        ax.set_xlabel("basis layer l'")
+        ax.set_ylabel("measured layer l")
+    if image is not None:
+        fig.colorbar(image, ax=list(axes), label=variant, shrink=0.9)
+    return fig
+
+
+def caption_depth_heatmap(runs: Runs, *, k: int | None = None, variant: str = "coupling",
+                          p: float | None = 1.0, orientation: str = "ujv",
+                          token: int | None = None,
+                          labels: Sequence[str] | None = None) -> str:
+    ms = as_runs(runs)
+    mats = depth_matrices(ms, k=k, variant=variant, p=p, orientation=orientation, token=token)
+    return ("Depth-wise coupling between the block Jacobians J^l_tt of every pair of layers: "
+            "rows = measured layer l, columns = basis layer l', mean over prompts; one colour "
+            "scale for all panels. "
+            + selection_text(ms, k, variant, p, orientation, token, labels)
+            + missing_text(mats, run_labels(ms, labels)))
+
+
+# ====================================================================== |A| grid
+def plot_coupling_grid(runs: Runs, *, prompt_id: str | None = None, k: int | None = None,
+                       orientation: str = "ujv",
+                       labels: Sequence[str] | None = None) -> Figure:
+    """Grid of |A| coupling matrices for a window of layers (paper fig. 3), one panel per run.
+
+    Cell (row l, column l') of a panel is |A_{l l'}| = |U_{l'}^T J^l V_{l'}| (orientation
+    ujv), the leading k x k block, divided by its own maximum so that the diagonal pattern is
+    visible in every cell whatever the scale of the Jacobians."""
+    ms = as_runs(runs)
+    picks, labs = present(coupling_grid_data(ms, prompt_id=prompt_id, k=k,
+                                             orientation=orientation), run_labels(ms, labels))
+    fig, axes = panels(len(picks), 4.6, 4.8, extra_width=1.0)
+    image = None
+    for ax, pick, lab in zip(axes, picks, labs, strict=True):
+        ax.set_title(lab)
+        image = ax.imshow(pick.mosaic, cmap=colormap(GRID_CMAP).with_extremes(bad="white"),
+                          vmin=0.0, vmax=1.0, interpolation="nearest")
+        centres = [i * (pick.k + pick.gap) + (pick.k - 1) / 2 for i in range(len(pick.layers))]
+        names = [str(x) for x in pick.layers]
+        ax.set_xticks(centres, names)
+        ax.set_yticks(centres, names)
+        ax.tick_params(length=0)
+        for side in ax.spines.values():
+            side.set_visible(False)
+        ax.set_xlabel("basis layer l'")
+        ax.set_ylabel("measured layer l")
+    if image is not None:
+        fig.colorbar(image, ax=list(axes), label="|A| / max |A| (per cell)", shrink=0.8)
+    return fig
+
+
+def _layers_text(layers: Sequence[int]) -> str:
+    """'2..5' for a contiguous run of layers, else '3, 5, 7'."""
+    if list(layers) == list(range(layers[0], layers[-1] + 1)):
+        return f"{layers[0]}..{layers[-1]}"
+    return ", ".join(map(str, layers))
+
+
+def caption_coupling_grid(runs: Runs, *, prompt_id: str | None = None, k: int | None = None,
+                          orientation: str = "ujv",
+                          labels: Sequence[str] | None = None) -> str:
+    ms = as_runs(runs)
+    labs = run_labels(ms, labels)
+    picks = coupling_grid_data(ms, prompt_id=prompt_id, k=k, orientation=orientation)
+    formula = "U_l'^T J^l V_l'" if orientation == "ujv" else "V_l'^T J^l U_l'"
+    parts = []
+    for m, pick, lab in zip(ms, picks, labs, strict=True):
+        if pick is None:
+            continue
+        parts.append(f"{lab}: K={pick.k}, layers {_layers_text(pick.layers)}, "
+                     f"prompt {pick.prompt_id}{prompt_text(m, pick.prompt_id)}")
+    return (f"Coupling matrices |A_ll'| = |{formula}| (orientation={orientation}) for every "
+            "pair of layers in the figure window, leading K x K block, last measured token, "
+            "each cell divided by its own maximum; a bright diagonal with a dark off-diagonal "
+            "means the basis layer's singular vectors diagonalise the measured layer's "
+            "Jacobian. " + "; ".join(parts) + "."
+            + missing_text(picks, labs, "Not stored (figure_window)"))
+
+
+# ====================================================================== layer graph
+def layer_graph_variant(runs: Runs, variant: str = "coupling", against_chance: bool = True
+                        ) -> str:
+    """The variant the layer graph draws: ``coupling_vs_null`` when ``against_chance`` and
+    every run with depth-wise rows has it, else ``variant``."""
+    ms = as_runs(runs)
+    with_depth = [m for m in ms if (m.coupling["kind"] == "depth").any()]
+    if against_chance and with_depth and all(has_variant(m, "coupling_vs_null")
+                                             for m in with_depth):
+        return "coupling_vs_null"
+    return variant
+
+
+def plot_layer_graph(runs: Runs, *, k: int | None = None, variant: str = "coupling",
+                     p: float | None = 1.0, orientation: str = "ujv", token: int | None = None,
+                     against_chance: bool = True,
+                     labels: Sequence[str] | None = None) -> Figure:
+    """Layer adjacency graph (paper fig. 1c-e), one panel per run.
+
+    Layers are nodes on a circle (layer 1 at the top, clockwise). The edge between l and l'
+    has width ``0.3 + 5 s`` and opacity ``0.05 + 0.9 s`` where ``s`` =
+    :func:`~blockcoupling.report.summaries.edge_strength` of its mean depth-wise value: a
+    FIXED scale (for ``coupling_vs_null``, drawn when measured: s = 0 at the chance level,
+    1 for perfect coupling), never the data's range, so a model at chance looks unstructured.
+    Edges are drawn in the order of ``layer_graph_weights`` (l < l', lexicographic) as one
+    LineCollection per panel."""
+    ms = as_runs(runs)
+    variant = layer_graph_variant(ms, variant, against_chance)
+    mats, labs = present(depth_matrices(ms, k=k, variant=variant, p=p,
+                                        orientation=orientation, token=token),
+                         run_labels(ms, labels))
+    weights = [layer_graph_weights(m) for m in mats]
+    if not any(weights):
+        raise FigureUnavailable("the depth-wise matrices have no off-diagonal pairs")
+    fig, axes = panels(len(mats), 3.2, 3.6, extra_width=0.2)
+    for ax, mat, w, lab in zip(axes, mats, weights, labs, strict=True):
+        ax.set_title(lab)
+        ax.set_aspect("equal")
+        ax.axis("off")
+        layers = sorted(set(mat.index) | set(mat.columns))
+        n = len(layers)
+        angle = {lay: math.pi / 2 - 2 * math.pi * i / n for i, lay in enumerate(layers)}
+        pos = {lay: (math.cos(a), math.sin(a)) for lay, a in angle.items()}
+        s = edge_strength(list(w.values()), variant)
+        segs = [[pos[a], pos[b]] for a, b in w]
+        widths = 0.3 + 5.0 * s
+        colors = [(0.12, 0.35, 0.70, 0.05 + 0.9 * x) for x in s]
+        ax.add_collection(LineCollection(segs, linewidths=widths, colors=colors, zorder=1))
+        xy = np.array([pos[lay] for lay in layers])  # (n, 2)
+        ax.scatter(xy[:, 0], xy[:, 1], s=140 if n <= 24 else 40, c="white",
+                   edgecolors="0.2", zorder=2)
+        if n <= 40:
+            for lay in layers:
+                ax.text(*pos[lay], str(lay), ha="center", va="center", fontsize=7, zorder=3)
+        ax.set_xlim(-1.2, 1.2)
+        ax.set_ylim(-1.2, 1.2)
+    if variant == "coupling_vs_null":
+        names = ("at chance (0)", "0.5", "perfect (1)")
+    elif variant == "coupling":
+        names = ("c_K 0", "c_K 0.5", "c_K 1")
+    else:
+        names = (f"{variant} 1", f"{variant} 0.5", f"{variant} 0")
+    handles = [Line2D([], [], lw=0.3 + 5.0 * s, color=(0.12, 0.35, 0.70, 0.05 + 0.9 * s),
+                      label=name) for s, name in zip((0.0, 0.5, 1.0), names, strict=True)]
+    fig.legend(handles=handles, loc="outside lower center", ncol=3, frameon=False,
+               fontsize="small")
+    return fig
+
+
+def caption_layer_graph(runs: Runs, *, k: int | None = None, variant: str = "coupling",
+                        p: float | None = 1.0, orientation: str = "ujv", token: int | None = None,
+                        against_chance: bool = True,
+                        labels: Sequence[str] | None = None) -> str:
+    ms = as_runs(runs)
+    variant = layer_graph_variant(ms, variant, against_chance)
+    mats = depth_matrices(ms, k=k, variant=variant, p=p, orientation=orientation, token=token)
+    scale = ("a fixed scale from the chance level (thinnest, 0) to perfect coupling "
+             "(thickest, 1), so a model at chance looks unstructured"
+             if variant == "coupling_vs_null" else
+             f"a fixed scale of {variant} (not the data's range; the chance level was not "
+             "measured, so thin edges are not necessarily at chance)")
+    return ("Layer adjacency graph: each node is a layer (layer 1 at the top, clockwise); "
+            "edge width and opacity grow with the mean depth-wise coupling of the two layers "
+            f"(mean of both directions, mean over prompts), on {scale}. "
+            + selection_text(ms, k, variant, p, orientation, token, labels)
+            + missing_text(mats, run_labels(ms, labels)))
+
+
+# ====================================================================== by distance
+def plot_coupling_by_distance(runs: Runs, *, k: int | None = None, variant: str = "coupling",
+                              p: float | None = 1.0, orientation: str = "ujv",
+                              labels: Sequence[str] | None = None) -> Figure:
+    """Locality: mean depth-wise coupling against |l - l'|, one line per run, +- one std."""
+    ms = as_runs(runs)
+    labs = run_labels(ms, labels)
+    tables = coupling_by_distance(ms, k=k, variant=variant, p=p, orientation=orientation)
+    fig = new_figure(7.0, 3.8)
+    ax = fig.subplots()
+    for i, (t, lab) in enumerate(zip(tables, labs, strict=True)):
+        if t is None:
+            continue
+        x = t["distance"].to_numpy(dtype=float)
+        y = t["mean"].to_numpy(dtype=float)
+        sd = t["std"].fillna(0.0).to_numpy(dtype=float)
+        ax.plot(x, y, marker="o", color=f"C{i % 10}", label=lab)
+        ax.fill_between(x, y - sd, y + sd, color=f"C{i % 10}", alpha=0.12, linewidth=0)
+    if variant == "coupling_vs_null":
+        ax.axhline(0.0, color="0.3", lw=1, ls=":", label="chance level")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_xlabel("layer distance |l - l'|")
+    ax.set_ylabel(f"mean {variant}")
+    ax.grid(alpha=0.3)
+    fig.legend(loc="outside right upper", fontsize="small")
+    return fig
+
+
+def caption_coupling_by_distance(runs: Runs, *, k: int | None = None,
+                                 variant: str = "coupling", p: float | None = 1.0,
+                                 orientation: str = "ujv",
+                                 labels: Sequence[str] | None = None) -> str:
+    ms = as_runs(runs)
+    coupling_by_distance(ms, k=k, variant=variant, p=p, orientation=orientation)
+    return ("Locality of coupling: mean depth-wise value over all layer pairs at distance "
+            "|l - l'| (0 = the diagonal), over prompts and tokens; the band is +- one standard "
+            "deviation. " + selection_text(ms, k, variant, p, orientation, None, labels))

@@ -1,0 +1,78 @@
+"""Across runs [paper fig. 1b]: runs in the order given (checkpoints, models) on the x axis
+with the mean depth-wise coupling, the coupling against its chance level, LSS and
+expodistance. Data from :func:`blockcoupling.report.summaries.across_runs_data`."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+from matplotlib.figure import Figure
+
+from blockcoupling.report.figures.base import Runs, new_figure, no_data, selection_text
+from blockcoupling.report.summaries import across_runs_data, as_runs, run_labels
+
+__all__ = ["caption_across_runs", "plot_across_runs"]
+
+
+def plot_across_runs(runs: Runs, *, k: int | None = None, variant: str = "coupling",
+                     p: float | None = 1.0, orientation: str = "ujv",
+                     labels: Sequence[str] | None = None) -> Figure:
+    """Runs in the order given on the x axis: mean off-diagonal depth-wise ``variant`` (+- one
+    std), ``coupling_vs_null`` (median and inter-quartile range, a dotted line at the chance
+    level 0) when measured, and the median LSS and expodistance (inter-quartile range; log
+    axis where expodistance spans decades)."""
+    ms = as_runs(runs)
+    labs = run_labels(ms, labels)
+    data = across_runs_data(ms, k=k, variant=variant, p=p, orientation=orientation)
+    panels = [("coupling", f"mean off-diagonal {variant}")]
+    if not data["null_median"].isna().all():
+        panels.append(("null", "coupling_vs_null (0 = chance)"))
+    panels += [("lss", "median LSS"), ("expodistance", "median expodistance")]
+    many = len(ms) > 3
+    fig = new_figure(min(16.0, max(9.0, 1.0 + 2.4 * len(panels) + 0.6 * len(ms))),
+                     4.4 if many else 3.6)
+    axes = fig.subplots(1, len(panels))
+    x = np.arange(len(ms), dtype=float)
+    for ax, (col, name) in zip(axes, panels, strict=True):
+        ax.set_title(name, fontsize="medium")
+        if col != "coupling":  # median with the inter-quartile range
+            y = data[f"{col}_median"].to_numpy(dtype=float)
+            e = np.vstack([y - data[f"{col}_q25"].to_numpy(float),
+                           data[f"{col}_q75"].to_numpy(float) - y])
+        else:  # mean +- one std
+            y = data[f"{col}_mean"].to_numpy(dtype=float)
+            e = data[f"{col}_std"].to_numpy(dtype=float)
+        if np.isnan(y).all():
+            no_data(ax)
+            continue
+        ax.ticklabel_format(axis="y", useOffset=False)
+        ax.errorbar(x, y, yerr=np.nan_to_num(e), marker="o", capsize=3, color="C0")
+        if col == "null":
+            ax.axhline(0.0, color="0.3", lw=1, ls=":")
+        if col == "expodistance":
+            lo = data["expodistance_q25"].to_numpy(float)
+            hi = data["expodistance_q75"].to_numpy(float)
+            finite = np.concatenate([lo, hi, y])
+            finite = finite[np.isfinite(finite)]
+            if finite.size and finite.min() > 0 and finite.max() / finite.min() > 100:
+                ax.set_yscale("log")
+        ax.set_xticks(x, labs, rotation=35 if many else 0, ha="right" if many else "center",
+                      fontsize="small")
+        ax.set_xlim(-0.5, len(ms) - 0.5)
+        ax.grid(alpha=0.3)
+    return fig
+
+
+def caption_across_runs(runs: Runs, *, k: int | None = None, variant: str = "coupling",
+                        p: float | None = 1.0, orientation: str = "ujv",
+                        labels: Sequence[str] | None = None) -> str:
+    ms = as_runs(runs)
+    across_runs_data(ms, k=k, variant=variant, p=p, orientation=orientation)
+    return ("Across runs, in the order given: mean depth-wise value over layer pairs l != l' "
+            "(over prompts and tokens, error bars one standard deviation); coupling_vs_null "
+            "(0 = the chance level of a random basis, 1 = perfect coupling; median over "
+            "prompts and tokens with the inter-quartile range) when it was measured; the "
+            "median per-token LSS and expodistance (inter-quartile range; expodistance is "
+            "heavy-tailed where norms barely grow). "
+            + selection_text(ms, k, variant, p, orientation, None, labels))

@@ -1,0 +1,109 @@
+"""Token-wise coupling heatmaps: kinds ``self`` [paper fig. 4], ``fixed_input`` and
+``fixed_output`` (context coupling). Data from
+:func:`blockcoupling.report.summaries.token_heatmap_data`."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+from matplotlib.colors import Normalize
+from matplotlib.figure import Figure
+
+from blockcoupling.report.figures.base import (
+    HEATMAP_CMAP,
+    Runs,
+    colormap,
+    fmt_p,
+    label_list,
+    missing_text,
+    panels,
+    present,
+)
+from blockcoupling.report.figures.depth import prompt_text
+from blockcoupling.report.summaries import (
+    P_VARIANTS,
+    as_runs,
+    resolve_k,
+    run_labels,
+    token_heatmap_data,
+)
+
+__all__ = ["caption_token_heatmap", "plot_token_heatmap"]
+
+
+def plot_token_heatmap(runs: Runs, kind: str = "self", *, prompt_id: str | None = None,
+                       layers: tuple[int, int] | None = None, fixed_token: int | None = None,
+                       k: int | None = None, variant: str = "coupling", p: float | None = 1.0,
+                       orientation: str = "ujv",
+                       labels: Sequence[str] | None = None) -> Figure:
+    """Token-wise coupling heatmaps (paper fig. 4), one panel per run.
+
+    ``self``: J^l_tt against J^l'_t't' (rows t, columns t'). ``fixed_input``: J^l_{s t}
+    against J^l'_{s t'} for a fixed input token s. ``fixed_output``: J^l_{s t} against
+    J^l'_{s' t} for a fixed output token t (rows s, columns s'). Missing cells (e.g. a causal
+    model's t < s) are blank."""
+    ms = as_runs(runs)
+    found = token_heatmap_data(ms, kind, prompt_id=prompt_id, layers=layers,
+                               fixed_token=fixed_token, k=k, variant=variant, p=p,
+                               orientation=orientation)
+    picks, labs = present(found, run_labels(ms, labels))
+    values = np.concatenate([pk.matrix.to_numpy(dtype=float).ravel() for pk in picks])
+    norm = Normalize(float(np.nanmin(values)), float(np.nanmax(values)))
+    row_name, col_name = {"self": ("measured token t", "basis token t'"),
+                          "fixed_input": ("measured output token t", "basis output token t'"),
+                          "fixed_output": ("measured input token s", "basis input token s'")}[kind]
+    fig, axes = panels(len(picks), 3.6, 4.4, extra_width=1.0)  # room for two-line titles
+    image = None
+    for ax, pick, lab in zip(axes, picks, labs, strict=True):
+        title = f"{lab}\nlayers {pick.layer_a}, {pick.layer_b}"
+        if pick.fixed is not None:
+            title += f"; {'input' if kind == 'fixed_input' else 'output'} token {pick.fixed}"
+        ax.set_title(title, fontsize="medium")
+        image = ax.imshow(pick.matrix.to_numpy(dtype=float),
+                          cmap=colormap(HEATMAP_CMAP).with_extremes(bad="0.92"), norm=norm,
+                          interpolation="nearest")
+        rows, cols = list(pick.matrix.index), list(pick.matrix.columns)
+        step = max(1, math.ceil(len(cols) / 12))
+        ax.set_xticks(range(0, len(cols), step), [str(c) for c in cols[::step]])
+        ax.set_yticks(range(0, len(rows), step), [str(r) for r in rows[::step]])
+        ax.set_xlabel(col_name)
+        ax.set_ylabel(row_name)
+    if image is not None:
+        fig.colorbar(image, ax=list(axes), label=variant, shrink=0.9)
+    return fig
+
+
+def caption_token_heatmap(runs: Runs, kind: str = "self", *, prompt_id: str | None = None,
+                          layers: tuple[int, int] | None = None,
+                          fixed_token: int | None = None, k: int | None = None,
+                          variant: str = "coupling", p: float | None = 1.0,
+                          orientation: str = "ujv",
+                          labels: Sequence[str] | None = None) -> str:
+    ms = as_runs(runs)
+    labs = run_labels(ms, labels)
+    picks = token_heatmap_data(ms, kind, prompt_id=prompt_id, layers=layers,
+                               fixed_token=fixed_token, k=k, variant=variant, p=p,
+                               orientation=orientation)
+    what = {
+        "self": "Token-wise coupling, same input and output token (kind self): J^l_tt "
+                "(measured, rows t) against J^l'_t't' (basis, columns t').",
+        "fixed_input": "Context coupling with a fixed input token s (kind fixed_input): "
+                       "J^l_st (measured, rows t) against J^l'_st' (basis, columns t').",
+        "fixed_output": "Context coupling with a fixed output token t (kind fixed_output): "
+                        "J^l_st (measured, rows s) against J^l'_s't (basis, columns s').",
+    }[kind]
+    parts = []
+    for m, pick, lab in zip(ms, picks, labs, strict=True):
+        if pick is None:
+            continue
+        s = (f"{lab}: prompt {pick.prompt_id}{prompt_text(m, pick.prompt_id)}, "
+             f"layers l={pick.layer_a}, l'={pick.layer_b}")
+        if pick.fixed is not None:
+            s += f", fixed {'input' if kind == 'fixed_input' else 'output'} token {pick.fixed}"
+        parts.append(s)
+    p_text = f", p={fmt_p(p)}" if variant in P_VARIANTS else ""
+    k_text = "K=" + label_list([resolve_k(m, k) for m in ms], labs)
+    return (f"{what} {k_text}, variant={variant}{p_text}, orientation={orientation}. "
+            + "; ".join(parts) + "." + missing_text(picks, labs))

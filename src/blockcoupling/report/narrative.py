@@ -1,0 +1,308 @@
+"""The report's summary in words, generated from the data (no canned claims).
+
+:func:`report_summary` reads :func:`blockcoupling.report.summaries.run_overview` and states
+what was measured, the headline numbers against the chance level (``coupling_vs_null`` =
+1 - m / m_null: 0 at chance, 1 perfect), the comparisons the runs allow (runs of one model side
+by side, training checkpoints in order) and what the numbers do not show. Every sentence is
+built from numbers of the given runs; a sentence whose condition does not hold is left out.
+No matplotlib.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from blockcoupling.engine.results import Measurement
+from blockcoupling.report.summaries import (
+    CHANCE_BAND,
+    EXPODISTANCE_NAN_REASON,
+    as_runs,
+    config_differences,
+    fmt_number,
+    per_prompt_vs_null,
+    run_labels,
+    run_overview,
+)
+
+__all__ = ["ReportSummary", "report_summary"]
+
+
+@dataclass
+class ReportSummary:
+    """Plain-text paragraphs of the summary, by purpose (each a list of sentences)."""
+
+    measured: list[str] = field(default_factory=list)  # what was measured
+    headline: list[str] = field(default_factory=list)  # one line per run
+    comparisons: list[str] = field(default_factory=list)  # runs against each other
+    caveats: list[str] = field(default_factory=list)  # what the numbers do not show
+    nothing_measured: bool = False
+    #: the headline numbers, one row per run (index = label), display-ready values
+    table: pd.DataFrame | None = None
+
+    def lines(self) -> list[str]:
+        return self.measured + self.headline + self.comparisons + self.caveats
+
+
+def _f(x: Any) -> str:
+    return fmt_number(x, 3)
+
+
+def _kinds_text(kinds: set[str]) -> str:
+    names = {"depth": "depth-wise (J^l_tt against J^l'_tt)",
+             "self": "token-wise (J^l_tt against J^l'_t't')",
+             "fixed_input": "context, fixed input token", "fixed_output":
+             "context, fixed output token"}
+    return "; ".join(names.get(k, k) for k in sorted(kinds))
+
+
+def _group_by_model(ov: pd.DataFrame) -> dict[str, list[int]]:
+    groups: dict[str, list[int]] = {}
+    for i, model in enumerate(ov["model"]):
+        groups.setdefault(str(model) or f"run {i + 1}", []).append(i)
+    return groups
+
+
+def _show(value: Any) -> str:
+    if isinstance(value, list | tuple):
+        return ", ".join(_show(v) for v in value)
+    return fmt_number(value) if isinstance(value, float) else str(value)
+
+
+def headline_table(ov: pd.DataFrame) -> pd.DataFrame:
+    """The headline numbers of :func:`run_overview` as a display table (index = label).
+    Columns without any value (e.g. no coupling_vs_null measured) are left out."""
+    t = pd.DataFrame(index=pd.Index(ov["label"], name="run"))
+    t["K"] = ov["k"].to_numpy()
+    t["above chance (median)"] = ov["vs_null_median"].to_numpy()
+    t["above chance: min"] = ov["vs_null_min"].to_numpy()
+    t["above chance: max"] = ov["vs_null_max"].to_numpy()
+    t["raw c_K"] = ov["coupling"].to_numpy()
+    t["chance c_K"] = ov["chance_coupling"].to_numpy()
+    t["LSS median"] = ov["lss_median"].to_numpy()
+    t["expodistance median"] = ov["expodistance_median"].to_numpy()
+    t["expodistance q25"] = ov["expodistance_q25"].to_numpy()
+    t["expodistance q75"] = ov["expodistance_q75"].to_numpy()
+    t["expodistance NaN tokens"] = [
+        f"{int(n)} of {int(tot)}" if tot else np.nan
+        for n, tot in zip(ov["expodistance_nan"], ov["n_tokens"], strict=True)]
+    return t.loc[:, [c for c in t.columns if t[c].notna().any()]]
+
+
+def _overlap(a: pd.Series | None, b: pd.Series | None) -> bool | None:
+    """Do the per-prompt ranges overlap? None when either has fewer than 2 values."""
+    if a is None or b is None or len(a) < 2 or len(b) < 2:
+        return None
+    return bool(a.min() <= b.max() and b.min() <= a.max())
+
+
+#: options that choose what is measured or how it is computed, not what a value means: runs
+#: that differ only in these are one "view" of a model
+_EXTENT_OPTIONS = frozenset({"coupling", "lss_window", "trajectory", "spectra", "influence",
+                             "layer_pairs", "variants", "orientations", "method", "fast_path",
+                             "svd_oversample", "svd_iters", "svd_tol", "k"})
+
+
+def _pairs(ms: Sequence[Measurement], idx: list[int]) -> list[tuple[int, int]]:
+    """Which runs of one model to compare: within each view (runs with the same
+    number-changing configuration) consecutive runs (e.g. pretrained vs random init); across
+    views the runs of the same revision (e.g. as measured vs with an option switched on)."""
+    views: dict[str, list[int]] = {}
+    for i in idx:
+        diff = config_differences(ms[idx[0]], ms[i])
+        key = repr(sorted((k, v) for k, v in diff.items() if k not in _EXTENT_OPTIONS))
+        views.setdefault(key, []).append(i)
+    pairs = [(a, b) for members in views.values() for a, b in zip(members, members[1:],
+                                                                    strict=False)]
+    groups = list(views.values())
+    for g, members in enumerate(groups):
+        for a in members:
+            for other in groups[g + 1:]:
+                pairs += [(a, b) for b in other
+                          if ms[a].meta.get("revision") == ms[b].meta.get("revision")
+                          and ms[a].meta.get("revision") is not None]
+    return pairs
+
+
+def _series_text(ms: Sequence[Measurement], ov: pd.DataFrame, labs: list[str],
+                 idx: list[int], model: str) -> str:
+    """Training checkpoints in step order: first, last, highest, correlation with val_loss."""
+    order = sorted(idx, key=lambda i: float(ms[i].meta["step"]))
+    vals = [float(ov.loc[i, "vs_null_median"]) for i in order]
+    best = order[int(np.nanargmax(vals))]
+    first, last = order[0], order[-1]
+    text = (f"Across {len(order)} training checkpoints of {model}: above chance "
+            f"{_f(vals[0])} at {labs[first]}, {_f(vals[-1])} at {labs[last]}; highest "
+            f"{_f(np.nanmax(vals))} at {labs[best]}")
+    if best not in (first, last):
+        text += " (it does not rise monotonically with the training step)"
+    losses = [ms[i].meta.get("val_loss") for i in order]
+    if len(order) >= 3 and all(isinstance(v, int | float) and not isinstance(v, bool)
+                               for v in losses):
+        from scipy.stats import spearmanr
+
+        rho = float(spearmanr(vals, losses).statistic)
+        text += (f". Spearman correlation with the validation loss over the checkpoints: "
+                 f"{_f(rho)} (negative = coupling rises as the loss falls)")
+    return text + "."
+
+
+def _pair_text(ms: Sequence[Measurement], ov: pd.DataFrame, labs: list[str],
+               vs: dict[int, pd.Series | None], a: int, b: int) -> str:
+    """Two runs of one model: above chance, raw order, overlap, configuration differences."""
+    va, vb = float(ov.loc[a, "vs_null_median"]), float(ov.loc[b, "vs_null_median"])
+    word = "above" if va > vb else "below" if va < vb else "equal to"
+    text = (f"{labs[a]} vs {labs[b]}: depth coupling above chance {_f(va)} vs {_f(vb)} "
+            f"({labs[a]} {word} {labs[b]}")
+    ca, cb = float(ov.loc[a, "coupling"]), float(ov.loc[b, "coupling"])
+    if not np.isnan(ca - cb) and np.sign(ca - cb) != np.sign(va - vb):
+        text += (f"; the raw c_K {_f(ca)} vs {_f(cb)} ranks them the other way: raw values "
+                 "include the chance level, which differs between them")
+    text += ")"
+    ovl = _overlap(vs[a], vs[b])
+    if ovl is True:
+        text += ("; their per-prompt values overlap, so the difference is within the "
+                 "prompt-to-prompt spread")
+    elif ovl is False:
+        text += "; their per-prompt values do not overlap"
+    diff = config_differences(ms[a], ms[b])
+    if diff:
+        text += "; the configuration differs in " + "; ".join(
+            f"{name} ({_show(x)} vs {_show(y)})" for name, (x, y) in diff.items())
+    return text + "."
+
+
+def _ranking_text(ov: pd.DataFrame, labs: list[str], idx: list[int], what: str) -> str:
+    order = sorted(idx, key=lambda i: -float(ov.loc[i, "vs_null_median"]))
+    return (f"{what} ranked by depth coupling above chance: "
+            + " > ".join(f"{labs[i]} ({_f(ov.loc[i, 'vs_null_median'])})" for i in order) + ".")
+
+
+def report_summary(runs: Measurement | Sequence[Measurement],
+                   labels: Sequence[str] | None = None, *, k: int | None = None,
+                   p: float | None = 1.0, orientation: str = "ujv") -> ReportSummary:
+    """The summary of ``runs`` (see the module docstring)."""
+    ms = as_runs(runs)
+    labs = run_labels(ms, labels)
+    ov = run_overview(ms, labs, k=k, p=p, orientation=orientation)
+    out = ReportSummary(table=headline_table(ov[ov["measured"]]))
+    if not ov["measured"].any():
+        out.nothing_measured = True
+        out.measured.append(
+            "Nothing was measured: " + ", ".join(labs) + (" has" if len(ms) == 1 else " have")
+            + " no rows in any result table (coupling, trajectory, token metrics, spectra, "
+            "influence). Re-run the measurement (e.g. `blockcoupling measure ... --resume`).")
+        return out
+
+    # ------------------------------------------------------------------ what was measured
+    kinds = {k_ for s in ov["kinds"] for k_ in s.split(", ") if k_}
+    n_models = len(_group_by_model(ov))
+    prompts = sorted(set(ov["n_prompts"]))
+    ks = sorted({int(x) for x in ov["k"].dropna()})
+    parts = [f"{len(ms)} run{'s' if len(ms) > 1 else ''} of {n_models} "
+             f"model{'s' if n_models > 1 else ''}"]
+    parts.append(f"{'/'.join(map(str, prompts))} prompt{'s' if prompts != [1] else ''} per run")
+    if kinds:
+        parts.append(f"coupling of the block Jacobians ({_kinds_text(kinds)}) at K = "
+                     + ", ".join(map(str, ks)))
+    if (ov["n_tokens"] > 0).any():
+        parts.append("hidden-state trajectories (norms, LSS, expodistance)")
+    if any(not m.spectra.empty for m in ms):
+        parts.append("top singular values per layer")
+    out.measured.append("Measured: " + "; ".join(parts) + ".")
+    empty = [lab for lab, ok in zip(labs, ov["measured"], strict=True) if not ok]
+    if empty:
+        out.measured.append(f"Nothing was measured for {', '.join(empty)}.")
+
+    # ------------------------------------------------------------------ headline per run
+    has_null = ov["vs_null_n"] > 0
+    for _, r in ov.iterrows():
+        if not r["measured"] or len(ms) > 3:  # many runs: the table says it
+            continue
+        if r["vs_null_n"] > 0:
+            spread = (f" (median over {int(r['vs_null_n'])} prompt/token means; range "
+                      f"{_f(r['vs_null_min'])} to {_f(r['vs_null_max'])})"
+                      if r["vs_null_n"] > 1 else "")
+            out.headline.append(
+                f"{r['label']}: depth coupling above chance {_f(r['vs_null_median'])}{spread}; "
+                f"raw c_K {_f(r['coupling'])} against a chance level of "
+                f"{_f(r['chance_coupling'])} (K={r['k']}).")
+        elif not np.isnan(r["coupling"]):
+            out.headline.append(
+                f"{r['label']}: mean off-diagonal depth coupling c_K {_f(r['coupling'])} "
+                f"(K={r['k']}); the chance level was not measured (variant coupling_vs_null), "
+                f"for a flat spectrum it is about 1 - 1/sqrt(K) = "
+                f"{_f(1 - 1 / np.sqrt(r['k']))}.")
+        if r["n_tokens"] > 0:
+            ed_nan = int(r["expodistance_nan"])
+            ed = (f"expodistance median {_f(r['expodistance_median'])} (IQR "
+                  f"{_f(r['expodistance_q25'])} to {_f(r['expodistance_q75'])})"
+                  if r["n_tokens"] > ed_nan else "no finite expodistance")
+            line = f"{r['label']} trajectories: LSS median {_f(r['lss_median'])}; {ed}"
+            if ed_nan:
+                line += f"; {ed_nan} of {int(r['n_tokens'])} tokens NaN"
+            out.headline.append(line + ".")
+
+    # ------------------------------------------------------------------ comparisons
+    vs = {i: per_prompt_vs_null(ms[i], k=k, p=p, orientation=orientation)
+          for i in range(len(ms))}
+    for model, idx in _group_by_model(ov).items():
+        idx = [i for i in idx if has_null[i]]
+        stepped = [i for i in idx if isinstance(ms[i].meta.get("step"), int | float)
+                   and not isinstance(ms[i].meta.get("step"), bool)]
+        if len({ms[i].meta["step"] for i in stepped}) != len(stepped):
+            stepped = []
+        if len(stepped) >= 2:
+            out.comparisons.append(_series_text(ms, ov, labs, stepped, model))
+        rest = [i for i in idx if i not in stepped]
+        if len(rest) > 6:
+            out.comparisons.append(_ranking_text(ov, labs, rest, f"Runs of {model}"))
+            continue
+        for a, b in _pairs(ms, rest):
+            out.comparisons.append(_pair_text(ms, ov, labs, vs, a, b))
+    groups = [[i for i in idx if has_null[i]] for idx in _group_by_model(ov).values()]
+    firsts = [g[-1] for g in groups if g]
+    if len(firsts) > 1:
+        out.comparisons.append(_ranking_text(
+            ov, labs, firsts, "Models (the last run of each)"))
+
+    # ------------------------------------------------------------------ what it does not show
+    at_chance = [r["label"] for _, r in ov.iterrows()
+                 if r["vs_null_n"] > 0 and abs(r["vs_null_median"]) < CHANCE_BAND]
+    if at_chance:
+        out.caveats.append(
+            f"At the chance level (|median| < {CHANCE_BAND}): {', '.join(at_chance)}: "
+            "their raw coupling is what unrelated random bases give, not structure.")
+    few = [r["label"] for _, r in ov.iterrows() if r["measured"] and r["n_prompts"] < 5]
+    if few:
+        who = ("every run" if len(few) == int(ov["measured"].sum()) else ", ".join(few))
+        out.caveats.append(
+            f"Fewer than 5 prompts in {who}: the numbers describe these prompts, not a "
+            "population of inputs.")
+    if n_models < 3:
+        out.caveats.append(
+            f"{n_models} model{'s' if n_models > 1 else ''}: the runs cannot show a relation "
+            "between coupling and generalisation (the paper's claim is a regression across "
+            "many models with benchmark scores).")
+    nan_runs = [(r["label"], int(r["expodistance_nan"]), int(r["n_tokens"]))
+                for _, r in ov.iterrows() if r["expodistance_nan"] > 0]
+    if nan_runs:
+        out.caveats.append(
+            "Expodistance is NaN for " + "; ".join(f"{n} of {t} tokens of {lab}"
+                                                   for lab, n, t in nan_runs)
+            + f": {EXPODISTANCE_NAN_REASON}.")
+    wide = [r["label"] for _, r in ov.iterrows()
+            if r["n_tokens"] > 0 and r["expodistance_q25"] > 0
+            and r["expodistance_max"] / max(r["expodistance_q75"], 1e-300) > 100]
+    if wide:
+        out.caveats.append(
+            f"Expodistance is heavy-tailed for {', '.join(wide)} (single tokens more than "
+            "100 times the upper quartile): read medians, not means.")
+    if not has_null.any() and kinds:
+        out.caveats.append("The chance level was not measured (variant coupling_vs_null): raw "
+                           "c_K values of different K or different spectra are not comparable.")
+    return out

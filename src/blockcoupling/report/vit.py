@@ -1,0 +1,171 @@
+"""Figures of the ViT study (paper figs. 6, 11, 12), drawn from ``vit-train`` outputs only.
+
+The tables come from :func:`blockcoupling.studies.vit.grid.collect_runs` (one row per run)
+and :func:`~blockcoupling.studies.vit.grid.collect_epochs` (one row per run and epoch);
+``coupling`` is the mean depth-wise coupling at the [CLS] token over layer pairs l != l'
+(K = the run's ``k``, p = 1, orientation ujv), averaged over the measured test images.
+
+1. :func:`plot_coupling_vs_drop_path` - coupling against the stochastic-depth rate, one line
+   per weight decay (mean over seeds) [fig. 6 left].
+2. :func:`plot_coupling_vs_accuracy` - test accuracy against coupling, coloured by drop-path
+   rate, with the least-squares line, R^2 and p-value (scipy.stats.linregress) [fig. 6 right].
+3. :func:`plot_coupling_epochs` - coupling and test accuracy across epochs, one line per run
+   coloured by drop-path rate (epoch 0 = initialisation) [figs. 11, 12].
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from matplotlib import colormaps
+from matplotlib.colors import Normalize
+from matplotlib.figure import Figure
+
+from blockcoupling.report.figures import FigureUnavailable, save_figure
+from blockcoupling.report.figures.base import new_figure as _new_figure
+
+_CMAP = "viridis"
+
+
+def _finite(df: pd.DataFrame, *cols: str) -> pd.DataFrame:
+    return df.dropna(subset=list(cols)) if not df.empty else df
+
+
+def _colour_bar(fig: Figure, ax: Any, norm: Normalize, label: str) -> None:
+    from matplotlib.cm import ScalarMappable
+
+    fig.colorbar(ScalarMappable(norm=norm, cmap=colormaps[_CMAP]), ax=ax, label=label)
+
+
+def _norm(values: pd.Series) -> Normalize:
+    lo, hi = float(values.min()), float(values.max())
+    return Normalize(lo, hi if hi > lo else lo + 1e-9)
+
+
+def plot_coupling_vs_drop_path(runs: pd.DataFrame, *, column: str = "coupling") -> Figure:
+    """Coupling (``column``) against drop-path rate, one line per weight decay."""
+    df = _finite(runs, column)
+    if df.empty:
+        raise FigureUnavailable("no finished ViT runs with a coupling value")
+    fig = _new_figure(5.2, 3.6)
+    ax = fig.subplots()
+    norm = _norm(np.log10(df["weight_decay"].clip(lower=1e-12)))
+    for wd, g in df.groupby("weight_decay"):
+        agg = g.groupby("drop_path")[column].agg(["mean", "std", "count"]).reset_index()
+        colour = colormaps[_CMAP](norm(math.log10(max(float(wd), 1e-12))))
+        ax.plot(agg["drop_path"], agg["mean"], "o-", color=colour, label=f"wd {wd:g}")
+        if (agg["count"] > 1).any():
+            ax.fill_between(agg["drop_path"], agg["mean"] - agg["std"].fillna(0),
+                            agg["mean"] + agg["std"].fillna(0), color=colour, alpha=0.15)
+    ax.set_xlabel("stochastic-depth (drop-path) rate")
+    ax.set_ylabel("mean depth-wise coupling (CLS)")
+    ax.legend(fontsize=7, title="weight decay", title_fontsize=7, ncol=2)
+    ax.grid(alpha=0.3)
+    return fig
+
+
+def coupling_accuracy_fit(runs: pd.DataFrame, *, column: str = "coupling") -> dict[str, float]:
+    """Least squares of test accuracy on coupling: slope, intercept, r^2, p-value, n."""
+    from scipy import stats
+
+    df = _finite(runs, column, "test_accuracy")
+    if len(df) < 3 or df[column].nunique() < 2:
+        return {"slope": math.nan, "intercept": math.nan, "r2": math.nan, "p": math.nan,
+                "n": float(len(df))}
+    res = stats.linregress(df[column].to_numpy(float), df["test_accuracy"].to_numpy(float))
+    return {"slope": float(res.slope), "intercept": float(res.intercept),
+            "r2": float(res.rvalue**2), "p": float(res.pvalue), "n": float(len(df))}
+
+
+def plot_coupling_vs_accuracy(runs: pd.DataFrame, *, column: str = "coupling") -> Figure:
+    """Test accuracy against coupling, one point per run, coloured by drop-path rate."""
+    df = _finite(runs, column, "test_accuracy")
+    if df.empty:
+        raise FigureUnavailable("no finished ViT runs with coupling and test accuracy")
+    fig = _new_figure(5.2, 3.6)
+    ax = fig.subplots()
+    norm = _norm(df["drop_path"])
+    ax.scatter(df[column], df["test_accuracy"], c=df["drop_path"], cmap=_CMAP, norm=norm,
+               edgecolors="k", linewidths=0.4, zorder=3)
+    fit = coupling_accuracy_fit(df, column=column)
+    if not math.isnan(fit["r2"]):
+        xs = np.linspace(df[column].min(), df[column].max(), 50)
+        ax.plot(xs, fit["intercept"] + fit["slope"] * xs, "k--", lw=1,
+                label=f"fit: R$^2$ = {fit['r2']:.2f}, p = {fit['p']:.2g} (n = {int(fit['n'])})")
+        ax.legend(fontsize=7)
+    _colour_bar(fig, ax, norm, "drop-path rate")
+    ax.set_xlabel("mean depth-wise coupling (CLS)")
+    ax.set_ylabel("test accuracy")
+    ax.grid(alpha=0.3)
+    return fig
+
+
+def plot_coupling_epochs(epochs: pd.DataFrame) -> Figure:
+    """Coupling and test accuracy against epoch, one line per run (colour = drop-path rate)."""
+    df = _finite(epochs, "coupling")
+    if df.empty:
+        raise FigureUnavailable("no coupling was measured during training (monitor_every=0?)")
+    fig = _new_figure(8.6, 3.4)
+    ax_c, ax_a = fig.subplots(1, 2)
+    norm = _norm(df["drop_path"])
+    for _, g in df.groupby("name"):
+        g = g.sort_values("epoch")
+        colour = colormaps[_CMAP](norm(float(g["drop_path"].iloc[0])))
+        ax_c.plot(g["epoch"], g["coupling"], "o-", ms=3, color=colour, lw=1)
+    for _, g in epochs.groupby("name"):
+        g = g.sort_values("epoch")
+        colour = colormaps[_CMAP](norm(float(g["drop_path"].iloc[0])))
+        ax_a.plot(g["epoch"], g["test_accuracy"], "-", color=colour, lw=1)
+    from matplotlib.ticker import MaxNLocator
+
+    for ax in (ax_c, ax_a):
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax_c.set_xlabel("epoch")
+    ax_c.set_ylabel("mean depth-wise coupling (CLS)")
+    ax_a.set_xlabel("epoch")
+    ax_a.set_ylabel("test accuracy")
+    for ax in (ax_c, ax_a):
+        ax.grid(alpha=0.3)
+    _colour_bar(fig, ax_a, norm, "drop-path rate")
+    return fig
+
+
+FIGURES = {
+    "vit_coupling_vs_drop_path": lambda runs, epochs: plot_coupling_vs_drop_path(runs),
+    "vit_coupling_vs_accuracy": lambda runs, epochs: plot_coupling_vs_accuracy(runs),
+    "vit_coupling_epochs": lambda runs, epochs: plot_coupling_epochs(epochs),
+}
+
+
+def write_vit_figures(root: str | Path, out: str | Path, *,
+                      formats: tuple[str, ...] = ("png",)) -> list[Path]:
+    """Every ViT figure for the ``vit-train`` outputs under ``root`` into ``out``, plus
+    ``vit_runs.csv`` and ``vit_epochs.csv`` (the tables they are drawn from). A figure whose
+    data is missing is skipped. Returns the paths written."""
+    from blockcoupling.studies.vit.grid import collect_epochs, collect_runs
+
+    runs = collect_runs(root)
+    epochs = collect_epochs(root)
+    if runs.empty:
+        raise FigureUnavailable(f"no vit-train outputs (metrics.json) under {root}")
+    outp = Path(out)
+    outp.mkdir(parents=True, exist_ok=True)
+    written = []
+    runs.to_csv(outp / "vit_runs.csv", index=False)
+    epochs.to_csv(outp / "vit_epochs.csv", index=False)
+    written += [outp / "vit_runs.csv", outp / "vit_epochs.csv"]
+    for name, make in FIGURES.items():
+        try:
+            fig = make(runs, epochs)
+        except FigureUnavailable:
+            continue
+        written += save_figure(fig, outp / name, formats)
+    return written
+
+
+__all__ = ["FIGURES", "coupling_accuracy_fit", "plot_coupling_epochs",
+           "plot_coupling_vs_accuracy", "plot_coupling_vs_drop_path", "write_vit_figures"]

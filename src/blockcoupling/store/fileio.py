@@ -1,0 +1,191 @@
+"""Low-level file I/O of run directories: atomic writes, checksums, the writer's lock, and
+operating-system errors turned into messages that say what to do.
+
+Contracts:
+
+- :func:`atomic_write_bytes` either leaves ``path`` as it was or replaces it whole (temporary
+  file, ``fsync``, one ``os.replace``, ``fsync`` of the directory).
+- :func:`write_temp` writes a durable temporary sibling that a later ``os.replace`` commits.
+- :class:`DirLock` is an exclusive, non-blocking ``flock`` on ``RUN/.lock`` holding the
+  writer's PID; releasing it removes the file, so a finished run keeps no ``.lock``.
+- :func:`disk_errors` turns an ``OSError`` (disk full, read-only, permission, a path under a
+  file) into a :class:`RunDirError` whose message names the path and the way out.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import hashlib
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+from blockcoupling.errors import RunDirError
+
+TMP_PREFIX = ".tmp-"
+LOCK = ".lock"
+
+
+# ---------------------------------------------------------------------------- checksums
+def sha256_bytes(data: bytes) -> str:
+    """``"sha256:<hex>"`` of ``data``."""
+    return "sha256:" + hashlib.sha256(data).hexdigest()
+
+
+# ---------------------------------------------------------------------------- durable writes
+def fsync_dir(path: Path) -> None:
+    with contextlib.suppress(OSError):
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def write_file(path: Path, data: bytes) -> None:
+    """Write and ``fsync`` ``data`` (no rename; for files inside a temporary directory)."""
+    with open(path, "wb") as fh:
+        fh.write(data)
+        fh.flush()
+        os.fsync(fh.fileno())
+
+
+def temp_path(path: Path) -> Path:
+    """The temporary sibling a write of ``path`` goes through (``.tmp-<name>-<pid>``)."""
+    return path.with_name(f"{TMP_PREFIX}{path.name}-{os.getpid()}")
+
+
+def write_temp(path: Path, data: bytes) -> Path:
+    """Durably write ``data`` to the temporary sibling of ``path``; return that sibling."""
+    tmp = temp_path(path)
+    write_file(tmp, data)
+    return tmp
+
+
+def temp_candidates(path: Path) -> list[Path]:
+    """Temporary siblings of ``path`` left by any writer process."""
+    prefix = f"{TMP_PREFIX}{path.name}-"
+    if not path.parent.is_dir():
+        return []
+    return sorted(p for p in path.parent.iterdir() if p.name.startswith(prefix) and p.is_file())
+
+
+def commit_temp(tmp: Path, path: Path) -> None:
+    os.replace(tmp, path)
+    fsync_dir(path.parent)
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` through a temporary file and one ``os.replace``."""
+    commit_temp(write_temp(path, data), path)
+
+
+# ---------------------------------------------------------------------------- OS errors
+def describe_os_error(err: OSError, root: Path) -> str:
+    """One sentence for an operating-system error met while writing run directory ``root``."""
+    where = err.filename or root
+    if err.errno == errno.ENOSPC or err.errno == errno.EDQUOT:
+        return (
+            f"no space left on the device while writing {where}. The prompts finished before "
+            f"are safe in {root}: free some space, then run the same command again with --resume"
+        )
+    if err.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
+        return (
+            f"cannot write {where} ({err.strerror}); choose a --out on a writable disk, or "
+            "fix the folder's permissions"
+        )
+    if err.errno in (errno.ENOTDIR, errno.EEXIST) and not root.is_dir():
+        return (
+            f"cannot create the run directory {root}: a part of that path is a file, not a "
+            "folder; choose another --out"
+        )
+    return f"cannot write {where} ({err.strerror or err}); check the disk and the path of --out"
+
+
+@contextlib.contextmanager
+def disk_errors(root: Path) -> Iterator[None]:
+    """Re-raise ``OSError`` as :class:`RunDirError` with a message that says what to do."""
+    try:
+        yield
+    except RunDirError:
+        raise
+    except OSError as err:
+        raise RunDirError(describe_os_error(err, root)) from err
+
+
+# ---------------------------------------------------------------------------- lock
+class DirLock:
+    """The exclusive writer lock of a run directory (``RUN/.lock`` holding the PID)."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.path = root / LOCK
+        self.fd: int | None = None
+        for _ in range(10):  # the file may be removed by a finishing holder between open and flock
+            fd = self._try(os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644))
+            if fd is not None:
+                self.fd = fd
+                break
+        else:  # pragma: no cover - a lock file replaced ten times in a row
+            raise RunDirError(f"cannot lock {self.path}: it keeps changing; try again")
+        os.ftruncate(self.fd, 0)
+        os.pwrite(self.fd, f"{os.getpid()}\n".encode(), 0)
+
+    def _try(self, fd: int) -> int | None:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as err:
+            holder = ""
+            with contextlib.suppress(OSError, ValueError, UnicodeDecodeError):
+                holder = os.pread(fd, 64, 0).decode().strip()
+            os.close(fd)
+            if err.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                raise RunDirError(f"cannot lock {self.path}: {err.strerror}") from err
+            who = f" (PID {holder})" if holder else ""
+            raise RunDirError(
+                f"run directory {self.root} is in use by another blockcoupling process{who}; "
+                "wait for it to finish or stop it, or choose a new --out"
+            ) from err
+        # we hold a lock on the file we opened: make sure it is still the one at the path
+        try:
+            same = os.path.samestat(os.fstat(fd), os.stat(self.path))
+        except FileNotFoundError:
+            same = False
+        if not same:
+            os.close(fd)
+            return None
+        return fd
+
+    def release(self) -> None:
+        """Remove ``.lock`` (while still holding it) and release it."""
+        if self.fd is None:
+            return
+        with contextlib.suppress(OSError):
+            self.path.unlink()
+        with contextlib.suppress(OSError):
+            fcntl.flock(self.fd, fcntl.LOCK_UN)
+        with contextlib.suppress(OSError):
+            os.close(self.fd)
+        self.fd = None
+
+
+def lock_holder(root: Path) -> str | None:
+    """The PID of a live writer of ``root`` (as written in its lock), or None if none holds it."""
+    path = root / LOCK
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except OSError:
+            with contextlib.suppress(OSError, ValueError, UnicodeDecodeError):
+                return os.pread(fd, 64, 0).decode().strip() or "?"
+            return "?"
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return None
+    finally:
+        os.close(fd)

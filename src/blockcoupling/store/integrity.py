@@ -1,0 +1,178 @@
+"""What a run directory holds, verified: sealed part descriptions, checksummed files, no prompt
+stored twice, nothing unknown to the manifest.
+
+Every part directory carries ``part.json``: its prompt ids and the sha256 of each of its files,
+sealed by its own digest. The manifest's ``consolidated`` entry holds the sha256 of each
+consolidated file (tables and ``arrays.npz``), the parts merged into them and their prompt
+ids. :func:`scan` checks the structure (seals, duplicates, unknown prompts) without reading
+the tables; :func:`verified_bytes` checks a file's checksum as it is read.
+
+Consolidation writes the new files to temporary names, commits the manifest that names their
+checksums, then renames them into place. A kill between the commit and the renames leaves
+temporary files whose checksums match the manifest: :func:`verified_bytes` reads them and a
+resuming writer renames them (``roll_forward``), so a run is never stuck half-consolidated.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from blockcoupling.engine.results import TABLES
+from blockcoupling.errors import RunDirError
+from blockcoupling.store.fileio import commit_temp, sha256_bytes, temp_candidates
+from blockcoupling.store.manifest import ARRAYS, MANIFEST, PART_META, PARTS, digest_of
+
+TABLE_FILES: tuple[str, ...] = tuple(f"{name}.parquet" for name in TABLES)
+DATA_FILES: tuple[str, ...] = (*TABLE_FILES, ARRAYS)
+
+
+@dataclass
+class Part:
+    """A finished part directory and what its ``part.json`` says it holds."""
+
+    path: Path
+    prompt_ids: list[str]
+    files: dict[str, str]  # file name -> "sha256:<hex>"
+
+
+@dataclass
+class RunContents:
+    """The verified structure of a run directory."""
+
+    consolidated_ids: list[str] = field(default_factory=list)
+    consolidated_files: dict[str, str] = field(default_factory=dict)
+    parts: list[Part] = field(default_factory=list)  # pending (not yet merged), in write order
+    stale: list[Path] = field(default_factory=list)  # merged parts a kill left behind
+
+    @property
+    def done(self) -> set[str]:
+        return set(self.consolidated_ids).union(*(p.prompt_ids for p in self.parts))
+
+
+def part_hint(part: Path) -> str:
+    return (f"Delete the part directory {part} and continue the run with --resume to "
+            "recompute its prompts.")
+
+
+def consolidated_hint(root: Path) -> str:
+    return (
+        f"The parts it was consolidated from were removed when the run finished, so --resume "
+        f"cannot rebuild it: restore the file from a backup, or re-run the measurement into a "
+        f"new --out (or delete {root} and run the same command again)."
+    )
+
+
+def part_meta_bytes(prompt_ids: list[str], files: Mapping[str, bytes], written: str) -> bytes:
+    data: dict[str, Any] = {
+        "prompt_ids": list(prompt_ids),
+        "written": written,
+        "files": {name: sha256_bytes(b) for name, b in files.items()},
+    }
+    data["digest"] = digest_of(data)
+    return (json.dumps(data, indent=1) + "\n").encode()
+
+
+def read_part(part: Path) -> Part:
+    path = part / PART_META
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        ids, files = data["prompt_ids"], data.get("files")
+        if not isinstance(ids, list) or not all(isinstance(i, str) for i in ids) or not ids:
+            raise ValueError("prompt_ids is not a list of prompt ids")
+        if "digest" in data and data["digest"] != digest_of(data):
+            raise ValueError("it was changed after it was written (digest mismatch)")
+        if files is None:  # format 1: no checksums
+            files = {}
+        if not isinstance(files, dict):
+            raise ValueError("files is not a mapping")
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise RunDirError(f"part {part} is damaged ({PART_META}: {err}). {part_hint(part)}") from err
+    return Part(part, ids, files)
+
+
+def part_dirs(root: Path) -> list[Path]:
+    """Finished part directories, in write order (temporary directories are ignored)."""
+    parts = root / PARTS
+    if not parts.is_dir():
+        return []
+    return sorted(p for p in parts.iterdir() if p.name.startswith("part-") and p.is_dir())
+
+
+def scan(root: Path, manifest: Mapping[str, Any]) -> RunContents:
+    """The run's consolidated prompts and pending parts; RunDirError if a prompt is stored
+    twice (e.g. a copied part directory) or a part holds a prompt the manifest does not list."""
+    cons = manifest.get("consolidated") or {}
+    if not isinstance(cons, dict):
+        raise RunDirError(f"{root / MANIFEST}: 'consolidated' is damaged; re-run into a new --out")
+    out = RunContents(consolidated_ids=list(cons.get("prompt_ids", [])),
+                      consolidated_files=dict(cons.get("files", {})))
+    if manifest.get("format_version", 1) >= 2 and manifest["status"] == "complete" and not cons:
+        raise RunDirError(
+            f"{root / MANIFEST} says the run is complete but lists no consolidated files; the "
+            "manifest was altered. Restore it from a backup or re-run into a new --out."
+        )
+    merged = set(cons.get("parts", []))
+    known = {p["prompt_id"] for p in manifest["prompts"]}
+    owner: dict[str, str] = {pid: "the consolidated tables" for pid in out.consolidated_ids}
+    for path in part_dirs(root):
+        if path.name in merged:
+            out.stale.append(path)
+            continue
+        part = read_part(path)
+        for pid in part.prompt_ids:
+            if pid not in known:
+                raise RunDirError(
+                    f"part {path} holds prompt {pid!r}, which the run's manifest does not list; "
+                    f"it does not belong to this run: remove it. {part_hint(path)}"
+                )
+            if pid in owner:
+                raise RunDirError(
+                    f"prompt {pid!r} is stored twice in {root}: in {owner[pid]} and in {path} "
+                    f"(a copied part directory?); delete the copy {path}, then read or resume "
+                    "the run again"
+                )
+            owner[pid] = str(path)
+        out.parts.append(part)
+    return out
+
+
+def verified_bytes(path: Path, expected: str | None, hint: str) -> bytes:
+    """The bytes of ``path``, checked against ``expected`` ("sha256:<hex>"; None: unchecked,
+    format 1). A missing or mismatching file is served from a matching temporary sibling
+    (a consolidation killed after its commit), else RunDirError with ``hint``."""
+    data: bytes | None = None
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        pass
+    except OSError as err:
+        raise RunDirError(f"cannot read {path} ({err.strerror}). {hint}") from err
+    if data is not None and (expected is None or sha256_bytes(data) == expected):
+        return data
+    if expected is not None:
+        for tmp in temp_candidates(path):
+            alt = tmp.read_bytes()
+            if sha256_bytes(alt) == expected:
+                return alt
+    if data is None:
+        raise RunDirError(f"{path} is missing; the run directory is incomplete. {hint}")
+    raise RunDirError(
+        f"{path} is damaged or was altered: its checksum does not match the one recorded when "
+        f"it was written. {hint}"
+    )
+
+
+def roll_forward(root: Path, files: Mapping[str, str]) -> None:
+    """Finish a consolidation killed after its commit: rename matching temporary files."""
+    for name, expected in files.items():
+        path = root / name
+        if path.is_file() and sha256_bytes(path.read_bytes()) == expected:
+            continue
+        for tmp in temp_candidates(path):
+            if sha256_bytes(tmp.read_bytes()) == expected:
+                commit_temp(tmp, path)
+                break

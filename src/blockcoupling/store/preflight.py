@@ -1,0 +1,47 @@
+"""Checks that run before a run directory is created, so a measure that cannot finish fails
+at once and leaves nothing behind that refuses the corrected command.
+
+Everything that can be checked without the expensive work is checked here: the config
+against the model (K <= d, layers within 1..L, the analysis device) and every prompt (it
+tokenizes, to at least one token that is not a special token, within the model's context).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from blockcoupling.engine.blocks import find_blocks
+from blockcoupling.engine.config import MeasureConfig
+from blockcoupling.engine.inputs import normalise_inputs, tokenize
+from blockcoupling.errors import BlockCouplingError
+
+
+def preflight(model: torch.nn.Module, tokenizer: Any, prompts: Any, cfg: MeasureConfig) -> None:
+    """Raise :class:`BlockCouplingError` for anything that would stop the run part-way."""
+    spec = find_blocks(model, cfg.blocks_path)
+    if spec.hidden_size:  # a custom model's hidden size is known only after its first capture
+        cfg.check_model(spec.num_layers, spec.hidden_size)
+    elif cfg.layers is not None and max(cfg.layers) > spec.num_layers:
+        cfg.check_model(spec.num_layers, max(cfg.k))
+    if cfg.analysis_device is not None:
+        from blockcoupling.loading import resolve_device
+
+        resolve_device(cfg.analysis_device)
+    items = [it for it in normalise_inputs(prompts) if it.is_text]  # ready-made: no tokens
+    if not items:
+        return
+    special = set(getattr(tokenizer, "all_special_ids", []) or [])
+    cpu = torch.device("cpu")
+    for i in range(0, len(items), cfg.batch_size):
+        chunk = items[i:i + cfg.batch_size]
+        enc = tokenize(tokenizer, chunk, model, cpu)  # raises for empty or too long prompts
+        for item, ids, mask in zip(chunk, enc["input_ids"], enc["attention_mask"], strict=True):
+            real = ids[mask.bool()].tolist()
+            if special and all(t in special for t in real):
+                raise BlockCouplingError(
+                    f"prompt {item.prompt_id!r} ({item.text[:40]!r}) has no text token, only "
+                    "the tokenizer's special tokens; give it text the tokenizer knows, or "
+                    "remove it"
+                )

@@ -1,0 +1,37 @@
+"""Sweeps: many models, revisions, checkpoints and prompt sets measured as resumable units,
+on Ray (default) or in this process, read back as one set of tables.
+
+>>> import blockcoupling as bc
+>>> s = bc.run_sweep("study.yaml", "sweeps/pythia")           # doctest: +SKIP
+>>> s = bc.open_sweep("sweeps/pythia"); s.summary()           # doctest: +SKIP
+
+Modules: :mod:`.spec` (the YAML spec), :mod:`.units` (expansion, unit ids, checkpoints),
+:mod:`.store` (the sweep directory), :mod:`.runner` (executors), :mod:`.read` (open_sweep).
+"""
+
+from blockcoupling.studies.sweep.read import Sweep, open_sweep, sweep_status
+from blockcoupling.studies.sweep.runner import EXECUTORS, SweepError, run_sweep, run_unit, start_ray
+from blockcoupling.studies.sweep.spec import ModelSpec, SpecError, SweepSpec, load_spec, parse_spec
+from blockcoupling.studies.sweep.store import is_sweep_dir
+from blockcoupling.studies.sweep.units import Unit, discover_checkpoints, expand, parse_step
+
+__all__ = [
+    "EXECUTORS",
+    "ModelSpec",
+    "SpecError",
+    "Sweep",
+    "SweepError",
+    "SweepSpec",
+    "Unit",
+    "discover_checkpoints",
+    "expand",
+    "is_sweep_dir",
+    "load_spec",
+    "open_sweep",
+    "parse_spec",
+    "parse_step",
+    "run_sweep",
+    "run_unit",
+    "start_ray",
+    "sweep_status",
+]

@@ -1,0 +1,293 @@
+"""Running a sweep: one task per unit on Ray (default) or in this process (``local``).
+
+Each unit is measured by :func:`run_unit` into ``SWEEP/units/<unit_id>`` with
+``measure_to_dir(..., resume=True)``: a unit whose worker was killed is retried by Ray
+(``max_retries``) and continues from its finished prompts; a driver killed at any point is
+continued with ``resume=True`` (CLI ``--resume``), which skips units already done. A unit that
+fails for a user reason (missing revision, prompt too long for the model, ...) is marked
+``failed`` with its message and the others go on.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+import traceback
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from blockcoupling.errors import BlockCouplingError, RunDirError
+from blockcoupling.studies.sweep import store
+from blockcoupling.studies.sweep.spec import SweepSpec, load_spec
+from blockcoupling.studies.sweep.units import Unit, expand
+
+EXECUTORS = ("ray", "local")
+#: environment variables that reach every Ray worker (offline mode and caches)
+FORWARDED_ENV = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE", "HF_HOME",
+                 "HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "TRANSFORMERS_CACHE",
+                 "HF_DATASETS_CACHE", "TORCH_HOME", "XDG_CACHE_HOME")
+#: object store of a local cluster: units return small records, never tensors
+LOCAL_OBJECT_STORE_BYTES = 200 * 2**20
+#: how long a unit waits for a run directory still locked by a dying worker
+UNIT_LOCK_WAIT_S = 120.0
+
+
+class SweepError(BlockCouplingError):
+    """The sweep cannot start or continue (the message says what to do)."""
+
+
+# ============================================================================ one unit
+def run_unit(unit: Unit | Mapping[str, Any], root: str | os.PathLike[str]) -> dict[str, Any]:
+    """Measure one unit into ``root/units/<unit_id>`` and record its status; returns the
+    status record. Never raises for a failing unit (it is recorded as ``failed``)."""
+    from blockcoupling.engine.config import MeasureConfig
+    from blockcoupling.loading import load_model
+    from blockcoupling.prompts.sources import load_prompts
+    from blockcoupling.store.record import measure_to_dir
+    from blockcoupling.store.rundir import is_run_dir, open_run
+
+    u = unit if isinstance(unit, Unit) else Unit.from_dict(dict(unit))
+    rootp = Path(root)
+    attempts = int((store.read_status(rootp, u.unit_id) or {}).get("attempts", 0)) + 1
+    store.write_status(rootp, u, "running", attempts=attempts, pid=os.getpid(),
+                       host=socket.gethostname(), started=store.now(), message=None)
+    out = store.unit_dir(rootp, u.unit_id)
+    t0 = time.perf_counter()
+    try:
+        if is_run_dir(out) and _complete(out):
+            m = open_run(out)
+        else:
+            cfg = MeasureConfig.from_dict(dict(u.config))
+            if u.prompt_texts:  # an inline set: ids p00000, p00001, ... (limit: the first N)
+                prompts = list(u.prompt_texts)[: u.limit] if u.limit else list(u.prompt_texts)
+            else:
+                prompts = load_prompts(u.prompt_set, limit=u.limit, seed=cfg.seed)
+            model, tok = load_model(u.model, revision=u.revision, dtype=u.dtype, device=u.device,
+                                    trust_remote_code=u.trust_remote_code)
+            meta = {"model": u.model, "revision": u.revision, "label": u.label, "step": u.step,
+                    "unit_id": u.unit_id, "prompt_set": u.prompt_set}
+            m = _measure_waiting_for_lock(
+                lambda: measure_to_dir(model, tok, prompts, out, meta=meta,
+                                       prompts_spec=u.prompt_set, resume=True, progress=False,
+                                       config=cfg))
+    except BlockCouplingError as err:
+        return store.write_status(rootp, u, "failed", message=str(err), finished=store.now(),
+                                  seconds=time.perf_counter() - t0)
+    except Exception as err:  # a bug or an environment problem: keep the others going
+        last = traceback.format_exception_only(type(err), err)[-1].strip()
+        return store.write_status(rootp, u, "failed", finished=store.now(),
+                                  message=f"unexpected error (please report it): {last}",
+                                  seconds=time.perf_counter() - t0)
+    return store.write_status(rootp, u, "done", message=None, finished=store.now(),
+                              seconds=time.perf_counter() - t0,
+                              weights_hash=m.meta.get("weights_hash"), n_prompts=len(m.prompts))
+
+
+def _complete(run_dir: Path) -> bool:
+    try:
+        return json.loads((run_dir / "manifest.json").read_text()).get("status") == "complete"
+    except (OSError, ValueError):
+        return False
+
+
+def _measure_waiting_for_lock(fn: Callable[[], Any]) -> Any:
+    """Call ``fn``; while the unit's run directory is still locked (a killed driver's worker
+    that has not exited yet), wait and try again, up to ``UNIT_LOCK_WAIT_S``."""
+    deadline = time.monotonic() + UNIT_LOCK_WAIT_S
+    while True:
+        try:
+            return fn()
+        except RunDirError as err:
+            if "in use by another" not in str(err) or time.monotonic() > deadline:
+                raise
+            time.sleep(1.0)
+
+
+# ============================================================================ executors
+def import_ray() -> Any:
+    """``ray``, or a SweepError saying how to install it."""
+    try:
+        import ray
+    except ImportError as err:
+        raise SweepError("the Ray executor needs ray: pip install 'blockcoupling[sweep]' (or "
+                         "run with --executor local, in this process)") from err
+    return ray
+
+
+def worker_env() -> dict[str, str]:
+    """The environment variables sent to every worker (``FORWARDED_ENV`` that are set)."""
+    return {k: os.environ[k] for k in FORWARDED_ENV if k in os.environ}
+
+
+def start_ray(address: str | None = None, *, num_cpus: int | None = None,
+              object_store_memory: int | None = LOCAL_OBJECT_STORE_BYTES) -> str:
+    """Connect to the Ray cluster at ``address``, or start a small local one (no dashboard,
+    a 200 MB object store); offline mode and cache settings reach the workers. Returns the
+    cluster address. Does nothing if Ray is already initialised in this process."""
+    ray = import_ray()
+    if not ray.is_initialized():
+        kwargs: dict[str, Any] = {"runtime_env": {"env_vars": worker_env()},
+                                  "include_dashboard": False, "log_to_driver": True,
+                                  "logging_level": "WARNING"}
+        try:
+            if address:
+                ray.init(address=address, **kwargs)
+            else:
+                ray.init(num_cpus=num_cpus, object_store_memory=object_store_memory, **kwargs)
+        except Exception as err:  # ray raises bare Exception, e.g. a node start-up timeout
+            where = f"the Ray cluster at {address}" if address else "a local Ray cluster"
+            raise SweepError(f"could not start or reach {where}: "
+                             f"{str(err).splitlines()[0] if str(err) else type(err).__name__}; "
+                             "check --address (e.g. ray://head:10001), try again on a less busy "
+                             "machine, or use --executor local"
+                             ) from err
+    return str(ray.get_runtime_context().gcs_address)
+
+
+def _ray_unit(unit: dict[str, Any], root: str) -> dict[str, Any]:  # runs on a Ray worker
+    return run_unit(unit, root)
+
+
+def _execute_ray(root: Path, units: list[Unit], *, address: str | None, retries: int,
+                 num_cpus: int | None, progress: Callable[[dict[str, Any]], None],
+                 session: dict[str, Any]) -> None:
+    ray = import_ray()
+    session["ray_version"] = ray.__version__
+    if not units:  # nothing left to run: no cluster needed
+        return
+    started_here = not ray.is_initialized()
+    session["address"] = start_ray(address, num_cpus=num_cpus)
+    try:
+        task = ray.remote(_ray_unit)
+        refs = {task.options(num_cpus=u.num_cpus, num_gpus=u.num_gpus, max_retries=retries,
+                             retry_exceptions=False, name=f"unit:{u.unit_id}")
+                .remote(u.to_dict(), str(root)): u for u in units}
+        while refs:
+            ready, _ = ray.wait(list(refs), num_returns=1)
+            for ref in ready:
+                u = refs.pop(ref)
+                try:
+                    rec = ray.get(ref)
+                except ray.exceptions.RayError as err:
+                    first = (str(err).strip().splitlines() or [type(err).__name__])[0]
+                    rec = store.write_status(
+                        root, u, "failed", finished=store.now(),
+                        message=f"the worker running this unit died {retries + 1} time(s) "
+                                f"({type(err).__name__}: {first}); resume the sweep with "
+                                "--resume to try again")
+                progress(rec)
+    finally:
+        if started_here:
+            ray.shutdown()
+
+
+def _execute_local(root: Path, units: list[Unit],
+                   progress: Callable[[dict[str, Any]], None]) -> None:
+    for u in units:
+        progress(run_unit(u, root))
+
+
+# ============================================================================ the sweep
+def _spec_diff(old: Any, new: Any, prefix: str = "") -> list[str]:
+    if isinstance(old, dict) and isinstance(new, dict):
+        out = []
+        for k in sorted(set(old) | set(new)):
+            out += _spec_diff(old.get(k), new.get(k), f"{prefix}{k}.")
+        return out
+    return [] if old == new else [f"{prefix.rstrip('.')}: sweep has {old!r}, now {new!r}"]
+
+
+def run_sweep(spec: str | os.PathLike[str] | Mapping[str, Any] | SweepSpec,
+              out: str | os.PathLike[str], *, executor: str = "ray", address: str | None = None,
+              resume: bool = False, progress: bool = True, num_cpus: int | None = None,
+              retries: int | None = None) -> Any:
+    """Run (or with ``resume=True`` continue) a sweep into the directory ``out`` and return
+    :func:`open_sweep` of it.
+
+    ``spec``: a YAML file, a mapping of the same form, or a :class:`SweepSpec`. ``executor``:
+    ``"ray"`` (one task per unit; a local cluster is started unless ``address`` names one, or
+    the Ray already initialised in this process is used) or ``"local"`` (units one after the
+    other in this process, for debugging). ``retries``: Ray retries of a unit whose worker
+    died (default: the spec's ``retries``, 3). Units already done are skipped on resume;
+    failed and unfinished ones run again.
+    """
+    from blockcoupling.studies.sweep.read import open_sweep
+
+    if executor not in EXECUTORS:
+        raise SweepError(f"executor {executor!r}: choose ray or local")
+    sp = load_spec(spec)
+    if executor == "ray":
+        import_ray()
+    units = expand(sp)
+    root = Path(out)
+    if root.exists() and not root.is_dir():
+        raise SweepError(f"--out {root} is a file; give a directory for the sweep")
+    spec_dict = json.loads(json.dumps(sp.to_dict(), default=str))
+    with store.sweep_lock(root):
+        if store.is_sweep_dir(root):
+            manifest = store.load_manifest(root)
+            if not resume:
+                raise SweepError(f"{root} already holds a sweep; continue it with --resume, or "
+                                 "choose a new --out")
+            if manifest.get("kind") != "sweep":
+                raise SweepError(f"{root} holds a {manifest.get('kind')} directory, not a "
+                                 "sweep; choose a new --out")
+            diffs = _spec_diff(manifest.get("spec"), spec_dict)
+            if diffs:
+                raise SweepError(f"cannot resume {root}: the spec differs from the sweep's ("
+                                 + "; ".join(diffs[:3]) + "); resume with the original spec, "
+                                 "or choose a new --out")
+        else:
+            others = [p for p in root.iterdir() if p.name != store.LOCK]
+            if others:
+                raise SweepError(f"{root} is not empty and holds no sweep; choose a new --out")
+            manifest = store.new_manifest("sweep", spec_dict)
+        manifest["order"] = [u.unit_id for u in units]
+        session: dict[str, Any] = {"started": store.now(), "executor": executor,
+                                   "resume": bool(resume), "units": len(units)}
+        manifest["sessions"].append(session)
+        store.write_json(root / store.MANIFEST, manifest)
+
+        todo: list[Unit] = []
+        for u in units:
+            rec = store.read_status(root, u.unit_id)
+            if rec is not None and rec.get("status") == "done":
+                continue
+            store.write_status(root, u, "pending")
+            todo.append(u)
+        store.write_catalogue(root)
+
+        bar = None
+        if progress:
+            from tqdm.auto import tqdm
+
+            bar = tqdm(total=len(units), initial=len(units) - len(todo), desc="sweep",
+                       unit="unit")
+        failed = 0
+
+        def report(rec: dict[str, Any]) -> None:
+            nonlocal failed
+            failed += rec.get("status") == "failed"
+            store.write_catalogue(root)
+            if bar is not None:
+                bar.update(1)
+                bar.set_postfix(failed=failed)
+
+        try:
+            if executor == "ray":
+                _execute_ray(root, todo, address=address, num_cpus=num_cpus,
+                             retries=sp.retries if retries is None else retries,
+                             progress=report, session=session)
+            else:
+                _execute_local(root, todo, report)
+        finally:
+            if bar is not None:
+                bar.close()
+            session["finished"] = store.now()
+            session["failed"] = failed
+            store.write_json(root / store.MANIFEST, manifest)
+            store.write_catalogue(root)
+    return open_sweep(root)

@@ -1,0 +1,309 @@
+"""Sweep specifications: a YAML file (or a dict) parsed into a validated :class:`SweepSpec`.
+
+```yaml
+models:
+  - label: pythia-1b
+    model: EleutherAI/pythia-1b            # hub id or local folder
+    revisions: [step0, step1000, step143000]
+  - label: my-run
+    checkpoints: runs/train/checkpoint-*   # local checkpoint folders (HF Trainer layout)
+prompts: [builtin:capital, builtin:benchmark_styles]
+limit: 100                                  # prompts per set (optional)
+measure: {coupling: [depth], k: [10], tokens: last}   # any MeasureConfig field
+```
+
+Every key is checked: an unknown key, a wrong type or an empty list is a
+:class:`~blockcoupling.errors.BlockCouplingError` that names the key and says what to write.
+Relative paths (local models, checkpoint globs, prompt files) are relative to the spec file's
+folder (to the current folder for a dict).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from blockcoupling.engine.config import MeasureConfig
+from blockcoupling.errors import BlockCouplingError
+
+TOP_KEYS = ("models", "prompts", "limit", "seed", "measure", "resources", "dtype", "device",
+            "retries", "name")
+MODEL_KEYS = ("label", "model", "revisions", "steps", "checkpoints", "dtype", "device",
+              "resources", "trust_remote_code")
+RESOURCE_KEYS = ("num_cpus", "num_gpus")
+# MeasureConfig fields a spec may not set: the sweep chooses them itself.
+_MEASURE_FORBIDDEN: tuple[str, ...] = ("extra",)
+
+
+class SpecError(BlockCouplingError):
+    """The sweep specification is invalid (the message names the key and the fix)."""
+
+
+@dataclass(frozen=True)
+class Resources:
+    """What one unit asks the executor for (Ray: the task's ``num_cpus`` / ``num_gpus``)."""
+
+    num_cpus: float = 1.0
+    num_gpus: float = 0.0
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """One entry of ``models:``: a model and the revisions or checkpoints to measure."""
+
+    label: str
+    model: str | None = None             # hub id or local folder (None: checkpoints only)
+    revisions: tuple[str, ...] = ()      # hub revisions (branches, tags, commits, Pythia stepN)
+    checkpoints: str | tuple[str, ...] | None = None  # glob or list of local folders
+    dtype: str = "auto"
+    device: str = "auto"
+    resources: Resources = field(default_factory=Resources)
+    trust_remote_code: bool = False
+
+
+@dataclass(frozen=True)
+class SweepSpec:
+    """A validated sweep: models x (revisions | checkpoints) x prompt sets, one config."""
+
+    models: tuple[ModelSpec, ...]
+    prompts: tuple[str, ...]             # prompt specs; inline sets are "inline:<name>"
+    config: MeasureConfig
+    measure: dict[str, Any]              # the user's measure: mapping, as given (normalised)
+    limit: int | None = None
+    seed: int = 0
+    retries: int = 3
+    name: str = ""
+    base_dir: str = "."                  # where relative paths are resolved
+    inline_prompts: dict[str, tuple[str, ...]] = field(default_factory=dict)  # name -> texts
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain data (JSON-safe) that :func:`parse_spec` reads back to an equal spec."""
+        out = dataclasses.asdict(self)
+        out.pop("config")
+        for m in out["models"]:
+            m["revisions"] = list(m["revisions"])
+            if isinstance(m["checkpoints"], tuple):
+                m["checkpoints"] = list(m["checkpoints"])
+        out["prompts"] = list(self.prompts)
+        out["inline_prompts"] = {k: list(v) for k, v in self.inline_prompts.items()}
+        return out
+
+
+def _where(ctx: str) -> str:
+    return f" (in {ctx})" if ctx else ""
+
+
+def _check_keys(data: Mapping[str, Any], allowed: Sequence[str], ctx: str) -> None:
+    unknown = [k for k in data if k not in allowed]
+    if unknown:
+        raise SpecError(f"unknown key {unknown[0]!r}{_where(ctx)}; allowed keys: "
+                        + ", ".join(allowed))
+
+
+def _str_list(value: Any, key: str, ctx: str) -> tuple[str, ...]:
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, Sequence) or not all(isinstance(v, (str, int)) for v in value):
+        raise SpecError(f"{key}{_where(ctx)} must be a string or a list of strings, "
+                        f"not {value!r}")
+    return tuple(str(v) for v in value)
+
+
+def _int(value: Any, key: str, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise SpecError(f"{key} must be a whole number >= {minimum}, not {value!r}")
+    return value
+
+
+def _resources(value: Any, ctx: str, default: Resources) -> Resources:
+    if value is None:
+        return default
+    if not isinstance(value, Mapping):
+        raise SpecError(f"resources{_where(ctx)} must be a mapping such as "
+                        "{num_cpus: 1, num_gpus: 1}")
+    _check_keys(value, RESOURCE_KEYS, f"{ctx}.resources" if ctx else "resources")
+    out = {}
+    for key in RESOURCE_KEYS:
+        v = value.get(key, getattr(default, key))
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0:
+            raise SpecError(f"resources.{key}{_where(ctx)} must be a number >= 0, not {v!r}")
+        out[key] = float(v)
+    return Resources(**out)
+
+
+def _resolve(path: str, base: Path) -> str:
+    """A local path made absolute against ``base``; hub ids (``org/name``) pass unchanged."""
+    p = Path(path).expanduser()
+    if p.is_absolute():
+        return str(p)
+    candidate = base / p
+    explicit = path.startswith((".", "~")) or path.endswith(os.sep)
+    if explicit or candidate.exists():
+        return str(candidate.resolve())
+    return path
+
+
+def parse_measure(data: Any) -> tuple[MeasureConfig, dict[str, Any]]:
+    """The ``measure:`` mapping -> (MeasureConfig, the mapping as plain data)."""
+    if data is None:
+        data = {}
+    if not isinstance(data, Mapping):
+        raise SpecError("measure must be a mapping of MeasureConfig fields, e.g. "
+                        "{coupling: [depth], k: [10], tokens: last}")
+    known = [f.name for f in dataclasses.fields(MeasureConfig) if f.name not in _MEASURE_FORBIDDEN]
+    _check_keys(data, known, "measure")
+    plain = {str(k): (list(v) if isinstance(v, (list, tuple)) else v) for k, v in data.items()}
+    try:
+        cfg = MeasureConfig.parse(**plain)
+    except BlockCouplingError as err:
+        raise SpecError(f"measure: {err}") from err
+    except (TypeError, ValueError) as err:
+        raise SpecError(f"measure: a value has the wrong type ({err}); see "
+                        "`blockcoupling measure --help` for each option's form") from err
+    return cfg, plain
+
+
+def _model(entry: Any, i: int, base: Path, spec: Mapping[str, Any]) -> ModelSpec:
+    ctx = f"models[{i}]"
+    if isinstance(entry, str):
+        entry = {"model": entry}
+    if not isinstance(entry, Mapping):
+        raise SpecError(f"{ctx} must be a mapping with label and model (or checkpoints)")
+    _check_keys(entry, MODEL_KEYS, ctx)
+    model = entry.get("model")
+    if model is not None and not isinstance(model, str):
+        raise SpecError(f"{ctx}.model must be a hub id or a local folder, not {model!r}")
+    ckpt = entry.get("checkpoints")
+    if model is None and ckpt is None:
+        raise SpecError(f"{ctx} needs model: (a hub id or folder) or checkpoints: (a glob of "
+                        "local checkpoint folders)")
+    revisions = _str_list(entry.get("revisions", []), "revisions", ctx)
+    if "steps" in entry:  # Pythia shorthand: steps: [0, 1000] -> revisions step0, step1000
+        steps = entry["steps"]
+        if not isinstance(steps, Sequence) or isinstance(steps, str) or not all(
+                isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in steps):
+            raise SpecError(f"{ctx}.steps must be a list of whole numbers >= 0 (Pythia-style "
+                            "revisions stepN)")
+        revisions += tuple(f"step{s}" for s in steps)
+    if ckpt is not None and (revisions or model is not None):
+        raise SpecError(f"{ctx}: give either model (+ revisions) or checkpoints, not both; "
+                        "use two entries of models:")
+    if ckpt is not None:
+        ckpts = _str_list(ckpt, "checkpoints", ctx)
+        ckpt = tuple(_resolve(c, base) if not any(ch in c for ch in "*?[") else
+                     (c if Path(c).is_absolute() else str(base / c)) for c in ckpts)
+        ckpt = ckpt[0] if len(ckpt) == 1 else ckpt
+    label = entry.get("label")
+    if label is None:
+        label = Path(model).name if model else Path(str(ckpt if isinstance(ckpt, str)
+                                                         else ckpt[0])).parent.name
+    if not isinstance(label, str) or not label.strip():
+        raise SpecError(f"{ctx}.label must be a non-empty string")
+    dtype = entry.get("dtype", spec.get("dtype", "auto"))
+    device = entry.get("device", spec.get("device", "auto"))
+    for key, v in (("dtype", dtype), ("device", device)):
+        if not isinstance(v, str):
+            raise SpecError(f"{ctx}.{key} must be a string, not {v!r}")
+    trc = entry.get("trust_remote_code", False)
+    if not isinstance(trc, bool):
+        raise SpecError(f"{ctx}.trust_remote_code must be true or false")
+    default_res = _resources(spec.get("resources"), "", Resources())
+    return ModelSpec(
+        label=label.strip(), model=_resolve(model, base) if model else None,
+        revisions=revisions, checkpoints=ckpt, dtype=dtype, device=device,
+        resources=_resources(entry.get("resources"), ctx, default_res), trust_remote_code=trc)
+
+
+def parse_spec(data: Any, *, base_dir: str | os.PathLike[str] | None = None) -> SweepSpec:
+    """Validate a spec given as a mapping (e.g. ``yaml.safe_load`` of a file)."""
+    if isinstance(data, SweepSpec):
+        return data
+    if not isinstance(data, Mapping):
+        raise SpecError("a sweep spec is a mapping with at least models: and prompts:")
+    _check_keys(data, TOP_KEYS, "")
+    base = Path(base_dir if base_dir is not None else data.get("base_dir", ".")).resolve()
+    models_raw = data.get("models")
+    if not isinstance(models_raw, Sequence) or isinstance(models_raw, str) or not models_raw:
+        raise SpecError("models: give a list of models, e.g. [{label: a, model: gpt2}]")
+    models = tuple(_model(e, i, base, data) for i, e in enumerate(models_raw))
+    labels = [m.label for m in models]
+    dup = sorted({x for x in labels if labels.count(x) > 1})
+    if dup:
+        raise SpecError(f"model label {dup[0]!r} is used twice; give each entry its own label")
+    if "prompts" not in data:
+        raise SpecError("prompts: give one or more prompt sets, e.g. [builtin:capital]")
+    raw = data["prompts"]
+    raw = [raw] if isinstance(raw, (str, Mapping)) else raw
+    if not isinstance(raw, Sequence) or not raw:
+        raise SpecError("prompts: give a list of prompt sets (builtin:NAME, a file, hf:DATASET, "
+                        "or {name: N, texts: [...]})")
+    prompts_l: list[str] = []
+    inline: dict[str, tuple[str, ...]] = {}
+    for i, p in enumerate(raw):
+        if isinstance(p, Mapping):  # an inline set: {name: demo, texts: ["...", "..."]}
+            _check_keys(p, ("name", "texts"), f"prompts[{i}]")
+            name, texts = p.get("name"), p.get("texts")
+            if not isinstance(name, str) or not name.strip():
+                raise SpecError(f"prompts[{i}].name must be a non-empty string")
+            if (not isinstance(texts, Sequence) or isinstance(texts, str) or not texts
+                    or not all(isinstance(t, str) and t.strip() for t in texts)):
+                raise SpecError(f"prompts[{i}].texts must be a non-empty list of texts")
+            inline[name.strip()] = tuple(texts)
+            prompts_l.append(f"inline:{name.strip()}")
+        elif isinstance(p, str):
+            prompts_l.append(p if p.startswith(("builtin:", "hf:")) else _resolve(p, base))
+        else:
+            raise SpecError(f"prompts[{i}] must be a prompt spec string or {{name, texts}}, "
+                            f"not {p!r}")
+    prompts = tuple(prompts_l)
+    if len(set(prompts)) != len(prompts):
+        raise SpecError("prompts: a prompt set is listed twice; list each once")
+    limit = data.get("limit")
+    limit = None if limit is None else _int(limit, "limit", 1)
+    seed = _int(data.get("seed", 0), "seed", 0)
+    retries = _int(data.get("retries", 3), "retries", 0)
+    name = data.get("name", "")
+    if not isinstance(name, str):
+        raise SpecError("name must be a string")
+    measure = dict(data.get("measure") or {})
+    if "seed" in measure and "seed" in data and measure["seed"] != seed:
+        raise SpecError("seed is given twice (top level and under measure:) with different "
+                        "values; give it once")
+    measure.setdefault("seed", seed)
+    cfg, plain = parse_measure(measure)
+    return SweepSpec(models=models, prompts=prompts, config=cfg, measure=plain, limit=limit,
+                     seed=seed, retries=retries, name=name, base_dir=str(base),
+                     inline_prompts=inline)
+
+
+def load_spec(source: str | os.PathLike[str] | Mapping[str, Any] | SweepSpec) -> SweepSpec:
+    """A :class:`SweepSpec` from a YAML file path, a mapping or a spec (returned as is)."""
+    if isinstance(source, SweepSpec):
+        return source
+    if isinstance(source, Mapping):
+        return parse_spec(source)
+    path = Path(source)
+    if not path.is_file():
+        raise SpecError(f"sweep spec {str(path)!r} not found; give a YAML file (see README: "
+                        "Sweeps)")
+    try:
+        import yaml
+    except ImportError as err:  # pragma: no cover - pyyaml comes with transformers
+        raise SpecError("reading a YAML spec needs pyyaml: pip install 'blockcoupling[sweep]'") from err
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+        raise SpecError(f"{path}: not valid YAML{where}: {problem}") from err
+    except (OSError, UnicodeDecodeError) as err:
+        raise SpecError(f"cannot read {path}: {err}") from err
+    try:
+        return parse_spec(data, base_dir=path.parent)
+    except SpecError as err:
+        raise SpecError(f"{path}: {err}") from err

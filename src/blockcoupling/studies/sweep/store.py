@@ -1,0 +1,235 @@
+"""The sweep directory: manifest, lock, one status file per unit, the catalogue.
+
+Layout of a sweep directory ``SWEEP``::
+
+    SWEEP/sweep.json               format + version, kind (sweep | monitor), the spec, the unit
+                                   order, and one entry per session (executor, Ray version and
+                                   address, library versions, start and end)
+    SWEEP/status/<unit_id>.json    the unit (model, revision, step, prompt set, config hash),
+                                   its status (pending | running | done | failed), message,
+                                   attempts, weights hash, seconds; written atomically by
+                                   whoever runs the unit
+    SWEEP/units/<unit_id>/         the unit's run directory (``measure_to_dir``, resumable)
+    SWEEP/catalogue.parquet        one row per unit (derived from the status files; rewritten
+                                   as units finish) for DuckDB / pyarrow users
+    SWEEP/.lock                    flock of the driver: two sweeps on one directory are refused
+
+The status files are the source of truth: a sweep killed at any point is read (and resumed)
+from them; a unit's rows live only in its own run directory, so no unit ever writes rows
+twice.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as _dt
+import errno
+import fcntl
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from blockcoupling.errors import RunDirError
+from blockcoupling.studies.sweep.units import Unit
+
+FORMAT_NAME = "blockcoupling-sweep"
+FORMAT_VERSION = 1
+MANIFEST = "sweep.json"
+STATUS = "status"
+UNITS = "units"
+CATALOGUE = "catalogue.parquet"
+LOCK = ".lock"
+STATUSES = ("pending", "running", "done", "failed")
+
+CATALOGUE_COLUMNS = ("unit_id", "label", "model", "revision", "step", "prompt_set", "limit",
+                     "config_hash", "status", "message", "attempts", "weights_hash",
+                     "duplicate_of", "n_prompts", "seconds", "run_dir")
+
+
+def now() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+
+
+def write_json(path: Path, data: Any) -> None:
+    """Atomic JSON write (temporary file + os.replace)."""
+    tmp = path.with_name(f".tmp-{path.name}-{os.getpid()}")
+    tmp.write_text(json.dumps(data, indent=2, default=str) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise RunDirError(f"{path} is unreadable or corrupt ({err}); delete it and resume the "
+                          "sweep with --resume to rebuild it") from err
+
+
+def is_sweep_dir(path: str | os.PathLike[str]) -> bool:
+    """True if ``path`` holds a sweep manifest (``sweep.json``)."""
+    return (Path(path) / MANIFEST).is_file()
+
+
+def load_manifest(root: Path) -> dict[str, Any]:
+    if not root.is_dir():
+        raise RunDirError(f"no sweep directory at {root}; check the path (a sweep directory is "
+                          "created by `blockcoupling sweep SPEC --out DIR` or a CouplingMonitor)")
+    path = root / MANIFEST
+    if not path.is_file():
+        raise RunDirError(f"{root} is not a sweep directory (it has no {MANIFEST}); give the "
+                          "--out directory of a sweep or a monitor")
+    data = read_json(path)
+    if not isinstance(data, dict) or data.get("format") != FORMAT_NAME:
+        raise RunDirError(f"{path} is not a blockcoupling sweep manifest; this directory "
+                          "belongs to something else: choose another path")
+    if int(data.get("format_version", 0)) > FORMAT_VERSION:
+        raise RunDirError(f"{path} was written by a newer blockcoupling (format "
+                          f"{data.get('format_version')}); upgrade blockcoupling to read it")
+    return data
+
+
+def new_manifest(kind: str, spec: dict[str, Any] | None) -> dict[str, Any]:
+    from blockcoupling.store.rundir import library_versions
+
+    return {"format": FORMAT_NAME, "format_version": FORMAT_VERSION, "kind": kind,
+            "created": now(), "spec": spec, "order": [], "sessions": [],
+            "versions": library_versions()}
+
+
+@contextlib.contextmanager
+def sweep_lock(root: Path) -> Iterator[None]:
+    """Hold the sweep directory's exclusive lock (refuses a second sweep on it)."""
+    root.mkdir(parents=True, exist_ok=True)
+    fd = os.open(root / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as err:
+        holder = ""
+        with contextlib.suppress(OSError, ValueError):
+            holder = os.pread(fd, 64, 0).decode().strip()
+        os.close(fd)
+        if err.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+            raise RunDirError(f"cannot lock {root / LOCK}: {err}") from err
+        who = f" (PID {holder})" if holder else ""
+        raise RunDirError(f"sweep directory {root} is in use by another sweep{who}; wait for "
+                          "it to finish or stop it, or choose another --out") from err
+    try:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        yield
+    finally:
+        with contextlib.suppress(OSError):
+            fcntl.flock(fd, fcntl.LOCK_UN)
+        os.close(fd)
+
+
+def is_locked(root: Path) -> bool:
+    """True while a driver holds the sweep's lock."""
+    path = root / LOCK
+    if not path.exists():
+        return False
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except OSError:
+        return True
+    else:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return False
+    finally:
+        os.close(fd)
+
+
+def status_path(root: Path, uid: str) -> Path:
+    return root / STATUS / f"{uid}.json"
+
+
+def unit_dir(root: Path, uid: str) -> Path:
+    return root / UNITS / uid
+
+
+def read_status(root: Path, uid: str) -> dict[str, Any] | None:
+    path = status_path(root, uid)
+    return read_json(path) if path.is_file() else None
+
+
+def write_status(root: Path, unit: Unit, status: str, **fields: Any) -> dict[str, Any]:
+    """Record ``status`` for ``unit`` (keeping earlier fields such as attempts)."""
+    assert status in STATUSES
+    (root / STATUS).mkdir(parents=True, exist_ok=True)
+    old = read_status(root, unit.unit_id) or {}
+    rec = {**old, "unit": unit.to_dict(), "status": status, "updated": now(), **fields}
+    write_json(status_path(root, unit.unit_id), rec)
+    return rec
+
+
+def all_status(root: Path) -> list[dict[str, Any]]:
+    folder = root / STATUS
+    if not folder.is_dir():
+        return []
+    return [read_json(p) for p in sorted(folder.glob("*.json"))]
+
+
+def catalogue(root: Path, manifest: dict[str, Any] | None = None) -> pd.DataFrame:
+    """One row per unit (``CATALOGUE_COLUMNS``), in the sweep's unit order, with
+    ``duplicate_of`` set for done units whose weights, prompt set and config repeat an
+    earlier unit's."""
+    manifest = manifest if manifest is not None else load_manifest(root)
+    order = {uid: i for i, uid in enumerate(manifest.get("order", []))}
+    rows = []
+    for rec in all_status(root):
+        u = rec.get("unit") or {}
+        uid = u.get("unit_id")
+        if not uid:
+            continue
+        rows.append({
+            "unit_id": uid, "label": u.get("label"), "model": u.get("model"),
+            "revision": u.get("revision"), "step": u.get("step"),
+            "prompt_set": u.get("prompt_set"), "limit": u.get("limit"),
+            "config_hash": u.get("config_hash"), "status": rec.get("status"),
+            "message": rec.get("message"), "attempts": rec.get("attempts", 0),
+            "weights_hash": rec.get("weights_hash"), "duplicate_of": None,
+            "n_prompts": rec.get("n_prompts"), "seconds": rec.get("seconds"),
+            "run_dir": f"{UNITS}/{uid}",
+        })
+    df = pd.DataFrame(rows, columns=list(CATALOGUE_COLUMNS))
+    if df.empty:
+        return df
+    df["_order"] = [order.get(u, len(order)) for u in df["unit_id"]]
+    df["_step"] = df["step"].astype("float64").fillna(-1.0)
+    df = df.sort_values(["_order", "label", "_step", "unit_id"], kind="stable")
+    df = df.drop(columns=["_order", "_step"]).reset_index(drop=True)
+    df["step"] = df["step"].astype("Int64")
+    df["limit"] = df["limit"].astype("Int64")
+    df["attempts"] = df["attempts"].fillna(0).astype("int64")
+    df["n_prompts"] = df["n_prompts"].astype("Int64")
+    df["seconds"] = df["seconds"].astype("float64")
+    first: dict[tuple[str, str, str], str] = {}
+    dup: list[str | None] = []
+    for r in df.itertuples():
+        key = (r.weights_hash, r.prompt_set, r.config_hash)
+        if r.status != "done" or not r.weights_hash:
+            dup.append(None)
+        elif key in first:
+            dup.append(first[key])
+        else:
+            first[key] = r.unit_id
+            dup.append(None)
+    df["duplicate_of"] = pd.Series(dup, dtype="object")
+    for col in ("unit_id", "label", "model", "revision", "prompt_set", "config_hash", "status",
+                "message", "weights_hash", "duplicate_of", "run_dir"):
+        df[col] = df[col].astype("string")
+    return df
+
+
+def write_catalogue(root: Path, df: pd.DataFrame | None = None) -> pd.DataFrame:
+    """Rewrite ``catalogue.parquet`` atomically from the status files."""
+    df = catalogue(root) if df is None else df
+    tmp = root / f".tmp-{CATALOGUE}-{os.getpid()}"
+    df.to_parquet(tmp, index=False)
+    os.replace(tmp, root / CATALOGUE)
+    return df

@@ -1,0 +1,146 @@
+"""A sweep expanded into units: one (model, revision or checkpoint, prompt set, config) each.
+
+Every unit is measured into its own resumable run directory ``SWEEP/units/<unit_id>``. The id
+is stable: it is derived from what the unit measures (model source, revision, checkpoint
+folder, prompt set, prompt limit and ``MeasureConfig.config_hash()``), never from the order of
+the spec, so the same unit has the same id in every sweep and across ``--resume``. The weights
+hash is known only once the weights are loaded: it is stored in the unit's manifest and the
+sweep catalogue, a resumed unit refuses other weights, and units with identical weights are
+reported as duplicates.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import glob
+import hashlib
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from blockcoupling.engine.config import MeasureConfig
+from blockcoupling.studies.sweep.spec import ModelSpec, Resources, SpecError, SweepSpec
+
+_STEP_RE = re.compile(r"(?:^|[^a-z])(?:step|checkpoint|ckpt|iter)[-_]?(\d+)$", re.IGNORECASE)
+_CKPT_RE = re.compile(r"^checkpoint-(\d+)$")
+
+
+def parse_step(name: str | None) -> int | None:
+    """The training step named by a revision or folder: ``step1000`` (Pythia),
+    ``checkpoint-500`` (HF Trainer), ``ckpt_20``, ``iter-3``; None otherwise."""
+    if not name:
+        return None
+    m = _STEP_RE.search(Path(str(name)).name)
+    return int(m.group(1)) if m else None
+
+
+def config_hash(cfg: MeasureConfig) -> str:
+    """``cfg.config_hash()``: the stable hash of the fields that change numbers."""
+    return cfg.config_hash()
+
+
+def _slug(text: str, width: int = 40) -> str:
+    s = re.sub(r"[^A-Za-z0-9._-]+", "-", text).strip("-.")
+    return s[:width] or "x"
+
+
+@dataclass(frozen=True)
+class Unit:
+    """One measurement of a sweep (plain data: it travels to Ray workers as is)."""
+
+    unit_id: str
+    label: str
+    model: str                # what load_model receives: hub id or local folder
+    revision: str | None      # hub revision (None: the default branch or a local folder)
+    step: int | None          # training step (from stepN / checkpoint-N), None if unknown
+    prompt_set: str
+    limit: int | None
+    config: dict[str, Any]    # MeasureConfig.to_dict()
+    config_hash: str
+    dtype: str = "auto"
+    device: str = "auto"
+    num_cpus: float = 1.0
+    num_gpus: float = 0.0
+    trust_remote_code: bool = False
+    prompt_texts: tuple[str, ...] = ()   # an inline prompt set's texts (prompt_set inline:NAME)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Unit:
+        names = {f.name for f in dataclasses.fields(cls)}
+        out = {k: v for k, v in data.items() if k in names}
+        out["prompt_texts"] = tuple(out.get("prompt_texts") or ())
+        return cls(**out)
+
+
+def unit_id(*, model: str, revision: str | None, prompt_set: str, limit: int | None,
+            cfg_hash: str, label: str, step: int | None,
+            prompt_texts: tuple[str, ...] = ()) -> str:
+    """``<label>-<step or revision>-<prompt set>-<hash12>``; the hash covers the identity
+    (model source, revision, prompt set, limit, config hash), the rest is for humans."""
+    ident = json.dumps([model, revision, prompt_set, limit, cfg_hash]
+                       + ([list(prompt_texts)] if prompt_texts else []))
+    digest = hashlib.sha256(ident.encode()).hexdigest()[:12]
+    where = f"step{step}" if step is not None else (revision or "main")
+    prompt = prompt_set.removeprefix("builtin:").removeprefix("hf:").removeprefix("inline:")
+    return f"{_slug(label, 24)}-{_slug(where, 24)}-{_slug(Path(prompt).stem or prompt, 20)}-{digest}"
+
+
+def discover_checkpoints(pattern: str | tuple[str, ...]) -> list[tuple[Path, int | None]]:
+    """Local checkpoint folders (HF Trainer layout ``.../checkpoint-N`` with config.json),
+    sorted by step: a glob or a list of folders -> [(folder, step)]."""
+    patterns = (pattern,) if isinstance(pattern, str) else tuple(pattern)
+    found: dict[Path, int | None] = {}
+    for pat in patterns:
+        matches = sorted(glob.glob(pat)) if any(c in pat for c in "*?[") else [pat]
+        for m in matches:
+            p = Path(m)
+            if p.is_dir() and (p / "config.json").is_file():
+                found[p.resolve()] = parse_step(p.name)
+    if not found:
+        raise SpecError(
+            f"checkpoints {', '.join(patterns)}: no checkpoint folder found (a folder with "
+            "config.json, e.g. runs/train/checkpoint-500); check the glob, relative to the "
+            "spec file")
+    return sorted(found.items(), key=lambda kv: (kv[1] is None, kv[1] or 0, str(kv[0])))
+
+
+def _targets(m: ModelSpec) -> list[tuple[str, str | None, int | None]]:
+    """(model source, revision, step) for each revision or checkpoint of one entry."""
+    if m.checkpoints is not None:
+        return [(str(p), None, step) for p, step in discover_checkpoints(m.checkpoints)]
+    assert m.model is not None
+    if not m.revisions:
+        return [(m.model, None, parse_step(m.model) if Path(m.model).exists() else None)]
+    return [(m.model, r, parse_step(r)) for r in m.revisions]
+
+
+def expand(spec: SweepSpec) -> list[Unit]:
+    """Every unit of the sweep, in spec order (models, then revisions/steps, then prompts)."""
+    cfg_dict = spec.config.to_dict()
+    h = config_hash(spec.config)
+    units: list[Unit] = []
+    for m in spec.models:
+        res: Resources = m.resources
+        for src, rev, step in _targets(m):
+            for ps in spec.prompts:
+                texts = spec.inline_prompts.get(ps.removeprefix("inline:"), ()) \
+                    if ps.startswith("inline:") else ()
+                uid = unit_id(model=src, revision=rev, prompt_set=ps, limit=spec.limit,
+                              cfg_hash=h, label=m.label, step=step, prompt_texts=texts)
+                units.append(Unit(
+                    unit_id=uid, label=m.label, model=src, revision=rev, step=step,
+                    prompt_set=ps, limit=spec.limit, config=cfg_dict, config_hash=h,
+                    dtype=m.dtype, device=m.device, num_cpus=res.num_cpus,
+                    num_gpus=res.num_gpus, trust_remote_code=m.trust_remote_code,
+                    prompt_texts=texts))
+    ids = [u.unit_id for u in units]
+    if len(set(ids)) != len(ids):
+        dup = next(i for i in ids if ids.count(i) > 1)
+        raise SpecError(f"the spec names the same unit twice ({dup}); remove the repeated "
+                        "revision, checkpoint or prompt set")
+    return units

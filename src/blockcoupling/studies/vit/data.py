@@ -1,0 +1,214 @@
+"""Image data for the ViT study: scikit-learn's digits (offline) and CIFAR-10.
+
+Every loader returns an :class:`ImageData`: float tensors ``(N, C, H, W)`` normalised per
+channel with the *training* split's mean and std, integer labels, and class names.
+
+- ``digits``: the 1,797 8x8 grey-scale digits that ship with scikit-learn, split 80/20
+  (stratified, fixed seed), scaled to [0, 1] and upscaled bilinearly to ``image_size``
+  (default 16: 4x4 patches of 4 pixels). No network, a few milliseconds.
+- ``cifar10``: from a local folder (``data_dir``) in the usual image-folder layout
+  ``DIR/train/<class>/*.png`` and ``DIR/test/<class>/*.png`` (any format Pillow reads; class
+  names are the sub-folder names, sorted), or else through Hugging Face ``datasets``
+  (``load_dataset("cifar10")``; offline this works only from its cache, otherwise a clear
+  error says what to do).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from blockcoupling.errors import BlockCouplingError
+
+DATASETS = ("digits", "cifar10")
+DEFAULT_IMAGE_SIZE = {"digits": 16, "cifar10": 32}
+_IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".ppm", ".tif", ".tiff"}
+
+
+@dataclass
+class ImageData:
+    """A train/test split, normalised with the training split's per-channel statistics."""
+
+    name: str
+    train_x: Tensor  # (N_train, C, H, W) float32
+    train_y: Tensor  # (N_train,) int64
+    test_x: Tensor  # (N_test, C, H, W) float32
+    test_y: Tensor  # (N_test,) int64
+    classes: tuple[str, ...]
+    mean: tuple[float, ...]  # per channel, of the [0, 1]-scaled training images
+    std: tuple[float, ...]
+
+    @property
+    def image_size(self) -> int:
+        return int(self.train_x.shape[-1])
+
+    @property
+    def num_channels(self) -> int:
+        return int(self.train_x.shape[1])
+
+
+def _normalise(name: str, train_x: Tensor, train_y: Tensor, test_x: Tensor, test_y: Tensor,
+               classes: tuple[str, ...]) -> ImageData:
+    mean = train_x.mean(dim=(0, 2, 3))  # (C,)
+    std = train_x.std(dim=(0, 2, 3)).clamp_min(1e-6)  # (C,)
+
+    def norm(x: Tensor) -> Tensor:
+        return ((x - mean[None, :, None, None]) / std[None, :, None, None]).contiguous()
+
+    return ImageData(name, norm(train_x), train_y.long(), norm(test_x), test_y.long(), classes,
+                     tuple(mean.tolist()), tuple(std.tolist()))
+
+
+def _resize(x: Tensor, size: int) -> Tensor:
+    """(N, C, h, w) -> (N, C, size, size), bilinear (identity when the size already fits)."""
+    if x.shape[-1] == size and x.shape[-2] == size:
+        return x
+    return torch.nn.functional.interpolate(x, size=(size, size), mode="bilinear",
+                                           align_corners=False)
+
+
+def _subset(x: Tensor, y: Tensor, limit: int | None) -> tuple[Tensor, Tensor]:
+    """The first ``limit`` examples of a fixed, seeded permutation (class mix preserved)."""
+    if limit is None or limit >= len(y):
+        return x, y
+    g = torch.Generator().manual_seed(1234)
+    idx = torch.randperm(len(y), generator=g)[:limit]
+    return x[idx], y[idx]
+
+
+def load_digits(image_size: int = 16) -> ImageData:
+    """scikit-learn's digits, 80/20 stratified split (seed 0), upscaled to ``image_size``."""
+    try:
+        from sklearn.datasets import load_digits as _sk_digits
+        from sklearn.model_selection import train_test_split
+    except ImportError as err:  # pragma: no cover - scikit-learn is in the vit extra
+        raise BlockCouplingError(
+            "the digits data set needs scikit-learn: pip install 'blockcoupling[vit]'"
+        ) from err
+    bunch = _sk_digits()
+    images = bunch.images.astype(np.float32) / 16.0  # (N, 8, 8) in [0, 1]
+    labels = bunch.target.astype(np.int64)
+    tr_x, te_x, tr_y, te_y = train_test_split(images, labels, test_size=0.2, random_state=0,
+                                              stratify=labels)
+    tr = _resize(torch.from_numpy(tr_x)[:, None], image_size)
+    te = _resize(torch.from_numpy(te_x)[:, None], image_size)
+    return _normalise("digits", tr, torch.from_numpy(tr_y), te, torch.from_numpy(te_y),
+                      tuple(str(i) for i in range(10)))
+
+
+def _read_folder_split(root: Path, split: str, classes: tuple[str, ...] | None
+                       ) -> tuple[Tensor, Tensor, tuple[str, ...]]:
+    from PIL import Image
+
+    split_dir = root / split
+    if not split_dir.is_dir():
+        raise BlockCouplingError(
+            f"{root} has no '{split}' folder; the layout is DIR/train/<class>/*.png and "
+            "DIR/test/<class>/*.png"
+        )
+    found = tuple(sorted(p.name for p in split_dir.iterdir() if p.is_dir()))
+    if classes is None:
+        classes = found
+    if not classes:
+        raise BlockCouplingError(f"{split_dir} has no class sub-folders (DIR/{split}/<class>/)")
+    if set(found) - set(classes):
+        raise BlockCouplingError(
+            f"{split_dir} has classes {sorted(set(found) - set(classes))} that the train "
+            "split does not have"
+        )
+    arrays: list[np.ndarray] = []
+    labels: list[int] = []
+    for label, cls in enumerate(classes):
+        folder = split_dir / cls
+        files = sorted(p for p in folder.iterdir() if p.suffix.lower() in _IMAGE_SUFFIXES) \
+            if folder.is_dir() else []
+        for f in files:
+            with Image.open(f) as im:
+                arrays.append(np.asarray(im.convert("RGB"), dtype=np.uint8))
+            labels.append(label)
+    if not arrays:
+        raise BlockCouplingError(f"no images under {split_dir}/<class>/ (png, jpg, ...)")
+    shapes = {a.shape for a in arrays}
+    if len(shapes) != 1:
+        raise BlockCouplingError(
+            f"images under {split_dir} have different sizes {sorted(shapes)[:3]}; resize them "
+            "to one size first"
+        )
+    x = torch.from_numpy(np.stack(arrays)).permute(0, 3, 1, 2).float() / 255.0  # (N, 3, H, W)
+    return x, torch.tensor(labels, dtype=torch.int64), classes
+
+
+def load_image_folder(root: str | Path, image_size: int | None = None,
+                      name: str = "folder") -> ImageData:
+    """An image-folder data set: ``root/train/<class>/*`` and ``root/test/<class>/*``."""
+    root = Path(root)
+    if not root.is_dir():
+        raise BlockCouplingError(f"data folder {root} does not exist")
+    tr_x, tr_y, classes = _read_folder_split(root, "train", None)
+    te_x, te_y, _ = _read_folder_split(root, "test", classes)
+    if image_size is not None:
+        tr_x, te_x = _resize(tr_x, image_size), _resize(te_x, image_size)
+    return _normalise(name, tr_x, tr_y, te_x, te_y, classes)
+
+
+def load_cifar10_hub(image_size: int | None = None) -> ImageData:
+    """CIFAR-10 through Hugging Face ``datasets`` (network or its local cache)."""
+    try:
+        import datasets
+    except ImportError as err:  # pragma: no cover - datasets is an optional extra
+        raise BlockCouplingError(
+            "CIFAR-10 needs the datasets package (pip install 'blockcoupling[datasets]') or "
+            "a local folder (--data-dir DIR with DIR/train/<class>/*.png, DIR/test/...)"
+        ) from err
+    try:
+        ds = datasets.load_dataset("cifar10")
+    except Exception as err:  # noqa: BLE001 - offline/missing cache: many exception types
+        raise BlockCouplingError(
+            f"CIFAR-10 could not be loaded with datasets.load_dataset('cifar10') "
+            f"({type(err).__name__}: {str(err).splitlines()[0][:160] if str(err) else ''}). "
+            "Where there is network, run it once to fill the cache, or pass --data-dir DIR "
+            "with the layout DIR/train/<class>/*.png and DIR/test/<class>/*.png"
+        ) from err
+
+    def split(part: str) -> tuple[Tensor, Tensor]:
+        rows = ds[part]
+        image_col = "img" if "img" in rows.column_names else "image"
+        x = np.stack([np.asarray(im.convert("RGB"), dtype=np.uint8) for im in rows[image_col]])
+        y = np.asarray(rows["label"], dtype=np.int64)
+        return torch.from_numpy(x).permute(0, 3, 1, 2).float() / 255.0, torch.from_numpy(y)
+
+    tr_x, tr_y = split("train")
+    te_x, te_y = split("test")
+    names = ds["train"].features["label"].names
+    if image_size is not None:
+        tr_x, te_x = _resize(tr_x, image_size), _resize(te_x, image_size)
+    return _normalise("cifar10", tr_x, tr_y, te_x, te_y, tuple(names))
+
+
+def load_image_data(name: str, *, image_size: int | None = None,
+                    data_dir: str | Path | None = None, train_limit: int | None = None,
+                    test_limit: int | None = None) -> ImageData:
+    """The data set ``name`` (``digits`` or ``cifar10``), optionally subsampled (seeded)."""
+    if name not in DATASETS:
+        raise BlockCouplingError(f"unknown data set {name!r}; choose {' or '.join(DATASETS)}")
+    size = image_size or DEFAULT_IMAGE_SIZE[name]
+    if name == "digits":
+        if data_dir is not None:
+            raise BlockCouplingError("digits ships with scikit-learn; drop --data-dir")
+        data = load_digits(size)
+    elif data_dir is not None:
+        data = load_image_folder(data_dir, size, name="cifar10")
+    else:
+        data = load_cifar10_hub(size)
+    tr_x, tr_y = _subset(data.train_x, data.train_y, train_limit)
+    te_x, te_y = _subset(data.test_x, data.test_y, test_limit)
+    data.train_x, data.train_y, data.test_x, data.test_y = tr_x, tr_y, te_x, te_y
+    return data
+
+
+__all__ = ["DATASETS", "DEFAULT_IMAGE_SIZE", "ImageData", "load_digits", "load_image_data",
+           "load_image_folder"]

@@ -1,0 +1,493 @@
+"""Training one DeiT-style ViT with stochastic depth, and measuring its coupling as it trains.
+
+:func:`train_vit` is a pure function of ``(VitTrainConfig, out_dir)`` (the seed is in the
+config): the same config gives the same model, metrics and coupling, and a finished output
+folder is returned untouched (idempotent), so a grid runner may call it again and again.
+An interrupted training resumes from its last finished epoch (``checkpoint.pt``).
+
+The recipe follows the paper (DEFINITIONS.md, "Training and ViTs"): AdamW at 5e-4 (no
+weight decay on biases, norms, [CLS] and positions, as timm's DeiT), a per-step linear
+warm-up then a cosine decay, mixup (alpha 0.8) where it fits (CIFAR-10; off by default on the
+tiny digits images), random crops and flips on CIFAR-10, the epoch count an option.
+
+Output folder ``OUT``::
+
+    OUT/model/              the trained model (save_pretrained; load with load_vit(OUT)
+                            or BeitForImageClassification.from_pretrained(OUT / "model"))
+    OUT/metrics.json        config, status, per-epoch train/test loss and accuracy, learning
+                            rate, mean depth-wise coupling of the monitored images, timings
+    OUT/coupling/epoch-NNNN run directories (open_run) measured during training on the
+                            first ``monitor_images`` test images (epoch 0 = initialisation)
+    OUT/coupling/final/     the trained model measured on the first ``final_images`` test images
+    OUT/checkpoint.pt       only while training is unfinished (deleted when complete)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from blockcoupling.errors import BlockCouplingError
+from blockcoupling.studies.vit.data import DATASETS, ImageData, load_image_data
+from blockcoupling.studies.vit.model import build_vit, resolve_shape
+
+METRICS_FILE = "metrics.json"
+FORMAT = "blockcoupling-vit-train"
+CLS_TOKEN = 0  # BEiT puts [CLS] at position 0
+
+
+@dataclass(frozen=True)
+class VitTrainConfig:
+    """Everything that determines one training run (and so its output)."""
+
+    dataset: str = "digits"
+    drop_path: float = 0.1
+    weight_decay: float = 0.05
+    epochs: int = 5
+    preset: str = "tiny"  # model shape: tiny, small, deit-tiny (model.PRESETS)
+    hidden_size: int | None = None  # overrides of the preset
+    depth: int | None = None
+    heads: int | None = None
+    image_size: int | None = None  # None: 16 for digits, 32 for CIFAR-10
+    lr: float = 5e-4
+    min_lr: float = 1e-5
+    batch_size: int = 64
+    warmup_epochs: float = 1.0  # the paper: 30 of 500
+    mixup: float | None = None  # Beta(alpha, alpha); None: 0.8 for CIFAR-10, 0 for digits
+    augment: bool | None = None  # random crop (pad 4) + flip; None: on for CIFAR-10 only
+    seed: int = 0
+    data_dir: str | None = None  # CIFAR-10 image folder (DIR/train/<class>/*, DIR/test/...)
+    train_limit: int | None = None  # subsample the splits (seeded), e.g. for quick runs
+    test_limit: int | None = None
+    eval_train_limit: int | None = 5000  # clean (eval-mode) train accuracy on this many
+    monitor_images: int = 4  # coupling measured on these first test images ...
+    monitor_every: int = 1  # ... every this many epochs (0: only the final measurement)
+    final_images: int = 16
+    k: int = 10  # top-K for the coupling (the paper's K for training curves)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        def bad(msg: str) -> None:
+            raise BlockCouplingError(msg)
+
+        if self.dataset not in DATASETS:
+            bad(f"unknown data set {self.dataset!r}; choose {' or '.join(DATASETS)}")
+        if not 0.0 <= self.drop_path < 1.0:
+            bad(f"drop-path rate {self.drop_path} must be in [0, 1)")
+        if self.weight_decay < 0:
+            bad(f"weight decay {self.weight_decay} must be >= 0")
+        if self.epochs < 1:
+            bad("epochs must be at least 1")
+        if self.lr <= 0 or self.min_lr < 0 or self.min_lr > self.lr:
+            bad(f"learning rates lr={self.lr}, min_lr={self.min_lr}: need 0 <= min_lr <= lr, lr > 0")
+        if self.batch_size < 1:
+            bad("batch size must be at least 1")
+        if self.warmup_epochs < 0:
+            bad("warm-up epochs must be >= 0")
+        if self.mixup is not None and self.mixup < 0:
+            bad("mixup alpha must be >= 0 (0 = off)")
+        if self.monitor_images < 1 or self.final_images < 1:
+            bad("monitor_images and final_images must be at least 1")
+        if self.monitor_every < 0:
+            bad("monitor_every must be >= 0 (0 = measure only the trained model)")
+        if self.k < 1:
+            bad("k must be at least 1")
+        resolve_shape(self.preset, hidden_size=self.hidden_size, depth=self.depth,
+                      heads=self.heads)
+
+    @property
+    def mixup_alpha(self) -> float:
+        return self.mixup if self.mixup is not None else (0.8 if self.dataset == "cifar10" else 0.0)
+
+    @property
+    def use_augment(self) -> bool:
+        return self.augment if self.augment is not None else self.dataset == "cifar10"
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> VitTrainConfig:
+        known = {f.name for f in fields(cls)}
+        unknown = set(data) - known
+        if unknown:
+            raise BlockCouplingError(
+                f"unknown training option(s) {sorted(unknown)}; known: {sorted(known)}"
+            )
+        return cls(**data)
+
+    def replace(self, **changes: Any) -> VitTrainConfig:
+        return replace(self, **changes)
+
+    def key(self) -> str:
+        """A short hash of the config (names a run in a grid; checks resumes)."""
+        blob = json.dumps(self.to_dict(), sort_keys=True, default=str).encode()
+        return hashlib.sha256(blob).hexdigest()[:12]
+
+
+# ---------------------------------------------------------------------------- schedule
+def lr_at(step: int, total_steps: int, warmup_steps: int, lr: float, min_lr: float) -> float:
+    """Linear warm-up from lr/warmup_steps to lr, then cosine from lr down to min_lr."""
+    if warmup_steps > 0 and step < warmup_steps:
+        return lr * (step + 1) / warmup_steps
+    span = max(total_steps - warmup_steps, 1)
+    progress = min(max(step - warmup_steps, 0) / span, 1.0)
+    return min_lr + 0.5 * (lr - min_lr) * (1.0 + math.cos(math.pi * progress))
+
+
+def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict[str, Any]]:
+    """Decay on weight matrices only: not on biases, norms, [CLS] and position embeddings."""
+    decay, no_decay = [], []
+    for name, p in model.named_parameters():
+        if not p.requires_grad:
+            continue
+        if p.ndim <= 1 or name.endswith(("cls_token", "position_embeddings", "mask_token")):
+            no_decay.append(p)
+        else:
+            decay.append(p)
+    return [{"params": decay, "weight_decay": weight_decay},
+            {"params": no_decay, "weight_decay": 0.0}]
+
+
+# ---------------------------------------------------------------------------- batches
+def _augment(x: Tensor, g: torch.Generator) -> Tensor:
+    """Random crop with 4 pixels of zero padding, and a horizontal flip with probability 1/2."""
+    n, _, h, w = x.shape
+    padded = F.pad(x, (4, 4, 4, 4))
+    dy = torch.randint(0, 9, (n,), generator=g)
+    dx = torch.randint(0, 9, (n,), generator=g)
+    rows = (dy[:, None] + torch.arange(h)[None, :])  # (n, h)
+    cols = (dx[:, None] + torch.arange(w)[None, :])  # (n, w)
+    idx = torch.arange(n)[:, None, None]
+    out = padded.permute(0, 2, 3, 1)[idx, rows[:, :, None], cols[:, None, :]].permute(0, 3, 1, 2)
+    flip = torch.rand(n, generator=g) < 0.5
+    out[flip] = out[flip].flip(-1)
+    return out.contiguous()
+
+
+def _soft_cross_entropy(logits: Tensor, targets: Tensor) -> Tensor:
+    return -(targets * F.log_softmax(logits, dim=-1)).sum(dim=-1).mean()
+
+
+@torch.no_grad()
+def evaluate(model: torch.nn.Module, x: Tensor, y: Tensor, batch_size: int = 256
+             ) -> tuple[float, float]:
+    """(mean cross-entropy, accuracy) in eval mode (no drop-path)."""
+    was_training = model.training
+    model.eval()
+    loss_sum, correct = 0.0, 0
+    for i in range(0, len(y), batch_size):
+        logits = model(pixel_values=x[i:i + batch_size]).logits
+        loss_sum += float(F.cross_entropy(logits, y[i:i + batch_size], reduction="sum"))
+        correct += int((logits.argmax(-1) == y[i:i + batch_size]).sum())
+    model.train(was_training)
+    return loss_sum / max(len(y), 1), correct / max(len(y), 1)
+
+
+# ---------------------------------------------------------------------------- coupling
+def record_images(model: torch.nn.Module, pixel_values: Tensor, run_dir: Path, k: int, *,
+                  labels: list[str] | None = None, progress: bool = False,
+                  resume: bool = False) -> Any:
+    """Depth-wise coupling at [CLS] of each image into the run directory ``run_dir``
+    (``measure_to_dir``; the images' ids derive from their content, their ``label`` is their
+    class). Returns the :class:`~blockcoupling.Measurement`."""
+    from dataclasses import replace as _replace
+
+    from blockcoupling.engine.config import MeasureConfig
+    from blockcoupling.engine.inputs import split_tensor_inputs
+    from blockcoupling.store.record import measure_to_dir
+
+    cfg = MeasureConfig(coupling=("depth",), k=(k,), tokens="cls")
+    items = split_tensor_inputs({"pixel_values": pixel_values})
+    if labels is not None:
+        items = [_replace(it, label=lab) for it, lab in zip(items, labels, strict=True)]
+    return measure_to_dir(model, None, items, run_dir, config=cfg, resume=resume,
+                          prompts_spec="vit-test-images", meta={"model": "vit-train"},
+                          progress=progress)
+
+
+def measure_images(model: torch.nn.Module, pixel_values: Tensor, run_dir: Path, k: int,
+                   *, labels: list[str] | None = None, progress: bool = False) -> float:
+    """:func:`record_images` (resumed, or the finished run already in ``run_dir``) in eval
+    mode with the training RNG untouched; returns the mean over images of the off-diagonal
+    mean depth-wise coupling at [CLS] (K = ``k``, p = 1, ujv)."""
+    from blockcoupling.store.reader import is_run_dir, open_run, run_progress
+
+    was_training = model.training
+    model.eval()
+    try:
+        if is_run_dir(run_dir) and run_progress(run_dir).finished:
+            m = open_run(run_dir)
+        else:
+            with torch.random.fork_rng(devices=[]):
+                m = record_images(model, pixel_values, run_dir, k, labels=labels,
+                                  progress=progress, resume=is_run_dir(run_dir))
+    finally:
+        model.train(was_training)
+    return float(m.mean_depth_coupling(k)["mean_offdiag"].mean())
+
+
+# ---------------------------------------------------------------------------- I/O
+def _write_json(path: Path, data: dict[str, Any]) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(data, indent=2, sort_keys=False, default=str))
+    os.replace(tmp, path)
+
+
+def read_metrics(out_dir: str | Path) -> dict[str, Any]:
+    """The ``metrics.json`` of a ``vit-train`` output folder."""
+    path = Path(out_dir) / METRICS_FILE
+    if not path.exists():
+        raise BlockCouplingError(f"{out_dir} has no {METRICS_FILE}; is it a vit-train output?")
+    data = json.loads(path.read_text())
+    if data.get("format") != FORMAT:
+        raise BlockCouplingError(f"{path} is not a vit-train metrics file")
+    return data
+
+
+def is_trained(out_dir: str | Path, config: VitTrainConfig | None = None) -> bool:
+    """True when ``out_dir`` holds a finished training (of ``config``, if given)."""
+    out = Path(out_dir)
+    try:
+        data = read_metrics(out)
+    except (BlockCouplingError, json.JSONDecodeError):
+        return False
+    if data.get("status") != "complete" or not (out / "model" / "config.json").exists():
+        return False
+    return config is None or data.get("config_key") == config.key()
+
+
+# ---------------------------------------------------------------------------- training
+EpochCallback = Callable[[dict[str, Any]], None]
+
+
+def train_vit(config: VitTrainConfig, out_dir: str | Path, *, progress: bool = True,
+              on_epoch: EpochCallback | None = None, data: ImageData | None = None,
+              threads: int | None = None) -> Path:
+    """Train one ViT as ``config`` says, into ``out_dir``; returns ``out_dir``.
+
+    Skips the work if ``out_dir`` already holds this config's finished training; resumes
+    from ``checkpoint.pt`` after an interruption; refuses a folder holding another config.
+    ``on_epoch`` receives each epoch's metrics row (e.g. to report progress to a sweep).
+    ``data`` may be passed to share one loaded data set between runs (it must be the one
+    ``config`` names). ``threads`` sets ``torch.set_num_threads`` for the call (on a shared
+    machine 1 thread per run is often faster than 2 that wait on each other).
+    """
+    out = Path(out_dir)
+    if is_trained(out, config):
+        return out
+    old_threads = torch.get_num_threads()
+    if threads is not None:
+        torch.set_num_threads(max(1, int(threads)))
+    try:
+        return _train(config, out, progress=progress, on_epoch=on_epoch, data=data)
+    finally:
+        torch.set_num_threads(old_threads)
+
+
+def _train(config: VitTrainConfig, out: Path, *, progress: bool, on_epoch: EpochCallback | None,
+           data: ImageData | None) -> Path:
+    if (out / METRICS_FILE).exists():
+        old = read_metrics(out)
+        if old.get("config_key") != config.key():
+            raise BlockCouplingError(
+                f"{out} holds a training of another config (key {old.get('config_key')}, this "
+                f"one {config.key()}); choose another --out or delete that folder"
+            )
+    out.mkdir(parents=True, exist_ok=True)
+    t_start = time.perf_counter()
+
+    if data is None:
+        t0 = time.perf_counter()
+        data = load_image_data(config.dataset, image_size=config.image_size,
+                               data_dir=config.data_dir, train_limit=config.train_limit,
+                               test_limit=config.test_limit)
+        data_seconds = time.perf_counter() - t0
+    else:
+        data_seconds = 0.0
+    shape = resolve_shape(config.preset, hidden_size=config.hidden_size, depth=config.depth,
+                          heads=config.heads)
+    if config.k > shape.hidden_size:
+        raise BlockCouplingError(f"k={config.k} exceeds the ViT's width {shape.hidden_size}")
+    model = build_vit(shape, image_size=data.image_size, num_channels=data.num_channels,
+                      num_labels=len(data.classes), drop_path=config.drop_path,
+                      seed=config.seed, id2label=dict(enumerate(data.classes)))
+    optimizer = torch.optim.AdamW(param_groups(model, config.weight_decay), lr=config.lr,
+                                  betas=(0.9, 0.999))
+    n_train = len(data.train_y)
+    steps_per_epoch = math.ceil(n_train / config.batch_size)
+    total_steps = steps_per_epoch * config.epochs
+    warmup_steps = int(round(config.warmup_epochs * steps_per_epoch))
+
+    history: list[dict[str, Any]] = []
+    start_epoch = 1
+    ckpt_path = out / "checkpoint.pt"
+    if ckpt_path.exists():
+        ckpt = torch.load(ckpt_path, map_location="cpu", weights_only=False)
+        if ckpt.get("config_key") == config.key():
+            model.load_state_dict(ckpt["model"])
+            optimizer.load_state_dict(ckpt["optimizer"])
+            history = ckpt["history"]
+            start_epoch = int(ckpt["epoch"]) + 1
+
+    mon_x = data.test_x[: config.monitor_images]
+    mon_labels = [data.classes[int(y)] for y in data.test_y[: config.monitor_images]]
+    eval_tr = slice(0, config.eval_train_limit)
+
+    def record(epoch: int, row: dict[str, Any]) -> None:
+        history.append(row)
+        metrics = _metrics_doc(config, data, shape, history, "running", data_seconds)
+        _write_json(out / METRICS_FILE, metrics)
+        if on_epoch is not None:
+            on_epoch(row)
+
+    def monitored(epoch: int) -> bool:
+        return config.monitor_every > 0 and (epoch % config.monitor_every == 0
+                                             or epoch == config.epochs)
+
+    def coupling_row(epoch: int) -> dict[str, Any]:
+        t0 = time.perf_counter()
+        c0 = time.process_time()
+        c = measure_images(model, mon_x, out / "coupling" / f"epoch-{epoch:04d}", config.k,
+                           labels=mon_labels)
+        return {"coupling": c, "seconds_measure": time.perf_counter() - t0,
+                "cpu_seconds_measure": time.process_time() - c0}
+
+    if start_epoch == 1 and not history:  # epoch 0: the initialisation
+        row: dict[str, Any] = {"epoch": 0, "lr": 0.0, "train_objective": float("nan")}
+        tr_loss, tr_acc = evaluate(model, data.train_x[eval_tr], data.train_y[eval_tr])
+        te_loss, te_acc = evaluate(model, data.test_x, data.test_y)
+        row.update(train_loss=tr_loss, train_accuracy=tr_acc, test_loss=te_loss,
+                   test_accuracy=te_acc, seconds_train=0.0, cpu_seconds_train=0.0)
+        row.update(coupling_row(0) if config.monitor_every > 0 else
+                   {"coupling": float("nan"), "seconds_measure": 0.0, "cpu_seconds_measure": 0.0})
+        record(0, row)
+
+    bar = _progress(range(start_epoch, config.epochs + 1), progress, f"train {out.name}")
+    for epoch in bar:
+        # Every epoch is seeded by (seed, epoch): a resumed run equals an uninterrupted one.
+        g = torch.Generator().manual_seed(config.seed * 100_003 + epoch)
+        torch.manual_seed(config.seed * 100_003 + epoch)  # drop-path draws
+        rng = np.random.default_rng([config.seed, epoch])
+        model.train()
+        t0, c0 = time.perf_counter(), time.process_time()
+        perm = torch.randperm(n_train, generator=g)
+        objective_sum, seen = 0.0, 0
+        for i in range(steps_per_epoch):
+            step = (epoch - 1) * steps_per_epoch + i
+            for group in optimizer.param_groups:
+                group["lr"] = lr_at(step, total_steps, warmup_steps, config.lr, config.min_lr)
+            idx = perm[i * config.batch_size:(i + 1) * config.batch_size]
+            x, y = data.train_x[idx], data.train_y[idx]
+            if config.use_augment:
+                x = _augment(x, g)
+            targets = F.one_hot(y, len(data.classes)).float()
+            if config.mixup_alpha > 0:
+                lam = float(rng.beta(config.mixup_alpha, config.mixup_alpha))
+                mix = torch.randperm(len(y), generator=g)
+                x = lam * x + (1 - lam) * x[mix]
+                targets = lam * targets + (1 - lam) * targets[mix]
+            loss = _soft_cross_entropy(model(pixel_values=x).logits, targets)
+            if not torch.isfinite(loss):
+                raise BlockCouplingError(
+                    f"the training loss became {float(loss)} at epoch {epoch}, step {i}; "
+                    "lower --lr or raise --warmup-epochs"
+                )
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+            objective_sum += loss.item() * len(y)
+            seen += len(y)
+        seconds_train = time.perf_counter() - t0
+        cpu_seconds_train = time.process_time() - c0
+        tr_loss, tr_acc = evaluate(model, data.train_x[eval_tr], data.train_y[eval_tr])
+        te_loss, te_acc = evaluate(model, data.test_x, data.test_y)
+        row = {"epoch": epoch, "lr": optimizer.param_groups[0]["lr"],
+               "train_objective": objective_sum / max(seen, 1), "train_loss": tr_loss,
+               "train_accuracy": tr_acc, "test_loss": te_loss, "test_accuracy": te_acc,
+               "seconds_train": seconds_train, "cpu_seconds_train": cpu_seconds_train,
+               "seconds_eval": time.perf_counter() - t0 - seconds_train}
+        row.update(coupling_row(epoch) if monitored(epoch) else
+                   {"coupling": float("nan"), "seconds_measure": 0.0, "cpu_seconds_measure": 0.0})
+        if epoch < config.epochs:  # the checkpoint first: a finished epoch is never lost
+            _save_checkpoint(ckpt_path, config, model, optimizer, [*history, row], epoch)
+        record(epoch, row)
+        if hasattr(bar, "set_postfix"):
+            bar.set_postfix(test_acc=f"{te_acc:.3f}", coupling=f"{row['coupling']:.3f}")
+
+    # The trained model, then its final measurement, then the "complete" status.
+    _save_model(model, out / "model")
+    t0 = time.perf_counter()
+    final = measure_images(model, data.test_x[: config.final_images], out / "coupling" / "final",
+                           config.k, labels=[data.classes[int(y)]
+                                             for y in data.test_y[: config.final_images]])
+    final_seconds = time.perf_counter() - t0
+    metrics = _metrics_doc(config, data, shape, history, "complete", data_seconds)
+    metrics["final"] = {**{k: history[-1][k] for k in ("train_loss", "train_accuracy",
+                                                       "test_loss", "test_accuracy")},
+                        "coupling": final, "seconds_measure": final_seconds,
+                        "images": int(min(config.final_images, len(data.test_y)))}
+    metrics["seconds_total"] = time.perf_counter() - t_start
+    _write_json(out / METRICS_FILE, metrics)
+    ckpt_path.unlink(missing_ok=True)
+    return out
+
+
+def _progress(it: range, enabled: bool, desc: str) -> Any:
+    if not enabled:
+        return it
+    from tqdm.auto import tqdm
+
+    return tqdm(it, desc=desc, unit="epoch", leave=False)
+
+
+def _metrics_doc(config: VitTrainConfig, data: ImageData, shape: Any, history: list[dict[str, Any]],
+                 status: str, data_seconds: float) -> dict[str, Any]:
+    return {
+        "format": FORMAT,
+        "status": status,
+        "config": config.to_dict(),
+        "config_key": config.key(),
+        "model": {**asdict(shape), "arch": "beit (DeiT-style)", "tokens": "cls (position 0)",
+                  "image_size": data.image_size, "num_channels": data.num_channels},
+        "data": {"name": data.name, "train": len(data.train_y), "test": len(data.test_y),
+                 "classes": list(data.classes), "seconds_load": data_seconds},
+        "threads": torch.get_num_threads(),
+        "epochs": history,
+    }
+
+
+def _save_checkpoint(path: Path, config: VitTrainConfig, model: torch.nn.Module,
+                     optimizer: torch.optim.Optimizer, history: list[dict[str, Any]],
+                     epoch: int) -> None:
+    tmp = path.with_suffix(".tmp")
+    torch.save({"config_key": config.key(), "epoch": epoch, "model": model.state_dict(),
+                "optimizer": optimizer.state_dict(), "history": history}, tmp)
+    os.replace(tmp, path)
+
+
+def _save_model(model: Any, folder: Path) -> None:
+    tmp = folder.with_name(folder.name + ".tmp")
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    model.save_pretrained(tmp)
+    if folder.exists():
+        shutil.rmtree(folder)
+    os.replace(tmp, folder)
+
+
+__all__ = ["VitTrainConfig", "evaluate", "is_trained", "lr_at", "measure_images", "param_groups",
+           "read_metrics", "record_images", "train_vit"]

@@ -1,0 +1,382 @@
+"""The correlation study: statistics against scipy/statsmodels, the per-model coupling
+statistic against a direct computation, the score readers, the CLI and its errors."""
+
+from __future__ import annotations
+
+import itertools
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import scipy.stats as st
+from typer.testing import CliRunner
+
+import blockcoupling as bc
+from blockcoupling.cli import app
+from blockcoupling.engine.config import MeasureConfig
+from blockcoupling.engine.results import Measurement, conform
+from blockcoupling.store.rundir import RunWriter
+from blockcoupling.studies import correlate as C
+
+runner = CliRunner()
+
+
+# ---------------------------------------------------------------------------- synthetic runs
+def coupling_rows(level: float, rng: np.random.Generator, *, L: int = 4, ks: tuple[int, ...] = (2, 3),
+                  lengths: dict[str, int] | None = None) -> list[dict]:
+    """Depth rows at every token of prompts of different lengths, for several K, variants,
+    orientations; plus some self rows (which the statistic must ignore)."""
+    lengths = lengths or {"p0": 3, "p1": 5}
+    rows = []
+    for pid, n in lengths.items():
+        for t, (la, lb), k, (variant, p), orient in itertools.product(
+                range(n), itertools.product(range(1, L + 1), repeat=2), ks,
+                (("coupling", 1.0), ("coupling", 2.0), ("coupling_vs_null", 1.0),
+                 ("offdiag_ratio", np.nan)), ("ujv", "vju")):
+            value = 1.0 if la == lb else level + 0.1 * rng.standard_normal()
+            rows.append(dict(prompt_id=pid, kind="depth", layer_a=la, layer_b=lb,
+                             token_in_a=t, token_out_a=t, token_in_b=t, token_out_b=t, k=k,
+                             variant=variant, p=p, orientation=orient, value=value))
+        rows.append(dict(prompt_id=pid, kind="self", layer_a=1, layer_b=1, token_in_a=0,
+                         token_out_a=0, token_in_b=n - 1, token_out_b=n - 1, k=2,
+                         variant="coupling", p=1.0, orientation="ujv", value=-5.0))
+    return rows
+
+
+def write_synthetic_run(root: Path, level: float, *, label: str, model: str, d: int = 24,
+                        seed: int = 0, lengths: dict[str, int] | None = None) -> Path:
+    lengths = lengths or {"p0": 3, "p1": 5}
+    rng = np.random.default_rng(seed)
+    prompts = pd.DataFrame({"prompt_id": list(lengths), "text": [f"text {p}" for p in lengths],
+                            "label": ["x"] * len(lengths)})
+    cfg = MeasureConfig(k=(2, 3), coupling=("depth",), tokens="all")
+    meta = {"model": model, "label": label, "hidden_size": d, "num_layers": 4}
+    part = Measurement(
+        coupling=conform("coupling", coupling_rows(level, rng, lengths=lengths)),
+        prompts=conform("prompts", [dict(prompt_id=p, text=f"text {p}", n_tokens=n, label="x")
+                                    for p, n in lengths.items()]),
+        config=cfg, meta=meta)
+    with RunWriter(root, config=cfg, meta=meta, prompts=prompts) as w:
+        w.write_part(part)
+        w.finalize()
+    return root
+
+
+def direct_statistic(coupling: pd.DataFrame, *, k: int, variant: str = "coupling", p: float = 1.0,
+                     orientation: str = "ujv") -> float:
+    """Plain loops: per prompt, mean over l != l' at its last token; then mean over prompts."""
+    per_prompt: dict[str, list[float]] = {}
+    last: dict[str, int] = {}
+    for r in coupling.itertuples():
+        if r.kind == "depth":
+            last[r.prompt_id] = max(last.get(r.prompt_id, -1), r.token_out_a)
+    for r in coupling.itertuples():
+        if (r.kind == "depth" and r.k == k and r.variant == variant and r.orientation == orientation
+                and (np.isnan(r.p) or r.p == p) and r.layer_a != r.layer_b
+                and r.token_out_a == last[r.prompt_id]):
+            per_prompt.setdefault(r.prompt_id, []).append(r.value)
+    return float(np.mean([np.mean(v) for v in per_prompt.values()]))
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
+    root = tmp_path_factory.mktemp("runs")
+    levels = [0.2, 0.35, 0.5, 0.6, 0.8]
+    return [write_synthetic_run(root / f"run{i}", lv, label=f"m{i}", model=f"org/model-{i}",
+                                seed=i) for i, lv in enumerate(levels)]
+
+
+# ---------------------------------------------------------------------------- statistics
+def test_regression_matches_scipy_and_recovers_a_known_slope() -> None:
+    rng = np.random.default_rng(1)
+    x = rng.uniform(0, 1, 40)
+    y = 2.5 * x + 1.0 + 0.05 * rng.standard_normal(40)
+    r = C.regression(x, y, n_boot=500, seed=3)
+    lr = st.linregress(x, y)
+    assert r["slope"] == pytest.approx(lr.slope) and r["intercept"] == pytest.approx(lr.intercept)
+    assert r["slope"] == pytest.approx(2.5, abs=0.1) and r["intercept"] == pytest.approx(1.0, abs=0.1)
+    assert r["r2"] == pytest.approx(st.pearsonr(x, y).statistic ** 2)
+    assert r["p"] == pytest.approx(lr.pvalue)
+    rho = st.spearmanr(x, y)
+    assert (r["spearman_rho"], r["spearman_p"]) == pytest.approx((rho.statistic, rho.pvalue))
+    boot = st.bootstrap((x, y), lambda a, b, axis=-1: st.pearsonr(a, b, axis=axis).statistic ** 2,
+                        paired=True, vectorized=True, n_resamples=500, method="percentile",
+                        random_state=np.random.default_rng(3))
+    ci = boot.confidence_interval
+    assert r["r2_ci"] == pytest.approx([ci.low, ci.high])
+    assert ci.low <= r["r2"] <= ci.high
+    assert C.regression(x, y, n_boot=500, seed=3) == r  # seeded: reproducible
+
+
+def test_regression_exact_line_and_negative_slope() -> None:
+    x = np.array([1.0, 2.0, 4.0, 7.0])
+    r = C.regression(x, 3 - 2 * x, n_boot=0)
+    assert r["slope"] == pytest.approx(-2) and r["intercept"] == pytest.approx(3)
+    assert r["r2"] == pytest.approx(1) and r["r"] == pytest.approx(-1)
+    assert r["spearman_rho"] == pytest.approx(-1)
+
+
+def test_regression_rejects_too_few_and_constant() -> None:
+    with pytest.raises(bc.BlockCouplingError, match="at least 3"):
+        C.regression([1, 2], [1, 2])
+    with pytest.raises(bc.BlockCouplingError, match="constant"):
+        C.regression([1, 2, 3], [4, 4, 4])
+
+
+def test_exponential_fit_recovers_a_and_b() -> None:
+    x = np.linspace(0.1, 0.9, 12)
+    ex = C.exponential_fit(x, 5.0 * np.exp(2.0 * x))
+    assert ex["converged"]
+    assert ex["a"] == pytest.approx(5.0, rel=1e-6) and ex["b"] == pytest.approx(2.0, rel=1e-6)
+    assert ex["r2"] == pytest.approx(1.0)
+    x2 = np.linspace(-1, 1, 9)  # works with non-positive y too (no log start)
+    ex2 = C.exponential_fit(x2, 3.0 * np.exp(-1.5 * x2) - 0.0)
+    assert ex2["b"] == pytest.approx(-1.5, rel=1e-5)
+
+
+def test_partial_correlation_matches_residual_correlation_and_t_test() -> None:
+    rng = np.random.default_rng(2)
+    n = 25
+    c = rng.standard_normal(n)
+    x = 0.7 * c + rng.standard_normal(n)
+    y = 1.5 * x + 2.0 * c + rng.standard_normal(n)
+    got = C.partial_correlation(x, y, c)
+    A = np.column_stack([np.ones(n), c])
+    rx = x - A @ np.linalg.lstsq(A, x, rcond=None)[0]
+    ry = y - A @ np.linalg.lstsq(A, y, rcond=None)[0]
+    r = st.pearsonr(rx, ry).statistic
+    df = n - 3
+    t = r * np.sqrt(df / (1 - r * r))
+    assert got["r"] == pytest.approx(r) and got["df"] == df
+    assert got["p"] == pytest.approx(2 * st.t.sf(abs(t), df))
+    assert got["coef"] == pytest.approx(1.5, abs=0.5)
+
+
+def test_analyse_skips_constant_predictors_and_rejects_bad_tables() -> None:
+    t = pd.DataFrame({"coupling": [0.1, 0.2, 0.3, 0.5], "score": [10, 12, 13, 20],
+                      "layers": [4, 4, 4, 4], "params_b": [1, 2, np.nan, 4]})
+    t["log_params"] = np.log10(t["params_b"] * 1e9)
+    out = C.analyse(t, n_boot=50)
+    assert "skipped" in out["predictors"]["layers"]
+    assert out["predictors"]["params_b"]["n"] == 3
+    assert out["predictors"]["coupling"]["n"] == 4
+    with pytest.raises(bc.BlockCouplingError, match="all scores are equal"):
+        C.analyse(t.assign(score=7.0), n_boot=0)
+    with pytest.raises(bc.BlockCouplingError, match="at least 3 models"):
+        C.analyse(t.head(2), n_boot=0)
+
+
+# ---------------------------------------------------------------------------- the statistic
+def test_statistic_equals_direct_computation_from_the_run_tables(runs: list[Path]) -> None:
+    for run in runs:
+        m = bc.open_run(run)
+        for variant, p, orient, k in (("coupling", 1.0, "ujv", 2), ("coupling", 2.0, "vju", 3),
+                                      ("coupling_vs_null", 1.0, "ujv", 3)):
+            got, n = C.mean_offdiag_coupling(m.coupling, k=k, variant=variant, p=p,
+                                             orientation=orient)
+            assert n == 2
+            assert got == pytest.approx(direct_statistic(m.coupling, k=k, variant=variant, p=p,
+                                                         orientation=orient), abs=1e-12)
+    # K = round(d / 10): d = 24 -> 2
+    units = C.load_units(runs)
+    table = C.model_table(units, C.CouplingStatistic())
+    assert (table["k"] == 2).all()
+    m0 = bc.open_run(runs[0])
+    assert table.loc[0, "coupling"] == pytest.approx(direct_statistic(m0.coupling, k=2))
+
+
+def test_statistic_on_a_real_tiny_model_matches_mean_depth_coupling(tmp_path: Path) -> None:
+    from blockcoupling.studies.demo import build_tokenizer
+    from tiny_models import tiny_model
+
+    model = tiny_model("gpt2")  # d = 16 -> K = 2
+    tok = build_tokenizer("abcdefgh ")
+    run = tmp_path / "real"
+    bc.measure_to_dir(model, tok, ["abc def", "hag bead fed"], run, meta={"label": "tiny"},
+                      coupling=("depth",), k=(2,), p=(1,), progress=False)
+    m = bc.open_run(run)
+    got = C.model_table(C.load_units([run]), C.CouplingStatistic()).loc[0]
+    assert got["k"] == 2
+    assert got["coupling"] == pytest.approx(m.mean_depth_coupling(2)["mean_offdiag"].mean())
+    with pytest.raises(bc.BlockCouplingError, match="--k"):
+        C.model_table(C.load_units([run]), C.CouplingStatistic(k=5))
+
+
+# ---------------------------------------------------------------------------- score readers
+def test_csv_reader_and_matching(runs: list[Path], tmp_path: Path) -> None:
+    csv = tmp_path / "scores.csv"
+    csv.write_text("model,score,params_b,group\nm0,10,1,a\norg/model-1,20,2,a\nm2,25,,b\n"
+                   "run3,30,4,b\nm4,41,5,b\nunused,99,1,a\n")
+    scores = C.read_scores_csv(csv)
+    assert list(scores["score"]) == [10, 20, 25, 30, 41, 99]
+    units = C.load_units(runs)
+    table, excluded = C.match_scores(C.model_table(units, C.CouplingStatistic()), units, scores)
+    assert list(table["label"]) == ["m0", "m1", "m2", "m3", "m4"]  # label, model id, dir name
+    assert list(table["score"]) == [10, 20, 25, 30, 41]
+    assert table["layers"].tolist() == [4] * 5  # filled from the runs
+    assert np.isnan(table.loc[2, "log_params"]) and table.loc[0, "log_params"] == pytest.approx(9)
+    assert excluded == []
+
+
+def test_unmatched_runs_are_listed(runs: list[Path], tmp_path: Path) -> None:
+    csv = tmp_path / "s.csv"
+    csv.write_text("model,score\nm0,1\nm1,2\nm2,3\n")
+    with pytest.raises(bc.BlockCouplingError, match=r"no score for 2 run\(s\): m3 .*; m4 "):
+        C.correlate(runs, csv, n_boot=0)
+
+
+def test_missing_columns_and_bad_numbers(tmp_path: Path) -> None:
+    f = tmp_path / "s.csv"
+    f.write_text("name,value\na,1\n")
+    with pytest.raises(bc.BlockCouplingError, match="missing column.*model, score"):
+        C.read_scores_csv(f)
+    f.write_text("model,score\na,high\n")
+    with pytest.raises(bc.BlockCouplingError, match="'score' is not a number for a"):
+        C.read_scores_csv(f)
+
+
+def test_paper_table_is_complete_with_hub_ids() -> None:
+    p = C.paper_scores()
+    assert len(p) == 42 and p["model"].is_unique and p["model"].str.contains("/").all()
+    assert p["score"].isna().sum() == 6  # blank in the paper: Llama-3 70B, Falcon IT 7B, ...
+    assert set(p["group"]) == {"base", "fine-tuned"}
+    row = p.set_index("model").loc["meta-llama/Llama-2-7b-hf"]
+    assert (row["score"], row["layers"], row["d_model"], row["params_b"]) == (50.97, 32, 4096, 7)
+    assert p.set_index("model").loc["openai-community/gpt2", "aliases"] == "gpt2"
+    assert p.set_index("model").loc["microsoft/phi-1_5", "train_tokens_t"] == pytest.approx(0.15)
+
+
+def test_paper_scores_match_runs_by_hub_id_or_alias(tmp_path: Path) -> None:
+    ids = ["gpt2", "openai-community/gpt2-medium", "GPT-2 774M", "meta-llama/Meta-Llama-3-70B"]
+    dirs = [write_synthetic_run(tmp_path / f"r{i}", 0.1 * (i + 1), label=m, model=m, seed=i)
+            for i, m in enumerate(ids)]
+    res = C.correlate(dirs, "paper", n_boot=0)
+    assert list(res.table["score_model"]) == ["openai-community/gpt2",
+                                              "openai-community/gpt2-medium",
+                                              "openai-community/gpt2-large"]
+    assert res.excluded[0]["label"] == "meta-llama/Meta-Llama-3-70B"  # no score printed
+    assert list(res.table["score"]) == [28.53, 29.87, 32.07]
+
+
+def write_lmeval(root: Path) -> None:
+    new = {"results": {
+        "arc_challenge": {"alias": "arc", "acc,none": 0.40, "acc_norm,none": 0.44},
+        "hellaswag": {"acc,none": 0.5, "acc_norm,none": 0.6},
+        "truthfulqa_mc2": {"acc,none": 0.38},
+        "gsm8k": {"exact_match,strict-match": 0.1, "exact_match,flexible-extract": 0.2},
+        "mmlu_anatomy": {"acc,none": 0.9}, "winogrande": {"acc,none": 0.7}},
+        "groups": {"mmlu": {"acc,none": 0.30}},
+        "group_subtasks": {"mmlu": ["mmlu_anatomy"], "arc_challenge": []},
+        "config": {"model": "hf", "model_args": "pretrained=org/new-model,dtype=float32"},
+        "model_name": "org/new-model"}
+    old = {"results": {"arc_challenge": {"acc": 0.3, "acc_norm": 0.32},
+                       "hendrycksTest-anatomy": {"acc": 0.2, "acc_norm": 0.9},
+                       "hendrycksTest-virology": {"acc": 0.4, "acc_norm": 0.9},
+                       "truthfulqa_mc": {"mc1": 0.2, "mc2": 0.36}},
+           "config": {"model": "hf-causal", "model_args": "pretrained=org/old-model"}}
+    (root / "org__new-model").mkdir(parents=True)
+    (root / "org__new-model" / "results_2024-01-01T00-00-00.json").write_text(json.dumps(new))
+    (root / "old").mkdir()
+    (root / "old" / "results.json").write_text(json.dumps(old))
+
+
+def test_lmeval_reader(tmp_path: Path) -> None:
+    write_lmeval(tmp_path / "lm")
+    s = C.read_lmeval_dir(tmp_path / "lm").set_index("model")
+    want_new = 100 * np.mean([0.44, 0.6, 0.38, 0.1, 0.30, 0.7])
+    want_old = 100 * np.mean([0.32, 0.3, 0.36])
+    assert s.loc["org/new-model", "score"] == pytest.approx(want_new)
+    assert s.loc["org/old-model", "score"] == pytest.approx(want_old)
+    assert "gsm8k:exact_match,strict-match" in s.loc["org/new-model", "tasks"]
+    with pytest.raises(bc.BlockCouplingError, match="no lm-evaluation-harness"):
+        C.read_lmeval_dir(tmp_path / "nothing")
+
+
+# ---------------------------------------------------------------------------- CLI
+def cli(*args: str) -> object:
+    return runner.invoke(app, list(args), catch_exceptions=False)
+
+
+def test_cli_writes_json_and_self_contained_html(runs: list[Path], tmp_path: Path) -> None:
+    csv = tmp_path / "scores.csv"
+    csv.write_text("model,score,params_b,layers,d_model,train_tokens_t,group\n"
+                   "m0,20,1,4,24,0.1,a\nm1,30,2,8,24,0.2,a\nm2,41,3,8,48,0.2,a\n"
+                   "m3,45,5,12,64,1,b\nm4,62,9,16,64,2,b\n")
+    js, page = tmp_path / "c.json", tmp_path / "c.html"
+    r = cli("correlate", *map(str, runs), "--scores", str(csv), "--json", str(js), "--out",
+            str(page), "--n-boot", "200")
+    assert r.exit_code == 0, r.output
+    out = json.loads(js.read_text())
+    assert out["n_models"] == 5 and out["statistic"]["variant"] == "coupling"
+    assert "round(d/10)" in out["statistic"]["description"]
+    assert set(out["predictors"]) == set(C.PREDICTORS)
+    assert out["predictors"]["coupling"]["r2"] > 0.9  # levels and scores rise together
+    assert set(out["groups"]) == {"a", "b"} and "skipped" in out["groups"]["b"]
+    assert out["partial_correlation"]["controlling_for"] == "log_params"
+    html = page.read_text()
+    assert html.count("data:image/png;base64,") == 2
+    assert "src='http" not in html and 'src="http' not in html and "<link" not in html
+    r = cli("correlate", *map(str, runs), "--scores", str(csv), "--variant", "coupling_vs_null",
+            "--k", "3", "--n-boot", "0", "--json", str(js))
+    assert r.exit_code == 0, r.output
+    assert json.loads(js.read_text())["statistic"]["k"] == 3
+
+
+@pytest.mark.parametrize("case", ["unmatched", "few", "constant", "columns", "variant"])
+def test_cli_bad_input_is_one_line_exit_1(case: str, runs: list[Path], tmp_path: Path) -> None:
+    csv = tmp_path / "s.csv"
+    args = [str(r) for r in runs]
+    if case == "unmatched":
+        csv.write_text("model,score\nm0,1\nm1,2\nm2,3\n")
+        want = "m3"
+    elif case == "few":
+        csv.write_text("model,score\nm0,1\nm1,2\n")
+        args = args[:2]
+        want = "at least 3 models"
+    elif case == "constant":
+        csv.write_text("model,score\n" + "".join(f"m{i},5\n" for i in range(5)))
+        want = "all scores are equal"
+    elif case == "columns":
+        csv.write_text("model,accuracy\nm0,1\n")
+        want = "missing column(s) score"
+    else:
+        csv.write_text("model,score\n" + "".join(f"m{i},{i}\n" for i in range(5)))
+        args += ["--variant", "nope"]
+        want = "unknown variant"
+    r = runner.invoke(app, ["correlate", *args, "--scores", str(csv), "--n-boot", "0"])
+    assert r.exit_code == 1
+    lines = r.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and want in lines[0], r.output
+
+
+# ---------------------------------------------------------------------------- prompt protocol
+def test_paper_protocol_from_a_local_folder(tmp_path: Path) -> None:
+    rows = {
+        "arc": [{"question": f"Q{i}?", "choices": {}, "answerKey": "A"} for i in range(5)],
+        "gsm8k": [{"question": f"G{i}?", "answer": "1"} for i in range(5)],
+        "hellaswag": [{"activity_label": "Cook", "ctx_a": f"He cuts {i}.", "ctx_b": "then"}
+                      for i in range(5)],
+        "mmlu": [{"question": f"M{i}", "subject": "anatomy", "choices": ["a", "b", "c", "d"],
+                  "answer": 0} for i in range(5)],
+        "truthfulqa": [{"question": f"T{i}?"} for i in range(5)],
+        "winogrande": [{"sentence": f"Bob met _ {i}.", "option1": "Al", "option2": "Cy",
+                        "answer": "1"} for i in range(5)],
+    }
+    folder = tmp_path / "protocol"
+    folder.mkdir()
+    for name, rs in rows.items():
+        (folder / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rs))
+    ps = bc.load_prompts(f"protocol:paper@{folder}", limit=14, seed=1)
+    counts = pd.Series([p.label for p in ps]).value_counts()
+    assert counts.to_dict() == {"arc": 3, "gsm8k": 3, "hellaswag": 2, "mmlu": 2,
+                                "truthfulqa": 2, "winogrande": 2}
+    assert [p.label for p in ps][:3] == ["arc"] * 3
+    assert ps == bc.load_prompts(f"protocol:paper@{folder}", limit=14, seed=1)  # seeded
+    assert len(bc.load_prompts(f"protocol:paper@{folder}")) == 30  # 200 each, capped by size
+    (folder / "mmlu.jsonl").unlink()
+    with pytest.raises(bc.BlockCouplingError, match="no mmlu.jsonl"):
+        bc.load_prompts(f"protocol:paper@{folder}")
+    with pytest.raises(bc.BlockCouplingError, match="unknown prompt protocol"):
+        bc.load_prompts("protocol:other")

@@ -1,0 +1,504 @@
+"""The ViT study: data, model, schedule, training (idempotent, resumable), grid, figures, CLI.
+
+Everything runs on tiny models (width 16, 2 blocks, 8x8 images: 4 patches + [CLS]) and small
+subsets of scikit-learn's digits, with one torch thread.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+import blockcoupling as bc
+from blockcoupling.errors import BlockCouplingError
+from blockcoupling.studies.vit.data import load_digits, load_image_data, load_image_folder
+from blockcoupling.studies.vit.grid import (
+    PAPER_DROP_PATH,
+    PAPER_WEIGHT_DECAY,
+    collect_epochs,
+    collect_runs,
+    grid_configs,
+    run_grid,
+    run_name,
+)
+from blockcoupling.studies.vit.model import build_vit, load_vit, resolve_shape
+from blockcoupling.studies.vit.train import (
+    VitTrainConfig,
+    is_trained,
+    lr_at,
+    param_groups,
+    read_metrics,
+    train_vit,
+)
+
+TINY = dict(preset="tiny", hidden_size=16, depth=2, heads=2, image_size=8, train_limit=96,
+            test_limit=32, batch_size=32, k=2, monitor_images=2, final_images=2)
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(old)
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One tiny 2-epoch training shared by the tests that read a finished output."""
+    out = tmp_path_factory.mktemp("vit") / "run"
+    train_vit(VitTrainConfig(epochs=2, drop_path=0.1, **TINY), out, progress=False)
+    return out
+
+
+# ---------------------------------------------------------------------------- data
+def test_digits_split_normalisation_and_upscaling() -> None:
+    d = load_digits(16)
+    assert d.train_x.shape == (1437, 1, 16, 16) and d.test_x.shape == (360, 1, 16, 16)
+    assert d.train_y.dtype == torch.int64 and set(d.train_y.tolist()) == set(range(10))
+    # stratified: every class keeps about 20% of its images in the test split
+    counts = np.bincount(d.test_y.numpy(), minlength=10)
+    assert counts.min() >= 35 and counts.max() <= 37
+    # normalised by the training split's statistics
+    assert abs(float(d.train_x.mean())) < 1e-4 and abs(float(d.train_x.std()) - 1) < 1e-3
+    # bilinear upscaling of an 8x8 image: the 8x8 version has the same mean (up to borders)
+    d8 = load_digits(8)
+    raw8 = d8.train_x * d8.std[0] + d8.mean[0]
+    raw16 = d.train_x * d.std[0] + d.mean[0]
+    np.testing.assert_allclose(raw16.mean((1, 2, 3)), raw8.mean((1, 2, 3)), atol=0.03)
+    assert float(raw8.min()) >= -1e-6 and float(raw8.max()) <= 1 + 1e-6
+    # deterministic
+    assert torch.equal(load_digits(16).train_y, d.train_y)
+
+
+def test_subsets_are_seeded_and_sized() -> None:
+    a = load_image_data("digits", image_size=8, train_limit=50, test_limit=20)
+    b = load_image_data("digits", image_size=8, train_limit=50, test_limit=20)
+    assert len(a.train_y) == 50 and len(a.test_y) == 20
+    assert torch.equal(a.train_x, b.train_x)
+    with pytest.raises(BlockCouplingError, match="unknown data set"):
+        load_image_data("mnist")
+    with pytest.raises(BlockCouplingError, match="drop --data-dir"):
+        load_image_data("digits", data_dir="/nonexistent")
+
+
+def _write_folder(root: Path, sizes: dict[str, int], shape: tuple[int, int] = (6, 6)) -> dict:
+    from PIL import Image
+
+    pixels = {}
+    for split in ("train", "test"):
+        for label, cls in enumerate(sorted(sizes)):
+            folder = root / split / cls
+            folder.mkdir(parents=True)
+            for i in range(sizes[cls]):
+                arr = np.full((*shape, 3), 20 * label + i, dtype=np.uint8)
+                arr[0, 0] = (255, 0, 0)
+                Image.fromarray(arr).save(folder / f"{i}.png")
+                pixels[(split, cls, i)] = arr
+    return pixels
+
+
+def test_image_folder_layout(tmp_path: Path) -> None:
+    _write_folder(tmp_path, {"cat": 2, "airplane": 3})
+    d = load_image_folder(tmp_path)
+    assert d.classes == ("airplane", "cat")  # sorted folder names
+    assert d.train_x.shape == (5, 3, 6, 6)
+    assert d.train_y.tolist() == [0, 0, 0, 1, 1]
+    # undo the normalisation: the stored pixels come back (RGB order, scaled to [0, 1])
+    raw = d.train_x * torch.tensor(d.std)[:, None, None] + torch.tensor(d.mean)[:, None, None]
+    np.testing.assert_allclose(raw[3, :, 1, 1].numpy(), [20 / 255] * 3, atol=1e-5)  # cat 0
+    np.testing.assert_allclose(raw[0, :, 0, 0].numpy(), [1, 0, 0], atol=1e-5)
+    # the cifar10 loader reads the same layout from --data-dir and resizes
+    c = load_image_data("cifar10", data_dir=tmp_path, image_size=8)
+    assert c.train_x.shape == (5, 3, 8, 8) and c.name == "cifar10"
+
+
+def test_image_folder_errors(tmp_path: Path) -> None:
+    with pytest.raises(BlockCouplingError, match="does not exist"):
+        load_image_folder(tmp_path / "missing")
+    from PIL import Image
+
+    (tmp_path / "train" / "a").mkdir(parents=True)
+    with pytest.raises(BlockCouplingError, match="no images"):
+        load_image_folder(tmp_path)
+    Image.fromarray(np.zeros((4, 4, 3), np.uint8)).save(tmp_path / "train" / "a" / "0.png")
+    with pytest.raises(BlockCouplingError, match="no 'test' folder"):
+        load_image_folder(tmp_path)
+    (tmp_path / "test" / "z").mkdir(parents=True)
+    with pytest.raises(BlockCouplingError, match="the train split does not have"):
+        load_image_folder(tmp_path)
+    other = tmp_path / "mixed"
+    _write_folder(other, {"a": 1, "b": 1})
+    Image.fromarray(np.zeros((5, 5, 3), np.uint8)).save(other / "train" / "a" / "big.png")
+    with pytest.raises(BlockCouplingError, match="different sizes"):
+        load_image_folder(other)
+
+
+def test_cifar10_offline_error_says_what_to_do(monkeypatch: pytest.MonkeyPatch) -> None:
+    datasets = pytest.importorskip("datasets")
+
+    def offline(*args, **kwargs):
+        raise ConnectionError("Couldn't reach 'cifar10' on the Hub (LocalEntryNotFoundError)")
+
+    monkeypatch.setattr(datasets, "load_dataset", offline)
+    with pytest.raises(BlockCouplingError, match="--data-dir DIR") as err:
+        load_image_data("cifar10")
+    assert "ConnectionError" in str(err.value)
+
+
+# ---------------------------------------------------------------------------- model
+def test_model_is_deit_style_beit() -> None:
+    shape = resolve_shape("tiny", hidden_size=16, depth=4, heads=2)
+    model = build_vit(shape, image_size=8, num_channels=1, num_labels=10, drop_path=0.3)
+    spec = bc.find_blocks(model)
+    assert (spec.arch, spec.blocks_path, spec.final_norm_path) == ("beit", "beit.layers",
+                                                                    "beit.layernorm")
+    assert spec.num_layers == 4 and not spec.causal
+    # DeiT's linear drop-path rule: 0 for block 1 up to the rate for the last block
+    rates = [getattr(b.drop_path, "drop_prob", 0.0) for b in model.beit.layers]
+    np.testing.assert_allclose(rates, [0.0, 0.1, 0.2, 0.3])
+    # no LayerScale, learned absolute positions, [CLS] pooling
+    assert not any("lambda" in n for n, _ in model.named_parameters())
+    assert model.beit.embeddings.position_embeddings.shape == (1, 5, 16)
+    assert model.beit.pooler.layernorm is None
+    # seeded
+    again = build_vit(shape, image_size=8, num_channels=1, num_labels=10, drop_path=0.3)
+    for (n, p), (_, q) in zip(model.named_parameters(), again.named_parameters(), strict=True):
+        assert torch.equal(p, q), n
+    # the classifier reads token 0 ([CLS]) after the final norm
+    model.eval()
+    x = torch.randn(2, 1, 8, 8)
+    out = model(pixel_values=x, output_hidden_states=True)
+    cls = model.beit.layernorm(out.hidden_states[-1])[:, 0]
+    torch.testing.assert_close(out.logits, model.classifier(cls))
+
+
+def test_shape_errors() -> None:
+    with pytest.raises(BlockCouplingError, match="unknown ViT preset"):
+        resolve_shape("huge")
+    with pytest.raises(BlockCouplingError, match="not divisible"):
+        resolve_shape("tiny", hidden_size=10, heads=3)
+    shape = resolve_shape("deit-tiny")
+    assert (shape.hidden_size, shape.depth, shape.heads) == (192, 12, 3)
+    with pytest.raises(BlockCouplingError, match="multiple of the patch size"):
+        build_vit(shape, image_size=10, num_channels=3, num_labels=10, drop_path=0.1)
+    with pytest.raises(BlockCouplingError, match=r"in \[0, 1\)"):
+        build_vit(shape, image_size=32, num_channels=3, num_labels=10, drop_path=1.0)
+
+
+def test_load_vit_error(tmp_path: Path) -> None:
+    with pytest.raises(BlockCouplingError, match="no trained ViT"):
+        load_vit(tmp_path)
+
+
+# ---------------------------------------------------------------------------- tokens
+def test_token_selection_auto_and_cls() -> None:
+    from blockcoupling.engine.config import MeasureConfig
+    from blockcoupling.engine.pairs import cls_position, resolve_tokens
+
+    assert MeasureConfig().tokens == "auto"
+    assert MeasureConfig.parse(tokens="cls").tokens == "cls"
+    assert cls_position("beit", False) == 0 and cls_position("bert", False) == 0
+    assert cls_position("gpt2", True) is None and cls_position("custom", False) is None
+    assert resolve_tokens("auto", 5, cls=0) == [0] and resolve_tokens("auto", 5) == [4]
+    assert resolve_tokens("cls", 5, cls=0) == [0]
+    assert resolve_tokens("last", 5, cls=0) == [4]  # explicit choices are kept
+    with pytest.raises(BlockCouplingError, match="no \\[CLS\\] token"):
+        resolve_tokens("cls", 5)
+    with pytest.raises(BlockCouplingError, match="'auto', 'cls', 'last'"):
+        MeasureConfig.parse(tokens="first")
+
+
+def test_default_token_is_cls_for_a_vit_and_last_for_others() -> None:
+    shape = resolve_shape("tiny", hidden_size=16, depth=2, heads=2)
+    vit = build_vit(shape, image_size=8, num_channels=1, num_labels=10, drop_path=0.1).eval()
+    x = {"pixel_values": torch.randn(1, 1, 8, 8)}
+    kw = dict(coupling=("depth",), k=(2,), progress=False, trajectory=False, spectra=False)
+    auto = bc.measure(vit, None, x, **kw)
+    assert set(auto.coupling["token_out_a"]) == {0}  # [CLS], not the last patch (4)
+    cls = bc.measure(vit, None, x, tokens="cls", **kw)
+    pd.testing.assert_frame_equal(auto.coupling, cls.coupling)
+    assert set(bc.measure(vit, None, x, tokens="last", **kw).coupling["token_out_a"]) == {4}
+
+    class Net(torch.nn.Module):  # nn.TransformerEncoderLayer blocks by blocks_path: no [CLS]
+        def __init__(self) -> None:
+            super().__init__()
+            self.layers = torch.nn.ModuleList(
+                [torch.nn.TransformerEncoderLayer(8, 2, 16, dropout=0.0, batch_first=True)
+                 for _ in range(2)])
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            for blk in self.layers:
+                x = blk(x)
+            return x
+
+    net = Net().eval()
+    m = bc.measure(net, None, {"x": torch.randn(1, 5, 8)}, blocks_path="layers", **kw)
+    assert set(m.coupling["token_out_a"]) == {4}
+    with pytest.raises(BlockCouplingError, match="no \\[CLS\\] token"):
+        bc.measure(net, None, {"x": torch.randn(1, 5, 8)}, blocks_path="layers", tokens="cls",
+                   **kw)
+
+
+# ---------------------------------------------------------------------------- recipe
+def test_lr_schedule_warmup_then_cosine() -> None:
+    lrs = [lr_at(s, 100, 10, 1e-3, 1e-5) for s in range(100)]
+    np.testing.assert_allclose(lrs[:10], [1e-3 * (i + 1) / 10 for i in range(10)])
+    assert lrs[10] == pytest.approx(1e-3)
+    assert lrs[55] == pytest.approx(1e-5 + 0.5 * (1e-3 - 1e-5) * (1 + math.cos(math.pi * 0.5)))
+    assert all(a >= b for a, b in zip(lrs[10:], lrs[11:], strict=False))
+    assert lr_at(100, 100, 10, 1e-3, 1e-5) == pytest.approx(1e-5)
+    assert lr_at(0, 10, 0, 1e-3, 0.0) == pytest.approx(1e-3)
+
+
+def test_weight_decay_only_on_matrices() -> None:
+    shape = resolve_shape("tiny", hidden_size=16, depth=2, heads=2)
+    model = build_vit(shape, image_size=8, num_channels=1, num_labels=10, drop_path=0.0)
+    decay, no_decay = param_groups(model, 0.05)
+    names = {id(p): n for n, p in model.named_parameters()}
+    assert decay["weight_decay"] == 0.05 and no_decay["weight_decay"] == 0.0
+    nd = {names[id(p)] for p in no_decay["params"]}
+    assert "beit.embeddings.cls_token" in nd and "beit.embeddings.position_embeddings" in nd
+    assert all(p.ndim >= 2 for p in decay["params"])
+    assert not any(n.endswith("bias") for n in (names[id(p)] for p in decay["params"]))
+    assert len(decay["params"]) + len(no_decay["params"]) == len(list(model.parameters()))
+
+
+def test_config_validation() -> None:
+    for bad, msg in [(dict(drop_path=1.5), "drop-path"), (dict(epochs=0), "epochs"),
+                     (dict(dataset="svhn"), "unknown data set"),
+                     (dict(weight_decay=-1), "weight decay"), (dict(k=0), "k must")]:
+        with pytest.raises(BlockCouplingError, match=msg):
+            VitTrainConfig(**bad)
+    with pytest.raises(BlockCouplingError, match="unknown training option"):
+        VitTrainConfig.from_dict({"dropout": 0.1})
+    c = VitTrainConfig()
+    assert VitTrainConfig.from_dict(c.to_dict()) == c and c.key() == VitTrainConfig().key()
+    assert c.key() != c.replace(drop_path=0.2).key()
+    assert c.mixup_alpha == 0.0 and VitTrainConfig(dataset="cifar10").mixup_alpha == 0.8
+
+
+# ---------------------------------------------------------------------------- training
+def test_training_writes_model_metrics_and_coupling(trained: Path) -> None:
+    m = read_metrics(trained)
+    assert m["status"] == "complete" and is_trained(trained)
+    assert [e["epoch"] for e in m["epochs"]] == [0, 1, 2]
+    for e in m["epochs"]:
+        for key in ("train_loss", "train_accuracy", "test_loss", "test_accuracy", "coupling"):
+            assert math.isfinite(e[key]), key
+        assert 0 <= e["test_accuracy"] <= 1 and -1 <= e["coupling"] <= 1
+    assert not (trained / "checkpoint.pt").exists()
+    # the saved model loads and reproduces the recorded test accuracy
+    from blockcoupling.studies.vit.train import evaluate
+
+    model = load_vit(trained)
+    data = load_image_data("digits", image_size=8, train_limit=96, test_limit=32)
+    loss, acc = evaluate(model, data.test_x, data.test_y)
+    assert acc == pytest.approx(m["final"]["test_accuracy"])
+    assert loss == pytest.approx(m["final"]["test_loss"], rel=1e-5)
+    # coupling runs: one per epoch (monitor) and the final one, at the [CLS] token
+    for name in ("epoch-0000", "epoch-0001", "epoch-0002", "final"):
+        run = bc.open_run(trained / "coupling" / name)
+        assert set(run.coupling["token_out_a"]) == {0}
+        assert set(run.coupling["layer_a"]) == {1, 2}
+    final = bc.open_run(trained / "coupling" / "final")
+    data_labels = load_image_data("digits", image_size=8, train_limit=96, test_limit=32).test_y
+    assert final.prompts["label"].tolist() == [str(int(y)) for y in data_labels[:2]]
+    c = final.mean_depth_coupling(2)["mean_offdiag"].mean()
+    assert c == pytest.approx(m["final"]["coupling"])
+    last = bc.open_run(trained / "coupling" / "epoch-0002")
+    assert last.mean_depth_coupling(2)["mean_offdiag"].mean() == pytest.approx(
+        m["epochs"][-1]["coupling"])
+    # the monitored coupling is the trained model's coupling on those images
+    direct = bc.measure(model, None, {"pixel_values": data.test_x[:2]}, coupling=("depth",),
+                        k=(2,), tokens=(0,), progress=False)
+    assert direct.mean_depth_coupling(2)["mean_offdiag"].mean() == pytest.approx(
+        m["epochs"][-1]["coupling"], abs=1e-6)
+
+
+def test_finished_training_is_skipped_and_other_configs_refused(trained: Path) -> None:
+    before = (trained / "metrics.json").read_text()
+    calls: list[dict] = []
+    cfg = VitTrainConfig(epochs=2, drop_path=0.1, **TINY)
+    assert train_vit(cfg, trained, progress=False, on_epoch=calls.append) == trained
+    assert calls == [] and (trained / "metrics.json").read_text() == before
+    with pytest.raises(BlockCouplingError, match="another config"):
+        train_vit(cfg.replace(drop_path=0.2), trained, progress=False)
+
+
+def test_interrupted_training_resumes_to_the_same_result(tmp_path: Path) -> None:
+    cfg = VitTrainConfig(epochs=2, drop_path=0.2, monitor_every=0, mixup=0.8, augment=True, **TINY)
+    train_vit(cfg, tmp_path / "straight", progress=False)
+
+    def stop(row: dict) -> None:
+        if row["epoch"] == 1:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        train_vit(cfg, tmp_path / "resumed", progress=False, on_epoch=stop)
+    assert (tmp_path / "resumed" / "checkpoint.pt").exists()
+    assert read_metrics(tmp_path / "resumed")["status"] == "running"
+    assert not is_trained(tmp_path / "resumed", cfg)
+    train_vit(cfg, tmp_path / "resumed", progress=False)
+    a, b = read_metrics(tmp_path / "straight"), read_metrics(tmp_path / "resumed")
+    for ea, eb in zip(a["epochs"], b["epochs"], strict=True):
+        for key in ("train_objective", "train_loss", "test_loss", "test_accuracy"):
+            assert ea[key] == eb[key] or (math.isnan(ea[key]) and math.isnan(eb[key])), key
+    wa, wb = load_vit(tmp_path / "straight"), load_vit(tmp_path / "resumed")
+    for (n, p), (_, q) in zip(wa.named_parameters(), wb.named_parameters(), strict=True):
+        assert torch.equal(p, q), n
+
+
+def test_training_learns_digits(tmp_path: Path) -> None:
+    """Well above chance (10%) after a few seconds of CPU (the full claim is in BENCHMARKS.md)."""
+    cfg = VitTrainConfig(epochs=4, drop_path=0.0, preset="tiny", hidden_size=32, depth=2, heads=2,
+                      image_size=8, batch_size=32, lr=2e-3, warmup_epochs=0.5, monitor_every=0,
+                      final_images=1, k=2, train_limit=600)
+    train_vit(cfg, tmp_path, progress=False)
+    m = read_metrics(tmp_path)
+    assert m["final"]["test_accuracy"] > 0.3
+    assert m["epochs"][-1]["train_loss"] < m["epochs"][0]["train_loss"]
+
+
+# ---------------------------------------------------------------------------- grid
+def test_grid_configs_default_to_the_paper() -> None:
+    configs = grid_configs(VitTrainConfig())
+    assert len(configs) == 64
+    assert {c.drop_path for c in configs} == set(PAPER_DROP_PATH)
+    assert {c.weight_decay for c in configs} == set(PAPER_WEIGHT_DECAY)
+    assert run_name(configs[1]) == "dp0.025-wd0.005-s0"
+    with pytest.raises(BlockCouplingError, match="repeats"):
+        grid_configs(VitTrainConfig(), drop_paths=(0.1, 0.1), weight_decays=(0.05,))
+
+
+def test_small_grid_runs_locally_and_figures(tmp_path: Path) -> None:
+    base = VitTrainConfig(epochs=1, **{**TINY, "monitor_images": 1, "final_images": 1})
+    seen: list[dict] = []
+    runs = run_grid(base, tmp_path / "grid", drop_paths=(0.0, 0.2), weight_decays=(0.01, 0.1),
+                    executor="local", progress=False, on_run=seen.append)
+    assert len(runs) == 4 and set(runs["status"]) == {"complete"} and len(seen) == 4
+    assert set(zip(runs["drop_path"], runs["weight_decay"], strict=True)) == {
+        (0.0, 0.01), (0.2, 0.01), (0.0, 0.1), (0.2, 0.1)}
+    assert runs["coupling"].notna().all() and runs["test_accuracy"].notna().all()
+    doc = json.loads((tmp_path / "grid" / "grid.json").read_text())
+    assert {r["status"] for r in doc["runs"].values()} == {"done"}
+    # a second call skips every run; another base config is refused
+    again = run_grid(base, tmp_path / "grid", drop_paths=(0.0, 0.2), weight_decays=(0.01, 0.1),
+                     executor="local", progress=False)
+    pd.testing.assert_frame_equal(again.drop(columns="message"), runs.drop(columns="message"))
+    with pytest.raises(BlockCouplingError, match="another base config"):
+        run_grid(base.replace(epochs=2), tmp_path / "grid", drop_paths=(0.0,),
+                 weight_decays=(0.01,), executor="local", progress=False)
+    epochs = collect_epochs(tmp_path / "grid")
+    assert len(epochs) == 8 and set(epochs["epoch"]) == {0, 1}
+
+    from blockcoupling.report.vit import (
+        coupling_accuracy_fit,
+        plot_coupling_vs_drop_path,
+        write_vit_figures,
+    )
+
+    fig = plot_coupling_vs_drop_path(runs)
+    lines = {ln.get_label(): ln for ln in fig.axes[0].get_lines()}
+    for wd in (0.01, 0.1):
+        sub = runs[runs["weight_decay"] == wd].sort_values("drop_path")
+        np.testing.assert_allclose(lines[f"wd {wd:g}"].get_ydata(), sub["coupling"])
+    fit = coupling_accuracy_fit(runs)
+    from scipy import stats
+
+    ref = stats.linregress(runs["coupling"], runs["test_accuracy"])
+    assert fit["r2"] == pytest.approx(ref.rvalue**2) or math.isnan(fit["r2"])
+    paths = write_vit_figures(tmp_path / "grid", tmp_path / "fig")
+    names = {p.name for p in paths}
+    assert {"vit_coupling_vs_drop_path.png", "vit_coupling_vs_accuracy.png",
+            "vit_coupling_epochs.png", "vit_runs.csv"} <= names
+    assert len(pd.read_csv(tmp_path / "fig" / "vit_runs.csv")) == 4
+
+
+def test_grid_on_ray_matches_this_process(tmp_path: Path, ray_cluster: str) -> None:
+    """One Ray task per run; a run is a pure function of its config, wherever it runs."""
+    base = VitTrainConfig(epochs=1, **{**TINY, "monitor_every": 0, "final_images": 1})
+    kw = dict(drop_paths=(0.0, 0.2), weight_decays=(0.01,), progress=False)
+    on_ray = run_grid(base, tmp_path / "ray", executor="ray", address=ray_cluster, **kw)
+    here = run_grid(base, tmp_path / "local", executor="local", **kw)
+    assert set(on_ray["status"]) == {"complete"} and len(on_ray) == 2
+    cols = ["name", "drop_path", "weight_decay", "test_accuracy", "test_loss", "coupling"]
+    pd.testing.assert_frame_equal(on_ray[cols].sort_values("name").reset_index(drop=True),
+                                  here[cols].sort_values("name").reset_index(drop=True))
+
+
+def test_grid_spec_yaml(tmp_path: Path) -> None:
+    from blockcoupling.studies.vit.grid import load_grid_spec
+
+    spec = tmp_path / "vit-grid.yaml"
+    spec.write_text("drop_path: [0, 0.1]\nweight_decay: 0.05\nseeds: [0, 1]\n"
+                    "train: {dataset: digits, epochs: 2, preset: tiny}\nexecutor: local\n")
+    base, kw = load_grid_spec(spec)
+    assert base == VitTrainConfig(dataset="digits", epochs=2, preset="tiny")
+    assert kw == {"drop_paths": [0.0, 0.1], "weight_decays": [0.05], "seeds": [0, 1],
+                  "executor": "local"}
+    base, kw = load_grid_spec({"train": {"epochs": 1}})
+    assert kw["drop_paths"] == list(PAPER_DROP_PATH) and kw["seeds"] == [0]
+    for bad, msg in [({"dropout": [0.1]}, "unknown grid spec key"),
+                     ({"train": {"drop_path": 0.1}}, "set by the grid"),
+                     ({"train": {"lr_max": 1}}, "unknown training option"),
+                     ({"drop_path": ["x"]}, "list of numbers")]:
+        with pytest.raises(BlockCouplingError, match=msg):
+            load_grid_spec(bad)
+    with pytest.raises(BlockCouplingError, match="does not exist"):
+        load_grid_spec(tmp_path / "missing.yaml")
+
+
+def test_grid_records_failed_runs(tmp_path: Path) -> None:
+    base = VitTrainConfig(epochs=1, **{**TINY, "k": 17})  # K larger than the width 16
+    runs = run_grid(base, tmp_path / "g", drop_paths=(0.0,), weight_decays=(0.01,),
+                    executor="local", progress=False)
+    assert runs["status"].tolist() == ["failed"] and "exceeds" in runs["message"].iloc[0]
+
+
+def test_collect_runs_on_empty_folder(tmp_path: Path) -> None:
+    assert collect_runs(tmp_path).empty
+    from blockcoupling.report.figures import FigureUnavailable
+    from blockcoupling.report.vit import write_vit_figures
+
+    with pytest.raises(FigureUnavailable, match="no vit-train outputs"):
+        write_vit_figures(tmp_path, tmp_path / "fig")
+
+
+# ---------------------------------------------------------------------------- CLI
+def test_cli_vit_train_and_figures(tmp_path: Path, trained: Path) -> None:
+    from typer.testing import CliRunner
+
+    from blockcoupling.cli import app
+
+    runner = CliRunner()
+    args = ["vit-train", "--out", str(trained), "--drop-path", "0.1", "--epochs", "2",
+            "--hidden-size", "16", "--depth", "2", "--heads", "2", "--image-size", "8",
+            "--train-limit", "96", "--test-limit", "32", "--batch-size", "32", "--k", "2",
+            "--monitor-images", "2", "--final-images", "2"]
+    res = runner.invoke(app, ["-q", *args])  # the same config: the finished run is reused
+    assert res.exit_code == 0, res.output
+    res = runner.invoke(app, args)
+    assert res.exit_code == 0 and "test accuracy" in res.output
+    res = runner.invoke(app, ["vit-train", "--out", str(tmp_path / "x"), "--drop-path", "2"])
+    assert res.exit_code == 1 and res.output.strip().startswith("error:")
+    res = runner.invoke(app, ["vit-figures", str(trained), "--out", str(tmp_path / "f")])
+    assert res.exit_code == 0, res.output
+    assert (tmp_path / "f" / "vit_coupling_epochs.png").exists()
+    res = runner.invoke(app, ["vit-figures", str(tmp_path / "empty"), "--out", str(tmp_path)])
+    assert res.exit_code == 1 and "error:" in res.output
+    res = runner.invoke(app, ["vit-grid", "--out", str(tmp_path / "g"), "--executor", "dask"])
+    assert res.exit_code == 1 and "choose ray or local" in res.output
+    spec = tmp_path / "grid.yaml"
+    spec.write_text("drop_path: [0.1]\nweight_decay: [0.05]\nexecutor: local\ntrain:\n" + "".join(
+        f"  {k}: {v}\n" for k, v in {**TINY, "epochs": 1, "monitor_every": 0,
+                                     "final_images": 1}.items()))
+    res = runner.invoke(app, ["-q", "vit-grid", "--spec", str(spec), "--out", str(tmp_path / "g2")])
+    assert res.exit_code == 0, res.output
+    assert collect_runs(tmp_path / "g2")["status"].tolist() == ["complete"]
