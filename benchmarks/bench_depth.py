@@ -10,10 +10,10 @@ prompts, ``OMP_NUM_THREADS`` as given (the documented runs use 2):
           measure(model, None, {"input_ids": ids}, coupling=("depth",), k=(10, 30, 50),
                   final_norm=True, progress=False, batch_size=1)
 
-      ONE call on ``--prompts`` prompts (prompt 0 first). Per prompt we time, by wrapping the
-      module-level ``capture`` and ``_measure_one`` of ``blockcoupling.engine.measure`` with a clock
-      (no other change), the capture forward of that prompt (batch of 1) plus all of its
-      Jacobian / SVD / coupling / trajectory / spectra work. Prompt 0 includes the one-time
+      ONE call on ``--prompts`` prompts (prompt 0 first), default batch size. Per prompt we
+      time, through the public ``on_event`` callback (``PromptClock``), its ``prompt`` event
+      (all of its Jacobian / SVD / coupling / table work) plus its share of the batch's
+      capture forward, and its process CPU seconds. Prompt 0 includes the one-time
       check of the fast path against the generic path (once per layer per call); prompts
       1.. are the steady state. The call's wall time and the rest (concatenating the
       tables, ``build_meta``) are reported too;
@@ -41,14 +41,11 @@ start and the end. Prints one JSON line per record and saves all of them in benc
 from __future__ import annotations
 
 import argparse
-import importlib
 import os
 import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -59,6 +56,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import emit, machine, phase, save  # noqa: E402
 from released import released_depth  # noqa: E402
 
+import blockcoupling  # noqa: E402
 from blockcoupling.engine import (
     fastpath,
     metrics,  # noqa: E402
@@ -66,9 +64,6 @@ from blockcoupling.engine import (
 from blockcoupling.engine.blocks import find_blocks  # noqa: E402
 from blockcoupling.engine.capture import capture, residual_branch  # noqa: E402
 from blockcoupling.engine.jacobian import jacobian_blocks  # noqa: E402
-
-# ``blockcoupling.engine.measure`` is re-exported as the function; the module holds the internals.
-M = importlib.import_module("blockcoupling.engine.measure")
 
 KS = (10, 30, 50)
 ORIENTS = ("ujv", "vju")
@@ -183,42 +178,30 @@ def oracle(model: torch.nn.Module, ids: torch.Tensor, how: str) -> tuple[Values,
 
 
 # ------------------------------------------------------------------ measure(), timed per prompt
-@contextmanager
-def per_prompt_clock() -> Iterator[list[dict[str, float]]]:
-    """Wrap ``blockcoupling.engine.measure.capture`` and ``._measure_one`` with a clock.
+class PromptClock:
+    """Per-prompt wall and CPU seconds from measure()'s public ``on_event`` callback.
 
-    With batch_size=1 each capture is one prompt's forward pass; the list gets one entry per
-    prompt: ``capture_s``, ``work_s`` (``_measure_one``: trajectories, Jacobians, SVDs,
-    coupling, spectra) and ``seconds`` (their sum).
+    ``prompt`` events give each prompt's work (capture excluded); each batch's ``capture``
+    event is shared evenly among its prompts. CPU seconds: ``time.process_time`` between
+    consecutive ``prompt`` events (the first from the call's start), so a prompt's CPU time
+    includes its share of the capture when it is in the first position of its batch.
     """
-    log: list[dict[str, float]] = []
-    pending = {"capture_s": 0.0, "capture_cpu_s": 0.0}
-    orig_capture: Callable[..., Any] = M.capture
-    orig_one: Callable[..., Any] = M._measure_one
 
-    def timed_capture(*a: Any, **kw: Any) -> Any:
-        t0, c0 = time.perf_counter(), time.process_time()
-        out = orig_capture(*a, **kw)
-        pending["capture_s"] += time.perf_counter() - t0
-        pending["capture_cpu_s"] += time.process_time() - c0
-        return out
+    def __init__(self) -> None:
+        self.log: list[dict[str, float]] = []
+        self._capture_share = 0.0
+        self._cpu_mark = time.process_time()
 
-    def timed_one(*a: Any, **kw: Any) -> Any:
-        t0, c0 = time.perf_counter(), time.process_time()
-        out = orig_one(*a, **kw)
-        work, work_cpu = time.perf_counter() - t0, time.process_time() - c0
-        cap_s, cap_cpu = pending["capture_s"], pending["capture_cpu_s"]
-        pending["capture_s"] = pending["capture_cpu_s"] = 0.0
-        log.append({"capture_s": round(cap_s, 4), "work_s": round(work, 4),
-                    "seconds": round(cap_s + work, 4),
-                    "cpu_seconds": round(cap_cpu + work_cpu, 4)})
-        return out
-
-    M.capture, M._measure_one = timed_capture, timed_one
-    try:
-        yield log
-    finally:
-        M.capture, M._measure_one = orig_capture, orig_one
+    def __call__(self, ev: Any) -> None:
+        if ev.phase == "capture":
+            self._capture_share = ev.seconds / max(1, len(ev.prompt_ids))
+        elif ev.phase == "prompt":
+            now = time.process_time()
+            self.log.append({"capture_s": round(self._capture_share, 4),
+                             "work_s": round(ev.seconds, 4),
+                             "seconds": round(self._capture_share + ev.seconds, 4),
+                             "cpu_seconds": round(now - self._cpu_mark, 4)})
+            self._cpu_mark = now
 
 
 def coupling_values(df: Any) -> dict[str, Values]:
@@ -233,11 +216,12 @@ def coupling_values(df: Any) -> dict[str, Values]:
 
 def run_measure(model: torch.nn.Module, ids: torch.Tensor, **options: Any
                 ) -> tuple[Any, list[dict[str, float]], dict[str, Any]]:
-    """The user's call on ``ids`` (B, n), batch_size=1, with per-prompt clocks."""
-    with per_prompt_clock() as log, phase("measure") as ph:
-        m = M.measure(model, None, {"input_ids": ids}, coupling=("depth",), k=KS,
-                      final_norm=True, progress=False, batch_size=1, **options)
-    return m, log, ph.as_dict()
+    """The user's call on ``ids`` (B, n) with the defaults, timed per prompt by ``on_event``."""
+    clock = PromptClock()
+    with phase("measure") as ph:
+        m = blockcoupling.measure(model, None, {"input_ids": ids}, coupling=("depth",), k=KS,
+                                  final_norm=True, progress=False, on_event=clock, **options)
+    return m, clock.log, ph.as_dict()
 
 
 def structured_layers(model: torch.nn.Module, ids: torch.Tensor) -> list[int]:
@@ -268,10 +252,10 @@ def curve(model: torch.nn.Module, ids: torch.Tensor, batch_sizes: list[int], tra
     def one(what: str, bs: int) -> float:
         t0 = time.perf_counter()
         if what == "trajectory_only":
-            M.measure(model, None, inputs, coupling=(), trajectory=True, spectra=False,
+            blockcoupling.measure(model, None, inputs, coupling=(), trajectory=True, spectra=False,
                       batch_size=bs, progress=False)
         else:
-            M.measure(model, None, inputs, coupling=("depth",), k=KS, final_norm=True,
+            blockcoupling.measure(model, None, inputs, coupling=("depth",), k=KS, final_norm=True,
                       batch_size=bs, progress=False)
         return time.perf_counter() - t0
 
