@@ -162,6 +162,7 @@ def test_pre_ln_model_with_the_option_is_a_clear_error() -> None:
                    remove_norm_directions=True, progress=False)
 
 
+@pytest.mark.slow
 def test_real_minilm_random_init_drops_to_chance_and_pretrained_keeps_its_coupling() -> None:
     """The claim behind the option, on the real all-MiniLM-L6-v2 (post-LN, d = 384): measured
     as defined (f = F - X), the random-init twin looks as coupled as the pretrained model;
