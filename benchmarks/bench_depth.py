@@ -171,7 +171,9 @@ def oracle(model: torch.nn.Module, ids: torch.Tensor, how: str) -> tuple[Values,
                 tb = fastpath.token_branch(m64, cap, layer, 0, t, dtype=torch.float64, verify=True)
                 if tb is None:
                     raise SystemExit(f"float64 fast path refused or failed its check at layer {layer}")
-                Js.append(tb.jacobian())
+                # the autodiff pullback (J^T I)^T, independent of engine.structured
+                eye = torch.eye(tb.d, dtype=torch.float64)
+                Js.append(tb.rmatmat(eye).T.contiguous())
         J = torch.stack(Js)  # (L, d, d)
     finally:
         if how == "generic":
@@ -190,24 +192,26 @@ def per_prompt_clock() -> Iterator[list[dict[str, float]]]:
     coupling, spectra) and ``seconds`` (their sum).
     """
     log: list[dict[str, float]] = []
-    pending = {"capture_s": 0.0}
+    pending = {"capture_s": 0.0, "capture_cpu_s": 0.0}
     orig_capture: Callable[..., Any] = M.capture
     orig_one: Callable[..., Any] = M._measure_one
 
     def timed_capture(*a: Any, **kw: Any) -> Any:
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         out = orig_capture(*a, **kw)
         pending["capture_s"] += time.perf_counter() - t0
+        pending["capture_cpu_s"] += time.process_time() - c0
         return out
 
     def timed_one(*a: Any, **kw: Any) -> Any:
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         out = orig_one(*a, **kw)
-        work = time.perf_counter() - t0
-        cap_s = pending["capture_s"]
-        pending["capture_s"] = 0.0
+        work, work_cpu = time.perf_counter() - t0, time.process_time() - c0
+        cap_s, cap_cpu = pending["capture_s"], pending["capture_cpu_s"]
+        pending["capture_s"] = pending["capture_cpu_s"] = 0.0
         log.append({"capture_s": round(cap_s, 4), "work_s": round(work, 4),
-                    "seconds": round(cap_s + work, 4)})
+                    "seconds": round(cap_s + work, 4),
+                    "cpu_seconds": round(cap_cpu + work_cpu, 4)})
         return out
 
     M.capture, M._measure_one = timed_capture, timed_one
@@ -234,6 +238,21 @@ def run_measure(model: torch.nn.Module, ids: torch.Tensor, **options: Any
         m = M.measure(model, None, {"input_ids": ids}, coupling=("depth",), k=KS,
                       final_norm=True, progress=False, batch_size=1, **options)
     return m, log, ph.as_dict()
+
+
+def structured_layers(model: torch.nn.Module, ids: torch.Tensor) -> list[int]:
+    """Layers whose dense J_tt of prompt 0 the fast path assembles from the block's structure
+    (``TokenBranch.structured`` after ``jacobian()``), as measure() would."""
+    cap = capture(model, {"input_ids": ids[:1]}, find_blocks(model), final_norm=True)
+    t = cap.lengths[0] - 1
+    out = []
+    for layer in range(1, cap.n_layers + 1):
+        tb = fastpath.token_branch(model, cap, layer, 0, t, verify=False)
+        if tb is not None and tb.structured:
+            tb.jacobian()
+            if tb.structured:
+                out.append(layer)
+    return out
 
 
 def methods_used(m: Any) -> dict[str, int]:
@@ -283,6 +302,13 @@ def main() -> None:
     ap.add_argument("--curve-prompts", type=int, default=8)
     ap.add_argument("--traj-repeats", type=int, default=5)
     ap.add_argument("--depth-repeats", type=int, default=2)
+    ap.add_argument("--repeats", type=int, default=3,
+                    help="interleaved (released, measure) repeats; medians are compared")
+    ap.add_argument("--oracle", choices=("generic", "fast64"), default="generic",
+                    help="prompt 0's float64 oracle: the generic path (independent, slow) or the "
+                         "float64 decode-step pullback checked against it on random vectors")
+    ap.add_argument("--no-generic", action="store_true",
+                    help="skip (c), the measure(fast_path=False) call")
     args = ap.parse_args()
     if args.prompts < 2:
         ap.error("--prompts must be at least 2 (one first prompt and one steady-state prompt)")
@@ -301,61 +327,116 @@ def main() -> None:
 
         # oracles
         refs: dict[int, Values] = {}
-        refs[0], t_or = oracle(model, ids[:1], "generic")
-        emit({"record": "oracle", "prompt": 0, "how": "generic", "seconds": round(t_or, 2),
-              "loadavg_1m": la1()}, sink)
-        fast0, t_f = oracle(model, ids[:1], "fast64")
-        emit({"record": "oracle_crosscheck", "prompt": 0, "how": "fast64 vs generic",
-              "seconds": round(t_f, 2), "agreement": agreement(fast0, refs[0])}, sink)
+        if args.oracle == "generic":
+            refs[0], t_or = oracle(model, ids[:1], "generic")
+            emit({"record": "oracle", "prompt": 0, "how": "generic", "seconds": round(t_or, 2),
+                  "loadavg_1m": la1()}, sink)
+            fast0, t_f = oracle(model, ids[:1], "fast64")
+            emit({"record": "oracle_crosscheck", "prompt": 0, "how": "fast64 vs generic",
+                  "seconds": round(t_f, 2), "agreement": agreement(fast0, refs[0])}, sink)
+        else:
+            refs[0], t_f = oracle(model, ids[:1], "fast64")
+            emit({"record": "oracle", "prompt": 0, "how": "fast64", "seconds": round(t_f, 2),
+                  "loadavg_1m": la1()}, sink)
         for i in range(1, args.prompts):
             refs[i], t_f = oracle(model, ids[i : i + 1], "fast64")
             emit({"record": "oracle", "prompt": i, "how": "fast64", "seconds": round(t_f, 2),
                   "loadavg_1m": la1()}, sink)
 
-        # (a) released, prompt 0
-        rel_vals, rel_ph = released_depth(model, ids[:1], ks=KS)
-        rel_total = sum(p.seconds for p in rel_ph.values())
-        rel_as = {("released_norm", k, o, a, b): v for (k, o, a, b), v in rel_vals.items()}
-        emit({"record": "method", "method": "released", "prompt": 0, "dtype": "float32",
-              "seconds": round(rel_total, 3), "phases": {k: p.as_dict() for k, p in rel_ph.items()},
-              "agreement": agreement(rel_as, refs[0]), "loadavg_1m": la1()}, sink)
+        # (a) released on prompt 0 and (b) measure() on every prompt, interleaved --repeats
+        # times (the machine is shared: the medians of the interleaved runs are compared)
+        rel_secs: list[float] = []
+        rel_cpus: list[float] = []
+        call_runs: list[dict[str, Any]] = []
+        for rep in range(args.repeats):
+            rel_vals, rel_ph = released_depth(model, ids[:1], ks=KS)
+            rel_total = sum(p.seconds for p in rel_ph.values())
+            rel_cpu = sum(p.cpu_seconds for p in rel_ph.values())
+            rel_secs.append(rel_total)
+            rel_cpus.append(rel_cpu)
+            rel_as = {("released_norm", k, o, a, b): v for (k, o, a, b), v in rel_vals.items()}
+            emit({"record": "method", "method": "released", "repeat": rep, "prompt": 0,
+                  "dtype": "float32", "seconds": round(rel_total, 3),
+                  "cpu_seconds": round(rel_cpu, 3),
+                  "phases": {k: p.as_dict() for k, p in rel_ph.items()},
+                  "agreement": agreement(rel_as, refs[0]), "loadavg_1m": la1()}, sink)
 
-        # (b) measure(), defaults (fast path), one call on every prompt
-        m, log, ph = run_measure(model, ids)
-        got = coupling_values(m.coupling)
-        pids = list(dict.fromkeys(m.prompts["prompt_id"].astype(str)))
-        per_prompt = []
-        for i, (pid, clk) in enumerate(zip(pids, log, strict=True)):
-            per_prompt.append({"prompt": i, "prompt_id": pid, **clk,
-                               "diagnostics_s": round(float(
-                                   m.diagnostics.loc[m.diagnostics["prompt_id"] == pid, "seconds"].sum()), 4),
-                               "agreement": agreement(got[pid], refs[i])})
-        first = log[0]["seconds"]
-        steady = [c["seconds"] for c in log[1:]]
-        steady_med = statistics.median(steady)
-        emit({"record": "method", "method": "measure_fast", "dtype": "float32",
-              "call": "measure(model, None, {'input_ids': ids}, coupling=('depth',), k=(10,30,50), "
-                      "final_norm=True, progress=False, batch_size=1)",
-              "n_prompts": len(log), "call_seconds": ph["seconds"], "call_phase": ph,
-              "per_prompt": per_prompt, "first_prompt_s": first,
-              "steady_median_s": round(steady_med, 4), "steady_mean_s": round(statistics.mean(steady), 4),
-              "steady_min_s": min(steady), "steady_max_s": max(steady),
-              "outside_prompts_s": round(ph["seconds"] - sum(c["seconds"] for c in log), 4),
-              "methods": methods_used(m),
-              "speedup_vs_released_steady": round(rel_total / steady_med, 2),
-              "speedup_vs_released_first": round(rel_total / first, 2),
-              "max_abs_diff_all_prompts": max(p["agreement"]["max_abs_diff"] for p in per_prompt),
-              "loadavg_1m": la1()}, sink)
+            m, log, ph = run_measure(model, ids)
+            got = coupling_values(m.coupling)
+            pids = list(dict.fromkeys(m.prompts["prompt_id"].astype(str)))
+            per_prompt = []
+            for i, (pid, clk) in enumerate(zip(pids, log, strict=True)):
+                per_prompt.append({"prompt": i, "prompt_id": pid, **clk,
+                                   "diagnostics_s": round(float(
+                                       m.diagnostics.loc[m.diagnostics["prompt_id"] == pid, "seconds"].sum()), 4),
+                                   "agreement": agreement(got[pid], refs[i])})
+            first = log[0]["seconds"]
+            steady = [c["seconds"] for c in log[1:]]
+            first_cpu = log[0]["cpu_seconds"]
+            steady_cpu = [c["cpu_seconds"] for c in log[1:]]
+            run = {"record": "method", "method": "measure_fast", "repeat": rep, "dtype": "float32",
+                   "call": "measure(model, None, {'input_ids': ids}, coupling=('depth',), k=(10,30,50), "
+                           "final_norm=True, progress=False, batch_size=1)",
+                   "n_prompts": len(log), "call_seconds": ph["seconds"], "call_phase": ph,
+                   "per_prompt_of_call_s": round(ph["seconds"] / len(log), 4),
+                   "per_prompt_of_call_cpu_s": round(ph["cpu_seconds"] / len(log), 4),
+                   "first_prompt_cpu_s": first_cpu,
+                   "steady_median_cpu_s": round(statistics.median(steady_cpu), 4),
+                   "per_prompt": per_prompt, "first_prompt_s": first,
+                   "steady_median_s": round(statistics.median(steady), 4),
+                   "steady_mean_s": round(statistics.mean(steady), 4),
+                   "steady_min_s": min(steady), "steady_max_s": max(steady),
+                   "outside_prompts_s": round(ph["seconds"] - sum(c["seconds"] for c in log), 4),
+                   "methods": methods_used(m), "structured_layers": structured_layers(model, ids),
+                   "released_same_repeat_s": round(rel_total, 3),
+                   "released_same_repeat_cpu_s": round(rel_cpu, 3),
+                   "max_abs_diff_all_prompts": max(p["agreement"]["max_abs_diff"] for p in per_prompt),
+                   "loadavg_1m": la1()}
+            call_runs.append(run)
+            emit(run, sink)
+        rel_med = statistics.median(rel_secs)
+        rel_cpu_med = statistics.median(rel_cpus)
+        cpu = {
+            "released_median_cpu_s": round(rel_cpu_med, 3),
+            "released_cpu_s_each": [round(x, 3) for x in rel_cpus],
+            "measure_per_prompt_of_call_median_cpu_s": round(statistics.median(
+                r["per_prompt_of_call_cpu_s"] for r in call_runs), 4),
+            "measure_first_prompt_median_cpu_s": round(statistics.median(
+                r["first_prompt_cpu_s"] for r in call_runs), 4),
+            "measure_steady_median_cpu_s": round(statistics.median(
+                r["steady_median_cpu_s"] for r in call_runs), 4),
+        }
+        cpu["cpu_speedup_per_prompt_of_call"] = round(
+            rel_cpu_med / cpu["measure_per_prompt_of_call_median_cpu_s"], 2)
+        cpu["cpu_speedup_first_prompt"] = round(rel_cpu_med / cpu["measure_first_prompt_median_cpu_s"], 2)
+        cpu["cpu_speedup_steady"] = round(rel_cpu_med / cpu["measure_steady_median_cpu_s"], 2)
+        first_med = statistics.median(r["first_prompt_s"] for r in call_runs)
+        steady_med = statistics.median(r["steady_median_s"] for r in call_runs)
+        call_pp_med = statistics.median(r["per_prompt_of_call_s"] for r in call_runs)
+        emit({"record": "summary", "repeats": args.repeats,
+              "released_s_each": [round(x, 3) for x in rel_secs], "released_median_s": round(rel_med, 3),
+              "measure_per_prompt_of_call_median_s": round(call_pp_med, 4),
+              "measure_first_prompt_median_s": round(first_med, 4),
+              "measure_steady_median_s": round(steady_med, 4),
+              "speedup_per_prompt_of_call": round(rel_med / call_pp_med, 2),
+              "speedup_first_prompt": round(rel_med / first_med, 2),
+              "speedup_steady": round(rel_med / steady_med, 2),
+              "speedup_per_repeat_per_prompt_of_call": [
+                  round(r["released_same_repeat_s"] / r["per_prompt_of_call_s"], 2) for r in call_runs],
+              "max_abs_diff_all": max(r["max_abs_diff_all_prompts"] for r in call_runs),
+              **cpu, "loadavg": [round(x, 2) for x in os.getloadavg()]}, sink)
+        rel_total = rel_med
 
         # (c) measure(fast_path=False), prompt 0
-        m, log, ph = run_measure(model, ids[:1], fast_path=False)
-        got = coupling_values(m.coupling)
-        emit({"record": "method", "method": "measure_generic", "dtype": "float32", "prompt": 0,
-              "call": "same as measure_fast with fast_path=False, prompt 0 only",
-              "call_seconds": ph["seconds"], "call_phase": ph, "per_prompt": log,
-              "seconds": log[0]["seconds"], "methods": methods_used(m),
-              "speedup_vs_released": round(rel_total / log[0]["seconds"], 2),
-              "agreement": agreement(next(iter(got.values())), refs[0]), "loadavg_1m": la1()}, sink)
+        if not args.no_generic:
+            m, log, ph = run_measure(model, ids[:1], fast_path=False)
+            got = coupling_values(m.coupling)
+            emit({"record": "method", "method": "measure_generic", "dtype": "float32", "prompt": 0,
+                  "call": "same as measure_fast with fast_path=False, prompt 0 only",
+                  "call_seconds": ph["seconds"], "call_phase": ph, "per_prompt": log,
+                  "seconds": log[0]["seconds"], "methods": methods_used(m),
+                  "speedup_vs_released": round(rel_total / log[0]["seconds"], 2),
+                  "agreement": agreement(next(iter(got.values())), refs[0]), "loadavg_1m": la1()}, sink)
 
         if args.curve:
             cids = torch.randint(0, V, (args.curve_prompts, args.tokens),

@@ -1,6 +1,12 @@
-"""Depth-wise coupling on a Llama-3-8B-shaped model (bf16 weights, random init) on a GPU.
+"""Issue 13 items 4-7 on a GPU: Llama-3-8B shape (bf16 weights, random init) and 70B-shape streaming.
 
-Methods in one process, same model and prompt (12 tokens, last token, K in 10/30/50, both
+One command runs every item (``--items 4 5 6 7``, the default) and writes the raw JSON to
+benchmarks/results/ and, when ``$OUT`` is a folder, there too:
+
+    python benchmarks/bench_gpu_llama.py                       # all items, Llama-3-8B shape on cuda
+    OMP_NUM_THREADS=2 python benchmarks/bench_gpu_llama.py --small   # tiny shapes on the CPU (smoke test)
+
+Item 4 (depth-wise, 12-token prompt, all 32 x 32 pairs). Methods in one process, same model and prompt (12 tokens, last token, K in 10/30/50, both
 orientations, every variant, final norm folded into the last block):
   ``released`` (benchmarks/released.py; skipped with --skip-released),
   ``fast_dense``: fast-path dense J_tt (decode step, float32 copy of one block at a time) +
@@ -15,6 +21,25 @@ Oracle: float64 dense J_tt from the verified fast path (one block at a time, on 
 
     python benchmarks/bench_gpu_llama.py                  # Llama-3-8B shape on cuda
     OMP_NUM_THREADS=2 python benchmarks/bench_gpu_llama.py --small   # tiny Llama on CPU (smoke test)
+
+``measure_dense``: the same call with ``method="dense"`` (the dense J_tt assembled from the
+block's structure by GEMMs, engine/structured.py, then the exact top-K).
+
+Item 5 (token-wise, 32-token prompt, layer 16 with itself): ``measure(..., coupling=("self",),
+tokens="all", layers=(16,))`` (every token pair) and ``measure(..., coupling=("fixed_output",),
+tokens="last", layers=(16,))`` (the last token's map, every input token pair).
+
+Item 6 (trajectory only, 32 prompts of 12 tokens): ``measure(..., coupling=(), spectra=False,
+batch_size=32)`` against a plain ``model(ids)`` forward under ``torch.no_grad`` (medians of 5,
+interleaved).
+
+Item 7 (larger than the GPU): a random Llama with the Llama-3-70B block shape (d = 8192, MLP
+28672, 64 heads, 8 kv heads) and ``--stream-layers`` blocks (default 4) kept in bf16 in host
+memory; ``measure(..., layers=(1,), analysis_device="cuda", method="matrix_free")`` copies one
+block at a time to the GPU in float32 (the streaming mechanism): seconds and peak GPU memory
+per block, and the 80-block total extrapolated (labelled). Then the same model dispatched with
+``accelerate.dispatch_model`` (half the blocks on the GPU, half on the CPU; skipped with a
+record saying so if accelerate is not installed) and measured without ``analysis_device``.
 
 GPU numbers were NOT measured in the session that wrote this script (no GPU was lent to it).
 """
@@ -35,12 +60,8 @@ from bench_depth import KS, Values, agreement, pair_values, topk_full, topk_gram
 from common import emit, machine, phase, save  # noqa: E402
 from released import released_depth  # noqa: E402
 
-from blockcoupling.engine import (
-    fastpath,
-    measure,
-    metrics,
-    svd,  # noqa: E402
-)
+from blockcoupling import measure  # noqa: E402
+from blockcoupling.engine import fastpath, metrics, svd  # noqa: E402
 from blockcoupling.engine.blocks import find_blocks  # noqa: E402
 from blockcoupling.engine.capture import capture  # noqa: E402
 
@@ -142,6 +163,130 @@ def user_measure(model: torch.nn.Module, ids: torch.Tensor, device: str
                   "methods": {str(k): int(v) for k, v in m.diagnostics["method"].value_counts().items()}}
 
 
+def user_measure_dense(model: torch.nn.Module, ids: torch.Tensor, device: str
+                       ) -> tuple[Values, dict[str, Any]]:
+    """measure() with method="dense": structured dense J_tt + exact top-K."""
+    with phase("measure", device) as ph:
+        m = measure(model, None, {"input_ids": ids}, coupling=("depth",), k=KS, final_norm=True,
+                    progress=False, method="dense")
+    vals: Values = {}
+    for r in m.coupling.itertuples(index=False):
+        vals[(str(r.variant), int(r.k), str(r.orientation), int(r.layer_a), int(r.layer_b))] = float(r.value)
+    return vals, {"measure": ph.as_dict(),
+                  "methods": {str(k): int(v) for k, v in m.diagnostics["method"].value_counts().items()}}
+
+
+def _sync(device: str) -> None:
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize()
+
+
+def item5_tokenwise(model: torch.nn.Module, device: str, n: int, layer: int,
+                    sink: list[dict[str, Any]]) -> None:
+    ids = torch.randint(0, model.config.vocab_size, (1, n),
+                        generator=torch.Generator().manual_seed(5)).to(device)
+    for kind, tokens in (("self", "all"), ("fixed_output", "last")):
+        with phase(kind, device) as ph:
+            m = measure(model, None, {"input_ids": ids}, coupling=(kind,), k=KS, tokens=tokens,
+                        layers=(layer,), final_norm=False, progress=False, trajectory=False,
+                        spectra=False)
+        emit({"record": "item5", "kind": kind, "tokens": tokens, "n_tokens": n, "layer": layer,
+              "phase": ph.as_dict(), "n_coupling_rows": len(m.coupling),
+              "n_jacobians": len(m.diagnostics),
+              "methods": {str(k): int(v) for k, v in m.diagnostics["method"].value_counts().items()},
+              "jac_svd_s": round(float(m.diagnostics["seconds"].sum()), 3)}, sink)
+
+
+def item6_trajectory(model: torch.nn.Module, device: str, B: int, n: int, repeats: int,
+                     sink: list[dict[str, Any]]) -> None:
+    ids = torch.randint(0, model.config.vocab_size, (B, n),
+                        generator=torch.Generator().manual_seed(6)).to(device)
+    plain, traj = [], []
+    for _ in range(repeats):
+        _sync(device)
+        t0 = time.perf_counter()
+        with torch.no_grad():
+            model(ids)
+        _sync(device)
+        plain.append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        measure(model, None, {"input_ids": ids}, coupling=(), trajectory=True, spectra=False,
+                batch_size=B, progress=False)
+        _sync(device)
+        traj.append(time.perf_counter() - t0)
+    import statistics
+
+    emit({"record": "item6", "B": B, "n_tokens": n, "plain_s": [round(x, 4) for x in plain],
+          "trajectory_s": [round(x, 4) for x in traj],
+          "ratio_of_medians": round(statistics.median(traj) / statistics.median(plain), 3)}, sink)
+
+
+def llama70_shape(layers: int, small: bool) -> torch.nn.Module:
+    if small:
+        cfg = tf.LlamaConfig(hidden_size=512, intermediate_size=1792, num_hidden_layers=layers,
+                             num_attention_heads=8, num_key_value_heads=2, vocab_size=1024)
+    else:
+        cfg = tf.LlamaConfig(hidden_size=8192, intermediate_size=28672, num_hidden_layers=layers,
+                             num_attention_heads=64, num_key_value_heads=8, vocab_size=1024,
+                             max_position_embeddings=8192, rope_theta=500000.0)
+    torch.manual_seed(0)
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(torch.bfloat16)
+    try:
+        model = tf.LlamaForCausalLM(cfg)
+    finally:
+        torch.set_default_dtype(old)
+    return model.eval()
+
+
+def item7_streaming(device: str, layers: int, small: bool, sink: list[dict[str, Any]]) -> None:
+    model = llama70_shape(layers, small)  # bf16, host memory
+    block_bytes = sum(p.numel() * p.element_size() for p in model.model.layers[0].parameters())
+    ids = torch.randint(0, model.config.vocab_size, (1, 12), generator=torch.Generator().manual_seed(7))
+    cuda = torch.device(device).type == "cuda"
+    per_block = []
+    for layer in range(1, layers + 1):
+        if cuda:
+            torch.cuda.reset_peak_memory_stats()
+        with phase(f"block{layer}", device) as ph:
+            m = measure(model, None, {"input_ids": ids}, coupling=("depth",), k=(10,),
+                        layers=(layer,), method="matrix_free", analysis_device=device,
+                        trajectory=False, spectra=False, progress=False)
+        rec = {"record": "item7_block", "layer": layer, "phase": ph.as_dict(),
+               "cuda_peak_gb": round(torch.cuda.max_memory_allocated() / 1e9, 3) if cuda else None,
+               "methods": {str(k): int(v) for k, v in m.diagnostics["method"].value_counts().items()}}
+        per_block.append(ph.seconds)
+        emit(rec, sink)
+    import statistics
+
+    emit({"record": "item7_total", "block_bf16_gb": round(block_bytes / 1e9, 3),
+          "median_block_s": round(statistics.median(per_block), 3),
+          "extrapolated_80_blocks_s": round(80 * statistics.median(per_block), 1),
+          "extrapolated": True,
+          "note": "K=10, one block per call (layers=(l,)); 80 x the median per-block call"}, sink)
+    try:
+        from accelerate import dispatch_model
+    except ImportError:
+        emit({"record": "item7_device_map", "skipped": "accelerate is not installed"}, sink)
+        return
+    if not cuda:
+        emit({"record": "item7_device_map", "skipped": "no GPU"}, sink)
+        return
+    half = layers // 2
+    dmap = {"model.embed_tokens": 0, "model.rotary_emb": 0, "model.norm": "cpu", "lm_head": "cpu"}
+    for i in range(layers):
+        dmap[f"model.layers.{i}"] = 0 if i < half else "cpu"
+    model = dispatch_model(model, device_map=dmap)
+    torch.cuda.reset_peak_memory_stats()
+    with phase("device_map", device) as ph:
+        m = measure(model, None, {"input_ids": ids}, coupling=("depth",), k=(10,),
+                    method="matrix_free", trajectory=False, spectra=False, progress=False)
+    emit({"record": "item7_device_map", "device_map": {k: str(v) for k, v in dmap.items()},
+          "phase": ph.as_dict(), "cuda_peak_gb": round(torch.cuda.max_memory_allocated() / 1e9, 3),
+          "n_coupling_rows": len(m.coupling),
+          "methods": {str(k): int(v) for k, v in m.diagnostics["method"].value_counts().items()}}, sink)
+
+
 def oracle(model: torch.nn.Module, ids: torch.Tensor) -> tuple[Values, float]:
     t0 = time.perf_counter()
     spec = find_blocks(model)
@@ -164,6 +309,8 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=12)
     ap.add_argument("--skip-released", action="store_true")
     ap.add_argument("--skip-oracle", action="store_true")
+    ap.add_argument("--items", type=int, nargs="+", default=[4, 5, 6, 7])
+    ap.add_argument("--stream-layers", type=int, default=4)
     args = ap.parse_args()
     device = args.device or ("cpu" if args.small else "cuda")
     sink: list[dict[str, Any]] = []
@@ -178,6 +325,25 @@ def main() -> None:
           "n_tokens": args.tokens, "ks": list(KS), "weights": "bf16",
           "weight_gb": round(weight_bytes / 1e9, 3), "device": device, "load": ph.as_dict(),
           "machine": info}, sink)
+    name = "bench_gpu_llama" + ("_small" if args.small else "")
+    try:
+        if 4 in args.items:
+            item4(model, ids, device, weight_bytes, args, sink)
+        if 5 in args.items:
+            item5_tokenwise(model, device, 32, min(16, model.config.num_hidden_layers), sink)
+        if 6 in args.items:
+            item6_trajectory(model, device, 32, 12, 5, sink)
+        if 7 in args.items:
+            del model
+            if torch.device(device).type == "cuda":
+                torch.cuda.empty_cache()
+            item7_streaming(device, args.stream_layers, args.small, sink)
+    finally:
+        save(sink, name)
+
+
+def item4(model: torch.nn.Module, ids: torch.Tensor, device: str, weight_bytes: int,
+          args: argparse.Namespace, sink: list[dict[str, Any]]) -> None:
     ref = None
     if not args.skip_oracle:
         ref, t_or = oracle(model, ids)
@@ -191,7 +357,7 @@ def main() -> None:
               "phases": {k: p.as_dict() for k, p in rel_ph.items()},
               "agreement": agreement(rel_as, ref) if ref else None}, sink)
     for name, fn in (("fast_dense", fast_dense), ("fast_randomized", fast_randomized),
-                     ("measure", user_measure)):
+                     ("measure", user_measure), ("measure_dense", user_measure_dense)):
         vals, phs = fn(model, ids, device)
         timed = [p for p in phs.values() if isinstance(p, dict) and "seconds" in p]
         total = sum(p["seconds"] for p in timed)
@@ -200,7 +366,6 @@ def main() -> None:
               "speedup_vs_released": round(rel_total / total, 2) if rel_total else None,
               "cuda_peak_over_weights": round(peak * 2**20 / weight_bytes, 3) if peak else None,
               "agreement": agreement(vals, ref) if ref else None}, sink)
-    save(sink, "bench_gpu_llama" + ("_small" if args.small else ""))
 
 
 if __name__ == "__main__":

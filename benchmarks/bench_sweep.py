@@ -1,7 +1,7 @@
 """Overhead of the sweep layer against a plain ``measure_to_dir`` loop on the same units.
 
 Units: ``N_CKPT`` checkpoint folders (HF Trainer layout) of a small random GPT-2 (4 layers,
-d = 64), each measured on 6 prompts of ``builtin:all_styles_small`` (depth-wise coupling,
+d = 64), each measured on 4 prompts of ``builtin:all_styles_small`` (depth-wise coupling,
 K = 6). Phases, in one process, back to back:
 
 1. ``loop``: for each checkpoint, ``load_model`` + ``load_prompts`` + ``measure_to_dir``.
@@ -28,13 +28,14 @@ import transformers as tf
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import blockcoupling as bc  # noqa: E402
-from blockcoupling.loading import load_model  # noqa: E402
 from common import emit, machine, phase, save  # noqa: E402
 
-N_CKPT = 4
+import blockcoupling as bc  # noqa: E402
+from blockcoupling.loading import load_model  # noqa: E402
+
+N_CKPT = 3
 PROMPTS = "builtin:all_styles_small"
-LIMIT = 6
+LIMIT = 4
 MEASURE = {"coupling": ["depth"], "k": [6], "orientations": ["ujv"]}
 
 
@@ -63,7 +64,7 @@ def main() -> None:
     root = Path(tempfile.mkdtemp(prefix="bench_sweep_"))
     try:
         ckpts = make_checkpoints(root)
-        cfg = bc.MeasureConfig(**MEASURE)
+        cfg = bc.MeasureConfig.parse(**MEASURE)
         spec = {"models": [{"label": "tiny", "checkpoints": str(root / "train" / "checkpoint-*"),
                             "resources": {"num_cpus": 2}}],
                 "prompts": [PROMPTS], "limit": LIMIT, "measure": MEASURE}

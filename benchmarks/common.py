@@ -46,6 +46,7 @@ def machine() -> dict[str, Any]:
         "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
         "torch_threads": torch.get_num_threads(),
         "loadavg_1m": os.getloadavg()[0],
+        "loadavg": list(os.getloadavg()),
         "python": platform.python_version(),
         "torch": torch.__version__,
         "transformers": transformers.__version__,
@@ -60,12 +61,14 @@ class Phase:
     def __init__(self, name: str) -> None:
         self.name = name
         self.seconds = 0.0
+        self.cpu_seconds = 0.0  # process CPU time (all threads): robust to a loaded machine
         self.peak_rss_mb = 0.0
         self.peak_rss_delta_mb = 0.0
         self.cuda_peak_mb: float | None = None
 
     def as_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"seconds": round(self.seconds, 4),
+                               "cpu_seconds": round(self.cpu_seconds, 4),
                                "peak_rss_mb": round(self.peak_rss_mb, 1),
                                "peak_rss_delta_mb": round(self.peak_rss_delta_mb, 1)}
         if self.cuda_peak_mb is not None:
@@ -92,13 +95,14 @@ def phase(name: str, device: torch.device | str = "cpu", interval: float = 0.005
         torch.cuda.reset_peak_memory_stats()
     th = threading.Thread(target=sample, daemon=True)
     th.start()
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     try:
         yield ph
     finally:
         if cuda:
             torch.cuda.synchronize()
         ph.seconds = time.perf_counter() - t0
+        ph.cpu_seconds = time.process_time() - c0
         stop.set()
         th.join()
         peak[0] = max(peak[0], proc.memory_info().rss)
@@ -115,11 +119,17 @@ def emit(record: dict[str, Any], sink: list[dict[str, Any]]) -> None:
 
 
 def save(records: list[dict[str, Any]], name: str) -> Path:
-    """benchmarks/results/<date>_<host>_<name>.json with every record of the run."""
+    """benchmarks/results/<date>_<host>_<name>.json with every record of the run (and the same
+    file in ``$OUT`` when that environment variable names a folder, as on a lent GPU machine)."""
     RESULTS.mkdir(parents=True, exist_ok=True)
     stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     host = socket.gethostname().replace("/", "_")
     path = RESULTS / f"{stamp}_{host}_{name}.json"
-    path.write_text(json.dumps(records, indent=1))
+    text = json.dumps(records, indent=1)
+    path.write_text(text)
     print(f"# saved {path}", flush=True)
+    out = os.environ.get("OUT")
+    if out and Path(out).is_dir():
+        (Path(out) / path.name).write_text(text)
+        print(f"# saved {Path(out) / path.name}", flush=True)
     return path

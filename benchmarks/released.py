@@ -36,33 +36,48 @@ from torch import Tensor, nn
 
 def released_depth(model: nn.Module, input_ids: Tensor, *, token: int = -1,
                    ks: Sequence[int] = (10, 30, 50), chunk: int | None = None,
+                   rows: int | None = None,
                    ) -> tuple[dict[tuple[int, str, int, int], float], dict[str, Phase]]:
     """Depth-wise released_norm for every (K, orientation, layer_a, layer_b) (1-based layers).
 
     Returns ``values[(k, orientation, la, lb)]`` (the ``diff / ||s_K||_2`` normalisation;
     ``diff / tr`` is computed and stored too, as the released code does) and the phases
-    ``jacobians`` (forward + pullbacks), ``svd``, ``pairs`` (time and peak memory).
+    ``forward``, ``jacobians`` (the pullbacks), ``svd``, ``pairs`` (time and peak memory).
+
+    ``rows`` (timing only, for shapes where d full pullbacks take hours): pull back only the
+    first ``rows`` cotangents of each block and fill the other rows of J with random numbers;
+    the pullback time is linear in the number of cotangents, so the caller extrapolates
+    ``jacobians`` by ``d / rows``. The values are then meaningless (not returned: empty dict).
     """
     device = input_ids.device
     phases: dict[str, Phase] = {}
-    with phase("jacobians", device) as ph:
+    with phase("forward", device) as ph:
         with torch.enable_grad():
             out = model(input_ids, output_hidden_states=True, use_cache=False)
+    phases["forward"] = ph
+    with phase("jacobians", device) as ph:
+        with torch.enable_grad():
             hs = out.hidden_states  # L+1 tensors (1, n, d), one graph
             L = len(hs) - 1
             n, d = hs[0].shape[1], hs[0].shape[2]
             t = token % n
+            if not hs[0].requires_grad:
+                raise ValueError("the model's hidden states do not require grad; the released "
+                                 "algorithm differentiates through the forward graph")
             c = chunk or d
+            n_rows = min(rows or d, d)
             eye = torch.eye(d, device=device, dtype=hs[0].dtype)
             Js: list[Tensor] = []
             for layer in range(1, L + 1):
                 y = hs[layer][0, t, :]  # (d,)
-                rows = []
-                for s in range(0, d, c):
-                    (g,) = torch.autograd.grad(y, hs[layer - 1], eye[s : s + c],
+                got = []
+                for s in range(0, n_rows, c):
+                    (g,) = torch.autograd.grad(y, hs[layer - 1], eye[s : min(s + c, n_rows)],
                                                retain_graph=True, is_grads_batched=True)
-                    rows.append(g[:, 0, t, :])  # (c, d): rows of J_block at input token t
-                Js.append((torch.cat(rows) - eye).detach().float())  # (d, d)
+                    got.append(g[:, 0, t, :])  # (c, d): rows of J_block at input token t
+                if n_rows < d:
+                    got.append(torch.randn(d - n_rows, d, device=device, dtype=hs[0].dtype))
+                Js.append((torch.cat(got) - eye).detach().float())  # (d, d)
         del out, hs
     phases["jacobians"] = ph
 
@@ -95,4 +110,4 @@ def released_depth(model: nn.Module, input_ids: Tensor, *, token: int = -1,
                     for j in range(L):
                         values[(k, orient, i + 1, j + 1)] = float(norm[orient][i, j])
     phases["pairs"] = ph
-    return values, phases
+    return (values if not rows or rows >= d else {}), phases

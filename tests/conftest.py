@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -60,6 +61,7 @@ def ray_cluster() -> Any:
         "ray", reason="ray is not installed: the sweep tests need pip install 'blockcoupling[sweep]'")
     from blockcoupling.studies.sweep import start_ray
 
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # tests never download; workers get it too
     started = not ray.is_initialized()
     address = start_ray(num_cpus=2)
     yield address

@@ -22,13 +22,16 @@ def test_quick_family_end_to_end(tmp_path: Path) -> None:
     assert len(scores) == 4 and scores["model"].is_unique
     assert ((scores["score"] >= 0) & (scores["score"] <= 100)).all()
     assert (scores["val_loss"] > 0).all()
-    # every coupling value is the statistic of its run directory
+    # measured by a sweep: one done unit per checkpoint; every coupling value is the
+    # statistic of its unit's run directory
+    assert (bc.open_sweep(res.sweep_dir).units["status"] == "done").sum() == 4
     for row in res.accuracy.table.itertuples():
         m = bc.open_run(Path(row.source))
         want, _ = C.mean_offdiag_coupling(m.coupling, k=max(1, round(row.d_model / 10)))
         assert row.coupling == pytest.approx(want)
     data = json.loads((out / "correlation.json").read_text())
-    assert set(data) == {"accuracy", "neg_loss"}
+    assert set(data) == {"accuracy", "neg_loss", "accuracy_vs_null"}
+    assert data["accuracy_vs_null"]["statistic"]["variant"] == "coupling_vs_null"
     assert data["accuracy"]["n_models"] == 4
     assert "coupling" in data["accuracy"]["predictors"]
     neg = res.loss.table.set_index("label")["score"]

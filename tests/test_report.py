@@ -515,6 +515,20 @@ def test_summary_is_generated_not_canned(runs: list[Measurement]) -> None:
     s = report_summary(cps)
     series = next(x for x in s.comparisons if x.startswith("Across 4 training checkpoints"))
     assert "Spearman correlation with the validation loss over the checkpoints: -1" in series
+    # two views of one model (an option that changes the numbers, e.g. the post-LN
+    # shared-directions removal): compared within each view and across views per revision
+    views = []
+    for m in runs:
+        other = Measurement(**{n: m.table(n) for n in ("coupling", "trajectory",
+                            "token_metrics", "spectra", "influence", "prompts", "diagnostics")},
+                            arrays=m.arrays, config=m.config.replace(remove_norm_directions=True),
+                            meta={**m.meta, "label": m.meta["label"] + ", LN removed"})
+        views.append(other)
+    s = report_summary(runs + views)
+    heads = [x.split(":")[0] for x in s.comparisons]
+    assert heads == ["random init vs trained", "random init, LN removed vs trained, LN removed",
+                     "random init vs random init, LN removed", "trained vs trained, LN removed"]
+    assert "remove_norm_directions (False vs True)" in s.comparisons[2]
     empty = report_summary([Measurement(meta={"label": "nothing"})])
     assert empty.nothing_measured and "Nothing was measured" in empty.measured[0]
 
@@ -658,9 +672,10 @@ window.addEventListener("load", function () {
       wide.push(e.tagName + "." + e.className + " right=" + Math.round(r.right));
   });
   document.querySelectorAll("img").forEach(function (i) {
-    var r = i.getBoundingClientRect();
+    var r = i.getBoundingClientRect(), box = i.closest(".scroll") || i;
+    var b = box.getBoundingClientRect();
     imgs.push([i.naturalWidth, i.naturalHeight, Math.round(r.width), Math.round(r.height),
-               Math.round(r.left), Math.round(r.right)]);
+               Math.round(b.left), Math.round(b.right)]);
   });
   var boxes = [];
   document.querySelectorAll(".scroll").forEach(function (e) {
@@ -717,8 +732,10 @@ def test_report_fits_desktop_and_phone(width: int, height: int, report: Path,
         assert len(probe["imgs"]) == 11
         for nat_w, nat_h, w, h, left, right in probe["imgs"]:
             assert nat_w > 300 and nat_h > 200  # decoded
-            assert 0 <= left and right <= probe["vw"]  # inside the page
+            assert 0 <= left and right <= probe["vw"]  # its box is inside the page
             assert w >= min(nat_w, 0.8 * probe["vw"]) - 40  # drawn wide, not a thumbnail
+            if width < 500:  # a phone: at least 55 % of the natural size (box scrolls)
+                assert w >= 0.55 * nat_w - 2
             assert h > 60
     if width < 500:
         # the eight-run tables are wider than a phone: they scroll inside their boxes

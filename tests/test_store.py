@@ -235,20 +235,15 @@ def test_resume_skips_done_prompts_without_duplicates(tmp_path: Path) -> None:
     assert_same(open_run(root), reference())
 
 
-def test_resume_with_only_runtime_options_changed_is_allowed(tmp_path: Path) -> None:
-    root = tmp_path / "run"
-    write_run(root, [["p0"]], finalize=False)
-    cfg = CONFIG.replace(chunk_size=7)
-    with RunWriter(root, config=cfg, meta=META, prompts=PROMPTS, resume=True) as w:
-        assert w.done_prompt_ids() == {"p0"}
-
-
 def test_resume_with_another_batch_size_is_refused_with_the_option_to_use(tmp_path: Path) -> None:
     """Batch composition changes float32 rounding: batch_size is part of the identity."""
     root = tmp_path / "run"
     write_run(root, [["p0"]], finalize=False)
     with pytest.raises(RunDirError, match="batch_size: run has 2, now 5.*--batch-size 2"):
         RunWriter(root, config=CONFIG.replace(batch_size=5), meta=META, prompts=PROMPTS,
+                  resume=True)
+    with pytest.raises(RunDirError, match="chunk_size: run has None, now 7.*resume without --chunk-size"):
+        RunWriter(root, config=CONFIG.replace(chunk_size=7), meta=META, prompts=PROMPTS,
                   resume=True)
 
 
@@ -514,3 +509,30 @@ def test_weights_hash() -> None:
         model[0].weight[0, 0] += 1.0  # the first element is always in the sample
     assert weights_hash(model, max_full_bytes=0) != sampled
     assert weights_hash(model.to(torch.bfloat16)).startswith("sha256-full:")
+
+
+# ---------------------------------------------------------------------------- lock file, progress
+def test_no_lock_file_is_left_and_progress_is_counted(tmp_path: Path) -> None:
+    from blockcoupling.store import run_progress
+
+    root = tmp_path / "run"
+    with RunWriter(root, config=CONFIG, meta=META, prompts=PROMPTS) as w:
+        w.write_part(make_part(["p0", "p1"]))
+        live = run_progress(root)
+        assert live.writer_pid == str(os.getpid()) and "in progress" in live.describe(root)
+    assert not (root / ".lock").exists()  # released and removed on close
+    progress = run_progress(root)
+    assert (progress.status, progress.done, progress.total, progress.writer_pid) == (
+        "running", 2, 8, None)
+    assert "INCOMPLETE: 2 of 8 prompts" in progress.describe(root)
+    finish_in_process(root)
+    assert not (root / ".lock").exists()
+    assert run_progress(root).finished and "complete: 8 of 8" in run_progress(root).describe(root)
+
+
+def test_a_run_without_results_is_replaced_by_a_new_writer(tmp_path: Path) -> None:
+    root = tmp_path / "run"
+    RunWriter(root, config=CONFIG.replace(k=(3,)), meta=META, prompts=PROMPTS).close()
+    with RunWriter(root, config=CONFIG, meta=META, prompts=PROMPTS) as w:  # no resume needed
+        assert w.done_prompt_ids() == set()
+    assert json.loads((root / "manifest.json").read_text())["config"]["k"] == [2]

@@ -126,7 +126,7 @@ def test_sweep_on_ray(study: Path, reference: bc.Sweep) -> None:
     uid = neox["unit_id"].iloc[1]
     model, tok = __import__("blockcoupling.loading", fromlist=["load_model"]).load_model(
         str(study / "runs/train/checkpoint-10"))
-    cfg = bc.MeasureConfig(**MEASURE)
+    cfg = bc.MeasureConfig.parse(**MEASURE)
     direct = bc.measure(model, tok, bc.load_prompts(str(study / "prompts.txt")), config=cfg,
                         progress=False)
     mine = cp[cp["unit_id"] == uid].reset_index(drop=True)
@@ -136,6 +136,14 @@ def test_sweep_on_ray(study: Path, reference: bc.Sweep) -> None:
     assert set(few["unit_id"]) == {uid} and list(few.columns) == ["unit_id", "value"]
     n = reference.sql("SELECT label, count(*) AS n FROM coupling GROUP BY label ORDER BY label")
     assert n["label"].tolist() == ["gpt2", "neox"]
+    # offline mode reaches the workers
+    import ray
+
+    @ray.remote
+    def worker_env() -> str | None:
+        return os.environ.get("HF_HUB_OFFLINE")
+
+    assert ray.get(worker_env.remote()) == "1"
     # the manifest records the executor, Ray's version and address; catalogue for DuckDB
     man = json.loads((study / "ref" / "sweep.json").read_text())
     sess = man["sessions"][-1]
@@ -205,7 +213,7 @@ def test_driver_killed_and_resumed(study: Path, reference: bc.Sweep, ray_cluster
     out = study / "killed_driver"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "blockcoupling", "-q", "sweep", str(study / "study.yaml"),
+        [sys.executable, "-m", "blockcoupling", "-q", "sweep", str(study / "neox.yaml"),
          "--out", str(out), "--address", ray_cluster],
         env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:
@@ -214,7 +222,7 @@ def test_driver_killed_and_resumed(study: Path, reference: bc.Sweep, ray_cluster
         assert proc.poll() is None, proc.stdout.read().decode() if proc.stdout else ""
         # two sweeps on one directory are refused
         with pytest.raises(bc.BlockCouplingError, match="in use by another sweep"):
-            bc.run_sweep(study / "study.yaml", out, resume=True, progress=False)
+            bc.run_sweep(study / "neox.yaml", out, resume=True, progress=False)
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=60)
     finally:
@@ -222,20 +230,27 @@ def test_driver_killed_and_resumed(study: Path, reference: bc.Sweep, ray_cluster
             proc.kill()
     st = sweep_status(out)
     assert "done" in set(st["status"]) and set(st["status"]) - {"done", "failed"}
-    s = bc.run_sweep(study / "study.yaml", out, resume=True, progress=False)
-    assert s.catalogue["status"].tolist() == reference.catalogue["status"].tolist()
-    done = s.done()["unit_id"].tolist()
-    _assert_same(s, reference, done)  # identical rows, none twice
+    s = bc.run_sweep(study / "neox.yaml", out, resume=True, progress=False)
+    assert s.catalogue["status"].tolist() == ["done"] * 3
+    assert len(json.loads((out / "sweep.json").read_text())["sessions"]) == 2
+    _assert_same(s, reference, s.catalogue["unit_id"].tolist())  # identical rows, none twice
 
 
 # ------------------------------------------------------------------------- without Ray
 def test_local_executor_and_spec_resume_rules(study: Path, tmp_path: Path) -> None:
     spec = {"models": [{"label": "g", "model": str(study / "models" / "gpt2")}],
-            "prompts": [str(study / "prompts.txt")], "limit": 2, "measure": MEASURE}
+            "prompts": [str(study / "prompts.txt"),
+                        {"name": "mine", "texts": ["the cat sat", "a dog ran", "the mat"]}],
+            "limit": 2, "measure": MEASURE}
     s = bc.run_sweep(spec, tmp_path / "s", executor="local", progress=False)
-    assert s.catalogue["status"].tolist() == ["done"] and s.catalogue["n_prompts"][0] == 2
+    assert s.catalogue["status"].tolist() == ["done", "done"]
+    assert s.catalogue["n_prompts"].tolist() == [2, 2]
+    assert s.catalogue["prompt_set"].tolist()[1] == "inline:mine"
+    texts = s.prompts
+    assert texts[texts["prompt_set"] == "inline:mine"]["text"].tolist() == ["the cat sat",
+                                                                             "a dog ran"]
     again = bc.run_sweep(spec, tmp_path / "s", executor="local", resume=True, progress=False)
-    assert again.catalogue["attempts"].tolist() == [1]  # done units are not re-run
+    assert again.catalogue["attempts"].tolist() == [1, 1]  # done units are not re-run
     with pytest.raises(SpecError, match="limit"):
         bc.run_sweep({**spec, "limit": 0}, tmp_path / "s", executor="local", resume=True)
     with pytest.raises(bc.BlockCouplingError, match="spec differs"):
@@ -277,6 +292,8 @@ def test_units_and_steps(study: Path) -> None:
     ({"models": [{"checkpoints": "/nonexistent/checkpoint-*"}], "prompts": "builtin:capital"},
      "no checkpoint folder"),
     ({"models": [{"model": "gpt2", "steps": [-1]}], "prompts": "builtin:capital"}, "steps"),
+    ({"models": ["gpt2"], "prompts": [{"name": "x", "texts": []}]}, r"prompts\[0\].texts"),
+    ({"models": ["gpt2"], "prompts": [{"name": "x", "text": ["a"]}]}, "unknown key 'text'"),
 ])
 def test_spec_errors(spec: dict[str, Any], match: str) -> None:
     with pytest.raises(SpecError, match=match):

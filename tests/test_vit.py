@@ -197,6 +197,55 @@ def test_load_vit_error(tmp_path: Path) -> None:
         load_vit(tmp_path)
 
 
+# ---------------------------------------------------------------------------- tokens
+def test_token_selection_auto_and_cls() -> None:
+    from blockcoupling.engine.config import MeasureConfig
+    from blockcoupling.engine.pairs import cls_position, resolve_tokens
+
+    assert MeasureConfig().tokens == "auto"
+    assert MeasureConfig.parse(tokens="cls").tokens == "cls"
+    assert cls_position("beit", False) == 0 and cls_position("bert", False) == 0
+    assert cls_position("gpt2", True) is None and cls_position("custom", False) is None
+    assert resolve_tokens("auto", 5, cls=0) == [0] and resolve_tokens("auto", 5) == [4]
+    assert resolve_tokens("cls", 5, cls=0) == [0]
+    assert resolve_tokens("last", 5, cls=0) == [4]  # explicit choices are kept
+    with pytest.raises(BlockCouplingError, match="no \\[CLS\\] token"):
+        resolve_tokens("cls", 5)
+    with pytest.raises(BlockCouplingError, match="'auto', 'cls', 'last'"):
+        MeasureConfig.parse(tokens="first")
+
+
+def test_default_token_is_cls_for_a_vit_and_last_for_others() -> None:
+    shape = resolve_shape("tiny", hidden_size=16, depth=2, heads=2)
+    vit = build_vit(shape, image_size=8, num_channels=1, num_labels=10, drop_path=0.1).eval()
+    x = {"pixel_values": torch.randn(1, 1, 8, 8)}
+    kw = dict(coupling=("depth",), k=(2,), progress=False, trajectory=False, spectra=False)
+    auto = bc.measure(vit, None, x, **kw)
+    assert set(auto.coupling["token_out_a"]) == {0}  # [CLS], not the last patch (4)
+    cls = bc.measure(vit, None, x, tokens="cls", **kw)
+    pd.testing.assert_frame_equal(auto.coupling, cls.coupling)
+    assert set(bc.measure(vit, None, x, tokens="last", **kw).coupling["token_out_a"]) == {4}
+
+    class Net(torch.nn.Module):  # nn.TransformerEncoderLayer blocks by blocks_path: no [CLS]
+        def __init__(self) -> None:
+            super().__init__()
+            self.layers = torch.nn.ModuleList(
+                [torch.nn.TransformerEncoderLayer(8, 2, 16, dropout=0.0, batch_first=True)
+                 for _ in range(2)])
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            for blk in self.layers:
+                x = blk(x)
+            return x
+
+    net = Net().eval()
+    m = bc.measure(net, None, {"x": torch.randn(1, 5, 8)}, blocks_path="layers", **kw)
+    assert set(m.coupling["token_out_a"]) == {4}
+    with pytest.raises(BlockCouplingError, match="no \\[CLS\\] token"):
+        bc.measure(net, None, {"x": torch.randn(1, 5, 8)}, blocks_path="layers", tokens="cls",
+                   **kw)
+
+
 # ---------------------------------------------------------------------------- recipe
 def test_lr_schedule_warmup_then_cosine() -> None:
     lrs = [lr_at(s, 100, 10, 1e-3, 1e-5) for s in range(100)]
@@ -259,6 +308,8 @@ def test_training_writes_model_metrics_and_coupling(trained: Path) -> None:
         assert set(run.coupling["token_out_a"]) == {0}
         assert set(run.coupling["layer_a"]) == {1, 2}
     final = bc.open_run(trained / "coupling" / "final")
+    data_labels = load_image_data("digits", image_size=8, train_limit=96, test_limit=32).test_y
+    assert final.prompts["label"].tolist() == [str(int(y)) for y in data_labels[:2]]
     c = final.mean_depth_coupling(2)["mean_offdiag"].mean()
     assert c == pytest.approx(m["final"]["coupling"])
     last = bc.open_run(trained / "coupling" / "epoch-0002")
@@ -382,6 +433,28 @@ def test_grid_on_ray_matches_this_process(tmp_path: Path, ray_cluster: str) -> N
                                   here[cols].sort_values("name").reset_index(drop=True))
 
 
+def test_grid_spec_yaml(tmp_path: Path) -> None:
+    from blockcoupling.studies.vit.grid import load_grid_spec
+
+    spec = tmp_path / "vit-grid.yaml"
+    spec.write_text("drop_path: [0, 0.1]\nweight_decay: 0.05\nseeds: [0, 1]\n"
+                    "train: {dataset: digits, epochs: 2, preset: tiny}\nexecutor: local\n")
+    base, kw = load_grid_spec(spec)
+    assert base == VitTrainConfig(dataset="digits", epochs=2, preset="tiny")
+    assert kw == {"drop_paths": [0.0, 0.1], "weight_decays": [0.05], "seeds": [0, 1],
+                  "executor": "local"}
+    base, kw = load_grid_spec({"train": {"epochs": 1}})
+    assert kw["drop_paths"] == list(PAPER_DROP_PATH) and kw["seeds"] == [0]
+    for bad, msg in [({"dropout": [0.1]}, "unknown grid spec key"),
+                     ({"train": {"drop_path": 0.1}}, "set by the grid"),
+                     ({"train": {"lr_max": 1}}, "unknown training option"),
+                     ({"drop_path": ["x"]}, "list of numbers")]:
+        with pytest.raises(BlockCouplingError, match=msg):
+            load_grid_spec(bad)
+    with pytest.raises(BlockCouplingError, match="does not exist"):
+        load_grid_spec(tmp_path / "missing.yaml")
+
+
 def test_grid_records_failed_runs(tmp_path: Path) -> None:
     base = VitTrainConfig(epochs=1, **{**TINY, "k": 17})  # K larger than the width 16
     runs = run_grid(base, tmp_path / "g", drop_paths=(0.0,), weight_decays=(0.01,),
@@ -422,3 +495,10 @@ def test_cli_vit_train_and_figures(tmp_path: Path, trained: Path) -> None:
     assert res.exit_code == 1 and "error:" in res.output
     res = runner.invoke(app, ["vit-grid", "--out", str(tmp_path / "g"), "--executor", "dask"])
     assert res.exit_code == 1 and "choose ray or local" in res.output
+    spec = tmp_path / "grid.yaml"
+    spec.write_text("drop_path: [0.1]\nweight_decay: [0.05]\nexecutor: local\ntrain:\n" + "".join(
+        f"  {k}: {v}\n" for k, v in {**TINY, "epochs": 1, "monitor_every": 0,
+                                     "final_images": 1}.items()))
+    res = runner.invoke(app, ["-q", "vit-grid", "--spec", str(spec), "--out", str(tmp_path / "g2")])
+    assert res.exit_code == 0, res.output
+    assert collect_runs(tmp_path / "g2")["status"].tolist() == ["complete"]

@@ -109,6 +109,25 @@ def _canon(name: str, df: pd.DataFrame, prompts: pd.DataFrame) -> pd.DataFrame:
     return df.sort_values(keys, kind="stable").reset_index(drop=True)
 
 
+def _max_diff(x: pd.DataFrame, y: pd.DataFrame, err: str) -> str:
+    """Largest absolute and relative difference per float column (same shape), else the error."""
+    if x.shape != y.shape or list(x.columns) != list(y.columns):
+        return err.replace("\n", " ")[:300]
+    out = []
+    for c in x.columns:
+        if x[c].dtype == "float64":
+            u, v = x[c].to_numpy(), y[c].to_numpy()
+            nan_mismatch = int((np.isnan(u) != np.isnan(v)).sum())
+            d = np.abs(u - v)
+            if np.nanmax(d, initial=0) > 0 or nan_mismatch:
+                rel = np.nanmax(d / np.maximum(np.abs(u), 1e-300), initial=0)
+                out.append(f"{c}: max abs {np.nanmax(d, initial=0):.3g}, max rel {rel:.3g}, "
+                           f"{int((d > 0).sum())} values differ, {nan_mismatch} NaN mismatches")
+        elif not x[c].equals(y[c]):
+            out.append(f"{c}: non-float values differ")
+    return "; ".join(out) or err.replace("\n", " ")[:300]
+
+
 def compare(a: Path, b: Path) -> int:
     bad = 0
     report: dict[str, dict[str, str]] = {}
@@ -124,7 +143,7 @@ def compare(a: Path, b: Path) -> int:
                 report[case][t] = f"identical ({len(x)} rows)"
             except AssertionError as err:
                 bad += 1
-                report[case][t] = "DIFFERENT: " + str(err).replace("\n", " ")[:300]
+                report[case][t] = "DIFFERENT: " + _max_diff(x, y, str(err))
         za, zb = np.load(a / case / "arrays.npz"), np.load(b / case / "arrays.npz")
         ok = len(za.files) == len(zb.files) and all(
             np.array_equal(za[ka], zb[kb], equal_nan=True)

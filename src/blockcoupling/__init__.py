@@ -34,6 +34,8 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "blockcoupling.engine.blocks": ("SUPPORTED_ARCHITECTURES", "BlockSpec", "find_blocks"),
     "blockcoupling.engine.config": ("KINDS", "ORIENTATIONS", "VARIANTS", "MeasureConfig"),
     "blockcoupling.engine.measure": ("iter_measure", "measure"),
+    "blockcoupling.engine.events": ("MeasureEvent",),
+    "blockcoupling.engine.inputs": ("MeasureInput",),
     "blockcoupling.engine.results": ("SCHEMAS", "Measurement"),
     "blockcoupling.prompts.sources": ("BUILTIN_SETS", "Prompt", "load_prompts"),
     "blockcoupling.store.record": ("measure_to_dir",),
@@ -49,6 +51,8 @@ _WHERE: dict[str, str] = {name: mod for mod, names in _EXPORTS.items() for name 
 if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ does the work
     from blockcoupling.engine.blocks import SUPPORTED_ARCHITECTURES, BlockSpec, find_blocks
     from blockcoupling.engine.config import KINDS, ORIENTATIONS, VARIANTS, MeasureConfig
+    from blockcoupling.engine.events import MeasureEvent
+    from blockcoupling.engine.inputs import MeasureInput
     from blockcoupling.engine.measure import iter_measure, measure
     from blockcoupling.engine.results import SCHEMAS, Measurement
     from blockcoupling.prompts.sources import BUILTIN_SETS, Prompt, load_prompts
@@ -88,6 +92,8 @@ __all__ = [
     "CouplingCallback",
     "CouplingMonitor",
     "MeasureConfig",
+    "MeasureEvent",
+    "MeasureInput",
     "Measurement",
     "NumericalError",
     "Prompt",

@@ -95,6 +95,7 @@ def vit_train(
 @app.command("vit-grid")
 def vit_grid(
     out: Annotated[Path, typer.Option("--out", "-o", help="Grid folder (grid.json, runs/<point>/).")],
+    spec: Annotated[Path | None, typer.Option("--spec", help="YAML grid spec (drop_path, weight_decay, seeds, train: {...}); replaces the other options.")] = None,
     drop_paths: Annotated[str, typer.Option("--drop-path", help="Comma-separated rates (default: the paper's 8).")] = "0,0.025,0.05,0.075,0.1,0.15,0.2,0.3",
     weight_decays: Annotated[str, typer.Option("--weight-decay", help="Comma-separated decays (default: the paper's 8).")] = "0.005,0.01,0.02,0.04,0.06,0.08,0.1,0.2",
     seeds: Annotated[str, typer.Option(help="Comma-separated seeds.")] = "0",
@@ -122,18 +123,21 @@ def vit_grid(
     threads: Annotated[int, typer.Option(help="torch threads per run.")] = 1,
 ) -> None:
     """Train the drop-path x weight-decay grid (one run per point; finished runs are skipped)."""
-    from blockcoupling.studies.vit.grid import run_grid
+    from blockcoupling.studies.vit.grid import load_grid_spec, run_grid
 
     try:
-        seed_list = [int(v) for v in _floats(seeds, "seeds")]
-        base = _train_config(**_common(
-            dataset, epochs, preset, hidden_size, depth, heads, image_size, lr, batch_size,
-            warmup_epochs, mixup, 0, data_dir, train_limit, test_limit, monitor_images,
-            monitor_every, final_images, k))
-        runs = run_grid(base, out, drop_paths=_floats(drop_paths, "--drop-path"),
-                        weight_decays=_floats(weight_decays, "--weight-decay"), seeds=seed_list,
-                        executor=executor, address=address, num_cpus=cpus_per_run,
-                        threads=threads, progress=not _STATE["quiet"])
+        if spec is not None:
+            base, kwargs = load_grid_spec(spec)
+        else:
+            base = _train_config(**_common(
+                dataset, epochs, preset, hidden_size, depth, heads, image_size, lr, batch_size,
+                warmup_epochs, mixup, 0, data_dir, train_limit, test_limit, monitor_images,
+                monitor_every, final_images, k))
+            kwargs = dict(drop_paths=_floats(drop_paths, "--drop-path"),
+                          weight_decays=_floats(weight_decays, "--weight-decay"),
+                          seeds=[int(v) for v in _floats(seeds, "seeds")], executor=executor,
+                          address=address, num_cpus=cpus_per_run, threads=threads)
+        runs = run_grid(base, out, progress=not _STATE["quiet"], **kwargs)
     except KeyboardInterrupt:
         typer.echo(f"\ninterrupted: finished runs are saved in {out}; run the same command "
                    "again to continue", err=True)

@@ -24,8 +24,8 @@ implementation in use at capture time. Therefore:
 * any other implementation that is not ``"eager"`` (``flash_attention_2``, ``flex_attention``,
   ...) is switched to ``"eager"`` on the user's model *before* the capture pass
   (``model.set_attn_implementation("eager")``), with a warning issued once per
-  implementation. The model stays in eager mode afterwards (the recorded masks are eager
-  masks).
+  implementation (the recorded masks are eager masks). :func:`blockcoupling.measure` puts
+  the original implementation back afterwards (``engine/state.py``).
 
 Dropout and other training-time randomness must be off. :func:`capture` calls ``model.eval()``
 with a warning when the model is in training mode; :func:`residual_branch` raises a
@@ -148,7 +148,8 @@ def _ensure_attn_implementation(model: nn.Module) -> None:
         _WARNED_ATTN.add(impl)
         warnings.warn(
             f"attention implementation {impl!r} does not support the forward-mode autodiff "
-            "used for Jacobians; switching the model to 'eager' attention (it stays eager).",
+            "used for Jacobians; switching the model to 'eager' attention for the measurement "
+            "(measure() restores it afterwards).",
             stacklevel=3,
         )
     setter = getattr(model, "set_attn_implementation", None)

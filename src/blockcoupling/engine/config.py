@@ -43,7 +43,7 @@ from blockcoupling.errors import BlockCouplingError
 DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "float64": torch.float64}
 HASH_VERSION = "measure-config-v1"
 
-TokenSpec = Literal["last", "all"] | tuple[int, ...]
+TokenSpec = Literal["auto", "cls", "last", "all"] | tuple[int, ...]
 LayerSpec = tuple[int, ...] | None
 
 
@@ -135,14 +135,15 @@ def parse_layers(spec: Any, name: str = "layers") -> LayerSpec:
 
 
 def parse_tokens(spec: Any, name: str = "tokens") -> TokenSpec:
-    """``"last"``, ``"all"``, or explicit 0-based positions (negative counts from the end)."""
-    if isinstance(spec, str) and spec.strip() in ("last", "all"):
+    """``"auto"`` ([CLS] where the model has one, else the last token), ``"cls"``, ``"last"``,
+    ``"all"``, or explicit 0-based positions (negative counts from the end)."""
+    if isinstance(spec, str) and spec.strip() in ("auto", "cls", "last", "all"):
         return spec.strip()  # type: ignore[return-value]
     try:
         return parse_ints(name, spec)
     except BlockCouplingError:
-        raise _bad(name, spec, "use 'last', 'all' or comma-separated positions such as "
-                               "0,3,-1") from None
+        raise _bad(name, spec, "use 'auto', 'cls', 'last', 'all' or comma-separated positions "
+                               "such as 0,3,-1") from None
 
 
 def parse_dtype(name: str, value: Any) -> torch.dtype:
@@ -222,7 +223,8 @@ class MeasureConfig:
         ("depth",), "Coupling kinds: depth,self,fixed_input,fixed_output (or none).",
         parse_kinds, cli="coupling")
     k: tuple[int, ...] = _opt((10, 30, 50), "Top-K sizes, e.g. 10,30,50.", parse_ints, cli="k")
-    tokens: TokenSpec = _opt("last", "last, all, or positions such as 0,5,-1.",
+    tokens: TokenSpec = _opt("auto", "auto ([CLS] for ViTs and BERT-style encoders, last for "
+                             "the rest), cls, last, all, or positions such as 0,5,-1.",
                              lambda n, v: parse_tokens(v, n), cli="tokens")
     p: tuple[float, ...] = _opt((1.0,), "Norms for miscoupling: 1,2,inf.", parse_p, cli="p")
     dtype: torch.dtype = _opt(torch.float32, "Precision of the analysis: float32 or float64.",
@@ -321,7 +323,8 @@ class MeasureConfig:
         if self.layer_pairs not in ("same", "all"):
             bad(f"layer_pairs={self.layer_pairs!r}: use 'same' (l = l') or 'all'")
         if isinstance(self.tokens, tuple) and not self.tokens:
-            bad("tokens=(): give 'last', 'all' or one or more positions such as 0,3,-1")
+            bad("tokens=(): give 'auto', 'cls', 'last', 'all' or one or more positions such as "
+                "0,3,-1")
         if self.batch_size < 1:
             bad("batch_size must be at least 1")
         if self.chunk_size is not None and self.chunk_size < 1:

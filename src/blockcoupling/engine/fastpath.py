@@ -53,6 +53,8 @@ import torch
 from torch import Tensor, nn
 from torch.func import jvp, vjp, vmap
 
+from blockcoupling.engine import structured
+from blockcoupling.engine.blocks import get_blocks
 from blockcoupling.engine.capture import (
     Capture,
     check_call_index,
@@ -63,10 +65,14 @@ from blockcoupling.engine.capture import (
     replay_tolerance,
     residual_branch,
 )
-from blockcoupling.engine import structured
-from blockcoupling.engine.blocks import get_blocks
-from blockcoupling.engine.jacobian import DEFAULT_MEMORY_BYTES, as_columns, jacobian_operator
-from blockcoupling.errors import BlockCouplingError, NumericalError
+from blockcoupling.engine.jacobian import (
+    DEFAULT_MEMORY_BYTES,
+    as_columns,
+    check_finite,
+    check_positions,
+    jacobian_operator,
+)
+from blockcoupling.errors import BlockCouplingError
 
 __all__ = [
     "VERIFY_RTOL",
@@ -254,7 +260,7 @@ class TokenBranch:
         with replay_context(), torch.no_grad():
             for s in range(0, V.shape[1], self.chunk_size):
                 outs.append(push(V[:, s : s + self.chunk_size].T))  # (c, d)
-        return _finite(torch.cat(outs).T, "Jacobian-vector product")  # (d, m)
+        return check_finite(torch.cat(outs).T, "Jacobian-vector product")  # (d, m)
 
     def rmatmat(self, U: Tensor) -> Tensor:
         """(d, m) -> (d, m) = J^T U: one forward pass of the single row, then the m
@@ -266,7 +272,7 @@ class TokenBranch:
             pull = vmap(lambda u: vjp_fn(u[None])[0][0])
             for s in range(0, U.shape[1], self.chunk_size):
                 outs.append(pull(U[:, s : s + self.chunk_size].T).detach())  # (c, d): J^T u_i
-        return _finite(torch.cat(outs).T, "vector-Jacobian product")  # (d, m)
+        return check_finite(torch.cat(outs).T, "vector-Jacobian product")  # (d, m)
 
     def jacobian(self) -> Tensor:
         """Dense ``J^l_tt`` (d, d), rows = output coordinates (computed once, then kept).
@@ -281,17 +287,8 @@ class TokenBranch:
                 self.dense_fn = None
                 eye = torch.eye(self.d, dtype=self.dtype, device=self.device)
                 J = self.rmatmat(eye).T.contiguous()  # (d, d): (J^T I)^T
-            self._dense = _finite(J, "Jacobian")
+            self._dense = check_finite(J, "Jacobian")
         return self._dense
-
-
-def _finite(M: Tensor, what: str) -> Tensor:
-    if not bool(torch.isfinite(M).all()):
-        raise NumericalError(
-            f"the {what} contains NaN or inf. Use a wider analysis dtype (dtype=torch.float64) "
-            "or check the model's hidden states."
-        )
-    return M
 
 
 def _default_chunk(d: int, kv_width: int, n: int, dtype: torch.dtype,
@@ -333,12 +330,7 @@ def token_branches(
     """
     check_call_index(cap, layer, prompt)
     n_real = cap.lengths[prompt]
-    toks = [int(t) for t in tokens]
-    bad = [t for t in toks if not 0 <= t < n_real]
-    if bad or not toks:
-        raise BlockCouplingError(
-            f"tokens {bad or '[]'} are out of range: prompt {prompt} has positions 0..{n_real - 1}."
-        )
+    toks = check_positions(tokens, n_real, f"tokens of prompt {prompt}")
     if not cap.spec.causal:
         return None
     try:
@@ -346,6 +338,11 @@ def token_branches(
     except (TypeError, ValueError, RuntimeError, AttributeError, IndexError) as err:
         if isinstance(err, BlockCouplingError):
             raise
+        warnings.warn(
+            f"fast path for layer {layer} ({cap.spec.arch}) could not be built "
+            f"({type(err).__name__}: {err}); using the generic path (slower).",
+            stacklevel=2,
+        )
         return None
     if built is None:
         return None
@@ -402,7 +399,11 @@ def _build(model: nn.Module, cap: Capture, layer: int, prompt: int, tokens: list
     if keys.ndim < 3 or keys.shape[-2] != n or values.shape[-2] != n or keys.shape[0] != 1:
         return None
     real = slice(0, cap.lengths[prompt])
-    if not relative_error(out[0], rp.recorded, real) <= replay_tolerance(cap, dtype):
+    err = relative_error(out[0], rp.recorded, real)
+    if not err <= replay_tolerance(cap, dtype):
+        warnings.warn(f"fast path for layer {layer} ({cap.spec.arch}): the recording pass "
+                      f"differs from the captured output (relative error {err:.3g}); using the "
+                      "generic path (slower).", stacklevel=3)
         return None
     kv_width = int(keys[0, ..., 0, :].numel())
     n_params = sum(p.numel() for p in block.parameters())
@@ -491,7 +492,7 @@ def _verify_structured(model: nn.Module, cap: Capture, layer: int, tb: TokenBran
     else:
         why = f"relative error {err:.3g} > {tol:.3g}" if J is not None else "not applicable"
     if J is not None and err <= tol:
-        tb._dense = _finite(J, "Jacobian")
+        tb._dense = check_finite(J, "Jacobian")
         return
     tb.dense_fn = None
     if J is not None or why != "not applicable":

@@ -32,6 +32,8 @@ from blockcoupling.engine.capture import replay_context
 from blockcoupling.errors import BlockCouplingError, NumericalError
 
 __all__ = [
+    "check_finite",
+    "check_positions",
     "DEFAULT_MEMORY_BYTES",
     "JacobianOperator",
     "default_chunk_size",
@@ -80,7 +82,9 @@ def default_chunk_size(
     return max(1, int(memory_bytes // max(per_vector, 1)))
 
 
-def _tokens(tokens: Sequence[int] | None, n: int, what: str) -> list[int]:
+def check_positions(tokens: Sequence[int] | None, n: int, what: str) -> list[int]:
+    """Real 0-based positions (``None`` = all n) in range and not empty: the one token check
+    of the Jacobian code (``fastpath`` uses it too)."""
     toks = list(range(n)) if tokens is None else [int(t) for t in tokens]
     bad = [t for t in toks if not 0 <= t < n]
     if bad:
@@ -90,7 +94,9 @@ def _tokens(tokens: Sequence[int] | None, n: int, what: str) -> list[int]:
     return toks
 
 
-def _check_finite(J: Tensor, what: str) -> Tensor:
+def check_finite(J: Tensor, what: str) -> Tensor:
+    """``J`` unchanged, or a NumericalError that says what to do (the one finite check of the
+    Jacobian code)."""
     if not torch.isfinite(J).all():
         raise NumericalError(
             f"the {what} contains NaN or inf. Use a wider analysis dtype (dtype=torch.float64) "
@@ -124,8 +130,8 @@ def _block_setup(x: Tensor, out_tokens: Sequence[int] | None, in_tokens: Sequenc
                  ) -> tuple[int, int, list[int], list[int], Tensor, Tensor, int]:
     """Checked shapes and token lists, their index tensors, and the batch size of (co)tangents."""
     n, d = _check_x(x)
-    outs = _tokens(out_tokens, n, "out_tokens")
-    ins = _tokens(in_tokens, n, "in_tokens")
+    outs = check_positions(out_tokens, n, "out_tokens")
+    ins = check_positions(in_tokens, n, "in_tokens")
     chunk = chunk_size or default_chunk_size(n, d, x.dtype, memory_bytes)
     return (n, d, outs, ins, torch.tensor(outs, device=x.device),
             torch.tensor(ins, device=x.device), chunk)
@@ -162,7 +168,7 @@ def jacobian_blocks(
             rows.append(grads.index_select(1, in_t))  # (m, len(in), d)
     G = torch.cat(rows).reshape(len(outs), d, len(ins), d)  # (out, a, in, b)
     J = G.permute(0, 2, 1, 3).contiguous()  # (out, in, a, b)
-    return _check_finite(J, "Jacobian")
+    return check_finite(J, "Jacobian")
 
 
 def jacobian_blocks_jvp(
@@ -194,7 +200,7 @@ def jacobian_blocks_jvp(
             cols.append(jt.index_select(1, out_t))  # (m, len(out), d)
     G = torch.cat(cols).reshape(len(ins), d, len(outs), d)  # (in, b, out, a)
     J = G.permute(2, 0, 3, 1).contiguous()  # (out, in, a, b)
-    return _check_finite(J, "Jacobian")
+    return check_finite(J, "Jacobian")
 
 
 class JacobianOperator:
@@ -216,8 +222,8 @@ class JacobianOperator:
         memory_bytes: int = DEFAULT_MEMORY_BYTES,
     ) -> None:
         n, d = _check_x(x)
-        self.token_in: int = _tokens([token_in], n, "token_in")[0]
-        self.token_out: int = _tokens([token_out], n, "token_out")[0]
+        self.token_in: int = check_positions([token_in], n, "token_in")[0]
+        self.token_out: int = check_positions([token_out], n, "token_out")[0]
         self.f = f
         self.x = x
         self.n = n
@@ -246,7 +252,7 @@ class JacobianOperator:
                 tan = torch.zeros(Vc.shape[0], self.n, self.d, dtype=self.dtype, device=self.device)
                 tan[:, self.token_in, :] = Vc
                 outs.append(push(tan)[:, self.token_out, :])  # (c, d)
-        return _check_finite(torch.cat(outs).T, "Jacobian-vector product")  # (d, m)
+        return check_finite(torch.cat(outs).T, "Jacobian-vector product")  # (d, m)
 
     def rmatmat(self, U: Tensor) -> Tensor:
         """(d, m) -> (d, m) = J^T U."""
@@ -263,7 +269,7 @@ class JacobianOperator:
                 cot = torch.zeros(Uc.shape[0], self.n, self.d, dtype=self.dtype, device=self.device)
                 cot[:, self.token_out, :] = Uc
                 outs.append(pull(cot)[:, self.token_in, :])  # (c, d)
-        return _check_finite(torch.cat(outs).T, "vector-Jacobian product")  # (d, m)
+        return check_finite(torch.cat(outs).T, "vector-Jacobian product")  # (d, m)
 
     def matvec(self, v: Tensor) -> Tensor:
         """(d,) -> (d,) = J v."""

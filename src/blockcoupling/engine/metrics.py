@@ -14,6 +14,9 @@ Notation (see ``DEFINITIONS.md``, "Coupling of two Jacobians"): J1 is the *measu
   with ``p`` empty.
 - ``coupling_vs_null``: ``(c - c_null) / (1 - c_null) = 1 - m_K / m_null`` where ``c_null`` is
   the chance level below: 0 = chance, 1 = perfectly coupled, negative = worse than chance.
+  m_K and m_null share the denominator ``||s1K||_p``, so the value does not depend on p: it is
+  reported once, with ``p`` empty (computed with p = 1; a p passed in is accepted and has no
+  effect).
 
 Chance level (not in the paper). Let U, V be *independent* Haar-random d x K matrices with
 orthonormal columns, independent of J1 (d x d). Because U and -U have the same law, E[A] = 0;
@@ -38,15 +41,15 @@ device; values are computed in the dtype of the inputs.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import torch
 from torch import Tensor
 
-from blockcoupling.engine.names import ORIENTATIONS, P_VARIANTS, VALID_P, VARIANTS
+from blockcoupling.engine.names import FIXED_P, ORIENTATIONS, P_VARIANTS, VALID_P, VARIANTS
 from blockcoupling.errors import BlockCouplingError
 
-__all__ = ["ORIENTATIONS", "P_VARIANTS", "VALID_P", "VARIANTS"]  # and the functions below
+__all__ = ["FIXED_P", "ORIENTATIONS", "P_VARIANTS", "VALID_P", "VARIANTS"]  # and the functions below
 
 
 # --------------------------------------------------------------------------- validation
@@ -84,16 +87,14 @@ def _norm_p(p: float | int | str | None) -> float:
 def reported_p(variant: str, p: float | int | str | None = None) -> float | None:
     """The ``p`` that goes into the ``p`` column of the coupling table for ``variant``.
 
-    ``coupling``, ``miscoupling`` and ``coupling_vs_null`` use the chosen p (default 1);
-    ``released_norm`` always uses 2; ``released_trace`` and ``offdiag_ratio`` have no p (None,
-    written as an empty cell).
+    ``coupling`` and ``miscoupling`` use the chosen p (default 1); the others have the fixed
+    p of :data:`FIXED_P`: ``released_norm`` always 2; ``released_trace``, ``offdiag_ratio``
+    and ``coupling_vs_null`` (which does not depend on p) none (an empty cell).
     """
     _check_variant(variant)
     if variant in P_VARIANTS:
         return _norm_p(p)
-    if variant == "released_norm":
-        return 2.0
-    return None
+    return FIXED_P[variant]
 
 
 def _check_fixed_p(variant: str, p: float | int | str | None) -> None:
@@ -123,15 +124,28 @@ def _check_k(A: Tensor, s1: Tensor, k: int) -> None:
 
 
 # --------------------------------------------------------------------------- coupling matrix
-def coupling_matrix(J1: Tensor, U2: Tensor, V2: Tensor, orientation: str = "ujv") -> Tensor:
+def coupling_matrix(J1: Tensor | Callable[[Tensor], Tensor], U2: Tensor, V2: Tensor,
+                    orientation: str = "ujv") -> Tensor:
     """Coupling matrix of a measured Jacobian J1 in the top-K singular basis of J2.
 
     J1 (..., d, d), U2 / V2 (..., d, K) -> A (..., K, K); leading dimensions broadcast.
     ``ujv``: ``A = U2^T J1 V2``; ``vju``: ``A = V2^T J1 U2``.
+
+    J1 may also be an operator ``X (d, m) -> J1 X (d, m)`` (a matrix-free Jacobian, or a dense
+    one applied as one GEMM): then every basis in the leading dimensions of U2 / V2 (P, d, K)
+    goes through it in one product, ``J1 [B_1 ... B_P]`` (d, P K).
     """
     _check_orientation(orientation)
     left, right = (U2, V2) if orientation == "ujv" else (V2, U2)
-    return left.mT @ (J1 @ right)  # (..., K, K)
+    if isinstance(J1, Tensor):
+        return left.mT @ (J1 @ right)  # (..., K, K)
+    d, K = right.shape[-2], right.shape[-1]
+    R = right.reshape(-1, d, K)  # (P, d, K)
+    P = R.shape[0]
+    JX = J1(R.permute(1, 0, 2).reshape(d, P * K))  # (d, P*K)
+    JX = JX.reshape(d, P, K).permute(1, 0, 2)  # (P, d, K)
+    A = left.reshape(-1, d, K).transpose(-1, -2) @ JX  # (P, K, K)
+    return A.reshape(*right.shape[:-2], K, K)
 
 
 def coupling_matrix_from_products(JV: Tensor, U2: Tensor) -> Tensor:
@@ -200,7 +214,7 @@ def coupling_values(
     """
     _check_variant(variant)
     _check_k(A, s1, k)
-    if variant not in P_VARIANTS:
+    if variant not in P_VARIANTS and variant != "coupling_vs_null":
         _check_fixed_p(variant, p)
     Ak = A[..., :k, :k]  # (..., k, k)
     sk = s1[..., :k]  # (..., k)
@@ -222,7 +236,7 @@ def coupling_values(
         raise BlockCouplingError(
             "variant 'coupling_vs_null' needs fro2 (||J1||_F^2) and d (the hidden size)"
         )
-    return 1.0 - m / chance_miscoupling(s1, fro2, d, k, pf)
+    return 1.0 - m / chance_miscoupling(s1, fro2, d, k, pf)  # the same for every p
 
 
 def _leading_block_sums(E: Tensor) -> Tensor:
@@ -243,9 +257,9 @@ def all_coupling_values(
     """Every requested (variant, p, k) at once, vectorised over all leading dimensions.
 
     A (..., K_max, K_max), s1 (..., >= K_max). Returns ``{(variant, p, k): values (...,)}``
-    where ``p`` is the *reported* p (:func:`reported_p`): each p in ``ps`` for ``coupling``,
-    ``miscoupling`` and ``coupling_vs_null``; 2 for ``released_norm``; None for
-    ``released_trace`` and ``offdiag_ratio`` (those get one entry whatever ``ps`` holds).
+    where ``p`` is the *reported* p (:func:`reported_p`): each p in ``ps`` for ``coupling`` and
+    ``miscoupling``; 2 for ``released_norm``; None for ``released_trace``, ``offdiag_ratio``
+    and ``coupling_vs_null`` (those get one entry whatever ``ps`` holds).
     The squared Frobenius norms of every leading k x k block come from one 2-D cumulative
     sum, so the cost does not grow with the number of k values. Requesting
     ``coupling_vs_null`` without ``fro2`` and ``d`` raises (a request is never dropped).
@@ -275,7 +289,7 @@ def all_coupling_values(
     def pick(x: Tensor) -> Tensor:  # (..., Kx) -> (..., len(ks))
         return x.index_select(-1, idx)
 
-    need_signed = any(v in P_VARIANTS for v in variants)
+    need_signed = any(v in (*P_VARIANTS, "coupling_vs_null") for v in variants)
     if need_signed:
         num = pick(_leading_block_sums((Ak - diag_s) ** 2)).sqrt()  # (..., nk)
         s2 = pick((sk * sk).cumsum(-1))  # (..., nk) ||s_k||_2^2
@@ -289,6 +303,10 @@ def all_coupling_values(
             kk = torch.tensor(ks, dtype=A.dtype, device=A.device)  # (nk,)
             fro2_t = torch.as_tensor(fro2, dtype=A.dtype, device=A.device).unsqueeze(-1)  # (..., 1)
             null_num = torch.sqrt((kk / d) ** 2 * fro2_t + s2)  # (..., nk)
+            m1 = num / dens[1.0]  # p cancels in m / m_null: computed once, with p = 1
+            for j, k in enumerate(ks):
+                m_null = null_num[..., j] / dens[1.0][..., j]
+                out[("coupling_vs_null", None, k)] = 1.0 - m1[..., j] / m_null
         for pf in pset:
             m = num / dens[pf]  # (..., nk)
             for j, k in enumerate(ks):
@@ -296,9 +314,6 @@ def all_coupling_values(
                     out[("miscoupling", pf, k)] = m[..., j]
                 if "coupling" in variants:
                     out[("coupling", pf, k)] = 1.0 - m[..., j]
-                if "coupling_vs_null" in variants:
-                    m_null = null_num[..., j] / dens[pf][..., j]
-                    out[("coupling_vs_null", pf, k)] = 1.0 - m[..., j] / m_null
     if "released_norm" in variants or "released_trace" in variants:
         num_abs = pick(_leading_block_sums((Ak.abs() - diag_s) ** 2)).sqrt()  # (..., nk)
         l2 = pick((sk * sk).cumsum(-1)).sqrt()  # (..., nk)

@@ -21,13 +21,15 @@ VARIANTS: tuple[str, ...] = (
     "coupling_vs_null",
 )
 #: variants whose normaliser takes the user-chosen p (one row per p)
-P_VARIANTS: tuple[str, ...] = ("coupling", "miscoupling", "coupling_vs_null")
+P_VARIANTS: tuple[str, ...] = ("coupling", "miscoupling")
 #: variants with a fixed p: released_norm is always reported with p = 2, the others with no p
-#: (an empty cell).
+#: (an empty cell). coupling_vs_null = 1 - m / m_null does not depend on p (m and m_null are
+#: both divided by the same ||s1K||_p), so it is stored once, with p empty.
 FIXED_P: dict[str, float | None] = {
     "released_norm": 2.0,
     "released_trace": None,
     "offdiag_ratio": None,
+    "coupling_vs_null": None,
 }
 #: the norms p of the miscoupling's normaliser
 VALID_P: tuple[float, ...] = (1.0, 2.0, math.inf)

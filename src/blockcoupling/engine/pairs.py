@@ -17,10 +17,35 @@ Key = tuple[int, int, int]  # (layer, token_in, token_out)
 Pair = tuple[Key, Key]  # (measured a, basis b)
 
 
-def resolve_tokens(spec: str | Sequence[int], n: int) -> list[int]:
-    """Positions selected by ``tokens`` in a prompt of ``n`` real tokens (negative = from end)."""
+#: Model types (HF ``config.model_type``, ``BlockSpec.arch``) whose position 0 is a class
+#: token: BERT-style encoders (their tokenizers put [CLS] / <s> first) and ViTs.
+CLS_ARCHS: frozenset[str] = frozenset({
+    "bert", "roberta", "xlm-roberta", "distilbert", "electra", "albert", "deberta",
+    "deberta-v2", "mpnet", "camembert", "vit", "deit", "beit", "dinov2", "clip_vision_model",
+})
+
+
+def cls_position(arch: str, causal: bool) -> int | None:
+    """Position of the model's [CLS] token (0 for :data:`CLS_ARCHS` encoders), else None."""
+    return 0 if (not causal and arch in CLS_ARCHS) else None
+
+
+def resolve_tokens(spec: str | Sequence[int], n: int, *, cls: int | None = None) -> list[int]:
+    """Positions selected by ``tokens`` in a prompt of ``n`` real tokens (negative = from end).
+
+    ``"auto"`` is ``"cls"`` where the model has a [CLS] token (``cls``, see
+    :func:`cls_position`) and ``"last"`` otherwise."""
     if n < 1:
         raise BlockCouplingError("a prompt has no tokens; remove empty prompts")
+    if spec == "auto":
+        spec = "last" if cls is None else "cls"
+    if spec == "cls":
+        if cls is None:
+            raise BlockCouplingError(
+                "tokens='cls': this model has no [CLS] token blockcoupling knows of (ViTs and "
+                "BERT-style encoders have it at position 0); use 'last', 'all' or positions"
+            )
+        return [cls]
     if spec == "last":
         return [n - 1]
     if spec == "all":

@@ -18,6 +18,7 @@ import numpy as np
 import pandas as pd
 
 from blockcoupling.engine.config import MeasureConfig
+from blockcoupling.engine.names import P_VARIANTS
 
 # name -> (column, pandas dtype). The order is the column order of the tables.
 SCHEMAS: dict[str, dict[str, str]] = {
@@ -163,7 +164,7 @@ class Measurement:
         sel = (df["kind"] == kind) & (df["k"] == k) & (df["variant"] == variant) & (
             df["orientation"] == orientation
         )
-        if p is not None and variant in ("coupling", "miscoupling", "coupling_vs_null"):
+        if p is not None and variant in P_VARIANTS:  # the others have one fixed p
             sel &= df["p"] == float(p)
         out = df[sel]
         if out.empty:

@@ -8,7 +8,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import numpy as np
 import torch
@@ -92,27 +92,31 @@ def fit_inverse_depth(
     return {"a": float(a), "b": float(b), "r2": r2, "n": int(x.size)}
 
 
-def linearisation_cosine(J_list: Sequence[Tensor] | Tensor, x0: Tensor, xL: Tensor) -> Tensor:
+def linearisation_cosine(J_list: Iterable[Tensor | Callable[[Tensor], Tensor]] | Tensor,
+                         x0: Tensor, xL: Tensor) -> Tensor:
     """Cosine between the linearised propagation ``prod_l (I + J^l) x^0`` and x^L.
 
-    J_list: the L Jacobians ``J^l_{tt}`` (..., d, d) in block order l = 1..L (a sequence or a
-    tensor (L, ..., d, d)); x0, xL (..., d). Computes ``v = x0`` then ``v <- v + J^l v`` for
-    l = 1..L (so J^1 acts first) and returns ``<v, xL> / (||v|| ||xL||)`` (...,); NaN if
+    J_list: the L Jacobians ``J^l_{tt}`` (..., d, d) in block order l = 1..L (a sequence, a
+    tensor (L, ..., d, d), or any iterable, consumed once and in order), or operators
+    ``v (..., d) -> J^l v (..., d)`` (matrix-free Jacobians); x0, xL (..., d). Computes
+    ``v = x0`` then ``v <- v + J^l v`` for l = 1..L (so J^1 acts first) and returns the cosine
+    ``<v, xL> / (||v|| ||xL||)`` (...,) (``torch.nn.functional.cosine_similarity``); NaN if
     either vector is zero.
     """
-    if len(J_list) == 0:
-        raise BlockCouplingError("linearisation_cosine needs at least one Jacobian")
     v = x0
+    n = 0
     for J in J_list:
+        n += 1
+        if callable(J) and not isinstance(J, Tensor):
+            v = v + J(v)  # (..., d)
+            continue
         if J.shape[-1] != v.shape[-1] or J.shape[-2] != v.shape[-1]:
             raise BlockCouplingError(
                 f"Jacobian shape {tuple(J.shape)} does not match vector size {v.shape[-1]}"
             )
         v = v + (J @ v.unsqueeze(-1)).squeeze(-1)  # (..., d)
-    num = (v * xL).sum(-1)
-    den = torch.linalg.vector_norm(v, dim=-1) * torch.linalg.vector_norm(xL, dim=-1)
-    return torch.where(
-        den > 0,
-        num / torch.where(den > 0, den, torch.ones_like(den)),
-        torch.full_like(num, float("nan")),
-    )
+    if n == 0:
+        raise BlockCouplingError("linearisation_cosine needs at least one Jacobian")
+    cos = torch.nn.functional.cosine_similarity(v, xL, dim=-1)
+    zero = (torch.linalg.vector_norm(v, dim=-1) == 0) | (torch.linalg.vector_norm(xL, dim=-1) == 0)
+    return torch.where(zero, torch.full_like(cos, float("nan")), cos)

@@ -23,7 +23,9 @@ flops of pulling back d cotangents through the decode step, as large GEMMs.
 Supported (by class name, exactly): ``GPT2Block`` (LayerNorm, fused ``c_attn`` Conv1D,
 elementwise MLP) and ``LlamaDecoderLayer`` with its structural twins ``MistralDecoderLayer``
 and ``Qwen2DecoderLayer`` (RMSNorm, RoPE, grouped-query attention, projection biases, gated
-MLP; a sliding window enters through the sliced attention mask). Anything else, or anything unexpected (a mask of another shape, a recomputed key that
+MLP; a sliding window enters through the sliced attention mask). The RMSNorm of that family
+computes in float32 internally, so there the structured route is used for float32 analyses
+only (in float64 the module's own float32 rounding is part of the measured function). Anything else, or anything unexpected (a mask of another shape, a recomputed key that
 differs from the recorded one, an output that differs from the recorded output) gives
 ``None`` and the caller pulls back through the decode step instead. The caller also checks the
 result against the generic path once per layer (``fastpath`` verification).
@@ -89,6 +91,10 @@ def norm_jacobian(norm: nn.Module, x: Tensor) -> tuple[Tensor, NormJacobian] | N
         Q = torch.stack([torch.full_like(x, 1.0 / d), xh / d], dim=1)  # (d, 2)
         return norm(x[None])[0], NormJacobian(c, P, Q)
     if type(norm).__name__ in _RMS_NORMS:
+        if x.dtype != torch.float32:
+            # the module computes in float32 whatever its dtype: in a wider analysis its own
+            # rounding is part of the function, which only autodiff through it reproduces
+            return None
         eps = float(norm.variance_epsilon)
         r = torch.sqrt((x * x).mean() + eps)
         w = norm.weight

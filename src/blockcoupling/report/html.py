@@ -35,6 +35,7 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
+from blockcoupling.engine.config import MeasureConfig
 from blockcoupling.engine.results import Measurement
 from blockcoupling.errors import BlockCouplingError
 from blockcoupling.report import figures as F
@@ -59,12 +60,13 @@ h3 { font-size: 1.05em; margin: 1.2em 0 .3em; }
 table.data { border-collapse: collapse; font-size: .88em; }
 table.data th, table.data td { border: 1px solid #d6d6d6; padding: .3em .6em;
        vertical-align: top; text-align: left; }
-table.data td.long { overflow-wrap: anywhere; min-width: 12em; }
+table.data td.long { overflow-wrap: anywhere; min-width: 10em; }
 table.data td.num { text-align: right; font-variant-numeric: tabular-nums; }
 table.data thead th { background: #f3f3f3; }
 table.data tbody th { background: #fafafa; position: sticky; left: 0; white-space: nowrap; }
 figure { margin: 1.5em 0; }
 figure img { display: block; max-width: 100%; height: auto; border: 1px solid #eee; }
+.figbox { border: 0; margin: 0; }
 figcaption { font-size: .9em; color: #333; max-width: 70em; margin-top: .4em; }
 .summary { background: #f5f8fc; border: 1px solid #d5e1f0; padding: .6em 1em; }
 .summary ul { margin: .3em 0 .6em; padding-left: 1.3em; }
@@ -82,6 +84,10 @@ nav ul { columns: 2; font-size: .9em; list-style: none; padding-left: 0; }
 @media (max-width: 700px) {
   body { margin: .8em auto; padding: 0 .6em; }
   nav ul { columns: 1; }
+  .summary { padding: .4em .6em; }
+  /* many-panel figures stay legible on a phone: at least 55 % of their natural size,
+     scrolling sideways inside their own box rather than shrinking to a thumbnail */
+  .figbox img { max-width: none; width: max(100%, calc(var(--w) * 0.55)); }
 }
 """
 
@@ -178,8 +184,10 @@ def figure_html(fig: Figure, caption: str, *, title: str = "", number: int | Non
         links = ('<p class="files">Files: ' + " ".join(
             f"{esc(stem.parent.name)}/{esc(path.name)}" for path in files) + "</p>")
     label = f"<b>Figure {number}.</b> " if number is not None else ""
-    return (f'<figure><img alt="{esc(title or caption[:80])}" '
-            f'src="data:image/png;base64,{base64.b64encode(png).decode("ascii")}">'
+    width = round(fig.get_figwidth() * fig.dpi)  # the PNG's natural width in pixels
+    return (f'<figure><div class="scroll figbox" style="--w: {width}px">'
+            f'<img alt="{esc(title or caption[:80])}" '
+            f'src="data:image/png;base64,{base64.b64encode(png).decode("ascii")}"></div>'
             f"<figcaption>{label}{esc(caption)}</figcaption></figure>{links}")
 
 
@@ -311,8 +319,12 @@ def _run_fields(m: Measurement) -> dict[str, Any]:
         "final_norm": c.final_norm,
         "lss_window": c.lss_window,
     }
-    for key, value in sorted((c.extra or {}).items()):
-        out[f"extra.{key}"] = _fmt(value)
+    shown = {"coupling", "k", "tokens", "p", "variants", "orientations", "layers", "dtype",
+             "method", "final_norm", "lss_window", "extra"}
+    defaults = MeasureConfig().to_dict()
+    for key, value in c.to_dict().items():  # any other option set away from its default
+        if key not in shown and value != defaults.get(key):
+            out[key] = _fmt(value)
     for key, value in sorted(m.meta.items()):
         if key in ("model", "revision", "prompts_spec", "label", "figure_window"):
             continue
@@ -329,7 +341,8 @@ def runs_html(ms: Sequence[Measurement], labels: Sequence[str]) -> str:
     run of what differs (scrolls inside its box), then per-run details."""
     fields = [_run_fields(m) for m in ms]
     names = list(dict.fromkeys(k for f in fields for k in f))
-    common, differ = [], []
+    common: list[str] = []
+    differ: list[str] = []
     for name in names:
         vals = [f.get(name) for f in fields]
         (common if len(ms) > 1 and len({repr(v) for v in vals}) == 1 else differ).append(name)

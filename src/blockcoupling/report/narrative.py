@@ -100,6 +100,34 @@ def _overlap(a: pd.Series | None, b: pd.Series | None) -> bool | None:
     return bool(a.min() <= b.max() and b.min() <= a.max())
 
 
+#: options that choose what is measured or how it is computed, not what a value means: runs
+#: that differ only in these are one "view" of a model
+_EXTENT_OPTIONS = frozenset({"coupling", "lss_window", "trajectory", "spectra", "influence",
+                             "layer_pairs", "variants", "orientations", "method", "fast_path",
+                             "svd_oversample", "svd_iters", "svd_tol", "k"})
+
+
+def _pairs(ms: Sequence[Measurement], idx: list[int]) -> list[tuple[int, int]]:
+    """Which runs of one model to compare: within each view (runs with the same
+    number-changing configuration) consecutive runs (e.g. pretrained vs random init); across
+    views the runs of the same revision (e.g. as measured vs with an option switched on)."""
+    views: dict[str, list[int]] = {}
+    for i in idx:
+        diff = config_differences(ms[idx[0]], ms[i])
+        key = repr(sorted((k, v) for k, v in diff.items() if k not in _EXTENT_OPTIONS))
+        views.setdefault(key, []).append(i)
+    pairs = [(a, b) for members in views.values() for a, b in zip(members, members[1:],
+                                                                    strict=False)]
+    groups = list(views.values())
+    for g, members in enumerate(groups):
+        for a in members:
+            for other in groups[g + 1:]:
+                pairs += [(a, b) for b in other
+                          if ms[a].meta.get("revision") == ms[b].meta.get("revision")
+                          and ms[a].meta.get("revision") is not None]
+    return pairs
+
+
 def _series_text(ms: Sequence[Measurement], ov: pd.DataFrame, labs: list[str],
                  idx: list[int], model: str) -> str:
     """Training checkpoints in step order: first, last, highest, correlation with val_loss."""
@@ -231,11 +259,11 @@ def report_summary(runs: Measurement | Sequence[Measurement],
         if len(stepped) >= 2:
             out.comparisons.append(_series_text(ms, ov, labs, stepped, model))
         rest = [i for i in idx if i not in stepped]
-        if 2 <= len(rest) <= 4:
-            for a, b in zip(rest, rest[1:], strict=False):
-                out.comparisons.append(_pair_text(ms, ov, labs, vs, a, b))
-        elif len(rest) > 4:
+        if len(rest) > 6:
             out.comparisons.append(_ranking_text(ov, labs, rest, f"Runs of {model}"))
+            continue
+        for a, b in _pairs(ms, rest):
+            out.comparisons.append(_pair_text(ms, ov, labs, vs, a, b))
     groups = [[i for i in idx if has_null[i]] for idx in _group_by_model(ov).values()]
     firsts = [g[-1] for g in groups if g]
     if len(firsts) > 1:

@@ -31,14 +31,16 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from blockcoupling.engine import names
 from blockcoupling.engine.results import TABLES, Measurement
 from blockcoupling.engine.spectra import fit_inverse_depth
 from blockcoupling.errors import BlockCouplingError
 
 Runs = Measurement | Sequence[Measurement]
 
-#: variants whose normaliser takes a user-chosen p (the others store p empty or fixed)
-P_VARIANTS: tuple[str, ...] = ("coupling", "miscoupling", "coupling_vs_null")
+#: variants whose normaliser takes a user-chosen p (the others store p empty or fixed):
+#: the engine's one list (coupling_vs_null does not depend on p and is stored with p empty)
+P_VARIANTS: tuple[str, ...] = names.P_VARIANTS
 #: variants where a larger value means more coupled (for the others, smaller is more coupled)
 HIGHER_IS_COUPLED: dict[str, bool] = {
     "coupling": True,

@@ -33,10 +33,13 @@ ARRAYS = "arrays.npz"
 PARTS = "parts"
 PART_META = "part.json"
 
-# Options that change only how fast a run goes, never a number: a run may be resumed with
-# other values. batch_size is NOT one of them: the prompts batched together are padded to
-# one length, which changes float32 rounding, so it is part of the run's identity.
-RUNTIME_KEYS: frozenset[str] = frozenset({"chunk_size"})
+# Options a run may be resumed with other values of. None: every field of the config can
+# change a number (``MeasureConfig.config_hash`` hashes them all but the figure selection,
+# which decides the content of arrays.npz): batch_size decides which prompts are padded
+# together, chunk_size how many Jacobian rows share one batched product, and both change
+# float32 rounding. A resumed run is bit-identical to an uninterrupted one only with the same
+# values, so other values are refused with the list of differences.
+RUNTIME_KEYS: frozenset[str] = frozenset()
 # Entries of ``meta`` that identify what was measured: resuming with different values is refused.
 IDENTITY_META_KEYS: tuple[str, ...] = ("model", "revision", "weights_hash")
 
@@ -217,9 +220,10 @@ def resume_differences(manifest: Mapping[str, Any], config: dict[str, Any],
         if key in RUNTIME_KEYS or old.get(key) == config.get(key):
             continue
         line = f"{key}: run has {old.get(key, '<unset>')!r}, now {config.get(key, '<unset>')!r}"
-        if key == "batch_size":
-            line += (f" (the batches decide float32 rounding; resume with --batch-size "
-                     f"{old.get(key)})")
+        if key in ("batch_size", "chunk_size"):
+            flag = "--" + key.replace("_", "-")
+            again = f"without {flag}" if old.get(key) is None else f"with {flag} {old.get(key)}"
+            line += f" (it changes float32 rounding; resume {again})"
         diffs.append(line)
     stored_meta = manifest.get("meta") or {}
     new_meta = jsonable(meta)

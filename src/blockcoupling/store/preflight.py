@@ -8,14 +8,13 @@ tokenizes, to at least one token that is not a special token, within the model's
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
 import torch
 
 from blockcoupling.engine.blocks import find_blocks
 from blockcoupling.engine.config import MeasureConfig
-from blockcoupling.engine.measure import normalise_prompts, tokenize
+from blockcoupling.engine.inputs import normalise_inputs, tokenize
 from blockcoupling.errors import BlockCouplingError
 
 
@@ -30,9 +29,9 @@ def preflight(model: torch.nn.Module, tokenizer: Any, prompts: Any, cfg: Measure
         from blockcoupling.loading import resolve_device
 
         resolve_device(cfg.analysis_device)
-    if isinstance(prompts, Mapping):  # ready-made model inputs: nothing to tokenize
+    items = [it for it in normalise_inputs(prompts) if it.is_text]  # ready-made: no tokens
+    if not items:
         return
-    items = normalise_prompts(prompts)
     special = set(getattr(tokenizer, "all_special_ids", []) or [])
     cpu = torch.device("cpu")
     for i in range(0, len(items), cfg.batch_size):

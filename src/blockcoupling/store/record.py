@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
 from typing import Any
 
 import torch
 
 from blockcoupling.engine.config import MeasureConfig, parse_config
-from blockcoupling.engine.measure import build_meta, iter_measure, normalise_prompts
+from blockcoupling.engine.events import EventCallback
+from blockcoupling.engine.inputs import normalise_inputs
+from blockcoupling.engine.measure import build_meta, iter_measure
 from blockcoupling.engine.results import Measurement, conform
+from blockcoupling.errors import BlockCouplingError
 from blockcoupling.store.fingerprint import weights_hash
 from blockcoupling.store.preflight import preflight
 from blockcoupling.store.writer import RunWriter
@@ -19,20 +21,28 @@ from blockcoupling.store.writer import RunWriter
 def measure_to_dir(model: torch.nn.Module, tokenizer: Any, prompts: Any, out_dir: Any, *,
                    meta: dict[str, Any] | None = None, prompts_spec: str = "", resume: bool = False,
                    progress: bool = True, config: MeasureConfig | None = None,
-                   **options: Any) -> Measurement:
-    """Like :func:`measure`, but written prompt by prompt into a resumable run directory."""
+                   on_event: EventCallback | None = None, **options: Any) -> Measurement:
+    """Like :func:`measure`, but written prompt by prompt into a resumable run directory.
+
+    ``prompts`` is anything :func:`blockcoupling.engine.inputs.normalise_inputs` accepts:
+    text prompts, or ready-made inputs such as ``{"pixel_values": images}`` (their ids are
+    derived from their content, so the same inputs resume the same run). The inputs, the
+    options and the model are checked before the directory is created.
+    """
     cfg = parse_config(config, **options)
-    items = normalise_prompts(prompts) if not isinstance(prompts, Mapping) else None
+    items = normalise_inputs(prompts)
+    if items[0].is_text and tokenizer is None:
+        raise BlockCouplingError("text prompts need a tokenizer; pass the model's tokenizer")
     prompts_df = conform("prompts", [dict(prompt_id=it.prompt_id, text=it.text, n_tokens=0,
-                                          label=it.label) for it in items] if items else [])
+                                          label=it.label) for it in items])
     full_meta = build_meta(model, cfg, prompts_spec=prompts_spec, weights_hash=weights_hash(model))
     full_meta.update(meta or {})
-    preflight(model, tokenizer, items if items is not None else prompts, cfg)  # before any file
+    preflight(model, tokenizer, items, cfg)  # before any file
     t0 = time.perf_counter()
     with RunWriter(out_dir, config=cfg, meta=full_meta, prompts=prompts_df, resume=resume) as writer:
         done = writer.done_prompt_ids()
-        for part in iter_measure(model, tokenizer, items if items is not None else prompts, cfg,
-                                 skip=done, progress=progress):
+        for part in iter_measure(model, tokenizer, items, cfg, skip=done, progress=progress,
+                                 on_event=on_event):
             writer.write_part(part)
         return writer.finalize(timings={"seconds": time.perf_counter() - t0})
 

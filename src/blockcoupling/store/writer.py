@@ -111,8 +111,8 @@ class RunWriter:
         if entries and not self._holds_no_results(entries):
             if not resume:
                 raise RunDirError(
-                    f"{self.root} already exists and is not empty; use --resume to continue it "
-                    "or choose a new --out"
+                    f"{self.root} already exists and is not empty{self._what_is_there()}; use "
+                    "--resume to continue it or choose a new --out"
                 )
         elif entries:  # a run that failed before its first result: start it afresh
             for entry in entries:
@@ -149,6 +149,15 @@ class RunWriter:
         manifest.setdefault("resumed", []).append(now())
         self.manifest = manifest
         write_manifest(self.root, manifest)
+
+    def _what_is_there(self) -> str:
+        """`` (it holds a run: 2 of 4 prompts, running)``, or nothing if that cannot be read."""
+        try:
+            manifest = load_manifest(self.root)
+            done = len(scan(self.root, manifest).done)
+        except RunDirError:
+            return ""
+        return f" (it holds a run: {done} of {len(manifest['prompts'])} prompts, {manifest['status']})"
 
     def _holds_no_results(self, entries: list[Path]) -> bool:
         """True for a run directory whose run never stored a result (only its manifest and an

@@ -207,14 +207,23 @@ def _sweep_reader() -> Any:
 def _units_from_sweep(sweep: Any, path: Path) -> list[ModelUnit]:
     """One unit per done unit of a sweep directory, named by the sweep's catalogue."""
     sw = sweep.open_sweep(path)
+    rows = sw.done().to_dict("records")
+    labels = [str(r.get("label") or "") for r in rows]
+    prompt_sets = {str(r.get("prompt_set")) for r in rows}
     units = []
-    for row in sw.done().to_dict("records"):
+    for row, label in zip(rows, labels, strict=True):
         unit = _unit_from_run(Path(sw.run_dir(row["unit_id"])))
-        for name in ("label", "model", "revision"):
+        for name in ("model", "revision"):
             if isinstance(row.get(name), str) and row[name]:
                 setattr(unit, name, row[name])
-        if row.get("step") is not None and not pd.isna(row["step"]):
-            unit.step = int(row["step"])
+        step = row.get("step")
+        unit.step = int(step) if step is not None and not pd.isna(step) else None
+        if label and labels.count(label) > 1:  # checkpoints of one model: name each one
+            label += (f"-step{unit.step}" if unit.step is not None
+                      else f"@{unit.revision}" if unit.revision else f"-{row['unit_id']}")
+            if len(prompt_sets) > 1:
+                label += f"-{Path(str(row['prompt_set'])).stem}"
+        unit.label = label or unit.label
         unit.keys = (*unit.keys, str(row["unit_id"]))
         units.append(unit)
     if not units:

@@ -16,10 +16,11 @@ two CPU cores:
   (the ``score``) and the mean cross-entropy in nats (``val_loss``), on the same fixed,
   evenly spaced windows for every model.
 - **The coupling** of each checkpoint: depth-wise, last token, K = round(d / 10), variant
-  ``coupling``, p = 1, ``ujv``, on held-out windows (:func:`family_prompts`), written as run
-  directories with :func:`blockcoupling.measure_to_dir` (resumable).
-- **The correlation**: :func:`blockcoupling.studies.correlate.correlate` on the run
-  directories with the scores, plus the same with ``-val_loss`` as the score.
+  ``coupling``, p = 1, ``ujv``, on held-out windows (:func:`family_prompts`), measured by a
+  sweep (:func:`blockcoupling.studies.sweep.run_sweep`, local executor, resumable).
+- **The correlation**: :func:`blockcoupling.studies.correlate.correlate` on the sweep with
+  the scores, plus the same with ``-val_loss`` as the score, and with the statistic
+  ``coupling_vs_null`` (raw coupling at different K has different chance levels).
 
 :func:`run_lm_family` does everything and writes ``scores.csv``, ``correlation.json`` and
 ``correlation.html`` under its output folder. Whatever the numbers show is reported as is.
@@ -41,7 +42,6 @@ from blockcoupling.errors import BlockCouplingError
 from blockcoupling.studies.demo import (
     TinyLMConfig,
     corpus_documents,
-    load_checkpoint,
     train_tiny_lm,
     training_log,
 )
@@ -128,33 +128,47 @@ def evaluate_checkpoint(path: str | Path, cfg: TinyLMConfig, *, windows: int = 6
     return {"val_loss": float(loss), "score": 100.0 * float(acc), "n_eval_tokens": int(target.numel())}
 
 
-def _train_score_measure(member: FamilyMember, out: Path, cache_dir: str | Path | None,
-                         progress: bool, rows: list[dict[str, Any]], run_dirs: list[Path]) -> None:
-    """Train one member (or reuse its cache); score and measure each of its checkpoints."""
-    from blockcoupling.store.record import measure_to_dir
-
+def _train_and_score(member: FamilyMember, cache_dir: str | Path | None, progress: bool
+                     ) -> list[tuple[dict[str, Any], Path]]:
+    """Train one member (or reuse its cache) and score each checkpoint: (score row, folder)."""
     cfg = member.config
     checkpoints = train_tiny_lm(cfg, cache_dir, progress=progress)
     log = training_log(cfg, cache_dir)
-    prompts = family_prompts(cfg)
+    out = []
     for step, path in checkpoints:
-        label = f"{member.name}-step{step}"
         scores = evaluate_checkpoint(path, cfg)
-        model, tok = load_checkpoint(path)
-        run = out / f"{member.name}-step-{step:06d}"
-        k = max(1, round(cfg.n_embd / 10))
-        measure_to_dir(model, tok, prompts, run,
-                       meta={"model": f"tiny-gpt2-pydoc-{cfg.cache_key()}", "label": label,
-                             "revision": f"step-{step:06d}", "step": step, "path": str(path)},
-                       prompts_spec="lm_family:held-out", coupling=("depth",), k=(k,),
-                       tokens="last", p=(1,), variants=("coupling",), orientations=("ujv",),
-                       resume=True, progress=False)
-        run_dirs.append(run)
-        rows.append({"model": label, "score": scores["score"], "val_loss": scores["val_loss"],
-                     "params_b": log["n_params"] / 1e9, "layers": cfg.n_layer,
-                     "d_model": cfg.n_embd,
+        out.append(({"model": f"{member.name}-step{step}", "score": scores["score"],
+                     "val_loss": scores["val_loss"], "params_b": log["n_params"] / 1e9,
+                     "layers": cfg.n_layer, "d_model": cfg.n_embd,
                      "train_tokens_t": step * cfg.batch_size * cfg.block_size / 1e12,
-                     "group": f"{cfg.n_layer} layers", "step": step})
+                     "group": f"{cfg.n_layer} layers", "step": step}, Path(path)))
+    return out
+
+
+def _measure_by_sweep(members: list[FamilyMember], checkpoints: dict[str, list[Path]], out: Path,
+                      progress: bool) -> Path:
+    """Measure every checkpoint with a sweep (local executor, resumable) into ``out/sweep``;
+    K = round(d / 10) of every width is measured for all (nested top-K: one SVD serves all)."""
+    from blockcoupling.studies.sweep import is_sweep_dir, open_sweep, run_sweep
+
+    prompts = out / "prompts.txt"
+    prompts.write_text("\n".join(family_prompts(members[0].config)) + "\n", encoding="utf-8")
+    ks = sorted({max(1, round(m.config.n_embd / 10)) for m in members})
+    spec = {"name": "lm_family",
+            "models": [{"label": m.name, "checkpoints": [str(p) for p in checkpoints[m.name]]}
+                       for m in members],
+            "prompts": [str(prompts)],
+            "measure": {"coupling": ["depth"], "k": ks, "tokens": "last", "p": [1],
+                        "variants": ["coupling", "coupling_vs_null"], "orientations": ["ujv"]}}
+    root = out / "sweep"
+    run_sweep(spec, root, executor="local", resume=is_sweep_dir(root), progress=progress)
+    units = open_sweep(root).units
+    failed = units[units["status"] != "done"]
+    if len(failed):
+        row = failed.iloc[0]
+        raise BlockCouplingError(f"{len(failed)} checkpoint(s) of the family could not be "
+                                 f"measured, e.g. {row['unit_id']}: {row.get('message')}")
+    return root
 
 
 @contextmanager
@@ -178,17 +192,20 @@ class LMFamilyResult:
 
     accuracy: Any  # CorrelationResult: score = held-out top-1 accuracy (%)
     loss: Any  # CorrelationResult: score = -held-out loss
+    accuracy_vs_null: Any  # CorrelationResult: statistic coupling_vs_null, score = accuracy
     scores: pd.DataFrame  # one row per model (the scores.csv)
-    run_dirs: list[Path]
+    sweep_dir: Path  # the sweep directory of the measurements (bc.open_sweep reads it)
     json_path: Path
     html_path: Path
 
     def summary(self) -> str:
         acc = self.accuracy.overall["predictors"]["coupling"]
         loss = self.loss.overall["predictors"]["coupling"]
+        null = self.accuracy_vs_null.overall["predictors"]["coupling"]
         return (f"tiny-LM family: {len(self.scores)} models. Coupling vs held-out accuracy: "
                 f"R^2={acc['r2']:.2f} (p={acc['p']:.2g}, rho={acc['spearman_rho']:+.2f}); "
-                f"vs -loss: R^2={loss['r2']:.2f} (p={loss['p']:.2g}). Report: {self.html_path}")
+                f"vs -loss: R^2={loss['r2']:.2f} (p={loss['p']:.2g}); coupling_vs_null vs "
+                f"accuracy: R^2={null['r2']:.2f} (p={null['p']:.2g}). Report: {self.html_path}")
 
 
 def run_lm_family(out_dir: str | Path, *, quick: bool = False,
@@ -196,12 +213,14 @@ def run_lm_family(out_dir: str | Path, *, quick: bool = False,
                   progress: bool = True, n_boot: int = 1000, seed: int = 0) -> LMFamilyResult:
     """Train (or reuse), score, measure and correlate the family; write the outputs.
 
-    Under ``out_dir``: one run directory per model (``<member>-step-NNNNNN``), ``scores.csv``
+    Under ``out_dir``: ``sweep/`` (the measurements: a sweep directory with one unit per
+    checkpoint, ``prompts.txt`` its prompts), ``scores.csv``
     (model, score, val_loss, params_b, layers, d_model, train_tokens_t, group, step),
-    ``correlation.json`` (``{"accuracy": ..., "neg_loss": ...}``, each the JSON of
-    :meth:`CorrelationResult.to_dict`) and ``correlation.html`` (the accuracy study).
+    ``correlation.json`` (``{"accuracy": ..., "neg_loss": ..., "accuracy_vs_null": ...}``:
+    coupling against accuracy and against -loss, coupling_vs_null against accuracy; each the
+    JSON of :meth:`CorrelationResult.to_dict`) and ``correlation.html`` (the accuracy study).
     Trained checkpoints are cached as the demo's are (``cache_dir``); run directories are
-    resumed, so a second call only re-does the statistics.
+    resumed, so a second call only re-does the scores and the statistics.
     """
     from blockcoupling.report.correlation import write_correlation_html
     from blockcoupling.studies.correlate import correlate
@@ -212,18 +231,25 @@ def run_lm_family(out_dir: str | Path, *, quick: bool = False,
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     rows: list[dict[str, Any]] = []
-    run_dirs: list[Path] = []
+    checkpoints: dict[str, list[Path]] = {}
     with _quiet_loading(not progress):
         for member in members:
-            _train_score_measure(member, out, cache_dir, progress, rows, run_dirs)
+            scored = _train_and_score(member, cache_dir, progress)
+            rows += [row for row, _ in scored]
+            checkpoints[member.name] = [path for _, path in scored]
+        sweep_dir = _measure_by_sweep(members, checkpoints, out, progress)
     table = pd.DataFrame(rows)
     table.to_csv(out / "scores.csv", index=False)
-    acc = correlate(run_dirs, table.drop(columns=["val_loss", "step"]), n_boot=n_boot, seed=seed)
+    acc = correlate([sweep_dir], table.drop(columns=["val_loss", "step"]), n_boot=n_boot,
+                    seed=seed)
     neg = table.drop(columns=["score", "step"]).rename(columns={"val_loss": "score"})
     neg["score"] = -neg["score"]
-    loss = correlate(run_dirs, neg, n_boot=n_boot, seed=seed)
+    loss = correlate([sweep_dir], neg, n_boot=n_boot, seed=seed)
+    vs_null = correlate([sweep_dir], table.drop(columns=["val_loss", "step"]),
+                        variant="coupling_vs_null", n_boot=n_boot, seed=seed)
     json_path = out / "correlation.json"
-    json_path.write_text(json.dumps({"accuracy": acc.to_dict(), "neg_loss": loss.to_dict()},
+    json_path.write_text(json.dumps({"accuracy": acc.to_dict(), "neg_loss": loss.to_dict(),
+                                     "accuracy_vs_null": vs_null.to_dict()},
                                     indent=1, allow_nan=False) + "\n")
     intro = (f"A family of {len(table)} tiny character-level GPT-2 LMs trained on the pydoc help "
              "texts (widths, depths, batch sizes and training steps vary); score = held-out "
@@ -232,7 +258,7 @@ def run_lm_family(out_dir: str | Path, *, quick: bool = False,
     html_path = write_correlation_html(acc, out / "correlation.html",
                                        title="Coupling vs held-out accuracy: tiny-LM family",
                                        intro=intro)
-    return LMFamilyResult(accuracy=acc, loss=loss, scores=table, run_dirs=run_dirs,
+    return LMFamilyResult(accuracy=acc, loss=loss, accuracy_vs_null=vs_null, scores=table, sweep_dir=sweep_dir,
                           json_path=json_path, html_path=html_path)
 
 

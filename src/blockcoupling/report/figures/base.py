@@ -11,7 +11,7 @@ import io
 import math
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from matplotlib import colormaps
 from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -28,6 +28,8 @@ from blockcoupling.report.summaries import (
     resolve_k,
     run_labels,
 )
+
+T = TypeVar("T")
 
 #: raised by plot and caption functions where the data a figure needs was not measured
 FigureUnavailable = NoData
@@ -79,7 +81,7 @@ def selection_text(ms: Sequence[Measurement], k: int | None, variant: str, p: fl
             f"{'; '.join(sorted(toks))}.")
 
 
-def present(items: Sequence[Any], labels: Sequence[str]) -> tuple[list[Any], list[str]]:
+def present(items: Sequence[T | None], labels: Sequence[str]) -> tuple[list[T], list[str]]:
     """The items that are not None and their labels (runs without the data get no panel)."""
     keep = [(x, lab) for x, lab in zip(items, labels, strict=True) if x is not None]
     return [x for x, _ in keep], [lab for _, lab in keep]

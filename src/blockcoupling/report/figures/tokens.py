@@ -45,10 +45,10 @@ def plot_token_heatmap(runs: Runs, kind: str = "self", *, prompt_id: str | None 
     J^l'_{s' t} for a fixed output token t (rows s, columns s'). Missing cells (e.g. a causal
     model's t < s) are blank."""
     ms = as_runs(runs)
-    picks = token_heatmap_data(ms, kind, prompt_id=prompt_id, layers=layers,
+    found = token_heatmap_data(ms, kind, prompt_id=prompt_id, layers=layers,
                                fixed_token=fixed_token, k=k, variant=variant, p=p,
                                orientation=orientation)
-    picks, labs = present(picks, run_labels(ms, labels))
+    picks, labs = present(found, run_labels(ms, labels))
     values = np.concatenate([pk.matrix.to_numpy(dtype=float).ravel() for pk in picks])
     norm = Normalize(float(np.nanmin(values)), float(np.nanmax(values)))
     row_name, col_name = {"self": ("measured token t", "basis token t'"),

@@ -48,11 +48,11 @@ def plot_pca_trajectories(runs: Runs, *, prompt_id: str | None = None,
     token in increasing order, so ``ax.lines[i]`` is token i's trajectory."""
     ms = as_runs(runs)
     labs = run_labels(ms, labels)
-    data = [pca_data(m, prompt_id) for m in ms]
-    if all(x is None for x in data):
+    found = [pca_data(m, prompt_id) for m in ms]
+    if all(x is None for x in found):
         raise FigureUnavailable("no PCA coordinates in the trajectory table; measure with "
                                 "trajectory=True")
-    data, labs = present(data, labs)
+    data, labs = present(found, labs)
     fig, axes = panels(len(data), 3.8, 4.0, extra_width=0.4)
     for ax, item, lab in zip(axes, data, labs, strict=True):
         ax.set_title(f"{lab}\nprompt {item[0]}", fontsize="medium")
@@ -60,6 +60,8 @@ def plot_pca_trajectories(runs: Runs, *, prompt_id: str | None = None,
         tokens = sorted(int(t) for t in rows["token"].unique())
         last = tokens[-1]
         cmap = colormap("viridis")
+        color: Any
+        name: str | None
         for t in tokens:
             r = rows[rows["token"] == t]
             x, y = r["pca_x"].to_numpy(dtype=float), r["pca_y"].to_numpy(dtype=float)

@@ -61,7 +61,10 @@ def run_unit(unit: Unit | Mapping[str, Any], root: str | os.PathLike[str]) -> di
             m = open_run(out)
         else:
             cfg = MeasureConfig.from_dict(dict(u.config))
-            prompts = load_prompts(u.prompt_set, limit=u.limit, seed=cfg.seed)
+            if u.prompt_texts:  # an inline set: ids p00000, p00001, ... (limit: the first N)
+                prompts = list(u.prompt_texts)[: u.limit] if u.limit else list(u.prompt_texts)
+            else:
+                prompts = load_prompts(u.prompt_set, limit=u.limit, seed=cfg.seed)
             model, tok = load_model(u.model, revision=u.revision, dtype=u.dtype, device=u.device,
                                     trust_remote_code=u.trust_remote_code)
             meta = {"model": u.model, "revision": u.revision, "label": u.label, "step": u.step,
@@ -134,11 +137,12 @@ def start_ray(address: str | None = None, *, num_cpus: int | None = None,
                 ray.init(address=address, **kwargs)
             else:
                 ray.init(num_cpus=num_cpus, object_store_memory=object_store_memory, **kwargs)
-        except (ConnectionError, RuntimeError, ValueError) as err:
+        except Exception as err:  # ray raises bare Exception, e.g. a node start-up timeout
             where = f"the Ray cluster at {address}" if address else "a local Ray cluster"
             raise SweepError(f"could not start or reach {where}: "
                              f"{str(err).splitlines()[0] if str(err) else type(err).__name__}; "
-                             "check --address (e.g. ray://head:10001) or try --executor local"
+                             "check --address (e.g. ray://head:10001), try again on a less busy "
+                             "machine, or use --executor local"
                              ) from err
     return str(ray.get_runtime_context().gcs_address)
 

@@ -36,7 +36,7 @@ MODEL_KEYS = ("label", "model", "revisions", "steps", "checkpoints", "dtype", "d
               "resources", "trust_remote_code")
 RESOURCE_KEYS = ("num_cpus", "num_gpus")
 # MeasureConfig fields a spec may not set: the sweep chooses them itself.
-_MEASURE_FORBIDDEN = ("extra",)
+_MEASURE_FORBIDDEN: tuple[str, ...] = ("extra",)
 
 
 class SpecError(BlockCouplingError):
@@ -70,7 +70,7 @@ class SweepSpec:
     """A validated sweep: models x (revisions | checkpoints) x prompt sets, one config."""
 
     models: tuple[ModelSpec, ...]
-    prompts: tuple[str, ...]
+    prompts: tuple[str, ...]             # prompt specs; inline sets are "inline:<name>"
     config: MeasureConfig
     measure: dict[str, Any]              # the user's measure: mapping, as given (normalised)
     limit: int | None = None
@@ -78,6 +78,7 @@ class SweepSpec:
     retries: int = 3
     name: str = ""
     base_dir: str = "."                  # where relative paths are resolved
+    inline_prompts: dict[str, tuple[str, ...]] = field(default_factory=dict)  # name -> texts
 
     def to_dict(self) -> dict[str, Any]:
         """Plain data (JSON-safe) that :func:`parse_spec` reads back to an equal spec."""
@@ -88,6 +89,7 @@ class SweepSpec:
             if isinstance(m["checkpoints"], tuple):
                 m["checkpoints"] = list(m["checkpoints"])
         out["prompts"] = list(self.prompts)
+        out["inline_prompts"] = {k: list(v) for k, v in self.inline_prompts.items()}
         return out
 
 
@@ -156,7 +158,7 @@ def parse_measure(data: Any) -> tuple[MeasureConfig, dict[str, Any]]:
     _check_keys(data, known, "measure")
     plain = {str(k): (list(v) if isinstance(v, (list, tuple)) else v) for k, v in data.items()}
     try:
-        cfg = MeasureConfig(**plain)
+        cfg = MeasureConfig.parse(**plain)
     except BlockCouplingError as err:
         raise SpecError(f"measure: {err}") from err
     except (TypeError, ValueError) as err:
@@ -234,11 +236,32 @@ def parse_spec(data: Any, *, base_dir: str | os.PathLike[str] | None = None) -> 
         raise SpecError(f"model label {dup[0]!r} is used twice; give each entry its own label")
     if "prompts" not in data:
         raise SpecError("prompts: give one or more prompt sets, e.g. [builtin:capital]")
-    prompts = _str_list(data["prompts"], "prompts", "")
-    if not prompts:
-        raise SpecError("prompts: the list is empty; give at least one prompt set")
-    prompts = tuple(p if p.startswith(("builtin:", "hf:")) else _resolve(p, base)
-                    for p in prompts)
+    raw = data["prompts"]
+    raw = [raw] if isinstance(raw, (str, Mapping)) else raw
+    if not isinstance(raw, Sequence) or not raw:
+        raise SpecError("prompts: give a list of prompt sets (builtin:NAME, a file, hf:DATASET, "
+                        "or {name: N, texts: [...]})")
+    prompts_l: list[str] = []
+    inline: dict[str, tuple[str, ...]] = {}
+    for i, p in enumerate(raw):
+        if isinstance(p, Mapping):  # an inline set: {name: demo, texts: ["...", "..."]}
+            _check_keys(p, ("name", "texts"), f"prompts[{i}]")
+            name, texts = p.get("name"), p.get("texts")
+            if not isinstance(name, str) or not name.strip():
+                raise SpecError(f"prompts[{i}].name must be a non-empty string")
+            if (not isinstance(texts, Sequence) or isinstance(texts, str) or not texts
+                    or not all(isinstance(t, str) and t.strip() for t in texts)):
+                raise SpecError(f"prompts[{i}].texts must be a non-empty list of texts")
+            inline[name.strip()] = tuple(texts)
+            prompts_l.append(f"inline:{name.strip()}")
+        elif isinstance(p, str):
+            prompts_l.append(p if p.startswith(("builtin:", "hf:")) else _resolve(p, base))
+        else:
+            raise SpecError(f"prompts[{i}] must be a prompt spec string or {{name, texts}}, "
+                            f"not {p!r}")
+    prompts = tuple(prompts_l)
+    if len(set(prompts)) != len(prompts):
+        raise SpecError("prompts: a prompt set is listed twice; list each once")
     limit = data.get("limit")
     limit = None if limit is None else _int(limit, "limit", 1)
     seed = _int(data.get("seed", 0), "seed", 0)
@@ -253,7 +276,8 @@ def parse_spec(data: Any, *, base_dir: str | os.PathLike[str] | None = None) -> 
     measure.setdefault("seed", seed)
     cfg, plain = parse_measure(measure)
     return SweepSpec(models=models, prompts=prompts, config=cfg, measure=plain, limit=limit,
-                     seed=seed, retries=retries, name=name, base_dir=str(base))
+                     seed=seed, retries=retries, name=name, base_dir=str(base),
+                     inline_prompts=inline)
 
 
 def load_spec(source: str | os.PathLike[str] | Mapping[str, Any] | SweepSpec) -> SweepSpec:

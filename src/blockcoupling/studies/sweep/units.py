@@ -38,15 +38,7 @@ def parse_step(name: str | None) -> int | None:
 
 def config_hash(cfg: MeasureConfig) -> str:
     """``cfg.config_hash()``: the stable hash of the fields that change numbers."""
-    if hasattr(cfg, "config_hash"):
-        return str(cfg.config_hash())
-    # TEMPORARY FALLBACK until MeasureConfig.config_hash() (foundation) is merged: every field
-    # except the runtime-only ones, as sorted JSON.
-    from blockcoupling.store.rundir import RUNTIME_KEYS
-
-    data = {k: v for k, v in cfg.to_dict().items() if k not in RUNTIME_KEYS}
-    text = json.dumps(data, sort_keys=True, default=str)
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
+    return cfg.config_hash()
 
 
 def _slug(text: str, width: int = 40) -> str:
@@ -72,6 +64,7 @@ class Unit:
     num_cpus: float = 1.0
     num_gpus: float = 0.0
     trust_remote_code: bool = False
+    prompt_texts: tuple[str, ...] = ()   # an inline prompt set's texts (prompt_set inline:NAME)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -79,17 +72,21 @@ class Unit:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Unit:
         names = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in names})
+        out = {k: v for k, v in data.items() if k in names}
+        out["prompt_texts"] = tuple(out.get("prompt_texts") or ())
+        return cls(**out)
 
 
 def unit_id(*, model: str, revision: str | None, prompt_set: str, limit: int | None,
-            cfg_hash: str, label: str, step: int | None) -> str:
+            cfg_hash: str, label: str, step: int | None,
+            prompt_texts: tuple[str, ...] = ()) -> str:
     """``<label>-<step or revision>-<prompt set>-<hash12>``; the hash covers the identity
     (model source, revision, prompt set, limit, config hash), the rest is for humans."""
-    ident = json.dumps([model, revision, prompt_set, limit, cfg_hash])
+    ident = json.dumps([model, revision, prompt_set, limit, cfg_hash]
+                       + ([list(prompt_texts)] if prompt_texts else []))
     digest = hashlib.sha256(ident.encode()).hexdigest()[:12]
     where = f"step{step}" if step is not None else (revision or "main")
-    prompt = prompt_set.removeprefix("builtin:").removeprefix("hf:")
+    prompt = prompt_set.removeprefix("builtin:").removeprefix("hf:").removeprefix("inline:")
     return f"{_slug(label, 24)}-{_slug(where, 24)}-{_slug(Path(prompt).stem or prompt, 20)}-{digest}"
 
 
@@ -131,13 +128,16 @@ def expand(spec: SweepSpec) -> list[Unit]:
         res: Resources = m.resources
         for src, rev, step in _targets(m):
             for ps in spec.prompts:
+                texts = spec.inline_prompts.get(ps.removeprefix("inline:"), ()) \
+                    if ps.startswith("inline:") else ()
                 uid = unit_id(model=src, revision=rev, prompt_set=ps, limit=spec.limit,
-                              cfg_hash=h, label=m.label, step=step)
+                              cfg_hash=h, label=m.label, step=step, prompt_texts=texts)
                 units.append(Unit(
                     unit_id=uid, label=m.label, model=src, revision=rev, step=step,
                     prompt_set=ps, limit=spec.limit, config=cfg_dict, config_hash=h,
                     dtype=m.dtype, device=m.device, num_cpus=res.num_cpus,
-                    num_gpus=res.num_gpus, trust_remote_code=m.trust_remote_code))
+                    num_gpus=res.num_gpus, trust_remote_code=m.trust_remote_code,
+                    prompt_texts=texts))
     ids = [u.unit_id for u in units]
     if len(set(ids)) != len(ids):
         dup = next(i for i in ids if ids.count(i) > 1)

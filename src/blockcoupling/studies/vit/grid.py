@@ -65,6 +65,64 @@ def grid_configs(base: VitTrainConfig, drop_paths: Sequence[float] = PAPER_DROP_
     return out
 
 
+def load_grid_spec(source: str | Path | dict[str, Any]
+                   ) -> tuple[VitTrainConfig, dict[str, Any]]:
+    """A grid from YAML (or a dict): ``drop_path`` and ``weight_decay`` lists (default: the
+    paper's), ``seeds`` (default [0]), ``train`` (:class:`VitTrainConfig` fields, shared by
+    every run), and optionally ``executor``, ``address``, ``cpus_per_run``, ``threads``.
+    Returns the base config and the keyword arguments of :func:`run_grid`::
+
+        drop_path: [0, 0.1, 0.3]
+        weight_decay: [0.01, 0.1]
+        seeds: [0, 1]
+        train: {dataset: digits, epochs: 5, preset: tiny}
+        executor: ray
+    """
+    if isinstance(source, dict):
+        data = source
+    else:
+        import yaml
+
+        path = Path(source)
+        if not path.is_file():
+            raise BlockCouplingError(f"grid spec {path} does not exist")
+        try:
+            data = yaml.safe_load(path.read_text()) or {}
+        except yaml.YAMLError as err:
+            raise BlockCouplingError(f"grid spec {path} is not valid YAML: {err}") from err
+    if not isinstance(data, dict):
+        raise BlockCouplingError("a grid spec is a mapping with drop_path, weight_decay, train")
+    allowed = {"drop_path", "weight_decay", "seeds", "train", "executor", "address",
+               "cpus_per_run", "threads"}
+    unknown = sorted(set(data) - allowed)
+    if unknown:
+        raise BlockCouplingError(f"unknown grid spec key(s) {unknown}; known: {sorted(allowed)}")
+    train = dict(data.get("train") or {})
+    for key in ("drop_path", "weight_decay", "seed"):
+        if key in train:
+            raise BlockCouplingError(f"train.{key} is set by the grid; give it at the top level")
+    base = VitTrainConfig.from_dict(train)
+
+    def numbers(key: str, default: Sequence[float]) -> list[float]:
+        value = data.get(key, list(default))
+        value = value if isinstance(value, list) else [value]
+        try:
+            return [float(v) for v in value]
+        except (TypeError, ValueError) as err:
+            raise BlockCouplingError(f"{key}: give a list of numbers") from err
+
+    kwargs: dict[str, Any] = {
+        "drop_paths": numbers("drop_path", PAPER_DROP_PATH),
+        "weight_decays": numbers("weight_decay", PAPER_WEIGHT_DECAY),
+        "seeds": [int(v) for v in numbers("seeds", (0,))],
+    }
+    for key, name in (("executor", "executor"), ("address", "address"),
+                      ("cpus_per_run", "num_cpus"), ("threads", "threads")):
+        if key in data:
+            kwargs[name] = data[key]
+    return base, kwargs
+
+
 def train_unit(config: dict[str, Any], out_dir: str, threads: int | None = 1) -> dict[str, Any]:
     """Train one grid point; never raises for a user error (returns a ``failed`` record)."""
     t0 = time.perf_counter()
@@ -261,4 +319,5 @@ def collect_epochs(root: str | Path) -> pd.DataFrame:
 
 
 __all__ = ["EXECUTORS", "PAPER_DROP_PATH", "PAPER_WEIGHT_DECAY", "collect_epochs",
-           "collect_runs", "grid_configs", "run_grid", "run_name", "train_unit"]
+           "collect_runs", "grid_configs", "load_grid_spec", "run_grid", "run_name",
+           "train_unit"]

@@ -198,12 +198,33 @@ def evaluate(model: torch.nn.Module, x: Tensor, y: Tensor, batch_size: int = 256
 
 
 # ---------------------------------------------------------------------------- coupling
-def measure_images(model: torch.nn.Module, pixel_values: Tensor, run_dir: Path, k: int,
-                   *, progress: bool = False) -> float:
-    """Depth-wise coupling at the [CLS] token of ``pixel_values`` into the run directory
-    ``run_dir``; returns the mean over images of the off-diagonal mean (K = ``k``, p = 1, ujv)."""
-    from blockcoupling.store.reader import is_run_dir, open_run, run_progress
+def record_images(model: torch.nn.Module, pixel_values: Tensor, run_dir: Path, k: int, *,
+                  labels: list[str] | None = None, progress: bool = False,
+                  resume: bool = False) -> Any:
+    """Depth-wise coupling at [CLS] of each image into the run directory ``run_dir``
+    (``measure_to_dir``; the images' ids derive from their content, their ``label`` is their
+    class). Returns the :class:`~blockcoupling.Measurement`."""
+    from dataclasses import replace as _replace
+
+    from blockcoupling.engine.config import MeasureConfig
+    from blockcoupling.engine.inputs import split_tensor_inputs
     from blockcoupling.store.record import measure_to_dir
+
+    cfg = MeasureConfig(coupling=("depth",), k=(k,), tokens="cls")
+    items = split_tensor_inputs({"pixel_values": pixel_values})
+    if labels is not None:
+        items = [_replace(it, label=lab) for it, lab in zip(items, labels, strict=True)]
+    return measure_to_dir(model, None, items, run_dir, config=cfg, resume=resume,
+                          prompts_spec="vit-test-images", meta={"model": "vit-train"},
+                          progress=progress)
+
+
+def measure_images(model: torch.nn.Module, pixel_values: Tensor, run_dir: Path, k: int,
+                   *, labels: list[str] | None = None, progress: bool = False) -> float:
+    """:func:`record_images` (resumed, or the finished run already in ``run_dir``) in eval
+    mode with the training RNG untouched; returns the mean over images of the off-diagonal
+    mean depth-wise coupling at [CLS] (K = ``k``, p = 1, ujv)."""
+    from blockcoupling.store.reader import is_run_dir, open_run, run_progress
 
     was_training = model.training
     model.eval()
@@ -211,12 +232,9 @@ def measure_images(model: torch.nn.Module, pixel_values: Tensor, run_dir: Path, 
         if is_run_dir(run_dir) and run_progress(run_dir).finished:
             m = open_run(run_dir)
         else:
-            if run_dir.exists():  # an interrupted measurement: start it again
-                shutil.rmtree(run_dir)
             with torch.random.fork_rng(devices=[]):
-                m = measure_to_dir(model, None, {"pixel_values": pixel_values}, run_dir,
-                                   coupling=("depth",), k=(k,), tokens=(CLS_TOKEN,),
-                                   progress=progress, meta={"model": "vit-train"})
+                m = record_images(model, pixel_values, run_dir, k, labels=labels,
+                                  progress=progress, resume=is_run_dir(run_dir))
     finally:
         model.train(was_training)
     return float(m.mean_depth_coupling(k)["mean_offdiag"].mean())
@@ -326,6 +344,7 @@ def _train(config: VitTrainConfig, out: Path, *, progress: bool, on_epoch: Epoch
             start_epoch = int(ckpt["epoch"]) + 1
 
     mon_x = data.test_x[: config.monitor_images]
+    mon_labels = [data.classes[int(y)] for y in data.test_y[: config.monitor_images]]
     eval_tr = slice(0, config.eval_train_limit)
 
     def record(epoch: int, row: dict[str, Any]) -> None:
@@ -342,7 +361,8 @@ def _train(config: VitTrainConfig, out: Path, *, progress: bool, on_epoch: Epoch
     def coupling_row(epoch: int) -> dict[str, Any]:
         t0 = time.perf_counter()
         c0 = time.process_time()
-        c = measure_images(model, mon_x, out / "coupling" / f"epoch-{epoch:04d}", config.k)
+        c = measure_images(model, mon_x, out / "coupling" / f"epoch-{epoch:04d}", config.k,
+                           labels=mon_labels)
         return {"coupling": c, "seconds_measure": time.perf_counter() - t0,
                 "cpu_seconds_measure": time.process_time() - c0}
 
@@ -412,7 +432,8 @@ def _train(config: VitTrainConfig, out: Path, *, progress: bool, on_epoch: Epoch
     _save_model(model, out / "model")
     t0 = time.perf_counter()
     final = measure_images(model, data.test_x[: config.final_images], out / "coupling" / "final",
-                           config.k)
+                           config.k, labels=[data.classes[int(y)]
+                                             for y in data.test_y[: config.final_images]])
     final_seconds = time.perf_counter() - t0
     metrics = _metrics_doc(config, data, shape, history, "complete", data_seconds)
     metrics["final"] = {**{k: history[-1][k] for k in ("train_loss", "train_accuracy",
@@ -469,4 +490,4 @@ def _save_model(model: Any, folder: Path) -> None:
 
 
 __all__ = ["VitTrainConfig", "evaluate", "is_trained", "lr_at", "measure_images", "param_groups",
-           "read_metrics", "train_vit"]
+           "read_metrics", "record_images", "train_vit"]

@@ -1,0 +1,169 @@
+"""Table building: the engine's numbers -> the long tables of :mod:`results` (DEFINITIONS.md).
+
+Pure functions of what the orchestration (``measure.py``) computed: the coupling rows from the
+coupling matrices and the measured Jacobians' singular values (every variant, p and K through
+:func:`metrics.all_coupling_values`), the K x K matrices kept for the figures, and the
+trajectory / token-metric tables of a captured batch. No model access, no Jacobians.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import torch
+from torch import Tensor
+
+from blockcoupling.engine import metrics, pairs, trajectory
+from blockcoupling.engine.capture import Capture
+from blockcoupling.engine.config import MeasureConfig
+from blockcoupling.engine.inputs import MeasureInput
+from blockcoupling.engine.results import Measurement, conform
+
+Key = pairs.Key
+#: (kind, measured Jacobian key, basis Jacobian key, orientation) -> A (K_max, K_max)
+CouplingStore = Mapping[tuple[str, Key, Key, str], Tensor]
+
+
+# ---------------------------------------------------------------------------- coupling
+def coupling_rows(prompt_id: str, A_store: CouplingStore, measured: Mapping[Key, Any],
+                  cfg: MeasureConfig, d: int) -> pd.DataFrame:
+    """The ``coupling`` rows of one prompt: every (pair, orientation) x (variant, p, k).
+
+    ``measured[key].top`` holds the measured Jacobian's singular values ``S`` (K_max,) and
+    ``fro2`` = ||J||_F^2 (for ``coupling_vs_null``)."""
+    if not A_store:
+        return conform("coupling", [])
+    keys = list(A_store)
+    A = torch.stack([A_store[k] for k in keys])  # (P, Kmax, Kmax)
+    s1 = torch.stack([measured[k[1]].top.S for k in keys])  # (P, Kmax)
+    fro2 = torch.stack([torch.as_tensor(measured[k[1]].top.fro2, dtype=A.dtype,
+                                        device=A.device) for k in keys])  # (P,)
+    base = pd.DataFrame({
+        "prompt_id": prompt_id,
+        "kind": [k[0] for k in keys],
+        "layer_a": [k[1][0] for k in keys], "layer_b": [k[2][0] for k in keys],
+        "token_in_a": [k[1][1] for k in keys], "token_out_a": [k[1][2] for k in keys],
+        "token_in_b": [k[2][1] for k in keys], "token_out_b": [k[2][2] for k in keys],
+        "orientation": [k[3] for k in keys],
+    })
+    values = metrics.all_coupling_values(A, s1, cfg.k, variants=cfg.variants, ps=cfg.p,
+                                         fro2=fro2, d=d)
+    parts = []
+    for (variant, p, k), vals in values.items():
+        df = base.copy()
+        df["k"] = k
+        df["variant"] = variant
+        df["p"] = np.nan if p is None else float(p)
+        df["value"] = vals.detach().double().cpu().numpy()
+        parts.append(df)
+    return conform("coupling", pd.concat(parts, ignore_index=True))
+
+
+def figure_arrays(prompt_id: str, A_store: CouplingStore, cfg: MeasureConfig,
+                  layers: Sequence[int], tokens: Sequence[int], *, keep: bool
+                  ) -> dict[str, np.ndarray]:
+    """``A/{prompt_id}/{orientation}``: the depth-wise K x K matrices (W, W, K, K) over the
+    figure window at the last selected token, for the prompts kept for figures."""
+    if "depth" not in cfg.coupling or not keep:
+        return {}
+    lo, hi = cfg.figure_window or pairs.default_figure_window(layers)
+    window = [la for la in layers if lo <= la <= hi]
+    t = tokens[-1]
+    out = {}
+    for orient in cfg.orientations:
+        grid = torch.stack([
+            torch.stack([A_store[("depth", (la, t, t), (lb, t, t), orient)] for lb in window])
+            for la in window
+        ])  # (W, W, Kmax, Kmax)
+        out[f"A/{prompt_id}/{orient}"] = grid.detach().float().cpu().numpy()
+    return out
+
+
+# ---------------------------------------------------------------------------- trajectories
+def trajectory_tables(cap: Capture, prompt_ids: Sequence[str], window: int,
+                      hidden_dtype: torch.dtype | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The ``trajectory`` and ``token_metrics`` tables of a captured batch (prompts in order,
+    each prompt's rows contiguous). ``hidden_dtype``: the precision the model's hidden states
+    carry (the model's dtype); the expodistance's "rounding only" guard uses the coarser of
+    it and the boundaries' dtype (a float32 model analysed in float64 still only resolves
+    float32 rounding).
+
+    Every metric but the PCA is per token, so they are computed once for all the batch's real
+    tokens side by side, (L+1, N, d) with N = sum of the prompts' lengths (padding never
+    enters); the PCA is fitted per prompt on its last layer."""
+    lengths = cap.lengths
+    # in the boundaries' precision: float32, or float64 when the analysis asks for it
+    X = torch.cat([cap.boundaries[:, b, :n] for b, n in enumerate(lengths)], dim=1)
+    Lp1, N = X.shape[0], X.shape[1]  # X: (L+1, N, d)
+    norms = trajectory.norms(X).numpy()  # (L+1, N)
+    steps = torch.cat([torch.full((1, N), float("nan"), dtype=X.dtype),
+                       trajectory.step_norms(X)]).numpy()  # (L+1, N), NaN at layer 0
+    lss_t, wl_t = trajectory.line_shape_scores(X, width=window)
+    lss, wl = lss_t.numpy(), wl_t.numpy()  # (N,), (L+1, N)
+    # norms that only change by rounding have no growth rate: NaN, not a ratio of noise
+    eps = torch.finfo(X.dtype).eps
+    if hidden_dtype is not None and hidden_dtype.is_floating_point:
+        eps = max(eps, torch.finfo(hidden_dtype).eps)
+    ed = trajectory.expodistance(X, resolution=8 * eps).numpy()
+    cv = trajectory.equidistance_cv(X).numpy()
+    # one DataFrame per table for the whole batch (pandas construction and typing are the
+    # expensive part), then a row slice per prompt
+    cols: dict[str, list[np.ndarray]] = {c: [] for c in (
+        "token", "layer", "norm", "step_norm", "pca_x", "pca_y", "lss_window")}
+    start = 0
+    for n in lengths:
+        sl = slice(start, start + n)
+        pca = trajectory.pca_projection(X[:, sl]).numpy()  # (L+1, n, 2)
+        layer_idx, tok_idx = np.meshgrid(np.arange(Lp1), np.arange(n), indexing="ij")
+        for name, arr in (("token", tok_idx), ("layer", layer_idx), ("norm", norms[:, sl]),
+                          ("step_norm", steps[:, sl]), ("pca_x", pca[..., 0]),
+                          ("pca_y", pca[..., 1]), ("lss_window", wl[:, sl])):
+            cols[name].append(arr.ravel())
+        start += n
+    ids = np.asarray(prompt_ids, dtype=object)
+    traj = conform("trajectory", pd.DataFrame({
+        "prompt_id": np.repeat(ids, [Lp1 * n for n in lengths]),
+        **{c: np.concatenate(v) for c, v in cols.items()},
+    }))
+    tokm = conform("token_metrics", pd.DataFrame({
+        "prompt_id": np.repeat(ids, lengths),
+        "token": np.concatenate([np.arange(n) for n in lengths]),
+        "lss": lss, "expodistance": ed, "equidistance_cv": cv, "linearisation_cosine": np.nan,
+    }))
+    return traj, tokm
+
+
+def split_by_prompt(tables: tuple[pd.DataFrame, pd.DataFrame], prompt_ids: Sequence[str],
+                     lengths: Sequence[int]) -> dict[str, tuple[pd.DataFrame, pd.DataFrame]]:
+    """Row slices of the batch's trajectory tables, one pair per prompt."""
+    traj, tokm = tables
+    Lp1 = int(traj["layer"].max()) + 1 if len(traj) else 0
+
+    def rows(df: pd.DataFrame, a: int, b: int) -> pd.DataFrame:
+        part = df.iloc[a:b]  # shares the data (copy-on-write); reset_index would copy it
+        part.index = pd.RangeIndex(b - a)
+        return part
+
+    out: dict[str, tuple[pd.DataFrame, pd.DataFrame]] = {}
+    t0 = k0 = 0
+    for pid, n in zip(prompt_ids, lengths, strict=True):
+        out[pid] = (rows(traj, t0, t0 + Lp1 * n), rows(tokm, k0, k0 + n))
+        t0, k0 = t0 + Lp1 * n, k0 + n
+    return out
+
+
+def trajectory_part(cap: Capture, items: Sequence[MeasureInput], cfg: MeasureConfig,
+                     tables: tuple[pd.DataFrame, pd.DataFrame] | None) -> Measurement:
+    prompts_df = conform("prompts", pd.DataFrame({
+        "prompt_id": [it.prompt_id for it in items], "text": [it.text for it in items],
+        "n_tokens": cap.lengths, "label": [it.label for it in items]}))
+    traj, tokm = tables if tables is not None else (conform("trajectory", []),
+                                                    conform("token_metrics", []))
+    return Measurement(trajectory=traj, token_metrics=tokm, prompts=prompts_df, config=cfg)
+
+
+__all__ = ["coupling_rows", "figure_arrays", "split_by_prompt", "trajectory_part",
+           "trajectory_tables"]
