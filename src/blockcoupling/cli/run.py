@@ -259,7 +259,7 @@ def models() -> None:
 @app.command()
 def demo(
     out: Annotated[Path | None, typer.Option("--out", "-o", help="Folder for the demo's runs and report (default demo_run, or demo_run_quick).")] = None,
-    quick: Annotated[bool, typer.Option("--quick/--no-quick", help="A much smaller demo (for tests).")] = False,
+    quick: Annotated[bool, typer.Option("--quick/--no-quick", help="A much smaller demo: one prompt per model, K = 10 only, and a 2-layer d = 32 LM trained for 20 steps instead of the 6-layer d = 128 one trained for 400 (the numbers are a smoke test, not the story).")] = False,
     cache_dir: Annotated[Path | None, typer.Option(help="Where trained demo checkpoints are cached.")] = None,
 ) -> None:
     """The offline demo: pretrained MiniLM vs random init, and a tiny LM across training."""
