@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
+import signal
+from collections.abc import Iterator
 from typing import Annotated
 
 import typer
+
+from blockcoupling.errors import BlockCouplingError
 
 app = typer.Typer(
     add_completion=False,
@@ -25,6 +30,52 @@ def fail(err: BaseException) -> None:
         raise err
     typer.echo(f"error: {err}", err=True)
     raise typer.Exit(1)
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where the work is, so that it unwinds like Ctrl-C."""
+
+
+@contextlib.contextmanager
+def sigterm_as_interrupt() -> Iterator[None]:
+    """SIGTERM (``kill PID``, a batch scheduler's stop) ends a command like Ctrl-C: what is
+    finished stays, locks are released, and the user is told how to continue."""
+    def handler(signum: int, frame: object) -> None:
+        raise Terminated
+
+    try:
+        old = signal.signal(signal.SIGTERM, handler)
+    except ValueError:  # not the main thread (e.g. a test runner's worker): leave it
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old)
+
+
+def os_error(err: OSError, what: str) -> BlockCouplingError:
+    """An operating-system error (a file or folder) as one line that says what to check."""
+    where = f" {err.filename}" if err.filename else ""
+    return BlockCouplingError(f"{what}:{where}: {err.strerror or err}; check the path and try again")
+
+
+@contextlib.contextmanager
+def guarded(*, saved: str, again: str = "run the same command again to continue",
+            what: str = "cannot read or write a file") -> Iterator[None]:
+    """The body of a command that does long work: a :class:`BlockCouplingError` or an
+    :class:`OSError` becomes one ``error:`` line and exit 1; Ctrl-C / SIGTERM say what is
+    ``saved`` and how to continue (``again``) and exit 130 / 143 (128 + the signal)."""
+    try:
+        with sigterm_as_interrupt():
+            yield
+    except KeyboardInterrupt as stop:
+        typer.echo(f"\ninterrupted: {saved}; {again}", err=True)
+        raise typer.Exit(143 if isinstance(stop, Terminated) else 130) from None
+    except BlockCouplingError as err:
+        fail(err)
+    except OSError as err:
+        fail(os_error(err, what))
 
 
 @app.callback()

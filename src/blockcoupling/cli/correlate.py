@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from blockcoupling.cli.app import STATE as _STATE
-from blockcoupling.cli.app import app
+from blockcoupling.cli.app import app, os_error
 from blockcoupling.cli.app import fail as _fail
 from blockcoupling.errors import BlockCouplingError
 
@@ -41,6 +41,9 @@ def correlate(
             written.append(write_correlation_html(result, out))
     except BlockCouplingError as err:
         _fail(err)
+        return
+    except OSError as err:
+        _fail(os_error(err, "cannot read the runs or write the results"))
         return
     if not _STATE["quiet"]:
         typer.echo(result.summary())

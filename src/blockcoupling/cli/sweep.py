@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from blockcoupling.cli.app import STATE as _STATE
-from blockcoupling.cli.app import app
+from blockcoupling.cli.app import app, guarded
 from blockcoupling.cli.app import fail as _fail
 from blockcoupling.errors import BlockCouplingError
 
@@ -26,16 +26,10 @@ def sweep(
     """Measure every unit of a sweep (models x revisions/checkpoints x prompt sets) on Ray."""
     from blockcoupling.studies.sweep import run_sweep
 
-    try:
+    with guarded(saved=f"finished units are saved in {out}",
+                 again="continue with the same command and --resume"):
         s = run_sweep(spec, out, executor=executor, address=address, resume=resume,
                       progress=not _STATE["quiet"], num_cpus=num_cpus, retries=retries)
-    except KeyboardInterrupt:
-        typer.echo(f"\ninterrupted: finished units are saved in {out}; continue with the same "
-                   "command and --resume", err=True)
-        raise typer.Exit(130) from None
-    except BlockCouplingError as err:
-        _fail(err)
-        return
     cat = s.catalogue
     failed = cat[cat["status"] == "failed"]
     if not _STATE["quiet"]:

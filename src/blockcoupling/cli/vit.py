@@ -8,7 +8,7 @@ from typing import Annotated, Any
 import typer
 
 from blockcoupling.cli.app import STATE as _STATE
-from blockcoupling.cli.app import app
+from blockcoupling.cli.app import app, guarded
 from blockcoupling.cli.app import fail as _fail
 from blockcoupling.errors import BlockCouplingError
 
@@ -70,20 +70,13 @@ def vit_train(
     """Train a DeiT-style ViT with stochastic depth and measure its coupling as it trains."""
     from blockcoupling.studies.vit.train import read_metrics, train_vit
 
-    try:
+    with guarded(saved=f"finished epochs are saved in {out}"):
         cfg = _train_config(drop_path=drop_path, weight_decay=weight_decay, **_common(
             dataset, epochs, preset, hidden_size, depth, heads, image_size, lr, batch_size,
             warmup_epochs, mixup, seed, data_dir, train_limit, test_limit, monitor_images,
             monitor_every, final_images, k))
         path = train_vit(cfg, out, progress=not _STATE["quiet"], threads=threads)
         m = read_metrics(path)
-    except KeyboardInterrupt:
-        typer.echo(f"\ninterrupted: finished epochs are saved in {out}; run the same command "
-                   "again to continue", err=True)
-        raise typer.Exit(130) from None
-    except BlockCouplingError as err:
-        _fail(err)
-        return
     if not _STATE["quiet"]:
         f = m["final"]
         typer.echo(f"test accuracy {f['test_accuracy']:.3f}, train accuracy "
@@ -125,7 +118,7 @@ def vit_grid(
     """Train the drop-path x weight-decay grid (one run per point; finished runs are skipped)."""
     from blockcoupling.studies.vit.grid import load_grid_spec, run_grid
 
-    try:
+    with guarded(saved=f"finished runs are saved in {out}"):
         if spec is not None:
             base, kwargs = load_grid_spec(spec)
         else:
@@ -138,13 +131,6 @@ def vit_grid(
                           seeds=[int(v) for v in _floats(seeds, "seeds")], executor=executor,
                           address=address, num_cpus=cpus_per_run, threads=threads)
         runs = run_grid(base, out, progress=not _STATE["quiet"], **kwargs)
-    except KeyboardInterrupt:
-        typer.echo(f"\ninterrupted: finished runs are saved in {out}; run the same command "
-                   "again to continue", err=True)
-        raise typer.Exit(130) from None
-    except BlockCouplingError as err:
-        _fail(err)
-        return
     failed = runs[runs["status"] != "complete"]
     if not _STATE["quiet"]:
         cols = ["name", "test_accuracy", "coupling"]
