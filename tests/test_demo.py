@@ -407,3 +407,11 @@ def test_run_demo_end_to_end_quick(tmp_path: Path) -> None:
     assert runs == {"minilm-pretrained", "minilm-random", "minilm-pretrained-normdirs",
                     "minilm-random-normdirs", "tinylm-step-000000", "tinylm-step-000020"}
     assert (tmp_path / "cache" / demo.TinyLMConfig.quick().cache_key() / "training.json").is_file()
+    # the demo's point, from its own runs: with the LN directions removed the random-init
+    # MiniLM is at chance and the pretrained one is not
+    import blockcoupling as bc
+
+    _, rnd = demo.headline(bc.open_run(tmp_path / "out" / "minilm-random-normdirs"), 10)
+    _, pre = demo.headline(bc.open_run(tmp_path / "out" / "minilm-pretrained-normdirs"), 10)
+    _, raw_rnd = demo.headline(bc.open_run(tmp_path / "out" / "minilm-random"), 10)
+    assert abs(rnd) < 0.05 and pre > 0.15 and raw_rnd > 0.2

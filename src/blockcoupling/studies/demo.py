@@ -573,8 +573,9 @@ def headline(m: Any, k: int) -> tuple[float, float]:
     p = 1, orientation ``ujv``, every prompt and token) of a Measurement."""
     df = m.coupling
     sel = df[(df["kind"] == "depth") & (df["layer_a"] != df["layer_b"]) & (df["k"] == k)
-             & (df["orientation"] == "ujv") & (df["p"] == 1.0)]
-    c = sel.loc[sel["variant"] == "coupling", "value"].mean()
+             & (df["orientation"] == "ujv") & ((df["p"] == 1.0) | df["p"].isna())]
+    # coupling has p = 1; coupling_vs_null is stored with p = 1 or an empty p by version
+    c = sel.loc[(sel["variant"] == "coupling") & (sel["p"] == 1.0), "value"].mean()
     v = sel.loc[sel["variant"] == "coupling_vs_null", "value"].mean()
     return float(c), float(v)
 
@@ -683,12 +684,13 @@ def run_demo(
     if progress:
         from tqdm.auto import tqdm
 
-        k = min(10, d, cfg.n_embd)
-        tqdm.write(f"mean depth-wise coupling over layer pairs l != l' (K = {k}); "
-                   "above chance: 0 = chance level, 1 = perfect")
+        tqdm.write("mean depth-wise coupling over layer pairs l != l' (K = 10 where measured); "
+                   "above chance (coupling_vs_null): 0 = chance level, 1 = perfect")
         for label, m in zip(labels, measurements, strict=True):
+            ks = {int(v) for v in m.coupling["k"].unique()}
+            k = 10 if 10 in ks else min(ks, default=10)
             c, v = headline(m, k)
-            tqdm.write(f"  {label:<42} coupling {c:6.3f}   above chance {v:6.3f}")
+            tqdm.write(f"  {label:<42} K = {k:<3} coupling {c:6.3f}   above chance {v:6.3f}")
     # PNG figure files only: the HTML embeds them, and SVG/PDF would double the report's time
     return Path(write_report(measurements, out / "report.html", labels=labels, formats=("png",)))
 
