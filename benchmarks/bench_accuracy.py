@@ -13,12 +13,9 @@ For each model variant, depth-wise coupling at the last token (``coupling=("dept
   iterations in all, until its residual ``max_i ||J v_i - s_i u_i|| / s_1`` is <= 1e-3);
 * ``mf32_fixed`` -- the same with ``svd_tol=None``: exactly 4 subspace iterations, no
   adaptive extension (what the randomized SVD gives on its own);
-* ``auto32_forced_mf`` -- ``method="auto"`` with ``blockcoupling.engine.measure._choose_method``
-  patched *in this process only* to return ``"matrix_free"``. At these sizes (d = 384 and 128)
-  the real ``auto`` picks ``"dense"`` (it only picks matrix-free for d >= 2048), so this is
-  how we see what auto's residual-driven fallback would do: every Jacobian whose residual after
-  the adaptive iterations is still above ``svd_tol`` is recomputed densely (diagnostics method
-  ``dense_fallback...``).
+* what ``method="auto"`` would recompute densely at these sizes is counted from ``mf32``:
+  every Jacobian whose residual after the adaptive iterations is still above ``svd_tol``
+  (``auto`` itself picks ``dense`` below d = 2048: :func:`blockcoupling.engine.measure.choose_method`).
 
 Variants: (i) the pretrained MiniLM (all-MiniLM-L6-v2, BERT encoder, d = 384, 6 layers, generic
 path), (ii) the same architecture at random init (``demo.random_like``, seed 0), (iii) the
@@ -38,13 +35,10 @@ spectra (``m.spectra``) so a reader sees why random weights are the hard case.
 from __future__ import annotations
 
 import argparse
-import importlib
 import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -56,9 +50,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import emit, machine, save  # noqa: E402
 
 import blockcoupling  # noqa: E402
+from blockcoupling.engine.measure import choose_method  # noqa: E402
 from blockcoupling.studies import demo  # noqa: E402
-
-measure_mod = importlib.import_module("blockcoupling.engine.measure")  # the module, not the function
 
 PROMPT_IDS = ("science-00", "math-00", "commonsense-00", "truthfulness-00")
 KEYS = ["prompt_id", "kind", "layer_a", "layer_b", "token_in_a", "token_out_a", "token_in_b",
@@ -67,18 +60,6 @@ KEYS = ["prompt_id", "kind", "layer_a", "layer_b", "token_in_a", "token_out_a", 
 
 def uptime() -> str:
     return subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
-
-
-@contextmanager
-def forced_matrix_free_auto() -> Iterator[None]:
-    """Make ``method="auto"`` start from the matrix-free path at any d (this process only)."""
-    orig = measure_mod._choose_method
-    measure_mod._choose_method = lambda cfg, d: (  # type: ignore[assignment]
-        "matrix_free" if cfg.method == "auto" else cfg.method)
-    try:
-        yield
-    finally:
-        measure_mod._choose_method = orig  # type: ignore[assignment]
 
 
 def diff_stats(a: pd.DataFrame, b: pd.DataFrame) -> dict[str, Any]:
@@ -150,17 +131,13 @@ def run_variant(name: str, model: torch.nn.Module, tok: Any, prompts: list[Any],
     ]
     for label, opts in plan:
         t0 = time.perf_counter()
-        runs[label] = blockcoupling.engine.measure(model, tok, prompts, **common, **opts)
+        runs[label] = blockcoupling.measure(model, tok, prompts, **common, **opts)
         secs[label] = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    with forced_matrix_free_auto():
-        runs["auto32_forced_mf"] = blockcoupling.engine.measure(model, tok, prompts, **common,
-                                                         method="auto")
-    secs["auto32_forced_mf"] = time.perf_counter() - t0
     cfg = runs["dense32"].config.replace(method="auto")
     d = int(runs["dense32"].meta.get("hidden_size", 0))
     ref = runs["dense64"].coupling
-    auto_diag = runs["auto32_forced_mf"].diagnostics
+    mf_diag = runs["mf32"].diagnostics
+    tol = runs["mf32"].config.svd_tol
     rec: dict[str, Any] = {
         "record": "accuracy",
         "variant": name,
@@ -169,15 +146,14 @@ def run_variant(name: str, model: torch.nn.Module, tok: Any, prompts: list[Any],
         "k": list(ks),
         "n_tokens": [int(n) for n in runs["dense32"].prompts["n_tokens"]],
         "fast_path_used": sorted(set(runs["dense32"].diagnostics["method"])),
-        "auto_choice_unpatched": measure_mod._choose_method(cfg, d),
+        "auto_choice": choose_method(cfg, d),
         "seconds": {k: round(v, 2) for k, v in secs.items()},
         "vs_dense64": {lab: diff_stats(runs[lab].coupling, ref)
-                       for lab in ("dense32", "mf32", "mf32_fixed", "auto32_forced_mf")},
+                       for lab in ("dense32", "mf32", "mf32_fixed")},
         "mf32_vs_dense32": diff_stats(runs["mf32"].coupling, runs["dense32"].coupling),
         "residuals": {lab: residual_stats(runs[lab].diagnostics)
-                      for lab in ("mf32", "mf32_fixed", "auto32_forced_mf")},
-        "auto_forced_mf_dense_fallbacks": int(
-            auto_diag["method"].str.startswith("dense_fallback").sum()),
+                      for lab in ("mf32", "mf32_fixed")},
+        "auto_would_recompute_densely": int((mf_diag["residual"] > tol).sum()) if tol else 0,
         "spectral_decay_float64": spectral_decay(runs["dense64"].spectra, ks),
         "loadavg_1m": os.getloadavg()[0],
         "uptime": uptime(),

@@ -5,21 +5,21 @@ heads, 8 key-value heads) but only 2 layers and a 1024-token vocabulary (the voc
 not enter the block Jacobians; 128256 would add 2 GB of embeddings), initialised directly in
 bfloat16 on the CPU (``torch.set_default_dtype(torch.bfloat16)`` around ``from_config``), one
 8-token random prompt. The model stays in bf16; the analysis runs in float32: each analysed
-block is copied to float32 one at a time (``capture._as_dtype``; on a GPU,
+block is copied to float32 one at a time (on a GPU,
 ``analysis_device="cuda"`` copies it there instead), which is the streaming mechanism.
 
 Measured (``--mode measure``, the default):
 
   ``measure(model, None, {"input_ids": ids}, coupling=("depth",), k=(10,), layers=(1,),
-  method="matrix_free", fast_path=True, trajectory=False, spectra=False, progress=False)``
+  method="matrix_free", fast_path=True, trajectory=False, spectra=False, progress=False,
+  on_event=events.append)``
 
 i.e. all the depth-wise work for ONE block (capture forward of the 2-layer bf16 model; block 1
 copied to float32; decode-step fast path built and checked against the generic path; top-10
 randomized SVD with the defaults oversample 10, 4 iterations, tol 1e-3; the coupling of the
 pair (1, 1)), with its wall time, the peak RSS (sampled every 5 ms by ``common.phase``) and a
-breakdown from clocks wrapped around ``capture``, ``capture._as_dtype`` (each float32 block
-copy; also counted), ``fastpath.token_branches``, ``measure.residual_branch`` and
-``svd.randomized_topk_svd``. Then the pieces for the whole-model figure: on one fast-path
+breakdown per phase from the engine's public events (``on_event``: capture, jacobian, svd,
+prompt) and the SVD residuals from ``diagnostics``. Then the pieces for the whole-model figure: on one fast-path
 operator, ``matmat`` (J V) and ``rmatmat`` (J^T U) timed on a batch of 60 vectors each.
 
 Extrapolated (clearly labelled in the JSON): 80 blocks on this CPU, K = 10, both orientations:
@@ -40,13 +40,11 @@ for the 70B and 405B shapes.
 from __future__ import annotations
 
 import argparse
+import copy
 import importlib
 import os
 import subprocess
 import sys
-import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -60,8 +58,7 @@ from common import emit, machine, phase, save  # noqa: E402
 import blockcoupling  # noqa: E402
 from blockcoupling.engine import capture as capture_mod  # noqa: E402
 from blockcoupling.engine import (
-    fastpath,
-    svd,  # noqa: E402
+    fastpath,  # noqa: E402
 )
 
 measure_mod = importlib.import_module("blockcoupling.engine.measure")  # the module, not the function
@@ -76,7 +73,6 @@ SHAPES: dict[str, dict[str, int]] = {
                   num_key_value_heads=2, num_hidden_layers=80),
 }
 GB = 1e9
-KEEP_RETURNS = ("randomized_topk_svd",)
 
 
 def uptime() -> str:
@@ -118,36 +114,6 @@ def on_paper(shape: dict[str, int], n_tokens: int = 8, m: int = 60, k: int = 10)
     }
 
 
-@contextmanager
-def clocked(targets: list[tuple[Any, str]]
-            ) -> Iterator[tuple[dict[str, list[float]], dict[str, list[Any]]]]:
-    """Wrap ``module.name`` for each target with a clock; yields ({name: [seconds per call]},
-    {name: [return value per call]})."""
-    calls: dict[str, list[float]] = {n: [] for _, n in targets}
-    rets: dict[str, list[Any]] = {n: [] for _, n in targets}
-    orig = [(mod, n, getattr(mod, n)) for mod, n in targets]
-
-    def wrap(n: str, fn: Callable[..., Any]) -> Callable[..., Any]:
-        def inner(*a: Any, **k: Any) -> Any:
-            t0 = time.perf_counter()
-            try:
-                out = fn(*a, **k)
-                if n in KEEP_RETURNS:  # never keep block copies alive
-                    rets[n].append(out)
-                return out
-            finally:
-                calls[n].append(time.perf_counter() - t0)
-        return inner
-
-    for mod, n, fn in orig:
-        setattr(mod, n, wrap(n, fn))
-    try:
-        yield calls, rets
-    finally:
-        for mod, n, fn in orig:
-            setattr(mod, n, fn)
-
-
 def build_model(shape: dict[str, int]) -> torch.nn.Module:
     cfg = tf.LlamaConfig(vocab_size=1024, num_hidden_layers=2, max_position_embeddings=256,
                          **{k: v for k, v in shape.items() if k != "num_hidden_layers"})
@@ -163,22 +129,23 @@ def build_model(shape: dict[str, int]) -> torch.nn.Module:
 
 def measured_one_block(model: torch.nn.Module, ids: torch.Tensor,
                        sink: list[dict[str, Any]]) -> dict[str, Any]:
-    """The whole measure() path for block 1 only, timed, with a per-piece breakdown."""
-    targets = [(measure_mod, "capture"), (capture_mod, "_as_dtype"), (fastpath, "token_branches"),
-               (measure_mod, "residual_branch"), (svd, "randomized_topk_svd")]
-    with clocked(targets) as (calls, rets), phase("measure_one_block") as ph:
-        m = blockcoupling.engine.measure(model, None, {"input_ids": ids}, coupling=("depth",), k=(10,),
+    """The whole measure() path for block 1 only, timed, with a per-phase breakdown from the
+    engine's public events (``on_event``)."""
+    events: list[Any] = []
+    with phase("measure_one_block") as ph:
+        m = blockcoupling.measure(model, None, {"input_ids": ids}, coupling=("depth",), k=(10,),
                                   layers=(1,), method="matrix_free", fast_path=True,
-                                  trajectory=False, spectra=False, progress=False)
+                                  trajectory=False, spectra=False, progress=False,
+                                  on_event=events.append)
+    per_phase: dict[str, list[float]] = {}
+    for e in events:
+        per_phase.setdefault(e.phase, []).append(round(e.seconds, 3))
     rec = {"record": "measured_one_block", "what": "MEASURED", **ph.as_dict(),
            "call": ("measure(model, None, {'input_ids': ids}, coupling=('depth',), k=(10,), "
                     "layers=(1,), method='matrix_free', fast_path=True, trajectory=False, "
-                    "spectra=False, progress=False)"),
+                    "spectra=False, progress=False, on_event=events.append)"),
            "diagnostics": m.diagnostics.drop(columns=["prompt_id"]).to_dict(orient="records"),
-           "seconds_per_piece": {k: [round(x, 3) for x in v] for k, v in calls.items()},
-           "n_float32_block_copies": len(calls["_as_dtype"]),
-           "svd_subspace_iterations": [int(t.n_iter) for t in rets["randomized_topk_svd"]],
-           "svd_residuals": [float(t.residual) for t in rets["randomized_topk_svd"]],
+           "seconds_per_phase": per_phase,
            "uptime": uptime()}
     emit(rec, sink)
     return rec
@@ -220,7 +187,7 @@ def main() -> None:
     cap = capture_mod.capture(model, {"input_ids": ids}, spec)
     block = model.layers[0]
     with phase("one_float32_copy") as ph_c:
-        copy32 = capture_mod._as_dtype(block, torch.float32, torch.device("cpu"))
+        copy32 = copy.deepcopy(block).to(torch.float32)  # what the analysis copies
     del copy32
     t_last = args.tokens - 1
     with phase("build_fast_operator_with_check") as ph_b:

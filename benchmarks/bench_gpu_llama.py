@@ -13,7 +13,7 @@ orientations, every variant, final norm folded into the last block):
       top-K from eigh(J^T J) + batched pair GEMMs,
   ``fast_randomized``: fast-path operator + blockcoupling.engine.svd.randomized_topk_svd (K=50,
       oversample 10, 4 iterations) + J_l V_l' products through the operator,
-  ``measure``: what a user runs, ``blockcoupling.engine.measure(model, None, {"input_ids": ids},
+  ``measure``: what a user runs, ``blockcoupling.measure(model, None, {"input_ids": ids},
       coupling=("depth",), k=(10, 30, 50), final_norm=True, progress=False)`` with the
       defaults (fast path on; ``method="auto"`` picks the matrix-free randomized SVD at
       d = 4096), one call on one prompt, so it includes the one-time fast-path check.
@@ -152,7 +152,7 @@ def fast_randomized(model: torch.nn.Module, ids: torch.Tensor, device: str
 
 def user_measure(model: torch.nn.Module, ids: torch.Tensor, device: str
                  ) -> tuple[Values, dict[str, Any]]:
-    """blockcoupling.engine.measure() with the defaults, as a user calls it (one prompt)."""
+    """blockcoupling.measure() with the defaults, as a user calls it (one prompt)."""
     with phase("measure", device) as ph:
         m = measure(model, None, {"input_ids": ids}, coupling=("depth",), k=KS, final_norm=True,
                     progress=False)

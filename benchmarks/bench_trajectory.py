@@ -9,12 +9,11 @@ B in (8, 32), interleaved repeats (after one warm-up of each) of
 (a) ``plain``: the plain batched forward over the 32 prompts in batches of B,
     ``model(input_ids=ids[i:i+B], attention_mask=mask[i:i+B])`` under ``torch.no_grad()``
     (and ``plain_nocache``: the same with ``use_cache=False``, which is what ``capture`` passes);
-(b) ``measure``: ``blockcoupling.engine.measure(model, None, {"input_ids": ids, "attention_mask":
+(b) ``measure``: ``blockcoupling.measure(model, None, {"input_ids": ids, "attention_mask":
     mask}, coupling=(), trajectory=True, spectra=False, batch_size=B, progress=False)``.
 
-Reports the medians, the ratio measure / plain, and a breakdown of the measure call (by
-wrapping the module-level ``capture``, ``_trajectory_tables`` and ``_trajectory_part`` of
-``blockcoupling.engine.measure`` with a clock; nothing else changes). With ``--profile`` (or when a
+Reports the medians, the ratio measure / plain, and a breakdown of the measure call from the
+engine's public per-phase events (``on_event``: ``capture``, ``trajectory``). With ``--profile`` (or when a
 ratio is above 1.2) one extra measure call per B runs under cProfile and the top functions by
 cumulative and by own time go to the JSON. Every record carries ``uptime``.
 
@@ -25,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import cProfile
-import importlib
 import io
 import os
 import pstats
@@ -33,8 +31,6 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -45,8 +41,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import emit, machine, save  # noqa: E402
 
 import blockcoupling  # noqa: E402
-
-measure_mod = importlib.import_module("blockcoupling.engine.measure")  # the module, not the function
 
 N_PROMPTS = 32
 MIN_LEN, MAX_LEN = 10, 30
@@ -76,36 +70,16 @@ def plain(model: torch.nn.Module, inputs: dict[str, torch.Tensor], B: int,
                   attention_mask=inputs["attention_mask"][i:i + B], **extra)
 
 
-def run_measure(model: torch.nn.Module, inputs: dict[str, torch.Tensor], B: int) -> Any:
-    return blockcoupling.engine.measure(model, None, dict(inputs), coupling=(), trajectory=True,
-                                 spectra=False, batch_size=B, progress=False)
+def run_measure(model: torch.nn.Module, inputs: dict[str, torch.Tensor], B: int,
+                totals: dict[str, float] | None = None) -> Any:
+    """``measure()`` trajectory-only; ``totals`` sums the seconds of each engine phase
+    (the public ``on_event`` callback: capture, trajectory)."""
+    def on_event(e: Any) -> None:
+        if totals is not None:
+            totals[e.phase] = totals.get(e.phase, 0.0) + e.seconds
 
-
-@contextmanager
-def clocked(names: tuple[str, ...]) -> Iterator[dict[str, float]]:
-    """Wrap functions of blockcoupling.engine.measure with a clock; yields {name: total seconds}."""
-    totals = {n: 0.0 for n in names}
-    orig: dict[str, Callable[..., Any]] = {n: getattr(measure_mod, n) for n in names}
-
-    def wrap(n: str) -> Callable[..., Any]:
-        fn = orig[n]
-
-        def inner(*a: Any, **k: Any) -> Any:
-            t0 = time.perf_counter()
-            try:
-                return fn(*a, **k)
-            finally:
-                totals[n] += time.perf_counter() - t0
-
-        return inner
-
-    for n in names:
-        setattr(measure_mod, n, wrap(n))
-    try:
-        yield totals
-    finally:
-        for n in names:
-            setattr(measure_mod, n, orig[n])
+    return blockcoupling.measure(model, None, dict(inputs), coupling=(), trajectory=True,
+                                 spectra=False, batch_size=B, progress=False, on_event=on_event)
 
 
 def profile_call(model: torch.nn.Module, inputs: dict[str, torch.Tensor], B: int,
@@ -144,17 +118,17 @@ def main() -> None:
         plain(model, inputs, B, None)
         plain(model, inputs, B, False)
         times: dict[str, list[float]] = {"plain": [], "plain_nocache": [], "measure": []}
-        parts: dict[str, list[float]] = {"capture": [], "_trajectory_tables": [], "_trajectory_part": []}
+        parts: dict[str, list[float]] = {"capture": [], "trajectory": []}
         loads = []
         for _ in range(args.repeats):
             for label in ("plain", "measure", "plain_nocache"):
                 t0 = time.perf_counter()
                 if label == "measure":
-                    with clocked(("capture", "_trajectory_tables", "_trajectory_part")) as tot:
-                        run_measure(model, inputs, B)
+                    tot: dict[str, float] = {}
+                    run_measure(model, inputs, B, tot)
                     dt = time.perf_counter() - t0
-                    for k_, v in tot.items():
-                        parts[k_].append(v)
+                    for k_ in parts:
+                        parts[k_].append(tot.get(k_, 0.0))
                 else:
                     plain(model, inputs, B, None if label == "plain" else False)
                     dt = time.perf_counter() - t0
@@ -172,9 +146,8 @@ def main() -> None:
             "ratio_measure_over_plain_nocache": round(med["measure"] / med["plain_nocache"], 3),
             "measure_breakdown_median_s": {
                 "capture_forward": round(part_med["capture"], 4),
-                "trajectory_rows": round(part_med["_trajectory_tables"], 4),
-                "measure_one_total": round(part_med["_trajectory_part"], 4),
-                "rest_of_call": round(med["measure"] - part_med["capture"] - part_med["_trajectory_part"], 4),
+                "trajectory_rows": round(part_med["trajectory"], 4),
+                "rest_of_call": round(med["measure"] - part_med["capture"] - part_med["trajectory"], 4),
             },
             "loadavg_1m_per_repeat": loads,
             "uptime": uptime(),
