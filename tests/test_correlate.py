@@ -380,3 +380,27 @@ def test_paper_protocol_from_a_local_folder(tmp_path: Path) -> None:
         bc.load_prompts(f"protocol:paper@{folder}")
     with pytest.raises(bc.BlockCouplingError, match="unknown prompt protocol"):
         bc.load_prompts("protocol:other")
+
+
+def test_labels_name_runs_that_share_a_model(tmp_path: Path) -> None:
+    """Runs of one model (same manifest label) are refused unless --labels names them."""
+    same = [write_synthetic_run(tmp_path / f"r{i}", lv, label="same", model="org/same", seed=i)
+            for i, lv in enumerate([0.2, 0.5, 0.7])]
+    csv = tmp_path / "s.csv"
+    csv.write_text("model,score\na,1\nb,2\nc,4\n")
+    with pytest.raises(bc.BlockCouplingError, match="--labels"):
+        C.correlate(same, csv, n_boot=0)
+    res = C.correlate(same, csv, n_boot=0, labels=["a", "b", "c"])
+    assert list(res.table["label"]) == ["a", "b", "c"]
+    with pytest.raises(bc.BlockCouplingError, match="one label per run"):
+        C.correlate(same, csv, n_boot=0, labels=["a", "b"])
+    from typer.testing import CliRunner
+
+    from blockcoupling.cli import app
+
+    out = CliRunner().invoke(app, ["correlate", *map(str, same), "--scores", str(csv),
+                                   "--labels", "a,b,c", "--n-boot", "0"])
+    assert out.exit_code == 0, out.output
+    bad = CliRunner().invoke(app, ["correlate", *map(str, same), "--scores", str(csv),
+                                   "--orientation", "xyz"])
+    assert bad.exit_code == 1 and bad.output.strip().startswith("error:") and "ujv" in bad.output

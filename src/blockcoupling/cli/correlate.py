@@ -25,13 +25,15 @@ def correlate(
     orientation: Annotated[str, typer.Option("--orientation", help="ujv or vju.")] = "ujv",
     n_boot: Annotated[int, typer.Option("--n-boot", help="Bootstrap resamples for the CI of R^2.")] = 2000,
     seed: Annotated[int, typer.Option("--seed", help="Seed of the bootstrap.")] = 0,
+    labels: Annotated[str | None, typer.Option("--labels", help="Comma-separated model names, one per run directory (default: each run's label or model id); the score table's 'model' column uses these.")] = None,
 ) -> None:
     """Correlate each model's mean depth-wise coupling with its benchmark score."""
     from blockcoupling.studies.correlate import correlate as run
 
     try:
         result = run(inputs, scores, k=k, variant=variant, p=p, orientation=orientation,
-                     n_boot=n_boot, seed=seed)
+                     n_boot=n_boot, seed=seed,
+                     labels=None if labels is None else [v.strip() for v in labels.split(",")])
         written = []
         if json_out is not None:
             written.append(result.to_json(json_out))

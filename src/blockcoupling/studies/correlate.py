@@ -231,12 +231,23 @@ def _units_from_sweep(sweep: Any, path: Path) -> list[ModelUnit]:
     return units
 
 
-def load_units(paths: Iterable[str | Path]) -> list[ModelUnit]:
-    """One :class:`ModelUnit` per run directory; a sweep directory adds one per done unit."""
+def load_units(paths: Iterable[str | Path],
+               labels: Sequence[str] | None = None) -> list[ModelUnit]:
+    """One :class:`ModelUnit` per run directory; a sweep directory adds one per done unit.
+    ``labels`` (one per run directory, no sweeps) name the models instead of their manifests'
+    label or model id: the names the score table's ``model`` column uses."""
     from blockcoupling.store.rundir import is_run_dir
 
     sweep = _sweep_reader()
     units: list[ModelUnit] = []
+    paths = list(paths)
+    if labels is not None:
+        if len(labels) != len(paths):
+            raise BlockCouplingError(f"--labels gives {len(labels)} label(s) for {len(paths)} "
+                                     "input(s); give one label per run directory")
+        if not all(is_run_dir(Path(x)) for x in paths):
+            raise BlockCouplingError("--labels names run directories one by one; a sweep's "
+                                     "units are named by the sweep (pass the runs instead)")
     for raw in paths:
         path = Path(raw)
         if not path.exists():
@@ -251,11 +262,14 @@ def load_units(paths: Iterable[str | Path]) -> list[ModelUnit]:
         raise BlockCouplingError(f"{path} is not a blockcoupling run directory (no readable "
                                  "manifest.json); pass run directories written by "
                                  "`blockcoupling measure` or a sweep directory")
-    labels = [u.label for u in units]
-    dup = sorted({x for x in labels if labels.count(x) > 1})
+    if labels is not None:
+        for unit, label in zip(units, labels, strict=True):
+            unit.label = label
+    names = [u.label for u in units]
+    dup = sorted({x for x in names if names.count(x) > 1})
     if dup:
         raise BlockCouplingError(f"several runs share the label(s) {', '.join(dup)}; each model "
-                                 "must appear once (give the runs distinct labels)")
+                                 "must appear once (name them with --labels a,b,c, one per run)")
     return units
 
 
@@ -774,11 +788,12 @@ def correlate_table(table: pd.DataFrame, statistic: CouplingStatistic, *, scores
 
 def correlate(inputs: Sequence[str | Path] | Sequence[ModelUnit], scores: str | Path | pd.DataFrame,
               *, k: int | None = None, variant: str = "coupling", p: float | None = 1.0,
-              orientation: str = "ujv", n_boot: int = 2000, seed: int = 0) -> CorrelationResult:
+              orientation: str = "ujv", n_boot: int = 2000, seed: int = 0,
+              labels: Sequence[str] | None = None) -> CorrelationResult:
     """The study on run directories (or :class:`ModelUnit` objects) and a score source.
 
     ``scores`` is ``"paper"``, a CSV path, an lm-evaluation-harness folder or a DataFrame with
-    the CSV's columns.
+    the CSV's columns. ``labels`` name the run directories (one each) for the matching.
     """
     _stats()
     from blockcoupling.engine.config import VARIANTS
@@ -787,9 +802,15 @@ def correlate(inputs: Sequence[str | Path] | Sequence[ModelUnit], scores: str | 
         raise BlockCouplingError(f"unknown variant {variant!r}; choose from {', '.join(VARIANTS)}")
     if k is not None and k < 1:
         raise BlockCouplingError(f"--k must be a positive integer, got {k}")
+    from blockcoupling.engine.names import ORIENTATIONS, VALID_P
+
+    if orientation not in ORIENTATIONS:
+        raise BlockCouplingError(f"--orientation {orientation!r}: choose {' or '.join(ORIENTATIONS)}")
+    if p is not None and float(p) not in VALID_P:
+        raise BlockCouplingError(f"--p {p}: choose 1, 2 or inf")
     statistic = CouplingStatistic(variant=variant, p=p, orientation=orientation, k=k)
     units = (list(inputs) if inputs and isinstance(inputs[0], ModelUnit)  # type: ignore[index]
-             else load_units(inputs))  # type: ignore[arg-type]
+             else load_units(inputs, labels))  # type: ignore[arg-type]
     if len(units) < MIN_MODELS:
         raise BlockCouplingError(f"the correlation needs at least {MIN_MODELS} models, got "
                                  f"{len(units)}; pass more run directories")
