@@ -54,7 +54,7 @@ def _os_error(err: OSError, what: str) -> BlockCouplingError:
 def measure(
     ctx: typer.Context,
     model: Annotated[str, typer.Option("--model", "-m", help="Hub id or local model folder.")],
-    prompts: Annotated[str, typer.Option("--prompts", help="File (.txt/.jsonl/.csv), builtin:NAME or hf:DATASET.")],
+    prompts: Annotated[str, typer.Option("--prompts", help="File (.txt/.jsonl/.csv), builtin:NAME, hf:DATASET or protocol:paper[@DIR].")],
     out: Annotated[Path, typer.Option("--out", "-o", help="Run directory to write.")],
     revision: Annotated[str | None, typer.Option(help="Model revision (branch, tag, commit, e.g. step1000).")] = None,
     dtype: Annotated[str, typer.Option(help="Model weight dtype: auto, float32, bfloat16, float16.")] = "auto",
