@@ -307,7 +307,6 @@ def _train(config: VitTrainConfig, out: Path, *, progress: bool, on_epoch: Epoch
                 f"{out} holds a training of another config (key {old.get('config_key')}, this "
                 f"one {config.key()}); choose another --out or delete that folder"
             )
-    out.mkdir(parents=True, exist_ok=True)
     t_start = time.perf_counter()
 
     if data is None:
@@ -322,6 +321,7 @@ def _train(config: VitTrainConfig, out: Path, *, progress: bool, on_epoch: Epoch
                           heads=config.heads)
     if config.k > shape.hidden_size:
         raise BlockCouplingError(f"k={config.k} exceeds the ViT's width {shape.hidden_size}")
+    out.mkdir(parents=True, exist_ok=True)  # only once the data and the shape are known good
     model = build_vit(shape, image_size=data.image_size, num_channels=data.num_channels,
                       num_labels=len(data.classes), drop_path=config.drop_path,
                       seed=config.seed, id2label=dict(enumerate(data.classes)))
