@@ -78,7 +78,7 @@ def oracle_value(J1: np.ndarray, J2: np.ndarray, k: int, variant: str, p: float,
     S = np.diag(s)
     pn = {1.0: np.sum(np.abs(s)), 2.0: np.sqrt(np.sum(s ** 2)), math.inf: np.max(np.abs(s))}
     if variant == "coupling_vs_null":
-        p = 2.0  # stored once with p empty: the value does not depend on p (any p gives it)
+        p = 1.0  # stored once with p empty, computed with p = 1 (the value does not depend on p)
     if variant in ("miscoupling", "coupling", "coupling_vs_null"):
         m = np.linalg.norm(A - S) / pn[p]
         if variant == "miscoupling":
