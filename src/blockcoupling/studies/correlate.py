@@ -38,6 +38,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from blockcoupling.engine.names import P_VARIANTS
 from blockcoupling.errors import BlockCouplingError
 
 __all__ = [
@@ -112,8 +113,7 @@ class CouplingStatistic:
                 "measured token)")
 
     def _uses_p(self) -> bool:
-        return self.p is not None and self.variant in ("coupling", "miscoupling",
-                                                       "coupling_vs_null")
+        return self.p is not None and self.variant in P_VARIANTS
 
     def to_dict(self) -> dict[str, Any]:
         return {"kind": "depth", "variant": self.variant,
@@ -132,7 +132,7 @@ def mean_offdiag_coupling(coupling: pd.DataFrame, *, k: int, variant: str = "cou
     """
     df = coupling[(coupling["kind"] == "depth") & (coupling["variant"] == variant)
                   & (coupling["orientation"] == orientation)]
-    if p is not None and variant in ("coupling", "miscoupling", "coupling_vs_null"):
+    if p is not None and variant in P_VARIANTS:  # the others have one fixed p (or none)
         df = df[df["p"] == float(p)]
     sel = df[df["k"] == k]
     if sel.empty:

@@ -180,9 +180,10 @@ class Sweep:
         q_depth = f"""
             WITH c AS (SELECT * FROM coupling c WHERE kind = 'depth' AND layer_a <> layer_b
                        AND orientation = {_sql_str(orientation)} AND {kk}),
+            -- coupling_vs_null does not depend on p: stored once, with p empty
             v AS (SELECT unit_id, prompt_id, layer_a, layer_b, token_out_a, k,
                          max(CASE WHEN variant = 'coupling' AND p = {float(p)} THEN value END) AS c,
-                         max(CASE WHEN variant = 'coupling_vs_null' AND p = {float(p)} THEN value END) AS v
+                         max(CASE WHEN variant = 'coupling_vs_null' THEN value END) AS v
                   FROM c GROUP BY ALL)
             SELECT unit_id, min(k) AS k, avg(c) AS mean_depth_coupling,
                    avg(CASE WHEN v < 1 THEN (c - v) / (1 - v) END) AS chance_coupling,
