@@ -515,3 +515,10 @@ def test_cli_vit_train_and_figures(tmp_path: Path, trained: Path) -> None:
     res = runner.invoke(app, ["-q", "vit-grid", "--spec", str(spec), "--out", str(tmp_path / "g2")])
     assert res.exit_code == 0, res.output
     assert collect_runs(tmp_path / "g2")["status"].tolist() == ["complete"]
+    # the same grid spec through `blockcoupling sweep` (the study's entry point) gives the same run
+    res = runner.invoke(app, ["-q", "sweep", str(spec), "--out", str(tmp_path / "g3"),
+                              "--executor", "local"])
+    assert res.exit_code == 0, res.output
+    g2, g3 = collect_runs(tmp_path / "g2"), collect_runs(tmp_path / "g3")
+    assert g3["status"].tolist() == ["complete"]
+    assert g3["coupling"].tolist() == g2["coupling"].tolist()

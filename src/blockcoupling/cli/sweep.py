@@ -23,8 +23,15 @@ def sweep(
     num_cpus: Annotated[int | None, typer.Option(help="CPUs of the local Ray cluster (default: all).")] = None,
     retries: Annotated[int | None, typer.Option(help="Ray retries of a unit whose worker died (default: the spec's retries, 3).")] = None,
 ) -> None:
-    """Measure every unit of a sweep (models x revisions/checkpoints x prompt sets) on Ray."""
+    """Measure every unit of a sweep (models x revisions/checkpoints x prompt sets) on Ray.
+
+    A ViT grid spec (``drop_path``, ``weight_decay``, ``train``; see ``vit-grid``) runs the
+    drop-path x weight-decay grid instead: one Ray task per training run, finished runs kept."""
     from blockcoupling.studies.sweep import run_sweep
+
+    if _is_vit_grid_spec(spec):
+        _vit_grid(spec, out, executor=executor, address=address)
+        return
 
     with guarded(saved=f"finished units are saved in {out}",
                  again="continue with the same command and --resume"):
@@ -42,6 +49,39 @@ def sweep(
             typer.echo(f"  {r.unit_id} has the same weights as {r.duplicate_of} (not counted "
                        "twice in summaries)")
     if len(failed):
+        raise typer.Exit(1)
+
+
+def _is_vit_grid_spec(spec: Path) -> bool:
+    """A YAML mapping with the ViT grid's keys and no ``models`` (cheap: YAML only)."""
+    if not spec.is_file() or spec.suffix.lower() not in (".yaml", ".yml"):
+        return False
+    import yaml
+
+    try:
+        data = yaml.safe_load(spec.read_text())
+    except (yaml.YAMLError, OSError, UnicodeDecodeError):
+        return False  # run_sweep reports it with its own message
+    return (isinstance(data, dict) and "models" not in data
+            and bool({"drop_path", "weight_decay", "train"} & set(data)))
+
+
+def _vit_grid(spec: Path, out: Path, *, executor: str, address: str | None) -> None:
+    from blockcoupling.studies.vit.grid import load_grid_spec, run_grid
+
+    with guarded(saved=f"finished runs are saved in {out}"):
+        base, kwargs = load_grid_spec(spec)
+        kwargs["executor"] = executor
+        if address is not None:
+            kwargs["address"] = address
+        runs = run_grid(base, out, progress=not _STATE["quiet"], **kwargs)
+    failed = runs[runs["status"] != "complete"]
+    if not _STATE["quiet"]:
+        typer.echo(runs[["name", "test_accuracy", "coupling"]].to_string(
+            index=False, float_format=lambda v: f"{v:.4f}"))
+        typer.echo(f"{len(runs) - len(failed)} of {len(runs)} training runs complete; wrote {out}")
+    if len(failed):
+        typer.echo(f"error: {len(failed)} run(s) did not finish; see {out}/grid.json", err=True)
         raise typer.Exit(1)
 
 
