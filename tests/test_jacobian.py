@@ -229,3 +229,17 @@ def test_nan_jacobian_and_bad_arguments() -> None:
         jacobian_blocks(f, x[None], [0])
     with pytest.raises(BlockCouplingError, match="shape"):
         jacobian_operator(f, x, 0, 0).matmat(torch.ones(5, 1, dtype=torch.float64))
+
+
+@given(per=st.integers(0, 10**10), mem=st.integers(0, 2**34), most=st.none() | st.integers(1, 4096))
+@settings(max_examples=200, deadline=None, derandomize=True)
+def test_vectors_in_budget_is_the_largest_batch_that_fits(per: int, mem: int, most: int | None) -> None:
+    """The one chunking rule: at least 1, at most ``most``, and the largest count that fits."""
+    from blockcoupling.engine.jacobian import vectors_in_budget
+
+    n = vectors_in_budget(per, mem, most)
+    assert n >= 1 and (most is None or n <= most)
+    if n > 1:
+        assert n * max(per, 1) <= mem
+    if most is None or n < most:
+        assert (n + 1) * max(per, 1) > mem

@@ -71,6 +71,7 @@ from blockcoupling.engine.jacobian import (
     check_finite,
     check_positions,
     jacobian_operator,
+    vectors_in_budget,
 )
 from blockcoupling.errors import BlockCouplingError
 
@@ -301,7 +302,7 @@ def _default_chunk(d: int, kv_width: int, n: int, dtype: torch.dtype,
     itemsize = max(1, torch.finfo(dtype).bits // 8)
     rows = max(_ROW_FACTOR * d, _PARAM_FACTOR * block_params // max(d, 1))
     per_row = itemsize * (rows + 4 * kv_width * (n + 1))
-    return int(max(1, min(d, memory_bytes // max(per_row, 1))))
+    return vectors_in_budget(per_row, memory_bytes, most=d)
 
 
 # ----------------------------------------------------------------------------- builders

@@ -37,6 +37,7 @@ __all__ = [
     "DEFAULT_MEMORY_BYTES",
     "JacobianOperator",
     "default_chunk_size",
+    "vectors_in_budget",
     "jacobian_blocks",
     "jacobian_blocks_jvp",
     "jacobian_operator",
@@ -79,7 +80,14 @@ def default_chunk_size(
     """Batch size of one-hot (co)tangents that fits ``memory_bytes`` (at least 1)."""
     itemsize = torch.finfo(dtype).bits // 8
     per_vector = itemsize * (_ACTIVATION_FACTOR * n * d + 4 * n * n)
-    return max(1, int(memory_bytes // max(per_vector, 1)))
+    return vectors_in_budget(per_vector, memory_bytes)
+
+
+def vectors_in_budget(per_vector_bytes: int, memory_bytes: int, most: int | None = None) -> int:
+    """How many (co)tangent vectors of ``per_vector_bytes`` each fit ``memory_bytes`` (at least
+    1, at most ``most``): the one chunking rule; callers differ only in what a vector costs."""
+    fit = int(memory_bytes // max(per_vector_bytes, 1))
+    return max(1, fit if most is None else min(most, fit))
 
 
 def check_positions(tokens: Sequence[int] | None, n: int, what: str) -> list[int]:
