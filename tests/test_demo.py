@@ -366,7 +366,8 @@ def test_run_demo_call_sites(
     root, ckpts = trained
     monkeypatch.setattr(demo.TinyLMConfig, "quick", classmethod(lambda cls: SMALL))
 
-    path = demo.run_demo(tmp_path / "out", quick=True, cache_dir=root, progress=False)
+    path = demo.run_demo(tmp_path / "out", quick=True, cache_dir=root, progress=False,
+                         family=False)
 
     assert path == tmp_path / "out" / "report.html" and path.is_file()
     minilm = ["MiniLM pretrained", "MiniLM random init", "MiniLM pretrained, LN directions removed",
@@ -415,3 +416,9 @@ def test_run_demo_end_to_end_quick(tmp_path: Path) -> None:
     _, pre = demo.headline(bc.open_run(tmp_path / "out" / "minilm-pretrained-normdirs"), 10)
     _, raw_rnd = demo.headline(bc.open_run(tmp_path / "out" / "minilm-random"), 10)
     assert abs(rnd) < 0.05 and pre > 0.15 and raw_rnd > 0.2
+    # (c) the tiny-LM family study ran through a sweep and wrote its correlation
+    fam = tmp_path / "out" / "lm-family"
+    assert (fam / "correlation.html").is_file() and (fam / "scores.csv").is_file()
+    assert bc.open_sweep(fam / "sweep").catalogue["status"].eq("done").all()
+    corr = json.loads((fam / "correlation.json").read_text())
+    assert {"accuracy", "neg_loss", "accuracy_vs_null"} <= set(corr)

@@ -586,6 +586,7 @@ def run_demo(
     quick: bool = False,
     cache_dir: str | Path | None = None,
     progress: bool = True,
+    family: bool = True,
 ) -> Path:
     """Run the whole offline demo and return the path of its HTML report.
 
@@ -600,6 +601,10 @@ def run_demo(
       docs/conventions.md). Both views are shown on purpose;
     * ``tinylm-step-NNNNNN``: the tiny LM at each checkpoint (``meta`` carries ``step`` and
       ``val_loss`` for the emergence figure).
+    * ``lm-family/`` (``family=True``): the coupling-vs-generalisation study on a family of
+      tiny causal LMs (:func:`blockcoupling.studies.lm_family.run_lm_family`: trained, scored
+      on held-out text, measured through a sweep, correlated); its own page is
+      ``lm-family/correlation.html`` and its one-line result is printed at the end.
 
     MiniLM is measured at the last token (depth-wise coupling, K = 10 and d/10); the tiny LM at
     every token (depth-wise and token-wise). ``quick=True`` trains
@@ -681,6 +686,20 @@ def run_demo(
         measurements.append(m)
         labels.append(run.label)
 
+    # (c) coupling against generalisation on a family of tiny LMs (the paper's correlation,
+    # at toy scale): whatever it shows is reported as it comes out.
+    family_result = None
+    if family:
+        from blockcoupling.studies.lm_family import run_lm_family
+
+        if progress:
+            from tqdm.auto import tqdm
+
+            tqdm.write(f"[family] tiny-LM family: train, score, measure by sweep, correlate -> "
+                       f"{out / 'lm-family'}")
+        family_result = run_lm_family(out / "lm-family", quick=quick, cache_dir=cache_dir,
+                                      progress=progress)
+
     if progress:
         from tqdm.auto import tqdm
 
@@ -691,6 +710,8 @@ def run_demo(
             k = 10 if 10 in ks else min(ks, default=10)
             c, v = headline(m, k)
             tqdm.write(f"  {label:<42} K = {k:<3} coupling {c:6.3f}   above chance {v:6.3f}")
+        if family_result is not None:
+            tqdm.write(family_result.summary())
     # PNG figure files only: the HTML embeds them, and SVG/PDF would double the report's time
     return Path(write_report(measurements, out / "report.html", labels=labels, formats=("png",)))
 
