@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-import contextlib
 import inspect
 import os
-import signal
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -14,41 +11,16 @@ import typer
 from typer.core import TyperCommand
 
 from blockcoupling.cli.app import STATE as _STATE
+from blockcoupling.cli.app import Terminated as _Terminated
 from blockcoupling.cli.app import app
 from blockcoupling.cli.app import fail as _fail
+from blockcoupling.cli.app import os_error as _os_error
+from blockcoupling.cli.app import sigterm_as_interrupt as _sigterm_as_interrupt
 from blockcoupling.errors import BlockCouplingError
 
 
 def _csv(value: str | None) -> list[str] | None:
     return None if value is None else [v.strip() for v in value.split(",") if v.strip()]
-
-
-class _Terminated(KeyboardInterrupt):
-    """SIGTERM, raised where the run is, so that it unwinds like Ctrl-C."""
-
-
-@contextlib.contextmanager
-def _sigterm_as_interrupt() -> Iterator[None]:
-    """SIGTERM (``kill PID``, a batch scheduler's stop) ends a measure like Ctrl-C: the parts
-    already written stay, the lock is released, and the user is told how to continue."""
-    def handler(signum: int, frame: object) -> None:
-        raise _Terminated
-
-    try:
-        old = signal.signal(signal.SIGTERM, handler)
-    except ValueError:  # not the main thread (e.g. a test runner's worker): leave it
-        yield
-        return
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, old)
-
-
-def _os_error(err: OSError, what: str) -> BlockCouplingError:
-    """An operating-system error outside the run store (model or prompt files), as one line."""
-    where = f" {err.filename}" if err.filename else ""
-    return BlockCouplingError(f"{what}:{where}: {err.strerror or err}; check the path and try again")
 
 
 def measure(
