@@ -75,14 +75,9 @@ def _vit_grid(spec: Path, out: Path, *, executor: str, address: str | None) -> N
         if address is not None:
             kwargs["address"] = address
         runs = run_grid(base, out, progress=not _STATE["quiet"], **kwargs)
-    failed = runs[runs["status"] != "complete"]
-    if not _STATE["quiet"]:
-        typer.echo(runs[["name", "test_accuracy", "coupling"]].to_string(
-            index=False, float_format=lambda v: f"{v:.4f}"))
-        typer.echo(f"{len(runs) - len(failed)} of {len(runs)} training runs complete; wrote {out}")
-    if len(failed):
-        typer.echo(f"error: {len(failed)} run(s) did not finish; see {out}/grid.json", err=True)
-        raise typer.Exit(1)
+    from blockcoupling.cli.vit import report_grid
+
+    report_grid(runs, out)
 
 
 @app.command("sweep-status")

@@ -131,11 +131,17 @@ def vit_grid(
                           seeds=[int(v) for v in _floats(seeds, "seeds")], executor=executor,
                           address=address, num_cpus=cpus_per_run, threads=threads)
         runs = run_grid(base, out, progress=not _STATE["quiet"], **kwargs)
+    report_grid(runs, out)
+
+
+def report_grid(runs: Any, out: Path) -> None:
+    """Print a finished grid's runs (test accuracy, coupling); exit 1 if any did not finish.
+    Shared by ``vit-grid`` and ``sweep`` on a grid spec."""
     failed = runs[runs["status"] != "complete"]
     if not _STATE["quiet"]:
         cols = ["name", "test_accuracy", "coupling"]
         typer.echo(runs[cols].to_string(index=False, float_format=lambda v: f"{v:.4f}"))
-        typer.echo(f"wrote {out}")
+        typer.echo(f"{len(runs) - len(failed)} of {len(runs)} training runs complete; wrote {out}")
     if len(failed):
         typer.echo(f"error: {len(failed)} run(s) did not finish; see {out}/grid.json", err=True)
         raise typer.Exit(1)
