@@ -340,7 +340,12 @@ def test_k_values() -> None:
 def test_run_demo_call_sites(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, trained: tuple[Path, list[tuple[int, Path]]]
 ) -> None:
-    """run_demo drives measure_to_dir / write_report with the agreed names (fakes stand in)."""
+    """run_demo drives measure_to_dir (MiniLM), a sweep over the tiny LM's checkpoints and
+    write_report with the agreed names (fakes stand in for the measurement and the sweep)."""
+    import pandas as pd
+
+    from blockcoupling.studies import sweep as sweep_pkg
+
     calls: list[dict[str, Any]] = []
 
     def measure_to_dir(model, tokenizer, prompts, out_dir, *, meta, prompts_spec, resume=False,  # type: ignore[no-untyped-def]
@@ -350,12 +355,26 @@ def test_run_demo_call_sites(
         assert set(batch) >= {"input_ids", "attention_mask"}
         calls.append({"model": model, "prompts": list(prompts), "out_dir": Path(out_dir),
                       "meta": meta, "spec": prompts_spec, "kw": kw})
-        return f"measurement-{len(calls)}"
+        return types.SimpleNamespace(meta=meta, name=f"measurement-{len(calls)}")
+
+    sweeps: list[dict[str, Any]] = []
+    root, ckpts = trained
+
+    def run_sweep(spec, out, *, executor, resume, progress):  # type: ignore[no-untyped-def]
+        assert executor == "local" and resume is False and progress is False
+        sweeps.append({"spec": spec, "out": Path(out)})
+
+    def open_sweep(path):  # type: ignore[no-untyped-def]
+        units = pd.DataFrame({"unit_id": [f"u{s}" for s, _ in ckpts], "status": "done",
+                              "message": None})
+        by_id = {f"u{s}": (s, p) for s, p in ckpts}
+        return types.SimpleNamespace(units=units, open_unit=lambda uid: types.SimpleNamespace(
+            meta={"model": str(by_id[uid][1]), "step": by_id[uid][0]}, name=uid))
 
     reports: list[tuple[list[Any], Path, list[str]]] = []
 
     def write_report(measurements, out_path, labels, formats=("png", "svg", "pdf")):  # type: ignore[no-untyped-def]
-        reports.append((list(measurements), Path(out_path), list(labels)))
+        reports.append(([m.name for m in measurements], Path(out_path), list(labels)))
         Path(out_path).write_text("<html></html>")
         return Path(out_path)
 
@@ -363,18 +382,20 @@ def test_run_demo_call_sites(
                         types.SimpleNamespace(measure_to_dir=measure_to_dir))
     monkeypatch.setitem(sys.modules, "blockcoupling.report.html",
                         types.SimpleNamespace(write_report=write_report))
-    root, ckpts = trained
+    monkeypatch.setattr(sweep_pkg, "run_sweep", run_sweep)
+    monkeypatch.setattr(sweep_pkg, "open_sweep", open_sweep)
     monkeypatch.setattr(demo.TinyLMConfig, "quick", classmethod(lambda cls: SMALL))
 
     path = demo.run_demo(tmp_path / "out", quick=True, cache_dir=root, progress=False,
-                         family=False)
+                         family=False, executor="local")
 
     assert path == tmp_path / "out" / "report.html" and path.is_file()
     minilm = ["MiniLM pretrained", "MiniLM random init", "MiniLM pretrained, LN directions removed",
               "MiniLM random init, LN directions removed"]
-    labels = minilm + [f"tiny LM step {s}" for s, _ in ckpts]
-    assert [c["meta"]["label"] for c in calls] == labels
-    assert reports == [([f"measurement-{i + 1}" for i in range(len(calls))], path, labels)]
+    tiny = [f"tiny LM step {s}" for s, _ in ckpts]
+    assert [c["meta"]["label"] for c in calls] == minilm
+    assert reports == [([f"measurement-{i + 1}" for i in range(4)] + [f"u{s}" for s, _ in ckpts],
+                        path, minilm + tiny)]
     assert len({c["out_dir"] for c in calls}) == len(calls)
     assert all(c["out_dir"].parent == tmp_path / "out" for c in calls)
     pre, rnd = calls[0]["model"], calls[1]["model"]
@@ -382,32 +403,89 @@ def test_run_demo_call_sites(
     assert calls[2]["model"] is pre and calls[3]["model"] is rnd  # same models, both views
     assert calls[0]["prompts"] == [demo.CAPITAL_PROMPT]
     assert calls[0]["meta"]["revision"] != calls[1]["meta"]["revision"]
-    for c in calls[:2] + calls[4:]:
+    for c in calls[:2]:
         assert "remove_norm_directions" not in c["kw"]
     for c in calls[2:4]:
         assert c["kw"]["remove_norm_directions"] is True and c["meta"]["remove_norm_directions"]
-    log = demo.training_log(SMALL, root)
-    for c, (step, _) in zip(calls[4:], ckpts, strict=True):
-        assert c["meta"]["step"] == step
-        assert c["meta"]["val_loss"] == log["checkpoints"][str(step)]["val_loss"]
-        assert type(c["model"]).__name__ == "GPT2Model"
-        assert all(k <= SMALL.n_embd for k in c["kw"]["k"])
     for c in calls:
         assert c["kw"]["coupling"] == ("depth",) and c["kw"]["tokens"] == "last"
         assert {"model", "label", "revision"} <= set(c["meta"])
+    # the tiny LM: ONE sweep over its checkpoint folders, on the executor asked for
+    [sw] = sweeps
+    assert sw["out"] == tmp_path / "out" / "tinylm"
+    assert sw["spec"]["models"] == [{"label": "tiny LM",
+                                     "checkpoints": [str(p.resolve()) for _, p in ckpts]}]
+    assert sw["spec"]["prompts"] == [{"name": "demo:corpus",
+                                      "texts": [demo.demo_prompts("corpus")[0][:16]]}]
+    assert sw["spec"]["measure"]["coupling"] == ["depth"]
+    assert all(k <= SMALL.n_embd for k in sw["spec"]["measure"]["k"])
+    log = demo.training_log(SMALL, root)
+    measured = reports[0]
+    assert measured[2][4:] == tiny
+    # ... and the cached monitor directory of its training, copied beside the runs
+    from blockcoupling.studies.sweep.read import open_sweep as real_open_sweep
+
+    mon = real_open_sweep(tmp_path / "out" / "tinylm-monitor")
+    assert sorted(mon.units["step"].tolist()) == [s for s, _ in ckpts]
+    assert mon.units["status"].eq("done").all()
+    assert mon.manifest["kind"] == "monitor"
+    assert set(log["checkpoints"]) == {str(s) for s, _ in ckpts}
 
 
-def test_run_demo_end_to_end_quick(tmp_path: Path) -> None:
-    """The real thing, once the measurement and report modules exist."""
-    pytest.importorskip("blockcoupling.engine.measure")
-    pytest.importorskip("blockcoupling.report.html")
+def test_monitor_does_not_change_the_demo_training(
+    tmp_path: Path, trained: tuple[Path, list[tuple[int, Path]]]
+) -> None:
+    """The demo's tiny LM is trained with the coupling monitor; without it the weights and the
+    losses are bit-identical (the monitor measured at every checkpoint step, in the loop)."""
+    root, ckpts = trained
+    log = demo._train_and_save(SMALL, tmp_path, progress=False, monitor=False)
+    assert not (tmp_path / demo.MONITOR_DIR).exists()
+    assert log["train_loss"] == demo.training_log(SMALL, root)["train_loss"]
+    for step, path in ckpts:
+        with_monitor, without = _state(path), _state(tmp_path / demo.checkpoint_name(step))
+        assert with_monitor.keys() == without.keys()
+        for name in with_monitor:
+            assert torch.equal(with_monitor[name], without[name]), (step, name)
+    monitored = demo.monitor_dir(SMALL, root)
+    import blockcoupling as bc
+
+    units = bc.open_sweep(monitored).units
+    assert units["status"].eq("done").all() and len(units) == len(ckpts)
+
+
+def test_run_demo_end_to_end_quick(tmp_path: Path, ray_cluster: str) -> None:
+    """The real thing: MiniLM runs, the tiny LM trained with the monitor and its checkpoints
+    measured by a sweep on the (session's) local Ray cluster, the family study, the report."""
     path = demo.run_demo(tmp_path / "out", quick=True, cache_dir=tmp_path / "cache",
                          progress=False)
     assert path.is_file() and path.stat().st_size > 0
     runs = {p.name for p in (tmp_path / "out").iterdir() if (p / "manifest.json").is_file()}
     assert runs == {"minilm-pretrained", "minilm-random", "minilm-pretrained-normdirs",
-                    "minilm-random-normdirs", "tinylm-step-000000", "tinylm-step-000020"}
-    assert (tmp_path / "cache" / demo.TinyLMConfig.quick().cache_key() / "training.json").is_file()
+                    "minilm-random-normdirs"}
+    from blockcoupling.studies.sweep import is_sweep_dir
+
+    assert is_sweep_dir(tmp_path / "out" / "tinylm")
+    assert is_sweep_dir(tmp_path / "out" / "tinylm-monitor")
+    cfg = demo.TinyLMConfig.quick()
+    assert (tmp_path / "cache" / cfg.cache_key() / "training.json").is_file()
+    import blockcoupling as bc
+
+    # (b) the checkpoints went through the sweep on Ray; the monitor measured them in training
+    swept, monitored = bc.open_sweep(tmp_path / "out" / "tinylm"), bc.open_sweep(
+        tmp_path / "out" / "tinylm-monitor")
+    assert swept.manifest["sessions"][-1]["executor"] == "ray"
+    assert "ray_version" in swept.manifest["sessions"][-1]
+    for s in (swept, monitored):
+        assert s.units["status"].eq("done").all()
+        assert sorted(s.units["step"].tolist()) == list(cfg.checkpoints)
+    # the same weights measured in the training loop and from the saved checkpoint agree
+    key = ["step", "prompt_id", "layer_a", "layer_b", "k", "p", "variant", "orientation"]
+    on = swept.coupling[swept.coupling["kind"] == "depth"]
+    both = monitored.coupling[monitored.coupling["kind"] == "depth"].merge(
+        on, on=key, suffixes=("_mon", "_sweep"))
+    assert len(both) > 0 and len(both) == len(on)  # the sweep's prompt is the monitor's first
+    diff = (both["value_mon"] - both["value_sweep"]).abs().max()
+    assert diff < 1e-5, diff
     # the demo's point, from its own runs: with the LN directions removed the random-init
     # MiniLM is at chance and the pretrained one is not
     import blockcoupling as bc

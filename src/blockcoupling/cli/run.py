@@ -234,15 +234,17 @@ def demo(
     quick: Annotated[bool, typer.Option("--quick/--no-quick", help="A much smaller demo: one prompt per model, K = 10 only, and a 2-layer d = 32 LM trained for 20 steps instead of the 6-layer d = 128 one trained for 400 (the numbers are a smoke test, not the story).")] = False,
     cache_dir: Annotated[Path | None, typer.Option(help="Where trained demo checkpoints are cached.")] = None,
     family: Annotated[bool, typer.Option("--family/--no-family", help="Also run the coupling-vs-generalisation study on a family of tiny LMs (about a minute more).")] = True,
+    executor: Annotated[str, typer.Option(help="Where the tiny LMs' checkpoint sweeps run: ray (a local Ray cluster, started for the demo) or local (in this process, no Ray).")] = "ray",
 ) -> None:
-    """The offline demo: pretrained MiniLM vs random init, and a tiny LM across training."""
+    """The offline demo: pretrained MiniLM vs random init, and a tiny LM across training
+    (trained with the coupling monitor, its checkpoints measured by a sweep on local Ray)."""
     from blockcoupling.studies.demo import run_demo
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     out = out or Path("demo_run_quick" if quick else "demo_run")
     try:
         path = run_demo(out, quick=quick, cache_dir=cache_dir, progress=not _STATE["quiet"],
-                        family=family)
+                        family=family, executor=executor)
     except BlockCouplingError as err:
         _fail(err)
         return

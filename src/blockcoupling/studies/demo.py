@@ -11,7 +11,10 @@ CPU cores. Everything it needs ships with Python or with PyPI packages:
 (b) **A tiny pre-LN causal LM** (GPT-2 architecture, built from a :class:`transformers.GPT2Config`)
     with a character-level tokenizer, trained here on the help texts in
     :mod:`pydoc_data.topics` and measured at several checkpoints from step 0 on: a toy-scale
-    version of the paper's training curves (fig. 1b). The hyperparameters in
+    version of the paper's training curves (fig. 1b), measured twice through the study layer:
+    during training by a :class:`~blockcoupling.CouplingMonitor` (cheap: depth-wise, K = 10,
+    last token) and afterwards, at every saved checkpoint, by a sweep on a local Ray cluster
+    (the full set: every token, depth- and token-wise). The hyperparameters in
     :class:`TinyLMConfig` are fixed and documented; they were chosen as a sensible small
     character LM that trains in about a minute on two cores, and are *not* tuned to make the
     coupling curves resemble the paper's. Training is deterministic under its seed (fixed data
@@ -45,8 +48,12 @@ if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
 #: Bumped whenever the corpus cleaning, tokenizer or training loop changes in a way that changes
-#: the trained weights; part of the cache key so stale caches are never reused.
-CACHE_FORMAT = 1
+#: the trained weights or what the cache holds; part of the cache key so stale caches are never
+#: reused. 2: the cache also holds the training-time monitor's measurements (``monitor/``).
+CACHE_FORMAT = 2
+
+#: The folder (in a trained config's cache folder) of what the monitor measured during training.
+MONITOR_DIR = "monitor"
 
 PAD_TOKEN = "[PAD]"
 UNK_TOKEN = "[UNK]"
@@ -288,13 +295,36 @@ def _lm_loss(model: torch.nn.Module, chunk: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), chunk[:, 1:].reshape(-1))
 
 
-def _train_and_save(cfg: TinyLMConfig, target: Path, progress: bool) -> dict[str, Any]:
+def tiny_lm_prompts(cfg: TinyLMConfig, quick: bool = False) -> list[str]:
+    """The corpus prompts the tiny LM is measured on (by the monitor: all of them; by the
+    demo's sweep: the first with ``quick``), each cut to the model's context (one character
+    is one token)."""
+    prompts = [p[: cfg.block_size] for p in demo_prompts("corpus")]
+    return prompts[:1] if quick else prompts
+
+
+def monitor_options(cfg: TinyLMConfig) -> dict[str, Any]:
+    """What the training-time monitor measures at each checkpoint step: depth-wise coupling at
+    one K (10, or d/10 where that is smaller: a K the demo's sweep measures too, quick or not)
+    at the last token of the corpus prompts. Cheap: one Jacobian per block and prompt; the
+    full measurement is the sweep's, on the saved checkpoints."""
+    return {"coupling": ("depth",), "k": _k_values(cfg.n_embd, quick=True), "tokens": "last"}
+
+
+def _train_and_save(cfg: TinyLMConfig, target: Path, progress: bool,
+                    monitor: bool = True) -> dict[str, Any]:
     """Train the tiny LM from scratch and save every checkpoint under ``target``.
 
     Writes ``target/step-NNNNNN/`` (model + tokenizer, loadable with ``from_pretrained``) for
     each step in ``cfg.checkpoints`` and returns the training log (also saved by the caller).
+    With ``monitor`` (the default), a :class:`~blockcoupling.CouplingMonitor` measures the
+    model at each checkpoint step, inside the training loop, into ``target/monitor`` (a
+    monitor directory: ``open_sweep`` and ``blockcoupling report`` read it). The monitor does
+    not change training: the weights and losses are bit-identical without it (tested).
     """
     from transformers import GPT2LMHeadModel
+
+    from blockcoupling.studies.monitor import CouplingMonitor
 
     docs = corpus_documents()
     tokenizer = build_tokenizer("\n\n\n".join(docs))
@@ -337,14 +367,24 @@ def _train_and_save(cfg: TinyLMConfig, target: Path, progress: bool) -> dict[str
              {"params": no_decay, "weight_decay": 0.0}],
             lr=cfg.lr, betas=(cfg.beta1, cfg.beta2),
         )
+        mon = None
+        if monitor:
+            mon = CouplingMonitor(tokenizer, tiny_lm_prompts(cfg), every=None,
+                                  steps=cfg.checkpoints, out=target / MONITOR_DIR,
+                                  label="tiny LM", **monitor_options(cfg))
         bar = None
         if progress:
             from tqdm.auto import tqdm
 
             bar = tqdm(total=cfg.max_steps, desc="training tiny LM", unit="step")
         t0 = time.perf_counter()
+        monitor_s = 0.0
         last_loss = float("nan")
         for step in range(cfg.max_steps + 1):
+            if mon is not None:  # measures the checkpoint steps only (steps=cfg.checkpoints)
+                t_mon = time.perf_counter()
+                mon.step(model, step)
+                monitor_s += time.perf_counter() - t_mon
             if step in cfg.checkpoints:
                 model.eval()
                 with torch.no_grad():
@@ -374,7 +414,10 @@ def _train_and_save(cfg: TinyLMConfig, target: Path, progress: bool) -> dict[str
                 bar.set_postfix(loss=f"{last_loss:.3f}")
         if bar is not None:
             bar.close()
+        if mon is not None:
+            mon.close()
     log["seconds"] = time.perf_counter() - t0
+    log["monitor_seconds"] = monitor_s if monitor else None
     # Final training loss: mean over the last 10 % of steps (a single batch is noisy).
     tail = log["train_loss"][-max(1, cfg.max_steps // 10):]
     log["final_train_loss"] = sum(tail) / len(tail) if tail else None
@@ -405,7 +448,8 @@ def train_tiny_lm(
 
     Checkpoints live in ``<cache_dir>/<cfg.cache_key()>/step-NNNNNN`` (``cache_dir`` defaults
     to :func:`default_cache_dir`), each with its tokenizer, so ``AutoModel.from_pretrained`` and
-    ``AutoTokenizer.from_pretrained`` load it. ``training.json`` (losses, timings) is written
+    ``AutoTokenizer.from_pretrained`` load it; ``monitor/`` holds what the training-time
+    monitor measured (:func:`monitor_dir`). ``training.json`` (losses, timings) is written
     last; a folder that has it is complete and is reused without training. Training goes to a
     temporary sibling folder that is renamed into place, so an interrupted run leaves no
     half-written cache.
@@ -431,12 +475,22 @@ def train_tiny_lm(
             shutil.rmtree(tmp, ignore_errors=True)
     out = [(s, target / checkpoint_name(s)) for s in cfg.checkpoints]
     missing = [str(p) for _, p in out if not (p / "config.json").is_file()]
+    from blockcoupling.studies.sweep.store import is_sweep_dir
+
+    if not is_sweep_dir(target / MONITOR_DIR):
+        missing.append(str(target / MONITOR_DIR))
     if missing:
         raise BlockCouplingError(
             f"The tiny-LM cache {target} is incomplete (missing {missing[0]}); delete that "
             "folder and run again"
         )
     return out
+
+
+def monitor_dir(cfg: TinyLMConfig, cache_dir: str | Path | None = None) -> Path:
+    """The monitor directory written while ``cfg`` was trained (one unit per checkpoint step:
+    depth-wise coupling, K = 10, last token, the corpus prompts)."""
+    return tiny_lm_dir(cfg, cache_dir) / MONITOR_DIR
 
 
 def load_checkpoint(path: str | Path) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
@@ -580,6 +634,42 @@ def headline(m: Any, k: int) -> tuple[float, float]:
     return float(c), float(v)
 
 
+@contextmanager
+def _ray_for_demo(executor: str) -> Iterator[None]:
+    """A small local Ray cluster for the demo's sweeps (when ``executor == "ray"`` and this
+    process has none yet), shut down afterwards; a cluster already running is used as is."""
+    if executor != "ray":
+        yield
+        return
+    from blockcoupling.studies.sweep.runner import import_ray, start_ray
+
+    ray = import_ray()
+    started = not ray.is_initialized()
+    start_ray()
+    try:
+        yield
+    finally:
+        if started:
+            ray.shutdown()
+
+
+def _sweep_measurements(spec: dict[str, Any], root: Path, executor: str,
+                        progress: bool) -> list[tuple[str, Any]]:
+    """Run (or resume) the sweep ``spec`` into ``root``; ``(unit_id, Measurement)`` of every
+    unit in the sweep's order. A failed unit is an error (its message is given)."""
+    from blockcoupling.studies.sweep import is_sweep_dir, open_sweep, run_sweep
+
+    run_sweep(spec, root, executor=executor, resume=is_sweep_dir(root), progress=progress)
+    sweep = open_sweep(root)
+    failed = sweep.units[sweep.units["status"] != "done"]
+    if len(failed):
+        row = failed.iloc[0]
+        raise BlockCouplingError(f"{len(failed)} unit(s) of the sweep in {root} failed, e.g. "
+                                 f"{row['unit_id']}: {row['message']}; see `blockcoupling "
+                                 f"sweep-status {root}`")
+    return [(uid, sweep.open_unit(uid)) for uid in sweep.units["unit_id"]]
+
+
 def run_demo(
     out_dir: str | Path,
     *,
@@ -587,6 +677,7 @@ def run_demo(
     cache_dir: str | Path | None = None,
     progress: bool = True,
     family: bool = True,
+    executor: str = "ray",
 ) -> Path:
     """Run the whole offline demo and return the path of its HTML report.
 
@@ -599,24 +690,37 @@ def run_demo(
       ``remove_norm_directions=True`` (MiniLM is post-LN: at random init its Jacobians are
       dominated by the output LayerNorm's two directions, shared by every layer; see
       docs/conventions.md). Both views are shown on purpose;
-    * ``tinylm-step-NNNNNN``: the tiny LM at each checkpoint (``meta`` carries ``step`` and
-      ``val_loss`` for the emergence figure).
+    * ``tinylm-monitor/``: what the :class:`~blockcoupling.CouplingMonitor` measured while
+      the tiny LM trained (a copy of the cached monitor directory; one unit per checkpoint
+      step, depth-wise, K = 10, last token);
+    * ``tinylm/``: a sweep over the tiny LM's saved checkpoints (one unit per checkpoint,
+      ``tinylm/units/<unit_id>``), run by ``executor`` (``"ray"``: a local Ray cluster, started
+      for the demo unless this process already has one; ``"local"``: in this process). In the
+      report each checkpoint's ``meta`` carries ``step`` and ``val_loss`` for the emergence
+      figure;
     * ``lm-family/`` (``family=True``): the coupling-vs-generalisation study on a family of
       tiny causal LMs (:func:`blockcoupling.studies.lm_family.run_lm_family`: trained, scored
-      on held-out text, measured through a sweep, correlated); its own page is
-      ``lm-family/correlation.html`` and its one-line result is printed at the end.
+      on held-out text, measured through a sweep on the same executor, correlated); its own
+      page is ``lm-family/correlation.html`` and its one-line result is printed at the end.
 
     MiniLM is measured at the last token (depth-wise coupling, K = 10 and d/10); the tiny LM at
     every token (depth-wise and token-wise). ``quick=True`` trains
     :meth:`TinyLMConfig.quick`, uses one prompt per model and K = 10 only: it is meant for
-    tests. Runs are opened with ``resume=True``, so running the demo again into the same
-    ``out_dir`` reuses finished prompts (the weights are deterministic, so their hashes match).
+    tests. Runs are opened with ``resume=True`` and sweeps resumed, so running the demo again
+    into the same ``out_dir`` reuses finished prompts and units (the weights are
+    deterministic, so their hashes match).
     A summary line per run (mean depth-wise coupling and coupling above chance) is printed at
     the end when ``progress`` is on.
     """
     from blockcoupling.report.html import write_report
     from blockcoupling.store.record import measure_to_dir
 
+    from blockcoupling.studies.sweep.runner import EXECUTORS, import_ray
+
+    if executor not in EXECUTORS:
+        raise BlockCouplingError(f"executor {executor!r}: choose ray or local")
+    if executor == "ray":
+        import_ray()  # a missing ray is said before anything runs
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     measurements: list[Any] = []
@@ -642,7 +746,7 @@ def run_demo(
         (random_init, "random-init-seed0",
          DemoRun("minilm-random-normdirs", "MiniLM random init, LN directions removed", nd)),
     ]
-    total = len(minilm_runs) + len(cfg.checkpoints)
+    total = len(minilm_runs) + 1  # MiniLM's four runs, then the tiny LM's sweep
     for i, (model, revision, run) in enumerate(minilm_runs, start=1):
         _announce(i, total, run, len(general), out, progress)
         m = measure_to_dir(
@@ -656,49 +760,58 @@ def run_demo(
         labels.append(run.label)
     del pretrained, random_init
 
-    # (b) the tiny LM across training.
+    # (b) the tiny LM across training: trained with the monitor, its checkpoints measured
+    # by a sweep (on local Ray by default).
     checkpoints = train_tiny_lm(cfg, cache_dir, progress=progress)
     log = training_log(cfg, cache_dir)
-    corpus = demo_prompts("corpus")[:1] if quick else demo_prompts("corpus")
-    for i, (step, path) in enumerate(checkpoints, start=len(minilm_runs) + 1):
-        model, tok = load_checkpoint(path)
-        run = DemoRun(f"tinylm-{checkpoint_name(step)}", f"tiny LM step {step}", {})
-        _announce(i, total, run, len(corpus), out, progress)
+    corpus = tiny_lm_prompts(cfg, quick)
+    monitor_copy = out / "tinylm-monitor"  # the run's own copy of the cached monitor directory
+    shutil.rmtree(monitor_copy, ignore_errors=True)
+    shutil.copytree(monitor_dir(cfg, cache_dir), monitor_copy)
+    spec = {
+        "name": "demo-tinylm",
+        "models": [{"label": "tiny LM", "checkpoints": [str(path.resolve()) for _, path in checkpoints]}],
+        "prompts": [{"name": "demo:corpus", "texts": corpus}],
+        "measure": {"coupling": ["depth"] if quick else ["depth", "self"],
+                    "k": list(_k_values(cfg.n_embd, quick)),
+                    "tokens": "last" if quick else "all"},
+    }
+    if progress:
+        from tqdm.auto import tqdm
+
+        tqdm.write(f"[{len(minilm_runs) + 1}/{total}] tiny LM at {len(checkpoints)} checkpoints: "
+                   f"a sweep of {len(corpus)} prompt(s) each on executor {executor!r} -> "
+                   f"{out / 'tinylm'} (the monitor's measurements from training: "
+                   f"{monitor_copy})")
+    folder_of = dict(checkpoints)
+    with _ray_for_demo(executor):
+        swept = _sweep_measurements(spec, out / "tinylm", executor, progress)
+        # (c) coupling against generalisation on a family of tiny LMs (the paper's
+        # correlation, at toy scale): whatever it shows is reported as it comes out.
+        family_result = None
+        if family:
+            from blockcoupling.studies.lm_family import run_lm_family
+
+            if progress:
+                from tqdm.auto import tqdm
+
+                tqdm.write(f"[family] tiny-LM family: train, score, measure by sweep, correlate "
+                           f"-> {out / 'lm-family'}")
+            family_result = run_lm_family(out / "lm-family", quick=quick, cache_dir=cache_dir,
+                                          progress=progress, executor=executor)
+    for unit_id, m in swept:
+        step = int(m.meta["step"])  # parsed by the sweep from the folder name step-NNNNNN
+        path = str(folder_of[step])
         losses = log["checkpoints"][str(step)]
-        m = measure_to_dir(
-            model, tok, corpus, out / run.sub,
-            meta={
-                "model": f"tiny-gpt2-pydoc-{cfg.cache_key()}",
-                "label": run.label,
-                "revision": checkpoint_name(step),
-                "step": step,
-                "path": str(path),
-                "train_loss": losses["train_loss"],
-                "val_loss": losses["val_loss"],
-                "final_train_loss": log["final_train_loss"],
-                "training": cfg.to_dict(),
-            },
-            prompts_spec="demo:corpus",
-            coupling=("depth",) if quick else ("depth", "self"),
-            k=_k_values(cfg.n_embd, quick), tokens="last" if quick else "all",
-            resume=True, progress=progress,
-        )
+        m.meta.update({  # for the report: what the checkpoint is and how far it had trained
+            "model": f"tiny-gpt2-pydoc-{cfg.cache_key()}", "label": f"tiny LM step {step}",
+            "revision": checkpoint_name(step), "step": step, "path": path,
+            "train_loss": losses["train_loss"], "val_loss": losses["val_loss"],
+            "final_train_loss": log["final_train_loss"], "training": cfg.to_dict(),
+            "sweep_unit": unit_id,
+        })
         measurements.append(m)
-        labels.append(run.label)
-
-    # (c) coupling against generalisation on a family of tiny LMs (the paper's correlation,
-    # at toy scale): whatever it shows is reported as it comes out.
-    family_result = None
-    if family:
-        from blockcoupling.studies.lm_family import run_lm_family
-
-        if progress:
-            from tqdm.auto import tqdm
-
-            tqdm.write(f"[family] tiny-LM family: train, score, measure by sweep, correlate -> "
-                       f"{out / 'lm-family'}")
-        family_result = run_lm_family(out / "lm-family", quick=quick, cache_dir=cache_dir,
-                                      progress=progress)
+        labels.append(f"tiny LM step {step}")
 
     if progress:
         from tqdm.auto import tqdm

@@ -17,7 +17,7 @@ two CPU cores:
   evenly spaced windows for every model.
 - **The coupling** of each checkpoint: depth-wise, last token, K = round(d / 10), variant
   ``coupling``, p = 1, ``ujv``, on held-out windows (:func:`family_prompts`), measured by a
-  sweep (:func:`blockcoupling.studies.sweep.run_sweep`, local executor, resumable).
+  sweep (:func:`blockcoupling.studies.sweep.run_sweep`, on Ray or in this process, resumable).
 - **The correlation**: :func:`blockcoupling.studies.correlate.correlate` on the sweep with
   the scores, plus the same with ``-val_loss`` as the score, and with the statistic
   ``coupling_vs_null`` (raw coupling at different K has different chance levels).
@@ -146,8 +146,9 @@ def _train_and_score(member: FamilyMember, cache_dir: str | Path | None, progres
 
 
 def _measure_by_sweep(members: list[FamilyMember], checkpoints: dict[str, list[Path]], out: Path,
-                      progress: bool) -> Path:
-    """Measure every checkpoint with a sweep (local executor, resumable) into ``out/sweep``;
+                      progress: bool, executor: str = "local") -> Path:
+    """Measure every checkpoint with a sweep (resumable; ``executor`` ``"local"``: in this
+    process, ``"ray"``: one Ray task per checkpoint) into ``out/sweep``;
     K = round(d / 10) of every width is measured for all (nested top-K: one SVD serves all)."""
     from blockcoupling.studies.sweep import is_sweep_dir, open_sweep, run_sweep
 
@@ -161,7 +162,7 @@ def _measure_by_sweep(members: list[FamilyMember], checkpoints: dict[str, list[P
             "measure": {"coupling": ["depth"], "k": ks, "tokens": "last", "p": [1],
                         "variants": ["coupling", "coupling_vs_null"], "orientations": ["ujv"]}}
     root = out / "sweep"
-    run_sweep(spec, root, executor="local", resume=is_sweep_dir(root), progress=progress)
+    run_sweep(spec, root, executor=executor, resume=is_sweep_dir(root), progress=progress)
     units = open_sweep(root).units
     failed = units[units["status"] != "done"]
     if len(failed):
@@ -210,7 +211,8 @@ class LMFamilyResult:
 
 def run_lm_family(out_dir: str | Path, *, quick: bool = False,
                   members: list[FamilyMember] | None = None, cache_dir: str | Path | None = None,
-                  progress: bool = True, n_boot: int = 1000, seed: int = 0) -> LMFamilyResult:
+                  progress: bool = True, n_boot: int = 1000, seed: int = 0,
+                  executor: str = "local") -> LMFamilyResult:
     """Train (or reuse), score, measure and correlate the family; write the outputs.
 
     Under ``out_dir``: ``sweep/`` (the measurements: a sweep directory with one unit per
@@ -220,7 +222,8 @@ def run_lm_family(out_dir: str | Path, *, quick: bool = False,
     coupling against accuracy and against -loss, coupling_vs_null against accuracy; each the
     JSON of :meth:`CorrelationResult.to_dict`) and ``correlation.html`` (the accuracy study).
     Trained checkpoints are cached as the demo's are (``cache_dir``); run directories are
-    resumed, so a second call only re-does the scores and the statistics.
+    resumed, so a second call only re-does the scores and the statistics. ``executor``: the
+    sweep's (``"local"``, in this process, or ``"ray"``: see :func:`run_sweep`).
     """
     from blockcoupling.report.correlation import write_correlation_html
     from blockcoupling.studies.correlate import correlate
@@ -237,7 +240,7 @@ def run_lm_family(out_dir: str | Path, *, quick: bool = False,
             scored = _train_and_score(member, cache_dir, progress)
             rows += [row for row, _ in scored]
             checkpoints[member.name] = [path for _, path in scored]
-        sweep_dir = _measure_by_sweep(members, checkpoints, out, progress)
+        sweep_dir = _measure_by_sweep(members, checkpoints, out, progress, executor)
     table = pd.DataFrame(rows)
     table.to_csv(out / "scores.csv", index=False)
     acc = correlate([sweep_dir], table.drop(columns=["val_loss", "step"]), n_boot=n_boot,

@@ -164,7 +164,7 @@ def _execute_ray(root: Path, units: list[Unit], *, address: str | None, retries:
         task = ray.remote(_ray_unit)
         refs = {task.options(num_cpus=u.num_cpus, num_gpus=u.num_gpus, max_retries=retries,
                              retry_exceptions=False, name=f"unit:{u.unit_id}")
-                .remote(u.to_dict(), str(root)): u for u in units}
+                .remote(u.to_dict(), str(root.resolve())): u for u in units}  # any worker cwd
         while refs:
             ready, _ = ray.wait(list(refs), num_returns=1)
             for ref in ready:
