@@ -135,3 +135,48 @@ def test_a_wrong_structured_jacobian_is_switched_off(monkeypatch: pytest.MonkeyP
     # other blocks still do
     other = fastpath.token_branch(model, cap, 1, 0, 5, dtype=F64, verify=False)
     assert other is not None and other.structured
+
+
+@pytest.mark.parametrize("arch", ["gpt2", "llama"])
+def test_auto_takes_the_structured_dense_j_where_it_would_go_matrix_free(
+        arch: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under method="auto" a width that would choose matrix-free (d >= 2048; forced here on a
+    tiny model) uses the structured dense J on the CPU instead of randomized products and a
+    dense fallback: same numbers as method="dense", and every Jacobian says dense_fast."""
+    from blockcoupling.engine import measure as measure_mod
+
+    model = tiny_model(arch, seed=3)
+    inputs = tiny_inputs(arch, n=6, batch=2, seed=2)
+    kw = dict(coupling=("depth",), k=(2, 4), tokens="last", progress=False)
+    dense = measure_mod.measure(model, None, inputs, method="dense", **kw)
+    real = measure_mod.choose_method
+    monkeypatch.setattr(measure_mod, "choose_method",
+                        lambda cfg, d: "matrix_free" if cfg.method == "auto" else real(cfg, d))
+    auto = measure_mod.measure(model, None, inputs, method="auto", **kw)
+    assert set(auto.diagnostics["method"]) == {"dense_fast"}
+    a, b = auto.coupling["value"].to_numpy(), dense.coupling["value"].to_numpy()
+    assert a.shape == b.shape and float(abs(a - b).max()) < 1e-6
+    forced = measure_mod.measure(model, None, inputs, method="matrix_free", **kw)
+    assert set(forced.diagnostics["method"]) == {"matrix_free_fast"}  # forcing still forces
+
+
+def test_one_blas_thread_limits_openblas_and_restores() -> None:
+    """The eigensolver's BLAS runs on one thread inside the block and as before after it."""
+    threadpoolctl = pytest.importorskip("threadpoolctl")
+    import scipy.linalg  # noqa: F401
+
+    from blockcoupling.engine.svd import one_blas_thread
+
+    def counts() -> list[int]:
+        return [i["num_threads"] for i in threadpoolctl.threadpool_info()
+                if i["internal_api"] == "openblas"]
+
+    before = counts()
+    if not before:
+        pytest.skip("no OpenBLAS loaded (scipy built against another BLAS)")
+    with one_blas_thread():
+        assert counts() == [1] * len(before)
+        with one_blas_thread():  # nests
+            assert counts() == [1] * len(before)
+        assert counts() == [1] * len(before)
+    assert counts() == before

@@ -275,6 +275,19 @@ class TokenBranch:
                 outs.append(pull(U[:, s : s + self.chunk_size].T).detach())  # (c, d): J^T u_i
         return check_finite(torch.cat(outs).T, "vector-Jacobian product")  # (d, m)
 
+    def structured_jacobian(self) -> Tensor | None:
+        """Dense ``J^l_tt`` (d, d) from the block's structure (computed once, then kept), or
+        None where that does not apply (never the d pullbacks of :meth:`jacobian`)."""
+        if self.dense_fn is None:
+            return None
+        if self._dense is None:
+            J = self.dense_fn()
+            if J is None:
+                self.dense_fn = None
+                return None
+            self._dense = check_finite(J, "Jacobian")
+        return self._dense
+
     def jacobian(self) -> Tensor:
         """Dense ``J^l_tt`` (d, d), rows = output coordinates (computed once, then kept).
 
@@ -320,6 +333,7 @@ def token_branches(
     memory_bytes: int = DEFAULT_MEMORY_BYTES,
     seed: int = 0,
     device: torch.device | str | None = None,
+    verify_forward: bool = True,
 ) -> dict[int, TokenBranch] | None:
     """Decode-step operators for ``J^l_tt`` at each token in ``tokens`` (real, 0-based).
 
@@ -327,6 +341,9 @@ def token_branches(
     ``None`` when the model is not causal, the block is not supported, or (``verify=True``)
     ``J_fast`` differs from the generic path on ``n_check`` random vectors per token by more
     than :data:`VERIFY_RTOL` (a warning says which); the caller then uses the generic path.
+    ``verify_forward=False``: the caller uses only dense Jacobians, so where the structured J
+    passes its check the decode step's forward-mode product is not checked (see
+    :func:`_verify`).
     Raises :class:`BlockCouplingError` for out-of-range layer, prompt or token.
     """
     check_call_index(cap, layer, prompt)
@@ -348,7 +365,8 @@ def token_branches(
     if built is None:
         return None
     if verify:
-        bad_msg = _verify(model, cap, layer, prompt, built, dtype, n_check, seed, device)
+        bad_msg = _verify(model, cap, layer, prompt, built, dtype, n_check, seed, device,
+                          forward=verify_forward)
         if bad_msg is not None:
             warnings.warn(
                 f"fast path for layer {layer} ({cap.spec.arch}) disagrees with the generic "
@@ -454,39 +472,46 @@ def _make_g(block: nn.Module, norm: nn.Module | None, row_kwargs: dict[str, Any]
 
 def _verify(model: nn.Module, cap: Capture, layer: int, prompt: int,
             built: dict[int, TokenBranch], dtype: torch.dtype, n_check: int, seed: int,
-            device: torch.device | str | None = None) -> str | None:
-    """None if every token's J v and J^T u match the generic path; else a description."""
+            device: torch.device | str | None = None, forward: bool = True) -> str | None:
+    """None if every token's operator matches the generic path; else a description.
+
+    Per token, on ``n_check`` random vectors V: the decode step's value and its pullback
+    ``J^T V`` against the generic path; the structured dense J (where it applies) by
+    ``J^T V`` (for an explicit matrix one direction suffices: any wrong entry changes it for
+    random V); and the decode step's forward-mode ``J V`` unless ``forward=False`` and the
+    structured J passed (the dense J then serves every product, and forward mode through the
+    decode step is never used)."""
     f, x = residual_branch(model, cap, layer, prompt, dtype=dtype, device=device)
     tol = VERIFY_RTOL.get(dtype, 5e-2)
     gen = torch.Generator().manual_seed(int(seed))
     for t, tb in built.items():
         try:
+            op = jacobian_operator(f, x, t, t)
+            V = torch.randn(tb.d, n_check, generator=gen, dtype=torch.float64).to(tb.device, tb.dtype)
+            JtV = op.rmatmat(V)
+            structured_ok = (tb.dense_fn is not None
+                             and _verify_structured(model, cap, layer, tb, V, JtV, tol))
             gx = tb.value()
             with replay_context(), torch.no_grad():
                 fx = f(x)[t]
-            errs = [_rel(gx, fx)]
-            op = jacobian_operator(f, x, t, t)
-            V = torch.randn(tb.d, n_check, generator=gen, dtype=torch.float64).to(tb.device, tb.dtype)
-            JV, JtV = op.matmat(V), op.rmatmat(V)
-            errs.append(_rel(tb.matmat(V), JV))
-            errs.append(_rel(tb.rmatmat(V), JtV))
+            errs = [_rel(gx, fx), _rel(tb.rmatmat(V), JtV)]
+            if forward or not structured_ok:
+                errs.append(_rel(tb.matmat(V), op.matmat(V)))
         except (TypeError, ValueError, RuntimeError, AttributeError, IndexError) as err:
             return f"token {t}: {type(err).__name__}: {err}"
-        tb.verify_error = max(errs)
+        tb.verify_error = max(errs + ([tb.verify_error] if structured_ok else []))
         if not tb.verify_error <= tol:  # also catches NaN
             return f"token {t}: relative error {tb.verify_error:.3g} > {tol:.3g}"
-        if tb.dense_fn is not None:
-            _verify_structured(model, cap, layer, tb, V, JV, JtV, tol)
     return None
 
 
 def _verify_structured(model: nn.Module, cap: Capture, layer: int, tb: TokenBranch, V: Tensor,
-                       JV: Tensor, JtV: Tensor, tol: float) -> None:
-    """Check the structured dense J against the generic J V and J^T V; switch it off for this
-    block (with a warning) where it disagrees."""
+                       JtV: Tensor, tol: float) -> bool:
+    """Check the structured dense J against the generic ``J^T V``: True (J kept) where it
+    agrees; else switch it off for this block (with a warning) and return False."""
     try:
         J = tb.dense_fn() if tb.dense_fn is not None else None
-        err = math.inf if J is None else max(_rel(J @ V, JV), _rel(J.T @ V, JtV))
+        err = math.inf if J is None else _rel(J.T @ V, JtV)
     except (TypeError, ValueError, RuntimeError, AttributeError, IndexError) as exc:
         J, err = None, math.inf
         why = f"{type(exc).__name__}: {exc}"
@@ -494,7 +519,8 @@ def _verify_structured(model: nn.Module, cap: Capture, layer: int, tb: TokenBran
         why = f"relative error {err:.3g} > {tol:.3g}" if J is not None else "not applicable"
     if J is not None and err <= tol:
         tb._dense = check_finite(J, "Jacobian")
-        return
+        tb.verify_error = err
+        return True
     tb.dense_fn = None
     if J is not None or why != "not applicable":
         _STRUCTURED_OFF.add(get_blocks(model, cap.spec)[layer - 1])
@@ -503,6 +529,7 @@ def _verify_structured(model: nn.Module, cap: Capture, layer: int, tb: TokenBran
             f"path ({why}); pulling back through the decode step instead.",
             stacklevel=3,
         )
+    return False
 
 
 def _rel(a: Tensor, b: Tensor) -> float:

@@ -72,7 +72,9 @@ class _Measured:
 def choose_method(cfg: MeasureConfig, d: int) -> str:
     """``dense`` or ``matrix_free`` for hidden size ``d`` (``cfg.method`` unless ``auto``).
     The choice of each Jacobian is in the ``method`` column of ``diagnostics`` and in the
-    ``svd`` events; ``method="dense"`` / ``"matrix_free"`` forces it."""
+    ``svd`` events; ``method="dense"`` / ``"matrix_free"`` forces it. Under ``auto`` a
+    ``matrix_free`` choice is overridden per Jacobian on the CPU where the block's structure
+    gives J densely (engine/structured.py: a few GEMMs, cheaper than the products)."""
     if cfg.method != "auto":
         return cfg.method
     # Dense blocks cost d VJPs per output token and d^2 memory; the matrix-free path costs
@@ -140,7 +142,8 @@ class _PromptRun:
         tbs = fastpath.token_branches(self.model, self.cap, layer, self.b, diag,
                                       dtype=self.cfg.dtype, verify=verify, seed=self.cfg.seed,
                                       chunk_size=self.cfg.chunk_size,
-                                      device=self.cfg.analysis_device)
+                                      device=self.cfg.analysis_device,
+                                      verify_forward=self.method != "dense")
         if tbs is None:
             self.state.fast_failed.add(layer)
             return {}
@@ -221,8 +224,14 @@ class _PromptRun:
         t0 = time.perf_counter()
         kmax = self.cfg.k_max
         tag = "_fast" if tb is not None else ""
-        if self.method == "dense":
-            J = self._project(layer, t_out,
+        J_struct = None
+        if (self.method == "matrix_free" and self.cfg.method == "auto" and tb is not None
+                and tb.device.type == "cpu"):
+            # a few GEMMs from the block's structure beat ~(K + oversample) * (2 iters + 2)
+            # decode-step products on the CPU, and need no residual check or dense fallback
+            J_struct = tb.structured_jacobian()
+        if self.method == "dense" or J_struct is not None:
+            J = self._project(layer, t_out, J_struct if J_struct is not None else
                               tb.jacobian() if tb is not None else blocks[(t_in, t_out)])
             m = _Measured(svd.topk_svd(J, kmax), J, "dense" + tag, 0.0, 0.0)
         else:
@@ -449,12 +458,13 @@ def _measure_one(model: torch.nn.Module, cap: Capture, b: int, item: MeasureInpu
     frames: list[pd.DataFrame] = []
     arrays: dict[str, np.ndarray] = {}
     if run.keys or cfg.influence:
-        run.pass1()
-        if cfg.coupling:
-            frames, arrays, lin = run.pass2()
-            if tokm is not None and lin:
-                tokm.loc[tokm["token"].isin(list(lin)), "linearisation_cosine"] = (
-                    tokm.loc[tokm["token"].isin(list(lin)), "token"].map(lin).astype(float))
+        with svd.one_blas_thread():  # the Jacobian work is torch's threads' (engine/svd.py)
+            run.pass1()
+            if cfg.coupling:
+                frames, arrays, lin = run.pass2()
+                if tokm is not None and lin:
+                    tokm.loc[tokm["token"].isin(list(lin)), "linearisation_cosine"] = (
+                        tokm.loc[tokm["token"].isin(list(lin)), "token"].map(lin).astype(float))
     prompts_df = conform("prompts", [dict(prompt_id=item.prompt_id, text=item.text, n_tokens=n,
                                           label=item.label)])
     part = Measurement(

@@ -18,7 +18,9 @@ where ``p_h`` are the attention probabilities of token t over keys ``K_h (t+1, h
 ``V_h``, ``o_h = V_h^T p_h`` and ``s`` the score scale. Products with a norm Jacobian cost
 O(d^2) (diagonal plus low rank), the per-head maps are hd x hd, so the cost is three GEMMs:
 ``W_o J_o`` (2 d^3), ``N`` (2 d I d, I the MLP width) and ``N J_a`` (2 d^3) -- about half the
-flops of pulling back d cotangents through the decode step, as large GEMMs.
+flops of pulling back d cotangents through the decode step, as large GEMMs. Each norm
+Jacobian multiplies a (d, d) product once, on the right (``(W_out diag(act') W_in) J_n2``),
+rather than every weight matrix (an (I, d) pass saved per block).
 
 Supported (by class name, exactly): ``GPT2Block`` (LayerNorm, fused ``c_attn`` Conv1D,
 elementwise MLP) and ``LlamaDecoderLayer`` with its structural twins ``MistralDecoderLayer``
@@ -153,9 +155,11 @@ def _attend(at: _Attention, a: Tensor, J_n: NormJacobian, K_pre: Tensor, V_pre: 
         return W @ a + (b if b is not None else 0)
 
     q, k, v = proj(at.Wq, at.bq).view(H, hd), proj(at.Wk, at.bk).view(Hkv, hd), proj(at.Wv, at.bv).view(Hkv, hd)
-    Jq = J_n.right_of(at.Wq).view(H, hd, -1)  # (H, hd, d)
-    Jk = J_n.right_of(at.Wk).view(Hkv, hd, -1)
-    Jv = J_n.right_of(at.Wv).view(Hkv, hd, -1)
+    # Jacobians with respect to the NORMED input a; the norm's J_n multiplies the (d, d)
+    # result on the right once at the end (every term is linear in it), not each W
+    Jq = at.Wq.view(H, hd, -1)  # (H, hd, d)
+    Jk = at.Wk.view(Hkv, hd, -1)
+    Jv = at.Wv.view(Hkv, hd, -1)
     if at.rope is not None:
         R = at.rope
         q, k = q @ R.T, k @ R.T
@@ -178,7 +182,7 @@ def _attend(at: _Attention, a: Tensor, J_n: NormJacobian, K_pre: Tensor, V_pre: 
     qJk = torch.einsum("hi,hid->hd", q, Jk_h)  # (H, d)
     Jo = C @ Jq + ck[:, :, None] * qJk[:, None, :] + pt[:, None, None] * Jv_h  # (H, hd, d)
     val = at.Wo @ o.reshape(-1) + (at.bo if at.bo is not None else 0)  # (d,)
-    return val, at.Wo @ Jo.reshape(H * hd, -1)  # (d,), (d, d)
+    return val, J_n.right_of(at.Wo @ Jo.reshape(H * hd, -1))  # (d,), (d, d)
 
 
 def _rope_matrix(block: nn.Module, cos: Tensor, sin: Tensor, hd: int) -> Tensor | None:
@@ -241,14 +245,14 @@ def _mlp(mlp: tuple[Any, ...], a: Tensor, J_n: NormJacobian) -> tuple[Tensor, Te
         z = W_in @ a + (b_in if b_in is not None else 0)  # (I,)
         h, dh = _act_and_grad(act, z)
         val = W_out @ h + (b_out if b_out is not None else 0)
-        return val, (W_out * dh) @ J_n.right_of(W_in)  # (d, I) @ (I, d)
+        return val, J_n.right_of((W_out * dh) @ W_in)  # ((d, I) @ (I, d)) J_n
     _, Wg, bg, Wu, bu, Wd, bd, act = mlp
     g = Wg @ a + (bg if bg is not None else 0)
     u = Wu @ a + (bu if bu is not None else 0)
     h, dh = _act_and_grad(act, g)
     val = Wd @ (h * u) + (bd if bd is not None else 0)
     inner = (dh * u)[:, None] * Wg + h[:, None] * Wu  # (I, d)
-    return val, Wd @ J_n.right_of(inner)
+    return val, J_n.right_of(Wd @ inner)  # (d, d), J_n applied once
 
 
 @torch.no_grad()

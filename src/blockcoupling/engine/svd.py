@@ -15,8 +15,9 @@ operator application (on K vectors) and is reported as ``TopK.residual``.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 from torch import Tensor
@@ -97,6 +98,31 @@ _GRAM_MIN_RATIO: float = 1e-3
 _GRAM_ORTH_TOL: float = 1e-6
 
 
+_SCIPY_BLAS: list[Any] = []  # [threadpoolctl controller of scipy's BLAS] once looked up
+
+
+def one_blas_thread() -> contextlib.AbstractContextManager[Any]:
+    """Run scipy's and numpy's BLAS/LAPACK (OpenBLAS) on one thread for the block (nests).
+
+    torch computes with its own OpenMP threads and scipy with OpenBLAS's pthreads; both spin
+    for a while after a call, so on a machine with few cores each pool's idle-spinning threads
+    steal the cores the other one computes on. The MRRR eigensolver is mostly BLAS2 and
+    gains little from threads, while the torch GEMMs around it lost 40-70 % of their speed to
+    the contention (2 cores: a 768 x 3072 GEMM after ``eigh`` took 45-64 ms instead of 25 ms;
+    BENCHMARKS.md). Without threadpoolctl this does nothing."""
+    if not _SCIPY_BLAS:
+        try:
+            import scipy.linalg  # noqa: F401  (loaded first, so its OpenBLAS is seen)
+            from threadpoolctl import ThreadpoolController
+
+            _SCIPY_BLAS.append(ThreadpoolController().select(internal_api="openblas"))
+        except Exception:  # not installed, or an unknown BLAS set-up: leave the threads alone
+            _SCIPY_BLAS.append(None)
+    ctl = _SCIPY_BLAS[0]
+    return ctl.limit(limits=1) if ctl is not None and ctl.lib_controllers else (
+        contextlib.nullcontext())
+
+
 def _topk_gram(J: Tensor, k: int) -> tuple[Tensor, Tensor, Tensor] | None:
     """Top-k SVD of a CPU matrix J (m, n) from the top-k eigenpairs of the float64 Gram matrix
     ``J^T J`` (LAPACK MRRR on a subset of the spectrum, ``scipy.linalg.eigh``), then
@@ -112,7 +138,8 @@ def _topk_gram(J: Tensor, k: int) -> tuple[Tensor, Tensor, Tensor] | None:
     n = int(J.shape[-1])
     J64 = J.detach().double()
     G = (J64.mT @ J64).numpy()  # (n, n)
-    w, Q = scipy.linalg.eigh(G, subset_by_index=[n - k, n - 1], driver="evr")  # ascending
+    with one_blas_thread():
+        w, Q = scipy.linalg.eigh(G, subset_by_index=[n - k, n - 1], driver="evr")  # ascending
     V = torch.from_numpy(Q[:, ::-1].copy())  # (n, k)
     S = torch.from_numpy(w[::-1].copy()).clamp_min(0).sqrt()  # (k,)
     if not bool(S[-1] >= _GRAM_MIN_RATIO * S[0]) or not bool(S[0] > 0):
