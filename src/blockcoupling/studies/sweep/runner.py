@@ -15,7 +15,7 @@ import os
 import socket
 import time
 import traceback
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -147,8 +147,42 @@ def start_ray(address: str | None = None, *, num_cpus: int | None = None,
     return str(ray.get_runtime_context().gcs_address)
 
 
-def _ray_unit(unit: dict[str, Any], root: str) -> dict[str, Any]:  # runs on a Ray worker
-    return run_unit(unit, root)
+def ray_each(fn: Callable[..., Any],
+             calls: Sequence[tuple[tuple[Any, ...], Mapping[str, Any]]],
+             on_result: Callable[[int, Any, BaseException | None], None], *,
+             address: str | None = None, num_cpus: int | None = None) -> str:
+    """Run ``fn(*args)`` as one Ray task per ``(args, options)`` of ``calls`` (``options``:
+    ``ray.remote(...).options``: resources, retries, name) and call ``on_result(i, value,
+    None)`` as each finishes, or ``on_result(i, None, err)`` where its worker died past its
+    retries (a ``RayError``). Uses the cluster at ``address``, or the Ray already initialised
+    in this process, or a small local cluster started here (see :func:`start_ray`) and shut
+    down afterwards. Returns the cluster address. The one task loop of sweeps and ViT grids."""
+    ray = import_ray()
+    started_here = not ray.is_initialized()
+    where = start_ray(address, num_cpus=num_cpus)
+    try:
+        task = ray.remote(fn)
+        refs = {task.options(**opts).remote(*args): i for i, (args, opts) in enumerate(calls)}
+        while refs:
+            ready, _ = ray.wait(list(refs), num_returns=1)
+            for ref in ready:
+                i = refs.pop(ref)
+                try:
+                    value = ray.get(ref)
+                except ray.exceptions.RayError as err:
+                    on_result(i, None, err)
+                else:
+                    on_result(i, value, None)
+    finally:
+        if started_here:
+            ray.shutdown()
+    return where
+
+
+def died(err: BaseException) -> str:
+    """``"RayTaskError: <first line>"`` of a dead worker's error, for a status message."""
+    first = (str(err).strip().splitlines() or [type(err).__name__])[0]
+    return f"{type(err).__name__}: {first}"
 
 
 def _execute_ray(root: Path, units: list[Unit], *, address: str | None, retries: int,
@@ -158,30 +192,21 @@ def _execute_ray(root: Path, units: list[Unit], *, address: str | None, retries:
     session["ray_version"] = ray.__version__
     if not units:  # nothing left to run: no cluster needed
         return
-    started_here = not ray.is_initialized()
-    session["address"] = start_ray(address, num_cpus=num_cpus)
-    try:
-        task = ray.remote(_ray_unit)
-        refs = {task.options(num_cpus=u.num_cpus, num_gpus=u.num_gpus, max_retries=retries,
-                             retry_exceptions=False, name=f"unit:{u.unit_id}")
-                .remote(u.to_dict(), str(root.resolve())): u for u in units}  # any worker cwd
-        while refs:
-            ready, _ = ray.wait(list(refs), num_returns=1)
-            for ref in ready:
-                u = refs.pop(ref)
-                try:
-                    rec = ray.get(ref)
-                except ray.exceptions.RayError as err:
-                    first = (str(err).strip().splitlines() or [type(err).__name__])[0]
-                    rec = store.write_status(
-                        root, u, "failed", finished=store.now(),
-                        message=f"the worker running this unit died {retries + 1} time(s) "
-                                f"({type(err).__name__}: {first}); resume the sweep with "
-                                "--resume to try again")
-                progress(rec)
-    finally:
-        if started_here:
-            ray.shutdown()
+    where = str(root.resolve())  # absolute: a worker's working directory may be another
+    calls = [((u.to_dict(), where), {"num_cpus": u.num_cpus, "num_gpus": u.num_gpus,
+                                     "max_retries": retries, "retry_exceptions": False,
+                                     "name": f"unit:{u.unit_id}"}) for u in units]
+
+    def on_result(i: int, rec: Any, err: BaseException | None) -> None:
+        if err is not None:
+            rec = store.write_status(
+                root, units[i], "failed", finished=store.now(),
+                message=f"the worker running this unit died {retries + 1} time(s) "
+                        f"({died(err)}); resume the sweep with --resume to try again")
+        progress(rec)
+
+    session["address"] = ray_each(run_unit, calls, on_result, address=address,
+                                  num_cpus=num_cpus)
 
 
 def _execute_local(root: Path, units: list[Unit],

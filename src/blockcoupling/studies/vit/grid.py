@@ -235,30 +235,18 @@ def run_grid(base: VitTrainConfig, root: str | Path, *,
 
 def _run_ray(jobs: list[tuple[dict[str, Any], str]], done: Callable[[dict[str, Any]], None], *,
              address: str | None, num_cpus: int, threads: int | None) -> None:
-    from blockcoupling.studies.sweep.runner import import_ray, start_ray
+    from blockcoupling.studies.sweep.runner import died, ray_each
 
-    ray = import_ray()
-    started_here = not ray.is_initialized()
-    start_ray(address)
-    try:
-        task = ray.remote(train_unit).options(num_cpus=num_cpus, max_retries=2,
-                                              retry_exceptions=False)
-        refs = {task.remote(cfg, out, threads): out for cfg, out in jobs}
-        while refs:
-            ready, _ = ray.wait(list(refs), num_returns=1)
-            for ref in ready:
-                out = refs.pop(ref)
-                try:
-                    rec = ray.get(ref)
-                except ray.exceptions.RayError as err:
-                    first = (str(err).strip().splitlines() or [type(err).__name__])[0]
-                    rec = {"name": Path(out).name, "status": "failed", "skipped": False,
-                           "message": f"the worker died ({type(err).__name__}: {first}); run "
-                                      "the grid again to continue", "seconds": float("nan")}
-                done(rec)
-    finally:
-        if started_here:
-            ray.shutdown()
+    def on_result(i: int, rec: Any, err: BaseException | None) -> None:
+        if err is not None:
+            rec = {"name": Path(jobs[i][1]).name, "status": "failed", "skipped": False,
+                   "message": f"the worker died ({died(err)}); run the grid again to continue",
+                   "seconds": float("nan")}
+        done(rec)
+
+    ray_each(train_unit, [((cfg, out, threads), {"num_cpus": num_cpus, "max_retries": 2,
+                                                 "retry_exceptions": False})
+                          for cfg, out in jobs], on_result, address=address)
 
 
 # ---------------------------------------------------------------------------- reading
