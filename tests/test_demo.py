@@ -500,3 +500,52 @@ def test_run_demo_end_to_end_quick(tmp_path: Path, ray_cluster: str) -> None:
     assert bc.open_sweep(fam / "sweep").catalogue["status"].eq("done").all()
     corr = json.loads((fam / "correlation.json").read_text())
     assert {"accuracy", "neg_loss", "accuracy_vs_null"} <= set(corr)
+
+
+def test_monitor_is_optional_and_a_missing_or_outdated_one_retrains(tmp_path: Path) -> None:
+    """The family trains without the monitor; asking for it later trains again (identical
+    weights) and writes it; a monitor directory for other prompts/options is replaced."""
+    cfg = demo.TinyLMConfig(**{**SMALL.to_dict(), "max_steps": 4, "checkpoints": (0, 4)})
+    plain = demo.train_tiny_lm(cfg, tmp_path, progress=False, monitor=False)
+    target = demo.tiny_lm_dir(cfg, tmp_path)
+    assert not (target / demo.MONITOR_DIR).exists()
+    before = _state(plain[-1][1])
+    demo.train_tiny_lm(cfg, tmp_path, progress=False)  # monitor=True: trains again
+    assert demo._monitor_is_current(cfg, target)
+    after = _state(plain[-1][1])
+    assert all(torch.equal(before[n], after[n]) for n in before)
+    # an outdated monitor (as if monitor_options had changed since it was cached)
+    from blockcoupling.studies.sweep import store
+
+    manifest = store.load_manifest(target / demo.MONITOR_DIR)
+    manifest["spec"]["monitor"]["config"]["k"] = [99]
+    store.write_json(target / demo.MONITOR_DIR / store.MANIFEST, manifest)
+    assert not demo._monitor_is_current(cfg, target)
+    demo.train_tiny_lm(cfg, tmp_path, progress=False)
+    assert demo._monitor_is_current(cfg, target)
+    # monitor=False never looks at it
+    demo.train_tiny_lm(cfg, tmp_path, progress=False, monitor=False)
+
+
+def test_demo_sweep_for_other_checkpoints_is_measured_afresh(
+        tmp_path: Path, trained: tuple[Path, list[tuple[int, Path]]]) -> None:
+    """The demo's sweep directory is its own derived output: when the checkpoints (e.g. the
+    cache's location or key) change, running again replaces it instead of refusing to
+    resume a sweep with another spec."""
+    _, ckpts = trained
+
+    def spec(paths: list[Path]) -> dict[str, Any]:
+        return {"models": [{"label": "tiny LM", "checkpoints": [str(p) for p in paths]}],
+                "prompts": [{"name": "demo:corpus", "texts": ["The cat"]}],
+                "measure": {"coupling": ["depth"], "k": [2], "tokens": "last"}}
+
+    root = tmp_path / "tinylm"
+    first = demo._sweep_measurements(spec([ckpts[0][1]]), root, "local", progress=False)
+    assert [m.meta["step"] for _, m in first] == [0]
+    (root / "marker").write_text("kept while the sweep is resumed")
+    again = demo._sweep_measurements(spec([ckpts[0][1]]), root, "local", progress=False)
+    assert [uid for uid, _ in again] == [uid for uid, _ in first]
+    assert (root / "marker").is_file()  # the same spec: resumed in place, not rebuilt
+    other = demo._sweep_measurements(spec([p for _, p in ckpts]), root, "local", progress=False)
+    assert [m.meta["step"] for _, m in other] == [s for s, _ in ckpts]
+    assert not (root / "marker").exists()  # another spec: measured afresh

@@ -180,3 +180,41 @@ def test_one_blas_thread_limits_openblas_and_restores() -> None:
             assert counts() == [1] * len(before)
         assert counts() == [1] * len(before)
     assert counts() == before
+
+
+@pytest.mark.parametrize("break_it", [False, True])
+def test_forward_mode_check_is_skipped_only_where_the_structured_j_passed(
+        break_it: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """verify_forward=False (dense-only callers): a structured J that passes its J^T V check
+    spares the decode step's forward-mode check; one that fails is switched off and the
+    decode step's J V is checked after all (it may then serve matrix-free products)."""
+    model = tiny_model("gpt2", seed=5, dtype=F64)
+    cap = _cap(model, "gpt2", False)
+    if break_it:
+        good = structured.decode_step_jacobian
+
+        def wrong(*a: object, **kw: object) -> torch.Tensor | None:
+            J = good(*a, **kw)  # type: ignore[arg-type]
+            return None if J is None else J + 1e-3
+
+        monkeypatch.setattr(structured, "decode_step_jacobian", wrong)
+    calls: list[int] = []
+    real_matmat = fastpath.TokenBranch.matmat
+
+    def counting(self: fastpath.TokenBranch, V: torch.Tensor) -> torch.Tensor:
+        calls.append(V.shape[1])
+        return real_matmat(self, V)
+
+    monkeypatch.setattr(fastpath.TokenBranch, "matmat", counting)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        tbs = fastpath.token_branches(model, cap, 2, 0, [3, 5], dtype=F64, verify_forward=False)
+    assert tbs is not None
+    off = [w for w in seen if "structured Jacobian of layer 2" in str(w.message)]
+    assert bool(off) == break_it
+    assert all(tb.structured != break_it for tb in tbs.values())
+    assert len(calls) == (2 if break_it else 0)  # one J V check per token, or none
+    # with verify_forward=True the check always runs
+    calls.clear()
+    fastpath.token_branches(model, cap, 1, 0, [3], dtype=F64, verify_forward=True)
+    assert len(calls) == 1

@@ -74,13 +74,20 @@ def choose_method(cfg: MeasureConfig, d: int) -> str:
     The choice of each Jacobian is in the ``method`` column of ``diagnostics`` and in the
     ``svd`` events; ``method="dense"`` / ``"matrix_free"`` forces it. Under ``auto`` a
     ``matrix_free`` choice is overridden per Jacobian on the CPU where the block's structure
-    gives J densely (engine/structured.py: a few GEMMs, cheaper than the products)."""
+    gives J densely (engine/structured.py: a few GEMMs, cheaper than the products) and a
+    prompt's dense J fit ``STRUCTURED_KEEP_BYTES``."""
     if cfg.method != "auto":
         return cfg.method
     # Dense blocks cost d VJPs per output token and d^2 memory; the matrix-free path costs
     # ~(K + oversample) * (2 * n_iter + 2) products. Choose matrix-free only where it is cheaper.
     per_op = (cfg.k_max + cfg.svd_oversample) * (2 * cfg.svd_iters + 2)
     return "matrix_free" if d >= 2048 and per_op < d else "dense"
+
+
+#: Under ``method="auto"`` on the CPU, a prompt's Jacobians are taken densely from the blocks'
+#: structure (and kept until pass 2) only while they fit this many bytes together; beyond it
+#: (wide models at many tokens) only their top-K factors are kept (matrix-free).
+STRUCTURED_KEEP_BYTES: int = 4 << 30
 
 
 @dataclass
@@ -122,6 +129,14 @@ class _PromptRun:
                     if (t, t) not in self.keys[la]:
                         self.keys[la].append((t, t))
                 self.keys[la].sort()
+        # whether only dense J are used where a block's structure gives them: always for
+        # "dense"; for "auto" on the CPU while they fit STRUCTURED_KEEP_BYTES (a few GEMMs beat
+        # ~(K + oversample) * (2 iters + 2) decode-step products, with no residual check)
+        n_keys = sum(len(v) for v in self.keys.values())
+        itemsize = torch.finfo(cfg.dtype).bits // 8
+        self.structured_dense = self.method == "dense" or (
+            cfg.method == "auto" and self._device.type == "cpu"
+            and n_keys * self.d * self.d * itemsize <= STRUCTURED_KEEP_BYTES)
         self.measured: dict[Key, _Measured] = {}
         self.norm_bases: dict[int, Tensor] = {}  # remove_norm_directions: layer -> (n, d, 2)
         self.rows: dict[str, list[dict[str, Any]]] = {"spectra": [], "influence": [], "diagnostics": []}
@@ -143,7 +158,7 @@ class _PromptRun:
                                       dtype=self.cfg.dtype, verify=verify, seed=self.cfg.seed,
                                       chunk_size=self.cfg.chunk_size,
                                       device=self.cfg.analysis_device,
-                                      verify_forward=self.method != "dense")
+                                      verify_forward=not self.structured_dense)
         if tbs is None:
             self.state.fast_failed.add(layer)
             return {}
@@ -225,11 +240,8 @@ class _PromptRun:
         kmax = self.cfg.k_max
         tag = "_fast" if tb is not None else ""
         J_struct = None
-        if (self.method == "matrix_free" and self.cfg.method == "auto" and tb is not None
-                and tb.device.type == "cpu"):
-            # a few GEMMs from the block's structure beat ~(K + oversample) * (2 iters + 2)
-            # decode-step products on the CPU, and need no residual check or dense fallback
-            J_struct = tb.structured_jacobian()
+        if self.method == "matrix_free" and self.structured_dense and tb is not None:
+            J_struct = tb.structured_jacobian()  # None where the structure does not apply
         if self.method == "dense" or J_struct is not None:
             J = self._project(layer, t_out, J_struct if J_struct is not None else
                               tb.jacobian() if tb is not None else blocks[(t_in, t_out)])

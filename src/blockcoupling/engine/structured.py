@@ -158,8 +158,8 @@ def _attend(at: _Attention, a: Tensor, J_n: NormJacobian, K_pre: Tensor, V_pre: 
     # Jacobians with respect to the NORMED input a; the norm's J_n multiplies the (d, d)
     # result on the right once at the end (every term is linear in it), not each W
     Jq = at.Wq.view(H, hd, -1)  # (H, hd, d)
-    Jk = at.Wk.view(Hkv, hd, -1)
-    Jv = at.Wv.view(Hkv, hd, -1)
+    Jk = at.Wk.view(Hkv, hd, -1)  # (Hkv, hd, d)
+    Jv = at.Wv.view(Hkv, hd, -1)  # (Hkv, hd, d)
     if at.rope is not None:
         R = at.rope
         q, k = q @ R.T, k @ R.T

@@ -115,7 +115,12 @@ def one_blas_thread() -> contextlib.AbstractContextManager[Any]:
             import scipy.linalg  # noqa: F401  (loaded first, so its OpenBLAS is seen)
             from threadpoolctl import ThreadpoolController
 
-            _SCIPY_BLAS.append(ThreadpoolController().select(internal_api="openblas"))
+            ctl = ThreadpoolController().select(internal_api="openblas")
+            # numpy's and scipy's own OpenBLAS only: never a BLAS torch itself links (aarch64
+            # torch wheels ship an OpenBLAS, whose threads must stay torch's)
+            ours = [c.filepath for c in ctl.lib_controllers
+                    if any(k in c.filepath for k in ("scipy", "numpy"))]
+            _SCIPY_BLAS.append(ctl.select(filepath=ours) if ours else None)
         except Exception:  # not installed, or an unknown BLAS set-up: leave the threads alone
             _SCIPY_BLAS.append(None)
     ctl = _SCIPY_BLAS[0]

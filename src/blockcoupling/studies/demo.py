@@ -24,6 +24,7 @@ CPU cores. Everything it needs ships with Python or with PyPI packages:
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import json
@@ -356,7 +357,7 @@ def _train_and_save(cfg: TinyLMConfig, target: Path, progress: bool,
     }
     data_gen = torch.Generator().manual_seed(cfg.seed + 1)  # fixed data order
 
-    with torch.random.fork_rng(devices=[]), _deterministic():
+    with torch.random.fork_rng(devices=[]), _deterministic(), contextlib.ExitStack() as stack:
         torch.manual_seed(cfg.seed)
         model = GPT2LMHeadModel(config)
         log["n_params"] = sum(p.numel() for p in model.parameters())
@@ -372,6 +373,7 @@ def _train_and_save(cfg: TinyLMConfig, target: Path, progress: bool,
             mon = CouplingMonitor(tokenizer, tiny_lm_prompts(cfg), every=None,
                                   steps=cfg.checkpoints, out=target / MONITOR_DIR,
                                   label="tiny LM", **monitor_options(cfg))
+            stack.callback(mon.close)  # released however training ends
         bar = None
         if progress:
             from tqdm.auto import tqdm
@@ -414,8 +416,6 @@ def _train_and_save(cfg: TinyLMConfig, target: Path, progress: bool,
                 bar.set_postfix(loss=f"{last_loss:.3f}")
         if bar is not None:
             bar.close()
-        if mon is not None:
-            mon.close()
     log["seconds"] = time.perf_counter() - t0
     log["monitor_seconds"] = monitor_s if monitor else None
     # Final training loss: mean over the last 10 % of steps (a single batch is noisy).
@@ -441,30 +441,62 @@ def training_log(cfg: TinyLMConfig, cache_dir: str | Path | None = None) -> dict
     return json.loads(path.read_text())
 
 
+def _monitor_is_current(cfg: TinyLMConfig, target: Path) -> bool:
+    """Whether ``target/monitor`` holds what :func:`monitor_options` and
+    :func:`tiny_lm_prompts` ask for today, every checkpoint step done (else the cache is
+    retrained: the monitor only measures inside the training loop)."""
+    from blockcoupling.engine.config import MeasureConfig
+    from blockcoupling.studies.monitor import _prompt_items
+    from blockcoupling.studies.sweep import store
+
+    root = target / MONITOR_DIR
+    if not store.is_sweep_dir(root):
+        return False
+    try:
+        spec = (store.load_manifest(root).get("spec") or {}).get("monitor") or {}
+        units = store.catalogue(root)
+    except (OSError, ValueError, BlockCouplingError):
+        return False
+    config = MeasureConfig().replace(**monitor_options(cfg))
+    want = {"prompt_set": _prompt_items(tiny_lm_prompts(cfg), None, config.seed)[1],
+            "steps": sorted(cfg.checkpoints),
+            "config": json.loads(json.dumps(config.to_dict(), default=str))}
+    done = sorted(int(x) for x in units.loc[units["status"] == "done", "step"])
+    return all(spec.get(k) == v for k, v in want.items()) and done == sorted(cfg.checkpoints)
+
+
 def train_tiny_lm(
-    cfg: TinyLMConfig, cache_dir: str | Path | None = None, progress: bool = True
+    cfg: TinyLMConfig, cache_dir: str | Path | None = None, progress: bool = True,
+    monitor: bool = True,
 ) -> list[tuple[int, Path]]:
     """Train (or reuse) the tiny LM; return ``(step, checkpoint folder)`` for each checkpoint.
 
     Checkpoints live in ``<cache_dir>/<cfg.cache_key()>/step-NNNNNN`` (``cache_dir`` defaults
     to :func:`default_cache_dir`), each with its tokenizer, so ``AutoModel.from_pretrained`` and
-    ``AutoTokenizer.from_pretrained`` load it; ``monitor/`` holds what the training-time
-    monitor measured (:func:`monitor_dir`). ``training.json`` (losses, timings) is written
+    ``AutoTokenizer.from_pretrained`` load it. With ``monitor`` (the demo's tiny LM) the model
+    is trained with a :class:`~blockcoupling.CouplingMonitor` into ``monitor/``
+    (:func:`monitor_dir`); a cache without a current monitor directory is then trained again
+    (the weights come out bit-identical). ``training.json`` (losses, timings) is written
     last; a folder that has it is complete and is reused without training. Training goes to a
     temporary sibling folder that is renamed into place, so an interrupted run leaves no
     half-written cache.
     """
     target = tiny_lm_dir(cfg, cache_dir)
-    if not (target / "training.json").is_file():
+
+    def complete() -> bool:
+        return (target / "training.json").is_file() and (
+            not monitor or _monitor_is_current(cfg, target))
+
+    if not complete():
         target.parent.mkdir(parents=True, exist_ok=True)
         tmp = target.parent / f"{target.name}.tmp-{os.getpid()}"
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir()
         try:
-            log = _train_and_save(cfg, tmp, progress)
+            log = _train_and_save(cfg, tmp, progress, monitor=monitor)
             (tmp / "training.json").write_text(json.dumps(log, indent=1))
-            if target.exists():  # an incomplete folder from an older crash, or a racing run
-                if (target / "training.json").is_file():
+            if target.exists():  # an incomplete or outdated folder, or a racing run's
+                if complete():
                     shutil.rmtree(tmp)
                 else:
                     shutil.rmtree(target)
@@ -475,10 +507,6 @@ def train_tiny_lm(
             shutil.rmtree(tmp, ignore_errors=True)
     out = [(s, target / checkpoint_name(s)) for s in cfg.checkpoints]
     missing = [str(p) for _, p in out if not (p / "config.json").is_file()]
-    from blockcoupling.studies.sweep.store import is_sweep_dir
-
-    if not is_sweep_dir(target / MONITOR_DIR):
-        missing.append(str(target / MONITOR_DIR))
     if missing:
         raise BlockCouplingError(
             f"The tiny-LM cache {target} is incomplete (missing {missing[0]}); delete that "
@@ -488,8 +516,8 @@ def train_tiny_lm(
 
 
 def monitor_dir(cfg: TinyLMConfig, cache_dir: str | Path | None = None) -> Path:
-    """The monitor directory written while ``cfg`` was trained (one unit per checkpoint step:
-    depth-wise coupling, K = 10, last token, the corpus prompts)."""
+    """The monitor directory written while ``cfg`` was trained with ``monitor=True`` (one unit
+    per checkpoint step: :func:`monitor_options`, :func:`tiny_lm_prompts`)."""
     return tiny_lm_dir(cfg, cache_dir) / MONITOR_DIR
 
 
@@ -658,7 +686,10 @@ def _sweep_measurements(spec: dict[str, Any], root: Path, executor: str,
     """Run (or resume) the sweep ``spec`` into ``root``; ``(unit_id, Measurement)`` of every
     unit in the sweep's order. A failed unit is an error (its message is given)."""
     from blockcoupling.studies.sweep import is_sweep_dir, open_sweep, run_sweep
+    from blockcoupling.studies.sweep.runner import spec_matches
 
+    if is_sweep_dir(root) and not spec_matches(root, spec):
+        shutil.rmtree(root)  # the demo's own output for other checkpoints: measure afresh
     run_sweep(spec, root, executor=executor, resume=is_sweep_dir(root), progress=progress)
     sweep = open_sweep(root)
     failed = sweep.units[sweep.units["status"] != "done"]

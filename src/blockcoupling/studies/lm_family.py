@@ -29,6 +29,7 @@ two CPU cores:
 from __future__ import annotations
 
 import json
+import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -132,7 +133,7 @@ def _train_and_score(member: FamilyMember, cache_dir: str | Path | None, progres
                      ) -> list[tuple[dict[str, Any], Path]]:
     """Train one member (or reuse its cache) and score each checkpoint: (score row, folder)."""
     cfg = member.config
-    checkpoints = train_tiny_lm(cfg, cache_dir, progress=progress)
+    checkpoints = train_tiny_lm(cfg, cache_dir, progress=progress, monitor=False)
     log = training_log(cfg, cache_dir)
     out = []
     for step, path in checkpoints:
@@ -151,6 +152,7 @@ def _measure_by_sweep(members: list[FamilyMember], checkpoints: dict[str, list[P
     process, ``"ray"``: one Ray task per checkpoint) into ``out/sweep``;
     K = round(d / 10) of every width is measured for all (nested top-K: one SVD serves all)."""
     from blockcoupling.studies.sweep import is_sweep_dir, open_sweep, run_sweep
+    from blockcoupling.studies.sweep.runner import spec_matches
 
     prompts = out / "prompts.txt"
     prompts.write_text("\n".join(family_prompts(members[0].config)) + "\n", encoding="utf-8")
@@ -162,6 +164,8 @@ def _measure_by_sweep(members: list[FamilyMember], checkpoints: dict[str, list[P
             "measure": {"coupling": ["depth"], "k": ks, "tokens": "last", "p": [1],
                         "variants": ["coupling", "coupling_vs_null"], "orientations": ["ujv"]}}
     root = out / "sweep"
+    if is_sweep_dir(root) and not spec_matches(root, spec):
+        shutil.rmtree(root)  # derived output of an older family or cache: measure afresh
     run_sweep(spec, root, executor=executor, resume=is_sweep_dir(root), progress=progress)
     units = open_sweep(root).units
     failed = units[units["status"] != "done"]

@@ -150,17 +150,21 @@ def start_ray(address: str | None = None, *, num_cpus: int | None = None,
 def ray_each(fn: Callable[..., Any],
              calls: Sequence[tuple[tuple[Any, ...], Mapping[str, Any]]],
              on_result: Callable[[int, Any, BaseException | None], None], *,
-             address: str | None = None, num_cpus: int | None = None) -> str:
+             address: str | None = None, num_cpus: int | None = None,
+             on_start: Callable[[str], None] | None = None) -> str:
     """Run ``fn(*args)`` as one Ray task per ``(args, options)`` of ``calls`` (``options``:
     ``ray.remote(...).options``: resources, retries, name) and call ``on_result(i, value,
     None)`` as each finishes, or ``on_result(i, None, err)`` where its worker died past its
     retries (a ``RayError``). Uses the cluster at ``address``, or the Ray already initialised
     in this process, or a small local cluster started here (see :func:`start_ray`) and shut
-    down afterwards. Returns the cluster address. The one task loop of sweeps and ViT grids."""
+    down afterwards; ``on_start(address)`` once it is reached. Returns the cluster address.
+    The one task loop of sweeps and ViT grids."""
     ray = import_ray()
     started_here = not ray.is_initialized()
     where = start_ray(address, num_cpus=num_cpus)
     try:
+        if on_start is not None:
+            on_start(where)
         task = ray.remote(fn)
         refs = {task.options(**opts).remote(*args): i for i, (args, opts) in enumerate(calls)}
         while refs:
@@ -187,7 +191,7 @@ def died(err: BaseException) -> str:
 
 def _execute_ray(root: Path, units: list[Unit], *, address: str | None, retries: int,
                  num_cpus: int | None, progress: Callable[[dict[str, Any]], None],
-                 session: dict[str, Any]) -> None:
+                 session: dict[str, Any], manifest: dict[str, Any]) -> None:
     ray = import_ray()
     session["ray_version"] = ray.__version__
     if not units:  # nothing left to run: no cluster needed
@@ -205,8 +209,11 @@ def _execute_ray(root: Path, units: list[Unit], *, address: str | None, retries:
                         f"({died(err)}); resume the sweep with --resume to try again")
         progress(rec)
 
-    session["address"] = ray_each(run_unit, calls, on_result, address=address,
-                                  num_cpus=num_cpus)
+    def on_start(where: str) -> None:  # recorded before any unit runs (a killed driver too)
+        session["address"] = where
+        store.write_json(root / store.MANIFEST, manifest)
+
+    ray_each(run_unit, calls, on_result, address=address, num_cpus=num_cpus, on_start=on_start)
 
 
 def _execute_local(root: Path, units: list[Unit],
@@ -223,6 +230,19 @@ def _spec_diff(old: Any, new: Any, prefix: str = "") -> list[str]:
             out += _spec_diff(old.get(k), new.get(k), f"{prefix}{k}.")
         return out
     return [] if old == new else [f"{prefix.rstrip('.')}: sweep has {old!r}, now {new!r}"]
+
+
+def _spec_json(sp: SweepSpec) -> Any:
+    return json.loads(json.dumps(sp.to_dict(), default=str))
+
+
+def spec_matches(root: str | os.PathLike[str],
+                 spec: str | os.PathLike[str] | Mapping[str, Any] | SweepSpec) -> bool:
+    """Whether the sweep in ``root`` was run with ``spec`` (what ``run_sweep(...,
+    resume=True)`` requires); False for a directory that holds no sweep."""
+    if not store.is_sweep_dir(root):
+        return False
+    return not _spec_diff(store.load_manifest(Path(root)).get("spec"), _spec_json(load_spec(spec)))
 
 
 def run_sweep(spec: str | os.PathLike[str] | Mapping[str, Any] | SweepSpec,
@@ -250,7 +270,7 @@ def run_sweep(spec: str | os.PathLike[str] | Mapping[str, Any] | SweepSpec,
     root = Path(out)
     if root.exists() and not root.is_dir():
         raise SweepError(f"--out {root} is a file; give a directory for the sweep")
-    spec_dict = json.loads(json.dumps(sp.to_dict(), default=str))
+    spec_dict = _spec_json(sp)
     with store.sweep_lock(root):
         if store.is_sweep_dir(root):
             manifest = store.load_manifest(root)
@@ -305,7 +325,7 @@ def run_sweep(spec: str | os.PathLike[str] | Mapping[str, Any] | SweepSpec,
             if executor == "ray":
                 _execute_ray(root, todo, address=address, num_cpus=num_cpus,
                              retries=sp.retries if retries is None else retries,
-                             progress=report, session=session)
+                             progress=report, session=session, manifest=manifest)
             else:
                 _execute_local(root, todo, report)
         finally:

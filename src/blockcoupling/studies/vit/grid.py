@@ -206,7 +206,8 @@ def run_grid(base: VitTrainConfig, root: str | Path, *,
         from tqdm.auto import tqdm
 
         bar = tqdm(total=len(configs), desc="vit grid", unit="run")
-    jobs = [(c.to_dict(), str(rootp / "runs" / run_name(c))) for c in configs]
+    # absolute: a Ray worker's working directory may be another
+    jobs = [(c.to_dict(), str(rootp.resolve() / "runs" / run_name(c))) for c in configs]
     try:
         if executor == "local":
             for cfg, out in jobs:
