@@ -216,5 +216,7 @@ def test_forward_mode_check_is_skipped_only_where_the_structured_j_passed(
     assert len(calls) == (2 if break_it else 0)  # one J V check per token, or none
     # with verify_forward=True the check always runs
     calls.clear()
-    fastpath.token_branches(model, cap, 1, 0, [3], dtype=F64, verify_forward=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the broken structured J of layer 1 is switched off too
+        fastpath.token_branches(model, cap, 1, 0, [3], dtype=F64, verify_forward=True)
     assert len(calls) == 1
