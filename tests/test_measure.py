@@ -368,21 +368,10 @@ def test_nan_in_a_jacobian_names_the_prompt_layer_and_tokens() -> None:
 
 def test_custom_module_with_blocks_path_measures() -> None:
     """Any nn.Module with a list of blocks: the hidden size is learnt from the capture."""
+    from tiny_models import EncoderStack
+
     torch.manual_seed(0)
-
-    class Net(torch.nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.layers = torch.nn.ModuleList(
-                [torch.nn.TransformerEncoderLayer(8, 2, 16, dropout=0.0, batch_first=True)
-                 for _ in range(3)])
-
-        def forward(self, x: torch.Tensor) -> torch.Tensor:
-            for blk in self.layers:
-                x = blk(x)
-            return x
-
-    net = Net().double().eval()
+    net = EncoderStack(3).double().eval()
     x = torch.randn(1, 4, 8, dtype=torch.float64)
     m = bc.measure(net, None, {"x": x}, blocks_path="layers", k=(2,), dtype=torch.float64,
                    progress=False)

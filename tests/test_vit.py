@@ -226,19 +226,9 @@ def test_default_token_is_cls_for_a_vit_and_last_for_others() -> None:
     pd.testing.assert_frame_equal(auto.coupling, cls.coupling)
     assert set(bc.measure(vit, None, x, tokens="last", **kw).coupling["token_out_a"]) == {4}
 
-    class Net(torch.nn.Module):  # nn.TransformerEncoderLayer blocks by blocks_path: no [CLS]
-        def __init__(self) -> None:
-            super().__init__()
-            self.layers = torch.nn.ModuleList(
-                [torch.nn.TransformerEncoderLayer(8, 2, 16, dropout=0.0, batch_first=True)
-                 for _ in range(2)])
+    from tiny_models import EncoderStack
 
-        def forward(self, x: torch.Tensor) -> torch.Tensor:
-            for blk in self.layers:
-                x = blk(x)
-            return x
-
-    net = Net().eval()
+    net = EncoderStack(2).eval()  # blocks by blocks_path: no [CLS]
     m = bc.measure(net, None, {"x": torch.randn(1, 5, 8)}, blocks_path="layers", **kw)
     assert set(m.coupling["token_out_a"]) == {4}
     with pytest.raises(BlockCouplingError, match="no \\[CLS\\] token"):

@@ -89,6 +89,22 @@ def tiny_model(arch: str, seed: int = 0, dtype: torch.dtype = torch.float32) -> 
     return model.to(dtype).eval()
 
 
+class EncoderStack(torch.nn.Module):
+    """A plain nn.Module whose blocks sit at ``layers`` (``nn.TransformerEncoderLayer``, width
+    8, 2 heads, no dropout): found only by ``blocks_path="layers"``; input ``x`` (B, n, 8)."""
+
+    def __init__(self, n_layers: int) -> None:
+        super().__init__()
+        self.layers = torch.nn.ModuleList(
+            [torch.nn.TransformerEncoderLayer(8, 2, 16, dropout=0.0, batch_first=True)
+             for _ in range(n_layers)])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # (B, n, 8) -> (B, n, 8)
+        for blk in self.layers:
+            x = blk(x)
+        return x
+
+
 def tiny_inputs(arch: str, n: int = 5, batch: int = 1, seed: int = 0) -> dict[str, torch.Tensor]:
     """Random model inputs for ``arch``: token ids, or pixel values for the ViT."""
     g = torch.Generator().manual_seed(seed)

@@ -107,9 +107,10 @@ def one_blas_thread() -> contextlib.AbstractContextManager[Any]:
     torch computes with its own OpenMP threads and scipy with OpenBLAS's pthreads; both spin
     for a while after a call, so on a machine with few cores each pool's idle-spinning threads
     steal the cores the other one computes on. The MRRR eigensolver is mostly BLAS2 and
-    gains little from threads, while the torch GEMMs around it lost 40-70 % of their speed to
-    the contention (2 cores: a 768 x 3072 GEMM after ``eigh`` took 45-64 ms instead of 25 ms;
-    BENCHMARKS.md). Without threadpoolctl this does nothing."""
+    gains nothing from threads, while the torch work around it lost a third to a half of its
+    speed to the contention (``benchmarks/bench_threads.py``, 2 cores: a 768 x 3072 x 768 GEMM
+    after ``eigh`` 64 ms instead of 39; BENCHMARKS.md). Without threadpoolctl this does
+    nothing."""
     if not _SCIPY_BLAS:
         try:
             import scipy.linalg  # noqa: F401  (loaded first, so its OpenBLAS is seen)
