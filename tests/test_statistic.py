@@ -1,0 +1,149 @@
+"""The headline statistic (engine/statistic.py): one rule, checked against an independent
+pandas computation, numpy's standard error and a seeded bootstrap, on multi-token runs of
+several layers, with and without the diagonal, for both headline variants."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+import blockcoupling as bc
+from blockcoupling.engine.statistic import StatisticRule, paper_k, statistic_table, summarise
+from blockcoupling.errors import BlockCouplingError
+from tiny_models import tiny_inputs, tiny_model
+
+
+@pytest.fixture(scope="module")
+def multi_token() -> bc.Measurement:
+    """A tiny GPT-2 (3 blocks), 4 prompts, 3 measured tokens each, float64."""
+    model = tiny_model("gpt2", dtype=torch.float64)
+    inputs = tiny_inputs("gpt2", n=6, batch=4)
+    return bc.measure(model, None, inputs, coupling=("depth",), k=(2, 4), tokens=(1, 3, 5),
+                      p=(1, 2), dtype=torch.float64, progress=False)
+
+
+def oracle(coupling: pd.DataFrame, *, variant: str, k: int, tokens: str, diagonal: bool,
+           p: float | None = 1.0) -> pd.Series:
+    """Per-prompt values by the stated rule, written independently of the library."""
+    df = coupling.query("kind == 'depth' and orientation == 'ujv' and k == @k "
+                        "and variant == @variant")
+    if variant in ("coupling", "miscoupling"):
+        df = df[df["p"] == p]
+    if not diagonal:
+        df = df[df["layer_a"] != df["layer_b"]]
+    out = {}
+    for pid, g in df.groupby("prompt_id"):
+        if tokens == "last":
+            out[pid] = g[g["token_out_a"] == g["token_out_a"].max()]["value"].mean()
+        else:
+            out[pid] = g.groupby("token_out_a")["value"].mean().mean()
+    return pd.Series(out)
+
+
+@pytest.mark.parametrize("tokens", ["last", "all"])
+@pytest.mark.parametrize("diagonal", [False, True])
+@pytest.mark.parametrize("variant", ["coupling_vs_null", "coupling"])
+def test_statistic_equals_the_stated_rule(multi_token: bc.Measurement, tokens: str,
+                                          diagonal: bool, variant: str) -> None:
+    m = multi_token
+    want = oracle(m.coupling, variant=variant, k=4, tokens=tokens, diagonal=diagonal)
+    assert len(want) == 4
+    t = bc.coupling_statistic(m, variant=variant, k=4, tokens=tokens, diagonal=diagonal)
+    assert len(t) == 1
+    row = t.iloc[0]
+    assert row["n_prompts"] == 4 and row["k"] == 4 and row["d_model"] == 16
+    assert row["mean"] == pytest.approx(want.mean(), abs=1e-15)
+    assert row["se"] == pytest.approx(want.std(ddof=1) / math.sqrt(len(want)), abs=1e-15)
+    assert row["se"] == pytest.approx(np.std(want.to_numpy(), ddof=1) / 2, abs=1e-15)
+    assert m.mean_depth_coupling(4, variant=variant, tokens=tokens, diagonal=diagonal) == \
+        row["mean"]
+    assert ("l = l' included" in row["rule"]) is diagonal
+
+
+def test_last_and_all_tokens_differ_on_a_multi_token_run(multi_token: bc.Measurement) -> None:
+    last = bc.coupling_statistic(multi_token, variant="coupling", k=2)["mean"].iloc[0]
+    every = bc.coupling_statistic(multi_token, variant="coupling", k=2, tokens="all")
+    assert every["mean"].iloc[0] != pytest.approx(last, abs=1e-6)  # the rule matters
+
+
+def test_chance_level_is_the_null_of_the_same_rows(multi_token: bc.Measurement) -> None:
+    """chance of raw c_K = mean of c_null; c_null = (c - v) / (1 - v) row by row, and the
+    null of a row depends on the measured Jacobian alone."""
+    m = multi_token
+    t = bc.coupling_statistic(m, k=2, p=2)
+    by = t.set_index("variant")
+    assert by.loc["coupling_vs_null", "chance"] == 0.0
+    keys = ["prompt_id", "layer_a", "layer_b", "token_out_a"]
+    d = m.coupling.query("kind == 'depth' and k == 2 and orientation == 'ujv'")
+    c = d[(d["variant"] == "coupling") & (d["p"] == 2)].set_index(keys)["value"]
+    v = d[d["variant"] == "coupling_vs_null"].set_index(keys)["value"].reindex(c.index)
+    c0 = ((c - v) / (1 - v)).reset_index()
+    c0 = c0[c0["layer_a"] != c0["layer_b"]]
+    # constant across the basis layer (depends on J1 only)
+    spread = c0.groupby(["prompt_id", "layer_a", "token_out_a"])["value"].agg(np.ptp)
+    assert spread.max() < 1e-9
+    last = c0.groupby("prompt_id")["token_out_a"].transform("max")
+    per_prompt = c0[c0["token_out_a"] == last].groupby("prompt_id")["value"].mean()
+    assert by.loc["coupling", "chance"] == pytest.approx(per_prompt.mean(), abs=1e-12)
+    assert by.loc["coupling", "chance"] < by.loc["coupling", "mean"] + 1  # a number, not NaN
+
+
+def test_bootstrap_is_seeded_and_brackets_the_mean(multi_token: bc.Measurement) -> None:
+    a = bc.coupling_statistic(multi_token, k=2, seed=3)
+    b = bc.coupling_statistic(multi_token, k=2, seed=3)
+    c = bc.coupling_statistic(multi_token, k=2, seed=4)
+    pd.testing.assert_frame_equal(a, b)
+    assert not a["ci_low"].equals(c["ci_low"])
+    assert (a["ci_low"] <= a["mean"]).all() and (a["mean"] <= a["ci_high"]).all()
+
+
+def test_summarise_against_numpy() -> None:
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=37)
+    s = summarise(x, n_boot=500, seed=1)
+    assert s["mean"] == pytest.approx(x.mean(), abs=1e-15)
+    assert s["se"] == pytest.approx(x.std(ddof=1) / math.sqrt(37), abs=1e-15)
+    idx = np.random.default_rng(1).integers(0, 37, size=(500, 37))
+    lo, hi = np.quantile(x[idx].mean(axis=1), [0.025, 0.975])
+    assert (s["ci_low"], s["ci_high"]) == (lo, hi)
+    one = summarise(np.array([0.5]))
+    assert one["n_prompts"] == 1 and math.isnan(one["se"]) and math.isnan(one["ci_low"])
+
+
+def test_k_rules(multi_token: bc.Measurement) -> None:
+    assert paper_k(768) == 77 and paper_k(4096) == 410 and paper_k(5) == 1
+    t = bc.coupling_statistic(multi_token, variant="coupling", k=[2, 4])
+    assert list(t["k"]) == [2, 4]
+    assert bc.coupling_statistic(multi_token)["k"].tolist() == [2, 2]  # smallest measured
+    with pytest.raises(BlockCouplingError, match=r"K = 2 .*--k 2|round\(d/10\)"):
+        bc.coupling_statistic(multi_token, k="d/10")  # d = 16 -> K = 2: measured
+    with pytest.raises(BlockCouplingError, match="measured K in \\[2, 4\\].*--k 7"):
+        bc.coupling_statistic(multi_token, k=7)
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"variant": "nope"}, "unknown coupling variant 'nope'"),
+    ({"tokens": "first"}, "unknown token rule 'first'"),
+    ({"k": 0}, "K must be a positive integer"),
+    ({"k": "d/5"}, "K must be a positive integer"),
+    ({"orientation": "uvj"}, "unknown orientation"),
+])
+def test_bad_rules_say_what_to_use(kwargs: dict, match: str) -> None:
+    with pytest.raises(BlockCouplingError, match=match):
+        StatisticRule(**kwargs)
+
+
+def test_missing_variant_says_what_to_measure() -> None:
+    model = tiny_model("gpt2", dtype=torch.float64)
+    m = bc.measure(model, None, tiny_inputs("gpt2", n=4, batch=2), coupling=("depth",), k=(2,),
+                   variants=("coupling",), dtype=torch.float64, progress=False)
+    with pytest.raises(BlockCouplingError, match="coupling_vs_null was not measured.*--variant "
+                                                 "coupling_vs_null"):
+        bc.coupling_statistic(m)
+    raw = statistic_table(m.coupling, variants=("coupling",), d_model=16)
+    assert math.isnan(raw["chance"].iloc[0])  # no null rows: the chance level is not invented
+    assert "chance level not measured" in m.summary()
