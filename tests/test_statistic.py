@@ -119,8 +119,10 @@ def test_k_rules(multi_token: bc.Measurement) -> None:
     t = bc.coupling_statistic(multi_token, variant="coupling", k=[2, 4])
     assert list(t["k"]) == [2, 4]
     assert bc.coupling_statistic(multi_token)["k"].tolist() == [2, 2]  # smallest measured
-    with pytest.raises(BlockCouplingError, match=r"K = 2 .*--k 2|round\(d/10\)"):
-        bc.coupling_statistic(multi_token, k="d/10")  # d = 16 -> K = 2: measured
+    assert bc.coupling_statistic(multi_token, k="d/10")["k"].tolist() == [2, 2]  # d = 16
+    only4 = multi_token.coupling[multi_token.coupling["k"] == 4]
+    with pytest.raises(BlockCouplingError, match=r"K = 2; it measured K in \[4\]"):
+        statistic_table(only4, k="d/10", d_model=16)
     with pytest.raises(BlockCouplingError, match="measured K in \\[2, 4\\].*--k 7"):
         bc.coupling_statistic(multi_token, k=7)
 
