@@ -490,9 +490,12 @@ def test_run_demo_end_to_end_quick(tmp_path: Path, ray_cluster: str) -> None:
     # MiniLM is at chance and the pretrained one is not
     import blockcoupling as bc
 
-    _, rnd = demo.headline(bc.open_run(tmp_path / "out" / "minilm-random-normdirs"), 10)
-    _, pre = demo.headline(bc.open_run(tmp_path / "out" / "minilm-pretrained-normdirs"), 10)
-    _, raw_rnd = demo.headline(bc.open_run(tmp_path / "out" / "minilm-random"), 10)
+    def above_chance(sub: str) -> float:
+        return bc.open_run(tmp_path / "out" / sub).mean_depth_coupling(
+            10, variant="coupling_vs_null")
+
+    rnd, pre = above_chance("minilm-random-normdirs"), above_chance("minilm-pretrained-normdirs")
+    raw_rnd = above_chance("minilm-random")
     assert abs(rnd) < 0.05 and pre > 0.15 and raw_rnd > 0.2
     # (c) the tiny-LM family study ran through a sweep and wrote its correlation
     fam = tmp_path / "out" / "lm-family"
