@@ -502,7 +502,8 @@ def test_run_demo_end_to_end_quick(tmp_path: Path, ray_cluster: str) -> None:
     assert (fam / "correlation.html").is_file() and (fam / "scores.csv").is_file()
     assert bc.open_sweep(fam / "sweep").catalogue["status"].eq("done").all()
     corr = json.loads((fam / "correlation.json").read_text())
-    assert {"accuracy", "neg_loss", "accuracy_vs_null"} <= set(corr)
+    assert {"accuracy", "neg_loss"} <= set(corr)
+    assert "coupling_vs_null_mean" in corr["accuracy"]["predictors"]
 
 
 def test_monitor_is_optional_and_a_missing_or_outdated_one_retrains(tmp_path: Path) -> None:

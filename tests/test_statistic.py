@@ -5,6 +5,7 @@ several layers, with and without the diagonal, for both headline variants."""
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -149,3 +150,135 @@ def test_missing_variant_says_what_to_measure() -> None:
     raw = statistic_table(m.coupling, variants=("coupling",), d_model=16)
     assert math.isnan(raw["chance"].iloc[0])  # no null rows: the chance level is not invented
     assert "chance level not measured" in m.summary()
+
+
+# ---------------------------------------------------------------------------- every output
+@pytest.fixture(scope="module")
+def three_models(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """Three tiny GPT-2s (3 blocks, d = 16) saved as hub folders, each measured into a run
+    directory with 3 tokens per prompt, and the same three measured by a local sweep."""
+    from tiny_runs import PROMPTS, save_tiny_lm, write_prompts
+
+    root = tmp_path_factory.mktemp("three")
+    prompts = write_prompts(root / "prompts.txt", PROMPTS)
+    measure = {"coupling": ["depth"], "k": [2, 3], "tokens": "0,2,-1", "p": [1],
+               "variants": ["coupling", "coupling_vs_null"], "orientations": ["ujv"]}
+    runs, models = [], []
+    for i in range(3):
+        folder = save_tiny_lm(root / f"m{i}")
+        import transformers as tf
+
+        model = tf.AutoModel.from_pretrained(folder)
+        with torch.no_grad():  # three different models from one saved shape
+            for prm in model.parameters():
+                prm.mul_(1.0 + 0.3 * i)
+        model.save_pretrained(folder)
+        tok = tf.AutoTokenizer.from_pretrained(folder)
+        run = root / f"run{i}"
+        bc.measure_to_dir(model, tok, PROMPTS, run, meta={"label": f"m{i}"}, progress=False,
+                          **{k: v for k, v in measure.items()})
+        runs.append(run)
+        models.append({"label": f"m{i}", "model": str(folder)})
+    sweep = bc.run_sweep({"models": models, "prompts": [str(prompts)], "measure": measure},
+                         root / "sweep", executor="local", progress=False)
+    return {"runs": runs, "sweep": sweep, "root": root}
+
+
+@pytest.mark.parametrize("diagonal", [False, True])
+def test_every_output_states_the_same_value(three_models: dict, diagonal: bool,
+                                            tmp_path: Path) -> None:
+    """bc.coupling_statistic, Measurement.mean_depth_coupling, the sweep summary and
+    correlate --json give the same per-model value, equal to an independent pandas
+    computation of the rule, for both headline variants (multi-token, 3 layers)."""
+    import json
+
+    from blockcoupling.cli import app
+    from typer.testing import CliRunner
+
+    runs, sweep = three_models["runs"], three_models["sweep"]
+    scores = tmp_path / "scores.csv"
+    scores.write_text("model,score\nm0,10\nm1,25\nm2,17\n")
+    js = tmp_path / "c.json"
+    args = ["correlate", *map(str, runs), "--scores", str(scores), "--json", str(js),
+            "--k", "2", "--n-boot", "0"] + (["--diagonal"] if diagonal else [])
+    r = CliRunner().invoke(app, args)
+    assert r.exit_code == 0, r.output
+    corr = {row["label"]: row for row in json.loads(js.read_text())["models"]}
+    summ = sweep.summary(k=2, diagonal=diagonal).set_index("label")
+    for run in runs:
+        m = bc.open_run(run)
+        label = m.meta["label"]
+        assert m.coupling.groupby("prompt_id")["token_out_a"].nunique().min() == 3
+        for variant in ("coupling_vs_null", "coupling"):
+            want = oracle(m.coupling, variant=variant, k=2, tokens="last",
+                          diagonal=diagonal).mean()
+            got = bc.coupling_statistic(run, variant=variant, k=2, diagonal=diagonal)
+            assert got["mean"].item() == pytest.approx(want, abs=1e-15)
+            value = got["mean"].item()
+            assert m.mean_depth_coupling(2, variant=variant, diagonal=diagonal) == value
+            assert summ.loc[label, f"{variant}_mean"] == value
+            assert corr[label][f"{variant}_mean"] == value
+            assert summ.loc[label, f"{variant}_se"] == got["se"].item()
+            assert corr[label][f"{variant}_se"] == got["se"].item()
+
+
+def test_a_sweep_with_mixed_k_is_refused(three_models: dict) -> None:
+    sweep = three_models["sweep"]
+    t = bc.coupling_statistic(sweep)  # every unit's smallest K is 2: one K
+    assert set(t["k"]) == {2} and len(t) == 6
+    assert list(t.columns[:6]) == ["unit_id", "label", "model", "revision", "step", "prompt_set"]
+    with pytest.raises(BlockCouplingError, match="measured K in \\[2, 3\\]"):
+        bc.coupling_statistic(sweep, k=5)
+
+
+# ---------------------------------------------------------------------------- chance floor
+def test_chance_floor_equals_scipy_on_the_floor_values(tmp_path: Path) -> None:
+    import json
+
+    import scipy.stats as st
+
+    from blockcoupling.cli import app
+    from blockcoupling.engine.statistic import flat_chance
+    from blockcoupling.studies.correlate import paper_scores
+    from typer.testing import CliRunner
+
+    js, page = tmp_path / "f.json", tmp_path / "f.html"
+    r = CliRunner().invoke(app, ["chance-floor", "--scores", "paper", "--json", str(js),
+                                 "--out", str(page)])
+    assert r.exit_code == 0, r.output
+    out = json.loads(js.read_text())
+    table = paper_scores()
+    ok = table["score"].notna() & table["d_model"].notna()
+    d = table.loc[ok, "d_model"].astype(int).to_numpy()
+    k = np.maximum(1, np.array([round(v / 10) for v in d]))
+    floor = 1 - np.sqrt(1 / d + 1 / k)
+    np.testing.assert_allclose(floor, flat_chance(d, k), rtol=0, atol=0)
+    lr = st.linregress(floor, table.loc[ok, "score"].astype(float))
+    assert out["overall"]["n"] == ok.sum()
+    assert out["overall"]["slope"] == pytest.approx(lr.slope, rel=1e-12)
+    assert out["overall"]["r2"] == pytest.approx(lr.rvalue ** 2, rel=1e-12)
+    assert out["overall"]["p"] == pytest.approx(lr.pvalue, rel=1e-9)
+    base = ok & (table["group"] == "base")
+    lb = st.linregress(1 - np.sqrt(1 / table.loc[base, "d_model"] +
+                                   1 / np.maximum(1, (table.loc[base, "d_model"] / 10).round())),
+                       table.loc[base, "score"].astype(float))
+    assert out["groups"]["base"]["r2"] == pytest.approx(lb.rvalue ** 2, rel=1e-12)
+    assert len(out["excluded"]) == (~ok).sum()  # listed, never dropped silently
+    assert page.read_text().count("data:image/png;base64,") == 1
+    assert flat_chance(768, 77) == pytest.approx(0.8805, abs=1e-4)
+    assert flat_chance(8192, 819) == pytest.approx(0.9634, abs=1e-4)
+
+
+@pytest.mark.parametrize("args, match", [
+    (["--scores", "paper", "--k-rule", "d/5"], "--k-rule 'd/5'"),
+    (["--scores", "paper", "--k-rule", "0"], "fixed positive K"),
+    (["--scores", "/nonexistent.csv"], "no such file"),
+])
+def test_chance_floor_bad_input_is_one_line(args: list[str], match: str) -> None:
+    from blockcoupling.cli import app
+    from typer.testing import CliRunner
+
+    r = CliRunner().invoke(app, ["chance-floor", *args])
+    assert r.exit_code == 1
+    lines = r.output.strip().splitlines()
+    assert len(lines) == 1 and match in lines[0], r.output

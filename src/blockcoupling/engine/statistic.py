@@ -47,7 +47,9 @@ __all__ = [
     "STATISTIC_COLUMNS",
     "TOKEN_RULES",
     "StatisticRule",
+    "FLOOR_NOTE",
     "bootstrap_ci",
+    "flat_chance",
     "paper_k",
     "per_prompt_values",
     "statistic_table",
@@ -66,10 +68,26 @@ STATISTIC_COLUMNS: tuple[str, ...] = (
     "variant", "k", "p", "orientation", "tokens", "diagonal", "d_model", "n_prompts", "mean",
     "se", "ci_low", "ci_high", "chance", "rule",
 )
+#: the width floor of raw c_K, said wherever raw c_K is correlated with anything
+FLOOR_NOTE = (
+    "Raw c_K at K = round(d/10) has a chance level that depends on the width alone: for a flat "
+    "spectrum c_null = 1 - sqrt(1/d + 1/K), about 0.88 at d = 768 and 0.96 at d = 8192, so "
+    "wider models score higher with no structure at all. coupling_vs_null removes it; the "
+    "partial correlations control for log10 d_model and log10 parameters "
+    "(`blockcoupling chance-floor` shows how much of a score table the floor alone explains).")
 DEFAULT_N_BOOT = 1000
 DEFAULT_CI = 0.95
 
 KSpec = int | str | None
+
+
+def flat_chance(d: int | np.ndarray, k: int | np.ndarray) -> np.ndarray:
+    """The chance level of raw c_K (p = 1) for a flat spectrum: ``1 - sqrt(1/d + 1/K)``.
+
+    From ``metrics.chance_miscoupling`` with K equal singular values s and ||J||_F^2 = d s^2:
+    m_null = sqrt((K/d)^2 d s^2 + K s^2) / (K s) = sqrt(1/d + 1/K)."""
+    d_arr, k_arr = np.asarray(d, dtype=np.float64), np.asarray(k, dtype=np.float64)
+    return 1.0 - np.sqrt(1.0 / d_arr + 1.0 / k_arr)
 
 
 def paper_k(d: int) -> int:
