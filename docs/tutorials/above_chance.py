@@ -9,9 +9,7 @@ the code between the ``--8<--`` markers and the outputs written to OUT.
 
 from __future__ import annotations
 
-import json
-
-from common import fmt, headline, out_dir, per_prompt, save_figure, write_table
+from common import fmt, out_dir, save_figure, wide, write_table
 
 OUT = out_dir()
 
@@ -47,16 +45,19 @@ random_init = bc.measure(random_model, tokenizer, prompts, **options)
 # --8<-- [start:headline]
 import pandas as pd
 
-rows = []
-for name, m in (("pretrained", pretrained), ("random init", random_init)):
-    h = headline(m, K)   # means over prompts, se = sample std / sqrt(n)
-    rows.append({"model": name, "n prompts": h["n_prompts"],
-                 "coupling c_K": fmt(h["coupling_mean"], h["coupling_se"]),
-                 "chance c_null": fmt(h["chance_mean"], h["chance_se"]),
-                 "coupling_vs_null": fmt(h["coupling_vs_null_mean"], h["coupling_vs_null_se"]),
-                 "z = mean / se": round(h["coupling_vs_null_mean"] / h["coupling_vs_null_se"], 1)})
-table = pd.DataFrame(rows)
-print(table.to_string(index=False))
+stats = pd.concat([bc.coupling_statistic(m, k=K).assign(model=name)
+                   for name, m in (("pretrained", pretrained), ("random init", random_init))])
+print(stats[["model", "variant", "k", "n_prompts", "mean", "se", "ci_low", "ci_high", "chance"]])
+
+h = wide(stats, keys=("model",))   # one row per model, for the page
+table = pd.DataFrame({
+    "model": h["model"], "n prompts": h["n_prompts"],
+    "coupling c_K": [fmt(a, b) for a, b in zip(h["coupling_mean"], h["coupling_se"])],
+    "chance c_null": h["chance"].round(3),
+    "coupling_vs_null": [fmt(a, b, 4) for a, b in zip(h["coupling_vs_null_mean"],
+                                                      h["coupling_vs_null_se"])],
+    "z = mean / se": (h["coupling_vs_null_mean"] / h["coupling_vs_null_se"]).round(1),
+})
 # --8<-- [end:headline]
 write_table(table, OUT / "headline.md")
 
@@ -66,7 +67,7 @@ import numpy as np
 
 fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.8))
 for x, (name, m) in enumerate((("pretrained", pretrained), ("random init", random_init))):
-    values = per_prompt(m, K, "coupling_vs_null")
+    values = m.per_prompt_coupling(K, variant="coupling_vs_null")["value"]  # one per prompt
     jitter = np.random.default_rng(0).uniform(-0.12, 0.12, len(values))
     ax1.scatter(x + jitter, values, s=14, alpha=0.6)
     mean, se = values.mean(), values.std(ddof=1) / np.sqrt(len(values))
@@ -85,4 +86,4 @@ ax2.set_title("pretrained: coupling_vs_null, K = 10")
 fig.colorbar(im, ax=ax2)
 # --8<-- [end:figure]
 save_figure(fig, OUT / "above_chance.png")
-(OUT / "numbers.json").write_text(json.dumps(rows, indent=1))
+stats.to_csv(OUT / "statistic.csv", index=False)

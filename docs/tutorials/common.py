@@ -1,20 +1,17 @@
-"""What the three tutorials share: the headline statistic with its standard error, and
-writing their outputs (figures, Markdown tables) where the docs pages include them.
+"""What the three tutorials share: the headline statistic laid out for a table, and writing
+their outputs (figures, Markdown tables) where the docs pages include them.
 
-``per_prompt`` and ``mean_se`` are the tutorials' one helper for the statistic: per prompt, the
-mean depth-wise value over layer pairs l != l' (``Measurement.mean_depth_coupling``, each
-prompt's measured token), then the mean over prompts and its standard error, the sample
-standard deviation over prompts / sqrt(n).
+The numbers themselves come from ``bc.coupling_statistic`` (mean over prompts of the per-prompt
+mean over layer pairs l != l', its standard error = sample std over prompts / sqrt(n), a
+seeded bootstrap CI, and the chance level c_null of the same rows).
 """
 
 from __future__ import annotations
 
-import math
 import sys
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pandas as pd
 
 
@@ -26,41 +23,19 @@ def out_dir() -> Path:
     return out
 
 
-def per_prompt(m: Any, k: int, variant: str) -> pd.Series:
-    """Per prompt: mean depth-wise ``variant`` over layer pairs l != l' at top-K ``k``
-    (p = 1, orientation ``ujv``), from ``Measurement.mean_depth_coupling``."""
-    table = m.mean_depth_coupling(k, variant=variant)
-    return table.groupby("prompt_id", sort=False)["mean_offdiag"].mean()
-
-
-def mean_se(values: Any) -> tuple[float, float, int]:
-    """Mean, standard error (sample std with ddof = 1, / sqrt(n)) and n of finite values."""
-    v = np.asarray(values, dtype=float)
-    v = v[np.isfinite(v)]
-    n = len(v)
-    se = float(np.std(v, ddof=1) / math.sqrt(n)) if n > 1 else float("nan")
-    return float(np.mean(v)), se, n
-
-
-def headline(m: Any, k: int) -> dict[str, float]:
-    """One model's headline numbers: raw coupling c_K, its chance level c_null and the
-    chance-corrected ``coupling_vs_null``, each a mean over prompts with its se."""
-    raw = per_prompt(m, k, "coupling")
-    vs = per_prompt(m, k, "coupling_vs_null")
-    # c_null per pair from coupling_vs_null = (c - c_null) / (1 - c_null)
-    sel = m.coupling[(m.coupling["kind"] == "depth") & (m.coupling["k"] == k)
-                     & (m.coupling["orientation"] == "ujv")
-                     & (m.coupling["layer_a"] != m.coupling["layer_b"])]
-    keys = ["prompt_id", "layer_a", "layer_b", "token_out_a"]
-    c = sel[(sel["variant"] == "coupling") & (sel["p"] == 1.0)].set_index(keys)["value"]
-    v = sel[sel["variant"] == "coupling_vs_null"].set_index(keys)["value"]
-    c_null = ((c - v) / (1 - v)).groupby("prompt_id").mean()
-    out: dict[str, float] = {}
-    for name, series in (("coupling", raw), ("chance", c_null), ("coupling_vs_null", vs)):
-        mean, se, n = mean_se(series)
-        out[f"{name}_mean"], out[f"{name}_se"] = mean, se
-    out["n_prompts"] = n
-    return out
+def wide(stat: pd.DataFrame, keys: tuple[str, ...] = ()) -> pd.DataFrame:
+    """``bc.coupling_statistic`` rows (one per variant) as one row per run: ``coupling_mean,
+    coupling_se, coupling_vs_null_mean, coupling_vs_null_se, chance, n_prompts`` (+ ``keys``)."""
+    rows = []
+    for key, group in stat.groupby(list(keys), sort=False) if keys else [((), stat)]:
+        row: dict[str, Any] = dict(zip(keys, key if isinstance(key, tuple) else (key,)))
+        for r in group.itertuples():
+            row[f"{r.variant}_mean"], row[f"{r.variant}_se"] = r.mean, r.se
+            if r.variant == "coupling":
+                row["chance"] = r.chance
+            row["n_prompts"], row["k"] = r.n_prompts, r.k
+        rows.append(row)
+    return pd.DataFrame(rows)
 
 
 def fmt(mean: float, se: float, digits: int = 3) -> str:

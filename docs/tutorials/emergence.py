@@ -10,10 +10,9 @@ of CPU time). The page docs/tutorials/emergence.md shows the code between the ma
 
 from __future__ import annotations
 
-import json
 import shutil
 
-from common import fmt, mean_se, out_dir, per_prompt, save_figure, write_table
+from common import fmt, out_dir, save_figure, wide, write_table
 
 OUT = out_dir()
 shutil.rmtree(OUT / "train", ignore_errors=True)  # a fresh run each time
@@ -85,8 +84,9 @@ monitor.close()
 # --8<-- [end:train]
 
 # --8<-- [start:monitor]
-during = bc.open_sweep(OUT / "train" / "monitor").summary()  # one row per measured step
-print(during[["step", "mean_depth_coupling", "coupling_vs_null"]])
+# one row per measured step and variant: mean, se, chance, ...
+during = bc.coupling_statistic(OUT / "train" / "monitor", variant="coupling_vs_null")
+print(during[["step", "mean", "se", "n_prompts"]])
 # --8<-- [end:monitor]
 
 # --8<-- [start:sweep]
@@ -104,15 +104,18 @@ sweep = bc.run_sweep(spec, OUT / "sweep", executor="local", progress=False)
 # --8<-- [start:curve]
 import pandas as pd
 
-rows = []
-for unit_id, step in zip(sweep.units["unit_id"], sweep.units["step"]):
-    m = sweep.open_unit(unit_id)                 # a Measurement, like bc.open_run
-    raw = mean_se(per_prompt(m, 6, "coupling"))
-    vs = mean_se(per_prompt(m, 6, "coupling_vs_null"))
-    rows.append({"step": int(step), "held-out loss": round(log[int(step)], 3),
-                 "coupling c_K": fmt(*raw[:2]), "coupling_vs_null": fmt(*vs[:2]),
-                 "n prompts": vs[2], "_mean": vs[0], "_se": vs[1]})
-curve = pd.DataFrame(rows).sort_values("step")
+stat = bc.coupling_statistic(sweep)             # one row per unit (checkpoint) and variant
+h = wide(stat, keys=("step",)).sort_values("step")
+curve = pd.DataFrame({
+    "step": h["step"].astype(int),
+    "held-out loss": [round(log[int(s)], 3) for s in h["step"]],
+    "coupling c_K": [fmt(a, b) for a, b in zip(h["coupling_mean"], h["coupling_se"])],
+    "chance c_null": h["chance"].round(3),
+    "coupling_vs_null": [fmt(a, b) for a, b in zip(h["coupling_vs_null_mean"],
+                                                   h["coupling_vs_null_se"])],
+    "n prompts": h["n_prompts"],
+    "_mean": h["coupling_vs_null_mean"], "_se": h["coupling_vs_null_se"],
+})
 print(curve.drop(columns=["_mean", "_se"]).to_string(index=False))
 # --8<-- [end:curve]
 write_table(curve.drop(columns=["_mean", "_se"]), OUT / "curve.md")
@@ -124,7 +127,7 @@ fig, ax = plt.subplots(figsize=(7, 3.8))
 x = curve["step"].clip(lower=1)                 # log axis: step 0 drawn at 1
 ax.errorbar(x, curve["_mean"], yerr=1.96 * curve["_se"], fmt="o-", capsize=3,
             label="sweep: 8 held-out prompts, ± 1.96 se")
-ax.plot(during["step"].clip(lower=1), during["coupling_vs_null"], "s--", alpha=0.7,
+ax.plot(during["step"].clip(lower=1), during["mean"], "s--", alpha=0.7,
         label="monitor during training: 4 prompts")
 ax.axhline(0, color="grey", lw=0.8, ls=":")
 ax.set_xscale("log")
@@ -136,6 +139,6 @@ ax2.set_ylabel("held-out loss (nats / char)", color="tab:red")
 ax.legend(loc="upper left", fontsize=8)
 # --8<-- [end:figure]
 save_figure(fig, OUT / "emergence.png")
-(OUT / "numbers.json").write_text(json.dumps(curve.drop(columns=["_mean", "_se"]).to_dict("records"), indent=1))
+stat.to_csv(OUT / "statistic.csv", index=False)
 shutil.rmtree(OUT / "train")                    # checkpoints are not part of the site
 shutil.rmtree(OUT / "sweep")

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 
-from common import fmt, headline, out_dir, save_figure, write_table
+from common import fmt, out_dir, save_figure, wide, write_table
 
 OUT = out_dir()
 
@@ -68,18 +68,18 @@ for width in (64, 128, 256, 512):
     k = round(width / 10)                                # the paper's K = d/10
     m = bc.measure(model, tokenizer, prompts, coupling=("depth",), k=(k,), tokens="last",
                    variants=("coupling", "coupling_vs_null"), progress=False)
-    h = headline(m, k)
-    rows.append({"d": width, "K": k, "floor": float(flat_floor(width, k)), **h})
+    stat = bc.coupling_statistic(m, k=k)                 # coupling_vs_null and raw c_K
+    rows.append(stat.assign(d=width, floor=float(flat_floor(width, k))))
 # --8<-- [end:measure]
 
-measured = pd.DataFrame(rows)
+measured = wide(pd.concat(rows), keys=("d", "floor"))
 write_table(pd.DataFrame({
-    "d_model": measured["d"], "K = d/10": measured["K"],
+    "d_model": measured["d"], "K = d/10": measured["k"],
     "flat-spectrum floor": measured["floor"].round(3),
-    "measured chance c_null": [fmt(a, b) for a, b in zip(measured["chance_mean"], measured["chance_se"])],
+    "measured chance c_null": measured["chance"].round(3),
     "raw c_K": [fmt(a, b) for a, b in zip(measured["coupling_mean"], measured["coupling_se"])],
-    "coupling_vs_null": [fmt(a, b) for a, b in zip(measured["coupling_vs_null_mean"],
-                                                    measured["coupling_vs_null_se"])],
+    "coupling_vs_null": [fmt(a, b, 4) for a, b in zip(measured["coupling_vs_null_mean"],
+                                                       measured["coupling_vs_null_se"])],
 }), OUT / "random_widths.md")
 
 # --8<-- [start:figure]
@@ -120,5 +120,5 @@ ax.set_xlabel("d_model")
 ax.set_ylabel("chance level c_null (flat spectrum)")
 ax.legend(fontsize=8)
 save_figure(fig, OUT / "floor_curve.png")
-(OUT / "numbers.json").write_text(json.dumps({"fits": fits, "random_widths": rows}, indent=1,
-                                             default=float))
+(OUT / "fits.json").write_text(json.dumps(fits, indent=1, default=float))
+measured.to_csv(OUT / "random_widths_statistic.csv", index=False)
