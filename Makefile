@@ -2,6 +2,8 @@
 #
 #   make demo     create .venv (once), install blockcoupling + the demo's extras, run the demo
 #   make test     the same .venv, plus the test extras (pytest, hypothesis, ray, ...), run the tests
+#   make docs     the same .venv as make test; run the tutorials, build the site into site/
+#                 (mkdocs build --strict: a warning, e.g. a broken link, is an error)
 #
 # torch is installed first and pinned by a constraints file, so no later install can replace it
 # (an unpinned `pip install torch` on Linux pulls the multi-GB CUDA build). Installs are
@@ -37,11 +39,12 @@ TORCH_STAMP := $(VENV)/.stamp-torch-$(firstword $(shell echo '$(TORCH)' | cksum)
 DEMO_STAMP := $(VENV)/.stamp-demo-$(KEY)
 TEST_STAMP := $(VENV)/.stamp-test-$(KEY)
 
-.PHONY: demo test venv clean-venv help
+.PHONY: demo test docs venv clean-venv help
 
 help:
 	@echo "make demo    create .venv, install, run the offline demo (writes demo_run/report.html)"
 	@echo "make test    same .venv plus the test extras, run the test-suite"
+	@echo "make docs    same .venv, run the tutorials and build the docs site into site/"
 	@echo "make clean-venv   delete .venv"
 
 demo: $(DEMO_STAMP)
@@ -49,6 +52,9 @@ demo: $(DEMO_STAMP)
 
 test: $(TEST_STAMP)
 	$(PY) -m pytest $(TEST_ARGS)
+
+docs: $(TEST_STAMP)
+	BLOCKCOUPLING_DOCS_FRESH=1 NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
 
 venv: $(DEMO_STAMP)
 
@@ -66,7 +72,7 @@ $(DEMO_STAMP): $(TORCH_STAMP)
 	touch $@
 
 $(TEST_STAMP): $(TORCH_STAMP)
-	$(PIP) install -c $(CONSTRAINTS) -e '.[demo,test,sweep]'
+	$(PIP) install -c $(CONSTRAINTS) -e '.[demo,test,sweep,docs]'
 	touch $(DEMO_STAMP) $@
 
 clean-venv:

@@ -24,6 +24,7 @@ _SECTIONS: dict[str, str] = {  # module -> heading of the API page
     "blockcoupling.engine.events": "Progress events",
     "blockcoupling.engine.blocks": "Finding the blocks",
     "blockcoupling.prompts.sources": "Prompts",
+    "blockcoupling.studies.statistic": "The headline statistic",
     "blockcoupling.store.record": "Run directories",
     "blockcoupling.store.rundir": "Run directories",
     "blockcoupling.report.html": "Reports",
