@@ -47,7 +47,8 @@ import pandas as pd
 
 stats = pd.concat([bc.coupling_statistic(m, k=K).assign(model=name)
                    for name, m in (("pretrained", pretrained), ("random init", random_init))])
-print(stats[["model", "variant", "k", "n_prompts", "mean", "se", "ci_low", "ci_high", "chance"]])
+print(stats[["model", "variant", "k", "n_prompts", "mean", "se", "ci_low", "ci_high", "chance"]]
+      .to_string(index=False))
 
 h = wide(stats, keys=("model",))   # one row per model, for the page
 table = pd.DataFrame({
