@@ -7,6 +7,10 @@
 - :func:`plot_exponential`: score against coupling with the linear and the exponential fit.
 - :func:`write_correlation_html`: both figures embedded as base64 PNGs, the statistic used,
   the tables of results (overall and per group) and the models; no external resource.
+
+The page takes any :class:`CorrelationData` (the study's
+:class:`~blockcoupling.studies.correlate.CorrelationResult` is one): the report layer imports
+nothing from the studies.
 """
 
 from __future__ import annotations
@@ -17,14 +21,41 @@ import io
 import math
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
 if TYPE_CHECKING:
+    import pandas as pd
     from matplotlib.figure import Figure
 
-    from blockcoupling.studies.correlate import CorrelationResult
+
+class _Described(Protocol):
+    def describe(self) -> str: ...
+
+
+class CorrelationData(Protocol):
+    """What the correlation page draws: one row per model in ``table`` (``label``, ``score``
+    and one column per predictor), the statistics ``overall`` and per group, the coupling
+    statistic used and the study's settings."""
+
+    @property
+    def table(self) -> pd.DataFrame: ...
+    @property
+    def statistic(self) -> _Described: ...
+    @property
+    def scores_source(self) -> str: ...
+    @property
+    def overall(self) -> dict[str, Any]: ...
+    @property
+    def groups(self) -> dict[str, dict[str, Any]]: ...
+    @property
+    def excluded(self) -> list[dict[str, str]]: ...
+    @property
+    def n_boot(self) -> int: ...
+    @property
+    def seed(self) -> int: ...
+
 
 PRETTY = {
     "coupling": "mean depth-wise coupling",
@@ -48,7 +79,7 @@ def fit_band(x: np.ndarray, y: np.ndarray, grid: np.ndarray, level: float = 0.95
     return pred.predicted_mean, lo, hi
 
 
-def _xy(result: CorrelationResult, name: str) -> tuple[np.ndarray, np.ndarray, list[str]]:
+def _xy(result: CorrelationData, name: str) -> tuple[np.ndarray, np.ndarray, list[str]]:
     t = result.table
     x, y = t[name].to_numpy(dtype=float), t["score"].to_numpy(dtype=float)
     keep = np.isfinite(x) & np.isfinite(y)
@@ -62,7 +93,7 @@ def _scatter(ax: Any, x: np.ndarray, y: np.ndarray, labels: Sequence[str]) -> No
                     alpha=0.85)
 
 
-def plot_predictors(result: CorrelationResult) -> Figure:
+def plot_predictors(result: CorrelationData) -> Figure:
     """One panel per regressed predictor: labelled points, OLS line and 95% band."""
     from matplotlib.figure import Figure
 
@@ -92,7 +123,7 @@ def plot_predictors(result: CorrelationResult) -> Figure:
     return fig
 
 
-def plot_exponential(result: CorrelationResult) -> Figure:
+def plot_exponential(result: CorrelationData) -> Figure:
     """Score against coupling with the straight line and the fit score = a exp(b coupling)."""
     from matplotlib.figure import Figure
 
@@ -163,7 +194,7 @@ def _stats_table(block: dict[str, Any]) -> str:
     return out
 
 
-def _models_table(result: CorrelationResult) -> str:
+def _models_table(result: CorrelationData) -> str:
     cols = [c for c in ("label", "score_model", "group", "k", "n_prompts", "coupling", "score",
                         "params_b", "layers", "d_model", "train_tokens_t")
             if c in result.table.columns]
@@ -175,7 +206,7 @@ def _models_table(result: CorrelationResult) -> str:
     return f"<table><tr>{head}</tr>{body}</table>"
 
 
-def write_correlation_html(result: CorrelationResult, out: str | Path, *,
+def write_correlation_html(result: CorrelationData, out: str | Path, *,
                            title: str = "Coupling and generalisation",
                            intro: str = "") -> Path:
     """Write one self-contained HTML page (figures inline) and return its path."""
@@ -216,4 +247,4 @@ def write_correlation_html(result: CorrelationResult, out: str | Path, *,
     return out
 
 
-__all__ = ["fit_band", "plot_exponential", "plot_predictors", "write_correlation_html"]
+__all__ = ["CorrelationData", "fit_band", "plot_exponential", "plot_predictors", "write_correlation_html"]

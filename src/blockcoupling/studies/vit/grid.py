@@ -12,7 +12,7 @@ the cluster started or reached by the sweep's ``start_ray``; a run that fails fo
 reason is recorded as ``failed`` with its message and the others go on.
 
 :func:`collect_runs` and :func:`collect_epochs` read any folder holding ``vit-train`` outputs
-(a grid, or runs trained one by one) into tables for the figures (``report/vit.py``).
+(a grid, or runs trained one by one) into tables for the figures (``studies/vit/report.py``).
 """
 
 from __future__ import annotations
