@@ -15,7 +15,6 @@ on those prompts; restrict ``layers=`` and ``k=`` (and use few prompts) to keep 
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import os
 import random
@@ -30,6 +29,7 @@ from transformers import TrainerCallback
 
 from blockcoupling.engine.config import MeasureConfig
 from blockcoupling.errors import BlockCouplingError
+from blockcoupling.hashing import canonical_hash
 from blockcoupling.studies.sweep import store
 from blockcoupling.studies.sweep.units import Unit, config_hash
 
@@ -73,8 +73,9 @@ def _prompt_items(prompts: Any, limit: int | None, seed: int) -> tuple[list[Any]
     items = normalise_prompts(prompts)
     if not items:
         raise BlockCouplingError("the monitor needs at least one prompt")
-    digest = hashlib.sha256(json.dumps([(p.prompt_id, p.text) for p in items]).encode())
-    return items, f"prompts:{digest.hexdigest()[:12]}"
+    digest = canonical_hash([(p.prompt_id, p.text) for p in items], digits=12, compact=False,
+                            strict=False)
+    return items, f"prompts:{digest}"
 
 
 class CouplingMonitor:
@@ -145,8 +146,8 @@ class CouplingMonitor:
 
     def unit(self, step: int) -> Unit:
         """The unit of one measured step (its id is stable across re-runs)."""
-        ident = json.dumps([self.label, int(step), self.prompt_set, self._hash])
-        digest = hashlib.sha256(ident.encode()).hexdigest()[:12]
+        digest = canonical_hash([self.label, int(step), self.prompt_set, self._hash],
+                                digits=12, compact=False, strict=False)
         return Unit(unit_id=f"{self.label}-step{int(step)}-{digest}", label=self.label,
                     model=self.label, revision=None, step=int(step),
                     prompt_set=self.prompt_set, limit=None, config=self.config.to_dict(),

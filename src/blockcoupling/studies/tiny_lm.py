@@ -34,6 +34,7 @@ import torch
 import torch.nn.functional as F
 
 from blockcoupling.errors import BlockCouplingError
+from blockcoupling.hashing import canonical_hash
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase, PreTrainedTokenizerFast
@@ -139,8 +140,7 @@ class TinyLMConfig:
             "corpus_sha256": corpus_sha256(),
             "format": CACHE_FORMAT,
         }
-        blob = json.dumps(payload, sort_keys=True).encode()
-        return hashlib.sha256(blob).hexdigest()[:16]
+        return canonical_hash(payload, digits=16, compact=False, strict=False)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -24,7 +24,6 @@ Output folder ``OUT``::
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import os
@@ -41,6 +40,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from blockcoupling.errors import BlockCouplingError
+from blockcoupling.hashing import canonical_hash
 from blockcoupling.studies.vit.data import DATASETS, ImageData, load_image_data
 from blockcoupling.studies.vit.model import build_vit, resolve_shape
 
@@ -134,8 +134,8 @@ class VitTrainConfig:
 
     def key(self) -> str:
         """A short hash of the config (names a run in a grid; checks resumes)."""
-        blob = json.dumps(self.to_dict(), sort_keys=True, default=str).encode()
-        return hashlib.sha256(blob).hexdigest()[:12]
+        return canonical_hash(self.to_dict(), digits=12, compact=False, strict=False,
+                              default=str)
 
 
 # ---------------------------------------------------------------------------- schedule
