@@ -20,7 +20,8 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "blockcoupling.studies.correlate": ("CorrelationResult", "correlate", "paper_scores"),
     "blockcoupling.studies.vit.train": ("VitTrainConfig", "train_vit"),
     "blockcoupling.studies.vit.grid": ("run_grid",),
-    "blockcoupling.studies.lm_family": ("run_lm_family",),
+    "blockcoupling.studies.lm_study": ("run_study",),
+    "blockcoupling.studies.chance_floor": ("chance_floor",),
     "blockcoupling.studies.demo": ("run_demo",),
 }
 _WHERE: dict[str, str] = {name: mod for mod, names in _EXPORTS.items() for name in names}
@@ -28,7 +29,8 @@ _WHERE: dict[str, str] = {name: mod for mod, names in _EXPORTS.items() for name 
 if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ does the work
     from blockcoupling.studies.correlate import CorrelationResult, correlate, paper_scores
     from blockcoupling.studies.demo import run_demo
-    from blockcoupling.studies.lm_family import run_lm_family
+    from blockcoupling.studies.chance_floor import chance_floor
+    from blockcoupling.studies.lm_study import run_study
     from blockcoupling.studies.monitor import CouplingCallback, CouplingMonitor
     from blockcoupling.studies.sweep import (
         Sweep,
@@ -62,13 +64,14 @@ __all__ = [
     "Sweep",
     "SweepSpec",
     "VitTrainConfig",
+    "chance_floor",
     "correlate",
     "load_spec",
     "open_sweep",
     "paper_scores",
     "run_demo",
     "run_grid",
-    "run_lm_family",
+    "run_study",
     "run_sweep",
     "sweep_status",
     "train_vit",

@@ -4,7 +4,7 @@ training, on a family of independently trained tiny LMs? A study that can answer
 Design (fixed before any data are seen; stated in ``study.json``):
 
 - **Independent runs** (:class:`StudySpec`, :func:`full_spec`): character-level GPT-2 LMs on
-  the pydoc help texts (``studies.demo.train_tiny_lm``), varying width, depth, data per step
+  the pydoc help texts (``studies.tiny_lm.train_tiny_lm``), varying width, depth, data per step
   (batch size) and training length, with several seeds of one configuration (the noise floor).
   Each run enters the correlation once, at its final checkpoint: checkpoints of one run are
   never counted as separate models.
@@ -42,9 +42,16 @@ import pandas as pd
 import torch
 
 from blockcoupling.errors import BlockCouplingError
+from blockcoupling.studies.tiny_lm import (
+    TinyLMConfig,
+    corpus_documents,
+    train_tiny_lm,
+    training_log,
+)
 
-__all__ = ["StudyRun", "StudySpec", "full_spec", "load_study_spec", "log_checkpoints",
-           "quick_spec", "run_study"]
+__all__ = ["StudyResult", "StudyRun", "StudySpec", "evaluate_checkpoint", "family_prompts",
+           "full_spec", "load_study_spec", "log_checkpoints", "parse_study_spec", "quick_spec",
+           "run_study"]
 
 HYPOTHESES = {
     "H1": "Across independently trained runs, the final depth-wise coupling above chance "
@@ -226,9 +233,49 @@ def log_checkpoints(max_steps: int, n: int) -> tuple[int, ...]:
         m += 1
 
 
-def _tiny_config(spec: StudySpec, run: StudyRun) -> Any:
-    from blockcoupling.studies.demo import TinyLMConfig
+def _held_out_text(cfg: TinyLMConfig) -> str:
+    """The demo's validation split: every ``val_every``-th pydoc topic (sorted by key)."""
+    docs = corpus_documents()
+    return "\n\n\n".join(d for i, d in enumerate(docs) if i % cfg.val_every == cfg.val_every - 1)
 
+
+def family_prompts(cfg: TinyLMConfig, n: int = 4, length: int = 24) -> list[str]:
+    """``n`` held-out windows of ``length`` characters at evenly spaced offsets (whitespace at
+    the ends stripped): the prompts the coupling is measured on."""
+    text = _held_out_text(cfg)
+    step = max(1, (len(text) - length) // max(1, n))
+    out = []
+    for i in range(n):
+        window = " ".join(text[i * step: i * step + length].split())
+        if window:
+            out.append(window)
+    return out
+
+
+def evaluate_checkpoint(path: str | Path, cfg: TinyLMConfig, *, windows: int = 64
+                        ) -> dict[str, float]:
+    """Held-out next-character top-1 accuracy (percent) and mean cross-entropy (nats) of a
+    checkpoint, on ``windows`` evenly spaced windows of ``cfg.block_size + 1`` characters of
+    the held-out split (the same windows for every model with this block size)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True).eval()
+    tok = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    ids = torch.tensor(tok.backend_tokenizer.encode(_held_out_text(cfg),
+                                                    add_special_tokens=False).ids)  # (N,)
+    span = cfg.block_size + 1
+    starts = torch.linspace(0, len(ids) - span, windows).long()  # (W,)
+    chunk = ids[starts[:, None] + torch.arange(span)[None, :]]  # (W, span)
+    with torch.no_grad():
+        logits = model(input_ids=chunk[:, :-1]).logits  # (W, T, V)
+    target = chunk[:, 1:]
+    loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]),
+                                             target.reshape(-1))
+    acc = (logits.argmax(-1) == target).double().mean()
+    return {"val_loss": float(loss), "score": 100.0 * float(acc), "n_eval_tokens": int(target.numel())}
+
+
+def _tiny_config(spec: StudySpec, run: StudyRun) -> TinyLMConfig:
     return TinyLMConfig(n_layer=run.n_layer, n_embd=run.n_embd,
                         n_head=4 if run.n_embd % 4 == 0 else 2, block_size=spec.block_size,
                         batch_size=run.batch_size, max_steps=run.max_steps,
@@ -400,8 +447,6 @@ def run_study(out: str | Path, spec: StudySpec | None = None, *, quick: bool = F
               executor: str = "local") -> StudyResult:
     """Train (or reuse the cached) runs, score and measure every checkpoint (a sweep in
     ``out/sweep``), test the hypotheses and write ``out/study.json`` and ``out/study.html``."""
-    from blockcoupling.studies.demo import train_tiny_lm, training_log
-    from blockcoupling.studies.lm_family import evaluate_checkpoint, family_prompts
     from blockcoupling.studies.sweep import open_sweep, run_sweep
     from blockcoupling.studies.sweep.runner import spec_matches
 
