@@ -394,12 +394,12 @@ def _statement(models: pd.DataFrame, tests: dict[str, Any], spec: StudySpec,
 
 
 def _versions() -> dict[str, Any]:
+    from importlib.metadata import version
+
     import transformers
 
-    import blockcoupling
-
     return {"python": platform.python_version(), "torch": torch.__version__,
-            "transformers": transformers.__version__, "blockcoupling": blockcoupling.__version__,
+            "transformers": transformers.__version__, "blockcoupling": version("blockcoupling"),
             "numpy": np.__version__, "pandas": pd.__version__, "torch_threads":
             torch.get_num_threads(),
             "note": "training is bit-reproducible only at the same torch thread count"}
