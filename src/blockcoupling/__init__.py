@@ -76,10 +76,12 @@ def __getattr__(name: str) -> Any:
     if name in _DEPRECATED:
         import warnings
 
-        warnings.warn(f"blockcoupling.{name} is deprecated: use blockcoupling.studies.{name} "
+        # correlate lives in the module of the same name (a package attribute would shadow it)
+        where = "blockcoupling.studies" + (".correlate" if name == "correlate" else "")
+        warnings.warn(f"blockcoupling.{name} is deprecated: use {where}.{name} "
                       "(the top-level name goes in the next release)", DeprecationWarning,
                       stacklevel=2)
-        return getattr(importlib.import_module("blockcoupling.studies"), name)
+        return getattr(importlib.import_module(where), name)
     module = _WHERE.get(name)
     if module is None:
         raise AttributeError(f"module 'blockcoupling' has no attribute {name!r}")
