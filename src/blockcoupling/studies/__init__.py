@@ -12,12 +12,13 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-#: module -> the public names it provides (imported on first attribute access).
+#: module -> the public names it provides (imported on first attribute access). No name may
+#: be a submodule's (``correlate`` the function is ``blockcoupling.studies.correlate.correlate``).
 _EXPORTS: dict[str, tuple[str, ...]] = {
     "blockcoupling.studies.monitor": ("CouplingCallback", "CouplingMonitor"),
     "blockcoupling.studies.sweep": ("Sweep", "SweepSpec", "load_spec", "open_sweep", "run_sweep",
                                     "sweep_status"),
-    "blockcoupling.studies.correlate": ("CorrelationResult", "correlate", "paper_scores"),
+    "blockcoupling.studies.correlate": ("CorrelationResult", "paper_scores"),
     "blockcoupling.studies.vit.train": ("VitTrainConfig", "train_vit"),
     "blockcoupling.studies.vit.grid": ("run_grid",),
     "blockcoupling.studies.lm_family": ("run_lm_family",),
@@ -26,7 +27,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
 _WHERE: dict[str, str] = {name: mod for mod, names in _EXPORTS.items() for name in names}
 
 if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ does the work
-    from blockcoupling.studies.correlate import CorrelationResult, correlate, paper_scores
+    from blockcoupling.studies.correlate import CorrelationResult, paper_scores
     from blockcoupling.studies.demo import run_demo
     from blockcoupling.studies.lm_family import run_lm_family
     from blockcoupling.studies.monitor import CouplingCallback, CouplingMonitor
@@ -62,7 +63,6 @@ __all__ = [
     "Sweep",
     "SweepSpec",
     "VitTrainConfig",
-    "correlate",
     "load_spec",
     "open_sweep",
     "paper_scores",
