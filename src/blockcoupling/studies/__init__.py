@@ -12,7 +12,8 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-#: module -> the public names it provides (imported on first attribute access).
+#: module -> the public names it provides (imported on first attribute access). No name may
+#: be a submodule's (``correlate`` the function is ``blockcoupling.studies.correlate.correlate``).
 _EXPORTS: dict[str, tuple[str, ...]] = {
     "blockcoupling.studies.monitor": ("CouplingCallback", "CouplingMonitor"),
     "blockcoupling.studies.sweep": ("Sweep", "SweepSpec", "load_spec", "open_sweep", "run_sweep",

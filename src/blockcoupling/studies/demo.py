@@ -253,7 +253,6 @@ def run_demo(
     """
     from blockcoupling.report.html import write_report
     from blockcoupling.store.record import measure_to_dir
-
     from blockcoupling.studies.sweep.runner import EXECUTORS, import_ray
 
     if executor not in EXECUTORS:
