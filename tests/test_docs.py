@@ -88,7 +88,7 @@ def test_cli_reference_lists_every_command() -> None:
                 assert f"`{param.opts[0]}`" in page, (name, param.opts)
 
 
-@pytest.mark.slow
+@pytest.mark.docs
 def test_site_builds_strictly_and_shows_the_tutorials(tmp_path: Path) -> None:
     """The whole site from a copy of the checkout: the hook runs the three tutorials (they
     write their figures and tables), then ``mkdocs build --strict`` (warnings are errors)."""
