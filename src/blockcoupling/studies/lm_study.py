@@ -29,10 +29,9 @@ version (tiny runs, seconds each).
 from __future__ import annotations
 
 import json
-import math
 import platform
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -553,10 +552,10 @@ def run_study(out: str | Path, spec: StudySpec | None = None, *, quick: bool = F
 def write_study_page(result: StudyResult, path: Path) -> Path:
     """``study.html``: the statement, the emergence curves, final accuracy against final
     coupling (error bars one se), the models and the tests."""
-    from blockcoupling.report.html import Section, esc, figure_html, table_html, write_page
-
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
+
+    from blockcoupling.report.html import Section, esc, figure_html, table_html, write_page
 
     em, mt = result.emergence, result.models
     fig = Figure(figsize=(10.0, 3.8), layout="constrained")
