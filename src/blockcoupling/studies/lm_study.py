@@ -28,7 +28,6 @@ version (tiny runs, seconds each).
 
 from __future__ import annotations
 
-import json
 import platform
 import time
 from collections.abc import Mapping
@@ -543,8 +542,9 @@ def run_study(out: str | Path, spec: StudySpec | None = None, *, quick: bool = F
     result = StudyResult(spec=spec, models=mt, emergence=em, tests=tests, statement=statement,
                          noise_floor=noise, reproducibility=_versions(), seconds=seconds,
                          out=out)
-    (out / "study.json").write_text(json.dumps(result.to_dict(), indent=1, allow_nan=False)
-                                    + "\n", encoding="utf-8")
+    from blockcoupling.studies.correlate import write_json
+
+    write_json(out / "study.json", result.to_dict())
     write_study_page(result, out / "study.html")
     return result
 
