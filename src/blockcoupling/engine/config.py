@@ -270,6 +270,10 @@ class MeasureConfig:
                                hashed=False)
     chunk_size: int | None = _opt(None, "Jacobian rows per vmap chunk (default: automatic).",
                                   parse_opt_int)
+    save_bases: bool = _opt(
+        False, "Store the top-K U, S, V of every measured Jacobian in the run directory "
+        "(read back with open_run(d).bases(...)); the size is printed first.", parse_bool,
+        cli="save-bases", hashed=False)
 
     # ------------------------------------------------------------------ construction
     def __post_init__(self) -> None:

@@ -30,7 +30,7 @@ import pandas as pd
 import torch
 from torch import Tensor
 
-from blockcoupling.engine import fastpath, metrics, normdirs, pairs, spectra, svd, tables
+from blockcoupling.engine import bases, fastpath, metrics, normdirs, pairs, spectra, svd, tables
 from blockcoupling.engine import jacobian as jac
 from blockcoupling.engine.blocks import BlockSpec, find_blocks
 from blockcoupling.engine.capture import Capture, capture, residual_branch
@@ -90,6 +90,27 @@ def choose_method(cfg: MeasureConfig, d: int) -> str:
 STRUCTURED_KEEP_BYTES: int = 4 << 30
 
 
+def jacobian_keys(cfg: MeasureConfig, spec: BlockSpec, n: int) -> tuple[
+        dict[str, list[pairs.Pair]], dict[int, list[tuple[int, int]]]]:
+    """For a prompt of ``n`` tokens: the compared pairs of each coupling kind, and the
+    Jacobians to measure (layer -> sorted (token_in, token_out)): those the pairs use, and
+    J^l_tt at every selected layer and token for the spectra."""
+    layers = cfg.selected_layers(spec.num_layers)
+    tokens = pairs.resolve_tokens(cfg.tokens, n, cls=pairs.cls_position(spec.arch, spec.causal))
+    by_kind = {kind: pairs.kind_pairs(kind, tokens=tokens, layers=layers, n=n,
+                                      causal=spec.causal, pairs_mode=cfg.layer_pairs)
+               for kind in cfg.coupling}
+    keys = pairs.needed_keys([p for ps in by_kind.values() for p in ps])
+    if cfg.spectra:  # spectra of J^l_tt at every selected layer and token, at least
+        for la in layers:
+            keys.setdefault(la, [])
+            for t in tokens:
+                if (t, t) not in keys[la]:
+                    keys[la].append((t, t))
+            keys[la].sort()
+    return by_kind, keys
+
+
 @dataclass
 class _RunState:
     """What one measure() call learns across prompts."""
@@ -116,19 +137,7 @@ class _PromptRun:
                                            cls=pairs.cls_position(spec.arch, spec.causal))
         self.method = choose_method(cfg, self.d)
         self.progress = progress
-        self.pairs: dict[str, list[pairs.Pair]] = {
-            kind: pairs.kind_pairs(kind, tokens=self.tokens, layers=self.layers, n=self.n,
-                                   causal=spec.causal, pairs_mode=cfg.layer_pairs)
-            for kind in cfg.coupling
-        }
-        self.keys = pairs.needed_keys([p for ps in self.pairs.values() for p in ps])
-        if cfg.spectra:  # spectra of J^l_tt at every selected layer and token, at least
-            for la in self.layers:
-                self.keys.setdefault(la, [])
-                for t in self.tokens:
-                    if (t, t) not in self.keys[la]:
-                        self.keys[la].append((t, t))
-                self.keys[la].sort()
+        self.pairs, self.keys = jacobian_keys(cfg, spec, self.n)
         # whether only dense J are used where a block's structure gives them: always for
         # "dense"; for "auto" on the CPU while they fit STRUCTURED_KEEP_BYTES (a few GEMMs beat
         # ~(K + oversample) * (2 iters + 2) decode-step products, with no residual check)
@@ -490,6 +499,8 @@ def _measure_one(model: torch.nn.Module, cap: Capture, b: int, item: MeasureInpu
         arrays=arrays,
         config=cfg,
         meta={"seconds": time.perf_counter() - t0},
+        basis_store=(bases.keep(run.measured, item.prompt_id, cfg.dtype) if cfg.save_bases
+                     else None),
     )
     state.on_event(MeasureEvent("prompt", part.meta["seconds"], item.prompt_id))
     return part
@@ -546,4 +557,4 @@ def measure(model: torch.nn.Module, tokenizer: Any = None, prompts: Any = (), *,
 #: the name used before inputs.py existed
 normalise_prompts = normalise_inputs
 
-__all__ = ["measure", "iter_measure", "normalise_inputs", "normalise_prompts", "build_meta"]
+__all__ = ["measure", "iter_measure", "jacobian_keys", "normalise_inputs", "normalise_prompts", "build_meta"]

@@ -18,8 +18,10 @@ from blockcoupling.engine.inputs import normalise_inputs, tokenize
 from blockcoupling.errors import BlockCouplingError
 
 
-def preflight(model: torch.nn.Module, tokenizer: Any, prompts: Any, cfg: MeasureConfig) -> None:
-    """Raise :class:`BlockCouplingError` for anything that would stop the run part-way."""
+def preflight(model: torch.nn.Module, tokenizer: Any, prompts: Any, cfg: MeasureConfig
+              ) -> list[int] | None:
+    """Raise :class:`BlockCouplingError` for anything that would stop the run part-way.
+    Returns every text prompt's number of real tokens (None for ready-made inputs)."""
     spec = find_blocks(model, cfg.blocks_path)
     if spec.hidden_size:  # a custom model's hidden size is known only after its first capture
         cfg.check_model(spec.num_layers, spec.hidden_size)
@@ -31,7 +33,8 @@ def preflight(model: torch.nn.Module, tokenizer: Any, prompts: Any, cfg: Measure
         resolve_device(cfg.analysis_device)
     items = [it for it in normalise_inputs(prompts) if it.is_text]  # ready-made: no tokens
     if not items:
-        return
+        return None
+    lengths: list[int] = []
     special = set(getattr(tokenizer, "all_special_ids", []) or [])
     cpu = torch.device("cpu")
     for i in range(0, len(items), cfg.batch_size):
@@ -39,9 +42,11 @@ def preflight(model: torch.nn.Module, tokenizer: Any, prompts: Any, cfg: Measure
         enc = tokenize(tokenizer, chunk, model, cpu)  # raises for empty or too long prompts
         for item, ids, mask in zip(chunk, enc["input_ids"], enc["attention_mask"], strict=True):
             real = ids[mask.bool()].tolist()
+            lengths.append(len(real))
             if special and all(t in special for t in real):
                 raise BlockCouplingError(
                     f"prompt {item.prompt_id!r} ({item.text[:40]!r}) has no text token, only "
                     "the tokenizer's special tokens; give it text the tokenizer knows, or "
                     "remove it"
                 )
+    return lengths

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 import time
 from typing import Any
 
@@ -37,7 +38,9 @@ def measure_to_dir(model: torch.nn.Module, tokenizer: Any, prompts: Any, out_dir
                                           label=it.label) for it in items])
     full_meta = build_meta(model, cfg, prompts_spec=prompts_spec, weights_hash=weights_hash(model))
     full_meta.update(meta or {})
-    preflight(model, tokenizer, items, cfg)  # before any file
+    lengths = preflight(model, tokenizer, items, cfg)  # before any file
+    if cfg.save_bases:
+        _check_bases_size(model, items, lengths, cfg, out_dir, progress)
     t0 = time.perf_counter()
     with RunWriter(out_dir, config=cfg, meta=full_meta, prompts=prompts_df, resume=resume) as writer:
         done = writer.done_prompt_ids()
@@ -45,6 +48,24 @@ def measure_to_dir(model: torch.nn.Module, tokenizer: Any, prompts: Any, out_dir
                                  on_event=on_event):
             writer.write_part(part)
         return writer.finalize(timings={"seconds": time.perf_counter() - t0})
+
+
+def _check_bases_size(model: torch.nn.Module, items: list[Any], lengths: list[int] | None,
+                      cfg: MeasureConfig, out_dir: Any, progress: bool) -> None:
+    """Print the estimated size of the stored bases; refuse it if the disk is too small."""
+    from pathlib import Path
+
+    from blockcoupling.store import bases as stored
+
+    if lengths is None:  # ready-made inputs: their token count is known after the capture
+        if progress:
+            print("bases: size known after the first prompt (ready-made inputs)", file=sys.stderr)
+        return
+    n_jac, nbytes = stored.estimate(model, items, lengths, cfg)
+    if progress:
+        print(f"bases: {n_jac} Jacobians x (U, V of {cfg.k_max} x d, S) = about "
+              f"{stored.human(nbytes)} in {out_dir}", file=sys.stderr)
+    stored.check_disk(Path(out_dir), nbytes, "the stored bases (--save-bases)")
 
 
 __all__ = ["measure_to_dir"]
