@@ -188,5 +188,5 @@ def test_too_little_disk_is_refused_before_any_file(tmp_path: Path,
     n_tokens = [len(p.split()) for p in PROMPTS]
     n_jac = sum(3 * n for n in n_tokens)  # depth at every token: J_tt per layer and token
     assert f"bases: {n_jac} Jacobians" in capsys.readouterr().err
-    assert sb.estimate(model, [], n_tokens, bc.MeasureConfig.parse(k=K, tokens="all"))[1] == (
+    assert sb.estimate(model, n_tokens, bc.MeasureConfig.parse(k=K, tokens="all"))[1] == (
         n_jac * (2 * 16 * K + K) * 4)

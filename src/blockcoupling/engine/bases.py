@@ -23,13 +23,14 @@ from torch import Tensor
 from blockcoupling.errors import BlockCouplingError
 
 BasisKey = tuple[str, int, int, int]  # (prompt_id, layer, token_in, token_out)
-Factors = tuple[Tensor, Tensor, Tensor]  # U (d, K), S (K,), V (d, K)
+Factors = dict[str, Tensor]  # "U" (d, K), "S" (K,), "V" (d, K) (save_bases); "J" (d, d)
 PARTS = ("U", "S", "V")
+JACOBIAN = "J"  # save_jacobians: the Jacobian itself (d, d), rows = output coordinates
 _SEP = "|"
 
 
 class BasisSource(Protocol):
-    """Where a :class:`Measurement`'s bases come from."""
+    """Where a :class:`Measurement`'s stored factors (bases, Jacobians) come from."""
 
     def keys(self, prompt_id: str | None = None) -> list[BasisKey]: ...  # in measured order
 
@@ -51,7 +52,7 @@ def parse_name(name: str) -> tuple[BasisKey, str]:
 def flatten(bases: Mapping[BasisKey, Factors]) -> dict[str, Tensor]:
     """Named, contiguous CPU tensors (``tensor_name``) for a file."""
     return {tensor_name(key, part): t.detach().cpu().contiguous()
-            for key, fac in bases.items() for part, t in zip(PARTS, fac, strict=True)}
+            for key, fac in bases.items() for part, t in fac.items()}
 
 
 def unflatten(tensors: Mapping[str, Tensor]) -> dict[BasisKey, Factors]:
@@ -60,13 +61,7 @@ def unflatten(tensors: Mapping[str, Tensor]) -> dict[BasisKey, Factors]:
     for name, t in tensors.items():
         key, part = parse_name(name)
         by_key.setdefault(key, {})[part] = t
-    out: dict[BasisKey, Factors] = {}
-    for key in sorted(by_key, key=lambda k: (k[1], k[2], k[3])):
-        got = by_key[key]
-        if set(got) != set(PARTS):
-            raise BlockCouplingError(f"stored bases of {key} lack {set(PARTS) - set(got)}")
-        out[key] = (got["U"], got["S"], got["V"])
-    return out
+    return {key: by_key[key] for key in sorted(by_key, key=lambda k: (k[1], k[2], k[3]))}
 
 
 class InMemoryBases:
@@ -129,15 +124,28 @@ def select(source: BasisSource | None, prompt_id: str, layer: int, token_in: int
         f"token_out) pairs are {pairs}")
 
 
-def iterate(source: BasisSource | None, prompt_ids: Sequence[str]) -> Iterator[
-        tuple[BasisKey, Factors]]:
-    """Every stored ``(key, (U, S, V))``, prompt by prompt in ``prompt_ids`` order."""
+def factors(source: BasisSource | None, key: BasisKey, parts: Sequence[str]
+            ) -> tuple[Tensor, ...]:
+    """The stored ``parts`` (e.g. U, S, V) of ``key``; a clear error where they were not kept."""
+    got = source.load(key) if source is not None else {}
+    missing = [p for p in parts if p not in got]
+    if missing:
+        option = "save_jacobians=True (CLI: --save-jacobians)" if JACOBIAN in missing else (
+            "save_bases=True (CLI: --save-bases)")
+        raise BlockCouplingError(f"{key}: {', '.join(missing)} not stored; measure with {option}")
+    return tuple(got[p] for p in parts)
+
+
+def iterate(source: BasisSource | None, prompt_ids: Sequence[str],
+            parts: Sequence[str] = PARTS) -> Iterator[tuple[BasisKey, tuple[Tensor, ...]]]:
+    """Every stored ``(key, (U, S, V))`` (or the ``parts`` asked for), prompt by prompt in
+    ``prompt_ids`` order."""
     if source is None:
         select(source, "", 0, None, None, None)  # raises the "no stored bases" error
     assert source is not None
     for pid in prompt_ids:
         for key in source.keys(pid):
-            yield key, source.load(key)
+            yield key, factors(source, key, parts)
 
 
 def estimate_bytes(n_jacobians: int, d: int, k: int, dtype: torch.dtype) -> int:
@@ -146,16 +154,37 @@ def estimate_bytes(n_jacobians: int, d: int, k: int, dtype: torch.dtype) -> int:
     return int(n_jacobians) * (2 * d * k + k) * itemsize
 
 
-def keep(measured: Mapping[tuple[int, int, int], Any], prompt_id: str,
-         dtype: torch.dtype) -> InMemoryBases:
-    """The top-K factors of one prompt's measured Jacobians (``_Measured.top``), as CPU
-    tensors in the analysis ``dtype``."""
+def keep(measured: Mapping[tuple[int, int, int], Any], prompt_id: str, dtype: torch.dtype,
+         *, save_bases: bool, save_jacobians: bool) -> InMemoryBases | None:
+    """What a prompt keeps of its measured Jacobians (``measure._Measured``): the top-K
+    factors (``save_bases``) and the dense Jacobians (``save_jacobians``), as CPU tensors in
+    the analysis ``dtype``; None if neither is asked for."""
+    if not (save_bases or save_jacobians):
+        return None
     out: dict[BasisKey, Factors] = {}
     for (layer, t_in, t_out), m in sorted(measured.items()):
-        top = m.top
-        out[(prompt_id, layer, t_in, t_out)] = tuple(  # type: ignore[assignment]
-            t.detach().to("cpu", dtype).contiguous() for t in (top.U, top.S, top.V))
+        fac: Factors = {}
+        if save_bases:
+            fac.update(U=m.top.U, S=m.top.S, V=m.top.V)
+        if save_jacobians:
+            if m.dense is None:
+                raise BlockCouplingError(
+                    f"save_jacobians: J^{layer}_({t_in},{t_out}) was computed matrix-free, so "
+                    "there is no dense Jacobian to store; measure with method='dense'")
+            fac[JACOBIAN] = m.dense
+        out[(prompt_id, layer, t_in, t_out)] = {
+            k: t.detach().to("cpu", dtype).contiguous() for k, t in fac.items()}
     return InMemoryBases(out)
+
+
+#: save_jacobians refuses runs whose stored Jacobians would exceed this many bytes unless
+#: forced (``force_size=True``, CLI ``--force-size``)
+JACOBIANS_LIMIT_BYTES: int = 2 << 30
+
+
+def jacobian_bytes(n_jacobians: int, d: int, dtype: torch.dtype) -> int:
+    """Bytes of ``n_jacobians`` stored (d, d) Jacobians."""
+    return int(n_jacobians) * d * d * (torch.finfo(dtype).bits // 8)
 
 
 __all__ = ["BasisKey", "BasisSource", "Factors", "InMemoryBases", "estimate_bytes", "flatten",

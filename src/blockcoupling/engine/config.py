@@ -274,6 +274,12 @@ class MeasureConfig:
         False, "Store the top-K U, S, V of every measured Jacobian in the run directory "
         "(read back with open_run(d).bases(...)); the size is printed first.", parse_bool,
         cli="save-bases", hashed=False)
+    save_jacobians: bool = _opt(
+        False, "Store every measured Jacobian J (d x d; small models: refused above "
+        "2 GiB unless --force-size); read back with open_run(d).jacobian(...).", parse_bool,
+        cli="save-jacobians", hashed=False)
+    force_size: bool = _opt(False, "Store the Jacobians even above the size limit.", parse_bool,
+                            cli="force-size", hashed=False)
 
     # ------------------------------------------------------------------ construction
     def __post_init__(self) -> None:

@@ -499,8 +499,8 @@ def _measure_one(model: torch.nn.Module, cap: Capture, b: int, item: MeasureInpu
         arrays=arrays,
         config=cfg,
         meta={"seconds": time.perf_counter() - t0},
-        basis_store=(bases.keep(run.measured, item.prompt_id, cfg.dtype) if cfg.save_bases
-                     else None),
+        basis_store=bases.keep(run.measured, item.prompt_id, cfg.dtype,
+                               save_bases=cfg.save_bases, save_jacobians=cfg.save_jacobians),
     )
     state.on_event(MeasureEvent("prompt", part.meta["seconds"], item.prompt_id))
     return part

@@ -151,10 +151,21 @@ class Measurement:
         n = self.prompts.loc[self.prompts["prompt_id"] == prompt_id, "n_tokens"]
         key = _bases.select(self.basis_store, prompt_id, layer, token_in, token_out,
                             int(n.iloc[0]) if len(n) else None)
-        assert self.basis_store is not None
-        return self.basis_store.load(key)
+        U, S, V = _bases.factors(self.basis_store, key, _bases.PARTS)
+        return U, S, V
 
-    def iter_bases(self) -> Iterator[tuple[BasisKey, tuple[Tensor, Tensor, Tensor]]]:
+    def jacobian(self, prompt_id: str, layer: int, token_in: int | None = None,
+                 token_out: int | None = None) -> Tensor:
+        """The stored Jacobian J^layer_{token_in token_out} (d, d), rows = output coordinates
+        (``save_jacobians=True``)."""
+        from blockcoupling.engine import bases as _bases
+
+        n = self.prompts.loc[self.prompts["prompt_id"] == prompt_id, "n_tokens"]
+        key = _bases.select(self.basis_store, prompt_id, layer, token_in, token_out,
+                            int(n.iloc[0]) if len(n) else None)
+        return _bases.factors(self.basis_store, key, (_bases.JACOBIAN,))[0]
+
+    def iter_bases(self) -> Iterator[tuple[BasisKey, tuple[Tensor, ...]]]:
         """Every stored ``((prompt_id, layer, token_in, token_out), (U, S, V))``, prompt by
         prompt (a run directory's files are read and verified one at a time)."""
         from blockcoupling.engine import bases as _bases

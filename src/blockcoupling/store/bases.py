@@ -32,7 +32,6 @@ import torch
 from blockcoupling.engine import bases as eb
 from blockcoupling.engine.blocks import find_blocks
 from blockcoupling.engine.config import MeasureConfig
-from blockcoupling.engine.inputs import MeasureInput
 from blockcoupling.errors import BlockCouplingError, RunDirError
 from blockcoupling.store.fileio import TMP_PREFIX, fsync_dir, sha256_bytes
 from blockcoupling.store.integrity import Part, consolidated_hint, part_hint, verified_bytes
@@ -150,10 +149,11 @@ def consolidate(root: Path, parts: Sequence[Part]) -> dict[str, dict[str, Any]]:
     return out
 
 
-def estimate(model: torch.nn.Module, items: Sequence[MeasureInput], lengths: Sequence[int],
-             cfg: MeasureConfig) -> tuple[int, int]:
-    """``(number of Jacobians, bytes)`` of the bases a run of ``items`` (of ``lengths`` real
-    tokens) stores: one (U, S, V) per prompt, layer and measured token pair."""
+def estimate(model: torch.nn.Module, lengths: Sequence[int], cfg: MeasureConfig
+             ) -> tuple[int, int, int]:
+    """``(number of Jacobians, bytes of their bases, bytes of the Jacobians)`` a run of
+    prompts of ``lengths`` real tokens stores: one (U, S, V) (and J) per prompt, layer and
+    measured token pair."""
     from blockcoupling.engine.measure import jacobian_keys
 
     spec = find_blocks(model, cfg.blocks_path)
@@ -161,7 +161,17 @@ def estimate(model: torch.nn.Module, items: Sequence[MeasureInput], lengths: Seq
     for n in lengths:
         _, keys = jacobian_keys(cfg, spec, int(n))
         n_jac += sum(len(v) for v in keys.values())
-    return n_jac, eb.estimate_bytes(n_jac, spec.hidden_size, cfg.k_max, cfg.dtype)
+    return (n_jac, eb.estimate_bytes(n_jac, spec.hidden_size, cfg.k_max, cfg.dtype),
+            eb.jacobian_bytes(n_jac, spec.hidden_size, cfg.dtype))
+
+
+def check_jacobian_limit(nbytes: int, force: bool) -> None:
+    """``save_jacobians`` is for small models: refuse more than ``JACOBIANS_LIMIT_BYTES``."""
+    if nbytes > eb.JACOBIANS_LIMIT_BYTES and not force:
+        raise BlockCouplingError(
+            f"--save-jacobians would store about {human(nbytes)} (more than "
+            f"{human(eb.JACOBIANS_LIMIT_BYTES)}); store the bases instead (--save-bases), "
+            "measure fewer prompts, layers or tokens, or add --force-size")
 
 
 def human(nbytes: float) -> str:
@@ -187,4 +197,4 @@ def check_disk(out_dir: Path, nbytes: int, what: str) -> None:
 
 
 __all__ = ["BASES_DIR", "BASES_FILE", "StoredBases", "bases_bytes", "check_disk", "consolidate",
-           "estimate", "human", "stored_bases", "verify_part"]
+           "check_jacobian_limit", "estimate", "human", "stored_bases", "verify_part"]

@@ -39,7 +39,7 @@ def measure_to_dir(model: torch.nn.Module, tokenizer: Any, prompts: Any, out_dir
     full_meta = build_meta(model, cfg, prompts_spec=prompts_spec, weights_hash=weights_hash(model))
     full_meta.update(meta or {})
     lengths = preflight(model, tokenizer, items, cfg)  # before any file
-    if cfg.save_bases:
+    if cfg.save_bases or cfg.save_jacobians:
         _check_bases_size(model, items, lengths, cfg, out_dir, progress)
     t0 = time.perf_counter()
     with RunWriter(out_dir, config=cfg, meta=full_meta, prompts=prompts_df, resume=resume) as writer:
@@ -52,7 +52,8 @@ def measure_to_dir(model: torch.nn.Module, tokenizer: Any, prompts: Any, out_dir
 
 def _check_bases_size(model: torch.nn.Module, items: list[Any], lengths: list[int] | None,
                       cfg: MeasureConfig, out_dir: Any, progress: bool) -> None:
-    """Print the estimated size of the stored bases; refuse it if the disk is too small."""
+    """Print the estimated size of the stored bases and Jacobians; refuse Jacobians above
+    the limit (unless ``force_size``) and anything the disk cannot hold."""
     from pathlib import Path
 
     from blockcoupling.store import bases as stored
@@ -61,11 +62,17 @@ def _check_bases_size(model: torch.nn.Module, items: list[Any], lengths: list[in
         if progress:
             print("bases: size known after the first prompt (ready-made inputs)", file=sys.stderr)
         return
-    n_jac, nbytes = stored.estimate(model, items, lengths, cfg)
-    if progress:
+    n_jac, nbytes, jbytes = stored.estimate(model, lengths, cfg)
+    if progress and cfg.save_bases:
         print(f"bases: {n_jac} Jacobians x (U, V of {cfg.k_max} x d, S) = about "
               f"{stored.human(nbytes)} in {out_dir}", file=sys.stderr)
-    stored.check_disk(Path(out_dir), nbytes, "the stored bases (--save-bases)")
+    if cfg.save_jacobians:
+        if progress:
+            print(f"jacobians: {n_jac} Jacobians of d x d = about {stored.human(jbytes)} in "
+                  f"{out_dir}", file=sys.stderr)
+        stored.check_jacobian_limit(jbytes, cfg.force_size)
+    stored.check_disk(Path(out_dir), nbytes * cfg.save_bases + jbytes * cfg.save_jacobians,
+                      "the stored bases and Jacobians")
 
 
 __all__ = ["measure_to_dir"]
