@@ -47,7 +47,10 @@ def measure_to_dir(model: torch.nn.Module, tokenizer: Any, prompts: Any, out_dir
         for part in iter_measure(model, tokenizer, items, cfg, skip=done, progress=progress,
                                  on_event=on_event):
             writer.write_part(part)
-        return writer.finalize(timings={"seconds": time.perf_counter() - t0})
+        from blockcoupling.engine.offload import peak_memory
+
+        return writer.finalize(timings={"seconds": time.perf_counter() - t0,
+                                        "peak_memory": peak_memory()})
 
 
 def _check_bases_size(model: torch.nn.Module, items: list[Any], lengths: list[int] | None,
