@@ -139,3 +139,22 @@ def test_bitsandbytes_4bit_on_a_gpu(tmp_path: Path) -> None:
     inputs = tiny_inputs("llama", n=5, batch=1)
     got = bc.measure(q, None, inputs, **OPTS)
     assert got.meta["quantization"] == "bitsandbytes" and np.isfinite(_values(got)).all()
+
+
+def test_sweep_spec_carries_device_map_and_quantize_to_its_units() -> None:
+    from blockcoupling.studies.sweep.spec import SpecError, parse_spec
+    from blockcoupling.studies.sweep.units import expand
+
+    base = {"prompts": ["builtin:smoke"], "measure": {"k": 2}}
+    spec = parse_spec({**base, "device_map": "auto", "max_memory": "0=20GiB,cpu=60GiB",
+                       "models": [{"model": "gpt2"},
+                                  {"model": "gpt2", "label": "q", "quantize": "torchao-int8"}]})
+    plain, quant = expand(spec)
+    assert plain.loading == {"device_map": "auto", "max_memory": "0=20GiB,cpu=60GiB"}
+    assert quant.loading["quantize"] == "torchao-int8"
+    # quantized weights give other numbers: another unit identity; dispatch does not
+    same = parse_spec({**base, "models": [{"model": "gpt2"}]})
+    assert expand(same)[0].unit_id == plain.unit_id
+    assert quant.unit_id.rsplit("-", 1)[1] != plain.unit_id.rsplit("-", 1)[1]
+    with pytest.raises(SpecError, match="device_map must be a string"):
+        parse_spec({**base, "models": [{"model": "gpt2", "device_map": 3}]})

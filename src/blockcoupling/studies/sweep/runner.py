@@ -66,7 +66,7 @@ def run_unit(unit: Unit | Mapping[str, Any], root: str | os.PathLike[str]) -> di
             else:
                 prompts = load_prompts(u.prompt_set, limit=u.limit, seed=cfg.seed)
             model, tok = load_model(u.model, revision=u.revision, dtype=u.dtype, device=u.device,
-                                    trust_remote_code=u.trust_remote_code)
+                                    trust_remote_code=u.trust_remote_code, **u.loading)
             meta = {"model": u.model, "revision": u.revision, "label": u.label, "step": u.step,
                     "unit_id": u.unit_id, "prompt_set": u.prompt_set}
             m = _measure_waiting_for_lock(
