@@ -4,7 +4,6 @@ the run store (resume bit-identical, tampering detected, disk estimated first)."
 from __future__ import annotations
 
 import collections
-import shutil
 from pathlib import Path
 
 import numpy as np
@@ -172,7 +171,6 @@ def test_too_little_disk_is_refused_before_any_file(tmp_path: Path,
                                                    monkeypatch: pytest.MonkeyPatch,
                                                    capsys: pytest.CaptureFixture[str]) -> None:
     import blockcoupling.store.bases as sb
-
     from tiny_runs import PROMPTS, save_tiny_lm
 
     folder = save_tiny_lm(tmp_path / "lm")

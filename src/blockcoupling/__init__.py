@@ -44,6 +44,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "blockcoupling.studies.monitor": ("CouplingCallback", "CouplingMonitor"),
     "blockcoupling.studies.sweep": ("Sweep", "SweepSpec", "load_spec", "open_sweep", "run_sweep"),
     "blockcoupling.studies.correlate": ("CorrelationResult", "correlate", "paper_scores"),
+    "blockcoupling.studies.cross": ("CrossCoupling", "cross_coupling", "cross_sweep"),
     "blockcoupling.studies.vit.train": ("VitTrainConfig", "train_vit"),
 }
 _WHERE: dict[str, str] = {name: mod for mod, names in _EXPORTS.items() for name in names}
@@ -60,6 +61,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ do
     from blockcoupling.store.record import measure_to_dir
     from blockcoupling.store.rundir import is_run_dir, open_run
     from blockcoupling.studies.correlate import CorrelationResult, correlate, paper_scores
+    from blockcoupling.studies.cross import CrossCoupling, cross_coupling, cross_sweep
     from blockcoupling.studies.monitor import CouplingCallback, CouplingMonitor
     from blockcoupling.studies.sweep import Sweep, SweepSpec, load_spec, open_sweep, run_sweep
     from blockcoupling.studies.vit.train import VitTrainConfig, train_vit
@@ -91,6 +93,7 @@ __all__ = [
     "CorrelationResult",
     "CouplingCallback",
     "CouplingMonitor",
+    "CrossCoupling",
     "MeasureConfig",
     "MeasureEvent",
     "MeasureInput",
@@ -104,6 +107,8 @@ __all__ = [
     "VitTrainConfig",
     "__version__",
     "correlate",
+    "cross_coupling",
+    "cross_sweep",
     "find_blocks",
     "is_run_dir",
     "iter_measure",

@@ -118,18 +118,19 @@ def quantization(model: nn.Module) -> str | None:
     return ",".join(sorted(kinds)) or None
 
 
-def _dequantized_weight(mod: nn.Module) -> torch.Tensor:
+def _dequantized_weight(mod: Any) -> torch.Tensor:
     """The float weight (out, in) of a quantized linear layer."""
-    w = mod.weight
+    w: Any = mod.weight
     if type(mod).__name__ in ("Linear4bit", "Linear8bitLt"):
-        import bitsandbytes.functional as bnbf
+        import bitsandbytes.functional as bnbf  # type: ignore[import-not-found]
 
         if type(mod).__name__ == "Linear4bit":
             return bnbf.dequantize_4bit(w.data, w.quant_state).float()
-        scb = getattr(w, "SCB", None) if getattr(w, "SCB", None) is not None else mod.state.SCB
-        return (w.data.float() * scb.float()[:, None] / 127.0)
+        scb: Any = getattr(w, "SCB", None)
+        scb = scb if scb is not None else mod.state.SCB  # (out,) row scales of the int8 rows
+        return w.data.float() * scb.float()[:, None] / 127.0  # type: ignore[no-any-return]
     if hasattr(w, "dequantize"):
-        return w.dequantize().float()
+        return w.dequantize().float()  # type: ignore[no-any-return]
     raise BlockCouplingError(
         f"cannot dequantize {type(mod).__name__} with weight {type(w).__name__}; blockcoupling "
         "dequantizes bitsandbytes and torchao layers")

@@ -33,7 +33,7 @@ from blockcoupling.engine import bases as eb
 from blockcoupling.engine.blocks import find_blocks
 from blockcoupling.engine.config import MeasureConfig
 from blockcoupling.errors import BlockCouplingError, RunDirError
-from blockcoupling.store.fileio import TMP_PREFIX, fsync_dir, sha256_bytes
+from blockcoupling.store.fileio import TMP_PREFIX, fsync_dir
 from blockcoupling.store.integrity import Part, consolidated_hint, part_hint, verified_bytes
 
 BASES_FILE = "bases.safetensors"  # in a part directory
