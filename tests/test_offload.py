@@ -52,6 +52,24 @@ def test_blocks_offloaded_to_disk_give_the_in_memory_coupling(arch: str, tmp_pat
     assert meta["peak_memory"]["cpu_max_rss_bytes"] > 0
 
 
+def test_post_ln_norm_directions_of_offloaded_blocks(tmp_path: Path) -> None:
+    """remove_norm_directions reads each block's output LayerNorm: loaded from disk too."""
+    pytest.importorskip("accelerate", reason="device_map needs accelerate")
+    import transformers as tf
+
+    model = tiny_model("bert")
+    model.save_pretrained(tmp_path / "m")
+    inputs = tiny_inputs("bert", n=5, batch=2)
+    opts = dict(OPTS, remove_norm_directions=True, tokens="all")
+    ref = bc.measure(model, None, inputs, **opts)
+    device_map = {"embeddings": "cpu", "encoder.layer.0": "disk", "encoder.layer.1": "cpu",
+                  "encoder.layer.2": "disk", "pooler": "cpu"}
+    off = tf.AutoModel.from_pretrained(tmp_path / "m", device_map=device_map,
+                                       offload_folder=str(tmp_path / "offload")).eval()
+    np.testing.assert_allclose(_values(bc.measure(off, None, inputs, **opts)), _values(ref),
+                               atol=1e-6)
+
+
 def test_cli_device_map_auto_with_max_memory_offloads_and_measures(tmp_path: Path) -> None:
     pytest.importorskip("accelerate", reason="device_map needs accelerate")
     from tiny_runs import PROMPTS, cli, save_tiny_lm, write_prompts
