@@ -188,3 +188,22 @@ def test_too_little_disk_is_refused_before_any_file(tmp_path: Path,
     assert f"bases: {n_jac} Jacobians" in capsys.readouterr().err
     assert sb.estimate(model, n_tokens, bc.MeasureConfig.parse(k=K, tokens="all"))[1] == (
         n_jac * (2 * 16 * K + K) * 4)
+
+
+def test_cli_save_bases_and_too_little_disk(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+                                            ) -> None:
+    import blockcoupling.store.bases as sb
+    from tiny_runs import PROMPTS, cli, save_tiny_lm, write_prompts
+
+    folder = save_tiny_lm(tmp_path / "lm")
+    prompts = write_prompts(tmp_path / "p.txt", PROMPTS[:2])
+    common = ["--model", str(folder), "--prompts", str(prompts), "--k", "2,4", "--save-bases"]
+    res = cli("measure", *common, "--out", str(tmp_path / "run"))
+    assert res.exit_code == 0, res.output
+    m = bc.open_run(tmp_path / "run")
+    assert m.bases(m.prompts["prompt_id"][1], 3)[0].shape == (16, 4)
+    Usage = collections.namedtuple("Usage", "total used free")
+    monkeypatch.setattr(sb.shutil, "disk_usage", lambda p: Usage(10**6, 10**6, 1000))
+    res = cli("-q", "measure", *common, "--out", str(tmp_path / "full"))
+    assert res.exit_code == 1 and "free disk space" in res.output
+    assert len(res.output.strip().splitlines()) == 1 and not (tmp_path / "full").exists()
