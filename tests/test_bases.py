@@ -207,3 +207,30 @@ def test_cli_save_bases_and_too_little_disk(tmp_path: Path, monkeypatch: pytest.
     res = cli("-q", "measure", *common, "--out", str(tmp_path / "full"))
     assert res.exit_code == 1 and "free disk space" in res.output
     assert len(res.output.strip().splitlines()) == 1 and not (tmp_path / "full").exists()
+
+
+def test_stored_jacobians_equal_the_oracle_and_are_refused_above_the_limit(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import blockcoupling.engine.bases as eb
+
+    model = tiny_model("llama", dtype=torch.float64)
+    inputs = tiny_inputs("llama", n=4)
+    opts = dict(coupling=("depth",), k=2, tokens="all", dtype=torch.float64, progress=False,
+                save_jacobians=True)
+    m = bc.measure_to_dir(model, None, inputs, tmp_path / "run", **opts)
+    Js, _ = oracle_jacobians(model, inputs)
+    pid = m.prompts["prompt_id"][0]
+    stored = bc.open_run(tmp_path / "run")
+    for layer in (1, 2, 3):
+        for t in range(4):
+            np.testing.assert_allclose(stored.jacobian(pid, layer, t).numpy(),
+                                       Js[layer - 1][t, t], rtol=0, atol=1e-12)
+    with pytest.raises(BlockCouplingError, match="save_bases"):
+        stored.bases(pid, 1, 0)  # Jacobians only: no bases were asked for
+    monkeypatch.setattr(eb, "JACOBIANS_LIMIT_BYTES", 1000)
+    with pytest.raises(BlockCouplingError, match="force-size"):
+        bc.measure_to_dir(model, None, inputs, tmp_path / "big", **opts)
+    assert not (tmp_path / "big").exists()
+    bc.measure_to_dir(model, None, inputs, tmp_path / "forced", force_size=True, **opts)
+    with pytest.raises(BlockCouplingError, match="matrix_free"):
+        bc.measure(model, None, inputs, method="matrix_free", **opts)

@@ -346,6 +346,9 @@ class MeasureConfig:
         if self.lss_window < 3 or self.lss_window % 2 == 0:
             bad(f"lss_window={self.lss_window}: the window is centred, so give an odd width >= 3 "
                 "(the paper uses 11)")
+        if self.save_jacobians and self.method == "matrix_free":
+            bad("save_jacobians stores dense Jacobians, which method='matrix_free' never forms; "
+                "use method='dense' or 'auto'")
         if self.layers is not None and (not self.layers or min(self.layers) < 1):
             bad(f"layers={self.layers}: layers are numbered from 1 (layer l = block l)")
 

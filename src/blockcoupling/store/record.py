@@ -61,7 +61,9 @@ def _check_bases_size(model: torch.nn.Module, items: list[Any], lengths: list[in
 
     from blockcoupling.store import bases as stored
 
-    if lengths is None:  # ready-made inputs: their token count is known after the capture
+    if lengths is None:  # ready-made inputs: token ids give their lengths, images do not
+        lengths = _tensor_lengths(items)
+    if lengths is None:
         if progress:
             print("bases: size known after the first prompt (ready-made inputs)", file=sys.stderr)
         return
@@ -76,6 +78,21 @@ def _check_bases_size(model: torch.nn.Module, items: list[Any], lengths: list[in
         stored.check_jacobian_limit(jbytes, cfg.force_size)
     stored.check_disk(Path(out_dir), nbytes * cfg.save_bases + jbytes * cfg.save_jacobians,
                       "the stored bases and Jacobians")
+
+
+def _tensor_lengths(items: list[Any]) -> list[int] | None:
+    """Real tokens of ready-made token inputs (``attention_mask`` or ``input_ids``); None for
+    other inputs (images: their token count is known after the capture)."""
+    out = []
+    for it in items:
+        t = it.tensors or {}
+        if "attention_mask" in t:
+            out.append(int(t["attention_mask"].sum()))
+        elif "input_ids" in t:
+            out.append(int(t["input_ids"].shape[-1]))
+        else:
+            return None
+    return out
 
 
 __all__ = ["measure_to_dir"]
