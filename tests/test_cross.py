@@ -116,3 +116,23 @@ def test_cli_cross_writes_json_and_page_and_refuses_bad_input(tmp_path: Path) ->
     res = cli("cross", str(tmp_path / "a"), str(tmp_path / "b"))
     assert res.exit_code == 1 and "save_jacobians" in res.output
     assert len(res.output.strip().splitlines()) == 1
+
+
+def test_a_sweep_directory_compares_every_checkpoint_with_the_last(tmp_path: Path) -> None:
+    from tiny_runs import PROMPTS, cli, save_tiny_lm
+
+    for step, seed in ((0, 0), (10, 1), (20, 2)):
+        folder = save_tiny_lm(tmp_path / "train" / f"checkpoint-{step}")
+        torch.manual_seed(seed)
+        tiny_model("gpt2", seed).save_pretrained(folder)  # other weights per checkpoint
+    spec = {"models": [{"label": "lm", "checkpoints": str(tmp_path / "train" / "checkpoint-*")}],
+            "prompts": [{"name": "p", "texts": PROMPTS[:2]}],
+            "measure": {"k": [2], "coupling": ["depth"], "save_bases": True,
+                        "save_jacobians": True, "variants": ["coupling"]}}
+    bc.run_sweep(spec, tmp_path / "sweep", executor="local", progress=False)
+    res = cross_sweep(tmp_path / "sweep")
+    assert set(res.coupling["run_a"]) == {"lm-step0", "lm-step10"}
+    assert set(res.coupling["run_b"]) == {"lm-step20"}
+    out = cli("cross", str(tmp_path / "sweep"), "--out", str(tmp_path / "sweep.html"))
+    assert out.exit_code == 0, out.output
+    assert "lm-step0 in the bases of lm-step20" in out.output

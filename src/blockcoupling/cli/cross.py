@@ -15,7 +15,7 @@ from blockcoupling.errors import BlockCouplingError
 
 @app.command()
 def cross(
-    runs: Annotated[list[Path], typer.Argument(help="RUN_A RUN_B: run directories measured with --save-bases (RUN_A also with --save-jacobians, or give --model-a). More than two: every run against the last.")],
+    runs: Annotated[list[Path], typer.Argument(help="RUN_A RUN_B: run directories measured with --save-bases (RUN_A also with --save-jacobians, or give --model-a). More than two: every run against the last; one sweep directory: per label, every checkpoint against the last.")],
     json_out: Annotated[Path | None, typer.Option("--json", help="Write the tables and layer x layer matrices as JSON here.")] = None,
     out: Annotated[Path | None, typer.Option("--out", "-o", help="Write the HTML page (heatmap) here.")] = None,
     k: Annotated[int | None, typer.Option("--k", help="Top-K of the figure and summary (default: the smallest measured).")] = None,
@@ -29,10 +29,14 @@ def cross(
 
     selection = dict(k=k, variant=variant, p=p, orientation=orientation)
     try:
-        if len(runs) < 2:
+        from blockcoupling.studies.sweep.store import is_sweep_dir
+
+        if len(runs) == 1 and is_sweep_dir(runs[0]):  # per label: checkpoints vs the last
+            result = cross_sweep(runs[0])
+        elif len(runs) < 2:
             raise BlockCouplingError("give two run directories (RUN_A RUN_B), or more for a "
                                      "sweep against the last")
-        if len(runs) == 2:
+        elif len(runs) == 2:
             model = tok = None
             if model_a is not None:
                 from blockcoupling.loading import load_model

@@ -246,10 +246,32 @@ class _Top:
     top: svd.TopK
 
 
-def cross_sweep(runs: Sequence[RunLike], *, labels: Sequence[str] | None = None,
-                **options: Any) -> CrossCoupling:
+def sweep_runs(root: str | os.PathLike[str]) -> list[tuple[str, list[tuple[str, Path]]]]:
+    """A sweep directory's finished units per label, in step order: [(label, [(name, dir)])]."""
+    from blockcoupling.studies.sweep.read import open_sweep
+
+    sw = open_sweep(root)
+    done = sw.done().sort_values(["label", "step"], na_position="last", kind="stable")
+    out = []
+    for label, df in done.groupby("label", sort=False):
+        out.append((str(label), [(f"{label}-step{int(r.step)}" if r.step == r.step and
+                                  r.step is not None else str(r.unit_id), sw.run_dir(r.unit_id))
+                                 for r in df.itertuples()]))
+    return out
+
+
+def cross_sweep(runs: Sequence[RunLike] | str | os.PathLike[str], *,
+                labels: Sequence[str] | None = None, **options: Any) -> CrossCoupling:
     """Every run against the last one (checkpoints against the final model): the
-    :func:`cross_coupling` tables of each, stacked (``run_a`` names the checkpoint)."""
+    :func:`cross_coupling` tables of each, stacked (``run_a`` names the checkpoint). ``runs``
+    may be a sweep directory: per label, every finished checkpoint against its last."""
+    if isinstance(runs, (str, os.PathLike)):
+        parts = [cross_sweep([d for _, d in units], labels=[n for n, _ in units], **options)
+                 for _, units in sweep_runs(runs) if len(units) >= 2]
+        if not parts:
+            raise BlockCouplingError(f"{runs}: no label of the sweep has two finished units")
+        return CrossCoupling(pd.concat([p.coupling for p in parts], ignore_index=True),
+                             pd.concat([p.angles for p in parts], ignore_index=True))
     if len(runs) < 2:
         raise BlockCouplingError("a cross-coupling sweep needs at least two runs")
     names = list(labels) if labels is not None else [str(r) for r in runs]
