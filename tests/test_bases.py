@@ -234,3 +234,37 @@ def test_stored_jacobians_equal_the_oracle_and_are_refused_above_the_limit(
     bc.measure_to_dir(model, None, inputs, tmp_path / "forced", force_size=True, **opts)
     with pytest.raises(BlockCouplingError, match="matrix_free"):
         bc.measure(model, None, inputs, method="matrix_free", **opts)
+
+
+def test_a_finalize_killed_before_its_commit_is_finished_by_resume(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Bases linked into bases/, manifest not yet committed: the parts still hold them; the
+    resumed run links them again and reads back the same factors."""
+    import blockcoupling.store.writer as writer
+
+    model = tiny_model("gpt2")
+    inputs = tiny_inputs("gpt2", n=4, batch=2)
+    _run(tmp_path / "whole", model, inputs)
+    real = writer.write_manifest
+
+    def killed(root: Path, manifest: dict) -> None:
+        if manifest.get("status") == "complete":
+            raise KeyboardInterrupt  # "killed" between linking and the commit
+        real(root, manifest)
+
+    monkeypatch.setattr(writer, "write_manifest", killed)
+    with pytest.raises(KeyboardInterrupt):
+        _run(tmp_path / "run", model, inputs)
+    monkeypatch.undo()
+    assert (tmp_path / "run" / "bases").is_dir() and (tmp_path / "run" / "parts").is_dir()
+    assert bc.open_run(tmp_path / "run").bases(bc.open_run(tmp_path / "run").prompts[
+        "prompt_id"][0], 1, 0)[0].shape == (16, K)  # served from the parts meanwhile
+    bc.measure_to_dir(model, None, inputs, tmp_path / "run", progress=False, resume=True,
+                      coupling=("depth",), k=(2, K), tokens="0,-1", save_bases=True,
+                      batch_size=1)
+    got = list(bc.open_run(tmp_path / "run").iter_bases())
+    want = list(bc.open_run(tmp_path / "whole").iter_bases())
+    assert len(got) == len(want) == 2 * 3 * 2
+    for (ka, fa), (kb, fb) in zip(got, want, strict=True):
+        assert ka == kb and all(torch.equal(x, y) for x, y in zip(fa, fb, strict=True))
+    assert not (tmp_path / "run" / "parts").exists()
