@@ -371,7 +371,8 @@ def paper_scores() -> pd.DataFrame:
     ``group`` (``base`` / ``fine-tuned``), ``aliases`` (other ids, ``|``-separated) and
     ``note`` (why an id was chosen, oddities of the printed row). See docs/DESIGN.md.
     """
-    text = resources.files("blockcoupling.studies").joinpath("data", "paper_table1.csv")
+    # one name per joinpath: several are Python 3.11+
+    text = resources.files("blockcoupling.studies").joinpath("data").joinpath("paper_table1.csv")
     with text.open("r", encoding="utf-8") as fh:
         df = pd.read_csv(fh, dtype=str, keep_default_na=False, na_values=[""])
     return _check_score_frame(df, "paper table")
@@ -564,14 +565,15 @@ def match_scores(models: pd.DataFrame, units: Sequence[ModelUnit], scores: pd.Da
 # ----------------------------------------------------------------------------------------------
 
 
-def _clean_xy(x: Sequence[float], y: Sequence[float]) -> tuple[np.ndarray, np.ndarray]:
+def _clean_xy(x: Sequence[float] | np.ndarray, y: Sequence[float] | np.ndarray
+              ) -> tuple[np.ndarray, np.ndarray]:
     xa, ya = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
     keep = np.isfinite(xa) & np.isfinite(ya)
     return xa[keep], ya[keep]
 
 
-def regression(x: Sequence[float], y: Sequence[float], *, n_boot: int = 2000, seed: int = 0,
-               confidence: float = 0.95) -> dict[str, Any]:
+def regression(x: Sequence[float] | np.ndarray, y: Sequence[float] | np.ndarray, *,
+               n_boot: int = 2000, seed: int = 0, confidence: float = 0.95) -> dict[str, Any]:
     """Least-squares line y = slope x + intercept and rank correlation (rows with NaN dropped).
 
     Returns n, slope, intercept, slope_stderr, r (Pearson), r2, p (two-sided, slope = 0),
@@ -655,7 +657,7 @@ def exponential_fit(x: Sequence[float], y: Sequence[float]) -> dict[str, Any]:
             "converged": converged}
 
 
-def partial_correlation(x: Sequence[float], y: Sequence[float],
+def partial_correlation(x: Sequence[float] | np.ndarray, y: Sequence[float] | np.ndarray,
                         covariates: Sequence[float] | Sequence[Sequence[float]]
                         ) -> dict[str, Any]:
     """Partial correlation of x and y controlling for one covariate or several (statsmodels OLS).
@@ -901,7 +903,7 @@ def correlate(inputs: Sequence[str | Path] | Sequence[ModelUnit], scores: str | 
         raise BlockCouplingError(f"--k must be a positive integer, got {k}")
     statistic = CouplingStatistic(variants=tuple(variants), p=p, orientation=orientation, k=k,
                                   tokens=tokens, diagonal=diagonal)
-    units = (list(inputs) if inputs and isinstance(inputs[0], ModelUnit)  # type: ignore[index]
+    units = (list(inputs) if inputs and isinstance(inputs[0], ModelUnit)
              else load_units(inputs, labels))  # type: ignore[arg-type]
     if len(units) < MIN_MODELS:
         raise BlockCouplingError(f"the correlation needs at least {MIN_MODELS} models, got "
