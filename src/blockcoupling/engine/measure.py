@@ -30,13 +30,24 @@ import pandas as pd
 import torch
 from torch import Tensor
 
-from blockcoupling.engine import fastpath, metrics, normdirs, pairs, spectra, svd, tables
+from blockcoupling.engine import (
+    bases,
+    fastpath,
+    metrics,
+    normdirs,
+    offload,
+    pairs,
+    spectra,
+    svd,
+    tables,
+)
 from blockcoupling.engine import jacobian as jac
 from blockcoupling.engine.blocks import BlockSpec, find_blocks
 from blockcoupling.engine.capture import Capture, capture, residual_branch
 from blockcoupling.engine.config import MeasureConfig, parse_config
 from blockcoupling.engine.events import EventCallback, MeasureEvent, Phase, ignore
 from blockcoupling.engine.inputs import MeasureInput, make_batch, normalise_inputs
+from blockcoupling.engine.plan import prompt_work
 from blockcoupling.engine.results import Measurement, conform
 from blockcoupling.engine.state import preserved
 from blockcoupling.errors import NumericalError
@@ -52,8 +63,9 @@ def _model_dtype(model: torch.nn.Module) -> torch.dtype | None:
 
 
 def _model_device(model: torch.nn.Module) -> torch.device:
-    for p in model.parameters():
-        return p.device
+    for p in model.parameters():  # offloaded weights (accelerate) wait on "meta"
+        if p.device.type != "meta":
+            return p.device
     return torch.device("cpu")
 
 
@@ -111,24 +123,13 @@ class _PromptRun:
             _model_device(model))
         self.n = cap.lengths[b]
         self.d = spec.hidden_size
-        self.layers = cfg.selected_layers(spec.num_layers)
-        self.tokens = pairs.resolve_tokens(cfg.tokens, self.n,
-                                           cls=pairs.cls_position(spec.arch, spec.causal))
+        work = prompt_work(cfg, spec, self.n, influence=False)  # the one rule (engine/plan.py)
+        self.layers = list(work.layers)
+        self.tokens = list(work.tokens)
         self.method = choose_method(cfg, self.d)
         self.progress = progress
-        self.pairs: dict[str, list[pairs.Pair]] = {
-            kind: pairs.kind_pairs(kind, tokens=self.tokens, layers=self.layers, n=self.n,
-                                   causal=spec.causal, pairs_mode=cfg.layer_pairs)
-            for kind in cfg.coupling
-        }
-        self.keys = pairs.needed_keys([p for ps in self.pairs.values() for p in ps])
-        if cfg.spectra:  # spectra of J^l_tt at every selected layer and token, at least
-            for la in self.layers:
-                self.keys.setdefault(la, [])
-                for t in self.tokens:
-                    if (t, t) not in self.keys[la]:
-                        self.keys[la].append((t, t))
-                self.keys[la].sort()
+        self.pairs: dict[str, list[pairs.Pair]] = work.pairs
+        self.keys = {la: list(v) for la, v in work.keys.items()}
         # whether only dense J are used where a block's structure gives them: always for
         # "dense"; for "auto" on the CPU while they fit STRUCTURED_KEEP_BYTES (a few GEMMs beat
         # ~(K + oversample) * (2 iters + 2) decode-step products, with no residual check)
@@ -490,6 +491,8 @@ def _measure_one(model: torch.nn.Module, cap: Capture, b: int, item: MeasureInpu
         arrays=arrays,
         config=cfg,
         meta={"seconds": time.perf_counter() - t0},
+        basis_store=bases.keep(run.measured, item.prompt_id, cfg.dtype,
+                               save_bases=cfg.save_bases, save_jacobians=cfg.save_jacobians),
     )
     state.on_event(MeasureEvent("prompt", part.meta["seconds"], item.prompt_id))
     return part
@@ -510,6 +513,7 @@ def build_meta(model: torch.nn.Module, cfg: MeasureConfig, **extra: Any) -> dict
         "figure_window": [lo, hi],
         "device": str(_model_device(model)),
         "model_dtype": str(next(model.parameters()).dtype).removeprefix("torch."),
+        **offload.describe(model, cfg.dtype),  # device_map, quantization (engine/offload.py)
     }
     meta.update(extra)
     return meta
@@ -541,7 +545,8 @@ def measure(model: torch.nn.Module, tokenizer: Any = None, prompts: Any = (), *,
     t0 = time.perf_counter()
     parts = list(iter_measure(model, tokenizer, prompts, cfg, progress=progress,
                               on_event=on_event))
-    meta = build_meta(model, cfg, seconds=time.perf_counter() - t0)
+    meta = build_meta(model, cfg, seconds=time.perf_counter() - t0,
+                      peak_memory=offload.peak_memory())
     return Measurement.concat(parts, config=cfg, meta=meta)
 
 

@@ -67,7 +67,11 @@ def run_unit(unit: Unit | Mapping[str, Any], root: str | os.PathLike[str]) -> di
             else:
                 prompts = load_prompts(u.prompt_set, limit=u.limit, seed=cfg.seed)
             model, tok = load_model(u.model, revision=u.revision, dtype=u.dtype, device=u.device,
-                                    trust_remote_code=u.trust_remote_code)
+                                    trust_remote_code=u.trust_remote_code,
+                                    device_map=u.loading.get("device_map"),
+                                    max_memory=u.loading.get("max_memory"),
+                                    offload_folder=u.loading.get("offload_folder"),
+                                    quantize=u.loading.get("quantize"))
             meta = {"model": u.model, "revision": u.revision, "label": u.label, "step": u.step,
                     "unit_id": u.unit_id, "prompt_set": u.prompt_set}
             m = _measure_waiting_for_lock(

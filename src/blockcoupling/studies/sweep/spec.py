@@ -30,10 +30,13 @@ from typing import Any
 from blockcoupling.engine.config import MeasureConfig
 from blockcoupling.errors import BlockCouplingError
 
+# how a model is loaded beyond dtype/device (loading.load_model): accelerate dispatch, offload
+# and quantization; top-level defaults, per-model overrides
+LOADING_KEYS = ("device_map", "max_memory", "offload_folder", "quantize")
 TOP_KEYS = ("models", "prompts", "limit", "seed", "measure", "resources", "dtype", "device",
-            "retries", "name")
+            "retries", "name", *LOADING_KEYS)
 MODEL_KEYS = ("label", "model", "revisions", "steps", "checkpoints", "dtype", "device",
-              "resources", "trust_remote_code")
+              "resources", "trust_remote_code", *LOADING_KEYS)
 RESOURCE_KEYS = ("num_cpus", "num_gpus")
 # MeasureConfig fields a spec may not set: the sweep chooses them itself.
 _MEASURE_FORBIDDEN: tuple[str, ...] = ("extra",)
@@ -63,6 +66,7 @@ class ModelSpec:
     device: str = "auto"
     resources: Resources = field(default_factory=Resources)
     trust_remote_code: bool = False
+    loading: tuple[tuple[str, str], ...] = ()  # LOADING_KEYS given: (key, value)
 
 
 @dataclass(frozen=True)
@@ -210,6 +214,14 @@ def _model(entry: Any, i: int, base: Path, spec: Mapping[str, Any]) -> ModelSpec
     for key, v in (("dtype", dtype), ("device", device)):
         if not isinstance(v, str):
             raise SpecError(f"{ctx}.{key} must be a string, not {v!r}")
+    loading = []
+    for key in LOADING_KEYS:
+        v = entry.get(key, spec.get(key))
+        if v is not None and not isinstance(v, str):
+            raise SpecError(f"{ctx}.{key} must be a string such as "
+                            f"{'0=20GiB,cpu=60GiB' if key == 'max_memory' else 'auto'}, not {v!r}")
+        if v is not None:
+            loading.append((key, v))
     trc = entry.get("trust_remote_code", False)
     if not isinstance(trc, bool):
         raise SpecError(f"{ctx}.trust_remote_code must be true or false")
@@ -217,7 +229,8 @@ def _model(entry: Any, i: int, base: Path, spec: Mapping[str, Any]) -> ModelSpec
     return ModelSpec(
         label=label.strip(), model=_resolve(model, base) if model else None,
         revisions=revisions, checkpoints=ckpt, dtype=dtype, device=device,
-        resources=_resources(entry.get("resources"), ctx, default_res), trust_remote_code=trc)
+        resources=_resources(entry.get("resources"), ctx, default_res), trust_remote_code=trc,
+        loading=tuple(loading))
 
 
 def parse_spec(data: Any, *, base_dir: str | os.PathLike[str] | None = None) -> SweepSpec:

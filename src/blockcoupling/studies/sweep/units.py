@@ -64,6 +64,7 @@ class Unit:
     num_gpus: float = 0.0
     trust_remote_code: bool = False
     prompt_texts: tuple[str, ...] = ()   # an inline prompt set's texts (prompt_set inline:NAME)
+    loading: dict[str, str] = dataclasses.field(default_factory=dict)  # device_map, quantize, ...
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -78,11 +79,12 @@ class Unit:
 
 def unit_id(*, model: str, revision: str | None, prompt_set: str, limit: int | None,
             cfg_hash: str, label: str, step: int | None,
-            prompt_texts: tuple[str, ...] = ()) -> str:
+            prompt_texts: tuple[str, ...] = (), quantize: str | None = None) -> str:
     """``<label>-<step or revision>-<prompt set>-<hash12>``; the hash covers the identity
     (model source, revision, prompt set, limit, config hash), the rest is for humans."""
     digest = canonical_hash([model, revision, prompt_set, limit, cfg_hash]
-                            + ([list(prompt_texts)] if prompt_texts else []),
+                            + ([list(prompt_texts)] if prompt_texts else [])
+                            + ([["quantize", quantize]] if quantize else []),
                             digits=12, compact=False, strict=False)
     where = f"step{step}" if step is not None else (revision or "main")
     prompt = prompt_set.removeprefix("builtin:").removeprefix("hf:").removeprefix("inline:")
@@ -130,13 +132,14 @@ def expand(spec: SweepSpec) -> list[Unit]:
                 texts = spec.inline_prompts.get(ps.removeprefix("inline:"), ()) \
                     if ps.startswith("inline:") else ()
                 uid = unit_id(model=src, revision=rev, prompt_set=ps, limit=spec.limit,
-                              cfg_hash=h, label=m.label, step=step, prompt_texts=texts)
+                              cfg_hash=h, label=m.label, step=step, prompt_texts=texts,
+                              quantize=dict(m.loading).get("quantize"))
                 units.append(Unit(
                     unit_id=uid, label=m.label, model=src, revision=rev, step=step,
                     prompt_set=ps, limit=spec.limit, config=cfg_dict, config_hash=h,
                     dtype=m.dtype, device=m.device, num_cpus=res.num_cpus,
                     num_gpus=res.num_gpus, trust_remote_code=m.trust_remote_code,
-                    prompt_texts=texts))
+                    prompt_texts=texts, loading=dict(m.loading)))
     ids = [u.unit_id for u in units]
     if len(set(ids)) != len(ids):
         dup = next(i for i in ids if ids.count(i) > 1)
