@@ -527,9 +527,12 @@ def match_scores(models: pd.DataFrame, units: Sequence[ModelUnit], scores: pd.Da
         if col not in table.columns:
             table[col] = np.nan
     table["log_params"] = np.log10(table["params_b"].where(table["params_b"] > 0) * 1e9)
-    excluded = [{"label": str(r["label"]), "reason": f"no score for {r['score_model']} in the table"}
-                for _, r in table[table["score"].isna()].iterrows()]
-    return table[table["score"].notna()].reset_index(drop=True), excluded
+    unusable = ~np.isfinite(table["score"].astype(float))  # blank, nan or inf: listed, not fitted
+    excluded = [{"label": str(r["label"]), "reason": (
+        f"no score for {r['score_model']} in the table" if pd.isna(r["score"]) else
+        f"the score of {r['score_model']} is {r['score']}, not a finite number")}
+        for _, r in table[unusable].iterrows()]
+    return table[~unusable].reset_index(drop=True), excluded
 
 
 # ----------------------------------------------------------------------------------------------

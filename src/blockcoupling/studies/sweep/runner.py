@@ -81,6 +81,12 @@ def run_unit(unit: Unit | Mapping[str, Any], root: str | os.PathLike[str]) -> di
     except BlockCouplingError as err:
         return store.write_status(rootp, u, "failed", message=str(err), finished=store.now(),
                                   seconds=time.perf_counter() - t0)
+    except OSError as err:  # a file of the user's: unreadable, missing, disk full
+        where = f" {err.filename}" if err.filename else ""
+        return store.write_status(rootp, u, "failed", finished=store.now(),
+                                  message=f"cannot read or write{where}: {err.strerror or err}; "
+                                          "check the path, then resume with --resume",
+                                  seconds=time.perf_counter() - t0)
     except Exception as err:  # a bug or an environment problem: keep the others going
         last = traceback.format_exception_only(type(err), err)[-1].strip()
         return store.write_status(rootp, u, "failed", finished=store.now(),
