@@ -274,7 +274,11 @@ def parse_spec(data: Any, *, base_dir: str | os.PathLike[str] | None = None) -> 
     name = data.get("name", "")
     if not isinstance(name, str):
         raise SpecError("name must be a string")
-    measure = dict(data.get("measure") or {})
+    measure = data.get("measure") or {}
+    if not isinstance(measure, Mapping):
+        raise SpecError("measure must be a mapping of MeasureConfig fields, e.g. "
+                        "{coupling: [depth], k: [10], tokens: last}")
+    measure = dict(measure)
     if "seed" in measure and "seed" in data and measure["seed"] != seed:
         raise SpecError("seed is given twice (top level and under measure:) with different "
                         "values; give it once")
