@@ -428,3 +428,18 @@ def test_training_into_a_measurement_run_is_refused(study: dict[str, Any]) -> No
     with pytest.raises(bc.BlockCouplingError, match="not a training"):
         train_vit(VitTrainConfig(epochs=1), study["ref"], progress=False)
 
+
+
+@pytest.mark.parametrize("spec,match", [
+    ({"drop_path": [float("nan")]}, "drop_path"), ({"drop_path": [1.5]}, "drop_path"),
+    ({"weight_decay": ["x"]}, "weight_decay"), ({"weight_decay": [-1]}, "weight_decay"),
+    ({"seeds": [0.5]}, "seeds"), ({"seeds": [-1]}, "seeds"), ({"train": [1]}, "train"),
+    ({"train": {"epochs": 0}}, "epochs"), ({"cpus_per_run": 0}, "cpus_per_run"),
+    ({"threads": 1.5}, "threads"), ({"executor": 3}, "executor"), ({"drop_path": []}, "drop_path"),
+])
+def test_bad_grid_spec_is_one_line(spec: dict[str, Any], match: str) -> None:
+    from blockcoupling.studies.vit.grid import load_grid_spec
+
+    with pytest.raises(bc.BlockCouplingError, match=match) as err:
+        load_grid_spec(spec)
+    assert "\n" not in str(err.value)

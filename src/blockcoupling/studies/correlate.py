@@ -139,10 +139,17 @@ def mean_offdiag_coupling(coupling: pd.DataFrame, *, k: int, variant: str = "cou
         depth = coupling[coupling["kind"] == "depth"]
         have = sorted({int(v) for v in depth["k"].unique()}) if len(depth) else []
         variants = sorted(map(str, depth["variant"].unique())) if len(depth) else []
+        if variant not in variants:  # name what is missing: the variant, not the K
+            fix = (f"measure with --variants {variant}, or pass --variant with one of the "
+                   "measured variants")
+        elif df.empty:
+            fix = (f"measure with --orientations {orientation}" + (
+                f" and --p {p}" if variant in P_VARIANTS else "") + ", or pass those measured")
+        else:
+            fix = f"measure with --coupling depth --k {k}, or pass --k with one of the measured K"
         raise BlockCouplingError(
             f"{where}: no depth-wise {variant} rows at K={k} (orientation {orientation}, "
-            f"p={p}); it has K in {have or 'none'} and variants {variants or 'none'}. "
-            f"Measure with --coupling depth --k {k}, or pass --k with one of the measured K"
+            f"p={p}); it has K in {have or 'none'} and variants {variants or 'none'}; {fix}"
         )
     last = sel.groupby("prompt_id")["token_out_a"].transform("max")
     sel = sel[(sel["token_out_a"] == last) & (sel["layer_a"] != sel["layer_b"])]

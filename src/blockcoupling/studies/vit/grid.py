@@ -97,29 +97,38 @@ def load_grid_spec(source: str | Path | dict[str, Any]
     unknown = sorted(set(data) - allowed)
     if unknown:
         raise BlockCouplingError(f"unknown grid spec key(s) {unknown}; known: {sorted(allowed)}")
-    train = dict(data.get("train") or {})
+    train = data.get("train") or {}
+    if not isinstance(train, dict):
+        raise BlockCouplingError("train: give a mapping of training options, e.g. "
+                                 "{dataset: digits, epochs: 5}")
+    train = dict(train)
     for key in ("drop_path", "weight_decay", "seed"):
         if key in train:
             raise BlockCouplingError(f"train.{key} is set by the grid; give it at the top level")
     base = VitTrainConfig.from_dict(train)
 
-    def numbers(key: str, default: Sequence[float]) -> list[float]:
+    from blockcoupling.validate import number, whole
+
+    def listed(key: str, default: Sequence[Any], check: Any, **bounds: Any) -> list[Any]:
         value = data.get(key, list(default))
         value = value if isinstance(value, list) else [value]
-        try:
-            return [float(v) for v in value]
-        except (TypeError, ValueError) as err:
-            raise BlockCouplingError(f"{key}: give a list of numbers") from err
+        if not value:
+            raise BlockCouplingError(f"{key}: give at least one value")
+        return [check(v, key, **bounds) for v in value]
 
     kwargs: dict[str, Any] = {
-        "drop_paths": numbers("drop_path", PAPER_DROP_PATH),
-        "weight_decays": numbers("weight_decay", PAPER_WEIGHT_DECAY),
-        "seeds": [int(v) for v in numbers("seeds", (0,))],
+        "drop_paths": listed("drop_path", PAPER_DROP_PATH, number, minimum=0, below=1),
+        "weight_decays": listed("weight_decay", PAPER_WEIGHT_DECAY, number, minimum=0),
+        "seeds": listed("seeds", (0,), whole, minimum=0),
     }
-    for key, name in (("executor", "executor"), ("address", "address"),
-                      ("cpus_per_run", "num_cpus"), ("threads", "threads")):
+    for key, name in (("executor", "executor"), ("address", "address")):
         if key in data:
+            if not isinstance(data[key], str):
+                raise BlockCouplingError(f"{key} must be a string, not {data[key]!r}")
             kwargs[name] = data[key]
+    for key, name in (("cpus_per_run", "num_cpus"), ("threads", "threads")):
+        if key in data:
+            kwargs[name] = whole(data[key], key, minimum=1)
     return base, kwargs
 
 
@@ -136,6 +145,11 @@ def train_unit(config: dict[str, Any], out_dir: str, threads: int | None = 1) ->
     except BlockCouplingError as err:
         return {"name": name, "status": "failed", "skipped": False, "message": str(err),
                 "seconds": time.perf_counter() - t0}
+    except OSError as err:  # a user's file or folder: unreadable, missing, disk full
+        where = f" {err.filename}" if err.filename else ""
+        return {"name": name, "status": "failed", "skipped": False,
+                "message": f"cannot read or write{where}: {err.strerror or err}; check the "
+                           "path and run the grid again", "seconds": time.perf_counter() - t0}
     except Exception as err:  # noqa: BLE001 - keep the other runs going
         last = traceback.format_exception_only(type(err), err)[-1].strip()
         return {"name": name, "status": "failed", "skipped": False,
