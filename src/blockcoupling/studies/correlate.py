@@ -214,6 +214,7 @@ def _sweep_reader() -> Any:
 def _units_from_sweep(sweep: Any, path: Path) -> list[ModelUnit]:
     """One unit per done unit of a sweep directory, named by the sweep's catalogue."""
     sw = sweep.open_sweep(path)
+    sw.verify()  # a damaged unit: named, with the resume that measures it again
     rows = sw.done().to_dict("records")
     labels = [str(r.get("label") or "") for r in rows]
     prompt_sets = {str(r.get("prompt_set")) for r in rows}
