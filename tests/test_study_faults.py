@@ -443,3 +443,11 @@ def test_bad_grid_spec_is_one_line(spec: dict[str, Any], match: str) -> None:
     with pytest.raises(bc.BlockCouplingError, match=match) as err:
         load_grid_spec(spec)
     assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("flag,value", [("--retries", "-1"), ("--num-cpus", "0")])
+def test_sweep_cli_refuses_bad_numbers_before_writing(study: dict[str, Any], flag: str,
+                                                      value: str, tmp_path: Path) -> None:
+    r = cli(*sweep_args(study, tmp_path / "s", flag, value))
+    assert r.exit_code == 1 and flag.lstrip("-") in one_error_line(r.output)
+    assert not (tmp_path / "s").exists()

@@ -121,6 +121,11 @@ class CouplingMonitor:
         base = config if config is not None else MeasureConfig()
         self.config = base.replace(**options) if options else base
         self.prompts, self.prompt_set = _prompt_items(prompts, limit, self.config.seed)
+        from blockcoupling.studies.identity import input_hashes, local_inputs
+
+        # a prompt file counts by its content: an edited file gives other units
+        self._inputs = input_hashes(local_inputs(self.prompt_set)) \
+            if not self.prompt_set.startswith("prompts:") else {}
         self.label = str(label)
         self.on_error = on_error
         self.root = Path(out)
@@ -162,12 +167,13 @@ class CouplingMonitor:
 
     def unit(self, step: int) -> Unit:
         """The unit of one measured step (its id is stable across re-runs)."""
-        ident = json.dumps([self.label, int(step), self.prompt_set, self._hash])
+        ident = json.dumps([self.label, int(step), self.prompt_set, self._hash]
+                           + ([sorted(self._inputs.items())] if self._inputs else []))
         digest = hashlib.sha256(ident.encode()).hexdigest()[:12]
         return Unit(unit_id=f"{self.label}-step{int(step)}-{digest}", label=self.label,
                     model=self.label, revision=None, step=int(step),
                     prompt_set=self.prompt_set, limit=None, config=self.config.to_dict(),
-                    config_hash=self._hash)
+                    config_hash=self._hash, inputs=dict(self._inputs))
 
     def step(self, model: torch.nn.Module, step: int, *, force: bool = False) -> Any:
         """Measure ``model`` if ``step`` is due (or ``force``); returns the Measurement, or

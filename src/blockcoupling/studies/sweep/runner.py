@@ -365,8 +365,12 @@ def run_sweep(spec: str | os.PathLike[str] | Mapping[str, Any] | SweepSpec,
     """
     from blockcoupling.studies.sweep.read import open_sweep
 
+    from blockcoupling.validate import optional, whole
+
     if executor not in EXECUTORS:
         raise SweepError(f"executor {executor!r}: choose ray or local")
+    retries = optional(whole, retries, "retries", minimum=0)
+    num_cpus = optional(whole, num_cpus, "num-cpus", minimum=1)
     sp = load_spec(spec)
     if executor == "ray":
         import_ray()
