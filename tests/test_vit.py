@@ -263,7 +263,7 @@ def test_weight_decay_only_on_matrices() -> None:
 def test_config_validation() -> None:
     for bad, msg in [(dict(drop_path=1.5), "drop-path"), (dict(epochs=0), "epochs"),
                      (dict(dataset="svhn"), "unknown data set"),
-                     (dict(weight_decay=-1), "weight decay"), (dict(k=0), "k must")]:
+                     (dict(weight_decay=-1), "weight-decay"), (dict(k=0), "k must")]:
         with pytest.raises(BlockCouplingError, match=msg):
             VitTrainConfig(**bad)
     with pytest.raises(BlockCouplingError, match="unknown training option"):

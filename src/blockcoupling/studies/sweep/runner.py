@@ -364,7 +364,6 @@ def run_sweep(spec: str | os.PathLike[str] | Mapping[str, Any] | SweepSpec,
     failed and unfinished ones run again.
     """
     from blockcoupling.studies.sweep.read import open_sweep
-
     from blockcoupling.validate import optional, whole
 
     if executor not in EXECUTORS:
