@@ -451,7 +451,7 @@ def test_grid_spec_yaml(tmp_path: Path) -> None:
     for bad, msg in [({"dropout": [0.1]}, "unknown grid spec key"),
                      ({"train": {"drop_path": 0.1}}, "set by the grid"),
                      ({"train": {"lr_max": 1}}, "unknown training option"),
-                     ({"drop_path": ["x"]}, "list of numbers")]:
+                     ({"drop_path": ["x"]}, "drop_path must be a finite number")]:
         with pytest.raises(BlockCouplingError, match=msg):
             load_grid_spec(bad)
     with pytest.raises(BlockCouplingError, match="does not exist"):
