@@ -451,3 +451,18 @@ def test_sweep_cli_refuses_bad_numbers_before_writing(study: dict[str, Any], fla
     r = cli(*sweep_args(study, tmp_path / "s", flag, value))
     assert r.exit_code == 1 and flag.lstrip("-") in one_error_line(r.output)
     assert not (tmp_path / "s").exists()
+
+
+def test_sweep_without_results_is_replaced_by_the_corrected_spec(study: dict[str, Any],
+                                                                  tmp_path: Path) -> None:
+    spec = {**study["dict"], "prompts": [str(study["base"] / "prompts.txt")],
+            "models": [{"label": "lm", "checkpoints": str(study["base"] / "runs" /
+                                                          "checkpoint-0"), "device": "cuda:9"}]}
+    s = bc.run_sweep(spec, tmp_path / "s", executor="local", progress=False)
+    assert (s.catalogue["status"] == "failed").all()  # every unit failed: nothing measured
+    spec["models"][0]["device"] = "cpu"
+    s = bc.run_sweep(spec, tmp_path / "s", executor="local", progress=False)
+    assert (s.catalogue["status"] == "done").all() and len(s.catalogue) == 1
+    spec["models"][0]["label"] = "other"  # now it holds results: refused with the difference
+    with pytest.raises(bc.BlockCouplingError, match="spec differs"):
+        bc.run_sweep(spec, tmp_path / "s", executor="local", progress=False, resume=True)

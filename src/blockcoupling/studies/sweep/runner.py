@@ -313,18 +313,39 @@ def _open_manifest(root: Path, *, resume: bool, spec_dict: Any, units: Sequence[
         manifest = store.new_manifest("sweep", spec_dict)
         manifest["inputs"] = inputs
         return manifest
-    if not resume:
-        raise SweepError(f"{root} already holds a sweep; continue it with --resume, or "
-                         "choose a new --out")
     if manifest.get("kind") != "sweep":
         raise SweepError(f"{root} holds a {manifest.get('kind')} directory, not a "
                          "sweep; choose a new --out")
     diffs = _resume_differences(manifest, spec_dict, inputs)
+    if (diffs or not resume) and not _holds_results(root):
+        # nothing measured yet (every unit failed or never started, e.g. a wrong device):
+        # the corrected spec replaces it, as `measure` replaces a run without results
+        import shutil
+
+        for name in (store.STATUS, store.UNITS):
+            shutil.rmtree(root / name, ignore_errors=True)
+        (root / store.CATALOGUE).unlink(missing_ok=True)
+        manifest = store.new_manifest("sweep", spec_dict)
+        manifest["inputs"] = inputs
+        return manifest
+    if not resume:
+        raise SweepError(f"{root} already holds a sweep; continue it with --resume, or "
+                         "choose a new --out")
     if diffs:
         raise SweepError(f"cannot resume {root}: the spec differs from the sweep's, or a file "
                          "it reads changed (" + "; ".join(diffs[:3]) + "); resume with the "
                          "original spec and files, or choose a new --out")
     return manifest
+
+
+def _holds_results(root: Path) -> bool:
+    """Whether any unit of the sweep in ``root`` is done or has measured a prompt."""
+    if any(r.get("status") == "done" for r in store.all_status(root)):
+        return True
+    units = root / store.UNITS
+    return units.is_dir() and any(
+        any(d.glob("parts/part-*")) or (d / "manifest.json").is_file() and _complete(d)
+        for d in units.iterdir() if d.is_dir())
 
 
 def _recheck_done(root: Path, units: Sequence[Unit]) -> dict[str, str]:
