@@ -141,10 +141,11 @@ def test_damaged_unit_is_caught_by_every_reader_and_resume_measures_it_again(
     st = sweep_status(out)
     assert st.set_index("unit_id").loc[first, "status"] == "damaged"
     assert st.set_index("unit_id").loc[second, "status"] == "done"
-    shown = cli("sweep-status", str(out))
-    assert "damaged" in shown.output and "Traceback" not in shown.output
-    rep = cli("report", str(out), "--out", str(tmp_path / "report.html"))
-    assert rep.exit_code == 1 and first in one_error_line(rep.output)
+    if how == "flipped":  # the commands say the same (once: a report is not cheap)
+        shown = cli("sweep-status", str(out))
+        assert "damaged" in shown.output and "Traceback" not in shown.output
+        rep = cli("report", str(out), "--out", str(tmp_path / "report.html"))
+        assert rep.exit_code == 1 and first in one_error_line(rep.output)
     r = cli(*sweep_args(study, out, "--resume"))  # the advice: measures the unit again
     assert r.exit_code == 0, r.output
     assert_same_sweep(out, study["ref"])
