@@ -467,3 +467,40 @@ def test_sweep_without_results_is_replaced_by_the_corrected_spec(study: dict[str
     spec["models"][0]["label"] = "other"  # now it holds results: refused with the difference
     with pytest.raises(bc.BlockCouplingError, match="spec differs"):
         bc.run_sweep(spec, tmp_path / "s", executor="local", progress=False, resume=True)
+
+
+def test_vit_training_refuses_changed_images_and_names_a_damaged_record(tmp_path: Path) -> None:
+    import json
+
+    from blockcoupling.studies.vit.train import VitTrainConfig, train_vit
+
+    data = _images(tmp_path / "img", {"train": {"a": 2, "b": 2}, "test": {"a": 1, "b": 1}})
+    cfg = VitTrainConfig(dataset="cifar10", data_dir=str(data), epochs=1)
+    out = tmp_path / "run"
+    out.mkdir()
+    record = {"format": "blockcoupling-vit-train", "status": "running", "config_key": cfg.key(),
+              "data": {"content": "sha256:" + "0" * 64}}  # a killed training on other images
+    (out / "metrics.json").write_text(json.dumps(record))
+    with pytest.raises(bc.BlockCouplingError, match="changed since"):
+        train_vit(cfg, out, progress=False)
+    (out / "metrics.json").write_text("{broken")
+    with pytest.raises(bc.BlockCouplingError, match="metrics.json"):
+        train_vit(cfg, out, progress=False)
+
+
+def test_monitor_rebuilds_a_lost_manifest(study: dict[str, Any], tmp_path: Path) -> None:
+    import transformers as tf
+
+    from blockcoupling.studies.monitor import CouplingMonitor
+    from tiny_models import tiny_model
+
+    tok = tf.AutoTokenizer.from_pretrained(study["base"] / "runs" / "checkpoint-0")
+    opts = {k: v for k, v in MEASURE.items() if k != "batch_size"}
+    with CouplingMonitor(tok, ["the cat sat"], every=1, out=tmp_path / "m", **opts) as mon:
+        mon.step(tiny_model("gpt2", seed=0), 1)
+    (tmp_path / "m" / store.MANIFEST).write_text("[")
+    with pytest.raises(bc.BlockCouplingError, match="rebuilt from the status files"):
+        bc.open_sweep(tmp_path / "m")
+    with CouplingMonitor(tok, ["the cat sat"], every=1, out=tmp_path / "m", **opts) as mon:
+        assert mon.step(tiny_model("gpt2", seed=0), 1) is None  # kept: same weights
+    assert len(bc.open_sweep(tmp_path / "m").summary()) == 1

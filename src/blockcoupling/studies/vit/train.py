@@ -276,8 +276,13 @@ def read_metrics(out_dir: str | Path) -> dict[str, Any]:
     path = Path(out_dir) / METRICS_FILE
     if not path.exists():
         raise BlockCouplingError(f"{out_dir} has no {METRICS_FILE}; is it a vit-train output?")
-    data = json.loads(path.read_text())
-    if data.get("format") != FORMAT:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise BlockCouplingError(f"cannot read {path} ({err}); the training's record is "
+                                 "damaged: train into a new --out (or delete that folder)"
+                                 ) from err
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
         raise BlockCouplingError(f"{path} is not a vit-train metrics file")
     return data
 
