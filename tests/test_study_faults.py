@@ -148,6 +148,7 @@ def test_damaged_unit_is_caught_by_every_reader_and_resume_measures_it_again(
         assert rep.exit_code == 1 and first in one_error_line(rep.output)
     r = cli(*sweep_args(study, out, "--resume"))  # the advice: measures the unit again
     assert r.exit_code == 0, r.output
+    assert f"measured {first} again" in r.output  # said even under -q
     assert_same_sweep(out, study["ref"])
 
 

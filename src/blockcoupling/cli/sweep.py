@@ -44,6 +44,9 @@ def sweep(
                    f"{len(failed)} failed; wrote {out}")
         for r in failed.itertuples():
             typer.echo(f"  failed {r.unit_id}: {str(r.message).splitlines()[0]}")
+    sessions = s.manifest.get("sessions") or [{}]
+    for uid, why in (sessions[-1].get("repaired") or {}).items():  # a result: never silenced
+        typer.echo(f"  measured {uid} again: its files were damaged ({why})")
     if not _STATE["quiet"]:
         dups = s.duplicates()
         for r in dups.itertuples():
