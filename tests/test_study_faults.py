@@ -505,3 +505,12 @@ def test_monitor_rebuilds_a_lost_manifest(study: dict[str, Any], tmp_path: Path)
     with CouplingMonitor(tok, ["the cat sat"], every=1, out=tmp_path / "m", **opts) as mon:
         assert mon.step(tiny_model("gpt2", seed=0), 1) is None  # kept: same weights
     assert len(bc.open_sweep(tmp_path / "m").summary()) == 1
+
+
+@pytest.mark.parametrize("kw,match", [({"n_boot": -1}, "n-boot"), ({"n_boot": 2.5}, "n-boot"),
+                                      ({"seed": -3}, "seed"), ({"seed": float("nan")}, "seed")])
+def test_correlate_numeric_options_are_checked_first(kw: dict[str, Any], match: str) -> None:
+    from blockcoupling.studies.correlate import correlate
+
+    with pytest.raises(bc.BlockCouplingError, match=match):
+        correlate(["does-not-matter"], "paper", **kw)

@@ -900,9 +900,13 @@ def correlate(inputs: Sequence[str | Path] | Sequence[ModelUnit], scores: str | 
     in ``variants``; ``floor`` adds :func:`floor_analysis`; models measured on different
     prompt sets are refused unless ``allow_mixed_prompts``.
     """
+    from blockcoupling.validate import whole
+
     _stats()
     if k is not None and (isinstance(k, bool) or int(k) != k or k < 1):
         raise BlockCouplingError(f"--k must be a positive integer, got {k}")
+    n_boot = whole(n_boot, "--n-boot", minimum=0)  # 0: no bootstrap CI
+    seed = whole(seed, "--seed", minimum=0)
     statistic = CouplingStatistic(variants=tuple(variants), p=p, orientation=orientation, k=k,
                                   tokens=tokens, diagonal=diagonal)
     units = (list(inputs) if inputs and isinstance(inputs[0], ModelUnit)  # type: ignore[index]
