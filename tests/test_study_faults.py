@@ -514,3 +514,12 @@ def test_correlate_numeric_options_are_checked_first(kw: dict[str, Any], match: 
 
     with pytest.raises(bc.BlockCouplingError, match=match):
         correlate(["does-not-matter"], "paper", **kw)
+
+
+@pytest.mark.parametrize("key,value", [("svd_tol", float("nan")), ("svd_tol", float("inf")),
+                                       ("svd_tol", -1.0), ("seed", -1), ("k", [0]),
+                                       ("batch_size", 0), ("lss_window", 4)])
+def test_measure_options_of_a_spec_are_checked(key: str, value: Any) -> None:
+    base = {"models": [{"label": "a", "model": "gpt2"}], "prompts": ["builtin:capital"]}
+    with pytest.raises(bc.BlockCouplingError, match=key):
+        load_spec({**base, "measure": {key: value}})
