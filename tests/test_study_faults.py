@@ -523,3 +523,25 @@ def test_measure_options_of_a_spec_are_checked(key: str, value: Any) -> None:
     base = {"models": [{"label": "a", "model": "gpt2"}], "prompts": ["builtin:capital"]}
     with pytest.raises(bc.BlockCouplingError, match=key):
         load_spec({**base, "measure": {key: value}})
+
+
+@pytest.mark.parametrize("flag,value", [("--seeds", "0.5"), ("--seeds", "nan"),
+                                        ("--drop-path", "0.1,inf"), ("--cpus-per-run", "0"),
+                                        ("--threads", "0")])
+def test_vit_grid_cli_refuses_bad_numbers_before_writing(flag: str, value: str,
+                                                         tmp_path: Path) -> None:
+    r = cli("vit-grid", "--out", str(tmp_path / "g"), "--executor", "local", flag, value)
+    assert r.exit_code == 1, r.output
+    one_error_line(r.output)
+    assert not (tmp_path / "g").exists()
+
+
+def test_damaged_grid_record_is_one_line(tmp_path: Path) -> None:
+    from blockcoupling.studies.vit.grid import run_grid
+    from blockcoupling.studies.vit.train import VitTrainConfig
+
+    (tmp_path / "g").mkdir()
+    (tmp_path / "g" / "grid.json").write_text("{")
+    with pytest.raises(bc.BlockCouplingError, match="grid.json"):
+        run_grid(VitTrainConfig(epochs=1), tmp_path / "g", drop_paths=(0.0,),
+                 weight_decays=(0.0,), executor="local", progress=False)

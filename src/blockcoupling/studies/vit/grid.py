@@ -58,7 +58,10 @@ def grid_configs(base: VitTrainConfig, drop_paths: Sequence[float] = PAPER_DROP_
     """One config per (weight decay, drop-path rate, seed), weight decay outermost."""
     if not drop_paths or not weight_decays or not seeds:
         raise BlockCouplingError("the grid needs at least one drop-path rate, weight decay and seed")
-    out = [base.replace(drop_path=float(dp), weight_decay=float(wd), seed=int(s))
+    from blockcoupling.validate import number, whole
+
+    out = [base.replace(drop_path=number(dp, "drop-path"), weight_decay=number(wd, "weight-decay"),
+                        seed=whole(s, "seed", minimum=0))
            for wd, dp, s in product(weight_decays, drop_paths, seeds)]
     names = [run_name(c) for c in out]
     if len(set(names)) != len(names):
@@ -178,8 +181,12 @@ def run_grid(base: VitTrainConfig, root: str | Path, *,
     run again with the same base config (finished runs are skipped, new points are added);
     another base config is refused.
     """
+    from blockcoupling.validate import optional, whole
+
     if executor not in EXECUTORS:
         raise BlockCouplingError(f"executor {executor!r}: choose ray or local")
+    num_cpus = whole(num_cpus, "cpus-per-run", minimum=1)
+    threads = optional(whole, threads, "threads", minimum=1)
     configs = grid_configs(base, drop_paths, weight_decays, seeds)
     rootp = Path(root)
     if rootp.exists() and not rootp.is_dir():
@@ -189,8 +196,14 @@ def run_grid(base: VitTrainConfig, root: str | Path, *,
     base_dict = json.loads(json.dumps(base.replace(drop_path=0.0, weight_decay=0.0, seed=0)
                                       .to_dict(), default=str))
     if grid_path.exists():
-        doc = json.loads(grid_path.read_text())
-        if doc.get("format") != GRID_FORMAT or doc.get("base") != base_dict:
+        try:
+            doc = json.loads(grid_path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+            raise BlockCouplingError(
+                f"cannot read {grid_path} ({err}); delete it and run the same grid again: "
+                "finished runs under runs/ are kept and skipped") from err
+        if not isinstance(doc, dict) or doc.get("format") != GRID_FORMAT or \
+                doc.get("base") != base_dict:
             raise BlockCouplingError(
                 f"{rootp} holds a grid with another base config; choose another --out (or run "
                 "the same options again to continue it)"
