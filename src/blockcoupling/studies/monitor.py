@@ -145,7 +145,8 @@ class CouplingMonitor:
                                                             default=str))}}
         rebuilt = None
         if not store.is_sweep_dir(self.root) or not _readable(self.root):
-            rebuilt = store.rebuilt_manifest(self.root, "monitor", spec, None)
+            mine = {p.stem for p in (self.root / store.STATUS).glob(f"{self.label}-step*.json")}
+            rebuilt = store.rebuilt_manifest(self.root, "monitor", spec, mine)
         if rebuilt is not None:  # lost or corrupt: rebuilt from the status files
             manifest = rebuilt
         elif store.is_sweep_dir(self.root):
