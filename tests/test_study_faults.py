@@ -545,3 +545,31 @@ def test_damaged_grid_record_is_one_line(tmp_path: Path) -> None:
     with pytest.raises(bc.BlockCouplingError, match="grid.json"):
         run_grid(VitTrainConfig(epochs=1), tmp_path / "g", drop_paths=(0.0,),
                  weight_decays=(0.0,), executor="local", progress=False)
+
+
+@pytest.mark.parametrize("content,match", [
+    (b"\xff\xfe{", "not a readable JSON"), (b"{", "not a readable JSON"), (b"[1]", "results"),
+    (b'{"results": [1, 2], "config": 5}', "results"),
+])
+def test_malformed_lmeval_folder_is_one_line_naming_the_file(content: bytes, match: str,
+                                                             tmp_path: Path) -> None:
+    from blockcoupling.studies.correlate import read_scores
+
+    (tmp_path / "lm" / "run").mkdir(parents=True)
+    (tmp_path / "lm" / "run" / "results.json").write_bytes(content)
+    with pytest.raises(bc.BlockCouplingError, match=match) as err:
+        read_scores(str(tmp_path / "lm"))
+    assert "results.json" in str(err.value) and "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("content,match", [
+    (b"model,score\na,\xff\n", "score file"), (b"model\na\n", "score"),
+    (b"model,score\na,ten\n", "not a number"), (b"model,score\na,1\na,2\n", "twice"),
+])
+def test_malformed_score_file_is_one_line(content: bytes, match: str, tmp_path: Path) -> None:
+    from blockcoupling.studies.correlate import read_scores
+
+    (tmp_path / "s.csv").write_bytes(content)
+    with pytest.raises(bc.BlockCouplingError, match=match) as err:
+        read_scores(str(tmp_path / "s.csv"))
+    assert "\n" not in str(err.value)

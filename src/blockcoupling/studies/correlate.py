@@ -433,7 +433,7 @@ def read_lmeval_dir(path: str | Path) -> pd.DataFrame:
     for f in files:
         try:
             data = json.loads(f.read_text(encoding="utf-8"))
-        except (OSError, json.JSONDecodeError) as err:
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
             raise BlockCouplingError(f"{f}: not a readable JSON file ({err})") from None
         results = data.get("results") if isinstance(data, dict) else None
         if not isinstance(results, dict):
