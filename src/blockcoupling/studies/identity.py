@@ -9,11 +9,11 @@ says what changed, for a refusal like a run directory's (``store.manifest.resume
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 from blockcoupling.errors import BlockCouplingError
+from blockcoupling.hashing import canonical_hash
 from blockcoupling.store.fileio import sha256_bytes
 
 
@@ -23,12 +23,10 @@ def content_hash(path: Path) -> str:
     try:
         if path.is_file():
             return sha256_bytes(path.read_bytes())
-        h = hashlib.sha256()
-        for p in sorted(path.rglob("*")):
-            rel = p.relative_to(path)
-            if p.is_file() and not any(part.startswith(".") for part in rel.parts):
-                h.update(f"{rel.as_posix()}\0{sha256_bytes(p.read_bytes())}\n".encode())
-        return "sha256:" + h.hexdigest()
+        entries = [[p.relative_to(path).as_posix(), sha256_bytes(p.read_bytes())]
+                   for p in sorted(path.rglob("*")) if p.is_file()
+                   and not any(part.startswith(".") for part in p.relative_to(path).parts)]
+        return "sha256:" + canonical_hash(entries)
     except OSError as err:
         raise BlockCouplingError(f"cannot read {err.filename or path} ({err.strerror}); check "
                                  "the path and its permissions") from err
