@@ -342,6 +342,11 @@ class MeasureConfig:
             bad("svd_oversample and svd_iters must be >= 0")
         if self.figure_prompts < 0:
             bad("figure_prompts must be >= 0")
+        from blockcoupling.validate import number, whole
+
+        if self.svd_tol is not None:  # nan would switch the fallback off, inf force it
+            number(self.svd_tol, "svd_tol", above=0)
+        whole(self.seed, "seed", minimum=0)
         if self.lss_window < 3 or self.lss_window % 2 == 0:
             bad(f"lss_window={self.lss_window}: the window is centred, so give an odd width >= 3 "
                 "(the paper uses 11)")
