@@ -6,22 +6,37 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from typer.core import TyperCommand
 
+from blockcoupling.cli.app import JSON_HELP, app, echo_json, one_value, os_error
 from blockcoupling.cli.app import STATE as _STATE
-from blockcoupling.cli.app import app, os_error
 from blockcoupling.cli.app import fail as _fail
 from blockcoupling.errors import BlockCouplingError
 
 
-@app.command()
+class _OldJsonForm(TyperCommand):
+    """``--json FILE.json`` (before ``--json`` was the flag every command has) still writes
+    FILE.json: it is read as ``--json-out FILE.json``."""
+
+    def parse_args(self, ctx: typer.Context, args: list[str]) -> list[str]:
+        args = list(args)
+        for i, a in enumerate(args[:-1]):
+            if a == "--json" and not args[i + 1].startswith("-") \
+                    and args[i + 1].lower().endswith(".json"):
+                args[i] = "--json-out"
+        return super().parse_args(ctx, args)
+
+
+@app.command(cls=_OldJsonForm)
 def correlate(
     inputs: Annotated[list[Path], typer.Argument(help="Run directories (one per model) or a sweep directory.")],
     scores: Annotated[str, typer.Option("--scores", help="CSV (model, score[, params_b, layers, d_model, train_tokens_t, group]), 'paper', or an lm-evaluation-harness results folder.")],
-    json_out: Annotated[Path | None, typer.Option("--json", help="Write every statistic as JSON here.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help=JSON_HELP)] = False,
+    json_out: Annotated[Path | None, typer.Option("--json-out", help="Write every statistic as JSON to this file (also accepted: --json FILE.json).")] = None,
     out: Annotated[Path | None, typer.Option("--out", "-o", help="Write the HTML page (figures inline) here.")] = None,
-    k: Annotated[int | None, typer.Option("--k", help="Fixed top-K for every model (default: round(d/10) per model).")] = None,
-    variant: Annotated[str, typer.Option("--variant", help="coupling, coupling_vs_null, miscoupling, released_norm, ...")] = "coupling",
-    p: Annotated[float, typer.Option("--p", help="Norm of the variants that have one (1, 2, inf).")] = 1.0,
+    k: Annotated[str | None, typer.Option("--k", help="Fixed top-K for every model, one value (default: round(d/10) per model).")] = None,
+    variant: Annotated[str, typer.Option("--variant", help="One variant: coupling, coupling_vs_null, miscoupling, released_norm, ...")] = "coupling",
+    p: Annotated[str, typer.Option("--p", help="Norm of the variants that have one, one value: 1, 2 or inf.")] = "1",
     orientation: Annotated[str, typer.Option("--orientation", help="ujv or vju.")] = "ujv",
     n_boot: Annotated[int, typer.Option("--n-boot", help="Bootstrap resamples for the CI of R^2.")] = 2000,
     seed: Annotated[int, typer.Option("--seed", help="Seed of the bootstrap.")] = 0,
@@ -31,7 +46,9 @@ def correlate(
     from blockcoupling.studies.correlate import correlate as run
 
     try:
-        result = run(inputs, scores, k=k, variant=variant, p=p, orientation=orientation,
+        result = run(inputs, scores, k=None if k is None else one_value(k, "--k", int),
+                     variant=one_value(variant, "--variant", str), p=one_value(p, "--p", float),
+                     orientation=orientation,
                      n_boot=n_boot, seed=seed,
                      labels=None if labels is None else [v.strip() for v in labels.split(",")])
         written = []
@@ -47,7 +64,9 @@ def correlate(
     except OSError as err:
         _fail(os_error(err, "cannot read the runs or write the results"))
         return
-    if not _STATE["quiet"]:
+    if as_json:
+        echo_json(result.to_dict())
+    elif not _STATE["quiet"]:
         typer.echo(result.summary())
         for path in written:
             typer.echo(f"wrote {path}")

@@ -10,9 +10,9 @@ from typing import Annotated, Any
 import typer
 from typer.core import TyperCommand
 
+from blockcoupling.cli.app import JSON_HELP, app, echo_json
 from blockcoupling.cli.app import STATE as _STATE
 from blockcoupling.cli.app import Terminated as _Terminated
-from blockcoupling.cli.app import app
 from blockcoupling.cli.app import fail as _fail
 from blockcoupling.cli.app import os_error as _os_error
 from blockcoupling.cli.app import sigterm_as_interrupt as _sigterm_as_interrupt
@@ -36,6 +36,7 @@ def measure(
     split: Annotated[str | None, typer.Option(help="Dataset split for hf: prompts.")] = None,
     resume: Annotated[bool, typer.Option("--resume/--no-resume", help="Continue an interrupted run in --out.")] = False,
     trust_remote_code: Annotated[bool, typer.Option("--trust-remote-code/--no-trust-remote-code", help="Run the model repository's own Python code (transformers trust_remote_code); only for repositories you trust.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help=JSON_HELP)] = False,
 ) -> None:
     """Measure a model on a prompt set and write a resumable run directory."""
     from blockcoupling.engine.config import parse_config
@@ -69,9 +70,34 @@ def measure(
     except OSError as err:
         _fail(_os_error(err, "cannot read or write a file"))
         return
-    if not _STATE["quiet"]:
+    if as_json:
+        from blockcoupling.store.reader import run_progress
+
+        echo_json(run_json(out, result, run_progress(out)))
+    elif not _STATE["quiet"]:
         typer.echo(result.summary())
         typer.echo(f"wrote {out}")
+
+
+def run_json(run_dir: Path, m: Any, progress: Any) -> dict[str, Any]:
+    """What ``show`` / ``measure --json`` print: status, identity, configuration, table sizes
+    and the mean depth-wise coupling per K (p = 1, ujv; l != l' and all pairs)."""
+    from blockcoupling.engine.results import TABLES
+
+    means = []
+    for k in m.config.k if "depth" in m.config.coupling else ():
+        for variant in ("coupling", "coupling_vs_null"):
+            try:
+                v = m.mean_depth_coupling(k, variant=variant)
+            except KeyError:  # a variant not measured
+                continue
+            means.append({"k": k, "variant": variant, "mean_offdiag": v["mean_offdiag"].mean(),
+                          "mean_all": v["mean_all"].mean()})
+    return {"run_dir": str(run_dir), "status": progress.status, "complete": progress.finished,
+            "prompts_done": progress.done, "prompts_total": progress.total,
+            "writer_pid": progress.writer_pid, "meta": m.meta, "config": m.config.to_dict(),
+            "rows": {name: len(m.table(name)) for name in TABLES},
+            "mean_depth_coupling": means}
 
 
 _CONFIG_KEY = "blockcoupling.measure_config_options"
@@ -203,13 +229,18 @@ def report(
 
 
 @app.command()
-def show(run_dir: Annotated[Path, typer.Argument(help="A run directory.")]) -> None:
+def show(run_dir: Annotated[Path, typer.Argument(help="A run directory.")],
+         as_json: Annotated[bool, typer.Option("--json", help=JSON_HELP)] = False) -> None:
     """A short text summary of a run; says whether it is complete ("2 of 3 prompts")."""
     from blockcoupling.store.reader import open_run, run_progress
 
     try:
         progress = run_progress(run_dir)
-        summary = open_run(run_dir).summary()
+        m = open_run(run_dir)
+        if as_json:
+            echo_json(run_json(run_dir, m, progress))
+            return
+        summary = m.summary()
     except BlockCouplingError as err:
         _fail(err)
         return
@@ -218,10 +249,13 @@ def show(run_dir: Annotated[Path, typer.Argument(help="A run directory.")]) -> N
 
 
 @app.command()
-def models() -> None:
+def models(as_json: Annotated[bool, typer.Option("--json", help=JSON_HELP)] = False) -> None:
     """The architectures blockcoupling finds blocks in by itself."""
     from blockcoupling.engine.blocks import SUPPORTED_ARCHITECTURES
 
+    if as_json:
+        echo_json(SUPPORTED_ARCHITECTURES)
+        return
     width = max(map(len, SUPPORTED_ARCHITECTURES))
     for arch, desc in SUPPORTED_ARCHITECTURES.items():
         typer.echo(f"{arch:<{width}}  {desc}")

@@ -376,9 +376,10 @@ def _train_and_save(cfg: TinyLMConfig, target: Path, progress: bool,
             stack.callback(mon.close)  # released however training ends
         bar = None
         if progress:
-            from tqdm.auto import tqdm
+            from blockcoupling.progress import bar as progress_bar
 
-            bar = tqdm(total=cfg.max_steps, desc="training tiny LM", unit="step")
+            bar = progress_bar(total=cfg.max_steps, desc="training tiny LM", unit="step",
+                               leave=False)
         t0 = time.perf_counter()
         monitor_s = 0.0
         last_loss = float("nan")
@@ -644,10 +645,10 @@ def _announce(i: int, total: int, run: DemoRun, n_prompts: int, out: Path, progr
     """One line before each run, so the (identical) progress bars say whose they are."""
     if not progress:
         return
-    from tqdm.auto import tqdm
+    from blockcoupling.progress import write
 
     extra = ", normalisation directions removed" if run.options.get("remove_norm_directions") else ""
-    tqdm.write(f"[{i}/{total}] {run.label}: {n_prompts} prompt(s){extra} -> {out / run.sub}")
+    write(f"[{i}/{total}] {run.label}: {n_prompts} prompt(s){extra} -> {out / run.sub}")
 
 
 def headline(m: Any, k: int) -> tuple[float, float]:
@@ -745,7 +746,6 @@ def run_demo(
     """
     from blockcoupling.report.html import write_report
     from blockcoupling.store.record import measure_to_dir
-
     from blockcoupling.studies.sweep.runner import EXECUTORS, import_ray
 
     if executor not in EXECUTORS:
@@ -808,9 +808,9 @@ def run_demo(
                     "tokens": "last" if quick else "all"},
     }
     if progress:
-        from tqdm.auto import tqdm
+        from blockcoupling.progress import write
 
-        tqdm.write(f"[{len(minilm_runs) + 1}/{total}] tiny LM at {len(checkpoints)} checkpoints: "
+        write(f"[{len(minilm_runs) + 1}/{total}] tiny LM at {len(checkpoints)} checkpoints: "
                    f"a sweep of {len(corpus)} prompt(s) each on executor {executor!r} -> "
                    f"{out / 'tinylm'} (the monitor's measurements from training: "
                    f"{monitor_copy})")
@@ -824,9 +824,9 @@ def run_demo(
             from blockcoupling.studies.lm_family import run_lm_family
 
             if progress:
-                from tqdm.auto import tqdm
+                from blockcoupling.progress import write
 
-                tqdm.write(f"[family] tiny-LM family: train, score, measure by sweep, correlate "
+                write(f"[family] tiny-LM family: train, score, measure by sweep, correlate "
                            f"-> {out / 'lm-family'}")
             family_result = run_lm_family(out / "lm-family", quick=quick, cache_dir=cache_dir,
                                           progress=progress, executor=executor)
@@ -845,17 +845,17 @@ def run_demo(
         labels.append(f"tiny LM step {step}")
 
     if progress:
-        from tqdm.auto import tqdm
+        from blockcoupling.progress import write
 
-        tqdm.write("mean depth-wise coupling over layer pairs l != l' (K = 10 where measured); "
+        write("mean depth-wise coupling over layer pairs l != l' (K = 10 where measured); "
                    "above chance (coupling_vs_null): 0 = chance level, 1 = perfect")
         for label, m in zip(labels, measurements, strict=True):
             ks = {int(v) for v in m.coupling["k"].unique()}
             k = 10 if 10 in ks else min(ks, default=10)
             c, v = headline(m, k)
-            tqdm.write(f"  {label:<42} K = {k:<3} coupling {c:6.3f}   above chance {v:6.3f}")
+            write(f"  {label:<42} K = {k:<3} coupling {c:6.3f}   above chance {v:6.3f}")
         if family_result is not None:
-            tqdm.write(family_result.summary())
+            write(family_result.summary())
     # PNG figure files only: the HTML embeds them, and SVG/PDF would double the report's time
     return Path(write_report(measurements, out / "report.html", labels=labels, formats=("png",)))
 
