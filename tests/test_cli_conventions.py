@@ -15,10 +15,10 @@ import click
 import pytest
 import typer
 import yaml
-from tiny_runs import cli, save_tiny_lm, write_prompts
 
 import blockcoupling
 from blockcoupling.cli import app
+from tiny_runs import cli, save_tiny_lm, write_prompts
 
 
 @pytest.fixture(scope="module")
