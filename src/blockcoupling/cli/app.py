@@ -6,6 +6,7 @@ import contextlib
 import json
 import math
 import signal
+import warnings
 from collections.abc import Callable, Iterator
 from typing import Annotated, Any, TypeVar
 
@@ -120,6 +121,13 @@ def _main(
 
     STATE["verbose"], STATE["quiet"] = verbose, quiet
     set_verbosity(quiet=quiet, verbose=verbose)
+    if not verbose:  # a warning is one line, like an error (-v: Python's own, with the source)
+        warnings.showwarning = _warning_line
+
+
+def _warning_line(message: Warning | str, category: type[Warning], filename: str, lineno: int,
+                  file: Any = None, line: str | None = None) -> None:
+    typer.echo(f"warning: {message}", err=True)
 
 
 #: ``--json`` on every command that prints results: the same flag, the same meaning
