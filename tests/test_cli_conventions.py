@@ -114,3 +114,17 @@ def test_measure_progress_in_a_log_file_is_plain_lines(tiny: Path, tmp_path: Pat
     lines = [ln for ln in data.decode().splitlines() if ln.startswith("prompts: ")]
     assert [ln.split(" (")[0] for ln in lines] == ["prompts: 1/2 prompt", "prompts: 2/2 prompt"]
     assert "mean depth-wise coupling" in proc.stdout.decode()  # results still on stdout
+
+
+def test_quiet_sweep_still_reports_failed_units(tiny: Path) -> None:
+    broken = save_tiny_lm(tiny / "broken")
+    for f in broken.glob("*.safetensors"):
+        f.unlink()
+    spec = tiny / "broken.yaml"
+    spec.write_text(yaml.safe_dump({"models": [{"label": "broken", "model": str(broken)}],
+                                    "prompts": [str(tiny / "prompts.txt")],
+                                    "measure": {"k": [2], "coupling": ["depth"]}}))
+    r = cli("sweep", str(spec), "--out", str(tiny / "sb"), "--executor", "local", "-q")
+    assert r.exit_code == 1
+    errors = [ln for ln in r.output.splitlines() if ln.startswith("error: unit broken")]
+    assert len(errors) == 1 and "failed" in errors[0], r.output
