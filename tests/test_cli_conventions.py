@@ -46,8 +46,11 @@ def test_show_json_and_quiet_after_the_command(tiny: Path) -> None:
     doc = json.loads(r.output)
     assert doc["complete"] is True and doc["prompts_done"] == doc["prompts_total"] == 2
     assert doc["config"]["k"] == [2] and doc["rows"]["coupling"] > 0
-    [mean] = [m for m in doc["mean_depth_coupling"] if m["variant"] == "coupling"]
-    assert mean["k"] == 2 and -1 <= mean["mean_offdiag"] <= 1
+    [stat] = [s for s in doc["statistic"] if s["variant"] == "coupling"]
+    assert stat["k"] == 2 and -1 <= stat["mean"] <= 1 and stat["n_prompts"] == 2
+    from blockcoupling.store import open_run
+
+    assert stat["mean"] == open_run(tiny / "run").mean_depth_coupling(2)  # the one rule
     models = json.loads(cli("models", "--json").output)
     assert "gpt2" in models
 
@@ -113,7 +116,7 @@ def test_measure_progress_in_a_log_file_is_plain_lines(tiny: Path, tmp_path: Pat
     assert b"\x1b" not in data and b"\r" not in data, data[:500]
     lines = [ln for ln in data.decode().splitlines() if ln.startswith("prompts: ")]
     assert [ln.split(" (")[0] for ln in lines] == ["prompts: 1/2 prompt", "prompts: 2/2 prompt"]
-    assert "mean depth-wise coupling" in proc.stdout.decode()  # results still on stdout
+    assert "depth-wise coupling" in proc.stdout.decode()  # results still on stdout
 
 
 def test_quiet_sweep_still_reports_failed_units(tiny: Path) -> None:

@@ -28,7 +28,7 @@ class _Group(TyperGroup):
     """The command group: ``-q`` / ``-v`` given after a command (``blockcoupling measure ...
     -q``) are taken as the global flags, as if given before it."""
 
-    def parse_args(self, ctx: typer.Context, args: list[str]) -> list[str]:
+    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
         end = args.index("--") if "--" in args else len(args)
         flags = [a for a in args[:end] if a in GLOBAL_FLAGS]
         rest = [a for a in args[:end] if a not in GLOBAL_FLAGS]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from typer.core import TyperCommand
@@ -18,7 +18,7 @@ class _OldJsonForm(TyperCommand):
     """``--json FILE.json`` (before ``--json`` was the flag every command has) still writes
     FILE.json: it is read as ``--json-out FILE.json``."""
 
-    def parse_args(self, ctx: typer.Context, args: list[str]) -> list[str]:
+    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
         args = list(args)
         for i, a in enumerate(args[:-1]):
             if a == "--json" and not args[i + 1].startswith("-") \

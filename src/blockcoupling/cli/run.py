@@ -81,23 +81,22 @@ def measure(
 
 def run_json(run_dir: Path, m: Any, progress: Any) -> dict[str, Any]:
     """What ``show`` / ``measure --json`` print: status, identity, configuration, table sizes
-    and the mean depth-wise coupling per K (p = 1, ujv; l != l' and all pairs)."""
-    from blockcoupling.engine.results import TABLES
+    and the headline statistic (``Measurement.coupling_statistic``) per K measured."""
+    from blockcoupling.engine.results import HEADLINE_VARIANTS, TABLES
 
-    means = []
-    for k in m.config.k if "depth" in m.config.coupling else ():
-        for variant in ("coupling", "coupling_vs_null"):
+    stats = []
+    if "depth" in m.config.coupling and not m.coupling.empty:
+        variants = [v for v in HEADLINE_VARIANTS if v in m.config.variants]
+        for k in m.config.k:
             try:
-                v = m.mean_depth_coupling(k, variant=variant)
-            except KeyError:  # a variant not measured
+                stats.append(m.coupling_statistic(variants=variants, k=k))
+            except (BlockCouplingError, ValueError):  # not measured at this K
                 continue
-            means.append({"k": k, "variant": variant, "mean_offdiag": v["mean_offdiag"].mean(),
-                          "mean_all": v["mean_all"].mean()})
     return {"run_dir": str(run_dir), "status": progress.status, "complete": progress.finished,
             "prompts_done": progress.done, "prompts_total": progress.total,
             "writer_pid": progress.writer_pid, "meta": m.meta, "config": m.config.to_dict(),
             "rows": {name: len(m.table(name)) for name in TABLES},
-            "mean_depth_coupling": means}
+            "statistic": [r for df in stats for r in df.to_dict(orient="records")]}
 
 
 _CONFIG_KEY = "blockcoupling.measure_config_options"

@@ -199,7 +199,7 @@ def _ray_start_address(auto: bool = False) -> str | None:
     try:  # Ray's private lookup (the file `ray start` writes); None if there is none
         from ray._private import services
 
-        return services.get_ray_address_from_environment("auto" if auto else None, None)
+        return services.get_ray_address_from_environment("auto" if auto else None, None)  # type: ignore[arg-type]
     except (ImportError, AttributeError):
         return None
     except ConnectionError:
