@@ -622,9 +622,10 @@ def load_prompts(
     elif spec.startswith("hf:"):
         prompts = _load_hf(spec, limit, seed, split)
     elif spec.startswith("protocol:"):  # the paper's 1,200-prompt set: prompts/protocol.py
-        from blockcoupling.prompts.protocol import load_protocol
+        from blockcoupling.prompts.protocol import plan_protocol
 
-        prompts = load_protocol(spec, limit=limit, seed=seed)
+        prompts = [p for source, n in plan_protocol(spec, limit=limit)
+                   for p in load_prompts(source, limit=n, seed=seed)]
     else:
         path = Path(spec).expanduser()
         if not path.is_file():

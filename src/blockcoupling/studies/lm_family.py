@@ -40,7 +40,7 @@ import pandas as pd
 import torch
 
 from blockcoupling.errors import BlockCouplingError
-from blockcoupling.studies.demo import (
+from blockcoupling.studies.tiny_lm import (
     TinyLMConfig,
     corpus_documents,
     train_tiny_lm,
