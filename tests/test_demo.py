@@ -497,13 +497,12 @@ def test_run_demo_end_to_end_quick(tmp_path: Path, ray_cluster: str) -> None:
     rnd, pre = above_chance("minilm-random-normdirs"), above_chance("minilm-pretrained-normdirs")
     raw_rnd = above_chance("minilm-random")
     assert abs(rnd) < 0.05 and pre > 0.15 and raw_rnd > 0.2
-    # (c) the tiny-LM family study ran through a sweep and wrote its correlation
+    # (c) the quick tiny-LM family study ran through a sweep and wrote its result
     fam = tmp_path / "out" / "lm-family"
-    assert (fam / "correlation.html").is_file() and (fam / "scores.csv").is_file()
+    assert (fam / "study.html").is_file()
     assert bc.open_sweep(fam / "sweep").catalogue["status"].eq("done").all()
-    corr = json.loads((fam / "correlation.json").read_text())
-    assert {"accuracy", "neg_loss"} <= set(corr)
-    assert "coupling_vs_null_mean" in corr["accuracy"]["predictors"]
+    study = json.loads((fam / "study.json").read_text())
+    assert {"H1", "H2"} == set(study["hypotheses"]) and study["statement"]
 
 
 def test_monitor_is_optional_and_a_missing_or_outdated_one_retrains(tmp_path: Path) -> None:

@@ -15,11 +15,11 @@ from blockcoupling.engine.config import MeasureConfig
 from tiny_models import tiny_inputs, tiny_model
 
 STUDY_NAMES = ("CouplingCallback", "CouplingMonitor", "SweepSpec", "load_spec", "run_sweep",
-               "CorrelationResult", "correlate", "paper_scores", "VitTrainConfig", "train_vit")
+               "CorrelationResult", "paper_scores", "VitTrainConfig", "train_vit")
 
 
 def test_top_level_is_the_library_and_resolves_without_warnings() -> None:
-    assert not set(STUDY_NAMES) & set(bc.__all__)
+    assert not set(STUDY_NAMES) & set(bc.__all__) and "correlate" not in bc.__all__
     for name in ("measure", "measure_to_dir", "open_run", "open_sweep", "Sweep", "write_report",
                  "Measurement", "MeasureConfig", "load_prompts"):
         assert name in bc.__all__
@@ -30,9 +30,13 @@ def test_top_level_is_the_library_and_resolves_without_warnings() -> None:
 
 
 def test_studies_export_their_names() -> None:
+    import pkgutil
+
+    submodules = {m.name for m in pkgutil.iter_modules(studies.__path__)}
+    assert not submodules & set(studies.__all__), "an export would hide a submodule"
     for name in studies.__all__:
         assert getattr(studies, name) is not None, name
-    assert set(STUDY_NAMES) <= set(studies.__all__)
+    assert set(STUDY_NAMES) - {"correlate"} <= set(studies.__all__)
     assert set(studies.__all__) <= set(dir(studies))
     with pytest.raises(AttributeError, match="no attribute"):
         studies.not_a_name  # noqa: B018
@@ -40,9 +44,20 @@ def test_studies_export_their_names() -> None:
 
 @pytest.mark.parametrize("name", STUDY_NAMES)
 def test_old_top_level_study_names_warn_and_resolve(name: str) -> None:
-    with pytest.warns(DeprecationWarning, match=f"blockcoupling.studies.{name}"):
+    import blockcoupling.studies.correlate  # the submodule is imported: no shadowing
+    with pytest.warns(DeprecationWarning, match=f"blockcoupling.studies.*{name}"):
         value = getattr(bc, name)
-    assert value is getattr(studies, name)
+    home = blockcoupling.studies.correlate if name == "correlate" else studies
+    assert value is getattr(home, name) and callable(value)
+
+
+def test_correlate_alias_and_the_module_is_never_shadowed() -> None:
+    import blockcoupling.studies.correlate as module
+    from blockcoupling.studies import correlate as imported
+
+    with pytest.warns(DeprecationWarning, match="blockcoupling.studies.correlate.correlate"):
+        assert bc.correlate is module.correlate
+    assert imported is module and studies.correlate is module  # the module, in any order
 
 
 def _cfg() -> MeasureConfig:

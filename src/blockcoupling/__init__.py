@@ -50,12 +50,14 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
 }
 _WHERE: dict[str, str] = {name: mod for mod, names in _EXPORTS.items() for name in names}
 
-#: study names that were top-level before 0.2: still resolved (from blockcoupling.studies),
-#: with a DeprecationWarning; removed in the release after.
-_DEPRECATED: tuple[str, ...] = (
-    "CouplingCallback", "CouplingMonitor", "SweepSpec", "load_spec", "run_sweep",
-    "CorrelationResult", "correlate", "paper_scores", "VitTrainConfig", "train_vit",
-)
+#: study names that were top-level before 0.2 -> where they live now: still resolved, with a
+#: DeprecationWarning; removed in the release after.
+_DEPRECATED: dict[str, str] = {
+    **dict.fromkeys(("CouplingCallback", "CouplingMonitor", "SweepSpec", "load_spec", "run_sweep",
+                     "CorrelationResult", "paper_scores", "VitTrainConfig", "train_vit"),
+                    "blockcoupling.studies"),
+    "correlate": "blockcoupling.studies.correlate",  # the function of the module of that name
+}
 
 if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ does the work
     from blockcoupling.engine.blocks import SUPPORTED_ARCHITECTURES, BlockSpec, find_blocks
@@ -76,10 +78,10 @@ def __getattr__(name: str) -> Any:
     if name in _DEPRECATED:
         import warnings
 
-        warnings.warn(f"blockcoupling.{name} is deprecated: use blockcoupling.studies.{name} "
+        warnings.warn(f"blockcoupling.{name} is deprecated: use {_DEPRECATED[name]}.{name} "
                       "(the top-level name goes in the next release)", DeprecationWarning,
                       stacklevel=2)
-        return getattr(importlib.import_module("blockcoupling.studies"), name)
+        return getattr(importlib.import_module(_DEPRECATED[name]), name)
     module = _WHERE.get(name)
     if module is None:
         raise AttributeError(f"module 'blockcoupling' has no attribute {name!r}")

@@ -117,7 +117,9 @@ _BENCHMARK_STYLES_FILE = "benchmark_styles.jsonl"
 
 def _read_package_jsonl(name: str) -> list[dict[str, Any]]:
     """Rows of a JSONL file shipped in ``blockcoupling/prompts/data``."""
-    text = resources.files("blockcoupling.prompts").joinpath("data", name).read_text(encoding="utf-8")
+    # one name per joinpath: several are Python 3.11+ (Traversable.joinpath(*descendants))
+    text = resources.files("blockcoupling.prompts").joinpath("data").joinpath(name).read_text(
+        encoding="utf-8")
     return [json.loads(line) for line in text.splitlines() if line.strip()]
 
 

@@ -235,10 +235,12 @@ def run_demo(
       for the demo unless this process already has one; ``"local"``: in this process). In the
       report each checkpoint's ``meta`` carries ``step`` and ``val_loss`` for the emergence
       figure;
-    * ``lm-family/`` (``family=True``): the coupling-vs-generalisation study on a family of
-      tiny causal LMs (:func:`blockcoupling.studies.lm_family.run_lm_family`: trained, scored
-      on held-out text, measured through a sweep on the same executor, correlated); its own
-      page is ``lm-family/correlation.html`` and its one-line result is printed at the end.
+    * ``lm-family/`` (``family=True``): the quick version of the coupling-vs-generalisation
+      and emergence study on independently trained tiny causal LMs
+      (:func:`blockcoupling.studies.lm_study.run_study`, ``blockcoupling study lm-family
+      --quick``: trained, scored on held-out text, measured at log-spaced checkpoints through
+      a sweep on the same executor, tested); its page is ``lm-family/study.html`` and its
+      statement, one line per claim, is printed at the end.
 
     MiniLM is measured at the last token (depth-wise coupling, K = 10 and d/10); the tiny LM at
     every token (depth-wise and token-wise). ``quick=True`` trains
@@ -326,15 +328,15 @@ def run_demo(
         # correlation, at toy scale): whatever it shows is reported as it comes out.
         family_result = None
         if family:
-            from blockcoupling.studies.lm_family import run_lm_family
+            from blockcoupling.studies.lm_study import run_study
 
             if progress:
                 from blockcoupling.progress import write
 
-                write(f"[family] tiny-LM family: train, score, measure by sweep, correlate "
-                           f"-> {out / 'lm-family'}")
-            family_result = run_lm_family(out / "lm-family", quick=quick, cache_dir=cache_dir,
-                                          progress=progress, executor=executor)
+                write(f"[family] tiny-LM family (quick study): train, score, measure by "
+                      f"sweep, test -> {out / 'lm-family'}")
+            family_result = run_study(out / "lm-family", quick=True, cache_dir=cache_dir,
+                                      progress=progress, executor=executor)
     for unit_id, m in swept:
         step = int(m.meta["step"])  # parsed by the sweep from the folder name step-NNNNNN
         path = str(folder_of[step])
@@ -364,7 +366,9 @@ def run_demo(
             write(f"  {label:<42} {stat_headline(stat)}")
         write(f"  (rule: {rule})")
         if family_result is not None:
-            write(family_result.summary())
+            write("the tiny-LM family (toy scale: it tests the procedure, not LLMs):")
+            for line in family_result.statement:
+                write(f"  {line}")
     # PNG figure files only: the HTML embeds them, and SVG/PDF would double the report's time
     return Path(write_report(measurements, out / "report.html", labels=labels, formats=("png",)))
 
