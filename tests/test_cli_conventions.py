@@ -83,10 +83,17 @@ def test_list_options_take_one_value_where_one_is_used(tmp_path: Path) -> None:
     assert not (tmp_path / "v").exists()
 
 
-def _commands() -> list[tuple[str, click.Command]]:
-    group = typer.main.get_command(app)
+def _commands(group: click.Command | None = None, prefix: str = "") -> list[tuple[str, click.Command]]:
+    """Every command, those of sub-groups (``study lm-family``) included."""
+    group = typer.main.get_command(app) if group is None else group
     ctx = click.Context(group)
-    return [(name, group.get_command(ctx, name)) for name in group.list_commands(ctx)]
+    out = []
+    for name in group.list_commands(ctx):  # type: ignore[attr-defined]
+        cmd = group.get_command(ctx, name)  # type: ignore[attr-defined]
+        out.append((prefix + name, cmd))
+        if isinstance(cmd, click.Group):
+            out += _commands(cmd, f"{prefix}{name} ")
+    return out
 
 
 def test_every_option_has_help_without_markup() -> None:
