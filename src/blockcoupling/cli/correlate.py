@@ -9,7 +9,6 @@ import typer
 from typer.core import TyperCommand
 
 from blockcoupling.cli.app import JSON_HELP, app, echo_json, one_value, os_error
-from blockcoupling.cli.app import STATE as _STATE
 from blockcoupling.cli.app import fail as _fail
 from blockcoupling.errors import BlockCouplingError
 
@@ -75,7 +74,7 @@ def correlate(
         return
     if as_json:
         echo_json(result.to_dict())
-    elif not _STATE["quiet"]:
+    else:  # -q hides progress and chatter, never results
         typer.echo(result.summary())
         for path in written:
             typer.echo(f"wrote {path}")
@@ -110,7 +109,7 @@ def chance_floor(
         return
     if as_json:
         echo_json(result.to_dict())
-    elif not _STATE["quiet"]:
+    else:  # -q hides progress and chatter, never results
         typer.echo(result.summary())
         for path in written:
             typer.echo(f"wrote {path}")

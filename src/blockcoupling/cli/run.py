@@ -74,7 +74,7 @@ def measure(
         from blockcoupling.store.reader import run_progress
 
         echo_json(run_json(out, result, run_progress(out)))
-    elif not _STATE["quiet"]:
+    else:  # -q hides progress and chatter, never results
         typer.echo(result.summary())
         typer.echo(f"wrote {out}")
 
@@ -224,8 +224,7 @@ def report(
     except OSError as err:
         _fail(_os_error(err, "cannot write the report"))
         return
-    if not _STATE["quiet"]:
-        typer.echo(f"wrote {path}")
+    typer.echo(f"wrote {path}")
 
 
 @app.command()

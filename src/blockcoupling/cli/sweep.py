@@ -57,11 +57,7 @@ def sweep(
         echo_json({"sweep_dir": str(out), "ray_address": _where(out, bare=True) or None,
                    "done": int((cat["status"] == "done").sum()), "failed": len(failed),
                    "units": cat, "duplicates": s.duplicates()})
-    elif _STATE["quiet"]:  # -q hides progress, never failures
-        for r in failed.itertuples():
-            typer.echo(f"error: unit {r.unit_id} failed: {str(r.message).splitlines()[0]}",
-                       err=True)
-    else:
+    else:  # -q hides progress and chatter, never results or failures
         typer.echo(f"{(cat['status'] == 'done').sum()} of {len(cat)} units done, "
                    f"{len(failed)} failed{_where(out)}; wrote {out}")
         for r in failed.itertuples():

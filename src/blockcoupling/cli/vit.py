@@ -98,7 +98,7 @@ def vit_train(
         m = read_metrics(path)
     if as_json:
         echo_json({"out": str(path), **m})
-    elif not _STATE["quiet"]:
+    else:  # -q hides progress and chatter, never results
         f = m["final"]
         typer.echo(f"test accuracy {f['test_accuracy']:.3f}, train accuracy "
                    f"{f['train_accuracy']:.3f}, mean depth-wise coupling (CLS, K={cfg.k}) "
@@ -166,7 +166,7 @@ def report_grid(runs: Any, out: Path, *, as_json: bool = False) -> None:
     if as_json:
         echo_json({"grid_dir": str(out), "complete": len(runs) - len(failed),
                    "failed": len(failed), "runs": runs})
-    elif not _STATE["quiet"]:
+    else:  # -q hides progress and chatter, never results
         cols = ["name", "test_accuracy", "coupling_vs_null", "coupling_vs_null_se", "coupling",
                 "coupling_chance"]
         typer.echo(runs[cols].to_string(index=False, float_format=lambda v: f"{v:.4f}"))
@@ -189,6 +189,5 @@ def vit_figures(
     except BlockCouplingError as err:
         _fail(err)
         return
-    if not _STATE["quiet"]:
-        for p in paths:
-            typer.echo(f"wrote {p}")
+    for p in paths:
+        typer.echo(f"wrote {p}")
