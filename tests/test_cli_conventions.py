@@ -139,3 +139,14 @@ def test_quiet_sweep_still_reports_failed_units(tiny: Path) -> None:
     assert "0 of 1 units done, 1 failed" in r.output  # -q hides progress, never results
     failed = [ln for ln in r.output.splitlines() if ln.startswith("  failed broken")]
     assert len(failed) == 1 and "could not load" in failed[0], r.output
+
+
+def test_json_flag_and_the_older_json_file_form(tmp_path: Path) -> None:
+    """--json prints on stdout; --json FILE.json (before --json was a flag) still writes FILE."""
+    pytest.importorskip("statsmodels", reason="the correlation study needs blockcoupling[study]")
+    r = cli("chance-floor", "--scores", "paper", "--json")
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.output)
+    r = cli("chance-floor", "--scores", "paper", "--json", str(tmp_path / "floor.json"))
+    assert r.exit_code == 0 and f"wrote {tmp_path / 'floor.json'}" in r.output, r.output
+    assert json.loads((tmp_path / "floor.json").read_text()) == doc
