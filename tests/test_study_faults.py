@@ -447,7 +447,7 @@ def test_bad_grid_spec_is_one_line(spec: dict[str, Any], match: str) -> None:
     assert "\n" not in str(err.value)
 
 
-@pytest.mark.parametrize("flag,value", [("--retries", "-1"), ("--num-cpus", "0")])
+@pytest.mark.parametrize("flag,value", [("--retries", "-1"), ("--cluster-cpus", "0")])
 def test_sweep_cli_refuses_bad_numbers_before_writing(study: dict[str, Any], flag: str,
                                                       value: str, tmp_path: Path) -> None:
     r = cli(*sweep_args(study, tmp_path / "s", flag, value))
@@ -548,7 +548,7 @@ def test_damaged_grid_record_is_one_line(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("content,match", [
-    (b"\xff\xfe{", "not a readable JSON"), (b"{", "not a readable JSON"), (b"[1]", "results"),
+    (b"\xff\xfe{", "not UTF-8 text"), (b"{", "JSON"), (b"[1]", "results"),
     (b'{"results": [1, 2], "config": 5}', "results"),
 ])
 def test_malformed_lmeval_folder_is_one_line_naming_the_file(content: bytes, match: str,

@@ -19,6 +19,7 @@ from urllib.parse import urlparse
 import torch
 
 from blockcoupling.errors import BlockCouplingError
+from blockcoupling.progress import interactive
 
 MODEL_DTYPES = {
     "auto": "auto",
@@ -56,7 +57,7 @@ def _quiet_transformers(progress: bool) -> Iterator[None]:
     verbosity = hf_logging.get_verbosity()
     bars = hf_logging.is_progress_bar_enabled()
     hf_logging.set_verbosity_error()
-    if not progress:
+    if not (progress and interactive()):  # no redrawn bar in a log file
         hf_logging.disable_progress_bar()
     try:
         yield

@@ -3,16 +3,41 @@
 from __future__ import annotations
 
 import contextlib
+import json
+import math
 import signal
-from collections.abc import Iterator
-from typing import Annotated
+import warnings
+from collections.abc import Callable, Iterator
+from typing import Annotated, Any, TypeVar
 
 import typer
+from typer.core import TyperGroup
 
 from blockcoupling.errors import BlockCouplingError
 
+T = TypeVar("T")
+#: CPUs of a local Ray cluster started by the command (sweep, vit-grid); a Ray task's own CPUs
+#: are --cpus-per-run (vit-grid) or the spec's resources (sweep)
+CLUSTER_CPUS_HELP = ("CPUs of the local Ray cluster started when there is none to connect to "
+                     "(default: all); an existing cluster keeps its own.")
+#: the options of every command, accepted before or after the command's name
+GLOBAL_FLAGS = ("-q", "--quiet", "-v", "--verbose")
+
+
+class _Group(TyperGroup):
+    """The command group: ``-q`` / ``-v`` given after a command (``blockcoupling measure ...
+    -q``) are taken as the global flags, as if given before it."""
+
+    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
+        end = args.index("--") if "--" in args else len(args)
+        flags = [a for a in args[:end] if a in GLOBAL_FLAGS]
+        rest = [a for a in args[:end] if a not in GLOBAL_FLAGS]
+        return super().parse_args(ctx, flags + rest + args[end:])
+
+
 app = typer.Typer(
-    add_completion=False,
+    cls=_Group,
+    add_completion=True,  # --install-completion / --show-completion (bash, zsh, fish, ...)
     no_args_is_help=True,
     help="Measure transformer block coupling, trajectories and spectra (Aubry et al., ICLR 2025).",
     pretty_exceptions_enable=False,
@@ -78,9 +103,82 @@ def guarded(*, saved: str, again: str = "run the same command again to continue"
         fail(os_error(err, what))
 
 
+def _version(value: bool) -> None:
+    if value:
+        from importlib.metadata import version
+
+        typer.echo(f"blockcoupling {version('blockcoupling')}")
+        raise typer.Exit()
+
+
 @app.callback()
 def _main(
-    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="More output; tracebacks on errors.")] = False,
-    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bars.")] = False,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="More output (transformers' and Ray's info messages); tracebacks on errors. Also accepted after the command.")] = False,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bars and no library chatter (model loading, Ray); results and errors are still printed. Also accepted after the command.")] = False,
+    version: Annotated[bool, typer.Option("--version", is_eager=True, callback=_version, help="Print the version and exit.")] = False,
 ) -> None:
+    from blockcoupling.verbosity import set_verbosity
+
     STATE["verbose"], STATE["quiet"] = verbose, quiet
+    set_verbosity(quiet=quiet, verbose=verbose)
+    if not verbose:  # a warning is one line, like an error (-v: Python's own, with the source)
+        warnings.showwarning = _warning_line
+
+
+def _warning_line(message: Warning | str, category: type[Warning], filename: str, lineno: int,
+                  file: Any = None, line: str | None = None) -> None:
+    typer.echo(f"warning: {message}", err=True)
+
+
+#: ``--json`` on every command that prints results: the same flag, the same meaning
+JSON_HELP = "Print the results as JSON on stdout instead of text (errors stay one line on stderr)."
+
+
+def jsonable(obj: Any) -> Any:
+    """``obj`` with NaN / inf as None, numpy / pandas scalars as Python values, tables as lists
+    of records and anything else unknown as its string (for :func:`echo_json`)."""
+    if isinstance(obj, dict):
+        return {str(k): jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple, set, frozenset)):
+        return [jsonable(v) for v in obj]
+    if hasattr(obj, "to_dict") and hasattr(obj, "columns"):  # a pandas DataFrame
+        return [jsonable(r) for r in obj.to_dict(orient="records")]
+    if hasattr(obj, "item") and callable(obj.item) and getattr(obj, "ndim", 1) == 0:
+        obj = obj.item()  # numpy scalar
+    if obj is None or isinstance(obj, (bool, int, str)):
+        return obj
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if obj.__class__.__name__ in ("NAType", "NaTType"):
+        return None
+    return str(obj)
+
+
+def echo_json(obj: Any) -> None:
+    """Print ``obj`` as indented JSON on stdout (``--json``)."""
+    typer.echo(json.dumps(jsonable(obj), indent=1, allow_nan=False))
+
+
+def deprecated(old: str, old_value: T | None, new: str, new_value: T | None) -> T | None:
+    """The value of option ``new``, or of its deprecated alias ``old`` (with a warning on
+    stderr); both given is a usage error."""
+    if old_value is None:
+        return new_value
+    if new_value is not None:
+        raise typer.BadParameter(f"{old} is the old name of {new}; give only {new}")
+    typer.echo(f"warning: {old} is deprecated; use {new}", err=True)
+    return old_value
+
+
+def one_value(raw: str, flag: str, parse: Callable[[str], T]) -> T:
+    """The one value of a list option in a command that uses one: ``--k``, ``--p`` and
+    ``--variant`` take comma-separated lists in every command (``measure --k 10,30``), and a
+    command that uses a single value takes a list of one (``correlate --k 10``)."""
+    parts = [v.strip() for v in str(raw).split(",") if v.strip()]
+    if len(parts) != 1:
+        raise BlockCouplingError(f"{flag} {raw}: this command uses one value (e.g. {flag} "
+                                 f"{parts[0] if parts else '10'}); lists are for measure")
+    try:
+        return parse(parts[0])
+    except ValueError as err:
+        raise BlockCouplingError(f"{flag} {raw}: not a valid value ({err})") from err

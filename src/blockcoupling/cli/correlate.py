@@ -3,29 +3,43 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
+from typer.core import TyperCommand
 
-from blockcoupling.cli.app import STATE as _STATE
-from blockcoupling.cli.app import app, os_error
+from blockcoupling.cli.app import JSON_HELP, app, echo_json, one_value, os_error
 from blockcoupling.cli.app import fail as _fail
 from blockcoupling.errors import BlockCouplingError
 
 
-@app.command()
+class _OldJsonForm(TyperCommand):
+    """``--json FILE.json`` (before ``--json`` was the flag every command has) still writes
+    FILE.json: it is read as ``--json-out FILE.json``."""
+
+    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
+        args = list(args)
+        for i, a in enumerate(args[:-1]):
+            if a == "--json" and not args[i + 1].startswith("-") \
+                    and args[i + 1].lower().endswith(".json"):
+                args[i] = "--json-out"
+        return super().parse_args(ctx, args)
+
+
+@app.command(cls=_OldJsonForm)
 def correlate(
     inputs: Annotated[list[Path], typer.Argument(help="Run directories (one per model) or a sweep directory.")],
     scores: Annotated[str, typer.Option("--scores", help="CSV (model, score[, params_b, layers, d_model, train_tokens_t, group]), 'paper', or an lm-evaluation-harness results folder.")],
-    json_out: Annotated[Path | None, typer.Option("--json", help="Write every statistic as JSON here.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help=JSON_HELP)] = False,
+    json_out: Annotated[Path | None, typer.Option("--json-out", help="Write every statistic as JSON to this file (also accepted: --json FILE.json).")] = None,
     out: Annotated[Path | None, typer.Option("--out", "-o", help="Write the HTML page (figures inline) here.")] = None,
-    k: Annotated[int | None, typer.Option("--k", help="Fixed top-K for every model (default: round(d/10) per model).")] = None,
+    k: Annotated[str | None, typer.Option("--k", help="Fixed top-K for every model, one value (default: round(d/10) per model).")] = None,
     variant: Annotated[str, typer.Option("--variant", help="Comma-separated coupling variants, each a predictor (default: raw coupling as the paper, and coupling_vs_null, its chance-corrected form).")] = "coupling,coupling_vs_null",
     tokens: Annotated[str, typer.Option("--tokens", help="last (each prompt's last measured token, the paper's) or all (the measured tokens averaged within each prompt).")] = "last",
     diagonal: Annotated[bool, typer.Option("--diagonal", help="Average over every layer pair including l = l' (the paper's literal wording) instead of l != l'.")] = False,
     floor: Annotated[bool, typer.Option("--floor", help="Also report what the measured chance level of raw c_K explains of the scores, and what survives it.")] = False,
     allow_mixed_prompts: Annotated[bool, typer.Option("--allow-mixed-prompts", help="Correlate models measured on different prompt sets (refused by default).")] = False,
-    p: Annotated[float, typer.Option("--p", help="Norm of the variants that have one (1, 2, inf).")] = 1.0,
+    p: Annotated[str, typer.Option("--p", help="Norm of the variants that have one, one value: 1, 2 or inf.")] = "1",
     orientation: Annotated[str, typer.Option("--orientation", help="ujv or vju.")] = "ujv",
     n_boot: Annotated[int, typer.Option("--n-boot", help="Bootstrap resamples for the CI of R^2.")] = 2000,
     seed: Annotated[int, typer.Option("--seed", help="Seed of the bootstrap.")] = 0,
@@ -39,7 +53,8 @@ def correlate(
     from blockcoupling.studies.correlate import correlate as run
 
     try:
-        result = run(inputs, scores, k=k, p=p, orientation=orientation,
+        result = run(inputs, scores, k=None if k is None else one_value(k, "--k", int),
+                     p=one_value(p, "--p", float), orientation=orientation,
                      variants=[v.strip() for v in variant.split(",") if v.strip()],
                      tokens=tokens, diagonal=diagonal, floor=floor,
                      allow_mixed_prompts=allow_mixed_prompts, n_boot=n_boot, seed=seed,
@@ -57,17 +72,20 @@ def correlate(
     except OSError as err:
         _fail(os_error(err, "cannot read the runs or write the results"))
         return
-    if not _STATE["quiet"]:
+    if as_json:
+        echo_json(result.to_dict())
+    else:  # -q hides progress and chatter, never results
         typer.echo(result.summary())
         for path in written:
             typer.echo(f"wrote {path}")
 
 
-@app.command("chance-floor")
+@app.command("chance-floor", cls=_OldJsonForm)
 def chance_floor(
     scores: Annotated[str, typer.Option("--scores", help="'paper' (the paper's Table 1, shipped) or a CSV with model, score, d_model[, group].")],
     k_rule: Annotated[str, typer.Option("--k-rule", help="d/10 (the paper's K = round(d/10) per model) or a fixed K.")] = "d/10",
-    json_out: Annotated[Path | None, typer.Option("--json", help="Write the floor values and regressions as JSON here.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help=JSON_HELP)] = False,
+    json_out: Annotated[Path | None, typer.Option("--json-out", help="Write the floor values and regressions as JSON to this file (also accepted: --json FILE.json).")] = None,
     out: Annotated[Path | None, typer.Option("--out", "-o", help="Write the HTML page (figure inline) here.")] = None,
 ) -> None:
     """How much of a score table the width alone explains: each model's flat-spectrum chance
@@ -89,7 +107,9 @@ def chance_floor(
     except OSError as err:
         _fail(os_error(err, "cannot read the scores or write the results"))
         return
-    if not _STATE["quiet"]:
+    if as_json:
+        echo_json(result.to_dict())
+    else:  # -q hides progress and chatter, never results
         typer.echo(result.summary())
         for path in written:
             typer.echo(f"wrote {path}")

@@ -10,9 +10,9 @@ from typing import Annotated, Any
 import typer
 from typer.core import TyperCommand
 
+from blockcoupling.cli.app import JSON_HELP, app, echo_json
 from blockcoupling.cli.app import STATE as _STATE
 from blockcoupling.cli.app import Terminated as _Terminated
-from blockcoupling.cli.app import app
 from blockcoupling.cli.app import fail as _fail
 from blockcoupling.cli.app import os_error as _os_error
 from blockcoupling.cli.app import sigterm_as_interrupt as _sigterm_as_interrupt
@@ -41,6 +41,7 @@ def measure(
     offload_folder: Annotated[str | None, typer.Option("--offload-folder", help="With --device-map: folder for blocks offloaded to disk.")] = None,
     quantize: Annotated[str | None, typer.Option("--quantize", help="Load the weights in 8 or 4 bits: bnb-8bit, bnb-4bit (bitsandbytes), torchao-int8; each block is dequantized to the analysis dtype.")] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Check everything and print the plan (prompts, tokens, pairs, Jacobians, memory, an estimated time); write nothing.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help=JSON_HELP)] = False,
 ) -> None:
     """Measure a model on a prompt set and write a resumable run directory."""
     from blockcoupling.engine.config import parse_config
@@ -65,7 +66,11 @@ def measure(
         if dry_run:
             from blockcoupling.store.record import plan_run
 
-            typer.echo(plan_run(net, tok, items, config=cfg, model_name=model).describe())
+            plan = plan_run(net, tok, items, config=cfg, model_name=model)
+            if as_json:
+                echo_json(plan.to_dict())
+            else:
+                typer.echo(plan.describe())
             return
         with _sigterm_as_interrupt():
             result = measure_to_dir(net, tok, items, out, meta=meta, prompts_spec=prompts,
@@ -81,9 +86,33 @@ def measure(
     except OSError as err:
         _fail(_os_error(err, "cannot read or write a file"))
         return
-    if not _STATE["quiet"]:
+    if as_json:
+        from blockcoupling.store.reader import run_progress
+
+        echo_json(run_json(out, result, run_progress(out)))
+    else:  # -q hides progress and chatter, never results
         typer.echo(result.summary())
         typer.echo(f"wrote {out}")
+
+
+def run_json(run_dir: Path, m: Any, progress: Any) -> dict[str, Any]:
+    """What ``show`` / ``measure --json`` print: status, identity, configuration, table sizes
+    and the headline statistic (``Measurement.coupling_statistic``) per K measured."""
+    from blockcoupling.engine.results import HEADLINE_VARIANTS, TABLES
+
+    stats = []
+    if "depth" in m.config.coupling and not m.coupling.empty:
+        variants = [v for v in HEADLINE_VARIANTS if v in m.config.variants]
+        for k in m.config.k:
+            try:
+                stats.append(m.coupling_statistic(variants=variants, k=k))
+            except (BlockCouplingError, ValueError):  # not measured at this K
+                continue
+    return {"run_dir": str(run_dir), "status": progress.status, "complete": progress.finished,
+            "prompts_done": progress.done, "prompts_total": progress.total,
+            "writer_pid": progress.writer_pid, "meta": m.meta, "config": m.config.to_dict(),
+            "rows": {name: len(m.table(name)) for name in TABLES},
+            "statistic": [r for df in stats for r in df.to_dict(orient="records")]}
 
 
 _CONFIG_KEY = "blockcoupling.measure_config_options"
@@ -211,18 +240,22 @@ def report(
     except OSError as err:
         _fail(_os_error(err, "cannot write the report"))
         return
-    if not _STATE["quiet"]:
-        typer.echo(f"wrote {path}")
+    typer.echo(f"wrote {path}")
 
 
 @app.command()
-def show(run_dir: Annotated[Path, typer.Argument(help="A run directory.")]) -> None:
+def show(run_dir: Annotated[Path, typer.Argument(help="A run directory.")],
+         as_json: Annotated[bool, typer.Option("--json", help=JSON_HELP)] = False) -> None:
     """A short text summary of a run; says whether it is complete ("2 of 3 prompts")."""
     from blockcoupling.store.reader import open_run, run_progress
 
     try:
         progress = run_progress(run_dir)
-        summary = open_run(run_dir).summary()
+        m = open_run(run_dir)
+        if as_json:
+            echo_json(run_json(run_dir, m, progress))
+            return
+        summary = m.summary()
     except BlockCouplingError as err:
         _fail(err)
         return
@@ -231,10 +264,13 @@ def show(run_dir: Annotated[Path, typer.Argument(help="A run directory.")]) -> N
 
 
 @app.command()
-def models() -> None:
+def models(as_json: Annotated[bool, typer.Option("--json", help=JSON_HELP)] = False) -> None:
     """The architectures blockcoupling finds blocks in by itself."""
     from blockcoupling.engine.blocks import SUPPORTED_ARCHITECTURES
 
+    if as_json:
+        echo_json(SUPPORTED_ARCHITECTURES)
+        return
     width = max(map(len, SUPPORTED_ARCHITECTURES))
     for arch, desc in SUPPORTED_ARCHITECTURES.items():
         typer.echo(f"{arch:<{width}}  {desc}")

@@ -7,8 +7,8 @@ from typing import Annotated
 
 import typer
 
+from blockcoupling.cli.app import JSON_HELP, app, echo_json, guarded
 from blockcoupling.cli.app import STATE as _STATE
-from blockcoupling.cli.app import app, guarded
 
 study_app = typer.Typer(help="Built-in studies that test the paper's claims end to end.",
                         no_args_is_help=True)
@@ -21,6 +21,7 @@ def lm_family(
     quick: Annotated[bool, typer.Option("--quick", help="The test-suite's tiny version (about a minute).")] = False,
     runs: Annotated[Path | None, typer.Option("--runs", help="A YAML study spec (runs, k, n_prompts, ...); default: the full family.")] = None,
     executor: Annotated[str, typer.Option("--executor", help="How the checkpoints are measured: local (this process) or ray.")] = "local",
+    as_json: Annotated[bool, typer.Option("--json", help=JSON_HELP)] = False,
 ) -> None:
     """Train a family of tiny LMs, measure every checkpoint, and test whether coupling above
     chance tracks held-out accuracy across runs (H1) and emerges with training (H2)."""
@@ -30,5 +31,8 @@ def lm_family(
         spec = load_study_spec(runs) if runs is not None else None
         result = run_study(out, spec, quick=quick, progress=not _STATE["quiet"],
                            executor=executor)
+    if as_json:
+        echo_json(result.to_dict())
+    else:
         typer.echo(result.summary())
         typer.echo(f"wrote {out / 'study.json'} and {out / 'study.html'}")

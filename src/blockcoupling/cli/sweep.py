@@ -7,8 +7,16 @@ from typing import Annotated
 
 import typer
 
+from blockcoupling.cli.app import (
+    CLUSTER_CPUS_HELP,
+    JSON_HELP,
+    app,
+    deprecated,
+    echo_json,
+    guarded,
+    jsonable,
+)
 from blockcoupling.cli.app import STATE as _STATE
-from blockcoupling.cli.app import app, guarded
 from blockcoupling.cli.app import fail as _fail
 from blockcoupling.errors import BlockCouplingError
 
@@ -17,43 +25,67 @@ from blockcoupling.errors import BlockCouplingError
 def sweep(
     spec: Annotated[Path, typer.Argument(help="The sweep spec (YAML): models, prompts, measure.")],
     out: Annotated[Path, typer.Option("--out", "-o", help="Sweep directory to write.")],
-    address: Annotated[str | None, typer.Option(help="Ray cluster to use, e.g. ray://head:10001 (default: start a local one).")] = None,
+    address: Annotated[str | None, typer.Option(help="Ray cluster to use: host:port, or ray://head:10001 (Ray Client). Default: as ray.init() does, RAY_ADDRESS, else the cluster `ray start` left on this node, else a new local one.")] = None,
     resume: Annotated[bool, typer.Option("--resume", help="Continue the sweep in --out (after a crash or a kill).")] = False,
     executor: Annotated[str, typer.Option(help="ray (default) or local (one unit after the other in this process, for debugging).")] = "ray",
-    num_cpus: Annotated[int | None, typer.Option(help="CPUs of the local Ray cluster (default: all).")] = None,
+    cluster_cpus: Annotated[int | None, typer.Option(help=CLUSTER_CPUS_HELP)] = None,
+    num_cpus: Annotated[int | None, typer.Option(hidden=True, help="Deprecated: --cluster-cpus.")] = None,
     retries: Annotated[int | None, typer.Option(help="Ray retries of a unit whose worker died (default: the spec's retries, 3).")] = None,
+    connect_timeout: Annotated[float, typer.Option(help="Seconds to reach an existing Ray cluster before giving up (one error line, nothing written).")] = 60.0,
+    as_json: Annotated[bool, typer.Option("--json", help=JSON_HELP)] = False,
 ) -> None:
     """Measure every unit of a sweep (models x revisions/checkpoints x prompt sets) on Ray.
 
-    A ViT grid spec (``drop_path``, ``weight_decay``, ``train``; see ``vit-grid``) runs the
+    A ViT grid spec (keys drop_path, weight_decay, train; see vit-grid) runs the
     drop-path x weight-decay grid instead: one Ray task per training run, finished runs kept."""
     from blockcoupling.studies.sweep import run_sweep
 
+    cluster_cpus = deprecated("--num-cpus", num_cpus, "--cluster-cpus", cluster_cpus)
     if _is_vit_grid_spec(spec):
-        _vit_grid(spec, out, executor=executor, address=address)
+        _vit_grid(spec, out, executor=executor, address=address, as_json=as_json,
+                  cluster_cpus=cluster_cpus)
         return
 
     with guarded(saved=f"finished units are saved in {out}",
                  again="continue with the same command and --resume"):
         s = run_sweep(spec, out, executor=executor, address=address, resume=resume,
-                      progress=not _STATE["quiet"], num_cpus=num_cpus, retries=retries)
+                      progress=not _STATE["quiet"], num_cpus=cluster_cpus, retries=retries,
+                      connect_timeout=connect_timeout)
     cat = s.catalogue
     failed = cat[cat["status"] == "failed"]
-    if not _STATE["quiet"] or len(failed):  # -q silences progress, never failures
+    sessions = s.manifest.get("sessions") or [{}]
+    repaired = sessions[-1].get("repaired") or {}
+    if as_json:
+        echo_json({"sweep_dir": str(out), "ray_address": _where(out, bare=True) or None,
+                   "done": int((cat["status"] == "done").sum()), "failed": len(failed),
+                   "repaired": repaired, "units": cat, "duplicates": s.duplicates()})
+    else:  # -q hides progress and chatter, never results or failures
         typer.echo(f"{(cat['status'] == 'done').sum()} of {len(cat)} units done, "
-                   f"{len(failed)} failed; wrote {out}")
+                   f"{len(failed)} failed{_where(out)}; wrote {out}")
         for r in failed.itertuples():
             typer.echo(f"  failed {r.unit_id}: {str(r.message).splitlines()[0]}")
-    sessions = s.manifest.get("sessions") or [{}]
-    for uid, why in (sessions[-1].get("repaired") or {}).items():  # a result: never silenced
-        typer.echo(f"  measured {uid} again: its files were damaged ({why})")
-    if not _STATE["quiet"]:
-        dups = s.duplicates()
-        for r in dups.itertuples():
-            typer.echo(f"  {r.unit_id} has the same weights as {r.duplicate_of} (not counted "
-                       "twice in summaries)")
+        for uid, why in repaired.items():  # a result: never silenced
+            typer.echo(f"  measured {uid} again: its files were damaged ({why})")
+        if not _STATE["quiet"]:
+            for r in s.duplicates().itertuples():
+                typer.echo(f"  {r.unit_id} has the same weights as {r.duplicate_of} (not "
+                           "counted twice in summaries)")
     if len(failed):
         raise typer.Exit(1)
+
+
+def _where(out: Path, bare: bool = False) -> str:
+    """`` on the Ray cluster at ADDRESS`` of the sweep's last session ('' without Ray;
+    ``bare``: the address alone)."""
+    from blockcoupling.studies.sweep.store import load_manifest
+
+    try:
+        address = load_manifest(out)["sessions"][-1].get("address")
+    except (BlockCouplingError, OSError, LookupError, ValueError):
+        return ""
+    if not address:
+        return ""
+    return str(address) if bare else f" on the Ray cluster at {address}"
 
 
 def _is_vit_grid_spec(spec: Path) -> bool:
@@ -70,23 +102,26 @@ def _is_vit_grid_spec(spec: Path) -> bool:
             and bool({"drop_path", "weight_decay", "train"} & set(data)))
 
 
-def _vit_grid(spec: Path, out: Path, *, executor: str, address: str | None) -> None:
+def _vit_grid(spec: Path, out: Path, *, executor: str, address: str | None,
+              as_json: bool = False, cluster_cpus: int | None = None) -> None:
     from blockcoupling.studies.vit.grid import load_grid_spec, run_grid
 
     with guarded(saved=f"finished runs are saved in {out}"):
         base, kwargs = load_grid_spec(spec)
         kwargs["executor"] = executor
+        kwargs["cluster_cpus"] = cluster_cpus
         if address is not None:
             kwargs["address"] = address
         runs = run_grid(base, out, progress=not _STATE["quiet"], **kwargs)
     from blockcoupling.cli.vit import report_grid
 
-    report_grid(runs, out)
+    report_grid(runs, out, as_json=as_json)
 
 
 @app.command("sweep-status")
 def sweep_status_cmd(
     sweep_dir: Annotated[Path, typer.Argument(help="A sweep (or monitor) directory.")],
+    as_json: Annotated[bool, typer.Option("--json", help=JSON_HELP)] = False,
 ) -> None:
     """Done / running / failed units of a sweep, with the failures' messages."""
     from blockcoupling.studies.sweep import sweep_status
@@ -95,6 +130,10 @@ def sweep_status_cmd(
         st = sweep_status(sweep_dir)
     except BlockCouplingError as err:
         _fail(err)
+        return
+    if as_json:
+        counts = {str(k): int(v) for k, v in st["status"].value_counts().items()} if len(st) else {}
+        echo_json({"sweep_dir": str(sweep_dir), "counts": counts, "units": jsonable(st)})
         return
     if st.empty:
         typer.echo(f"{sweep_dir}: no units yet")

@@ -7,12 +7,29 @@ from typing import Annotated, Any
 
 import typer
 
+from blockcoupling.cli.app import CLUSTER_CPUS_HELP, JSON_HELP, app, echo_json, guarded, one_value
 from blockcoupling.cli.app import STATE as _STATE
-from blockcoupling.cli.app import app, guarded
 from blockcoupling.cli.app import fail as _fail
 from blockcoupling.errors import BlockCouplingError
 
 _Dataset = Annotated[str, typer.Option(help="digits (offline, scikit-learn) or cifar10.")]
+_Epochs = Annotated[int, typer.Option(help="Training epochs (per run in a grid; the paper: 500).")]
+_Preset = Annotated[str, typer.Option(help="Model shape: tiny, small, deit-tiny (192 wide, 12 deep, 3 heads).")]
+_HiddenSize = Annotated[int | None, typer.Option(help="Override the preset's width.")]
+_Depth = Annotated[int | None, typer.Option(help="Override the preset's depth (the ICLR text: 24).")]
+_Heads = Annotated[int | None, typer.Option(help="Override the preset's heads.")]
+_ImageSize = Annotated[int | None, typer.Option(help="Image side in pixels (default 16 digits, 32 CIFAR-10).")]
+_Lr = Annotated[float, typer.Option(help="Peak learning rate.")]
+_BatchSize = Annotated[int, typer.Option(help="Images per step.")]
+_WarmupEpochs = Annotated[float, typer.Option(help="Linear warm-up length in epochs.")]
+_Mixup = Annotated[float | None, typer.Option(help="Mixup alpha (default 0.8 on CIFAR-10, 0 on digits).")]
+_DataDir = Annotated[Path | None, typer.Option(help="CIFAR-10 folder: DIR/train/<class>/*.png, DIR/test/<class>/*.png.")]
+_TrainLimit = Annotated[int | None, typer.Option(help="Use a seeded subset of the training split.")]
+_TestLimit = Annotated[int | None, typer.Option(help="Use a seeded subset of the test split.")]
+_MonitorImages = Annotated[int, typer.Option(help="Test images measured during training.")]
+_MonitorEvery = Annotated[int, typer.Option(help="Measure every N epochs (0: only at the end).")]
+_FinalImages = Annotated[int, typer.Option(help="Test images measured on the trained model.")]
+_K = Annotated[str, typer.Option("--k", help="Top-K of the coupling: one value (the option takes a comma-separated list in every command; here a list of one).")]
 
 
 def _floats(value: str, what: str) -> list[float]:
@@ -32,13 +49,14 @@ def _common(dataset: str, epochs: int, preset: str, hidden_size: int | None, dep
             heads: int | None, image_size: int | None, lr: float, batch_size: int,
             warmup_epochs: float, mixup: float | None, seed: int, data_dir: Path | None,
             train_limit: int | None, test_limit: int | None, monitor_images: int,
-            monitor_every: int, final_images: int, k: int) -> dict[str, Any]:
+            monitor_every: int, final_images: int, k: str) -> dict[str, Any]:
     return dict(dataset=dataset, epochs=epochs, preset=preset, hidden_size=hidden_size,
                 depth=depth, heads=heads, image_size=image_size, lr=lr, batch_size=batch_size,
                 warmup_epochs=warmup_epochs, mixup=mixup, seed=seed,
                 data_dir=str(data_dir) if data_dir is not None else None,
                 train_limit=train_limit, test_limit=test_limit, monitor_images=monitor_images,
-                monitor_every=monitor_every, final_images=final_images, k=k)
+                monitor_every=monitor_every, final_images=final_images,
+                k=one_value(k, "--k", int))
 
 
 @app.command("vit-train")
@@ -47,25 +65,26 @@ def vit_train(
     dataset: _Dataset = "digits",
     drop_path: Annotated[float, typer.Option(help="Stochastic-depth rate (linear over blocks, as DeiT).")] = 0.1,
     weight_decay: Annotated[float, typer.Option(help="AdamW weight decay.")] = 0.05,
-    epochs: Annotated[int, typer.Option(help="Training epochs (the paper: 500).")] = 5,
-    preset: Annotated[str, typer.Option(help="Model shape: tiny, small, deit-tiny (192 wide, 12 deep, 3 heads).")] = "tiny",
-    hidden_size: Annotated[int | None, typer.Option(help="Override the preset's width.")] = None,
-    depth: Annotated[int | None, typer.Option(help="Override the preset's depth (the ICLR text: 24).")] = None,
-    heads: Annotated[int | None, typer.Option(help="Override the preset's heads.")] = None,
-    image_size: Annotated[int | None, typer.Option(help="Image side in pixels (default 16 digits, 32 CIFAR-10).")] = None,
-    lr: Annotated[float, typer.Option(help="Peak learning rate.")] = 5e-4,
-    batch_size: Annotated[int, typer.Option(help="Images per step.")] = 64,
-    warmup_epochs: Annotated[float, typer.Option(help="Linear warm-up length in epochs.")] = 1.0,
-    mixup: Annotated[float | None, typer.Option(help="Mixup alpha (default 0.8 on CIFAR-10, 0 on digits).")] = None,
+    epochs: _Epochs = 5,
+    preset: _Preset = "tiny",
+    hidden_size: _HiddenSize = None,
+    depth: _Depth = None,
+    heads: _Heads = None,
+    image_size: _ImageSize = None,
+    lr: _Lr = 5e-4,
+    batch_size: _BatchSize = 64,
+    warmup_epochs: _WarmupEpochs = 1.0,
+    mixup: _Mixup = None,
     seed: Annotated[int, typer.Option(help="Seed of the initialisation, order and augmentation.")] = 0,
-    data_dir: Annotated[Path | None, typer.Option(help="CIFAR-10 folder: DIR/train/<class>/*.png, DIR/test/<class>/*.png.")] = None,
-    train_limit: Annotated[int | None, typer.Option(help="Use a seeded subset of the training split.")] = None,
-    test_limit: Annotated[int | None, typer.Option(help="Use a seeded subset of the test split.")] = None,
-    monitor_images: Annotated[int, typer.Option(help="Test images measured during training.")] = 4,
-    monitor_every: Annotated[int, typer.Option(help="Measure every N epochs (0: only at the end).")] = 1,
-    final_images: Annotated[int, typer.Option(help="Test images measured on the trained model.")] = 16,
-    k: Annotated[int, typer.Option("--k", help="Top-K of the coupling.")] = 10,
+    data_dir: _DataDir = None,
+    train_limit: _TrainLimit = None,
+    test_limit: _TestLimit = None,
+    monitor_images: _MonitorImages = 4,
+    monitor_every: _MonitorEvery = 1,
+    final_images: _FinalImages = 16,
+    k: _K = "10",
     threads: Annotated[int | None, typer.Option(help="torch threads (default: torch's).")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help=JSON_HELP)] = False,
 ) -> None:
     """Train a DeiT-style ViT with stochastic depth and measure its coupling as it trains."""
     from blockcoupling.studies.vit.train import read_metrics, train_vit
@@ -77,7 +96,9 @@ def vit_train(
             monitor_every, final_images, k))
         path = train_vit(cfg, out, progress=not _STATE["quiet"], threads=threads)
         m = read_metrics(path)
-    if not _STATE["quiet"]:
+    if as_json:
+        echo_json({"out": str(path), **m})
+    else:  # -q hides progress and chatter, never results
         f = m["final"]
         typer.echo(f"test accuracy {f['test_accuracy']:.3f}, train accuracy "
                    f"{f['train_accuracy']:.3f}, mean depth-wise coupling (CLS, K={cfg.k}) "
@@ -94,26 +115,28 @@ def vit_grid(
     seeds: Annotated[str, typer.Option(help="Comma-separated seeds.")] = "0",
     executor: Annotated[str, typer.Option(help="ray (one task per run) or local.")] = "ray",
     address: Annotated[str | None, typer.Option(help="Ray cluster address (default: start a local one).")] = None,
-    cpus_per_run: Annotated[int, typer.Option(help="CPUs per Ray task.")] = 1,
+    cpus_per_run: Annotated[int, typer.Option(help="CPUs of each run's Ray task.")] = 1,
+    cluster_cpus: Annotated[int | None, typer.Option(help=CLUSTER_CPUS_HELP)] = None,
     dataset: _Dataset = "digits",
-    epochs: Annotated[int, typer.Option(help="Training epochs per run.")] = 5,
-    preset: Annotated[str, typer.Option(help="Model shape: tiny, small, deit-tiny.")] = "tiny",
-    hidden_size: Annotated[int | None, typer.Option()] = None,
-    depth: Annotated[int | None, typer.Option()] = None,
-    heads: Annotated[int | None, typer.Option()] = None,
-    image_size: Annotated[int | None, typer.Option()] = None,
-    lr: Annotated[float, typer.Option()] = 5e-4,
-    batch_size: Annotated[int, typer.Option()] = 64,
-    warmup_epochs: Annotated[float, typer.Option()] = 1.0,
-    mixup: Annotated[float | None, typer.Option()] = None,
-    data_dir: Annotated[Path | None, typer.Option()] = None,
-    train_limit: Annotated[int | None, typer.Option()] = None,
-    test_limit: Annotated[int | None, typer.Option()] = None,
-    monitor_images: Annotated[int, typer.Option()] = 4,
-    monitor_every: Annotated[int, typer.Option()] = 1,
-    final_images: Annotated[int, typer.Option()] = 16,
-    k: Annotated[int, typer.Option("--k")] = 10,
+    epochs: _Epochs = 5,
+    preset: _Preset = "tiny",
+    hidden_size: _HiddenSize = None,
+    depth: _Depth = None,
+    heads: _Heads = None,
+    image_size: _ImageSize = None,
+    lr: _Lr = 5e-4,
+    batch_size: _BatchSize = 64,
+    warmup_epochs: _WarmupEpochs = 1.0,
+    mixup: _Mixup = None,
+    data_dir: _DataDir = None,
+    train_limit: _TrainLimit = None,
+    test_limit: _TestLimit = None,
+    monitor_images: _MonitorImages = 4,
+    monitor_every: _MonitorEvery = 1,
+    final_images: _FinalImages = 16,
+    k: _K = "10",
     threads: Annotated[int, typer.Option(help="torch threads per run.")] = 1,
+    as_json: Annotated[bool, typer.Option("--json", help=JSON_HELP)] = False,
 ) -> None:
     """Train the drop-path x weight-decay grid (one run per point; finished runs are skipped)."""
     from blockcoupling.studies.vit.grid import load_grid_spec, run_grid
@@ -129,17 +152,21 @@ def vit_grid(
             kwargs = dict(drop_paths=_floats(drop_paths, "--drop-path"),
                           weight_decays=_floats(weight_decays, "--weight-decay"),
                           seeds=_floats(seeds, "seeds"), executor=executor,
-                          address=address, num_cpus=cpus_per_run, threads=threads)
+                          address=address, num_cpus=cpus_per_run, threads=threads,
+                          cluster_cpus=cluster_cpus)
         runs = run_grid(base, out, progress=not _STATE["quiet"], **kwargs)
-    report_grid(runs, out)
+    report_grid(runs, out, as_json=as_json)
 
 
-def report_grid(runs: Any, out: Path) -> None:
+def report_grid(runs: Any, out: Path, *, as_json: bool = False) -> None:
     """Print a finished grid's runs (test accuracy, coupling above chance with its se, raw
-    coupling and its chance level); exit 1 if any did not finish.
-    Shared by ``vit-grid`` and ``sweep`` on a grid spec."""
+    coupling and its chance level; ``as_json``: every column as JSON); exit 1 if any did not
+    finish. Shared by ``vit-grid`` and ``sweep`` on a grid spec."""
     failed = runs[runs["status"] != "complete"]
-    if not _STATE["quiet"]:
+    if as_json:
+        echo_json({"grid_dir": str(out), "complete": len(runs) - len(failed),
+                   "failed": len(failed), "runs": runs})
+    else:  # -q hides progress and chatter, never results
         cols = ["name", "test_accuracy", "coupling_vs_null", "coupling_vs_null_se", "coupling",
                 "coupling_chance"]
         typer.echo(runs[cols].to_string(index=False, float_format=lambda v: f"{v:.4f}"))
@@ -162,6 +189,5 @@ def vit_figures(
     except BlockCouplingError as err:
         _fail(err)
         return
-    if not _STATE["quiet"]:
-        for p in paths:
-            typer.echo(f"wrote {p}")
+    for p in paths:
+        typer.echo(f"wrote {p}")

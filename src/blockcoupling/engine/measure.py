@@ -167,12 +167,12 @@ class _PromptRun:
         return tbs
 
     def pass1(self) -> None:
-        from tqdm.auto import tqdm
+        from blockcoupling.progress import bar
 
         want_influence = self.cfg.influence
         layers = sorted(set(self.keys) | (set(self.layers) if want_influence else set()))
-        for layer in tqdm(layers, desc=f"{self.item.prompt_id} Jacobians", unit="layer",
-                          leave=False, disable=self.progress is None or self.progress.disable):
+        for layer in bar(layers, desc=f"{self.item.prompt_id} Jacobians", unit="layer",
+                         leave=False, enabled=not (self.progress is None or self.progress.disable)):
             keys = self.keys.get(layer, [])
             infl = pairs.influence_keys([layer], n=self.n)[layer] if want_influence else []
             fast = self._fast(layer, keys)
@@ -396,7 +396,7 @@ def iter_measure(model: torch.nn.Module, tokenizer: Any, prompts: Any, config: M
 def _iter_parts(model: torch.nn.Module, tokenizer: Any, prompts: Any, config: MeasureConfig,
                 *, skip: frozenset[str] | set[str], progress: bool,
                 on_event: EventCallback) -> Iterator[Measurement]:
-    from tqdm.auto import tqdm
+    from blockcoupling.progress import bar as progress_bar
 
     cfg = config
     spec = find_blocks(model, cfg.blocks_path)
@@ -418,7 +418,7 @@ def _iter_parts(model: torch.nn.Module, tokenizer: Any, prompts: Any, config: Me
                       on_event=on_event)
     batches = [b for b in batches if any(it.prompt_id not in skip for it in b)]
     total = sum(it.prompt_id not in skip for b in batches for it in b)
-    bar = tqdm(total=total, desc="prompts", unit="prompt", disable=not progress, dynamic_ncols=True)
+    bar = progress_bar(total=total, desc="prompts", unit="prompt", enabled=progress)
     try:
         for batch_items in batches:
             ids = [it.prompt_id for it in batch_items]

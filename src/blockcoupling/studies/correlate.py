@@ -379,99 +379,12 @@ def paper_scores() -> pd.DataFrame:
     return _check_score_frame(df, "paper table")
 
 
-# lm-evaluation-harness: the Open LLM Leaderboard (v1) metric of each task, most wanted first.
-_LMEVAL_METRICS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("truthfulqa", ("mc2", "acc")),
-    ("gsm8k", ("exact_match,strict-match", "exact_match,flexible-extract", "exact_match", "acc")),
-    ("mmlu", ("acc",)),
-    ("hendrycks", ("acc",)),
-    ("", ("acc_norm", "acc", "exact_match", "mc2")),
-)
-
-
-def _pick_metric(task: str, values: Mapping[str, Any]) -> tuple[str, float] | None:
-    for prefix, wanted in _LMEVAL_METRICS:
-        if prefix and prefix not in task.lower():
-            continue
-        for name in wanted:
-            for key in (name, f"{name},none"):
-                if key in values and isinstance(values[key], int | float):
-                    return key, float(values[key])
-        return None
-    return None
-
-
-def _lmeval_model(data: Mapping[str, Any]) -> str | None:
-    if data.get("model_name"):
-        return str(data["model_name"])
-    args = (data.get("config") or {}).get("model_args") or ""
-    if isinstance(args, Mapping):
-        return str(args.get("pretrained")) if args.get("pretrained") else None
-    for part in str(args).split(","):
-        key, _, value = part.partition("=")
-        if key.strip() == "pretrained" and value.strip():
-            return value.strip()
-    return None
-
-
 def read_lmeval_dir(path: str | Path) -> pd.DataFrame:
-    """Scores from an lm-evaluation-harness output folder (its ``results*.json`` files; the
-    harness is not run).
+    """Scores from lm-evaluation-harness results (a folder or one results file): one row per
+    (model, revision), the Open LLM Leaderboard average; see :mod:`.lmeval`."""
+    from blockcoupling.studies.lmeval import read_lmeval
 
-    Per model (``model_name``, else ``pretrained=`` of ``config.model_args``): the top-level
-    tasks (tasks that are no group's subtask; old ``hendrycksTest-*`` tasks are averaged into
-    one ``mmlu``), each with the Leaderboard v1 metric (TruthfulQA mc2, GSM8K exact match,
-    MMLU acc, else acc_norm, else acc); ``score`` = 100 x their mean. Several files of one
-    model are merged, later file names overriding earlier ones task by task. Columns: model,
-    score, tasks (``task:metric`` list).
-    """
-    root = Path(path)
-    files = sorted(root.rglob("results*.json")) if root.is_dir() else []
-    if not files:
-        raise BlockCouplingError(f"{root}: no lm-evaluation-harness results*.json files found; "
-                                 "pass the harness's --output_path folder")
-    per_model: dict[str, dict[str, tuple[str, float]]] = {}
-    for f in files:
-        try:
-            data = json.loads(f.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-            raise BlockCouplingError(f"{f}: not a readable JSON file ({err})") from None
-        results = data.get("results") if isinstance(data, dict) else None
-        if not isinstance(results, dict):
-            raise BlockCouplingError(f"{f}: no 'results' object; is this an lm-evaluation-harness "
-                                     "results file?")
-        groups = data.get("groups")
-        if isinstance(groups, dict):  # group scores may be listed only under "groups"
-            results = {**{g: v for g, v in groups.items() if g not in results}, **results}
-        model = _lmeval_model(data)
-        if model is None:
-            raise BlockCouplingError(f"{f}: cannot tell the model (no model_name and no "
-                                     "pretrained= in config.model_args)")
-        sub: set[str] = set()
-        for members in (data.get("group_subtasks") or {}).values():
-            sub.update(members or ())
-        tasks = per_model.setdefault(model, {})
-        mmlu_old: list[float] = []
-        for task, values in results.items():
-            if task in sub or not isinstance(values, Mapping):
-                continue
-            picked = _pick_metric(task, values)
-            if picked is None:
-                continue
-            if task.startswith("hendrycksTest-"):
-                mmlu_old.append(picked[1])
-            else:
-                tasks[task] = picked
-        if mmlu_old:
-            tasks["mmlu"] = ("acc (mean of hendrycksTest-*)", float(np.mean(mmlu_old)))
-    rows = []
-    for model, tasks in per_model.items():
-        if not tasks:
-            raise BlockCouplingError(f"{root}: no task with an acc/acc_norm/mc2/exact_match "
-                                     f"metric for {model}")
-        rows.append({"model": model, "score": 100.0 * float(np.mean([v for _, v in tasks.values()])),
-                     "tasks": ", ".join(f"{t}:{m}" for t, (m, _) in sorted(tasks.items()))})
-    return _check_score_frame(pd.DataFrame(rows), str(root))
+    return _check_score_frame(read_lmeval(path), str(path))
 
 
 def read_scores(source: str | Path) -> tuple[pd.DataFrame, str]:
@@ -479,7 +392,7 @@ def read_scores(source: str | Path) -> tuple[pd.DataFrame, str]:
     if str(source) == "paper":
         return paper_scores(), "paper: Table 1 of Aubry et al. (arXiv 2407.07810 v1), shipped"
     path = Path(source)
-    if path.is_dir():
+    if path.is_dir() or (path.is_file() and path.suffix.lower() == ".json"):
         return read_lmeval_dir(path), f"lm-evaluation-harness results in {path}"
     if path.is_file():
         return read_scores_csv(path), f"CSV {path}"

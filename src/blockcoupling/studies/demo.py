@@ -162,10 +162,10 @@ def _announce(i: int, total: int, run: DemoRun, n_prompts: int, out: Path, progr
     """One line before each run, so the (identical) progress bars say whose they are."""
     if not progress:
         return
-    from tqdm.auto import tqdm
+    from blockcoupling.progress import write
 
     extra = ", normalisation directions removed" if run.options.get("remove_norm_directions") else ""
-    tqdm.write(f"[{i}/{total}] {run.label}: {n_prompts} prompt(s){extra} -> {out / run.sub}")
+    write(f"[{i}/{total}] {run.label}: {n_prompts} prompt(s){extra} -> {out / run.sub}")
 
 
 @contextmanager
@@ -315,9 +315,9 @@ def run_demo(
                     "tokens": "last" if quick else "all"},
     }
     if progress:
-        from tqdm.auto import tqdm
+        from blockcoupling.progress import write
 
-        tqdm.write(f"[{len(minilm_runs) + 1}/{total}] tiny LM at {len(checkpoints)} checkpoints: "
+        write(f"[{len(minilm_runs) + 1}/{total}] tiny LM at {len(checkpoints)} checkpoints: "
                    f"a sweep of {len(corpus)} prompt(s) each on executor {executor!r} -> "
                    f"{out / 'tinylm'} (the monitor's measurements from training: "
                    f"{monitor_copy})")
@@ -331,10 +331,10 @@ def run_demo(
             from blockcoupling.studies.lm_study import run_study
 
             if progress:
-                from tqdm.auto import tqdm
+                from blockcoupling.progress import write
 
-                tqdm.write(f"[family] tiny-LM family (quick study): train, score, measure by "
-                           f"sweep, test -> {out / 'lm-family'}")
+                write(f"[family] tiny-LM family (quick study): train, score, measure by "
+                      f"sweep, test -> {out / 'lm-family'}")
             family_result = run_study(out / "lm-family", quick=True, cache_dir=cache_dir,
                                       progress=progress, executor=executor)
     for unit_id, m in swept:
@@ -352,23 +352,23 @@ def run_demo(
         labels.append(f"tiny LM step {step}")
 
     if progress:
-        from tqdm.auto import tqdm
+        from blockcoupling.progress import write
 
-        tqdm.write("depth-wise coupling, K = 10 where measured: above chance "
-                   "(coupling_vs_null, 0 = chance level, 1 = perfect) ± se over prompts; "
-                   "raw c_K ± se and its chance level")
+        write("depth-wise coupling, K = 10 where measured: above chance "
+              "(coupling_vs_null, 0 = chance level, 1 = perfect) ± se over prompts; "
+              "raw c_K ± se and its chance level")
         rule = ""
         for label, m in zip(labels, measurements, strict=True):
             ks = {int(v) for v in m.coupling["k"].unique()}
             k = 10 if 10 in ks else min(ks, default=10)
             stat = m.coupling_statistic(k=k, n_boot=0)
             rule = str(stat["rule"].iloc[0])
-            tqdm.write(f"  {label:<42} {stat_headline(stat)}")
-        tqdm.write(f"  (rule: {rule})")
+            write(f"  {label:<42} {stat_headline(stat)}")
+        write(f"  (rule: {rule})")
         if family_result is not None:
-            tqdm.write("the tiny-LM family (toy scale: it tests the procedure, not LLMs):")
+            write("the tiny-LM family (toy scale: it tests the procedure, not LLMs):")
             for line in family_result.statement:
-                tqdm.write(f"  {line}")
+                write(f"  {line}")
     # PNG figure files only: the HTML embeds them, and SVG/PDF would double the report's time
     return Path(write_report(measurements, out / "report.html", labels=labels, formats=("png",)))
 

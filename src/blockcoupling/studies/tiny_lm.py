@@ -375,9 +375,10 @@ def _train_and_save(cfg: TinyLMConfig, target: Path, progress: bool,
             stack.callback(mon.close)  # released however training ends
         bar = None
         if progress:
-            from tqdm.auto import tqdm
+            from blockcoupling.progress import bar as progress_bar
 
-            bar = tqdm(total=cfg.max_steps, desc="training tiny LM", unit="step")
+            bar = progress_bar(total=cfg.max_steps, desc="training tiny LM", unit="step",
+                               leave=False)
         t0 = time.perf_counter()
         monitor_s = 0.0
         last_loss = float("nan")

@@ -10,12 +10,17 @@ fails for a user reason (missing revision, prompt too long for the model, ...) i
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
+import sys
+import threading
 import time
 import traceback
-from collections.abc import Callable, Mapping, Sequence
+import warnings
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -24,12 +29,14 @@ from blockcoupling.studies.identity import input_differences, input_hashes
 from blockcoupling.studies.sweep import store
 from blockcoupling.studies.sweep.spec import SweepSpec, load_spec
 from blockcoupling.studies.sweep.units import Unit, expand
+from blockcoupling.verbosity import ray_logging_level
 
 EXECUTORS = ("ray", "local")
 #: environment variables that reach every Ray worker (offline mode and caches)
 FORWARDED_ENV = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE", "HF_HOME",
                  "HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "TRANSFORMERS_CACHE",
-                 "HF_DATASETS_CACHE", "TORCH_HOME", "XDG_CACHE_HOME")
+                 "HF_DATASETS_CACHE", "TORCH_HOME", "XDG_CACHE_HOME", "TRANSFORMERS_VERBOSITY",
+                 "HF_HUB_DISABLE_PROGRESS_BARS")
 #: object store of a local cluster: units return small records, never tensors
 LOCAL_OBJECT_STORE_BYTES = 200 * 2**20
 #: how long a unit waits for a run directory still locked by a dying worker
@@ -138,49 +145,274 @@ def worker_env() -> dict[str, str]:
     return {k: os.environ[k] for k in FORWARDED_ENV if k in os.environ}
 
 
-def start_ray(address: str | None = None, *, num_cpus: int | None = None,
-              object_store_memory: int | None = LOCAL_OBJECT_STORE_BYTES) -> str:
-    """Connect to the Ray cluster at ``address``, or start a small local one (no dashboard,
-    a 200 MB object store); offline mode and cache settings reach the workers. Returns the
-    cluster address. Does nothing if Ray is already initialised in this process."""
-    ray = import_ray()
-    if not ray.is_initialized():
-        kwargs: dict[str, Any] = {"runtime_env": {"env_vars": worker_env()},
-                                  "include_dashboard": False, "log_to_driver": True,
-                                  "logging_level": "WARNING"}
+#: seconds a connection to an existing cluster may take (TCP probe and ``ray.init``)
+CONNECT_TIMEOUT_S = 60.0
+#: seconds the TCP probe of ``host:port`` may take before ``ray.init`` is tried
+PROBE_TIMEOUT_S = 10.0
+_TOKEN_AUTH_HELP = ("the cluster uses token authentication (Ray 2.60's `ray start` enables it "
+                    "when a token exists): set RAY_AUTH_MODE=token here and make the cluster's "
+                    "token available (~/.ray/auth_token, RAY_AUTH_TOKEN or RAY_AUTH_TOKEN_PATH); "
+                    "see https://docs.ray.io/en/latest/ray-security/token-auth.html")
+
+
+#: Ray's warning for ``ray.init`` outside the main thread (the deadline's thread): not news
+_NOISE = "SIGTERM handler is not set"
+
+
+@dataclass(frozen=True)
+class RayCluster:
+    """The Ray cluster a sweep runs on: its ``address`` (the GCS ``host:port``, or the
+    ``ray://`` address of a client connection), where that address came from (``source``:
+    ``"--address"``, ``"RAY_ADDRESS"``, ``"ray start"`` (the cluster ``ray start`` left on
+    this node, as ``ray.init()`` finds it), ``"started here"`` or ``"this process"`` (Ray was
+    already initialised)) and whether this process started it (then it is shut down after)."""
+
+    address: str
+    source: str
+    started_here: bool
+
+    def describe(self) -> str:
+        """One line for the user, e.g. ``Ray: connected to the cluster at h:p (RAY_ADDRESS)``."""
+        if self.started_here:
+            return f"Ray: started a local cluster at {self.address} (stopped at the end)"
+        how = {"--address": "--address", "RAY_ADDRESS": "from RAY_ADDRESS",
+               "ray start": "started by `ray start` on this node",
+               "this process": "already initialised in this process"}.get(self.source,
+                                                                          self.source)
+        return f"Ray: using the cluster at {self.address} ({how})"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"address": self.address, "source": self.source,
+                "started_here": self.started_here}
+
+
+def resolve_ray_address(address: str | None = None) -> tuple[str | None, str]:
+    """Which cluster ``ray.init(address=address)`` would use, and where that came from:
+    ``address`` if given (``"local"``: a new one), else ``RAY_ADDRESS``, else the cluster
+    ``ray start`` recorded on this node (Ray's own lookup, which honours ``RAY_TMPDIR``), else
+    ``(None, "started here")``: a new local cluster."""
+    if address in (None, ""):
+        env = os.environ.get("RAY_ADDRESS", "")
+        if env:
+            address, source = env, "RAY_ADDRESS"
+        else:
+            address, source = _ray_start_address(), "ray start"
+    else:
+        source = "--address"
+    if address in (None, "local"):
+        return None, "started here"
+    if address == "auto":  # Ray's legacy form: the cluster `ray start` left, or any local one
+        found = _ray_start_address(auto=True)
+        if found is None:
+            raise SweepError("--address auto: no running Ray cluster was found on this node; "
+                             "start one with `ray start --head`, or leave --address out to "
+                             "start a local one")
+        return found, source
+    return address, source
+
+
+def _ray_start_address(auto: bool = False) -> str | None:
+    try:  # Ray's private lookup (the file `ray start` writes); None if there is none
+        from ray._private import services
+
+        return services.get_ray_address_from_environment("auto" if auto else None, None)  # type: ignore[arg-type]
+    except (ImportError, AttributeError):
+        return None
+    except ConnectionError:
+        return None
+
+
+def _host_port(address: str) -> tuple[str, int]:
+    rest = address.removeprefix("ray://").rsplit("/", 1)[0] if "://" in address else address
+    host, sep, port = rest.rpartition(":")
+    if not sep or not port.isdigit():
+        if address.startswith("ray://"):
+            return rest, 10001  # Ray Client's default port
+        raise SweepError(f"Ray address {address!r} is not host:port (e.g. 10.0.0.1:6379 or "
+                         "ray://head:10001)")
+    return host.strip("[]"), int(port)
+
+
+def _probe(address: str, source: str, timeout: float) -> None:
+    """Refuse an address nothing listens on within ``timeout`` seconds (``ray.init`` would
+    wait for ever)."""
+    host, port = _host_port(address)
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            pass
+    except OSError as err:
+        why = (f"no answer within {timeout:g} s" if isinstance(err, TimeoutError)
+               else (err.strerror or str(err)).lower())
+        raise SweepError(f"cannot reach the Ray cluster at {address} ({_source_words(source)}): "
+                         f"{why}; check that it runs (`ray status` on its "
+                         "head node) and the address, or unset it to start a local cluster"
+                         ) from err
+
+
+def _source_words(source: str) -> str:
+    return {"--address": "--address", "RAY_ADDRESS": "from RAY_ADDRESS",
+            "ray start": "the cluster `ray start` left on this node; `ray stop` it or set "
+                         "RAY_ADDRESS=local for a new one"}.get(source, source)
+
+
+@contextlib.contextmanager
+def _stderr_to(path: Path) -> Iterator[None]:
+    """File descriptor 2 (Ray's C++ core logs there) written to ``path`` meanwhile."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.dup2(fd, 2)
+        yield
+    finally:
+        sys.stderr.flush()
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(fd)
+
+
+def _ray_reason(err: BaseException | None, log: str) -> str:
+    """Ray's own reason for a failed connection: token authentication (from the exception or
+    the core's log lines), else the exception's first line."""
+    text = f"{err or ''}\n{log}"
+    if any(w in text for w in ("Unauthenticated", "InvalidAuthToken", "AuthenticationError",
+                               "Token authentication is enabled but no")):
+        said = next((ln.split("RPC error:")[-1].strip() for ln in log.splitlines()
+                     if "InvalidAuthToken" in ln), None)
+        if said is None and err is not None:
+            said = str(err).split(". ")[0]
+        return f"Ray says: {said}; {_TOKEN_AUTH_HELP}"
+    if err is None:
+        lines = [ln.split("] ", 1)[-1].strip() for ln in log.splitlines()
+                 if "Failed" in ln or "rror" in ln]
+        return (f"Ray says: {lines[-1]}" if lines else
+                "no answer from a Ray GCS there (the head's GCS port is 6379 by default)")
+    first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+    return f"Ray says: {first}"
+
+
+def _init_with_deadline(ray: Any, timeout: float, **kwargs: Any) -> None:
+    """``ray.init(**kwargs)`` that gives up after ``timeout`` seconds (Ray retries an
+    unreachable or refusing cluster for ever): a :class:`SweepError` with Ray's reason."""
+    import tempfile
+
+    box: dict[str, BaseException] = {}
+
+    def init() -> None:
         try:
-            if address:
-                ray.init(address=address, **kwargs)
-            else:
-                ray.init(num_cpus=num_cpus, object_store_memory=object_store_memory, **kwargs)
-        except Exception as err:  # ray raises bare Exception, e.g. a node start-up timeout
-            where = f"the Ray cluster at {address}" if address else "a local Ray cluster"
-            raise SweepError(f"could not start or reach {where}: "
-                             f"{str(err).splitlines()[0] if str(err) else type(err).__name__}; "
-                             "check --address (e.g. ray://head:10001), try again on a less busy "
-                             "machine, or use --executor local"
-                             ) from err
-    return str(ray.get_runtime_context().gcs_address)
+            ray.init(**kwargs)
+        except BaseException as err:  # handed to the caller below
+            box["err"] = err
+
+    where, source = kwargs["address"], kwargs.pop("_source")
+    with tempfile.TemporaryDirectory(prefix="blockcoupling-ray-") as tmp:
+        log_path = Path(tmp) / "stderr"
+        with _stderr_to(log_path):
+            th = threading.Thread(target=init, name="ray.init", daemon=True)
+            th.start()
+            th.join(timeout)
+        log = log_path.read_text(errors="replace")
+    if th.is_alive() or "err" in box:
+        err = box.get("err")
+        if isinstance(err, ImportError) or "ray[client]" in f"{err}":
+            raise SweepError(f"the Ray Client address {where} needs Ray's client extra: pip "
+                             "install 'ray[client]' (or 'blockcoupling[sweep]')") from err
+        late = f"no connection within {timeout:g} s" if th.is_alive() else "connection failed"
+        raise SweepError(f"cannot connect to the Ray cluster at {where} "
+                         f"({_source_words(source)}): {late}; {_ray_reason(err, log)}") from err
+    said = "".join(ln for ln in log.splitlines(keepends=True) if _NOISE not in ln)
+    if said.strip() and ray_logging_level() != "ERROR":
+        sys.stderr.write(said)  # what Ray said while connecting, now that it worked
+
+
+def connect_ray(address: str | None = None, *, num_cpus: int | None = None,
+                object_store_memory: int | None = LOCAL_OBJECT_STORE_BYTES,
+                connect_timeout: float = CONNECT_TIMEOUT_S) -> RayCluster:
+    """Reach the cluster ``ray.init()`` would use (``address``, ``RAY_ADDRESS``, or the one
+    ``ray start`` left on this node), or start a small local one (no dashboard, a 200 MB
+    object store, ``num_cpus``) when there is none. Offline mode and cache settings reach the
+    workers. ``num_cpus`` / ``object_store_memory`` only size a new local cluster (Ray
+    refuses them when connecting). A connection has a deadline (``connect_timeout`` seconds:
+    a TCP probe of host:port, then ``ray.init``); a failure is one :class:`SweepError` with
+    Ray's own reason. Uses the Ray already initialised in this process, if any."""
+    ray = import_ray()
+    if ray.is_initialized():
+        return RayCluster(_gcs_address(ray, None), "this process", started_here=False)
+    target, source = resolve_ray_address(address)
+    kwargs: dict[str, Any] = {"runtime_env": {"env_vars": worker_env()}}
+    if target is not None and target.startswith("ray://"):
+        try:
+            import grpc  # noqa: F401  (what ray[client] adds)
+        except ImportError as err:
+            raise SweepError(f"the Ray Client address {target} needs Ray's client extra: pip "
+                             "install 'ray[client]' (or 'blockcoupling[sweep]')") from err
+        _probe(target, source, min(PROBE_TIMEOUT_S, connect_timeout))
+        _init_with_deadline(ray, connect_timeout, address=target, _source=source, **kwargs)
+        return RayCluster(target, source, started_here=False)
+    kwargs |= {"include_dashboard": False, "log_to_driver": True,
+               "logging_level": ray_logging_level()}
+    if target is not None:
+        if num_cpus is not None:
+            warnings.warn(f"num_cpus={num_cpus} sizes only a local cluster started here; the "
+                          f"cluster at {target} keeps its own resources", stacklevel=2)
+        _probe(target, source, min(PROBE_TIMEOUT_S, connect_timeout))
+        _init_with_deadline(ray, connect_timeout, address=target, _source=source, **kwargs)
+        return RayCluster(_gcs_address(ray, target), source, started_here=False)
+    try:
+        ray.init(address="local", num_cpus=num_cpus, object_store_memory=object_store_memory,
+                 **kwargs)
+    except Exception as err:  # ray raises bare Exception, e.g. a node start-up timeout
+        raise SweepError(f"could not start a local Ray cluster: {_ray_reason(err, '')}; try "
+                         "again on a less busy machine, or use --executor local") from err
+    return RayCluster(_gcs_address(ray, None), "started here", started_here=True)
+
+
+def _gcs_address(ray: Any, fallback: str | None) -> str:
+    try:
+        return str(ray.get_runtime_context().gcs_address)
+    except Exception:  # a client connection has no GCS address of its own
+        return str(fallback)
+
+
+def start_ray(address: str | None = None, *, num_cpus: int | None = None,
+              object_store_memory: int | None = LOCAL_OBJECT_STORE_BYTES,
+              connect_timeout: float = CONNECT_TIMEOUT_S) -> str:
+    """:func:`connect_ray`, returning the cluster's address (Ray stays initialised)."""
+    return connect_ray(address, num_cpus=num_cpus, object_store_memory=object_store_memory,
+                       connect_timeout=connect_timeout).address
+
+
+@contextlib.contextmanager
+def ray_session(address: str | None = None, *, num_cpus: int | None = None,
+                connect_timeout: float = CONNECT_TIMEOUT_S) -> Iterator[RayCluster]:
+    """:func:`connect_ray` for the ``with`` block; a cluster this process initialised is
+    shut down at its end (a cluster it connected to keeps running)."""
+    ray = import_ray()
+    initialised_here = not ray.is_initialized()
+    cluster = connect_ray(address, num_cpus=num_cpus, connect_timeout=connect_timeout)
+    try:
+        yield cluster
+    finally:
+        if initialised_here:
+            ray.shutdown()
 
 
 def ray_each(fn: Callable[..., Any],
              calls: Sequence[tuple[tuple[Any, ...], Mapping[str, Any]]],
              on_result: Callable[[int, Any, BaseException | None], None], *,
              address: str | None = None, num_cpus: int | None = None,
-             on_start: Callable[[str], None] | None = None) -> str:
+             on_start: Callable[[RayCluster], None] | None = None) -> str:
     """Run ``fn(*args)`` as one Ray task per ``(args, options)`` of ``calls`` (``options``:
     ``ray.remote(...).options``: resources, retries, name) and call ``on_result(i, value,
     None)`` as each finishes, or ``on_result(i, None, err)`` where its worker died past its
-    retries (a ``RayError``). Uses the cluster at ``address``, or the Ray already initialised
-    in this process, or a small local cluster started here (see :func:`start_ray`) and shut
-    down afterwards; ``on_start(address)`` once it is reached. Returns the cluster address.
-    The one task loop of sweeps and ViT grids."""
+    retries (a ``RayError``). Uses the Ray already initialised in this process, or the cluster
+    :func:`connect_ray` finds or starts (shut down afterwards if this process initialised
+    it); ``on_start(cluster)`` once it is reached. Returns the cluster address. The one task
+    loop of sweeps and ViT grids."""
     ray = import_ray()
-    started_here = not ray.is_initialized()
-    where = start_ray(address, num_cpus=num_cpus)
-    try:
+    with ray_session(address, num_cpus=num_cpus) as cluster:
         if on_start is not None:
-            on_start(where)
+            on_start(cluster)
         task = ray.remote(fn)
         refs = {task.options(**opts).remote(*args): i for i, (args, opts) in enumerate(calls)}
         while refs:
@@ -193,10 +425,7 @@ def ray_each(fn: Callable[..., Any],
                     on_result(i, None, err)
                 else:
                     on_result(i, value, None)
-    finally:
-        if started_here:
-            ray.shutdown()
-    return where
+    return cluster.address
 
 
 def died(err: BaseException) -> str:
@@ -206,10 +435,7 @@ def died(err: BaseException) -> str:
 
 
 def _execute_ray(root: Path, units: list[Unit], *, address: str | None, retries: int,
-                 num_cpus: int | None, progress: Callable[[dict[str, Any]], None],
-                 session: dict[str, Any], manifest: dict[str, Any]) -> None:
-    ray = import_ray()
-    session["ray_version"] = ray.__version__
+                 num_cpus: int | None, progress: Callable[[dict[str, Any]], None]) -> None:
     if not units:  # nothing left to run: no cluster needed
         return
     where = str(root.resolve())  # absolute: a worker's working directory may be another
@@ -225,11 +451,7 @@ def _execute_ray(root: Path, units: list[Unit], *, address: str | None, retries:
                         f"({died(err)}); resume the sweep with --resume to try again")
         progress(rec)
 
-    def on_start(where: str) -> None:  # recorded before any unit runs (a killed driver too)
-        session["address"] = where
-        store.write_json(root / store.MANIFEST, manifest)
-
-    ray_each(run_unit, calls, on_result, address=address, num_cpus=num_cpus, on_start=on_start)
+    ray_each(run_unit, calls, on_result, address=address, num_cpus=num_cpus)
 
 
 def _execute_local(root: Path, units: list[Unit],
@@ -287,9 +509,13 @@ def spec_matches(root: str | os.PathLike[str],
 
 
 def _open_manifest(root: Path, *, resume: bool, spec_dict: Any, units: Sequence[Unit],
-                   inputs: dict[str, str]) -> dict[str, Any]:
+                   inputs: dict[str, str], check_only: bool = False) -> dict[str, Any]:
     """The manifest a run of the sweep continues (checked against the spec and the inputs'
-    content) or starts; a lost or corrupt one is rebuilt from the status files on resume."""
+    content) or starts; a lost or corrupt one is rebuilt from the status files on resume.
+    ``check_only``: the same checks and errors, with nothing created or removed (before a
+    cluster is reached)."""
+    if root.exists() and not root.is_dir():
+        raise SweepError(f"--out {root} is a file; give a directory for the sweep")
     ids = {u.unit_id for u in units}
     manifest: dict[str, Any] | None = None
     if store.is_sweep_dir(root):
@@ -309,7 +535,7 @@ def _open_manifest(root: Path, *, resume: bool, spec_dict: Any, units: Sequence[
             manifest["inputs"] = inputs
             return manifest
     if manifest is None:
-        others = [p for p in root.iterdir() if p.name != store.LOCK]
+        others = [p for p in root.iterdir() if p.name != store.LOCK] if root.is_dir() else []
         if others:
             what = ("holds status files of a sweep whose manifest is lost; continue it with "
                     "--resume (it rebuilds the manifest)" if (root / store.STATUS).is_dir()
@@ -326,6 +552,9 @@ def _open_manifest(root: Path, *, resume: bool, spec_dict: Any, units: Sequence[
         # nothing measured yet (every unit failed or never started, e.g. a wrong device):
         # the corrected spec replaces it, as `measure` replaces a run without results
         import shutil
+
+        if check_only:
+            return manifest
 
         for name in (store.STATUS, store.UNITS):
             shutil.rmtree(root / name, ignore_errors=True)
@@ -378,16 +607,20 @@ def _recheck_done(root: Path, units: Sequence[Unit]) -> dict[str, str]:
 def run_sweep(spec: str | os.PathLike[str] | Mapping[str, Any] | SweepSpec,
               out: str | os.PathLike[str], *, executor: str = "ray", address: str | None = None,
               resume: bool = False, progress: bool = True, num_cpus: int | None = None,
-              retries: int | None = None) -> Any:
+              retries: int | None = None,
+              connect_timeout: float = CONNECT_TIMEOUT_S) -> Any:
     """Run (or with ``resume=True`` continue) a sweep into the directory ``out`` and return
     :func:`open_sweep` of it.
 
     ``spec``: a YAML file, a mapping of the same form, or a :class:`SweepSpec`. ``executor``:
-    ``"ray"`` (one task per unit; a local cluster is started unless ``address`` names one, or
-    the Ray already initialised in this process is used) or ``"local"`` (units one after the
-    other in this process, for debugging). ``retries``: Ray retries of a unit whose worker
-    died (default: the spec's ``retries``, 3). Units already done are skipped on resume;
-    failed and unfinished ones run again.
+    ``"ray"`` (one task per unit, on the cluster ``ray.init()`` would use: ``address``,
+    ``RAY_ADDRESS`` or the one ``ray start`` left on this node, else a local cluster of
+    ``num_cpus`` started here; the Ray already initialised in this process is used as is) or
+    ``"local"`` (units one after the other in this process, for debugging). The cluster is
+    reached (within ``connect_timeout`` seconds) before ``out`` is created; its address and
+    origin are recorded in the session (``sweep.json``) and, with ``progress``, printed.
+    ``retries``: Ray retries of a unit whose worker died (default: the spec's ``retries``,
+    3). Units already done are skipped on resume; failed and unfinished ones run again.
     """
     from blockcoupling.studies.sweep.read import open_sweep
     from blockcoupling.validate import optional, whole
@@ -395,22 +628,34 @@ def run_sweep(spec: str | os.PathLike[str] | Mapping[str, Any] | SweepSpec,
     if executor not in EXECUTORS:
         raise SweepError(f"executor {executor!r}: choose ray or local")
     retries = optional(whole, retries, "retries", minimum=0)
-    num_cpus = optional(whole, num_cpus, "num-cpus", minimum=1)
+    num_cpus = optional(whole, num_cpus, "cluster-cpus", minimum=1)
     sp = load_spec(spec)
     if executor == "ray":
         import_ray()
     units = expand(sp)
     root = Path(out)
-    if root.exists() and not root.is_dir():
-        raise SweepError(f"--out {root} is a file; give a directory for the sweep")
     spec_dict = _spec_json(sp)
     inputs = _sweep_inputs(units)
-    with store.sweep_lock(root):
+    # refused before a cluster is reached, and nothing is created or removed yet
+    _open_manifest(root, resume=resume, spec_dict=spec_dict, units=units, inputs=inputs,
+                   check_only=True)
+    left = [u for u in units
+            if (store.read_status(root, u.unit_id) or {}).get("status") != "done"]
+    cluster_cm: Any = (ray_session(address, num_cpus=num_cpus, connect_timeout=connect_timeout)
+                       if executor == "ray" and left else contextlib.nullcontext())
+    with cluster_cm as cluster, store.sweep_lock(root):  # `out` is created only now
+        if progress and cluster is not None:
+            print(cluster.describe(), file=sys.stderr, flush=True)
         manifest = _open_manifest(root, resume=resume, spec_dict=spec_dict, units=units,
                                   inputs=inputs)
         manifest["order"] = [u.unit_id for u in units]
         session: dict[str, Any] = {"started": store.now(), "executor": executor,
                                    "resume": bool(resume), "units": len(units)}
+        if executor == "ray":
+            session["ray_version"] = import_ray().__version__
+        if cluster is not None:  # recorded before any unit runs (a killed driver too)
+            session["address"] = cluster.address
+            session["cluster"] = cluster.to_dict()
         manifest["sessions"].append(session)
         store.write_json(root / store.MANIFEST, manifest)
 
@@ -427,10 +672,10 @@ def run_sweep(spec: str | os.PathLike[str] | Mapping[str, Any] | SweepSpec,
 
         bar = None
         if progress:
-            from tqdm.auto import tqdm
+            from blockcoupling.progress import bar as progress_bar
 
-            bar = tqdm(total=len(units), initial=len(units) - len(todo), desc="sweep",
-                       unit="unit")
+            bar = progress_bar(total=len(units), initial=len(units) - len(todo), desc="sweep",
+                               unit="unit")
         failed = 0
 
         def report(rec: dict[str, Any]) -> None:
@@ -445,7 +690,7 @@ def run_sweep(spec: str | os.PathLike[str] | Mapping[str, Any] | SweepSpec,
             if executor == "ray":
                 _execute_ray(root, todo, address=address, num_cpus=num_cpus,
                              retries=sp.retries if retries is None else retries,
-                             progress=report, session=session, manifest=manifest)
+                             progress=report)
             else:
                 _execute_local(root, todo, report)
         finally:

@@ -170,12 +170,14 @@ def run_grid(base: VitTrainConfig, root: str | Path, *,
              weight_decays: Sequence[float] = PAPER_WEIGHT_DECAY, seeds: Sequence[int] = (0,),
              executor: str = "ray", address: str | None = None, num_cpus: int = 1,
              threads: int | None = 1, progress: bool = True,
-             on_run: Callable[[dict[str, Any]], None] | None = None) -> pd.DataFrame:
+             on_run: Callable[[dict[str, Any]], None] | None = None,
+             cluster_cpus: int | None = None) -> pd.DataFrame:
     """Train every grid point into ``root/runs/<name>``; returns :func:`collect_runs` with a
     ``message`` column (runs that failed are ``status == "failed"``).
 
     ``executor="ray"``: one task per run (``num_cpus`` each) on the cluster at ``address``
-    or a local one; ``"local"``: one after the other in this process. A grid directory may be
+    (or the one ``ray.init()`` finds), reached before anything is written, or a local one of
+    ``cluster_cpus`` CPUs; ``"local"``: one after the other in this process. A grid directory may be
     run again with the same base config (finished runs are skipped, new points are added);
     another base config is refused.
     """
@@ -185,6 +187,20 @@ def run_grid(base: VitTrainConfig, root: str | Path, *,
         raise BlockCouplingError(f"executor {executor!r}: choose ray or local")
     num_cpus = whole(num_cpus, "cpus-per-run", minimum=1)
     threads = optional(whole, threads, "threads", minimum=1)
+    if executor == "local":
+        return _run_grid(base, root, drop_paths, weight_decays, seeds, executor, address,
+                         num_cpus, threads, progress, on_run)
+    from blockcoupling.studies.sweep.runner import ray_session
+
+    with ray_session(address, num_cpus=cluster_cpus):  # reached before anything is written
+        return _run_grid(base, root, drop_paths, weight_decays, seeds, executor, None,
+                         num_cpus, threads, progress, on_run)
+
+
+def _run_grid(base: VitTrainConfig, root: str | Path, drop_paths: Sequence[float],
+              weight_decays: Sequence[float], seeds: Sequence[int], executor: str,
+              address: str | None, num_cpus: int, threads: int | None, progress: bool,
+              on_run: Callable[[dict[str, Any]], None] | None) -> pd.DataFrame:
     configs = grid_configs(base, drop_paths, weight_decays, seeds)
     rootp = Path(root)
     if rootp.exists() and not rootp.is_dir():
@@ -229,9 +245,9 @@ def run_grid(base: VitTrainConfig, root: str | Path, *,
 
     bar = None
     if progress:
-        from tqdm.auto import tqdm
+        from blockcoupling.progress import bar as progress_bar
 
-        bar = tqdm(total=len(configs), desc="vit grid", unit="run")
+        bar = progress_bar(total=len(configs), desc="vit grid", unit="run")
     # absolute: a Ray worker's working directory may be another
     jobs = [(c.to_dict(), str(rootp.resolve() / "runs" / run_name(c))) for c in configs]
     try:

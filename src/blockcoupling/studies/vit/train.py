@@ -489,9 +489,9 @@ def _train(config: VitTrainConfig, out: Path, *, progress: bool, on_epoch: Epoch
 def _progress(it: range, enabled: bool, desc: str) -> Any:
     if not enabled:
         return it
-    from tqdm.auto import tqdm
+    from blockcoupling.progress import bar
 
-    return tqdm(it, desc=desc, unit="epoch", leave=False)
+    return bar(it, desc=desc, unit="epoch")
 
 
 def _metrics_doc(config: VitTrainConfig, data: ImageData, shape: Any, history: list[dict[str, Any]],

@@ -1,0 +1,152 @@
+"""What every command shares: --version, shell completion, --json on the commands that print
+results, -q/-v before or after the command, one value syntax per option name, complete help
+without markup, and plain progress lines (no escape codes, no carriage returns) when stderr is
+not a terminal."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import click
+import pytest
+import typer
+import yaml
+
+import blockcoupling
+from blockcoupling.cli import app
+from tiny_runs import cli, save_tiny_lm, write_prompts
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny GPT-2 folder, two prompts and a finished run of it (`measure`, in-process)."""
+    root = tmp_path_factory.mktemp("conventions")
+    save_tiny_lm(root / "lm")
+    write_prompts(root / "prompts.txt", ["the cat sat on the mat", "a dog ran far"])
+    r = cli("-q", "measure", "-m", str(root / "lm"), "--prompts", str(root / "prompts.txt"),
+            "--out", str(root / "run"), "--k", "2", "--batch-size", "1")
+    assert r.exit_code == 0, r.output
+    return root
+
+
+def test_version_and_completion() -> None:
+    r = cli("--version")
+    assert r.exit_code == 0 and r.output.strip() == f"blockcoupling {blockcoupling.__version__}"
+    out = cli("--help").output
+    assert "--install-completion" in out and "--show-completion" in out
+
+
+def test_show_json_and_quiet_after_the_command(tiny: Path) -> None:
+    r = cli("show", str(tiny / "run"), "--json", "-q")  # -q after the command is accepted
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.output)
+    assert doc["complete"] is True and doc["prompts_done"] == doc["prompts_total"] == 2
+    assert doc["config"]["k"] == [2] and doc["rows"]["coupling"] > 0
+    [stat] = [s for s in doc["statistic"] if s["variant"] == "coupling"]
+    assert stat["k"] == 2 and -1 <= stat["mean"] <= 1 and stat["n_prompts"] == 2
+    from blockcoupling.store import open_run
+
+    assert stat["mean"] == open_run(tiny / "run").mean_depth_coupling(2)  # the one rule
+    models = json.loads(cli("models", "--json").output)
+    assert "gpt2" in models
+
+
+def test_sweep_json_sweep_status_json_and_the_deprecated_alias(tiny: Path) -> None:
+    spec = tiny / "spec.yaml"
+    spec.write_text(yaml.safe_dump({"models": [{"label": "lm", "model": str(tiny / "lm")}],
+                                    "prompts": [str(tiny / "prompts.txt")],
+                                    "measure": {"k": [2], "coupling": ["depth"],
+                                                "batch_size": 1}}))
+    r = cli("sweep", str(spec), "--out", str(tiny / "s"), "--executor", "local", "--json",
+            "--num-cpus", "1")
+    assert r.exit_code == 0, r.output
+    assert "--num-cpus is deprecated; use --cluster-cpus" in r.output
+    doc = json.loads(r.output[r.output.index("{"):])
+    assert doc["done"] == 1 and doc["failed"] == 0 and doc["ray_address"] is None
+    r = cli("sweep-status", str(tiny / "s"), "--json")
+    assert r.exit_code == 0, r.output
+    st = json.loads(r.output)
+    assert st["counts"] == {"done": 1}
+    assert [u["status"] for u in st["units"]] == ["done"]
+    assert "--num-cpus" not in cli("sweep", "--help").output  # hidden
+
+
+def test_list_options_take_one_value_where_one_is_used(tmp_path: Path) -> None:
+    r = cli("vit-train", "--out", str(tmp_path / "v"), "--k", "10,30")
+    assert r.exit_code == 1
+    assert r.output.strip().splitlines() == [
+        "error: --k 10,30: this command uses one value (e.g. --k 10); lists are for measure"]
+    assert not (tmp_path / "v").exists()
+
+
+def _commands(group: click.Command | None = None, prefix: str = "") -> list[tuple[str, click.Command]]:
+    """Every command, those of sub-groups (``study lm-family``) included."""
+    group = typer.main.get_command(app) if group is None else group
+    ctx = click.Context(group)
+    out = []
+    for name in group.list_commands(ctx):  # type: ignore[attr-defined]
+        cmd = group.get_command(ctx, name)  # type: ignore[attr-defined]
+        out.append((prefix + name, cmd))
+        if isinstance(cmd, click.Group):
+            out += _commands(cmd, f"{prefix}{name} ")
+    return out
+
+
+def test_every_option_has_help_without_markup() -> None:
+    for name, cmd in _commands():
+        ctx = click.Context(cmd, info_name=name)
+        for param in cmd.get_params(ctx):
+            if isinstance(param, click.Option) and not param.hidden:
+                assert (param.help or "").strip(), f"{name} {param.opts[0]} has no help"
+        text = cmd.get_help(ctx)
+        for markup in ("``", ":func:", ":class:", "[bold", "\b"):
+            assert markup not in text, f"{name} --help shows {markup!r}"
+
+
+def test_measure_progress_in_a_log_file_is_plain_lines(tiny: Path, tmp_path: Path) -> None:
+    """stderr redirected to a file: one line per finished prompt, no escape code, no \\r."""
+    log = tmp_path / "stderr.log"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), "OMP_NUM_THREADS": "1",
+           "HF_HUB_OFFLINE": "1"}
+    with log.open("wb") as err:
+        proc = subprocess.run(
+            [sys.executable, "-m", "blockcoupling", "measure", "-m", str(tiny / "lm"),
+             "--prompts", str(tiny / "prompts.txt"), "--out", str(tmp_path / "run"),
+             "--k", "2", "--batch-size", "1"],
+            env=env, stdout=subprocess.PIPE, stderr=err, timeout=300)
+    assert proc.returncode == 0, log.read_text()
+    data = log.read_bytes()
+    assert b"\x1b" not in data and b"\r" not in data, data[:500]
+    lines = [ln for ln in data.decode().splitlines() if ln.startswith("prompts: ")]
+    assert [ln.split(" (")[0] for ln in lines] == ["prompts: 1/2 prompt", "prompts: 2/2 prompt"]
+    assert "depth-wise coupling" in proc.stdout.decode()  # results still on stdout
+
+
+def test_quiet_sweep_still_reports_failed_units(tiny: Path) -> None:
+    broken = save_tiny_lm(tiny / "broken")
+    for f in broken.glob("*.safetensors"):
+        f.unlink()
+    spec = tiny / "broken.yaml"
+    spec.write_text(yaml.safe_dump({"models": [{"label": "broken", "model": str(broken)}],
+                                    "prompts": [str(tiny / "prompts.txt")],
+                                    "measure": {"k": [2], "coupling": ["depth"]}}))
+    r = cli("sweep", str(spec), "--out", str(tiny / "sb"), "--executor", "local", "-q")
+    assert r.exit_code == 1
+    assert "0 of 1 units done, 1 failed" in r.output  # -q hides progress, never results
+    failed = [ln for ln in r.output.splitlines() if ln.startswith("  failed broken")]
+    assert len(failed) == 1 and "could not load" in failed[0], r.output
+
+
+def test_json_flag_and_the_older_json_file_form(tmp_path: Path) -> None:
+    """--json prints on stdout; --json FILE.json (before --json was a flag) still writes FILE."""
+    pytest.importorskip("statsmodels", reason="the correlation study needs blockcoupling[study]")
+    r = cli("chance-floor", "--scores", "paper", "--json")
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.output)
+    r = cli("chance-floor", "--scores", "paper", "--json", str(tmp_path / "floor.json"))
+    assert r.exit_code == 0 and f"wrote {tmp_path / 'floor.json'}" in r.output, r.output
+    assert json.loads((tmp_path / "floor.json").read_text()) == doc
