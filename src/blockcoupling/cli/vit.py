@@ -12,7 +12,14 @@ from blockcoupling.cli.app import app, guarded
 from blockcoupling.cli.app import fail as _fail
 from blockcoupling.errors import BlockCouplingError
 
-_Dataset = Annotated[str, typer.Option(help="digits (offline, scikit-learn) or cifar10.")]
+_Dataset = Annotated[str | None, typer.Option(help="digits (offline, scikit-learn; the default) or cifar10.")]
+_Preset = Annotated[str, typer.Option(help="Model shape: tiny, small, deit-tiny (192 wide, 12 deep, 3 heads); or the recipe 'paper' (DeiT-Tiny, CIFAR-10, 500 epochs, 30 warm-up, AdamW 5e-4 cosine, mixup 0.8, crop-flip; other options override it).")]
+_Tokens = Annotated[str, typer.Option(help="Headline token of the coupling: cls ([CLS], default), last (the last patch, the authors' released code), all. The final measurement also reports [CLS] and last.")]
+_Augment = Annotated[str | None, typer.Option(help="none, crop (pad 4, random crop) or crop-flip (and a horizontal flip); tensor operations, NOT RandAugment. Default: crop-flip on CIFAR-10, none on digits.")]
+_Cutmix = Annotated[float, typer.Option(help="CutMix Beta alpha (0 = off; DeiT: 1.0; with --mixup too, one of them per batch).")]
+_Smoothing = Annotated[float, typer.Option(help="Label smoothing epsilon (DeiT: 0.1).")]
+_Erasing = Annotated[float, typer.Option(help="Random-erasing probability per image (DeiT: 0.25).")]
+_LrScaling = Annotated[str, typer.Option(help="none, or linear: lr and min lr times batch-size/512 (DeiT's rule).")]
 
 
 def _floats(value: str, what: str) -> list[float]:
@@ -23,22 +30,24 @@ def _floats(value: str, what: str) -> list[float]:
 
 
 def _train_config(**kw: Any) -> Any:
+    """The config of the given options (None: unset; ``preset=paper`` starts from the recipe)."""
     from blockcoupling.studies.vit.train import VitTrainConfig
 
-    return VitTrainConfig(**kw)
+    return VitTrainConfig.from_options(**kw)
 
 
-def _common(dataset: str, epochs: int, preset: str, hidden_size: int | None, depth: int | None,
-            heads: int | None, image_size: int | None, lr: float, batch_size: int,
-            warmup_epochs: float, mixup: float | None, seed: int, data_dir: Path | None,
-            train_limit: int | None, test_limit: int | None, monitor_images: int,
-            monitor_every: int, final_images: int, k: int) -> dict[str, Any]:
+def _common(dataset: str | None, epochs: int | None, preset: str, hidden_size: int | None,
+            depth: int | None, heads: int | None, image_size: int | None, lr: float | None,
+            batch_size: int, warmup_epochs: float | None, mixup: float | None, seed: int,
+            data_dir: Path | None, train_limit: int | None, test_limit: int | None,
+            monitor_images: int, monitor_every: int | None, final_images: int, k: int,
+            **regularisers: Any) -> dict[str, Any]:
     return dict(dataset=dataset, epochs=epochs, preset=preset, hidden_size=hidden_size,
                 depth=depth, heads=heads, image_size=image_size, lr=lr, batch_size=batch_size,
                 warmup_epochs=warmup_epochs, mixup=mixup, seed=seed,
                 data_dir=str(data_dir) if data_dir is not None else None,
                 train_limit=train_limit, test_limit=test_limit, monitor_images=monitor_images,
-                monitor_every=monitor_every, final_images=final_images, k=k)
+                monitor_every=monitor_every, final_images=final_images, k=k, **regularisers)
 
 
 @app.command("vit-train")
@@ -47,41 +56,63 @@ def vit_train(
     dataset: _Dataset = "digits",
     drop_path: Annotated[float, typer.Option(help="Stochastic-depth rate (linear over blocks, as DeiT).")] = 0.1,
     weight_decay: Annotated[float, typer.Option(help="AdamW weight decay.")] = 0.05,
-    epochs: Annotated[int, typer.Option(help="Training epochs (the paper: 500).")] = 5,
-    preset: Annotated[str, typer.Option(help="Model shape: tiny, small, deit-tiny (192 wide, 12 deep, 3 heads).")] = "tiny",
+    epochs: Annotated[int | None, typer.Option(help="Training epochs (default 5; the paper: 500).")] = None,
+    preset: _Preset = "tiny",
     hidden_size: Annotated[int | None, typer.Option(help="Override the preset's width.")] = None,
     depth: Annotated[int | None, typer.Option(help="Override the preset's depth (the ICLR text: 24).")] = None,
     heads: Annotated[int | None, typer.Option(help="Override the preset's heads.")] = None,
     image_size: Annotated[int | None, typer.Option(help="Image side in pixels (default 16 digits, 32 CIFAR-10).")] = None,
-    lr: Annotated[float, typer.Option(help="Peak learning rate.")] = 5e-4,
+    lr: Annotated[float | None, typer.Option(help="Peak learning rate (default 5e-4).")] = None,
     batch_size: Annotated[int, typer.Option(help="Images per step.")] = 64,
-    warmup_epochs: Annotated[float, typer.Option(help="Linear warm-up length in epochs.")] = 1.0,
+    warmup_epochs: Annotated[float | None, typer.Option(help="Linear warm-up length in epochs (default 1; the paper: 30).")] = None,
     mixup: Annotated[float | None, typer.Option(help="Mixup alpha (default 0.8 on CIFAR-10, 0 on digits).")] = None,
+    cutmix: _Cutmix = 0.0,
+    augment: _Augment = None,
+    label_smoothing: _Smoothing = 0.0,
+    random_erasing: _Erasing = 0.0,
+    lr_scaling: _LrScaling = "none",
+    tokens: _Tokens = "cls",
     seed: Annotated[int, typer.Option(help="Seed of the initialisation, order and augmentation.")] = 0,
     data_dir: Annotated[Path | None, typer.Option(help="CIFAR-10 folder: DIR/train/<class>/*.png, DIR/test/<class>/*.png.")] = None,
     train_limit: Annotated[int | None, typer.Option(help="Use a seeded subset of the training split.")] = None,
     test_limit: Annotated[int | None, typer.Option(help="Use a seeded subset of the test split.")] = None,
     monitor_images: Annotated[int, typer.Option(help="Test images measured during training.")] = 4,
-    monitor_every: Annotated[int, typer.Option(help="Measure every N epochs (0: only at the end).")] = 1,
+    monitor_every: Annotated[int | None, typer.Option(help="Measure every N epochs (0: only at the end; default 1, paper 10).")] = None,
     final_images: Annotated[int, typer.Option(help="Test images measured on the trained model.")] = 16,
     k: Annotated[int, typer.Option("--k", help="Top-K of the coupling.")] = 10,
     threads: Annotated[int | None, typer.Option(help="torch threads (default: torch's).")] = None,
+    estimate: Annotated[bool, typer.Option("--estimate", help="Time a few training steps of this config on random images and print the estimated cost of the whole training; train nothing.")] = False,
 ) -> None:
     """Train a DeiT-style ViT with stochastic depth and measure its coupling as it trains."""
-    from blockcoupling.studies.vit.train import read_metrics, train_vit
+    from blockcoupling.studies.vit.train import estimate_cost, read_metrics, train_vit
 
     with guarded(saved=f"finished epochs are saved in {out}"):
         cfg = _train_config(drop_path=drop_path, weight_decay=weight_decay, **_common(
             dataset, epochs, preset, hidden_size, depth, heads, image_size, lr, batch_size,
             warmup_epochs, mixup, seed, data_dir, train_limit, test_limit, monitor_images,
-            monitor_every, final_images, k))
+            monitor_every, final_images, k, cutmix=cutmix, augment=augment,
+            label_smoothing=label_smoothing, random_erasing=random_erasing,
+            lr_scaling=lr_scaling, tokens=tokens))
+        if estimate:
+            e = estimate_cost(cfg, threads=threads)
+            typer.echo(f"estimated (not run): {e['seconds_per_step']:.2f} s per step x "
+                       f"{e['steps_per_epoch']} steps + eval of {e['eval_images_per_epoch']} "
+                       f"images = {e['seconds_per_epoch'] / 60:.1f} min per epoch; "
+                       f"{e['epochs']} epochs = {e['hours_total']:.1f} h on {e['threads']} "
+                       f"thread(s) (from {e['measured_steps']} timed steps; not counted: "
+                       f"{e['not_counted']})")
+            return
         path = train_vit(cfg, out, progress=not _STATE["quiet"], threads=threads)
         m = read_metrics(path)
     if not _STATE["quiet"]:
         f = m["final"]
         typer.echo(f"test accuracy {f['test_accuracy']:.3f}, train accuracy "
-                   f"{f['train_accuracy']:.3f}, mean depth-wise coupling (CLS, K={cfg.k}) "
-                   f"{f['coupling']:.4f} on {f['images']} test images")
+                   f"{f['train_accuracy']:.3f}, depth-wise coupling ({cfg.tokens}, K={cfg.k}, "
+                   f"{f['images']} test images): coupling_vs_null {f['coupling_vs_null']:.4f} "
+                   f"+- {f['coupling_vs_null_se']:.4f}, raw {f['coupling']:.4f} "
+                   f"+- {f['coupling_se']:.4f}; [CLS] {f['coupling_vs_null_cls']:.4f} "
+                   f"+- {f['coupling_vs_null_se_cls']:.4f}, last patch "
+                   f"{f['coupling_vs_null_last']:.4f} +- {f['coupling_vs_null_se_last']:.4f}")
         typer.echo(f"wrote {path}")
 
 
@@ -95,22 +126,28 @@ def vit_grid(
     executor: Annotated[str, typer.Option(help="ray (one task per run) or local.")] = "ray",
     address: Annotated[str | None, typer.Option(help="Ray cluster address (default: start a local one).")] = None,
     cpus_per_run: Annotated[int, typer.Option(help="CPUs per Ray task.")] = 1,
-    dataset: _Dataset = "digits",
-    epochs: Annotated[int, typer.Option(help="Training epochs per run.")] = 5,
-    preset: Annotated[str, typer.Option(help="Model shape: tiny, small, deit-tiny.")] = "tiny",
+    dataset: _Dataset = None,
+    epochs: Annotated[int | None, typer.Option(help="Training epochs per run (default 5).")] = None,
+    preset: _Preset = "tiny",
     hidden_size: Annotated[int | None, typer.Option()] = None,
     depth: Annotated[int | None, typer.Option()] = None,
     heads: Annotated[int | None, typer.Option()] = None,
     image_size: Annotated[int | None, typer.Option()] = None,
-    lr: Annotated[float, typer.Option()] = 5e-4,
+    lr: Annotated[float | None, typer.Option()] = None,
     batch_size: Annotated[int, typer.Option()] = 64,
-    warmup_epochs: Annotated[float, typer.Option()] = 1.0,
+    warmup_epochs: Annotated[float | None, typer.Option()] = None,
     mixup: Annotated[float | None, typer.Option()] = None,
+    cutmix: _Cutmix = 0.0,
+    augment: _Augment = None,
+    label_smoothing: _Smoothing = 0.0,
+    random_erasing: _Erasing = 0.0,
+    lr_scaling: _LrScaling = "none",
+    tokens: _Tokens = "cls",
     data_dir: Annotated[Path | None, typer.Option()] = None,
     train_limit: Annotated[int | None, typer.Option()] = None,
     test_limit: Annotated[int | None, typer.Option()] = None,
     monitor_images: Annotated[int, typer.Option()] = 4,
-    monitor_every: Annotated[int, typer.Option()] = 1,
+    monitor_every: Annotated[int | None, typer.Option()] = None,
     final_images: Annotated[int, typer.Option()] = 16,
     k: Annotated[int, typer.Option("--k")] = 10,
     threads: Annotated[int, typer.Option(help="torch threads per run.")] = 1,
@@ -125,7 +162,9 @@ def vit_grid(
             base = _train_config(**_common(
                 dataset, epochs, preset, hidden_size, depth, heads, image_size, lr, batch_size,
                 warmup_epochs, mixup, 0, data_dir, train_limit, test_limit, monitor_images,
-                monitor_every, final_images, k))
+                monitor_every, final_images, k, cutmix=cutmix, augment=augment,
+                label_smoothing=label_smoothing, random_erasing=random_erasing,
+                lr_scaling=lr_scaling, tokens=tokens))
             kwargs = dict(drop_paths=_floats(drop_paths, "--drop-path"),
                           weight_decays=_floats(weight_decays, "--weight-decay"),
                           seeds=[int(v) for v in _floats(seeds, "seeds")], executor=executor,
@@ -141,7 +180,7 @@ def report_grid(runs: Any, out: Path) -> None:
     failed = runs[runs["status"] != "complete"]
     if not _STATE["quiet"]:
         cols = ["name", "test_accuracy", "coupling_vs_null", "coupling_vs_null_se", "coupling",
-                "coupling_chance"]
+                "coupling_chance", "coupling_vs_null_cls", "coupling_vs_null_last"]
         typer.echo(runs[cols].to_string(index=False, float_format=lambda v: f"{v:.4f}"))
         typer.echo(f"{len(runs) - len(failed)} of {len(runs)} training runs complete; wrote {out}")
     if len(failed):
@@ -154,7 +193,8 @@ def vit_figures(
     root: Annotated[Path, typer.Argument(help="A vit-grid folder, or any folder of vit-train outputs.")],
     out: Annotated[Path, typer.Option("--out", "-o", help="Folder for the figures and tables.")] = Path("vit_figures"),
 ) -> None:
-    """Coupling vs drop-path rate, vs test accuracy, and across epochs (PNG + CSV)."""
+    """Coupling vs drop-path rate, vs test accuracy, across epochs, and the pooled and
+    conditional fits (PNG + CSV + fits.json)."""
     from blockcoupling.report.vit import write_vit_figures
 
     try:
