@@ -195,7 +195,7 @@ def vit_figures(
 ) -> None:
     """Coupling vs drop-path rate, vs test accuracy, across epochs, and the pooled and
     conditional fits (PNG + CSV + fits.json)."""
-    from blockcoupling.report.vit import write_vit_figures
+    from blockcoupling.studies.vit.report import write_vit_figures
 
     try:
         paths = write_vit_figures(root, out)
