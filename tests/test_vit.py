@@ -656,3 +656,33 @@ def test_cli_tokens_last_regularisers_and_estimate(tmp_path: Path) -> None:
     res = runner.invoke(app, [*args, "--out", str(tmp_path / "est"), "--estimate"])
     assert res.exit_code == 0 and "estimated (not run)" in res.output, res.output
     assert not (tmp_path / "est").exists()
+
+
+def test_cli_paper_preset_is_the_recipe_with_overrides(monkeypatch: pytest.MonkeyPatch,
+                                                       tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from blockcoupling.cli import app
+    from blockcoupling.studies.vit import train
+
+    seen: list[VitTrainConfig] = []
+
+    def fake(config: VitTrainConfig, **kw) -> dict:
+        seen.append(config)
+        return {"seconds_per_step": 1.0, "steps_per_epoch": 782, "eval_images_per_epoch": 1,
+                "seconds_per_epoch": 60.0, "epochs": config.epochs, "hours_total": 1.0,
+                "threads": 1, "measured_steps": 3, "not_counted": "-"}
+
+    monkeypatch.setattr(train, "estimate_cost", fake)
+    runner = CliRunner()
+    out = str(tmp_path / "p")
+    assert runner.invoke(app, ["vit-train", "--preset", "paper", "--estimate", "--out", out]
+                         ).exit_code == 0
+    assert runner.invoke(app, ["vit-train", "--preset", "paper", "--estimate", "--out", out,
+                               "--epochs", "3", "--dataset", "digits"]).exit_code == 0
+    assert seen[0] == VitTrainConfig.from_dict({"preset": "paper"})
+    assert (seen[0].dataset, seen[0].epochs, seen[0].preset) == ("cifar10", 500, "deit-tiny")
+    assert (seen[1].dataset, seen[1].epochs, seen[1].warmup_epochs) == ("digits", 3, 30.0)
+    # without the preset the defaults are the small digits ones
+    assert runner.invoke(app, ["vit-train", "--estimate", "--out", out]).exit_code == 0
+    assert (seen[2].dataset, seen[2].epochs, seen[2].preset) == ("digits", 5, "tiny")

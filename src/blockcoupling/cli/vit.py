@@ -53,7 +53,7 @@ def _common(dataset: str | None, epochs: int | None, preset: str, hidden_size: i
 @app.command("vit-train")
 def vit_train(
     out: Annotated[Path, typer.Option("--out", "-o", help="Output folder (model/, metrics.json, coupling/).")],
-    dataset: _Dataset = "digits",
+    dataset: _Dataset = None,
     drop_path: Annotated[float, typer.Option(help="Stochastic-depth rate (linear over blocks, as DeiT).")] = 0.1,
     weight_decay: Annotated[float, typer.Option(help="AdamW weight decay.")] = 0.05,
     epochs: Annotated[int | None, typer.Option(help="Training epochs (default 5; the paper: 500).")] = None,
