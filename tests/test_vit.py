@@ -623,6 +623,7 @@ def test_regulariser_options_and_the_paper_recipe() -> None:
     e = estimate_cost(tiny, steps=1)
     assert e["steps_per_epoch"] == 4 and e["seconds_per_step"] > 0
     assert e["seconds_total"] == pytest.approx(e["seconds_per_epoch"] * 7)
+    assert e["cpu_hours_training"] == pytest.approx(e["cpu_seconds_per_step"] * 4 * 7 / 3600)
 
 
 def test_cli_tokens_last_regularisers_and_estimate(tmp_path: Path) -> None:
@@ -671,7 +672,8 @@ def test_cli_paper_preset_is_the_recipe_with_overrides(monkeypatch: pytest.Monke
         seen.append(config)
         return {"seconds_per_step": 1.0, "steps_per_epoch": 782, "eval_images_per_epoch": 1,
                 "seconds_per_epoch": 60.0, "epochs": config.epochs, "hours_total": 1.0,
-                "threads": 1, "measured_steps": 3, "not_counted": "-"}
+                "threads": 1, "measured_steps": 3, "not_counted": "-",
+                "cpu_seconds_per_step": 1.0, "cpu_hours_training": 1.0}
 
     monkeypatch.setattr(train, "estimate_cost", fake)
     runner = CliRunner()

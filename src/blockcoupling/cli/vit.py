@@ -100,7 +100,9 @@ def vit_train(
                        f"images = {e['seconds_per_epoch'] / 60:.1f} min per epoch; "
                        f"{e['epochs']} epochs = {e['hours_total']:.1f} h on {e['threads']} "
                        f"thread(s) (from {e['measured_steps']} timed steps; not counted: "
-                       f"{e['not_counted']})")
+                       f"{e['not_counted']}); CPU time {e['cpu_seconds_per_step']:.2f} s per "
+                       f"step, {e['cpu_hours_training']:.1f} h of training steps (the wall "
+                       "time on an idle machine)")
             return
         path = train_vit(cfg, out, progress=not _STATE["quiet"], threads=threads)
         m = read_metrics(path)

@@ -580,14 +580,15 @@ def estimate_cost(config: VitTrainConfig, *, steps: int = 3, threads: int | None
             x = torch.randn(batch, channels, size, size, generator=g)
             y = torch.randint(0, 10, (batch,), generator=g)
             model.train()
-            times = []
+            times, cpu_times = [], []
             for _ in range(steps + 1):
-                t0 = time.perf_counter()
+                t0, c0 = time.perf_counter(), time.process_time()
                 loss = train_loss(model, config, x, y, 10, g, rng)
                 optimizer.zero_grad(set_to_none=True)
                 loss.backward()
                 optimizer.step()
                 times.append(time.perf_counter() - t0)
+                cpu_times.append(time.process_time() - c0)
             eval_x = torch.randn(min(256, n_eval), channels, size, size, generator=g)
             t0 = time.perf_counter()
             evaluate(model, eval_x, torch.zeros(len(eval_x), dtype=torch.long))
@@ -597,12 +598,15 @@ def estimate_cost(config: VitTrainConfig, *, steps: int = 3, threads: int | None
     step_s = float(np.mean(times[1:]))
     steps_per_epoch = math.ceil(n_train / config.batch_size)
     epoch_s = step_s * steps_per_epoch + eval_per_image * n_eval
+    cpu_step_s = float(np.mean(cpu_times[1:]))
     return {"config": config.to_dict(), "threads": torch.get_num_threads() if threads is None
             else int(threads), "measured_steps": steps, "seconds_per_step": step_s,
             "steps_per_epoch": steps_per_epoch, "eval_images_per_epoch": n_eval,
             "seconds_per_epoch": epoch_s, "epochs": config.epochs,
             "seconds_total": epoch_s * config.epochs,
             "hours_total": epoch_s * config.epochs / 3600,
+            "cpu_seconds_per_step": cpu_step_s,
+            "cpu_hours_training": cpu_step_s * steps_per_epoch * config.epochs / 3600,
             "not_counted": "coupling measurements (monitor_every, final), data loading"}
 
 
