@@ -32,7 +32,7 @@ def line_fit(x: np.ndarray, y: np.ndarray) -> dict[str, Any]:
     out: dict[str, Any] = dict.fromkeys(FIT_KEYS, math.nan)
     out["n"] = int(len(x))
     if len(x) >= 3 and np.ptp(x) > 0 and np.ptp(y) > 0:
-        res = regression(x, y, n_boot=0)
+        res = regression(x.tolist(), y.tolist(), n_boot=0)
         out.update({k: res[k] for k in FIT_KEYS})
         out["note"] = None
     elif len(np.unique(x)) == 2 and len(x) == 2:
@@ -44,7 +44,7 @@ def line_fit(x: np.ndarray, y: np.ndarray) -> dict[str, Any]:
     return out
 
 
-def _points(df: pd.DataFrame, xcol: str, column: str) -> list[dict[str, float]]:
+def _points(df: pd.DataFrame, xcol: str, column: str) -> list[dict[str, Any]]:
     se = df[f"{column}_se"] if f"{column}_se" in df else pd.Series(math.nan, index=df.index)
     return [{"name": str(n), "x": float(x), "y": float(y), "se": float(e)}
             for n, x, y, e in zip(df["name"], df[xcol], df[column], se, strict=True)]

@@ -280,7 +280,7 @@ def record_images(model: torch.nn.Module, pixel_values: Tensor, run_dir: Path, k
     from blockcoupling.engine.inputs import split_tensor_inputs
     from blockcoupling.store.record import measure_to_dir
 
-    cfg = MeasureConfig(coupling=("depth",), k=(k,), tokens=tokens)
+    cfg = MeasureConfig.parse(coupling=("depth",), k=(k,), tokens=tokens)
     items = split_tensor_inputs({"pixel_values": pixel_values})
     if labels is not None:
         items = [_replace(it, label=lab) for it, lab in zip(items, labels, strict=True)]
