@@ -436,7 +436,7 @@ def test_small_grid_runs_locally_and_figures(tmp_path: Path) -> None:
         sub = runs[runs["weight_decay"] == f["weight_decay"]].sort_values("drop_path")
         y = sub["coupling_vs_null"].to_numpy()
         assert f["n"] == 2 and f["slope"] == pytest.approx((y[1] - y[0]) / 0.1)
-        assert math.isnan(f["p"]) and "no R^2" in f["note"]
+        assert f["p"] is None and "no R^2" in f["note"]  # NaN is written as null
         assert [q["se"] for q in f["points"]] == pytest.approx(
             sub["coupling_vs_null_se"].tolist())
     for f in fits["by_drop_path"]:

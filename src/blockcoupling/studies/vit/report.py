@@ -192,10 +192,9 @@ def write_vit_figures(root: str | Path, out: str | Path, *,
                       formats: tuple[str, ...] = ("png",)) -> list[Path]:
     """Every ViT figure for the ``vit-train`` outputs under ``root`` into ``out``, plus
     ``vit_runs.csv`` and ``vit_epochs.csv`` (the tables they are drawn from) and
-    ``fits.json`` (the pooled and conditional fits). A figure whose data is missing is
-    skipped. Returns the paths written."""
-    import json
-
+    ``fits.json`` (the pooled and conditional fits; NaN written as null). A figure whose
+    data is missing is skipped. Returns the paths written."""
+    from blockcoupling.studies.correlate import write_json
     from blockcoupling.studies.vit.fits import conditional_fits
     from blockcoupling.studies.vit.grid import collect_epochs, collect_runs
 
@@ -210,7 +209,7 @@ def write_vit_figures(root: str | Path, out: str | Path, *,
     epochs.to_csv(outp / "vit_epochs.csv", index=False)
     written += [outp / "vit_runs.csv", outp / "vit_epochs.csv"]
     fits = conditional_fits(runs)
-    (outp / FITS_FILE).write_text(json.dumps(fits, indent=2))
+    write_json(outp / FITS_FILE, fits)
     written.append(outp / FITS_FILE)
     for name, make in _figures(runs, epochs, fits):
         try:
