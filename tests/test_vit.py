@@ -491,6 +491,8 @@ def test_grid_spec_yaml(tmp_path: Path) -> None:
     for bad, msg in [({"dropout": [0.1]}, "unknown grid spec key"),
                      ({"train": {"drop_path": 0.1}}, "set by the grid"),
                      ({"train": {"lr_max": 1}}, "unknown training option"),
+                     ({"train": {"augment": "randaugment"}}, "RandAugment is not"),
+                     ({"train": {"label_smoothing": -0.1}}, "label smoothing"),
                      ({"drop_path": ["x"]}, "list of numbers")]:
         with pytest.raises(BlockCouplingError, match=msg):
             load_grid_spec(bad)
