@@ -20,7 +20,7 @@ from blockcoupling.errors import BlockCouplingError
 
 def preflight(model: torch.nn.Module, tokenizer: Any, prompts: Any, cfg: MeasureConfig) -> None:
     """Raise :class:`BlockCouplingError` for anything that would stop the run part-way."""
-    spec = find_blocks(model, cfg.blocks_path)
+    spec = find_blocks(model, cfg.blocks_path, hidden_size=cfg.hidden_size)
     if spec.hidden_size:  # a custom model's hidden size is known only after its first capture
         cfg.check_model(spec.num_layers, spec.hidden_size)
     elif cfg.layers is not None and max(cfg.layers) > spec.num_layers:
