@@ -287,3 +287,50 @@ def test_interpreter_exit_is_clean(tmp_path: Path) -> None:
     from blockcoupling.studies.sweep.store import is_locked
 
     assert not is_locked(tmp_path / "a") and not is_locked(tmp_path / "b")
+
+
+def test_lightning_callback(tmp_path: Path) -> None:
+    """The Lightning callback: scalars through pl_module.log_dict at the measured steps, the
+    loss stored, the lock released at the end, training unchanged."""
+    L = pytest.importorskip("lightning", reason="lightning is an optional dependency")
+    from blockcoupling.studies.monitor_lightning import CouplingLightningCallback
+
+    class Module(L.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = _model()
+            self.logged: dict[int, dict] = {}
+
+        def training_step(self, batch: torch.Tensor, idx: int) -> torch.Tensor:
+            return self.model(input_ids=batch, labels=batch).loss
+
+        def configure_optimizers(self) -> torch.optim.Optimizer:
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+        def log_dict(self, d: dict, **kw: object) -> None:  # type: ignore[override]
+            self.logged[self.trainer.global_step] = dict(d)
+            super().log_dict(d, **kw)
+
+    def fit(callbacks: list) -> tuple[Module, dict]:
+        torch.manual_seed(5)
+        data = torch.utils.data.DataLoader(torch.randint(0, 12, (8, 10)), batch_size=2)
+        module = Module()
+        trainer = L.Trainer(max_steps=4, callbacks=callbacks, logger=False,
+                            enable_checkpointing=False, enable_progress_bar=False,
+                            enable_model_summary=False, accelerator="cpu")
+        trainer.fit(module, data)
+        return module, {k: v.clone() for k, v in module.state_dict().items()}
+
+    _, base = fit([])
+    cb = CouplingLightningCallback(_tokenizer(), PROMPTS, every=2, out=tmp_path / "pl",
+                                   model_attr="model", k=(2,), orientations=("ujv",))
+    module, state = fit([cb])
+    for key in base:
+        assert torch.equal(base[key], state[key]), key
+    assert sorted(module.logged) == [2, 4]
+    assert "coupling/coupling_vs_null_k2" in module.logged[2]
+    assert cb.monitor._lock is None
+    assert bc.open_sweep(tmp_path / "pl").catalogue["step"].tolist() == [0, 2, 4]
+    from blockcoupling.report.emergence import read_training_loss
+
+    assert read_training_loss(tmp_path / "pl")["step"].tolist() == [1, 2, 3, 4]
