@@ -280,3 +280,34 @@ def test_real_hooked_transformer() -> None:
         normalization_type="LNPre")).eval()
     with pytest.warns(UserWarning, match="fold_ln"):
         unwrap_model(folded)
+
+
+def test_stored_tables_describe_themselves(tmp_path: object) -> None:
+    """Parquet key-value metadata and SCHEMA.md: columns with meaning and unit, variant
+    directions, indexing, the sweep unit; the run opens as before."""
+    import json
+    from pathlib import Path
+
+    import pyarrow.parquet as pq
+
+    from blockcoupling.store.record import measure_to_dir
+    from blockcoupling.store.reader import open_run
+    from blockcoupling.store.schema import COLUMNS
+
+    out = Path(str(tmp_path)) / "run"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        measure_to_dir(gpt2(), None, ids(), out, k=(2,), progress=False,
+                       meta={"unit_id": "u-1", "label": "tiny", "step": 3, "revision": None})
+    for name in COLUMNS:
+        md = pq.read_schema(out / f"{name}.parquet").metadata
+        desc = json.loads(md[b"blockcoupling.schema"])
+        assert desc["table"] == name and set(desc["columns"]) == set(COLUMNS[name])
+        assert desc["variants"]["offdiag_ratio"].startswith("lower = more coupled")
+        assert "1-based" in desc["indexing"]
+        assert json.loads(md[b"blockcoupling.unit"]) == {"unit_id": "u-1", "label": "tiny",
+                                                          "step": 3}
+    text = (out / "SCHEMA.md").read_text()
+    assert "| `value` |" in text and "`coupling_vs_null` | higher = more coupled" in text
+    assert "`unit_id` = u-1" in text
+    assert len(open_run(out).coupling) > 0

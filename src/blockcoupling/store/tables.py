@@ -11,6 +11,7 @@ from __future__ import annotations
 import io
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -19,6 +20,7 @@ import pyarrow.parquet as pq
 
 from blockcoupling.engine.results import SCHEMAS, TABLES, Measurement, conform
 from blockcoupling.errors import BlockCouplingError, RunDirError
+from blockcoupling.store.schema import parquet_metadata
 
 _ARROW_TYPES: dict[str, pa.DataType] = {
     "string": pa.string(),
@@ -27,9 +29,10 @@ _ARROW_TYPES: dict[str, pa.DataType] = {
 }
 
 
-def table_bytes(name: str, df: pd.DataFrame) -> bytes:
+def table_bytes(name: str, df: pd.DataFrame, meta: Mapping[str, Any] | None = None) -> bytes:
     """Parquet bytes of one table: explicit Arrow types for the schema columns, inferred types
-    for extra columns, no pandas metadata."""
+    for extra columns, no pandas metadata; key-value metadata describing every column (and
+    the run's sweep unit, from ``meta``: store/schema.py)."""
     df = conform(name, df)
     arrays: list[pa.Array] = []
     names: list[str] = []
@@ -44,7 +47,8 @@ def table_bytes(name: str, df: pd.DataFrame) -> bytes:
             ) from err
         arrays.append(arr)
         names.append(str(col))
-    table = pa.Table.from_arrays(arrays, names=names)
+    table = pa.Table.from_arrays(arrays, names=names).replace_schema_metadata(
+        parquet_metadata(name, meta))
     sink = io.BytesIO()
     pq.write_table(table, sink)
     return sink.getvalue()
