@@ -11,7 +11,6 @@ import pandas as pd
 import pytest
 
 import blockcoupling as bc
-from blockcoupling.studies import correlate as C
 from blockcoupling.studies.lm_family import evaluate_checkpoint, quick_family, run_lm_family
 
 
@@ -27,13 +26,14 @@ def test_quick_family_end_to_end(tmp_path: Path) -> None:
     assert (bc.open_sweep(res.sweep_dir).units["status"] == "done").sum() == 4
     for row in res.accuracy.table.itertuples():
         m = bc.open_run(Path(row.source))
-        want, _ = C.mean_offdiag_coupling(m.coupling, k=max(1, round(row.d_model / 10)))
-        assert row.coupling == pytest.approx(want)
+        k = max(1, round(row.d_model / 10))
+        assert row.coupling_mean == m.mean_depth_coupling(k)
+        assert row.coupling_vs_null_mean == m.mean_depth_coupling(k, variant="coupling_vs_null")
     data = json.loads((out / "correlation.json").read_text())
-    assert set(data) == {"accuracy", "neg_loss", "accuracy_vs_null"}
-    assert data["accuracy_vs_null"]["statistic"]["variant"] == "coupling_vs_null"
+    assert set(data) == {"accuracy", "neg_loss"}
+    assert set(data["accuracy"]["statistic"]) == {"coupling", "coupling_vs_null"}
     assert data["accuracy"]["n_models"] == 4
-    assert "coupling" in data["accuracy"]["predictors"]
+    assert {"coupling_mean", "coupling_vs_null_mean"} <= set(data["accuracy"]["predictors"])
     neg = res.loss.table.set_index("label")["score"]
     assert np.allclose(neg.to_numpy(), -scores.set_index("model").loc[neg.index, "val_loss"])
     assert (out / "correlation.html").read_text().count("data:image/png;base64,") == 2

@@ -41,6 +41,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "blockcoupling.store.record": ("measure_to_dir",),
     "blockcoupling.store.rundir": ("is_run_dir", "open_run"),
     "blockcoupling.report.html": ("write_report",),
+    "blockcoupling.studies.statistic": ("coupling_statistic",),
     "blockcoupling.studies.monitor": ("CouplingCallback", "CouplingMonitor"),
     "blockcoupling.studies.sweep": ("Sweep", "SweepSpec", "load_spec", "open_sweep", "run_sweep"),
     "blockcoupling.studies.correlate": ("CorrelationResult", "correlate", "paper_scores"),
@@ -60,6 +61,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ do
     from blockcoupling.store.record import measure_to_dir
     from blockcoupling.store.rundir import is_run_dir, open_run
     from blockcoupling.studies.correlate import CorrelationResult, correlate, paper_scores
+    from blockcoupling.studies.statistic import coupling_statistic
     from blockcoupling.studies.monitor import CouplingCallback, CouplingMonitor
     from blockcoupling.studies.sweep import Sweep, SweepSpec, load_spec, open_sweep, run_sweep
     from blockcoupling.studies.vit.train import VitTrainConfig, train_vit
@@ -104,6 +106,7 @@ __all__ = [
     "VitTrainConfig",
     "__version__",
     "correlate",
+    "coupling_statistic",
     "find_blocks",
     "is_run_dir",
     "iter_measure",

@@ -43,6 +43,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.nn.functional as F
 
+from blockcoupling.engine.statistic import headline as stat_headline
 from blockcoupling.errors import BlockCouplingError
 
 if TYPE_CHECKING:
@@ -650,18 +651,6 @@ def _announce(i: int, total: int, run: DemoRun, n_prompts: int, out: Path, progr
     tqdm.write(f"[{i}/{total}] {run.label}: {n_prompts} prompt(s){extra} -> {out / run.sub}")
 
 
-def headline(m: Any, k: int) -> tuple[float, float]:
-    """Mean depth-wise ``coupling`` and ``coupling_vs_null`` over layer pairs l != l' (K = k,
-    p = 1, orientation ``ujv``, every prompt and token) of a Measurement."""
-    df = m.coupling
-    sel = df[(df["kind"] == "depth") & (df["layer_a"] != df["layer_b"]) & (df["k"] == k)
-             & (df["orientation"] == "ujv") & ((df["p"] == 1.0) | df["p"].isna())]
-    # coupling has p = 1; coupling_vs_null is stored with p = 1 or an empty p by version
-    c = sel.loc[(sel["variant"] == "coupling") & (sel["p"] == 1.0), "value"].mean()
-    v = sel.loc[sel["variant"] == "coupling_vs_null", "value"].mean()
-    return float(c), float(v)
-
-
 @contextmanager
 def _ray_for_demo(executor: str) -> Iterator[None]:
     """A small local Ray cluster for the demo's sweeps (when ``executor == "ray"`` and this
@@ -847,13 +836,17 @@ def run_demo(
     if progress:
         from tqdm.auto import tqdm
 
-        tqdm.write("mean depth-wise coupling over layer pairs l != l' (K = 10 where measured); "
-                   "above chance (coupling_vs_null): 0 = chance level, 1 = perfect")
+        tqdm.write("depth-wise coupling, K = 10 where measured: above chance "
+                   "(coupling_vs_null, 0 = chance level, 1 = perfect) ± se over prompts; "
+                   "raw c_K ± se and its chance level")
+        rule = ""
         for label, m in zip(labels, measurements, strict=True):
             ks = {int(v) for v in m.coupling["k"].unique()}
             k = 10 if 10 in ks else min(ks, default=10)
-            c, v = headline(m, k)
-            tqdm.write(f"  {label:<42} K = {k:<3} coupling {c:6.3f}   above chance {v:6.3f}")
+            stat = m.coupling_statistic(k=k, n_boot=0)
+            rule = str(stat["rule"].iloc[0])
+            tqdm.write(f"  {label:<42} {stat_headline(stat)}")
+        tqdm.write(f"  (rule: {rule})")
         if family_result is not None:
             tqdm.write(family_result.summary())
     # PNG figure files only: the HTML embeds them, and SVG/PDF would double the report's time
@@ -869,7 +862,6 @@ __all__ = [
     "corpus_text",
     "default_cache_dir",
     "demo_prompts",
-    "headline",
     "load_checkpoint",
     "load_minilm",
     "random_like",
