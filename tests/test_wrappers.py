@@ -23,7 +23,6 @@ from blockcoupling.engine.blocks import find_blocks
 from blockcoupling.engine.causality import is_causal_mask
 from blockcoupling.engine.wrappers import forward_inputs, unwrap_model
 from blockcoupling.errors import ArchitectureError
-
 from tiny_models import EncoderStack
 
 D, H, L, V = 16, 2, 3, 64
@@ -290,8 +289,8 @@ def test_stored_tables_describe_themselves(tmp_path: object) -> None:
 
     import pyarrow.parquet as pq
 
-    from blockcoupling.store.record import measure_to_dir
     from blockcoupling.store.reader import open_run
+    from blockcoupling.store.record import measure_to_dir
     from blockcoupling.store.schema import COLUMNS
 
     out = Path(str(tmp_path)) / "run"

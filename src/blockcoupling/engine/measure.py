@@ -33,8 +33,8 @@ from torch import Tensor
 from blockcoupling.engine import fastpath, metrics, normdirs, pairs, spectra, svd, tables
 from blockcoupling.engine import jacobian as jac
 from blockcoupling.engine.blocks import BlockSpec
-from blockcoupling.engine.causality import model_spec, resolve_causal
 from blockcoupling.engine.capture import Capture, capture, residual_branch
+from blockcoupling.engine.causality import model_spec, resolve_causal
 from blockcoupling.engine.config import MeasureConfig, parse_config
 from blockcoupling.engine.events import EventCallback, MeasureEvent, Phase, ignore
 from blockcoupling.engine.inputs import MeasureInput, make_batch, normalise_inputs

@@ -34,7 +34,6 @@ from blockcoupling.errors import BlockCouplingError
 from blockcoupling.report import figures as F
 from blockcoupling.studies.sweep.read import Sweep, open_sweep
 
-
 #: the training loss a monitor stores beside its units: JSON lines {"step": N, "loss": x}
 LOSS_FILE = "training_loss.jsonl"
 
