@@ -306,6 +306,11 @@ def test_stored_tables_describe_themselves(tmp_path: object) -> None:
         assert "1-based" in desc["indexing"]
         assert json.loads(md[b"blockcoupling.unit"]) == {"unit_id": "u-1", "label": "tiny",
                                                           "step": 3}
+    cp = pd.read_parquet(out / "coupling.parquet")  # one unit's file read alone
+    assert set(cp["unit_id"]) == {"u-1"} and set(cp["label"]) == {"tiny"}
+    assert set(cp["step"]) == {3} and "revision" not in cp  # revision None: no column
+    pr = pd.read_parquet(out / "prompts.parquet")
+    assert set(pr["unit_id"]) == {"u-1"} and set(pr["label"]) == {""}  # the prompt's label
     text = (out / "SCHEMA.md").read_text()
     assert "| `value` |" in text and "`coupling_vs_null` | higher = more coupled" in text
     assert "`unit_id` = u-1" in text

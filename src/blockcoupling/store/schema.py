@@ -6,7 +6,9 @@ the indexing conventions, written (a) into the key-value metadata of every Parqu
 "variants", "indexing"}``; with ``blockcoupling.unit``: the sweep unit's ``unit_id``,
 ``label``, ``step``, ``revision`` where the run has them) and (b) as ``SCHEMA.md`` into each
 finished run directory. Readers ignore both: run directories written before them open as
-before.
+before. A sweep unit's tables also carry its ``unit_id``, ``label``, ``step``, ``revision``
+as constant columns (:func:`unit_columns`; not ``prompts.label``, the prompt's own label),
+so one unit's Parquet file read alone says where it comes from.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from typing import Any
 from blockcoupling.engine.results import SCHEMAS
 
 __all__ = ["COLUMNS", "INDEXING", "SCHEMA_FILE", "UNIT_KEYS", "VARIANTS", "parquet_metadata",
-           "schema_markdown"]
+           "schema_markdown", "unit_columns", "unit_identity"]
 
 SCHEMA_FILE = "SCHEMA.md"
 UNIT_KEYS: tuple[str, ...] = ("unit_id", "label", "step", "revision")
@@ -125,6 +127,12 @@ def _describe(table: str) -> dict[str, Any]:
     cols = {c: {"meaning": m, "unit": u} for c, (m, u) in COLUMNS[table].items()}
     return {"table": table, "columns": cols, "variants": VARIANTS, "indexing": INDEXING,
             "sweep_columns": {c: {"meaning": m, "unit": u} for c, (m, u) in _UNIT_COLUMNS.items()}}
+
+
+def unit_columns(table: str) -> list[str]:
+    """The unit keys stored as columns of ``table``: all but a name the table has itself
+    (``prompts.label`` is the prompt's label)."""
+    return [k for k in UNIT_KEYS if k not in SCHEMAS[table]]
 
 
 def unit_identity(meta: Mapping[str, Any] | None) -> dict[str, Any]:

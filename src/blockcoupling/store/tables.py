@@ -20,7 +20,7 @@ import pyarrow.parquet as pq
 
 from blockcoupling.engine.results import SCHEMAS, TABLES, Measurement, conform
 from blockcoupling.errors import BlockCouplingError, RunDirError
-from blockcoupling.store.schema import parquet_metadata
+from blockcoupling.store.schema import parquet_metadata, unit_columns, unit_identity
 
 _ARROW_TYPES: dict[str, pa.DataType] = {
     "string": pa.string(),
@@ -34,6 +34,12 @@ def table_bytes(name: str, df: pd.DataFrame, meta: Mapping[str, Any] | None = No
     for extra columns, no pandas metadata; key-value metadata describing every column (and
     the run's sweep unit, from ``meta``: store/schema.py)."""
     df = conform(name, df)
+    unit = unit_identity(meta)
+    cols = [c for c in unit_columns(name) if c in unit]
+    if cols:  # a sweep unit's identity as constant columns (replacing those of its parts)
+        df = df.assign(**{c: pd.Series([unit[c]] * len(df), index=df.index,
+                                       dtype="int64" if c == "step" else "string")
+                          for c in cols})
     arrays: list[pa.Array] = []
     names: list[str] = []
     for col in df.columns:

@@ -96,34 +96,25 @@ def _prompt_items(prompts: Any, limit: int | None, seed: int) -> tuple[list[Any]
     return items, f"prompts:{digest.hexdigest()[:12]}"
 
 
-#: the statistics logged per measured step: chance-corrected first, then raw
-LOGGED_VARIANTS: tuple[str, ...] = ("coupling_vs_null", "coupling")
+def coupling_scalars(coupling: pd.DataFrame) -> dict[str, float]:
+    """One scalar per headline statistic and measured K of a ``coupling`` table, by the
+    library's rule (engine/statistic.py: depth-wise, each prompt's last token, l != l', mean
+    over prompts): ``coupling/<variant>_k<K>`` and ``..._se`` (sample std over prompts /
+    sqrt(n); left out for one prompt), for ``coupling_vs_null`` (chance-corrected) and raw
+    ``coupling``, where measured."""
+    from blockcoupling.engine.statistic import HEADLINE_VARIANTS, statistic_table
 
-
-def coupling_scalars(coupling: pd.DataFrame, *, p: float = 1.0,
-                     orientation: str = "ujv") -> dict[str, float]:
-    """One scalar per statistic and K from a measurement's ``coupling`` table:
-    ``coupling/<variant>_k<K>`` = mean over prompts of the per-prompt mean over layer pairs
-    l != l' of the depth-wise value at the prompt's last measured token, and ``..._se`` =
-    sample std over prompts / sqrt(n) (left out for one prompt). Variants as
-    :data:`LOGGED_VARIANTS`, where measured."""
-    df = coupling[(coupling["kind"] == "depth") & (coupling["layer_a"] != coupling["layer_b"])
-                  & (coupling["orientation"] == orientation)]
-    if df.empty:
-        return {}
-    last = df.groupby("prompt_id")["token_out_a"].transform("max")
-    df = df[df["token_out_a"] == last]
+    depth = coupling[(coupling["kind"] == "depth") & (coupling["orientation"] == "ujv")]
     out: dict[str, float] = {}
-    for variant in LOGGED_VARIANTS:
-        rows = df[df["variant"] == variant]
-        if variant == "coupling":
-            rows = rows[rows["p"] == p]
-        for k, g in rows.groupby("k"):
-            per_prompt = g.groupby("prompt_id")["value"].mean().to_numpy(dtype=float)  # (n,)
-            name = f"coupling/{variant}_k{int(k)}"
-            out[name] = float(np.mean(per_prompt))
-            if len(per_prompt) > 1:
-                out[f"{name}_se"] = float(np.std(per_prompt, ddof=1) / math.sqrt(len(per_prompt)))
+    for variant in HEADLINE_VARIANTS:
+        ks = sorted(int(k) for k in depth.loc[depth["variant"] == variant, "k"].unique())
+        if not ks or depth["layer_a"].nunique() < 2:
+            continue
+        for row in statistic_table(coupling, variants=(variant,), k=ks, n_boot=0).itertuples():
+            name = f"coupling/{variant}_k{int(row.k)}"
+            out[name] = float(row.mean)
+            if math.isfinite(row.se):
+                out[f"{name}_se"] = float(row.se)
     return out
 
 
