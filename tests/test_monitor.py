@@ -279,6 +279,14 @@ def test_interpreter_exit_is_clean(tmp_path: Path) -> None:
         mon.step(_model().eval(), 1)
         cb = bc.CouplingCallback(tok, PROMPTS, every=1, out={str(tmp_path / "b")!r}, k=(2,))
         cb2 = bc.CouplingCallback(tok, PROMPTS, every=1, out={str(tmp_path / "b")!r}, k=(2,))
+        # a training script: a Trainer run with the callback, nothing closed by hand
+        import torch, transformers as tf
+        data = [{{"input_ids": torch.arange(10) % 12, "labels": torch.arange(10) % 12}}] * 4
+        args = tf.TrainingArguments(output_dir={str(tmp_path / "t")!r}, max_steps=2,
+                                    per_device_train_batch_size=2, report_to=[],
+                                    save_strategy="no", use_cpu=True, disable_tqdm=True)
+        cb3 = bc.CouplingCallback(tok, PROMPTS, every=1, out={str(tmp_path / "c")!r}, k=(2,))
+        tf.Trainer(model=_model(), args=args, train_dataset=data, callbacks=[cb3]).train()
     """)
     r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                        timeout=300)
@@ -286,7 +294,8 @@ def test_interpreter_exit_is_clean(tmp_path: Path) -> None:
     assert "Exception ignored" not in r.stderr and "Traceback" not in r.stderr, r.stderr
     from blockcoupling.studies.sweep.store import is_locked
 
-    assert not is_locked(tmp_path / "a") and not is_locked(tmp_path / "b")
+    assert not any(is_locked(tmp_path / d) for d in "abc")
+    assert bc.open_sweep(tmp_path / "c").catalogue["step"].tolist() == [0, 1, 2]
 
 
 def test_lightning_callback(tmp_path: Path) -> None:

@@ -279,6 +279,10 @@ def test_real_hooked_transformer() -> None:
         normalization_type="LNPre")).eval()
     with pytest.warns(UserWarning, match="fold_ln"):
         unwrap_model(folded)
+    model.process_weights_(fold_ln=True, center_writing_weights=True, center_unembed=True)
+    with pytest.warns(UserWarning, match="fold_ln, center_writing_weights"):
+        processed = measure(model, None, ids(), k=(2,), progress=False)
+    assert processed.meta["weights_processed"] == ["fold_ln", "center_writing_weights"]
 
 
 def test_stored_tables_describe_themselves(tmp_path: object) -> None:
