@@ -65,11 +65,8 @@ def _peft_meta(model: Any) -> dict[str, Any]:
             "adapter_names": active}
 
 
-def unwrap_model(model: Any) -> Unwrapped:
-    """The ``nn.Module`` to measure inside ``model`` (``model`` itself if it is one already).
-
-    Raises :class:`ArchitectureError` for an object that is no module and no known wrapper.
-    """
+def _unwrap(model: Any) -> tuple[nn.Module, dict[str, Any]]:
+    """The module inside ``model`` and what was unwrapped (no weight checks)."""
     meta: dict[str, Any] = {}
     for _ in range(4):  # wrappers of wrappers (a PEFT model inside nnsight, ...)
         if _is_peft(model):
@@ -92,7 +89,16 @@ def unwrap_model(model: Any) -> Unwrapped:
             f"{type(model).__name__} is not a torch nn.Module nor a wrapper blockcoupling knows "
             "(nnsight LanguageModel, TransformerLens HookedTransformer / TransformerBridge, "
             "PEFT); pass the torch module itself.")
-    processed = tl_processing(model)
+    return model, meta
+
+
+def unwrap_model(model: Any) -> Unwrapped:
+    """The ``nn.Module`` to measure inside ``model`` (``model`` itself if it is one already),
+    with what was unwrapped and, for a TransformerLens model, the weight processing found
+    (warned about). Raises :class:`ArchitectureError` for an object that is no module and no
+    known wrapper."""
+    module, meta = _unwrap(model)
+    processed = tl_processing(module)
     if processed:
         meta["weights_processed"] = processed
         warnings.warn(
@@ -100,14 +106,12 @@ def unwrap_model(model: Any) -> Unwrapped:
             "residual stream the blocks see, so coupling differs from the original model's; "
             "load with HookedTransformer.from_pretrained_no_processing(...) to measure the "
             "original weights.", stacklevel=3)
-    return Unwrapped(model, meta)
+    return Unwrapped(module, meta)
 
 
 def as_module(model: Any) -> nn.Module:
-    """:func:`unwrap_model` without its meta and without warnings (for repeated look-ups)."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return unwrap_model(model).module
+    """The ``nn.Module`` to measure inside ``model`` (cheap: for repeated look-ups)."""
+    return _unwrap(model)[0]
 
 
 def tl_processing(model: nn.Module) -> list[str]:
