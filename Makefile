@@ -1,7 +1,9 @@
 # Two commands on a fresh clone (see README, "Quick start"):
 #
 #   make demo     create .venv (once), install blockcoupling + the demo's extras, run the demo
-#   make test     the same .venv, plus the test extras (pytest, hypothesis, ray, ...), run the tests
+#   make test     the same .venv, plus the test extras (pytest, hypothesis, ray, ...), run
+#                 `make check`, then the tests (the default suite: not the `slow` marker)
+#   make check    ruff (lint) and mypy (types, on all of src/; settings in pyproject.toml)
 #
 # torch is installed first and pinned by a constraints file, so no later install can replace it
 # (an unpinned `pip install torch` on Linux pulls the multi-GB CUDA build). Installs are
@@ -14,7 +16,9 @@
 #   PYTHON=python3            the interpreter that creates the venv (3.10 or newer)
 #   VENV=.venv                where the environment lives
 #   DEMO_ARGS=                arguments for `blockcoupling demo`, e.g. --quick
-#   TEST_ARGS=-q              arguments for pytest, e.g. "-q -x tests/test_demo.py"
+#   TEST_ARGS=-q              arguments for pytest, e.g. "-q -x tests/test_demo.py", or
+#                             "-q -m 'slow or not slow'" for every test (what CI runs), or
+#                             "-q --random-order" to shuffle the order
 
 PYTHON ?= python3
 VENV ?= .venv
@@ -37,18 +41,23 @@ TORCH_STAMP := $(VENV)/.stamp-torch-$(firstword $(shell echo '$(TORCH)' | cksum)
 DEMO_STAMP := $(VENV)/.stamp-demo-$(KEY)
 TEST_STAMP := $(VENV)/.stamp-test-$(KEY)
 
-.PHONY: demo test venv clean-venv help
+.PHONY: demo test check venv clean-venv help
 
 help:
 	@echo "make demo    create .venv, install, run the offline demo (writes demo_run/report.html)"
-	@echo "make test    same .venv plus the test extras, run the test-suite"
+	@echo "make test    same .venv plus the test extras, make check, run the test-suite"
+	@echo "make check   ruff (lint) + mypy (types) on the sources"
 	@echo "make clean-venv   delete .venv"
 
 demo: $(DEMO_STAMP)
 	$(VENV)/bin/blockcoupling demo $(DEMO_ARGS)
 
-test: $(TEST_STAMP)
+test: check
 	$(PY) -m pytest $(TEST_ARGS)
+
+check: $(TEST_STAMP)
+	$(VENV)/bin/ruff check src tests tools benchmarks
+	$(VENV)/bin/mypy
 
 venv: $(DEMO_STAMP)
 
@@ -66,7 +75,7 @@ $(DEMO_STAMP): $(TORCH_STAMP)
 	touch $@
 
 $(TEST_STAMP): $(TORCH_STAMP)
-	$(PIP) install -c $(CONSTRAINTS) -e '.[demo,test,sweep]'
+	$(PIP) install -c $(CONSTRAINTS) -e '.[demo,test,sweep,dev]'
 	touch $(DEMO_STAMP) $@
 
 clean-venv:

@@ -51,7 +51,7 @@ from common import emit, machine, save  # noqa: E402
 
 import blockcoupling  # noqa: E402
 from blockcoupling.engine.measure import choose_method  # noqa: E402
-from blockcoupling.studies import demo  # noqa: E402
+from blockcoupling.studies import demo, tiny_lm  # noqa: E402
 
 PROMPT_IDS = ("science-00", "math-00", "commonsense-00", "truthfulness-00")
 KEYS = ["prompt_id", "kind", "layer_a", "layer_b", "token_in_a", "token_out_a", "token_in_b",
@@ -190,14 +190,14 @@ def main() -> None:
                         (10, 30), sink)
     if want & {"tinylm_last", "tinylm_step0"}:
         t0 = time.perf_counter()
-        ckpts = demo.train_tiny_lm(demo.TinyLMConfig(), progress=False)
+        ckpts = tiny_lm.train_tiny_lm(tiny_lm.TinyLMConfig(), progress=False)
         emit({"record": "tiny_lm_cache", "seconds_to_train_or_load": round(time.perf_counter() - t0, 1),
               "checkpoints": [[s, str(p)] for s, p in ckpts]}, sink)
         by_step = dict(ckpts)
         last = max(by_step)
         for label, step in (("tinylm_last", last), ("tinylm_step0", 0)):
             if label in want:
-                model, tok = demo.load_checkpoint(by_step[step])
+                model, tok = tiny_lm.load_checkpoint(by_step[step])
                 run_variant(f"tinylm_step{step}", model, tok, short, (10,), sink)
     emit({"record": "end", "uptime_end": uptime(), "loadavg_1m": os.getloadavg()[0]}, sink)
     save(sink, "bench_accuracy")

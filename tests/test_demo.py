@@ -16,10 +16,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from blockcoupling.errors import BlockCouplingError
-from blockcoupling.studies import demo
+from blockcoupling.studies import demo, tiny_lm
 
 # Small enough to train 30 steps in about a second on one core.
-SMALL = demo.TinyLMConfig(
+SMALL = tiny_lm.TinyLMConfig(
     n_layer=2, n_embd=16, n_head=2, block_size=16, batch_size=4, max_steps=30,
     checkpoints=(0, 10, 30), warmup_steps=2, val_windows=4, lr=1e-2,
 )
@@ -28,12 +28,12 @@ SMALL = demo.TinyLMConfig(
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[tuple[int, Path]]]:
     root = tmp_path_factory.mktemp("demo-cache")
-    return root, demo.train_tiny_lm(SMALL, root, progress=False)
+    return root, tiny_lm.train_tiny_lm(SMALL, root, progress=False)
 
 
 @pytest.fixture(scope="module")
 def tokenizer() -> Any:
-    return demo.build_tokenizer(demo.corpus_text())
+    return tiny_lm.build_tokenizer(tiny_lm.corpus_text())
 
 
 def _state(path: Path) -> dict[str, torch.Tensor]:
@@ -49,23 +49,23 @@ def _state(path: Path) -> dict[str, torch.Tensor]:
 
 def test_clean_folds_typography_and_drops_underlines() -> None:
     raw = "Title\n*****\n\n\n\nUse \u201cif\u201d \u2014 it\u2019s fine\u2026   \n\tx = 1\n===\n"
-    assert demo._clean(raw) == "Title\n\nUse \"if\" - it's fine...\n    x = 1"
+    assert tiny_lm._clean(raw) == "Title\n\nUse \"if\" - it's fine...\n    x = 1"
 
 
 def test_corpus_is_deterministic_ascii_and_complete() -> None:
     from pydoc_data.topics import topics
 
-    first = demo.corpus_text()
-    demo._corpus_documents.cache_clear()
-    second = demo.corpus_text()
+    first = tiny_lm.corpus_text()
+    tiny_lm._corpus_documents.cache_clear()
+    second = tiny_lm.corpus_text()
     assert first == second
-    docs = demo.corpus_documents()
+    docs = tiny_lm.corpus_documents()
     assert len(docs) == len(topics)
-    assert docs[0] == demo._clean(topics[sorted(topics)[0]])
+    assert docs[0] == tiny_lm._clean(topics[sorted(topics)[0]])
     assert all(c == "\n" or 0x20 <= ord(c) <= 0x7E for c in set(first))
     assert 'The "if" statement' in first
     assert not any(set(line.strip()) == {"*"} for line in first.split("\n"))
-    assert demo.corpus_sha256() == demo.corpus_sha256()
+    assert tiny_lm.corpus_sha256() == tiny_lm.corpus_sha256()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -74,7 +74,7 @@ def test_corpus_is_deterministic_ascii_and_complete() -> None:
 
 
 def test_tokenizer_ids_follow_sorted_characters(tokenizer: Any) -> None:
-    chars = sorted(set(demo.corpus_text()))
+    chars = sorted(set(tiny_lm.corpus_text()))
     assert len(tokenizer) == len(chars) + 2
     assert tokenizer.pad_token_id == 0 and tokenizer.unk_token_id == 1
     text = "def f(x):\n    return x"
@@ -114,33 +114,33 @@ def test_tokenizer_save_load_and_padded_batch(tokenizer: Any, tmp_path: Path) ->
 
 def test_config_validation_and_cache_key() -> None:
     with pytest.raises(BlockCouplingError, match="multiple of n_head"):
-        demo.TinyLMConfig(n_embd=30, n_head=4)
+        tiny_lm.TinyLMConfig(n_embd=30, n_head=4)
     with pytest.raises(BlockCouplingError, match="increasing"):
-        demo.TinyLMConfig(checkpoints=(0, 50, 25))
+        tiny_lm.TinyLMConfig(checkpoints=(0, 50, 25))
     with pytest.raises(BlockCouplingError, match="within"):
-        demo.TinyLMConfig(max_steps=10, checkpoints=(0, 20))
-    same = demo.TinyLMConfig(**{**SMALL.to_dict(), "checkpoints": tuple(SMALL.checkpoints)})
+        tiny_lm.TinyLMConfig(max_steps=10, checkpoints=(0, 20))
+    same = tiny_lm.TinyLMConfig(**{**SMALL.to_dict(), "checkpoints": tuple(SMALL.checkpoints)})
     assert same.cache_key() == SMALL.cache_key()
-    other = demo.TinyLMConfig(**{**SMALL.to_dict(), "checkpoints": (0, 10, 30), "seed": 1})
+    other = tiny_lm.TinyLMConfig(**{**SMALL.to_dict(), "checkpoints": (0, 10, 30), "seed": 1})
     assert other.cache_key() != SMALL.cache_key()
     assert len(SMALL.cache_key()) == 16
 
 
 def test_default_config_is_documented_small_lm() -> None:
-    cfg = demo.TinyLMConfig()
+    cfg = tiny_lm.TinyLMConfig()
     assert cfg.checkpoints[0] == 0 and cfg.checkpoints[-1] == cfg.max_steps
     assert 4 <= cfg.n_layer <= 6 and 64 <= cfg.n_embd <= 128
 
 
 def test_lr_schedule_warmup_then_cosine() -> None:
-    cfg = demo.TinyLMConfig(max_steps=100, checkpoints=(0, 100), warmup_steps=10, lr=1.0,
+    cfg = tiny_lm.TinyLMConfig(max_steps=100, checkpoints=(0, 100), warmup_steps=10, lr=1.0,
                             min_lr_ratio=0.1)
-    assert demo._lr_at(cfg, 0) == pytest.approx(0.1)
-    assert demo._lr_at(cfg, 9) == pytest.approx(1.0)
-    assert demo._lr_at(cfg, 10) == pytest.approx(1.0)
+    assert tiny_lm._lr_at(cfg, 0) == pytest.approx(0.1)
+    assert tiny_lm._lr_at(cfg, 9) == pytest.approx(1.0)
+    assert tiny_lm._lr_at(cfg, 10) == pytest.approx(1.0)
     mid = 10 + 45  # half-way through the cosine
-    assert demo._lr_at(cfg, mid) == pytest.approx(0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi / 2)))
-    assert demo._lr_at(cfg, 100) == pytest.approx(0.1)
+    assert tiny_lm._lr_at(cfg, mid) == pytest.approx(0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi / 2)))
+    assert tiny_lm._lr_at(cfg, 100) == pytest.approx(0.1)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -154,7 +154,7 @@ def test_checkpoints_are_loadable(trained: tuple[Path, list[tuple[int, Path]]]) 
     key_dir = root / SMALL.cache_key()
     for step, path in ckpts:
         assert path == key_dir / f"step-{step:06d}"
-        model, tok = demo.load_checkpoint(path)
+        model, tok = tiny_lm.load_checkpoint(path)
         assert type(model).__name__ == "GPT2Model" and not model.training
         assert model.config.n_layer == SMALL.n_layer and model.config.n_embd == SMALL.n_embd
         batch = tok(["The if", "x"], return_tensors="pt", padding=True)
@@ -166,9 +166,9 @@ def test_step0_is_the_seeded_initialisation(trained: tuple[Path, list[tuple[int,
     from transformers import GPT2LMHeadModel
 
     _, ckpts = trained
-    tok = demo.build_tokenizer(demo.corpus_text())
+    tok = tiny_lm.build_tokenizer(tiny_lm.corpus_text())
     torch.manual_seed(SMALL.seed)
-    fresh = GPT2LMHeadModel(demo._gpt2_config(SMALL, len(tok), 0)).state_dict()
+    fresh = GPT2LMHeadModel(tiny_lm._gpt2_config(SMALL, len(tok), 0)).state_dict()
     saved = _state(ckpts[0][1])
     for name, value in fresh.items():
         assert torch.equal(saved[name], value), name
@@ -179,7 +179,7 @@ def test_step0_is_the_seeded_initialisation(trained: tuple[Path, list[tuple[int,
 
 def test_loss_decreases(trained: tuple[Path, list[tuple[int, Path]]]) -> None:
     root, _ = trained
-    log = demo.training_log(SMALL, root)
+    log = tiny_lm.training_log(SMALL, root)
     vocab = log["vocab_size"]
     val = {int(s): v["val_loss"] for s, v in log["checkpoints"].items()}
     # Untrained: close to the uniform-distribution loss ln(V).
@@ -192,14 +192,14 @@ def test_loss_decreases(trained: tuple[Path, list[tuple[int, Path]]]) -> None:
 
 
 def test_training_is_deterministic_and_leaves_global_state(tmp_path: Path) -> None:
-    cfg = demo.TinyLMConfig(**{**SMALL.to_dict(), "max_steps": 4, "checkpoints": (0, 4)})
+    cfg = tiny_lm.TinyLMConfig(**{**SMALL.to_dict(), "max_steps": 4, "checkpoints": (0, 4)})
     torch.manual_seed(1234)
     rng_before = torch.get_rng_state()
     det_before = torch.are_deterministic_algorithms_enabled()
-    a = demo.train_tiny_lm(cfg, tmp_path / "a", progress=False)
+    a = tiny_lm.train_tiny_lm(cfg, tmp_path / "a", progress=False)
     assert torch.equal(torch.get_rng_state(), rng_before)
     assert torch.are_deterministic_algorithms_enabled() == det_before
-    b = demo.train_tiny_lm(cfg, tmp_path / "b", progress=False)
+    b = tiny_lm.train_tiny_lm(cfg, tmp_path / "b", progress=False)
     sa, sb = _state(a[-1][1]), _state(b[-1][1])
     assert sa.keys() == sb.keys()
     for name in sa:
@@ -219,38 +219,38 @@ def test_cache_is_reused_without_training(
     def boom(*args: Any, **kwargs: Any) -> None:
         raise AssertionError("trained again although the cache is complete")
 
-    monkeypatch.setattr(demo, "_train_and_save", boom)
-    again = demo.train_tiny_lm(SMALL, root, progress=False)
+    monkeypatch.setattr(tiny_lm, "_train_and_save", boom)
+    again = tiny_lm.train_tiny_lm(SMALL, root, progress=False)
     assert again == ckpts
     after = _state(again[-1][1])
     assert all(torch.equal(before[n], after[n]) for n in before)
     # A different config is a different cache entry, so it must train (and here: fail).
     with pytest.raises(AssertionError, match="trained again"):
-        demo.train_tiny_lm(demo.TinyLMConfig(**{**SMALL.to_dict(), "seed": 7}), root,
+        tiny_lm.train_tiny_lm(tiny_lm.TinyLMConfig(**{**SMALL.to_dict(), "seed": 7}), root,
                            progress=False)
     assert not any(".tmp-" in p.name for p in root.iterdir())
 
 
 def test_incomplete_cache_is_retrained(tmp_path: Path) -> None:
-    cfg = demo.TinyLMConfig(**{**SMALL.to_dict(), "max_steps": 2, "checkpoints": (0, 2)})
-    stale = demo.tiny_lm_dir(cfg, tmp_path)
+    cfg = tiny_lm.TinyLMConfig(**{**SMALL.to_dict(), "max_steps": 2, "checkpoints": (0, 2)})
+    stale = tiny_lm.tiny_lm_dir(cfg, tmp_path)
     (stale / "step-000000").mkdir(parents=True)  # a crash left a folder without training.json
-    ckpts = demo.train_tiny_lm(cfg, tmp_path, progress=False)
+    ckpts = tiny_lm.train_tiny_lm(cfg, tmp_path, progress=False)
     assert (stale / "training.json").is_file()
     assert all((p / "model.safetensors").is_file() for _, p in ckpts)
 
 
 def test_training_log_missing_raises(tmp_path: Path) -> None:
     with pytest.raises(BlockCouplingError, match="train_tiny_lm"):
-        demo.training_log(SMALL, tmp_path)
+        tiny_lm.training_log(SMALL, tmp_path)
 
 
 def test_default_cache_dir_respects_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("BLOCKCOUPLING_CACHE", str(tmp_path))
-    assert demo.default_cache_dir() == tmp_path / "demo"
+    assert tiny_lm.default_cache_dir() == tmp_path / "demo"
     monkeypatch.delenv("BLOCKCOUPLING_CACHE")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
-    assert demo.default_cache_dir() == tmp_path / "xdg" / "blockcoupling" / "demo"
+    assert tiny_lm.default_cache_dir() == tmp_path / "xdg" / "blockcoupling" / "demo"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -331,10 +331,10 @@ def test_demo_prompts(tokenizer: Any) -> None:
 
 
 def test_k_values() -> None:
-    assert demo._k_values(384, quick=False) == (10, 38)
-    assert demo._k_values(128, quick=False) == (10, 13)
-    assert demo._k_values(16, quick=False) == (2, 10)
-    assert demo._k_values(8, quick=True) == (1,)
+    assert tiny_lm._k_values(384, quick=False) == (10, 38)
+    assert tiny_lm._k_values(128, quick=False) == (10, 13)
+    assert tiny_lm._k_values(16, quick=False) == (2, 10)
+    assert tiny_lm._k_values(8, quick=True) == (1,)
 
 
 def test_run_demo_call_sites(
@@ -384,7 +384,7 @@ def test_run_demo_call_sites(
                         types.SimpleNamespace(write_report=write_report))
     monkeypatch.setattr(sweep_pkg, "run_sweep", run_sweep)
     monkeypatch.setattr(sweep_pkg, "open_sweep", open_sweep)
-    monkeypatch.setattr(demo.TinyLMConfig, "quick", classmethod(lambda cls: SMALL))
+    monkeypatch.setattr(tiny_lm.TinyLMConfig, "quick", classmethod(lambda cls: SMALL))
 
     path = demo.run_demo(tmp_path / "out", quick=True, cache_dir=root, progress=False,
                          family=False, executor="local")
@@ -419,7 +419,7 @@ def test_run_demo_call_sites(
                                       "texts": [demo.demo_prompts("corpus")[0][:16]]}]
     assert sw["spec"]["measure"]["coupling"] == ["depth"]
     assert all(k <= SMALL.n_embd for k in sw["spec"]["measure"]["k"])
-    log = demo.training_log(SMALL, root)
+    log = tiny_lm.training_log(SMALL, root)
     measured = reports[0]
     assert measured[2][4:] == tiny
     # ... and the cached monitor directory of its training, copied beside the runs
@@ -438,15 +438,15 @@ def test_monitor_does_not_change_the_demo_training(
     """The demo's tiny LM is trained with the coupling monitor; without it the weights and the
     losses are bit-identical (the monitor measured at every checkpoint step, in the loop)."""
     root, ckpts = trained
-    log = demo._train_and_save(SMALL, tmp_path, progress=False, monitor=False)
-    assert not (tmp_path / demo.MONITOR_DIR).exists()
-    assert log["train_loss"] == demo.training_log(SMALL, root)["train_loss"]
+    log = tiny_lm._train_and_save(SMALL, tmp_path, progress=False, monitor=False)
+    assert not (tmp_path / tiny_lm.MONITOR_DIR).exists()
+    assert log["train_loss"] == tiny_lm.training_log(SMALL, root)["train_loss"]
     for step, path in ckpts:
-        with_monitor, without = _state(path), _state(tmp_path / demo.checkpoint_name(step))
+        with_monitor, without = _state(path), _state(tmp_path / tiny_lm.checkpoint_name(step))
         assert with_monitor.keys() == without.keys()
         for name in with_monitor:
             assert torch.equal(with_monitor[name], without[name]), (step, name)
-    monitored = demo.monitor_dir(SMALL, root)
+    monitored = tiny_lm.monitor_dir(SMALL, root)
     import blockcoupling as bc
 
     units = bc.open_sweep(monitored).units
@@ -466,7 +466,7 @@ def test_run_demo_end_to_end_quick(tmp_path: Path, ray_cluster: str) -> None:
 
     assert is_sweep_dir(tmp_path / "out" / "tinylm")
     assert is_sweep_dir(tmp_path / "out" / "tinylm-monitor")
-    cfg = demo.TinyLMConfig.quick()
+    cfg = tiny_lm.TinyLMConfig.quick()
     assert (tmp_path / "cache" / cfg.cache_key() / "training.json").is_file()
     import blockcoupling as bc
 
@@ -497,38 +497,37 @@ def test_run_demo_end_to_end_quick(tmp_path: Path, ray_cluster: str) -> None:
     rnd, pre = above_chance("minilm-random-normdirs"), above_chance("minilm-pretrained-normdirs")
     raw_rnd = above_chance("minilm-random")
     assert abs(rnd) < 0.05 and pre > 0.15 and raw_rnd > 0.2
-    # (c) the tiny-LM family study ran through a sweep and wrote its correlation
+    # (c) the quick tiny-LM family study ran through a sweep and wrote its result
     fam = tmp_path / "out" / "lm-family"
-    assert (fam / "correlation.html").is_file() and (fam / "scores.csv").is_file()
+    assert (fam / "study.html").is_file()
     assert bc.open_sweep(fam / "sweep").catalogue["status"].eq("done").all()
-    corr = json.loads((fam / "correlation.json").read_text())
-    assert {"accuracy", "neg_loss"} <= set(corr)
-    assert "coupling_vs_null_mean" in corr["accuracy"]["predictors"]
+    study = json.loads((fam / "study.json").read_text())
+    assert {"H1", "H2"} == set(study["hypotheses"]) and study["statement"]
 
 
 def test_monitor_is_optional_and_a_missing_or_outdated_one_retrains(tmp_path: Path) -> None:
     """The family trains without the monitor; asking for it later trains again (identical
     weights) and writes it; a monitor directory for other prompts/options is replaced."""
-    cfg = demo.TinyLMConfig(**{**SMALL.to_dict(), "max_steps": 4, "checkpoints": (0, 4)})
-    plain = demo.train_tiny_lm(cfg, tmp_path, progress=False, monitor=False)
-    target = demo.tiny_lm_dir(cfg, tmp_path)
-    assert not (target / demo.MONITOR_DIR).exists()
+    cfg = tiny_lm.TinyLMConfig(**{**SMALL.to_dict(), "max_steps": 4, "checkpoints": (0, 4)})
+    plain = tiny_lm.train_tiny_lm(cfg, tmp_path, progress=False, monitor=False)
+    target = tiny_lm.tiny_lm_dir(cfg, tmp_path)
+    assert not (target / tiny_lm.MONITOR_DIR).exists()
     before = _state(plain[-1][1])
-    demo.train_tiny_lm(cfg, tmp_path, progress=False)  # monitor=True: trains again
-    assert demo._monitor_is_current(cfg, target)
+    tiny_lm.train_tiny_lm(cfg, tmp_path, progress=False)  # monitor=True: trains again
+    assert tiny_lm._monitor_is_current(cfg, target)
     after = _state(plain[-1][1])
     assert all(torch.equal(before[n], after[n]) for n in before)
     # an outdated monitor (as if monitor_options had changed since it was cached)
     from blockcoupling.studies.sweep import store
 
-    manifest = store.load_manifest(target / demo.MONITOR_DIR)
+    manifest = store.load_manifest(target / tiny_lm.MONITOR_DIR)
     manifest["spec"]["monitor"]["config"]["k"] = [99]
-    store.write_json(target / demo.MONITOR_DIR / store.MANIFEST, manifest)
-    assert not demo._monitor_is_current(cfg, target)
-    demo.train_tiny_lm(cfg, tmp_path, progress=False)
-    assert demo._monitor_is_current(cfg, target)
+    store.write_json(target / tiny_lm.MONITOR_DIR / store.MANIFEST, manifest)
+    assert not tiny_lm._monitor_is_current(cfg, target)
+    tiny_lm.train_tiny_lm(cfg, tmp_path, progress=False)
+    assert tiny_lm._monitor_is_current(cfg, target)
     # monitor=False never looks at it
-    demo.train_tiny_lm(cfg, tmp_path, progress=False, monitor=False)
+    tiny_lm.train_tiny_lm(cfg, tmp_path, progress=False, monitor=False)
 
 
 def test_demo_sweep_for_other_checkpoints_is_measured_afresh(

@@ -389,7 +389,7 @@ def test_small_grid_runs_locally_and_figures(tmp_path: Path) -> None:
     epochs = collect_epochs(tmp_path / "grid")
     assert len(epochs) == 8 and set(epochs["epoch"]) == {0, 1}
 
-    from blockcoupling.report.vit import (
+    from blockcoupling.studies.vit.report import (
         coupling_accuracy_fit,
         plot_coupling_vs_drop_path,
         write_vit_figures,
@@ -469,7 +469,7 @@ def test_grid_records_failed_runs(tmp_path: Path) -> None:
 def test_collect_runs_on_empty_folder(tmp_path: Path) -> None:
     assert collect_runs(tmp_path).empty
     from blockcoupling.report.figures import FigureUnavailable
-    from blockcoupling.report.vit import write_vit_figures
+    from blockcoupling.studies.vit.report import write_vit_figures
 
     with pytest.raises(FigureUnavailable, match="no vit-train outputs"):
         write_vit_figures(tmp_path, tmp_path / "fig")

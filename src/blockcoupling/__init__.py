@@ -1,6 +1,10 @@
 """blockcoupling: transformer block coupling, trajectory and spectral metrics.
 
-The public API, re-exported explicitly; everything else is private to its module.
+The public API of the library, re-exported explicitly; everything else is private to its
+module. The studies built on it (sweeps, the training monitor, the correlation and ViT
+studies) have their own exports in :mod:`blockcoupling.studies`; their old names here
+(``bc.run_sweep``, ``bc.CouplingMonitor``, ...) still work for one release, with a
+``DeprecationWarning`` naming the new place.
 
 >>> import blockcoupling as bc
 >>> m = bc.measure(model, tokenizer, ["What is the capital of France? The capital is"],
@@ -41,13 +45,19 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "blockcoupling.store.record": ("measure_to_dir",),
     "blockcoupling.store.rundir": ("is_run_dir", "open_run"),
     "blockcoupling.report.html": ("write_report",),
-    "blockcoupling.studies.statistic": ("coupling_statistic",),
-    "blockcoupling.studies.monitor": ("CouplingCallback", "CouplingMonitor"),
-    "blockcoupling.studies.sweep": ("Sweep", "SweepSpec", "load_spec", "open_sweep", "run_sweep"),
-    "blockcoupling.studies.correlate": ("CorrelationResult", "correlate", "paper_scores"),
-    "blockcoupling.studies.vit.train": ("VitTrainConfig", "train_vit"),
+    "blockcoupling.studies.sweep.read": ("Sweep", "open_sweep"),  # the collections reader
+    "blockcoupling.studies.statistic": ("coupling_statistic",),  # the headline statistic
 }
 _WHERE: dict[str, str] = {name: mod for mod, names in _EXPORTS.items() for name in names}
+
+#: study names that were top-level before 0.2 -> where they live now: still resolved, with a
+#: DeprecationWarning; removed in the release after.
+_DEPRECATED: dict[str, str] = {
+    **dict.fromkeys(("CouplingCallback", "CouplingMonitor", "SweepSpec", "load_spec", "run_sweep",
+                     "CorrelationResult", "paper_scores", "VitTrainConfig", "train_vit"),
+                    "blockcoupling.studies"),
+    "correlate": "blockcoupling.studies.correlate",  # the function of the module of that name
+}
 
 if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ does the work
     from blockcoupling.engine.blocks import SUPPORTED_ARCHITECTURES, BlockSpec, find_blocks
@@ -60,14 +70,18 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ do
     from blockcoupling.report.html import write_report
     from blockcoupling.store.record import measure_to_dir
     from blockcoupling.store.rundir import is_run_dir, open_run
-    from blockcoupling.studies.correlate import CorrelationResult, correlate, paper_scores
     from blockcoupling.studies.statistic import coupling_statistic
-    from blockcoupling.studies.monitor import CouplingCallback, CouplingMonitor
-    from blockcoupling.studies.sweep import Sweep, SweepSpec, load_spec, open_sweep, run_sweep
-    from blockcoupling.studies.vit.train import VitTrainConfig, train_vit
+    from blockcoupling.studies.sweep.read import Sweep, open_sweep
 
 
 def __getattr__(name: str) -> Any:
+    if name in _DEPRECATED:
+        import warnings
+
+        warnings.warn(f"blockcoupling.{name} is deprecated: use {_DEPRECATED[name]}.{name} "
+                      "(the top-level name goes in the next release)", DeprecationWarning,
+                      stacklevel=2)
+        return getattr(importlib.import_module(_DEPRECATED[name]), name)
     module = _WHERE.get(name)
     if module is None:
         raise AttributeError(f"module 'blockcoupling' has no attribute {name!r}")
@@ -90,9 +104,6 @@ __all__ = [
     "ArchitectureError",
     "BlockCouplingError",
     "BlockSpec",
-    "CorrelationResult",
-    "CouplingCallback",
-    "CouplingMonitor",
     "MeasureConfig",
     "MeasureEvent",
     "MeasureInput",
@@ -102,22 +113,15 @@ __all__ = [
     "ReplayError",
     "RunDirError",
     "Sweep",
-    "SweepSpec",
-    "VitTrainConfig",
     "__version__",
-    "correlate",
     "coupling_statistic",
     "find_blocks",
     "is_run_dir",
     "iter_measure",
     "load_prompts",
-    "load_spec",
     "measure",
     "measure_to_dir",
     "open_run",
     "open_sweep",
-    "paper_scores",
-    "run_sweep",
-    "train_vit",
     "write_report",
 ]

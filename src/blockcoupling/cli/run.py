@@ -184,10 +184,11 @@ def report(
     try:
         if len(run_dirs) == 1 and is_sweep_dir(run_dirs[0]):  # a sweep or monitor directory
             from blockcoupling.report.emergence import write_emergence_report
+            from blockcoupling.studies.sweep.read import open_sweep
 
-            path = write_emergence_report(run_dirs[0], out)
+            path = write_emergence_report(open_sweep(run_dirs[0]), out)
         elif len(run_dirs) == 1 and _is_vit_dir(run_dirs[0]):  # vit-train / vit-grid outputs
-            from blockcoupling.report.vit import write_vit_report
+            from blockcoupling.studies.vit.report import write_vit_report
 
             path = write_vit_report(run_dirs[0], out)
         else:

@@ -155,7 +155,7 @@ def vit_figures(
     out: Annotated[Path, typer.Option("--out", "-o", help="Folder for the figures and tables.")] = Path("vit_figures"),
 ) -> None:
     """Coupling vs drop-path rate, vs test accuracy, and across epochs (PNG + CSV)."""
-    from blockcoupling.report.vit import write_vit_figures
+    from blockcoupling.studies.vit.report import write_vit_figures
 
     try:
         paths = write_vit_figures(root, out)

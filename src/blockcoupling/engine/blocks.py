@@ -18,7 +18,7 @@ Wrappers (nnsight, TransformerBridge, PEFT) are unwrapped first (engine/wrappers
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from torch import nn
 
@@ -155,7 +155,8 @@ def get_module(model: nn.Module, dotted: str) -> nn.Module:
 
 def get_blocks(model: nn.Module, spec: BlockSpec) -> list[nn.Module]:
     """The blocks of ``model`` as a list (block l = ``get_blocks(...)[l - 1]``)."""
-    return list(get_module(model, spec.blocks_path))
+    blocks = cast(nn.ModuleList, get_module(model, spec.blocks_path))  # found by find_blocks
+    return list(blocks)
 
 
 def _config_int(config: Any, names: tuple[str, ...]) -> int | None:

@@ -156,7 +156,7 @@ def _ensure_attn_implementation(model: nn.Module) -> None:
     setter = getattr(model, "set_attn_implementation", None)
     if callable(setter):
         setter("eager")
-    else:
+    elif config is not None:
         config._attn_implementation = "eager"
 
 
@@ -423,8 +423,9 @@ class BlockReplay:
     device: torch.device
 
 
-def check_call_index(cap: Capture, layer: int, prompt: int) -> None:
-    """Clear errors for a capture without calls, or a layer or prompt out of range."""
+def check_call_index(cap: Capture, layer: int, prompt: int) -> list[BlockCall]:
+    """Clear errors for a capture without calls, or a layer or prompt out of range; returns
+    the recorded calls."""
     if cap.calls is None:
         raise BlockCouplingError(
             "this Capture was made with keep_calls=False; capture again with keep_calls=True."
@@ -436,6 +437,7 @@ def check_call_index(cap: Capture, layer: int, prompt: int) -> None:
         raise BlockCouplingError(
             f"prompt {prompt} is out of range: the batch has prompts 0..{cap.batch_size - 1}."
         )
+    return cap.calls
 
 
 def prepare_replay(model: nn.Module, cap: Capture, layer: int, prompt: int, *,
@@ -443,8 +445,8 @@ def prepare_replay(model: nn.Module, cap: Capture, layer: int, prompt: int, *,
                    device: torch.device | str | None = None) -> BlockReplay:
     """Block ``layer``'s recorded call for ``prompt``, cast to ``dtype`` and moved to ``device``
     (default: where the block's weights are). Validates the layer, the prompt and eval mode."""
-    check_call_index(cap, layer, prompt)
-    L, B = len(cap.calls), cap.batch_size  # type: ignore[arg-type]
+    calls = check_call_index(cap, layer, prompt)
+    L, B = len(calls), cap.batch_size
     spec = cap.spec
     block_orig = get_blocks(model, spec)[layer - 1]
     use_norm = cap.final_norm and layer == L
@@ -456,7 +458,7 @@ def prepare_replay(model: nn.Module, cap: Capture, layer: int, prompt: int, *,
             raise BlockCouplingError(
                 f"block {layer} is in training mode (dropout on); call model.eval() before measuring."
             )
-    call = cap.calls[layer - 1]
+    call = calls[layer - 1]
     ref = _first_float_param(block_orig)
     dev = torch.device(device) if device is not None else (
         ref.device if ref is not None else call.input.device)
@@ -528,7 +530,8 @@ def residual_branch(
         return out.squeeze(0) - h
 
     if check:
-        recorded = cap.final_output if use_norm else cap.calls[layer - 1].output
+        recorded = (cap.final_output if use_norm
+                    else check_call_index(cap, layer, prompt)[layer - 1].output)
         assert recorded is not None
         ref_out = recorded[prompt].detach().to(rp.device, dtype)  # (n, d)
         with torch.no_grad():

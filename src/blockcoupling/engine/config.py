@@ -26,8 +26,6 @@ directory's manifest can rebuild it.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import math
 import types
 import typing
@@ -39,6 +37,7 @@ import torch
 
 from blockcoupling.engine.names import KINDS, METHODS, ORIENTATIONS, VALID_P, VARIANTS
 from blockcoupling.errors import BlockCouplingError
+from blockcoupling.hashing import canonical_hash
 
 DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "float64": torch.float64}
 HASH_VERSION = "measure-config-v1"
@@ -399,8 +398,7 @@ class MeasureConfig:
                    **{f.name: d[f.name] for f in fields(self)
                       if f.metadata.get("hashed", True) is True
                       or (f.metadata.get("hashed") == "if_set" and d[f.name] is not None)}}
-        text = json.dumps(payload, sort_keys=True, separators=(",", ":"), allow_nan=False)
-        return hashlib.sha256(text.encode("utf-8")).hexdigest()
+        return canonical_hash(payload)
 
 
 # ---------------------------------------------------------------------------- helpers

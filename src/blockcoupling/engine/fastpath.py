@@ -269,7 +269,7 @@ class TokenBranch:
         U = self._check(U, "U")
         outs: list[Tensor] = []
         with replay_context():
-            _, vjp_fn = vjp(self.g, self.x[None])  # forward once, batch 1
+            vjp_fn = vjp(self.g, self.x[None])[1]  # forward once, batch 1: (g(x), pullback)
             pull = vmap(lambda u: vjp_fn(u[None])[0][0])
             for s in range(0, U.shape[1], self.chunk_size):
                 outs.append(pull(U[:, s : s + self.chunk_size].T).detach())  # (c, d): J^T u_i
@@ -499,9 +499,11 @@ def _verify(model: nn.Module, cap: Capture, layer: int, prompt: int,
                 errs.append(_rel(tb.matmat(V), op.matmat(V)))
         except (TypeError, ValueError, RuntimeError, AttributeError, IndexError) as err:
             return f"token {t}: {type(err).__name__}: {err}"
-        tb.verify_error = max(errs + ([tb.verify_error] if structured_ok else []))
-        if not tb.verify_error <= tol:  # also catches NaN
-            return f"token {t}: relative error {tb.verify_error:.3g} > {tol:.3g}"
+        prior = tb.verify_error if structured_ok else None
+        error = max(errs + ([prior] if prior is not None else []))
+        tb.verify_error = error
+        if not error <= tol:  # also catches NaN
+            return f"token {t}: relative error {error:.3g} > {tol:.3g}"
     return None
 
 

@@ -165,7 +165,7 @@ def jacobian_blocks(
     n, d, outs, ins, out_t, in_t, chunk = _block_setup(x, out_tokens, in_tokens, chunk_size,
                                                         memory_bytes)
     with _autodiff_context():
-        _, vjp_fn = vjp(f, x)
+        vjp_fn = vjp(f, x)[1]  # (f(x), pullback)
         pull = vmap(lambda u: vjp_fn(u)[0])
         total = len(outs) * d
         rows: list[Tensor] = []
@@ -268,7 +268,7 @@ class JacobianOperator:
         m = U.shape[1]
         with _autodiff_context():
             if self._vjp_fn is None:
-                _, self._vjp_fn = vjp(self.f, self.x)
+                self._vjp_fn = vjp(self.f, self.x)[1]  # (f(x), pullback)
             vjp_fn = self._vjp_fn
             pull = vmap(lambda u: vjp_fn(u)[0])
             outs: list[Tensor] = []

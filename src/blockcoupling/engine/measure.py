@@ -535,9 +535,9 @@ def build_meta(model: torch.nn.Module, cfg: MeasureConfig, *, spec: BlockSpec | 
 
 
 def measure(model: torch.nn.Module, tokenizer: Any = None, prompts: Any = (), *,
-            coupling: Sequence[str] | str = ("depth",), k: Sequence[int] | int = (10, 30, 50),
-            tokens: str | Sequence[int] = "auto", p: float | Sequence[float] = 1,
-            dtype: torch.dtype = torch.float32, config: MeasureConfig | None = None,
+            coupling: Sequence[str] | str | None = None, k: Sequence[int] | int | None = None,
+            tokens: str | Sequence[int] | None = None, p: float | Sequence[float] | None = None,
+            dtype: torch.dtype | None = None, config: MeasureConfig | None = None,
             progress: bool = True, on_event: EventCallback | None = None,
             **options: Any) -> Measurement:
     """Measure block coupling, trajectories, spectra and influence of ``model`` on ``prompts``.
@@ -549,12 +549,14 @@ def measure(model: torch.nn.Module, tokenizer: Any = None, prompts: Any = (), *,
     analysis, not of the model: each analysed block is copied to it. ``on_event`` receives a
     :class:`blockcoupling.engine.events.MeasureEvent` per finished piece of work (per-batch
     capture, per-prompt and per-layer Jacobians, SVDs, coupling and tables, with timings).
+    The options left out take their :class:`MeasureConfig` defaults (depth-wise coupling,
+    K = 10, 30, 50, ``tokens="auto"``, p = 1, float32) or, with ``config``, that config's
+    values; every option given is applied on top of ``config`` (the rule of every entry
+    point: ``measure_to_dir`` and the monitor alike).
     """
-    if config is None:
-        cfg = parse_config(None, coupling=coupling, k=k, tokens=tokens, p=p, dtype=dtype,
-                           **options)
-    else:  # an explicit config wins over the keyword defaults; extra options still apply
-        cfg = config.replace(**options) if options else config
+    named = {"coupling": coupling, "k": k, "tokens": tokens, "p": p, "dtype": dtype}
+    given = {name: value for name, value in named.items() if value is not None}
+    cfg = parse_config(config, **given, **options)
     t0 = time.perf_counter()
     items = normalise_inputs(prompts)
     spec = model_spec(as_module(model), cfg, tokenizer, items)

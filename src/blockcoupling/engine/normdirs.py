@@ -32,6 +32,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from blockcoupling.engine.svd import LinearOperator
 from blockcoupling.errors import BlockCouplingError
 
 __all__ = [
@@ -107,7 +108,7 @@ def project_rows(J: Tensor, N: Tensor) -> Tensor:
 class ProjectedOperator:
     """``Q_N J`` for a matrix-free operator J (``matmat``/``rmatmat``, see :mod:`.svd`)."""
 
-    def __init__(self, op: object, N: Tensor) -> None:
+    def __init__(self, op: LinearOperator, N: Tensor) -> None:
         self.op = op
         self.N = N.to(op.dtype)  # (d, r)
         self.d: int = op.d
@@ -128,7 +129,16 @@ class ProjectedOperator:
 
     def jacobian(self) -> Tensor:
         """The dense ``Q_N J`` where the wrapped operator has ``jacobian()`` (the fast path)."""
-        return project_rows(self.op.jacobian(), self.N)
+        dense = getattr(self.op, "jacobian", None)
+        if dense is None:
+            raise AttributeError(f"{type(self.op).__name__} has no dense jacobian()")
+        return project_rows(dense(), self.N)
+
+
+def _detached(module: nn.Module | None, name: str) -> Tensor | None:
+    """``module.<name>`` detached, or None where the module or that tensor is missing."""
+    value = getattr(module, name, None) if module is not None else None
+    return value.detach() if isinstance(value, Tensor) else None
 
 
 def output_layernorm(block: nn.Module) -> nn.LayerNorm | None:
@@ -158,6 +168,7 @@ def block_null_bases(model: nn.Module, cap: Any, layer: int, prompt: int, *,
     from blockcoupling.engine.blocks import get_blocks, get_module
 
     folded = cap.final_norm and layer == cap.n_layers and cap.spec.final_norm_path
+    norm: nn.Module | None
     if folded:
         norm = get_module(model, cap.spec.final_norm_path)
         y = cap.final_output[prompt]  # (n, d)
@@ -165,8 +176,7 @@ def block_null_bases(model: nn.Module, cap: Any, layer: int, prompt: int, *,
         norm = output_layernorm(get_blocks(model, cap.spec)[layer - 1])
         y = cap.calls[layer - 1].output[prompt]  # (n, d)
     real = cap.valid[prompt].to(y.device)  # (n,)
-    w = None if norm is None or norm.weight is None else norm.weight.detach()
-    b = None if norm is None or norm.bias is None else norm.bias.detach()
+    w, b = _detached(norm, "weight"), _detached(norm, "bias")
     if norm is None or not is_layernorm_output(y[real], w, b):
         where = "has no nn.LayerNorm" if norm is None else "does not end in its last LayerNorm"
         raise BlockCouplingError(

@@ -50,8 +50,11 @@ def resolve_tokens(spec: str | Sequence[int], n: int, *, cls: int | None = None)
         return [n - 1]
     if spec == "all":
         return list(range(n))
+    if isinstance(spec, str):
+        raise BlockCouplingError(f"tokens={spec!r}: give auto, cls, last, all or token "
+                                 "positions such as 0,-1")
     out: list[int] = []
-    for t in spec:  # type: ignore[union-attr]
+    for t in spec:
         pos = t + n if t < 0 else t
         if not 0 <= pos < n:
             raise BlockCouplingError(

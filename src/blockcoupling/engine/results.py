@@ -262,17 +262,19 @@ class Measurement:
         if all(self.table(n).empty for n in TABLES if n not in ("prompts", "diagnostics")):
             lines.append("  nothing was measured (no result rows)")
         if "depth" in cfg.coupling and not self.coupling.empty:
-            rule = None
+            variants = [v for v in HEADLINE_VARIANTS if v in cfg.variants]
+            stated = False
             for k in cfg.k:
                 try:
-                    variants = [v for v in HEADLINE_VARIANTS if v in cfg.variants]
-                    stat = self.coupling_statistic(variants=variants, k=k)
+                    stat = self.coupling_statistic(variants=variants, k=k, n_boot=0)
                 except (BlockCouplingError, ValueError):
                     continue
                 lines.append(f"  depth-wise coupling, {headline(stat)}")
-                rule = str(stat["rule"].iloc[0])
-            if rule:
-                lines.append(f"    (rule: {rule}; ± is the standard error over prompts)")
+                stated = True
+            if stated:
+                rule = StatisticRule(variant=variants[0], n_boot=0).describe(
+                    variants=variants, k_text="K as on each line").split("; 95% CI")[0]
+                lines.append(f"    (rule: {rule}; ± is one standard error over prompts)")
         if not self.token_metrics.empty:
             tm = self.token_metrics
             parts = []

@@ -50,6 +50,8 @@ __all__ = [
     "FLOOR_NOTE",
     "bootstrap_ci",
     "flat_chance",
+    "headline",
+    "headline_wide",
     "paper_k",
     "per_prompt_values",
     "statistic_table",
@@ -151,15 +153,20 @@ class StatisticRule:
             return "K = round(d/10)"
         return f"K = {int(self.k)}"
 
-    def describe(self, k: int | None = None) -> str:
-        """The rule in words (one line), with the resolved K where given."""
-        kk = f"K = {k}" if k is not None else self.k_label()
-        p = f", p = {self.reported_p:g}" if self.uses_p else ""
+    def describe(self, k: int | None = None, *, variants: Sequence[str] | None = None,
+                 k_text: str | None = None) -> str:
+        """The rule in words (one line), with the resolved K where given; ``variants`` names
+        several variants stated by one rule, ``k_text`` replaces the K (e.g. "K as on each
+        line")."""
+        kk = k_text or (f"K = {k}" if k is not None else self.k_label())
+        names = " and ".join(variants) if variants else self.variant
+        uses_p = any(v in P_VARIANTS for v in (variants or (self.variant,)))
+        p = f", p = {1.0 if self.p is None else float(self.p):g}" if uses_p else ""
         pairs = "every ordered layer pair (l = l' included)" if self.diagonal else \
             "ordered layer pairs l != l'"
         tok = ("each prompt's last measured token" if self.tokens == "last"
                else "the measured tokens averaged within each prompt")
-        return (f"depth-wise {self.variant} ({kk}{p}, orientation {self.orientation}): mean over "
+        return (f"depth-wise {names} ({kk}{p}, orientation {self.orientation}): mean over "
                 f"prompts of the per-prompt mean over {pairs}, at {tok}; se = sd over prompts "
                 f"/ sqrt(n); {self.ci:.0%} CI: percentile bootstrap over prompts "
                 f"({self.n_boot} resamples, seed {self.seed})")
@@ -392,3 +399,22 @@ def headline(table: pd.DataFrame) -> str:
     if first is not None:
         head = f"K={int(first['k'])}, {int(first['n_prompts'])} prompts: "
     return head + "; ".join(parts)
+
+
+def headline_wide(row: Any, n_prompts: int | None = None) -> str:
+    """:func:`headline` of one row of a wide summary (``<variant>_mean``, ``_se``,
+    ``coupling_chance``, ``k``, ``n_prompts``; e.g. ``Sweep.summary()``)."""
+    rows = []
+    for v in HEADLINE_VARIANTS:
+        mean = row.get(f"{v}_mean")
+        if mean is None or not np.isfinite(float(mean)):
+            continue
+        rows.append({"variant": v, "mean": float(mean), "se": float(row.get(f"{v}_se")),
+                     "chance": float(row.get("coupling_chance", math.nan))
+                     if v == "coupling" else 0.0,
+                     "k": int(row.get("k")),
+                     "n_prompts": int(n_prompts if n_prompts is not None
+                                      else row.get("n_prompts"))})
+    if not rows:
+        return "no depth-wise coupling measured"
+    return headline(pd.DataFrame(rows))

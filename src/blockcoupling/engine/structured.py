@@ -38,11 +38,16 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from torch import Tensor, nn
 from torch.func import jvp
+
+#: a transformers block or submodule read by attribute name (``block.attn.c_attn``,
+#: ``norm.variance_epsilon``): ``nn.Module.__getattr__`` types those as ``Tensor | Module``,
+#: so they are typed by what they are, duck-typed modules.
+HFModule = Any
 
 __all__ = ["decode_step_jacobian", "supports"]
 
@@ -77,7 +82,7 @@ class NormJacobian:
         return self.c[:, None] * M - self.P @ (self.Q.T @ M)
 
 
-def norm_jacobian(norm: nn.Module, x: Tensor) -> tuple[Tensor, NormJacobian] | None:
+def norm_jacobian(norm: HFModule, x: Tensor) -> tuple[Tensor, NormJacobian] | None:
     """Value and Jacobian of ``nn.LayerNorm`` or a Llama-style RMSNorm at x (d,); None otherwise."""
     d = x.shape[0]
     if isinstance(norm, nn.LayerNorm):
@@ -110,10 +115,11 @@ def norm_jacobian(norm: nn.Module, x: Tensor) -> tuple[Tensor, NormJacobian] | N
 def _act_and_grad(act: Callable[[Tensor], Tensor], z: Tensor) -> tuple[Tensor, Tensor]:
     """act(z) and its elementwise derivative (a JVP with a ones tangent; exact for an
     elementwise activation, which the caller's checks confirm)."""
-    return jvp(act, (z,), (torch.ones_like(z),))
+    out = jvp(act, (z,), (torch.ones_like(z),))  # (act(z), act'(z)): no aux output
+    return out[0], out[1]
 
 
-def _bias(mask: Any, t: int, dtype: torch.dtype) -> Tensor | None | bool:
+def _bias(mask: Any, t: int, dtype: torch.dtype) -> Tensor | None | Literal[False]:
     """The row-t attention mask as an additive bias (t+1,), None for no mask, False if its
     shape is not understood."""
     if mask is None:
@@ -196,13 +202,13 @@ def _rope_matrix(block: nn.Module, cos: Tensor, sin: Tensor, hd: int) -> Tensor 
     return qr[0, 0].T.contiguous()
 
 
-def _linear(m: nn.Module, transpose: bool = False) -> tuple[Tensor, Tensor | None]:
+def _linear(m: HFModule, transpose: bool = False) -> tuple[Tensor, Tensor | None]:
     W = m.weight.T if transpose else m.weight  # Conv1D stores (in, out)
     return W, getattr(m, "bias", None)
 
 
 # ----------------------------------------------------------------------------- blocks
-def _gpt2(block: nn.Module, x: Tensor) -> tuple[Any, ...] | None:
+def _gpt2(block: HFModule, x: Tensor) -> tuple[Any, ...] | None:
     at = block.attn
     if getattr(at, "is_cross_attention", False) or type(block.mlp.c_fc).__name__ != "Conv1D":
         return None
@@ -211,14 +217,15 @@ def _gpt2(block: nn.Module, x: Tensor) -> tuple[Any, ...] | None:
     H, hd = int(at.num_heads), int(at.head_dim)
     bq, bk, bv = (None, None, None) if b is None else b.split(d)
     Wo, bo = _linear(at.c_proj, transpose=True)
-    attn = _Attention(*W.split(d), bq, bk, bv, Wo, bo, H, H, hd, float(at.scaling), None)
+    Wq, Wk, Wv = W.split(d)
+    attn = _Attention(Wq, Wk, Wv, bq, bk, bv, Wo, bo, H, H, hd, float(at.scaling), None)
     W_in, b_in = _linear(block.mlp.c_fc, transpose=True)
     W_out, b_out = _linear(block.mlp.c_proj, transpose=True)
     mlp = ("plain", W_in, b_in, W_out, b_out, block.mlp.act)
     return block.ln_1, attn, block.ln_2, mlp
 
 
-def _llama(block: nn.Module, x: Tensor, row_kwargs: dict[str, Any]) -> tuple[Any, ...] | None:
+def _llama(block: HFModule, x: Tensor, row_kwargs: dict[str, Any]) -> tuple[Any, ...] | None:
     sa = block.self_attn
     pe = row_kwargs.get("position_embeddings")
     cfg = sa.config

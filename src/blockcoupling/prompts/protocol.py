@@ -1,5 +1,7 @@
 """The paper's prompt protocol: 200 seeded prompts from each of the six Open LLM Leaderboard
 benchmarks (1,200 in all), through the ``hf:`` loaders of :mod:`blockcoupling.prompts.sources`.
+This module only plans (which ``hf:`` source, how many prompts each); ``load_prompts`` loads
+the plan, so the protocol sits below the loaders and imports none of them.
 
 Spec (``--prompts``):
 
@@ -25,7 +27,6 @@ from __future__ import annotations
 from pathlib import Path
 
 from blockcoupling.errors import BlockCouplingError
-from blockcoupling.prompts.sources import Prompt, load_prompts
 
 PROTOCOLS: dict[str, tuple[str, ...]] = {
     "paper": ("arc", "gsm8k", "hellaswag", "mmlu", "truthfulqa", "winogrande"),
@@ -44,9 +45,11 @@ def _local_file(folder: Path, name: str) -> Path:
     )
 
 
-def load_protocol(spec: str, *, limit: int | None = None, seed: int = 0,
-                  per_dataset: int = PER_DATASET) -> list[Prompt]:
-    """The prompts of ``protocol:NAME[@DIR]`` (see the module docstring)."""
+def plan_protocol(spec: str, *, limit: int | None = None,
+                  per_dataset: int = PER_DATASET) -> list[tuple[str, int]]:
+    """The ``hf:`` sources of ``protocol:NAME[@DIR]`` and how many prompts to take from each
+    (see the module docstring), in dataset order; datasets with a quota of 0 are left out.
+    ``load_prompts`` loads each with ``limit=n`` and the protocol's seed."""
     body = spec[len("protocol:"):]
     name, _, local = body.partition("@")
     name = name.strip().lower()
@@ -62,13 +65,13 @@ def load_protocol(spec: str, *, limit: int | None = None, seed: int = 0,
     if limit is not None and limit < per_dataset * len(datasets):
         quota = [limit // len(datasets) + (i < limit % len(datasets))
                  for i in range(len(datasets))]
-    prompts: list[Prompt] = []
+    plan: list[tuple[str, int]] = []
     for ds, n in zip(datasets, quota, strict=True):
         if n == 0:
             continue
         source = f"hf:{ds}@{_local_file(folder, ds)}" if folder is not None else f"hf:{ds}"
-        prompts += load_prompts(source, limit=n, seed=seed)
-    return prompts
+        plan.append((source, n))
+    return plan
 
 
-__all__ = ["PER_DATASET", "PROTOCOLS", "load_protocol"]
+__all__ = ["PER_DATASET", "PROTOCOLS", "plan_protocol"]

@@ -117,7 +117,9 @@ _BENCHMARK_STYLES_FILE = "benchmark_styles.jsonl"
 
 def _read_package_jsonl(name: str) -> list[dict[str, Any]]:
     """Rows of a JSONL file shipped in ``blockcoupling/prompts/data``."""
-    text = resources.files("blockcoupling.prompts").joinpath("data", name).read_text(encoding="utf-8")
+    # one name per joinpath: several are Python 3.11+ (Traversable.joinpath(*descendants))
+    text = resources.files("blockcoupling.prompts").joinpath("data").joinpath(name).read_text(
+        encoding="utf-8")
     return [json.loads(line) for line in text.splitlines() if line.strip()]
 
 
@@ -622,9 +624,10 @@ def load_prompts(
     elif spec.startswith("hf:"):
         prompts = _load_hf(spec, limit, seed, split)
     elif spec.startswith("protocol:"):  # the paper's 1,200-prompt set: prompts/protocol.py
-        from blockcoupling.prompts.protocol import load_protocol
+        from blockcoupling.prompts.protocol import plan_protocol
 
-        prompts = load_protocol(spec, limit=limit, seed=seed)
+        prompts = [p for source, n in plan_protocol(spec, limit=limit)
+                   for p in load_prompts(source, limit=n, seed=seed)]
     else:
         path = Path(spec).expanduser()
         if not path.is_file():

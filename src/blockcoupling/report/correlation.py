@@ -7,6 +7,10 @@
 - :func:`plot_exponential`: score against coupling with the linear and the exponential fit.
 - :func:`write_correlation_html`: both figures embedded as base64 PNGs, the statistic used,
   the tables of results (overall and per group) and the models; no external resource.
+
+The page takes any :class:`CorrelationData` (the study's
+:class:`~blockcoupling.studies.correlate.CorrelationResult` is one): the report layer imports
+nothing from the studies.
 """
 
 from __future__ import annotations
@@ -17,15 +21,60 @@ import io
 import math
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
 if TYPE_CHECKING:
+    import pandas as pd
     from matplotlib.figure import Figure
 
-    from blockcoupling.studies.chance_floor import ChanceFloorResult
-    from blockcoupling.studies.correlate import CorrelationResult
+
+class _Described(Protocol):
+    def describe(self) -> str: ...
+
+
+class CorrelationData(Protocol):
+    """What the correlation page draws: one row per model in ``table`` (``label``, ``score``
+    and one column per predictor), the statistics ``overall`` and per group, the coupling
+    statistic used and the study's settings."""
+
+    @property
+    def table(self) -> pd.DataFrame: ...
+    @property
+    def statistic(self) -> _Described: ...
+    @property
+    def scores_source(self) -> str: ...
+    @property
+    def overall(self) -> dict[str, Any]: ...
+    @property
+    def groups(self) -> dict[str, dict[str, Any]]: ...
+    @property
+    def excluded(self) -> list[dict[str, str]]: ...
+    @property
+    def n_boot(self) -> int: ...
+    @property
+    def seed(self) -> int: ...
+
+
+class ChanceFloorData(Protocol):
+    """What the chance-floor page draws: one row per scored model in ``table`` (``model``,
+    ``d_model``, ``k``, ``floor``, ``score``, optional ``name``/``group``), the regressions
+    ``overall`` and per group, the K rule, the scores' source and the excluded rows."""
+
+    @property
+    def table(self) -> pd.DataFrame: ...
+    @property
+    def overall(self) -> dict[str, Any]: ...
+    @property
+    def groups(self) -> dict[str, dict[str, Any]]: ...
+    @property
+    def k_rule(self) -> str | int: ...
+    @property
+    def scores_source(self) -> str: ...
+    @property
+    def excluded(self) -> list[dict[str, str]]: ...
+
 
 PRETTY = {
     "coupling_mean": "raw c_K (mean depth-wise coupling)",
@@ -52,7 +101,7 @@ def fit_band(x: np.ndarray, y: np.ndarray, grid: np.ndarray, level: float = 0.95
     return pred.predicted_mean, lo, hi
 
 
-def _xy(result: CorrelationResult, name: str
+def _xy(result: CorrelationData, name: str
         ) -> tuple[np.ndarray, np.ndarray, list[str], np.ndarray | None]:
     """x, y, labels and the x error bars (the statistic's se, where the predictor has one)."""
     t = result.table
@@ -74,7 +123,7 @@ def _scatter(ax: Any, x: np.ndarray, y: np.ndarray, labels: Sequence[str],
                     alpha=0.85)
 
 
-def plot_predictors(result: CorrelationResult) -> Figure:
+def plot_predictors(result: CorrelationData) -> Figure:
     """One panel per regressed predictor: labelled points, OLS line and 95% band."""
     from matplotlib.figure import Figure
 
@@ -104,7 +153,7 @@ def plot_predictors(result: CorrelationResult) -> Figure:
     return fig
 
 
-def plot_exponential(result: CorrelationResult) -> Figure:
+def plot_exponential(result: CorrelationData) -> Figure:
     """Score against coupling with the straight line and the fit score = a exp(b coupling)."""
     from matplotlib.figure import Figure
 
@@ -191,7 +240,7 @@ def _stats_table(block: dict[str, Any]) -> str:
     return out
 
 
-def _models_table(result: CorrelationResult) -> str:
+def _models_table(result: CorrelationData) -> str:
     cols = [c for c in ("label", "score_model", "group", "k", "n_prompts",
                         "coupling_vs_null_mean", "coupling_vs_null_se", "coupling_mean",
                         "coupling_se", "coupling_chance", "score", "params_b", "layers",
@@ -205,7 +254,7 @@ def _models_table(result: CorrelationResult) -> str:
     return f"<table><tr>{head}</tr>{body}</table>"
 
 
-def write_correlation_html(result: CorrelationResult, out: str | Path, *,
+def write_correlation_html(result: CorrelationData, out: str | Path, *,
                            title: str = "Coupling and generalisation",
                            intro: str = "") -> Path:
     """Write one self-contained HTML page (figures inline) and return its path."""
@@ -249,7 +298,7 @@ def write_correlation_html(result: CorrelationResult, out: str | Path, *,
     return out
 
 
-def plot_chance_floor(result: ChanceFloorResult) -> Figure:
+def plot_chance_floor(result: ChanceFloorData) -> Figure:
     """Score against the width floor of raw c_K, one colour and least-squares line per group
     (all rows in one line where the table has no group)."""
     from matplotlib.figure import Figure
@@ -278,7 +327,7 @@ def plot_chance_floor(result: ChanceFloorResult) -> Figure:
     return fig
 
 
-def write_chance_floor_html(result: ChanceFloorResult, out: str | Path) -> Path:
+def write_chance_floor_html(result: ChanceFloorData, out: str | Path) -> Path:
     """One self-contained page: the floor figure, the regressions and the rows used."""
     from blockcoupling.engine.statistic import FLOOR_NOTE
 

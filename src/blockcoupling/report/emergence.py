@@ -1,6 +1,8 @@
 """Emergence figures from a sweep (or a training monitor): coupling across training.
 
-As in the paper (fig. 1b-e), from a :class:`~blockcoupling.studies.sweep.Sweep`:
+As in the paper (fig. 1b-e), from any :class:`Collection` of runs (a
+:class:`~blockcoupling.studies.sweep.Sweep` or a monitor directory opened by ``open_sweep``;
+the report layer imports nothing from the studies):
 
 1. :func:`plot_coupling_vs_step` - mean depth-wise coupling against the training step, one
    line per model, on a numeric (log) step axis (step 0 on a short linear stretch), with
@@ -11,9 +13,9 @@ As in the paper (fig. 1b-e), from a :class:`~blockcoupling.studies.sweep.Sweep`:
 4. depth-wise heatmaps per checkpoint: the existing figures of
    :mod:`blockcoupling.report.figures` drawn from the chosen units' run directories.
 
-Values come from :meth:`Sweep.summary` (units with duplicate weights counted once).
+Values come from :meth:`Collection.summary` (units with duplicate weights counted once).
 :func:`write_emergence_report` writes them as one self-contained HTML file with the unit
-catalogue; ``blockcoupling report SWEEP_DIR --out x.html`` calls it.
+catalogue; ``blockcoupling report SWEEP_DIR --out x.html`` calls it on ``open_sweep(SWEEP_DIR)``.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import json
 import os
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import pandas as pd
@@ -32,7 +34,22 @@ from matplotlib.figure import Figure
 
 from blockcoupling.errors import BlockCouplingError
 from blockcoupling.report import figures as F
-from blockcoupling.studies.sweep.read import Sweep, open_sweep
+
+
+class Collection(Protocol):
+    """A collection of measured units (what the emergence page draws): its folder, its
+    catalogue (one row per unit: ``unit_id, label, step, revision, prompt_set, status,
+    attempts, duplicate_of, message``), a summary table (one row per done unit:
+    ``unit_id, label, step, k, mean_depth_coupling, chance_coupling, lss, expodistance``) and
+    each unit's run."""
+
+    root: Path
+    catalogue: pd.DataFrame
+
+    def summary(self, *, k: int | None = None) -> pd.DataFrame: ...
+
+    def open_unit(self, unit_id: str) -> Any: ...
+
 
 #: the training loss a monitor stores beside its units: JSON lines {"step": N, "loss": x}
 LOSS_FILE = "training_loss.jsonl"
@@ -93,14 +110,14 @@ def _colors(labels: Sequence[str]) -> dict[str, Any]:
     return {lab: cmap(i % 10) for i, lab in enumerate(labels)}
 
 
-def _summary(sweep: Sweep | pd.DataFrame, k: int | None) -> pd.DataFrame:
-    df = sweep.summary(k=k) if isinstance(sweep, Sweep) else sweep
+def _summary(sweep: Collection | pd.DataFrame, k: int | None) -> pd.DataFrame:
+    df = sweep if isinstance(sweep, pd.DataFrame) else sweep.summary(k=k)
     if df.empty:
         raise F.FigureUnavailable("no unit of the sweep is done yet")
     return df
 
 
-def plot_coupling_vs_step(sweep: Sweep | pd.DataFrame, *, k: int | None = None) -> Figure:
+def plot_coupling_vs_step(sweep: Collection | pd.DataFrame, *, k: int | None = None) -> Figure:
     """The headline statistic against the step, per model: the chance-corrected
     ``coupling_vs_null`` (0 = chance) where measured, and raw c_K with its chance level c_null
     (dashed); error bars one standard error over prompts. Units without a step are bars."""
@@ -147,7 +164,7 @@ def plot_coupling_vs_step(sweep: Sweep | pd.DataFrame, *, k: int | None = None) 
     return fig
 
 
-def plot_trajectory_vs_step(sweep: Sweep | pd.DataFrame, *, k: int | None = None) -> Figure:
+def plot_trajectory_vs_step(sweep: Collection | pd.DataFrame, *, k: int | None = None) -> Figure:
     """Mean line-shape score and median expodistance against the step, per model."""
     df = _summary(sweep, k)
     stepped = df[df["step"].notna()]
@@ -169,7 +186,7 @@ def plot_trajectory_vs_step(sweep: Sweep | pd.DataFrame, *, k: int | None = None
     return fig
 
 
-def chosen_checkpoints(sweep: Sweep, *, steps: Sequence[int] | None = None,
+def chosen_checkpoints(sweep: Collection, *, steps: Sequence[int] | None = None,
                        per_model: int = 3) -> list[str]:
     """Unit ids for the per-checkpoint figures: the given ``steps`` of every model, else
     ``per_model`` steps spread evenly on the log axis (first, ..., last) per model."""
@@ -190,7 +207,7 @@ def chosen_checkpoints(sweep: Sweep, *, steps: Sequence[int] | None = None,
     return [str(i) for i in ids]
 
 
-def _unit_runs(sweep: Sweep, ids: Sequence[str]) -> tuple[list[Any], list[str]]:
+def _unit_runs(sweep: Collection, ids: Sequence[str]) -> tuple[list[Any], list[str]]:
     cat = sweep.catalogue.set_index("unit_id")
     runs, labels = [], []
     for uid in ids:
@@ -202,20 +219,20 @@ def _unit_runs(sweep: Sweep, ids: Sequence[str]) -> tuple[list[Any], list[str]]:
     return runs, labels
 
 
-def plot_layer_graphs(sweep: Sweep, ids: Sequence[str], *, k: int | None = None) -> Figure:
+def plot_layer_graphs(sweep: Collection, ids: Sequence[str], *, k: int | None = None) -> Figure:
     """Layer adjacency graphs (paper fig. 1c-e) of the units ``ids``, one scale."""
     runs, labels = _unit_runs(sweep, ids)
     return F.plot_layer_graph(runs, k=k, labels=labels)
 
 
-def plot_depth_heatmaps(sweep: Sweep, ids: Sequence[str], *, k: int | None = None) -> Figure:
+def plot_depth_heatmaps(sweep: Collection, ids: Sequence[str], *, k: int | None = None) -> Figure:
     """L x L depth-wise coupling heatmaps of the units ``ids``, one colour scale."""
     runs, labels = _unit_runs(sweep, ids)
     return F.plot_depth_heatmap(runs, k=k, labels=labels)
 
 
 # ====================================================================== HTML
-def _units_frame(sweep: Sweep, summ: pd.DataFrame) -> pd.DataFrame:
+def _units_frame(sweep: Collection, summ: pd.DataFrame) -> pd.DataFrame:
     """The catalogue with each unit's summary values (for the page's unit table)."""
     cat = sweep.catalogue
     cols = ["label", "step", "revision", "prompt_set", "status", "attempts", "duplicate_of"]
@@ -233,16 +250,17 @@ def _units_frame(sweep: Sweep, summ: pd.DataFrame) -> pd.DataFrame:
     return df.astype(object).where(df.notna(), None)
 
 
-def write_emergence_report(sweep: Sweep | str | os.PathLike[str], out: str | os.PathLike[str],
+def write_emergence_report(sweep: Collection, out: str | os.PathLike[str],
                            *, steps: Sequence[int] | None = None, k: int | None = None,
                            formats: Sequence[str] = ("png", "svg", "pdf"),
                            title: str | None = None) -> Path:
-    """Write the emergence report of a sweep or monitor directory to ``out`` (.html) and
+    """Write the emergence report of a collection (an opened sweep or monitor directory:
+    ``open_sweep(path)``) to ``out`` (.html) and
     its figures to ``<out stem>_figures/``; returns the HTML path. ``steps`` picks the
     checkpoints of the per-checkpoint figures (default: first, middle, last per model)."""
     from blockcoupling.report.html import Section, esc, figure_html, table_html, write_page
 
-    s = sweep if isinstance(sweep, Sweep) else open_sweep(sweep)
+    s = sweep
     out = Path(out)
     if out.suffix.lower() not in (".html", ".htm"):
         raise BlockCouplingError(f"report path {out}: give a file name ending in .html")
@@ -309,6 +327,6 @@ def write_emergence_report(sweep: Sweep | str | os.PathLike[str], out: str | os.
                       sections, lead=lead)
 
 
-__all__ = ["LOSS_FILE", "chosen_checkpoints", "plot_coupling_vs_step", "plot_loss_vs_step",
-           "read_training_loss", "plot_depth_heatmaps",
+__all__ = ["Collection", "LOSS_FILE", "chosen_checkpoints", "plot_coupling_vs_step",
+           "plot_depth_heatmaps", "plot_loss_vs_step", "read_training_loss",
            "plot_layer_graphs", "plot_trajectory_vs_step", "write_emergence_report"]

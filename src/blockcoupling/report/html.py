@@ -25,7 +25,6 @@ import base64
 import html
 import json
 import math
-import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,6 +40,7 @@ from blockcoupling.errors import BlockCouplingError
 from blockcoupling.report import figures as F
 from blockcoupling.report.narrative import ReportSummary, report_summary
 from blockcoupling.report.summaries import fmt_number, is_empty, n_layers
+from blockcoupling.store.fileio import atomic_write_text
 
 __all__ = ["CSS", "ReportFigure", "Section", "esc", "figure_html", "paragraphs_html",
            "render_page", "report_figures", "table_html", "write_page", "write_report",
@@ -216,9 +216,7 @@ def write_page(path: Path | str, title: str, sections: Sequence[Section], *,
     if out.suffix.lower() not in (".html", ".htm"):
         raise BlockCouplingError(f"report path {out}: give a file name ending in .html")
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.tmp")
-    tmp.write_text(render_page(title, sections, lead=lead), encoding="utf-8")
-    os.replace(tmp, out)
+    atomic_write_text(out, render_page(title, sections, lead=lead))
     return out
 
 

@@ -6,8 +6,12 @@ Contracts:
 - :func:`atomic_write_bytes` either leaves ``path`` as it was or replaces it whole (temporary
   file, ``fsync``, one ``os.replace``, ``fsync`` of the directory).
 - :func:`write_temp` writes a durable temporary sibling that a later ``os.replace`` commits.
-- :class:`DirLock` is an exclusive, non-blocking ``flock`` on ``RUN/.lock`` holding the
-  writer's PID; releasing it removes the file, so a finished run keeps no ``.lock``.
+- :class:`DirLock` is an exclusive, non-blocking ``flock`` on ``DIR/.lock`` holding the
+  writer's PID; releasing it removes the file, so a finished run keeps no ``.lock``. It is
+  the one lock of every directory with one writer (run directories, sweep and monitor
+  directories: ``dir_lock``); :func:`lock_holder` reads it.
+- :func:`atomic_write_bytes` / :func:`atomic_write_text` / :func:`atomic_path` are the one
+  way to replace a file (or a folder) whole; every layer above calls them.
 - :func:`disk_errors` turns an ``OSError`` (disk full, read-only, permission, a path under a
   file) into a :class:`RunDirError` whose message names the path and the way out.
 """
@@ -19,6 +23,7 @@ import errno
 import fcntl
 import hashlib
 import os
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -82,6 +87,39 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
     commit_temp(write_temp(path, data), path)
 
 
+def atomic_write_text(path: Path, text: str) -> None:
+    """:func:`atomic_write_bytes` of ``text`` in UTF-8."""
+    atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+
+
+@contextlib.contextmanager
+def atomic_path(path: Path) -> Iterator[Path]:
+    """A temporary sibling of ``path`` for a writer that needs a path (``torch.save``,
+    ``save_pretrained``, ``to_parquet``): a file or a folder written there replaces ``path``
+    whole when the body ends (a folder at ``path`` is removed just before the rename); if the
+    body raises, ``path`` is left as it was and the sibling is removed."""
+    tmp = temp_path(path)
+    _remove(tmp)
+    try:
+        yield tmp
+        if tmp.is_file():
+            with open(tmp, "rb") as fh:
+                os.fsync(fh.fileno())
+        elif path.is_dir():  # a folder cannot be replaced by one rename
+            shutil.rmtree(path)
+        commit_temp(tmp, path)
+    finally:
+        _remove(tmp)
+
+
 # ---------------------------------------------------------------------------- OS errors
 def describe_os_error(err: OSError, root: Path) -> str:
     """One sentence for an operating-system error met while writing run directory ``root``."""
@@ -117,10 +155,14 @@ def disk_errors(root: Path) -> Iterator[None]:
 
 # ---------------------------------------------------------------------------- lock
 class DirLock:
-    """The exclusive writer lock of a run directory (``RUN/.lock`` holding the PID)."""
+    """The exclusive writer lock of a directory (``DIR/.lock`` holding the PID). ``busy`` is
+    the message when another process holds it (``{who}`` becomes `` (PID n)``)."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, *, busy: str | None = None) -> None:
         self.root = root
+        self.busy = busy or (f"run directory {root} is in use by another blockcoupling "
+                             "process{who}; wait for it to finish or stop it, or choose a new "
+                             "--out")
         self.path = root / LOCK
         self.fd: int | None = None
         for _ in range(10):  # the file may be removed by a finishing holder between open and flock
@@ -144,10 +186,7 @@ class DirLock:
             if err.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
                 raise RunDirError(f"cannot lock {self.path}: {err.strerror}") from err
             who = f" (PID {holder})" if holder else ""
-            raise RunDirError(
-                f"run directory {self.root} is in use by another blockcoupling process{who}; "
-                "wait for it to finish or stop it, or choose a new --out"
-            ) from err
+            raise RunDirError(self.busy.replace("{who}", who)) from err
         # we hold a lock on the file we opened: make sure it is still the one at the path
         try:
             same = os.path.samestat(os.fstat(fd), os.stat(self.path))
@@ -169,6 +208,17 @@ class DirLock:
         with contextlib.suppress(OSError):
             os.close(self.fd)
         self.fd = None
+
+
+@contextlib.contextmanager
+def dir_lock(root: Path, *, busy: str | None = None) -> Iterator[DirLock]:
+    """Hold :class:`DirLock` on ``root`` (created if missing) for the body."""
+    root.mkdir(parents=True, exist_ok=True)
+    lock = DirLock(root, busy=busy)
+    try:
+        yield lock
+    finally:
+        lock.release()
 
 
 def lock_holder(root: Path) -> str | None:

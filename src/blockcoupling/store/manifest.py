@@ -23,7 +23,8 @@ import torch
 
 from blockcoupling.engine.config import MeasureConfig
 from blockcoupling.errors import BlockCouplingError, RunDirError
-from blockcoupling.store.fileio import atomic_write_bytes, sha256_bytes
+from blockcoupling.hashing import canonical_hash
+from blockcoupling.store.fileio import atomic_write_bytes
 from blockcoupling.store.fingerprint import library_versions
 
 FORMAT_NAME = "blockcoupling-run"
@@ -77,9 +78,7 @@ def jsonable(obj: Any) -> Any:
 def digest_of(data: Mapping[str, Any]) -> str:
     """sha256 of the canonical JSON of ``data`` without its ``digest`` entry."""
     body = {k: v for k, v in data.items() if k != "digest"}
-    text = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False,
-                      allow_nan=False)
-    return sha256_bytes(text.encode("utf-8"))
+    return "sha256:" + canonical_hash(body, ascii=False)
 
 
 def sealed_json_bytes(data: Mapping[str, Any]) -> bytes:

@@ -99,7 +99,8 @@ def arrays_bytes(arrays: Mapping[str, np.ndarray]) -> bytes:
             raise BlockCouplingError(f"array {key!r} has dtype object; store numeric arrays only")
     sink = io.BytesIO()
     # sorted keys: the file's bytes depend only on its content, not on insertion order
-    np.savez(sink, **{k: np.asarray(arrays[k]) for k in sorted(arrays)})
+    named: dict[str, Any] = {k: np.asarray(arrays[k]) for k in sorted(arrays)}
+    np.savez(sink, **named)
     return sink.getvalue()
 
 

@@ -1,1 +1,78 @@
-"""Studies built on the engine and the store: the offline demo (more to come)."""
+"""The studies built on the library: sweeps over models and checkpoints, the training-time
+monitor, coupling against generalisation, the ViT stochastic-depth study and the offline demo.
+
+Their public names are exported here, lazily (PEP 562 ``__getattr__``: ``import
+blockcoupling.studies`` imports no torch, ray or statsmodels):
+
+>>> from blockcoupling.studies import run_sweep, CouplingMonitor   # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+#: module -> the public names it provides (imported on first attribute access). No name may
+#: be a submodule's (``correlate`` the function is ``blockcoupling.studies.correlate.correlate``).
+_EXPORTS: dict[str, tuple[str, ...]] = {
+    "blockcoupling.studies.monitor": ("CouplingCallback", "CouplingMonitor"),
+    "blockcoupling.studies.sweep": ("Sweep", "SweepSpec", "load_spec", "open_sweep", "run_sweep",
+                                    "sweep_status"),
+    # (the function correlate and chance_floor stay in their modules: a package attribute of
+    # the same name as a submodule would shadow it, e.g. `from blockcoupling.studies import
+    # correlate` would give the function or the module depending on import order)
+    "blockcoupling.studies.correlate": ("CorrelationResult", "paper_scores"),
+    "blockcoupling.studies.vit.train": ("VitTrainConfig", "train_vit"),
+    "blockcoupling.studies.vit.grid": ("run_grid",),
+    "blockcoupling.studies.lm_study": ("run_study",),
+    "blockcoupling.studies.demo": ("run_demo",),
+}
+_WHERE: dict[str, str] = {name: mod for mod, names in _EXPORTS.items() for name in names}
+
+if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ does the work
+    from blockcoupling.studies.correlate import CorrelationResult, paper_scores
+    from blockcoupling.studies.demo import run_demo
+    from blockcoupling.studies.lm_study import run_study
+    from blockcoupling.studies.monitor import CouplingCallback, CouplingMonitor
+    from blockcoupling.studies.sweep import (
+        Sweep,
+        SweepSpec,
+        load_spec,
+        open_sweep,
+        run_sweep,
+        sweep_status,
+    )
+    from blockcoupling.studies.vit.grid import run_grid
+    from blockcoupling.studies.vit.train import VitTrainConfig, train_vit
+
+
+def __getattr__(name: str) -> Any:
+    module = _WHERE.get(name)
+    if module is None:
+        raise AttributeError(f"module 'blockcoupling.studies' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # later look-ups skip __getattr__
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
+
+
+__all__ = [
+    "CorrelationResult",
+    "CouplingCallback",
+    "CouplingMonitor",
+    "Sweep",
+    "SweepSpec",
+    "VitTrainConfig",
+    "load_spec",
+    "open_sweep",
+    "paper_scores",
+    "run_demo",
+    "run_grid",
+    "run_study",
+    "run_sweep",
+    "sweep_status",
+    "train_vit",
+]

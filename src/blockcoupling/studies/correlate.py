@@ -371,7 +371,8 @@ def paper_scores() -> pd.DataFrame:
     ``group`` (``base`` / ``fine-tuned``), ``aliases`` (other ids, ``|``-separated) and
     ``note`` (why an id was chosen, oddities of the printed row). See docs/DESIGN.md.
     """
-    text = resources.files("blockcoupling.studies").joinpath("data", "paper_table1.csv")
+    # one name per joinpath: several are Python 3.11+
+    text = resources.files("blockcoupling.studies").joinpath("data").joinpath("paper_table1.csv")
     with text.open("r", encoding="utf-8") as fh:
         df = pd.read_csv(fh, dtype=str, keep_default_na=False, na_values=[""])
     return _check_score_frame(df, "paper table")
@@ -901,7 +902,7 @@ def correlate(inputs: Sequence[str | Path] | Sequence[ModelUnit], scores: str | 
         raise BlockCouplingError(f"--k must be a positive integer, got {k}")
     statistic = CouplingStatistic(variants=tuple(variants), p=p, orientation=orientation, k=k,
                                   tokens=tokens, diagonal=diagonal)
-    units = (list(inputs) if inputs and isinstance(inputs[0], ModelUnit)  # type: ignore[index]
+    units = (list(inputs) if inputs and isinstance(inputs[0], ModelUnit)
              else load_units(inputs, labels))  # type: ignore[arg-type]
     if len(units) < MIN_MODELS:
         raise BlockCouplingError(f"the correlation needs at least {MIN_MODELS} models, got "

@@ -30,55 +30,26 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import hashlib
 import json
 import math
 import os
-import random
 import sys
 import time
 import weakref
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pandas as pd
 import torch
 from transformers import TrainerCallback
 
 from blockcoupling.engine.config import MeasureConfig
+from blockcoupling.engine.state import preserved
 from blockcoupling.errors import BlockCouplingError
+from blockcoupling.hashing import canonical_hash
 from blockcoupling.studies.sweep import store
 from blockcoupling.studies.sweep.units import Unit, config_hash
-
-
-@contextlib.contextmanager
-def preserved_state(model: torch.nn.Module) -> Iterator[None]:
-    """Run the body, then restore what a measurement could change: each module's
-    ``training`` flag, each parameter's ``requires_grad`` and ``.grad``, and the RNG states
-    (torch CPU + every CUDA device, ``random``, ``numpy.random``)."""
-    modes = [(m, m.training) for m in model.modules()]
-    params = list(model.parameters())
-    req = [p.requires_grad for p in params]
-    grads = [p.grad for p in params]
-    cpu = torch.random.get_rng_state()
-    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
-    py = random.getstate()
-    npy = np.random.get_state()
-    try:
-        yield
-    finally:
-        for m, mode in modes:
-            m.training = mode
-        for p, r, g in zip(params, req, grads, strict=True):
-            p.requires_grad_(r)
-            p.grad = g
-        torch.random.set_rng_state(cpu)
-        if cuda is not None:
-            torch.cuda.set_rng_state_all(cuda)
-        random.setstate(py)
-        np.random.set_state(npy)
 
 
 def _prompt_items(prompts: Any, limit: int | None, seed: int) -> tuple[list[Any], str]:
@@ -92,8 +63,9 @@ def _prompt_items(prompts: Any, limit: int | None, seed: int) -> tuple[list[Any]
     items = normalise_prompts(prompts)
     if not items:
         raise BlockCouplingError("the monitor needs at least one prompt")
-    digest = hashlib.sha256(json.dumps([(p.prompt_id, p.text) for p in items]).encode())
-    return items, f"prompts:{digest.hexdigest()[:12]}"
+    digest = canonical_hash([(p.prompt_id, p.text) for p in items], digits=12, compact=False,
+                            strict=False)
+    return items, f"prompts:{digest}"
 
 
 def coupling_scalars(coupling: pd.DataFrame) -> dict[str, float]:
@@ -216,8 +188,8 @@ class CouplingMonitor:
 
     def unit(self, step: int) -> Unit:
         """The unit of one measured step (its id is stable across re-runs)."""
-        ident = json.dumps([self.label, int(step), self.prompt_set, self._hash])
-        digest = hashlib.sha256(ident.encode()).hexdigest()[:12]
+        digest = canonical_hash([self.label, int(step), self.prompt_set, self._hash],
+                                digits=12, compact=False, strict=False)
         return Unit(unit_id=f"{self.label}-step{int(step)}-{digest}", label=self.label,
                     model=self.label, revision=None, step=int(step),
                     prompt_set=self.prompt_set, limit=None, config=self.config.to_dict(),
@@ -261,7 +233,7 @@ class CouplingMonitor:
         meta = {"model": self.label, "revision": None, "label": self.label, "step": int(step),
                 "unit_id": u.unit_id, "prompt_set": self.prompt_set}
         try:
-            with preserved_state(model):
+            with preserved(model):  # the engine's model-state guard
                 model.eval()  # measured without dropout; the train flags come back after
                 m = measure_to_dir(model, self.tokenizer, self.prompts,
                                    store.unit_dir(self.root, u.unit_id), meta=meta,

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -53,7 +54,7 @@ def prompt_text(m: Measurement, prompt_id: str) -> str:
     return f' ("{text[:77] + "..." if len(text) > 80 else text}")'
 
 
-def _layer_ticks(ax, rows: list, cols: list) -> None:  # type: ignore[no-untyped-def]
+def _layer_ticks(ax: Any, rows: list[Any], cols: list[Any]) -> None:
     step = max(1, math.ceil(len(cols) / 12))
     ax.set_xticks(range(0, len(cols), step), [str(c) for c in cols[::step]])
     ax.set_yticks(range(0, len(rows), step), [str(r) for r in rows[::step]])

@@ -45,7 +45,7 @@ def run_unit(unit: Unit | Mapping[str, Any], root: str | os.PathLike[str]) -> di
     status record. Never raises for a failing unit (it is recorded as ``failed``)."""
     from blockcoupling.engine.config import MeasureConfig
     from blockcoupling.loading import load_model
-    from blockcoupling.prompts.sources import load_prompts
+    from blockcoupling.prompts.sources import Prompt, load_prompts
     from blockcoupling.store.record import measure_to_dir
     from blockcoupling.store.rundir import is_run_dir, open_run
 
@@ -61,6 +61,7 @@ def run_unit(unit: Unit | Mapping[str, Any], root: str | os.PathLike[str]) -> di
             m = open_run(out)
         else:
             cfg = MeasureConfig.from_dict(dict(u.config))
+            prompts: list[str] | list[Prompt]
             if u.prompt_texts:  # an inline set: ids p00000, p00001, ... (limit: the first N)
                 prompts = list(u.prompt_texts)[: u.limit] if u.limit else list(u.prompt_texts)
             else:

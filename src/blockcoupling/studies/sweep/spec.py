@@ -156,7 +156,8 @@ def parse_measure(data: Any) -> tuple[MeasureConfig, dict[str, Any]]:
                         "{coupling: [depth], k: [10], tokens: last}")
     known = [f.name for f in dataclasses.fields(MeasureConfig) if f.name not in _MEASURE_FORBIDDEN]
     _check_keys(data, known, "measure")
-    plain = {str(k): (list(v) if isinstance(v, (list, tuple)) else v) for k, v in data.items()}
+    plain: dict[str, Any] = {str(k): (list(v) if isinstance(v, (list, tuple)) else v)
+                             for k, v in data.items()}
     try:
         cfg = MeasureConfig.parse(**plain)
     except BlockCouplingError as err:
@@ -198,9 +199,10 @@ def _model(entry: Any, i: int, base: Path, spec: Mapping[str, Any]) -> ModelSpec
                      (c if Path(c).is_absolute() else str(base / c)) for c in ckpts)
         ckpt = ckpt[0] if len(ckpt) == 1 else ckpt
     label = entry.get("label")
-    if label is None:
-        label = Path(model).name if model else Path(str(ckpt if isinstance(ckpt, str)
-                                                         else ckpt[0])).parent.name
+    if label is None and model:
+        label = Path(model).name
+    elif label is None and ckpt is not None:  # named after the checkpoints' folder
+        label = Path(str(ckpt if isinstance(ckpt, str) else ckpt[0])).parent.name
     if not isinstance(label, str) or not label.strip():
         raise SpecError(f"{ctx}.label must be a non-empty string")
     dtype = entry.get("dtype", spec.get("dtype", "auto"))

@@ -23,8 +23,6 @@ from __future__ import annotations
 
 import contextlib
 import datetime as _dt
-import errno
-import fcntl
 import json
 import os
 from collections.abc import Iterator
@@ -34,6 +32,7 @@ from typing import Any
 import pandas as pd
 
 from blockcoupling.errors import RunDirError
+from blockcoupling.store.fileio import atomic_path, atomic_write_text, dir_lock, lock_holder
 from blockcoupling.studies.sweep.units import Unit
 
 FORMAT_NAME = "blockcoupling-sweep"
@@ -55,10 +54,8 @@ def now() -> str:
 
 
 def write_json(path: Path, data: Any) -> None:
-    """Atomic JSON write (temporary file + os.replace)."""
-    tmp = path.with_name(f".tmp-{path.name}-{os.getpid()}")
-    tmp.write_text(json.dumps(data, indent=2, default=str) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
+    """Atomic JSON write (``store.fileio.atomic_write_text``)."""
+    atomic_write_text(path, json.dumps(data, indent=2, default=str) + "\n")
 
 
 def read_json(path: Path) -> Any:
@@ -102,46 +99,17 @@ def new_manifest(kind: str, spec: dict[str, Any] | None) -> dict[str, Any]:
 
 @contextlib.contextmanager
 def sweep_lock(root: Path) -> Iterator[None]:
-    """Hold the sweep directory's exclusive lock (refuses a second sweep on it)."""
-    root.mkdir(parents=True, exist_ok=True)
-    fd = os.open(root / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError as err:
-        holder = ""
-        with contextlib.suppress(OSError, ValueError):
-            holder = os.pread(fd, 64, 0).decode().strip()
-        os.close(fd)
-        if err.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-            raise RunDirError(f"cannot lock {root / LOCK}: {err}") from err
-        who = f" (PID {holder})" if holder else ""
-        raise RunDirError(f"sweep directory {root} is in use by another sweep{who}; wait for "
-                          "it to finish or stop it, or choose another --out") from err
-    try:
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    """Hold the sweep directory's exclusive lock (refuses a second sweep on it): the store's
+    one directory lock (``store.fileio.DirLock``), removed when released."""
+    busy = (f"sweep directory {root} is in use by another sweep{{who}}; wait for it to finish "
+            "or stop it, or choose another --out")
+    with dir_lock(root, busy=busy):
         yield
-    finally:
-        with contextlib.suppress(OSError):
-            fcntl.flock(fd, fcntl.LOCK_UN)
-        os.close(fd)
 
 
 def is_locked(root: Path) -> bool:
     """True while a driver holds the sweep's lock."""
-    path = root / LOCK
-    if not path.exists():
-        return False
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-    except OSError:
-        return True
-    else:
-        fcntl.flock(fd, fcntl.LOCK_UN)
-        return False
-    finally:
-        os.close(fd)
+    return lock_holder(root) is not None
 
 
 def status_path(root: Path, uid: str) -> Path:
@@ -229,7 +197,6 @@ def catalogue(root: Path, manifest: dict[str, Any] | None = None) -> pd.DataFram
 def write_catalogue(root: Path, df: pd.DataFrame | None = None) -> pd.DataFrame:
     """Rewrite ``catalogue.parquet`` atomically from the status files."""
     df = catalogue(root) if df is None else df
-    tmp = root / f".tmp-{CATALOGUE}-{os.getpid()}"
-    df.to_parquet(tmp, index=False)
-    os.replace(tmp, root / CATALOGUE)
+    with atomic_path(root / CATALOGUE) as tmp:
+        df.to_parquet(tmp, index=False)
     return df

@@ -13,14 +13,13 @@ from __future__ import annotations
 
 import dataclasses
 import glob
-import hashlib
-import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from blockcoupling.engine.config import MeasureConfig
+from blockcoupling.hashing import canonical_hash
 from blockcoupling.studies.sweep.spec import ModelSpec, Resources, SpecError, SweepSpec
 
 _STEP_RE = re.compile(r"(?:^|[^a-z])(?:step|checkpoint|ckpt|iter)[-_]?(\d+)$", re.IGNORECASE)
@@ -82,9 +81,9 @@ def unit_id(*, model: str, revision: str | None, prompt_set: str, limit: int | N
             prompt_texts: tuple[str, ...] = ()) -> str:
     """``<label>-<step or revision>-<prompt set>-<hash12>``; the hash covers the identity
     (model source, revision, prompt set, limit, config hash), the rest is for humans."""
-    ident = json.dumps([model, revision, prompt_set, limit, cfg_hash]
-                       + ([list(prompt_texts)] if prompt_texts else []))
-    digest = hashlib.sha256(ident.encode()).hexdigest()[:12]
+    digest = canonical_hash([model, revision, prompt_set, limit, cfg_hash]
+                            + ([list(prompt_texts)] if prompt_texts else []),
+                            digits=12, compact=False, strict=False)
     where = f"step{step}" if step is not None else (revision or "main")
     prompt = prompt_set.removeprefix("builtin:").removeprefix("hf:").removeprefix("inline:")
     return f"{_slug(label, 24)}-{_slug(where, 24)}-{_slug(Path(prompt).stem or prompt, 20)}-{digest}"

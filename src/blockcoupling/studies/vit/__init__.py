@@ -5,4 +5,5 @@
 - :mod:`.train`: ``VitTrainConfig`` and ``train_vit(config, out_dir) -> out_dir`` (idempotent,
   resumable), metrics.json, coupling measured during training and at the end;
 - :mod:`.grid`: the drop-path x weight-decay grid (the paper's values by default).
+- :mod:`.report`: its figures and HTML page (drawn with the report layer's page skeleton).
 """

@@ -12,14 +12,13 @@ the cluster started or reached by the sweep's ``start_ray``; a run that fails fo
 reason is recorded as ``failed`` with its message and the others go on.
 
 :func:`collect_runs` and :func:`collect_epochs` read any folder holding ``vit-train`` outputs
-(a grid, or runs trained one by one) into tables for the figures (``report/vit.py``).
+(a grid, or runs trained one by one) into tables for the figures (``studies/vit/report.py``).
 """
 
 from __future__ import annotations
 
 import json
 import math
-import os
 import time
 import traceback
 from collections.abc import Callable, Sequence
@@ -30,6 +29,7 @@ from typing import Any
 import pandas as pd
 
 from blockcoupling.errors import BlockCouplingError
+from blockcoupling.store.fileio import atomic_write_text
 from blockcoupling.studies.vit.train import (
     COUPLING_METRICS,
     METRICS_FILE,
@@ -145,9 +145,7 @@ def train_unit(config: dict[str, Any], out_dir: str, threads: int | None = 1) ->
 
 
 def _write_json(path: Path, data: dict[str, Any]) -> None:
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data, indent=2, default=str))
-    os.replace(tmp, path)
+    atomic_write_text(path, json.dumps(data, indent=2, default=str))
 
 
 def run_grid(base: VitTrainConfig, root: str | Path, *,

@@ -24,11 +24,8 @@ Output folder ``OUT``::
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
-import os
-import shutil
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields, replace
@@ -41,6 +38,8 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from blockcoupling.errors import BlockCouplingError
+from blockcoupling.hashing import canonical_hash
+from blockcoupling.store.fileio import atomic_path, atomic_write_text
 from blockcoupling.studies.vit.data import DATASETS, ImageData, load_image_data
 from blockcoupling.studies.vit.model import build_vit, resolve_shape
 
@@ -134,8 +133,8 @@ class VitTrainConfig:
 
     def key(self) -> str:
         """A short hash of the config (names a run in a grid; checks resumes)."""
-        blob = json.dumps(self.to_dict(), sort_keys=True, default=str).encode()
-        return hashlib.sha256(blob).hexdigest()[:12]
+        return canonical_hash(self.to_dict(), digits=12, compact=False, strict=False,
+                              default=str)
 
 
 # ---------------------------------------------------------------------------- schedule
@@ -232,19 +231,16 @@ def measure_images(model: torch.nn.Module, pixel_values: Tensor, run_dir: Path, 
     """:func:`record_images` (resumed, or the finished run already in ``run_dir``) in eval
     mode with the training RNG untouched; returns the headline statistic over the images
     (depth-wise at [CLS], K = ``k``, p = 1, ujv, pairs l != l') as ``COUPLING_METRICS``."""
+    from blockcoupling.engine.state import preserved
     from blockcoupling.store.reader import is_run_dir, open_run, run_progress
 
-    was_training = model.training
-    model.eval()
-    try:
+    with preserved(model):  # the one model-state guard: modes, flags and every RNG restored
+        model.eval()
         if is_run_dir(run_dir) and run_progress(run_dir).finished:
             m = open_run(run_dir)
         else:
-            with torch.random.fork_rng(devices=[]):
-                m = record_images(model, pixel_values, run_dir, k, labels=labels,
-                                  progress=progress, resume=is_run_dir(run_dir))
-    finally:
-        model.train(was_training)
+            m = record_images(model, pixel_values, run_dir, k, labels=labels,
+                              progress=progress, resume=is_run_dir(run_dir))
     t = m.coupling_statistic(k=k, n_boot=0).set_index("variant")
     return {"coupling": float(t.loc["coupling", "mean"]),
             "coupling_se": float(t.loc["coupling", "se"]),
@@ -255,9 +251,7 @@ def measure_images(model: torch.nn.Module, pixel_values: Tensor, run_dir: Path, 
 
 # ---------------------------------------------------------------------------- I/O
 def _write_json(path: Path, data: dict[str, Any]) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2, sort_keys=False, default=str))
-    os.replace(tmp, path)
+    atomic_write_text(path, json.dumps(data, indent=2, sort_keys=False, default=str))
 
 
 def read_metrics(out_dir: str | Path) -> dict[str, Any]:
@@ -486,20 +480,14 @@ def _metrics_doc(config: VitTrainConfig, data: ImageData, shape: Any, history: l
 def _save_checkpoint(path: Path, config: VitTrainConfig, model: torch.nn.Module,
                      optimizer: torch.optim.Optimizer, history: list[dict[str, Any]],
                      epoch: int) -> None:
-    tmp = path.with_suffix(".tmp")
-    torch.save({"config_key": config.key(), "epoch": epoch, "model": model.state_dict(),
-                "optimizer": optimizer.state_dict(), "history": history}, tmp)
-    os.replace(tmp, path)
+    with atomic_path(path) as tmp:
+        torch.save({"config_key": config.key(), "epoch": epoch, "model": model.state_dict(),
+                    "optimizer": optimizer.state_dict(), "history": history}, tmp)
 
 
 def _save_model(model: Any, folder: Path) -> None:
-    tmp = folder.with_name(folder.name + ".tmp")
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    model.save_pretrained(tmp)
-    if folder.exists():
-        shutil.rmtree(folder)
-    os.replace(tmp, folder)
+    with atomic_path(folder) as tmp:
+        model.save_pretrained(tmp)
 
 
 __all__ = ["COUPLING_METRICS", "VitTrainConfig", "evaluate", "is_trained", "lr_at", "measure_images", "param_groups",

@@ -1,0 +1,551 @@
+"""The demo's tiny causal LM: configuration, corpus, tokenizer, training and its cache.
+
+**A tiny pre-LN causal LM** (GPT-2 architecture, built from a :class:`transformers.GPT2Config`)
+with a character-level tokenizer, trained here on the help texts in :mod:`pydoc_data.topics`
+and measured at several checkpoints from step 0 on: a toy-scale version of the paper's
+training curves (fig. 1b). The hyperparameters in :class:`TinyLMConfig` are fixed and
+documented; they were chosen as a sensible small character LM that trains in about a minute on
+two cores, and are *not* tuned to make the coupling curves resemble the paper's. Training is
+deterministic under its seed (fixed data order, ``torch.use_deterministic_algorithms``) for a
+given machine, torch version and thread count, and its checkpoints are cached (see
+:func:`train_tiny_lm`). Used by :mod:`blockcoupling.studies.demo` and
+:mod:`blockcoupling.studies.lm_study` (both import it; it imports neither).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import hashlib
+import json
+import math
+import os
+import re
+import shutil
+import time
+import unicodedata
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.nn.functional as F
+
+from blockcoupling.errors import BlockCouplingError
+from blockcoupling.hashing import canonical_hash
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase, PreTrainedTokenizerFast
+
+#: Bumped whenever the corpus cleaning, tokenizer or training loop changes in a way that changes
+#: the trained weights or what the cache holds; part of the cache key so stale caches are never
+#: reused. 2: the cache also holds the training-time monitor's measurements (``monitor/``).
+CACHE_FORMAT = 2
+
+#: The folder (in a trained config's cache folder) of what the monitor measured during training.
+MONITOR_DIR = "monitor"
+
+PAD_TOKEN = "[PAD]"
+UNK_TOKEN = "[UNK]"
+
+# In the register of the pydoc help texts (the tiny LM's training data); every character is
+# a token, so these are 15-18 tokens long.
+_CORPUS_PROMPTS = (
+    'The "if" statement',
+    "A function call",
+    "The return value",
+)
+
+
+def _k_values(d: int, quick: bool) -> tuple[int, ...]:
+    """K = 10 (the paper's training-curve K) and K = d/10 (its generalisation K), capped at d."""
+    ks = {min(10, d), max(1, round(d / 10))}
+    return (min(ks),) if quick else tuple(sorted(ks))
+
+
+
+# ----------------------------------------------------------------------------------------------
+# Configuration
+# ----------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TinyLMConfig:
+    """Every hyperparameter of the tiny LM: architecture, optimiser, data, seed, checkpoints.
+
+    The defaults describe a 6-layer, d = 128, 4-head pre-LN GPT (1.2 M parameters, context 64)
+    trained with AdamW for 400 steps on batches of 16 windows of 64 characters (410 k
+    characters, about one pass over the 450 k-character training split): a standard small
+    character LM in the style of nanoGPT's ``shakespeare_char``, scaled to two CPU cores
+    (about a minute of training; held-out loss about 2.0 nats per character at step 400). Dropout is off (tiny model, short run, and
+    it keeps the forward pass deterministic for the measurement). The learning rate warms up
+    linearly for ``warmup_steps`` and then follows a cosine to ``min_lr_ratio * lr``.
+    """
+
+    n_layer: int = 6
+    n_embd: int = 128
+    n_head: int = 4
+    block_size: int = 64  # context length of the model and of each training window
+    batch_size: int = 16
+    max_steps: int = 400
+    checkpoints: tuple[int, ...] = (0, 25, 50, 100, 200, 400)
+    lr: float = 3e-3
+    min_lr_ratio: float = 0.1
+    warmup_steps: int = 20
+    weight_decay: float = 0.1  # on matrices only (not on biases, norms)
+    beta1: float = 0.9
+    beta2: float = 0.95
+    grad_clip: float = 1.0
+    val_every: int = 10  # every val_every-th pydoc topic (sorted by key) is held out
+    val_windows: int = 16  # held-out windows used for the validation loss
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.n_embd % self.n_head:
+            raise BlockCouplingError(
+                f"TinyLMConfig: n_embd={self.n_embd} must be a multiple of n_head={self.n_head}"
+            )
+        for name in ("n_layer", "n_embd", "n_head", "block_size", "batch_size", "val_every"):
+            if getattr(self, name) < 1:
+                raise BlockCouplingError(f"TinyLMConfig: {name} must be at least 1")
+        if self.max_steps < 0 or not self.checkpoints:
+            raise BlockCouplingError("TinyLMConfig: give max_steps >= 0 and at least one checkpoint")
+        if list(self.checkpoints) != sorted(set(self.checkpoints)) or not all(
+            0 <= s <= self.max_steps for s in self.checkpoints
+        ):
+            raise BlockCouplingError(
+                f"TinyLMConfig: checkpoints={self.checkpoints} must be increasing, distinct and "
+                f"within 0..max_steps={self.max_steps}"
+            )
+
+    @classmethod
+    def quick(cls) -> TinyLMConfig:
+        """A very small version for tests and ``--quick``: 2 layers, d = 32, 20 steps."""
+        return cls(
+            n_layer=2, n_embd=32, n_head=2, block_size=32, batch_size=8, max_steps=20,
+            checkpoints=(0, 20), warmup_steps=2, val_windows=4,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["checkpoints"] = list(self.checkpoints)
+        return d
+
+    def cache_key(self) -> str:
+        """16 hex digits of the SHA-256 of the config, the corpus and the cache format."""
+        payload = {
+            "config": self.to_dict(),
+            "corpus_sha256": corpus_sha256(),
+            "format": CACHE_FORMAT,
+        }
+        return canonical_hash(payload, digits=16, compact=False, strict=False)
+
+
+# ----------------------------------------------------------------------------------------------
+# Corpus and tokenizer
+# ----------------------------------------------------------------------------------------------
+
+# Typographic characters mapped to ASCII so that the character vocabulary stays small.
+_ASCII_MAP = str.maketrans(
+    {
+        "\u2018": "'", "\u2019": "'", "\u201c": '"', "\u201d": '"', "\u2013": "-",
+        "\u2014": "-", "\u2026": "...", "\u00a0": " ", "\u00df": "ss", "\u00b0": " degrees",
+    }
+)
+_UNDERLINE = re.compile(r"^\s*([*=\-~^#])\1{2,}\s*$")  # reST heading underlines
+_KEEP = re.compile(r"[^\x20-\x7e\n]")  # anything not printable ASCII or newline
+
+
+def _clean(text: str) -> str:
+    """ASCII-fold, drop reST underline lines, strip trailing spaces, squeeze blank lines."""
+    text = unicodedata.normalize("NFKC", text).translate(_ASCII_MAP).replace("\t", "    ")
+    text = _KEEP.sub("", text)
+    lines = [line.rstrip() for line in text.split("\n") if not _UNDERLINE.match(line)]
+    return re.sub(r"\n{3,}", "\n\n", "\n".join(lines)).strip()
+
+
+@functools.lru_cache(maxsize=1)
+def _corpus_documents() -> tuple[str, ...]:
+    from pydoc_data.topics import topics
+
+    return tuple(_clean(topics[key]) for key in sorted(topics))
+
+
+def corpus_documents() -> list[str]:
+    """The cleaned pydoc help topics, one string per topic, sorted by topic key.
+
+    The texts ship with CPython (``pydoc_data.topics``) so no download is needed; they differ
+    slightly between Python versions, which is why the cache key includes their hash.
+    """
+    return list(_corpus_documents())
+
+
+def corpus_text() -> str:
+    """All topics, cleaned, in sorted-key order, separated by blank lines (deterministic)."""
+    return "\n\n\n".join(corpus_documents())
+
+
+def corpus_sha256() -> str:
+    return hashlib.sha256(corpus_text().encode()).hexdigest()
+
+
+def build_tokenizer(text: str) -> PreTrainedTokenizerFast:
+    """A character-level tokenizer over the characters of ``text`` (sorted), plus pad and unk.
+
+    Built from a ``tokenizers`` word-level model whose "words" are single characters, so it
+    saves with ``save_pretrained``, reloads with ``AutoTokenizer.from_pretrained`` and is
+    callable as ``tokenizer(texts, return_tensors="pt", padding=True)``. Decoding fuses the
+    characters back, so ``decode(encode(s)) == s`` for any ``s`` over the vocabulary.
+    Id 0 is ``[PAD]``, id 1 ``[UNK]``.
+    """
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    chars = sorted(set(text))
+    vocab = {PAD_TOKEN: 0, UNK_TOKEN: 1}
+    for c in chars:
+        vocab[c] = len(vocab)
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token=UNK_TOKEN))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
+    tok.decoder = decoders.Fuse()
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        pad_token=PAD_TOKEN,
+        unk_token=UNK_TOKEN,
+        clean_up_tokenization_spaces=False,
+        padding_side="right",
+    )
+
+
+def _encode(tokenizer: PreTrainedTokenizerBase, text: str) -> torch.Tensor:
+    """All of ``text`` as one long id vector (no special tokens, no length limit).   # (N,)"""
+    ids = tokenizer.backend_tokenizer.encode(text, add_special_tokens=False).ids
+    return torch.tensor(ids, dtype=torch.long)
+
+
+# ----------------------------------------------------------------------------------------------
+# Training
+# ----------------------------------------------------------------------------------------------
+
+
+def default_cache_dir() -> Path:
+    """``$BLOCKCOUPLING_CACHE/demo``, else ``$XDG_CACHE_HOME/blockcoupling/demo``, else
+    ``~/.cache/blockcoupling/demo``."""
+    if os.environ.get("BLOCKCOUPLING_CACHE"):
+        return Path(os.environ["BLOCKCOUPLING_CACHE"]).expanduser() / "demo"
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base).expanduser() / "blockcoupling" / "demo"
+
+
+def checkpoint_name(step: int) -> str:
+    return f"step-{step:06d}"
+
+
+def _lr_at(cfg: TinyLMConfig, step: int) -> float:
+    """Linear warm-up then cosine decay to ``min_lr_ratio * lr`` (step is 0-based)."""
+    if cfg.warmup_steps and step < cfg.warmup_steps:
+        return cfg.lr * (step + 1) / cfg.warmup_steps
+    span = max(cfg.max_steps - cfg.warmup_steps, 1)
+    t = min((step - cfg.warmup_steps) / span, 1.0)
+    lo = cfg.min_lr_ratio * cfg.lr
+    return lo + 0.5 * (cfg.lr - lo) * (1.0 + math.cos(math.pi * t))
+
+
+def _gpt2_config(cfg: TinyLMConfig, vocab_size: int, pad_id: int) -> Any:
+    from transformers import GPT2Config
+
+    return GPT2Config(
+        vocab_size=vocab_size,
+        n_positions=cfg.block_size,
+        n_embd=cfg.n_embd,
+        n_layer=cfg.n_layer,
+        n_head=cfg.n_head,
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
+        pad_token_id=pad_id,
+        bos_token_id=None,
+        eos_token_id=None,
+        tie_word_embeddings=True,
+    )
+
+
+@contextmanager
+def _deterministic() -> Iterator[None]:
+    """Turn on ``torch.use_deterministic_algorithms`` for the block, restoring it afterwards."""
+    was = torch.are_deterministic_algorithms_enabled()
+    warn_only = torch.is_deterministic_algorithms_warn_only_enabled()
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(was, warn_only=warn_only)
+
+
+def _windows(ids: torch.Tensor, starts: torch.Tensor, length: int) -> torch.Tensor:
+    """Rows ``ids[s : s + length]`` for each start.   # (B,) -> (B, length)"""
+    return ids[starts[:, None] + torch.arange(length)[None, :]]
+
+
+def _lm_loss(model: torch.nn.Module, chunk: torch.Tensor) -> torch.Tensor:
+    """Mean next-token cross-entropy of ``chunk`` (B, T+1): inputs [:, :-1], targets [:, 1:]."""
+    logits = model(input_ids=chunk[:, :-1]).logits  # (B, T, V)
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), chunk[:, 1:].reshape(-1))
+
+
+def tiny_lm_prompts(cfg: TinyLMConfig, quick: bool = False) -> list[str]:
+    """The corpus prompts the tiny LM is measured on (by the monitor: all of them; by the
+    demo's sweep: the first with ``quick``), each cut to the model's context (one character
+    is one token)."""
+    prompts = [p[: cfg.block_size] for p in _CORPUS_PROMPTS]
+    return prompts[:1] if quick else prompts
+
+
+def monitor_options(cfg: TinyLMConfig) -> dict[str, Any]:
+    """What the training-time monitor measures at each checkpoint step: depth-wise coupling at
+    one K (10, or d/10 where that is smaller: a K the demo's sweep measures too, quick or not)
+    at the last token of the corpus prompts. Cheap: one Jacobian per block and prompt; the
+    full measurement is the sweep's, on the saved checkpoints."""
+    return {"coupling": ("depth",), "k": _k_values(cfg.n_embd, quick=True), "tokens": "last"}
+
+
+def _train_and_save(cfg: TinyLMConfig, target: Path, progress: bool,
+                    monitor: bool = True) -> dict[str, Any]:
+    """Train the tiny LM from scratch and save every checkpoint under ``target``.
+
+    Writes ``target/step-NNNNNN/`` (model + tokenizer, loadable with ``from_pretrained``) for
+    each step in ``cfg.checkpoints`` and returns the training log (also saved by the caller).
+    With ``monitor`` (the default), a :class:`~blockcoupling.CouplingMonitor` measures the
+    model at each checkpoint step, inside the training loop, into ``target/monitor`` (a
+    monitor directory: ``open_sweep`` and ``blockcoupling report`` read it). The monitor does
+    not change training: the weights and losses are bit-identical without it (tested).
+    """
+    from transformers import GPT2LMHeadModel
+
+    from blockcoupling.studies.monitor import CouplingMonitor
+
+    docs = corpus_documents()
+    tokenizer = build_tokenizer("\n\n\n".join(docs))
+    tokenizer.model_max_length = cfg.block_size
+    train_text = "\n\n\n".join(d for i, d in enumerate(docs) if i % cfg.val_every != cfg.val_every - 1)
+    val_text = "\n\n\n".join(d for i, d in enumerate(docs) if i % cfg.val_every == cfg.val_every - 1)
+    train_ids, val_ids = _encode(tokenizer, train_text), _encode(tokenizer, val_text)  # (N,), (M,)
+    span = cfg.block_size + 1
+    if len(train_ids) <= span or len(val_ids) <= span:
+        raise BlockCouplingError(
+            f"TinyLMConfig: block_size={cfg.block_size} is too long for the corpus; lower it"
+        )
+    # Fixed, evenly spaced validation windows.   # (val_windows,)
+    val_starts = torch.linspace(0, len(val_ids) - span, cfg.val_windows).long()
+    val_chunk = _windows(val_ids, val_starts, span)
+
+    config = _gpt2_config(cfg, len(tokenizer), tokenizer.pad_token_id)
+    log: dict[str, Any] = {
+        "config": cfg.to_dict(),
+        "cache_key": cfg.cache_key(),
+        "corpus_sha256": corpus_sha256(),
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "n_train_tokens": len(train_ids),
+        "n_val_tokens": len(val_ids),
+        "vocab_size": len(tokenizer),
+        "train_loss": [],  # one per optimiser step (loss of the batch before the update)
+        "checkpoints": {},  # step -> {"val_loss": ..., "train_loss": ...}
+    }
+    data_gen = torch.Generator().manual_seed(cfg.seed + 1)  # fixed data order
+
+    with torch.random.fork_rng(devices=[]), _deterministic(), contextlib.ExitStack() as stack:
+        torch.manual_seed(cfg.seed)
+        model = GPT2LMHeadModel(config)
+        log["n_params"] = sum(p.numel() for p in model.parameters())
+        decay = [p for p in model.parameters() if p.dim() >= 2]
+        no_decay = [p for p in model.parameters() if p.dim() < 2]
+        opt = torch.optim.AdamW(
+            [{"params": decay, "weight_decay": cfg.weight_decay},
+             {"params": no_decay, "weight_decay": 0.0}],
+            lr=cfg.lr, betas=(cfg.beta1, cfg.beta2),
+        )
+        mon = None
+        if monitor:
+            mon = CouplingMonitor(tokenizer, tiny_lm_prompts(cfg), every=None,
+                                  steps=cfg.checkpoints, out=target / MONITOR_DIR,
+                                  label="tiny LM", **monitor_options(cfg))
+            stack.callback(mon.close)  # released however training ends
+        bar = None
+        if progress:
+            from tqdm.auto import tqdm
+
+            bar = tqdm(total=cfg.max_steps, desc="training tiny LM", unit="step")
+        t0 = time.perf_counter()
+        monitor_s = 0.0
+        last_loss = float("nan")
+        for step in range(cfg.max_steps + 1):
+            if mon is not None:  # measures the checkpoint steps only (steps=cfg.checkpoints)
+                t_mon = time.perf_counter()
+                mon.step(model, step)
+                monitor_s += time.perf_counter() - t_mon
+            if step in cfg.checkpoints:
+                model.eval()
+                with torch.no_grad():
+                    val_loss = float(_lm_loss(model, val_chunk))
+                model.train()
+                path = target / checkpoint_name(step)
+                model.save_pretrained(path)
+                tokenizer.save_pretrained(path)
+                log["checkpoints"][str(step)] = {
+                    "val_loss": val_loss,
+                    "train_loss": None if step == 0 else last_loss,
+                }
+            if step == cfg.max_steps:
+                break
+            for group in opt.param_groups:
+                group["lr"] = _lr_at(cfg, step)
+            starts = torch.randint(0, len(train_ids) - span, (cfg.batch_size,), generator=data_gen)
+            loss = _lm_loss(model, _windows(train_ids, starts, span))
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+            opt.step()
+            last_loss = float(loss.detach())
+            log["train_loss"].append(last_loss)
+            if bar is not None:
+                bar.update(1)
+                bar.set_postfix(loss=f"{last_loss:.3f}")
+        if bar is not None:
+            bar.close()
+    log["seconds"] = time.perf_counter() - t0
+    log["monitor_seconds"] = monitor_s if monitor else None
+    # Final training loss: mean over the last 10 % of steps (a single batch is noisy).
+    tail = log["train_loss"][-max(1, cfg.max_steps // 10):]
+    log["final_train_loss"] = sum(tail) / len(tail) if tail else None
+    log["final_val_loss"] = log["checkpoints"][str(cfg.checkpoints[-1])]["val_loss"]
+    return log
+
+
+def tiny_lm_dir(cfg: TinyLMConfig, cache_dir: str | Path | None = None) -> Path:
+    """The cache folder of one training config: ``<cache_dir>/<cfg.cache_key()>``."""
+    root = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
+    return root / cfg.cache_key()
+
+
+def training_log(cfg: TinyLMConfig, cache_dir: str | Path | None = None) -> dict[str, Any]:
+    """The saved training log (losses, timings) of a trained config; raises if not trained."""
+    path = tiny_lm_dir(cfg, cache_dir) / "training.json"
+    if not path.is_file():
+        raise BlockCouplingError(
+            f"No trained tiny LM at {path.parent}; run train_tiny_lm(cfg) (or `blockcoupling demo`) first"
+        )
+    return json.loads(path.read_text())
+
+
+def _monitor_is_current(cfg: TinyLMConfig, target: Path) -> bool:
+    """Whether ``target/monitor`` holds what :func:`monitor_options` and
+    :func:`tiny_lm_prompts` ask for today, every checkpoint step done (else the cache is
+    retrained: the monitor only measures inside the training loop)."""
+    from blockcoupling.engine.config import MeasureConfig
+    from blockcoupling.studies.monitor import _prompt_items
+    from blockcoupling.studies.sweep import store
+
+    root = target / MONITOR_DIR
+    if not store.is_sweep_dir(root):
+        return False
+    try:
+        spec = (store.load_manifest(root).get("spec") or {}).get("monitor") or {}
+        units = store.catalogue(root)
+    except (OSError, ValueError, BlockCouplingError):
+        return False
+    config = MeasureConfig().replace(**monitor_options(cfg))
+    want = {"prompt_set": _prompt_items(tiny_lm_prompts(cfg), None, config.seed)[1],
+            "steps": sorted(cfg.checkpoints),
+            "config": json.loads(json.dumps(config.to_dict(), default=str))}
+    done = sorted(int(x) for x in units.loc[units["status"] == "done", "step"])
+    return all(spec.get(k) == v for k, v in want.items()) and done == sorted(cfg.checkpoints)
+
+
+def train_tiny_lm(
+    cfg: TinyLMConfig, cache_dir: str | Path | None = None, progress: bool = True,
+    monitor: bool = True,
+) -> list[tuple[int, Path]]:
+    """Train (or reuse) the tiny LM; return ``(step, checkpoint folder)`` for each checkpoint.
+
+    Checkpoints live in ``<cache_dir>/<cfg.cache_key()>/step-NNNNNN`` (``cache_dir`` defaults
+    to :func:`default_cache_dir`), each with its tokenizer, so ``AutoModel.from_pretrained`` and
+    ``AutoTokenizer.from_pretrained`` load it. With ``monitor`` (the demo's tiny LM) the model
+    is trained with a :class:`~blockcoupling.CouplingMonitor` into ``monitor/``
+    (:func:`monitor_dir`); a cache without a current monitor directory is then trained again
+    (the weights come out bit-identical). ``training.json`` (losses, timings) is written
+    last; a folder that has it is complete and is reused without training. Training goes to a
+    temporary sibling folder that is renamed into place, so an interrupted run leaves no
+    half-written cache.
+    """
+    target = tiny_lm_dir(cfg, cache_dir)
+
+    def complete() -> bool:
+        return (target / "training.json").is_file() and (
+            not monitor or _monitor_is_current(cfg, target))
+
+    if not complete():
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = target.parent / f"{target.name}.tmp-{os.getpid()}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+        try:
+            log = _train_and_save(cfg, tmp, progress, monitor=monitor)
+            (tmp / "training.json").write_text(json.dumps(log, indent=1))
+            if target.exists():  # an incomplete or outdated folder, or a racing run's
+                if complete():
+                    shutil.rmtree(tmp)
+                else:
+                    shutil.rmtree(target)
+                    os.replace(tmp, target)
+            else:
+                os.replace(tmp, target)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    out = [(s, target / checkpoint_name(s)) for s in cfg.checkpoints]
+    missing = [str(p) for _, p in out if not (p / "config.json").is_file()]
+    if missing:
+        raise BlockCouplingError(
+            f"The tiny-LM cache {target} is incomplete (missing {missing[0]}); delete that "
+            "folder and run again"
+        )
+    return out
+
+
+def monitor_dir(cfg: TinyLMConfig, cache_dir: str | Path | None = None) -> Path:
+    """The monitor directory written while ``cfg`` was trained with ``monitor=True`` (one unit
+    per checkpoint step: :func:`monitor_options`, :func:`tiny_lm_prompts`)."""
+    return tiny_lm_dir(cfg, cache_dir) / MONITOR_DIR
+
+
+def load_checkpoint(path: str | Path) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """A trained tiny-LM checkpoint as a base ``GPT2Model`` (no LM head) in eval mode, and its
+    tokenizer."""
+    from transformers import AutoModel, AutoTokenizer
+
+    model = AutoModel.from_pretrained(path, local_files_only=True).eval()
+    tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    return model, tokenizer
+
+
+
+__all__ = [
+    "CACHE_FORMAT",
+    "MONITOR_DIR",
+    "TinyLMConfig",
+    "build_tokenizer",
+    "checkpoint_name",
+    "corpus_documents",
+    "corpus_sha256",
+    "corpus_text",
+    "default_cache_dir",
+    "load_checkpoint",
+    "monitor_dir",
+    "monitor_options",
+    "tiny_lm_dir",
+    "tiny_lm_prompts",
+    "train_tiny_lm",
+    "training_log",
+]

@@ -1,0 +1,205 @@
+"""The import graph of src/blockcoupling: layers point one way and nothing imports in a cycle.
+
+The layer order is the one docs/DESIGN.md states (lowest first):
+
+    errors, hashing < loading < engine < prompts < store < report < studies < cli < blockcoupling
+
+Every import counts: at module level, inside functions and under ``if TYPE_CHECKING:``
+(parsed with ``ast``, nothing is imported), plus ``importlib.import_module("literal")``.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+SRC = Path(__file__).resolve().parents[1] / "src"
+PACKAGE = "blockcoupling"
+
+#: lowest first; a module may import from its own layer or a lower one only
+LAYERS = ("errors", "loading", "engine", "prompts", "store", "report", "studies", "cli",
+          PACKAGE)
+#: modules that share a layer with another (the bottom: they import nothing of the package)
+SAME_LAYER = {"hashing": "errors"}
+
+
+def _modules() -> dict[str, tuple[Path, bool]]:
+    """module name -> (file, is a package __init__)."""
+    out = {}
+    for path in sorted((SRC / PACKAGE).rglob("*.py")):
+        parts = list(path.relative_to(SRC).with_suffix("").parts)
+        is_pkg = parts[-1] == "__init__"
+        if is_pkg:
+            parts = parts[:-1]
+        out[".".join(parts)] = (path, is_pkg)
+    return out
+
+
+MODULES = _modules()
+
+
+def _resolve(name: str) -> str | None:
+    """The module of the package that ``name`` (a module or an attribute of one) lives in."""
+    while name and name not in MODULES:
+        name = name.rpartition(".")[0]
+    return name or None
+
+
+def _imported(module: str) -> Iterator[tuple[str, int]]:
+    """(imported module of the package, line) for every import statement in ``module``."""
+    path, is_pkg = MODULES[module]
+    package = module if is_pkg else module.rpartition(".")[0]
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                target = _resolve(alias.name) if alias.name.split(".")[0] == PACKAGE else None
+                if target:
+                    yield target, node.lineno
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[: len(base) - (node.level - 1)]
+                source = ".".join(base + ([node.module] if node.module else []))
+            else:
+                source = node.module or ""
+            if source.split(".")[0] != PACKAGE:
+                continue
+            for alias in node.names:
+                full = f"{source}.{alias.name}"
+                target = full if full in MODULES else _resolve(source)
+                if target:
+                    yield target, node.lineno
+        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+              and node.func.attr == "import_module" and node.args
+              and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str)
+              and node.args[0].value.split(".")[0] == PACKAGE):
+            target = _resolve(node.args[0].value)
+            if target:
+                yield target, node.lineno
+
+
+def _graph() -> dict[str, dict[str, int]]:
+    """module -> {imported module: first line}, without self-imports."""
+    graph: dict[str, dict[str, int]] = {}
+    for module in MODULES:
+        edges: dict[str, int] = {}
+        for target, line in _imported(module):
+            if target != module:
+                edges.setdefault(target, line)
+        graph[module] = edges
+    return graph
+
+
+GRAPH = _graph()
+
+
+def layer_of(module: str) -> str:
+    parts = module.split(".")
+    if len(parts) == 1 or parts[1] == "__main__":
+        return PACKAGE
+    if parts[1] in SAME_LAYER:
+        return SAME_LAYER[parts[1]]
+    if parts[1] not in LAYERS:
+        raise AssertionError(f"{module}: not in any layer of LAYERS; place it in "
+                             "docs/DESIGN.md and in tests/test_architecture.py")
+    return parts[1]
+
+
+def _cycles(graph: dict[str, dict[str, int]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+    counter = 0
+    for root in graph:
+        if root in index:
+            continue
+        work = [(root, iter(graph[root]))]
+        index[root] = low[root] = counter
+        counter += 1
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = counter
+                    counter += 1
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(graph.get(child, {}))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    found.append(sorted(component))
+    return found
+
+
+def test_the_graph_is_read() -> None:
+    # the check cannot pass vacuously: known edges of each kind are seen
+    assert "blockcoupling.errors" in GRAPH["blockcoupling.engine.measure"]  # module level
+    assert "blockcoupling.report.html" in GRAPH["blockcoupling.studies.demo"]  # in a function
+    assert "blockcoupling.studies.sweep.store" in GRAPH["blockcoupling.studies.sweep.read"]
+    assert len(MODULES) > 60
+
+
+def test_every_module_has_a_layer() -> None:
+    for module in MODULES:
+        assert layer_of(module) in LAYERS
+
+
+def test_the_bottom_imports_nothing_of_the_package() -> None:
+    for module in MODULES:
+        if layer_of(module) == "errors":
+            assert GRAPH[module] == {}, f"{module} is at the bottom but imports {GRAPH[module]}"
+
+
+def test_no_import_cycle() -> None:
+    assert _cycles(GRAPH) == [], "import cycles between modules of src/blockcoupling"
+
+
+def test_cycle_finder_finds_cycles() -> None:
+    assert _cycles({"a": {"b": 1}, "b": {"c": 1}, "c": {"a": 1}, "d": {"a": 1}}) == [
+        ["a", "b", "c"]]
+    assert _cycles({"a": {"b": 1}, "b": {}}) == []
+
+
+def test_no_module_imports_from_a_higher_layer() -> None:
+    upward = [
+        f"{module} ({layer_of(module)}) line {line} imports {target} ({layer_of(target)})"
+        for module, edges in GRAPH.items()
+        for target, line in edges.items()
+        if LAYERS.index(layer_of(target)) > LAYERS.index(layer_of(module))
+    ]
+    assert upward == [], "imports against the layer order of docs/DESIGN.md:\n" + "\n".join(
+        upward)
+
+
+@pytest.mark.parametrize("module", sorted(m for m in MODULES if layer_of(m) == "report"))
+def test_report_imports_no_study(module: str) -> None:
+    studies = [t for t in GRAPH[module] if layer_of(t) in ("studies", "cli", PACKAGE)]
+    assert studies == [], f"{module} imports {studies}: report/ must not know the studies"
+
+
+def test_the_layer_order_is_the_documented_one() -> None:
+    design = (SRC.parent / "docs" / "DESIGN.md").read_text(encoding="utf-8")
+    assert "  <  ".join(("errors, hashing", "loading", "engine", "prompts", "store", "report",
+                         "studies", "cli")) in design
