@@ -34,7 +34,7 @@ def table_bytes(name: str, df: pd.DataFrame, meta: Mapping[str, Any] | None = No
     for extra columns, no pandas metadata; key-value metadata describing every column (and
     the run's sweep unit, from ``meta``: store/schema.py)."""
     df = conform(name, df)
-    unit = unit_identity(meta)
+    unit = unit_identity(meta) if meta and meta.get("unit_id") else {}  # sweep units only
     cols = [c for c in unit_columns(name) if c in unit]
     if cols:  # a sweep unit's identity as constant columns (replacing those of its parts)
         df = df.assign(**{c: pd.Series([unit[c]] * len(df), index=df.index,
