@@ -36,6 +36,7 @@ def measure(
     split: Annotated[str | None, typer.Option(help="Dataset split for hf: prompts.")] = None,
     resume: Annotated[bool, typer.Option("--resume/--no-resume", help="Continue an interrupted run in --out.")] = False,
     trust_remote_code: Annotated[bool, typer.Option("--trust-remote-code/--no-trust-remote-code", help="Run the model repository's own Python code (transformers trust_remote_code); only for repositories you trust.")] = False,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Check everything and print the plan (prompts, tokens, pairs, Jacobians, memory, an estimated time); write nothing.")] = False,
 ) -> None:
     """Measure a model on a prompt set and write a resumable run directory."""
     from blockcoupling.engine.config import parse_config
@@ -55,6 +56,11 @@ def measure(
                               trust_remote_code=trust_remote_code, require_tokenizer=True,
                               progress=not _STATE["quiet"])
         meta = {"model": model, "revision": revision, "prompts_spec": prompts}
+        if dry_run:
+            from blockcoupling.store.record import plan_run
+
+            typer.echo(plan_run(net, tok, items, config=cfg, model_name=model).describe())
+            return
         with _sigterm_as_interrupt():
             result = measure_to_dir(net, tok, items, out, meta=meta, prompts_spec=prompts,
                                     resume=resume, progress=not _STATE["quiet"], config=cfg)

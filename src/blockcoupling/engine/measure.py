@@ -38,6 +38,7 @@ from blockcoupling.engine.causality import model_spec, resolve_causal
 from blockcoupling.engine.config import MeasureConfig, parse_config
 from blockcoupling.engine.events import EventCallback, MeasureEvent, Phase, ignore
 from blockcoupling.engine.inputs import MeasureInput, make_batch, normalise_inputs
+from blockcoupling.engine.plan import prompt_work
 from blockcoupling.engine.results import Measurement, conform
 from blockcoupling.engine.state import preserved
 from blockcoupling.engine.wrappers import as_module, unwrap_model
@@ -113,24 +114,13 @@ class _PromptRun:
             _model_device(model))
         self.n = cap.lengths[b]
         self.d = spec.hidden_size
-        self.layers = cfg.selected_layers(spec.num_layers)
-        self.tokens = pairs.resolve_tokens(cfg.tokens, self.n,
-                                           cls=pairs.cls_position(spec.arch, spec.causal))
+        work = prompt_work(cfg, spec, self.n, influence=False)  # the one rule (engine/plan.py)
+        self.layers = list(work.layers)
+        self.tokens = list(work.tokens)
         self.method = choose_method(cfg, self.d)
         self.progress = progress
-        self.pairs: dict[str, list[pairs.Pair]] = {
-            kind: pairs.kind_pairs(kind, tokens=self.tokens, layers=self.layers, n=self.n,
-                                   causal=spec.causal, pairs_mode=cfg.layer_pairs)
-            for kind in cfg.coupling
-        }
-        self.keys = pairs.needed_keys([p for ps in self.pairs.values() for p in ps])
-        if cfg.spectra:  # spectra of J^l_tt at every selected layer and token, at least
-            for la in self.layers:
-                self.keys.setdefault(la, [])
-                for t in self.tokens:
-                    if (t, t) not in self.keys[la]:
-                        self.keys[la].append((t, t))
-                self.keys[la].sort()
+        self.pairs: dict[str, list[pairs.Pair]] = work.pairs
+        self.keys = {la: list(v) for la, v in work.keys.items()}
         # whether only dense J are used where a block's structure gives them: always for
         # "dense"; for "auto" on the CPU while they fit STRUCTURED_KEEP_BYTES (a few GEMMs beat
         # ~(K + oversample) * (2 iters + 2) decode-step products, with no residual check)

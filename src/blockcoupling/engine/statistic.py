@@ -34,7 +34,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import pandas as pd
@@ -202,7 +202,7 @@ class StatisticRule:
                     "does not record; pass a fixed K instead")
             k = paper_k(d_model)
         else:
-            k = int(self.k)  # type: ignore[arg-type]
+            k = int(self.k)
         if k not in have:
             raise BlockCouplingError(
                 f"{where}: no depth-wise {self.variant} rows at K = {k}; it measured K in "
@@ -328,7 +328,8 @@ def statistic_table(coupling: pd.DataFrame, *, variants: Sequence[str] = HEADLIN
     lacks the rows the rule needs."""
     if isinstance(variants, str):
         variants = (variants,)
-    ks: list[KSpec] = list(k) if isinstance(k, list | tuple) else [k]
+    ks: list[KSpec] = ([int(x) for x in k] if isinstance(k, list | tuple)
+                       else [cast(KSpec, k)])
     rows = []
     for variant in variants:
         for kspec in ks:

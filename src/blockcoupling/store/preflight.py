@@ -15,12 +15,16 @@ import torch
 from blockcoupling.engine.blocks import find_blocks
 from blockcoupling.engine.config import MeasureConfig
 from blockcoupling.engine.inputs import normalise_inputs, tokenize
+from blockcoupling.engine.plan import MeasurePlan, plan_measure
 from blockcoupling.errors import BlockCouplingError
 
 
-def preflight(model: torch.nn.Module, tokenizer: Any, prompts: Any, cfg: MeasureConfig) -> None:
-    """Raise :class:`BlockCouplingError` for anything that would stop the run part-way."""
-    spec = find_blocks(model, cfg.blocks_path, hidden_size=cfg.hidden_size)
+def preflight(model: torch.nn.Module, tokenizer: Any, prompts: Any, cfg: MeasureConfig, *,
+              model_name: str = "model") -> MeasurePlan:
+    """Raise :class:`BlockCouplingError` for anything that would stop the run part-way;
+    return the :class:`~blockcoupling.engine.plan.MeasurePlan` of the checked prompts (text
+    prompts by their token counts, ready-made inputs by their real positions)."""
+    spec = find_blocks(model, cfg.blocks_path, hidden_size=cfg.hidden_size, causal=cfg.causal)
     if spec.hidden_size:  # a custom model's hidden size is known only after its first capture
         cfg.check_model(spec.num_layers, spec.hidden_size)
     elif cfg.layers is not None and max(cfg.layers) > spec.num_layers:
@@ -29,9 +33,9 @@ def preflight(model: torch.nn.Module, tokenizer: Any, prompts: Any, cfg: Measure
         from blockcoupling.loading import resolve_device
 
         resolve_device(cfg.analysis_device)
-    items = [it for it in normalise_inputs(prompts) if it.is_text]  # ready-made: no tokens
-    if not items:
-        return
+    all_items = normalise_inputs(prompts)
+    lengths: list[int] = [_ready_length(it, model) for it in all_items if not it.is_text]
+    items = [it for it in all_items if it.is_text]
     special = set(getattr(tokenizer, "all_special_ids", []) or [])
     cpu = torch.device("cpu")
     for i in range(0, len(items), cfg.batch_size):
@@ -39,9 +43,27 @@ def preflight(model: torch.nn.Module, tokenizer: Any, prompts: Any, cfg: Measure
         enc = tokenize(tokenizer, chunk, model, cpu)  # raises for empty or too long prompts
         for item, ids, mask in zip(chunk, enc["input_ids"], enc["attention_mask"], strict=True):
             real = ids[mask.bool()].tolist()
+            lengths.append(len(real))
             if special and all(t in special for t in real):
                 raise BlockCouplingError(
                     f"prompt {item.prompt_id!r} ({item.text[:40]!r}) has no text token, only "
                     "the tokenizer's special tokens; give it text the tokenizer knows, or "
                     "remove it"
                 )
+    return plan_measure(cfg, spec, lengths, model=model_name)
+
+
+def _ready_length(item: Any, model: torch.nn.Module) -> int:
+    """Real positions of a ready-made input: its attention mask's sum or its input ids'
+    length; for images, (image_size / patch_size)^2 patches plus one [CLS] from the model's
+    config (1 where the config does not say)."""
+    tensors = item.tensors or {}
+    if "attention_mask" in tensors:
+        return int(tensors["attention_mask"].sum())
+    if "input_ids" in tensors:
+        return int(tensors["input_ids"].shape[-1])
+    cfg = getattr(model, "config", None)
+    image, patch = getattr(cfg, "image_size", None), getattr(cfg, "patch_size", None)
+    if isinstance(image, int) and isinstance(patch, int) and patch > 0:
+        return (image // patch) ** 2 + 1
+    return 1

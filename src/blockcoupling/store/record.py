@@ -12,6 +12,7 @@ from blockcoupling.engine.config import MeasureConfig, parse_config
 from blockcoupling.engine.events import EventCallback
 from blockcoupling.engine.inputs import normalise_inputs
 from blockcoupling.engine.measure import build_meta, iter_measure
+from blockcoupling.engine.plan import MeasurePlan
 from blockcoupling.engine.results import Measurement, conform
 from blockcoupling.engine.wrappers import as_module
 from blockcoupling.errors import BlockCouplingError
@@ -51,4 +52,16 @@ def measure_to_dir(model: torch.nn.Module, tokenizer: Any, prompts: Any, out_dir
         return writer.finalize(timings={"seconds": time.perf_counter() - t0})
 
 
-__all__ = ["measure_to_dir"]
+def plan_run(model: torch.nn.Module, tokenizer: Any, prompts: Any, *,
+             config: MeasureConfig | None = None, model_name: str = "model",
+             **options: Any) -> MeasurePlan:
+    """The checks :func:`measure_to_dir` runs before it creates anything, and the plan of the
+    work (``blockcoupling measure --dry-run``); nothing is written."""
+    cfg = parse_config(config, **options)
+    items = normalise_inputs(prompts)
+    if items[0].is_text and tokenizer is None:
+        raise BlockCouplingError("text prompts need a tokenizer; pass the model's tokenizer")
+    return preflight(model, tokenizer, items, cfg, model_name=model_name)
+
+
+__all__ = ["measure_to_dir", "plan_run"]

@@ -565,14 +565,15 @@ def match_scores(models: pd.DataFrame, units: Sequence[ModelUnit], scores: pd.Da
 # ----------------------------------------------------------------------------------------------
 
 
-def _clean_xy(x: Sequence[float], y: Sequence[float]) -> tuple[np.ndarray, np.ndarray]:
+def _clean_xy(x: Sequence[float] | np.ndarray, y: Sequence[float] | np.ndarray
+              ) -> tuple[np.ndarray, np.ndarray]:
     xa, ya = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
     keep = np.isfinite(xa) & np.isfinite(ya)
     return xa[keep], ya[keep]
 
 
-def regression(x: Sequence[float], y: Sequence[float], *, n_boot: int = 2000, seed: int = 0,
-               confidence: float = 0.95) -> dict[str, Any]:
+def regression(x: Sequence[float] | np.ndarray, y: Sequence[float] | np.ndarray, *,
+               n_boot: int = 2000, seed: int = 0, confidence: float = 0.95) -> dict[str, Any]:
     """Least-squares line y = slope x + intercept and rank correlation (rows with NaN dropped).
 
     Returns n, slope, intercept, slope_stderr, r (Pearson), r2, p (two-sided, slope = 0),
@@ -656,7 +657,7 @@ def exponential_fit(x: Sequence[float], y: Sequence[float]) -> dict[str, Any]:
             "converged": converged}
 
 
-def partial_correlation(x: Sequence[float], y: Sequence[float],
+def partial_correlation(x: Sequence[float] | np.ndarray, y: Sequence[float] | np.ndarray,
                         covariates: Sequence[float] | Sequence[Sequence[float]]
                         ) -> dict[str, Any]:
     """Partial correlation of x and y controlling for one covariate or several (statsmodels OLS).
@@ -795,6 +796,16 @@ def _jsonable(obj: Any) -> Any:
     return obj
 
 
+def write_json(path: str | Path, data: Mapping[str, Any]) -> Path:
+    """``data`` (made JSON-safe: NaN -> null) written atomically to ``path``, folders made."""
+    from blockcoupling.store.fileio import atomic_write_text
+
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(out, json.dumps(_jsonable(data), indent=1, allow_nan=False) + "\n")
+    return out
+
+
 @dataclass
 class CorrelationResult:
     """Everything :func:`correlate` found; ``to_dict()`` is the JSON output."""
@@ -824,10 +835,7 @@ class CorrelationResult:
         })
 
     def to_json(self, path: str | Path) -> Path:
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(self.to_dict(), indent=1, allow_nan=False) + "\n")
-        return path
+        return write_json(path, self.to_dict())
 
     def summary(self) -> str:
         """A few lines for humans."""

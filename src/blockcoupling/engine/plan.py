@@ -1,0 +1,155 @@
+"""The measurement plan: what a ``measure`` call will compute, counted before any Jacobian.
+
+:func:`prompt_work` is the one rule for a prompt's work (its selected tokens, the pairs of every
+coupling kind, the Jacobians those pairs, the spectra and the influence need); the engine's
+per-prompt loop runs exactly that work, and :func:`plan_measure` adds it up over the prompts
+into a :class:`MeasurePlan` with an estimate of time and memory. ``blockcoupling measure
+--dry-run`` prints it and writes nothing.
+
+The time estimate is a stated model, not a measurement: each dense Jacobian J^l_{t1 t2} costs
+one batched VJP of d vectors through the block, about ``2 d`` times the block's forward cost of
+``24 n d^2`` flops (pre-LN GPT block, 4x MLP), plus a float64 ``eigh`` of ``d^3`` flops per
+top-K SVD, at ``GFLOPS`` (the order of a laptop CPU core pair). It is meant to tell seconds from
+hours, not to benchmark; BENCHMARKS.md has measured times.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from blockcoupling.engine import pairs
+from blockcoupling.engine.blocks import BlockSpec
+from blockcoupling.engine.config import MeasureConfig
+from blockcoupling.engine.names import ORIENTATIONS
+
+__all__ = ["GFLOPS", "MeasurePlan", "PromptWork", "plan_measure", "prompt_work"]
+
+#: the throughput the time estimate assumes (flop/s)
+GFLOPS = 40e9
+
+
+@dataclass(frozen=True)
+class PromptWork:
+    """One prompt's work: selected tokens, pairs per kind, Jacobian keys per layer."""
+
+    n: int
+    layers: tuple[int, ...]
+    tokens: tuple[int, ...]
+    pairs: dict[str, list[pairs.Pair]]
+    keys: dict[int, list[tuple[int, int]]]  # layer -> (token_in, token_out) Jacobians
+
+    @property
+    def n_jacobians(self) -> int:
+        return sum(len(v) for v in self.keys.values())
+
+    def max_per_layer(self) -> int:
+        return max((len(v) for v in self.keys.values()), default=0)
+
+
+def prompt_work(cfg: MeasureConfig, spec: BlockSpec, n: int, *,
+                influence: bool = True) -> PromptWork:
+    """The work of one prompt of ``n`` real tokens (the engine's own rule: ``measure`` runs
+    this): the pairs of every coupling kind, and the Jacobians they, the spectra (J^l_tt at
+    every selected layer and token) and, with ``influence``, the influence (J^l_{j, n-1}) need
+    (the engine adds the influence keys layer by layer itself)."""
+    layers = tuple(cfg.selected_layers(spec.num_layers))
+    tokens = tuple(pairs.resolve_tokens(cfg.tokens, n,
+                                        cls=pairs.cls_position(spec.arch, spec.causal)))
+    by_kind = {kind: pairs.kind_pairs(kind, tokens=tokens, layers=layers, n=n,
+                                      causal=spec.causal, pairs_mode=cfg.layer_pairs)
+               for kind in cfg.coupling}
+    keys = pairs.needed_keys([p for ps in by_kind.values() for p in ps])
+    if cfg.spectra:
+        for la in layers:
+            have = set(keys.setdefault(la, []))
+            keys[la] = sorted(have | {(t, t) for t in tokens})
+    if cfg.influence and influence:
+        for la, infl in pairs.influence_keys(layers, n=n).items():
+            keys[la] = sorted(set(keys.get(la, [])) | set(infl))
+    return PromptWork(n=n, layers=layers, tokens=tokens, pairs=by_kind,
+                      keys=dict(sorted(keys.items())))
+
+
+@dataclass
+class MeasurePlan:
+    """What a measure call will do, before it does it (``describe()`` for people,
+    ``to_dict()`` for JSON)."""
+
+    model: str
+    arch: str
+    causal: bool
+    num_layers: int
+    hidden_size: int
+    layers: tuple[int, ...]
+    prompts: int
+    tokens: int  # real tokens over all prompts
+    measured_tokens: int  # selected tokens over all prompts
+    pairs: dict[str, int]  # kind -> compared Jacobian pairs over all prompts
+    jacobians: int  # Jacobian blocks computed (each with a top-K SVD)
+    coupling_rows: int  # rows the coupling table will hold
+    analysis_dtype: str
+    peak_jacobian_bytes: int  # the largest layer's Jacobians of one prompt, held at once
+    estimated_seconds: float
+    estimate: str = field(default="")  # how the time was estimated
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def describe(self) -> str:
+        gib = self.peak_jacobian_bytes / 2**30
+        pairs_txt = ", ".join(f"{k} {v:,}" for k, v in self.pairs.items()) or "none"
+        return "\n".join([
+            f"plan for {self.model} ({self.arch}, {'causal' if self.causal else 'bidirectional'}"
+            f", {self.num_layers} blocks, d = {self.hidden_size}); nothing is written",
+            f"  prompts {self.prompts:,} ({self.tokens:,} tokens, {self.measured_tokens:,} "
+            f"measured), layers {_span(self.layers)}",
+            f"  coupling pairs: {pairs_txt}; {self.coupling_rows:,} coupling rows",
+            f"  Jacobian blocks {self.jacobians:,} (each a top-K SVD) in {self.analysis_dtype}; "
+            f"at most {gib:.3g} GiB of Jacobians held at once",
+            f"  estimated time {_duration(self.estimated_seconds)} ({self.estimate})",
+        ])
+
+
+def _span(layers: Sequence[int]) -> str:
+    ls = list(layers)
+    return f"{ls[0]}..{ls[-1]}" if ls == list(range(ls[0], ls[-1] + 1)) else ", ".join(map(str, ls))
+
+
+def _duration(s: float) -> str:
+    if s < 90:
+        return f"about {s:.0f} s"
+    if s < 5400:
+        return f"about {s / 60:.0f} min"
+    return f"about {s / 3600:.1f} h"
+
+
+def plan_measure(cfg: MeasureConfig, spec: BlockSpec, lengths: Sequence[int], *,
+                 model: str = "model") -> MeasurePlan:
+    """The plan of measuring prompts of ``lengths`` real tokens with ``cfg`` on a model of
+    ``spec`` (see the module docstring for the time model)."""
+    import torch
+
+    d, itemsize = spec.hidden_size, torch.finfo(cfg.dtype).bits // 8
+    kinds: dict[str, int] = {kind: 0 for kind in cfg.coupling}
+    jac = peak = measured = rows = 0
+    flops = 0.0
+    n_rows_per_pair = len(cfg.k) * len(cfg.orientations or ORIENTATIONS) * sum(
+        len(cfg.p) if v in ("coupling", "miscoupling") else 1 for v in cfg.variants)
+    for n in lengths:
+        work = prompt_work(cfg, spec, n)
+        measured += len(work.tokens)
+        for kind, ps in work.pairs.items():
+            kinds[kind] += len(ps)
+            rows += len(ps) * n_rows_per_pair
+        jac += work.n_jacobians
+        peak = max(peak, work.max_per_layer() * d * d * itemsize)
+        flops += work.n_jacobians * (2 * d * 24 * n * d * d + d**3)
+    return MeasurePlan(
+        model=model, arch=spec.arch, causal=spec.causal, num_layers=spec.num_layers,
+        hidden_size=d, layers=tuple(cfg.selected_layers(spec.num_layers)),
+        prompts=len(lengths), tokens=int(sum(lengths)), measured_tokens=measured, pairs=kinds,
+        jacobians=jac, coupling_rows=rows, analysis_dtype=str(cfg.dtype).replace("torch.", ""),
+        peak_jacobian_bytes=peak, estimated_seconds=flops / GFLOPS,
+        estimate=f"stated model: VJP and eigh flops at {GFLOPS / 1e9:.0f} GFLOP/s, not measured")
