@@ -263,7 +263,7 @@ def test_weight_decay_only_on_matrices() -> None:
 def test_config_validation() -> None:
     for bad, msg in [(dict(drop_path=1.5), "drop-path"), (dict(epochs=0), "epochs"),
                      (dict(dataset="svhn"), "unknown data set"),
-                     (dict(weight_decay=-1), "weight decay"), (dict(k=0), "k must")]:
+                     (dict(weight_decay=-1), "weight-decay"), (dict(k=0), "k must")]:
         with pytest.raises(BlockCouplingError, match=msg):
             VitTrainConfig(**bad)
     with pytest.raises(BlockCouplingError, match="unknown training option"):
@@ -452,7 +452,7 @@ def test_grid_spec_yaml(tmp_path: Path) -> None:
     for bad, msg in [({"dropout": [0.1]}, "unknown grid spec key"),
                      ({"train": {"drop_path": 0.1}}, "set by the grid"),
                      ({"train": {"lr_max": 1}}, "unknown training option"),
-                     ({"drop_path": ["x"]}, "list of numbers")]:
+                     ({"drop_path": ["x"]}, "drop_path must be a finite number")]:
         with pytest.raises(BlockCouplingError, match=msg):
             load_grid_spec(bad)
     with pytest.raises(BlockCouplingError, match="does not exist"):

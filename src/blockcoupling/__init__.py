@@ -47,6 +47,8 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "blockcoupling.report.html": ("write_report",),
     "blockcoupling.studies.sweep.read": ("Sweep", "open_sweep"),  # the collections reader
     "blockcoupling.studies.statistic": ("coupling_statistic",),  # the headline statistic
+    # coupling across runs (stored bases): a reader of run directories, like open_run
+    "blockcoupling.studies.cross": ("CrossCoupling", "cross_coupling", "cross_sweep"),
 }
 _WHERE: dict[str, str] = {name: mod for mod, names in _EXPORTS.items() for name in names}
 
@@ -70,6 +72,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ do
     from blockcoupling.report.html import write_report
     from blockcoupling.store.record import measure_to_dir
     from blockcoupling.store.rundir import is_run_dir, open_run
+    from blockcoupling.studies.cross import CrossCoupling, cross_coupling, cross_sweep
     from blockcoupling.studies.statistic import coupling_statistic
     from blockcoupling.studies.sweep.read import Sweep, open_sweep
 
@@ -104,6 +107,7 @@ __all__ = [
     "ArchitectureError",
     "BlockCouplingError",
     "BlockSpec",
+    "CrossCoupling",
     "MeasureConfig",
     "MeasureEvent",
     "MeasureInput",
@@ -115,6 +119,8 @@ __all__ = [
     "Sweep",
     "__version__",
     "coupling_statistic",
+    "cross_coupling",
+    "cross_sweep",
     "find_blocks",
     "is_run_dir",
     "iter_measure",

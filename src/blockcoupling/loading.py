@@ -115,22 +115,92 @@ def _looks_like_path(name: str) -> bool:
     return name.startswith((".", "/", "~")) or name.endswith(os.sep)
 
 
+#: ``--quantize`` choices: the transformers quantization config each loads with, and the
+#: package it needs
+QUANTIZE = {"bnb-8bit": "bitsandbytes", "bnb-4bit": "bitsandbytes", "torchao-int8": "torchao"}
+
+
+def parse_max_memory(spec: str | None) -> dict[int | str, str] | None:
+    """``"0=20GiB,cpu=60GiB"`` -> ``{0: "20GiB", "cpu": "60GiB"}`` (accelerate's max_memory)."""
+    if spec is None or not spec.strip():
+        return None
+    out: dict[int | str, str] = {}
+    for item in spec.split(","):
+        dev, sep, size = item.strip().partition("=")
+        if not sep or not dev.strip() or not size.strip():
+            raise BlockCouplingError(
+                f"--max-memory {spec!r}: give DEVICE=SIZE pairs such as 0=20GiB,cpu=60GiB")
+        dev = dev.strip()
+        out[int(dev) if dev.isdigit() else dev] = size.strip()
+    return out
+
+
+def quantization_config(quantize: str | None) -> Any:
+    """The transformers quantization config of a ``--quantize`` choice (None: none); a
+    backend that is not installed is one clear error."""
+    if quantize is None or quantize == "none":
+        return None
+    if quantize not in QUANTIZE:
+        raise BlockCouplingError(
+            f"--quantize {quantize!r}: choose none, {', '.join(QUANTIZE)}")
+    import importlib.util
+
+    package = QUANTIZE[quantize]
+    if importlib.util.find_spec(package) is None:
+        raise BlockCouplingError(
+            f"--quantize {quantize} needs the package {package}, which is not installed: "
+            f"pip install {package} (or measure without --quantize)")
+    import transformers as tf
+
+    if package == "torchao":
+        from torchao.quantization import Int8WeightOnlyConfig
+
+        return tf.TorchAoConfig(Int8WeightOnlyConfig())
+    return tf.BitsAndBytesConfig(load_in_8bit=quantize == "bnb-8bit",
+                                 load_in_4bit=quantize == "bnb-4bit",
+                                 bnb_4bit_compute_dtype=torch.float32)
+
+
 def load_model(name: str, *, revision: str | None = None, dtype: str = "auto",
                device: str = "auto", trust_remote_code: bool = False,
-               require_tokenizer: bool = False, progress: bool = True) -> tuple[Any, Any]:
+               require_tokenizer: bool = False, progress: bool = True,
+               device_map: str | None = None, max_memory: str | None = None,
+               offload_folder: str | None = None, quantize: str | None = None
+               ) -> tuple[Any, Any]:
     """``(model, tokenizer)`` for a hub id or a local folder, in eval mode on ``device``.
+
+    ``device_map`` (``"auto"``, ``"balanced"``, ...; with ``max_memory`` such as
+    ``"0=20GiB,cpu=60GiB"`` and ``offload_folder`` for blocks offloaded to disk) dispatches
+    the model with accelerate instead of moving it to ``device``; ``quantize`` loads it in
+    8 or 4 bits (:data:`QUANTIZE`). Both are measured one block at a time
+    (engine/offload.py).
 
     ``tokenizer`` is None for a model without one (vision models), unless
     ``require_tokenizer`` (text prompts), which makes that an error. ``progress=False``
     hides transformers' weight-loading bar. A hub id that is neither cached nor reachable
     fails at once (no retries) with a message naming the ways out."""
+    dispatch: dict[str, Any] = {}
+    if device_map is not None:
+        import importlib.util
+
+        if importlib.util.find_spec("accelerate") is None:
+            raise BlockCouplingError(
+                "--device-map needs the package accelerate: pip install accelerate")
+        dispatch.update(device_map=device_map, max_memory=parse_max_memory(max_memory),
+                        offload_folder=offload_folder)
+    elif max_memory is not None or offload_folder is not None:
+        raise BlockCouplingError("--max-memory and --offload-folder apply with --device-map")
+    qc = quantization_config(quantize)
+    if qc is not None:
+        dispatch["quantization_config"] = qc
     with _quiet_transformers(progress):
         return _load(name, revision=revision, dtype=dtype, device=device,
-                     trust_remote_code=trust_remote_code, require_tokenizer=require_tokenizer)
+                     trust_remote_code=trust_remote_code, require_tokenizer=require_tokenizer,
+                     dispatch=dispatch)
 
 
 def _load(name: str, *, revision: str | None, dtype: str, device: str, trust_remote_code: bool,
-          require_tokenizer: bool) -> tuple[Any, Any]:
+          require_tokenizer: bool, dispatch: dict[str, Any] | None = None) -> tuple[Any, Any]:
     from transformers import AutoConfig, AutoModel, AutoTokenizer
 
     if dtype not in MODEL_DTYPES:
@@ -162,6 +232,7 @@ def _load(name: str, *, revision: str | None, dtype: str, device: str, trust_rem
         ) from err
     kwargs: dict[str, Any] = {"revision": revision, "trust_remote_code": trust_remote_code}
     kwargs["dtype"] = MODEL_DTYPES[dtype]
+    kwargs.update({k: v for k, v in (dispatch or {}).items() if v is not None})
     target = resolve_device(device)
     try:
         model = AutoModel.from_pretrained(src, config=config, **kwargs)
@@ -172,7 +243,9 @@ def _load(name: str, *, revision: str | None, dtype: str, device: str, trust_rem
             "weight files are missing or damaged: save the model again with save_pretrained "
             "or download it again"
         ) from err
-    model = model.to(target).eval()
+    # a dispatched (device_map) or quantized model stays where transformers put it
+    model = (model if "device_map" in kwargs or "quantization_config" in kwargs
+             else model.to(target)).eval()
     tokenizer = None
     has_files = not path.exists() or any((path / f).exists() for f in TOKENIZER_FILES)
     if has_files:

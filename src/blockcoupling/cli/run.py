@@ -36,6 +36,10 @@ def measure(
     split: Annotated[str | None, typer.Option(help="Dataset split for hf: prompts.")] = None,
     resume: Annotated[bool, typer.Option("--resume/--no-resume", help="Continue an interrupted run in --out.")] = False,
     trust_remote_code: Annotated[bool, typer.Option("--trust-remote-code/--no-trust-remote-code", help="Run the model repository's own Python code (transformers trust_remote_code); only for repositories you trust.")] = False,
+    device_map: Annotated[str | None, typer.Option("--device-map", help="Dispatch the model with accelerate (auto, balanced, sequential): blocks on several devices, some offloaded; measured one block at a time.")] = None,
+    max_memory: Annotated[str | None, typer.Option("--max-memory", help="With --device-map: memory per device, e.g. 0=20GiB,cpu=60GiB.")] = None,
+    offload_folder: Annotated[str | None, typer.Option("--offload-folder", help="With --device-map: folder for blocks offloaded to disk.")] = None,
+    quantize: Annotated[str | None, typer.Option("--quantize", help="Load the weights in 8 or 4 bits: bnb-8bit, bnb-4bit (bitsandbytes), torchao-int8; each block is dequantized to the analysis dtype.")] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Check everything and print the plan (prompts, tokens, pairs, Jacobians, memory, an estimated time); write nothing.")] = False,
 ) -> None:
     """Measure a model on a prompt set and write a resumable run directory."""
@@ -54,7 +58,9 @@ def measure(
         items = load_prompts(prompts, limit=limit, seed=cfg.seed, column=prompt_column, split=split)
         net, tok = load_model(model, revision=revision, dtype=dtype, device=device,
                               trust_remote_code=trust_remote_code, require_tokenizer=True,
-                              progress=not _STATE["quiet"])
+                              progress=not _STATE["quiet"], device_map=device_map,
+                              max_memory=max_memory, offload_folder=offload_folder,
+                              quantize=quantize)
         meta = {"model": model, "revision": revision, "prompts_spec": prompts}
         if dry_run:
             from blockcoupling.store.record import plan_run

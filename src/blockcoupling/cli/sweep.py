@@ -39,11 +39,15 @@ def sweep(
                       progress=not _STATE["quiet"], num_cpus=num_cpus, retries=retries)
     cat = s.catalogue
     failed = cat[cat["status"] == "failed"]
-    if not _STATE["quiet"]:
+    if not _STATE["quiet"] or len(failed):  # -q silences progress, never failures
         typer.echo(f"{(cat['status'] == 'done').sum()} of {len(cat)} units done, "
                    f"{len(failed)} failed; wrote {out}")
         for r in failed.itertuples():
             typer.echo(f"  failed {r.unit_id}: {str(r.message).splitlines()[0]}")
+    sessions = s.manifest.get("sessions") or [{}]
+    for uid, why in (sessions[-1].get("repaired") or {}).items():  # a result: never silenced
+        typer.echo(f"  measured {uid} again: its files were damaged ({why})")
+    if not _STATE["quiet"]:
         dups = s.duplicates()
         for r in dups.itertuples():
             typer.echo(f"  {r.unit_id} has the same weights as {r.duplicate_of} (not counted "

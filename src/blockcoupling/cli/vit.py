@@ -128,7 +128,7 @@ def vit_grid(
                 monitor_every, final_images, k))
             kwargs = dict(drop_paths=_floats(drop_paths, "--drop-path"),
                           weight_decays=_floats(weight_decays, "--weight-decay"),
-                          seeds=[int(v) for v in _floats(seeds, "seeds")], executor=executor,
+                          seeds=_floats(seeds, "seeds"), executor=executor,
                           address=address, num_cpus=cpus_per_run, threads=threads)
         runs = run_grid(base, out, progress=not _STATE["quiet"], **kwargs)
     report_grid(runs, out)

@@ -51,6 +51,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from blockcoupling.engine import offload
 from blockcoupling.engine.blocks import BlockSpec, get_blocks, get_module
 from blockcoupling.engine.wrappers import forward_inputs
 from blockcoupling.errors import ArchitectureError, BlockCouplingError, NumericalError, ReplayError
@@ -448,10 +449,12 @@ def prepare_replay(model: nn.Module, cap: Capture, layer: int, prompt: int, *,
     calls = check_call_index(cap, layer, prompt)
     L, B = len(calls), cap.batch_size
     spec = cap.spec
-    block_orig = get_blocks(model, spec)[layer - 1]
+    # accelerate-dispatched (offloaded) or quantized blocks: a plain, loaded copy (offload.py)
+    block_orig = offload.materialize(get_blocks(model, spec)[layer - 1])
     use_norm = cap.final_norm and layer == L
     norm_orig = (
-        get_module(model, spec.final_norm_path) if (use_norm and spec.final_norm_path) else None
+        offload.materialize(get_module(model, spec.final_norm_path))
+        if (use_norm and spec.final_norm_path) else None
     )
     for mod in (block_orig, norm_orig):
         if mod is not None and mod.training:

@@ -283,6 +283,16 @@ class MeasureConfig:
                                hashed=False)
     chunk_size: int | None = _opt(None, "Jacobian rows per vmap chunk (default: automatic).",
                                   parse_opt_int)
+    save_bases: bool = _opt(
+        False, "Store the top-K U, S, V of every measured Jacobian in the run directory "
+        "(read back with open_run(d).bases(...)); the size is printed first.", parse_bool,
+        cli="save-bases", hashed=False)
+    save_jacobians: bool = _opt(
+        False, "Store every measured Jacobian J (d x d; small models: refused above "
+        "2 GiB unless --force-size); read back with open_run(d).jacobian(...).", parse_bool,
+        cli="save-jacobians", hashed=False)
+    force_size: bool = _opt(False, "Store the Jacobians even above the size limit.", parse_bool,
+                            cli="force-size", hashed=False)
 
     # ------------------------------------------------------------------ construction
     def __post_init__(self) -> None:
@@ -346,11 +356,19 @@ class MeasureConfig:
             bad("svd_oversample and svd_iters must be >= 0")
         if self.figure_prompts < 0:
             bad("figure_prompts must be >= 0")
+        from blockcoupling.validate import number, whole
+
+        if self.svd_tol is not None:  # nan would switch the fallback off, inf force it
+            number(self.svd_tol, "svd_tol", above=0)
+        whole(self.seed, "seed", minimum=0)
         if self.lss_window < 3 or self.lss_window % 2 == 0:
             bad(f"lss_window={self.lss_window}: the window is centred, so give an odd width >= 3 "
                 "(the paper uses 11)")
         if self.hidden_size is not None and self.hidden_size < 1:
             bad(f"hidden_size={self.hidden_size}: give the model's width d (a positive integer)")
+        if self.save_jacobians and self.method == "matrix_free":
+            bad("save_jacobians stores dense Jacobians, which method='matrix_free' never forms; "
+                "use method='dense' or 'auto'")
         if self.layers is not None and (not self.layers or min(self.layers) < 1):
             bad(f"layers={self.layers}: layers are numbered from 1 (layer l = block l)")
 

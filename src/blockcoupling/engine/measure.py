@@ -30,7 +30,17 @@ import pandas as pd
 import torch
 from torch import Tensor
 
-from blockcoupling.engine import fastpath, metrics, normdirs, pairs, spectra, svd, tables
+from blockcoupling.engine import (
+    bases,
+    fastpath,
+    metrics,
+    normdirs,
+    offload,
+    pairs,
+    spectra,
+    svd,
+    tables,
+)
 from blockcoupling.engine import jacobian as jac
 from blockcoupling.engine.blocks import BlockSpec
 from blockcoupling.engine.capture import Capture, capture, residual_branch
@@ -55,8 +65,9 @@ def _model_dtype(model: torch.nn.Module) -> torch.dtype | None:
 
 
 def _model_device(model: torch.nn.Module) -> torch.device:
-    for p in model.parameters():
-        return p.device
+    for p in model.parameters():  # offloaded weights (accelerate) wait on "meta"
+        if p.device.type != "meta":
+            return p.device
     return torch.device("cpu")
 
 
@@ -491,6 +502,8 @@ def _measure_one(model: torch.nn.Module, cap: Capture, b: int, item: MeasureInpu
         arrays=arrays,
         config=cfg,
         meta={"seconds": time.perf_counter() - t0},
+        basis_store=bases.keep(run.measured, item.prompt_id, cfg.dtype,
+                               save_bases=cfg.save_bases, save_jacobians=cfg.save_jacobians),
     )
     state.on_event(MeasureEvent("prompt", part.meta["seconds"], item.prompt_id))
     return part
@@ -518,6 +531,7 @@ def build_meta(model: torch.nn.Module, cfg: MeasureConfig, *, spec: BlockSpec | 
         "figure_window": [lo, hi],
         "device": str(_model_device(model)),
         "model_dtype": str(next(model.parameters()).dtype).removeprefix("torch."),
+        **offload.describe(model, cfg.dtype),  # device_map, quantization (engine/offload.py)
     }
     meta.update(unwrapped.meta)
     meta.update(extra)
@@ -552,7 +566,8 @@ def measure(model: torch.nn.Module, tokenizer: Any = None, prompts: Any = (), *,
     spec = model_spec(as_module(model), cfg, tokenizer, items)
     parts = list(iter_measure(model, tokenizer, items, cfg, progress=progress,
                               on_event=on_event, spec=spec))
-    meta = build_meta(model, cfg, spec=spec, seconds=time.perf_counter() - t0)
+    meta = build_meta(model, cfg, spec=spec, seconds=time.perf_counter() - t0,
+                      peak_memory=offload.peak_memory())
     return Measurement.concat(parts, config=cfg, meta=meta)
 
 

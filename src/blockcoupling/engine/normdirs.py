@@ -166,14 +166,15 @@ def block_null_bases(model: nn.Module, cap: Any, layer: int, prompt: int, *,
     raises :class:`BlockCouplingError`. ``cap`` is a :class:`~blockcoupling.engine.capture.Capture`.
     """
     from blockcoupling.engine.blocks import get_blocks, get_module
+    from blockcoupling.engine.offload import materialize  # offloaded weights: a loaded copy
 
     folded = cap.final_norm and layer == cap.n_layers and cap.spec.final_norm_path
     norm: nn.Module | None
     if folded:
-        norm = get_module(model, cap.spec.final_norm_path)
+        norm = materialize(get_module(model, cap.spec.final_norm_path))
         y = cap.final_output[prompt]  # (n, d)
     else:
-        norm = output_layernorm(get_blocks(model, cap.spec)[layer - 1])
+        norm = output_layernorm(materialize(get_blocks(model, cap.spec)[layer - 1]))
         y = cap.calls[layer - 1].output[prompt]  # (n, d)
     real = cap.valid[prompt].to(y.device)  # (n,)
     w, b = _detached(norm, "weight"), _detached(norm, "bias")

@@ -84,6 +84,7 @@ class MeasurePlan:
     hidden_size: int
     layers: tuple[int, ...]
     prompts: int
+    lengths: tuple[int, ...]  # each prompt's real tokens
     tokens: int  # real tokens over all prompts
     measured_tokens: int  # selected tokens over all prompts
     pairs: dict[str, int]  # kind -> compared Jacobian pairs over all prompts
@@ -149,7 +150,7 @@ def plan_measure(cfg: MeasureConfig, spec: BlockSpec, lengths: Sequence[int], *,
     return MeasurePlan(
         model=model, arch=spec.arch, causal=spec.causal, num_layers=spec.num_layers,
         hidden_size=d, layers=tuple(cfg.selected_layers(spec.num_layers)),
-        prompts=len(lengths), tokens=int(sum(lengths)), measured_tokens=measured, pairs=kinds,
+        prompts=len(lengths), lengths=tuple(int(n) for n in lengths), tokens=int(sum(lengths)), measured_tokens=measured, pairs=kinds,
         jacobians=jac, coupling_rows=rows, analysis_dtype=str(cfg.dtype).replace("torch.", ""),
         peak_jacobian_bytes=peak, estimated_seconds=flops / GFLOPS,
         estimate=f"stated model: VJP and eigh flops at {GFLOPS / 1e9:.0f} GFLOP/s, not measured")

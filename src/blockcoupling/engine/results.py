@@ -10,9 +10,9 @@ rather than as rows with an empty layer: one row per (prompt, token), no sentine
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
@@ -30,6 +30,11 @@ from blockcoupling.engine.statistic import (
     statistic_table,
 )
 from blockcoupling.errors import BlockCouplingError
+
+if TYPE_CHECKING:
+    from torch import Tensor
+
+    from blockcoupling.engine.bases import BasisKey, BasisSource
 
 # name -> (column, pandas dtype). The order is the column order of the tables.
 SCHEMAS: dict[str, dict[str, str]] = {
@@ -144,6 +149,39 @@ class Measurement:
     arrays: dict[str, np.ndarray] = field(default_factory=dict)
     config: MeasureConfig = field(default_factory=MeasureConfig)
     meta: dict[str, Any] = field(default_factory=dict)
+    # save_bases: the top-K U, S, V of every measured Jacobian (engine/bases.py), in memory
+    # or read lazily from a run directory; None when not stored
+    basis_store: BasisSource | None = field(default=None, repr=False)
+
+    def bases(self, prompt_id: str, layer: int, token_in: int | None = None,
+              token_out: int | None = None) -> tuple[Tensor, Tensor, Tensor]:
+        """``(U (d, K), S (K,), V (d, K))`` of J^layer_{token_in token_out} of a prompt
+        (``save_bases=True``); tokens default to the layer's one measured J_tt."""
+        from blockcoupling.engine import bases as _bases
+
+        n = self.prompts.loc[self.prompts["prompt_id"] == prompt_id, "n_tokens"]
+        key = _bases.select(self.basis_store, prompt_id, layer, token_in, token_out,
+                            int(n.iloc[0]) if len(n) else None)
+        U, S, V = _bases.factors(self.basis_store, key, _bases.PARTS)
+        return U, S, V
+
+    def jacobian(self, prompt_id: str, layer: int, token_in: int | None = None,
+                 token_out: int | None = None) -> Tensor:
+        """The stored Jacobian J^layer_{token_in token_out} (d, d), rows = output coordinates
+        (``save_jacobians=True``)."""
+        from blockcoupling.engine import bases as _bases
+
+        n = self.prompts.loc[self.prompts["prompt_id"] == prompt_id, "n_tokens"]
+        key = _bases.select(self.basis_store, prompt_id, layer, token_in, token_out,
+                            int(n.iloc[0]) if len(n) else None)
+        return _bases.factors(self.basis_store, key, (_bases.JACOBIAN,))[0]
+
+    def iter_bases(self) -> Iterator[tuple[BasisKey, tuple[Tensor, ...]]]:
+        """Every stored ``((prompt_id, layer, token_in, token_out), (U, S, V))``, prompt by
+        prompt (a run directory's files are read and verified one at a time)."""
+        from blockcoupling.engine import bases as _bases
+
+        return _bases.iterate(self.basis_store, self.prompts["prompt_id"].astype(str).tolist())
 
     def table(self, name: str) -> pd.DataFrame:
         if name not in SCHEMAS:
@@ -164,8 +202,11 @@ class Measurement:
         arrays: dict[str, np.ndarray] = {}
         for p in parts:
             arrays.update(p.arrays)
+        from blockcoupling.engine.bases import InMemoryBases
+
         return cls(**tables, arrays=arrays, config=config or parts[0].config,
-                   meta=meta if meta is not None else dict(parts[0].meta))
+                   meta=meta if meta is not None else dict(parts[0].meta),
+                   basis_store=InMemoryBases.merge([p.basis_store for p in parts]))
 
     # ------------------------------------------------------------------ aggregates
     def select(self, kind: str, k: int | None, variant: str, p: float | None,

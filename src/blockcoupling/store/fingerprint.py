@@ -28,6 +28,15 @@ def library_versions() -> dict[str, str]:
     return out
 
 
+def _plain_tensors(t: torch.Tensor, prefix: str = "") -> list[tuple[str, torch.Tensor]]:
+    """``t`` itself, or for a tensor subclass that wraps others (``__tensor_flatten__``, e.g.
+    torchao's quantized weights) its inner tensors, named ``:attr``."""
+    if type(t) in (torch.Tensor, torch.nn.Parameter) or not hasattr(t, "__tensor_flatten__"):
+        return [(prefix, t)]
+    names, _ = t.__tensor_flatten__()
+    return [x for n in names for x in _plain_tensors(getattr(t, n), f"{prefix}:{n}")]
+
+
 def _tensor_bytes(t: torch.Tensor) -> bytes:
     """The raw bytes of a (small) tensor, any dtype (bfloat16 included)."""
     flat = t.detach().reshape(-1).contiguous().cpu()
@@ -45,7 +54,9 @@ def weights_hash(model: torch.nn.Module, *, max_full_bytes: int = FULL_HASH_MAX_
     which is cheap for billion-parameter models yet changes with any retraining ("sampled").
     Tensors on the ``meta`` device contribute only name, shape and dtype.
     """
-    state = model.state_dict()
+    # quantized weights (torchao tensor subclasses): their plain inner tensors
+    state = {f"{name}{sub}": x for name, t in model.state_dict().items()
+             for sub, x in _plain_tensors(t)}
     total = sum(t.numel() * t.element_size() for t in state.values() if t.device.type != "meta")
     full = total <= max_full_bytes
     h = hashlib.sha256()

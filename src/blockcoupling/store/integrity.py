@@ -176,3 +176,47 @@ def roll_forward(root: Path, files: Mapping[str, str]) -> None:
             if sha256_bytes(tmp.read_bytes()) == expected:
                 commit_temp(tmp, path)
                 break
+
+
+def verify_complete(root: Path) -> dict[str, Any]:
+    """Check a finished run directory without parsing its tables and return its manifest:
+    the sealed manifest (``load_manifest``) says ``complete``; every consolidated file in
+    place matches its recorded checksum (a temporary sibling does not count: other readers,
+    such as a sweep's DuckDB views, read the file itself); the ``prompts`` table has one row
+    per consolidated prompt. RunDirError (what is wrong, no advice: the caller knows the
+    repair) otherwise. Used by collections (sweeps, monitors) for each unit they read."""
+    import io
+
+    import pyarrow.parquet as pq
+
+    from blockcoupling.store.manifest import load_manifest
+
+    manifest = load_manifest(root)
+    if manifest.get("status") != "complete":
+        raise RunDirError(f"{root} is not a finished run (status {manifest.get('status')!r})")
+    cons = manifest.get("consolidated")
+    cons = cons if isinstance(cons, dict) else {}
+    files = cons.get("files") or {}
+    checked = manifest.get("format_version", 1) >= 2
+    for name in DATA_FILES:
+        path = root / name
+        try:
+            data = path.read_bytes()
+        except FileNotFoundError:
+            raise RunDirError(f"{path} is missing") from None
+        except OSError as err:
+            raise RunDirError(f"cannot read {path} ({err.strerror})") from err
+        if checked and files.get(name) is None:
+            raise RunDirError(f"{root / MANIFEST} lists no checksum for {name}")
+        if checked and sha256_bytes(data) != files[name]:
+            raise RunDirError(f"{path} is damaged or was altered (its checksum does not match "
+                              "the one recorded when it was written)")
+        if name == "prompts.parquet":
+            try:
+                rows = pq.read_metadata(io.BytesIO(data)).num_rows
+            except Exception as err:  # pyarrow's errors: an unreadable Parquet footer
+                raise RunDirError(f"{path} is not a readable Parquet file ({err})") from err
+            want = len(cons.get("prompt_ids") or []) if checked else rows
+            if rows != want:
+                raise RunDirError(f"{path} holds {rows} prompt rows, the manifest {want}")
+    return manifest

@@ -157,6 +157,8 @@ def meta_from_manifest(root: Path, manifest: Mapping[str, Any]) -> dict[str, Any
     meta = dict(manifest.get("meta") or {})
     meta.setdefault("versions", manifest.get("versions", {}))
     meta.setdefault("timings", manifest.get("timings", {}))
+    if "peak_memory" in meta["timings"]:  # the same place as in measure()'s meta
+        meta.setdefault("peak_memory", meta["timings"]["peak_memory"])
     meta.setdefault("weights_hash", manifest.get("weights_hash"))
     meta["status"] = manifest["status"]
     meta["run_dir"] = str(root)

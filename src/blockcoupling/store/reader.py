@@ -18,6 +18,7 @@ import pyarrow as pa
 
 from blockcoupling.engine.results import TABLES, Measurement
 from blockcoupling.errors import RunDirError
+from blockcoupling.store.bases import stored_bases
 from blockcoupling.store.fileio import lock_holder
 from blockcoupling.store.integrity import (
     RunContents,
@@ -68,7 +69,8 @@ def read_measurement(root: Path, manifest: Mapping[str, Any],
     tables = {name: order_rows(to_frame(name, arrow[name], root), order) for name in TABLES}
     config = config_from_manifest(root, manifest)
     return Measurement(**tables, arrays=arrays, config=config,
-                       meta=meta_from_manifest(root, manifest))
+                       meta=meta_from_manifest(root, manifest),
+                       basis_store=stored_bases(root, manifest, contents.parts))
 
 
 def open_run(path: str | os.PathLike[str]) -> Measurement:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 import time
 from typing import Any
 
@@ -38,18 +39,66 @@ def measure_to_dir(model: torch.nn.Module, tokenizer: Any, prompts: Any, out_dir
         raise BlockCouplingError("text prompts need a tokenizer; pass the model's tokenizer")
     prompts_df = conform("prompts", [dict(prompt_id=it.prompt_id, text=it.text, n_tokens=0,
                                           label=it.label) for it in items])
-    preflight(model, tokenizer, items, cfg)  # before any file
+    plan = preflight(model, tokenizer, items, cfg)  # before any file
     spec = model_spec(as_module(model), cfg, tokenizer, items)  # causality of custom modules
     full_meta = build_meta(model, cfg, spec=spec, prompts_spec=prompts_spec,
                            weights_hash=weights_hash(as_module(model)))
     full_meta.update(meta or {})
+    if cfg.save_bases or cfg.save_jacobians:
+        lengths = list(plan.lengths) if items[0].is_text else None
+        _check_bases_size(model, items, lengths, cfg, out_dir, progress)
     t0 = time.perf_counter()
     with RunWriter(out_dir, config=cfg, meta=full_meta, prompts=prompts_df, resume=resume) as writer:
         done = writer.done_prompt_ids()
         for part in iter_measure(model, tokenizer, items, cfg, skip=done, progress=progress,
                                  on_event=on_event, spec=spec):
             writer.write_part(part)
-        return writer.finalize(timings={"seconds": time.perf_counter() - t0})
+        from blockcoupling.engine.offload import peak_memory
+
+        return writer.finalize(timings={"seconds": time.perf_counter() - t0,
+                                        "peak_memory": peak_memory()})
+
+
+def _check_bases_size(model: torch.nn.Module, items: list[Any], lengths: list[int] | None,
+                      cfg: MeasureConfig, out_dir: Any, progress: bool) -> None:
+    """Print the estimated size of the stored bases and Jacobians; refuse Jacobians above
+    the limit (unless ``force_size``) and anything the disk cannot hold."""
+    from pathlib import Path
+
+    from blockcoupling.store import bases as stored
+
+    if lengths is None:  # ready-made inputs: token ids give their lengths, images do not
+        lengths = _tensor_lengths(items)
+    if lengths is None:
+        if progress:
+            print("bases: size known after the first prompt (ready-made inputs)", file=sys.stderr)
+        return
+    n_jac, nbytes, jbytes = stored.estimate(model, lengths, cfg)
+    if progress and cfg.save_bases:
+        print(f"bases: {n_jac} Jacobians x (U, V of {cfg.k_max} x d, S) = about "
+              f"{stored.human(nbytes)} in {out_dir}", file=sys.stderr)
+    if cfg.save_jacobians:
+        if progress:
+            print(f"jacobians: {n_jac} Jacobians of d x d = about {stored.human(jbytes)} in "
+                  f"{out_dir}", file=sys.stderr)
+        stored.check_jacobian_limit(jbytes, cfg.force_size)
+    stored.check_disk(Path(out_dir), nbytes * cfg.save_bases + jbytes * cfg.save_jacobians,
+                      "the stored bases and Jacobians")
+
+
+def _tensor_lengths(items: list[Any]) -> list[int] | None:
+    """Real tokens of ready-made token inputs (``attention_mask`` or ``input_ids``); None for
+    other inputs (images: their token count is known after the capture)."""
+    out = []
+    for it in items:
+        t = it.tensors or {}
+        if "attention_mask" in t:
+            out.append(int(t["attention_mask"].sum()))
+        elif "input_ids" in t:
+            out.append(int(t["input_ids"].shape[-1]))
+        else:
+            return None
+    return out
 
 
 def plan_run(model: torch.nn.Module, tokenizer: Any, prompts: Any, *,

@@ -32,6 +32,7 @@ import pandas as pd
 from blockcoupling.engine.config import MeasureConfig
 from blockcoupling.engine.results import TABLES, Measurement
 from blockcoupling.errors import BlockCouplingError, RunDirError
+from blockcoupling.store import bases as stored
 from blockcoupling.store.fileio import (
     LOCK,
     TMP_PREFIX,
@@ -144,6 +145,7 @@ class RunWriter:
         for part in contents.parts:  # every stored file must match its checksum
             for name in DATA_FILES:
                 verified_bytes(part.path / name, part.files.get(name), part_hint(part.path))
+            stored.verify_part(part)
         self._contents = contents
         self._done = contents.done
         manifest["config"] = new_config  # only runtime keys can differ
@@ -176,7 +178,7 @@ class RunWriter:
     def _cleanup(self, contents: RunContents) -> None:
         """Remove leftovers of a killed writer (we hold the lock): temporary files and
         directories, and parts already merged into the consolidated tables."""
-        for parent in (self.root, self.root / PARTS):
+        for parent in (self.root, self.root / PARTS, self.root / stored.BASES_DIR):
             if not parent.is_dir():
                 continue
             for entry in parent.iterdir():
@@ -222,6 +224,9 @@ class RunWriter:
         payload = {f"{name}.parquet": table_bytes(name, part.table(name), run_meta)
                    for name in TABLES}
         payload[ARRAYS] = arrays_bytes(part.arrays)
+        basis = stored.bases_bytes(part.basis_store, ids)
+        if basis is not None:
+            payload[stored.BASES_FILE] = basis
         meta = part_meta_bytes(ids, payload, now())
         with disk_errors(self.root):
             parts_dir = self.root / PARTS
@@ -259,10 +264,15 @@ class RunWriter:
             merged = list((manifest.get("consolidated") or {}).get("parts", []))
             merged += [p.path.name for p in contents.parts]
             done = sorted(self._done, key=lambda pid: self._order.get(pid, len(self._order)))
+            # the parts' bases files are linked into bases/ before the commit names them
+            basis_files = {**(manifest.get("consolidated") or {}).get("bases", {}),
+                           **stored.consolidate(self.root, contents.parts)}
             manifest["consolidated"] = {
                 "parts": merged, "prompt_ids": done,
                 "files": {name: sha256_bytes(data) for name, data in payload.items()},
             }
+            if basis_files:
+                manifest["consolidated"]["bases"] = basis_files
             manifest["timings"] = {**manifest.get("timings", {}), **jsonable(dict(timings or {}))}
             manifest["status"] = "complete"
             manifest["finished"] = now()
@@ -281,6 +291,7 @@ class RunWriter:
         self._finalized = True
         self.close()
         meas.meta = meta_from_manifest(self.root, manifest)
+        meas.basis_store = stored.stored_bases(self.root, manifest, [])  # the parts are gone
         return meas
 
     def close(self) -> None:

@@ -209,6 +209,7 @@ def _sweep_reader() -> Any:
 def _units_from_sweep(sweep: Any, path: Path) -> list[ModelUnit]:
     """One unit per done unit of a sweep directory, named by the sweep's catalogue."""
     sw = sweep.open_sweep(path)
+    sw.verify()  # a damaged unit: named, with the resume that measures it again
     rows = sw.done().to_dict("records")
     labels = [str(r.get("label") or "") for r in rows]
     prompt_sets = {str(r.get("prompt_set")) for r in rows}
@@ -433,7 +434,7 @@ def read_lmeval_dir(path: str | Path) -> pd.DataFrame:
     for f in files:
         try:
             data = json.loads(f.read_text(encoding="utf-8"))
-        except (OSError, json.JSONDecodeError) as err:
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
             raise BlockCouplingError(f"{f}: not a readable JSON file ({err})") from None
         results = data.get("results") if isinstance(data, dict) else None
         if not isinstance(results, dict):
@@ -555,9 +556,12 @@ def match_scores(models: pd.DataFrame, units: Sequence[ModelUnit], scores: pd.Da
             table[col] = np.nan
     table["log_params"] = np.log10(table["params_b"].where(table["params_b"] > 0) * 1e9)
     table["log_d_model"] = np.log10(table["d_model"].where(table["d_model"] > 0))
-    excluded = [{"label": str(r["label"]), "reason": f"no score for {r['score_model']} in the table"}
-                for _, r in table[table["score"].isna()].iterrows()]
-    return table[table["score"].notna()].reset_index(drop=True), excluded
+    unusable = ~np.isfinite(table["score"].astype(float))  # blank, nan or inf: listed, not fitted
+    excluded = [{"label": str(r["label"]), "reason": (
+        f"no score for {r['score_model']} in the table" if pd.isna(r["score"]) else
+        f"the score of {r['score_model']} is {r['score']}, not a finite number")}
+        for _, r in table[unusable].iterrows()]
+    return table[~unusable].reset_index(drop=True), excluded
 
 
 # ----------------------------------------------------------------------------------------------
@@ -905,9 +909,13 @@ def correlate(inputs: Sequence[str | Path] | Sequence[ModelUnit], scores: str | 
     in ``variants``; ``floor`` adds :func:`floor_analysis`; models measured on different
     prompt sets are refused unless ``allow_mixed_prompts``.
     """
+    from blockcoupling.validate import whole
+
     _stats()
     if k is not None and (isinstance(k, bool) or int(k) != k or k < 1):
         raise BlockCouplingError(f"--k must be a positive integer, got {k}")
+    n_boot = whole(n_boot, "--n-boot", minimum=0)  # 0: no bootstrap CI
+    seed = whole(seed, "--seed", minimum=0)
     statistic = CouplingStatistic(variants=tuple(variants), p=p, orientation=orientation, k=k,
                                   tokens=tokens, diagonal=diagonal)
     units = (list(inputs) if inputs and isinstance(inputs[0], ModelUnit)

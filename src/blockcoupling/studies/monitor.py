@@ -100,6 +100,14 @@ def _close_open_monitors() -> None:
         mon.close()
 
 
+def _readable(root: Path) -> bool:
+    try:
+        store.load_manifest(root)
+    except BlockCouplingError:
+        return False
+    return True
+
+
 class CouplingMonitor:
     """Measure a model during training, into the sweep-layout directory ``out``.
 
@@ -110,7 +118,9 @@ class CouplingMonitor:
     ``every`` (``every=None``: only ``steps``). Other keywords are :class:`MeasureConfig`
     fields (``k=(10,)``, ``layers="1..8"``, ``coupling=("depth",)``). Re-running a training
     script into the same ``out`` skips the steps already measured with the same prompts and
-    config (other prompts or options are other units). Two monitors on one ``out`` at once
+    config (other prompts or options are other units); a step measured on other weights (a
+    new training into an earlier one's ``out``) is refused unless ``overwrite=True``, and a
+    step whose files are damaged is measured again. Two monitors on one ``out`` at once
     are refused (a monitor created again on the same ``out`` in this process takes over
     from the earlier one). ``on_error="warn"`` turns a failed measurement into a warning and
     a ``failed`` unit instead of an exception. ``log=fn`` is called as ``fn(scalars, step)``
@@ -120,22 +130,28 @@ class CouplingMonitor:
     def __init__(self, tokenizer: Any, prompts: Any, *, every: int | None = 500,
                  steps: Iterable[int] = (), out: str | os.PathLike[str] = "runs/monitor",
                  label: str = "monitor", config: MeasureConfig | None = None,
-                 limit: int | None = None, on_error: str = "raise",
+                 limit: int | None = None, on_error: str = "raise", overwrite: bool = False,
                  log: Callable[[dict[str, float], int], Any] | None = None,
                  **options: Any) -> None:
-        if every is not None and (isinstance(every, bool) or int(every) < 1):
-            raise BlockCouplingError(f"every={every!r}: measure every N >= 1 steps (or None "
-                                     "with explicit steps=)")
+        from blockcoupling.validate import whole
+
         if on_error not in ("raise", "warn"):
             raise BlockCouplingError(f"on_error={on_error!r}: use 'raise' or 'warn'")
         self.tokenizer = tokenizer
-        self.every = None if every is None else int(every)
-        self.steps = frozenset(int(s) for s in steps)
+        self.every = None if every is None else whole(every, "every", minimum=1)
+        self.steps = frozenset(whole(s, "steps", minimum=0) for s in steps)
+        limit = None if limit is None else whole(limit, "limit", minimum=1)
+        self.overwrite = bool(overwrite)
         if self.every is None and not self.steps:
             raise BlockCouplingError("give every=N or steps=[...]: nothing would be measured")
         base = config if config is not None else MeasureConfig()
         self.config = base.replace(**options) if options else base
         self.prompts, self.prompt_set = _prompt_items(prompts, limit, self.config.seed)
+        from blockcoupling.studies.identity import input_hashes, local_inputs
+
+        # a prompt file counts by its content: an edited file gives other units
+        self._inputs = input_hashes(local_inputs(self.prompt_set)) \
+            if not self.prompt_set.startswith("prompts:") else {}
         self.label = str(label)
         self.on_error = on_error
         self.root = Path(out)
@@ -169,7 +185,13 @@ class CouplingMonitor:
                             "steps": sorted(self.steps), "prompt_set": self.prompt_set,
                             "config": json.loads(json.dumps(self.config.to_dict(),
                                                             default=str))}}
-        if store.is_sweep_dir(self.root):
+        rebuilt = None
+        if not store.is_sweep_dir(self.root) or not _readable(self.root):
+            mine = {p.stem for p in (self.root / store.STATUS).glob(f"{self.label}-step*.json")}
+            rebuilt = store.rebuilt_manifest(self.root, "monitor", spec, mine)
+        if rebuilt is not None:  # lost or corrupt: rebuilt from the status files
+            manifest = rebuilt
+        elif store.is_sweep_dir(self.root):
             manifest = store.load_manifest(self.root)
             if manifest.get("kind") != "monitor":
                 raise BlockCouplingError(f"{self.root} holds a {manifest.get('kind')}, not a "
@@ -188,12 +210,13 @@ class CouplingMonitor:
 
     def unit(self, step: int) -> Unit:
         """The unit of one measured step (its id is stable across re-runs)."""
-        digest = canonical_hash([self.label, int(step), self.prompt_set, self._hash],
+        digest = canonical_hash([self.label, int(step), self.prompt_set, self._hash]
+                                + ([sorted(self._inputs.items())] if self._inputs else []),
                                 digits=12, compact=False, strict=False)
         return Unit(unit_id=f"{self.label}-step{int(step)}-{digest}", label=self.label,
                     model=self.label, revision=None, step=int(step),
                     prompt_set=self.prompt_set, limit=None, config=self.config.to_dict(),
-                    config_hash=self._hash)
+                    config_hash=self._hash, inputs=dict(self._inputs))
 
     def record_loss(self, step: int, loss: float) -> None:
         """Store the training loss at ``step`` beside the coupling (``OUT/training_loss.jsonl``)."""
@@ -220,7 +243,7 @@ class CouplingMonitor:
             return None
         u = self.unit(step)
         rec = store.read_status(self.root, u.unit_id)
-        if rec is not None and rec.get("status") == "done":
+        if rec is not None and rec.get("status") == "done" and self._keep(model, step, rec):
             return None
         order = store.load_manifest(self.root)
         if u.unit_id not in order["order"]:
@@ -256,6 +279,29 @@ class CouplingMonitor:
         if self.log is not None and self.last_scalars:
             self.log(dict(self.last_scalars), int(step))
         return m
+
+    def _keep(self, model: torch.nn.Module, step: int, rec: dict[str, Any]) -> bool:
+        """Whether the done step ``rec`` stands: its files pass the integrity check and it
+        was measured on these weights. Damaged files, or other weights under
+        ``overwrite=True``, are removed for a new measurement; other weights otherwise are
+        refused (a new training writing into an earlier one's ``out``)."""
+        import shutil
+
+        from blockcoupling.store.fingerprint import weights_hash
+
+        problem = store.unit_problem(self.root, rec)
+        if problem is None and rec.get("weights_hash") not in (None, weights_hash(model)):
+            if not self.overwrite:
+                raise BlockCouplingError(
+                    f"step {step} in {self.root} was measured on other weights (an earlier "
+                    "training?); pass overwrite=True to measure it again, or choose another "
+                    "out=")
+            problem = "other weights"
+        if problem is None:
+            return True
+        shutil.rmtree(store.unit_dir(self.root, str(rec["unit"]["unit_id"])),
+                      ignore_errors=True)
+        return False
 
     def close(self) -> None:
         """Release the directory (another monitor may then write to it)."""

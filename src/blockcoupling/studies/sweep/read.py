@@ -66,6 +66,24 @@ class Sweep:
         self.root = root
         self.manifest = store.load_manifest(root)
         self.catalogue: pd.DataFrame = store.catalogue(root, self.manifest)
+        self._verified = False
+
+    def verify(self) -> None:
+        """Check every done unit's run directory as ``open_run`` does (sealed manifest,
+        checksum of every file, prompt rows counted against the manifest, the unit's
+        identity); a :class:`~blockcoupling.studies.sweep.store.UnitDamagedError` names the
+        first damaged unit and the command that measures it again. Every table read calls
+        it (once per :class:`Sweep`)."""
+        if self._verified:
+            return
+        damaged = store.damaged_units(self.root)
+        if damaged:
+            uid, problem = next(iter(damaged.items()))
+            more = f" (and {len(damaged) - 1} other unit(s))" if len(damaged) > 1 else ""
+            raise store.UnitDamagedError(
+                f"unit {uid} of {self.root} is damaged{more}: {problem}; "
+                + store.repair_command(self.root, self.manifest.get("kind")))
+        self._verified = True
 
     def __repr__(self) -> str:
         counts = self.catalogue["status"].value_counts().to_dict() if len(self.catalogue) else {}
@@ -100,6 +118,7 @@ class Sweep:
     # ------------------------------------------------------------------ tables
     def _connection(self) -> Any:
         duckdb = _duckdb()
+        self.verify()
         con = duckdb.connect()
         done = self.done()
         cat = done[list(UNIT_COLUMNS) + ["duplicate_of"]].copy()
@@ -306,13 +325,21 @@ def open_sweep(path: str | os.PathLike[str]) -> Sweep:
 
 def sweep_status(path: str | os.PathLike[str]) -> pd.DataFrame:
     """Per unit: ``unit_id, label, revision, step, prompt_set, status, attempts, message``.
-    ``running`` units of a sweep whose driver is gone are shown as ``interrupted``."""
+    ``running`` units of a sweep whose driver is gone are shown as ``interrupted``; ``done``
+    units whose files fail the integrity check as ``damaged`` (message: what is wrong and
+    the command that measures them again)."""
     root = Path(path)
-    cat = store.catalogue(root, store.load_manifest(root))
+    manifest = store.load_manifest(root)
+    kind = manifest.get("kind")
+    cat = store.catalogue(root, manifest)
     if cat.empty:
         return cat
     if not store.is_locked(root):
         cat["status"] = cat["status"].where(cat["status"] != "running", "interrupted")
         cat["status"] = cat["status"].where(cat["status"] != "pending", "not started")
+    for uid, problem in store.damaged_units(root).items():
+        at = cat["unit_id"] == uid
+        cat.loc[at, "status"] = "damaged"
+        cat.loc[at, "message"] = f"{problem}; {store.repair_command(root, kind)}"
     return cat[["unit_id", "label", "revision", "step", "prompt_set", "status", "attempts",
                 "duplicate_of", "message"]]

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from blockcoupling.errors import BlockCouplingError, RunDirError
+from blockcoupling.studies.identity import input_differences, input_hashes
 from blockcoupling.studies.sweep import store
 from blockcoupling.studies.sweep.spec import SweepSpec, load_spec
 from blockcoupling.studies.sweep.units import Unit, expand
@@ -61,13 +62,21 @@ def run_unit(unit: Unit | Mapping[str, Any], root: str | os.PathLike[str]) -> di
             m = open_run(out)
         else:
             cfg = MeasureConfig.from_dict(dict(u.config))
+            changed = input_differences(u.inputs, input_hashes(u.inputs))
+            if changed:
+                raise SweepError(f"an input changed while the sweep ran ({'; '.join(changed)});"
+                                 " restore it and resume, or start a new sweep with --out")
             prompts: list[str] | list[Prompt]
             if u.prompt_texts:  # an inline set: ids p00000, p00001, ... (limit: the first N)
                 prompts = list(u.prompt_texts)[: u.limit] if u.limit else list(u.prompt_texts)
             else:
                 prompts = load_prompts(u.prompt_set, limit=u.limit, seed=cfg.seed)
             model, tok = load_model(u.model, revision=u.revision, dtype=u.dtype, device=u.device,
-                                    trust_remote_code=u.trust_remote_code)
+                                    trust_remote_code=u.trust_remote_code,
+                                    device_map=u.loading.get("device_map"),
+                                    max_memory=u.loading.get("max_memory"),
+                                    offload_folder=u.loading.get("offload_folder"),
+                                    quantize=u.loading.get("quantize"))
             meta = {"model": u.model, "revision": u.revision, "label": u.label, "step": u.step,
                     "unit_id": u.unit_id, "prompt_set": u.prompt_set}
             m = _measure_waiting_for_lock(
@@ -76,6 +85,12 @@ def run_unit(unit: Unit | Mapping[str, Any], root: str | os.PathLike[str]) -> di
                                        config=cfg))
     except BlockCouplingError as err:
         return store.write_status(rootp, u, "failed", message=str(err), finished=store.now(),
+                                  seconds=time.perf_counter() - t0)
+    except OSError as err:  # a file of the user's: unreadable, missing, disk full
+        where = f" {err.filename}" if err.filename else ""
+        return store.write_status(rootp, u, "failed", finished=store.now(),
+                                  message=f"cannot read or write{where}: {err.strerror or err}; "
+                                          "check the path, then resume with --resume",
                                   seconds=time.perf_counter() - t0)
     except Exception as err:  # a bug or an environment problem: keep the others going
         last = traceback.format_exception_only(type(err), err)[-1].strip()
@@ -237,13 +252,127 @@ def _spec_json(sp: SweepSpec) -> Any:
     return json.loads(json.dumps(sp.to_dict(), default=str))
 
 
+def _sweep_inputs(units: Sequence[Unit]) -> dict[str, str]:
+    """Every local input of the sweep's units -> its content hash."""
+    return {k: v for u in units for k, v in u.inputs.items()}
+
+
+def _resume_differences(manifest: dict[str, Any], spec_dict: Any,
+                        inputs: dict[str, str]) -> list[str]:
+    """What differs between a stored sweep and the spec (and input contents) it is resumed
+    with; empty: none."""
+    diffs = _spec_diff(manifest.get("spec"), spec_dict)
+    if "inputs" not in manifest:
+        if inputs:  # a sweep from before input contents were recorded
+            diffs.append("the sweep does not record the content of its input files (made by "
+                         "an older blockcoupling)")
+    else:
+        diffs += [f"input {d}" for d in input_differences(manifest["inputs"], inputs)]
+    return diffs
+
+
 def spec_matches(root: str | os.PathLike[str],
                  spec: str | os.PathLike[str] | Mapping[str, Any] | SweepSpec) -> bool:
-    """Whether the sweep in ``root`` was run with ``spec`` (what ``run_sweep(...,
-    resume=True)`` requires); False for a directory that holds no sweep."""
+    """Whether the sweep in ``root`` was run with ``spec`` and inputs of the same content
+    (what ``run_sweep(..., resume=True)`` requires); False for a directory that holds no
+    sweep or whose manifest cannot be read."""
     if not store.is_sweep_dir(root):
         return False
-    return not _spec_diff(store.load_manifest(Path(root)).get("spec"), _spec_json(load_spec(spec)))
+    sp = load_spec(spec)
+    try:
+        manifest = store.load_manifest(Path(root))
+    except RunDirError:
+        return False
+    return not _resume_differences(manifest, _spec_json(sp), _sweep_inputs(expand(sp)))
+
+
+def _open_manifest(root: Path, *, resume: bool, spec_dict: Any, units: Sequence[Unit],
+                   inputs: dict[str, str]) -> dict[str, Any]:
+    """The manifest a run of the sweep continues (checked against the spec and the inputs'
+    content) or starts; a lost or corrupt one is rebuilt from the status files on resume."""
+    ids = {u.unit_id for u in units}
+    manifest: dict[str, Any] | None = None
+    if store.is_sweep_dir(root):
+        try:
+            manifest = store.load_manifest(root)
+        except RunDirError:
+            if not resume:
+                raise
+            manifest = store.rebuilt_manifest(root, "sweep", spec_dict, ids)
+            if manifest is None:
+                raise
+            manifest["inputs"] = inputs
+            return manifest
+    elif resume:
+        manifest = store.rebuilt_manifest(root, "sweep", spec_dict, ids)
+        if manifest is not None:
+            manifest["inputs"] = inputs
+            return manifest
+    if manifest is None:
+        others = [p for p in root.iterdir() if p.name != store.LOCK]
+        if others:
+            what = ("holds status files of a sweep whose manifest is lost; continue it with "
+                    "--resume (it rebuilds the manifest)" if (root / store.STATUS).is_dir()
+                    else "is not empty and holds no sweep; choose a new --out")
+            raise SweepError(f"{root} {what}")
+        manifest = store.new_manifest("sweep", spec_dict)
+        manifest["inputs"] = inputs
+        return manifest
+    if manifest.get("kind") != "sweep":
+        raise SweepError(f"{root} holds a {manifest.get('kind')} directory, not a "
+                         "sweep; choose a new --out")
+    diffs = _resume_differences(manifest, spec_dict, inputs)
+    if (diffs or not resume) and not _holds_results(root):
+        # nothing measured yet (every unit failed or never started, e.g. a wrong device):
+        # the corrected spec replaces it, as `measure` replaces a run without results
+        import shutil
+
+        for name in (store.STATUS, store.UNITS):
+            shutil.rmtree(root / name, ignore_errors=True)
+        (root / store.CATALOGUE).unlink(missing_ok=True)
+        manifest = store.new_manifest("sweep", spec_dict)
+        manifest["inputs"] = inputs
+        return manifest
+    if not resume:
+        raise SweepError(f"{root} already holds a sweep; continue it with --resume, or "
+                         "choose a new --out")
+    if diffs:
+        raise SweepError(f"cannot resume {root}: the spec differs from the sweep's, or a file "
+                         "it reads changed (" + "; ".join(diffs[:3]) + "); resume with the "
+                         "original spec and files, or choose a new --out")
+    return manifest
+
+
+def _holds_results(root: Path) -> bool:
+    """Whether any unit of the sweep in ``root`` is done or has measured a prompt."""
+    if any(r.get("status") == "done" for r in store.all_status(root)):
+        return True
+    units = root / store.UNITS
+    return units.is_dir() and any(
+        any(d.glob("parts/part-*")) or (d / "manifest.json").is_file() and _complete(d)
+        for d in units.iterdir() if d.is_dir())
+
+
+def _recheck_done(root: Path, units: Sequence[Unit]) -> dict[str, str]:
+    """On resume: every unit whose run directory is finished is checked (``unit_problem``);
+    a damaged one is marked ``pending`` and its directory removed, so that it is measured
+    again. Returns unit id -> what was wrong."""
+    import shutil
+
+    repaired: dict[str, str] = {}
+    for u in units:
+        rec = store.read_status(root, u.unit_id)
+        finished = _complete(store.unit_dir(root, u.unit_id))
+        if not finished and not (rec is not None and rec.get("status") == "done"):
+            continue
+        problem = store.unit_problem(root, rec if rec is not None else {"unit": u.to_dict()})
+        if problem is None:
+            continue
+        store.write_status(root, u, "pending", repaired=problem, weights_hash=None,
+                           n_prompts=None)
+        shutil.rmtree(store.unit_dir(root, u.unit_id), ignore_errors=True)
+        repaired[u.unit_id] = problem
+    return repaired
 
 
 def run_sweep(spec: str | os.PathLike[str] | Mapping[str, Any] | SweepSpec,
@@ -261,9 +390,12 @@ def run_sweep(spec: str | os.PathLike[str] | Mapping[str, Any] | SweepSpec,
     failed and unfinished ones run again.
     """
     from blockcoupling.studies.sweep.read import open_sweep
+    from blockcoupling.validate import optional, whole
 
     if executor not in EXECUTORS:
         raise SweepError(f"executor {executor!r}: choose ray or local")
+    retries = optional(whole, retries, "retries", minimum=0)
+    num_cpus = optional(whole, num_cpus, "num-cpus", minimum=1)
     sp = load_spec(spec)
     if executor == "ray":
         import_ray()
@@ -272,31 +404,18 @@ def run_sweep(spec: str | os.PathLike[str] | Mapping[str, Any] | SweepSpec,
     if root.exists() and not root.is_dir():
         raise SweepError(f"--out {root} is a file; give a directory for the sweep")
     spec_dict = _spec_json(sp)
+    inputs = _sweep_inputs(units)
     with store.sweep_lock(root):
-        if store.is_sweep_dir(root):
-            manifest = store.load_manifest(root)
-            if not resume:
-                raise SweepError(f"{root} already holds a sweep; continue it with --resume, or "
-                                 "choose a new --out")
-            if manifest.get("kind") != "sweep":
-                raise SweepError(f"{root} holds a {manifest.get('kind')} directory, not a "
-                                 "sweep; choose a new --out")
-            diffs = _spec_diff(manifest.get("spec"), spec_dict)
-            if diffs:
-                raise SweepError(f"cannot resume {root}: the spec differs from the sweep's ("
-                                 + "; ".join(diffs[:3]) + "); resume with the original spec, "
-                                 "or choose a new --out")
-        else:
-            others = [p for p in root.iterdir() if p.name != store.LOCK]
-            if others:
-                raise SweepError(f"{root} is not empty and holds no sweep; choose a new --out")
-            manifest = store.new_manifest("sweep", spec_dict)
+        manifest = _open_manifest(root, resume=resume, spec_dict=spec_dict, units=units,
+                                  inputs=inputs)
         manifest["order"] = [u.unit_id for u in units]
         session: dict[str, Any] = {"started": store.now(), "executor": executor,
                                    "resume": bool(resume), "units": len(units)}
         manifest["sessions"].append(session)
         store.write_json(root / store.MANIFEST, manifest)
 
+        if resume:
+            session["repaired"] = _recheck_done(root, units)
         todo: list[Unit] = []
         for u in units:
             rec = store.read_status(root, u.unit_id)

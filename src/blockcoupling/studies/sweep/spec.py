@@ -27,13 +27,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from blockcoupling import validate
 from blockcoupling.engine.config import MeasureConfig
 from blockcoupling.errors import BlockCouplingError
 
+# how a model is loaded beyond dtype/device (loading.load_model): accelerate dispatch, offload
+# and quantization; top-level defaults, per-model overrides
+LOADING_KEYS = ("device_map", "max_memory", "offload_folder", "quantize")
 TOP_KEYS = ("models", "prompts", "limit", "seed", "measure", "resources", "dtype", "device",
-            "retries", "name")
+            "retries", "name", *LOADING_KEYS)
 MODEL_KEYS = ("label", "model", "revisions", "steps", "checkpoints", "dtype", "device",
-              "resources", "trust_remote_code")
+              "resources", "trust_remote_code", *LOADING_KEYS)
 RESOURCE_KEYS = ("num_cpus", "num_gpus")
 # MeasureConfig fields a spec may not set: the sweep chooses them itself.
 _MEASURE_FORBIDDEN: tuple[str, ...] = ("extra",)
@@ -63,6 +67,7 @@ class ModelSpec:
     device: str = "auto"
     resources: Resources = field(default_factory=Resources)
     trust_remote_code: bool = False
+    loading: tuple[tuple[str, str], ...] = ()  # LOADING_KEYS given: (key, value)
 
 
 @dataclass(frozen=True)
@@ -114,9 +119,10 @@ def _str_list(value: Any, key: str, ctx: str) -> tuple[str, ...]:
 
 
 def _int(value: Any, key: str, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise SpecError(f"{key} must be a whole number >= {minimum}, not {value!r}")
-    return value
+    try:
+        return validate.whole(value, key, minimum=minimum)
+    except validate.OptionError as err:
+        raise SpecError(str(err)) from err
 
 
 def _resources(value: Any, ctx: str, default: Resources) -> Resources:
@@ -128,10 +134,11 @@ def _resources(value: Any, ctx: str, default: Resources) -> Resources:
     _check_keys(value, RESOURCE_KEYS, f"{ctx}.resources" if ctx else "resources")
     out = {}
     for key in RESOURCE_KEYS:
-        v = value.get(key, getattr(default, key))
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0:
-            raise SpecError(f"resources.{key}{_where(ctx)} must be a number >= 0, not {v!r}")
-        out[key] = float(v)
+        try:
+            out[key] = validate.number(value.get(key, getattr(default, key)),
+                                       f"resources.{key}{_where(ctx)}", minimum=0)
+        except validate.OptionError as err:
+            raise SpecError(str(err)) from err
     return Resources(**out)
 
 
@@ -207,9 +214,19 @@ def _model(entry: Any, i: int, base: Path, spec: Mapping[str, Any]) -> ModelSpec
         raise SpecError(f"{ctx}.label must be a non-empty string")
     dtype = entry.get("dtype", spec.get("dtype", "auto"))
     device = entry.get("device", spec.get("device", "auto"))
-    for key, v in (("dtype", dtype), ("device", device)):
-        if not isinstance(v, str):
-            raise SpecError(f"{ctx}.{key} must be a string, not {v!r}")
+    try:
+        validate.dtype_name(dtype, f"{ctx}.dtype")
+        validate.device_name(device, f"{ctx}.device")
+    except validate.OptionError as err:
+        raise SpecError(str(err)) from err
+    loading = []
+    for key in LOADING_KEYS:
+        v = entry.get(key, spec.get(key))
+        if v is not None and not isinstance(v, str):
+            raise SpecError(f"{ctx}.{key} must be a string such as "
+                            f"{'0=20GiB,cpu=60GiB' if key == 'max_memory' else 'auto'}, not {v!r}")
+        if v is not None:
+            loading.append((key, v))
     trc = entry.get("trust_remote_code", False)
     if not isinstance(trc, bool):
         raise SpecError(f"{ctx}.trust_remote_code must be true or false")
@@ -217,7 +234,8 @@ def _model(entry: Any, i: int, base: Path, spec: Mapping[str, Any]) -> ModelSpec
     return ModelSpec(
         label=label.strip(), model=_resolve(model, base) if model else None,
         revisions=revisions, checkpoints=ckpt, dtype=dtype, device=device,
-        resources=_resources(entry.get("resources"), ctx, default_res), trust_remote_code=trc)
+        resources=_resources(entry.get("resources"), ctx, default_res), trust_remote_code=trc,
+        loading=tuple(loading))
 
 
 def parse_spec(data: Any, *, base_dir: str | os.PathLike[str] | None = None) -> SweepSpec:
@@ -271,7 +289,11 @@ def parse_spec(data: Any, *, base_dir: str | os.PathLike[str] | None = None) -> 
     name = data.get("name", "")
     if not isinstance(name, str):
         raise SpecError("name must be a string")
-    measure = dict(data.get("measure") or {})
+    measure = data.get("measure") or {}
+    if not isinstance(measure, Mapping):
+        raise SpecError("measure must be a mapping of MeasureConfig fields, e.g. "
+                        "{coupling: [depth], k: [10], tokens: last}")
+    measure = dict(measure)
     if "seed" in measure and "seed" in data and measure["seed"] != seed:
         raise SpecError("seed is given twice (top level and under measure:) with different "
                         "values; give it once")

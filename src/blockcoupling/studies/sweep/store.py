@@ -62,8 +62,15 @@ def read_json(path: Path) -> Any:
     try:
         return json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise RunDirError(f"{path} is unreadable or corrupt ({err}); delete it and resume the "
-                          "sweep with --resume to rebuild it") from err
+        root = path.parent.parent if path.parent.name == STATUS else path.parent
+        if path.name == MANIFEST:
+            fix = ("resume it (`blockcoupling sweep SPEC --out "
+                   f"{root} --resume` with the spec it was run with, or the same "
+                   "CouplingMonitor(out=...)): the manifest is rebuilt from the status files")
+        else:
+            fix = (f"delete {path} and resume the sweep with --resume: the unit is then "
+                   "checked and measured again where needed")
+        raise RunDirError(f"{path} is unreadable or corrupt ({err}); {fix}") from err
 
 
 def is_sweep_dir(path: str | os.PathLike[str]) -> bool:
@@ -77,13 +84,20 @@ def load_manifest(root: Path) -> dict[str, Any]:
                           "created by `blockcoupling sweep SPEC --out DIR` or a CouplingMonitor)")
     path = root / MANIFEST
     if not path.is_file():
+        if (root / STATUS).is_dir() and any((root / STATUS).glob("*.json")):
+            raise RunDirError(
+                f"{root} has lost its manifest {MANIFEST}; resume it (`blockcoupling sweep SPEC "
+                f"--out {root} --resume` with the spec it was run with, or the same "
+                "CouplingMonitor(out=...)): the manifest is rebuilt from the status files")
         raise RunDirError(f"{root} is not a sweep directory (it has no {MANIFEST}); give the "
                           "--out directory of a sweep or a monitor")
     data = read_json(path)
-    if not isinstance(data, dict) or data.get("format") != FORMAT_NAME:
+    if not isinstance(data, dict) or data.get("format") != FORMAT_NAME or not isinstance(
+            data.get("order", []), list) or not isinstance(data.get("sessions", []), list):
         raise RunDirError(f"{path} is not a blockcoupling sweep manifest; this directory "
                           "belongs to something else: choose another path")
-    if int(data.get("format_version", 0)) > FORMAT_VERSION:
+    version = data.get("format_version", 0)
+    if not isinstance(version, int) or version > FORMAT_VERSION:
         raise RunDirError(f"{path} was written by a newer blockcoupling (format "
                           f"{data.get('format_version')}); upgrade blockcoupling to read it")
     return data
@@ -200,3 +214,80 @@ def write_catalogue(root: Path, df: pd.DataFrame | None = None) -> pd.DataFrame:
     with atomic_path(root / CATALOGUE) as tmp:
         df.to_parquet(tmp, index=False)
     return df
+
+
+# ---------------------------------------------------------------------------- integrity
+class UnitDamagedError(RunDirError):
+    """A done unit's files are missing, damaged or replaced (the message names the repair)."""
+
+
+def repair_command(root: Path, kind: str | None) -> str:
+    """How a damaged unit of the collection in ``root`` is measured again."""
+    if kind == "monitor":
+        return (f"run the training script again with CouplingMonitor(out={str(root)!r}): "
+                "it measures the damaged steps again")
+    return (f"measure it again with `blockcoupling sweep SPEC --out {root} --resume` (SPEC: "
+            "the spec the sweep was run with)")
+
+
+def unit_problem(root: Path, rec: dict[str, Any]) -> str | None:
+    """Why the run directory of a ``done`` unit cannot be trusted, or None: the checks of
+    ``store.integrity.verify_complete`` (sealed manifest, checksums of every file, prompt
+    rows) plus the unit's identity (unit id, config hash, weights hash, prompt count) against
+    its status file."""
+    from blockcoupling.engine.config import MeasureConfig
+    from blockcoupling.store.integrity import verify_complete
+
+    unit = rec.get("unit") or {}
+    uid = str(unit.get("unit_id"))
+    path = unit_dir(root, uid)
+    try:
+        manifest = verify_complete(path)
+        cfg_hash = MeasureConfig.from_dict(dict(manifest["config"])).config_hash()
+    except (RunDirError, TypeError, ValueError) as err:
+        return str(err)
+    meta = manifest.get("meta") or {}
+    if meta.get("unit_id") not in (None, uid):
+        return f"{path} holds unit {meta.get('unit_id')!r} (a copied or replaced directory)"
+    if unit.get("config_hash") and cfg_hash != unit.get("config_hash"):
+        return f"{path} was measured with another configuration (a replaced directory)"
+    weights = rec.get("weights_hash")
+    if weights and manifest.get("weights_hash") != weights:
+        return f"{path} holds other weights than the unit measured (a replaced directory)"
+    n = rec.get("n_prompts")
+    cons = manifest.get("consolidated") or {}
+    if n is not None and len(cons.get("prompt_ids") or []) != int(n):
+        return f"{path} holds {len(cons.get('prompt_ids') or [])} prompts, the status {n}"
+    return None
+
+
+def damaged_units(root: Path) -> dict[str, str]:
+    """unit id -> problem, for every ``done`` unit whose files fail :func:`unit_problem`."""
+    out: dict[str, str] = {}
+    for rec in all_status(root):
+        if rec.get("status") == "done":
+            problem = unit_problem(root, rec)
+            if problem is not None:
+                out[str((rec.get("unit") or {}).get("unit_id"))] = problem
+    return out
+
+
+def rebuilt_manifest(root: Path, kind: str, spec: dict[str, Any] | None,
+                     unit_ids: set[str] | None) -> dict[str, Any] | None:
+    """A new manifest for a collection whose ``sweep.json`` is missing or corrupt, when its
+    status files say it is one (None: no status files). Every status file must name a unit
+    of ``unit_ids`` (the units this spec makes; None: not checked), else RunDirError: the
+    directory holds another collection."""
+    folder = root / STATUS
+    if not folder.is_dir() or not any(folder.glob("*.json")):
+        return None
+    if unit_ids is not None:
+        foreign = sorted(p.stem for p in folder.glob("*.json") if p.stem not in unit_ids)
+        if foreign:
+            raise RunDirError(
+                f"{root}: its manifest {MANIFEST} is lost or corrupt and its status files name "
+                f"units this spec does not make ({', '.join(foreign[:3])}); resume with the "
+                "spec the sweep was run with (or choose a new --out)")
+    manifest = new_manifest(kind, spec)
+    manifest["rebuilt"] = now()
+    return manifest

@@ -64,6 +64,8 @@ class Unit:
     num_gpus: float = 0.0
     trust_remote_code: bool = False
     prompt_texts: tuple[str, ...] = ()   # an inline prompt set's texts (prompt_set inline:NAME)
+    loading: dict[str, str] = dataclasses.field(default_factory=dict)  # device_map, quantize, ...
+    inputs: dict[str, str] = dataclasses.field(default_factory=dict)  # local input -> content hash
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -73,16 +75,21 @@ class Unit:
         names = {f.name for f in dataclasses.fields(cls)}
         out = {k: v for k, v in data.items() if k in names}
         out["prompt_texts"] = tuple(out.get("prompt_texts") or ())
+        out["inputs"] = dict(out.get("inputs") or {})
         return cls(**out)
 
 
 def unit_id(*, model: str, revision: str | None, prompt_set: str, limit: int | None,
             cfg_hash: str, label: str, step: int | None,
-            prompt_texts: tuple[str, ...] = ()) -> str:
+            prompt_texts: tuple[str, ...] = (), quantize: str | None = None,
+            inputs: dict[str, str] | None = None) -> str:
     """``<label>-<step or revision>-<prompt set>-<hash12>``; the hash covers the identity
-    (model source, revision, prompt set, limit, config hash), the rest is for humans."""
+    (model source, revision, prompt set, limit, config hash, and the content hash of every
+    local input such as a prompt file), the rest is for humans."""
     digest = canonical_hash([model, revision, prompt_set, limit, cfg_hash]
-                            + ([list(prompt_texts)] if prompt_texts else []),
+                            + ([list(prompt_texts)] if prompt_texts else [])
+                            + ([["quantize", quantize]] if quantize else [])
+                            + ([sorted(inputs.items())] if inputs else []),
                             digits=12, compact=False, strict=False)
     where = f"step{step}" if step is not None else (revision or "main")
     prompt = prompt_set.removeprefix("builtin:").removeprefix("hf:").removeprefix("inline:")
@@ -95,11 +102,20 @@ def discover_checkpoints(pattern: str | tuple[str, ...]) -> list[tuple[Path, int
     patterns = (pattern,) if isinstance(pattern, str) else tuple(pattern)
     found: dict[Path, int | None] = {}
     for pat in patterns:
-        matches = sorted(glob.glob(pat)) if any(c in pat for c in "*?[") else [pat]
+        is_glob = any(c in pat for c in "*?[")
+        matches = sorted(glob.glob(pat)) if is_glob else [pat]
         for m in matches:
             p = Path(m)
             if p.is_dir() and (p / "config.json").is_file():
                 found[p.resolve()] = parse_step(p.name)
+            elif not is_glob and not p.exists():
+                raise SpecError(f"checkpoints: {m} does not exist; fix the path (relative to "
+                                "the spec file) or remove it from the list")
+            else:  # listed, or matched by the glob, but not a model folder: never dropped
+                raise SpecError(
+                    f"checkpoints: {m} is not a checkpoint folder (no config.json); "
+                    + ("narrow the glob so that it matches only checkpoint folders (e.g. "
+                       "checkpoint-*)" if is_glob else "remove it from the list"))
     if not found:
         raise SpecError(
             f"checkpoints {', '.join(patterns)}: no checkpoint folder found (a folder with "
@@ -120,8 +136,11 @@ def _targets(m: ModelSpec) -> list[tuple[str, str | None, int | None]]:
 
 def expand(spec: SweepSpec) -> list[Unit]:
     """Every unit of the sweep, in spec order (models, then revisions/steps, then prompts)."""
+    from blockcoupling.studies.identity import input_hashes, local_inputs
+
     cfg_dict = spec.config.to_dict()
     h = config_hash(spec.config)
+    inputs = {ps: input_hashes(local_inputs(ps)) for ps in spec.prompts}
     units: list[Unit] = []
     for m in spec.models:
         res: Resources = m.resources
@@ -130,13 +149,14 @@ def expand(spec: SweepSpec) -> list[Unit]:
                 texts = spec.inline_prompts.get(ps.removeprefix("inline:"), ()) \
                     if ps.startswith("inline:") else ()
                 uid = unit_id(model=src, revision=rev, prompt_set=ps, limit=spec.limit,
-                              cfg_hash=h, label=m.label, step=step, prompt_texts=texts)
+                              cfg_hash=h, label=m.label, step=step, prompt_texts=texts,
+                              quantize=dict(m.loading).get("quantize"), inputs=inputs[ps])
                 units.append(Unit(
                     unit_id=uid, label=m.label, model=src, revision=rev, step=step,
                     prompt_set=ps, limit=spec.limit, config=cfg_dict, config_hash=h,
                     dtype=m.dtype, device=m.device, num_cpus=res.num_cpus,
                     num_gpus=res.num_gpus, trust_remote_code=m.trust_remote_code,
-                    prompt_texts=texts))
+                    prompt_texts=texts, loading=dict(m.loading), inputs=inputs[ps]))
     ids = [u.unit_id for u in units]
     if len(set(ids)) != len(ids):
         dup = next(i for i in ids if ids.count(i) > 1)

@@ -120,15 +120,27 @@ def _read_folder_split(root: Path, split: str, classes: tuple[str, ...] | None
             f"{split_dir} has classes {sorted(set(found) - set(classes))} that the train "
             "split does not have"
         )
+    if set(classes) - set(found):  # evaluating on fewer classes would change every accuracy
+        raise BlockCouplingError(
+            f"{split_dir} lacks the class folder(s) {sorted(set(classes) - set(found))} of the "
+            "train split; add them (with images) so that both splits have the same classes")
     arrays: list[np.ndarray] = []
     labels: list[int] = []
     for label, cls in enumerate(classes):
         folder = split_dir / cls
         files = sorted(p for p in folder.iterdir() if p.suffix.lower() in _IMAGE_SUFFIXES) \
             if folder.is_dir() else []
+        if not files:  # an empty folder would be a label without examples
+            raise BlockCouplingError(
+                f"class folder {folder} holds no images (png, jpg, ...); add images or remove "
+                "the folder from both splits")
         for f in files:
-            with Image.open(f) as im:
-                arrays.append(np.asarray(im.convert("RGB"), dtype=np.uint8))
+            try:
+                with Image.open(f) as im:
+                    arrays.append(np.asarray(im.convert("RGB"), dtype=np.uint8))
+            except OSError as err:  # PIL's UnidentifiedImageError included
+                raise BlockCouplingError(f"cannot read the image {f} ({err}); replace or "
+                                         "remove it") from err
             labels.append(label)
     if not arrays:
         raise BlockCouplingError(f"no images under {split_dir}/<class>/ (png, jpg, ...)")

@@ -58,7 +58,10 @@ def grid_configs(base: VitTrainConfig, drop_paths: Sequence[float] = PAPER_DROP_
     """One config per (weight decay, drop-path rate, seed), weight decay outermost."""
     if not drop_paths or not weight_decays or not seeds:
         raise BlockCouplingError("the grid needs at least one drop-path rate, weight decay and seed")
-    out = [base.replace(drop_path=float(dp), weight_decay=float(wd), seed=int(s))
+    from blockcoupling.validate import number, whole
+
+    out = [base.replace(drop_path=number(dp, "drop-path"), weight_decay=number(wd, "weight-decay"),
+                        seed=whole(s, "seed", minimum=0))
            for wd, dp, s in product(weight_decays, drop_paths, seeds)]
     names = [run_name(c) for c in out]
     if len(set(names)) != len(names):
@@ -98,29 +101,38 @@ def load_grid_spec(source: str | Path | dict[str, Any]
     unknown = sorted(set(data) - allowed)
     if unknown:
         raise BlockCouplingError(f"unknown grid spec key(s) {unknown}; known: {sorted(allowed)}")
-    train = dict(data.get("train") or {})
+    train = data.get("train") or {}
+    if not isinstance(train, dict):
+        raise BlockCouplingError("train: give a mapping of training options, e.g. "
+                                 "{dataset: digits, epochs: 5}")
+    train = dict(train)
     for key in ("drop_path", "weight_decay", "seed"):
         if key in train:
             raise BlockCouplingError(f"train.{key} is set by the grid; give it at the top level")
     base = VitTrainConfig.from_dict(train)
 
-    def numbers(key: str, default: Sequence[float]) -> list[float]:
+    from blockcoupling.validate import number, whole
+
+    def listed(key: str, default: Sequence[Any], check: Any, **bounds: Any) -> list[Any]:
         value = data.get(key, list(default))
         value = value if isinstance(value, list) else [value]
-        try:
-            return [float(v) for v in value]
-        except (TypeError, ValueError) as err:
-            raise BlockCouplingError(f"{key}: give a list of numbers") from err
+        if not value:
+            raise BlockCouplingError(f"{key}: give at least one value")
+        return [check(v, key, **bounds) for v in value]
 
     kwargs: dict[str, Any] = {
-        "drop_paths": numbers("drop_path", PAPER_DROP_PATH),
-        "weight_decays": numbers("weight_decay", PAPER_WEIGHT_DECAY),
-        "seeds": [int(v) for v in numbers("seeds", (0,))],
+        "drop_paths": listed("drop_path", PAPER_DROP_PATH, number, minimum=0, below=1),
+        "weight_decays": listed("weight_decay", PAPER_WEIGHT_DECAY, number, minimum=0),
+        "seeds": listed("seeds", (0,), whole, minimum=0),
     }
-    for key, name in (("executor", "executor"), ("address", "address"),
-                      ("cpus_per_run", "num_cpus"), ("threads", "threads")):
+    for key, name in (("executor", "executor"), ("address", "address")):
         if key in data:
+            if not isinstance(data[key], str):
+                raise BlockCouplingError(f"{key} must be a string, not {data[key]!r}")
             kwargs[name] = data[key]
+    for key, name in (("cpus_per_run", "num_cpus"), ("threads", "threads")):
+        if key in data:
+            kwargs[name] = whole(data[key], key, minimum=1)
     return base, kwargs
 
 
@@ -137,6 +149,11 @@ def train_unit(config: dict[str, Any], out_dir: str, threads: int | None = 1) ->
     except BlockCouplingError as err:
         return {"name": name, "status": "failed", "skipped": False, "message": str(err),
                 "seconds": time.perf_counter() - t0}
+    except OSError as err:  # a user's file or folder: unreadable, missing, disk full
+        where = f" {err.filename}" if err.filename else ""
+        return {"name": name, "status": "failed", "skipped": False,
+                "message": f"cannot read or write{where}: {err.strerror or err}; check the "
+                           "path and run the grid again", "seconds": time.perf_counter() - t0}
     except Exception as err:  # noqa: BLE001 - keep the other runs going
         last = traceback.format_exception_only(type(err), err)[-1].strip()
         return {"name": name, "status": "failed", "skipped": False,
@@ -162,8 +179,12 @@ def run_grid(base: VitTrainConfig, root: str | Path, *,
     run again with the same base config (finished runs are skipped, new points are added);
     another base config is refused.
     """
+    from blockcoupling.validate import optional, whole
+
     if executor not in EXECUTORS:
         raise BlockCouplingError(f"executor {executor!r}: choose ray or local")
+    num_cpus = whole(num_cpus, "cpus-per-run", minimum=1)
+    threads = optional(whole, threads, "threads", minimum=1)
     configs = grid_configs(base, drop_paths, weight_decays, seeds)
     rootp = Path(root)
     if rootp.exists() and not rootp.is_dir():
@@ -173,8 +194,14 @@ def run_grid(base: VitTrainConfig, root: str | Path, *,
     base_dict = json.loads(json.dumps(base.replace(drop_path=0.0, weight_decay=0.0, seed=0)
                                       .to_dict(), default=str))
     if grid_path.exists():
-        doc = json.loads(grid_path.read_text())
-        if doc.get("format") != GRID_FORMAT or doc.get("base") != base_dict:
+        try:
+            doc = json.loads(grid_path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+            raise BlockCouplingError(
+                f"cannot read {grid_path} ({err}); delete it and run the same grid again: "
+                "finished runs under runs/ are kept and skipped") from err
+        if not isinstance(doc, dict) or doc.get("format") != GRID_FORMAT or \
+                doc.get("base") != base_dict:
             raise BlockCouplingError(
                 f"{rootp} holds a grid with another base config; choose another --out (or run "
                 "the same options again to continue it)"

@@ -79,31 +79,42 @@ class VitTrainConfig:
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        from blockcoupling.validate import OptionError, number, optional, whole
+
         def bad(msg: str) -> None:
             raise BlockCouplingError(msg)
 
         if self.dataset not in DATASETS:
             bad(f"unknown data set {self.dataset!r}; choose {' or '.join(DATASETS)}")
-        if not 0.0 <= self.drop_path < 1.0:
-            bad(f"drop-path rate {self.drop_path} must be in [0, 1)")
-        if self.weight_decay < 0:
-            bad(f"weight decay {self.weight_decay} must be >= 0")
-        if self.epochs < 1:
-            bad("epochs must be at least 1")
-        if self.lr <= 0 or self.min_lr < 0 or self.min_lr > self.lr:
-            bad(f"learning rates lr={self.lr}, min_lr={self.min_lr}: need 0 <= min_lr <= lr, lr > 0")
-        if self.batch_size < 1:
-            bad("batch size must be at least 1")
-        if self.warmup_epochs < 0:
-            bad("warm-up epochs must be >= 0")
-        if self.mixup is not None and self.mixup < 0:
-            bad("mixup alpha must be >= 0 (0 = off)")
-        if self.monitor_images < 1 or self.final_images < 1:
-            bad("monitor_images and final_images must be at least 1")
-        if self.monitor_every < 0:
-            bad("monitor_every must be >= 0 (0 = measure only the trained model)")
-        if self.k < 1:
-            bad("k must be at least 1")
+        # every number checked (type, finite, range) in one place: the CLI, the grid's YAML
+        # and the Python API all build this record
+        checks: dict[str, tuple[Any, dict[str, Any]]] = {
+            "drop_path": (number, {"minimum": 0, "below": 1}),
+            "weight_decay": (number, {"minimum": 0}),
+            "epochs": (whole, {"minimum": 1}),
+            "hidden_size": (whole, {"minimum": 1}), "depth": (whole, {"minimum": 1}),
+            "heads": (whole, {"minimum": 1}), "image_size": (whole, {"minimum": 1}),
+            "lr": (number, {"above": 0}), "min_lr": (number, {"minimum": 0}),
+            "batch_size": (whole, {"minimum": 1}), "warmup_epochs": (number, {"minimum": 0}),
+            "mixup": (number, {"minimum": 0}), "seed": (whole, {"minimum": 0}),
+            "train_limit": (whole, {"minimum": 1}), "test_limit": (whole, {"minimum": 1}),
+            "eval_train_limit": (whole, {"minimum": 1}),
+            "monitor_images": (whole, {"minimum": 1}), "monitor_every": (whole, {"minimum": 0}),
+            "final_images": (whole, {"minimum": 1}), "k": (whole, {"minimum": 1}),
+        }
+        for name, (check, bounds) in checks.items():
+            try:
+                value = optional(check, getattr(self, name), name.replace("_", "-"), **bounds)
+            except OptionError as err:
+                raise BlockCouplingError(f"training option {err}") from err
+            if check is whole:  # 5.0 epochs -> 5 (numbers keep their form: the run's key)
+                object.__setattr__(self, name, value)
+        if self.augment is not None and not isinstance(self.augment, bool):
+            bad(f"augment must be true, false or unset, not {self.augment!r}")
+        if self.data_dir is not None and not isinstance(self.data_dir, (str, Path)):
+            bad(f"data-dir must be a folder path, not {self.data_dir!r}")
+        if self.min_lr > self.lr:
+            bad(f"learning rates lr={self.lr}, min_lr={self.min_lr}: need min_lr <= lr")
         resolve_shape(self.preset, hidden_size=self.hidden_size, depth=self.depth,
                       heads=self.heads)
 
@@ -259,8 +270,13 @@ def read_metrics(out_dir: str | Path) -> dict[str, Any]:
     path = Path(out_dir) / METRICS_FILE
     if not path.exists():
         raise BlockCouplingError(f"{out_dir} has no {METRICS_FILE}; is it a vit-train output?")
-    data = json.loads(path.read_text())
-    if data.get("format") != FORMAT:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise BlockCouplingError(f"cannot read {path} ({err}); the training's record is "
+                                 "damaged: train into a new --out (or delete that folder)"
+                                 ) from err
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
         raise BlockCouplingError(f"{path} is not a vit-train metrics file")
     return data
 
@@ -307,6 +323,15 @@ def train_vit(config: VitTrainConfig, out_dir: str | Path, *, progress: bool = T
 
 def _train(config: VitTrainConfig, out: Path, *, progress: bool, on_epoch: EpochCallback | None,
            data: ImageData | None) -> Path:
+    for foreign in ("manifest.json", "sweep.json", "grid.json"):  # never train into those
+        if (out / foreign).exists():
+            raise BlockCouplingError(f"{out} holds a measurement run or a collection "
+                                     f"({foreign}), not a training; choose another --out")
+    data_content = None
+    if config.data_dir is not None and Path(config.data_dir).is_dir():
+        from blockcoupling.studies.identity import content_hash
+
+        data_content = content_hash(Path(config.data_dir))  # a resume must see the same images
     if (out / METRICS_FILE).exists():
         old = read_metrics(out)
         if old.get("config_key") != config.key():
@@ -314,6 +339,12 @@ def _train(config: VitTrainConfig, out: Path, *, progress: bool, on_epoch: Epoch
                 f"{out} holds a training of another config (key {old.get('config_key')}, this "
                 f"one {config.key()}); choose another --out or delete that folder"
             )
+        before = (old.get("data") or {}).get("content")
+        if before is not None and before != data_content:
+            raise BlockCouplingError(
+                f"the images in {config.data_dir} changed since {out} started training "
+                f"(content {str(before)[7:19]}, now {str(data_content)[7:19]}); restore them, "
+                "or train into another --out")
     t_start = time.perf_counter()
 
     if data is None:
@@ -357,6 +388,7 @@ def _train(config: VitTrainConfig, out: Path, *, progress: bool, on_epoch: Epoch
     def record(epoch: int, row: dict[str, Any]) -> None:
         history.append(row)
         metrics = _metrics_doc(config, data, shape, history, "running", data_seconds)
+        metrics["data"]["content"] = data_content
         _write_json(out / METRICS_FILE, metrics)
         if on_epoch is not None:
             on_epoch(row)
@@ -443,6 +475,7 @@ def _train(config: VitTrainConfig, out: Path, *, progress: bool, on_epoch: Epoch
                                              for y in data.test_y[: config.final_images]])
     final_seconds = time.perf_counter() - t0
     metrics = _metrics_doc(config, data, shape, history, "complete", data_seconds)
+    metrics["data"]["content"] = data_content
     metrics["final"] = {**{k: history[-1][k] for k in ("train_loss", "train_accuracy",
                                                        "test_loss", "test_accuracy")},
                         **final, "seconds_measure": final_seconds,

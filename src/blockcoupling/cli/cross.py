@@ -1,0 +1,67 @@
+"""``blockcoupling cross``: run A's Jacobians in run B's bases, and their principal angles."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from blockcoupling.cli.app import STATE as _STATE
+from blockcoupling.cli.app import app, os_error
+from blockcoupling.cli.app import fail as _fail
+from blockcoupling.errors import BlockCouplingError
+
+
+@app.command()
+def cross(
+    runs: Annotated[list[Path], typer.Argument(help="RUN_A RUN_B: run directories measured with --save-bases (RUN_A also with --save-jacobians, or give --model-a). More than two: every run against the last; one sweep directory: per label, every checkpoint against the last.")],
+    json_out: Annotated[Path | None, typer.Option("--json", help="Write the tables and layer x layer matrices as JSON here.")] = None,
+    out: Annotated[Path | None, typer.Option("--out", "-o", help="Write the HTML page (heatmap) here.")] = None,
+    k: Annotated[int | None, typer.Option("--k", help="Top-K of the figure and summary (default: the smallest measured).")] = None,
+    variant: Annotated[str, typer.Option("--variant", help="coupling, miscoupling, released_norm, ...")] = "coupling",
+    p: Annotated[float, typer.Option("--p", help="Norm of the variants that have one (1, 2, inf).")] = 1.0,
+    orientation: Annotated[str, typer.Option("--orientation", help="ujv or vju.")] = "ujv",
+    model_a: Annotated[str | None, typer.Option("--model-a", help="Model of RUN_A (hub id or folder), to measure its Jacobians again where RUN_A did not store them.")] = None,
+) -> None:
+    """Coupling across runs (checkpoint vs final, base vs fine-tuned, seed vs seed)."""
+    from blockcoupling.studies.cross import cross_coupling, cross_sweep
+
+    selection = dict(k=k, variant=variant, p=p, orientation=orientation)
+    try:
+        from blockcoupling.studies.sweep.store import is_sweep_dir
+
+        if len(runs) == 1 and is_sweep_dir(runs[0]):  # per label: checkpoints vs the last
+            result = cross_sweep(runs[0])
+        elif len(runs) < 2:
+            raise BlockCouplingError("give two run directories (RUN_A RUN_B), or more for a "
+                                     "sweep against the last")
+        elif len(runs) == 2:
+            model = tok = None
+            if model_a is not None:
+                from blockcoupling.loading import load_model
+
+                model, tok = load_model(model_a, device="cpu", progress=False)
+            result = cross_coupling(runs[0], runs[1], model_a=model, tokenizer_a=tok)
+        else:
+            if model_a is not None:
+                raise BlockCouplingError("--model-a applies to two runs only")
+            result = cross_sweep(runs)
+        written = []
+        if json_out is not None:
+            written.append(result.to_json(json_out, **selection))
+        if out is not None:
+            from blockcoupling.report.cross import write_cross_report
+
+            written.append(write_cross_report(result, out, **selection))
+        text = result.summary(**selection)
+    except BlockCouplingError as err:
+        _fail(err)
+        return
+    except OSError as err:
+        _fail(os_error(err, "cannot read the runs or write the results"))
+        return
+    if not _STATE["quiet"]:
+        typer.echo(text)
+        for path in written:
+            typer.echo(f"wrote {path}")

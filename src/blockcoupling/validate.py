@@ -1,0 +1,91 @@
+"""Checks of numeric and named options, in one place for the CLI, YAML specs and the Python API.
+
+Every study option (a sweep spec's ``limit``/``seed``/``retries``/resources, a ViT training's
+rates and sizes, a monitor's ``every``/``steps``, dtypes and devices) is checked here when it
+is parsed, before anything is written: a value of the wrong type, ``nan``/``inf``, or out of
+range is a :class:`OptionError` naming the option and what it accepts, never a silent
+default, a slice or a traceback.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+import re
+from typing import Any
+
+from blockcoupling.errors import BlockCouplingError
+
+#: model dtypes ``load_model`` accepts (``loading.MODEL_DTYPES``), without importing torch
+DTYPES = ("auto", "float32", "float16", "bfloat16", "float64")
+_DEVICE_RE = re.compile(r"^(auto|cpu|mps|cuda(:\d+)?)$")
+
+
+class OptionError(BlockCouplingError):
+    """An option has the wrong type or is out of range (the message names it)."""
+
+
+def _range(minimum: float | None, maximum: float | None, above: float | None,
+           below: float | None) -> str:
+    parts = []
+    if minimum is not None:
+        parts.append(f">= {minimum:g}")
+    if above is not None:
+        parts.append(f"> {above:g}")
+    if maximum is not None:
+        parts.append(f"<= {maximum:g}")
+    if below is not None:
+        parts.append(f"< {below:g}")
+    return " and ".join(parts)
+
+
+def whole(value: Any, name: str, *, minimum: int | None = None,
+          maximum: int | None = None) -> int:
+    """``value`` as an int: a whole number (an integral float such as ``2.0`` too; not a
+    bool, a fraction, a string, nan or inf) within ``[minimum, maximum]``."""
+    ok = isinstance(value, numbers.Integral) and not isinstance(value, bool)
+    if not ok and isinstance(value, float) and math.isfinite(value) and value.is_integer():
+        ok = True
+    if not ok or (minimum is not None and value < minimum) or (
+            maximum is not None and value > maximum):
+        rng = _range(minimum, maximum, None, None)
+        raise OptionError(f"{name} must be a whole number{' ' + rng if rng else ''}, "
+                          f"not {value!r}")
+    return int(value)
+
+
+def number(value: Any, name: str, *, minimum: float | None = None,
+           maximum: float | None = None, above: float | None = None,
+           below: float | None = None) -> float:
+    """``value`` as a finite float (not a bool, a string, nan or inf) within the bounds
+    (``minimum``/``maximum`` inclusive, ``above``/``below`` exclusive)."""
+    ok = isinstance(value, numbers.Real) and not isinstance(value, bool)
+    v = float(value) if ok else math.nan
+    if not ok or not math.isfinite(v) or (minimum is not None and v < minimum) or (
+            maximum is not None and v > maximum) or (above is not None and v <= above) or (
+            below is not None and v >= below):
+        rng = _range(minimum, maximum, above, below)
+        raise OptionError(f"{name} must be a finite number{' ' + rng if rng else ''}, "
+                          f"not {value!r}")
+    return v
+
+
+def optional(check: Any, value: Any, name: str, **bounds: Any) -> Any:
+    """``None`` stays ``None``; anything else goes through ``check`` (:func:`whole` or
+    :func:`number`)."""
+    return None if value is None else check(value, name, **bounds)
+
+
+def dtype_name(value: Any, name: str = "dtype") -> str:
+    """A model dtype name of :data:`DTYPES`."""
+    if not isinstance(value, str) or value not in DTYPES:
+        raise OptionError(f"{name} {value!r}: choose one of {', '.join(DTYPES)}")
+    return value
+
+
+def device_name(value: Any, name: str = "device") -> str:
+    """A device name: ``auto``, ``cpu``, ``mps``, ``cuda`` or ``cuda:N`` (its presence is
+    checked when the model is loaded)."""
+    if not isinstance(value, str) or not _DEVICE_RE.match(value):
+        raise OptionError(f"{name} {value!r}: choose auto, cpu, cuda, cuda:N or mps")
+    return value
