@@ -45,6 +45,6 @@ def test_stored_hashes_are_unchanged() -> None:
         "sha256:8a6e09d42ce3a46e3ddcb18044d0cc3ef6c3630db29f59c7e25d3e78bd7d5533")
     assert unit_id(model="m/é", revision=None, prompt_set="builtin:x", limit=3, cfg_hash="abc",
                    label="Lé", step=5, prompt_texts=("a", "ß")) == "L-step5-x-899d0f2089da"
-    assert VitTrainConfig().key() == "8244a29a0f07"
+    assert VitTrainConfig().key() == "748982d1a605"  # issue 19: tokens, regularisers, lr_scaling
     assert TinyLMConfig().cache_key() == "4fa28df2f9da7ad5"
     assert _prompt_items(["é one", "two"], None, 0)[1] == "prompts:cba1847c229e"

@@ -119,8 +119,11 @@ def test_monitor_numbers_are_measure_numbers_and_resume_skips(tmp_path: Path) ->
     with bc.CouplingMonitor(tok, PROMPTS, every=None, steps=[5], out=tmp_path / "m",
                             k=(2,), orientations=("ujv",)) as mon2:
         assert mon2.step(model, 5) is None
-        with pytest.raises(bc.BlockCouplingError, match="in use"):
-            bc.CouplingMonitor(tok, PROMPTS, every=1, out=tmp_path / "m")
+        third = bc.CouplingMonitor(tok, PROMPTS, every=1, out=tmp_path / "m")  # same process:
+        assert mon2._lock is None  # takes the lock over
+        with pytest.raises(bc.BlockCouplingError, match="closed"):
+            mon2.step(model, 6)
+        third.close()
 
 
 def test_monitor_errors(tmp_path: Path) -> None:
@@ -165,7 +168,7 @@ def test_callback_events(tmp_path: Path) -> None:
     assert bc.open_sweep(tmp_path / "cb").catalogue["step"].tolist() == [0, 2]
 
 
-def test_trainer_callback(tmp_path: Path) -> None:
+def test_trainer_callback(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The HF Trainer with CouplingCallback: units at step 0 and every 2 steps, and the same
     losses and weights as without the callback."""
     pytest.importorskip("accelerate", reason="transformers.Trainer needs accelerate "
@@ -176,23 +179,167 @@ def test_trainer_callback(tmp_path: Path) -> None:
     for row in data:
         row["labels"] = row["input_ids"]
 
-    def train(callbacks: list) -> tuple[list[float], dict]:
+    pytest.importorskip("tensorboard", reason="report_to='tensorboard' needs tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    def train(callbacks: list, logs: Path) -> tuple[list[float], dict, list[dict]]:
+        monkeypatch.setenv("TENSORBOARD_LOGGING_DIR", str(logs))
         args = tf.TrainingArguments(output_dir=str(tmp_path / "trainer"), max_steps=4,
                                     per_device_train_batch_size=4, logging_steps=1,
-                                    save_strategy="no", report_to=[], seed=7,
+                                    save_strategy="no", report_to=["tensorboard"], seed=7,
                                     use_cpu=True, disable_tqdm=True, dataloader_num_workers=0)
         trainer = tf.Trainer(model=_model(), args=args, train_dataset=data, callbacks=callbacks)
         trainer.train()
         losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
-        return losses, {k: v.clone() for k, v in trainer.model.state_dict().items()}
+        return (losses, {k: v.clone() for k, v in trainer.model.state_dict().items()},
+                trainer.state.log_history)
 
-    base_losses, base_state = train([])
+    base_losses, base_state, _ = train([], tmp_path / "tb0")
     cb = bc.CouplingCallback(tok, PROMPTS, every=2, out=tmp_path / "cb", k=(2,),
                              orientations=("ujv",))
-    losses, state = train([cb])
-    cb.monitor.close()
+    losses, state, history = train([cb], tmp_path / "tb1")
+    assert cb.monitor._lock is None  # released at the end of training
     assert losses == base_losses
     for key in base_state:
         assert torch.equal(base_state[key], state[key]), key
     s = bc.open_sweep(tmp_path / "cb")
     assert s.catalogue["step"].tolist() == [0, 2, 4]
+    # one scalar per measured step in log_history: chance-corrected and raw, with se
+    logged = {h["step"]: h for h in history if "coupling/coupling_k2" in h}
+    assert sorted(logged) == [0, 2, 4]
+    for step, h in logged.items():
+        assert {"coupling/coupling_vs_null_k2", "coupling/coupling_vs_null_k2_se",
+                "coupling/coupling_k2_se"} <= set(h)
+        unit = s.catalogue.set_index("step").loc[step, "unit_id"]
+        cp = s.open_unit(unit).coupling
+        assert h["coupling/coupling_k2"] == pytest.approx(_oracle_mean(cp, "coupling"))
+    # ... and in TensorBoard's event file (the Trainer prefixes "train/"), at the measured
+    # steps 2 and 4 (step 0 precedes the first log)
+    acc = EventAccumulator(str(next((tmp_path / "tb1").rglob("events.out.tfevents*")).parent))
+    acc.Reload()
+    tags = acc.Tags()["scalars"]
+    assert "train/coupling/coupling_k2" in tags and "train/coupling/coupling_vs_null_k2_se" in tags
+    assert [e.step for e in acc.Scalars("train/coupling/coupling_k2")] == [2, 4]
+    # the training loss stored beside the coupling
+    from blockcoupling.report.emergence import read_training_loss
+
+    assert read_training_loss(tmp_path / "cb")["loss"].tolist() == losses
+
+
+def _oracle_mean(cp: pd.DataFrame, variant: str) -> float:
+    """Mean over prompts of the mean over l != l' at the last token (plain loops)."""
+    per = []
+    for _, g in cp[(cp["variant"] == variant) & (cp["kind"] == "depth")].groupby("prompt_id"):
+        g = g[(g["token_out_a"] == g["token_out_a"].max()) & (g["layer_a"] != g["layer_b"])]
+        g = g[g["p"] == 1.0] if variant == "coupling" else g
+        per.append(sum(g["value"]) / len(g))
+    return sum(per) / len(per)
+
+
+def test_log_hook_loss_and_take_over(tmp_path: Path) -> None:
+    """log=fn gets the scalars per measured step; loss= is stored; a monitor created again
+    on the same out in this process takes over the lock."""
+    model, tok = _model(3).eval(), _tokenizer()
+    seen: list[tuple[dict, int]] = []
+    mon = bc.CouplingMonitor(tok, PROMPTS, every=2, out=tmp_path / "m", k=(2,),
+                             orientations=("ujv",), log=lambda d, s: seen.append((d, s)))
+    mon.step(model, 1, loss=3.5)
+    m = mon.step(model, 2, loss=3.25)
+    assert [s for _, s in seen] == [2]
+    d = seen[0][0]
+    assert d["coupling/coupling_k2"] == pytest.approx(_oracle_mean(m.coupling, "coupling"))
+    assert d["coupling/coupling_vs_null_k2"] == pytest.approx(
+        _oracle_mean(m.coupling, "coupling_vs_null"))
+    per = [_oracle_mean(g, "coupling") for _, g in m.coupling.groupby("prompt_id")]
+    se = float(pd.Series(per).std(ddof=1)) / len(per) ** 0.5
+    assert d["coupling/coupling_k2_se"] == pytest.approx(se)
+    again = bc.CouplingMonitor(tok, PROMPTS, every=2, out=tmp_path / "m", k=(2,),
+                               orientations=("ujv",))  # a notebook cell run twice
+    assert mon._lock is None and again.step(model, 2) is None  # already measured
+    again.close()
+    from blockcoupling.report.emergence import read_training_loss
+
+    assert read_training_loss(tmp_path / "m").values.tolist() == [[1, 3.5], [2, 3.25]]
+
+
+def test_interpreter_exit_is_clean(tmp_path: Path) -> None:
+    """A script that ends with monitors (and a callback) still open exits without any
+    'Exception ignored' line and leaves the directory unlocked."""
+    import subprocess
+    import sys
+    import textwrap
+
+    script = textwrap.dedent(f"""
+        import sys
+        sys.path.insert(0, {str(Path(__file__).parent)!r})
+        import blockcoupling as bc
+        from test_monitor import PROMPTS, _model, _tokenizer
+        tok = _tokenizer()
+        mon = bc.CouplingMonitor(tok, PROMPTS, every=1, out={str(tmp_path / "a")!r}, k=(2,))
+        mon.step(_model().eval(), 1)
+        cb = bc.CouplingCallback(tok, PROMPTS, every=1, out={str(tmp_path / "b")!r}, k=(2,))
+        cb2 = bc.CouplingCallback(tok, PROMPTS, every=1, out={str(tmp_path / "b")!r}, k=(2,))
+        # a training script: a Trainer run with the callback, nothing closed by hand
+        import torch, transformers as tf
+        data = [{{"input_ids": torch.arange(10) % 12, "labels": torch.arange(10) % 12}}] * 4
+        args = tf.TrainingArguments(output_dir={str(tmp_path / "t")!r}, max_steps=2,
+                                    per_device_train_batch_size=2, report_to=[],
+                                    save_strategy="no", use_cpu=True, disable_tqdm=True)
+        cb3 = bc.CouplingCallback(tok, PROMPTS, every=1, out={str(tmp_path / "c")!r}, k=(2,))
+        tf.Trainer(model=_model(), args=args, train_dataset=data, callbacks=[cb3]).train()
+    """)
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert "Exception ignored" not in r.stderr and "Traceback" not in r.stderr, r.stderr
+    from blockcoupling.studies.sweep.store import is_locked
+
+    assert not any(is_locked(tmp_path / d) for d in "abc")
+    assert bc.open_sweep(tmp_path / "c").catalogue["step"].tolist() == [0, 1, 2]
+
+
+def test_lightning_callback(tmp_path: Path) -> None:
+    """The Lightning callback: scalars through pl_module.log_dict at the measured steps, the
+    loss stored, the lock released at the end, training unchanged."""
+    L = pytest.importorskip("lightning", reason="lightning is an optional dependency")
+    from blockcoupling.studies.monitor_lightning import CouplingLightningCallback
+
+    class Module(L.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = _model()
+            self.logged: dict[int, dict] = {}
+
+        def training_step(self, batch: torch.Tensor, idx: int) -> torch.Tensor:
+            return self.model(input_ids=batch, labels=batch).loss
+
+        def configure_optimizers(self) -> torch.optim.Optimizer:
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+        def log_dict(self, d: dict, **kw: object) -> None:  # type: ignore[override]
+            self.logged[self.trainer.global_step] = dict(d)
+            super().log_dict(d, **kw)
+
+    def fit(callbacks: list) -> tuple[Module, dict]:
+        torch.manual_seed(5)
+        data = torch.utils.data.DataLoader(torch.randint(0, 12, (8, 10)), batch_size=2)
+        module = Module()
+        trainer = L.Trainer(max_steps=4, callbacks=callbacks, logger=False,
+                            enable_checkpointing=False, enable_progress_bar=False,
+                            enable_model_summary=False, accelerator="cpu")
+        trainer.fit(module, data)
+        return module, {k: v.clone() for k, v in module.state_dict().items()}
+
+    _, base = fit([])
+    cb = CouplingLightningCallback(_tokenizer(), PROMPTS, every=2, out=tmp_path / "pl",
+                                   model_attr="model", k=(2,), orientations=("ujv",))
+    module, state = fit([cb])
+    for key in base:
+        assert torch.equal(base[key], state[key]), key
+    assert sorted(module.logged) == [2, 4]
+    assert "coupling/coupling_vs_null_k2" in module.logged[2]
+    assert cb.monitor._lock is None
+    assert bc.open_sweep(tmp_path / "pl").catalogue["step"].tolist() == [0, 2, 4]
+    from blockcoupling.report.emergence import read_training_loss
+
+    assert read_training_loss(tmp_path / "pl")["step"].tolist() == [1, 2, 3, 4]

@@ -292,12 +292,26 @@ def test_training_writes_model_metrics_and_coupling(trained: Path) -> None:
     loss, acc = evaluate(model, data.test_x, data.test_y)
     assert acc == pytest.approx(m["final"]["test_accuracy"])
     assert loss == pytest.approx(m["final"]["test_loss"], rel=1e-5)
-    # coupling runs: one per epoch (monitor) and the final one, at the [CLS] token
+    # coupling runs: one per epoch (monitor) at the [CLS] token, and the final one at [CLS]
+    # and the last patch (4 patches + [CLS]) in one measurement
     for name in ("epoch-0000", "epoch-0001", "epoch-0002", "final"):
         run = bc.open_run(trained / "coupling" / name)
-        assert set(run.coupling["token_out_a"]) == {0}
+        assert set(run.coupling["token_out_a"]) == ({0, 4} if name == "final" else {0})
         assert set(run.coupling["layer_a"]) == {1, 2}
     final = bc.open_run(trained / "coupling" / "final")
+    # each token's statistic equals a separate measurement of that token alone
+    for token, spec in (("cls", (0,)), ("last", "last")):
+        alone = bc.measure(model, None, {"pixel_values": data.test_x[:2]}, coupling=("depth",),
+                           k=(2,), tokens=spec, progress=False)
+        st = bc.coupling_statistic(alone, k=2).set_index("variant")
+        for variant in ("coupling", "coupling_vs_null"):
+            assert m["final"][f"{variant}_{token}"] == pytest.approx(
+                st.loc[variant, "mean"], abs=1e-6)
+            assert m["final"][f"{variant}_se_{token}"] == pytest.approx(
+                st.loc[variant, "se"], abs=1e-6)
+    assert m["final"]["coupling_cls"] == m["final"]["coupling"]  # the headline is [CLS]
+    assert m["final"]["coupling_last"] != m["final"]["coupling_cls"]
+    final.coupling = final.coupling[final.coupling["token_out_a"] == 0]  # [CLS] rows
     data_labels = load_image_data("digits", image_size=8, train_limit=96, test_limit=32).test_y
     assert final.prompts["label"].tolist() == [str(int(y)) for y in data_labels[:2]]
     stat = bc.coupling_statistic(final, k=2).set_index("variant")
@@ -369,18 +383,23 @@ def test_grid_configs_default_to_the_paper() -> None:
 
 
 def test_small_grid_runs_locally_and_figures(tmp_path: Path) -> None:
-    base = VitTrainConfig(epochs=1, **{**TINY, "monitor_images": 1, "final_images": 1})
+    base = VitTrainConfig(epochs=1, **{**TINY, "monitor_images": 1, "final_images": 2})
     seen: list[dict] = []
-    runs = run_grid(base, tmp_path / "grid", drop_paths=(0.0, 0.2), weight_decays=(0.01, 0.1),
+    runs = run_grid(base, tmp_path / "grid", drop_paths=(0.0, 0.1), weight_decays=(0.01, 0.1),
                     executor="local", progress=False, on_run=seen.append)
     assert len(runs) == 4 and set(runs["status"]) == {"complete"} and len(seen) == 4
     assert set(zip(runs["drop_path"], runs["weight_decay"], strict=True)) == {
-        (0.0, 0.01), (0.2, 0.01), (0.0, 0.1), (0.2, 0.1)}
+        (0.0, 0.01), (0.1, 0.01), (0.0, 0.1), (0.1, 0.1)}
     assert runs["coupling"].notna().all() and runs["test_accuracy"].notna().all()
+    # [CLS] (the headline here) and the last patch side by side
+    for col in ("coupling_vs_null", "coupling", "coupling_vs_null_se"):
+        np.testing.assert_array_equal(runs[col], runs[f"{col}_cls"])
+        assert runs[f"{col}_last"].notna().all()
+    assert set(runs["tokens"]) == {"cls"}
     doc = json.loads((tmp_path / "grid" / "grid.json").read_text())
     assert {r["status"] for r in doc["runs"].values()} == {"done"}
     # a second call skips every run; another base config is refused
-    again = run_grid(base, tmp_path / "grid", drop_paths=(0.0, 0.2), weight_decays=(0.01, 0.1),
+    again = run_grid(base, tmp_path / "grid", drop_paths=(0.0, 0.1), weight_decays=(0.01, 0.1),
                      executor="local", progress=False)
     pd.testing.assert_frame_equal(again.drop(columns="message"), runs.drop(columns="message"))
     with pytest.raises(BlockCouplingError, match="another base config"):
@@ -408,7 +427,26 @@ def test_small_grid_runs_locally_and_figures(tmp_path: Path) -> None:
     paths = write_vit_figures(tmp_path / "grid", tmp_path / "fig")
     names = {p.name for p in paths}
     assert {"vit_coupling_vs_drop_path.png", "vit_coupling_vs_accuracy.png",
-            "vit_coupling_epochs.png", "vit_runs.csv"} <= names
+            "vit_coupling_epochs.png", "vit_runs.csv", "fits.json",
+            "vit_conditional_fits.png"} <= names
+    # the conditional fits: at each weight decay the line through its 2 drop-path points
+    fits = json.loads((tmp_path / "fig" / "fits.json").read_text())
+    assert [f["weight_decay"] for f in fits["by_weight_decay"]] == [0.01, 0.1]
+    for f in fits["by_weight_decay"]:
+        sub = runs[runs["weight_decay"] == f["weight_decay"]].sort_values("drop_path")
+        y = sub["coupling_vs_null"].to_numpy()
+        assert f["n"] == 2 and f["slope"] == pytest.approx((y[1] - y[0]) / 0.1)
+        assert f["p"] is None and "no R^2" in f["note"]  # NaN is written as null
+        assert [q["se"] for q in f["points"]] == pytest.approx(
+            sub["coupling_vs_null_se"].tolist())
+    for f in fits["by_drop_path"]:
+        sub = runs[runs["drop_path"] == f["drop_path"]].sort_values("weight_decay")
+        y = sub["coupling_vs_null"].to_numpy()
+        assert f["slope"] == pytest.approx((y[1] - y[0]) / 1.0)  # log10 0.1 - log10 0.01
+    pooled = fits["pooled"]["drop_path"]
+    ref = stats.linregress(runs["drop_path"], runs["coupling_vs_null"])
+    assert pooled["n"] == 4 and pooled["slope"] == pytest.approx(ref.slope)
+    assert pooled["r2"] == pytest.approx(ref.rvalue**2) and pooled["p"] == pytest.approx(ref.pvalue)
     assert len(pd.read_csv(tmp_path / "fig" / "vit_runs.csv")) == 4
 
     # `blockcoupling report GRID` recognises a folder of vit-train runs and writes the study page
@@ -422,6 +460,7 @@ def test_small_grid_runs_locally_and_figures(tmp_path: Path) -> None:
     page = (tmp_path / "vit.html").read_text()
     assert "Coupling against the stochastic-depth rate" in page
     assert "Coupling against test accuracy" in page and page.count("<tr") >= 5  # 4 runs + header
+    assert "Conditional fits" in page and "by_weight_decay" in page
     assert (tmp_path / "vit_figures" / "vit_coupling_vs_drop_path.png").exists()
 
 
@@ -452,6 +491,8 @@ def test_grid_spec_yaml(tmp_path: Path) -> None:
     for bad, msg in [({"dropout": [0.1]}, "unknown grid spec key"),
                      ({"train": {"drop_path": 0.1}}, "set by the grid"),
                      ({"train": {"lr_max": 1}}, "unknown training option"),
+                     ({"train": {"augment": "randaugment"}}, "RandAugment is not"),
+                     ({"train": {"label_smoothing": -0.1}}, "label-smoothing"),
                      ({"drop_path": ["x"]}, "drop_path must be a finite number")]:
         with pytest.raises(BlockCouplingError, match=msg):
             load_grid_spec(bad)
@@ -513,3 +554,139 @@ def test_cli_vit_train_and_figures(tmp_path: Path, trained: Path) -> None:
     g2, g3 = collect_runs(tmp_path / "g2"), collect_runs(tmp_path / "g3")
     assert g3["status"].tolist() == ["complete"]
     assert g3["coupling"].tolist() == g2["coupling"].tolist()
+
+
+# ---------------------------------------------------------------------------- issue 19
+def test_line_fit_matches_scipy_and_says_when_it_cannot_test() -> None:
+    from scipy import stats
+
+    from blockcoupling.studies.vit.fits import line_fit
+
+    x, y = np.array([0.0, 0.1, 0.2, 0.3]), np.array([0.01, 0.03, 0.02, 0.06])
+    ref = stats.linregress(x, y)
+    f = line_fit(x, y)
+    assert (f["n"], f["note"]) == (4, None)
+    for key, want in (("slope", ref.slope), ("intercept", ref.intercept), ("r2", ref.rvalue**2),
+                      ("p", ref.pvalue), ("slope_stderr", ref.stderr)):
+        assert f[key] == pytest.approx(want), key
+    assert math.isnan(line_fit([0.1], [0.2])["slope"])
+    assert math.isnan(line_fit([0.1, 0.1], [0.2, 0.3])["slope"])  # one distinct x
+
+
+def test_regularisers() -> None:
+    from blockcoupling.studies.vit.augment import crop_flip, mix_batch, random_erase, smooth_targets
+
+    y = torch.tensor([0, 2])
+    t = smooth_targets(y, 4, 0.1)
+    torch.testing.assert_close(t, torch.tensor([[0.925, 0.025, 0.025, 0.025],
+                                                [0.025, 0.025, 0.925, 0.025]]))
+    g = torch.Generator().manual_seed(0)
+    x = torch.arange(2 * 1 * 8 * 8, dtype=torch.float32).reshape(2, 1, 8, 8)
+    assert torch.equal(random_erase(x, g, 0.0), x)
+    erased = random_erase(x, g, 1.0)
+    assert (erased != x).any(dim=(1, 2, 3)).all() and (erased == x).any()  # a part, each image
+    # crop without flip: every output pixel is an input pixel or the zero padding
+    c = crop_flip(x, g, flip=False)
+    assert c.shape == x.shape and set(c.unique().tolist()) <= set(x.unique().tolist()) | {0.0}
+    # CutMix: the targets' weight of the pasted image is the pasted area
+    rng = np.random.default_rng(0)
+    ones = torch.stack([torch.zeros(1, 8, 8), torch.ones(1, 8, 8)])
+    mixed, targets = mix_batch(ones, torch.eye(2), mixup=0.0, cutmix=1.0, g=g, rng=rng)
+    for i in range(2):
+        pasted = float((mixed[i] != ones[i]).float().mean())
+        other = 1 - i
+        assert float(targets[i, other]) == pytest.approx(pasted) or pasted == 0.0
+        assert float(targets[i].sum()) == pytest.approx(1.0)
+    same = mix_batch(ones, torch.eye(2), mixup=0.0, cutmix=0.0, g=g, rng=rng)
+    assert same[0] is ones
+
+
+def test_regulariser_options_and_the_paper_recipe() -> None:
+    from blockcoupling.studies.vit.train import estimate_cost
+
+    c = VitTrainConfig(augment=True, label_smoothing=0.1, cutmix=1.0, random_erasing=0.25,
+                       lr_scaling="linear", batch_size=128)
+    assert c.augment == "crop-flip" and c.lr_scale == 0.25
+    assert VitTrainConfig(dataset="cifar10").augmentation == "crop-flip"
+    assert VitTrainConfig().augmentation == "none"
+    for bad, msg in [(dict(augment="randaugment"), "not RandAugment|RandAugment is not"),
+                     (dict(label_smoothing=1.0), "label-smoothing"),
+                     (dict(random_erasing=1.5), "random-erasing"), (dict(cutmix=-1), "cutmix"),
+                     (dict(lr_scaling="sqrt"), "lr scaling"), (dict(tokens="first"), "token")]:
+        with pytest.raises(BlockCouplingError, match=msg):
+            VitTrainConfig(**bad)
+    paper = VitTrainConfig.from_dict({"preset": "paper", "drop_path": 0.2})
+    assert (paper.dataset, paper.preset, paper.epochs, paper.warmup_epochs, paper.mixup_alpha,
+            paper.lr, paper.drop_path) == ("cifar10", "deit-tiny", 500, 30.0, 0.8, 5e-4, 0.2)
+    assert VitTrainConfig.from_options(preset="paper", epochs=None, dataset=None) == \
+        VitTrainConfig.from_dict({"preset": "paper"})
+    # the estimate: a measured step time scaled to the epochs (nothing trained, no data read)
+    tiny = VitTrainConfig(epochs=7, **{**TINY, "train_limit": 100, "batch_size": 32})
+    e = estimate_cost(tiny, steps=1)
+    assert e["steps_per_epoch"] == 4 and e["seconds_per_step"] > 0
+    assert e["seconds_total"] == pytest.approx(e["seconds_per_epoch"] * 7)
+    assert e["cpu_hours_training"] == pytest.approx(e["cpu_seconds_per_step"] * 4 * 7 / 3600)
+
+
+def test_cli_tokens_last_regularisers_and_estimate(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from blockcoupling.cli import app
+
+    runner = CliRunner()
+    args = ["vit-train", "--hidden-size", "16", "--depth", "2", "--heads", "2",
+            "--image-size", "8", "--train-limit", "64", "--test-limit", "16", "--batch-size",
+            "32", "--k", "2", "--monitor-images", "1", "--final-images", "2", "--epochs", "1"]
+    out = tmp_path / "last"
+    res = runner.invoke(app, [*args, "--out", str(out), "--tokens", "last", "--label-smoothing",
+                              "0.1", "--random-erasing", "0.5", "--cutmix", "1", "--mixup", "0.8",
+                              "--augment", "crop", "--lr-scaling", "linear"])
+    assert res.exit_code == 0, res.output
+    assert "last patch" in res.output
+    m = read_metrics(out)
+    assert m["config"]["tokens"] == "last" and m["model"]["tokens"] == "last patch"
+    assert m["final"]["coupling"] == m["final"]["coupling_last"]
+    assert set(bc.open_run(out / "coupling" / "epoch-0001").coupling["token_out_a"]) == {4}
+    assert m["regularisers"]["lr"] == pytest.approx(5e-4 * 32 / 512)
+    rep = m["reproducibility"]
+    assert rep["torch_threads"] == 1 and rep["seed"] == 0 and rep["torch"] == torch.__version__
+    # bad values: one line, exit 1, nothing written
+    for bad in (["--augment", "randaugment"], ["--label-smoothing", "2"], ["--tokens", "x"],
+                ["--lr-scaling", "sqrt"], ["--preset", "paper2"]):
+        res = runner.invoke(app, [*args, "--out", str(tmp_path / "bad"), *bad])
+        assert res.exit_code == 1 and res.output.strip().startswith("error:"), res.output
+        assert len(res.output.strip().splitlines()) == 1 and not (tmp_path / "bad").exists()
+    res = runner.invoke(app, [*args, "--out", str(tmp_path / "est"), "--estimate"])
+    assert res.exit_code == 0 and "estimated (not run)" in res.output, res.output
+    assert not (tmp_path / "est").exists()
+
+
+def test_cli_paper_preset_is_the_recipe_with_overrides(monkeypatch: pytest.MonkeyPatch,
+                                                       tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from blockcoupling.cli import app
+    from blockcoupling.studies.vit import train
+
+    seen: list[VitTrainConfig] = []
+
+    def fake(config: VitTrainConfig, **kw) -> dict:
+        seen.append(config)
+        return {"seconds_per_step": 1.0, "steps_per_epoch": 782, "eval_images_per_epoch": 1,
+                "seconds_per_epoch": 60.0, "epochs": config.epochs, "hours_total": 1.0,
+                "threads": 1, "measured_steps": 3, "not_counted": "-",
+                "cpu_seconds_per_step": 1.0, "cpu_hours_training": 1.0}
+
+    monkeypatch.setattr(train, "estimate_cost", fake)
+    runner = CliRunner()
+    out = str(tmp_path / "p")
+    assert runner.invoke(app, ["vit-train", "--preset", "paper", "--estimate", "--out", out]
+                         ).exit_code == 0
+    assert runner.invoke(app, ["vit-train", "--preset", "paper", "--estimate", "--out", out,
+                               "--epochs", "3", "--dataset", "digits"]).exit_code == 0
+    assert seen[0] == VitTrainConfig.from_dict({"preset": "paper"})
+    assert (seen[0].dataset, seen[0].epochs, seen[0].preset) == ("cifar10", 500, "deit-tiny")
+    assert (seen[1].dataset, seen[1].epochs, seen[1].warmup_epochs) == ("digits", 3, 30.0)
+    # without the preset the defaults are the small digits ones
+    assert runner.invoke(app, ["vit-train", "--estimate", "--out", out]).exit_code == 0
+    assert (seen[2].dataset, seen[2].epochs, seen[2].preset) == ("digits", 5, "tiny")

@@ -10,16 +10,19 @@ several match. The final norm is looked up by name beside the block list (or one
 registry (:data:`SUPPORTED_ARCHITECTURES` and ``_REGISTRY``) records the architectures that
 are tested, whether they are causal, and the exceptions (BERT-style encoders have no final
 norm). Any other ``nn.Module`` works when the caller names the block list with
-``blocks_path="dotted.path"``.
+``blocks_path="dotted.path"``. A TransformerLens ``HookedTransformer`` is found from its ``cfg``
+(``n_layers``, ``d_model``, ``attention_dir``, blocks at ``blocks``, final norm ``ln_final``).
+Wrappers (nnsight, TransformerBridge, PEFT) are unwrapped first (engine/wrappers.py).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, cast
 
 from torch import nn
 
+from blockcoupling.engine.wrappers import as_module
 from blockcoupling.errors import ArchitectureError
 
 __all__ = [
@@ -46,6 +49,10 @@ class BlockSpec:
     causal: bool  # decoder (causal attention) or encoder / ViT
     hidden_size: int
     num_layers: int
+    # where ``causal`` comes from: "config" (HF config), "attention_dir" (TransformerLens
+    # cfg), "option" (the caller), "mask" / "probe" (engine/causality.py), "unknown" (not
+    # yet known: a custom module before its first capture), "given" (built by hand)
+    causal_source: str = field(default="given", compare=False)
 
 
 @dataclass(frozen=True)
@@ -93,6 +100,7 @@ _FINAL_NORM_NAMES: tuple[str, ...] = (
     "final_norm",
     "norm_f",
     "ln_out",
+    "ln_final",
 )
 _ENCODER_TYPES: frozenset[str] = frozenset(
     {
@@ -222,7 +230,11 @@ def find_blocks(
     config when there is one, else from the keywords (hidden size 0 = read at capture time,
     causal False by default). ``final_norm_path`` overrides the final-norm search.
     """
+    model = as_module(model)
     config = getattr(model, "config", None)
+    tl_cfg = getattr(model, "cfg", None)
+    if config is None and getattr(tl_cfg, "attention_dir", None) is not None:
+        config = tl_cfg  # TransformerLens: n_layers, d_model, attention_dir
     model_type: str | None = getattr(config, "model_type", None) if config is not None else None
     info = _REGISTRY.get(model_type) if model_type else None
 
@@ -268,9 +280,16 @@ def find_blocks(
 
     if hidden_size is None:
         hidden_size = (_config_int(config, _HIDDEN_SIZE_ATTRS) if config is not None else None) or 0
-    if causal is None:
-        causal = _is_causal(config, model_type) if config is not None else False
-    arch = model_type if model_type else "custom"
+    if causal is not None:
+        source = "option"
+    elif config is not None and getattr(config, "attention_dir", None) is not None:
+        causal, source = str(config.attention_dir) == "causal", "attention_dir"
+    elif config is not None:
+        causal, source = _is_causal(config, model_type), "config"
+    else:  # found from the first capture: engine/causality.py
+        causal, source = False, "unknown"
+    arch = model_type if model_type else (
+        "transformer_lens" if config is tl_cfg and config is not None else "custom")
     return BlockSpec(
         arch=arch,
         blocks_path=blocks_path,
@@ -278,4 +297,5 @@ def find_blocks(
         causal=bool(causal),
         hidden_size=int(hidden_size),
         num_layers=len(blocks),
+        causal_source=source,
     )

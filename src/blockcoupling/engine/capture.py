@@ -53,6 +53,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from blockcoupling.engine import offload
 from blockcoupling.engine.blocks import BlockSpec, get_blocks, get_module
+from blockcoupling.engine.wrappers import forward_inputs
 from blockcoupling.errors import ArchitectureError, BlockCouplingError, NumericalError, ReplayError
 
 __all__ = [
@@ -311,7 +312,7 @@ def capture(
             norm = get_module(model, spec.final_norm_path)
             handles.append(norm.register_forward_hook(norm_hook))
         with torch.no_grad():
-            model(**call_inputs)
+            model(**forward_inputs(model, call_inputs))
     finally:
         for h in handles:
             h.remove()

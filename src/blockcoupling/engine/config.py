@@ -192,6 +192,13 @@ def parse_opt_str(name: str, value: Any) -> str | None:
     return str(value).strip()
 
 
+def parse_opt_bool(name: str, value: Any) -> bool | None:
+    """``None`` / ``"auto"`` (discovered from the model), else a boolean."""
+    if value is None or (isinstance(value, str) and value.strip().lower() in ("", "none", "auto")):
+        return None
+    return parse_bool(name, value)
+
+
 def parse_method(name: str, value: Any) -> str:
     return str(value).strip().replace("-", "_")
 
@@ -206,9 +213,10 @@ def parse_window(name: str, value: Any) -> tuple[int, int] | None:
 
 
 def _opt(default: Any, help: str, parse: Callable[[str, Any], Any], *, cli: str | None = None,
-         hashed: bool = True) -> Any:
+         hashed: bool | str = True) -> Any:
     """A config field: its default, help text, parser, CLI flag (None = not on the CLI) and
-    whether it enters :meth:`MeasureConfig.config_hash`."""
+    whether it enters :meth:`MeasureConfig.config_hash` (``"if_set"``: only when not None, so
+    that adding the field kept every earlier hash)."""
     meta = {"help": help, "parse": parse, "cli": cli, "hashed": hashed}
     return field(default=default, metadata=meta)
 
@@ -259,6 +267,12 @@ class MeasureConfig:
     seed: int = _opt(0, "Seed for prompt subsets and randomized SVDs.", parse_int, cli="seed")
     blocks_path: str | None = _opt(None, "Dotted path to the list of blocks (custom models).",
                                    parse_opt_str, cli="blocks")
+    causal: bool | None = _opt(
+        None, "Causal attention: true, false or auto (from the config, a TransformerLens cfg, "
+        "the attention mask, or a probe of J).", parse_opt_bool, cli="causal", hashed="if_set")
+    hidden_size: int | None = _opt(
+        None, "Hidden size d (default: from the config or the first block input).",
+        parse_opt_int, cli="hidden-size", hashed="if_set")
     svd_oversample: int = _opt(10, "Randomized SVD oversampling.", parse_int)
     svd_iters: int = _opt(4, "Randomized SVD power iterations.", parse_int)
     svd_tol: float | None = _opt(1e-3, "Residual above which auto falls back to dense.",
@@ -350,6 +364,8 @@ class MeasureConfig:
         if self.lss_window < 3 or self.lss_window % 2 == 0:
             bad(f"lss_window={self.lss_window}: the window is centred, so give an odd width >= 3 "
                 "(the paper uses 11)")
+        if self.hidden_size is not None and self.hidden_size < 1:
+            bad(f"hidden_size={self.hidden_size}: give the model's width d (a positive integer)")
         if self.save_jacobians and self.method == "matrix_free":
             bad("save_jacobians stores dense Jacobians, which method='matrix_free' never forms; "
                 "use method='dense' or 'auto'")
@@ -397,7 +413,9 @@ class MeasureConfig:
         """
         d = self.to_dict()
         payload = {"version": HASH_VERSION,
-                   **{f.name: d[f.name] for f in fields(self) if f.metadata.get("hashed", True)}}
+                   **{f.name: d[f.name] for f in fields(self)
+                      if f.metadata.get("hashed", True) is True
+                      or (f.metadata.get("hashed") == "if_set" and d[f.name] is not None)}}
         return canonical_hash(payload)
 
 
@@ -429,7 +447,7 @@ def render_default(name: str, value: Any) -> str:
     """A field's default as the CLI string that parses back to it (``10,30,50``, ``inf``)."""
     v = _jsonable(name, value)
     if v is None:
-        return "none"
+        return "auto" if name == "causal" else "none"
     if isinstance(v, list):
         return ",".join(str(x) for x in v) if v else "none"
     return str(v)

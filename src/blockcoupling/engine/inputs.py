@@ -133,7 +133,7 @@ def normalise_inputs(prompts: Any) -> list[MeasureInput]:
 
 
 def context_length(model: torch.nn.Module) -> int | None:
-    cfg = getattr(model, "config", None)
+    cfg = getattr(model, "config", None) or getattr(model, "cfg", None)  # HF, TransformerLens
     for name in ("max_position_embeddings", "n_positions", "n_ctx", "max_seq_len"):
         v = getattr(cfg, name, None)
         if isinstance(v, int) and v > 0:

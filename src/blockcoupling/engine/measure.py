@@ -42,14 +42,16 @@ from blockcoupling.engine import (
     tables,
 )
 from blockcoupling.engine import jacobian as jac
-from blockcoupling.engine.blocks import BlockSpec, find_blocks
+from blockcoupling.engine.blocks import BlockSpec
 from blockcoupling.engine.capture import Capture, capture, residual_branch
+from blockcoupling.engine.causality import model_spec, resolve_causal
 from blockcoupling.engine.config import MeasureConfig, parse_config
 from blockcoupling.engine.events import EventCallback, MeasureEvent, Phase, ignore
 from blockcoupling.engine.inputs import MeasureInput, make_batch, normalise_inputs
 from blockcoupling.engine.plan import prompt_work
 from blockcoupling.engine.results import Measurement, conform
 from blockcoupling.engine.state import preserved
+from blockcoupling.engine.wrappers import as_module, unwrap_model
 from blockcoupling.errors import NumericalError
 
 Key = pairs.Key
@@ -380,26 +382,32 @@ class _PromptRun:
 # ---------------------------------------------------------------------------- public API
 def iter_measure(model: torch.nn.Module, tokenizer: Any, prompts: Any, config: MeasureConfig,
                  *, skip: frozenset[str] | set[str] = frozenset(), progress: bool = True,
-                 on_event: EventCallback | None = None) -> Iterator[Measurement]:
+                 on_event: EventCallback | None = None,
+                 spec: BlockSpec | None = None) -> Iterator[Measurement]:
     """Yield one :class:`Measurement` part per prompt (for incremental, resumable stores).
 
     The model is measured in eval mode (dropout off); its training flags, attention
     implementation, ``requires_grad`` flags and every global RNG state are restored when the
     iterator is exhausted, closed or raises (:func:`blockcoupling.engine.state.preserved`).
+    ``model`` may be a wrapper (engine/wrappers.py); ``spec`` a spec already found by
+    :func:`blockcoupling.engine.causality.model_spec` (else found here, its causality from
+    the first capture where no config says it).
     """
+    model = as_module(model)
     with preserved(model):
         model.eval()
         yield from _iter_parts(model, tokenizer, prompts, config, skip=skip, progress=progress,
-                               on_event=on_event or ignore)
+                               on_event=on_event or ignore, spec=spec)
 
 
 def _iter_parts(model: torch.nn.Module, tokenizer: Any, prompts: Any, config: MeasureConfig,
                 *, skip: frozenset[str] | set[str], progress: bool,
-                on_event: EventCallback) -> Iterator[Measurement]:
+                on_event: EventCallback, spec: BlockSpec | None) -> Iterator[Measurement]:
     from blockcoupling.progress import bar as progress_bar
 
     cfg = config
-    spec = find_blocks(model, cfg.blocks_path)
+    if spec is None:
+        spec = model_spec(model, cfg)
     if spec.hidden_size:  # a custom model's hidden size is known only after the capture
         cfg.check_model(spec.num_layers, spec.hidden_size)
     if cfg.analysis_device is not None:
@@ -428,6 +436,9 @@ def _iter_parts(model: torch.nn.Module, tokenizer: Any, prompts: Any, config: Me
             cap = capture(model, inputs, spec, final_norm=cfg.final_norm,
                           boundary_dtype=torch.promote_types(cfg.dtype, torch.float32))
             on_event(MeasureEvent("capture", time.perf_counter() - t0, prompt_ids=tuple(ids)))
+            if cap.spec.causal_source == "unknown":  # a custom module: mask or probe of J
+                cap.spec = resolve_causal(model, cap)
+            spec = cap.spec  # width and causality known from here on
             cfg.check_model(cap.spec.num_layers, cap.spec.hidden_size)
             t0 = time.perf_counter()
             batch_tables = (tables.trajectory_tables(cap, ids, cfg.lss_window, hidden_dtype)
@@ -498,23 +509,31 @@ def _measure_one(model: torch.nn.Module, cap: Capture, b: int, item: MeasureInpu
     return part
 
 
-def build_meta(model: torch.nn.Module, cfg: MeasureConfig, **extra: Any) -> dict[str, Any]:
-    spec = find_blocks(model, cfg.blocks_path)
+def build_meta(model: torch.nn.Module, cfg: MeasureConfig, *, spec: BlockSpec | None = None,
+               **extra: Any) -> dict[str, Any]:
+    """The run's meta: model, architecture, causality (and where it came from), wrapper."""
+    unwrapped = unwrap_model(model)
+    model = unwrapped.module
+    if spec is None:
+        spec = model_spec(model, cfg)
     layers = cfg.selected_layers(spec.num_layers)
     lo, hi = cfg.figure_window or pairs.default_figure_window(layers)
-    name = getattr(getattr(model, "config", None), "_name_or_path", "") or type(model).__name__
+    name = (getattr(getattr(model, "config", None), "_name_or_path", "")
+            or getattr(getattr(model, "cfg", None), "model_name", "") or type(model).__name__)
     meta: dict[str, Any] = {
         "model": name,
         "arch": spec.arch,
         "num_layers": spec.num_layers,
         "hidden_size": spec.hidden_size,
         "causal": spec.causal,
+        "causal_source": spec.causal_source,
         "blocks_path": spec.blocks_path,
         "figure_window": [lo, hi],
         "device": str(_model_device(model)),
         "model_dtype": str(next(model.parameters()).dtype).removeprefix("torch."),
         **offload.describe(model, cfg.dtype),  # device_map, quantization (engine/offload.py)
     }
+    meta.update(unwrapped.meta)
     meta.update(extra)
     return meta
 
@@ -543,9 +562,11 @@ def measure(model: torch.nn.Module, tokenizer: Any = None, prompts: Any = (), *,
     given = {name: value for name, value in named.items() if value is not None}
     cfg = parse_config(config, **given, **options)
     t0 = time.perf_counter()
-    parts = list(iter_measure(model, tokenizer, prompts, cfg, progress=progress,
-                              on_event=on_event))
-    meta = build_meta(model, cfg, seconds=time.perf_counter() - t0,
+    items = normalise_inputs(prompts)
+    spec = model_spec(as_module(model), cfg, tokenizer, items)
+    parts = list(iter_measure(model, tokenizer, items, cfg, progress=progress,
+                              on_event=on_event, spec=spec))
+    meta = build_meta(model, cfg, spec=spec, seconds=time.perf_counter() - t0,
                       peak_memory=offload.peak_memory())
     return Measurement.concat(parts, config=cfg, meta=meta)
 

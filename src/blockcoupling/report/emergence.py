@@ -20,6 +20,7 @@ catalogue; ``blockcoupling report SWEEP_DIR --out x.html`` calls it on ``open_sw
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -48,6 +49,43 @@ class Collection(Protocol):
     def summary(self, *, k: int | None = None) -> pd.DataFrame: ...
 
     def open_unit(self, unit_id: str) -> Any: ...
+
+
+#: the training loss a monitor stores beside its units: JSON lines {"step": N, "loss": x}
+LOSS_FILE = "training_loss.jsonl"
+
+
+def read_training_loss(root: str | os.PathLike[str]) -> pd.DataFrame:
+    """``step``, ``loss`` from ``ROOT/training_loss.jsonl`` (the last value of each step;
+    empty when there is none)."""
+    path = Path(root) / LOSS_FILE
+    if not path.is_file():
+        return pd.DataFrame({"step": pd.Series(dtype="int64"), "loss": pd.Series(dtype="float64")})
+    rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()
+            if line.strip()]
+    df = pd.DataFrame(rows, columns=["step", "loss"])
+    return df.drop_duplicates("step", keep="last").sort_values("step").reset_index(drop=True)
+
+
+def plot_loss_vs_step(loss: pd.DataFrame, summ: pd.DataFrame) -> Figure:
+    """The training loss against the step, with the mean depth-wise coupling of the
+    measured steps on a second axis."""
+    if loss.empty:
+        raise F.FigureUnavailable("no training loss was stored (CouplingMonitor.step(loss=) "
+                                  "or the Trainer callback)")
+    fig, (ax,) = _figure(6.4, 3.6)
+    ax.plot(loss["step"].astype(float), loss["loss"], "-", color="0.3", label="training loss")
+    ax.set_ylabel("training loss")
+    _step_axis(ax, loss["step"])
+    stepped = summ[summ["step"].notna()] if len(summ) else summ
+    if len(stepped):
+        twin = ax.twinx()
+        for lab, g in stepped.sort_values("step").groupby("label", sort=False):
+            twin.plot(g["step"].astype(float), g["mean_depth_coupling"], "o-", label=str(lab))
+        twin.set_ylabel("mean depth-wise coupling")
+        twin.legend(fontsize="small", loc="upper right")
+    ax.grid(alpha=0.3)
+    return fig
 
 
 def _figure(width: float, height: float, ncols: int = 1) -> tuple[Figure, list[Any]]:
@@ -245,6 +283,11 @@ def write_emergence_report(sweep: Collection, out: str | os.PathLike[str],
          lambda: plot_trajectory_vs_step(summ),
          "Mean line-shape score (1 = straight trajectory) and median expodistance (0 = "
          "exact exponential growth of the norms) over prompts and tokens, against the step."),
+        ("loss_vs_step", "Training loss and coupling",
+         lambda: plot_loss_vs_step(read_training_loss(s.root), summ),
+         "Training loss as the training loop reported it (grey; stored by the coupling "
+         "monitor) against the step, with the mean depth-wise coupling of the measured steps "
+         "(as in the first figure) on the right axis."),
         ("layer_graphs", "Layer adjacency graphs at chosen checkpoints",
          lambda: plot_layer_graphs(s, ids, k=k),
          "Layers on a circle (layer 1 at the top, clockwise); edge width and opacity grow "
@@ -254,6 +297,8 @@ def write_emergence_report(sweep: Collection, out: str | os.PathLike[str],
          "L x L depth-wise coupling (rows: measured layer l, columns: basis layer l'), mean "
          "over prompts, one colour scale across panels."),
     ]
+    if read_training_loss(s.root).empty:  # a sweep of checkpoints: no training loop's loss
+        specs = [sp for sp in specs if sp[0] != "loss_vs_step"]
     sections = [Section("units", "Units", table_html(_units_frame(s, summ)))]
     skipped = []
     number = 0
@@ -282,5 +327,6 @@ def write_emergence_report(sweep: Collection, out: str | os.PathLike[str],
                       sections, lead=lead)
 
 
-__all__ = ["Collection", "chosen_checkpoints", "plot_coupling_vs_step", "plot_depth_heatmaps",
+__all__ = ["Collection", "LOSS_FILE", "chosen_checkpoints", "plot_coupling_vs_step",
+           "plot_depth_heatmaps", "plot_loss_vs_step", "read_training_loss",
            "plot_layer_graphs", "plot_trajectory_vs_step", "write_emergence_report"]

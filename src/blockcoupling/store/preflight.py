@@ -24,7 +24,7 @@ def preflight(model: torch.nn.Module, tokenizer: Any, prompts: Any, cfg: Measure
     """Raise :class:`BlockCouplingError` for anything that would stop the run part-way;
     return the :class:`~blockcoupling.engine.plan.MeasurePlan` of the checked prompts (text
     prompts by their token counts, ready-made inputs by their real positions)."""
-    spec = find_blocks(model, cfg.blocks_path)
+    spec = find_blocks(model, cfg.blocks_path, hidden_size=cfg.hidden_size, causal=cfg.causal)
     if spec.hidden_size:  # a custom model's hidden size is known only after its first capture
         cfg.check_model(spec.num_layers, spec.hidden_size)
     elif cfg.layers is not None and max(cfg.layers) > spec.num_layers:

@@ -8,12 +8,14 @@ from typing import Any
 
 import torch
 
+from blockcoupling.engine.causality import model_spec
 from blockcoupling.engine.config import MeasureConfig, parse_config
 from blockcoupling.engine.events import EventCallback
 from blockcoupling.engine.inputs import normalise_inputs
 from blockcoupling.engine.measure import build_meta, iter_measure
 from blockcoupling.engine.plan import MeasurePlan
 from blockcoupling.engine.results import Measurement, conform
+from blockcoupling.engine.wrappers import as_module
 from blockcoupling.errors import BlockCouplingError
 from blockcoupling.store.fingerprint import weights_hash
 from blockcoupling.store.preflight import preflight
@@ -37,9 +39,11 @@ def measure_to_dir(model: torch.nn.Module, tokenizer: Any, prompts: Any, out_dir
         raise BlockCouplingError("text prompts need a tokenizer; pass the model's tokenizer")
     prompts_df = conform("prompts", [dict(prompt_id=it.prompt_id, text=it.text, n_tokens=0,
                                           label=it.label) for it in items])
-    full_meta = build_meta(model, cfg, prompts_spec=prompts_spec, weights_hash=weights_hash(model))
-    full_meta.update(meta or {})
     plan = preflight(model, tokenizer, items, cfg)  # before any file
+    spec = model_spec(as_module(model), cfg, tokenizer, items)  # causality of custom modules
+    full_meta = build_meta(model, cfg, spec=spec, prompts_spec=prompts_spec,
+                           weights_hash=weights_hash(as_module(model)))
+    full_meta.update(meta or {})
     if cfg.save_bases or cfg.save_jacobians:
         lengths = list(plan.lengths) if items[0].is_text else None
         _check_bases_size(model, items, lengths, cfg, out_dir, progress)
@@ -47,7 +51,7 @@ def measure_to_dir(model: torch.nn.Module, tokenizer: Any, prompts: Any, out_dir
     with RunWriter(out_dir, config=cfg, meta=full_meta, prompts=prompts_df, resume=resume) as writer:
         done = writer.done_prompt_ids()
         for part in iter_measure(model, tokenizer, items, cfg, skip=done, progress=progress,
-                                 on_event=on_event):
+                                 on_event=on_event, spec=spec):
             writer.write_part(part)
         from blockcoupling.engine.offload import peak_memory
 

@@ -20,6 +20,7 @@ import pyarrow.parquet as pq
 
 from blockcoupling.engine.results import SCHEMAS, TABLES, Measurement, conform
 from blockcoupling.errors import BlockCouplingError, RunDirError
+from blockcoupling.store.schema import parquet_metadata, unit_columns, unit_identity
 
 _ARROW_TYPES: dict[str, pa.DataType] = {
     "string": pa.string(),
@@ -28,10 +29,17 @@ _ARROW_TYPES: dict[str, pa.DataType] = {
 }
 
 
-def table_bytes(name: str, df: pd.DataFrame) -> bytes:
+def table_bytes(name: str, df: pd.DataFrame, meta: Mapping[str, Any] | None = None) -> bytes:
     """Parquet bytes of one table: explicit Arrow types for the schema columns, inferred types
-    for extra columns, no pandas metadata."""
+    for extra columns, no pandas metadata; key-value metadata describing every column (and
+    the run's sweep unit, from ``meta``: store/schema.py)."""
     df = conform(name, df)
+    unit = unit_identity(meta) if meta and meta.get("unit_id") else {}  # sweep units only
+    cols = [c for c in unit_columns(name) if c in unit]
+    if cols:  # a sweep unit's identity as constant columns (replacing those of its parts)
+        df = df.assign(**{c: pd.Series([unit[c]] * len(df), index=df.index,
+                                       dtype="int64" if c == "step" else "string")
+                          for c in cols})
     arrays: list[pa.Array] = []
     names: list[str] = []
     for col in df.columns:
@@ -45,7 +53,8 @@ def table_bytes(name: str, df: pd.DataFrame) -> bytes:
             ) from err
         arrays.append(arr)
         names.append(str(col))
-    table = pa.Table.from_arrays(arrays, names=names)
+    table = pa.Table.from_arrays(arrays, names=names).replace_schema_metadata(
+        parquet_metadata(name, meta))
     sink = io.BytesIO()
     pq.write_table(table, sink)
     return sink.getvalue()

@@ -37,6 +37,7 @@ from blockcoupling.store.fileio import (
     LOCK,
     TMP_PREFIX,
     DirLock,
+    atomic_write_bytes,
     commit_temp,
     disk_errors,
     fsync_dir,
@@ -69,6 +70,7 @@ from blockcoupling.store.manifest import (
     write_manifest,
 )
 from blockcoupling.store.reader import read_measurement
+from blockcoupling.store.schema import SCHEMA_FILE, schema_markdown
 from blockcoupling.store.tables import arrays_bytes, part_prompt_ids, table_bytes
 
 
@@ -218,7 +220,9 @@ class RunWriter:
                 f"prompt(s) {', '.join(again[:5])} are already written to {self.root}; skip "
                 "the prompts in done_prompt_ids()"
             )
-        payload = {f"{name}.parquet": table_bytes(name, part.table(name)) for name in TABLES}
+        run_meta = self.manifest.get("meta")
+        payload = {f"{name}.parquet": table_bytes(name, part.table(name), run_meta)
+                   for name in TABLES}
         payload[ARRAYS] = arrays_bytes(part.arrays)
         basis = stored.bases_bytes(part.basis_store, ids)
         if basis is not None:
@@ -252,7 +256,9 @@ class RunWriter:
         with disk_errors(self.root):
             contents = scan(self.root, manifest)
             meas = read_measurement(self.root, manifest, contents)
-            payload = {f"{name}.parquet": table_bytes(name, meas.table(name)) for name in TABLES}
+            run_meta = manifest.get("meta")
+            payload = {f"{name}.parquet": table_bytes(name, meas.table(name), run_meta)
+                       for name in TABLES}
             payload[ARRAYS] = arrays_bytes(meas.arrays)
             temps = {name: write_temp(self.root / name, data) for name, data in payload.items()}
             merged = list((manifest.get("consolidated") or {}).get("parts", []))
@@ -276,6 +282,8 @@ class RunWriter:
             write_manifest(self.root, manifest)  # commit point: parts are now merged
             for name, tmp in temps.items():
                 commit_temp(tmp, self.root / name)
+            atomic_write_bytes(self.root / SCHEMA_FILE,
+                               schema_markdown(manifest.get("meta")).encode())  # derived
             for part in contents.parts:
                 shutil.rmtree(part.path, ignore_errors=True)
             if (self.root / PARTS).is_dir() and not any((self.root / PARTS).iterdir()):

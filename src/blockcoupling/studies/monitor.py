@@ -10,18 +10,37 @@ into the parameters, and the monitor puts back every module's train/eval flag, t
 CUDA, Python, NumPy) before returning, so a run with the monitor gives bit-identical losses
 and weights to one without it. A measured step costs what :func:`blockcoupling.measure` costs
 on those prompts; restrict ``layers=`` and ``k=`` (and use few prompts) to keep it cheap.
+
+Each measured step also gives scalars for experiment trackers (:func:`coupling_scalars`):
+``coupling/<statistic>_k<K>`` (``coupling_vs_null``: chance-corrected; ``coupling``: raw)
+and ``..._se`` (std over prompts / sqrt(n)). ``CouplingMonitor(log=fn)`` calls
+``fn(scalars, step)``; :class:`CouplingCallback` writes them into the Trainer's logs, so
+``report_to`` (TensorBoard, W&B, MLflow, ...) and ``trainer.state.log_history`` carry them;
+``studies/monitor_lightning.py`` logs them with ``pl_module.log_dict``. The training loss
+(``step(..., loss=)``; the callback takes it from the Trainer's logs) is stored beside the
+coupling in ``OUT/training_loss.jsonl`` and drawn on the emergence page.
+
+Lifecycle: a monitor holds ``OUT/.lock`` until :meth:`CouplingMonitor.close` (the callback
+closes it at the end of training; an ``atexit`` hook closes the ones still open); a monitor
+created again on the same ``out`` in the same process (a notebook cell run twice) takes the
+lock over from the earlier one.
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import json
+import math
 import os
+import sys
 import time
-from collections.abc import Iterable, Sequence
+import weakref
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
 import torch
 from transformers import TrainerCallback
 
@@ -49,6 +68,38 @@ def _prompt_items(prompts: Any, limit: int | None, seed: int) -> tuple[list[Any]
     return items, f"prompts:{digest}"
 
 
+def coupling_scalars(coupling: pd.DataFrame) -> dict[str, float]:
+    """One scalar per headline statistic and measured K of a ``coupling`` table, by the
+    library's rule (engine/statistic.py: depth-wise, each prompt's last token, l != l', mean
+    over prompts): ``coupling/<variant>_k<K>`` and ``..._se`` (sample std over prompts /
+    sqrt(n); left out for one prompt), for ``coupling_vs_null`` (chance-corrected) and raw
+    ``coupling``, where measured."""
+    from blockcoupling.engine.statistic import HEADLINE_VARIANTS, statistic_table
+
+    depth = coupling[(coupling["kind"] == "depth") & (coupling["orientation"] == "ujv")]
+    out: dict[str, float] = {}
+    for variant in HEADLINE_VARIANTS:
+        ks = sorted(int(k) for k in depth.loc[depth["variant"] == variant, "k"].unique())
+        if not ks or depth["layer_a"].nunique() < 2:
+            continue
+        for row in statistic_table(coupling, variants=(variant,), k=ks, n_boot=0).itertuples():
+            name = f"coupling/{variant}_k{int(row.k)}"
+            out[name] = float(row.mean)
+            if math.isfinite(row.se):
+                out[f"{name}_se"] = float(row.se)
+    return out
+
+
+#: the open monitors of this process by their resolved ``out`` (same-process take-over)
+_OPEN: weakref.WeakValueDictionary[str, CouplingMonitor] = weakref.WeakValueDictionary()
+
+
+@atexit.register
+def _close_open_monitors() -> None:
+    for mon in list(_OPEN.values()):
+        mon.close()
+
+
 def _readable(root: Path) -> bool:
     try:
         store.load_manifest(root)
@@ -70,14 +121,17 @@ class CouplingMonitor:
     config (other prompts or options are other units); a step measured on other weights (a
     new training into an earlier one's ``out``) is refused unless ``overwrite=True``, and a
     step whose files are damaged is measured again. Two monitors on one ``out`` at once
-    are refused. ``on_error="warn"`` turns a
-    failed measurement into a warning and a ``failed`` unit instead of an exception.
+    are refused (a monitor created again on the same ``out`` in this process takes over
+    from the earlier one). ``on_error="warn"`` turns a failed measurement into a warning and
+    a ``failed`` unit instead of an exception. ``log=fn`` is called as ``fn(scalars, step)``
+    after each measured step (:func:`coupling_scalars`; for trackers in plain loops).
     """
 
     def __init__(self, tokenizer: Any, prompts: Any, *, every: int | None = 500,
                  steps: Iterable[int] = (), out: str | os.PathLike[str] = "runs/monitor",
                  label: str = "monitor", config: MeasureConfig | None = None,
                  limit: int | None = None, on_error: str = "raise", overwrite: bool = False,
+                 log: Callable[[dict[str, float], int], Any] | None = None,
                  **options: Any) -> None:
         from blockcoupling.validate import whole
 
@@ -101,14 +155,30 @@ class CouplingMonitor:
         self.label = str(label)
         self.on_error = on_error
         self.root = Path(out)
+        self.log = log
+        self.last_scalars: dict[str, float] = {}
         self._hash = config_hash(self.config)
-        self._lock = contextlib.ExitStack()
-        self._lock.enter_context(store.sweep_lock(self.root))
+        self._lock: contextlib.ExitStack | None = None
+        self.open()
         try:
             self._init_manifest()
         except BaseException:
             self.close()
             raise
+
+    def open(self) -> None:
+        """Take the directory's lock (again, after :meth:`close`); an open monitor of this
+        process on the same ``out`` is closed first."""
+        if self._lock is not None:
+            return
+        key = str(self.root.resolve())
+        earlier = _OPEN.get(key)
+        if earlier is not None and earlier is not self:
+            earlier.close()
+        stack = contextlib.ExitStack()
+        stack.enter_context(store.sweep_lock(self.root))
+        self._lock = stack
+        _OPEN[key] = self
 
     def _init_manifest(self) -> None:
         spec = {"monitor": {"label": self.label, "every": self.every,
@@ -148,13 +218,27 @@ class CouplingMonitor:
                     prompt_set=self.prompt_set, limit=None, config=self.config.to_dict(),
                     config_hash=self._hash, inputs=dict(self._inputs))
 
-    def step(self, model: torch.nn.Module, step: int, *, force: bool = False) -> Any:
+    def record_loss(self, step: int, loss: float) -> None:
+        """Store the training loss at ``step`` beside the coupling (``OUT/training_loss.jsonl``)."""
+        from blockcoupling.report.emergence import LOSS_FILE  # its reader (matplotlib: lazy)
+
+        line = json.dumps({"step": int(step), "loss": float(loss)}) + "\n"
+        with open(self.root / LOSS_FILE, "a", encoding="utf-8") as fh:
+            fh.write(line)
+
+    def step(self, model: torch.nn.Module, step: int, *, force: bool = False,
+             loss: float | None = None) -> Any:
         """Measure ``model`` if ``step`` is due (or ``force``); returns the Measurement, or
-        None when the step is not measured (not due, or already measured)."""
+        None when the step is not measured (not due, or already measured). ``loss``: the
+        training loss at ``step``, stored beside the coupling. The step's scalars are in
+        :attr:`last_scalars` and go to ``log``."""
         from blockcoupling.store.record import measure_to_dir
 
         if self._lock is None:
             raise BlockCouplingError("this monitor is closed; create a new CouplingMonitor")
+        self.last_scalars = {}
+        if loss is not None:
+            self.record_loss(step, loss)
         if not (force or self.should_measure(step)):
             return None
         u = self.unit(step)
@@ -191,6 +275,9 @@ class CouplingMonitor:
                            seconds=time.perf_counter() - t0,
                            weights_hash=m.meta.get("weights_hash"), n_prompts=len(m.prompts))
         store.write_catalogue(self.root)
+        self.last_scalars = coupling_scalars(m.coupling)
+        if self.log is not None and self.last_scalars:
+            self.log(dict(self.last_scalars), int(step))
         return m
 
     def _keep(self, model: torch.nn.Module, step: int, rec: dict[str, Any]) -> bool:
@@ -218,9 +305,12 @@ class CouplingMonitor:
 
     def close(self) -> None:
         """Release the directory (another monitor may then write to it)."""
-        if self._lock is not None:
-            self._lock.close()
-            self._lock = None  # type: ignore[assignment]
+        lock, self._lock = self._lock, None
+        if lock is not None:
+            lock.close()
+            with contextlib.suppress(KeyError):
+                if _OPEN.get(str(self.root.resolve())) is self:
+                    del _OPEN[str(self.root.resolve())]
 
     def __enter__(self) -> CouplingMonitor:
         return self
@@ -229,15 +319,36 @@ class CouplingMonitor:
         self.close()
 
     def __del__(self) -> None:
+        if sys is None or sys.is_finalizing():  # the atexit hook has closed it already
+            return
         with contextlib.suppress(Exception):
             self.close()
+
+
+def _callback_handler(callback: Any) -> Any:
+    """The Trainer's CallbackHandler that is calling ``callback`` (found on the call stack:
+    the Trainer gives callbacks no reference to it), or None."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        owner = frame.f_locals.get("self")
+        if callback in (getattr(owner, "callbacks", None) or ()) and hasattr(owner, "call_event"):
+            return owner
+        frame = frame.f_back  # type: ignore[assignment]
+    return None
 
 
 class CouplingCallback(TrainerCallback):
     """A ``transformers.Trainer`` callback: ``CouplingMonitor.step(model, global_step)`` at
     the end of every optimizer step (on the main process), and at step 0 before training
     when ``at_start`` (the initialisation, as Pythia's step0). Arguments as
-    :class:`CouplingMonitor`."""
+    :class:`CouplingMonitor`.
+
+    A measured step is also a logging step: its :func:`coupling_scalars` go into the
+    Trainer's logs (``trainer.state.log_history`` and every ``report_to`` integration; the
+    callback moves itself first among the Trainer's callbacks so that they see them). The
+    step-0 scalars, measured before the first log, go to ``log_history`` only. The Trainer's
+    ``loss`` is stored beside the coupling. The monitor is closed at the end of training
+    (and opened again if training resumes)."""
 
     def __init__(self, tokenizer: Any, prompts: Any, *, every: int | None = 500,
                  steps: Sequence[int] = (), out: str | os.PathLike[str] = "runs/monitor",
@@ -245,16 +356,42 @@ class CouplingCallback(TrainerCallback):
         self.at_start = at_start
         self.monitor = CouplingMonitor(tokenizer, prompts, every=every, steps=steps, out=out,
                                        **kwargs)
+        self._pending: dict[str, float] = {}
+
+    def on_init_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        handler = _callback_handler(self)
+        if handler is not None and handler.callbacks[0] is not self:
+            handler.callbacks.remove(self)
+            handler.callbacks.insert(0, self)  # before report_to's callbacks read the logs
 
     def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None,
                        **kwargs: Any) -> None:
+        self.monitor.open()
         if self.at_start and model is not None and state.is_world_process_zero:
-            self.monitor.step(model, state.global_step, force=True)
+            if self.monitor.step(model, state.global_step, force=True) is not None:
+                state.log_history.append({**self.monitor.last_scalars,
+                                          "step": state.global_step})
 
     def on_step_end(self, args: Any, state: Any, control: Any, model: Any = None,
                     **kwargs: Any) -> None:
         if model is not None and state.is_world_process_zero:
-            self.monitor.step(model, state.global_step)
+            if self.monitor.step(model, state.global_step) is not None:
+                self._pending = dict(self.monitor.last_scalars)
+                control.should_log = True
+
+    def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None,
+               **kwargs: Any) -> None:
+        if logs is None or not state.is_world_process_zero:
+            return
+        if isinstance(logs.get("loss"), (int, float)):
+            self.monitor.record_loss(state.global_step, float(logs["loss"]))
+        if self._pending:
+            logs.update(self._pending)  # seen by the callbacks after this one (report_to)
+            last = state.log_history[-1] if state.log_history else None
+            if last is not None and last.get("step") == state.global_step:
+                last.update(self._pending)  # the Trainer appended a copy before on_log
+            self._pending = {}
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         store.write_catalogue(self.monitor.root)
+        self.monitor.close()

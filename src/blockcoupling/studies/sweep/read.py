@@ -31,6 +31,19 @@ from blockcoupling.studies.sweep import store
 UNIT_COLUMNS = ("unit_id", "label", "model", "revision", "step", "prompt_set")
 
 
+def unit_columns_in(files: list[str], table: str) -> list[str]:
+    """The unit columns (store/schema.py UNIT_KEYS) the files of ``table`` carry themselves:
+    the catalogue's are the ones a sweep's tables show."""
+    import pyarrow.parquet as pq
+
+    from blockcoupling.store.schema import unit_columns
+
+    names: set[str] = set()
+    for f in files:
+        names.update(pq.read_schema(f).names)
+    return [c for c in unit_columns(table) if c in names]
+
+
 def _duckdb() -> Any:
     try:
         import duckdb
@@ -122,9 +135,10 @@ class Sweep:
                                      "_unit": [Path(f).parent.name for f in files]})
             con.register(f"_files_{name}", file_map)
             flist = ", ".join(_sql_str(f) for f in files)
+            drop = ", ".join(["filename", "file_row_number", *unit_columns_in(files, name)])
             con.execute(
                 f"CREATE VIEW {name} AS SELECT u.unit_id, u.label, u.model, u.revision, "
-                f"u.step, u.prompt_set, t.* EXCLUDE (filename, file_row_number), "
+                f"u.step, u.prompt_set, t.* EXCLUDE ({drop}), "
                 f"u._unit_order, t.file_row_number AS _row FROM read_parquet([{flist}], "
                 f"filename=true, file_row_number=true, union_by_name=true) t "
                 f"JOIN _files_{name} f "

@@ -33,6 +33,7 @@ from blockcoupling.store.fileio import atomic_write_text
 from blockcoupling.studies.vit.train import (
     COUPLING_METRICS,
     METRICS_FILE,
+    TOKEN_METRICS,
     VitTrainConfig,
     is_trained,
     read_metrics,
@@ -302,8 +303,10 @@ def _run_dirs(root: Path) -> list[Path]:
 def collect_runs(root: str | Path) -> pd.DataFrame:
     """One row per ``vit-train`` output under ``root``: its grid point, status, final
     accuracies and losses, final coupling (``COUPLING_METRICS``: raw ``coupling`` with its se
-    and chance level, ``coupling_vs_null`` with its se, on ``final_images`` test images) and
-    the last monitored coupling (``coupling_monitor``)."""
+    and chance level, ``coupling_vs_null`` with its se, on ``final_images`` test images, at
+    the run's ``tokens``), the same at [CLS] and at the last patch (``TOKEN_METRICS``, e.g.
+    ``coupling_vs_null_cls``, ``coupling_vs_null_last``) and the last monitored coupling
+    (``coupling_monitor``)."""
     rows = []
     for d in _run_dirs(Path(root)):
         m = read_metrics(d)
@@ -318,16 +321,17 @@ def collect_runs(root: str | Path) -> pd.DataFrame:
             "dataset": cfg["dataset"], "drop_path": cfg["drop_path"],
             "weight_decay": cfg["weight_decay"], "seed": cfg["seed"],
             "epochs": int(last.get("epoch", 0)), "k": cfg["k"],
+            "tokens": cfg.get("tokens", "cls"),
             "train_accuracy": last.get("train_accuracy", math.nan),
             "test_accuracy": last.get("test_accuracy", math.nan),
             "train_loss": last.get("train_loss", math.nan),
             "test_loss": last.get("test_loss", math.nan),
-            **{c: final.get(c, math.nan) for c in COUPLING_METRICS},
+            **{c: final.get(c, math.nan) for c in (*COUPLING_METRICS, *TOKEN_METRICS)},
             "coupling_monitor": monitored[-1] if monitored else math.nan,
         })
     cols = ["name", "path", "status", "dataset", "drop_path", "weight_decay", "seed", "epochs",
-            "k", "train_accuracy", "test_accuracy", "train_loss", "test_loss",
-            *COUPLING_METRICS, "coupling_monitor"]
+            "k", "tokens", "train_accuracy", "test_accuracy", "train_loss", "test_loss",
+            *COUPLING_METRICS, *TOKEN_METRICS, "coupling_monitor"]
     return pd.DataFrame(rows, columns=cols)
 
 

@@ -11,6 +11,10 @@ and :func:`~blockcoupling.studies.vit.grid.collect_epochs` (one row per run and 
    rate, with the least-squares line, R^2 and p-value (scipy.stats.linregress) [fig. 6 right].
 3. :func:`plot_coupling_epochs` - coupling and test accuracy across epochs, one line per run
    coloured by drop-path rate (epoch 0 = initialisation) [figs. 11, 12].
+4. :func:`plot_conditional_fits` - the paper's conditional fits (``studies.vit.fits``):
+   coupling against drop-path rate at each fixed weight decay, and against log10 weight decay
+   at each fixed drop-path rate, points with the statistic's se as error bars, the fitted
+   lines, slope, R^2 and p in the legend.
 """
 
 from __future__ import annotations
@@ -134,18 +138,64 @@ def plot_coupling_epochs(epochs: pd.DataFrame) -> Figure:
     return fig
 
 
+def _fit_label(prefix: str, f: dict[str, Any]) -> str:
+    if math.isnan(f["r2"]):
+        return f"{prefix}: slope {f['slope']:.3g} (n = {f['n']}, no test)"
+    return f"{prefix}: slope {f['slope']:.3g}, R$^2$ {f['r2']:.2f}, p {f['p']:.2g} (n = {f['n']})"
+
+
+def plot_conditional_fits(fits: dict[str, Any]) -> Figure:
+    """Two panels from a ``conditional_fits`` dict: coupling vs drop-path rate per weight
+    decay, and coupling vs log10 weight decay per drop-path rate (points +- se, fit lines)."""
+    if not fits.get("n_runs"):
+        raise FigureUnavailable("no finished ViT runs with a coupling value")
+    fig = _new_figure(9.0, 3.6)
+    axes = fig.subplots(1, 2)
+    panels = (("by_weight_decay", "weight_decay", "wd", "drop-path rate"),
+              ("by_drop_path", "drop_path", "dp", "log10 weight decay"))
+    for ax, (key, fixed, short, xlabel) in zip(axes, panels, strict=True):
+        groups = fits[key]
+        for i, f in enumerate(groups):
+            colour = colormaps[_CMAP](i / max(len(groups) - 1, 1))
+            pts = f["points"]
+            xs = np.array([q["x"] for q in pts])
+            ax.errorbar(xs, [q["y"] for q in pts], yerr=[q["se"] for q in pts], fmt="o",
+                        color=colour, capsize=3, ms=4)
+            if not math.isnan(f["slope"]):
+                grid = np.linspace(xs.min(), xs.max(), 20)
+                ax.plot(grid, f["intercept"] + f["slope"] * grid, "-", color=colour, lw=1,
+                        label=_fit_label(f"{short} {f[fixed]:g}", f))
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(fits["column"])
+        ax.grid(alpha=0.3)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=6)
+    return fig
+
+
 FIGURES = {
     "vit_coupling_vs_drop_path": lambda runs, epochs: plot_coupling_vs_drop_path(runs),
     "vit_coupling_vs_accuracy": lambda runs, epochs: plot_coupling_vs_accuracy(runs),
     "vit_coupling_epochs": lambda runs, epochs: plot_coupling_epochs(epochs),
 }
+FITS_FILE = "fits.json"
+
+
+def _figures(runs: pd.DataFrame, epochs: pd.DataFrame, fits: dict[str, Any]
+             ) -> list[tuple[str, Any]]:
+    """(name, figure maker) of every ViT figure, the conditional fits' last."""
+    return [*((n, lambda make=make: make(runs, epochs)) for n, make in FIGURES.items()),
+            ("vit_conditional_fits", lambda: plot_conditional_fits(fits))]
 
 
 def write_vit_figures(root: str | Path, out: str | Path, *,
                       formats: tuple[str, ...] = ("png",)) -> list[Path]:
     """Every ViT figure for the ``vit-train`` outputs under ``root`` into ``out``, plus
-    ``vit_runs.csv`` and ``vit_epochs.csv`` (the tables they are drawn from). A figure whose
+    ``vit_runs.csv`` and ``vit_epochs.csv`` (the tables they are drawn from) and
+    ``fits.json`` (the pooled and conditional fits; NaN written as null). A figure whose
     data is missing is skipped. Returns the paths written."""
+    from blockcoupling.studies.correlate import write_json
+    from blockcoupling.studies.vit.fits import conditional_fits
     from blockcoupling.studies.vit.grid import collect_epochs, collect_runs
 
     runs = collect_runs(root)
@@ -158,9 +208,12 @@ def write_vit_figures(root: str | Path, out: str | Path, *,
     runs.to_csv(outp / "vit_runs.csv", index=False)
     epochs.to_csv(outp / "vit_epochs.csv", index=False)
     written += [outp / "vit_runs.csv", outp / "vit_epochs.csv"]
-    for name, make in FIGURES.items():
+    fits = conditional_fits(runs)
+    write_json(outp / FITS_FILE, fits)
+    written.append(outp / FITS_FILE)
+    for name, make in _figures(runs, epochs, fits):
         try:
-            fig = make(runs, epochs)
+            fig = make()
         except FigureUnavailable:
             continue
         written += save_figure(fig, outp / name, formats)
@@ -177,6 +230,11 @@ _CAPTIONS = {
     "vit_coupling_epochs": ("Coupling across epochs",
                             "Coupling on the fixed monitor images at every measured epoch "
                             "(epoch 0 = initialisation), one line per run."),
+    "vit_conditional_fits": ("Conditional fits",
+                             "coupling_vs_null against the drop-path rate at each fixed weight "
+                             "decay (left) and against log10 weight decay at each fixed "
+                             "drop-path rate (right): one point per run with the statistic's "
+                             "se, OLS lines; the table above gives slope, R^2 and p."),
 }
 
 
@@ -186,6 +244,7 @@ def write_vit_report(root: str | Path, out: str | Path, *,
     the runs table and every ViT figure whose data exists (figure files beside it in
     ``<out stem>_figures/``). Returns the HTML path."""
     from blockcoupling.report.html import Section, figure_html, table_html, write_page
+    from blockcoupling.studies.vit.fits import conditional_fits, fits_table
     from blockcoupling.studies.vit.grid import collect_epochs, collect_runs
 
     out = Path(out)
@@ -195,10 +254,13 @@ def write_vit_report(root: str | Path, out: str | Path, *,
     if runs.empty:
         raise FigureUnavailable(f"no vit-train outputs (metrics.json) under {root}")
     fig_dir = out.parent / f"{out.stem}_figures"
-    sections = [Section("runs", "Training runs", table_html(runs, index=False))]
-    for i, (name, make) in enumerate(FIGURES.items(), start=1):
+    fits = conditional_fits(runs)
+    sections = [Section("runs", "Training runs", table_html(runs, index=False)),
+                Section("fits", "Pooled and conditional fits",
+                        table_html(fits_table(fits), index=False))]
+    for i, (name, make) in enumerate(_figures(runs, epochs, fits), start=1):
         try:
-            fig = make(runs, epochs)
+            fig = make()
         except FigureUnavailable:
             continue
         title, caption = _CAPTIONS[name]
@@ -209,6 +271,6 @@ def write_vit_report(root: str | Path, out: str | Path, *,
     return write_page(out, "ViT stochastic-depth study", sections, lead=lead)
 
 
-__all__ = ["FIGURES", "coupling_accuracy_fit", "plot_coupling_epochs",
+__all__ = ["FIGURES", "FITS_FILE", "coupling_accuracy_fit", "plot_conditional_fits", "plot_coupling_epochs",
            "plot_coupling_vs_accuracy", "plot_coupling_vs_drop_path", "write_vit_figures",
            "write_vit_report"]

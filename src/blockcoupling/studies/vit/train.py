@@ -40,12 +40,21 @@ from torch import Tensor
 from blockcoupling.errors import BlockCouplingError
 from blockcoupling.hashing import canonical_hash
 from blockcoupling.store.fileio import atomic_path, atomic_write_text
+from blockcoupling.studies.vit.augment import (
+    AUGMENTS,
+    crop_flip,
+    mix_batch,
+    random_erase,
+    smooth_targets,
+)
 from blockcoupling.studies.vit.data import DATASETS, ImageData, load_image_data
 from blockcoupling.studies.vit.model import build_vit, resolve_shape
 
 METRICS_FILE = "metrics.json"
 FORMAT = "blockcoupling-vit-train"
 CLS_TOKEN = 0  # BEiT puts [CLS] at position 0
+TOKENS = ("cls", "last", "all")  # the headline token choices (``tokens``)
+LR_SCALINGS = ("none", "linear")
 
 
 @dataclass(frozen=True)
@@ -66,7 +75,12 @@ class VitTrainConfig:
     batch_size: int = 64
     warmup_epochs: float = 1.0  # the paper: 30 of 500
     mixup: float | None = None  # Beta(alpha, alpha); None: 0.8 for CIFAR-10, 0 for digits
-    augment: bool | None = None  # random crop (pad 4) + flip; None: on for CIFAR-10 only
+    augment: str | bool | None = None  # augment.AUGMENTS; None: crop-flip on CIFAR-10, else none
+    cutmix: float = 0.0  # CutMix Beta alpha (0 = off; DeiT: 1.0)
+    label_smoothing: float = 0.0  # DeiT: 0.1
+    random_erasing: float = 0.0  # probability per image (DeiT: 0.25)
+    lr_scaling: str = "none"  # "linear": lr and min_lr times batch_size / 512 (DeiT's rule)
+    tokens: str = "cls"  # the headline token of the coupling: cls, last (released code), all
     seed: int = 0
     data_dir: str | None = None  # CIFAR-10 image folder (DIR/train/<class>/*, DIR/test/...)
     train_limit: int | None = None  # subsample the splits (seeded), e.g. for quick runs
@@ -97,6 +111,8 @@ class VitTrainConfig:
             "lr": (number, {"above": 0}), "min_lr": (number, {"minimum": 0}),
             "batch_size": (whole, {"minimum": 1}), "warmup_epochs": (number, {"minimum": 0}),
             "mixup": (number, {"minimum": 0}), "seed": (whole, {"minimum": 0}),
+            "cutmix": (number, {"minimum": 0}), "label_smoothing": (number, {"minimum": 0, "below": 1}),
+            "random_erasing": (number, {"minimum": 0, "maximum": 1}),
             "train_limit": (whole, {"minimum": 1}), "test_limit": (whole, {"minimum": 1}),
             "eval_train_limit": (whole, {"minimum": 1}),
             "monitor_images": (whole, {"minimum": 1}), "monitor_every": (whole, {"minimum": 0}),
@@ -109,8 +125,15 @@ class VitTrainConfig:
                 raise BlockCouplingError(f"training option {err}") from err
             if check is whole:  # 5.0 epochs -> 5 (numbers keep their form: the run's key)
                 object.__setattr__(self, name, value)
-        if self.augment is not None and not isinstance(self.augment, bool):
-            bad(f"augment must be true, false or unset, not {self.augment!r}")
+        if isinstance(self.augment, bool):  # the older on/off form
+            object.__setattr__(self, "augment", "crop-flip" if self.augment else "none")
+        if self.augment is not None and self.augment not in AUGMENTS:
+            bad(f"unknown augmentation {self.augment!r}; choose {', '.join(AUGMENTS)} (tensor "
+                "crops and flips; RandAugment is not available)")
+        if self.lr_scaling not in LR_SCALINGS:
+            bad(f"unknown lr scaling {self.lr_scaling!r}; choose {' or '.join(LR_SCALINGS)}")
+        if self.tokens not in TOKENS:
+            bad(f"unknown token choice {self.tokens!r}; choose {', '.join(TOKENS)}")
         if self.data_dir is not None and not isinstance(self.data_dir, (str, Path)):
             bad(f"data-dir must be a folder path, not {self.data_dir!r}")
         if self.min_lr > self.lr:
@@ -123,21 +146,38 @@ class VitTrainConfig:
         return self.mixup if self.mixup is not None else (0.8 if self.dataset == "cifar10" else 0.0)
 
     @property
-    def use_augment(self) -> bool:
-        return self.augment if self.augment is not None else self.dataset == "cifar10"
+    def augmentation(self) -> str:
+        """The augmentation in effect (``augment``, or crop-flip on CIFAR-10, none on digits)."""
+        if self.augment is not None:
+            return str(self.augment)
+        return "crop-flip" if self.dataset == "cifar10" else "none"
+
+    @property
+    def lr_scale(self) -> float:
+        """The factor of the learning rates: batch_size / 512 under the linear rule, else 1."""
+        return self.batch_size / 512 if self.lr_scaling == "linear" else 1.0
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> VitTrainConfig:
+        """A config from options; ``preset: paper`` starts from :data:`RECIPES` ``["paper"]``
+        (the given options override it)."""
         known = {f.name for f in fields(cls)}
         unknown = set(data) - known
         if unknown:
             raise BlockCouplingError(
                 f"unknown training option(s) {sorted(unknown)}; known: {sorted(known)}"
             )
-        return cls(**data)
+        recipe = RECIPES.get(str(data.get("preset")), {})
+        return cls(**{**recipe, **{k: v for k, v in data.items() if k != "preset"
+                                   or not recipe}})
+
+    @classmethod
+    def from_options(cls, **options: Any) -> VitTrainConfig:
+        """:meth:`from_dict` of the options that are not None (a CLI's unset options)."""
+        return cls.from_dict({k: v for k, v in options.items() if v is not None})
 
     def replace(self, **changes: Any) -> VitTrainConfig:
         return replace(self, **changes)
@@ -146,6 +186,16 @@ class VitTrainConfig:
         """A short hash of the config (names a run in a grid; checks resumes)."""
         return canonical_hash(self.to_dict(), digits=12, compact=False, strict=False,
                               default=str)
+
+
+#: named training recipes (``preset``); ``paper``: the paper's DeiT-Tiny on CIFAR-10 (500
+#: epochs, 30 warm-up, AdamW 5e-4 with a cosine decay, mixup 0.8, crops and flips). Its cost
+#: is estimated (``estimate_cost``), not run, on a CPU.
+RECIPES: dict[str, dict[str, Any]] = {
+    "paper": {"dataset": "cifar10", "preset": "deit-tiny", "epochs": 500, "warmup_epochs": 30.0,
+              "lr": 5e-4, "min_lr": 1e-5, "mixup": 0.8, "augment": "crop-flip",
+              "monitor_every": 10},
+}
 
 
 # ---------------------------------------------------------------------------- schedule
@@ -173,23 +223,28 @@ def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict[str, 
 
 
 # ---------------------------------------------------------------------------- batches
-def _augment(x: Tensor, g: torch.Generator) -> Tensor:
-    """Random crop with 4 pixels of zero padding, and a horizontal flip with probability 1/2."""
-    n, _, h, w = x.shape
-    padded = F.pad(x, (4, 4, 4, 4))
-    dy = torch.randint(0, 9, (n,), generator=g)
-    dx = torch.randint(0, 9, (n,), generator=g)
-    rows = (dy[:, None] + torch.arange(h)[None, :])  # (n, h)
-    cols = (dx[:, None] + torch.arange(w)[None, :])  # (n, w)
-    idx = torch.arange(n)[:, None, None]
-    out = padded.permute(0, 2, 3, 1)[idx, rows[:, :, None], cols[:, None, :]].permute(0, 3, 1, 2)
-    flip = torch.rand(n, generator=g) < 0.5
-    out[flip] = out[flip].flip(-1)
-    return out.contiguous()
-
-
 def _soft_cross_entropy(logits: Tensor, targets: Tensor) -> Tensor:
     return -(targets * F.log_softmax(logits, dim=-1)).sum(dim=-1).mean()
+
+
+def regularise(config: VitTrainConfig, x: Tensor, y: Tensor, classes: int, g: torch.Generator,
+               rng: np.random.Generator) -> tuple[Tensor, Tensor]:
+    """A training batch ``x`` (n, C, H, W), ``y`` (n,) -> (images, soft targets (n, classes))
+    after the config's regularisers, in DeiT's order: augmentation, Mixup/CutMix of the
+    (smoothed) targets, random erasing."""
+    if config.augmentation != "none":
+        x = crop_flip(x, g, flip=config.augmentation == "crop-flip")
+    targets = smooth_targets(y, classes, config.label_smoothing)
+    x, targets = mix_batch(x, targets, mixup=config.mixup_alpha, cutmix=config.cutmix, g=g,
+                           rng=rng)
+    return random_erase(x, g, config.random_erasing), targets
+
+
+def train_loss(model: torch.nn.Module, config: VitTrainConfig, x: Tensor, y: Tensor,
+               classes: int, g: torch.Generator, rng: np.random.Generator) -> Tensor:
+    """The training objective of one batch: soft cross-entropy after :func:`regularise`."""
+    x, targets = regularise(config, x, y, classes, g, rng)
+    return _soft_cross_entropy(model(pixel_values=x).logits, targets)
 
 
 @torch.no_grad()
@@ -208,19 +263,29 @@ def evaluate(model: torch.nn.Module, x: Tensor, y: Tensor, batch_size: int = 256
 
 
 # ---------------------------------------------------------------------------- coupling
+def measured_tokens(tokens: str, *, both: bool = False) -> str | tuple[int, ...]:
+    """The ``MeasureConfig.tokens`` that measures the headline ``tokens`` (cls, last, all),
+    and with ``both`` [CLS] and the last patch as well (positions 0 and -1, one measurement)."""
+    if tokens == "all":
+        return "all"
+    if both:
+        return (CLS_TOKEN, -1)
+    return tokens
+
+
 def record_images(model: torch.nn.Module, pixel_values: Tensor, run_dir: Path, k: int, *,
                   labels: list[str] | None = None, progress: bool = False,
-                  resume: bool = False) -> Any:
-    """Depth-wise coupling at [CLS] of each image into the run directory ``run_dir``
-    (``measure_to_dir``; the images' ids derive from their content, their ``label`` is their
-    class). Returns the :class:`~blockcoupling.Measurement`."""
+                  resume: bool = False, tokens: str | tuple[int, ...] = "cls") -> Any:
+    """Depth-wise coupling at ``tokens`` (a ``MeasureConfig.tokens``) of each image into the
+    run directory ``run_dir`` (``measure_to_dir``; the images' ids derive from their content,
+    their ``label`` is their class). Returns the :class:`~blockcoupling.Measurement`."""
     from dataclasses import replace as _replace
 
     from blockcoupling.engine.config import MeasureConfig
     from blockcoupling.engine.inputs import split_tensor_inputs
     from blockcoupling.store.record import measure_to_dir
 
-    cfg = MeasureConfig(coupling=("depth",), k=(k,), tokens="cls")
+    cfg = MeasureConfig.parse(coupling=("depth",), k=(k,), tokens=tokens)
     items = split_tensor_inputs({"pixel_values": pixel_values})
     if labels is not None:
         items = [_replace(it, label=lab) for it, lab in zip(items, labels, strict=True)]
@@ -234,14 +299,38 @@ def record_images(model: torch.nn.Module, pixel_values: Tensor, run_dir: Path, k
 COUPLING_METRICS: tuple[str, ...] = ("coupling", "coupling_se", "coupling_chance",
                                      "coupling_vs_null", "coupling_vs_null_se")
 NO_COUPLING: dict[str, float] = dict.fromkeys(COUPLING_METRICS, float("nan"))
+#: the same at [CLS] and at the last patch (the final measurement measures both)
+TOKEN_METRICS: tuple[str, ...] = tuple(f"{c}_{t}" for t in ("cls", "last")
+                                       for c in COUPLING_METRICS)
+
+
+def token_statistic(m: Any, k: int, token: str) -> dict[str, float]:
+    """``COUPLING_METRICS`` of the measurement ``m`` at ``token``: ``cls`` (the rows of
+    position 0), ``last`` (each image's last measured position) or ``all`` (every measured
+    position, averaged within each image), by ``engine.statistic``'s one rule."""
+    from blockcoupling.engine.statistic import statistic_table
+
+    rows = m.coupling
+    if token == "cls":
+        rows = rows[rows["token_out_a"] == CLS_TOKEN]
+        if rows.empty:
+            raise BlockCouplingError("this measurement has no [CLS] (position 0) rows")
+    t = statistic_table(rows, k=k, tokens="all" if token == "all" else "last",
+                        d_model=m.d_model, n_boot=0, where="vit").set_index("variant")
+    return {"coupling": float(t.loc["coupling", "mean"]),
+            "coupling_se": float(t.loc["coupling", "se"]),
+            "coupling_chance": float(t.loc["coupling", "chance"]),
+            "coupling_vs_null": float(t.loc["coupling_vs_null", "mean"]),
+            "coupling_vs_null_se": float(t.loc["coupling_vs_null", "se"])}
 
 
 def measure_images(model: torch.nn.Module, pixel_values: Tensor, run_dir: Path, k: int,
-                   *, labels: list[str] | None = None, progress: bool = False
-                   ) -> dict[str, float]:
+                   *, labels: list[str] | None = None, progress: bool = False,
+                   tokens: str = "cls", both: bool = False) -> dict[str, float]:
     """:func:`record_images` (resumed, or the finished run already in ``run_dir``) in eval
     mode with the training RNG untouched; returns the headline statistic over the images
-    (depth-wise at [CLS], K = ``k``, p = 1, ujv, pairs l != l') as ``COUPLING_METRICS``."""
+    (depth-wise at ``tokens``, K = ``k``, p = 1, ujv, pairs l != l') as ``COUPLING_METRICS``;
+    with ``both``, one measurement of [CLS] and the last patch gives ``TOKEN_METRICS`` too."""
     from blockcoupling.engine.state import preserved
     from blockcoupling.store.reader import is_run_dir, open_run, run_progress
 
@@ -251,13 +340,13 @@ def measure_images(model: torch.nn.Module, pixel_values: Tensor, run_dir: Path, 
             m = open_run(run_dir)
         else:
             m = record_images(model, pixel_values, run_dir, k, labels=labels,
-                              progress=progress, resume=is_run_dir(run_dir))
-    t = m.coupling_statistic(k=k, n_boot=0).set_index("variant")
-    return {"coupling": float(t.loc["coupling", "mean"]),
-            "coupling_se": float(t.loc["coupling", "se"]),
-            "coupling_chance": float(t.loc["coupling", "chance"]),
-            "coupling_vs_null": float(t.loc["coupling_vs_null", "mean"]),
-            "coupling_vs_null_se": float(t.loc["coupling_vs_null", "se"])}
+                              progress=progress, resume=is_run_dir(run_dir),
+                              tokens=measured_tokens(tokens, both=both))
+    out = token_statistic(m, k, tokens)
+    if both:
+        for t in ("cls", "last"):
+            out.update({f"{c}_{t}": v for c, v in token_statistic(m, k, t).items()})
+    return out
 
 
 # ---------------------------------------------------------------------------- I/O
@@ -401,7 +490,7 @@ def _train(config: VitTrainConfig, out: Path, *, progress: bool, on_epoch: Epoch
         t0 = time.perf_counter()
         c0 = time.process_time()
         c = measure_images(model, mon_x, out / "coupling" / f"epoch-{epoch:04d}", config.k,
-                           labels=mon_labels)
+                           labels=mon_labels, tokens=config.tokens)
         return {**c, "seconds_measure": time.perf_counter() - t0,
                 "cpu_seconds_measure": time.process_time() - c0}
 
@@ -428,18 +517,11 @@ def _train(config: VitTrainConfig, out: Path, *, progress: bool, on_epoch: Epoch
         for i in range(steps_per_epoch):
             step = (epoch - 1) * steps_per_epoch + i
             for group in optimizer.param_groups:
-                group["lr"] = lr_at(step, total_steps, warmup_steps, config.lr, config.min_lr)
+                group["lr"] = lr_at(step, total_steps, warmup_steps,
+                                    config.lr * config.lr_scale, config.min_lr * config.lr_scale)
             idx = perm[i * config.batch_size:(i + 1) * config.batch_size]
             x, y = data.train_x[idx], data.train_y[idx]
-            if config.use_augment:
-                x = _augment(x, g)
-            targets = F.one_hot(y, len(data.classes)).float()
-            if config.mixup_alpha > 0:
-                lam = float(rng.beta(config.mixup_alpha, config.mixup_alpha))
-                mix = torch.randperm(len(y), generator=g)
-                x = lam * x + (1 - lam) * x[mix]
-                targets = lam * targets + (1 - lam) * targets[mix]
-            loss = _soft_cross_entropy(model(pixel_values=x).logits, targets)
+            loss = train_loss(model, config, x, y, len(data.classes), g, rng)
             if not torch.isfinite(loss):
                 raise BlockCouplingError(
                     f"the training loss became {float(loss)} at epoch {epoch}, step {i}; "
@@ -472,7 +554,8 @@ def _train(config: VitTrainConfig, out: Path, *, progress: bool, on_epoch: Epoch
     t0 = time.perf_counter()
     final = measure_images(model, data.test_x[: config.final_images], out / "coupling" / "final",
                            config.k, labels=[data.classes[int(y)]
-                                             for y in data.test_y[: config.final_images]])
+                                             for y in data.test_y[: config.final_images]],
+                           tokens=config.tokens, both=True)
     final_seconds = time.perf_counter() - t0
     metrics = _metrics_doc(config, data, shape, history, "complete", data_seconds)
     metrics["data"]["content"] = data_content
@@ -484,6 +567,74 @@ def _train(config: VitTrainConfig, out: Path, *, progress: bool, on_epoch: Epoch
     _write_json(out / METRICS_FILE, metrics)
     ckpt_path.unlink(missing_ok=True)
     return out
+
+
+#: the full splits' sizes (train, test), for estimates without the data
+SPLIT_SIZES: dict[str, tuple[int, int]] = {"digits": (1437, 360), "cifar10": (50000, 10000)}
+
+
+def estimate_cost(config: VitTrainConfig, *, steps: int = 3, threads: int | None = None
+                  ) -> dict[str, Any]:
+    """The cost of training ``config`` here, from a short measured run: ``steps`` timed
+    training steps (after one untimed) of its model, batch size and regularisers on random
+    images of its data set's shape, and one timed eval batch; scaled to the full epochs
+    (split sizes from :data:`SPLIT_SIZES`, or the limits). The coupling measurements are not
+    counted. Nothing is written; the data set need not be present."""
+    from blockcoupling.studies.vit.data import DEFAULT_IMAGE_SIZE
+
+    if steps < 1:
+        raise BlockCouplingError("steps must be at least 1")
+    n_train, n_test = SPLIT_SIZES[config.dataset]
+    n_train = min(n_train, config.train_limit or n_train)
+    n_test = min(n_test, config.test_limit or n_test)
+    n_eval = n_test + min(n_train, config.eval_train_limit or n_train)
+    size = config.image_size or DEFAULT_IMAGE_SIZE[config.dataset]
+    channels = 1 if config.dataset == "digits" else 3
+    shape = resolve_shape(config.preset, hidden_size=config.hidden_size, depth=config.depth,
+                          heads=config.heads)
+    old_threads = torch.get_num_threads()
+    if threads is not None:
+        torch.set_num_threads(max(1, int(threads)))
+    try:
+        with torch.random.fork_rng(devices=[]):
+            model = build_vit(shape, image_size=size, num_channels=channels, num_labels=10,
+                              drop_path=config.drop_path, seed=config.seed)
+            optimizer = torch.optim.AdamW(param_groups(model, config.weight_decay),
+                                          lr=config.lr * config.lr_scale)
+            g = torch.Generator().manual_seed(config.seed)
+            rng = np.random.default_rng(config.seed)
+            batch = min(config.batch_size, n_train)
+            x = torch.randn(batch, channels, size, size, generator=g)
+            y = torch.randint(0, 10, (batch,), generator=g)
+            model.train()
+            times, cpu_times = [], []
+            for _ in range(steps + 1):
+                t0, c0 = time.perf_counter(), time.process_time()
+                loss = train_loss(model, config, x, y, 10, g, rng)
+                optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                optimizer.step()
+                times.append(time.perf_counter() - t0)
+                cpu_times.append(time.process_time() - c0)
+            eval_x = torch.randn(min(256, n_eval), channels, size, size, generator=g)
+            t0 = time.perf_counter()
+            evaluate(model, eval_x, torch.zeros(len(eval_x), dtype=torch.long))
+            eval_per_image = (time.perf_counter() - t0) / len(eval_x)
+    finally:
+        torch.set_num_threads(old_threads)
+    step_s = float(np.mean(times[1:]))
+    steps_per_epoch = math.ceil(n_train / config.batch_size)
+    epoch_s = step_s * steps_per_epoch + eval_per_image * n_eval
+    cpu_step_s = float(np.mean(cpu_times[1:]))
+    return {"config": config.to_dict(), "threads": torch.get_num_threads() if threads is None
+            else int(threads), "measured_steps": steps, "seconds_per_step": step_s,
+            "steps_per_epoch": steps_per_epoch, "eval_images_per_epoch": n_eval,
+            "seconds_per_epoch": epoch_s, "epochs": config.epochs,
+            "seconds_total": epoch_s * config.epochs,
+            "hours_total": epoch_s * config.epochs / 3600,
+            "cpu_seconds_per_step": cpu_step_s,
+            "cpu_hours_training": cpu_step_s * steps_per_epoch * config.epochs / 3600,
+            "not_counted": "coupling measurements (monitor_every, final), data loading"}
 
 
 def _progress(it: range, enabled: bool, desc: str) -> Any:
@@ -501,13 +652,36 @@ def _metrics_doc(config: VitTrainConfig, data: ImageData, shape: Any, history: l
         "status": status,
         "config": config.to_dict(),
         "config_key": config.key(),
-        "model": {**asdict(shape), "arch": "beit (DeiT-style)", "tokens": "cls (position 0)",
+        "model": {**asdict(shape), "arch": "beit (DeiT-style)",
+                  "tokens": {"cls": "cls (position 0)", "last": "last patch",
+                             "all": "all positions"}[config.tokens],
                   "image_size": data.image_size, "num_channels": data.num_channels},
         "data": {"name": data.name, "train": len(data.train_y), "test": len(data.test_y),
                  "classes": list(data.classes), "seconds_load": data_seconds},
+        "regularisers": {"augment": config.augmentation, "mixup": config.mixup_alpha,
+                         "cutmix": config.cutmix, "label_smoothing": config.label_smoothing,
+                         "random_erasing": config.random_erasing,
+                         "lr": config.lr * config.lr_scale,
+                         "min_lr": config.min_lr * config.lr_scale},
         "threads": torch.get_num_threads(),
+        "reproducibility": reproducibility(config),
         "epochs": history,
     }
+
+
+def reproducibility(config: VitTrainConfig) -> dict[str, Any]:
+    """What a bit-identical rerun needs: the seeds, torch's thread count (the float sums of
+    a training step depend on it: the same config at another thread count gives slightly
+    different weights) and the library versions."""
+    import platform
+
+    import transformers
+
+    return {"seed": config.seed, "epoch_seed": "seed * 100003 + epoch (torch and numpy)",
+            "init_seed": config.seed, "torch_threads": torch.get_num_threads(),
+            "torch": torch.__version__, "transformers": transformers.__version__,
+            "numpy": np.__version__, "python": platform.python_version(),
+            "note": "bit-reproducible only at the same torch thread count and versions"}
 
 
 def _save_checkpoint(path: Path, config: VitTrainConfig, model: torch.nn.Module,
@@ -523,5 +697,7 @@ def _save_model(model: Any, folder: Path) -> None:
         model.save_pretrained(tmp)
 
 
-__all__ = ["COUPLING_METRICS", "VitTrainConfig", "evaluate", "is_trained", "lr_at", "measure_images", "param_groups",
-           "read_metrics", "record_images", "train_vit"]
+__all__ = ["COUPLING_METRICS", "RECIPES", "TOKENS", "TOKEN_METRICS", "VitTrainConfig",
+           "estimate_cost", "evaluate", "is_trained", "lr_at", "measure_images",
+           "measured_tokens", "param_groups", "read_metrics", "record_images", "regularise",
+           "reproducibility", "token_statistic", "train_loss", "train_vit"]

@@ -1,0 +1,190 @@
+"""Model wrappers accepted as they are: the nn.Module that is measured, and how it is called.
+
+Researchers hold their models in wrappers: nnsight's ``LanguageModel`` (an ``Envoy``, not an
+``nn.Module``; the HuggingFace model is its ``_module``), TransformerLens 4's
+``TransformerBridge`` (the HuggingFace model is its ``original_model``), PEFT's ``PeftModel``
+(``get_base_model()``: the model with its adapter layers in place). :func:`unwrap_model` is
+the one place that knows them: every entry point of the engine (``find_blocks``,
+``measure``, ``iter_measure``, ``build_meta``, ``measure_to_dir``) measures the module it
+returns, and ``build_meta`` records :attr:`Unwrapped.meta` (what was unwrapped and how).
+
+PEFT adapters are measured **as loaded**: active adapters stay active and unmerged (merging
+would change the user's model); ``meta["adapters"]`` says so. A model whose adapters were
+merged (``merge_and_unload()``) is a plain model.
+
+TransformerLens's ``HookedTransformer`` is itself an ``nn.Module``: its blocks, width and
+causality come from its ``cfg`` (engine/blocks.py) and its input name (``input``) from
+:func:`forward_inputs`. TransformerLens's default weight processing (``fold_ln``,
+``center_writing_weights``) changes the residual stream the blocks see, so coupling differs
+from the original model's: :func:`unwrap_model` warns where it finds it applied and records
+it in ``meta["weights_processed"]``.
+
+:func:`forward_inputs` passes ready-made inputs under the forward's own argument names (a
+module whose ``forward(tokens)`` or ``forward(input)`` takes the token ids gets them there).
+"""
+
+from __future__ import annotations
+
+import inspect
+import warnings
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from blockcoupling.errors import ArchitectureError
+
+__all__ = ["Unwrapped", "as_module", "forward_inputs", "tl_processing", "unwrap_model"]
+
+
+@dataclass(frozen=True)
+class Unwrapped:
+    """The module to measure and what was done to reach it (``meta`` goes into run meta)."""
+
+    module: nn.Module
+    meta: dict[str, Any] = field(default_factory=dict)
+
+
+def _is_peft(model: Any) -> bool:
+    return callable(getattr(model, "get_base_model", None)) and hasattr(model, "peft_config")
+
+
+def _peft_meta(model: Any) -> dict[str, Any]:
+    names = getattr(model, "active_adapters", None)
+    if callable(names):  # older PEFT: a method
+        names = names()
+    active = [str(n) for n in (names or [])]
+    layers = [m for m in model.modules() if hasattr(m, "merged") and hasattr(m, "disable_adapters")]
+    merged = any(bool(m.merged) for m in layers)
+    disabled = bool(layers) and all(bool(m.disable_adapters) for m in layers)
+    state = "merged into the weights" if merged else (
+        "disabled (base weights only)" if disabled else "active, not merged")
+    return {"wrapper": "peft", "adapters": f"measured as loaded: {state}",
+            "adapter_names": active}
+
+
+def _unwrap(model: Any) -> tuple[nn.Module, dict[str, Any]]:
+    """The module inside ``model`` and what was unwrapped (no weight checks)."""
+    meta: dict[str, Any] = {}
+    for _ in range(4):  # wrappers of wrappers (a PEFT model inside nnsight, ...)
+        if _is_peft(model):
+            meta = {**_peft_meta(model), **meta}
+            model = model.get_base_model()
+            continue
+        if not isinstance(model, nn.Module) and isinstance(getattr(model, "_module", None),
+                                                           nn.Module):
+            meta.setdefault("wrapper", "nnsight")
+            model = model._module  # nnsight 0.4+: Envoy._module is the wrapped torch module
+            continue
+        inner = getattr(model, "original_model", None)
+        if isinstance(inner, nn.Module) and inner is not model:
+            meta.setdefault("wrapper", "transformer_bridge")
+            model = inner  # TransformerLens 4: the HuggingFace model the bridge hooks into
+            continue
+        break
+    if not isinstance(model, nn.Module):
+        raise ArchitectureError(
+            f"{type(model).__name__} is not a torch nn.Module nor a wrapper blockcoupling knows "
+            "(nnsight LanguageModel, TransformerLens HookedTransformer / TransformerBridge, "
+            "PEFT); pass the torch module itself.")
+    return model, meta
+
+
+def unwrap_model(model: Any) -> Unwrapped:
+    """The ``nn.Module`` to measure inside ``model`` (``model`` itself if it is one already),
+    with what was unwrapped and, for a TransformerLens model, the weight processing found
+    (warned about). Raises :class:`ArchitectureError` for an object that is no module and no
+    known wrapper."""
+    module, meta = _unwrap(model)
+    processed = tl_processing(module)
+    if processed:
+        meta["weights_processed"] = processed
+        warnings.warn(
+            "TransformerLens weight processing (" + ", ".join(processed) + ") changes the "
+            "residual stream the blocks see, so coupling differs from the original model's; "
+            "load with HookedTransformer.from_pretrained_no_processing(...) to measure the "
+            "original weights.", stacklevel=3)
+    return Unwrapped(module, meta)
+
+
+def as_module(model: Any) -> nn.Module:
+    """The ``nn.Module`` to measure inside ``model`` (cheap: for repeated look-ups)."""
+    return _unwrap(model)[0]
+
+
+def tl_processing(model: nn.Module) -> list[str]:
+    """TransformerLens weight processing visible in a ``HookedTransformer``: ``fold_ln``
+    (``cfg.normalization_type`` LNPre / RMSPre) and ``center_writing_weights`` (every
+    residual write, W_E and each W_O / W_out, has zero mean over d_model)."""
+    cfg = getattr(model, "cfg", None)
+    if cfg is None or getattr(cfg, "attention_dir", None) is None:
+        return []
+    out = []
+    if str(getattr(cfg, "normalization_type", "")) in ("LNPre", "RMSPre"):
+        out.append("fold_ln")
+    writes: list[Tensor] = []
+    embed = getattr(getattr(model, "embed", None), "W_E", None)
+    if isinstance(embed, Tensor):
+        writes.append(embed)
+    for block in getattr(model, "blocks", []) or []:
+        for owner, name in ((getattr(block, "attn", None), "W_O"),
+                            (getattr(block, "mlp", None), "W_out")):
+            w = getattr(owner, name, None)
+            if isinstance(w, Tensor):
+                writes.append(w)
+    if writes:
+        with torch.no_grad():
+            centred = all(float(w.float().mean(-1).abs().max()) <= 1e-6 * (
+                1.0 + float(w.float().abs().max())) for w in writes)
+        if centred:
+            out.append("center_writing_weights")
+    return out
+
+
+def _signature(module: nn.Module) -> inspect.Signature | None:
+    try:
+        return inspect.signature(module.forward)
+    except (TypeError, ValueError):
+        return None
+
+
+def forward_inputs(module: nn.Module, inputs: Mapping[str, Any]) -> dict[str, Any]:
+    """``inputs`` under the names ``module.forward`` takes.
+
+    A forward with ``**kwargs`` or taking every name gets them unchanged. Otherwise the main
+    input (``input_ids``, else ``pixel_values``, else the only tensor) is passed under the
+    forward's first parameter that no input names (``input`` for TransformerLens, ``x``,
+    ``tokens``, ...); an ``attention_mask`` or ``token_type_ids`` the forward does not take is
+    dropped when it changes nothing (all ones / all zeros), else an error says what to do.
+    """
+    sig = _signature(module)
+    if sig is None or any(p.kind is p.VAR_KEYWORD for p in sig.parameters.values()):
+        return dict(inputs)
+    params = [p for p in sig.parameters.values()
+              if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    names = {p.name for p in params}
+    if set(inputs) <= names:
+        return dict(inputs)
+    out = {k: v for k, v in inputs.items() if k in names}
+    main = next((k for k in ("input_ids", "pixel_values") if k in inputs), None)
+    if main is None and len(inputs) == 1:
+        main = next(iter(inputs))
+    free = [p.name for p in params if p.name not in inputs]
+    if main is not None and main not in names:
+        if not free:
+            raise ArchitectureError(
+                f"{type(module).__name__}.forward takes no argument for the input "
+                f"{main!r}; pass inputs under one of its parameters ({', '.join(sorted(names))}).")
+        out[free[0]] = inputs[main]
+    for name, value in inputs.items():
+        if name in names or name == main:
+            continue
+        neutral = 1 if name == "attention_mask" else 0
+        if isinstance(value, Tensor) and bool((value == neutral).all()):
+            continue  # nothing is lost: no padding / a single segment
+        raise ArchitectureError(
+            f"{type(module).__name__}.forward takes no {name!r}, and the inputs need it "
+            "(padded prompts of different lengths); use batch_size=1 or prompts of one length.")
+    return out
