@@ -74,7 +74,7 @@ def test_measure_show_report(model_dir: Path, prompts_file: Path, tmp_path: Path
     pd.testing.assert_series_equal(api.coupling["value"], m.coupling["value"], check_names=False)
 
     r = run("show", str(out))
-    assert r.exit_code == 0 and "mean depth-wise coupling (K=2" in r.output
+    assert r.exit_code == 0 and "depth-wise coupling, K=2, 5 prompts: above chance" in r.output
     html = tmp_path / "report.html"
     r = run("--quiet", "report", str(out), "--out", str(html))
     assert r.exit_code == 0, r.output

@@ -155,13 +155,13 @@ def test_partial_correlation_matches_residual_correlation_and_t_test() -> None:
 
 
 def test_analyse_skips_constant_predictors_and_rejects_bad_tables() -> None:
-    t = pd.DataFrame({"coupling": [0.1, 0.2, 0.3, 0.5], "score": [10, 12, 13, 20],
+    t = pd.DataFrame({"coupling_mean": [0.1, 0.2, 0.3, 0.5], "score": [10, 12, 13, 20],
                       "layers": [4, 4, 4, 4], "params_b": [1, 2, np.nan, 4]})
     t["log_params"] = np.log10(t["params_b"] * 1e9)
     out = C.analyse(t, n_boot=50)
     assert "skipped" in out["predictors"]["layers"]
     assert out["predictors"]["params_b"]["n"] == 3
-    assert out["predictors"]["coupling"]["n"] == 4
+    assert out["predictors"]["coupling_mean"]["n"] == 4
     with pytest.raises(bc.BlockCouplingError, match="all scores are equal"):
         C.analyse(t.assign(score=7.0), n_boot=0)
     with pytest.raises(bc.BlockCouplingError, match="at least 3 models"):
@@ -174,17 +174,19 @@ def test_statistic_equals_direct_computation_from_the_run_tables(runs: list[Path
         m = bc.open_run(run)
         for variant, p, orient, k in (("coupling", 1.0, "ujv", 2), ("coupling", 2.0, "vju", 3),
                                       ("coupling_vs_null", 1.0, "ujv", 3)):
-            got, n = C.mean_offdiag_coupling(m.coupling, k=k, variant=variant, p=p,
-                                             orientation=orient)
-            assert n == 2
-            assert got == pytest.approx(direct_statistic(m.coupling, k=k, variant=variant, p=p,
-                                                         orientation=orient), abs=1e-12)
+            t = bc.coupling_statistic(m, variant=variant, k=k, p=p, orientation=orient)
+            assert t["n_prompts"].item() == 2
+            assert t["mean"].item() == pytest.approx(
+                direct_statistic(m.coupling, k=k, variant=variant, p=p, orientation=orient),
+                abs=1e-12)
     # K = round(d / 10): d = 24 -> 2
     units = C.load_units(runs)
     table = C.model_table(units, C.CouplingStatistic())
     assert (table["k"] == 2).all()
     m0 = bc.open_run(runs[0])
-    assert table.loc[0, "coupling"] == pytest.approx(direct_statistic(m0.coupling, k=2))
+    assert table.loc[0, "coupling_mean"] == pytest.approx(direct_statistic(m0.coupling, k=2))
+    assert table.loc[0, "coupling_vs_null_mean"] == pytest.approx(
+        direct_statistic(m0.coupling, k=2, variant="coupling_vs_null"))
 
 
 def test_statistic_on_a_real_tiny_model_matches_mean_depth_coupling(tmp_path: Path) -> None:
@@ -199,7 +201,8 @@ def test_statistic_on_a_real_tiny_model_matches_mean_depth_coupling(tmp_path: Pa
     m = bc.open_run(run)
     got = C.model_table(C.load_units([run]), C.CouplingStatistic()).loc[0]
     assert got["k"] == 2
-    assert got["coupling"] == pytest.approx(m.mean_depth_coupling(2)["mean_offdiag"].mean())
+    assert got["coupling_mean"] == m.mean_depth_coupling(2)
+    assert got["coupling_vs_null_mean"] == m.mean_depth_coupling(2, variant="coupling_vs_null")
     with pytest.raises(bc.BlockCouplingError, match="--k"):
         C.model_table(C.load_units([run]), C.CouplingStatistic(k=5))
 
@@ -309,19 +312,22 @@ def test_cli_writes_json_and_self_contained_html(runs: list[Path], tmp_path: Pat
             str(page), "--n-boot", "200")
     assert r.exit_code == 0, r.output
     out = json.loads(js.read_text())
-    assert out["n_models"] == 5 and out["statistic"]["variant"] == "coupling"
-    assert "round(d/10)" in out["statistic"]["description"]
+    assert out["n_models"] == 5 and set(out["statistic"]) == {"coupling", "coupling_vs_null"}
+    assert "round(d/10)" in out["statistic"]["coupling"]["description"]
+    assert "width alone" in out["floor_note"]
     assert set(out["predictors"]) == set(C.PREDICTORS)
-    assert out["predictors"]["coupling"]["r2"] > 0.9  # levels and scores rise together
+    assert out["predictors"]["coupling_mean"]["r2"] > 0.9  # levels and scores rise together
     assert set(out["groups"]) == {"a", "b"} and "skipped" in out["groups"]["b"]
-    assert out["partial_correlation"]["controlling_for"] == "log_params"
+    controls = [tuple(pc["controlling_for"]) for pc in out["partial_correlations"]]
+    assert controls == [("log_d_model",), ("log_params",), ("log_d_model", "log_params")] * 2
+    assert all("coupling_vs_null_se" in row for row in out["models"])
     html = page.read_text()
     assert html.count("data:image/png;base64,") == 2
     assert "src='http" not in html and 'src="http' not in html and "<link" not in html
     r = cli("correlate", *map(str, runs), "--scores", str(csv), "--variant", "coupling_vs_null",
             "--k", "3", "--n-boot", "0", "--json", str(js))
     assert r.exit_code == 0, r.output
-    assert json.loads(js.read_text())["statistic"]["k"] == 3
+    assert json.loads(js.read_text())["statistic"]["coupling_vs_null"]["k"] == 3
 
 
 @pytest.mark.parametrize("case", ["unmatched", "few", "constant", "columns", "variant"])
@@ -344,7 +350,7 @@ def test_cli_bad_input_is_one_line_exit_1(case: str, runs: list[Path], tmp_path:
     else:
         csv.write_text("model,score\n" + "".join(f"m{i},{i}\n" for i in range(5)))
         args += ["--variant", "nope"]
-        want = "unknown variant"
+        want = "unknown coupling variant"
     r = runner.invoke(app, ["correlate", *args, "--scores", str(csv), "--n-boot", "0"])
     assert r.exit_code == 1
     lines = r.output.strip().splitlines()

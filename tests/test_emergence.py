@@ -15,20 +15,51 @@ def _summary() -> pd.DataFrame:
     for label, steps in (("pythia-a", [0, 128, 1000, 143000]), ("pythia-b", [0, 1000])):
         for i, s in enumerate(steps):
             rows.append({"unit_id": f"{label}-{s}", "label": label, "step": s,
-                         "mean_depth_coupling": 0.2 + 0.1 * i, "chance_coupling": 0.1,
-                         "lss": 2.0 - 0.1 * i, "expodistance": 0.5 + i})
-    rows.append({"unit_id": "gpt2", "label": "gpt2", "step": None, "mean_depth_coupling": 0.4,
-                 "chance_coupling": 0.15, "lss": 1.5, "expodistance": 0.3})
+                         "coupling_mean": 0.2 + 0.1 * i, "coupling_se": 0.01,
+                         "coupling_chance": 0.1, "coupling_vs_null_mean": 0.1 * i,
+                         "coupling_vs_null_se": 0.02, "lss": 2.0 - 0.1 * i,
+                         "expodistance": 0.5 + i})
+    rows.append({"unit_id": "gpt2", "label": "gpt2", "step": None, "coupling_mean": 0.4,
+                 "coupling_se": 0.01, "coupling_chance": 0.15, "coupling_vs_null_mean": 0.3,
+                 "coupling_vs_null_se": 0.02, "lss": 1.5, "expodistance": 0.3})
     df = pd.DataFrame(rows)
     df["step"] = df["step"].astype("Int64")
     return df
 
 
+class _Data:
+    """An error-bar data line with float data (matplotlib keeps them as object arrays)."""
+
+    def __init__(self, line: object) -> None:
+        self.line = line
+
+    def get_xdata(self) -> np.ndarray:
+        return np.asarray(self.line.get_xdata(), dtype=float)
+
+    def get_ydata(self) -> np.ndarray:
+        return np.asarray(self.line.get_ydata(), dtype=float)
+
+    def get_color(self) -> object:
+        return self.line.get_color()
+
+
+def _lines(ax: object) -> dict:
+    """Labelled lines of an axes: plain lines and the data lines of error-bar plots."""
+    out = {ln.get_label(): ln for ln in ax.get_lines() if not ln.get_label().startswith("_")}
+    out.update({c.get_label(): _Data(c.lines[0]) for c in ax.containers
+                if hasattr(c, "has_yerr") and not c.get_label().startswith("_")})
+    return out
+
+
 def test_coupling_vs_step_axis_lines_and_chance() -> None:
     fig = E.plot_coupling_vs_step(_summary())
-    ax, bars = fig.axes[0], fig.axes[1]
+    null, ax, bars = fig.axes[0], fig.axes[1], fig.axes[3]
     assert ax.get_xscale() == "symlog"  # numeric log axis that keeps step 0
-    lines = {ln.get_label(): ln for ln in ax.get_lines()}
+    # the headline panel first: coupling above chance with its standard errors
+    head = _lines(null)
+    np.testing.assert_allclose(head["pythia-a"].get_ydata(), [0.0, 0.1, 0.2, 0.3])
+    assert "above chance" in null.get_ylabel()
+    lines = _lines(ax)
     assert set(lines) == {"pythia-a", "pythia-a: chance", "pythia-b", "pythia-b: chance"}
     np.testing.assert_array_equal(lines["pythia-a"].get_xdata(), [0, 128, 1000, 143000])
     np.testing.assert_allclose(lines["pythia-a"].get_ydata(), [0.2, 0.3, 0.4, 0.5])

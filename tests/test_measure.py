@@ -229,11 +229,10 @@ def test_aggregates() -> None:
     model = tiny_model("gpt2", dtype=torch.float64)
     m = bc.measure(model, None, tiny_inputs("gpt2", n=3), k=(2,), dtype=torch.float64,
                    progress=False)
-    agg = m.mean_depth_coupling(2)
     dm = m.depth_matrix(k=2).to_numpy()
     L = dm.shape[0]
-    assert agg["mean_all"].item() == pytest.approx(dm.mean())
-    assert agg["mean_offdiag"].item() == pytest.approx(dm[~np.eye(L, dtype=bool)].mean())
+    assert m.mean_depth_coupling(2, diagonal=True) == pytest.approx(dm.mean())
+    assert m.mean_depth_coupling(2) == pytest.approx(dm[~np.eye(L, dtype=bool)].mean())
     dist = m.coupling_by_distance(2)
     assert dist["distance"].tolist() == list(range(L))
     assert dist.loc[0, "mean"] == pytest.approx(1.0)

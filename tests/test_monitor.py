@@ -86,7 +86,7 @@ def test_monitor_does_not_change_training(tmp_path: Path) -> None:
     assert set(s.catalogue["status"]) == {"done"}
     summ = s.summary()
     assert summ["step"].tolist() == [0, 3, 6]
-    assert summ["mean_depth_coupling"].notna().all() and summ["lss"].notna().all()
+    assert summ["coupling_vs_null_mean"].notna().all() and summ["lss"].notna().all()
     # the weights changed between measured steps
     assert summ["weights_hash"].nunique() == 3
     cp = s.coupling

@@ -15,11 +15,11 @@ from blockcoupling.engine.config import MeasureConfig
 from tiny_models import tiny_inputs, tiny_model
 
 STUDY_NAMES = ("CouplingCallback", "CouplingMonitor", "SweepSpec", "load_spec", "run_sweep",
-               "CorrelationResult", "correlate", "paper_scores", "VitTrainConfig", "train_vit")
+               "CorrelationResult", "paper_scores", "VitTrainConfig", "train_vit")
 
 
 def test_top_level_is_the_library_and_resolves_without_warnings() -> None:
-    assert not set(STUDY_NAMES) & set(bc.__all__)
+    assert not set(STUDY_NAMES) & set(bc.__all__) and "correlate" not in bc.__all__
     for name in ("measure", "measure_to_dir", "open_run", "open_sweep", "Sweep", "write_report",
                  "Measurement", "MeasureConfig", "load_prompts"):
         assert name in bc.__all__
@@ -49,6 +49,15 @@ def test_old_top_level_study_names_warn_and_resolve(name: str) -> None:
         value = getattr(bc, name)
     home = blockcoupling.studies.correlate if name == "correlate" else studies
     assert value is getattr(home, name) and callable(value)
+
+
+def test_correlate_alias_and_the_module_is_never_shadowed() -> None:
+    import blockcoupling.studies.correlate as module
+    from blockcoupling.studies import correlate as imported
+
+    with pytest.warns(DeprecationWarning, match="blockcoupling.studies.correlate.correlate"):
+        assert bc.correlate is module.correlate
+    assert imported is module and studies.correlate is module  # the module, in any order
 
 
 def _cfg() -> MeasureConfig:

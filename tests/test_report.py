@@ -479,8 +479,8 @@ def test_report_contains_every_figure(report: Path) -> None:
 
 
 def test_report_summary_states_the_numbers(report: Path, runs: list[Measurement]) -> None:
-    """The summary at the top is generated from the data: the above-chance values, raw and
-    chance coupling, the at-chance run and the NaN tokens, checked against the tables."""
+    """The summary at the top is generated from the data: the above-chance values with their
+    standard errors, raw and chance coupling, the at-chance run and the NaN tokens, checked against the tables."""
     text = report.read_text(encoding="utf-8")
     top = text[text.index('id="summary"'):text.index('id="runs"')]
     rows = {}
@@ -490,9 +490,10 @@ def test_report_summary_states_the_numbers(report: Path, runs: list[Measurement]
             c.layer_a != c.layer_b)
         v = c[sel & (c.variant == "coupling_vs_null")].groupby("prompt_id")["value"].mean()
         raw = c[sel & (c.variant == "coupling")].groupby("prompt_id")["value"].mean()
-        rows[m.meta["label"]] = (float(np.median(v)), float(raw.mean()))
-    for label, (above, raw) in rows.items():
-        assert summaries.fmt_number(above) in top, (label, above)
+        rows[m.meta["label"]] = (float(v.mean()), float(v.std(ddof=1) / np.sqrt(len(v))),
+                                 float(raw.mean()))
+    for label, (above, se, raw) in rows.items():  # the headline: mean ± se over prompts
+        assert f"{summaries.fmt_number(above)} ± {summaries.fmt_number(se)}" in top, (label, above)
         assert summaries.fmt_number(raw) in top, (label, raw)
     assert "0.3" in top  # the trained run's chance level c_null = 0.3 of the fixture
     assert re.search(r"At the chance level[^<]*random init", top)

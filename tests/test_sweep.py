@@ -117,9 +117,18 @@ def test_sweep_on_ray(study: Path, reference: bc.Sweep) -> None:
     summ = reference.summary()
     assert summ["unit_id"].tolist() == cat["unit_id"].iloc[:3].tolist()
     assert len(reference.summary(include_duplicates=True)) == 4
-    assert summ["mean_depth_coupling"].between(-1, 1).all() and (summ["k"] == 2).all()
+    assert summ["coupling_mean"].between(-1, 1).all() and (summ["k"] == 2).all()
     # chance level: c_null recovered from coupling and coupling_vs_null, below 1
-    assert (summ["chance_coupling"] < 1).all()
+    assert (summ["coupling_chance"] < 1).all()
+    # the summary's headline is the statistic of each unit's own run, to the last digit
+    stat = bc.coupling_statistic(reference).set_index(["unit_id", "variant"])
+    for _, row in summ.iterrows():
+        unit = reference.open_unit(row["unit_id"])
+        for variant in ("coupling_vs_null", "coupling"):
+            got = row[f"{variant}_mean"]
+            assert got == stat.loc[(row["unit_id"], variant), "mean"]
+            assert got == unit.mean_depth_coupling(variant=variant)
+            assert row[f"{variant}_se"] == stat.loc[(row["unit_id"], variant), "se"]
     # the tables carry the unit columns and equal the measurement of the unit itself
     cp = reference.coupling
     assert list(cp.columns[:6]) == ["unit_id", "label", "model", "revision", "step", "prompt_set"]

@@ -300,15 +300,16 @@ def test_training_writes_model_metrics_and_coupling(trained: Path) -> None:
     final = bc.open_run(trained / "coupling" / "final")
     data_labels = load_image_data("digits", image_size=8, train_limit=96, test_limit=32).test_y
     assert final.prompts["label"].tolist() == [str(int(y)) for y in data_labels[:2]]
-    c = final.mean_depth_coupling(2)["mean_offdiag"].mean()
-    assert c == pytest.approx(m["final"]["coupling"])
+    stat = bc.coupling_statistic(final, k=2).set_index("variant")
+    assert stat.loc["coupling", "mean"] == pytest.approx(m["final"]["coupling"])
+    assert stat.loc["coupling", "se"] == pytest.approx(m["final"]["coupling_se"])
+    assert stat.loc["coupling_vs_null", "mean"] == pytest.approx(m["final"]["coupling_vs_null"])
     last = bc.open_run(trained / "coupling" / "epoch-0002")
-    assert last.mean_depth_coupling(2)["mean_offdiag"].mean() == pytest.approx(
-        m["epochs"][-1]["coupling"])
+    assert last.mean_depth_coupling(2) == pytest.approx(m["epochs"][-1]["coupling"])
     # the monitored coupling is the trained model's coupling on those images
     direct = bc.measure(model, None, {"pixel_values": data.test_x[:2]}, coupling=("depth",),
                         k=(2,), tokens=(0,), progress=False)
-    assert direct.mean_depth_coupling(2)["mean_offdiag"].mean() == pytest.approx(
+    assert direct.mean_depth_coupling(2) == pytest.approx(
         m["epochs"][-1]["coupling"], abs=1e-6)
 
 

@@ -46,6 +46,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "blockcoupling.store.rundir": ("is_run_dir", "open_run"),
     "blockcoupling.report.html": ("write_report",),
     "blockcoupling.studies.sweep.read": ("Sweep", "open_sweep"),  # the collections reader
+    "blockcoupling.studies.statistic": ("coupling_statistic",),  # the headline statistic
 }
 _WHERE: dict[str, str] = {name: mod for mod, names in _EXPORTS.items() for name in names}
 
@@ -69,6 +70,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ do
     from blockcoupling.report.html import write_report
     from blockcoupling.store.record import measure_to_dir
     from blockcoupling.store.rundir import is_run_dir, open_run
+    from blockcoupling.studies.statistic import coupling_statistic
     from blockcoupling.studies.sweep.read import Sweep, open_sweep
 
 
@@ -112,6 +114,7 @@ __all__ = [
     "RunDirError",
     "Sweep",
     "__version__",
+    "coupling_statistic",
     "find_blocks",
     "is_run_dir",
     "iter_measure",

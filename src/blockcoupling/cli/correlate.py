@@ -20,19 +20,29 @@ def correlate(
     json_out: Annotated[Path | None, typer.Option("--json", help="Write every statistic as JSON here.")] = None,
     out: Annotated[Path | None, typer.Option("--out", "-o", help="Write the HTML page (figures inline) here.")] = None,
     k: Annotated[int | None, typer.Option("--k", help="Fixed top-K for every model (default: round(d/10) per model).")] = None,
-    variant: Annotated[str, typer.Option("--variant", help="coupling, coupling_vs_null, miscoupling, released_norm, ...")] = "coupling",
+    variant: Annotated[str, typer.Option("--variant", help="Comma-separated coupling variants, each a predictor (default: raw coupling as the paper, and coupling_vs_null, its chance-corrected form).")] = "coupling,coupling_vs_null",
+    tokens: Annotated[str, typer.Option("--tokens", help="last (each prompt's last measured token, the paper's) or all (the measured tokens averaged within each prompt).")] = "last",
+    diagonal: Annotated[bool, typer.Option("--diagonal", help="Average over every layer pair including l = l' (the paper's literal wording) instead of l != l'.")] = False,
+    floor: Annotated[bool, typer.Option("--floor", help="Also report what the measured chance level of raw c_K explains of the scores, and what survives it.")] = False,
+    allow_mixed_prompts: Annotated[bool, typer.Option("--allow-mixed-prompts", help="Correlate models measured on different prompt sets (refused by default).")] = False,
     p: Annotated[float, typer.Option("--p", help="Norm of the variants that have one (1, 2, inf).")] = 1.0,
     orientation: Annotated[str, typer.Option("--orientation", help="ujv or vju.")] = "ujv",
     n_boot: Annotated[int, typer.Option("--n-boot", help="Bootstrap resamples for the CI of R^2.")] = 2000,
     seed: Annotated[int, typer.Option("--seed", help="Seed of the bootstrap.")] = 0,
     labels: Annotated[str | None, typer.Option("--labels", help="Comma-separated model names, one per run directory (default: each run's label or model id); the score table's 'model' column uses these.")] = None,
 ) -> None:
-    """Correlate each model's mean depth-wise coupling with its benchmark score."""
+    """Correlate each model's mean depth-wise coupling with its benchmark score.
+
+    Both predictors by default: raw c_K (the paper's, whose chance level grows with the width)
+    and coupling_vs_null (chance corrected), each with partial correlations given log10
+    d_model and log10 parameters."""
     from blockcoupling.studies.correlate import correlate as run
 
     try:
-        result = run(inputs, scores, k=k, variant=variant, p=p, orientation=orientation,
-                     n_boot=n_boot, seed=seed,
+        result = run(inputs, scores, k=k, p=p, orientation=orientation,
+                     variants=[v.strip() for v in variant.split(",") if v.strip()],
+                     tokens=tokens, diagonal=diagonal, floor=floor,
+                     allow_mixed_prompts=allow_mixed_prompts, n_boot=n_boot, seed=seed,
                      labels=None if labels is None else [v.strip() for v in labels.split(",")])
         written = []
         if json_out is not None:
@@ -46,6 +56,38 @@ def correlate(
         return
     except OSError as err:
         _fail(os_error(err, "cannot read the runs or write the results"))
+        return
+    if not _STATE["quiet"]:
+        typer.echo(result.summary())
+        for path in written:
+            typer.echo(f"wrote {path}")
+
+
+@app.command("chance-floor")
+def chance_floor(
+    scores: Annotated[str, typer.Option("--scores", help="'paper' (the paper's Table 1, shipped) or a CSV with model, score, d_model[, group].")],
+    k_rule: Annotated[str, typer.Option("--k-rule", help="d/10 (the paper's K = round(d/10) per model) or a fixed K.")] = "d/10",
+    json_out: Annotated[Path | None, typer.Option("--json", help="Write the floor values and regressions as JSON here.")] = None,
+    out: Annotated[Path | None, typer.Option("--out", "-o", help="Write the HTML page (figure inline) here.")] = None,
+) -> None:
+    """How much of a score table the width alone explains: each model's flat-spectrum chance
+    level of raw c_K, 1 - sqrt(1/d + 1/K), regressed against its score. Needs no model."""
+    from blockcoupling.studies.chance_floor import chance_floor as run
+
+    try:
+        result = run(scores, k_rule=k_rule)
+        written = []
+        if json_out is not None:
+            written.append(result.to_json(json_out))
+        if out is not None:
+            from blockcoupling.report.correlation import write_chance_floor_html
+
+            written.append(write_chance_floor_html(result, out))
+    except BlockCouplingError as err:
+        _fail(err)
+        return
+    except OSError as err:
+        _fail(os_error(err, "cannot read the scores or write the results"))
         return
     if not _STATE["quiet"]:
         typer.echo(result.summary())

@@ -98,6 +98,7 @@ def sweep_status_cmd(
     counts = st["status"].value_counts()
     typer.echo(f"{sweep_dir}: {len(st)} units: "
                + ", ".join(f"{n} {s}" for s, n in counts.items()))
+    headlines = _unit_headlines(sweep_dir) if (st["status"] == "done").any() else {}
     for r in st.itertuples():
         step = "" if r.step is None or str(r.step) == "<NA>" else f" step {r.step}"
         line = f"  {r.status:<12s} {r.unit_id}{step}"
@@ -108,3 +109,25 @@ def sweep_status_cmd(
         if isinstance(r.message, str) and r.message:
             line += f": {r.message.splitlines()[0]}"
         typer.echo(line)
+        if r.unit_id in headlines:
+            typer.echo(f"      depth-wise coupling, {headlines[r.unit_id]}")
+    if headlines:
+        from blockcoupling.engine.statistic import StatisticRule
+
+        rule = StatisticRule().describe(variants=("coupling_vs_null", "coupling"),
+                                        k_text="K as on each line").split("; 95% CI")[0]
+        typer.echo(f"  (rule: {rule}; ± is one standard error over prompts)")
+
+
+def _unit_headlines(sweep_dir: Path) -> dict[str, str]:
+    """unit_id -> the headline statistic of each done unit (empty where it cannot be read:
+    the status lines still print)."""
+    from blockcoupling.engine.statistic import headline_wide
+    from blockcoupling.studies.sweep import open_sweep
+
+    try:
+        summ = open_sweep(sweep_dir).summary(include_duplicates=True)
+    except (BlockCouplingError, ImportError, OSError):
+        return {}
+    return {str(r["unit_id"]): headline_wide(r) for _, r in summ.iterrows()
+            if r.notna().get("k", False)}

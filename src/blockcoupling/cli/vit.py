@@ -135,11 +135,13 @@ def vit_grid(
 
 
 def report_grid(runs: Any, out: Path) -> None:
-    """Print a finished grid's runs (test accuracy, coupling); exit 1 if any did not finish.
+    """Print a finished grid's runs (test accuracy, coupling above chance with its se, raw
+    coupling and its chance level); exit 1 if any did not finish.
     Shared by ``vit-grid`` and ``sweep`` on a grid spec."""
     failed = runs[runs["status"] != "complete"]
     if not _STATE["quiet"]:
-        cols = ["name", "test_accuracy", "coupling"]
+        cols = ["name", "test_accuracy", "coupling_vs_null", "coupling_vs_null_se", "coupling",
+                "coupling_chance"]
         typer.echo(runs[cols].to_string(index=False, float_format=lambda v: f"{v:.4f}"))
         typer.echo(f"{len(runs) - len(failed)} of {len(runs)} training runs complete; wrote {out}")
     if len(failed):

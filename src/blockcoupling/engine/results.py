@@ -10,7 +10,7 @@ rather than as rows with an empty layer: one row per (prompt, token), no sentine
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,6 +19,17 @@ import pandas as pd
 
 from blockcoupling.engine.config import MeasureConfig
 from blockcoupling.engine.names import P_VARIANTS
+from blockcoupling.engine.statistic import (
+    DEFAULT_CI,
+    DEFAULT_N_BOOT,
+    HEADLINE_VARIANTS,
+    KSpec,
+    StatisticRule,
+    headline,
+    per_prompt_values,
+    statistic_table,
+)
+from blockcoupling.errors import BlockCouplingError
 
 # name -> (column, pandas dtype). The order is the column order of the tables.
 SCHEMAS: dict[str, dict[str, str]] = {
@@ -175,17 +186,46 @@ class Measurement:
             )
         return out
 
-    def mean_depth_coupling(self, k: int | None = None, *, variant: str = "coupling",
-                            p: float | None = 1.0, orientation: str = "ujv") -> pd.DataFrame:
-        """Per prompt (and token): mean depth-wise value over layer pairs l != l'
-        (``mean_offdiag``) and over all pairs including l = l' (``mean_all``)."""
-        df = self.select("depth", k, variant, p, orientation)
-        off = df[df["layer_a"] != df["layer_b"]]
-        keys = ["prompt_id", "token_out_a"]
-        res = df.groupby(keys, sort=False)["value"].mean().rename("mean_all").to_frame()
-        res["mean_offdiag"] = off.groupby(keys, sort=False)["value"].mean()
-        res = res.reset_index().rename(columns={"token_out_a": "token"})
-        return res[["prompt_id", "token", "mean_offdiag", "mean_all"]]
+    def coupling_statistic(self, *, variants: Sequence[str] = HEADLINE_VARIANTS,
+                           k: KSpec | Sequence[int] = None, p: float | None = 1.0,
+                           orientation: str = "ujv", tokens: str = "last",
+                           diagonal: bool = False, n_boot: int = DEFAULT_N_BOOT, seed: int = 0,
+                           ci: float = DEFAULT_CI) -> pd.DataFrame:
+        """The headline statistic of this run (``engine.statistic``): one row per variant and
+        K with ``mean, se, ci_low, ci_high, n_prompts, k, d_model, chance, rule``."""
+        return statistic_table(self.coupling, variants=variants, k=k, p=p,
+                               orientation=orientation, tokens=tokens, diagonal=diagonal,
+                               d_model=self.d_model, n_boot=n_boot, seed=seed, ci=ci,
+                               where=str(self.meta.get("model") or "run"))
+
+    @property
+    def d_model(self) -> int | None:
+        """The model's hidden size as recorded in ``meta`` (None if unknown)."""
+        d = self.meta.get("hidden_size")
+        return int(d) if d else None
+
+    def mean_depth_coupling(self, k: KSpec = None, *, variant: str = "coupling",
+                            p: float | None = 1.0, orientation: str = "ujv",
+                            tokens: str = "last", diagonal: bool = False) -> float:
+        """The run's mean depth-wise ``variant`` by the one rule of ``engine.statistic``
+        (mean over prompts of the per-prompt mean over layer pairs l != l', at each prompt's
+        last measured token unless ``tokens="all"``; ``diagonal=True`` includes l = l').
+        :meth:`coupling_statistic` gives it with its standard error and chance level."""
+        row = self.coupling_statistic(variants=(variant,), k=k, p=p, orientation=orientation,
+                                      tokens=tokens, diagonal=diagonal, n_boot=0)
+        return float(row["mean"].iloc[0])
+
+    def per_prompt_coupling(self, k: KSpec = None, *, variant: str = "coupling",
+                            p: float | None = 1.0, orientation: str = "ujv",
+                            tokens: str = "last", diagonal: bool = False) -> pd.DataFrame:
+        """Per prompt: ``prompt_id, value, chance``, the values the statistic averages."""
+        rule = StatisticRule(variant=variant, k=k, p=p, orientation=orientation, tokens=tokens,
+                             diagonal=diagonal)
+        where = str(self.meta.get("model") or "run")
+        sel = self.coupling[(self.coupling["kind"] == "depth")
+                            & (self.coupling["variant"] == variant)]
+        kk = rule.resolve_k(sel["k"].unique(), self.d_model, where)
+        return per_prompt_values(self.coupling, rule, k=kk, where=where)
 
     def coupling_by_distance(self, k: int | None = None, *, variant: str = "coupling",
                              p: float | None = 1.0, orientation: str = "ujv") -> pd.DataFrame:
@@ -222,19 +262,19 @@ class Measurement:
         if all(self.table(n).empty for n in TABLES if n not in ("prompts", "diagnostics")):
             lines.append("  nothing was measured (no result rows)")
         if "depth" in cfg.coupling and not self.coupling.empty:
+            variants = [v for v in HEADLINE_VARIANTS if v in cfg.variants]
+            stated = False
             for k in cfg.k:
                 try:
-                    m = self.mean_depth_coupling(k)
-                except KeyError:
+                    stat = self.coupling_statistic(variants=variants, k=k, n_boot=0)
+                except (BlockCouplingError, ValueError):
                     continue
-                line = (f"  mean depth-wise coupling (K={k}, p=1, ujv): off-diagonal "
-                        f"{m['mean_offdiag'].mean():.4f}, with diagonal {m['mean_all'].mean():.4f}")
-                try:
-                    v = self.mean_depth_coupling(k, variant="coupling_vs_null")["mean_offdiag"]
-                    line += f"; above chance (coupling_vs_null) {v.median():.4f} median"
-                except KeyError:
-                    pass
-                lines.append(line)
+                lines.append(f"  depth-wise coupling, {headline(stat)}")
+                stated = True
+            if stated:
+                rule = StatisticRule(variant=variants[0], n_boot=0).describe(
+                    variants=variants, k_text="K as on each line").split("; 95% CI")[0]
+                lines.append(f"    (rule: {rule}; ± is one standard error over prompts)")
         if not self.token_metrics.empty:
             tm = self.token_metrics
             parts = []

@@ -80,43 +80,49 @@ def _summary(sweep: Collection | pd.DataFrame, k: int | None) -> pd.DataFrame:
 
 
 def plot_coupling_vs_step(sweep: Collection | pd.DataFrame, *, k: int | None = None) -> Figure:
-    """Mean depth-wise coupling (l != l', mean over prompts) against the step, per model,
-    with the chance level c_null (dashed) where ``coupling_vs_null`` was measured."""
+    """The headline statistic against the step, per model: the chance-corrected
+    ``coupling_vs_null`` (0 = chance) where measured, and raw c_K with its chance level c_null
+    (dashed); error bars one standard error over prompts. Units without a step are bars."""
     df = _summary(sweep, k)
-    if df["mean_depth_coupling"].isna().all():
+    panels = [(c, name) for c, name in
+              (("coupling_vs_null", "coupling above chance (coupling_vs_null)"),
+               ("coupling", "raw c_K (dashed: chance level)"))
+              if df[f"{c}_mean"].notna().any()]
+    if not panels:
         raise F.FigureUnavailable("no depth-wise coupling was measured (add depth to "
                                   "measure.coupling)")
     stepped = df[df["step"].notna()]
     plain = df[df["step"].isna()]
-    ncols = int(len(stepped) > 0) + int(len(plain) > 0)
-    fig, axes = _figure(6.0 + 3.0 * (ncols - 1), 4.0, ncols)
+    rows = [r for r in (stepped, plain) if len(r)]
+    fig, axes = _figure(4.5 * len(panels) * len(rows), 3.8, len(panels) * len(rows))
     colors = _colors(list(dict.fromkeys(df["label"].astype(str))))
-    ax_i = 0
-    if len(stepped):
-        ax = axes[ax_i]
-        ax_i += 1
-        for lab, g in stepped.groupby("label", sort=False):
-            g = g.sort_values("step")
-            x = g["step"].astype(float).to_numpy()
-            ax.plot(x, g["mean_depth_coupling"], "o-", color=colors[str(lab)], label=str(lab))
-            if g["chance_coupling"].notna().any():
-                ax.plot(x, g["chance_coupling"], "--", color=colors[str(lab)], alpha=0.7,
-                        label=f"{lab}: chance")
-        _step_axis(ax, stepped["step"])
-        ax.set_ylabel("mean depth-wise coupling")
-        ax.legend(fontsize="small")
-        ax.grid(alpha=0.3)
-    if len(plain):
-        ax = axes[ax_i]
-        xs = np.arange(len(plain))
-        ax.bar(xs, plain["mean_depth_coupling"],
-               color=[colors[str(lab)] for lab in plain["label"]])
-        if plain["chance_coupling"].notna().any():
-            ax.scatter(xs, plain["chance_coupling"], marker="_", s=400, color="k",
-                       label="chance", zorder=3)
-            ax.legend(fontsize="small")
-        ax.set_xticks(xs, [str(x) for x in plain["label"]], rotation=30, ha="right")
-        ax.set_ylabel("mean depth-wise coupling")
+    for ri, part in enumerate(rows):
+        for pi, (col, name) in enumerate(panels):
+            ax = axes[ri * len(panels) + pi]
+            if part is stepped:
+                for lab, g in part.groupby("label", sort=False):
+                    g = g.sort_values("step")
+                    x = g["step"].astype(float).to_numpy()
+                    ax.errorbar(x, g[f"{col}_mean"], yerr=g[f"{col}_se"], fmt="o-", ms=4,
+                                capsize=2, color=colors[str(lab)], label=str(lab))
+                    if col == "coupling" and g["coupling_chance"].notna().any():
+                        ax.plot(x, g["coupling_chance"], "--", color=colors[str(lab)],
+                                alpha=0.7, label=f"{lab}: chance")
+                _step_axis(ax, part["step"])
+            else:
+                xs = np.arange(len(part))
+                ax.bar(xs, part[f"{col}_mean"], yerr=part[f"{col}_se"], capsize=3,
+                       color=[colors[str(lab)] for lab in part["label"]])
+                if col == "coupling" and part["coupling_chance"].notna().any():
+                    ax.scatter(xs, part["coupling_chance"], marker="_", s=400, color="k",
+                               label="chance", zorder=3)
+                ax.set_xticks(xs, [str(x) for x in part["label"]], rotation=30, ha="right")
+            if col == "coupling_vs_null":
+                ax.axhline(0.0, color="0.5", lw=0.8, ls=":")
+            ax.set_ylabel(name)
+            ax.grid(alpha=0.3)
+            if part is stepped and pi == 0:
+                ax.legend(fontsize="small")
     return fig
 
 
@@ -194,8 +200,9 @@ def _units_frame(sweep: Collection, summ: pd.DataFrame) -> pd.DataFrame:
     cols = ["label", "step", "revision", "prompt_set", "status", "attempts", "duplicate_of"]
     df = cat.set_index("unit_id")[cols].copy()
     vals = summ.set_index("unit_id") if len(summ) else pd.DataFrame()
-    for c, name in (("mean_depth_coupling", "mean depth coupling"),
-                    ("chance_coupling", "chance"), ("lss", "LSS"),
+    for c, name in (("coupling_vs_null_mean", "above chance"),
+                    ("coupling_vs_null_se", "± se"), ("coupling_mean", "raw c_K"),
+                    ("coupling_chance", "chance c_K"), ("lss", "LSS"),
                     ("expodistance", "expodistance")):
         df[name] = [float(vals[c].get(u)) if len(vals) and u in vals.index else float("nan")
                     for u in df.index]
@@ -226,12 +233,14 @@ def write_emergence_report(sweep: Collection, out: str | os.PathLike[str],
     specs = [
         ("coupling_vs_step", "Mean depth-wise coupling across training",
          lambda: plot_coupling_vs_step(summ),
-         f"Mean depth-wise coupling (variant coupling, p=1, ujv, K={kk}; mean over layer "
-         "pairs l != l' and prompts) of each unit against its training step on a log axis "
-         "(step 0 on a short linear stretch), one line per model; dashed: the model's chance "
-         "level c_null (Haar-random bases; see the conventions), where coupling_vs_null was "
-         "measured. Models without a step are bars. Units whose weights repeat an earlier "
-         "unit's are counted once."),
+         f"The headline statistic (K={kk}; mean over prompts of the per-prompt mean over "
+         "layer pairs l != l' at each prompt's last measured token, p=1, ujv) of each unit "
+         "against its training step on a log axis (step 0 on a short linear stretch), one "
+         "line per model, error bars one standard error over prompts. Left: coupling above "
+         "chance (coupling_vs_null, 0 = the chance level), where measured; right: raw c_K "
+         "and, dashed, its chance level c_null (Haar-random bases; see the conventions). "
+         "Models without a step are bars. Units whose weights repeat an earlier unit's are "
+         "counted once."),
         ("trajectory_vs_step", "Trajectory metrics across training",
          lambda: plot_trajectory_vs_step(summ),
          "Mean line-shape score (1 = straight trajectory) and median expodistance (0 = "

@@ -73,17 +73,25 @@ def _show(value: Any) -> str:
     return fmt_number(value) if isinstance(value, float) else str(value)
 
 
+def _pm(mean: Any, se: Any) -> str:
+    """``mean ± se`` (the se left out where there is none)."""
+    return f"{_f(mean)} ± {_f(se)}" if np.isfinite(se) else _f(mean)
+
+
 def headline_table(ov: pd.DataFrame) -> pd.DataFrame:
     """The headline numbers of :func:`run_overview` as a display table (index = label).
     Columns without any value (e.g. no coupling_vs_null measured) are left out."""
     t = pd.DataFrame(index=pd.Index(ov["label"], name="run"))
     t["K"] = ov["k"].to_numpy()
-    t["above chance (median)"] = ov["vs_null_median"].to_numpy()
-    if (ov["vs_null_n"] > 1).any():  # a range needs two or more prompt/token means
-        t["above chance: min"] = ov["vs_null_min"].to_numpy()
-        t["above chance: max"] = ov["vs_null_max"].to_numpy()
-    t["raw c_K"] = ov["coupling"].to_numpy()
-    t["chance c_K"] = ov["chance_coupling"].to_numpy()
+    t["prompts"] = ov["n_prompts"].to_numpy()
+    t["above chance (coupling_vs_null)"] = ov["coupling_vs_null_mean"].to_numpy()
+    t["± se"] = ov["coupling_vs_null_se"].to_numpy()
+    if (ov["vs_null_n"] > 1).any():  # a range needs two or more prompts
+        t["above chance: min prompt"] = ov["vs_null_min"].to_numpy()
+        t["above chance: max prompt"] = ov["vs_null_max"].to_numpy()
+    t["raw c_K"] = ov["coupling_mean"].to_numpy()
+    t["raw ± se"] = ov["coupling_se"].to_numpy()
+    t["chance c_K"] = ov["coupling_chance"].to_numpy()
     t["LSS median"] = ov["lss_median"].to_numpy()
     t["expodistance median"] = ov["expodistance_median"].to_numpy()
     t["expodistance q25"] = ov["expodistance_q25"].to_numpy()
@@ -133,7 +141,7 @@ def _series_text(ms: Sequence[Measurement], ov: pd.DataFrame, labs: list[str],
                  idx: list[int], model: str) -> str:
     """Training checkpoints in step order: first, last, highest, correlation with val_loss."""
     order = sorted(idx, key=lambda i: float(ms[i].meta["step"]))
-    vals = [float(ov.loc[i, "vs_null_median"]) for i in order]
+    vals = [float(ov.loc[i, "coupling_vs_null_mean"]) for i in order]
     best = order[int(np.nanargmax(vals))]
     first, last = order[0], order[-1]
     text = (f"Across {len(order)} training checkpoints of {model}: above chance "
@@ -155,11 +163,11 @@ def _series_text(ms: Sequence[Measurement], ov: pd.DataFrame, labs: list[str],
 def _pair_text(ms: Sequence[Measurement], ov: pd.DataFrame, labs: list[str],
                vs: dict[int, pd.Series | None], a: int, b: int) -> str:
     """Two runs of one model: above chance, raw order, overlap, configuration differences."""
-    va, vb = float(ov.loc[a, "vs_null_median"]), float(ov.loc[b, "vs_null_median"])
+    va, vb = float(ov.loc[a, "coupling_vs_null_mean"]), float(ov.loc[b, "coupling_vs_null_mean"])
     word = "above" if va > vb else "below" if va < vb else "equal to"
     text = (f"{labs[a]} vs {labs[b]}: depth coupling above chance {_f(va)} vs {_f(vb)} "
             f"({labs[a]} {word} {labs[b]}")
-    ca, cb = float(ov.loc[a, "coupling"]), float(ov.loc[b, "coupling"])
+    ca, cb = float(ov.loc[a, "coupling_mean"]), float(ov.loc[b, "coupling_mean"])
     if not np.isnan(ca - cb) and np.sign(ca - cb) != np.sign(va - vb):
         text += (f"; the raw c_K {_f(ca)} vs {_f(cb)} ranks them the other way: raw values "
                  "include the chance level, which differs between them")
@@ -178,9 +186,9 @@ def _pair_text(ms: Sequence[Measurement], ov: pd.DataFrame, labs: list[str],
 
 
 def _ranking_text(ov: pd.DataFrame, labs: list[str], idx: list[int], what: str) -> str:
-    order = sorted(idx, key=lambda i: -float(ov.loc[i, "vs_null_median"]))
+    order = sorted(idx, key=lambda i: -float(ov.loc[i, "coupling_vs_null_mean"]))
     return (f"{what} ranked by depth coupling above chance: "
-            + " > ".join(f"{labs[i]} ({_f(ov.loc[i, 'vs_null_median'])})" for i in order) + ".")
+            + " > ".join(f"{labs[i]} ({_f(ov.loc[i, 'coupling_vs_null_mean'])})" for i in order) + ".")
 
 
 def report_summary(runs: Measurement | Sequence[Measurement],
@@ -225,16 +233,19 @@ def report_summary(runs: Measurement | Sequence[Measurement],
         if not r["measured"] or len(ms) > 3:  # many runs: the table says it
             continue
         if r["vs_null_n"] > 0:
-            spread = (f" (median over {int(r['vs_null_n'])} prompt/token means; range "
+            spread = (f" over {int(r['vs_null_n'])} prompts (per-prompt range "
                       f"{_f(r['vs_null_min'])} to {_f(r['vs_null_max'])})"
-                      if r["vs_null_n"] > 1 else "")
+                      if r["vs_null_n"] > 1 else " (one prompt: no standard error)")
             out.headline.append(
-                f"{r['label']}: depth coupling above chance {_f(r['vs_null_median'])}{spread}; "
-                f"raw c_K {_f(r['coupling'])} against a chance level of "
-                f"{_f(r['chance_coupling'])} (K={r['k']}).")
-        elif not np.isnan(r["coupling"]):
+                f"{r['label']}: depth coupling above chance (coupling_vs_null) "
+                f"{_pm(r['coupling_vs_null_mean'], r['coupling_vs_null_se'])}{spread}; "
+                f"raw c_K {_pm(r['coupling_mean'], r['coupling_se'])} against a chance level "
+                f"of {_f(r['coupling_chance'])} (K={r['k']}; ± is one standard error over "
+                "prompts).")
+        elif not np.isnan(r["coupling_mean"]):
             out.headline.append(
-                f"{r['label']}: mean off-diagonal depth coupling c_K {_f(r['coupling'])} "
+                f"{r['label']}: mean off-diagonal depth coupling c_K "
+                f"{_pm(r['coupling_mean'], r['coupling_se'])} "
                 f"(K={r['k']}); the chance level was not measured (variant coupling_vs_null), "
                 f"for a flat spectrum it is about 1 - 1/sqrt(K) = "
                 f"{_f(1 - 1 / np.sqrt(r['k']))}.")
@@ -271,10 +282,10 @@ def report_summary(runs: Measurement | Sequence[Measurement],
 
     # ------------------------------------------------------------------ what it does not show
     at_chance = [r["label"] for _, r in ov.iterrows()
-                 if r["vs_null_n"] > 0 and abs(r["vs_null_median"]) < CHANCE_BAND]
+                 if r["vs_null_n"] > 0 and abs(r["coupling_vs_null_mean"]) < CHANCE_BAND]
     if at_chance:
         out.caveats.append(
-            f"At the chance level (|median| < {CHANCE_BAND}): {', '.join(at_chance)}: "
+            f"At the chance level (|mean coupling_vs_null| < {CHANCE_BAND}): {', '.join(at_chance)}: "
             "their raw coupling is what unrelated random bases give, not structure.")
     few = [r["label"] for _, r in ov.iterrows() if r["measured"] and r["n_prompts"] < 5]
     if few:

@@ -34,6 +34,7 @@ import pandas as pd
 from blockcoupling.engine import names
 from blockcoupling.engine.results import TABLES, Measurement
 from blockcoupling.engine.spectra import fit_inverse_depth
+from blockcoupling.engine.statistic import HEADLINE_VARIANTS
 from blockcoupling.errors import BlockCouplingError
 
 Runs = Measurement | Sequence[Measurement]
@@ -573,8 +574,8 @@ def across_runs_data(runs: Runs, *, k: int | None = None, variant: str = "coupli
                      p: float | None = 1.0, orientation: str = "ujv") -> pd.DataFrame:
     """One row per run (in order) with, over prompts and tokens:
 
-    - ``coupling_*``: the off-diagonal depth-wise value of ``variant`` (mean, std, median,
-      q25, q75 of the per-(prompt, token) means over l != l');
+    - ``coupling_*``: the depth-wise value of ``variant`` (mean, std, median, q25, q75 of the
+      per-prompt values of the headline rule, ``engine.statistic``);
     - ``null_*``: the same for ``coupling_vs_null`` (NaN where not measured);
     - ``lss_*`` and ``expodistance_*``: mean, std, median, q25, q75 and ``_nan`` (count of
       tokens without a value) of the per-token metrics.
@@ -587,8 +588,8 @@ def across_runs_data(runs: Runs, *, k: int | None = None, variant: str = "coupli
         for name, var in (("coupling", variant), ("null", "coupling_vs_null")):
             vals: pd.Series | None = None
             if depth_rows(m, k, var, p, orientation) is not None:
-                vals = m.mean_depth_coupling(resolve_k(m, k), variant=var, p=p,
-                                             orientation=orientation)["mean_offdiag"]
+                vals = m.per_prompt_coupling(resolve_k(m, k), variant=var, p=p,
+                                             orientation=orientation)["value"]
             st = robust_stats([] if vals is None else vals)
             row[f"{name}_mean"] = st.mean
             row[f"{name}_std"] = float(vals.std(ddof=0)) if vals is not None and len(vals) \
@@ -615,10 +616,11 @@ def run_overview(runs: Runs, labels: Sequence[str] | None = None, *, k: int | No
     """One row per run: what was measured and the headline numbers (the report's summary).
 
     Columns: label, model, n_prompts, n_layers, k, measured (False: no table has a row),
-    kinds (comma-separated coupling kinds present), coupling (mean over prompts/tokens of the
-    off-diagonal raw c_K), vs_null_median / vs_null_q25 / vs_null_q75 / vs_null_min /
-    vs_null_max (of the per-(prompt, token) off-diagonal means of ``coupling_vs_null``),
-    vs_null_n (how many such means), chance_coupling (mean c_null of the same pairs), lss_median,
+    kinds (comma-separated coupling kinds present), the headline statistic
+    (``engine.statistic``: ``coupling_vs_null_mean``, ``coupling_vs_null_se``,
+    ``coupling_mean``, ``coupling_se``, ``coupling_chance``, ``statistic_rule``),
+    vs_null_median / vs_null_q25 / vs_null_q75 / vs_null_min / vs_null_max (of the per-prompt
+    values of ``coupling_vs_null``), vs_null_n (how many prompts), lss_median,
     expodistance_median, expodistance_q25, expodistance_q75, expodistance_nan, n_tokens
     (rows of token_metrics). NaN where not measured."""
     ms = as_runs(runs)
@@ -632,19 +634,14 @@ def run_overview(runs: Runs, labels: Sequence[str] | None = None, *, k: int | No
             "n_layers": n_layers(m), "k": kk, "measured": not is_empty(m),
             "kinds": ", ".join(sorted(set(m.coupling["kind"].dropna().astype(str)))),
         }
-        raw = depth_rows(m, kk, "coupling", p, orientation)
-        row["coupling"] = (float(m.mean_depth_coupling(kk, p=p, orientation=orientation)
-                                 ["mean_offdiag"].mean()) if raw is not None else nan)
+        row.update(headline_columns(m, kk, p=p, orientation=orientation))
         rel = None
         if depth_rows(m, kk, "coupling_vs_null", p, orientation) is not None:
-            rel = m.mean_depth_coupling(kk, variant="coupling_vs_null", p=p,
-                                        orientation=orientation)["mean_offdiag"]
+            rel = m.per_prompt_coupling(kk, variant="coupling_vs_null", p=p,
+                                        orientation=orientation)["value"]
         st = robust_stats([] if rel is None else rel)
         row.update(vs_null_median=st.median, vs_null_q25=st.q25, vs_null_q75=st.q75,
                    vs_null_min=st.min, vs_null_max=st.max, vs_null_n=st.n)
-        ch = chance_coupling_rows(m, k=kk, p=p, orientation=orientation)
-        row["chance_coupling"] = (float(ch["chance_coupling"].mean())
-                                  if ch is not None and len(ch) else nan)
         lss = token_metric_stats(m, "lss")
         ed = token_metric_stats(m, "expodistance")
         row.update(lss_median=lss.median, expodistance_median=ed.median,
@@ -655,13 +652,38 @@ def run_overview(runs: Runs, labels: Sequence[str] | None = None, *, k: int | No
     return pd.DataFrame(rows)
 
 
+def headline_columns(m: Measurement, k: int | None, *, p: float | None = 1.0,
+                     orientation: str = "ujv") -> dict[str, Any]:
+    """The headline statistic of a run in wide form (NaN for a variant it did not measure):
+    ``coupling_vs_null_mean, coupling_vs_null_se, coupling_mean, coupling_se,
+    coupling_chance, statistic_rule``."""
+    nan = float("nan")
+    out: dict[str, Any] = {"coupling_vs_null_mean": nan, "coupling_vs_null_se": nan,
+                           "coupling_mean": nan, "coupling_se": nan, "coupling_chance": nan,
+                           "statistic_rule": ""}
+    for variant in HEADLINE_VARIANTS:
+        if k is None or depth_rows(m, k, variant, p, orientation) is None:
+            continue
+        try:
+            t = m.coupling_statistic(variants=(variant,), k=k, p=p, orientation=orientation,
+                                     n_boot=0)
+        except BlockCouplingError:
+            continue
+        r = t.iloc[0]
+        out[f"{variant}_mean"], out[f"{variant}_se"] = float(r["mean"]), float(r["se"])
+        if variant == "coupling":
+            out["coupling_chance"] = float(r["chance"])
+        out["statistic_rule"] = out["statistic_rule"] or str(r["rule"])
+    return out
+
+
 def per_prompt_vs_null(m: Measurement, *, k: int | None = None, p: float | None = 1.0,
                        orientation: str = "ujv") -> pd.Series | None:
-    """The per-(prompt, token) off-diagonal means of ``coupling_vs_null`` (None if absent)."""
+    """The per-prompt values of ``coupling_vs_null`` by the headline rule (None if absent)."""
     if depth_rows(m, k, "coupling_vs_null", p, orientation) is None:
         return None
-    return m.mean_depth_coupling(resolve_k(m, k), variant="coupling_vs_null", p=p,
-                                 orientation=orientation)["mean_offdiag"].dropna()
+    return m.per_prompt_coupling(resolve_k(m, k), variant="coupling_vs_null", p=p,
+                                 orientation=orientation)["value"].dropna()
 
 
 def config_differences(a: Measurement, b: Measurement) -> dict[str, tuple[Any, Any]]:
@@ -709,7 +731,7 @@ def fmt_number(value: Any, digits: int = 3) -> str:
 __all__ = [
     "CHANCE_BAND", "EXPODISTANCE_NAN_REASON", "HIGHER_IS_COUPLED", "P_VARIANTS", "TOKEN_KINDS",
     "GridPick", "InverseDepthFit", "NoData", "RobustStats", "Runs", "TokenPick",
-    "across_runs_data", "as_runs", "chance_coupling_rows", "check_variant",
+    "across_runs_data", "as_runs", "chance_coupling_rows", "check_variant", "headline_columns",
     "config_differences", "coupling_by_distance", "coupling_grid_data", "depth_matrices",
     "depth_matrix", "depth_rows", "edge_strength", "fmt_number", "grid_mosaic", "has_variant",
     "inverse_depth_fit", "is_empty", "layer_graph_weights", "n_layers", "n_prompts", "pca_data",

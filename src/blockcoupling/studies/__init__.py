@@ -18,10 +18,13 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "blockcoupling.studies.monitor": ("CouplingCallback", "CouplingMonitor"),
     "blockcoupling.studies.sweep": ("Sweep", "SweepSpec", "load_spec", "open_sweep", "run_sweep",
                                     "sweep_status"),
+    # (the function correlate and chance_floor stay in their modules: a package attribute of
+    # the same name as a submodule would shadow it, e.g. `from blockcoupling.studies import
+    # correlate` would give the function or the module depending on import order)
     "blockcoupling.studies.correlate": ("CorrelationResult", "paper_scores"),
     "blockcoupling.studies.vit.train": ("VitTrainConfig", "train_vit"),
     "blockcoupling.studies.vit.grid": ("run_grid",),
-    "blockcoupling.studies.lm_family": ("run_lm_family",),
+    "blockcoupling.studies.lm_study": ("run_study",),
     "blockcoupling.studies.demo": ("run_demo",),
 }
 _WHERE: dict[str, str] = {name: mod for mod, names in _EXPORTS.items() for name in names}
@@ -29,7 +32,7 @@ _WHERE: dict[str, str] = {name: mod for mod, names in _EXPORTS.items() for name 
 if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ does the work
     from blockcoupling.studies.correlate import CorrelationResult, paper_scores
     from blockcoupling.studies.demo import run_demo
-    from blockcoupling.studies.lm_family import run_lm_family
+    from blockcoupling.studies.lm_study import run_study
     from blockcoupling.studies.monitor import CouplingCallback, CouplingMonitor
     from blockcoupling.studies.sweep import (
         Sweep,
@@ -68,7 +71,7 @@ __all__ = [
     "paper_scores",
     "run_demo",
     "run_grid",
-    "run_lm_family",
+    "run_study",
     "run_sweep",
     "sweep_status",
     "train_vit",

@@ -2,12 +2,13 @@
 
 Three steps, each a plain function:
 
-1. **The coupling statistic per model** (:class:`CouplingStatistic`, :func:`mean_offdiag_coupling`,
-   :func:`model_table`): the mean over prompts of the mean over ordered layer pairs l != l' of
-   c_K (kind ``depth``, variant ``coupling``, p = 1, orientation ``ujv``, each prompt's last
-   measured token), with K = round(d / 10) per model (at least 1) unless a fixed K is given.
-   Other variants (``coupling_vs_null``, ...) on request; the statistic is stated in every
-   output (:meth:`CouplingStatistic.describe`).
+1. **The coupling statistic per model** (:class:`CouplingStatistic`, :func:`model_table`):
+   the headline rule of ``engine.statistic`` (mean over prompts of the per-prompt mean over
+   layer pairs l != l' at each prompt's last measured token, p = 1, orientation ``ujv``;
+   ``docs/conventions.md``) for raw c_K (as the paper) and ``coupling_vs_null`` (chance
+   corrected), each with its standard error over prompts, and the chance level of raw c_K,
+   with K = round(d / 10) per model (at least 1) unless a fixed K is given. Models measured
+   on different prompt sets are refused unless told otherwise (:func:`check_prompt_sets`).
 2. **The scores** (:func:`read_scores`): a CSV (``model``, ``score``, optional ``params_b,
    layers, d_model, train_tokens_t, group``), ``"paper"`` (the paper's Table 1 shipped as
    package data with a hub id for every row, :func:`paper_scores`), or an lm-evaluation-harness
@@ -17,8 +18,10 @@ Three steps, each a plain function:
    :func:`analyse`): for coupling and every other predictor present, n, slope, intercept, R^2,
    p, Pearson r with a seeded percentile-bootstrap 95% CI of R^2, Spearman rho and p
    (scipy.stats); the exponential fit score = a exp(b coupling) (scipy.optimize.curve_fit); the
-   partial correlation of coupling with the score controlling for log10 parameters
-   (statsmodels OLS); the same per ``group``.
+   partial correlation of each coupling predictor with the score controlling for log10
+   d_model, log10 parameters and both (statsmodels OLS, :func:`partial_correlations`); with
+   ``floor`` what the measured chance level explains (:func:`floor_analysis`); the same per
+   ``group``. Every output carries :data:`FLOOR_NOTE`.
 
 scipy and statsmodels are the optional extra ``blockcoupling[study]``; a clear error says so
 when they are missing. :func:`correlate` runs all three steps on run directories.
@@ -38,7 +41,12 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from blockcoupling.engine.names import P_VARIANTS
+from blockcoupling.engine.statistic import (
+    FLOOR_NOTE,
+    PAPER_K,
+    StatisticRule,
+    statistic_table,
+)
 from blockcoupling.errors import BlockCouplingError
 
 __all__ = [
@@ -52,19 +60,27 @@ __all__ = [
     "exponential_fit",
     "load_units",
     "match_scores",
-    "mean_offdiag_coupling",
+    "check_prompt_sets",
+    "floor_analysis",
     "model_table",
     "paper_scores",
     "partial_correlation",
+    "partial_correlations",
     "read_lmeval_dir",
     "read_scores",
     "read_scores_csv",
     "regression",
 ]
 
-#: Predictors regressed against the score, in output order. ``log_params`` = log10(params_b * 1e9).
-PREDICTORS: tuple[str, ...] = ("coupling", "params_b", "layers", "d_model", "train_tokens_t",
-                               "log_params")
+#: Predictors regressed against the score, in output order: the headline statistic (raw c_K,
+#: as the paper, and coupling_vs_null), then the models' shape. ``log_params`` =
+#: log10(params_b * 1e9), ``log_d_model`` = log10(d_model).
+COUPLING_PREDICTORS: tuple[str, ...] = ("coupling_mean", "coupling_vs_null_mean")
+PREDICTORS: tuple[str, ...] = (*COUPLING_PREDICTORS, "params_b", "layers", "d_model",
+                               "train_tokens_t", "log_params", "log_d_model")
+#: the controls of the partial correlations, alone and together
+CONTROLS: tuple[tuple[str, ...], ...] = (("log_d_model",), ("log_params",),
+                                         ("log_d_model", "log_params"))
 #: Optional columns of a score table.
 OPTIONAL_COLUMNS: tuple[str, ...] = ("params_b", "layers", "d_model", "train_tokens_t", "group")
 MIN_MODELS = 3
@@ -90,67 +106,43 @@ def _stats() -> tuple[Any, Any]:
 
 @dataclass(frozen=True)
 class CouplingStatistic:
-    """Which rows of a ``coupling`` table make a model's number, and how they are averaged.
+    """How each model's numbers are made: the headline rule of ``engine.statistic`` for every
+    variant in ``variants`` (default raw ``coupling``, as the paper, and ``coupling_vs_null``).
 
     ``k=None`` means K = max(1, round(d / 10)) per model (the paper's choice for the
-    correlation; Python's round, half to even). ``p`` only applies to the variants that have
-    one (``coupling``, ``miscoupling``, ``coupling_vs_null``).
+    correlation). ``p`` applies to ``coupling``/``miscoupling``; ``tokens`` and ``diagonal``
+    as in :func:`blockcoupling.coupling_statistic`.
     """
 
-    variant: str = "coupling"
+    variants: tuple[str, ...] = ("coupling", "coupling_vs_null")
     p: float | None = 1.0
     orientation: str = "ujv"
     k: int | None = None
+    tokens: str = "last"
+    diagonal: bool = False
 
-    def k_for(self, d: int) -> int:
-        return int(self.k) if self.k is not None else max(1, round(d / 10))
+    def __post_init__(self) -> None:
+        for v in self.variants:  # the rule checks every name once, here, before any run loads
+            StatisticRule(variant=v, k=self.k, p=self.p, orientation=self.orientation,
+                          tokens=self.tokens, diagonal=self.diagonal)
+
+    @property
+    def k_rule(self) -> int | str:
+        return int(self.k) if self.k is not None else PAPER_K
 
     def describe(self) -> str:
-        k = f"K = {self.k}" if self.k is not None else "K = round(d/10) per model"
-        p = f", p = {self.p:g}" if self._uses_p() else ""
-        return (f"mean over prompts of the mean over ordered layer pairs l != l' of depth-wise "
-                f"{self.variant} ({k}{p}, orientation {self.orientation}, each prompt's last "
-                "measured token)")
-
-    def _uses_p(self) -> bool:
-        return self.p is not None and self.variant in P_VARIANTS
+        rule = StatisticRule(variant=self.variants[0], k=self.k_rule, p=self.p,
+                             orientation=self.orientation, tokens=self.tokens,
+                             diagonal=self.diagonal)
+        return (rule.describe().replace(f"depth-wise {self.variants[0]}",
+                                        "depth-wise " + " and ".join(self.variants))
+                + " (K per model)" * (self.k is None))
 
     def to_dict(self) -> dict[str, Any]:
-        return {"kind": "depth", "variant": self.variant,
-                "p": self.p if self._uses_p() else None, "orientation": self.orientation,
-                "k": self.k if self.k is not None else "round(d/10)", "token": "last",
-                "layer_pairs": "l != l'", "description": self.describe()}
-
-
-def mean_offdiag_coupling(coupling: pd.DataFrame, *, k: int, variant: str = "coupling",
-                          p: float | None = 1.0, orientation: str = "ujv",
-                          where: str = "run") -> tuple[float, int]:
-    """``(mean over prompts of the mean over l != l' of the value, number of prompts)``.
-
-    ``coupling`` is a ``coupling`` table (one model). Only ``kind == "depth"`` rows at each
-    prompt's last measured token are used. Raises when no row matches, listing what was measured.
-    """
-    df = coupling[(coupling["kind"] == "depth") & (coupling["variant"] == variant)
-                  & (coupling["orientation"] == orientation)]
-    if p is not None and variant in P_VARIANTS:  # the others have one fixed p (or none)
-        df = df[df["p"] == float(p)]
-    sel = df[df["k"] == k]
-    if sel.empty:
-        depth = coupling[coupling["kind"] == "depth"]
-        have = sorted({int(v) for v in depth["k"].unique()}) if len(depth) else []
-        variants = sorted(map(str, depth["variant"].unique())) if len(depth) else []
-        raise BlockCouplingError(
-            f"{where}: no depth-wise {variant} rows at K={k} (orientation {orientation}, "
-            f"p={p}); it has K in {have or 'none'} and variants {variants or 'none'}. "
-            f"Measure with --coupling depth --k {k}, or pass --k with one of the measured K"
-        )
-    last = sel.groupby("prompt_id")["token_out_a"].transform("max")
-    sel = sel[(sel["token_out_a"] == last) & (sel["layer_a"] != sel["layer_b"])]
-    if sel.empty:
-        raise BlockCouplingError(f"{where}: only one layer measured; coupling across depth "
-                                 "needs at least two layers")
-    per_prompt = sel.groupby("prompt_id")["value"].mean()
-    return float(per_prompt.mean()), int(len(per_prompt))
+        return {v: StatisticRule(variant=v, k=self.k_rule, p=self.p,
+                                 orientation=self.orientation, tokens=self.tokens,
+                                 diagonal=self.diagonal).to_dict()
+                for v in self.variants}
 
 
 @dataclass
@@ -166,6 +158,7 @@ class ModelUnit:
     step: int | None = None
     source: str = ""
     keys: tuple[str, ...] = ()  # extra names a score table may use (e.g. the run folder name)
+    prompt_set: str = ""  # sha256 of the measured prompts' ids and texts
 
     def match_keys(self) -> list[str]:
         """Names a score row may use for this unit, most specific first."""
@@ -192,7 +185,16 @@ def _unit_from_run(path: Path) -> ModelUnit:
                      num_layers=int(meta.get("num_layers") or 0),
                      revision=str(revision) if revision else None,
                      step=int(step) if step is not None else None, source=str(path),
-                     keys=(path.name,))
+                     keys=(path.name,), prompt_set=prompt_set_of(m.prompts))
+
+
+def prompt_set_of(prompts: pd.DataFrame) -> str:
+    """A run's prompt set: sha256 of its prompts' ids and texts, in id order."""
+    import hashlib
+
+    rows = sorted(zip(prompts["prompt_id"].astype(str), prompts["text"].astype(str),
+                      strict=True))
+    return hashlib.sha256(json.dumps(rows).encode()).hexdigest()
 
 
 def _sweep_reader() -> Any:
@@ -275,20 +277,44 @@ def load_units(paths: Iterable[str | Path],
 
 def model_table(units: Sequence[ModelUnit], statistic: CouplingStatistic) -> pd.DataFrame:
     """One row per unit: label, model, revision, step, source, d_model_run, layers_run, k,
-    n_prompts, coupling (the statistic)."""
+    n_prompts, prompt_set, and per variant ``<variant>_mean`` and ``<variant>_se`` (the
+    headline statistic, ``engine.statistic``), ``coupling_chance`` (the mean chance level of
+    raw c_K, where coupling_vs_null was measured too)."""
     rows = []
     for u in units:
         if statistic.k is None and u.hidden_size < 1:
             raise BlockCouplingError(f"{u.source or u.label}: hidden size unknown, so K = d/10 "
                                      "cannot be chosen; pass --k")
-        k = statistic.k_for(u.hidden_size)
-        value, n = mean_offdiag_coupling(u.coupling, k=k, variant=statistic.variant,
-                                         p=statistic.p, orientation=statistic.orientation,
-                                         where=u.source or u.label)
-        rows.append({"label": u.label, "model": u.model, "revision": u.revision, "step": u.step,
-                     "source": u.source, "d_model_run": u.hidden_size,
-                     "layers_run": u.num_layers, "k": k, "n_prompts": n, "coupling": value})
+        t = statistic_table(u.coupling, variants=statistic.variants, k=statistic.k_rule,
+                            p=statistic.p, orientation=statistic.orientation,
+                            tokens=statistic.tokens, diagonal=statistic.diagonal,
+                            d_model=u.hidden_size or None, n_boot=0,
+                            where=u.source or u.label).set_index("variant")
+        row: dict[str, Any] = {
+            "label": u.label, "model": u.model, "revision": u.revision, "step": u.step,
+            "source": u.source, "d_model_run": u.hidden_size, "layers_run": u.num_layers,
+            "k": int(t["k"].iloc[0]), "n_prompts": int(t["n_prompts"].min()),
+            "prompt_set": u.prompt_set}
+        for v in statistic.variants:
+            row[f"{v}_mean"], row[f"{v}_se"] = float(t.loc[v, "mean"]), float(t.loc[v, "se"])
+        row["coupling_chance"] = (float(t.loc["coupling", "chance"])
+                                  if "coupling" in t.index else math.nan)
+        rows.append(row)
     return pd.DataFrame(rows)
+
+
+def check_prompt_sets(units: Sequence[ModelUnit], *, allow_mixed: bool = False) -> None:
+    """Refuse models measured on different prompt sets (their means are not comparable)
+    unless ``allow_mixed``."""
+    sets: dict[str, list[str]] = {}
+    for u in units:
+        sets.setdefault(u.prompt_set, []).append(u.label)
+    if len(sets) > 1 and not allow_mixed:
+        listed = "; ".join(f"{key[:10]}: {', '.join(labs[:3])}{', ...' if len(labs) > 3 else ''}"
+                           for key, labs in sets.items())
+        raise BlockCouplingError(
+            f"the models were measured on {len(sets)} different prompt sets ({listed}); measure "
+            "them on one prompt set, or pass --allow-mixed-prompts to correlate them anyway")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -528,6 +554,7 @@ def match_scores(models: pd.DataFrame, units: Sequence[ModelUnit], scores: pd.Da
         if col not in table.columns:
             table[col] = np.nan
     table["log_params"] = np.log10(table["params_b"].where(table["params_b"] > 0) * 1e9)
+    table["log_d_model"] = np.log10(table["d_model"].where(table["d_model"] > 0))
     excluded = [{"label": str(r["label"]), "reason": f"no score for {r['score_model']} in the table"}
                 for _, r in table[table["score"].isna()].iterrows()]
     return table[table["score"].notna()].reset_index(drop=True), excluded
@@ -629,39 +656,93 @@ def exponential_fit(x: Sequence[float], y: Sequence[float]) -> dict[str, Any]:
             "converged": converged}
 
 
-def partial_correlation(x: Sequence[float], y: Sequence[float], covariate: Sequence[float]
+def partial_correlation(x: Sequence[float], y: Sequence[float],
+                        covariates: Sequence[float] | Sequence[Sequence[float]]
                         ) -> dict[str, Any]:
-    """Partial correlation of x and y controlling for ``covariate`` (statsmodels OLS).
+    """Partial correlation of x and y controlling for one covariate or several (statsmodels OLS).
 
-    Fits y ~ 1 + x + covariate; the partial r is the correlation of the residuals of x and y
-    on (1, covariate), its p-value the t-test of x's coefficient (n - 3 degrees of freedom).
-    Rows with NaN in any column are dropped; needs n >= 4.
+    ``covariates``: one sequence (n,) or several (m sequences of n). Fits
+    y ~ 1 + x + covariates; the partial r is the correlation of the residuals of x and y on
+    (1, covariates), its p-value the t-test of x's coefficient (n - 2 - m degrees of freedom).
+    Rows with NaN in any column are dropped; needs n >= m + 3 (and at least 4).
     """
     _, sm = _stats()
-    xa, ya, ca = (np.asarray(v, dtype=float) for v in (x, y, covariate))
-    keep = np.isfinite(xa) & np.isfinite(ya) & np.isfinite(ca)
-    xa, ya, ca = xa[keep], ya[keep], ca[keep]
-    if len(xa) < MIN_MODELS + 1:
-        raise BlockCouplingError(f"a partial correlation needs at least {MIN_MODELS + 1} models "
-                                 f"with all values, got {len(xa)}")
-    if np.ptp(ca) == 0:
-        raise BlockCouplingError("the covariate is constant; nothing to control for")
-    c = sm.add_constant(ca)
+    cov = np.asarray(covariates, dtype=float)
+    cov = cov[None, :] if cov.ndim == 1 else cov  # (m, n)
+    xa, ya = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
+    keep = np.isfinite(xa) & np.isfinite(ya) & np.isfinite(cov).all(axis=0)
+    xa, ya, ca = xa[keep], ya[keep], cov[:, keep].T  # ca (n, m)
+    need = max(MIN_MODELS + 1, ca.shape[1] + 3)
+    if len(xa) < need:
+        raise BlockCouplingError(f"a partial correlation with {ca.shape[1]} control(s) needs at "
+                                 f"least {need} models with all values, got {len(xa)}")
+    if (np.ptp(ca, axis=0) == 0).any():
+        raise BlockCouplingError("a control is constant over the models; nothing to control for")
+    c = sm.add_constant(ca, has_constant="add")
+    if np.linalg.matrix_rank(c) < c.shape[1]:
+        raise BlockCouplingError("the controls are collinear over these models (e.g. log "
+                                 "parameters a function of log d_model); use one of them")
     rx = sm.OLS(xa, c).fit().resid
     ry = sm.OLS(ya, c).fit().resid
     if np.allclose(rx, 0) or np.allclose(ry, 0):
-        raise BlockCouplingError("after removing the covariate nothing varies")
-    full = sm.OLS(ya, sm.add_constant(np.column_stack([xa, ca]))).fit()
+        raise BlockCouplingError("after removing the controls nothing varies")
+    full = sm.OLS(ya, sm.add_constant(np.column_stack([xa, ca]), has_constant="add")).fit()
     r = float(np.corrcoef(rx, ry)[0, 1])
     return {"n": int(len(xa)), "r": r, "p": float(full.pvalues[1]), "df": int(full.df_resid),
             "coef": float(full.params[1]), "coef_stderr": float(full.bse[1])}
 
 
-def analyse(table: pd.DataFrame, *, n_boot: int = 2000, seed: int = 0) -> dict[str, Any]:
+def partial_correlations(table: pd.DataFrame, y: np.ndarray,
+                         predictors: Sequence[str] = COUPLING_PREDICTORS,
+                         controls: Sequence[Sequence[str]] = CONTROLS) -> list[dict[str, Any]]:
+    """Each coupling predictor's partial correlation with the score given each set of controls
+    (``log_d_model``, ``log_params``, both): one dict each, ``skipped`` with the reason where
+    it cannot be computed."""
+    out = []
+    for x in predictors:
+        if x not in table.columns:
+            continue
+        for ctrl in controls:
+            entry: dict[str, Any] = {"x": x, "y": "score", "controlling_for": list(ctrl)}
+            try:
+                missing = [c for c in ctrl if c not in table.columns]
+                if missing:
+                    raise BlockCouplingError(f"no {', '.join(missing)} in the table")
+                entry.update(partial_correlation(table[x], y, [table[c] for c in ctrl]))
+            except BlockCouplingError as err:
+                entry["skipped"] = str(err)
+            out.append(entry)
+    return out
+
+
+def floor_analysis(table: pd.DataFrame, y: np.ndarray) -> dict[str, Any]:
+    """What the measured chance level of raw c_K explains (``correlate --floor``): the
+    regression of the score on ``coupling_chance``, the correlation of raw c_K with the
+    score, and its partial correlation given the chance level (what survives the floor)."""
+    out: dict[str, Any] = {"x": "coupling_chance", "note": FLOOR_NOTE}
+    if "coupling_chance" not in table.columns or table["coupling_chance"].notna().sum() < 3:
+        out["skipped"] = ("the chance level was not measured (measure the variant "
+                          "coupling_vs_null beside coupling)")
+        return out
+    for key, fn in (("score_on_chance", lambda: regression(table["coupling_chance"], y,
+                                                           n_boot=0)),
+                    ("raw_on_score", lambda: regression(table["coupling_mean"], y, n_boot=0)),
+                    ("raw_given_chance", lambda: partial_correlation(
+                        table["coupling_mean"], y, table["coupling_chance"]))):
+        try:
+            out[key] = fn()
+        except BlockCouplingError as err:
+            out[key] = {"skipped": str(err)}
+    return out
+
+
+def analyse(table: pd.DataFrame, *, n_boot: int = 2000, seed: int = 0,
+            floor: bool = False) -> dict[str, Any]:
     """All statistics of one table (columns ``score`` and any of :data:`PREDICTORS`).
 
     Returns ``{"n", "predictors": {name: regression or {"skipped": why}}, "exponential",
-    "partial_correlation"}``. Raises for fewer than 3 models or constant scores.
+    "partial_correlations"}`` (and ``"floor"`` with ``floor``: :func:`floor_analysis`).
+    Raises for fewer than 3 models or constant scores.
     """
     y = table["score"].to_numpy(dtype=float)
     if len(table) < MIN_MODELS:
@@ -684,15 +765,12 @@ def analyse(table: pd.DataFrame, *, n_boot: int = 2000, seed: int = 0) -> dict[s
             continue
         out["predictors"][name] = regression(x, y, n_boot=n_boot, seed=seed)
     try:
-        out["exponential"] = exponential_fit(table["coupling"], y)
-    except BlockCouplingError as err:
+        out["exponential"] = exponential_fit(table["coupling_mean"], y)
+    except (BlockCouplingError, KeyError) as err:
         out["exponential"] = {"skipped": str(err)}
-    try:
-        out["partial_correlation"] = {
-            "x": "coupling", "y": "score", "controlling_for": "log_params",
-            **partial_correlation(table["coupling"], y, table["log_params"])}
-    except BlockCouplingError as err:
-        out["partial_correlation"] = {"skipped": str(err)}
+    out["partial_correlations"] = partial_correlations(table, y)
+    if floor:
+        out["floor"] = floor_analysis(table, y)
     return out
 
 
@@ -732,11 +810,14 @@ class CorrelationResult:
 
     def to_dict(self) -> dict[str, Any]:
         cols = [c for c in ("label", "model", "score_model", "revision", "step", "group", "k",
-                            "n_prompts", "coupling", "score", "params_b", "layers", "d_model",
-                            "train_tokens_t", "log_params") if c in self.table.columns]
+                            "n_prompts", "coupling_vs_null_mean", "coupling_vs_null_se",
+                            "coupling_mean", "coupling_se", "coupling_chance", "score",
+                            "params_b", "layers", "d_model", "train_tokens_t", "log_params",
+                            "log_d_model") if c in self.table.columns]
         models = self.table[cols].astype(object).where(self.table[cols].notna(), None)
         return _jsonable({
-            "statistic": self.statistic.to_dict(), "scores": self.scores_source,
+            "statistic": self.statistic.to_dict(), "floor_note": FLOOR_NOTE,
+            "scores": self.scores_source,
             "n_models": int(len(self.table)), "seed": self.seed, "n_boot": self.n_boot,
             "models": models.to_dict("records"), "excluded": self.excluded,
             **self.overall, "groups": self.groups,
@@ -758,10 +839,25 @@ class CorrelationResult:
             lo, hi = r["r2_ci"]
             lines.append(f"  {name:15s} n={r['n']:3d} R^2={r['r2']:.3f} [{lo:.2f}, {hi:.2f}] "
                          f"p={r['p']:.3g} slope={r['slope']:.4g} rho={r['spearman_rho']:+.3f}")
-        pc = self.overall.get("partial_correlation", {})
-        if "r" in pc:
-            lines.append(f"  partial r(coupling, score | log params) = {pc['r']:+.3f} "
-                         f"(p={pc['p']:.3g}, n={pc['n']})")
+        for pc in self.overall.get("partial_correlations", []):
+            given = " + ".join(pc["controlling_for"])
+            if "r" in pc:
+                lines.append(f"  partial r({pc['x']}, score | {given}) = {pc['r']:+.3f} "
+                             f"(p={pc['p']:.3g}, n={pc['n']})")
+            else:
+                lines.append(f"  partial r({pc['x']}, score | {given}): skipped "
+                             f"({pc['skipped']})")
+        fl = self.overall.get("floor")
+        if fl is not None:
+            if "skipped" in fl:
+                lines.append(f"  floor: skipped ({fl['skipped']})")
+            else:
+                sc, rg = fl["score_on_chance"], fl["raw_given_chance"]
+                lines.append("  floor: score on the measured chance level of raw c_K: " + (
+                    f"R^2={sc['r2']:.3f} p={sc['p']:.3g}" if "r2" in sc else sc["skipped"]))
+                lines.append("  floor: raw c_K given its chance level: " + (
+                    f"partial r={rg['r']:+.3f} p={rg['p']:.3g}" if "r" in rg else rg["skipped"]))
+        lines.append("  note: " + FLOOR_NOTE)
         for label in self.excluded:
             lines.append(f"  excluded {label['label']}: {label['reason']}")
         return "\n".join(lines)
@@ -769,9 +865,9 @@ class CorrelationResult:
 
 def correlate_table(table: pd.DataFrame, statistic: CouplingStatistic, *, scores_source: str = "",
                     excluded: list[dict[str, str]] | None = None, n_boot: int = 2000,
-                    seed: int = 0) -> CorrelationResult:
+                    seed: int = 0, floor: bool = False) -> CorrelationResult:
     """The statistics of an already-joined table (one row per model: coupling, score, ...)."""
-    overall = analyse(table, n_boot=n_boot, seed=seed)
+    overall = analyse(table, n_boot=n_boot, seed=seed, floor=floor)
     groups: dict[str, dict[str, Any]] = {}
     if "group" in table.columns:
         for g, sub in table.groupby(table["group"].fillna("(none)").astype(str), sort=True):
@@ -779,7 +875,7 @@ def correlate_table(table: pd.DataFrame, statistic: CouplingStatistic, *, scores
                 groups[str(g)] = {"n": int(len(sub)), "skipped": f"fewer than {MIN_MODELS} models"}
                 continue
             try:
-                groups[str(g)] = analyse(sub, n_boot=n_boot, seed=seed)
+                groups[str(g)] = analyse(sub, n_boot=n_boot, seed=seed, floor=floor)
             except BlockCouplingError as err:
                 groups[str(g)] = {"n": int(len(sub)), "skipped": str(err)}
     return CorrelationResult(table=table, statistic=statistic, scores_source=scores_source,
@@ -788,33 +884,30 @@ def correlate_table(table: pd.DataFrame, statistic: CouplingStatistic, *, scores
 
 
 def correlate(inputs: Sequence[str | Path] | Sequence[ModelUnit], scores: str | Path | pd.DataFrame,
-              *, k: int | None = None, variant: str = "coupling", p: float | None = 1.0,
-              orientation: str = "ujv", n_boot: int = 2000, seed: int = 0,
+              *, k: int | None = None, variants: Sequence[str] = ("coupling", "coupling_vs_null"),
+              p: float | None = 1.0, orientation: str = "ujv", tokens: str = "last",
+              diagonal: bool = False, floor: bool = False, allow_mixed_prompts: bool = False,
+              n_boot: int = 2000, seed: int = 0,
               labels: Sequence[str] | None = None) -> CorrelationResult:
     """The study on run directories (or :class:`ModelUnit` objects) and a score source.
 
     ``scores`` is ``"paper"``, a CSV path, an lm-evaluation-harness folder or a DataFrame with
-    the CSV's columns. ``labels`` name the run directories (one each) for the matching.
+    the CSV's columns. ``labels`` name the run directories (one each) for the matching. Each
+    model's numbers are the headline statistic (:class:`CouplingStatistic`) of every variant
+    in ``variants``; ``floor`` adds :func:`floor_analysis`; models measured on different
+    prompt sets are refused unless ``allow_mixed_prompts``.
     """
     _stats()
-    from blockcoupling.engine.config import VARIANTS
-
-    if variant not in VARIANTS:
-        raise BlockCouplingError(f"unknown variant {variant!r}; choose from {', '.join(VARIANTS)}")
-    if k is not None and k < 1:
+    if k is not None and (isinstance(k, bool) or int(k) != k or k < 1):
         raise BlockCouplingError(f"--k must be a positive integer, got {k}")
-    from blockcoupling.engine.names import ORIENTATIONS, VALID_P
-
-    if orientation not in ORIENTATIONS:
-        raise BlockCouplingError(f"--orientation {orientation!r}: choose {' or '.join(ORIENTATIONS)}")
-    if p is not None and float(p) not in VALID_P:
-        raise BlockCouplingError(f"--p {p}: choose 1, 2 or inf")
-    statistic = CouplingStatistic(variant=variant, p=p, orientation=orientation, k=k)
+    statistic = CouplingStatistic(variants=tuple(variants), p=p, orientation=orientation, k=k,
+                                  tokens=tokens, diagonal=diagonal)
     units = (list(inputs) if inputs and isinstance(inputs[0], ModelUnit)
              else load_units(inputs, labels))  # type: ignore[arg-type]
     if len(units) < MIN_MODELS:
         raise BlockCouplingError(f"the correlation needs at least {MIN_MODELS} models, got "
                                  f"{len(units)}; pass more run directories")
+    check_prompt_sets(units, allow_mixed=allow_mixed_prompts)  # type: ignore[arg-type]
     if isinstance(scores, pd.DataFrame):
         score_df, source = _check_score_frame(scores, "score table"), "table given in Python"
     else:
@@ -822,4 +915,4 @@ def correlate(inputs: Sequence[str | Path] | Sequence[ModelUnit], scores: str | 
     models = model_table(units, statistic)  # type: ignore[arg-type]
     table, excluded = match_scores(models, units, score_df)  # type: ignore[arg-type]
     return correlate_table(table, statistic, scores_source=source, excluded=excluded,
-                           n_boot=n_boot, seed=seed)
+                           n_boot=n_boot, seed=seed, floor=floor)

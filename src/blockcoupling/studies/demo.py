@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from blockcoupling.engine.statistic import headline as stat_headline
 from blockcoupling.errors import BlockCouplingError
 from blockcoupling.studies.tiny_lm import (  # the tiny LM, re-exported for the demo's users
     _CORPUS_PROMPTS,
@@ -167,18 +168,6 @@ def _announce(i: int, total: int, run: DemoRun, n_prompts: int, out: Path, progr
     tqdm.write(f"[{i}/{total}] {run.label}: {n_prompts} prompt(s){extra} -> {out / run.sub}")
 
 
-def headline(m: Any, k: int) -> tuple[float, float]:
-    """Mean depth-wise ``coupling`` and ``coupling_vs_null`` over layer pairs l != l' (K = k,
-    p = 1, orientation ``ujv``, every prompt and token) of a Measurement."""
-    df = m.coupling
-    sel = df[(df["kind"] == "depth") & (df["layer_a"] != df["layer_b"]) & (df["k"] == k)
-             & (df["orientation"] == "ujv") & ((df["p"] == 1.0) | df["p"].isna())]
-    # coupling has p = 1; coupling_vs_null is stored with p = 1 or an empty p by version
-    c = sel.loc[(sel["variant"] == "coupling") & (sel["p"] == 1.0), "value"].mean()
-    v = sel.loc[sel["variant"] == "coupling_vs_null", "value"].mean()
-    return float(c), float(v)
-
-
 @contextmanager
 def _ray_for_demo(executor: str) -> Iterator[None]:
     """A small local Ray cluster for the demo's sweeps (when ``executor == "ray"`` and this
@@ -246,10 +235,12 @@ def run_demo(
       for the demo unless this process already has one; ``"local"``: in this process). In the
       report each checkpoint's ``meta`` carries ``step`` and ``val_loss`` for the emergence
       figure;
-    * ``lm-family/`` (``family=True``): the coupling-vs-generalisation study on a family of
-      tiny causal LMs (:func:`blockcoupling.studies.lm_family.run_lm_family`: trained, scored
-      on held-out text, measured through a sweep on the same executor, correlated); its own
-      page is ``lm-family/correlation.html`` and its one-line result is printed at the end.
+    * ``lm-family/`` (``family=True``): the quick version of the coupling-vs-generalisation
+      and emergence study on independently trained tiny causal LMs
+      (:func:`blockcoupling.studies.lm_study.run_study`, ``blockcoupling study lm-family
+      --quick``: trained, scored on held-out text, measured at log-spaced checkpoints through
+      a sweep on the same executor, tested); its page is ``lm-family/study.html`` and its
+      statement, one line per claim, is printed at the end.
 
     MiniLM is measured at the last token (depth-wise coupling, K = 10 and d/10); the tiny LM at
     every token (depth-wise and token-wise). ``quick=True`` trains
@@ -337,15 +328,15 @@ def run_demo(
         # correlation, at toy scale): whatever it shows is reported as it comes out.
         family_result = None
         if family:
-            from blockcoupling.studies.lm_family import run_lm_family
+            from blockcoupling.studies.lm_study import run_study
 
             if progress:
                 from tqdm.auto import tqdm
 
-                tqdm.write(f"[family] tiny-LM family: train, score, measure by sweep, correlate "
-                           f"-> {out / 'lm-family'}")
-            family_result = run_lm_family(out / "lm-family", quick=quick, cache_dir=cache_dir,
-                                          progress=progress, executor=executor)
+                tqdm.write(f"[family] tiny-LM family (quick study): train, score, measure by "
+                           f"sweep, test -> {out / 'lm-family'}")
+            family_result = run_study(out / "lm-family", quick=True, cache_dir=cache_dir,
+                                      progress=progress, executor=executor)
     for unit_id, m in swept:
         step = int(m.meta["step"])  # parsed by the sweep from the folder name step-NNNNNN
         path = str(folder_of[step])
@@ -363,15 +354,21 @@ def run_demo(
     if progress:
         from tqdm.auto import tqdm
 
-        tqdm.write("mean depth-wise coupling over layer pairs l != l' (K = 10 where measured); "
-                   "above chance (coupling_vs_null): 0 = chance level, 1 = perfect")
+        tqdm.write("depth-wise coupling, K = 10 where measured: above chance "
+                   "(coupling_vs_null, 0 = chance level, 1 = perfect) ± se over prompts; "
+                   "raw c_K ± se and its chance level")
+        rule = ""
         for label, m in zip(labels, measurements, strict=True):
             ks = {int(v) for v in m.coupling["k"].unique()}
             k = 10 if 10 in ks else min(ks, default=10)
-            c, v = headline(m, k)
-            tqdm.write(f"  {label:<42} K = {k:<3} coupling {c:6.3f}   above chance {v:6.3f}")
+            stat = m.coupling_statistic(k=k, n_boot=0)
+            rule = str(stat["rule"].iloc[0])
+            tqdm.write(f"  {label:<42} {stat_headline(stat)}")
+        tqdm.write(f"  (rule: {rule})")
         if family_result is not None:
-            tqdm.write(family_result.summary())
+            tqdm.write("the tiny-LM family (toy scale: it tests the procedure, not LLMs):")
+            for line in family_result.statement:
+                tqdm.write(f"  {line}")
     # PNG figure files only: the HTML embeds them, and SVG/PDF would double the report's time
     return Path(write_report(measurements, out / "report.html", labels=labels, formats=("png",)))
 
@@ -385,7 +382,6 @@ __all__ = [
     "corpus_text",
     "default_cache_dir",
     "demo_prompts",
-    "headline",
     "load_checkpoint",
     "load_minilm",
     "random_like",

@@ -9,7 +9,7 @@ two cores, and are *not* tuned to make the coupling curves resemble the paper's.
 deterministic under its seed (fixed data order, ``torch.use_deterministic_algorithms``) for a
 given machine, torch version and thread count, and its checkpoints are cached (see
 :func:`train_tiny_lm`). Used by :mod:`blockcoupling.studies.demo` and
-:mod:`blockcoupling.studies.lm_family` (both import it; it imports neither).
+:mod:`blockcoupling.studies.lm_study` (both import it; it imports neither).
 """
 
 from __future__ import annotations

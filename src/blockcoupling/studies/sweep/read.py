@@ -9,12 +9,21 @@ aggregate run without materialising the rows. :meth:`Sweep.summary` is such an a
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
 from blockcoupling.engine.results import TABLES
+from blockcoupling.engine.statistic import (
+    DEFAULT_CI,
+    DEFAULT_N_BOOT,
+    HEADLINE_VARIANTS,
+    STATISTIC_COLUMNS,
+    KSpec,
+    statistic_table,
+)
 from blockcoupling.errors import BlockCouplingError
 from blockcoupling.studies.sweep import store
 
@@ -156,58 +165,116 @@ class Sweep:
     prompts = property(lambda self: self.table("prompts"))
     diagnostics = property(lambda self: self.table("diagnostics"))
 
+    # ------------------------------------------------------------------ statistic
+    def coupling_statistic(self, *, variants: Sequence[str] = HEADLINE_VARIANTS,
+                           k: KSpec | Sequence[int] = None, p: float | None = 1.0,
+                           orientation: str = "ujv", tokens: str = "last",
+                           diagonal: bool = False, n_boot: int = DEFAULT_N_BOOT, seed: int = 0,
+                           ci: float = DEFAULT_CI,
+                           include_duplicates: bool = False) -> pd.DataFrame:
+        """The headline statistic (``engine.statistic``) of every done unit: the unit
+        columns, then one row per variant and K. ``k=None`` is the smallest measured K, which
+        must be the same for every unit (a sweep with mixed K is refused: pass ``k``)."""
+        done = self.done()
+        if not include_duplicates:
+            done = done[done["duplicate_of"].isna()]
+        cols = list(UNIT_COLUMNS)
+        empty = pd.DataFrame(columns=cols + list(STATISTIC_COLUMNS))
+        if done.empty:
+            return empty
+        coupling = self.table("coupling", where=f"kind = 'depth' AND orientation = "
+                                                 f"{_sql_str(orientation)}")
+        by_unit = dict(tuple(coupling.groupby("unit_id", sort=False))) if len(coupling) else {}
+        frames = []
+        for _, unit in done.iterrows():
+            uid = str(unit["unit_id"])
+            rows = by_unit.get(uid)
+            where = f"unit {uid} ({unit['label']})"
+            if rows is None:
+                raise BlockCouplingError(f"{where}: no depth-wise coupling rows; measure the "
+                                         "sweep with coupling: [depth]")
+            d = self.unit_meta(uid).get("hidden_size")
+            t = statistic_table(rows, variants=variants, k=k, p=p, orientation=orientation,
+                                tokens=tokens, diagonal=diagonal, d_model=int(d) if d else None,
+                                n_boot=n_boot, seed=seed, ci=ci, where=where)
+            front = pd.DataFrame({c: [unit[c]] * len(t) for c in cols})
+            frames.append(pd.concat([front, t], axis=1))
+        out = pd.concat(frames, ignore_index=True)
+        if k is None and out.groupby("variant")["k"].nunique().max() > 1:
+            ks = sorted(int(x) for x in out["k"].unique())
+            raise BlockCouplingError(
+                f"{self.root}: the units' smallest measured K differ ({ks}); pass one K that "
+                "every unit measured (k=..., --k), or k='d/10' for the paper's per-model rule")
+        return _unit_types(out)
+
+    def unit_meta(self, unit_id: str) -> dict[str, Any]:
+        """A done unit's ``meta`` (model, hidden_size, num_layers, ...) from its manifest."""
+        from blockcoupling.store.manifest import load_manifest
+
+        path = self.run_dir(unit_id)
+        return dict(load_manifest(path).get("meta") or {})
+
     # ------------------------------------------------------------------ summary
-    def summary(self, *, k: int | None = None, p: float = 1.0, orientation: str = "ujv",
+    def summary(self, *, k: KSpec = None, p: float = 1.0, orientation: str = "ujv",
+                tokens: str = "last", diagonal: bool = False,
                 include_duplicates: bool = False) -> pd.DataFrame:
-        """Per done unit: ``mean_depth_coupling`` (mean over prompts and layer pairs
-        l != l' of ``coupling``, smallest measured K unless ``k``), its ``chance_coupling``
-        (the mean chance level c_null, from ``coupling_vs_null`` where it was measured) and
-        ``coupling_vs_null``; mean ``lss``; median ``expodistance`` (heavy-tailed). Units
-        that duplicate an earlier unit's weights are left out unless ``include_duplicates``."""
+        """Per done unit: the headline statistic (:meth:`coupling_statistic`) in wide form,
+        ``coupling_vs_null_mean, coupling_vs_null_se, coupling_mean, coupling_se,
+        coupling_chance`` (each unit's K in ``k``; a variant the unit did not measure is NaN),
+        mean ``lss`` and median ``expodistance`` (heavy-tailed). Units that duplicate an
+        earlier unit's weights are left out unless ``include_duplicates``."""
         cols = list(UNIT_COLUMNS) + ["weights_hash", "duplicate_of", "n_prompts"]
         base = self.done()[cols].copy()
         if not include_duplicates:
             base = base[base["duplicate_of"].isna()]
-        base = base.drop(columns=["duplicate_of"])
-        out = base.reset_index(drop=True)
-        for c in ("k", "mean_depth_coupling", "chance_coupling", "coupling_vs_null",
-                  "lss", "expodistance"):
+        out = base.drop(columns=["duplicate_of"]).reset_index(drop=True)
+        stat_cols = ["k", *SUMMARY_STATISTIC_COLUMNS, "lss", "expodistance"]
+        for c in stat_cols:
             out[c] = pd.Series([float("nan")] * len(out), dtype="float64")
         if out.empty:
+            out["k"] = out["k"].astype("Int64")
             return out
-        kk = f"k = {int(k)}" if k is not None else "k = (SELECT min(k) FROM coupling c2 " \
-            "WHERE c2.unit_id = c.unit_id AND c2.kind = 'depth')"
-        q_depth = f"""
-            WITH c AS (SELECT * FROM coupling c WHERE kind = 'depth' AND layer_a <> layer_b
-                       AND orientation = {_sql_str(orientation)} AND {kk}),
-            -- coupling_vs_null does not depend on p: stored once, with p empty
-            v AS (SELECT unit_id, prompt_id, layer_a, layer_b, token_out_a, k,
-                         max(CASE WHEN variant = 'coupling' AND p = {float(p)} THEN value END) AS c,
-                         max(CASE WHEN variant = 'coupling_vs_null' THEN value END) AS v
-                  FROM c GROUP BY ALL)
-            SELECT unit_id, min(k) AS k, avg(c) AS mean_depth_coupling,
-                   avg(CASE WHEN v < 1 THEN (c - v) / (1 - v) END) AS chance_coupling,
-                   avg(v) AS coupling_vs_null
-            FROM v GROUP BY unit_id"""
+        has_depth = not self.table("coupling", where="kind = 'depth'",
+                                   columns=["unit_id"]).empty
+        for variant in HEADLINE_VARIANTS:
+            if not has_depth:
+                break
+            try:
+                t = self.coupling_statistic(variants=(variant,), k=k, p=p,
+                                            orientation=orientation, tokens=tokens,
+                                            diagonal=diagonal, n_boot=0,
+                                            include_duplicates=include_duplicates)
+            except BlockCouplingError as err:
+                if "was not measured" in str(err):
+                    continue
+                raise
+            t = t.set_index("unit_id")
+            out["k"] = out["unit_id"].map(t["k"]).astype("float64")
+            for c in ("mean", "se"):
+                out[f"{variant}_{c}"] = out["unit_id"].map(t[c]).astype("float64")
+            if variant == "coupling":
+                out["coupling_chance"] = out["unit_id"].map(t["chance"]).astype("float64")
         q_traj = """SELECT unit_id, avg(lss) AS lss, median(expodistance) AS expodistance
                     FROM token_metrics GROUP BY unit_id"""
         con = self._connection()
         try:
             names = set(con.execute("SELECT table_name FROM information_schema.tables")
                         .df()["table_name"])
-            parts = []
-            if "coupling" in names:
-                parts.append(con.execute(q_depth).df())
-            if "token_metrics" in names:
-                parts.append(con.execute(q_traj).df())
+            traj = con.execute(q_traj).df() if "token_metrics" in names else None
         finally:
             con.close()
-        for part in parts:
-            part = part.set_index("unit_id")
-            for c in part.columns:
-                out[c] = out["unit_id"].map(part[c]).astype("float64")
+        if traj is not None:
+            traj = traj.set_index("unit_id")
+            for c in traj.columns:
+                out[c] = out["unit_id"].map(traj[c]).astype("float64")
         out["k"] = out["k"].astype("Int64")
         return out
+
+
+#: the statistic's columns in :meth:`Sweep.summary` (wide form, chance-corrected first)
+SUMMARY_STATISTIC_COLUMNS: tuple[str, ...] = (
+    "coupling_vs_null_mean", "coupling_vs_null_se", "coupling_mean", "coupling_se",
+    "coupling_chance")
 
 
 def _unit_types(df: pd.DataFrame) -> pd.DataFrame:

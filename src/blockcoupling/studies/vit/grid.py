@@ -31,6 +31,7 @@ import pandas as pd
 from blockcoupling.errors import BlockCouplingError
 from blockcoupling.store.fileio import atomic_write_text
 from blockcoupling.studies.vit.train import (
+    COUPLING_METRICS,
     METRICS_FILE,
     VitTrainConfig,
     is_trained,
@@ -257,7 +258,8 @@ def _run_dirs(root: Path) -> list[Path]:
 
 def collect_runs(root: str | Path) -> pd.DataFrame:
     """One row per ``vit-train`` output under ``root``: its grid point, status, final
-    accuracies and losses, final coupling (``coupling``, on ``final_images`` test images) and
+    accuracies and losses, final coupling (``COUPLING_METRICS``: raw ``coupling`` with its se
+    and chance level, ``coupling_vs_null`` with its se, on ``final_images`` test images) and
     the last monitored coupling (``coupling_monitor``)."""
     rows = []
     for d in _run_dirs(Path(root)):
@@ -277,12 +279,12 @@ def collect_runs(root: str | Path) -> pd.DataFrame:
             "test_accuracy": last.get("test_accuracy", math.nan),
             "train_loss": last.get("train_loss", math.nan),
             "test_loss": last.get("test_loss", math.nan),
-            "coupling": final.get("coupling", math.nan),
+            **{c: final.get(c, math.nan) for c in COUPLING_METRICS},
             "coupling_monitor": monitored[-1] if monitored else math.nan,
         })
     cols = ["name", "path", "status", "dataset", "drop_path", "weight_decay", "seed", "epochs",
-            "k", "train_accuracy", "test_accuracy", "train_loss", "test_loss", "coupling",
-            "coupling_monitor"]
+            "k", "train_accuracy", "test_accuracy", "train_loss", "test_loss",
+            *COUPLING_METRICS, "coupling_monitor"]
     return pd.DataFrame(rows, columns=cols)
 
 

@@ -218,11 +218,19 @@ def record_images(model: torch.nn.Module, pixel_values: Tensor, run_dir: Path, k
                           progress=progress)
 
 
+#: the coupling metrics of a ViT epoch or final measurement (the headline statistic over the
+#: images, ``engine.statistic``): raw c_K, its se and chance level, and coupling_vs_null
+COUPLING_METRICS: tuple[str, ...] = ("coupling", "coupling_se", "coupling_chance",
+                                     "coupling_vs_null", "coupling_vs_null_se")
+NO_COUPLING: dict[str, float] = dict.fromkeys(COUPLING_METRICS, float("nan"))
+
+
 def measure_images(model: torch.nn.Module, pixel_values: Tensor, run_dir: Path, k: int,
-                   *, labels: list[str] | None = None, progress: bool = False) -> float:
+                   *, labels: list[str] | None = None, progress: bool = False
+                   ) -> dict[str, float]:
     """:func:`record_images` (resumed, or the finished run already in ``run_dir``) in eval
-    mode with the training RNG untouched; returns the mean over images of the off-diagonal
-    mean depth-wise coupling at [CLS] (K = ``k``, p = 1, ujv)."""
+    mode with the training RNG untouched; returns the headline statistic over the images
+    (depth-wise at [CLS], K = ``k``, p = 1, ujv, pairs l != l') as ``COUPLING_METRICS``."""
     from blockcoupling.engine.state import preserved
     from blockcoupling.store.reader import is_run_dir, open_run, run_progress
 
@@ -233,7 +241,12 @@ def measure_images(model: torch.nn.Module, pixel_values: Tensor, run_dir: Path, 
         else:
             m = record_images(model, pixel_values, run_dir, k, labels=labels,
                               progress=progress, resume=is_run_dir(run_dir))
-    return float(m.mean_depth_coupling(k)["mean_offdiag"].mean())
+    t = m.coupling_statistic(k=k, n_boot=0).set_index("variant")
+    return {"coupling": float(t.loc["coupling", "mean"]),
+            "coupling_se": float(t.loc["coupling", "se"]),
+            "coupling_chance": float(t.loc["coupling", "chance"]),
+            "coupling_vs_null": float(t.loc["coupling_vs_null", "mean"]),
+            "coupling_vs_null_se": float(t.loc["coupling_vs_null", "se"])}
 
 
 # ---------------------------------------------------------------------------- I/O
@@ -357,7 +370,7 @@ def _train(config: VitTrainConfig, out: Path, *, progress: bool, on_epoch: Epoch
         c0 = time.process_time()
         c = measure_images(model, mon_x, out / "coupling" / f"epoch-{epoch:04d}", config.k,
                            labels=mon_labels)
-        return {"coupling": c, "seconds_measure": time.perf_counter() - t0,
+        return {**c, "seconds_measure": time.perf_counter() - t0,
                 "cpu_seconds_measure": time.process_time() - c0}
 
     if start_epoch == 1 and not history:  # epoch 0: the initialisation
@@ -367,7 +380,7 @@ def _train(config: VitTrainConfig, out: Path, *, progress: bool, on_epoch: Epoch
         row.update(train_loss=tr_loss, train_accuracy=tr_acc, test_loss=te_loss,
                    test_accuracy=te_acc, seconds_train=0.0, cpu_seconds_train=0.0)
         row.update(coupling_row(0) if config.monitor_every > 0 else
-                   {"coupling": float("nan"), "seconds_measure": 0.0, "cpu_seconds_measure": 0.0})
+                   {**NO_COUPLING, "seconds_measure": 0.0, "cpu_seconds_measure": 0.0})
         record(0, row)
 
     bar = _progress(range(start_epoch, config.epochs + 1), progress, f"train {out.name}")
@@ -415,7 +428,7 @@ def _train(config: VitTrainConfig, out: Path, *, progress: bool, on_epoch: Epoch
                "seconds_train": seconds_train, "cpu_seconds_train": cpu_seconds_train,
                "seconds_eval": time.perf_counter() - t0 - seconds_train}
         row.update(coupling_row(epoch) if monitored(epoch) else
-                   {"coupling": float("nan"), "seconds_measure": 0.0, "cpu_seconds_measure": 0.0})
+                   {**NO_COUPLING, "seconds_measure": 0.0, "cpu_seconds_measure": 0.0})
         if epoch < config.epochs:  # the checkpoint first: a finished epoch is never lost
             _save_checkpoint(ckpt_path, config, model, optimizer, [*history, row], epoch)
         record(epoch, row)
@@ -432,7 +445,7 @@ def _train(config: VitTrainConfig, out: Path, *, progress: bool, on_epoch: Epoch
     metrics = _metrics_doc(config, data, shape, history, "complete", data_seconds)
     metrics["final"] = {**{k: history[-1][k] for k in ("train_loss", "train_accuracy",
                                                        "test_loss", "test_accuracy")},
-                        "coupling": final, "seconds_measure": final_seconds,
+                        **final, "seconds_measure": final_seconds,
                         "images": int(min(config.final_images, len(data.test_y)))}
     metrics["seconds_total"] = time.perf_counter() - t_start
     _write_json(out / METRICS_FILE, metrics)
@@ -477,5 +490,5 @@ def _save_model(model: Any, folder: Path) -> None:
         model.save_pretrained(tmp)
 
 
-__all__ = ["VitTrainConfig", "evaluate", "is_trained", "lr_at", "measure_images", "param_groups",
+__all__ = ["COUPLING_METRICS", "VitTrainConfig", "evaluate", "is_trained", "lr_at", "measure_images", "param_groups",
            "read_metrics", "record_images", "train_vit"]

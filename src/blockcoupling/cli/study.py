@@ -1,0 +1,34 @@
+"""``blockcoupling study ...``: the built-in studies that test the paper's claims."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from blockcoupling.cli.app import STATE as _STATE
+from blockcoupling.cli.app import app, guarded
+
+study_app = typer.Typer(help="Built-in studies that test the paper's claims end to end.",
+                        no_args_is_help=True)
+app.add_typer(study_app, name="study")
+
+
+@study_app.command("lm-family")
+def lm_family(
+    out: Annotated[Path, typer.Option("--out", "-o", help="Output folder (study.json, study.html, sweep/).")],
+    quick: Annotated[bool, typer.Option("--quick", help="The test-suite's tiny version (about a minute).")] = False,
+    runs: Annotated[Path | None, typer.Option("--runs", help="A YAML study spec (runs, k, n_prompts, ...); default: the full family.")] = None,
+    executor: Annotated[str, typer.Option("--executor", help="How the checkpoints are measured: local (this process) or ray.")] = "local",
+) -> None:
+    """Train a family of tiny LMs, measure every checkpoint, and test whether coupling above
+    chance tracks held-out accuracy across runs (H1) and emerges with training (H2)."""
+    from blockcoupling.studies.lm_study import load_study_spec, run_study
+
+    with guarded(saved=f"trained checkpoints are cached and measured units kept in {out}"):
+        spec = load_study_spec(runs) if runs is not None else None
+        result = run_study(out, spec, quick=quick, progress=not _STATE["quiet"],
+                           executor=executor)
+        typer.echo(result.summary())
+        typer.echo(f"wrote {out / 'study.json'} and {out / 'study.html'}")

@@ -1,0 +1,420 @@
+"""The headline statistic: mean depth-wise coupling of a model, with its uncertainty.
+
+One rule, written once (``docs/conventions.md``, "The headline statistic"), used by every output
+that states "how coupled is this model": ``Measurement.mean_depth_coupling``, ``show``, the
+report pages, sweep summaries, the monitor and its tracker scalars, ``correlate``, the ViT
+metrics and the demo. Pure pandas/numpy over a ``coupling`` table; no model access.
+
+For one model (one ``coupling`` table), one variant and one K:
+
+1. rows: ``kind == "depth"``, the variant, K, the orientation, and ``p`` for the variants that
+   take one (``coupling``, ``miscoupling``);
+2. tokens: ``"last"`` (default, the paper's) keeps each prompt's last measured token;
+   ``"all"`` keeps every measured token;
+3. layer pairs: ordered pairs l != l' (default) or every pair including l = l'
+   (``diagonal=True``, the paper's literal average);
+4. per prompt: the mean over its layer pairs (with ``tokens="all"``: the mean over pairs per
+   token, then the mean over the prompt's tokens);
+5. the statistic: ``mean`` over prompts of the per-prompt values, ``se`` = sample standard
+   deviation over prompts / sqrt(n) (ddof = 1; NaN for one prompt), ``ci_low``/``ci_high`` a
+   seeded percentile bootstrap over prompts, and ``chance``: the same aggregate of each row's
+   chance level (c_null for ``coupling``, m_null for ``miscoupling``, 0 for
+   ``coupling_vs_null``; NaN where no chance level is defined or the ``coupling_vs_null`` rows
+   needed to recover it were not measured).
+
+The chance level of a row depends on the measured Jacobian J1 only (``metrics.chance_coupling``:
+its top-K singular values, ||J1||_F and d), so it is recovered from the stored values
+``c = coupling`` and ``v = coupling_vs_null = (c - c_null) / (1 - c_null)`` as
+``c_null = (c - v) / (1 - v)`` on the off-diagonal rows of the same J1 and used for its
+diagonal rows too (where c = v = 1 up to rounding and the ratio is noise).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from blockcoupling.engine.names import ORIENTATIONS, P_VARIANTS, VALID_P, VARIANTS
+from blockcoupling.errors import BlockCouplingError
+
+__all__ = [
+    "HEADLINE_VARIANTS",
+    "STATISTIC_COLUMNS",
+    "TOKEN_RULES",
+    "StatisticRule",
+    "FLOOR_NOTE",
+    "bootstrap_ci",
+    "flat_chance",
+    "headline",
+    "headline_wide",
+    "paper_k",
+    "per_prompt_values",
+    "statistic_table",
+    "summarise",
+    "wide_statistic",
+]
+
+#: how the measured tokens of a prompt enter its value
+TOKEN_RULES: tuple[str, ...] = ("last", "all")
+#: the variants a headline states, first the chance-corrected one (the headline), then raw c_K
+HEADLINE_VARIANTS: tuple[str, ...] = ("coupling_vs_null", "coupling")
+#: the K rule of the paper's correlation: K = max(1, round(d / 10)) per model
+PAPER_K = "d/10"
+#: the columns of a statistic table after the caller's own (label, step, ...)
+STATISTIC_COLUMNS: tuple[str, ...] = (
+    "variant", "k", "p", "orientation", "tokens", "diagonal", "d_model", "n_prompts", "mean",
+    "se", "ci_low", "ci_high", "chance", "rule",
+)
+#: the width floor of raw c_K, said wherever raw c_K is correlated with anything
+FLOOR_NOTE = (
+    "Raw c_K at K = round(d/10) has a chance level that depends on the width alone: for a flat "
+    "spectrum c_null = 1 - sqrt(1/d + 1/K), about 0.88 at d = 768 and 0.96 at d = 8192, so "
+    "wider models score higher with no structure at all. coupling_vs_null removes it; the "
+    "partial correlations control for log10 d_model and log10 parameters "
+    "(`blockcoupling chance-floor` shows how much of a score table the floor alone explains).")
+DEFAULT_N_BOOT = 1000
+DEFAULT_CI = 0.95
+
+KSpec = int | str | None
+
+
+def flat_chance(d: int | np.ndarray, k: int | np.ndarray) -> np.ndarray:
+    """The chance level of raw c_K (p = 1) for a flat spectrum: ``1 - sqrt(1/d + 1/K)``.
+
+    From ``metrics.chance_miscoupling`` with K equal singular values s and ||J||_F^2 = d s^2:
+    m_null = sqrt((K/d)^2 d s^2 + K s^2) / (K s) = sqrt(1/d + 1/K)."""
+    d_arr, k_arr = np.asarray(d, dtype=np.float64), np.asarray(k, dtype=np.float64)
+    return 1.0 - np.sqrt(1.0 / d_arr + 1.0 / k_arr)
+
+
+def paper_k(d: int) -> int:
+    """The paper's K for the correlation with benchmark scores: max(1, round(d / 10))
+    (Python's round: half to even)."""
+    return max(1, round(int(d) / 10))
+
+
+@dataclass(frozen=True)
+class StatisticRule:
+    """Which rows make one value and how they are averaged (module docstring)."""
+
+    variant: str = "coupling_vs_null"
+    k: KSpec = None  # None: the smallest measured K; "d/10": paper_k(d_model); or an int
+    p: float | None = 1.0
+    orientation: str = "ujv"
+    tokens: str = "last"
+    diagonal: bool = False
+    n_boot: int = DEFAULT_N_BOOT
+    seed: int = 0
+    ci: float = DEFAULT_CI
+
+    def __post_init__(self) -> None:
+        if self.variant not in VARIANTS:
+            raise BlockCouplingError(
+                f"unknown coupling variant {self.variant!r}; use one of {', '.join(VARIANTS)}")
+        if self.orientation not in ORIENTATIONS:
+            raise BlockCouplingError(f"unknown orientation {self.orientation!r}; use "
+                                     f"{' or '.join(ORIENTATIONS)}")
+        if self.tokens not in TOKEN_RULES:
+            raise BlockCouplingError(
+                f"unknown token rule {self.tokens!r}: use 'last' (each prompt's last measured "
+                "token, the paper's) or 'all' (the measured tokens averaged within each prompt)")
+        if self.k is not None and self.k != PAPER_K:
+            if isinstance(self.k, bool) or not isinstance(self.k, int | np.integer) or self.k < 1:
+                raise BlockCouplingError(
+                    f"K must be a positive integer, {PAPER_K!r} (round(d/10) per model) or "
+                    f"None (the smallest measured K), not {self.k!r}")
+        if self.p is not None and self.uses_p and float(self.p) not in VALID_P:
+            raise BlockCouplingError(f"p must be one of 1, 2, inf, not {self.p!r}")
+        if not (isinstance(self.n_boot, int) and self.n_boot >= 0):
+            raise BlockCouplingError(f"n_boot must be an integer >= 0, not {self.n_boot!r}")
+        if not (isinstance(self.ci, float | int) and 0 < float(self.ci) < 1):
+            raise BlockCouplingError(f"ci must be a level between 0 and 1, not {self.ci!r}")
+
+    @property
+    def uses_p(self) -> bool:
+        return self.variant in P_VARIANTS
+
+    @property
+    def reported_p(self) -> float | None:
+        """The p of the rows: the user's for coupling/miscoupling, fixed otherwise."""
+        if self.uses_p:
+            return 1.0 if self.p is None else float(self.p)
+        return 2.0 if self.variant == "released_norm" else None
+
+    def k_label(self) -> str:
+        if self.k is None:
+            return "the smallest measured K"
+        if self.k == PAPER_K:
+            return "K = round(d/10)"
+        return f"K = {int(self.k)}"
+
+    def describe(self, k: int | None = None, *, variants: Sequence[str] | None = None,
+                 k_text: str | None = None) -> str:
+        """The rule in words (one line), with the resolved K where given; ``variants`` names
+        several variants stated by one rule, ``k_text`` replaces the K (e.g. "K as on each
+        line")."""
+        kk = k_text or (f"K = {k}" if k is not None else self.k_label())
+        names = " and ".join(variants) if variants else self.variant
+        uses_p = any(v in P_VARIANTS for v in (variants or (self.variant,)))
+        p = f", p = {1.0 if self.p is None else float(self.p):g}" if uses_p else ""
+        pairs = "every ordered layer pair (l = l' included)" if self.diagonal else \
+            "ordered layer pairs l != l'"
+        tok = ("each prompt's last measured token" if self.tokens == "last"
+               else "the measured tokens averaged within each prompt")
+        return (f"depth-wise {names} ({kk}{p}, orientation {self.orientation}): mean over "
+                f"prompts of the per-prompt mean over {pairs}, at {tok}; se = sd over prompts "
+                f"/ sqrt(n); {self.ci:.0%} CI: percentile bootstrap over prompts "
+                f"({self.n_boot} resamples, seed {self.seed})")
+
+    def to_dict(self, k: int | None = None) -> dict[str, Any]:
+        """The rule for JSON outputs (``"statistic": {...}``)."""
+        return {
+            "kind": "depth", "variant": self.variant,
+            "k": k if k is not None else (self.k if self.k is not None else "min measured"),
+            "k_rule": self.k if self.k is not None else "min measured",
+            "p": self.reported_p, "orientation": self.orientation, "tokens": self.tokens,
+            "layer_pairs": "all (l = l' included)" if self.diagonal else "l != l'",
+            "aggregate": "mean over prompts of the per-prompt mean",
+            "se": "sample standard deviation over prompts / sqrt(n)",
+            "ci": {"level": self.ci, "method": "percentile bootstrap over prompts",
+                   "n_boot": self.n_boot, "seed": self.seed},
+            "description": self.describe(k),
+        }
+
+    def resolve_k(self, measured: Sequence[int], d_model: int | None, where: str) -> int:
+        """The K this rule uses on a table that measured ``measured``."""
+        have = sorted({int(v) for v in measured})
+        if not have:
+            raise BlockCouplingError(
+                f"{where}: no depth-wise {self.variant} rows; measure with --coupling depth "
+                f"--variant {self.variant}")
+        if self.k is None:
+            return have[0]
+        if self.k == PAPER_K:
+            if not d_model:
+                raise BlockCouplingError(
+                    f"{where}: K = round(d/10) needs the model's hidden size, which this run "
+                    "does not record; pass a fixed K instead")
+            k = paper_k(d_model)
+        else:
+            k = int(self.k)  # type: ignore[arg-type]
+        if k not in have:
+            raise BlockCouplingError(
+                f"{where}: no depth-wise {self.variant} rows at K = {k}; it measured K in "
+                f"{have}. Measure with --k {k}, or ask for one of the measured K")
+        return k
+
+
+def _select(coupling: pd.DataFrame, rule: StatisticRule, where: str) -> pd.DataFrame:
+    """The depth rows of the rule's variant, orientation and p (every K)."""
+    depth = coupling[coupling["kind"] == "depth"]
+    if depth.empty:
+        raise BlockCouplingError(f"{where}: no depth-wise coupling rows; measure with "
+                                 "--coupling depth")
+    df = depth[(depth["variant"] == rule.variant) & (depth["orientation"] == rule.orientation)]
+    if rule.uses_p:
+        df = df[df["p"] == rule.reported_p]
+    if df.empty:
+        variants = sorted(map(str, depth["variant"].unique()))
+        if rule.variant not in variants:
+            raise BlockCouplingError(
+                f"{where}: variant {rule.variant} was not measured (it has {variants}); "
+                f"measure with --variant {rule.variant}" +
+                (" (it needs no p: it is the chance-corrected coupling)"
+                 if rule.variant == "coupling_vs_null" else ""))
+        raise BlockCouplingError(
+            f"{where}: no depth-wise {rule.variant} rows with orientation {rule.orientation}"
+            + (f" and p = {rule.reported_p:g}" if rule.uses_p else "") +
+            f"; it has orientations {sorted(map(str, depth['orientation'].unique()))}" +
+            (f" and p {sorted(float(x) for x in depth['p'].dropna().unique())}"
+             if rule.uses_p else ""))
+    return df
+
+
+def _chance_rows(coupling: pd.DataFrame, sel: pd.DataFrame, rule: StatisticRule,
+                 k: int) -> pd.Series:
+    """Each selected row's chance level (aligned with ``sel``); NaN where undefined."""
+    if rule.variant == "coupling_vs_null":
+        return pd.Series(0.0, index=sel.index)
+    if rule.variant not in P_VARIANTS:
+        return pd.Series(math.nan, index=sel.index)
+    keys = ["prompt_id", "layer_a", "layer_b", "token_in_a", "token_out_a", "token_in_b",
+            "token_out_b"]
+    base = coupling[(coupling["kind"] == "depth") & (coupling["k"] == k)
+                    & (coupling["orientation"] == rule.orientation)]
+    v = base[base["variant"] == "coupling_vs_null"].set_index(keys)["value"]
+    if v.empty:
+        return pd.Series(math.nan, index=sel.index)
+    val = sel.set_index(keys)["value"]
+    c = val if rule.variant == "coupling" else 1.0 - val
+    vv = v.reindex(c.index).to_numpy()
+    cc = c.to_numpy()
+    frame = c.index.to_frame(index=False)
+    # off-diagonal rows only: on l = l' both c and v are 1 up to rounding and the ratio is noise
+    off = (frame["layer_a"] != frame["layer_b"]).to_numpy()
+    with np.errstate(divide="ignore", invalid="ignore"):
+        c0 = np.where(off & (vv < 1.0), (cc - vv) / (1.0 - vv), np.nan)
+    # c_null depends on J1 alone: one value per measured Jacobian, also for its l = l' rows
+    j1 = ["prompt_id", "layer_a", "token_in_a", "token_out_a"]
+    frame = frame[j1]
+    frame["c0"] = c0
+    per_j1 = frame.groupby(j1, sort=False)["c0"].transform("mean").to_numpy()
+    chance = per_j1 if rule.variant == "coupling" else 1.0 - per_j1
+    return pd.Series(chance, index=sel.index)
+
+
+def per_prompt_values(coupling: pd.DataFrame, rule: StatisticRule, *, k: int,
+                      where: str = "run") -> pd.DataFrame:
+    """Per prompt: ``prompt_id, value, chance`` (steps 1-4 of the rule) at a resolved K.
+
+    ``coupling`` is one model's ``coupling`` table."""
+    sel = _select(coupling, rule, where)
+    sel = sel[sel["k"] == k]
+    if sel.empty:
+        raise BlockCouplingError(f"{where}: no depth-wise {rule.variant} rows at K = {k}")
+    sel = sel.assign(chance=_chance_rows(coupling, sel, rule, k))
+    if rule.tokens == "last":
+        last = sel.groupby("prompt_id", sort=False)["token_out_a"].transform("max")
+        sel = sel[sel["token_out_a"] == last]
+    if not rule.diagonal:
+        sel = sel[sel["layer_a"] != sel["layer_b"]]
+        if sel.empty:
+            raise BlockCouplingError(
+                f"{where}: only one layer measured; coupling across depth needs at least two "
+                "layers (or diagonal=True)")
+    per_token = sel.groupby(["prompt_id", "token_out_a"], sort=False)[["value", "chance"]].mean()
+    per_prompt = per_token.groupby(level="prompt_id", sort=False).mean()
+    return per_prompt.reset_index()[["prompt_id", "value", "chance"]]
+
+
+def bootstrap_ci(values: np.ndarray, *, n_boot: int = DEFAULT_N_BOOT, seed: int = 0,
+                 ci: float = DEFAULT_CI) -> tuple[float, float]:
+    """Seeded percentile bootstrap CI of the mean of ``values`` (n,); NaN for n < 2."""
+    x = np.asarray(values, dtype=np.float64)
+    if x.size < 2 or n_boot < 1:
+        return math.nan, math.nan
+    rng = np.random.default_rng(seed)
+    means = x[rng.integers(0, x.size, size=(n_boot, x.size))].mean(axis=1)  # (n_boot,)
+    lo, hi = np.quantile(means, [(1 - ci) / 2, 1 - (1 - ci) / 2])
+    return float(lo), float(hi)
+
+
+def summarise(values: np.ndarray, *, n_boot: int = DEFAULT_N_BOOT, seed: int = 0,
+              ci: float = DEFAULT_CI) -> dict[str, float | int]:
+    """``n_prompts, mean, se, ci_low, ci_high`` of per-prompt values (NaNs left out)."""
+    x = np.asarray(values, dtype=np.float64)
+    x = x[np.isfinite(x)]
+    n = int(x.size)
+    mean = float(x.mean()) if n else math.nan
+    se = float(x.std(ddof=1) / math.sqrt(n)) if n > 1 else math.nan
+    lo, hi = bootstrap_ci(x, n_boot=n_boot, seed=seed, ci=ci)
+    return {"n_prompts": n, "mean": mean, "se": se, "ci_low": lo, "ci_high": hi}
+
+
+def statistic_table(coupling: pd.DataFrame, *, variants: Sequence[str] = HEADLINE_VARIANTS,
+                    k: KSpec | Sequence[int] = None, p: float | None = 1.0,
+                    orientation: str = "ujv", tokens: str = "last", diagonal: bool = False,
+                    d_model: int | None = None, n_boot: int = DEFAULT_N_BOOT, seed: int = 0,
+                    ci: float = DEFAULT_CI, where: str = "run") -> pd.DataFrame:
+    """One model's statistic: one row per requested variant and K (``STATISTIC_COLUMNS``).
+
+    ``k``: None (each variant's smallest measured K), ``"d/10"`` (needs ``d_model``), an int
+    or a list of ints. Raises :class:`BlockCouplingError` naming what to measure when the table
+    lacks the rows the rule needs."""
+    if isinstance(variants, str):
+        variants = (variants,)
+    ks: list[KSpec] = list(k) if isinstance(k, list | tuple) else [k]
+    rows = []
+    for variant in variants:
+        for kspec in ks:
+            rule = StatisticRule(variant=variant, k=kspec, p=p, orientation=orientation,
+                                 tokens=tokens, diagonal=diagonal, n_boot=n_boot, seed=seed,
+                                 ci=ci)
+            sel = _select(coupling, rule, where)
+            kk = rule.resolve_k(sel["k"].unique(), d_model, where)
+            pp = per_prompt_values(coupling, rule, k=kk, where=where)
+            stats = summarise(pp["value"].to_numpy(), n_boot=n_boot, seed=seed, ci=ci)
+            chance = pp["chance"].to_numpy(dtype=np.float64)
+            rows.append({
+                "variant": variant, "k": kk, "p": rule.reported_p, "orientation": orientation,
+                "tokens": tokens, "diagonal": bool(diagonal),
+                "d_model": int(d_model) if d_model else pd.NA, **stats,
+                "chance": float(np.nanmean(chance)) if np.isfinite(chance).any() else math.nan,
+                "rule": rule.describe(kk),
+            })
+    out = pd.DataFrame(rows, columns=list(STATISTIC_COLUMNS))
+    out["k"] = out["k"].astype("int64")
+    out["d_model"] = out["d_model"].astype("Int64")
+    out["n_prompts"] = out["n_prompts"].astype("int64")
+    return out
+
+
+def wide_statistic(table: pd.DataFrame, index: Sequence[str] = ()) -> pd.DataFrame:
+    """A statistic table as one row per ``index`` group with ``<variant>_mean``, ``_se``,
+    ``_ci_low``, ``_ci_high``, ``_chance`` and ``_k`` columns (for summaries and JSON)."""
+    index = list(index)
+    parts = []
+    groups = table.groupby(index, sort=False, dropna=False) if index else [((), table)]
+    for key, g in groups:
+        row: dict[str, Any] = dict(zip(index, key if isinstance(key, tuple) else (key,),
+                                       strict=True))
+        row["n_prompts"] = int(g["n_prompts"].max()) if len(g) else 0
+        for _, r in g.iterrows():
+            v = r["variant"]
+            for c in ("mean", "se", "ci_low", "ci_high", "chance", "k"):
+                row[f"{v}_{c}"] = r[c]
+        parts.append(row)
+    return pd.DataFrame(parts)
+
+
+def _pm(mean: float, se: float) -> str:
+    if not np.isfinite(mean):
+        return "n/a"
+    return f"{mean:.4f} ± {se:.4f}" if np.isfinite(se) else f"{mean:.4f} (one prompt: no se)"
+
+
+def headline(table: pd.DataFrame) -> str:
+    """The headline in words, from one model's statistic table at one K: the chance-corrected
+    value first with its se, then raw c_K with its se and its chance level. Rows of other
+    variants are ignored; a missing variant is said, never filled in."""
+    by = {str(r["variant"]): r for _, r in table.iterrows()}
+    parts = []
+    v = by.get("coupling_vs_null")
+    c = by.get("coupling")
+    if v is not None:
+        parts.append(f"above chance (coupling_vs_null) {_pm(v['mean'], v['se'])}")
+    else:
+        parts.append("above chance: not measured (add --variant coupling_vs_null)")
+    if c is not None:
+        chance = (f"chance {c['chance']:.4f}" if np.isfinite(c["chance"])
+                  else "chance level not measured")
+        parts.append(f"raw c_K {_pm(c['mean'], c['se'])} ({chance})")
+    first = v if v is not None else c
+    head = ""
+    if first is not None:
+        head = f"K={int(first['k'])}, {int(first['n_prompts'])} prompts: "
+    return head + "; ".join(parts)
+
+
+def headline_wide(row: Any, n_prompts: int | None = None) -> str:
+    """:func:`headline` of one row of a wide summary (``<variant>_mean``, ``_se``,
+    ``coupling_chance``, ``k``, ``n_prompts``; e.g. ``Sweep.summary()``)."""
+    rows = []
+    for v in HEADLINE_VARIANTS:
+        mean = row.get(f"{v}_mean")
+        if mean is None or not np.isfinite(float(mean)):
+            continue
+        rows.append({"variant": v, "mean": float(mean), "se": float(row.get(f"{v}_se")),
+                     "chance": float(row.get("coupling_chance", math.nan))
+                     if v == "coupling" else 0.0,
+                     "k": int(row.get("k")),
+                     "n_prompts": int(n_prompts if n_prompts is not None
+                                      else row.get("n_prompts"))})
+    if not rows:
+        return "no depth-wise coupling measured"
+    return headline(pd.DataFrame(rows))

@@ -1,0 +1,137 @@
+"""The width floor of the paper's statistic, diagnosed without measuring any model.
+
+Raw c_K at K = round(d/10) has a chance level set by the width alone (flat spectrum:
+``engine.statistic.flat_chance``, c_null = 1 - sqrt(1/d + 1/K)). :func:`chance_floor`
+regresses a score table on that floor: if the floor alone explains the scores, a correlation
+of raw c_K with them says little about structure. ``blockcoupling chance-floor`` runs it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from blockcoupling.engine.statistic import FLOOR_NOTE, PAPER_K, flat_chance, paper_k
+from blockcoupling.errors import BlockCouplingError
+from blockcoupling.studies.correlate import MIN_MODELS, _jsonable, read_scores, regression
+
+__all__ = ["ChanceFloorResult", "chance_floor", "parse_k_rule"]
+
+
+def parse_k_rule(value: str | int) -> str | int:
+    """``"d/10"`` (the paper's K = round(d/10)) or a fixed positive K."""
+    if str(value).strip() == PAPER_K:
+        return PAPER_K
+    try:
+        k = int(str(value).strip())
+    except ValueError:
+        k = 0
+    if k < 1:
+        raise BlockCouplingError(f"--k-rule {value!r}: give d/10 (the paper's K = round(d/10)) "
+                                 "or a fixed positive K such as 10")
+    return k
+
+
+@dataclass
+class ChanceFloorResult:
+    """The floor of every scored row and the regressions of the scores on it."""
+
+    table: pd.DataFrame  # model, name, group, d_model, k, floor, score
+    k_rule: str | int
+    scores_source: str
+    overall: dict[str, Any]
+    groups: dict[str, dict[str, Any]] = field(default_factory=dict)
+    excluded: list[dict[str, str]] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        cols = [c for c in ("model", "name", "group", "d_model", "k", "floor", "score")
+                if c in self.table.columns]
+        rows = self.table[cols].astype(object).where(self.table[cols].notna(), None)
+        return _jsonable({
+            "statistic": {"floor": "flat-spectrum chance level of raw c_K (p = 1): "
+                          "1 - sqrt(1/d + 1/K)", "k_rule": self.k_rule},
+            "note": FLOOR_NOTE, "scores": self.scores_source, "n_models": len(self.table),
+            "overall": self.overall, "groups": self.groups, "models": rows.to_dict("records"),
+            "excluded": self.excluded})
+
+    def to_json(self, path: str | Path) -> Path:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(self.to_dict(), indent=1, allow_nan=False) + "\n")
+        return path
+
+    def summary(self) -> str:
+        k = "K = round(d/10)" if self.k_rule == PAPER_K else f"K = {self.k_rule}"
+        lines = [f"score against the flat-spectrum chance level of raw c_K ({k}), no model "
+                 f"measured; scores: {self.scores_source}"]
+        for name, r in [("all", self.overall), *self.groups.items()]:
+            if "skipped" in r:
+                lines.append(f"  {name:12s} n={r.get('n', 0):3d} skipped ({r['skipped']})")
+            else:
+                lines.append(f"  {name:12s} n={r['n']:3d} R^2={r['r2']:.3f} p={r['p']:.3g} "
+                             f"slope={r['slope']:.4g} (floor {r['floor_min']:.3f} to "
+                             f"{r['floor_max']:.3f})")
+        for e in self.excluded:
+            lines.append(f"  excluded {e['model']}: {e['reason']}")
+        lines.append("  note: " + FLOOR_NOTE)
+        return "\n".join(lines)
+
+
+def _fit(sub: pd.DataFrame) -> dict[str, Any]:
+    if len(sub) < MIN_MODELS:
+        return {"n": int(len(sub)), "skipped": f"fewer than {MIN_MODELS} models with a score"}
+    try:
+        r = regression(sub["floor"], sub["score"], n_boot=0)
+    except BlockCouplingError as err:
+        return {"n": int(len(sub)), "skipped": str(err)}
+    keep = {k: r[k] for k in ("n", "slope", "intercept", "slope_stderr", "r", "r2", "p",
+                              "spearman_rho", "spearman_p")}
+    return {**keep, "floor_min": float(sub["floor"].min()),
+            "floor_max": float(sub["floor"].max())}
+
+
+def chance_floor(scores: str | Path | pd.DataFrame, *,
+                 k_rule: str | int = PAPER_K) -> ChanceFloorResult:
+    """Regress the scores on the width floor of raw c_K (``n, slope, R^2, p``), over all rows
+    and per ``group`` where the table has one (the paper's table: base / fine-tuned).
+    Rows without a score or a d_model are listed in ``excluded``."""
+    rule = parse_k_rule(k_rule)
+    if isinstance(scores, pd.DataFrame):
+        df, source = scores.copy(), "table given in Python"
+    else:
+        df, source = read_scores(scores)
+    if "d_model" not in df.columns:
+        raise BlockCouplingError(f"{source}: the score table has no d_model column; add each "
+                                 "model's hidden size")
+    excluded = []
+    for _, row in df.iterrows():
+        why = [w for w, bad in (("no score", not np.isfinite(_num(row.get("score")))),
+                                ("no d_model", not _num(row.get("d_model")) > 0)) if bad]
+        if why:
+            excluded.append({"model": str(row["model"]), "reason": " and ".join(why)})
+    ok = df["score"].map(_num).map(np.isfinite) & (df["d_model"].map(_num) > 0)
+    table = df[ok].copy().reset_index(drop=True)
+    table["d_model"] = table["d_model"].astype(float).astype(int)
+    table["score"] = table["score"].astype(float)
+    table["k"] = [paper_k(d) if rule == PAPER_K else int(rule) for d in table["d_model"]]
+    table["floor"] = flat_chance(table["d_model"].to_numpy(), table["k"].to_numpy())
+    overall = _fit(table)
+    groups = {}
+    if "group" in table.columns and table["group"].notna().any():
+        for g, sub in table.groupby(table["group"].fillna("(none)").astype(str), sort=True):
+            groups[str(g)] = _fit(sub)
+    return ChanceFloorResult(table=table, k_rule=rule, scores_source=source, overall=overall,
+                             groups=groups, excluded=excluded)
+
+
+def _num(v: Any) -> float:
+    try:
+        return float(v)
+    except (TypeError, ValueError):
+        return math.nan

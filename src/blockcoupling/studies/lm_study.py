@@ -1,0 +1,610 @@
+"""``blockcoupling study lm-family``: does coupling track generalisation, and does it emerge with
+training, on a family of independently trained tiny LMs? A study that can answer, either way.
+
+Design (fixed before any data are seen; stated in ``study.json``):
+
+- **Independent runs** (:class:`StudySpec`, :func:`full_spec`): character-level GPT-2 LMs on
+  the pydoc help texts (``studies.tiny_lm.train_tiny_lm``), varying width, depth, data per step
+  (batch size) and training length, with several seeds of one configuration (the noise floor).
+  Each run enters the correlation once, at its final checkpoint: checkpoints of one run are
+  never counted as separate models.
+- **Training length**: each run trains for its stated ``max_steps``; the plateau criterion
+  (relative improvement of the held-out loss over the last doubling of steps below
+  ``plateau_tol``) is checked and reported per run, not assumed.
+- **The statistic**: the headline rule of ``engine.statistic`` at one fixed K for every run
+  (so raw c_K shares one chance level per width), ``coupling_vs_null`` primary and raw c_K
+  beside, each with its standard error over ``n_prompts`` held-out prompts.
+- **Emergence**: every run is measured at log-spaced checkpoints from step 0 to its end
+  (at least 6), with held-out accuracy and loss beside.
+- **Tests** (one-sided, as the paper's claims are): H1, across runs, the final
+  ``coupling_vs_null`` rises with held-out accuracy (OLS slope > 0; the partial correlation
+  given log10 parameters, log10 d_model and log10 training tokens is reported beside); H2, the
+  final ``coupling_vs_null`` exceeds its step-0 value within runs (paired t-test and Wilcoxon
+  signed-rank, ``alternative="greater"``). scipy.stats and statsmodels compute every number.
+
+:func:`run_study` writes ``study.json`` and ``study.html``; ``--quick`` is the test-suite's
+version (tiny runs, seconds each).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import platform
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import torch
+
+from blockcoupling.errors import BlockCouplingError
+from blockcoupling.studies.tiny_lm import (
+    TinyLMConfig,
+    corpus_documents,
+    train_tiny_lm,
+    training_log,
+)
+
+__all__ = ["StudyResult", "StudyRun", "StudySpec", "evaluate_checkpoint", "family_prompts",
+           "full_spec", "load_study_spec", "log_checkpoints", "parse_study_spec", "quick_spec",
+           "run_study"]
+
+HYPOTHESES = {
+    "H1": "Across independently trained runs, the final depth-wise coupling above chance "
+          "(coupling_vs_null) rises with held-out next-character accuracy: OLS slope > 0, "
+          "one-sided p < alpha (the paper's claim, fig. 1a, at toy scale).",
+    "H2": "Within runs, coupling above chance at the final checkpoint exceeds its value at "
+          "initialisation (step 0): paired, one-sided (the paper's emergence claim).",
+}
+
+
+@dataclass(frozen=True)
+class StudyRun:
+    """One independent training run."""
+
+    name: str
+    n_layer: int
+    n_embd: int
+    batch_size: int
+    max_steps: int
+    seed: int = 0
+
+    @property
+    def run_id(self) -> str:
+        return f"{self.name}-s{self.seed}"
+
+
+@dataclass(frozen=True)
+class StudySpec:
+    """The study's design: runs, measurement and test settings (validated on creation)."""
+
+    runs: tuple[StudyRun, ...]
+    k: int = 8
+    n_prompts: int = 16
+    prompt_length: int = 48
+    block_size: int = 64
+    n_checkpoints: int = 7  # log-spaced from 0 to max_steps, at least 6
+    plateau_tol: float = 0.02
+    alpha: float = 0.05
+
+    def __post_init__(self) -> None:
+        if len(self.runs) < MIN_RUNS:
+            raise BlockCouplingError(
+                f"study spec: {len(self.runs)} run(s); the tests need at least {MIN_RUNS} "
+                "independent runs")
+        ids = [r.run_id for r in self.runs]
+        dup = sorted({i for i in ids if ids.count(i) > 1})
+        if dup:
+            raise BlockCouplingError(f"study spec: run {dup[0]} is listed twice (same name and "
+                                     "seed); give each run its own name or seed")
+        shapes = [(r.n_layer, r.n_embd, r.batch_size, r.max_steps, r.seed) for r in self.runs]
+        if len(set(shapes)) < len(shapes):
+            raise BlockCouplingError("study spec: two runs have the same configuration and seed "
+                                     "(one run would be counted twice)")
+        for r in self.runs:
+            for name in ("n_layer", "n_embd", "batch_size", "max_steps"):
+                _positive_int(getattr(r, name), f"run {r.name}: {name}")
+            if isinstance(r.seed, bool) or not isinstance(r.seed, int) or r.seed < 0:
+                raise BlockCouplingError(f"study spec: run {r.name}: seed must be an integer "
+                                         f">= 0, not {r.seed!r}")
+            if r.n_embd < 4 * self.k:
+                raise BlockCouplingError(
+                    f"study spec: run {r.name}: n_embd {r.n_embd} < 4 K = {4 * self.k}; the "
+                    "top-K of a block Jacobian needs K well below d (lower k)")
+            if r.n_embd % 2:
+                raise BlockCouplingError(f"study spec: run {r.name}: n_embd must be even")
+        for name in ("k", "n_prompts", "prompt_length", "block_size", "n_checkpoints"):
+            _positive_int(getattr(self, name), name)
+        if self.n_checkpoints < 6:
+            raise BlockCouplingError("study spec: n_checkpoints must be at least 6 (the "
+                                     "emergence curve of each run)")
+        if self.n_prompts < 2:
+            raise BlockCouplingError("study spec: n_prompts must be at least 2 (a standard "
+                                     "error needs two prompts)")
+        for name, lo, hi in (("plateau_tol", 0.0, 1.0), ("alpha", 0.0, 0.5)):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int | float) or not lo < float(v) < hi:
+                raise BlockCouplingError(f"study spec: {name} must be a number in ({lo}, {hi}), "
+                                         f"not {v!r}")
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["runs"] = [asdict(r) for r in self.runs]
+        return d
+
+
+MIN_RUNS = 4
+
+
+def _positive_int(v: Any, what: str) -> None:
+    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+        raise BlockCouplingError(f"study spec: {what} must be a positive integer, not {v!r}")
+
+
+def parse_study_spec(data: Mapping[str, Any]) -> StudySpec:
+    """A :class:`StudySpec` from a mapping (YAML): ``runs`` (a list of mappings with ``name``,
+    ``n_layer``, ``n_embd``, ``batch_size``, ``max_steps`` and ``seed`` or ``seeds``) and any
+    of the spec's other fields. Unknown keys and bad values: one clear error."""
+    if not isinstance(data, Mapping):
+        raise BlockCouplingError("study spec: a mapping with 'runs' is needed")
+    known = {f.name for f in fields(StudySpec)}
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise BlockCouplingError(f"study spec: unknown key(s) {', '.join(unknown)}; known: "
+                                 f"{', '.join(sorted(known))}")
+    runs_in = data.get("runs")
+    if not isinstance(runs_in, list) or not runs_in:
+        raise BlockCouplingError("study spec: 'runs' must be a non-empty list of runs")
+    run_keys = {f.name for f in fields(StudyRun)} | {"seeds"}
+    runs = []
+    for i, r in enumerate(runs_in):
+        if not isinstance(r, Mapping):
+            raise BlockCouplingError(f"study spec: run {i + 1} must be a mapping")
+        bad = sorted(set(r) - run_keys)
+        missing = sorted({"name", "n_layer", "n_embd", "batch_size", "max_steps"} - set(r))
+        if bad or missing:
+            raise BlockCouplingError(
+                f"study spec: run {i + 1}: " + (f"unknown key(s) {', '.join(bad)}" if bad else
+                                                f"missing {', '.join(missing)}"))
+        seeds = r.get("seeds", [r.get("seed", 0)])
+        if not isinstance(seeds, list) or not seeds:
+            raise BlockCouplingError(f"study spec: run {r['name']}: seeds must be a list")
+        base = {k: v for k, v in r.items() if k not in ("seed", "seeds")}
+        runs += [StudyRun(**{**base, "seed": s}) for s in seeds]
+    rest = {k: v for k, v in data.items() if k != "runs"}
+    return StudySpec(runs=tuple(runs), **rest)
+
+
+def load_study_spec(path: str | Path) -> StudySpec:
+    """:func:`parse_study_spec` of a YAML file."""
+    import yaml
+
+    p = Path(path)
+    try:
+        data = yaml.safe_load(p.read_text(encoding="utf-8"))
+    except OSError as err:
+        raise BlockCouplingError(f"cannot read the study spec {p}: {err.strerror}") from None
+    except (yaml.YAMLError, UnicodeDecodeError) as err:
+        raise BlockCouplingError(f"{p} is not valid YAML: {str(err).splitlines()[0]}") from None
+    return parse_study_spec(data)
+
+
+def full_spec() -> StudySpec:
+    """The full family: 8 independent runs (width 32-128, depth 2-4, batch 8-16, 300-1500
+    steps; three seeds of one configuration); K = 8, 16 held-out prompts of 48 characters."""
+    return StudySpec(runs=(
+        *(StudyRun("L4-d64-b16", 4, 64, 16, 1500, seed) for seed in (0, 1, 2)),
+        StudyRun("L2-d32-b8", 2, 32, 8, 300),
+        StudyRun("L2-d64-b16", 2, 64, 16, 1500),
+        StudyRun("L4-d32-b16", 4, 32, 16, 1500),
+        StudyRun("L4-d128-b16", 4, 128, 16, 1500),
+        StudyRun("L4-d64-b8", 4, 64, 8, 600),
+    ))
+
+
+def quick_spec() -> StudySpec:
+    """The test-suite's family: 6 tiny runs (2-3 blocks, d 16-24, 16-48 steps, two seeds of
+    one), K = 2, 4 prompts, 6 checkpoints each (seconds each)."""
+    return StudySpec(runs=(
+        StudyRun("L2-d16-b4", 2, 16, 4, 16, 0),
+        StudyRun("L2-d16-b4", 2, 16, 4, 16, 1),
+        StudyRun("L2-d24-b8", 2, 24, 8, 48),
+        StudyRun("L3-d16-b8", 3, 16, 8, 32),
+        StudyRun("L3-d24-b4", 3, 24, 4, 24),
+        StudyRun("L2-d24-b4", 2, 24, 4, 40),
+    ), k=2, n_prompts=4, prompt_length=24, block_size=24, n_checkpoints=6)
+
+
+def log_checkpoints(max_steps: int, n: int) -> tuple[int, ...]:
+    """At least ``n`` checkpoints from 0 to ``max_steps``: step 0, then log-spaced steps
+    ending at ``max_steps`` (every step when there are fewer than ``n``)."""
+    if max_steps + 1 <= n:
+        return tuple(range(max_steps + 1))
+    m = n - 1
+    while True:
+        grid = np.round(np.geomspace(1, max_steps, m)).astype(int)  # (m,)
+        steps = sorted({0, max_steps, *map(int, grid)})
+        if len(steps) >= n:
+            return tuple(steps)
+        m += 1
+
+
+def _held_out_text(cfg: TinyLMConfig) -> str:
+    """The demo's validation split: every ``val_every``-th pydoc topic (sorted by key)."""
+    docs = corpus_documents()
+    return "\n\n\n".join(d for i, d in enumerate(docs) if i % cfg.val_every == cfg.val_every - 1)
+
+
+def family_prompts(cfg: TinyLMConfig, n: int = 4, length: int = 24) -> list[str]:
+    """``n`` held-out windows of ``length`` characters at evenly spaced offsets (whitespace at
+    the ends stripped): the prompts the coupling is measured on."""
+    text = _held_out_text(cfg)
+    step = max(1, (len(text) - length) // max(1, n))
+    out = []
+    for i in range(n):
+        window = " ".join(text[i * step: i * step + length].split())
+        if window:
+            out.append(window)
+    return out
+
+
+def evaluate_checkpoint(path: str | Path, cfg: TinyLMConfig, *, windows: int = 64
+                        ) -> dict[str, float]:
+    """Held-out next-character top-1 accuracy (percent) and mean cross-entropy (nats) of a
+    checkpoint, on ``windows`` evenly spaced windows of ``cfg.block_size + 1`` characters of
+    the held-out split (the same windows for every model with this block size)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True).eval()
+    tok = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    ids = torch.tensor(tok.backend_tokenizer.encode(_held_out_text(cfg),
+                                                    add_special_tokens=False).ids)  # (N,)
+    span = cfg.block_size + 1
+    starts = torch.linspace(0, len(ids) - span, windows).long()  # (W,)
+    chunk = ids[starts[:, None] + torch.arange(span)[None, :]]  # (W, span)
+    with torch.no_grad():
+        logits = model(input_ids=chunk[:, :-1]).logits  # (W, T, V)
+    target = chunk[:, 1:]
+    loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]),
+                                             target.reshape(-1))
+    acc = (logits.argmax(-1) == target).double().mean()
+    return {"val_loss": float(loss), "score": 100.0 * float(acc), "n_eval_tokens": int(target.numel())}
+
+
+def _tiny_config(spec: StudySpec, run: StudyRun) -> TinyLMConfig:
+    return TinyLMConfig(n_layer=run.n_layer, n_embd=run.n_embd,
+                        n_head=4 if run.n_embd % 4 == 0 else 2, block_size=spec.block_size,
+                        batch_size=run.batch_size, max_steps=run.max_steps,
+                        checkpoints=log_checkpoints(run.max_steps, spec.n_checkpoints),
+                        warmup_steps=max(1, run.max_steps // 20), val_windows=16,
+                        seed=run.seed)
+
+
+def _plateau(losses: Mapping[int, float], tol: float) -> dict[str, Any]:
+    """The plateau criterion: relative improvement of the held-out loss from the checkpoint
+    nearest half the final step to the final step below ``tol``."""
+    steps = sorted(losses)
+    final = steps[-1]
+    half = min(steps[:-1], key=lambda s: abs(s - final / 2))
+    rel = (losses[half] - losses[final]) / losses[half]
+    return {"criterion": f"relative improvement of the held-out loss from step {half} to step "
+                         f"{final} below {tol:g}", "rel_improvement": float(rel),
+            "reached": bool(rel < tol)}
+
+
+def _one_sided(p_two: float, stat: float) -> float:
+    """One-sided p for 'greater' from a two-sided p and the sign of the statistic."""
+    return p_two / 2 if stat > 0 else 1 - p_two / 2
+
+
+def _tests(models: pd.DataFrame, emergence: pd.DataFrame, alpha: float) -> dict[str, Any]:
+    import scipy.stats as st
+
+    from blockcoupling.studies.correlate import partial_correlation, regression
+
+    controls = ["log_params", "log_d_model", "log_train_tokens"]
+    out: dict[str, Any] = {"alpha": alpha, "predictors": {}}
+    y = models["accuracy"].to_numpy(dtype=float)
+    for x in ("coupling_vs_null_mean", "coupling_mean"):
+        entry: dict[str, Any] = {"x": x, "y": "accuracy", "alternative": "slope > 0"}
+        try:
+            r = regression(models[x], y, n_boot=0)
+            entry.update({k: r[k] for k in ("n", "slope", "intercept", "slope_stderr", "r",
+                                            "r2", "p")})
+            entry["p_one_sided"] = _one_sided(r["p"], r["slope"])
+        except BlockCouplingError as err:
+            entry["skipped"] = str(err)
+        try:
+            pc = partial_correlation(models[x], y, [models[c] for c in controls])
+            entry["partial"] = {"controlling_for": controls, **pc,
+                                "p_one_sided": _one_sided(pc["p"], pc["r"])}
+        except BlockCouplingError as err:
+            entry["partial"] = {"controlling_for": controls, "skipped": str(err)}
+        out["predictors"][x] = entry
+    first = emergence[emergence["step"] == 0].set_index("run_id")["coupling_vs_null_mean"]
+    last = emergence.loc[emergence.groupby("run_id")["step"].idxmax()].set_index(
+        "run_id")["coupling_vs_null_mean"]
+    pair = pd.concat([first.rename("init"), last.rename("final")], axis=1).dropna()
+    h2: dict[str, Any] = {"n": int(len(pair)), "alternative": "final > init"}
+    if len(pair) >= 2:
+        t = st.ttest_rel(pair["final"], pair["init"], alternative="greater")
+        h2.update(mean_difference=float((pair["final"] - pair["init"]).mean()),
+                  t=float(t.statistic), p_t=float(t.pvalue))
+        try:
+            w = st.wilcoxon(pair["final"], pair["init"], alternative="greater")
+            h2.update(wilcoxon=float(w.statistic), p_wilcoxon=float(w.pvalue))
+        except ValueError as err:
+            h2["wilcoxon_skipped"] = str(err)
+    out["H2_emergence"] = h2
+    return out
+
+
+def _statement(models: pd.DataFrame, tests: dict[str, Any], spec: StudySpec,
+               noise: dict[str, Any]) -> list[str]:
+    a = spec.alpha
+    lines = []
+    h1 = tests["predictors"]["coupling_vs_null_mean"]
+    if "skipped" in h1:
+        lines.append(f"H1 could not be tested: {h1['skipped']}.")
+    else:
+        verdict = "supported" if h1["p_one_sided"] < a and h1["slope"] > 0 else "not supported"
+        lines.append(
+            f"H1 (coupling above chance rises with held-out accuracy across {h1['n']} "
+            f"independent runs): {verdict} at alpha = {a:g}: slope {h1['slope']:.4g} accuracy "
+            f"points per unit of coupling_vs_null, R^2 = {h1['r2']:.3f}, one-sided "
+            f"p = {h1['p_one_sided']:.3g}.")
+        pc = h1["partial"]
+        lines.append(
+            "Given log10 parameters, log10 d_model and log10 training tokens: " +
+            (f"partial r = {pc['r']:+.3f}, one-sided p = {pc['p_one_sided']:.3g} "
+             f"({pc['df']} df)." if "r" in pc else f"not computable ({pc['skipped']})."))
+    raw = tests["predictors"]["coupling_mean"]
+    if "r2" in raw:
+        lines.append(f"Raw c_K (one K for every run) against accuracy: slope "
+                     f"{raw['slope']:.4g}, R^2 = {raw['r2']:.3f}, one-sided "
+                     f"p = {raw['p_one_sided']:.3g}.")
+    h2 = tests["H2_emergence"]
+    if "p_t" in h2:
+        verdict = "supported" if h2["p_t"] < a and h2["mean_difference"] > 0 else "not supported"
+        lines.append(
+            f"H2 (coupling above chance at the end exceeds its value at step 0, {h2['n']} runs): "
+            f"{verdict}: mean difference {h2['mean_difference']:+.4f}, paired t one-sided "
+            f"p = {h2['p_t']:.3g}" + (f", Wilcoxon one-sided p = {h2['p_wilcoxon']:.3g}."
+                                      if "p_wilcoxon" in h2 else "."))
+    if noise:
+        lines.append(
+            f"Noise floor ({noise['config']}, {noise['n_seeds']} seeds): sd of the final "
+            f"coupling_vs_null {noise['coupling_vs_null_sd']:.4f}, of the accuracy "
+            f"{noise['accuracy_sd']:.2f} points.")
+    flat = [r for r in models.itertuples() if not r.plateau_reached]
+    if flat:
+        lines.append(f"{len(flat)} of {len(models)} runs had not reached the plateau criterion "
+                     f"(held-out loss still improving by {spec.plateau_tol:g} or more): "
+                     + ", ".join(r.run_id for r in flat) + ".")
+    lines.append(
+        "What this cannot show: anything about LLMs (these are character-level models of "
+        "thousands to a few hundred thousand parameters trained for minutes), causation "
+        f"(width, depth and training length vary together), or small effects ({len(models)} "
+        "runs give a test of low power).")
+    return lines
+
+
+def _versions() -> dict[str, Any]:
+    from importlib.metadata import version
+
+    import transformers
+
+    return {"python": platform.python_version(), "torch": torch.__version__,
+            "transformers": transformers.__version__, "blockcoupling": version("blockcoupling"),
+            "numpy": np.__version__, "pandas": pd.__version__, "torch_threads":
+            torch.get_num_threads(),
+            "note": "training is bit-reproducible only at the same torch thread count"}
+
+
+@dataclass
+class StudyResult:
+    """What :func:`run_study` found (``study.json`` is :meth:`to_dict`)."""
+
+    spec: StudySpec
+    models: pd.DataFrame
+    emergence: pd.DataFrame
+    tests: dict[str, Any]
+    statement: list[str]
+    noise_floor: dict[str, Any]
+    reproducibility: dict[str, Any]
+    seconds: dict[str, float] = field(default_factory=dict)
+    out: Path | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        from blockcoupling.engine.statistic import StatisticRule
+        from blockcoupling.studies.correlate import _jsonable
+
+        models = []
+        for r in self.models.to_dict("records"):
+            models.append({**r, "config": next(asdict(x) for x in self.spec.runs
+                                               if x.run_id == r["run_id"])})
+        emergence = {rid: g.drop(columns=["run_id"]).to_dict("records")
+                     for rid, g in self.emergence.groupby("run_id", sort=False)}
+        rule = StatisticRule(k=self.spec.k, n_boot=0)
+        return _jsonable({
+            "study": "lm-family", "hypotheses": HYPOTHESES, "spec": self.spec.to_dict(),
+            "statistic": rule.to_dict(self.spec.k) | {"description": rule.describe(
+                self.spec.k, variants=("coupling_vs_null", "coupling")).split("; 95% CI")[0]},
+            "models": models, "emergence": emergence, "tests": self.tests,
+            "noise_floor": self.noise_floor, "statement": self.statement,
+            "reproducibility": self.reproducibility, "seconds": self.seconds})
+
+    def summary(self) -> str:
+        return "\n".join(self.statement)
+
+
+def run_study(out: str | Path, spec: StudySpec | None = None, *, quick: bool = False,
+              cache_dir: str | Path | None = None, progress: bool = True,
+              executor: str = "local") -> StudyResult:
+    """Train (or reuse the cached) runs, score and measure every checkpoint (a sweep in
+    ``out/sweep``), test the hypotheses and write ``out/study.json`` and ``out/study.html``."""
+    from blockcoupling.studies.sweep import open_sweep, run_sweep
+    from blockcoupling.studies.sweep.runner import spec_matches
+
+    spec = spec if spec is not None else (quick_spec() if quick else full_spec())
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    cpu0 = time.process_time()
+    seconds: dict[str, float] = {}
+    rows, paths = [], {}
+    for run in spec.runs:
+        cfg = _tiny_config(spec, run)
+        if progress:
+            print(f"[study] train {run.run_id} ({run.max_steps} steps)", flush=True)
+        ckpts = train_tiny_lm(cfg, cache_dir, progress=False, monitor=False)
+        log = training_log(cfg, cache_dir)
+        paths[run.run_id] = [str(p) for _, p in ckpts]
+        for step, path in ckpts:
+            ev = evaluate_checkpoint(path, cfg)
+            rows.append({"run_id": run.run_id, "step": step, "accuracy": ev["score"],
+                         "loss": ev["val_loss"], "n_params": int(log["n_params"]),
+                         "train_tokens": step * run.batch_size * spec.block_size})
+    seconds["train_and_score"] = time.perf_counter() - t0
+    scores = pd.DataFrame(rows)
+    prompts = family_prompts(_tiny_config(spec, spec.runs[0]), n=spec.n_prompts,
+                             length=spec.prompt_length)
+    if len(prompts) < spec.n_prompts:
+        raise BlockCouplingError(f"the held-out text gave {len(prompts)} prompts of "
+                                 f"{spec.prompt_length} characters; lower n_prompts")
+    (out / "prompts.txt").write_text("\n".join(prompts) + "\n", encoding="utf-8")
+    sweep_spec = {"name": "lm-study",
+                  "models": [{"label": rid, "checkpoints": p} for rid, p in paths.items()],
+                  "prompts": [str(out / "prompts.txt")],
+                  "measure": {"coupling": ["depth"], "k": [spec.k], "tokens": "last",
+                              "p": [1], "variants": ["coupling", "coupling_vs_null"],
+                              "orientations": ["ujv"]}}
+    root = out / "sweep"
+    from blockcoupling.studies.sweep import is_sweep_dir
+
+    if is_sweep_dir(root) and not spec_matches(root, sweep_spec):
+        raise BlockCouplingError(f"{root} holds a sweep of another study spec; give another "
+                                 "--out or delete it")
+    t1 = time.perf_counter()
+    run_sweep(sweep_spec, root, executor=executor, resume=is_sweep_dir(root), progress=progress)
+    seconds["measure"] = time.perf_counter() - t1
+    sw = open_sweep(root)
+    failed = sw.units[sw.units["status"] != "done"]
+    if len(failed):
+        raise BlockCouplingError(f"{len(failed)} checkpoint(s) could not be measured, e.g. "
+                                 f"{failed.iloc[0]['unit_id']}: {failed.iloc[0]['message']}")
+    stat = sw.coupling_statistic(k=spec.k, n_boot=0, include_duplicates=True)
+    wide = stat.pivot_table(index=["label", "step"], columns="variant",
+                            values=["mean", "se", "chance"], aggfunc="first")
+    em = pd.DataFrame({
+        "run_id": [str(i[0]) for i in wide.index], "step": [int(i[1]) for i in wide.index],
+        "coupling_vs_null_mean": wide[("mean", "coupling_vs_null")].to_numpy(),
+        "coupling_vs_null_se": wide[("se", "coupling_vs_null")].to_numpy(),
+        "coupling_mean": wide[("mean", "coupling")].to_numpy(),
+        "coupling_se": wide[("se", "coupling")].to_numpy(),
+        "coupling_chance": wide[("chance", "coupling")].to_numpy()})
+    em = em.merge(scores[["run_id", "step", "accuracy", "loss"]], on=["run_id", "step"])
+    order = {r.run_id: i for i, r in enumerate(spec.runs)}
+    em = em.sort_values(["run_id", "step"], key=lambda c: c.map(order) if c.name == "run_id"
+                        else c).reset_index(drop=True)
+    models = []
+    for run in spec.runs:
+        g = em[em["run_id"] == run.run_id]
+        last = g.iloc[-1]
+        srow = scores[(scores["run_id"] == run.run_id) & (scores["step"] == run.max_steps)].iloc[0]
+        plat = _plateau(dict(zip(g["step"], g["loss"], strict=True)), spec.plateau_tol)
+        models.append({
+            "run_id": run.run_id, "name": run.name, "seed": run.seed, "step": run.max_steps,
+            "n_layer": run.n_layer, "d_model": run.n_embd, "batch_size": run.batch_size,
+            "params": int(srow["n_params"]), "train_tokens": int(srow["train_tokens"]),
+            **{c: float(last[c]) for c in ("coupling_vs_null_mean", "coupling_vs_null_se",
+                                           "coupling_mean", "coupling_se", "coupling_chance",
+                                           "accuracy", "loss")},
+            "plateau_reached": plat["reached"], "plateau": plat})
+    mt = pd.DataFrame(models)
+    mt["log_params"] = np.log10(mt["params"])
+    mt["log_d_model"] = np.log10(mt["d_model"])
+    mt["log_train_tokens"] = np.log10(mt["train_tokens"])
+    tests = _tests(mt, em, spec.alpha)
+    noise: dict[str, Any] = {}
+    multi = mt.groupby("name").filter(lambda g: len(g) > 1)
+    if len(multi):
+        name = multi["name"].iloc[0]
+        g = mt[mt["name"] == name]
+        noise = {"config": name, "n_seeds": int(len(g)),
+                 "coupling_vs_null_sd": float(g["coupling_vs_null_mean"].std(ddof=1)),
+                 "accuracy_sd": float(g["accuracy"].std(ddof=1))}
+    statement = _statement(mt, tests, spec, noise)
+    seconds["total"] = time.perf_counter() - t0
+    seconds["cpu_total"] = time.process_time() - cpu0
+    result = StudyResult(spec=spec, models=mt, emergence=em, tests=tests, statement=statement,
+                         noise_floor=noise, reproducibility=_versions(), seconds=seconds,
+                         out=out)
+    (out / "study.json").write_text(json.dumps(result.to_dict(), indent=1, allow_nan=False)
+                                    + "\n", encoding="utf-8")
+    write_study_page(result, out / "study.html")
+    return result
+
+
+def write_study_page(result: StudyResult, path: Path) -> Path:
+    """``study.html``: the statement, the emergence curves, final accuracy against final
+    coupling (error bars one se), the models and the tests."""
+    from blockcoupling.report.html import Section, esc, figure_html, table_html, write_page
+
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    em, mt = result.emergence, result.models
+    fig = Figure(figsize=(10.0, 3.8), layout="constrained")
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(1, 2)
+    for i, (rid, g) in enumerate(em.groupby("run_id", sort=False)):
+        x = g["step"].astype(float).to_numpy()
+        axes[0].errorbar(x, g["coupling_vs_null_mean"], yerr=g["coupling_vs_null_se"],
+                         fmt="o-", ms=3, capsize=2, color=f"C{i % 10}", label=rid)
+        axes[1].plot(x, g["accuracy"], "o-", ms=3, color=f"C{i % 10}")
+    for ax, lab in ((axes[0], "coupling above chance (coupling_vs_null)"),
+                    (axes[1], "held-out accuracy (%)")):
+        ax.set_xscale("symlog", linthresh=1.0)
+        ax.set_xlabel("training step")
+        ax.set_ylabel(lab)
+        ax.grid(alpha=0.3)
+    axes[0].axhline(0.0, color="0.5", lw=0.8, ls=":")
+    axes[0].legend(fontsize=6)
+    fig2 = Figure(figsize=(9.0, 3.6), layout="constrained")
+    FigureCanvasAgg(fig2)
+    ax2 = fig2.subplots(1, 2)
+    for ax, col, lab in ((ax2[0], "coupling_vs_null", "final coupling above chance"),
+                         (ax2[1], "coupling", f"final raw c_K (K = {result.spec.k})")):
+        ax.errorbar(mt[f"{col}_mean"], mt["accuracy"], xerr=mt[f"{col}_se"], fmt="o",
+                    capsize=2)
+        for r in mt.itertuples():
+            ax.annotate(r.run_id, (getattr(r, f"{col}_mean"), r.accuracy), fontsize=6,
+                        xytext=(3, 3), textcoords="offset points")
+        ax.set_xlabel(lab)
+        ax.set_ylabel("held-out accuracy (%)")
+        ax.grid(alpha=0.3)
+    cols = ["run_id", "n_layer", "d_model", "batch_size", "step", "params",
+            "coupling_vs_null_mean", "coupling_vs_null_se", "coupling_mean", "coupling_se",
+            "coupling_chance", "accuracy", "loss", "plateau_reached"]
+    sections = [
+        Section("result", "What the study found", "".join(
+            f"<p>{esc(line)}</p>" for line in result.statement)),
+        Section("design", "Hypotheses (fixed before the data)", "".join(
+            f"<p><b>{esc(k)}</b>: {esc(v)}</p>" for k, v in HYPOTHESES.items())),
+        Section("emergence", "Emergence over training", figure_html(
+            fig, "Left: depth-wise coupling above chance (coupling_vs_null, K = "
+            f"{result.spec.k}, last token, pairs l != l') per run against the training step "
+            "(symmetric-log axis), error bars one standard error over prompts; right: "
+            "held-out next-character accuracy.")),
+        Section("correlation", "Final coupling against held-out accuracy", figure_html(
+            fig2, "One point per independent run (its final checkpoint); error bars one "
+            "standard error over prompts.")),
+        Section("models", "Runs", table_html(mt[cols].set_index("run_id"))),
+    ]
+    return write_page(path, "Tiny-LM family: coupling and generalisation", sections,
+                      lead="blockcoupling study lm-family")

@@ -1,0 +1,93 @@
+"""``coupling_statistic``: the headline statistic of a run, a measurement or a collection.
+
+The rule itself lives in :mod:`blockcoupling.engine.statistic` (pure pandas over a
+``coupling`` table); this module only finds the tables: a :class:`Measurement`, a run
+directory, a sweep/monitor directory or an open :class:`Sweep`, and puts each run's or unit's
+names (label, model, revision, step; unit_id for collections) in front of its rows.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from blockcoupling.engine.results import Measurement
+from blockcoupling.engine.statistic import (
+    DEFAULT_CI,
+    DEFAULT_N_BOOT,
+    HEADLINE_VARIANTS,
+    KSpec,
+)
+from blockcoupling.errors import BlockCouplingError
+
+__all__ = ["RUN_COLUMNS", "coupling_statistic"]
+
+#: the names put in front of a single run's statistic rows
+RUN_COLUMNS: tuple[str, ...] = ("label", "model", "revision", "step")
+
+
+def run_names(meta: dict[str, Any], fallback: str = "") -> dict[str, Any]:
+    """``label, model, revision, step`` of a run from its ``meta``."""
+    model = str(meta.get("model") or fallback or "run")
+    revision = meta.get("revision")
+    label = str(meta.get("label") or (f"{model}@{revision}" if revision else model))
+    step = meta.get("step")
+    return {"label": label, "model": model, "revision": str(revision) if revision else None,
+            "step": int(step) if step is not None else None}
+
+
+def _variants(variant: str | Sequence[str] | None) -> tuple[str, ...]:
+    if variant is None:
+        return HEADLINE_VARIANTS
+    return (variant,) if isinstance(variant, str) else tuple(variant)
+
+
+def coupling_statistic(source: Measurement | str | os.PathLike[str] | Any, *,
+                       variant: str | Sequence[str] | None = None,
+                       k: KSpec | Sequence[int] = None, p: float | None = 1.0,
+                       orientation: str = "ujv", tokens: str = "last", diagonal: bool = False,
+                       n_boot: int = DEFAULT_N_BOOT, seed: int = 0, ci: float = DEFAULT_CI,
+                       include_duplicates: bool = False) -> pd.DataFrame:
+    """The headline statistic, one row per run or collection unit and per variant and K.
+
+    ``source``: a :class:`Measurement`, a run directory, a sweep or monitor directory, or an
+    open :class:`~blockcoupling.studies.sweep.Sweep`. ``variant``: one name or a list (default:
+    ``coupling_vs_null`` then ``coupling``); ``k``: None (the smallest measured K, the same for
+    every unit of a collection), ``"d/10"`` (round(d/10) per model, the paper's), an int or a
+    list; ``tokens``: ``"last"`` (the paper's) or ``"all"``; ``diagonal=True`` includes l = l'.
+    Columns: the names of the run/unit, then ``variant, k, p, orientation, tokens, diagonal,
+    d_model, n_prompts, mean, se, ci_low, ci_high, chance, rule`` (docs/conventions.md)."""
+    opts = dict(variants=_variants(variant), k=k, p=p, orientation=orientation, tokens=tokens,
+                diagonal=diagonal, n_boot=n_boot, seed=seed, ci=ci)
+    if isinstance(source, Measurement):
+        return _with_names(source.coupling_statistic(**opts), run_names(source.meta))
+    if hasattr(source, "coupling_statistic") and hasattr(source, "catalogue"):
+        return source.coupling_statistic(**opts, include_duplicates=include_duplicates)
+    if isinstance(source, str | os.PathLike):
+        path = Path(source)
+        from blockcoupling.store.rundir import is_run_dir, open_run
+
+        if is_run_dir(path):
+            m = open_run(path)
+            return _with_names(m.coupling_statistic(**opts), run_names(m.meta, path.name))
+        from blockcoupling.studies.sweep import is_sweep_dir, open_sweep
+
+        if is_sweep_dir(path):
+            return open_sweep(path).coupling_statistic(**opts,
+                                                       include_duplicates=include_duplicates)
+        raise BlockCouplingError(
+            f"{path} is neither a run directory nor a sweep/monitor directory: give the folder "
+            "`blockcoupling measure --out` or `blockcoupling sweep --out` wrote")
+    raise BlockCouplingError(
+        f"coupling_statistic takes a Measurement, a run directory, a sweep directory or a "
+        f"Sweep, not {type(source).__name__}")
+
+
+def _with_names(table: pd.DataFrame, names: dict[str, Any]) -> pd.DataFrame:
+    front = pd.DataFrame({c: [names.get(c)] * len(table) for c in RUN_COLUMNS})
+    front["step"] = front["step"].astype("Int64")
+    return pd.concat([front, table.reset_index(drop=True)], axis=1)

@@ -1,0 +1,128 @@
+"""``blockcoupling study lm-family --quick``: independent runs, emergence curves, tests that
+equal scipy/statsmodels on the same values, and bad specs refused before any training."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import scipy.stats as st
+import statsmodels.api as sm
+from typer.testing import CliRunner
+
+import blockcoupling as bc
+from blockcoupling.cli import app
+from blockcoupling.studies import lm_study as S
+
+
+@pytest.fixture(scope="module")
+def quick(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    root = tmp_path_factory.mktemp("lmstudy")
+    cache = root / "cache"
+    r = CliRunner().invoke(app, ["-q", "study", "lm-family", "--quick", "--out",
+                                 str(root / "out")], env={"BLOCKCOUPLING_CACHE": str(cache)})
+    assert r.exit_code == 0, r.output
+    return root / "out", cache
+
+
+def test_quick_study_writes_independent_runs_and_emergence(quick: tuple[Path, Path]) -> None:
+    out, _ = quick
+    data = json.loads((out / "study.json").read_text())
+    ids = [m["run_id"] for m in data["models"]]
+    assert len(ids) >= 4 and len(set(ids)) == len(ids)  # no run counted twice
+    for m in data["models"]:
+        assert m["step"] == m["config"]["max_steps"]  # one end-point per run: its last step
+        for col in ("coupling_vs_null", "coupling"):
+            assert np.isfinite(m[f"{col}_mean"]) and np.isfinite(m[f"{col}_se"])
+        points = data["emergence"][m["run_id"]]
+        assert len(points) >= 6 and points[0]["step"] == 0
+        assert all(np.isfinite(p["coupling_vs_null_se"]) and "accuracy" in p for p in points)
+    assert set(data["hypotheses"]) == {"H1", "H2"} and data["statement"]
+    assert data["statistic"]["k"] == data["spec"]["k"]  # one fixed K for every run
+    repro = data["reproducibility"]
+    assert repro["torch_threads"] >= 1 and repro["torch"] and "thread" in repro["note"]
+    assert (out / "study.html").read_text().count("data:image/png;base64,") == 2
+    # the emergence values are the statistic of each checkpoint's own run directory
+    sw = bc.open_sweep(out / "sweep")
+    stat = bc.coupling_statistic(sw, k=data["spec"]["k"], variant="coupling_vs_null")
+    first = data["emergence"][ids[0]][-1]
+    row = stat[(stat["label"] == ids[0]) & (stat["step"] == first["step"])]
+    assert row["mean"].item() == first["coupling_vs_null_mean"]
+
+
+def test_tests_equal_scipy_and_statsmodels(quick: tuple[Path, Path]) -> None:
+    out, _ = quick
+    data = json.loads((out / "study.json").read_text())
+    mt = pd.DataFrame(data["models"])
+    y = mt["accuracy"].to_numpy()
+    for x in ("coupling_vs_null_mean", "coupling_mean"):
+        got = data["tests"]["predictors"][x]
+        lr = st.linregress(mt[x], y)
+        assert got["slope"] == pytest.approx(lr.slope, rel=1e-10)
+        assert got["r2"] == pytest.approx(lr.rvalue ** 2, rel=1e-10)
+        assert got["p"] == pytest.approx(lr.pvalue, rel=1e-8)
+        one = lr.pvalue / 2 if lr.slope > 0 else 1 - lr.pvalue / 2
+        assert got["p_one_sided"] == pytest.approx(one, rel=1e-8)
+        ctrl = np.column_stack([np.log10(mt["params"]), np.log10(mt["d_model"]),
+                                np.log10(mt["train_tokens"])])
+        fit = sm.OLS(y, sm.add_constant(np.column_stack([mt[x], ctrl]))).fit()
+        assert got["partial"]["p"] == pytest.approx(fit.pvalues[1], rel=1e-8)
+        rx = sm.OLS(mt[x].to_numpy(), sm.add_constant(ctrl)).fit().resid
+        ry = sm.OLS(y, sm.add_constant(ctrl)).fit().resid
+        assert got["partial"]["r"] == pytest.approx(np.corrcoef(rx, ry)[0, 1], rel=1e-8)
+    em = {rid: pd.DataFrame(p) for rid, p in data["emergence"].items()}
+    init = [g["coupling_vs_null_mean"].iloc[0] for g in em.values()]
+    final = [g["coupling_vs_null_mean"].iloc[-1] for g in em.values()]
+    t = st.ttest_rel(final, init, alternative="greater")
+    assert data["tests"]["H2_emergence"]["p_t"] == pytest.approx(t.pvalue, rel=1e-10)
+
+
+def test_held_out_score_is_reproducible(quick: tuple[Path, Path]) -> None:
+    _, cache = quick
+    spec = S.quick_spec()
+    run = spec.runs[0]
+    cfg = S._tiny_config(spec, run)
+    path = next(p for p in cache.rglob(f"step-{run.max_steps:06d}")
+                if cfg.cache_key() in str(p))
+    a, b = S.evaluate_checkpoint(path, cfg), S.evaluate_checkpoint(path, cfg)
+    assert a == b and 0 <= a["score"] <= 100
+
+
+@pytest.mark.parametrize("spec, match", [
+    ({"runs": [{"name": "a", "n_layer": 2, "n_embd": 32, "batch_size": 4,
+                "max_steps": 10, "seeds": [0, 1]}]}, "at least 4 independent runs"),
+    ({"runs": [{"name": "a", "n_layer": 2, "n_embd": 32, "batch_size": 4, "max_steps": 10}] * 4},
+     "listed twice"),
+    ({"runs": [{"name": "a", "n_layer": 2, "n_embd": 32, "batch_size": 4, "max_steps": 10,
+                "seeds": [0, 1, 2, 3]}], "regulariser": 1}, "unknown key(s) regulariser"),
+    ({"runs": [{"name": "a", "n_layer": 0, "n_embd": 32, "batch_size": 4, "max_steps": 10,
+                "seeds": [0, 1, 2, 3]}]}, "n_layer must be a positive integer"),
+    ({"runs": [{"name": "a", "n_layer": 2, "n_embd": 32, "batch_size": 4, "max_steps": 10,
+                "seeds": [0, 1, 2, 3]}], "alpha": float("nan")}, "alpha must be a number"),
+    ({"runs": [{"name": "a", "n_layer": 2, "n_embd": 16, "batch_size": 4, "max_steps": 10,
+                "seeds": [0, 1, 2, 3]}], "k": 8}, "n_embd 16 < 4 K"),
+    ({"runs": "all of them"}, "non-empty list"),
+])
+def test_bad_specs_are_one_line_before_training(spec: dict, match: str, tmp_path: Path) -> None:
+    import yaml
+
+    path = tmp_path / "runs.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    out = tmp_path / "out"
+    r = CliRunner().invoke(app, ["study", "lm-family", "--runs", str(path), "--out", str(out)])
+    assert r.exit_code == 1
+    lines = r.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and match in lines[0], r.output
+    assert not out.exists()  # refused before anything was written
+
+
+def test_log_checkpoints() -> None:
+    assert S.log_checkpoints(1500, 7) == (0, 1, 4, 19, 80, 347, 1500)
+    assert S.log_checkpoints(5, 6) == (0, 1, 2, 3, 4, 5)
+    for m in (16, 48, 300, 1000):
+        steps = S.log_checkpoints(m, 6)
+        assert len(steps) >= 6 and steps[0] == 0 and steps[-1] == m
+        assert list(steps) == sorted(set(steps))

@@ -1,0 +1,284 @@
+"""The headline statistic (engine/statistic.py): one rule, checked against an independent
+pandas computation, numpy's standard error and a seeded bootstrap, on multi-token runs of
+several layers, with and without the diagonal, for both headline variants."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+import blockcoupling as bc
+from blockcoupling.engine.statistic import StatisticRule, paper_k, statistic_table, summarise
+from blockcoupling.errors import BlockCouplingError
+from tiny_models import tiny_inputs, tiny_model
+
+
+@pytest.fixture(scope="module")
+def multi_token() -> bc.Measurement:
+    """A tiny GPT-2 (3 blocks), 4 prompts, 3 measured tokens each, float64."""
+    model = tiny_model("gpt2", dtype=torch.float64)
+    inputs = tiny_inputs("gpt2", n=6, batch=4)
+    return bc.measure(model, None, inputs, coupling=("depth",), k=(2, 4), tokens=(1, 3, 5),
+                      p=(1, 2), dtype=torch.float64, progress=False)
+
+
+def oracle(coupling: pd.DataFrame, *, variant: str, k: int, tokens: str, diagonal: bool,
+           p: float | None = 1.0) -> pd.Series:
+    """Per-prompt values by the stated rule, written independently of the library."""
+    df = coupling.query("kind == 'depth' and orientation == 'ujv' and k == @k "
+                        "and variant == @variant")
+    if variant in ("coupling", "miscoupling"):
+        df = df[df["p"] == p]
+    if not diagonal:
+        df = df[df["layer_a"] != df["layer_b"]]
+    out = {}
+    for pid, g in df.groupby("prompt_id"):
+        if tokens == "last":
+            out[pid] = g[g["token_out_a"] == g["token_out_a"].max()]["value"].mean()
+        else:
+            out[pid] = g.groupby("token_out_a")["value"].mean().mean()
+    return pd.Series(out)
+
+
+@pytest.mark.parametrize("tokens", ["last", "all"])
+@pytest.mark.parametrize("diagonal", [False, True])
+@pytest.mark.parametrize("variant", ["coupling_vs_null", "coupling"])
+def test_statistic_equals_the_stated_rule(multi_token: bc.Measurement, tokens: str,
+                                          diagonal: bool, variant: str) -> None:
+    m = multi_token
+    want = oracle(m.coupling, variant=variant, k=4, tokens=tokens, diagonal=diagonal)
+    assert len(want) == 4
+    t = bc.coupling_statistic(m, variant=variant, k=4, tokens=tokens, diagonal=diagonal)
+    assert len(t) == 1
+    row = t.iloc[0]
+    assert row["n_prompts"] == 4 and row["k"] == 4 and row["d_model"] == 16
+    assert row["mean"] == pytest.approx(want.mean(), abs=1e-15)
+    assert row["se"] == pytest.approx(want.std(ddof=1) / math.sqrt(len(want)), abs=1e-15)
+    assert row["se"] == pytest.approx(np.std(want.to_numpy(), ddof=1) / 2, abs=1e-15)
+    assert m.mean_depth_coupling(4, variant=variant, tokens=tokens, diagonal=diagonal) == \
+        row["mean"]
+    assert ("l = l' included" in row["rule"]) is diagonal
+
+
+def test_last_and_all_tokens_differ_on_a_multi_token_run(multi_token: bc.Measurement) -> None:
+    last = bc.coupling_statistic(multi_token, variant="coupling", k=2)["mean"].iloc[0]
+    every = bc.coupling_statistic(multi_token, variant="coupling", k=2, tokens="all")
+    assert every["mean"].iloc[0] != pytest.approx(last, abs=1e-6)  # the rule matters
+
+
+def test_chance_level_is_the_null_of_the_same_rows(multi_token: bc.Measurement) -> None:
+    """chance of raw c_K = mean of c_null; c_null = (c - v) / (1 - v) row by row, and the
+    null of a row depends on the measured Jacobian alone."""
+    m = multi_token
+    t = bc.coupling_statistic(m, k=2, p=2)
+    by = t.set_index("variant")
+    assert by.loc["coupling_vs_null", "chance"] == 0.0
+    keys = ["prompt_id", "layer_a", "layer_b", "token_out_a"]
+    d = m.coupling.query("kind == 'depth' and k == 2 and orientation == 'ujv'")
+    c = d[(d["variant"] == "coupling") & (d["p"] == 2)].set_index(keys)["value"]
+    v = d[d["variant"] == "coupling_vs_null"].set_index(keys)["value"].reindex(c.index)
+    c0 = ((c - v) / (1 - v)).reset_index()
+    c0 = c0[c0["layer_a"] != c0["layer_b"]]
+    # constant across the basis layer (depends on J1 only)
+    spread = c0.groupby(["prompt_id", "layer_a", "token_out_a"])["value"].agg(np.ptp)
+    assert spread.max() < 1e-9
+    last = c0.groupby("prompt_id")["token_out_a"].transform("max")
+    per_prompt = c0[c0["token_out_a"] == last].groupby("prompt_id")["value"].mean()
+    assert by.loc["coupling", "chance"] == pytest.approx(per_prompt.mean(), abs=1e-12)
+    assert by.loc["coupling", "chance"] < by.loc["coupling", "mean"] + 1  # a number, not NaN
+
+
+def test_bootstrap_is_seeded_and_brackets_the_mean(multi_token: bc.Measurement) -> None:
+    a = bc.coupling_statistic(multi_token, k=2, seed=3)
+    b = bc.coupling_statistic(multi_token, k=2, seed=3)
+    c = bc.coupling_statistic(multi_token, k=2, seed=4)
+    pd.testing.assert_frame_equal(a, b)
+    assert not a["ci_low"].equals(c["ci_low"])
+    assert (a["ci_low"] <= a["mean"]).all() and (a["mean"] <= a["ci_high"]).all()
+
+
+def test_summarise_against_numpy() -> None:
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=37)
+    s = summarise(x, n_boot=500, seed=1)
+    assert s["mean"] == pytest.approx(x.mean(), abs=1e-15)
+    assert s["se"] == pytest.approx(x.std(ddof=1) / math.sqrt(37), abs=1e-15)
+    idx = np.random.default_rng(1).integers(0, 37, size=(500, 37))
+    lo, hi = np.quantile(x[idx].mean(axis=1), [0.025, 0.975])
+    assert (s["ci_low"], s["ci_high"]) == (lo, hi)
+    one = summarise(np.array([0.5]))
+    assert one["n_prompts"] == 1 and math.isnan(one["se"]) and math.isnan(one["ci_low"])
+
+
+def test_k_rules(multi_token: bc.Measurement) -> None:
+    assert paper_k(768) == 77 and paper_k(4096) == 410 and paper_k(5) == 1
+    t = bc.coupling_statistic(multi_token, variant="coupling", k=[2, 4])
+    assert list(t["k"]) == [2, 4]
+    assert bc.coupling_statistic(multi_token)["k"].tolist() == [2, 2]  # smallest measured
+    assert bc.coupling_statistic(multi_token, k="d/10")["k"].tolist() == [2, 2]  # d = 16
+    only4 = multi_token.coupling[multi_token.coupling["k"] == 4]
+    with pytest.raises(BlockCouplingError, match=r"K = 2; it measured K in \[4\]"):
+        statistic_table(only4, k="d/10", d_model=16)
+    with pytest.raises(BlockCouplingError, match="measured K in \\[2, 4\\].*--k 7"):
+        bc.coupling_statistic(multi_token, k=7)
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"variant": "nope"}, "unknown coupling variant 'nope'"),
+    ({"tokens": "first"}, "unknown token rule 'first'"),
+    ({"k": 0}, "K must be a positive integer"),
+    ({"k": "d/5"}, "K must be a positive integer"),
+    ({"orientation": "uvj"}, "unknown orientation"),
+])
+def test_bad_rules_say_what_to_use(kwargs: dict, match: str) -> None:
+    with pytest.raises(BlockCouplingError, match=match):
+        StatisticRule(**kwargs)
+
+
+def test_missing_variant_says_what_to_measure() -> None:
+    model = tiny_model("gpt2", dtype=torch.float64)
+    m = bc.measure(model, None, tiny_inputs("gpt2", n=4, batch=2), coupling=("depth",), k=(2,),
+                   variants=("coupling",), dtype=torch.float64, progress=False)
+    with pytest.raises(BlockCouplingError, match="coupling_vs_null was not measured.*--variant "
+                                                 "coupling_vs_null"):
+        bc.coupling_statistic(m)
+    raw = statistic_table(m.coupling, variants=("coupling",), d_model=16)
+    assert math.isnan(raw["chance"].iloc[0])  # no null rows: the chance level is not invented
+    assert "chance level not measured" in m.summary()
+
+
+# ---------------------------------------------------------------------------- every output
+@pytest.fixture(scope="module")
+def three_models(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """Three tiny GPT-2s (3 blocks, d = 16) saved as hub folders, each measured into a run
+    directory with 3 tokens per prompt, and the same three measured by a local sweep."""
+    from tiny_runs import PROMPTS, save_tiny_lm, write_prompts
+
+    root = tmp_path_factory.mktemp("three")
+    prompts = write_prompts(root / "prompts.txt", PROMPTS)
+    measure = {"coupling": ["depth"], "k": [2, 3], "tokens": "0,2,-1", "p": [1],
+               "variants": ["coupling", "coupling_vs_null"], "orientations": ["ujv"]}
+    runs, models = [], []
+    for i in range(3):
+        folder = save_tiny_lm(root / f"m{i}")
+        import transformers as tf
+
+        model = tf.AutoModel.from_pretrained(folder)
+        with torch.no_grad():  # three different models from one saved shape
+            for prm in model.parameters():
+                prm.mul_(1.0 + 0.3 * i)
+        model.save_pretrained(folder)
+        tok = tf.AutoTokenizer.from_pretrained(folder)
+        run = root / f"run{i}"
+        bc.measure_to_dir(model, tok, PROMPTS, run, meta={"label": f"m{i}"}, progress=False,
+                          **{k: v for k, v in measure.items()})
+        runs.append(run)
+        models.append({"label": f"m{i}", "model": str(folder)})
+    sweep = bc.run_sweep({"models": models, "prompts": [str(prompts)], "measure": measure},
+                         root / "sweep", executor="local", progress=False)
+    return {"runs": runs, "sweep": sweep, "root": root}
+
+
+@pytest.mark.parametrize("diagonal", [False, True])
+def test_every_output_states_the_same_value(three_models: dict, diagonal: bool,
+                                            tmp_path: Path) -> None:
+    """bc.coupling_statistic, Measurement.mean_depth_coupling, the sweep summary and
+    correlate --json give the same per-model value, equal to an independent pandas
+    computation of the rule, for both headline variants (multi-token, 3 layers)."""
+    import json
+
+    from blockcoupling.cli import app
+    from typer.testing import CliRunner
+
+    runs, sweep = three_models["runs"], three_models["sweep"]
+    scores = tmp_path / "scores.csv"
+    scores.write_text("model,score\nm0,10\nm1,25\nm2,17\n")
+    js = tmp_path / "c.json"
+    args = ["correlate", *map(str, runs), "--scores", str(scores), "--json", str(js),
+            "--k", "2", "--n-boot", "0"] + (["--diagonal"] if diagonal else [])
+    r = CliRunner().invoke(app, args)
+    assert r.exit_code == 0, r.output
+    corr = {row["label"]: row for row in json.loads(js.read_text())["models"]}
+    summ = sweep.summary(k=2, diagonal=diagonal).set_index("label")
+    for run in runs:
+        m = bc.open_run(run)
+        label = m.meta["label"]
+        assert m.coupling.groupby("prompt_id")["token_out_a"].nunique().min() == 3
+        for variant in ("coupling_vs_null", "coupling"):
+            want = oracle(m.coupling, variant=variant, k=2, tokens="last",
+                          diagonal=diagonal).mean()
+            got = bc.coupling_statistic(run, variant=variant, k=2, diagonal=diagonal)
+            assert got["mean"].item() == pytest.approx(want, abs=1e-15)
+            value = got["mean"].item()
+            assert m.mean_depth_coupling(2, variant=variant, diagonal=diagonal) == value
+            assert summ.loc[label, f"{variant}_mean"] == value
+            assert corr[label][f"{variant}_mean"] == value
+            assert summ.loc[label, f"{variant}_se"] == got["se"].item()
+            assert corr[label][f"{variant}_se"] == got["se"].item()
+
+
+def test_a_sweep_with_mixed_k_is_refused(three_models: dict) -> None:
+    sweep = three_models["sweep"]
+    t = bc.coupling_statistic(sweep)  # every unit's smallest K is 2: one K
+    assert set(t["k"]) == {2} and len(t) == 6
+    assert list(t.columns[:6]) == ["unit_id", "label", "model", "revision", "step", "prompt_set"]
+    with pytest.raises(BlockCouplingError, match="measured K in \\[2, 3\\]"):
+        bc.coupling_statistic(sweep, k=5)
+
+
+# ---------------------------------------------------------------------------- chance floor
+def test_chance_floor_equals_scipy_on_the_floor_values(tmp_path: Path) -> None:
+    import json
+
+    import scipy.stats as st
+
+    from blockcoupling.cli import app
+    from blockcoupling.engine.statistic import flat_chance
+    from blockcoupling.studies.correlate import paper_scores
+    from typer.testing import CliRunner
+
+    js, page = tmp_path / "f.json", tmp_path / "f.html"
+    r = CliRunner().invoke(app, ["chance-floor", "--scores", "paper", "--json", str(js),
+                                 "--out", str(page)])
+    assert r.exit_code == 0, r.output
+    out = json.loads(js.read_text())
+    table = paper_scores()
+    ok = table["score"].notna() & table["d_model"].notna()
+    d = table.loc[ok, "d_model"].astype(int).to_numpy()
+    k = np.maximum(1, np.array([round(v / 10) for v in d]))
+    floor = 1 - np.sqrt(1 / d + 1 / k)
+    np.testing.assert_allclose(floor, flat_chance(d, k), rtol=0, atol=0)
+    lr = st.linregress(floor, table.loc[ok, "score"].astype(float))
+    assert out["overall"]["n"] == ok.sum()
+    assert out["overall"]["slope"] == pytest.approx(lr.slope, rel=1e-12)
+    assert out["overall"]["r2"] == pytest.approx(lr.rvalue ** 2, rel=1e-12)
+    assert out["overall"]["p"] == pytest.approx(lr.pvalue, rel=1e-9)
+    base = ok & (table["group"] == "base")
+    lb = st.linregress(1 - np.sqrt(1 / table.loc[base, "d_model"] +
+                                   1 / np.maximum(1, (table.loc[base, "d_model"] / 10).round())),
+                       table.loc[base, "score"].astype(float))
+    assert out["groups"]["base"]["r2"] == pytest.approx(lb.rvalue ** 2, rel=1e-12)
+    assert len(out["excluded"]) == (~ok).sum()  # listed, never dropped silently
+    assert page.read_text().count("data:image/png;base64,") == 1
+    assert flat_chance(768, 77) == pytest.approx(0.8805, abs=1e-4)
+    assert flat_chance(8192, 819) == pytest.approx(0.9634, abs=1e-4)
+
+
+@pytest.mark.parametrize("args, match", [
+    (["--scores", "paper", "--k-rule", "d/5"], "--k-rule 'd/5'"),
+    (["--scores", "paper", "--k-rule", "0"], "fixed positive K"),
+    (["--scores", "/nonexistent.csv"], "no such file"),
+])
+def test_chance_floor_bad_input_is_one_line(args: list[str], match: str) -> None:
+    from blockcoupling.cli import app
+    from typer.testing import CliRunner
+
+    r = CliRunner().invoke(app, ["chance-floor", *args])
+    assert r.exit_code == 1
+    lines = r.output.strip().splitlines()
+    assert len(lines) == 1 and match in lines[0], r.output
