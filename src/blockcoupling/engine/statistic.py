@@ -202,7 +202,7 @@ class StatisticRule:
                     "does not record; pass a fixed K instead")
             k = paper_k(d_model)
         else:
-            k = int(self.k)  # type: ignore[arg-type]
+            k = int(self.k)
         if k not in have:
             raise BlockCouplingError(
                 f"{where}: no depth-wise {self.variant} rows at K = {k}; it measured K in "
@@ -328,7 +328,11 @@ def statistic_table(coupling: pd.DataFrame, *, variants: Sequence[str] = HEADLIN
     lacks the rows the rule needs."""
     if isinstance(variants, str):
         variants = (variants,)
-    ks: list[KSpec] = list(k) if isinstance(k, list | tuple) else [k]
+    ks: list[KSpec]
+    if k is None or isinstance(k, int | str):
+        ks = [k]
+    else:  # a list or tuple of Ks
+        ks = list(k)
     rows = []
     for variant in variants:
         for kspec in ks:

@@ -626,7 +626,6 @@ def run_overview(runs: Runs, labels: Sequence[str] | None = None, *, k: int | No
     ms = as_runs(runs)
     labs = run_labels(ms, labels)
     rows: list[dict[str, Any]] = []
-    nan = float("nan")
     for m, lab in zip(ms, labs, strict=True):
         kk = resolve_k(m, k) if m.config.k else None
         row: dict[str, Any] = {

@@ -565,13 +565,14 @@ def match_scores(models: pd.DataFrame, units: Sequence[ModelUnit], scores: pd.Da
 # ----------------------------------------------------------------------------------------------
 
 
-def _clean_xy(x: Sequence[float], y: Sequence[float]) -> tuple[np.ndarray, np.ndarray]:
+def _clean_xy(x: Sequence[float] | np.ndarray, y: Sequence[float] | np.ndarray
+              ) -> tuple[np.ndarray, np.ndarray]:
     xa, ya = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
     keep = np.isfinite(xa) & np.isfinite(ya)
     return xa[keep], ya[keep]
 
 
-def regression(x: Sequence[float], y: Sequence[float], *, n_boot: int = 2000, seed: int = 0,
+def regression(x: Sequence[float] | np.ndarray, y: Sequence[float] | np.ndarray, *, n_boot: int = 2000, seed: int = 0,
                confidence: float = 0.95) -> dict[str, Any]:
     """Least-squares line y = slope x + intercept and rank correlation (rows with NaN dropped).
 
@@ -656,7 +657,7 @@ def exponential_fit(x: Sequence[float], y: Sequence[float]) -> dict[str, Any]:
             "converged": converged}
 
 
-def partial_correlation(x: Sequence[float], y: Sequence[float],
+def partial_correlation(x: Sequence[float] | np.ndarray, y: Sequence[float] | np.ndarray,
                         covariates: Sequence[float] | Sequence[Sequence[float]]
                         ) -> dict[str, Any]:
     """Partial correlation of x and y controlling for one covariate or several (statsmodels OLS).

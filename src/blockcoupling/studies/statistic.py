@@ -61,7 +61,7 @@ def coupling_statistic(source: Measurement | str | os.PathLike[str] | Any, *,
     list; ``tokens``: ``"last"`` (the paper's) or ``"all"``; ``diagonal=True`` includes l = l'.
     Columns: the names of the run/unit, then ``variant, k, p, orientation, tokens, diagonal,
     d_model, n_prompts, mean, se, ci_low, ci_high, chance, rule`` (docs/conventions.md)."""
-    opts = dict(variants=_variants(variant), k=k, p=p, orientation=orientation, tokens=tokens,
+    opts: dict[str, Any] = dict(variants=_variants(variant), k=k, p=p, orientation=orientation, tokens=tokens,
                 diagonal=diagonal, n_boot=n_boot, seed=seed, ci=ci)
     if isinstance(source, Measurement):
         return _with_names(source.coupling_statistic(**opts), run_names(source.meta))
