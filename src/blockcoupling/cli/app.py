@@ -61,21 +61,29 @@ def os_error(err: OSError, what: str) -> BlockCouplingError:
 
 
 @contextlib.contextmanager
-def guarded(*, saved: str, again: str = "run the same command again to continue",
-            what: str = "cannot read or write a file") -> Iterator[None]:
-    """The body of a command that does long work: a :class:`BlockCouplingError` or an
-    :class:`OSError` becomes one ``error:`` line and exit 1; Ctrl-C / SIGTERM say what is
-    ``saved`` and how to continue (``again``) and exit 130 / 143 (128 + the signal)."""
+def user_errors(what: str = "cannot read or write a file") -> Iterator[None]:
+    """The body of every command: a :class:`BlockCouplingError` or an :class:`OSError` (said
+    as ``what: path: reason``) becomes one ``error:`` line and exit 1."""
     try:
-        with sigterm_as_interrupt():
-            yield
-    except KeyboardInterrupt as stop:
-        typer.echo(f"\ninterrupted: {saved}; {again}", err=True)
-        raise typer.Exit(143 if isinstance(stop, Terminated) else 130) from None
+        yield
     except BlockCouplingError as err:
         fail(err)
     except OSError as err:
         fail(os_error(err, what))
+
+
+@contextlib.contextmanager
+def guarded(*, saved: str, again: str = "run the same command again to continue",
+            what: str = "cannot read or write a file") -> Iterator[None]:
+    """The body of a command that does long work: :func:`user_errors`, and Ctrl-C / SIGTERM
+    say what is ``saved`` and how to continue (``again``) and exit 130 / 143 (128 + the
+    signal)."""
+    try:
+        with user_errors(what), sigterm_as_interrupt():
+            yield
+    except KeyboardInterrupt as stop:
+        typer.echo(f"\ninterrupted: {saved}; {again}", err=True)
+        raise typer.Exit(143 if isinstance(stop, Terminated) else 130) from None
 
 
 @app.callback()

@@ -8,9 +8,7 @@ from typing import Annotated
 import typer
 
 from blockcoupling.cli.app import STATE as _STATE
-from blockcoupling.cli.app import app, os_error
-from blockcoupling.cli.app import fail as _fail
-from blockcoupling.errors import BlockCouplingError
+from blockcoupling.cli.app import app, user_errors
 
 
 @app.command()
@@ -38,7 +36,7 @@ def correlate(
     d_model and log10 parameters."""
     from blockcoupling.studies.correlate import correlate as run
 
-    try:
+    with user_errors("cannot read the runs or write the results"):
         result = run(inputs, scores, k=k, p=p, orientation=orientation,
                      variants=[v.strip() for v in variant.split(",") if v.strip()],
                      tokens=tokens, diagonal=diagonal, floor=floor,
@@ -51,12 +49,6 @@ def correlate(
             from blockcoupling.report.correlation import write_correlation_html
 
             written.append(write_correlation_html(result, out))
-    except BlockCouplingError as err:
-        _fail(err)
-        return
-    except OSError as err:
-        _fail(os_error(err, "cannot read the runs or write the results"))
-        return
     if not _STATE["quiet"]:
         typer.echo(result.summary())
         for path in written:
@@ -74,7 +66,7 @@ def chance_floor(
     level of raw c_K, 1 - sqrt(1/d + 1/K), regressed against its score. Needs no model."""
     from blockcoupling.studies.chance_floor import chance_floor as run
 
-    try:
+    with user_errors("cannot read the scores or write the results"):
         result = run(scores, k_rule=k_rule)
         written = []
         if json_out is not None:
@@ -83,12 +75,6 @@ def chance_floor(
             from blockcoupling.report.correlation import write_chance_floor_html
 
             written.append(write_chance_floor_html(result, out))
-    except BlockCouplingError as err:
-        _fail(err)
-        return
-    except OSError as err:
-        _fail(os_error(err, "cannot read the scores or write the results"))
-        return
     if not _STATE["quiet"]:
         typer.echo(result.summary())
         for path in written:

@@ -8,8 +8,7 @@ from typing import Annotated
 import typer
 
 from blockcoupling.cli.app import STATE as _STATE
-from blockcoupling.cli.app import app, guarded
-from blockcoupling.cli.app import fail as _fail
+from blockcoupling.cli.app import app, guarded, user_errors
 from blockcoupling.errors import BlockCouplingError
 
 
@@ -87,11 +86,8 @@ def sweep_status_cmd(
     """Done / running / failed units of a sweep, with the failures' messages."""
     from blockcoupling.studies.sweep import sweep_status
 
-    try:
+    with user_errors("cannot read the sweep"):
         st = sweep_status(sweep_dir)
-    except BlockCouplingError as err:
-        _fail(err)
-        return
     if st.empty:
         typer.echo(f"{sweep_dir}: no units yet")
         return

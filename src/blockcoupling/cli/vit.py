@@ -8,8 +8,7 @@ from typing import Annotated, Any
 import typer
 
 from blockcoupling.cli.app import STATE as _STATE
-from blockcoupling.cli.app import app, guarded
-from blockcoupling.cli.app import fail as _fail
+from blockcoupling.cli.app import app, guarded, user_errors
 from blockcoupling.errors import BlockCouplingError
 
 _Dataset = Annotated[str, typer.Option(help="digits (offline, scikit-learn) or cifar10.")]
@@ -157,11 +156,8 @@ def vit_figures(
     """Coupling vs drop-path rate, vs test accuracy, and across epochs (PNG + CSV)."""
     from blockcoupling.studies.vit.report import write_vit_figures
 
-    try:
+    with user_errors("cannot read the runs or write the figures"):
         paths = write_vit_figures(root, out)
-    except BlockCouplingError as err:
-        _fail(err)
-        return
     if not _STATE["quiet"]:
         for p in paths:
             typer.echo(f"wrote {p}")
