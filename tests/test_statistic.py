@@ -192,8 +192,9 @@ def test_every_output_states_the_same_value(three_models: dict, diagonal: bool,
     computation of the rule, for both headline variants (multi-token, 3 layers)."""
     import json
 
-    from blockcoupling.cli import app
     from typer.testing import CliRunner
+
+    from blockcoupling.cli import app
 
     runs, sweep = three_models["runs"], three_models["sweep"]
     scores = tmp_path / "scores.csv"
@@ -236,11 +237,11 @@ def test_chance_floor_equals_scipy_on_the_floor_values(tmp_path: Path) -> None:
     import json
 
     import scipy.stats as st
+    from typer.testing import CliRunner
 
     from blockcoupling.cli import app
     from blockcoupling.engine.statistic import flat_chance
     from blockcoupling.studies.correlate import paper_scores
-    from typer.testing import CliRunner
 
     js, page = tmp_path / "f.json", tmp_path / "f.html"
     r = CliRunner().invoke(app, ["chance-floor", "--scores", "paper", "--json", str(js),
@@ -275,8 +276,9 @@ def test_chance_floor_equals_scipy_on_the_floor_values(tmp_path: Path) -> None:
     (["--scores", "/nonexistent.csv"], "no such file"),
 ])
 def test_chance_floor_bad_input_is_one_line(args: list[str], match: str) -> None:
-    from blockcoupling.cli import app
     from typer.testing import CliRunner
+
+    from blockcoupling.cli import app
 
     r = CliRunner().invoke(app, ["chance-floor", *args])
     assert r.exit_code == 1

@@ -34,7 +34,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import pandas as pd
@@ -328,11 +328,8 @@ def statistic_table(coupling: pd.DataFrame, *, variants: Sequence[str] = HEADLIN
     lacks the rows the rule needs."""
     if isinstance(variants, str):
         variants = (variants,)
-    ks: list[KSpec]
-    if k is None or isinstance(k, int | str):
-        ks = [k]
-    else:  # a list or tuple of Ks
-        ks = list(k)
+    ks: list[KSpec] = ([int(x) for x in k] if isinstance(k, list | tuple)
+                       else [cast(KSpec, k)])
     rows = []
     for variant in variants:
         for kspec in ks:

@@ -8,7 +8,6 @@ of raw c_K with them says little about structure. ``blockcoupling chance-floor``
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,7 +18,13 @@ import pandas as pd
 
 from blockcoupling.engine.statistic import FLOOR_NOTE, PAPER_K, flat_chance, paper_k
 from blockcoupling.errors import BlockCouplingError
-from blockcoupling.studies.correlate import MIN_MODELS, _jsonable, read_scores, regression
+from blockcoupling.studies.correlate import (
+    MIN_MODELS,
+    _jsonable,
+    read_scores,
+    regression,
+    write_json,
+)
 
 __all__ = ["ChanceFloorResult", "chance_floor", "parse_k_rule"]
 
@@ -61,10 +66,7 @@ class ChanceFloorResult:
             "excluded": self.excluded})
 
     def to_json(self, path: str | Path) -> Path:
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(self.to_dict(), indent=1, allow_nan=False) + "\n")
-        return path
+        return write_json(path, self.to_dict())
 
     def summary(self) -> str:
         k = "K = round(d/10)" if self.k_rule == PAPER_K else f"K = {self.k_rule}"

@@ -572,8 +572,8 @@ def _clean_xy(x: Sequence[float] | np.ndarray, y: Sequence[float] | np.ndarray
     return xa[keep], ya[keep]
 
 
-def regression(x: Sequence[float] | np.ndarray, y: Sequence[float] | np.ndarray, *, n_boot: int = 2000, seed: int = 0,
-               confidence: float = 0.95) -> dict[str, Any]:
+def regression(x: Sequence[float] | np.ndarray, y: Sequence[float] | np.ndarray, *,
+               n_boot: int = 2000, seed: int = 0, confidence: float = 0.95) -> dict[str, Any]:
     """Least-squares line y = slope x + intercept and rank correlation (rows with NaN dropped).
 
     Returns n, slope, intercept, slope_stderr, r (Pearson), r2, p (two-sided, slope = 0),
@@ -796,6 +796,16 @@ def _jsonable(obj: Any) -> Any:
     return obj
 
 
+def write_json(path: str | Path, data: Mapping[str, Any]) -> Path:
+    """``data`` (made JSON-safe: NaN -> null) written atomically to ``path``, folders made."""
+    from blockcoupling.store.fileio import atomic_write_text
+
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(out, json.dumps(_jsonable(data), indent=1, allow_nan=False) + "\n")
+    return out
+
+
 @dataclass
 class CorrelationResult:
     """Everything :func:`correlate` found; ``to_dict()`` is the JSON output."""
@@ -825,10 +835,7 @@ class CorrelationResult:
         })
 
     def to_json(self, path: str | Path) -> Path:
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(self.to_dict(), indent=1, allow_nan=False) + "\n")
-        return path
+        return write_json(path, self.to_dict())
 
     def summary(self) -> str:
         """A few lines for humans."""

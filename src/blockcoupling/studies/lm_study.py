@@ -28,11 +28,9 @@ version (tiny runs, seconds each).
 
 from __future__ import annotations
 
-import json
-import math
 import platform
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -544,8 +542,9 @@ def run_study(out: str | Path, spec: StudySpec | None = None, *, quick: bool = F
     result = StudyResult(spec=spec, models=mt, emergence=em, tests=tests, statement=statement,
                          noise_floor=noise, reproducibility=_versions(), seconds=seconds,
                          out=out)
-    (out / "study.json").write_text(json.dumps(result.to_dict(), indent=1, allow_nan=False)
-                                    + "\n", encoding="utf-8")
+    from blockcoupling.studies.correlate import write_json
+
+    write_json(out / "study.json", result.to_dict())
     write_study_page(result, out / "study.html")
     return result
 
@@ -553,10 +552,10 @@ def run_study(out: str | Path, spec: StudySpec | None = None, *, quick: bool = F
 def write_study_page(result: StudyResult, path: Path) -> Path:
     """``study.html``: the statement, the emergence curves, final accuracy against final
     coupling (error bars one se), the models and the tests."""
-    from blockcoupling.report.html import Section, esc, figure_html, table_html, write_page
-
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
+
+    from blockcoupling.report.html import Section, esc, figure_html, table_html, write_page
 
     em, mt = result.emergence, result.models
     fig = Figure(figsize=(10.0, 3.8), layout="constrained")
