@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -42,17 +43,9 @@ def correlate(
                      tokens=tokens, diagonal=diagonal, floor=floor,
                      allow_mixed_prompts=allow_mixed_prompts, n_boot=n_boot, seed=seed,
                      labels=None if labels is None else [v.strip() for v in labels.split(",")])
-        written = []
-        if json_out is not None:
-            written.append(result.to_json(json_out))
-        if out is not None:
-            from blockcoupling.report.correlation import write_correlation_html
+        from blockcoupling.report.correlation import write_correlation_html
 
-            written.append(write_correlation_html(result, out))
-    if not _STATE["quiet"]:
-        typer.echo(result.summary())
-        for path in written:
-            typer.echo(f"wrote {path}")
+        _write_and_say(result, json_out, out, write_correlation_html)
 
 
 @app.command("chance-floor")
@@ -68,13 +61,20 @@ def chance_floor(
 
     with user_errors("cannot read the scores or write the results"):
         result = run(scores, k_rule=k_rule)
-        written = []
-        if json_out is not None:
-            written.append(result.to_json(json_out))
-        if out is not None:
-            from blockcoupling.report.correlation import write_chance_floor_html
+        from blockcoupling.report.correlation import write_chance_floor_html
 
-            written.append(write_chance_floor_html(result, out))
+        _write_and_say(result, json_out, out, write_chance_floor_html)
+
+
+def _write_and_say(result: Any, json_out: Path | None, out: Path | None,
+                   write_html: Callable[[Any, Path], Path]) -> None:
+    """Write the JSON (``result.to_json``) and the HTML page asked for, then print the
+    result's summary and what was written (unless --quiet)."""
+    written = []
+    if json_out is not None:
+        written.append(result.to_json(json_out))
+    if out is not None:
+        written.append(write_html(result, out))
     if not _STATE["quiet"]:
         typer.echo(result.summary())
         for path in written:
