@@ -120,6 +120,8 @@ def test_corrupt_run_dir(tmp_path: Path) -> None:
     assert r.exit_code == 1 and "Traceback" not in r.output
 
 
+@pytest.mark.slow  # the default suite has this in test_faults (SIGKILL at seeded points of six
+# kinds, resumed bit-identically through the CLI) and test_bad_input (no --resume: refused)
 def test_kill_and_resume_gives_the_same_numbers(model_dir: Path, prompts_file: Path,
                                                 tmp_path: Path) -> None:
     """SIGKILL mid-run, then --resume: no duplicates, same numbers as one uninterrupted run."""

@@ -144,7 +144,14 @@ def test_sigkill_at_a_random_point_then_resume_is_bit_identical(setup: Setup, po
 def test_sigint_and_sigterm_stop_cleanly_and_resume_is_bit_identical(
         setup: Setup, sig: signal.Signals, code: int, tmp_path: Path) -> None:
     """The signal is delivered to this process, inside a Jacobian, as a user's Ctrl-C or a
-    scheduler's ``kill`` would be (in-process: no new interpreter to start)."""
+    scheduler's ``kill`` would be (in-process: no new interpreter to start).
+
+    Independent of what earlier tests left in this process: the signal goes to this (the
+    main) thread with ``signal.raise_signal``, so its Python handler runs inside the probe
+    (``os.kill`` of the process may be taken by any of the threads earlier tests started, and
+    the interrupt then lands wherever the main thread happens to be), and the handlers are the
+    defaults for the test's duration (an in-process ``ray.init`` of an earlier test leaves its
+    own SIGTERM handler, ``sys.exit(15)``, installed for good)."""
     total = setup.counts["jacobian"]
     nth = random.Random(f"{SEED}/{sig.name}").randint(total // 3, 2 * total // 3)
     info = replay("jacobian", nth, total) + f" with {sig.name}"
@@ -156,13 +163,18 @@ def test_sigint_and_sigterm_stop_cleanly_and_resume_is_bit_identical(
         if point == "jacobian":
             seen.update([point])
             if seen[point] == nth:
-                os.kill(os.getpid(), sig)
+                signal.raise_signal(sig)
 
+    handlers = {s: signal.signal(s, h) for s, h in ((signal.SIGINT, signal.default_int_handler),
+                                                     (signal.SIGTERM, signal.SIG_DFL))}
     uninstall = install_probes(trip)
     try:
         r = cli(*setup.args, "--out", str(out))
     finally:
         uninstall()
+        for s, h in handlers.items():
+            signal.signal(s, h)
+    assert seen["jacobian"] >= nth, f"{info}: the run took only {seen['jacobian']} Jacobians"
     assert r.exit_code == code, f"{info}\n{r.output}"
     assert "Traceback" not in r.output and "--resume" in r.output, r.output
     assert not (out / ".lock").exists()  # a clean stop releases the lock

@@ -156,6 +156,11 @@ def api_markdown() -> str:
         by_section.setdefault(section, []).extend(f"{module}.{n}" for n in names)
     by_section["Errors"] = [f"blockcoupling.errors.{n}" for n in sorted(blockcoupling.__all__)
                             if n.endswith("Error")]
+    import blockcoupling.studies as studies
+
+    seen = {path.rsplit(".", 1)[1] for paths in by_section.values() for path in paths}
+    by_section["Studies (blockcoupling.studies)"] = [
+        f"blockcoupling.studies.{n}" for n in studies.__all__ if n not in seen]
     for section, paths in by_section.items():
         lines += [f"## {section}", ""]
         for path in paths:

@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from transformers import GPT2Config, GPT2LMHeadModel
 
 import blockcoupling as bc
+from blockcoupling.studies import CouplingMonitor, run_sweep
 from blockcoupling.studies.demo import build_tokenizer, corpus_documents
 
 torch.manual_seed(0)
@@ -60,7 +61,7 @@ val_batch = batch(val_ids, 32, g_val)
 
 STEPS = 150
 CHECKPOINTS = [0, 5, 15, 40, 80, 150]           # log-spaced-ish: coupling moves early
-monitor = bc.CouplingMonitor(tokenizer, prompts[:4], every=None, steps=CHECKPOINTS,
+monitor = CouplingMonitor(tokenizer, prompts[:4], every=None, steps=CHECKPOINTS,
                              out=OUT / "train" / "monitor", coupling=("depth",), k=(6,),
                              tokens="last")
 log = {}
@@ -97,7 +98,7 @@ spec = {
     "measure": {"coupling": ["depth"], "k": [6], "tokens": "last",
                 "variants": ["coupling", "coupling_vs_null"]},
 }
-sweep = bc.run_sweep(spec, OUT / "sweep", executor="local", progress=False)
+sweep = run_sweep(spec, OUT / "sweep", executor="local", progress=False)
 # executor="ray" (the default) runs one unit per checkpoint on a Ray cluster instead
 # --8<-- [end:sweep]
 

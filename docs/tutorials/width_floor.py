@@ -1,7 +1,7 @@
 """Tutorial 3: coupling against benchmark scores, with the width floor diagnosed.
 
 The paper correlates raw depth-wise coupling c_K at K = round(d/10) with Open LLM Leaderboard
-scores. (1) From the paper's own Table 1 (shipped: ``bc.paper_scores()``, ``--scores paper``)
+scores. (1) From the paper's own Table 1 (shipped: ``blockcoupling.studies.paper_scores()``, ``--scores paper``)
 and no model at all: how much of the scores the chance level of c_K, which depends on the
 width d only, already explains. (2) Measured on random-init GPT-2 models of four widths: raw
 c_K at K = d/10 rises with d along that floor, while the chance-corrected
@@ -21,6 +21,7 @@ OUT = out_dir()
 import numpy as np
 
 import blockcoupling as bc
+from blockcoupling.studies import paper_scores
 from blockcoupling.studies.correlate import regression
 
 
@@ -29,7 +30,7 @@ def flat_floor(d: np.ndarray, k: np.ndarray) -> np.ndarray:
     return 1 - np.sqrt(1 / d + 1 / k)
 
 
-table = bc.paper_scores()                        # the paper's Table 1, 42 rows
+table = paper_scores()                        # the paper's Table 1, 42 rows
 table = table[table["score"].notna()].copy()
 d = table["d_model"].astype(float).to_numpy()
 table["K"] = np.maximum(1, np.round(d / 10))

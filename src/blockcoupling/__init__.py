@@ -23,6 +23,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from blockcoupling import lazy
 from blockcoupling.errors import (
     ArchitectureError,
     BlockCouplingError,
@@ -85,16 +86,11 @@ def __getattr__(name: str) -> Any:
                       "(the top-level name goes in the next release)", DeprecationWarning,
                       stacklevel=2)
         return getattr(importlib.import_module(_DEPRECATED[name]), name)
-    module = _WHERE.get(name)
-    if module is None:
-        raise AttributeError(f"module 'blockcoupling' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value  # later look-ups skip __getattr__
-    return value
+    return lazy.resolve(globals(), __name__, _WHERE, name)
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+    return lazy.listing(globals(), __all__)
 
 
 __all__ = [

@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterator
 from typing import Annotated, Any, TypeVar
 
 import typer
-from typer.core import TyperGroup
+from typer.core import TyperCommand, TyperGroup
 
 from blockcoupling.errors import BlockCouplingError
 
@@ -86,17 +86,11 @@ def os_error(err: OSError, what: str) -> BlockCouplingError:
 
 
 @contextlib.contextmanager
-def guarded(*, saved: str, again: str = "run the same command again to continue",
-            what: str = "cannot read or write a file") -> Iterator[None]:
-    """The body of a command that does long work: a :class:`BlockCouplingError` or an
-    :class:`OSError` becomes one ``error:`` line and exit 1; Ctrl-C / SIGTERM say what is
-    ``saved`` and how to continue (``again``) and exit 130 / 143 (128 + the signal)."""
+def user_errors(what: str = "cannot read or write a file") -> Iterator[None]:
+    """The body of every command: a :class:`BlockCouplingError` or an :class:`OSError` (said
+    as ``what: path: reason``) becomes one ``error:`` line and exit 1."""
     try:
-        with sigterm_as_interrupt():
-            yield
-    except KeyboardInterrupt as stop:
-        typer.echo(f"\ninterrupted: {saved}; {again}", err=True)
-        raise typer.Exit(143 if isinstance(stop, Terminated) else 130) from None
+        yield
     except BlockCouplingError as err:
         fail(err)
     except OSError as err:
@@ -109,6 +103,20 @@ def _version(value: bool) -> None:
 
         typer.echo(f"blockcoupling {version('blockcoupling')}")
         raise typer.Exit()
+
+
+@contextlib.contextmanager
+def guarded(*, saved: str, again: str = "run the same command again to continue",
+            what: str = "cannot read or write a file") -> Iterator[None]:
+    """The body of a command that does long work: :func:`user_errors`, and Ctrl-C / SIGTERM
+    say what is ``saved`` and how to continue (``again``) and exit 130 / 143 (128 + the
+    signal)."""
+    try:
+        with user_errors(what), sigterm_as_interrupt():
+            yield
+    except KeyboardInterrupt as stop:
+        typer.echo(f"\ninterrupted: {saved}; {again}", err=True)
+        raise typer.Exit(143 if isinstance(stop, Terminated) else 130) from None
 
 
 @app.callback()
@@ -182,3 +190,16 @@ def one_value(raw: str, flag: str, parse: Callable[[str], T]) -> T:
         return parse(parts[0])
     except ValueError as err:
         raise BlockCouplingError(f"{flag} {raw}: not a valid value ({err})") from err
+
+
+class OldJsonForm(TyperCommand):
+    """``--json FILE.json`` (before ``--json`` was the flag every command has) still writes
+    FILE.json: it is read as ``--json-out FILE.json``."""
+
+    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
+        args = list(args)
+        for i, a in enumerate(args[:-1]):
+            if a == "--json" and not args[i + 1].startswith("-") \
+                    and args[i + 1].lower().endswith(".json"):
+                args[i] = "--json-out"
+        return super().parse_args(ctx, args)

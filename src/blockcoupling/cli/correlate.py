@@ -2,31 +2,16 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from typer.core import TyperCommand
 
-from blockcoupling.cli.app import JSON_HELP, app, echo_json, one_value, os_error
-from blockcoupling.cli.app import fail as _fail
-from blockcoupling.errors import BlockCouplingError
+from blockcoupling.cli.app import JSON_HELP, OldJsonForm, app, echo_json, one_value, user_errors
 
 
-class _OldJsonForm(TyperCommand):
-    """``--json FILE.json`` (before ``--json`` was the flag every command has) still writes
-    FILE.json: it is read as ``--json-out FILE.json``."""
-
-    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
-        args = list(args)
-        for i, a in enumerate(args[:-1]):
-            if a == "--json" and not args[i + 1].startswith("-") \
-                    and args[i + 1].lower().endswith(".json"):
-                args[i] = "--json-out"
-        return super().parse_args(ctx, args)
-
-
-@app.command(cls=_OldJsonForm)
+@app.command(cls=OldJsonForm)
 def correlate(
     inputs: Annotated[list[Path], typer.Argument(help="Run directories (one per model) or a sweep directory.")],
     scores: Annotated[str, typer.Option("--scores", help="CSV (model, score[, params_b, layers, d_model, train_tokens_t, group]), 'paper', or an lm-evaluation-harness results folder.")],
@@ -52,35 +37,19 @@ def correlate(
     d_model and log10 parameters."""
     from blockcoupling.studies.correlate import correlate as run
 
-    try:
+    with user_errors("cannot read the runs or write the results"):
         result = run(inputs, scores, k=None if k is None else one_value(k, "--k", int),
                      p=one_value(p, "--p", float), orientation=orientation,
                      variants=[v.strip() for v in variant.split(",") if v.strip()],
                      tokens=tokens, diagonal=diagonal, floor=floor,
                      allow_mixed_prompts=allow_mixed_prompts, n_boot=n_boot, seed=seed,
                      labels=None if labels is None else [v.strip() for v in labels.split(",")])
-        written = []
-        if json_out is not None:
-            written.append(result.to_json(json_out))
-        if out is not None:
-            from blockcoupling.report.correlation import write_correlation_html
+        from blockcoupling.report.correlation import write_correlation_html
 
-            written.append(write_correlation_html(result, out))
-    except BlockCouplingError as err:
-        _fail(err)
-        return
-    except OSError as err:
-        _fail(os_error(err, "cannot read the runs or write the results"))
-        return
-    if as_json:
-        echo_json(result.to_dict())
-    else:  # -q hides progress and chatter, never results
-        typer.echo(result.summary())
-        for path in written:
-            typer.echo(f"wrote {path}")
+        _write_and_say(result, json_out, out, write_correlation_html, as_json)
 
 
-@app.command("chance-floor", cls=_OldJsonForm)
+@app.command("chance-floor", cls=OldJsonForm)
 def chance_floor(
     scores: Annotated[str, typer.Option("--scores", help="'paper' (the paper's Table 1, shipped) or a CSV with model, score, d_model[, group].")],
     k_rule: Annotated[str, typer.Option("--k-rule", help="d/10 (the paper's K = round(d/10) per model) or a fixed K.")] = "d/10",
@@ -92,24 +61,26 @@ def chance_floor(
     level of raw c_K, 1 - sqrt(1/d + 1/K), regressed against its score. Needs no model."""
     from blockcoupling.studies.chance_floor import chance_floor as run
 
-    try:
+    with user_errors("cannot read the scores or write the results"):
         result = run(scores, k_rule=k_rule)
-        written = []
-        if json_out is not None:
-            written.append(result.to_json(json_out))
-        if out is not None:
-            from blockcoupling.report.correlation import write_chance_floor_html
+        from blockcoupling.report.correlation import write_chance_floor_html
 
-            written.append(write_chance_floor_html(result, out))
-    except BlockCouplingError as err:
-        _fail(err)
-        return
-    except OSError as err:
-        _fail(os_error(err, "cannot read the scores or write the results"))
-        return
+        _write_and_say(result, json_out, out, write_chance_floor_html, as_json)
+
+
+def _write_and_say(result: Any, json_out: Path | None, out: Path | None,
+                   write_html: Callable[[Any, Path], Path], as_json: bool) -> None:
+    """Write the JSON file (``result.to_json``) and the HTML page asked for, then print the
+    result: as JSON on stdout with ``as_json``, else its summary and what was written (-q
+    hides progress and chatter, never results)."""
+    written = []
+    if json_out is not None:
+        written.append(result.to_json(json_out))
+    if out is not None:
+        written.append(write_html(result, out))
     if as_json:
         echo_json(result.to_dict())
-    else:  # -q hides progress and chatter, never results
-        typer.echo(result.summary())
-        for path in written:
-            typer.echo(f"wrote {path}")
+        return
+    typer.echo(result.summary())
+    for path in written:
+        typer.echo(f"wrote {path}")

@@ -7,28 +7,28 @@ from typing import Annotated
 
 import typer
 
-from blockcoupling.cli.app import STATE as _STATE
-from blockcoupling.cli.app import app, os_error
-from blockcoupling.cli.app import fail as _fail
+from blockcoupling.cli.app import JSON_HELP, OldJsonForm, app, echo_json, one_value, user_errors
 from blockcoupling.errors import BlockCouplingError
 
 
-@app.command()
+@app.command(cls=OldJsonForm)
 def cross(
     runs: Annotated[list[Path], typer.Argument(help="RUN_A RUN_B: run directories measured with --save-bases (RUN_A also with --save-jacobians, or give --model-a). More than two: every run against the last; one sweep directory: per label, every checkpoint against the last.")],
-    json_out: Annotated[Path | None, typer.Option("--json", help="Write the tables and layer x layer matrices as JSON here.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help=JSON_HELP)] = False,
+    json_out: Annotated[Path | None, typer.Option("--json-out", help="Write the tables and layer x layer matrices as JSON to this file (also accepted: --json FILE.json).")] = None,
     out: Annotated[Path | None, typer.Option("--out", "-o", help="Write the HTML page (heatmap) here.")] = None,
-    k: Annotated[int | None, typer.Option("--k", help="Top-K of the figure and summary (default: the smallest measured).")] = None,
+    k: Annotated[str | None, typer.Option("--k", help="Top-K of the figure and summary (default: the smallest measured); a list of one.")] = None,
     variant: Annotated[str, typer.Option("--variant", help="coupling, miscoupling, released_norm, ...")] = "coupling",
-    p: Annotated[float, typer.Option("--p", help="Norm of the variants that have one (1, 2, inf).")] = 1.0,
+    p: Annotated[str, typer.Option("--p", help="Norm of the variants that have one (1, 2, inf); a list of one.")] = "1",
     orientation: Annotated[str, typer.Option("--orientation", help="ujv or vju.")] = "ujv",
     model_a: Annotated[str | None, typer.Option("--model-a", help="Model of RUN_A (hub id or folder), to measure its Jacobians again where RUN_A did not store them.")] = None,
 ) -> None:
     """Coupling across runs (checkpoint vs final, base vs fine-tuned, seed vs seed)."""
     from blockcoupling.studies.cross import cross_coupling, cross_sweep
 
-    selection = dict(k=k, variant=variant, p=p, orientation=orientation)
-    try:
+    with user_errors("cannot read the runs or write the results"):
+        selection = dict(k=None if k is None else one_value(k, "--k", int), variant=variant,
+                         p=one_value(p, "--p", float), orientation=orientation)
         from blockcoupling.studies.sweep.store import is_sweep_dir
 
         if len(runs) == 1 and is_sweep_dir(runs[0]):  # per label: checkpoints vs the last
@@ -54,14 +54,10 @@ def cross(
             from blockcoupling.report.cross import write_cross_report
 
             written.append(write_cross_report(result, out, **selection))
+        if as_json:
+            echo_json(result.to_dict(**selection))
+            return
         text = result.summary(**selection)
-    except BlockCouplingError as err:
-        _fail(err)
-        return
-    except OSError as err:
-        _fail(os_error(err, "cannot read the runs or write the results"))
-        return
-    if not _STATE["quiet"]:
-        typer.echo(text)
-        for path in written:
-            typer.echo(f"wrote {path}")
+    typer.echo(text)  # -q hides progress and chatter, never results
+    for path in written:
+        typer.echo(f"wrote {path}")

@@ -10,12 +10,8 @@ from typing import Annotated, Any
 import typer
 from typer.core import TyperCommand
 
-from blockcoupling.cli.app import JSON_HELP, app, echo_json
+from blockcoupling.cli.app import JSON_HELP, app, echo_json, guarded, user_errors
 from blockcoupling.cli.app import STATE as _STATE
-from blockcoupling.cli.app import Terminated as _Terminated
-from blockcoupling.cli.app import fail as _fail
-from blockcoupling.cli.app import os_error as _os_error
-from blockcoupling.cli.app import sigterm_as_interrupt as _sigterm_as_interrupt
 from blockcoupling.errors import BlockCouplingError
 
 
@@ -49,7 +45,8 @@ def measure(
     from blockcoupling.prompts.sources import load_prompts
     from blockcoupling.store.record import measure_to_dir
 
-    try:
+    with guarded(saved=f"finished prompts are saved in {out}",
+                 again="continue with the same command and --resume"):
         _check_out(out, resume)
         # the raw strings of the options that were given go to the one parser
         # (the MeasureConfig options, given by _ConfigOptionsCommand: field -> raw value)
@@ -72,20 +69,8 @@ def measure(
             else:
                 typer.echo(plan.describe())
             return
-        with _sigterm_as_interrupt():
-            result = measure_to_dir(net, tok, items, out, meta=meta, prompts_spec=prompts,
-                                    resume=resume, progress=not _STATE["quiet"], config=cfg)
-    except KeyboardInterrupt as stop:
-        typer.echo(f"\ninterrupted: finished prompts are saved in {out}; "
-                   "continue with the same command and --resume", err=True)
-        # the shell's convention: 128 + the signal's number
-        raise typer.Exit(143 if isinstance(stop, _Terminated) else 130) from None
-    except BlockCouplingError as err:
-        _fail(err)
-        return
-    except OSError as err:
-        _fail(_os_error(err, "cannot read or write a file"))
-        return
+        result = measure_to_dir(net, tok, items, out, meta=meta, prompts_spec=prompts,
+                                resume=resume, progress=not _STATE["quiet"], config=cfg)
     if as_json:
         from blockcoupling.store.reader import run_progress
 
@@ -222,7 +207,7 @@ def report(
     from blockcoupling.report.html import write_report_from_dirs
     from blockcoupling.studies.sweep.store import is_sweep_dir
 
-    try:
+    with user_errors("cannot write the report"):
         if len(run_dirs) == 1 and is_sweep_dir(run_dirs[0]):  # a sweep or monitor directory
             from blockcoupling.report.emergence import write_emergence_report
             from blockcoupling.studies.sweep.read import open_sweep
@@ -234,12 +219,6 @@ def report(
             path = write_vit_report(run_dirs[0], out)
         else:
             path = write_report_from_dirs(run_dirs, out, labels=_csv(labels))
-    except BlockCouplingError as err:
-        _fail(err)
-        return
-    except OSError as err:
-        _fail(_os_error(err, "cannot write the report"))
-        return
     typer.echo(f"wrote {path}")
 
 
@@ -249,16 +228,13 @@ def show(run_dir: Annotated[Path, typer.Argument(help="A run directory.")],
     """A short text summary of a run; says whether it is complete ("2 of 3 prompts")."""
     from blockcoupling.store.reader import open_run, run_progress
 
-    try:
+    with user_errors("cannot read the run"):
         progress = run_progress(run_dir)
         m = open_run(run_dir)
         if as_json:
             echo_json(run_json(run_dir, m, progress))
             return
         summary = m.summary()
-    except BlockCouplingError as err:
-        _fail(err)
-        return
     typer.echo(f"status: {progress.describe(run_dir)}")
     typer.echo(summary)
 
@@ -291,10 +267,8 @@ def demo(
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     out = out or Path("demo_run_quick" if quick else "demo_run")
-    try:
+    with guarded(saved=f"finished runs are saved in {out} and trained checkpoints cached",
+                 again="run the demo again to continue"):
         path = run_demo(out, quick=quick, cache_dir=cache_dir, progress=not _STATE["quiet"],
                         family=family, executor=executor)
-    except BlockCouplingError as err:
-        _fail(err)
-        return
     typer.echo(f"report: {path}")

@@ -15,9 +15,9 @@ from blockcoupling.cli.app import (
     echo_json,
     guarded,
     jsonable,
+    user_errors,
 )
 from blockcoupling.cli.app import STATE as _STATE
-from blockcoupling.cli.app import fail as _fail
 from blockcoupling.errors import BlockCouplingError
 
 
@@ -126,11 +126,8 @@ def sweep_status_cmd(
     """Done / running / failed units of a sweep, with the failures' messages."""
     from blockcoupling.studies.sweep import sweep_status
 
-    try:
+    with user_errors("cannot read the sweep"):
         st = sweep_status(sweep_dir)
-    except BlockCouplingError as err:
-        _fail(err)
-        return
     if as_json:
         counts = {str(k): int(v) for k, v in st["status"].value_counts().items()} if len(st) else {}
         echo_json({"sweep_dir": str(sweep_dir), "counts": counts, "units": jsonable(st)})

@@ -7,9 +7,16 @@ from typing import Annotated, Any
 
 import typer
 
-from blockcoupling.cli.app import CLUSTER_CPUS_HELP, JSON_HELP, app, echo_json, guarded, one_value
+from blockcoupling.cli.app import (
+    CLUSTER_CPUS_HELP,
+    JSON_HELP,
+    app,
+    echo_json,
+    guarded,
+    one_value,
+    user_errors,
+)
 from blockcoupling.cli.app import STATE as _STATE
-from blockcoupling.cli.app import fail as _fail
 from blockcoupling.errors import BlockCouplingError
 
 _Dataset = Annotated[str | None, typer.Option(help="digits (offline, scikit-learn; the default) or cifar10.")]
@@ -228,11 +235,8 @@ def vit_figures(
     conditional fits (PNG + CSV + fits.json)."""
     from blockcoupling.studies.vit.report import write_vit_figures
 
-    try:
+    with user_errors("cannot read the runs or write the figures"):
         paths = write_vit_figures(root, out)
-    except BlockCouplingError as err:
-        _fail(err)
-        return
     if not _STATE["quiet"]:
         for p in paths:
             typer.echo(f"wrote {p}")

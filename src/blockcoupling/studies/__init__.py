@@ -9,8 +9,9 @@ blockcoupling.studies`` imports no torch, ray or statsmodels):
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING, Any
+
+from blockcoupling import lazy
 
 #: module -> the public names it provides (imported on first attribute access). No name may
 #: be a submodule's (``correlate`` the function is ``blockcoupling.studies.correlate.correlate``).
@@ -47,16 +48,11 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ do
 
 
 def __getattr__(name: str) -> Any:
-    module = _WHERE.get(name)
-    if module is None:
-        raise AttributeError(f"module 'blockcoupling.studies' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value  # later look-ups skip __getattr__
-    return value
+    return lazy.resolve(globals(), __name__, _WHERE, name)
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+    return lazy.listing(globals(), __all__)
 
 
 __all__ = [

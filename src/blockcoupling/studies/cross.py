@@ -82,11 +82,8 @@ class CrossCoupling:
                          f"{np.diag(ang.to_numpy()).mean():.4f}")
         return "\n".join(lines)
 
-    def to_json(self, path: str | os.PathLike[str], **selection: Any) -> Path:
-        """Both tables (records) and the layer x layer matrices, as JSON."""
-        import json
-
-        from blockcoupling.store.fileio import atomic_write_bytes
+    def to_dict(self, **selection: Any) -> dict[str, Any]:
+        """Both tables (records) and the layer x layer matrices (``--json``)."""
         from blockcoupling.store.manifest import jsonable
 
         mats = {f"{ra} | {rb}": CrossCoupling(df, self.angles).matrix(**selection)
@@ -96,8 +93,16 @@ class CrossCoupling:
                              for name, m in mats.items()},
                 "coupling": self.coupling.to_dict(orient="records"),
                 "angles": self.angles.to_dict(orient="records")}
+        return dict(jsonable(data))
+
+    def to_json(self, path: str | os.PathLike[str], **selection: Any) -> Path:
+        """:meth:`to_dict` written to ``path``."""
+        import json
+
+        from blockcoupling.store.fileio import atomic_write_bytes
+
         out = Path(path)
-        atomic_write_bytes(out, json.dumps(jsonable(data)).encode())
+        atomic_write_bytes(out, json.dumps(self.to_dict(**selection)).encode())
         return out
 
 
