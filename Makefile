@@ -4,6 +4,8 @@
 #   make test     the same .venv, plus the test extras (pytest, hypothesis, ray, ...), run
 #                 `make check`, then the tests (the default suite: not the `slow` marker)
 #   make check    ruff (lint) and mypy (types, on all of src/; settings in pyproject.toml)
+#   make docs     the same .venv as make test; run the tutorials, build the site into site/
+#                 (mkdocs build --strict: a warning, e.g. a broken link, is an error)
 #
 # torch is installed first and pinned by a constraints file, so no later install can replace it
 # (an unpinned `pip install torch` on Linux pulls the multi-GB CUDA build). Installs are
@@ -41,12 +43,13 @@ TORCH_STAMP := $(VENV)/.stamp-torch-$(firstword $(shell echo '$(TORCH)' | cksum)
 DEMO_STAMP := $(VENV)/.stamp-demo-$(KEY)
 TEST_STAMP := $(VENV)/.stamp-test-$(KEY)
 
-.PHONY: demo test check venv clean-venv help
+.PHONY: demo test check docs venv clean-venv help
 
 help:
 	@echo "make demo    create .venv, install, run the offline demo (writes demo_run/report.html)"
 	@echo "make test    same .venv plus the test extras, make check, run the test-suite"
 	@echo "make check   ruff (lint) + mypy (types) on the sources"
+	@echo "make docs    same .venv, run the tutorials and build the docs site into site/"
 	@echo "make clean-venv   delete .venv"
 
 demo: $(DEMO_STAMP)
@@ -58,6 +61,9 @@ test: check
 check: $(TEST_STAMP)
 	$(VENV)/bin/ruff check src tests tools benchmarks
 	$(VENV)/bin/mypy
+
+docs: $(TEST_STAMP)
+	BLOCKCOUPLING_DOCS_FRESH=1 NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
 
 venv: $(DEMO_STAMP)
 
@@ -75,7 +81,7 @@ $(DEMO_STAMP): $(TORCH_STAMP)
 	touch $@
 
 $(TEST_STAMP): $(TORCH_STAMP)
-	$(PIP) install -c $(CONSTRAINTS) -e '.[demo,test,sweep,dev]'
+	$(PIP) install -c $(CONSTRAINTS) -e '.[demo,test,sweep,dev,docs]'
 	touch $(DEMO_STAMP) $@
 
 clean-venv:

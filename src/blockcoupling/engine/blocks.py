@@ -87,6 +87,7 @@ _REGISTRY: dict[str, _ArchInfo] = {
 #: arch (HF ``config.model_type``) -> human description, for ``blockcoupling models``.
 #: MiniLM checkpoints (e.g. all-MiniLM-L6-v2) are ``bert``.
 SUPPORTED_ARCHITECTURES: dict[str, str] = {k: v.description for k, v in _REGISTRY.items()}
+"""Model types whose blocks are found by name (``blockcoupling models``): model_type -> description."""
 
 _LAYER_COUNT_ATTRS: tuple[str, ...] = ("num_hidden_layers", "n_layer", "num_layers", "n_layers")
 _HIDDEN_SIZE_ATTRS: tuple[str, ...] = ("hidden_size", "n_embd", "d_model", "dim", "embed_dim")

@@ -9,8 +9,10 @@ import math
 
 #: coupling kinds (DEFINITIONS.md, "Coupling kinds")
 KINDS: tuple[str, ...] = ("depth", "self", "fixed_input", "fixed_output")
+"""Which Jacobians are compared (the ``kind`` column): depth-wise, token-wise (``self``), and the two context kinds."""
 #: orientations of the coupling matrix: A = U2^T J1 V2 (ujv) or V2^T J1 U2 (vju)
 ORIENTATIONS: tuple[str, ...] = ("ujv", "vju")
+"""Orientations of the coupling matrix: ``ujv`` (A = U2^T J1 V2) or ``vju`` (V2^T J1 U2)."""
 #: every coupling variant, in table order
 VARIANTS: tuple[str, ...] = (
     "coupling",
@@ -20,6 +22,7 @@ VARIANTS: tuple[str, ...] = (
     "offdiag_ratio",
     "coupling_vs_null",
 )
+"""Every coupling variant (the ``variant`` column), in table order; definitions in docs/conventions.md."""
 #: variants whose normaliser takes the user-chosen p (one row per p)
 P_VARIANTS: tuple[str, ...] = ("coupling", "miscoupling")
 #: variants with a fixed p: released_norm is always reported with p = 2, the others with no p

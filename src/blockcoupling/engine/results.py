@@ -103,6 +103,7 @@ SCHEMAS: dict[str, dict[str, str]] = {
         "seconds": "float64",
     },
 }
+"""The public result tables: table name -> column -> pandas dtype (the data contract)."""
 TABLES = tuple(SCHEMAS)
 
 

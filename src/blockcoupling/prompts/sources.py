@@ -111,6 +111,7 @@ BUILTIN_SETS: dict[str, str] = {
     ),
     "all_styles_small": "12 prompts: the first 2 of each style of benchmark_styles (quick tests)",
 }
+"""The built-in prompt sets (``builtin:NAME``): name -> what the set holds."""
 
 _BENCHMARK_STYLES_FILE = "benchmark_styles.jsonl"
 

@@ -312,8 +312,8 @@ def load_spec(source: str | os.PathLike[str] | Mapping[str, Any] | SweepSpec) ->
         return parse_spec(source)
     path = Path(source)
     if not path.is_file():
-        raise SpecError(f"sweep spec {str(path)!r} not found; give a YAML file (see README: "
-                        "Sweeps)")
+        raise SpecError(f"sweep spec {str(path)!r} not found; give a YAML file (see "
+                        "docs/how-to/sweeps.md)")
     try:
         import yaml
     except ImportError as err:  # pragma: no cover - pyyaml comes with transformers
