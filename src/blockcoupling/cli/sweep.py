@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -130,7 +130,8 @@ def sweep_status_cmd(
         st = sweep_status(sweep_dir)
     if as_json:
         counts = {str(k): int(v) for k, v in st["status"].value_counts().items()} if len(st) else {}
-        echo_json({"sweep_dir": str(sweep_dir), "counts": counts, "units": jsonable(st)})
+        echo_json({"sweep_dir": str(sweep_dir), "counts": counts, "units": jsonable(st),
+                   **_unit_statistics(sweep_dir, st)})
         return
     if st.empty:
         typer.echo(f"{sweep_dir}: no units yet")
@@ -157,6 +158,24 @@ def sweep_status_cmd(
         rule = StatisticRule().describe(variants=("coupling_vs_null", "coupling"),
                                         k_text="K as on each line").split("; 95% CI")[0]
         typer.echo(f"  (rule: {rule}; ± is one standard error over prompts)")
+
+
+def _unit_statistics(sweep_dir: Path, st: Any) -> dict[str, Any]:
+    """``statistic`` (the rule) and ``summary`` (each done unit's headline statistic in wide
+    form) for ``sweep-status --json``; empty where no unit is done or it cannot be read."""
+    from blockcoupling.engine.statistic import StatisticRule
+    from blockcoupling.studies.sweep import open_sweep
+
+    if not (st["status"] == "done").any():
+        return {}
+    try:
+        summ = open_sweep(sweep_dir).summary(include_duplicates=True)
+    except (BlockCouplingError, ImportError, OSError):
+        return {}
+    rule = StatisticRule()
+    return {"statistic": rule.to_dict() | {"description": rule.describe(
+                variants=("coupling_vs_null", "coupling"), k_text="each unit's K")},
+            "summary": jsonable(summ)}
 
 
 def _unit_headlines(sweep_dir: Path) -> dict[str, str]:
