@@ -17,7 +17,8 @@ _state = {"level": "normal"}
 
 
 def set_verbosity(*, quiet: bool = False, verbose: bool = False) -> None:
-    """``quiet``: only errors from transformers, huggingface_hub and Ray, no progress bars;
+    """``quiet``: only errors from transformers, huggingface_hub, Ray and torch's import-time
+    notices, no progress bars;
     ``verbose``: their info messages too; neither: their defaults (as blockcoupling sets
     them). Environment variables the user set are kept unless a flag asks otherwise."""
     level = "verbose" if verbose else "quiet" if quiet else "normal"
@@ -41,6 +42,10 @@ def set_verbosity(*, quiet: bool = False, verbose: bool = False) -> None:
         disable_progress_bars()
     if "ray" in sys.modules:
         logging.getLogger("ray").setLevel(ray_logging_level())
+    # import-time notices of torchao (which transformers imports where it is installed): its
+    # GPU kernels that a CPU build cannot load, and torch's note on the enums it registers
+    for name in ("torchao", "torch.utils._pytree"):
+        logging.getLogger(name).setLevel(logging.ERROR if level == "quiet" else logging.NOTSET)
 
 
 def quiet() -> bool:
