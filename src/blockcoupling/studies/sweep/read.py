@@ -203,11 +203,12 @@ class Sweep:
                            k: KSpec | Sequence[int] = None, p: float | None = 1.0,
                            orientation: str = "ujv", tokens: str = "last",
                            diagonal: bool = False, n_boot: int = DEFAULT_N_BOOT, seed: int = 0,
-                           ci: float = DEFAULT_CI,
-                           include_duplicates: bool = False) -> pd.DataFrame:
+                           ci: float = DEFAULT_CI, include_duplicates: bool = False,
+                           allow_mixed_k: bool = False) -> pd.DataFrame:
         """The headline statistic (``engine.statistic``) of every done unit: the unit
         columns, then one row per variant and K. ``k=None`` is the smallest measured K, which
-        must be the same for every unit (a sweep with mixed K is refused: pass ``k``)."""
+        must be the same for every unit (a sweep with mixed K is refused: pass ``k``) unless
+        ``allow_mixed_k`` (each unit's own smallest K, as :meth:`summary` shows them)."""
         done = self.done()
         if not include_duplicates:
             done = done[done["duplicate_of"].isna()]
@@ -233,7 +234,7 @@ class Sweep:
             front = pd.DataFrame({c: [unit[c]] * len(t) for c in cols})
             frames.append(pd.concat([front, t], axis=1))
         out = pd.concat(frames, ignore_index=True)
-        if k is None and out.groupby("variant")["k"].nunique().max() > 1:
+        if k is None and not allow_mixed_k and out.groupby("variant")["k"].nunique().max() > 1:
             ks = sorted(int(x) for x in out["k"].unique())
             raise BlockCouplingError(
                 f"{self.root}: the units' smallest measured K differ ({ks}); pass one K that "
@@ -253,7 +254,8 @@ class Sweep:
                 include_duplicates: bool = False) -> pd.DataFrame:
         """Per done unit: the headline statistic (:meth:`coupling_statistic`) in wide form,
         ``coupling_vs_null_mean, coupling_vs_null_se, coupling_mean, coupling_se,
-        coupling_chance`` (each unit's K in ``k``; a variant the unit did not measure is NaN),
+        coupling_chance`` (each unit's K in ``k``: ``k=None`` takes each unit's smallest
+        measured K; a variant the unit did not measure is NaN),
         mean ``lss`` and median ``expodistance`` (heavy-tailed). Units that duplicate an
         earlier unit's weights are left out unless ``include_duplicates``."""
         cols = list(UNIT_COLUMNS) + ["weights_hash", "duplicate_of", "n_prompts"]
@@ -276,7 +278,8 @@ class Sweep:
                 t = self.coupling_statistic(variants=(variant,), k=k, p=p,
                                             orientation=orientation, tokens=tokens,
                                             diagonal=diagonal, n_boot=0,
-                                            include_duplicates=include_duplicates)
+                                            include_duplicates=include_duplicates,
+                                            allow_mixed_k=True)
             except BlockCouplingError as err:
                 if "was not measured" in str(err):
                     continue
