@@ -102,6 +102,17 @@ def test_bootstrap_is_seeded_and_brackets_the_mean(multi_token: bc.Measurement) 
     assert (a["ci_low"] <= a["mean"]).all() and (a["mean"] <= a["ci_high"]).all()
 
 
+def test_rule_text_states_a_ci_only_where_one_is_computed(multi_token: bc.Measurement) -> None:
+    from blockcoupling.engine.statistic import headline_rule
+
+    assert "CI: percentile bootstrap" in bc.coupling_statistic(multi_token)["rule"].iloc[0]
+    plain = bc.coupling_statistic(multi_token, n_boot=0)["rule"].iloc[0]
+    assert "CI" not in plain and "se = sd over prompts" in plain
+    assert "coupling_vs_null and coupling" in headline_rule() and "CI" not in headline_rule()
+    rule_line = [ln for ln in multi_token.summary().splitlines() if "rule:" in ln][0]
+    assert "CI" not in rule_line and "K as on each line" in rule_line
+
+
 def test_summarise_against_numpy() -> None:
     rng = np.random.default_rng(0)
     x = rng.normal(size=37)

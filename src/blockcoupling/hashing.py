@@ -7,7 +7,7 @@ ids, caches) stay valid:
 
 - ``compact`` (default): separators ``","`` and ``":"``; ``compact=False`` is ``json.dumps``'s
   default ``", "`` and ``": "`` (the unit ids and cache keys were made that way);
-- ``ascii`` (default): non-ASCII escaped as ``\\uXXXX``; ``ascii=False`` keeps UTF-8 (the
+- ``ascii`` (default): non-ASCII written as ``\\u`` escapes; ``ascii=False`` keeps UTF-8 (the
   run manifest's seal);
 - ``strict`` (default): NaN and infinities are refused (``ValueError``); ``strict=False``
   writes them as ``NaN``/``Infinity``;

@@ -153,17 +153,16 @@ def sweep_status_cmd(
         if r.unit_id in headlines:
             typer.echo(f"      depth-wise coupling, {headlines[r.unit_id]}")
     if headlines:
-        from blockcoupling.engine.statistic import StatisticRule
+        from blockcoupling.engine.statistic import headline_rule
 
-        rule = StatisticRule().describe(variants=("coupling_vs_null", "coupling"),
-                                        k_text="K as on each line").split("; 95% CI")[0]
+        rule = headline_rule()
         typer.echo(f"  (rule: {rule}; ± is one standard error over prompts)")
 
 
 def _unit_statistics(sweep_dir: Path, st: Any) -> dict[str, Any]:
     """``statistic`` (the rule) and ``summary`` (each done unit's headline statistic in wide
     form) for ``sweep-status --json``; empty where no unit is done or it cannot be read."""
-    from blockcoupling.engine.statistic import StatisticRule
+    from blockcoupling.engine.statistic import StatisticRule, headline_rule
     from blockcoupling.studies.sweep import open_sweep
 
     if not (st["status"] == "done").any():
@@ -172,9 +171,7 @@ def _unit_statistics(sweep_dir: Path, st: Any) -> dict[str, Any]:
         summ = open_sweep(sweep_dir).summary(include_duplicates=True)
     except (BlockCouplingError, ImportError, OSError):
         return {}
-    rule = StatisticRule()
-    return {"statistic": rule.to_dict() | {"description": rule.describe(
-                variants=("coupling_vs_null", "coupling"), k_text="each unit's K")},
+    return {"statistic": StatisticRule(n_boot=0).to_dict() | {"description": headline_rule()},
             "summary": jsonable(summ)}
 
 

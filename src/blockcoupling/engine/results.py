@@ -26,6 +26,7 @@ from blockcoupling.engine.statistic import (
     KSpec,
     StatisticRule,
     headline,
+    headline_rule,
     per_prompt_values,
     statistic_table,
 )
@@ -314,8 +315,7 @@ class Measurement:
                 lines.append(f"  depth-wise coupling, {headline(stat)}")
                 stated = True
             if stated:
-                rule = StatisticRule(variant=variants[0], n_boot=0).describe(
-                    variants=variants, k_text="K as on each line").split("; 95% CI")[0]
+                rule = headline_rule(variants)
                 lines.append(f"    (rule: {rule}; ± is one standard error over prompts)")
         if not self.token_metrics.empty:
             tm = self.token_metrics

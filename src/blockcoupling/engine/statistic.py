@@ -51,6 +51,7 @@ __all__ = [
     "bootstrap_ci",
     "flat_chance",
     "headline",
+    "headline_rule",
     "headline_wide",
     "paper_k",
     "per_prompt_values",
@@ -168,8 +169,9 @@ class StatisticRule:
                else "the measured tokens averaged within each prompt")
         return (f"depth-wise {names} ({kk}{p}, orientation {self.orientation}): mean over "
                 f"prompts of the per-prompt mean over {pairs}, at {tok}; se = sd over prompts "
-                f"/ sqrt(n); {self.ci:.0%} CI: percentile bootstrap over prompts "
-                f"({self.n_boot} resamples, seed {self.seed})")
+                f"/ sqrt(n)" + (f"; {self.ci:.0%} CI: percentile bootstrap over prompts "
+                                f"({self.n_boot} resamples, seed {self.seed})"
+                                if self.n_boot else ""))
 
     def to_dict(self, k: int | None = None) -> dict[str, Any]:
         """The rule for JSON outputs (``"statistic": {...}``)."""
@@ -377,6 +379,14 @@ def _pm(mean: float, se: float) -> str:
     if not np.isfinite(mean):
         return "n/a"
     return f"{mean:.4f} ± {se:.4f}" if np.isfinite(se) else f"{mean:.4f} (one prompt: no se)"
+
+
+def headline_rule(variants: Sequence[str] = HEADLINE_VARIANTS, k: int | None = None) -> str:
+    """The rule of :func:`headline` lines (no bootstrap CI is printed there), for the one
+    ``(rule: ...)`` line under them; ``k=None``: "K as on each line"."""
+    rule = StatisticRule(variant=variants[0], n_boot=0)
+    return rule.describe(k, variants=variants, k_text=None if k is not None else
+                         "K as on each line")
 
 
 def headline(table: pd.DataFrame) -> str:

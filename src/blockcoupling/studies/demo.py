@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from blockcoupling.engine.statistic import headline as stat_headline
+from blockcoupling.engine.statistic import headline_rule
 from blockcoupling.errors import BlockCouplingError
 from blockcoupling.studies.tiny_lm import (  # the tiny LM, re-exported for the demo's users
     _CORPUS_PROMPTS,
@@ -357,14 +358,12 @@ def run_demo(
         write("depth-wise coupling, K = 10 where measured: above chance "
               "(coupling_vs_null, 0 = chance level, 1 = perfect) ± se over prompts; "
               "raw c_K ± se and its chance level")
-        rule = ""
         for label, m in zip(labels, measurements, strict=True):
             ks = {int(v) for v in m.coupling["k"].unique()}
             k = 10 if 10 in ks else min(ks, default=10)
             stat = m.coupling_statistic(k=k, n_boot=0)
-            rule = str(stat["rule"].iloc[0])
             write(f"  {label:<42} {stat_headline(stat)}")
-        write(f"  (rule: {rule})")
+        write(f"  (rule: {headline_rule()})")
         if family_result is not None:
             write("the tiny-LM family (toy scale: it tests the procedure, not LLMs):")
             for line in family_result.statement:

@@ -419,7 +419,7 @@ class StudyResult:
     out: Path | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        from blockcoupling.engine.statistic import StatisticRule
+        from blockcoupling.engine.statistic import StatisticRule, headline_rule
         from blockcoupling.studies.correlate import _jsonable
 
         models = []
@@ -431,8 +431,8 @@ class StudyResult:
         rule = StatisticRule(k=self.spec.k, n_boot=0)
         return _jsonable({
             "study": "lm-family", "hypotheses": HYPOTHESES, "spec": self.spec.to_dict(),
-            "statistic": rule.to_dict(self.spec.k) | {"description": rule.describe(
-                self.spec.k, variants=("coupling_vs_null", "coupling")).split("; 95% CI")[0]},
+            "statistic": rule.to_dict(self.spec.k) | {"description": headline_rule(
+                k=self.spec.k)},
             "models": models, "emergence": emergence, "tests": self.tests,
             "noise_floor": self.noise_floor, "statement": self.statement,
             "reproducibility": self.reproducibility, "seconds": self.seconds})
