@@ -34,10 +34,14 @@ def test_quick_study_writes_independent_runs_and_emergence(quick: tuple[Path, Pa
     ids = [m["run_id"] for m in data["models"]]
     assert len(ids) >= 4 and len(set(ids)) == len(ids)  # no run counted twice
     for m in data["models"]:
-        assert m["step"] == m["config"]["max_steps"]  # one end-point per run: its last step
+        points = data["emergence"][m["run_id"]]
+        # one end-point per run: the step its plateau rule stopped at (at most its cap)
+        assert m["step"] == points[-1]["step"] <= m["config"]["max_steps"]
+        assert m["plateau"]["step"] == m["step"] and m["plateau_reached"] == m["plateau"][
+            "reached"] and (m["plateau_reached"] or m["step"] == m["config"]["max_steps"])
+        assert [p["step"] for p in points] == [0, *(2 ** i for i in range(m["step"].bit_length()))]
         for col in ("coupling_vs_null", "coupling"):
             assert np.isfinite(m[f"{col}_mean"]) and np.isfinite(m[f"{col}_se"])
-        points = data["emergence"][m["run_id"]]
         assert len(points) >= 6 and points[0]["step"] == 0
         assert all(np.isfinite(p["coupling_vs_null_se"]) and "accuracy" in p for p in points)
     assert set(data["hypotheses"]) == {"H1", "H2"} and data["statement"]
@@ -81,30 +85,46 @@ def test_tests_equal_scipy_and_statsmodels(quick: tuple[Path, Path]) -> None:
 
 
 def test_held_out_score_is_reproducible(quick: tuple[Path, Path]) -> None:
-    _, cache = quick
+    out, cache = quick
+    data = json.loads((out / "study.json").read_text())
     spec = S.quick_spec()
     run = spec.runs[0]
     cfg = S._tiny_config(spec, run)
-    path = next(p for p in cache.rglob(f"step-{run.max_steps:06d}")
-                if cfg.cache_key() in str(p))
+    m = next(x for x in data["models"] if x["run_id"] == run.run_id)
+    path = next(p for p in cache.rglob(f"step-{m['step']:06d}") if cfg.cache_key() in str(p))
     a, b = S.evaluate_checkpoint(path, cfg), S.evaluate_checkpoint(path, cfg)
     assert a == b and 0 <= a["score"] <= 100
+    # the study's numbers (taken in the training loop) are the saved weights' numbers
+    assert a["score"] == pytest.approx(m["accuracy"], rel=1e-6)
+    assert a["val_loss"] == pytest.approx(m["loss"], rel=1e-6)
 
 
 @pytest.mark.parametrize("spec, match", [
     ({"runs": [{"name": "a", "n_layer": 2, "n_embd": 32, "batch_size": 4,
-                "max_steps": 10, "seeds": [0, 1]}]}, "at least 4 independent runs"),
-    ({"runs": [{"name": "a", "n_layer": 2, "n_embd": 32, "batch_size": 4, "max_steps": 10}] * 4},
+                "max_steps": 1024, "seeds": [0, 1]}]}, "at least 4 independent runs"),
+    ({"runs": [{"name": "a", "n_layer": 2, "n_embd": 32, "batch_size": 4, "max_steps": 1024}] * 4},
      "listed twice"),
-    ({"runs": [{"name": "a", "n_layer": 2, "n_embd": 32, "batch_size": 4, "max_steps": 10,
+    ({"runs": [{"name": "a", "n_layer": 2, "n_embd": 32, "batch_size": 4, "max_steps": 1024,
                 "seeds": [0, 1, 2, 3]}], "regulariser": 1}, "unknown key(s) regulariser"),
-    ({"runs": [{"name": "a", "n_layer": 0, "n_embd": 32, "batch_size": 4, "max_steps": 10,
+    ({"runs": [{"name": "a", "n_layer": 0, "n_embd": 32, "batch_size": 4, "max_steps": 1024,
                 "seeds": [0, 1, 2, 3]}]}, "n_layer must be a positive integer"),
-    ({"runs": [{"name": "a", "n_layer": 2, "n_embd": 32, "batch_size": 4, "max_steps": 10,
+    ({"runs": [{"name": "a", "n_layer": 2, "n_embd": 32, "batch_size": 4, "max_steps": 1024,
                 "seeds": [0, 1, 2, 3]}], "alpha": float("nan")}, "alpha must be a number"),
-    ({"runs": [{"name": "a", "n_layer": 2, "n_embd": 16, "batch_size": 4, "max_steps": 10,
+    ({"runs": [{"name": "a", "n_layer": 2, "n_embd": 16, "batch_size": 4, "max_steps": 1024,
                 "seeds": [0, 1, 2, 3]}], "k": 8}, "n_embd 16 < 4 K"),
     ({"runs": "all of them"}, "non-empty list"),
+    ({"runs": [{"name": "a", "n_layer": 2, "n_embd": 32, "batch_size": 4, "max_steps": 1000,
+                "seeds": [0, 1, 2, 3]}]}, "max_steps 1000 must be a power of two"),
+    ({"runs": [{"name": "a", "n_layer": 2, "n_embd": 32, "batch_size": 4, "max_steps": 512,
+                "seeds": [0, 1, 2, 3]}]}, "max_steps 512 must be a power of two >= min_steps"),
+    ({"runs": [{"name": "a", "n_layer": 2, "n_embd": 32, "batch_size": 4, "max_steps": 1024,
+                "seeds": [0, 1, 2, 3]}], "min_steps": 8}, "min_steps must be at least 16"),
+    ({"runs": [{"name": "a", "n_layer": 2, "n_embd": 32, "batch_size": 4, "max_steps": 1024,
+                "seeds": [0, 1, 2, 3]}], "plateau_tol": 0}, "plateau_tol must be a number"),
+    ({"runs": [{"name": "a", "n_layer": 2, "n_embd": 32, "batch_size": 4, "max_steps": 1024,
+                "train_chars": 100, "seeds": [0, 1, 2, 3]}]}, "train_chars 100 is below"),
+    ({"runs": [{"name": "a", "n_layer": 2, "n_embd": 32, "batch_size": 4, "max_steps": 1024,
+                "seeds": [0, 1, 2, 3]}], "n_checkpoints": 7}, "unknown key(s) n_checkpoints"),
 ])
 def test_bad_specs_are_one_line_before_training(spec: dict, match: str, tmp_path: Path) -> None:
     import yaml
@@ -119,10 +139,15 @@ def test_bad_specs_are_one_line_before_training(spec: dict, match: str, tmp_path
     assert not out.exists()  # refused before anything was written
 
 
-def test_log_checkpoints() -> None:
-    assert S.log_checkpoints(1500, 7) == (0, 1, 4, 19, 80, 347, 1500)
-    assert S.log_checkpoints(5, 6) == (0, 1, 2, 3, 4, 5)
-    for m in (16, 48, 300, 1000):
-        steps = S.log_checkpoints(m, 6)
-        assert len(steps) >= 6 and steps[0] == 0 and steps[-1] == m
-        assert list(steps) == sorted(set(steps))
+def test_runs_train_to_a_plateau_under_the_stated_rule() -> None:
+    for spec in (S.full_spec(), S.quick_spec()):
+        for run in spec.runs:
+            cfg = S._tiny_config(spec, run)
+            assert cfg.plateau_tol == spec.plateau_tol and cfg.min_steps == spec.min_steps
+            assert cfg.lr_schedule == "constant" and cfg.val_windows == 0  # whole held-out split
+            assert cfg.checkpoints[0] == 0 and cfg.checkpoints[-1] == run.max_steps
+            # log-spaced, and at least 6 points up to any step the rule may stop at
+            assert len([s for s in cfg.checkpoints if s <= spec.min_steps]) >= 6
+    full = S.full_spec()
+    assert full.plateau_tol == 0.02 and full.k == 8 and full.n_prompts == 16
+    assert len({r.train_chars for r in full.runs}) >= 2  # data is one of the axes

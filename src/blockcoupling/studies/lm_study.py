@@ -5,17 +5,26 @@ Design (fixed before any data are seen; stated in ``study.json``):
 
 - **Independent runs** (:class:`StudySpec`, :func:`full_spec`): character-level GPT-2 LMs on
   the pydoc help texts (``studies.tiny_lm.train_tiny_lm``), varying width, depth, data per step
-  (batch size) and training length, with several seeds of one configuration (the noise floor).
-  Each run enters the correlation once, at its final checkpoint: checkpoints of one run are
-  never counted as separate models.
-- **Training length**: each run trains for its stated ``max_steps``; the plateau criterion
-  (relative improvement of the held-out loss over the last doubling of steps below
-  ``plateau_tol``) is checked and reported per run, not assumed.
+  (batch size) and training data (the first ``train_chars`` characters of the training split),
+  with several seeds of one configuration (the noise floor). Each run enters the correlation
+  once, at its final checkpoint: checkpoints of one run are never counted as separate models.
+- **Training length: each run trains until its held-out loss plateaus.** The held-out loss
+  (the whole held-out split, about 10.7 k characters, the same tokens at every check) is
+  taken at step 0 and at every power of two; a run stops at the first power of two
+  ``s >= min_steps`` where ``(L(s/2) - L(s)) / L(s/2) < plateau_tol`` (less than 2 %
+  improvement over the last doubling of steps; a rise counts as no improvement), or at its
+  cap ``max_steps`` (a power of two), where it is reported as not at the plateau. The
+  learning rate is constant after the warm-up, so the schedule does not depend on the cap.
+  ``min_steps`` (1,024) keeps the rule from stopping on the early plateau every run shows
+  near loss 2.5 (a bigram model, steps 128-512), where the improvement per doubling can be
+  as small as 4 %. Each run's end point is its stopping step; the step and the criterion's
+  value are in ``study.json`` (``models[].plateau``).
 - **The statistic**: the headline rule of ``engine.statistic`` at one fixed K for every run
   (so raw c_K shares one chance level per width), ``coupling_vs_null`` primary and raw c_K
   beside, each with its standard error over ``n_prompts`` held-out prompts.
-- **Emergence**: every run is measured at log-spaced checkpoints from step 0 to its end
-  (at least 6), with held-out accuracy and loss beside.
+- **Emergence**: every run is measured at its checkpoints, step 0 and the powers of two up
+  to its end (log-spaced; at least 6 points as ``min_steps >= 16``), with held-out accuracy
+  and loss (taken in the training loop on the held-out split) beside.
 - **Tests** (one-sided, as the paper's claims are): H1, across runs, the final
   ``coupling_vs_null`` rises with held-out accuracy (OLS slope > 0; the partial correlation
   given log10 parameters, log10 d_model and log10 training tokens is reported beside); H2, the
@@ -42,13 +51,16 @@ import torch
 from blockcoupling.errors import BlockCouplingError
 from blockcoupling.studies.tiny_lm import (
     TinyLMConfig,
-    corpus_documents,
+    doubling_checkpoints,
+    held_out_scores,
+    held_out_text,
     train_tiny_lm,
     training_log,
+    validation_chunk,
 )
 
 __all__ = ["StudyResult", "StudyRun", "StudySpec", "evaluate_checkpoint", "family_prompts",
-           "full_spec", "load_study_spec", "log_checkpoints", "parse_study_spec", "quick_spec",
+           "full_spec", "load_study_spec", "parse_study_spec", "quick_spec",
            "run_study"]
 
 HYPOTHESES = {
@@ -68,8 +80,9 @@ class StudyRun:
     n_layer: int
     n_embd: int
     batch_size: int
-    max_steps: int
+    max_steps: int  # the cap (a power of two): the run stops earlier at a plateau
     seed: int = 0
+    train_chars: int | None = None  # the first N characters of the training split (None: all)
 
     @property
     def run_id(self) -> str:
@@ -85,8 +98,8 @@ class StudySpec:
     n_prompts: int = 16
     prompt_length: int = 48
     block_size: int = 64
-    n_checkpoints: int = 7  # log-spaced from 0 to max_steps, at least 6
-    plateau_tol: float = 0.02
+    min_steps: int = 1024  # the earliest step a run may stop at (>= 16: >= 6 checkpoints)
+    plateau_tol: float = 0.02  # stop when the held-out loss improves < 2 % over a doubling
     alpha: float = 0.05
 
     def __post_init__(self) -> None:
@@ -99,13 +112,31 @@ class StudySpec:
         if dup:
             raise BlockCouplingError(f"study spec: run {dup[0]} is listed twice (same name and "
                                      "seed); give each run its own name or seed")
-        shapes = [(r.n_layer, r.n_embd, r.batch_size, r.max_steps, r.seed) for r in self.runs]
+        shapes = [(r.n_layer, r.n_embd, r.batch_size, r.max_steps, r.train_chars, r.seed)
+                  for r in self.runs]
         if len(set(shapes)) < len(shapes):
             raise BlockCouplingError("study spec: two runs have the same configuration and seed "
                                      "(one run would be counted twice)")
+        for name in ("k", "n_prompts", "prompt_length", "block_size", "min_steps"):
+            _positive_int(getattr(self, name), name)
+        if self.min_steps < 16:
+            raise BlockCouplingError("study spec: min_steps must be at least 16 (step 0 and the "
+                                     "powers of two to 16 are the 6 points of the shortest "
+                                     "emergence curve)")
         for r in self.runs:
             for name in ("n_layer", "n_embd", "batch_size", "max_steps"):
                 _positive_int(getattr(r, name), f"run {r.name}: {name}")
+            if r.train_chars is not None:
+                _positive_int(r.train_chars, f"run {r.name}: train_chars")
+                if r.train_chars < 10 * self.block_size:
+                    raise BlockCouplingError(
+                        f"study spec: run {r.name}: train_chars {r.train_chars} is below 10 "
+                        f"windows of block_size {self.block_size}")
+            if r.max_steps & (r.max_steps - 1) or r.max_steps < self.min_steps:
+                raise BlockCouplingError(
+                    f"study spec: run {r.name}: max_steps {r.max_steps} must be a power of two "
+                    f">= min_steps {self.min_steps} (the cap of the plateau rule, which checks "
+                    "each doubling of steps)")
             if isinstance(r.seed, bool) or not isinstance(r.seed, int) or r.seed < 0:
                 raise BlockCouplingError(f"study spec: run {r.name}: seed must be an integer "
                                          f">= 0, not {r.seed!r}")
@@ -115,11 +146,6 @@ class StudySpec:
                     "top-K of a block Jacobian needs K well below d (lower k)")
             if r.n_embd % 2:
                 raise BlockCouplingError(f"study spec: run {r.name}: n_embd must be even")
-        for name in ("k", "n_prompts", "prompt_length", "block_size", "n_checkpoints"):
-            _positive_int(getattr(self, name), name)
-        if self.n_checkpoints < 6:
-            raise BlockCouplingError("study spec: n_checkpoints must be at least 6 (the "
-                                     "emergence curve of each run)")
         if self.n_prompts < 2:
             raise BlockCouplingError("study spec: n_prompts must be at least 2 (a standard "
                                      "error needs two prompts)")
@@ -192,56 +218,39 @@ def load_study_spec(path: str | Path) -> StudySpec:
 
 
 def full_spec() -> StudySpec:
-    """The full family: 8 independent runs (width 32-96, depth 2-4, batch 8-16, 300-600
-    steps; three seeds of one configuration); K = 8, 16 held-out prompts of 48 characters.
-    Sized for a laptop: about 4,200 training steps of models of 0.05-0.45 M parameters."""
+    """The full family: 9 independent runs (width 32-96, depth 2-4, batch 8-16, training data
+    50 k or 100 k characters; three seeds of one configuration), each trained until its
+    held-out loss plateaus (cap 16,384 steps); K = 8, 16 held-out prompts of 48 characters.
+    Sized for a laptop (see BENCHMARKS.md): models of 0.03-0.45 M parameters, at most about
+    60,000 training steps in all."""
     return StudySpec(runs=(
-        *(StudyRun("L4-d64-b16", 4, 64, 16, 600, seed) for seed in (0, 1, 2)),
-        StudyRun("L2-d32-b8", 2, 32, 8, 300),
-        StudyRun("L2-d64-b16", 2, 64, 16, 600),
-        StudyRun("L4-d32-b16", 4, 32, 16, 600),
-        StudyRun("L4-d96-b16", 4, 96, 16, 600),
-        StudyRun("L4-d64-b8", 4, 64, 8, 300),
+        *(StudyRun("L4-d64-b16", 4, 64, 16, 16384, seed, 100_000) for seed in (0, 1, 2)),
+        StudyRun("L2-d32-b8", 2, 32, 8, 16384, 0, 100_000),
+        StudyRun("L2-d64-b16", 2, 64, 16, 16384, 0, 100_000),
+        StudyRun("L4-d32-b16", 4, 32, 16, 16384, 0, 100_000),
+        StudyRun("L4-d96-b16", 4, 96, 16, 16384, 0, 100_000),
+        StudyRun("L4-d64-b8", 4, 64, 8, 16384, 0, 100_000),
+        StudyRun("L4-d64-b16-50k", 4, 64, 16, 16384, 0, 50_000),
     ))
 
 
 def quick_spec() -> StudySpec:
-    """The test-suite's family: 6 tiny runs (2-3 blocks, d 16-24, 16-48 steps, two seeds of
-    one), K = 2, 4 prompts, 6 checkpoints each (seconds each)."""
+    """The test-suite's family: 6 tiny runs (2-3 blocks, d 16-24, caps of 32-64 steps, two
+    seeds of one), K = 2, 4 prompts, at least 6 checkpoints each (seconds each)."""
     return StudySpec(runs=(
-        StudyRun("L2-d16-b4", 2, 16, 4, 16, 0),
-        StudyRun("L2-d16-b4", 2, 16, 4, 16, 1),
-        StudyRun("L2-d24-b8", 2, 24, 8, 48),
+        StudyRun("L2-d16-b4", 2, 16, 4, 32, 0),
+        StudyRun("L2-d16-b4", 2, 16, 4, 32, 1),
+        StudyRun("L2-d24-b8", 2, 24, 8, 64),
         StudyRun("L3-d16-b8", 3, 16, 8, 32),
-        StudyRun("L3-d24-b4", 3, 24, 4, 24),
-        StudyRun("L2-d24-b4", 2, 24, 4, 40),
-    ), k=2, n_prompts=4, prompt_length=24, block_size=24, n_checkpoints=6)
-
-
-def log_checkpoints(max_steps: int, n: int) -> tuple[int, ...]:
-    """At least ``n`` checkpoints from 0 to ``max_steps``: step 0, then log-spaced steps
-    ending at ``max_steps`` (every step when there are fewer than ``n``)."""
-    if max_steps + 1 <= n:
-        return tuple(range(max_steps + 1))
-    m = n - 1
-    while True:
-        grid = np.round(np.geomspace(1, max_steps, m)).astype(int)  # (m,)
-        steps = sorted({0, max_steps, *map(int, grid)})
-        if len(steps) >= n:
-            return tuple(steps)
-        m += 1
-
-
-def _held_out_text(cfg: TinyLMConfig) -> str:
-    """The demo's validation split: every ``val_every``-th pydoc topic (sorted by key)."""
-    docs = corpus_documents()
-    return "\n\n\n".join(d for i, d in enumerate(docs) if i % cfg.val_every == cfg.val_every - 1)
+        StudyRun("L3-d24-b4", 3, 24, 4, 32, 0, 20_000),
+        StudyRun("L2-d24-b4", 2, 24, 4, 64),
+    ), k=2, n_prompts=4, prompt_length=24, block_size=24, min_steps=16)
 
 
 def family_prompts(cfg: TinyLMConfig, n: int = 4, length: int = 24) -> list[str]:
     """``n`` held-out windows of ``length`` characters at evenly spaced offsets (whitespace at
     the ends stripped): the prompts the coupling is measured on."""
-    text = _held_out_text(cfg)
+    text = held_out_text(cfg)
     step = max(1, (len(text) - length) // max(1, n))
     out = []
     for i in range(n):
@@ -251,48 +260,31 @@ def family_prompts(cfg: TinyLMConfig, n: int = 4, length: int = 24) -> list[str]
     return out
 
 
-def evaluate_checkpoint(path: str | Path, cfg: TinyLMConfig, *, windows: int = 64
-                        ) -> dict[str, float]:
-    """Held-out next-character top-1 accuracy (percent) and mean cross-entropy (nats) of a
-    checkpoint, on ``windows`` evenly spaced windows of ``cfg.block_size + 1`` characters of
-    the held-out split (the same windows for every model with this block size)."""
+def evaluate_checkpoint(path: str | Path, cfg: TinyLMConfig) -> dict[str, float]:
+    """Held-out next-character top-1 accuracy (``score``, percent) and mean cross-entropy
+    (``val_loss``, nats) of a saved checkpoint, on the windows its training evaluated
+    (``tiny_lm.validation_chunk``; the study's runs: the whole held-out split). The study
+    takes these numbers from the training log; this recomputes them from the saved weights
+    (tested equal)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True).eval()
     tok = AutoTokenizer.from_pretrained(path, local_files_only=True)
-    ids = torch.tensor(tok.backend_tokenizer.encode(_held_out_text(cfg),
+    ids = torch.tensor(tok.backend_tokenizer.encode(held_out_text(cfg),
                                                     add_special_tokens=False).ids)  # (N,)
-    span = cfg.block_size + 1
-    starts = torch.linspace(0, len(ids) - span, windows).long()  # (W,)
-    chunk = ids[starts[:, None] + torch.arange(span)[None, :]]  # (W, span)
-    with torch.no_grad():
-        logits = model(input_ids=chunk[:, :-1]).logits  # (W, T, V)
-    target = chunk[:, 1:]
-    loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]),
-                                             target.reshape(-1))
-    acc = (logits.argmax(-1) == target).double().mean()
-    return {"val_loss": float(loss), "score": 100.0 * float(acc), "n_eval_tokens": int(target.numel())}
+    ev = held_out_scores(model, validation_chunk(cfg, ids))
+    return {"val_loss": ev["val_loss"], "score": ev["accuracy"],
+            "n_eval_tokens": ev["n_eval_tokens"]}
 
 
 def _tiny_config(spec: StudySpec, run: StudyRun) -> TinyLMConfig:
     return TinyLMConfig(n_layer=run.n_layer, n_embd=run.n_embd,
                         n_head=4 if run.n_embd % 4 == 0 else 2, block_size=spec.block_size,
                         batch_size=run.batch_size, max_steps=run.max_steps,
-                        checkpoints=log_checkpoints(run.max_steps, spec.n_checkpoints),
-                        warmup_steps=max(1, run.max_steps // 20), val_windows=16,
-                        seed=run.seed)
-
-
-def _plateau(losses: Mapping[int, float], tol: float) -> dict[str, Any]:
-    """The plateau criterion: relative improvement of the held-out loss from the checkpoint
-    nearest half the final step to the final step below ``tol``."""
-    steps = sorted(losses)
-    final = steps[-1]
-    half = min(steps[:-1], key=lambda s: abs(s - final / 2))
-    rel = (losses[half] - losses[final]) / losses[half]
-    return {"criterion": f"relative improvement of the held-out loss from step {half} to step "
-                         f"{final} below {tol:g}", "rel_improvement": float(rel),
-            "reached": bool(rel < tol)}
+                        checkpoints=doubling_checkpoints(run.max_steps),
+                        warmup_steps=min(50, max(1, spec.min_steps // 4)), val_windows=0,
+                        lr_schedule="constant", plateau_tol=float(spec.plateau_tol),
+                        min_steps=spec.min_steps, train_chars=run.train_chars, seed=run.seed)
 
 
 def _one_sided(p_two: float, stat: float) -> float:
@@ -380,10 +372,15 @@ def _statement(models: pd.DataFrame, tests: dict[str, Any], spec: StudySpec,
             f"coupling_vs_null {noise['coupling_vs_null_sd']:.4f}, of the accuracy "
             f"{noise['accuracy_sd']:.2f} points.")
     flat = [r for r in models.itertuples() if not r.plateau_reached]
+    rule = (f"the held-out loss improving by less than {100 * spec.plateau_tol:g} % over the "
+            f"last doubling of steps, checked at powers of two from step {spec.min_steps}")
+    ends = ", ".join(f"{r.run_id} {r.step}" for r in models.itertuples())
     if flat:
         lines.append(f"{len(flat)} of {len(models)} runs had not reached the plateau criterion "
-                     f"(held-out loss still improving by {spec.plateau_tol:g} or more): "
-                     + ", ".join(r.run_id for r in flat) + ".")
+                     f"({rule}) by their cap: " + ", ".join(r.run_id for r in flat)
+                     + f". Stopping steps: {ends}.")
+    else:
+        lines.append(f"Every run trained until its plateau ({rule}); stopping steps: {ends}.")
     lines.append(
         "What this cannot show: anything about LLMs (these are character-level models of "
         "thousands to a few hundred thousand parameters trained for minutes), causation "
@@ -455,17 +452,24 @@ def run_study(out: str | Path, spec: StudySpec | None = None, *, quick: bool = F
     t0 = time.perf_counter()
     cpu0 = time.process_time()
     seconds: dict[str, float] = {}
-    rows, paths = [], {}
+    rows, paths, logs = [], {}, {}
     for run in spec.runs:
         cfg = _tiny_config(spec, run)
         if progress:
-            print(f"[study] train {run.run_id} ({run.max_steps} steps)", flush=True)
-        ckpts = train_tiny_lm(cfg, cache_dir, progress=False, monitor=False)
-        log = training_log(cfg, cache_dir)
+            print(f"[study] train {run.run_id} (until the held-out loss plateaus; at most "
+                  f"{run.max_steps} steps)", flush=True)
+        ckpts = train_tiny_lm(cfg, cache_dir, progress=progress, monitor=False)
+        log = logs[run.run_id] = training_log(cfg, cache_dir)
+        if progress:
+            plat = log["plateau"]
+            print(f"[study] {run.run_id}: stopped at step {log['end_step']} (held-out loss "
+                  f"{log['final_val_loss']:.3f}, {100 * plat['rel_improvement']:+.1f} % over "
+                  f"the last doubling; plateau {'reached' if plat['reached'] else 'NOT reached'})"
+                  f", {log['seconds']:.0f} s", flush=True)
         paths[run.run_id] = [str(p) for _, p in ckpts]
-        for step, path in ckpts:
-            ev = evaluate_checkpoint(path, cfg)
-            rows.append({"run_id": run.run_id, "step": step, "accuracy": ev["score"],
+        for step, _ in ckpts:  # scored in the training loop, on the whole held-out split
+            ev = log["checkpoints"][str(step)]
+            rows.append({"run_id": run.run_id, "step": step, "accuracy": ev["val_accuracy"],
                          "loss": ev["val_loss"], "n_params": int(log["n_params"]),
                          "train_tokens": step * run.batch_size * spec.block_size})
     seconds["train_and_score"] = time.perf_counter() - t0
@@ -479,9 +483,11 @@ def run_study(out: str | Path, spec: StudySpec | None = None, *, quick: bool = F
     sweep_spec = {"name": "lm-study",
                   "models": [{"label": rid, "checkpoints": p} for rid, p in paths.items()],
                   "prompts": [str(out / "prompts.txt")],
+                  # only what the study reads: no spectra, trajectory or K x K matrices
                   "measure": {"coupling": ["depth"], "k": [spec.k], "tokens": "last",
                               "p": [1], "variants": ["coupling", "coupling_vs_null"],
-                              "orientations": ["ujv"]}}
+                              "orientations": ["ujv"], "spectra": False, "trajectory": False,
+                              "figure_prompts": 0, "batch_size": spec.n_prompts}}
     root = out / "sweep"
     from blockcoupling.studies.sweep import is_sweep_dir
 
@@ -514,11 +520,14 @@ def run_study(out: str | Path, spec: StudySpec | None = None, *, quick: bool = F
     for run in spec.runs:
         g = em[em["run_id"] == run.run_id]
         last = g.iloc[-1]
-        srow = scores[(scores["run_id"] == run.run_id) & (scores["step"] == run.max_steps)].iloc[0]
-        plat = _plateau(dict(zip(g["step"], g["loss"], strict=True)), spec.plateau_tol)
+        log = logs[run.run_id]
+        end = int(log["end_step"])
+        srow = scores[(scores["run_id"] == run.run_id) & (scores["step"] == end)].iloc[0]
+        plat = log["plateau"]
         models.append({
-            "run_id": run.run_id, "name": run.name, "seed": run.seed, "step": run.max_steps,
+            "run_id": run.run_id, "name": run.name, "seed": run.seed, "step": end,
             "n_layer": run.n_layer, "d_model": run.n_embd, "batch_size": run.batch_size,
+            "data_chars": int(log["n_train_tokens"]),  # the training split it drew from
             "params": int(srow["n_params"]), "train_tokens": int(srow["train_tokens"]),
             **{c: float(last[c]) for c in ("coupling_vs_null_mean", "coupling_vs_null_se",
                                            "coupling_mean", "coupling_se", "coupling_chance",

@@ -81,7 +81,20 @@ class TinyLMConfig:
     character LM in the style of nanoGPT's ``shakespeare_char``, scaled to two CPU cores
     (about a minute of training; held-out loss about 2.0 nats per character at step 400). Dropout is off (tiny model, short run, and
     it keeps the forward pass deterministic for the measurement). The learning rate warms up
-    linearly for ``warmup_steps`` and then follows a cosine to ``min_lr_ratio * lr``.
+    linearly for ``warmup_steps`` and then follows a cosine to ``min_lr_ratio * lr``
+    (``lr_schedule="cosine"``) or stays at ``lr`` (``"constant"``: for runs whose end is
+    decided by the data, so that the schedule does not depend on the cap).
+
+    **Stopping at a plateau** (``plateau_tol``; off by default): the held-out loss is checked
+    at each checkpoint, which must then be step 0 and the powers of two up to ``max_steps`` (a
+    power of two: the cap), and training stops at the first checkpoint ``s >= min_steps``
+    where it improved by less than ``plateau_tol`` relative over the last doubling of steps,
+    ``(L(s/2) - L(s)) / L(s/2) < plateau_tol`` (a rise counts as no improvement). The steps
+    and the outcome are in the training log (``end_step``, ``plateau``); only the checkpoints
+    up to ``end_step`` exist. ``val_windows=0`` evaluates the whole held-out split in
+    non-overlapping windows of ``block_size`` (no sampling: the same tokens at every check);
+    ``train_chars`` keeps only the first ``train_chars`` characters of the training split
+    (a data size). The three fields left at their defaults leave the cache key as it was.
     """
 
     n_layer: int = 6
@@ -99,8 +112,12 @@ class TinyLMConfig:
     beta2: float = 0.95
     grad_clip: float = 1.0
     val_every: int = 10  # every val_every-th pydoc topic (sorted by key) is held out
-    val_windows: int = 16  # held-out windows used for the validation loss
+    val_windows: int = 16  # held-out windows used for the validation loss; 0: the whole split
     seed: int = 0
+    lr_schedule: str = "cosine"  # or "constant" (after the warm-up)
+    plateau_tol: float | None = None  # stop at a plateau of the held-out loss (see above)
+    min_steps: int = 0  # the earliest step the plateau rule may stop at
+    train_chars: int | None = None  # the first N characters of the training split only
 
     def __post_init__(self) -> None:
         if self.n_embd % self.n_head:
@@ -119,6 +136,24 @@ class TinyLMConfig:
                 f"TinyLMConfig: checkpoints={self.checkpoints} must be increasing, distinct and "
                 f"within 0..max_steps={self.max_steps}"
             )
+        if self.lr_schedule not in ("cosine", "constant"):
+            raise BlockCouplingError(f"TinyLMConfig: lr_schedule must be cosine or constant, "
+                                     f"not {self.lr_schedule!r}")
+        if self.val_windows < 0 or (self.train_chars is not None and self.train_chars < 1):
+            raise BlockCouplingError("TinyLMConfig: val_windows must be >= 0 and train_chars "
+                                     "a positive number of characters")
+        if self.plateau_tol is not None:
+            if not 0.0 < self.plateau_tol < 1.0:
+                raise BlockCouplingError(f"TinyLMConfig: plateau_tol must be in (0, 1), not "
+                                         f"{self.plateau_tol!r}")
+            if tuple(self.checkpoints) != doubling_checkpoints(self.max_steps):
+                raise BlockCouplingError(
+                    "TinyLMConfig: with plateau_tol the checkpoints must be step 0 and the powers "
+                    f"of two up to max_steps (a power of two), not {self.checkpoints}")
+            if not 2 <= self.min_steps <= self.max_steps:
+                raise BlockCouplingError(
+                    f"TinyLMConfig: min_steps={self.min_steps} must be in 2..max_steps="
+                    f"{self.max_steps} (the plateau rule compares step s with s/2)")
 
     @classmethod
     def quick(cls) -> TinyLMConfig:
@@ -135,12 +170,39 @@ class TinyLMConfig:
 
     def cache_key(self) -> str:
         """16 hex digits of the SHA-256 of the config, the corpus and the cache format."""
+        config = {k: v for k, v in self.to_dict().items()
+                  if k not in _LATER_FIELDS or v != _LATER_FIELDS[k]}  # old keys unchanged
         payload = {
-            "config": self.to_dict(),
+            "config": config,
             "corpus_sha256": corpus_sha256(),
             "format": CACHE_FORMAT,
         }
         return canonical_hash(payload, digits=16, compact=False, strict=False)
+
+
+#: Fields added after caches were made, with their defaults: left out of the cache key when at
+#: the default, so a config that does not use them keeps its key (and its cache).
+_LATER_FIELDS: dict[str, Any] = {"lr_schedule": "cosine", "plateau_tol": None, "min_steps": 0,
+                                 "train_chars": None}
+
+
+def doubling_checkpoints(max_steps: int) -> tuple[int, ...]:
+    """Step 0 and the powers of two up to ``max_steps`` (which must be one): the checkpoints
+    of a run that may stop at a plateau (log-spaced; each step's half is one of them)."""
+    if max_steps < 1 or max_steps & (max_steps - 1):
+        raise BlockCouplingError(f"max_steps must be a power of two (the plateau rule checks "
+                                 f"each doubling), not {max_steps}")
+    return (0, *(2 ** i for i in range(max_steps.bit_length())))
+
+
+def plateau_check(losses: dict[int, float], step: int, tol: float) -> dict[str, Any]:
+    """The plateau criterion at ``step``: the relative improvement of the held-out loss over
+    the last doubling, ``(L(step/2) - L(step)) / L(step/2)``, below ``tol``."""
+    half = step // 2
+    rel = (losses[half] - losses[step]) / losses[half]
+    return {"criterion": f"relative improvement of the held-out loss from step {half} to step "
+                         f"{step} below {tol:g}", "step": step, "half": half,
+            "rel_improvement": float(rel), "reached": bool(rel < tol)}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -247,6 +309,8 @@ def _lr_at(cfg: TinyLMConfig, step: int) -> float:
     """Linear warm-up then cosine decay to ``min_lr_ratio * lr`` (step is 0-based)."""
     if cfg.warmup_steps and step < cfg.warmup_steps:
         return cfg.lr * (step + 1) / cfg.warmup_steps
+    if cfg.lr_schedule == "constant":
+        return cfg.lr
     span = max(cfg.max_steps - cfg.warmup_steps, 1)
     t = min((step - cfg.warmup_steps) / span, 1.0)
     lo = cfg.min_lr_ratio * cfg.lr
@@ -287,6 +351,37 @@ def _deterministic() -> Iterator[None]:
 def _windows(ids: torch.Tensor, starts: torch.Tensor, length: int) -> torch.Tensor:
     """Rows ``ids[s : s + length]`` for each start.   # (B,) -> (B, length)"""
     return ids[starts[:, None] + torch.arange(length)[None, :]]
+
+
+def held_out_text(cfg: TinyLMConfig) -> str:
+    """The validation split: every ``val_every``-th pydoc topic (sorted by key)."""
+    docs = corpus_documents()
+    return "\n\n\n".join(d for i, d in enumerate(docs) if i % cfg.val_every == cfg.val_every - 1)
+
+
+def validation_chunk(cfg: TinyLMConfig, val_ids: torch.Tensor) -> torch.Tensor:
+    """The held-out windows of ``block_size + 1`` tokens the validation loss is taken on:
+    ``val_windows`` evenly spaced ones, or with ``val_windows=0`` the whole split in windows
+    that overlap by one token (every held-out token after the first is predicted once).
+    # (M,) -> (W, block_size + 1)"""
+    span, t = cfg.block_size + 1, cfg.block_size
+    if cfg.val_windows == 0:
+        starts = torch.arange(0, len(val_ids) - span + 1, t)  # (W,)
+    else:
+        starts = torch.linspace(0, len(val_ids) - span, cfg.val_windows).long()  # (W,)
+    return _windows(val_ids, starts, span)
+
+
+def held_out_scores(model: torch.nn.Module, chunk: torch.Tensor) -> dict[str, float]:
+    """Mean next-token cross-entropy (nats) and top-1 accuracy (percent) of ``model`` on
+    ``chunk`` (W, T+1), in one forward pass without gradients."""
+    with torch.no_grad():
+        logits = model(input_ids=chunk[:, :-1]).logits  # (W, T, V)
+    target = chunk[:, 1:]  # (W, T)
+    loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1))
+    acc = (logits.argmax(-1) == target).double().mean()
+    return {"val_loss": float(loss), "accuracy": 100.0 * float(acc),
+            "n_eval_tokens": int(target.numel())}
 
 
 def _lm_loss(model: torch.nn.Module, chunk: torch.Tensor) -> torch.Tensor:
@@ -330,16 +425,17 @@ def _train_and_save(cfg: TinyLMConfig, target: Path, progress: bool,
     tokenizer = build_tokenizer("\n\n\n".join(docs))
     tokenizer.model_max_length = cfg.block_size
     train_text = "\n\n\n".join(d for i, d in enumerate(docs) if i % cfg.val_every != cfg.val_every - 1)
-    val_text = "\n\n\n".join(d for i, d in enumerate(docs) if i % cfg.val_every == cfg.val_every - 1)
+    val_text = held_out_text(cfg)
     train_ids, val_ids = _encode(tokenizer, train_text), _encode(tokenizer, val_text)  # (N,), (M,)
+    if cfg.train_chars is not None:
+        train_ids = train_ids[: cfg.train_chars]  # one character is one token
     span = cfg.block_size + 1
     if len(train_ids) <= span or len(val_ids) <= span:
         raise BlockCouplingError(
-            f"TinyLMConfig: block_size={cfg.block_size} is too long for the corpus; lower it"
+            f"TinyLMConfig: block_size={cfg.block_size} is too long for the corpus (or "
+            "train_chars too small); lower it"
         )
-    # Fixed, evenly spaced validation windows.   # (val_windows,)
-    val_starts = torch.linspace(0, len(val_ids) - span, cfg.val_windows).long()
-    val_chunk = _windows(val_ids, val_starts, span)
+    val_chunk = validation_chunk(cfg, val_ids)  # (W, span)
 
     config = _gpt2_config(cfg, len(tokenizer), tokenizer.pad_token_id)
     log: dict[str, Any] = {
@@ -389,16 +485,20 @@ def _train_and_save(cfg: TinyLMConfig, target: Path, progress: bool,
                 monitor_s += time.perf_counter() - t_mon
             if step in cfg.checkpoints:
                 model.eval()
-                with torch.no_grad():
-                    val_loss = float(_lm_loss(model, val_chunk))
+                val = held_out_scores(model, val_chunk)
                 model.train()
                 path = target / checkpoint_name(step)
                 model.save_pretrained(path)
                 tokenizer.save_pretrained(path)
                 log["checkpoints"][str(step)] = {
-                    "val_loss": val_loss,
+                    "val_loss": val["val_loss"], "val_accuracy": val["accuracy"],
                     "train_loss": None if step == 0 else last_loss,
                 }
+                if cfg.plateau_tol is not None and step >= cfg.min_steps:
+                    losses = {int(k): v["val_loss"] for k, v in log["checkpoints"].items()}
+                    log["plateau"] = plateau_check(losses, step, cfg.plateau_tol)
+                    if log["plateau"]["reached"]:
+                        break
             if step == cfg.max_steps:
                 break
             for group in opt.param_groups:
@@ -418,10 +518,11 @@ def _train_and_save(cfg: TinyLMConfig, target: Path, progress: bool,
             bar.close()
     log["seconds"] = time.perf_counter() - t0
     log["monitor_seconds"] = monitor_s if monitor else None
+    log["end_step"] = step  # max_steps, or where the plateau rule stopped
     # Final training loss: mean over the last 10 % of steps (a single batch is noisy).
-    tail = log["train_loss"][-max(1, cfg.max_steps // 10):]
+    tail = log["train_loss"][-max(1, step // 10):]
     log["final_train_loss"] = sum(tail) / len(tail) if tail else None
-    log["final_val_loss"] = log["checkpoints"][str(cfg.checkpoints[-1])]["val_loss"]
+    log["final_val_loss"] = log["checkpoints"][str(step)]["val_loss"]
     return log
 
 
@@ -479,8 +580,13 @@ def train_tiny_lm(
     (the weights come out bit-identical). ``training.json`` (losses, timings) is written
     last; a folder that has it is complete and is reused without training. Training goes to a
     temporary sibling folder that is renamed into place, so an interrupted run leaves no
-    half-written cache.
+    half-written cache. A run with ``plateau_tol`` returns the checkpoints up to the step it
+    stopped at (``end_step`` of :func:`training_log`); it cannot have the monitor (which
+    expects every checkpoint step).
     """
+    if monitor and cfg.plateau_tol is not None:
+        raise BlockCouplingError("train_tiny_lm: a run that stops at a plateau is trained with "
+                                 "monitor=False (the monitor expects every checkpoint step)")
     target = tiny_lm_dir(cfg, cache_dir)
 
     def complete() -> bool:
@@ -505,7 +611,8 @@ def train_tiny_lm(
                 os.replace(tmp, target)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
-    out = [(s, target / checkpoint_name(s)) for s in cfg.checkpoints]
+    end = json.loads((target / "training.json").read_text()).get("end_step", cfg.max_steps)
+    out = [(s, target / checkpoint_name(s)) for s in cfg.checkpoints if s <= end]
     missing = [str(p) for _, p in out if not (p / "config.json").is_file()]
     if missing:
         raise BlockCouplingError(
@@ -542,11 +649,16 @@ __all__ = [
     "corpus_sha256",
     "corpus_text",
     "default_cache_dir",
+    "doubling_checkpoints",
+    "held_out_scores",
+    "held_out_text",
     "load_checkpoint",
     "monitor_dir",
     "monitor_options",
+    "plateau_check",
     "tiny_lm_dir",
     "tiny_lm_prompts",
     "train_tiny_lm",
     "training_log",
+    "validation_chunk",
 ]
