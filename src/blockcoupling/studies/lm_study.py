@@ -460,7 +460,7 @@ def run_study(out: str | Path, spec: StudySpec | None = None, *, quick: bool = F
         if progress:
             print(f"[study] train {run.run_id} (until the held-out loss plateaus; at most "
                   f"{run.max_steps} steps)", flush=True)
-        ckpts = train_tiny_lm(cfg, cache_dir, progress=progress, monitor=False)
+        ckpts = train_tiny_lm(cfg, cache_dir, progress=False, monitor=False)
         log = logs[run.run_id] = training_log(cfg, cache_dir)
         if progress:
             plat = log["plateau"]
