@@ -35,16 +35,24 @@ def test_quick_study_writes_independent_runs_and_emergence(quick: tuple[Path, Pa
     assert len(ids) >= 4 and len(set(ids)) == len(ids)  # no run counted twice
     for m in data["models"]:
         points = data["emergence"][m["run_id"]]
-        # one end-point per run: the step its plateau rule stopped at (at most its cap)
-        assert m["step"] == points[-1]["step"] <= m["config"]["max_steps"]
-        assert m["plateau"]["step"] == m["step"] and m["plateau_reached"] == m["plateau"][
-            "reached"] and (m["plateau_reached"] or m["step"] == m["config"]["max_steps"])
-        assert [p["step"] for p in points] == [0, *(2 ** i for i in range(m["step"].bit_length()))]
+        # the curve runs to the step the plateau rule stopped at (at most the cap) ...
+        stop = m["stop_step"]
+        assert stop == points[-1]["step"] <= m["config"]["max_steps"]
+        assert m["plateau"]["step"] == stop and m["plateau_reached"] == m["plateau"][
+            "reached"] and (m["plateau_reached"] or stop == m["config"]["max_steps"])
+        assert [p["step"] for p in points] == [0, *(2 ** i for i in range(stop.bit_length()))]
+        # ... and the one end point per run is the end of its plateau, with its numbers
+        tol = data["spec"]["plateau_tol"]
+        assert m["step"] == S.end_point({p["step"]: p["loss"] for p in points}, tol)
+        end = next(p for p in points if p["step"] == m["step"])
+        assert (m["accuracy"], m["coupling_vs_null_mean"]) == (end["accuracy"],
+                                                               end["coupling_vs_null_mean"])
         for col in ("coupling_vs_null", "coupling"):
             assert np.isfinite(m[f"{col}_mean"]) and np.isfinite(m[f"{col}_se"])
         assert len(points) >= 6 and points[0]["step"] == 0
         assert all(np.isfinite(p["coupling_vs_null_se"]) and "accuracy" in p for p in points)
     assert set(data["hypotheses"]) == {"H1", "H2"} and data["statement"]
+    assert "doubling" in data["stopping_rule"] and "plateau" in data["statement"][-2]
     assert data["statistic"]["k"] == data["spec"]["k"]  # one fixed K for every run
     repro = data["reproducibility"]
     assert repro["torch_threads"] >= 1 and repro["torch"] and "thread" in repro["note"]
@@ -78,8 +86,9 @@ def test_tests_equal_scipy_and_statsmodels(quick: tuple[Path, Path]) -> None:
         ry = sm.OLS(y, sm.add_constant(ctrl)).fit().resid
         assert got["partial"]["r"] == pytest.approx(np.corrcoef(rx, ry)[0, 1], rel=1e-8)
     em = {rid: pd.DataFrame(p) for rid, p in data["emergence"].items()}
-    init = [g["coupling_vs_null_mean"].iloc[0] for g in em.values()]
-    final = [g["coupling_vs_null_mean"].iloc[-1] for g in em.values()]
+    init = [em[m["run_id"]]["coupling_vs_null_mean"].iloc[0] for m in data["models"]]
+    final = [em[m["run_id"]].set_index("step").loc[m["step"], "coupling_vs_null_mean"]
+             for m in data["models"]]  # each run's end point
     t = st.ttest_rel(final, init, alternative="greater")
     assert data["tests"]["H2_emergence"]["p_t"] == pytest.approx(t.pvalue, rel=1e-10)
 
@@ -137,6 +146,12 @@ def test_bad_specs_are_one_line_before_training(spec: dict, match: str, tmp_path
     lines = r.output.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and match in lines[0], r.output
     assert not out.exists()  # refused before anything was written
+
+
+def test_end_point_is_the_end_of_the_plateau() -> None:
+    assert S.end_point({0: 4.5, 1024: 1.8711, 2048: 1.8715}, 0.02) == 2048  # flat: the stop
+    assert S.end_point({0: 4.5, 1024: 2.0, 2048: 1.88, 4096: 2.2}, 0.02) == 2048  # overfit
+    assert S.end_point({0: 4.5, 8: 3.0, 16: 2.0}, 0.02) == 16  # the cap, still improving
 
 
 def test_runs_train_to_a_plateau_under_the_stated_rule() -> None:

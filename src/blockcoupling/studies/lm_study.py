@@ -17,8 +17,12 @@ Design (fixed before any data are seen; stated in ``study.json``):
   learning rate is constant after the warm-up, so the schedule does not depend on the cap.
   ``min_steps`` (1,024) keeps the rule from stopping on the early plateau every run shows
   near loss 2.5 (a bigram model, steps 128-512), where the improvement per doubling can be
-  as small as 4 %. Each run's end point is its stopping step; the step and the criterion's
-  value are in ``study.json`` (``models[].plateau``).
+  as small as 4 %. **A run's end point** (its one entry in H1 and the "final" of H2) is its
+  latest checkpoint whose held-out loss is within ``plateau_tol`` of the run's lowest
+  (:func:`end_point`): the stopping step, unless the loss rose by more than that over the last
+  doubling (the run began to overfit), then the step before. The stopping step, the end point
+  and the criterion's value are in ``study.json`` (``models[].plateau``, ``step``,
+  ``stop_step``).
 - **The statistic**: the headline rule of ``engine.statistic`` at one fixed K for every run
   (so raw c_K shares one chance level per width), ``coupling_vs_null`` primary and raw c_K
   beside, each with its standard error over ``n_prompts`` held-out prompts.
@@ -61,7 +65,7 @@ from blockcoupling.studies.tiny_lm import (
 
 __all__ = ["StudyResult", "StudyRun", "StudySpec", "evaluate_checkpoint", "family_prompts",
            "full_spec", "load_study_spec", "parse_study_spec", "quick_spec",
-           "run_study"]
+           "end_point", "run_study", "stopping_rule"]
 
 HYPOTHESES = {
     "H1": "Across independently trained runs, the final depth-wise coupling above chance "
@@ -70,6 +74,28 @@ HYPOTHESES = {
     "H2": "Within runs, coupling above chance at the final checkpoint exceeds its value at "
           "initialisation (step 0): paired, one-sided (the paper's emergence claim).",
 }
+
+
+
+def stopping_rule(spec: StudySpec) -> str:
+    """The training-length rule of ``spec``'s runs and their end points, in words (written in
+    ``study.json``)."""
+    return (f"Each run trains until its held-out loss (the whole held-out split, the same "
+            f"tokens at every check) improves by less than {100 * spec.plateau_tol:g} % "
+            f"relative over the last doubling of steps, checked at step 0 and every power of "
+            f"two from step {spec.min_steps} on, with a constant learning rate after the "
+            f"warm-up; a run that reaches its cap (max_steps) first is reported as not at the "
+            f"plateau. Checkpoints: step 0 and the powers of two up to the stopping step. A "
+            f"run's end point (H1; the final value of H2) is its latest checkpoint whose "
+            f"held-out loss is within {100 * spec.plateau_tol:g} % of its lowest: the stopping "
+            f"step, or the step before where the loss rose more than that (overfitting).")
+
+
+def end_point(losses: Mapping[int, float], tol: float) -> int:
+    """The latest step whose held-out loss is within ``tol`` (relative) of the lowest: the end
+    of a run's plateau, never a checkpoint overfit by more than ``tol``."""
+    best = min(losses.values())
+    return max(s for s, v in losses.items() if v <= best * (1.0 + tol))
 
 
 @dataclass(frozen=True)
@@ -319,8 +345,8 @@ def _tests(models: pd.DataFrame, emergence: pd.DataFrame, alpha: float) -> dict[
             entry["partial"] = {"controlling_for": controls, "skipped": str(err)}
         out["predictors"][x] = entry
     first = emergence[emergence["step"] == 0].set_index("run_id")["coupling_vs_null_mean"]
-    last = emergence.loc[emergence.groupby("run_id")["step"].idxmax()].set_index(
-        "run_id")["coupling_vs_null_mean"]
+    last = emergence.merge(models[["run_id", "step"]], on=["run_id", "step"]).set_index(
+        "run_id")["coupling_vs_null_mean"]  # each run's end point
     pair = pd.concat([first.rename("init"), last.rename("final")], axis=1).dropna()
     h2: dict[str, Any] = {"n": int(len(pair)), "alternative": "final > init"}
     if len(pair) >= 2:
@@ -376,7 +402,9 @@ def _statement(models: pd.DataFrame, tests: dict[str, Any], spec: StudySpec,
     flat = [r for r in models.itertuples() if not r.plateau_reached]
     rule = (f"the held-out loss improving by less than {100 * spec.plateau_tol:g} % over the "
             f"last doubling of steps, checked at powers of two from step {spec.min_steps}")
-    ends = ", ".join(f"{r.run_id} {r.step}" for r in models.itertuples())
+    ends = ", ".join(f"{r.run_id} {r.stop_step}" + (f" (end point {r.step})"
+                                                       if r.step != r.stop_step else "")
+                     for r in models.itertuples())
     if flat:
         lines.append(f"{len(flat)} of {len(models)} runs had not reached the plateau criterion "
                      f"({rule}) by their cap: " + ", ".join(r.run_id for r in flat)
@@ -430,6 +458,7 @@ class StudyResult:
         rule = StatisticRule(k=self.spec.k, n_boot=0)
         return _jsonable({
             "study": "lm-family", "hypotheses": HYPOTHESES, "spec": self.spec.to_dict(),
+            "stopping_rule": stopping_rule(self.spec),
             "statistic": rule.to_dict(self.spec.k) | {"description": headline_rule(
                 k=self.spec.k)},
             "models": models, "emergence": emergence, "tests": self.tests,
@@ -521,9 +550,9 @@ def run_study(out: str | Path, spec: StudySpec | None = None, *, quick: bool = F
     models = []
     for run in spec.runs:
         g = em[em["run_id"] == run.run_id]
-        last = g.iloc[-1]
         log = logs[run.run_id]
-        end = int(log["end_step"])
+        end = end_point(dict(zip(g["step"], g["loss"], strict=True)), spec.plateau_tol)
+        last = g[g["step"] == end].iloc[0]
         srow = scores[(scores["run_id"] == run.run_id) & (scores["step"] == end)].iloc[0]
         plat = log["plateau"]
         models.append({
@@ -534,7 +563,8 @@ def run_study(out: str | Path, spec: StudySpec | None = None, *, quick: bool = F
             **{c: float(last[c]) for c in ("coupling_vs_null_mean", "coupling_vs_null_se",
                                            "coupling_mean", "coupling_se", "coupling_chance",
                                            "accuracy", "loss")},
-            "plateau_reached": plat["reached"], "plateau": plat})
+            "stop_step": int(log["end_step"]), "plateau_reached": plat["reached"],
+            "plateau": plat})
     mt = pd.DataFrame(models)
     mt["log_params"] = np.log10(mt["params"])
     mt["log_d_model"] = np.log10(mt["d_model"])
@@ -599,14 +629,16 @@ def write_study_page(result: StudyResult, path: Path) -> Path:
         ax.set_xlabel(lab)
         ax.set_ylabel("held-out accuracy (%)")
         ax.grid(alpha=0.3)
-    cols = ["run_id", "n_layer", "d_model", "batch_size", "step", "params",
+    cols = ["run_id", "n_layer", "d_model", "batch_size", "data_chars", "stop_step", "step",
+            "params",
             "coupling_vs_null_mean", "coupling_vs_null_se", "coupling_mean", "coupling_se",
             "coupling_chance", "accuracy", "loss", "plateau_reached"]
     sections = [
         Section("result", "What the study found", "".join(
             f"<p>{esc(line)}</p>" for line in result.statement)),
         Section("design", "Hypotheses (fixed before the data)", "".join(
-            f"<p><b>{esc(k)}</b>: {esc(v)}</p>" for k, v in HYPOTHESES.items())),
+            f"<p><b>{esc(k)}</b>: {esc(v)}</p>" for k, v in HYPOTHESES.items())
+            + f"<p><b>Training length</b>: {esc(stopping_rule(result.spec))}</p>"),
         Section("emergence", "Emergence over training", figure_html(
             fig, "Left: depth-wise coupling above chance (coupling_vs_null, K = "
             f"{result.spec.k}, last token, pairs l != l') per run against the training step "
