@@ -23,7 +23,8 @@ PACKAGE = "blockcoupling"
 LAYERS = ("errors", "validate", "loading", "engine", "prompts", "store", "report", "studies", "cli",
           PACKAGE)
 #: modules that share a layer with another (the bottom: they import nothing of the package)
-SAME_LAYER = {"hashing": "errors", "lazy": "errors", "progress": "errors", "verbosity": "errors"}
+SAME_LAYER = {"hashing": "errors", "jsonsafe": "errors", "lazy": "errors", "progress": "errors",
+              "verbosity": "errors"}
 
 
 def _modules() -> dict[str, tuple[Path, bool]]:

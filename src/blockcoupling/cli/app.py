@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import math
 import signal
 import warnings
 from collections.abc import Callable, Iterator
@@ -14,6 +13,7 @@ import typer
 from typer.core import TyperCommand, TyperGroup
 
 from blockcoupling.errors import BlockCouplingError
+from blockcoupling.jsonsafe import jsonable
 
 T = TypeVar("T")
 #: CPUs of a local Ray cluster started by the command (sweep, vit-grid); a Ray task's own CPUs
@@ -140,26 +140,6 @@ def _warning_line(message: Warning | str, category: type[Warning], filename: str
 
 #: ``--json`` on every command that prints results: the same flag, the same meaning
 JSON_HELP = "Print the results as JSON on stdout instead of text (errors stay one line on stderr)."
-
-
-def jsonable(obj: Any) -> Any:
-    """``obj`` with NaN / inf as None, numpy / pandas scalars as Python values, tables as lists
-    of records and anything else unknown as its string (for :func:`echo_json`)."""
-    if isinstance(obj, dict):
-        return {str(k): jsonable(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple, set, frozenset)):
-        return [jsonable(v) for v in obj]
-    if hasattr(obj, "to_dict") and hasattr(obj, "columns"):  # a pandas DataFrame
-        return [jsonable(r) for r in obj.to_dict(orient="records")]
-    if hasattr(obj, "item") and callable(obj.item) and getattr(obj, "ndim", 1) == 0:
-        obj = obj.item()  # numpy scalar
-    if obj is None or isinstance(obj, (bool, int, str)):
-        return obj
-    if isinstance(obj, float):
-        return obj if math.isfinite(obj) else None
-    if obj.__class__.__name__ in ("NAType", "NaTType"):
-        return None
-    return str(obj)
 
 
 def echo_json(obj: Any) -> None:

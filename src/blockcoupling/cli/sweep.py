@@ -14,11 +14,11 @@ from blockcoupling.cli.app import (
     deprecated,
     echo_json,
     guarded,
-    jsonable,
     user_errors,
 )
 from blockcoupling.cli.app import STATE as _STATE
 from blockcoupling.errors import BlockCouplingError
+from blockcoupling.jsonsafe import jsonable
 
 
 @app.command()
