@@ -396,8 +396,9 @@ def test_small_grid_runs_locally_and_figures(tmp_path: Path) -> None:
         np.testing.assert_array_equal(runs[col], runs[f"{col}_cls"])
         assert runs[f"{col}_last"].notna().all()
     assert set(runs["tokens"]) == {"cls"}
-    doc = json.loads((tmp_path / "grid" / "grid.json").read_text())
-    assert {r["status"] for r in doc["runs"].values()} == {"done"}
+    grid = bc.open_collection(tmp_path / "grid")  # a collection of kind vit-grid
+    assert grid.kind == "vit-grid" and set(grid.catalogue["status"]) == {"done"}
+    assert set(grid.catalogue["label"]) == set(runs["name"])
     # a second call skips every run; another base config is refused
     again = run_grid(base, tmp_path / "grid", drop_paths=(0.0, 0.1), weight_decays=(0.01, 0.1),
                      executor="local", progress=False)

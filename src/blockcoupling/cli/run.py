@@ -199,21 +199,20 @@ def _is_vit_dir(path: Path) -> bool:
 
 @app.command()
 def report(
-    run_dirs: Annotated[list[Path], typer.Argument(help="One or more run directories, one sweep directory (emergence report) or one folder of vit-train runs (ViT study).")],
+    run_dirs: Annotated[list[Path], typer.Argument(help="One or more run directories, one collection (a sweep or monitor directory: the emergence report; a vit-grid: the ViT study page) or one folder of vit-train runs.")],
     out: Annotated[Path, typer.Option("--out", "-o", help="HTML file to write.")] = Path("report.html"),
     labels: Annotated[str | None, typer.Option(help="Comma-separated labels, one per run.")] = None,
 ) -> None:
     """Write one self-contained HTML report (plus PNG/SVG/PDF figures) from stored runs."""
     from blockcoupling.report.html import write_report_from_dirs
-    from blockcoupling.studies.sweep.store import is_sweep_dir
+    from blockcoupling.studies.sweep.store import is_collection_dir
 
     with user_errors("cannot write the report"):
-        if len(run_dirs) == 1 and is_sweep_dir(run_dirs[0]):  # a sweep or monitor directory
-            from blockcoupling.report.emergence import write_emergence_report
-            from blockcoupling.studies.sweep.read import open_sweep
+        if len(run_dirs) == 1 and is_collection_dir(run_dirs[0]):  # its manifest says the kind
+            from blockcoupling.studies.collection import open_collection, write_collection_report
 
-            path = write_emergence_report(open_sweep(run_dirs[0]), out)
-        elif len(run_dirs) == 1 and _is_vit_dir(run_dirs[0]):  # vit-train / vit-grid outputs
+            path = write_collection_report(open_collection(run_dirs[0]), out)
+        elif len(run_dirs) == 1 and _is_vit_dir(run_dirs[0]):  # loose vit-train outputs
             from blockcoupling.studies.vit.report import write_vit_report
 
             path = write_vit_report(run_dirs[0], out)

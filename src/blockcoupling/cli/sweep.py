@@ -1,4 +1,5 @@
-"""Commands on sweeps: ``sweep`` (run or resume one) and ``sweep-status``."""
+"""Commands on collections: ``sweep`` (run or resume one), ``sweep-status`` (any kind of
+collection) and ``collection upgrade`` (an old layout to the current format)."""
 
 from __future__ import annotations
 
@@ -120,24 +121,26 @@ def _vit_grid(spec: Path, out: Path, *, executor: str, address: str | None,
 
 @app.command("sweep-status")
 def sweep_status_cmd(
-    sweep_dir: Annotated[Path, typer.Argument(help="A sweep (or monitor) directory.")],
+    sweep_dir: Annotated[Path, typer.Argument(help="A collection: a sweep, monitor or vit-grid directory.")],
     as_json: Annotated[bool, typer.Option("--json", help=JSON_HELP)] = False,
 ) -> None:
-    """Done / running / failed units of a sweep, with the failures' messages."""
+    """Done / running / failed units of a collection (sweep, monitor, vit-grid), with the
+    failures' messages and each done unit's headline statistic."""
     from blockcoupling.studies.sweep import sweep_status
 
     with user_errors("cannot read the sweep"):
         st = sweep_status(sweep_dir)
     if as_json:
         counts = {str(k): int(v) for k, v in st["status"].value_counts().items()} if len(st) else {}
-        echo_json({"sweep_dir": str(sweep_dir), "counts": counts, "units": jsonable(st),
+        echo_json({"sweep_dir": str(sweep_dir), "kind": _kind(sweep_dir), "counts": counts,
+                   "units": jsonable(st),
                    **_unit_statistics(sweep_dir, st)})
         return
     if st.empty:
         typer.echo(f"{sweep_dir}: no units yet")
         return
     counts = st["status"].value_counts()
-    typer.echo(f"{sweep_dir}: {len(st)} units: "
+    typer.echo(f"{sweep_dir} ({_kind(sweep_dir)}): {len(st)} units: "
                + ", ".join(f"{n} {s}" for s, n in counts.items()))
     headlines = _unit_headlines(sweep_dir) if (st["status"] == "done").any() else {}
     for r in st.itertuples():
@@ -157,6 +160,35 @@ def sweep_status_cmd(
 
         rule = headline_rule()
         typer.echo(f"  (rule: {rule}; ± is one standard error over prompts)")
+
+
+def _kind(root: Path) -> str:
+    """The collection's kind, from its manifest."""
+    from blockcoupling.studies.sweep.store import load_manifest
+
+    return str(load_manifest(root)["kind"])
+
+
+collection_app = typer.Typer(help="Collections (sweep, monitor, vit-grid directories): one "
+                             "format, read by open_collection.", no_args_is_help=True)
+app.add_typer(collection_app, name="collection")
+
+
+@collection_app.command("upgrade")
+def collection_upgrade(
+    root: Annotated[Path, typer.Argument(help="A ViT grid in the old layout (grid.json, runs/) or a collection of an earlier format.")],
+    as_json: Annotated[bool, typer.Option("--json", help=JSON_HELP)] = False,
+) -> None:
+    """Convert a directory to the current collection format in place (trained runs and
+    measured units are kept, moved not copied); safe to run again."""
+    from blockcoupling.studies.collection import upgrade_collection
+
+    with user_errors("cannot upgrade the collection"):
+        c = upgrade_collection(root)
+    if as_json:
+        echo_json({"root": str(root), "kind": c.kind, "units": jsonable(c.catalogue)})
+    else:
+        typer.echo(f"{root}: a {c.kind} collection of {len(c.catalogue)} units")
 
 
 def _unit_statistics(sweep_dir: Path, st: Any) -> dict[str, Any]:

@@ -150,7 +150,7 @@ def vit_train(
 
 @app.command("vit-grid")
 def vit_grid(
-    out: Annotated[Path, typer.Option("--out", "-o", help="Grid folder (grid.json, runs/<point>/).")],
+    out: Annotated[Path, typer.Option("--out", "-o", help="Grid folder: a vit-grid collection (sweep.json, status/, units/<id>/).")],
     spec: Annotated[Path | None, typer.Option("--spec", help="YAML grid spec (drop_path, weight_decay, seeds, train: {...}); replaces the other options.")] = None,
     drop_paths: Annotated[str, typer.Option("--drop-path", help="Comma-separated rates (default: the paper's 8).")] = "0,0.025,0.05,0.075,0.1,0.15,0.2,0.3",
     weight_decays: Annotated[str, typer.Option("--weight-decay", help="Comma-separated decays (default: the paper's 8).")] = "0.005,0.01,0.02,0.04,0.06,0.08,0.1,0.2",
@@ -222,13 +222,14 @@ def report_grid(runs: Any, out: Path, *, as_json: bool = False) -> None:
         typer.echo(runs[cols].to_string(index=False, float_format=lambda v: f"{v:.4f}"))
         typer.echo(f"{len(runs) - len(failed)} of {len(runs)} training runs complete; wrote {out}")
     if len(failed):
-        typer.echo(f"error: {len(failed)} run(s) did not finish; see {out}/grid.json", err=True)
+        typer.echo(f"error: {len(failed)} run(s) did not finish; see `blockcoupling "
+                   f"sweep-status {out}`", err=True)
         raise typer.Exit(1)
 
 
 @app.command("vit-figures")
 def vit_figures(
-    root: Annotated[Path, typer.Argument(help="A vit-grid folder, or any folder of vit-train outputs.")],
+    root: Annotated[Path, typer.Argument(help="A vit-grid collection, or any folder of vit-train outputs.")],
     out: Annotated[Path, typer.Option("--out", "-o", help="Folder for the figures and tables.")] = Path("vit_figures"),
 ) -> None:
     """Coupling vs drop-path rate, vs test accuracy, across epochs, and the pooled and

@@ -133,7 +133,7 @@ def _sweep_reader() -> Any:
 
 def _units_from_sweep(sweep: Any, path: Path) -> list[ModelUnit]:
     """One unit per done unit of a sweep directory, named by the sweep's catalogue."""
-    sw = sweep.open_sweep(path)
+    sw = sweep.open_collection(path)
     sw.verify()  # a damaged unit: named, with the resume that measures it again
     rows = sw.done().to_dict("records")
     labels = [str(r.get("label") or "") for r in rows]
@@ -161,7 +161,8 @@ def _units_from_sweep(sweep: Any, path: Path) -> list[ModelUnit]:
 
 def load_units(paths: Iterable[str | Path],
                labels: Sequence[str] | None = None) -> list[ModelUnit]:
-    """One :class:`ModelUnit` per run directory; a sweep directory adds one per done unit.
+    """One :class:`ModelUnit` per run directory; a collection (sweep, monitor, vit-grid)
+    adds one per done unit, read by ``open_collection``.
     ``labels`` (one per run directory, no sweeps) name the models instead of their manifests'
     label or model id: the names the score table's ``model`` column uses."""
     from blockcoupling.store.rundir import is_run_dir
@@ -184,7 +185,7 @@ def load_units(paths: Iterable[str | Path],
         if is_run_dir(path):
             units.append(_unit_from_run(path))
             continue
-        if sweep is not None and sweep.is_sweep_dir(path):
+        if sweep is not None and sweep.is_collection_dir(path):  # any kind, by its manifest
             units += _units_from_sweep(sweep, path)
             continue
         raise BlockCouplingError(f"{path} is not a blockcoupling run directory (no readable "

@@ -273,6 +273,15 @@ def measured_tokens(tokens: str, *, both: bool = False) -> str | tuple[int, ...]
     return tokens
 
 
+def images_config(k: int, tokens: str | tuple[int, ...] = "cls") -> Any:
+    """The ``MeasureConfig`` of :func:`record_images` (depth-wise, one K, at ``tokens``); the
+    final measurement's is ``images_config(config.k, measured_tokens(config.tokens,
+    both=True))``, the config hash a ViT grid's units record."""
+    from blockcoupling.engine.config import MeasureConfig
+
+    return MeasureConfig.parse(coupling=("depth",), k=(k,), tokens=tokens)
+
+
 def record_images(model: torch.nn.Module, pixel_values: Tensor, run_dir: Path, k: int, *,
                   labels: list[str] | None = None, progress: bool = False,
                   resume: bool = False, tokens: str | tuple[int, ...] = "cls") -> Any:
@@ -281,11 +290,10 @@ def record_images(model: torch.nn.Module, pixel_values: Tensor, run_dir: Path, k
     their ``label`` is their class). Returns the :class:`~blockcoupling.Measurement`."""
     from dataclasses import replace as _replace
 
-    from blockcoupling.engine.config import MeasureConfig
     from blockcoupling.engine.inputs import split_tensor_inputs
     from blockcoupling.store.record import measure_to_dir
 
-    cfg = MeasureConfig.parse(coupling=("depth",), k=(k,), tokens=tokens)
+    cfg = images_config(k, tokens)
     items = split_tensor_inputs({"pixel_values": pixel_values})
     if labels is not None:
         items = [_replace(it, label=lab) for it, lab in zip(items, labels, strict=True)]

@@ -1,0 +1,239 @@
+"""One collection format (issue 18, item 2): a sweep, a monitor directory and a ViT grid are
+read by one reader (``open_collection``) and shown by the same ``sweep-status`` / ``report``
+/ ``correlate`` code path; unit ids follow one rule (the ids of directories written before
+are unchanged, so their resume goes on); the old ViT grid layout and unknown kinds are one
+line; ``blockcoupling collection upgrade`` converts the old layout."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+import transformers as tf
+from typer.testing import CliRunner
+
+import blockcoupling as bc
+from blockcoupling.cli import app
+from blockcoupling.hashing import canonical_hash
+from blockcoupling.studies.sweep import store
+from blockcoupling.studies.sweep.units import _slug, collection_unit_id, unit_id
+
+WORDS = "the a cat dog sat on mat ran far".split()
+TEXTS = ["the cat sat on the mat", "a dog ran far"]
+MEASURE = {"k": [2], "coupling": ["depth"], "variants": ["coupling", "coupling_vs_null"],
+           "orientations": ["ujv"], "batch_size": 1}
+VIT_TINY = dict(preset="tiny", hidden_size=16, depth=2, heads=2, image_size=8, train_limit=96,
+                test_limit=32, batch_size=32, k=2, monitor_images=1, final_images=2,
+                monitor_every=0, epochs=1)
+
+
+def _tokenizer() -> tf.PreTrainedTokenizerFast:
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    vocab = {w: i for i, w in enumerate(["[PAD]", "[UNK]", *WORDS])}
+    tk = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    tk.pre_tokenizer = pre_tokenizers.Whitespace()
+    return tf.PreTrainedTokenizerFast(tokenizer_object=tk, pad_token="[PAD]", unk_token="[UNK]")
+
+
+def _gpt2(seed: int) -> tf.GPT2Model:
+    torch.manual_seed(seed)
+    return tf.GPT2Model(tf.GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=32,
+                                      n_positions=32))
+
+
+def _sweep_spec(root: Path) -> dict:
+    return {"models": [{"label": "g", "model": str(root / "models" / "gpt2")}],
+            "prompts": [{"name": "two", "texts": TEXTS}], "measure": MEASURE}
+
+
+@pytest.fixture(scope="module")
+def kinds(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """One finished collection of each kind: a sweep (local), a monitor (two steps, other
+    weights) and a 2 x 2 ViT grid (digits, tiny, one epoch)."""
+    from blockcoupling.studies.vit.grid import run_grid
+    from blockcoupling.studies.vit.train import VitTrainConfig
+
+    root = tmp_path_factory.mktemp("collections")
+    model_dir = root / "models" / "gpt2"
+    _gpt2(0).save_pretrained(model_dir)
+    _tokenizer().save_pretrained(model_dir)
+    bc.run_sweep(_sweep_spec(root), root / "sweep", executor="local", progress=False)
+    model, tok = _gpt2(1), _tokenizer()
+    with bc.CouplingMonitor(tok, TEXTS, every=None, steps=[0, 1], out=root / "monitor",
+                            k=(2,), coupling=("depth",), orientations=("ujv",)) as mon:
+        mon.step(model, 0)
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(0.01 * torch.randn_like(p))
+        mon.step(model, 1)
+    run_grid(VitTrainConfig(**VIT_TINY), root / "grid", drop_paths=(0.0, 0.1),
+             weight_decays=(0.01, 0.1), executor="local", progress=False)
+    return {"sweep": root / "sweep", "monitor": root / "monitor", "vit-grid": root / "grid"}
+
+
+@pytest.mark.parametrize("kind,n", [("sweep", 1), ("monitor", 2), ("vit-grid", 4)])
+def test_one_reader_status_report_and_correlate_for_every_kind(
+        kinds: dict[str, Path], kind: str, n: int, tmp_path: Path) -> None:
+    from blockcoupling.studies.model_units import load_units
+
+    path = kinds[kind]
+    c = bc.open_collection(path)
+    assert c.kind == kind and bc.open_sweep is bc.open_collection
+    assert c.catalogue["status"].tolist() == ["done"] * n
+    assert c.catalogue["unit_id"].str.fullmatch(r"[A-Za-z0-9._-]+-[0-9a-f]{12}").all()
+    c.verify()
+    summ = c.summary()
+    assert len(summ) == n and summ["coupling_vs_null_mean"].notna().all()
+    # the tables are each unit's own run: the summary's number is its run's statistic
+    first = str(c.catalogue["unit_id"].iloc[0])
+    stat = bc.coupling_statistic(c.open_unit(first), variant="coupling_vs_null", n_boot=0)
+    assert summ.set_index("unit_id").loc[first, "coupling_vs_null_mean"] == pytest.approx(
+        float(stat["mean"].iloc[0]), rel=1e-12)
+    st = bc.studies.sweep_status(path)
+    assert st["status"].tolist() == ["done"] * n
+    runner = CliRunner()
+    r = runner.invoke(app, ["sweep-status", str(path)])
+    assert r.exit_code == 0, r.output
+    assert f"({kind}): {n} units: {n} done" in r.output and "depth-wise coupling" in r.output
+    r = runner.invoke(app, ["sweep-status", str(path), "--json"])
+    assert r.exit_code == 0 and json.loads(r.output)["kind"] == kind
+    html = tmp_path / f"{kind}.html"
+    r = runner.invoke(app, ["-q", "report", str(path), "--out", str(html)])
+    assert r.exit_code == 0, r.output
+    page = html.read_text()
+    assert ("stochastic-depth rate" in page) == (kind == "vit-grid")
+    # correlate's reader: one model unit per done unit, named by the catalogue
+    units = load_units([path])
+    assert len(units) == n and {u.label for u in units} >= set(
+        c.catalogue["label"]) - {"g", "monitor"}
+
+
+def test_unit_ids_follow_one_rule_and_keep_earlier_ids() -> None:
+    """The ids directories got before the one rule are unchanged (their resume goes on)."""
+    h = canonical_hash(["m", None, "builtin:capital", 5, "abc"], digits=12, compact=False,
+                       strict=False)
+    assert unit_id(model="m", revision=None, prompt_set="builtin:capital", limit=5,
+                   cfg_hash="abc", label="Pythia 70m", step=1000) == \
+        f"{_slug('Pythia 70m', 24)}-step1000-capital-{h}"
+    ident = ["monitor", 3, "prompts:x", "cfg"]
+    assert collection_unit_id([("monitor", 64), ("step3", 24)], ident) == \
+        "monitor-step3-" + canonical_hash(ident, digits=12, compact=False, strict=False)
+
+
+def test_monitor_ids_unchanged(tmp_path: Path) -> None:
+    mon = bc.CouplingMonitor(_tokenizer(), TEXTS, every=1, out=tmp_path / "m", k=(2,))
+    try:
+        u = mon.unit(7)
+        old = canonical_hash(["monitor", 7, mon.prompt_set, mon._hash], digits=12,
+                             compact=False, strict=False)
+        assert u.unit_id == f"monitor-step7-{old}"
+    finally:
+        mon.close()
+
+
+def _one_line(output: str) -> str:
+    lines = [ln for ln in output.strip().splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error:"), output
+    return lines[0]
+
+
+def _to_old_grid(grid: Path, old: Path) -> None:
+    """The layout run_grid wrote before the grid became a collection: grid.json + runs/."""
+    c = bc.open_collection(grid)
+    base = c.manifest["spec"]["vit-grid"]["base"]
+    (old / "runs").mkdir(parents=True)
+    runs = {}
+    for r in c.catalogue.itertuples():
+        shutil.copytree(grid / "units" / r.unit_id, old / "runs" / r.label)
+        rec = store.read_status(grid, r.unit_id)
+        cfg = rec["unit"]["config"]
+        runs[r.label] = {"drop_path": cfg["drop_path"], "weight_decay": cfg["weight_decay"],
+                         "seed": cfg["seed"], "status": "done", "message": None}
+    (old / "grid.json").write_text(json.dumps({"format": "blockcoupling-vit-grid",
+                                               "base": base, "runs": runs}))
+
+
+def test_old_grid_layout_is_one_line_then_upgraded(kinds: dict[str, Path],
+                                                   tmp_path: Path) -> None:
+    from blockcoupling.studies.vit.grid import run_grid
+    from blockcoupling.studies.vit.train import VitTrainConfig
+
+    old = tmp_path / "old"
+    _to_old_grid(kinds["vit-grid"], old)
+    runner = CliRunner()
+    with pytest.raises(bc.RunDirError, match="collection upgrade"):
+        bc.open_collection(old)
+    for args in (["sweep-status", str(old)], ["report", str(old), "--out",
+                                              str(tmp_path / "x.html")]):
+        r = runner.invoke(app, args)
+        assert r.exit_code == 1
+        assert "blockcoupling collection upgrade" in _one_line(r.output)
+    with pytest.raises(bc.BlockCouplingError, match="collection upgrade"):
+        run_grid(VitTrainConfig(**VIT_TINY), old, drop_paths=(0.0,), weight_decays=(0.01,),
+                 executor="local", progress=False)
+    r = runner.invoke(app, ["collection", "upgrade", str(old)])
+    assert r.exit_code == 0 and "a vit-grid collection of 4 units" in r.output, r.output
+    assert not (old / "grid.json").exists() and not (old / "runs").exists()
+    up, ref = bc.open_collection(old), bc.open_collection(kinds["vit-grid"])
+    assert up.kind == "vit-grid" and up.catalogue["status"].tolist() == ["done"] * 4
+    # the same units (ids by the one rule) and the same numbers
+    assert sorted(up.catalogue["unit_id"]) == sorted(ref.catalogue["unit_id"])
+    cols = ["unit_id", "coupling_vs_null_mean", "coupling_mean"]
+    pd.testing.assert_frame_equal(up.summary()[cols].sort_values("unit_id", ignore_index=True),
+                                  ref.summary()[cols].sort_values("unit_id", ignore_index=True))
+    # again: nothing to do; the grid then continues (every run skipped)
+    assert runner.invoke(app, ["collection", "upgrade", str(old)]).exit_code == 0
+    runs = run_grid(VitTrainConfig(**VIT_TINY), old, drop_paths=(0.0, 0.1),
+                    weight_decays=(0.01, 0.1), executor="local", progress=False)
+    assert set(runs["status"]) == {"complete"} and len(runs) == 4
+    assert bc.open_collection(old).catalogue["attempts"].tolist() == [1] * 4
+
+
+def test_format_one_sweep_is_read_and_resumed(kinds: dict[str, Path], tmp_path: Path) -> None:
+    """A sweep directory written before (format 1, no kind for sweeps) is read as it is,
+    and resumed without measuring anything again."""
+    path = tmp_path / "s"
+    shutil.copytree(kinds["sweep"], path)
+    m = json.loads((path / "sweep.json").read_text())
+    m["format_version"] = 1
+    del m["kind"]
+    (path / "sweep.json").write_text(json.dumps(m))
+    c = bc.open_collection(path)
+    assert c.kind == "sweep" and c.catalogue["status"].tolist() == ["done"]
+    again = bc.run_sweep(_sweep_spec(kinds["sweep"].parent), path, executor="local", resume=True, progress=False)
+    assert again.catalogue["attempts"].tolist() == [1]
+    r = CliRunner().invoke(app, ["collection", "upgrade", str(path)])
+    assert r.exit_code == 0 and json.loads((path / "sweep.json").read_text())[
+        "format_version"] == store.FORMAT_VERSION
+
+
+def test_unknown_kind_and_non_collections_are_one_line(kinds: dict[str, Path],
+                                                       tmp_path: Path) -> None:
+    path = tmp_path / "zoo"
+    shutil.copytree(kinds["monitor"], path)
+    m = json.loads((path / "sweep.json").read_text())
+    m["kind"] = "zoo"
+    (path / "sweep.json").write_text(json.dumps(m))
+    with pytest.raises(bc.RunDirError, match="unknown collection kind 'zoo'"):
+        bc.open_collection(path)
+    runner = CliRunner()
+    for args in (["sweep-status", str(path)], ["report", str(path)],
+                 ["collection", "upgrade", str(tmp_path / "empty")]):
+        (tmp_path / "empty").mkdir(exist_ok=True)
+        r = runner.invoke(app, args)
+        assert r.exit_code == 1
+        _one_line(r.output)
+    # a ViT grid into a monitor directory, and vit-figures on a sweep: refused by the kind
+    from blockcoupling.studies.vit.grid import collect_runs, run_grid
+    from blockcoupling.studies.vit.train import VitTrainConfig
+
+    with pytest.raises(bc.BlockCouplingError, match="holds a monitor, not a ViT grid"):
+        run_grid(VitTrainConfig(**VIT_TINY), kinds["monitor"], drop_paths=(0.0,),
+                 weight_decays=(0.01,), executor="local", progress=False)
+    with pytest.raises(bc.BlockCouplingError, match="is a sweep collection, not a ViT grid"):
+        collect_runs(kinds["sweep"])
