@@ -29,7 +29,7 @@ def write_collection_report(collection: Sweep, out: str | os.PathLike[str]) -> P
     if collection.kind == "vit-grid":
         from blockcoupling.studies.vit.report import write_vit_report
 
-        return Path(write_vit_report(collection.root, out))
+        return Path(write_vit_report(collection.root, Path(out)))
     from blockcoupling.report.emergence import write_emergence_report
 
     return Path(write_emergence_report(collection, out))
@@ -63,7 +63,7 @@ def upgrade_collection(path: str | os.PathLike[str]) -> Sweep:
 
 def _upgrade_grid(root: Path) -> None:
     """``grid.json`` + ``runs/`` -> the vit-grid collection (under the caller's lock)."""
-    from blockcoupling.studies.vit.grid import KIND, unit_record, grid_unit
+    from blockcoupling.studies.vit.grid import KIND, grid_unit, unit_record
     from blockcoupling.studies.vit.train import METRICS_FILE, VitTrainConfig, is_trained
 
     legacy = root / store.LEGACY_GRID_FILE

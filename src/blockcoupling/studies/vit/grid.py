@@ -209,12 +209,11 @@ def _grid_manifest(root: Path, base_dict: dict[str, Any], units: list[Any],
                 f"{root} holds a grid with another base config; choose another --out (or run "
                 "the same options again to continue it)")
     else:
-        manifest = store.rebuilt_manifest(root, KIND, spec, {u.unit_id for u in units})
-        if manifest is None:
-            if any(p.name != store.LOCK for p in root.iterdir()):
-                raise BlockCouplingError(f"{root} is not empty and holds no ViT grid; choose "
-                                         "another --out")
-            manifest = store.new_manifest(KIND, spec)
+        rebuilt = store.rebuilt_manifest(root, KIND, spec, {u.unit_id for u in units})
+        if rebuilt is None and any(p.name != store.LOCK for p in root.iterdir()):
+            raise BlockCouplingError(f"{root} is not empty and holds no ViT grid; choose "
+                                     "another --out")
+        manifest = rebuilt if rebuilt is not None else store.new_manifest(KIND, spec)
     grid = manifest["spec"][KIND]
     for key, attr in (("drop_paths", "drop_path"), ("weight_decays", "weight_decay"),
                       ("seeds", "seed")):
