@@ -339,8 +339,8 @@ def open_collection(path: str | os.PathLike[str]) -> Sweep:
     return Sweep(Path(path))
 
 
-#: the earlier name of :func:`open_collection` (kept)
 open_sweep = open_collection
+"""The earlier name of :func:`open_collection` (kept): opens a collection of any kind."""
 
 
 def sweep_status(path: str | os.PathLike[str]) -> pd.DataFrame:

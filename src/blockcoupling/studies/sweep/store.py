@@ -94,8 +94,8 @@ def is_collection_dir(path: str | os.PathLike[str]) -> bool:
     return (Path(path) / MANIFEST).is_file() or (Path(path) / LEGACY_GRID_FILE).is_file()
 
 
-#: the earlier name of :func:`is_collection_dir`
 is_sweep_dir = is_collection_dir
+"""The earlier name of :func:`is_collection_dir`."""
 
 
 def upgrade_line(root: Path) -> str:
