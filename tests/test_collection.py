@@ -237,3 +237,23 @@ def test_unknown_kind_and_non_collections_are_one_line(kinds: dict[str, Path],
                  weight_decays=(0.01,), executor="local", progress=False)
     with pytest.raises(bc.BlockCouplingError, match="is a sweep collection, not a ViT grid"):
         collect_runs(kinds["sweep"])
+
+
+def test_grid_takes_the_collection_lock_and_rebuilds_a_lost_manifest(
+        kinds: dict[str, Path], tmp_path: Path) -> None:
+    from blockcoupling.studies.vit.grid import run_grid
+    from blockcoupling.studies.vit.train import VitTrainConfig
+
+    path = tmp_path / "g"
+    shutil.copytree(kinds["vit-grid"], path)
+    args = dict(drop_paths=(0.0, 0.1), weight_decays=(0.01, 0.1), executor="local",
+                progress=False)
+    with store.sweep_lock(path), pytest.raises(bc.RunDirError,
+                                               match="in use by another vit-grid"):
+        run_grid(VitTrainConfig(**VIT_TINY), path, **args)
+    (path / "sweep.json").write_text("{")  # corrupt: rebuilt from the status files
+    runs = run_grid(VitTrainConfig(**VIT_TINY), path, **args)
+    assert set(runs["status"]) == {"complete"}
+    c = bc.open_collection(path)
+    assert c.kind == "vit-grid" and "rebuilt" in c.manifest
+    assert c.catalogue["status"].tolist() == ["done"] * 4

@@ -79,8 +79,9 @@ def read_json(path: Path) -> Any:
         root = path.parent.parent if path.parent.name == STATUS else path.parent
         if path.name == MANIFEST:
             fix = ("resume it (`blockcoupling sweep SPEC --out "
-                   f"{root} --resume` with the spec it was run with, or the same "
-                   "CouplingMonitor(out=...)): the manifest is rebuilt from the status files")
+                   f"{root} --resume` with the spec it was run with, the same "
+                   "CouplingMonitor(out=...) or the same vit-grid command): the manifest is "
+                   "rebuilt from the status files")
         else:
             fix = (f"delete {path} and resume the sweep with --resume: the unit is then "
                    "checked and measured again where needed")

@@ -26,6 +26,7 @@ and the others go on. The old layout (``grid.json`` + ``runs/``) is one line nam
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import time
@@ -199,7 +200,11 @@ def _grid_manifest(root: Path, base_dict: dict[str, Any], units: list[Any],
     from blockcoupling.studies.sweep import store
 
     spec = {KIND: {"base": base_dict, "drop_paths": [], "weight_decays": [], "seeds": []}}
-    if (root / store.MANIFEST).is_file() or (root / store.LEGACY_GRID_FILE).is_file():
+    readable = False  # lost or corrupt: rebuilt from status/
+    with contextlib.suppress(BlockCouplingError):
+        readable = (root / store.MANIFEST).is_file() and isinstance(
+            store.read_json(root / store.MANIFEST), dict)
+    if readable or (root / store.LEGACY_GRID_FILE).is_file():
         manifest = store.load_manifest(root)  # the old layout: the line that converts it
         if manifest["kind"] != KIND:
             raise BlockCouplingError(f"{root} holds a {manifest['kind']}, not a ViT grid; "
@@ -210,7 +215,8 @@ def _grid_manifest(root: Path, base_dict: dict[str, Any], units: list[Any],
                 "the same options again to continue it)")
     else:
         rebuilt = store.rebuilt_manifest(root, KIND, spec, {u.unit_id for u in units})
-        if rebuilt is None and any(p.name != store.LOCK for p in root.iterdir()):
+        if rebuilt is None and any(p.name not in (store.LOCK, store.MANIFEST)
+                                   for p in root.iterdir()):
             raise BlockCouplingError(f"{root} is not empty and holds no ViT grid; choose "
                                      "another --out")
         manifest = rebuilt if rebuilt is not None else store.new_manifest(KIND, spec)
