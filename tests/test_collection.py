@@ -125,7 +125,7 @@ def test_unit_ids_follow_one_rule_and_keep_earlier_ids() -> None:
         "monitor-step3-" + canonical_hash(ident, digits=12, compact=False, strict=False)
 
 
-def test_monitor_ids_unchanged(tmp_path: Path) -> None:
+def test_monitor_ids_unchanged(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     mon = bc.CouplingMonitor(_tokenizer(), TEXTS, every=1, out=tmp_path / "m", k=(2,))
     try:
         u = mon.unit(7)
@@ -134,6 +134,35 @@ def test_monitor_ids_unchanged(tmp_path: Path) -> None:
         assert u.unit_id == f"monitor-step7-{old}"
     finally:
         mon.close()
+    # a label that is no file-name slug ("tiny LM", the demo's): new directories get the
+    # slug; a directory written before the rule (label as is) keeps its ids, so its measured
+    # steps are not measured again
+    with bc.CouplingMonitor(_tokenizer(), TEXTS, every=1, out=tmp_path / "new", k=(2,),
+                            label="tiny LM") as mon:
+        new_id = mon.unit(0).unit_id
+        assert new_id.startswith("tiny-LM-step0-")
+
+    def before_the_rule(readable: list, identity: list) -> str:  # the code of earlier versions
+        return (f"{readable[0][0]}-{readable[1][0]}-"
+                + canonical_hash(identity, digits=12, compact=False, strict=False))
+
+    model = _gpt2(2)
+    with monkeypatch.context() as mp:
+        mp.setattr("blockcoupling.studies.monitor.collection_unit_id", before_the_rule)
+        with bc.CouplingMonitor(_tokenizer(), TEXTS, every=1, out=tmp_path / "t", k=(2,),
+                                label="tiny LM") as mon:
+            assert mon.step(model, 0) is not None
+    earlier = "tiny LM-step0-" + new_id.rsplit("-", 1)[1]
+    assert bc.open_collection(tmp_path / "t").catalogue["unit_id"].tolist() == [earlier]
+    with bc.CouplingMonitor(_tokenizer(), TEXTS, every=1, out=tmp_path / "t", k=(2,),
+                            label="tiny LM") as mon:
+        assert mon.unit(0).unit_id == earlier
+        assert mon.step(model, 0) is None  # measured already
+        assert mon.step(model, 1) is not None
+    cat = bc.open_collection(tmp_path / "t").catalogue
+    assert cat["unit_id"].iloc[0] == earlier  # and a new step by the rule:
+    assert cat["unit_id"].iloc[1].startswith("tiny-LM-step1-")
+    assert cat["attempts"].tolist() == [1, 1]
 
 
 def _one_line(output: str) -> str:

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import glob
 import json
 import math
 import os
@@ -187,8 +188,9 @@ class CouplingMonitor:
                                                             default=str))}}
         rebuilt = None
         if not store.is_sweep_dir(self.root) or not _readable(self.root):
-            label = self.unit(0).unit_id.rsplit("-step0-", 1)[0]  # the rule's slug of the label
-            mine = {p.stem for p in (self.root / store.STATUS).glob(f"{label}-step*.json")}
+            slug = self.unit(0).unit_id.rsplit("-step0-", 1)[0]  # the rule's slug of the label
+            mine = {p.stem for label in {slug, self.label}
+                    for p in (self.root / store.STATUS).glob(f"{glob.escape(label)}-step*.json")}
             rebuilt = store.rebuilt_manifest(self.root, "monitor", spec, mine)
         if rebuilt is not None:  # lost or corrupt: rebuilt from the status files
             manifest = rebuilt
@@ -214,6 +216,9 @@ class CouplingMonitor:
         identity = ([self.label, int(step), self.prompt_set, self._hash]
                     + ([sorted(self._inputs.items())] if self._inputs else []))
         uid = collection_unit_id([(self.label, 64), (f"step{int(step)}", 24)], identity)
+        earlier = f"{self.label}-step{int(step)}-{uid.rsplit('-', 1)[1]}"  # before the rule:
+        if earlier != uid and store.status_path(self.root, earlier).is_file():  # label as is
+            uid = earlier  # a directory written then keeps its ids (its steps are not redone)
         return Unit(unit_id=uid, label=self.label,
                     model=self.label, revision=None, step=int(step),
                     prompt_set=self.prompt_set, limit=None, config=self.config.to_dict(),
