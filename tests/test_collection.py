@@ -183,6 +183,8 @@ def _to_old_grid(grid: Path, old: Path) -> None:
         cfg = rec["unit"]["config"]
         runs[r.label] = {"drop_path": cfg["drop_path"], "weight_decay": cfg["weight_decay"],
                          "seed": cfg["seed"], "status": "done", "message": None}
+    runs["dp0.2-wd0.01-s0"] = {"drop_path": 0.2, "weight_decay": 0.01, "seed": 0,
+                               "status": "failed", "message": "boom"}  # failed, no folder
     (old / "grid.json").write_text(json.dumps({"format": "blockcoupling-vit-grid",
                                                "base": base, "runs": runs}))
 
@@ -206,12 +208,16 @@ def test_old_grid_layout_is_one_line_then_upgraded(kinds: dict[str, Path],
         run_grid(VitTrainConfig(**VIT_TINY), old, drop_paths=(0.0,), weight_decays=(0.01,),
                  executor="local", progress=False)
     r = runner.invoke(app, ["collection", "upgrade", str(old)])
-    assert r.exit_code == 0 and "a vit-grid collection of 4 units" in r.output, r.output
+    assert r.exit_code == 0 and "a vit-grid collection of 5 units" in r.output, r.output
     assert not (old / "grid.json").exists() and not (old / "runs").exists()
     up, ref = bc.open_collection(old), bc.open_collection(kinds["vit-grid"])
-    assert up.kind == "vit-grid" and up.catalogue["status"].tolist() == ["done"] * 4
+    assert up.kind == "vit-grid"
+    st = up.catalogue.set_index("label")
+    assert st.loc["dp0.2-wd0.01-s0", "status"] == "failed"
+    assert st.loc["dp0.2-wd0.01-s0", "message"] == "boom"
+    done = up.catalogue[up.catalogue["status"] == "done"]
     # the same units (ids by the one rule) and the same numbers
-    assert sorted(up.catalogue["unit_id"]) == sorted(ref.catalogue["unit_id"])
+    assert sorted(done["unit_id"]) == sorted(ref.catalogue["unit_id"])
     cols = ["unit_id", "coupling_vs_null_mean", "coupling_mean"]
     pd.testing.assert_frame_equal(up.summary()[cols].sort_values("unit_id", ignore_index=True),
                                   ref.summary()[cols].sort_values("unit_id", ignore_index=True))
@@ -220,7 +226,8 @@ def test_old_grid_layout_is_one_line_then_upgraded(kinds: dict[str, Path],
     runs = run_grid(VitTrainConfig(**VIT_TINY), old, drop_paths=(0.0, 0.1),
                     weight_decays=(0.01, 0.1), executor="local", progress=False)
     assert set(runs["status"]) == {"complete"} and len(runs) == 4
-    assert bc.open_collection(old).catalogue["attempts"].tolist() == [1] * 4
+    cat = bc.open_collection(old).catalogue
+    assert cat.loc[cat["status"] == "done", "attempts"].tolist() == [0] * 4  # none run again
 
 
 def test_format_one_sweep_is_read_and_resumed(kinds: dict[str, Path], tmp_path: Path) -> None:
@@ -281,8 +288,20 @@ def test_grid_takes_the_collection_lock_and_rebuilds_a_lost_manifest(
                                                match="in use by another vit-grid"):
         run_grid(VitTrainConfig(**VIT_TINY), path, **args)
     (path / "sweep.json").write_text("{")  # corrupt: rebuilt from the status files
+    # and one unit's final measurement damaged: named by sweep-status, trained again
+    c = bc.open_collection(kinds["vit-grid"])
+    victim = str(c.catalogue["unit_id"].iloc[0])
+    part = path / "units" / victim / "coupling" / "final" / "coupling.parquet"
+    part.write_bytes(part.read_bytes()[:-8])
+    r = CliRunner().invoke(app, ["sweep-status", str(path)])
+    assert r.exit_code == 1 and "is unreadable or corrupt" in _one_line(r.output)
     runs = run_grid(VitTrainConfig(**VIT_TINY), path, **args)
     assert set(runs["status"]) == {"complete"}
     c = bc.open_collection(path)
     assert c.kind == "vit-grid" and "rebuilt" in c.manifest
+    assert c.manifest["sessions"][-1]["repaired"].keys() == {victim}
     assert c.catalogue["status"].tolist() == ["done"] * 4
+    assert c.catalogue.set_index("unit_id")["attempts"].to_dict() == {
+        u: 2 if u == victim else 1 for u in c.catalogue["unit_id"]}
+    c.verify()
+    pd.testing.assert_frame_equal(c.summary(), bc.open_collection(kinds["vit-grid"]).summary())

@@ -270,8 +270,8 @@ def repair_command(root: Path, kind: str | None) -> str:
         return (f"run the training script again with CouplingMonitor(out={str(root)!r}): "
                 "it measures the damaged steps again")
     if kind == "vit-grid":
-        return (f"delete the damaged unit's folder under {root / UNITS} and run the same "
-                f"vit-grid again with --out {root}: it trains that point again")
+        return (f"run the same vit-grid again with --out {root}: it trains the damaged points "
+                "again")
     return (f"measure it again with `blockcoupling sweep SPEC --out {root} --resume` (SPEC: "
             "the spec the sweep was run with)")
 

@@ -29,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import shutil
 import time
 import traceback
 from collections.abc import Callable, Sequence
@@ -280,9 +281,22 @@ def _run_grid(base: VitTrainConfig, root: str | Path, drop_paths: Sequence[float
         manifest = _grid_manifest(rootp, base_dict, units, configs, executor)
         store.write_json(rootp / store.MANIFEST, manifest)
         by_id = {u.unit_id: u for u in units}
-        for u in units:
-            if store.read_status(rootp, u.unit_id) is None:
+        todo = []  # done units that pass the collection's integrity check are not run again
+        repaired: dict[str, str] = {}
+        for c, u in zip(configs, units, strict=True):
+            rec = store.read_status(rootp, u.unit_id)
+            if rec is None:
                 store.write_status(rootp, u, "pending")
+            elif rec.get("status") == "done":
+                problem = store.unit_problem(rootp, rec)
+                if problem is None:
+                    continue
+                shutil.rmtree(store.unit_dir(rootp, u.unit_id), ignore_errors=True)
+                store.write_status(rootp, u, "pending", repaired=problem, weights_hash=None)
+                repaired[u.unit_id] = problem  # damaged: trained again
+            todo.append((c, u))
+        if repaired:
+            manifest["sessions"][-1]["repaired"] = repaired
 
         def start(u: Any) -> None:
             rec = store.read_status(rootp, u.unit_id) or {}
@@ -304,17 +318,16 @@ def _run_grid(base: VitTrainConfig, root: str | Path, drop_paths: Sequence[float
         if progress:
             from blockcoupling.progress import bar as progress_bar
 
-            bar = progress_bar(total=len(configs), desc="vit grid", unit="run")
+            bar = progress_bar(total=len(todo), desc="vit grid", unit="run")
         # absolute: a Ray worker's working directory may be another
-        jobs = [(c.to_dict(), str(store.unit_dir(rootp.resolve(), u.unit_id)))
-                for c, u in zip(configs, units, strict=True)]
+        jobs = [(c.to_dict(), str(store.unit_dir(rootp.resolve(), u.unit_id))) for c, u in todo]
         try:
             if executor == "local":
-                for (cfg, out), u in zip(jobs, units, strict=True):
+                for (cfg, out), (_, u) in zip(jobs, todo, strict=True):
                     start(u)
                     done(train_unit(cfg, out, threads))
-            else:
-                for u in units:
+            elif jobs:
+                for _, u in todo:
                     start(u)
                 _run_ray(jobs, done, address=address, num_cpus=num_cpus, threads=threads)
         finally:
