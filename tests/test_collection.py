@@ -94,6 +94,8 @@ def test_one_reader_status_report_and_correlate_for_every_kind(
     stat = bc.coupling_statistic(c.open_unit(first), variant="coupling_vs_null", n_boot=0)
     assert summ.set_index("unit_id").loc[first, "coupling_vs_null_mean"] == pytest.approx(
         float(stat["mean"].iloc[0]), rel=1e-12)
+    by_path = bc.coupling_statistic(path, variant="coupling_vs_null", n_boot=0)
+    assert by_path["mean"].tolist() == pytest.approx(summ["coupling_vs_null_mean"].tolist())
     st = bc.studies.sweep_status(path)
     assert st["status"].tolist() == ["done"] * n
     runner = CliRunner()

@@ -2,7 +2,7 @@
 
 The rule itself lives in :mod:`blockcoupling.engine.statistic` (pure pandas over a
 ``coupling`` table); this module only finds the tables: a :class:`Measurement`, a run
-directory, a sweep/monitor directory or an open :class:`Sweep`, and puts each run's or unit's
+directory, a collection (sweep, monitor or vit-grid directory) or an open :class:`Sweep`, and puts each run's or unit's
 names (label, model, revision, step; unit_id for collections) in front of its rows.
 """
 
@@ -74,14 +74,15 @@ def coupling_statistic(source: Measurement | str | os.PathLike[str] | Any, *,
         if is_run_dir(path):
             m = open_run(path)
             return _with_names(m.coupling_statistic(**opts), run_names(m.meta, path.name))
-        from blockcoupling.studies.sweep import is_sweep_dir, open_sweep
+        from blockcoupling.studies.sweep import is_collection_dir, open_collection
 
-        if is_sweep_dir(path):
-            return open_sweep(path).coupling_statistic(**opts,
-                                                       include_duplicates=include_duplicates)
+        if is_collection_dir(path):  # any kind: sweep, monitor, vit-grid
+            return open_collection(path).coupling_statistic(
+                **opts, include_duplicates=include_duplicates)
         raise BlockCouplingError(
-            f"{path} is neither a run directory nor a sweep/monitor directory: give the folder "
-            "`blockcoupling measure --out` or `blockcoupling sweep --out` wrote")
+            f"{path} is neither a run directory nor a collection (sweep, monitor or vit-grid "
+            "directory): give the folder `blockcoupling measure --out`, `blockcoupling sweep "
+            "--out` or `blockcoupling vit-grid --out` wrote")
     raise BlockCouplingError(
         f"coupling_statistic takes a Measurement, a run directory, a sweep directory or a "
         f"Sweep, not {type(source).__name__}")
