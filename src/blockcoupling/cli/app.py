@@ -125,10 +125,11 @@ def _main(
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bars and no library chatter (model loading, Ray); results and errors are still printed. Also accepted after the command.")] = False,
     version: Annotated[bool, typer.Option("--version", is_eager=True, callback=_version, help="Print the version and exit.")] = False,
 ) -> None:
+    from blockcoupling.progress import interactive
     from blockcoupling.verbosity import set_verbosity
 
     STATE["verbose"], STATE["quiet"] = verbose, quiet
-    set_verbosity(quiet=quiet, verbose=verbose)
+    set_verbosity(quiet=quiet, verbose=verbose, terminal=interactive())
     if not verbose:  # a warning is one line, like an error (-v: Python's own, with the source)
         warnings.showwarning = _warning_line
 
