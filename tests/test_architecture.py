@@ -23,7 +23,7 @@ PACKAGE = "blockcoupling"
 LAYERS = ("errors", "validate", "loading", "engine", "prompts", "store", "report", "studies", "cli",
           PACKAGE)
 #: modules that share a layer with another (the bottom: they import nothing of the package)
-SAME_LAYER = {"hashing": "errors", "jsonsafe": "errors", "lazy": "errors", "progress": "errors",
+SAME_LAYER = {"fields": "validate", "hashing": "errors", "jsonsafe": "errors", "lazy": "errors", "progress": "errors",
               "verbosity": "errors"}
 
 
