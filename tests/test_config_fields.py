@@ -92,3 +92,71 @@ def test_options_beside_config_apply_in_every_entry_point(tmp_path: Path) -> Non
     spec = parse_spec({"models": ["gpt2"], "prompts": ["builtin:capital"],
                        "measure": {"k": [2], "tokens": "last"}})
     assert spec.config == MeasureConfig.parse(k=2, tokens="last")
+
+
+# ---------------------------------------------------------------- --dry-run: a plan, nothing written
+def test_sweep_dry_run_prints_each_units_plan_and_writes_nothing(tmp_path: Path) -> None:
+    import json
+
+    import yaml
+
+    from tiny_runs import PROMPTS, cli, save_tiny_lm, write_prompts
+
+    save_tiny_lm(tmp_path / "model")
+    write_prompts(tmp_path / "prompts.txt", PROMPTS)
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(yaml.safe_dump({"models": [{"label": "tiny", "model": "./model"}],
+                                    "prompts": ["prompts.txt", "builtin:capital"],
+                                    "measure": {"k": [2], "tokens": "last"}}))
+    out = tmp_path / "sweep"
+    r = cli("sweep", str(spec), "--out", str(out), "--dry-run")
+    assert r.exit_code == 0, r.output
+    assert "plan of the sweep: 2 units" in r.output and "nothing is written" in r.output
+    assert r.output.count("each measurement:") == 2 and not out.exists()
+    r = cli("sweep", str(spec), "--out", str(out), "--dry-run", "--json")
+    plan = json.loads(r.output)
+    capital = len(bc.load_prompts("builtin:capital"))
+    assert [u["measure"]["prompts"] for u in plan["runs"]] == [len(PROMPTS), capital]
+    assert not out.exists()
+    spec.write_text(yaml.safe_dump({"models": [{"label": "tiny", "model": "./model"}],
+                                    "prompts": ["prompts.txt"], "measure": {"k": [99]}}))
+    r = cli("sweep", str(spec), "--out", str(out), "--dry-run")  # checked as a unit is: K > d
+    assert r.exit_code == 1 and "k=99" in r.output and not out.exists()
+
+
+def test_vit_dry_runs_print_the_training_plan_and_write_nothing(tmp_path: Path) -> None:
+    import yaml
+
+    from tiny_runs import cli
+
+    out = tmp_path / "v"
+    r = cli("vit-train", "--out", str(out), "--epochs", "3", "--monitor-every", "2",
+            "--train-limit", "100", "--batch-size", "50", "--dry-run")
+    assert r.exit_code == 0, r.output
+    assert "6 training steps" in r.output and "epochs 0, 2, 3 (3 checkpoints)" in r.output
+    assert "final measurement: 16 inputs (272 tokens)" in r.output and not out.exists()
+    r = cli("vit-grid", "--out", str(out), "--drop-path", "0,0.1", "--weight-decay", "0.05",
+            "--seeds", "0,1", "--epochs", "1", "--dry-run")
+    assert r.exit_code == 0, r.output
+    assert "4 training runs" in r.output and "dp0.1-wd0.05-s1" in r.output
+    grid = tmp_path / "grid.yaml"
+    grid.write_text(yaml.safe_dump({"drop_path": [0.0], "weight_decay": [0.1],
+                                    "train": {"epochs": 1, "monitor_every": 0}}))
+    r = cli("sweep", str(grid), "--out", str(out), "--dry-run")
+    assert r.exit_code == 0, r.output
+    assert "1 training runs" in r.output and "epochs none (0 checkpoints)" in r.output
+    assert not out.exists()
+
+
+def test_lm_family_dry_run_prints_runs_steps_and_checkpoints(tmp_path: Path) -> None:
+    from blockcoupling.studies.lm_study import quick_spec
+    from tiny_runs import cli
+
+    out = tmp_path / "study"
+    r = cli("study", "lm-family", "--out", str(out), "--quick", "--dry-run")
+    assert r.exit_code == 0, r.output
+    spec = quick_spec()
+    assert f"{len(spec.runs)} training runs" in r.output
+    assert f"{sum(run.max_steps for run in spec.runs)} training steps" in r.output
+    assert "measured at steps 0, 1, 2, 4, 8, 16 (6 checkpoints)" in r.output
+    assert not out.exists()

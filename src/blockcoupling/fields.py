@@ -34,7 +34,7 @@ from blockcoupling import validate
 from blockcoupling.errors import BlockCouplingError
 
 __all__ = ["OptionSpec", "check_fields", "cli_options", "from_mapping", "identity", "opt",
-           "option_parameters"]
+           "option_parameters", "parse_given"]
 
 _MISSING: Any = dataclasses.MISSING
 
@@ -86,15 +86,8 @@ def from_mapping(cls: Any, data: Any, where: str = "", *, base: Any = None,
     unknown = [str(k) for k in data if k not in names]
     if unknown:
         raise BlockCouplingError(f"{pre}unknown key {unknown[0]!r}; known: {', '.join(names)}")
-    by_name = {f.name: f for f in _fields(cls)}
-    values: dict[str, Any] = {}
-    for key, value in data.items():
-        parser = by_name[key].metadata.get("parse") if parse else None
-        try:
-            values[key] = parser(key, value) if parser is not None else value
-        except BlockCouplingError as err:
-            raise type(err)(f"{pre}{err}") from err
     try:
+        values = parse_given(cls, data) if parse else dict(data)
         return dataclasses.replace(base, **values) if base is not None else cls(**values)
     except BlockCouplingError as err:
         if not pre:
@@ -102,6 +95,17 @@ def from_mapping(cls: Any, data: Any, where: str = "", *, base: Any = None,
         raise type(err)(f"{pre}{err}") from err
     except TypeError as err:  # a missing required field
         raise BlockCouplingError(f"{pre}{err}; known keys: {', '.join(names)}") from err
+
+
+def parse_given(cls: Any, values: Mapping[str, Any]) -> dict[str, Any]:
+    """``values`` (field -> user input, e.g. a CLI's raw strings) with each value of a field
+    that has a parser parsed by it; the others as given."""
+    by_name = {f.name: f for f in _fields(cls)}
+    out = {}
+    for key, value in values.items():
+        parser = by_name[key].metadata.get("parse") if key in by_name else None
+        out[key] = parser(key, value) if parser is not None else value
+    return out
 
 
 def _names(cls: Any, skip: tuple[str, ...]) -> str:
