@@ -55,17 +55,18 @@ def _fields(cls: Any) -> tuple[dataclasses.Field[Any], ...]:
     return dataclasses.fields(cls)
 
 
-def check_fields(record: Any, *, prefix: str = "") -> None:
+def check_fields(record: Any, *, prefix: str = "", dashes: bool = True) -> None:
     """Apply every field's ``check`` (None passes); whole numbers written as floats
-    (``5.0``) become ints. The message names the option with dashes (``train-limit``)."""
+    (``5.0``) become ints. The message names the option with dashes (``train-limit``, a CLI
+    flag) or, ``dashes=False``, as the field (``num_cpus``, a YAML key)."""
     for f in _fields(record):
         rule = f.metadata.get("check")
         if rule is None:
             continue
         fn, bounds = rule
         try:
-            value = validate.optional(fn, getattr(record, f.name), f.name.replace("_", "-"),
-                                      **bounds)
+            value = validate.optional(fn, getattr(record, f.name),
+                                      f.name.replace("_", "-") if dashes else f.name, **bounds)
         except validate.OptionError as err:
             raise validate.OptionError(f"{prefix}{err}") from err
         if fn is validate.whole:
