@@ -38,7 +38,7 @@ import torch
 
 from blockcoupling.engine.names import KINDS, METHODS, ORIENTATIONS, VALID_P, VARIANTS
 from blockcoupling.errors import BlockCouplingError
-from blockcoupling.fields import OptionSpec, cli_options, identity, opt
+from blockcoupling.fields import OptionSpec, cli_options, identity, opt, parse_given
 from blockcoupling.hashing import canonical_hash
 
 DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "float64": torch.float64}
@@ -418,14 +418,17 @@ class MeasureConfig:
 # ---------------------------------------------------------------------------- helpers
 def parse_config(base: MeasureConfig | None = None, **user_values: Any) -> MeasureConfig:
     """Parse user values (CLI strings, Python values) field by field onto ``base`` (or the
-    defaults). Unknown keys are an error that lists the known ones."""
+    defaults). Unknown keys are an error that lists the known ones. A record with nothing
+    given on top is returned as it is (it was validated when it was made: every entry point,
+    ``measure``, ``measure_to_dir``, ``plan_run``, the monitor, parses once)."""
+    if base is not None and not user_values:
+        return base
     by_name = {f.name: f for f in fields(MeasureConfig)}
     unknown = sorted(set(user_values) - set(by_name))
     if unknown:
         raise BlockCouplingError(
             f"unknown measure option(s) {', '.join(unknown)}; known: {', '.join(by_name)}")
-    parsed = {name: by_name[name].metadata["parse"](name, value)
-              for name, value in user_values.items()}
+    parsed = parse_given(MeasureConfig, user_values)
     return replace(base, **parsed) if base is not None else MeasureConfig(**parsed)
 
 
