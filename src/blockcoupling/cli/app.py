@@ -6,7 +6,7 @@ import contextlib
 import json
 import signal
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Annotated, Any, TypeVar
 
 import typer

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+
 from blockcoupling.cli.app import JSON_HELP, app, echo_json, guarded, user_errors
 from blockcoupling.cli.app import STATE as _STATE
 from blockcoupling.cli.options import given_options, record_command

@@ -141,6 +141,7 @@ def plan_vit_training(configs: Sequence[Any]) -> StudyPlan:
     import torch
 
     from blockcoupling.store.record import plan_run
+    from blockcoupling.studies.vit.grid import run_name
     from blockcoupling.studies.vit.model import build_vit
     from blockcoupling.studies.vit.train import (
         images_config,
@@ -155,25 +156,21 @@ def plan_vit_training(configs: Sequence[Any]) -> StudyPlan:
         model = build_vit(shape, image_size=size, num_channels=channels, num_labels=10,
                           drop_path=c.drop_path, seed=c.seed)
         n_train, n_test, _ = split_sizes(c)
-
-        def plan(n_images: int, tokens: Any, *, size: int = size, channels: int = channels,
-                 model: Any = model) -> MeasurePlan:
-            images = torch.zeros(min(n_images, n_test), channels, size, size)
-            return plan_run(model, None, {"pixel_values": images},
-                            config=images_config(c.k, tokens), model_name=f"ViT {c.preset}")
-
-        epochs = tuple(e for e in range(c.epochs + 1) if c.monitor_every > 0 and (
-            e % c.monitor_every == 0 or e == c.epochs))
+        images = torch.zeros(min(max(c.monitor_images, c.final_images), n_test), channels,
+                             size, size)  # what the run measures: its first test images
+        model_name = f"ViT {c.preset}"
         steps = math.ceil(n_train / c.batch_size) * c.epochs
         params = sum(p.numel() for p in model.parameters())
         tokens_per_image = (size // shape.patch_size) ** 2 + 1
-        from blockcoupling.studies.vit.grid import run_name
-
         runs.append(RunPlan(
-            name=run_name(c), unit="epoch", checkpoints=epochs, steps=steps, parameters=params,
+            name=run_name(c), unit="epoch", checkpoints=c.measured_epochs(), steps=steps, parameters=params,
             training_flops=6.0 * params * tokens_per_image * c.batch_size * steps,
-            measure=plan(c.monitor_images, measured_tokens(c.tokens)),
-            final=plan(c.final_images, measured_tokens(c.tokens, both=True))))
+            measure=plan_run(model, None, {"pixel_values": images[: c.monitor_images]},
+                             config=images_config(c.k, measured_tokens(c.tokens)),
+                             model_name=model_name),
+            final=plan_run(model, None, {"pixel_values": images[: c.final_images]},
+                           config=images_config(c.k, measured_tokens(c.tokens, both=True)),
+                           model_name=model_name)))
     return StudyPlan(study="ViT training", runs=runs)
 
 

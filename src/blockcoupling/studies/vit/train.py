@@ -161,6 +161,14 @@ class VitTrainConfig:
         resolve_shape(self.preset, hidden_size=self.hidden_size, depth=self.depth,
                       heads=self.heads)
 
+    def measured_epochs(self) -> tuple[int, ...]:
+        """The epochs whose coupling is measured during training (0: the initialisation):
+        every ``monitor_every``-th and the last; none with ``monitor_every=0``."""
+        if self.monitor_every == 0:
+            return ()
+        return tuple(e for e in range(self.epochs + 1)
+                     if e % self.monitor_every == 0 or e == self.epochs)
+
     @property
     def mixup_alpha(self) -> float:
         return self.mixup if self.mixup is not None else (0.8 if self.dataset == "cifar10" else 0.0)
@@ -510,9 +518,10 @@ def _train(config: VitTrainConfig, out: Path, *, progress: bool, on_epoch: Epoch
         if on_epoch is not None:
             on_epoch(row)
 
+    measured = set(config.measured_epochs())
+
     def monitored(epoch: int) -> bool:
-        return config.monitor_every > 0 and (epoch % config.monitor_every == 0
-                                             or epoch == config.epochs)
+        return epoch in measured
 
     def coupling_row(epoch: int) -> dict[str, Any]:
         t0 = time.perf_counter()
