@@ -741,8 +741,10 @@ def _save_checkpoint(path: Path, config: VitTrainConfig, model: torch.nn.Module,
 
 
 def _save_model(model: Any, folder: Path) -> None:
+    from blockcoupling.loading import save_model
+
     with atomic_path(folder) as tmp:
-        model.save_pretrained(tmp)
+        save_model(model, tmp)
 
 
 __all__ = ["COUPLING_METRICS", "RECIPES", "TOKENS", "TOKEN_METRICS", "VitTrainConfig",
