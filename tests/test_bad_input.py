@@ -202,7 +202,6 @@ def test_quiet_loading_shows_no_bar_and_no_load_report(files: dict[str, Path],
                                                        tmp_path: Path) -> None:
     """-q silences transformers' weight bar; a causal LM's unused lm_head is not reported.
     (A real process: transformers writes to the file descriptors, not to click's streams.)"""
-    import sys
 
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
     res = subprocess.run([sys.executable, "-m", "blockcoupling",
@@ -241,10 +240,8 @@ def test_saving_a_model_writes_no_bar(tmp_path: Path, capsys: pytest.CaptureFixt
 
 
 def test_no_library_bars_when_stderr_is_not_a_terminal(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Without -q, a log file (stderr not a terminal) gets no hub/transformers bars; a terminal
-    keeps them; what the user set stays."""
-    import io
-
+    """Without -q, a log file (stderr not a terminal: what the CLI passes) gets no
+    hub/transformers bars; a terminal keeps them; what the user set stays."""
     from huggingface_hub import utils as hub_utils
     from transformers.utils import logging as hf_logging
 
@@ -253,15 +250,12 @@ def test_no_library_bars_when_stderr_is_not_a_terminal(monkeypatch: pytest.Monke
     was, hub_was = hf_logging.is_progress_bar_enabled(), hub_utils.are_progress_bars_disabled()
     try:
         for tty, preset, expected in ((False, None, "1"), (True, None, None), (False, "0", "0")):
-            stream = io.StringIO()
-            monkeypatch.setattr(stream, "isatty", lambda tty=tty: tty)
-            monkeypatch.setattr(sys, "stderr", stream)
             if preset is None:
                 monkeypatch.delenv("HF_HUB_DISABLE_PROGRESS_BARS", raising=False)
             else:
                 monkeypatch.setenv("HF_HUB_DISABLE_PROGRESS_BARS", preset)
             hf_logging.enable_progress_bar()
-            set_verbosity()
+            set_verbosity(terminal=tty)
             assert os.environ.get("HF_HUB_DISABLE_PROGRESS_BARS") == expected
             assert hf_logging.is_progress_bar_enabled() is (expected != "1")
     finally:

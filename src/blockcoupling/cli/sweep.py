@@ -15,6 +15,7 @@ from blockcoupling.cli.app import (
     deprecated,
     echo_json,
     guarded,
+    print_plan,
     user_errors,
 )
 from blockcoupling.cli.app import STATE as _STATE
@@ -33,6 +34,7 @@ def sweep(
     num_cpus: Annotated[int | None, typer.Option(hidden=True, help="Deprecated: --cluster-cpus.")] = None,
     retries: Annotated[int | None, typer.Option(help="Ray retries of a unit whose worker died (default: the spec's retries, 3).")] = None,
     connect_timeout: Annotated[float, typer.Option(help="Seconds to reach an existing Ray cluster before giving up (one error line, nothing written).")] = 60.0,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Check the spec, load every unit's model and prompts, and print each unit's plan (prompts, tokens, pairs, Jacobians, memory, an estimated time); write nothing, start no Ray.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help=JSON_HELP)] = False,
 ) -> None:
     """Measure every unit of a sweep (models x revisions/checkpoints x prompt sets) on Ray.
@@ -42,6 +44,18 @@ def sweep(
     from blockcoupling.studies.sweep import run_sweep
 
     cluster_cpus = deprecated("--num-cpus", num_cpus, "--cluster-cpus", cluster_cpus)
+    if dry_run:
+        from blockcoupling.studies.plans import plan_grid, plan_sweep
+
+        with user_errors("cannot read the spec"):
+            if _is_vit_grid_spec(spec):
+                from blockcoupling.studies.vit.grid import load_grid_spec
+
+                plan = plan_grid(*load_grid_spec(spec))
+            else:
+                plan = plan_sweep(spec)
+        print_plan(plan, as_json)
+        return
     if _is_vit_grid_spec(spec):
         _vit_grid(spec, out, executor=executor, address=address, as_json=as_json,
                   cluster_cpus=cluster_cpus)

@@ -283,6 +283,13 @@ def _tiny_config(spec: StudySpec, run: StudyRun) -> TinyLMConfig:
                         seed=run.seed)
 
 
+def study_measure(spec: StudySpec) -> dict[str, Any]:
+    """What every checkpoint's measurement is (the sweep's ``measure:``): depth-wise, last
+    token, one K, raw c_K and coupling_vs_null."""
+    return {"coupling": ["depth"], "k": [spec.k], "tokens": "last", "p": [1],
+            "variants": ["coupling", "coupling_vs_null"], "orientations": ["ujv"]}
+
+
 def _plateau(losses: Mapping[int, float], tol: float) -> dict[str, Any]:
     """The plateau criterion: relative improvement of the held-out loss from the checkpoint
     nearest half the final step to the final step below ``tol``."""
@@ -479,9 +486,7 @@ def run_study(out: str | Path, spec: StudySpec | None = None, *, quick: bool = F
     sweep_spec = {"name": "lm-study",
                   "models": [{"label": rid, "checkpoints": p} for rid, p in paths.items()],
                   "prompts": [str(out / "prompts.txt")],
-                  "measure": {"coupling": ["depth"], "k": [spec.k], "tokens": "last",
-                              "p": [1], "variants": ["coupling", "coupling_vs_null"],
-                              "orientations": ["ujv"]}}
+                  "measure": study_measure(spec)}
     root = out / "sweep"
     from blockcoupling.studies.sweep import is_sweep_dir
 
