@@ -90,10 +90,22 @@ def test_one_reader_status_report_and_correlate_for_every_kind(
     summ = c.summary()
     assert len(summ) == n and summ["coupling_vs_null_mean"].notna().all()
     # the tables are each unit's own run: the summary's number is its run's statistic
+    # (a ViT grid's headline is at its own token, [CLS] = position 0: the ViT page's number)
     first = str(c.catalogue["unit_id"].iloc[0])
-    stat = bc.coupling_statistic(c.open_unit(first), variant="coupling_vs_null", n_boot=0)
-    assert summ.set_index("unit_id").loc[first, "coupling_vs_null_mean"] == pytest.approx(
-        float(stat["mean"].iloc[0]), rel=1e-12)
+    tokens = "first" if kind == "vit-grid" else "last"
+    assert c.default_tokens == tokens
+    stat = bc.coupling_statistic(c.open_unit(first), variant="coupling_vs_null", n_boot=0,
+                                 tokens=tokens)
+    headline = summ.set_index("unit_id").loc[first, "coupling_vs_null_mean"]
+    assert headline == pytest.approx(float(stat["mean"].iloc[0]), rel=1e-12)
+    if kind == "vit-grid":
+        from blockcoupling.studies.vit.train import token_statistic
+
+        m, k = c.open_unit(first), int(summ.set_index("unit_id").loc[first, "k"])
+        assert headline == pytest.approx(token_statistic(m, k, "cls")["coupling_vs_null"],
+                                         rel=1e-12)
+        last = bc.coupling_statistic(m, variant="coupling_vs_null", n_boot=0, tokens="last")
+        assert float(last["mean"].iloc[0]) != pytest.approx(headline)  # both were measured
     by_path = bc.coupling_statistic(path, variant="coupling_vs_null", n_boot=0)
     assert by_path["mean"].tolist() == pytest.approx(summ["coupling_vs_null_mean"].tolist())
     st = bc.studies.sweep_status(path)

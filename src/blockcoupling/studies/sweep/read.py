@@ -72,6 +72,18 @@ class Sweep:
         self._verified = False
 
     @property
+    def default_tokens(self) -> str:
+        """The token rule of this collection's headline: a ViT grid's own choice of its
+        training config (``--tokens cls``: ``"first"``, position 0; ``last``; ``all``), else
+        ``"last"`` (the paper's)."""
+        if self.kind == "vit-grid":
+            from blockcoupling.studies.vit.train import STATISTIC_TOKENS
+
+            base = ((self.manifest.get("spec") or {}).get("vit-grid") or {}).get("base") or {}
+            return STATISTIC_TOKENS.get(str(base.get("tokens", "cls")), "last")
+        return "last"
+
+    @property
     def kind(self) -> str:
         """The collection's kind, as its manifest records it: sweep, monitor or vit-grid."""
         return str(self.manifest["kind"])
@@ -212,14 +224,16 @@ class Sweep:
     # ------------------------------------------------------------------ statistic
     def coupling_statistic(self, *, variants: Sequence[str] = HEADLINE_VARIANTS,
                            k: KSpec | Sequence[int] = None, p: float | None = 1.0,
-                           orientation: str = "ujv", tokens: str = "last",
+                           orientation: str = "ujv", tokens: str | None = None,
                            diagonal: bool = False, n_boot: int = DEFAULT_N_BOOT, seed: int = 0,
                            ci: float = DEFAULT_CI, include_duplicates: bool = False,
                            allow_mixed_k: bool = False) -> pd.DataFrame:
         """The headline statistic (``engine.statistic``) of every done unit: the unit
         columns, then one row per variant and K. ``k=None`` is the smallest measured K, which
         must be the same for every unit (a sweep with mixed K is refused: pass ``k``) unless
-        ``allow_mixed_k`` (each unit's own smallest K, as :meth:`summary` shows them)."""
+        ``allow_mixed_k`` (each unit's own smallest K, as :meth:`summary` shows them).
+        ``tokens=None`` is the collection's own (:attr:`default_tokens`)."""
+        tokens = self.default_tokens if tokens is None else tokens
         done = self.done()
         if not include_duplicates:
             done = done[done["duplicate_of"].isna()]
@@ -261,7 +275,7 @@ class Sweep:
 
     # ------------------------------------------------------------------ summary
     def summary(self, *, k: KSpec = None, p: float = 1.0, orientation: str = "ujv",
-                tokens: str = "last", diagonal: bool = False,
+                tokens: str | None = None, diagonal: bool = False,
                 include_duplicates: bool = False) -> pd.DataFrame:
         """Per done unit: the headline statistic (:meth:`coupling_statistic`) in wide form,
         ``coupling_vs_null_mean, coupling_vs_null_se, coupling_mean, coupling_se,

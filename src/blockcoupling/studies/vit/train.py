@@ -56,6 +56,8 @@ METRICS_FILE = "metrics.json"
 FORMAT = "blockcoupling-vit-train"
 CLS_TOKEN = 0  # BEiT puts [CLS] at position 0
 TOKENS = ("cls", "last", "all")  # the headline token choices (``tokens``)
+#: each choice as a token rule of ``engine.statistic`` ([CLS] is position 0: the first measured)
+STATISTIC_TOKENS: dict[str, str] = {"cls": "first", "last": "last", "all": "all"}
 LR_SCALINGS = ("none", "linear")
 
 
@@ -349,11 +351,9 @@ def token_statistic(m: Any, k: int, token: str) -> dict[str, float]:
     from blockcoupling.engine.statistic import statistic_table
 
     rows = m.coupling
-    if token == "cls":
-        rows = rows[rows["token_out_a"] == CLS_TOKEN]
-        if rows.empty:
-            raise BlockCouplingError("this measurement has no [CLS] (position 0) rows")
-    t = statistic_table(rows, k=k, tokens="all" if token == "all" else "last",
+    if token == "cls" and not (rows["token_out_a"] == CLS_TOKEN).any():
+        raise BlockCouplingError("this measurement has no [CLS] (position 0) rows")
+    t = statistic_table(rows, k=k, tokens=STATISTIC_TOKENS[token],
                         d_model=m.d_model, n_boot=0, where="vit").set_index("variant")
     return {"coupling": float(t.loc["coupling", "mean"]),
             "coupling_se": float(t.loc["coupling", "se"]),
@@ -749,7 +749,7 @@ def _save_model(model: Any, folder: Path) -> None:
         save_model(model, tmp)
 
 
-__all__ = ["COUPLING_METRICS", "RECIPES", "TOKENS", "TOKEN_METRICS", "VitTrainConfig",
+__all__ = ["COUPLING_METRICS", "RECIPES", "STATISTIC_TOKENS", "TOKENS", "TOKEN_METRICS", "VitTrainConfig",
            "estimate_cost", "evaluate", "is_trained", "lr_at", "measure_images",
            "measured_tokens", "param_groups", "read_metrics", "record_images", "regularise",
            "reproducibility", "token_statistic", "train_loss", "train_vit"]
