@@ -18,6 +18,7 @@ from typer.testing import CliRunner
 
 import blockcoupling as bc
 from blockcoupling.cli import app
+from blockcoupling.errors import BlockCouplingError
 from blockcoupling.hashing import canonical_hash
 from blockcoupling.studies.sweep import store
 from blockcoupling.studies.sweep.units import _slug, collection_unit_id, unit_id
@@ -319,3 +320,27 @@ def test_grid_takes_the_collection_lock_and_rebuilds_a_lost_manifest(
         u: 2 if u == victim else 1 for u in c.catalogue["unit_id"]}
     c.verify()
     pd.testing.assert_frame_equal(c.summary(), bc.open_collection(kinds["vit-grid"]).summary())
+
+
+def test_a_spec_says_its_kind(tmp_path: Path) -> None:
+    """`blockcoupling sweep SPEC` runs what the spec's `kind:` says; a grid spec without it,
+    an unknown kind, or a kind given to the other kind's parser: one line, nothing written."""
+    runner = CliRunner()
+    cases = {"nokind": ("drop_path: [0.0]\ntrain: {epochs: 1}\n",
+                        "add the line 'kind: vit-grid'"),
+             "unknown": ("kind: monitor\nmodels: [{label: a, model: x}]\n",
+                         "unknown kind 'monitor'")}
+    for name, (text, message) in cases.items():
+        spec = tmp_path / f"{name}.yaml"
+        spec.write_text(text)
+        out = tmp_path / f"out-{name}"
+        r = runner.invoke(app, ["sweep", str(spec), "--out", str(out), "--executor", "local"])
+        assert r.exit_code == 1 and message in r.output, r.output
+        assert len(r.output.strip().splitlines()) == 1 and not out.exists()
+    from blockcoupling.studies.sweep.spec import parse_spec
+    from blockcoupling.studies.vit.grid import load_grid_spec
+
+    with pytest.raises(BlockCouplingError, match="not a sweep spec"):
+        parse_spec({"kind": "vit-grid", "models": [{"label": "a", "model": "x"}]})
+    with pytest.raises(BlockCouplingError, match="not a ViT grid spec"):
+        load_grid_spec({"kind": "sweep", "train": {"epochs": 1}})

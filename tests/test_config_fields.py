@@ -140,7 +140,7 @@ def test_vit_dry_runs_print_the_training_plan_and_write_nothing(tmp_path: Path) 
     assert r.exit_code == 0, r.output
     assert "4 training runs" in r.output and "dp0.1-wd0.05-s1" in r.output
     grid = tmp_path / "grid.yaml"
-    grid.write_text(yaml.safe_dump({"drop_path": [0.0], "weight_decay": [0.1],
+    grid.write_text(yaml.safe_dump({"kind": "vit-grid", "drop_path": [0.0], "weight_decay": [0.1],
                                     "train": {"epochs": 1, "monitor_every": 0}}))
     r = cli("sweep", str(grid), "--out", str(out), "--dry-run")
     assert r.exit_code == 0, r.output

@@ -542,7 +542,8 @@ def test_cli_vit_train_and_figures(tmp_path: Path, trained: Path) -> None:
     res = runner.invoke(app, ["vit-grid", "--out", str(tmp_path / "g"), "--executor", "dask"])
     assert res.exit_code == 1 and "choose ray or local" in res.output
     spec = tmp_path / "grid.yaml"
-    spec.write_text("drop_path: [0.1]\nweight_decay: [0.05]\nexecutor: local\ntrain:\n" + "".join(
+    spec.write_text("kind: vit-grid\ndrop_path: [0.1]\nweight_decay: [0.05]\nexecutor: local\n"
+                    "train:\n" + "".join(
         f"  {k}: {v}\n" for k, v in {**TINY, "epochs": 1, "monitor_every": 0,
                                      "final_images": 1}.items()))
     res = runner.invoke(app, ["-q", "vit-grid", "--spec", str(spec), "--out", str(tmp_path / "g2")])

@@ -39,7 +39,7 @@ def sweep(
 ) -> None:
     """Measure every unit of a sweep (models x revisions/checkpoints x prompt sets) on Ray.
 
-    A ViT grid spec (keys drop_path, weight_decay, train; see vit-grid) runs the
+    A spec with `kind: vit-grid` (keys drop_path, weight_decay, train; see vit-grid) runs the
     drop-path x weight-decay grid instead: one Ray task per training run, finished runs kept."""
     from blockcoupling.studies.sweep import run_sweep
 
@@ -48,7 +48,7 @@ def sweep(
         from blockcoupling.studies.plans import plan_grid, plan_sweep
 
         with user_errors("cannot read the spec"):
-            if _is_vit_grid_spec(spec):
+            if _spec_kind(spec) == "vit-grid":
                 from blockcoupling.studies.vit.grid import load_grid_spec
 
                 plan = plan_grid(*load_grid_spec(spec))
@@ -56,7 +56,9 @@ def sweep(
                 plan = plan_sweep(spec)
         print_plan(plan, as_json)
         return
-    if _is_vit_grid_spec(spec):
+    with user_errors("cannot read the spec"):
+        kind = _spec_kind(spec)
+    if kind == "vit-grid":
         _vit_grid(spec, out, executor=executor, address=address, as_json=as_json,
                   cluster_cpus=cluster_cpus)
         return
@@ -103,18 +105,20 @@ def _where(out: Path, bare: bool = False) -> str:
     return str(address) if bare else f" on the Ray cluster at {address}"
 
 
-def _is_vit_grid_spec(spec: Path) -> bool:
-    """A YAML mapping with the ViT grid's keys and no ``models`` (cheap: YAML only)."""
+def _spec_kind(spec: Path) -> str:
+    """The collection kind a spec file states (``kind: sweep`` or ``kind: vit-grid``; a spec
+    without ``kind`` is a sweep). Only a spec's own word decides, nothing is guessed."""
+    from blockcoupling.studies.collection import spec_kind
+
     if not spec.is_file() or spec.suffix.lower() not in (".yaml", ".yml"):
-        return False
+        return "sweep"  # run_sweep reads it and says what is wrong
     import yaml
 
     try:
         data = yaml.safe_load(spec.read_text())
     except (yaml.YAMLError, OSError, UnicodeDecodeError):
-        return False  # run_sweep reports it with its own message
-    return (isinstance(data, dict) and "models" not in data
-            and bool({"drop_path", "weight_decay", "train"} & set(data)))
+        return "sweep"  # run_sweep reports it with its own message
+    return spec_kind(data, str(spec))
 
 
 def _vit_grid(spec: Path, out: Path, *, executor: str, address: str | None,

@@ -7,7 +7,8 @@ rule, lock and status vocabulary, and is read by :func:`open_collection` (alias
 ``open_sweep``); ``blockcoupling report``, ``sweep-status`` and ``correlate`` take any kind
 through it. This module adds what depends on the kind: the report page
 (:func:`write_collection_report`) and the conversion of old layouts
-(:func:`upgrade_collection`, ``blockcoupling collection upgrade DIR``).
+(:func:`upgrade_collection`, ``blockcoupling collection upgrade DIR``), and which kind a spec
+file asks for (:func:`spec_kind`: its ``kind:`` key, never guessed from its other keys).
 """
 
 from __future__ import annotations
@@ -18,9 +19,29 @@ import os
 from pathlib import Path
 from typing import Any
 
-from blockcoupling.errors import RunDirError
+from blockcoupling.errors import BlockCouplingError, RunDirError
 from blockcoupling.studies.sweep import store
 from blockcoupling.studies.sweep.read import Sweep, open_collection, open_sweep
+
+#: the kinds a spec file may ask for (a monitor is written by training code, not by a spec)
+SPEC_KINDS = ("sweep", "vit-grid")
+#: a ViT grid spec's own keys: named in the message for a grid spec that does not say its kind
+_GRID_KEYS = ("drop_path", "weight_decay", "train")
+
+
+def spec_kind(data: Any, where: str = "spec") -> str:
+    """The kind a spec (a parsed YAML mapping) asks for: its ``kind`` (``sweep`` when absent).
+    A spec without ``kind`` but with a ViT grid's keys gets one line saying to add it."""
+    if not isinstance(data, dict):
+        return "sweep"  # the sweep's parser says what a spec must be
+    kind = data.get("kind", "sweep")
+    if kind not in SPEC_KINDS:
+        raise BlockCouplingError(f"{where}: unknown kind {kind!r}; a spec is kind: sweep "
+                                 "(the default) or kind: vit-grid")
+    if "kind" not in data and "models" not in data and set(_GRID_KEYS) & set(data):
+        raise BlockCouplingError(f"{where} has a ViT grid's keys but no kind: add the line "
+                                 "'kind: vit-grid' (specs say their kind; nothing is guessed)")
+    return str(kind)
 
 
 def write_collection_report(collection: Sweep, out: str | os.PathLike[str]) -> Path:

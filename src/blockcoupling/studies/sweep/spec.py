@@ -35,8 +35,8 @@ from blockcoupling.fields import check_fields, from_mapping, opt
 # how a model is loaded beyond dtype/device (loading.load_model): accelerate dispatch, offload
 # and quantization; top-level defaults, per-model overrides
 LOADING_KEYS = ("device_map", "max_memory", "offload_folder", "quantize")
-TOP_KEYS = ("models", "prompts", "limit", "seed", "measure", "resources", "dtype", "device",
-            "retries", "name", *LOADING_KEYS)
+TOP_KEYS = ("kind", "models", "prompts", "limit", "seed", "measure", "resources", "dtype",
+            "device", "retries", "name", *LOADING_KEYS)
 MODEL_KEYS = ("label", "model", "revisions", "steps", "checkpoints", "dtype", "device",
               "resources", "trust_remote_code", *LOADING_KEYS)
 # MeasureConfig fields a spec may not set: the sweep chooses them itself.
@@ -256,6 +256,9 @@ def parse_spec(data: Any, *, base_dir: str | os.PathLike[str] | None = None) -> 
     if not isinstance(data, Mapping):
         raise SpecError("a sweep spec is a mapping with at least models: and prompts:")
     _check_keys(data, TOP_KEYS, "")
+    if data.get("kind", "sweep") != "sweep":
+        raise SpecError(f"kind: {data['kind']!r} is not a sweep spec; a {data['kind']} spec runs "
+                        "with its own command (kind: vit-grid: blockcoupling vit-grid --spec)")
     base = Path(base_dir if base_dir is not None else data.get("base_dir", ".")).resolve()
     models_raw = data.get("models")
     if not isinstance(models_raw, Sequence) or isinstance(models_raw, str) or not models_raw:

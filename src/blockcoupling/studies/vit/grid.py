@@ -108,11 +108,13 @@ def load_grid_spec(source: str | Path | dict[str, Any]
             raise BlockCouplingError(f"grid spec {path} is not valid YAML: {err}") from err
     if not isinstance(data, dict):
         raise BlockCouplingError("a grid spec is a mapping with drop_path, weight_decay, train")
-    allowed = {"drop_path", "weight_decay", "seeds", "train", "executor", "address",
+    allowed = {"kind", "drop_path", "weight_decay", "seeds", "train", "executor", "address",
                "cpus_per_run", "threads"}
     unknown = sorted(set(data) - allowed)
     if unknown:
         raise BlockCouplingError(f"unknown grid spec key(s) {unknown}; known: {sorted(allowed)}")
+    if data.get("kind", KIND) != KIND:
+        raise BlockCouplingError(f"kind: {data['kind']!r} is not a ViT grid spec (kind: {KIND})")
     train = data.get("train") or {}
     if not isinstance(train, dict):
         raise BlockCouplingError("train: give a mapping of training options, e.g. "
