@@ -315,6 +315,16 @@ def _tiny_config(spec: StudySpec, run: StudyRun) -> TinyLMConfig:
                         min_steps=spec.min_steps, train_chars=run.train_chars, seed=run.seed)
 
 
+def study_measure(spec: StudySpec) -> dict[str, Any]:
+    """What every checkpoint's measurement is (the sweep's ``measure:``): depth-wise, last
+    token, one K, raw c_K and coupling_vs_null; only what the study reads (no spectra,
+    trajectory or K x K matrices), all prompts in one forward pass."""
+    return {"coupling": ["depth"], "k": [spec.k], "tokens": "last", "p": [1],
+            "variants": ["coupling", "coupling_vs_null"], "orientations": ["ujv"],
+            "spectra": False, "trajectory": False, "figure_prompts": 0,
+            "batch_size": spec.n_prompts}
+
+
 def _one_sided(p_two: float, stat: float) -> float:
     """One-sided p for 'greater' from a two-sided p and the sign of the statistic."""
     return p_two / 2 if stat > 0 else 1 - p_two / 2
@@ -323,7 +333,7 @@ def _one_sided(p_two: float, stat: float) -> float:
 def _tests(models: pd.DataFrame, emergence: pd.DataFrame, alpha: float) -> dict[str, Any]:
     import scipy.stats as st
 
-    from blockcoupling.studies.correlate import partial_correlation, regression
+    from blockcoupling.studies.regression import partial_correlation, regression
 
     controls = ["log_params", "log_d_model", "log_train_tokens"]
     out: dict[str, Any] = {"alpha": alpha, "predictors": {}}
@@ -447,7 +457,7 @@ class StudyResult:
 
     def to_dict(self) -> dict[str, Any]:
         from blockcoupling.engine.statistic import StatisticRule, headline_rule
-        from blockcoupling.studies.correlate import _jsonable
+        from blockcoupling.jsonsafe import jsonable
 
         models = []
         for r in self.models.to_dict("records"):
@@ -456,7 +466,7 @@ class StudyResult:
         emergence = {rid: g.drop(columns=["run_id"]).to_dict("records")
                      for rid, g in self.emergence.groupby("run_id", sort=False)}
         rule = StatisticRule(k=self.spec.k, n_boot=0)
-        return _jsonable({
+        return jsonable({
             "study": "lm-family", "hypotheses": HYPOTHESES, "spec": self.spec.to_dict(),
             "stopping_rule": stopping_rule(self.spec),
             "statistic": rule.to_dict(self.spec.k) | {"description": headline_rule(
@@ -514,11 +524,7 @@ def run_study(out: str | Path, spec: StudySpec | None = None, *, quick: bool = F
     sweep_spec = {"name": "lm-study",
                   "models": [{"label": rid, "checkpoints": p} for rid, p in paths.items()],
                   "prompts": [str(out / "prompts.txt")],
-                  # only what the study reads: no spectra, trajectory or K x K matrices
-                  "measure": {"coupling": ["depth"], "k": [spec.k], "tokens": "last",
-                              "p": [1], "variants": ["coupling", "coupling_vs_null"],
-                              "orientations": ["ujv"], "spectra": False, "trajectory": False,
-                              "figure_prompts": 0, "batch_size": spec.n_prompts}}
+                  "measure": study_measure(spec)}
     root = out / "sweep"
     from blockcoupling.studies.sweep import is_sweep_dir
 
@@ -584,7 +590,7 @@ def run_study(out: str | Path, spec: StudySpec | None = None, *, quick: bool = F
     result = StudyResult(spec=spec, models=mt, emergence=em, tests=tests, statement=statement,
                          noise_floor=noise, reproducibility=_versions(), seconds=seconds,
                          out=out)
-    from blockcoupling.studies.correlate import write_json
+    from blockcoupling.store.fileio import write_json
 
     write_json(out / "study.json", result.to_dict())
     write_study_page(result, out / "study.html")
