@@ -263,11 +263,11 @@ def full_spec() -> StudySpec:
 
 
 def quick_spec() -> StudySpec:
-    """The test-suite's family: 6 tiny runs (2-3 blocks, d 16-24, caps of 32-64 steps, two
+    """The test-suite's family: 6 tiny runs (2-3 blocks, d 16-24, caps of 16-64 steps, two
     seeds of one), K = 2, 4 prompts, at least 6 checkpoints each (seconds each)."""
     return StudySpec(runs=(
-        StudyRun("L2-d16-b4", 2, 16, 4, 32, 0),
-        StudyRun("L2-d16-b4", 2, 16, 4, 32, 1),
+        StudyRun("L2-d16-b4", 2, 16, 4, 16, 0),
+        StudyRun("L2-d16-b4", 2, 16, 4, 16, 1),
         StudyRun("L2-d24-b8", 2, 24, 8, 64),
         StudyRun("L3-d16-b8", 3, 16, 8, 32),
         StudyRun("L3-d24-b4", 3, 24, 4, 32, 0, 20_000),
