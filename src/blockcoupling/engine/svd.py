@@ -169,11 +169,11 @@ def topk_svd(J: Tensor, k: int) -> TopK:
     if J.ndim < 2:
         raise BlockCouplingError(f"topk_svd needs a matrix (..., m, n), got shape {tuple(J.shape)}")
     _check_k(k, min(int(J.shape[-2]), int(J.shape[-1])))
-    if not bool(torch.isfinite(J).all()):
+    fro2 = torch.linalg.vector_norm(J, dim=(-2, -1)) ** 2  # (...,)
+    if not (bool(torch.isfinite(fro2).all()) or bool(torch.isfinite(J).all())):
         raise NumericalError(
             "the Jacobian contains NaN or infinity; check the model's hidden states and dtype"
         )
-    fro2 = (J * J).sum(dim=(-2, -1))
     if (J.ndim == 2 and J.device.type == "cpu" and J.dtype == torch.float32
             and 4 * int(k) <= min(int(J.shape[0]), int(J.shape[1]))):
         got = _topk_gram(J, int(k))
