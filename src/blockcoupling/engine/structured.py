@@ -247,6 +247,18 @@ def _llama(block: HFModule, x: Tensor, row_kwargs: dict[str, Any]) -> tuple[Any,
     return block.input_layernorm, attn, block.post_attention_layernorm, mlp
 
 
+def _through_width(W_out: Tensor, rows: Callable[[slice], Tensor]) -> Tensor:
+    """``W_out M`` (d, d) for W_out (d, I) and M (I, d) given by row blocks ``rows(c)``
+    (len(c), d), accumulated over blocks of d rows: the same flops as one GEMM, and no
+    temporary larger than a (d, d) block (an (I, d) one is 3-4 Jacobians' worth)."""
+    d, width = W_out.shape
+    out = torch.zeros(d, rows(slice(0, 0)).shape[1], dtype=W_out.dtype, device=W_out.device)
+    for s in range(0, width, d):
+        c = slice(s, min(s + d, width))
+        out.addmm_(W_out[:, c], rows(c))
+    return out
+
+
 def _mlp(mlp: tuple[Any, ...], a: Tensor, J_n: NormJacobian) -> tuple[Tensor, Tensor]:
     """MLP value (d,) and Jacobian N (d, d) at the normed input ``a``."""
     if mlp[0] == "plain":
@@ -254,14 +266,16 @@ def _mlp(mlp: tuple[Any, ...], a: Tensor, J_n: NormJacobian) -> tuple[Tensor, Te
         z = W_in @ a + (b_in if b_in is not None else 0)  # (I,)
         h, dh = _act_and_grad(act, z)
         val = W_out @ h + (b_out if b_out is not None else 0)
-        return val, J_n.right_of((W_out * dh) @ W_in)  # ((d, I) @ (I, d)) J_n
+        # (W_out diag(act') W_in) J_n
+        return val, J_n.right_of(_through_width(W_out, lambda c: dh[c, None] * W_in[c]))
     _, Wg, bg, Wu, bu, Wd, bd, act = mlp
     g = Wg @ a + (bg if bg is not None else 0)
     u = Wu @ a + (bu if bu is not None else 0)
     h, dh = _act_and_grad(act, g)
     val = Wd @ (h * u) + (bd if bd is not None else 0)
-    inner = (dh * u)[:, None] * Wg + h[:, None] * Wu  # (I, d)
-    return val, J_n.right_of(Wd @ inner)  # (d, d), J_n applied once
+    gu = dh * u  # (I,)
+    inner = lambda c: gu[c, None] * Wg[c] + h[c, None] * Wu[c]  # noqa: E731  rows c of (I, d)
+    return val, J_n.right_of(_through_width(Wd, inner))  # (d, d), J_n applied once
 
 
 @torch.no_grad()

@@ -145,7 +145,8 @@ def _topk_gram(J: Tensor, k: int) -> tuple[Tensor, Tensor, Tensor] | None:
     J64 = J.detach().double()
     G = (J64.mT @ J64).numpy()  # (n, n)
     with one_blas_thread():
-        w, Q = scipy.linalg.eigh(G, subset_by_index=[n - k, n - 1], driver="evr")  # ascending
+        w, Q = scipy.linalg.eigh(G, subset_by_index=[n - k, n - 1], driver="evr",
+                                 overwrite_a=True, check_finite=False)  # ascending; G is ours
     V = torch.from_numpy(Q[:, ::-1].copy())  # (n, k)
     S = torch.from_numpy(w[::-1].copy()).clamp_min(0).sqrt()  # (k,)
     if not bool(S[-1] >= _GRAM_MIN_RATIO * S[0]) or not bool(S[0] > 0):
