@@ -57,6 +57,20 @@ def jacobians() -> list[torch.Tensor]:
     return out
 
 
+def candidates(J: torch.Tensor, G: torch.Tensor, x0: np.ndarray) -> dict[str, Callable[[], Any]]:
+    """The timed calls on one J (d, d) float32 and its float64 Gram G (d, d)."""
+    Gn, n = G.numpy(), int(G.shape[0])
+    return {
+        "engine": lambda: svd.topk_svd(J, K),
+        "scipy_evr": lambda: scipy.linalg.eigh(Gn, subset_by_index=[n - K, n - 1], driver="evr"),
+        "torch_eigh64": lambda: torch.linalg.eigh(G),
+        "torch_eigh32": lambda: torch.linalg.eigh(G.float()),
+        "torch_svd32": lambda: torch.linalg.svd(J, full_matrices=False),
+        "eigsh": lambda: sla.eigsh(Gn, k=K, which="LA", tol=1e-13),
+        "lobpcg": lambda: sla.lobpcg(Gn, x0, largest=True, tol=1e-10, maxiter=200),
+    }
+
+
 def clock(f: Callable[[], Any]) -> tuple[Any, float, float]:
     c, w = time.process_time(), time.perf_counter()
     r = f()
@@ -72,20 +86,9 @@ def main() -> None:
     for i, J in enumerate(jacobians()):
         J64 = J.double()
         G = J64.mT @ J64  # (d, d)
-        Gn = G.numpy()
-        n = Gn.shape[0]
-        x0 = np.random.default_rng(0).standard_normal((n, K + 10))
+        x0 = np.random.default_rng(0).standard_normal((G.shape[0], K + 10))
+        cands = candidates(J, G, x0)
         with svd.one_blas_thread():
-            cands: dict[str, Callable[[], Any]] = {
-                "engine": lambda: svd.topk_svd(J, K),
-                "scipy_evr": lambda: scipy.linalg.eigh(Gn, subset_by_index=[n - K, n - 1],
-                                                       driver="evr"),
-                "torch_eigh64": lambda: torch.linalg.eigh(G),
-                "torch_eigh32": lambda: torch.linalg.eigh(G.float()),
-                "torch_svd32": lambda: torch.linalg.svd(J, full_matrices=False),
-                "eigsh": lambda: sla.eigsh(Gn, k=K, which="LA", tol=1e-13),
-                "lobpcg": lambda: sla.lobpcg(Gn, x0, largest=True, tol=1e-10, maxiter=200),
-            }
             times: dict[str, list[tuple[float, float]]] = {c: [] for c in cands}
             got: dict[str, Any] = {}
             with warnings.catch_warnings():

@@ -28,6 +28,7 @@ vmap the run raises (no silent slow path).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 from common import Phase, phase
@@ -50,11 +51,7 @@ def released_depth(model: nn.Module, input_ids: Tensor, *, token: int = -1,
     ``jacobians`` by ``d / rows``. The values are then meaningless (not returned: empty dict).
     """
     device = input_ids.device
-    phases: dict[str, Phase] = {}
-    with phase("forward", device) as ph:
-        with torch.enable_grad():
-            out = model(input_ids, output_hidden_states=True, use_cache=False)
-    phases["forward"] = ph
+    out, phases = _forward(model, input_ids)
     with phase("jacobians", device) as ph:
         with torch.enable_grad():
             hs = out.hidden_states  # L+1 tensors (1, n, d), one graph
@@ -85,6 +82,14 @@ def released_depth(model: nn.Module, input_ids: Tensor, *, token: int = -1,
     phases.update(more)
     values = {(k, o, i + 1, j + 1): v for (k, o, i, j), v in pair_values.items()}
     return (values if not rows or rows >= d else {}), phases
+
+
+def _forward(model: nn.Module, input_ids: Tensor) -> tuple[Any, dict[str, Phase]]:
+    """Step 1: one forward with ``hidden_states`` and the autograd graph kept; its phase."""
+    with phase("forward", input_ids.device) as ph:
+        with torch.enable_grad():
+            out = model(input_ids, output_hidden_states=True, use_cache=False)
+    return out, {"forward": ph}
 
 
 def _svd_and_pairs(Js: Sequence[Tensor], ks: Sequence[int], device: torch.device
@@ -141,16 +146,12 @@ def released_tokenwise(model: nn.Module, input_ids: Tensor, *, layer: int, kind:
     goes through all n tokens). Returns the phases ``forward``, ``jacobians``, ``svd``, ``pairs``.
     """
     device = input_ids.device
-    phases: dict[str, Phase] = {}
-    with phase("forward", device) as ph:
-        with torch.enable_grad():
-            out = model(input_ids, output_hidden_states=True, use_cache=False)
-    phases["forward"] = ph
+    out, phases = _forward(model, input_ids)
     hs = out.hidden_states
     n, d = hs[0].shape[1], hs[0].shape[2]
     eye = torch.eye(d, device=device, dtype=hs[0].dtype)
 
-    def rows_from(t: int) -> Tensor:  # (n, d, d): J_block[t1 -> t] for every input t1
+    def rows_from(hs: Sequence[Tensor], t: int) -> Tensor:  # (n, d, d): J_block[t1 -> t], all t1
         (g,) = torch.autograd.grad(hs[layer][0, t, :], hs[layer - 1], eye, retain_graph=True,
                                    is_grads_batched=True)  # (d, 1, n, d)
         return g[:, 0].permute(1, 0, 2)
@@ -158,11 +159,11 @@ def released_tokenwise(model: nn.Module, input_ids: Tensor, *, layer: int, kind:
     with phase("jacobians", device) as ph:
         with torch.enable_grad():
             if kind == "fixed_output":
-                J = rows_from(n - 1)
+                J = rows_from(hs, n - 1)
                 Js = [(J[t1] - (eye if t1 == n - 1 else 0)).detach().float() for t1 in range(n)]
             elif kind == "self":
                 m = min(pulled or n, n)
-                Js = [(rows_from(t)[t] - eye).detach().float() for t in range(m)]
+                Js = [(rows_from(hs, t)[t] - eye).detach().float() for t in range(m)]
                 Js += [Js[t % m] for t in range(m, n)]
             else:
                 raise ValueError(f"unknown kind {kind!r}")
