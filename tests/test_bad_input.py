@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -201,7 +202,6 @@ def test_quiet_loading_shows_no_bar_and_no_load_report(files: dict[str, Path],
                                                        tmp_path: Path) -> None:
     """-q silences transformers' weight bar; a causal LM's unused lm_head is not reported.
     (A real process: transformers writes to the file descriptors, not to click's streams.)"""
-    import sys
 
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
     res = subprocess.run([sys.executable, "-m", "blockcoupling",
@@ -214,6 +214,53 @@ def test_quiet_loading_shows_no_bar_and_no_load_report(files: dict[str, Path],
     # -q: no progress and no library chatter, but the results (issue 20: never hidden)
     assert res.stderr.strip() == "", res.stderr
     assert "depth-wise coupling" in res.stdout and "wrote" in res.stdout
+
+
+def test_saving_a_model_writes_no_bar(tmp_path: Path, capsys: pytest.CaptureFixture[str]
+                                      ) -> None:
+    """transformers' "Writing model shards" bar (carriage returns) stays out of the studies'
+    logs: every checkpoint a study saves goes through loading.save_model."""
+    import transformers as tf
+    from transformers.utils import logging as hf_logging
+
+    from blockcoupling.loading import save_model
+
+    model = tf.GPT2LMHeadModel(tf.GPT2Config(n_layer=1, n_embd=8, n_head=2, vocab_size=16))
+    was = hf_logging.is_progress_bar_enabled()
+    hf_logging.enable_progress_bar()
+    try:
+        model.save_pretrained(tmp_path / "plain")
+        assert "Writing model shards" in capsys.readouterr().err  # the bar this test keeps out
+        save_model(model, tmp_path / "quiet")
+        assert capsys.readouterr().err == ""
+        assert hf_logging.is_progress_bar_enabled()  # restored afterwards
+    finally:
+        (hf_logging.enable_progress_bar if was else hf_logging.disable_progress_bar)()
+    assert (tmp_path / "quiet" / "config.json").is_file()
+
+
+def test_no_library_bars_when_stderr_is_not_a_terminal(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without -q, a log file (stderr not a terminal: what the CLI passes) gets no
+    hub/transformers bars; a terminal keeps them; what the user set stays."""
+    from huggingface_hub import utils as hub_utils
+    from transformers.utils import logging as hf_logging
+
+    from blockcoupling.verbosity import set_verbosity
+
+    was, hub_was = hf_logging.is_progress_bar_enabled(), hub_utils.are_progress_bars_disabled()
+    try:
+        for tty, preset, expected in ((False, None, "1"), (True, None, None), (False, "0", "0")):
+            if preset is None:
+                monkeypatch.delenv("HF_HUB_DISABLE_PROGRESS_BARS", raising=False)
+            else:
+                monkeypatch.setenv("HF_HUB_DISABLE_PROGRESS_BARS", preset)
+            hf_logging.enable_progress_bar()
+            set_verbosity(terminal=tty)
+            assert os.environ.get("HF_HUB_DISABLE_PROGRESS_BARS") == expected
+            assert hf_logging.is_progress_bar_enabled() is (expected != "1")
+    finally:
+        (hf_logging.enable_progress_bar if was else hf_logging.disable_progress_bar)()
+        (hub_utils.disable_progress_bars if hub_was else hub_utils.enable_progress_bars)()
 
 
 # ---------------------------------------------------------------------------- --out

@@ -161,7 +161,7 @@ def test_builtin_limit_property(limit: int, seed: int) -> None:
 def test_stratified_subset_water_filling(sizes: list[int], frac: float, seed: int) -> None:
     """Unbalanced labels: labels not used up differ by at most one, used-up labels never
     hold more than the others."""
-    from blockcoupling.prompts.sources import _stratified_subset
+    from blockcoupling.prompts.subsets import stratified_subset as _stratified_subset
 
     labels = [f"l{j}" for j, size in enumerate(sizes) for _ in range(size)]
     rng_order = sorted(range(len(labels)), key=lambda i: (i * 7919) % len(labels))

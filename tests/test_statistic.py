@@ -38,14 +38,15 @@ def oracle(coupling: pd.DataFrame, *, variant: str, k: int, tokens: str, diagona
         df = df[df["layer_a"] != df["layer_b"]]
     out = {}
     for pid, g in df.groupby("prompt_id"):
-        if tokens == "last":
-            out[pid] = g[g["token_out_a"] == g["token_out_a"].max()]["value"].mean()
+        if tokens in ("last", "first"):
+            end = g["token_out_a"].max() if tokens == "last" else g["token_out_a"].min()
+            out[pid] = g[g["token_out_a"] == end]["value"].mean()
         else:
             out[pid] = g.groupby("token_out_a")["value"].mean().mean()
     return pd.Series(out)
 
 
-@pytest.mark.parametrize("tokens", ["last", "all"])
+@pytest.mark.parametrize("tokens", ["last", "first", "all"])
 @pytest.mark.parametrize("diagonal", [False, True])
 @pytest.mark.parametrize("variant", ["coupling_vs_null", "coupling"])
 def test_statistic_equals_the_stated_rule(multi_token: bc.Measurement, tokens: str,
@@ -141,7 +142,7 @@ def test_k_rules(multi_token: bc.Measurement) -> None:
 
 @pytest.mark.parametrize("kwargs, match", [
     ({"variant": "nope"}, "unknown coupling variant 'nope'"),
-    ({"tokens": "first"}, "unknown token rule 'first'"),
+    ({"tokens": "cls"}, "unknown token rule 'cls'"),
     ({"k": 0}, "K must be a positive integer"),
     ({"k": "d/5"}, "K must be a positive integer"),
     ({"orientation": "uvj"}, "unknown orientation"),

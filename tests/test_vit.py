@@ -396,8 +396,9 @@ def test_small_grid_runs_locally_and_figures(tmp_path: Path) -> None:
         np.testing.assert_array_equal(runs[col], runs[f"{col}_cls"])
         assert runs[f"{col}_last"].notna().all()
     assert set(runs["tokens"]) == {"cls"}
-    doc = json.loads((tmp_path / "grid" / "grid.json").read_text())
-    assert {r["status"] for r in doc["runs"].values()} == {"done"}
+    grid = bc.open_collection(tmp_path / "grid")  # a collection of kind vit-grid
+    assert grid.kind == "vit-grid" and set(grid.catalogue["status"]) == {"done"}
+    assert set(grid.catalogue["label"]) == set(runs["name"])
     # a second call skips every run; another base config is refused
     again = run_grid(base, tmp_path / "grid", drop_paths=(0.0, 0.1), weight_decays=(0.01, 0.1),
                      executor="local", progress=False)
@@ -541,7 +542,8 @@ def test_cli_vit_train_and_figures(tmp_path: Path, trained: Path) -> None:
     res = runner.invoke(app, ["vit-grid", "--out", str(tmp_path / "g"), "--executor", "dask"])
     assert res.exit_code == 1 and "choose ray or local" in res.output
     spec = tmp_path / "grid.yaml"
-    spec.write_text("drop_path: [0.1]\nweight_decay: [0.05]\nexecutor: local\ntrain:\n" + "".join(
+    spec.write_text("kind: vit-grid\ndrop_path: [0.1]\nweight_decay: [0.05]\nexecutor: local\n"
+                    "train:\n" + "".join(
         f"  {k}: {v}\n" for k, v in {**TINY, "epochs": 1, "monitor_every": 0,
                                      "final_images": 1}.items()))
     res = runner.invoke(app, ["-q", "vit-grid", "--spec", str(spec), "--out", str(tmp_path / "g2")])

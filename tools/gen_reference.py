@@ -31,6 +31,9 @@ _SECTIONS: dict[str, str] = {  # module -> heading of the API page
     "blockcoupling.studies.monitor": "Training-time monitoring",
     "blockcoupling.studies.sweep": "Sweeps",
     "blockcoupling.studies.correlate": "Coupling and generalisation",
+    "blockcoupling.studies.model_units": "Coupling and generalisation",
+    "blockcoupling.studies.scores": "Coupling and generalisation",
+    "blockcoupling.studies.regression": "Coupling and generalisation",
     "blockcoupling.studies.vit.train": "The ViT study",
 }
 

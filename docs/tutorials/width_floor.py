@@ -22,7 +22,7 @@ import numpy as np
 
 import blockcoupling as bc
 from blockcoupling.studies import paper_scores
-from blockcoupling.studies.correlate import regression
+from blockcoupling.studies.regression import regression
 
 
 def flat_floor(d: np.ndarray, k: np.ndarray) -> np.ndarray:

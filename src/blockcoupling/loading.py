@@ -48,7 +48,7 @@ HUB_PROBE_TIMEOUT_S = 3.0
 
 
 @contextlib.contextmanager
-def _quiet_transformers(progress: bool) -> Iterator[None]:
+def quiet_transformers(progress: bool) -> Iterator[None]:
     """Silence transformers' warnings (e.g. the load report listing a causal LM's unused
     ``lm_head``: blockcoupling loads the base model on purpose) and, unless ``progress``,
     its weight-loading progress bar; restore both afterwards."""
@@ -65,6 +65,16 @@ def _quiet_transformers(progress: bool) -> Iterator[None]:
         hf_logging.set_verbosity(verbosity)
         if bars:
             hf_logging.enable_progress_bar()
+
+
+def save_model(model: Any, folder: Path, tokenizer: Any = None) -> None:
+    """``save_pretrained`` of ``model`` (and ``tokenizer``) into ``folder`` without
+    transformers' shard-writing bar or chatter (a study saves many checkpoints; its own
+    progress says so)."""
+    with quiet_transformers(progress=False):
+        model.save_pretrained(folder)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(folder)
 
 
 def _offline() -> bool:
@@ -194,7 +204,7 @@ def load_model(name: str, *, revision: str | None = None, dtype: str = "auto",
     qc = quantization_config(quantize)
     if qc is not None:
         dispatch["quantization_config"] = qc
-    with _quiet_transformers(progress):
+    with quiet_transformers(progress):
         return _load(name, revision=revision, dtype=dtype, device=device,
                      trust_remote_code=trust_remote_code, require_tokenizer=require_tokenizer,
                      dispatch=dispatch)

@@ -12,12 +12,14 @@ from __future__ import annotations
 import math
 import numbers
 import re
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from blockcoupling.errors import BlockCouplingError
 
 #: model dtypes ``load_model`` accepts (``loading.MODEL_DTYPES``), without importing torch
 DTYPES = ("auto", "float32", "float16", "bfloat16", "float64")
+T = TypeVar("T")
 _DEVICE_RE = re.compile(r"^(auto|cpu|mps|cuda(:\d+)?)$")
 
 
@@ -89,3 +91,17 @@ def device_name(value: Any, name: str = "device") -> str:
     if not isinstance(value, str) or not _DEVICE_RE.match(value):
         raise OptionError(f"{name} {value!r}: choose auto, cpu, cuda, cuda:N or mps")
     return value
+
+
+def one_value(raw: Any, flag: str, parse: Callable[[str], T]) -> T:
+    """The one value of a list option in a command that uses one: ``--k``, ``--p`` and
+    ``--variant`` take comma-separated lists in every command (``measure --k 10,30``), and a
+    command that uses a single value takes a list of one (``correlate --k 10``)."""
+    parts = [v.strip() for v in str(raw).split(",") if v.strip()]
+    if len(parts) != 1:
+        raise OptionError(f"{flag} {raw}: this command uses one value (e.g. {flag} "
+                          f"{parts[0] if parts else '10'}); lists are for measure")
+    try:
+        return parse(parts[0])
+    except ValueError as err:
+        raise OptionError(f"{flag} {raw}: not a valid value ({err})") from err

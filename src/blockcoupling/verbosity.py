@@ -16,11 +16,14 @@ _RAY_LEVEL = {"quiet": "ERROR", "normal": "WARNING", "verbose": "INFO"}
 _state = {"level": "normal"}
 
 
-def set_verbosity(*, quiet: bool = False, verbose: bool = False) -> None:
+def set_verbosity(*, quiet: bool = False, verbose: bool = False, terminal: bool = True) -> None:
     """``quiet``: only errors from transformers, huggingface_hub, Ray and torch's import-time
     notices, no progress bars;
     ``verbose``: their info messages too; neither: their defaults (as blockcoupling sets
-    them). Environment variables the user set are kept unless a flag asks otherwise."""
+    them). Their progress bars (model loading, saving, downloads) show on a terminal only:
+    ``terminal=False`` (the CLI passes whether stderr is one) turns them off, as the project's
+    own progress turns into plain lines there. Environment variables the user set are kept unless a flag asks
+    otherwise."""
     level = "verbose" if verbose else "quiet" if quiet else "normal"
     _state["level"] = level
     if level == "quiet":
@@ -33,10 +36,16 @@ def set_verbosity(*, quiet: bool = False, verbose: bool = False) -> None:
 
         if level == "quiet":
             hf_logging.set_verbosity_error()
-            hf_logging.disable_progress_bar()
         else:
             hf_logging.set_verbosity_info()
-    if level == "quiet" and "huggingface_hub" in sys.modules:
+    if level != "quiet" and not terminal:  # a log file gets no bars (\r, cursor codes)
+        os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # what the user set stays
+    bars = os.environ.get("HF_HUB_DISABLE_PROGRESS_BARS", "") not in ("1", "true", "yes", "on")
+    if not bars and "transformers" in sys.modules:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
+    if not bars and "huggingface_hub" in sys.modules:
         from huggingface_hub.utils import disable_progress_bars
 
         disable_progress_bars()

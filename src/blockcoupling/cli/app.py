@@ -4,16 +4,20 @@ from __future__ import annotations
 
 import contextlib
 import json
-import math
 import signal
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Annotated, Any, TypeVar
 
 import typer
 from typer.core import TyperCommand, TyperGroup
 
 from blockcoupling.errors import BlockCouplingError
+from blockcoupling.jsonsafe import jsonable
+from blockcoupling.validate import one_value
+
+__all__ = ["JSON_HELP", "STATE", "app", "deprecated", "echo_json", "fail", "guarded",
+           "one_value", "print_plan", "user_errors"]
 
 T = TypeVar("T")
 #: CPUs of a local Ray cluster started by the command (sweep, vit-grid); a Ray task's own CPUs
@@ -125,10 +129,11 @@ def _main(
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bars and no library chatter (model loading, Ray); results and errors are still printed. Also accepted after the command.")] = False,
     version: Annotated[bool, typer.Option("--version", is_eager=True, callback=_version, help="Print the version and exit.")] = False,
 ) -> None:
+    from blockcoupling.progress import interactive
     from blockcoupling.verbosity import set_verbosity
 
     STATE["verbose"], STATE["quiet"] = verbose, quiet
-    set_verbosity(quiet=quiet, verbose=verbose)
+    set_verbosity(quiet=quiet, verbose=verbose, terminal=interactive())
     if not verbose:  # a warning is one line, like an error (-v: Python's own, with the source)
         warnings.showwarning = _warning_line
 
@@ -142,29 +147,18 @@ def _warning_line(message: Warning | str, category: type[Warning], filename: str
 JSON_HELP = "Print the results as JSON on stdout instead of text (errors stay one line on stderr)."
 
 
-def jsonable(obj: Any) -> Any:
-    """``obj`` with NaN / inf as None, numpy / pandas scalars as Python values, tables as lists
-    of records and anything else unknown as its string (for :func:`echo_json`)."""
-    if isinstance(obj, dict):
-        return {str(k): jsonable(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple, set, frozenset)):
-        return [jsonable(v) for v in obj]
-    if hasattr(obj, "to_dict") and hasattr(obj, "columns"):  # a pandas DataFrame
-        return [jsonable(r) for r in obj.to_dict(orient="records")]
-    if hasattr(obj, "item") and callable(obj.item) and getattr(obj, "ndim", 1) == 0:
-        obj = obj.item()  # numpy scalar
-    if obj is None or isinstance(obj, (bool, int, str)):
-        return obj
-    if isinstance(obj, float):
-        return obj if math.isfinite(obj) else None
-    if obj.__class__.__name__ in ("NAType", "NaTType"):
-        return None
-    return str(obj)
-
-
 def echo_json(obj: Any) -> None:
     """Print ``obj`` as indented JSON on stdout (``--json``)."""
     typer.echo(json.dumps(jsonable(obj), indent=1, allow_nan=False))
+
+
+def print_plan(plan: Any, as_json: bool) -> None:
+    """A plan (``--dry-run`` of measure's sweeps and the studies): its ``to_dict()`` as JSON,
+    or its ``describe()``."""
+    if as_json:
+        echo_json(plan.to_dict())
+    else:
+        typer.echo(plan.describe())
 
 
 def deprecated(old: str, old_value: T | None, new: str, new_value: T | None) -> T | None:
@@ -176,20 +170,6 @@ def deprecated(old: str, old_value: T | None, new: str, new_value: T | None) -> 
         raise typer.BadParameter(f"{old} is the old name of {new}; give only {new}")
     typer.echo(f"warning: {old} is deprecated; use {new}", err=True)
     return old_value
-
-
-def one_value(raw: str, flag: str, parse: Callable[[str], T]) -> T:
-    """The one value of a list option in a command that uses one: ``--k``, ``--p`` and
-    ``--variant`` take comma-separated lists in every command (``measure --k 10,30``), and a
-    command that uses a single value takes a list of one (``correlate --k 10``)."""
-    parts = [v.strip() for v in str(raw).split(",") if v.strip()]
-    if len(parts) != 1:
-        raise BlockCouplingError(f"{flag} {raw}: this command uses one value (e.g. {flag} "
-                                 f"{parts[0] if parts else '10'}); lists are for measure")
-    try:
-        return parse(parts[0])
-    except ValueError as err:
-        raise BlockCouplingError(f"{flag} {raw}: not a valid value ({err})") from err
 
 
 class OldJsonForm(TyperCommand):

@@ -13,7 +13,7 @@ from blockcoupling.cli.app import JSON_HELP, OldJsonForm, app, echo_json, one_va
 
 @app.command(cls=OldJsonForm)
 def correlate(
-    inputs: Annotated[list[Path], typer.Argument(help="Run directories (one per model) or a sweep directory.")],
+    inputs: Annotated[list[Path], typer.Argument(help="Run directories (one per model) or a collection (a sweep, monitor or vit-grid directory: one model per done unit).")],
     scores: Annotated[str, typer.Option("--scores", help="CSV (model, score[, params_b, layers, d_model, train_tokens_t, group]), 'paper', or an lm-evaluation-harness results folder.")],
     as_json: Annotated[bool, typer.Option("--json", help=JSON_HELP)] = False,
     json_out: Annotated[Path | None, typer.Option("--json-out", help="Write every statistic as JSON to this file (also accepted: --json FILE.json).")] = None,

@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-import inspect
 import os
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from typer.core import TyperCommand
 
 from blockcoupling.cli.app import JSON_HELP, app, echo_json, guarded, user_errors
 from blockcoupling.cli.app import STATE as _STATE
+from blockcoupling.cli.options import given_options, record_command
 from blockcoupling.errors import BlockCouplingError
 
 
@@ -48,11 +47,8 @@ def measure(
     with guarded(saved=f"finished prompts are saved in {out}",
                  again="continue with the same command and --resume"):
         _check_out(out, resume)
-        # the raw strings of the options that were given go to the one parser
-        # (the MeasureConfig options, given by _ConfigOptionsCommand: field -> raw value)
-        config_options = ctx.meta.get(_CONFIG_KEY, {})
-        cfg = parse_config(None, **{name: value for name, value in config_options.items()
-                                    if value is not None})
+        # the raw strings of the MeasureConfig options that were given go to the one parser
+        cfg = parse_config(None, **given_options(ctx))
         items = load_prompts(prompts, limit=limit, seed=cfg.seed, column=prompt_column, split=split)
         net, tok = load_model(model, revision=revision, dtype=dtype, device=device,
                               trust_remote_code=trust_remote_code, require_tokenizer=True,
@@ -100,63 +96,13 @@ def run_json(run_dir: Path, m: Any, progress: Any) -> dict[str, Any]:
             "statistic": [r for df in stats for r in df.to_dict(orient="records")]}
 
 
-_CONFIG_KEY = "blockcoupling.measure_config_options"
+def _measure_options() -> list[Any]:
+    from blockcoupling.engine.config import measure_options
+
+    return measure_options()
 
 
-class _ConfigOptionsCommand(TyperCommand):
-    """``measure`` with one option per exposed :class:`MeasureConfig` field (from the fields'
-    metadata: flag, help, default). Flags (bool fields) are ``--x/--no-x``; every other option
-    is a raw string (``None`` = not given) that :func:`parse_config` parses.
-
-    The options are added the first time the command's parameters are needed (parsing its
-    arguments or printing its help), not at import: engine/config.py imports torch, and
-    ``blockcoupling --help`` or another command must not pay for it. The parsed values reach
-    ``measure`` through the click context (``ctx.meta[_CONFIG_KEY]``: field -> raw value).
-    """
-
-    _fields: dict[str, str] | None = None  # click parameter name -> MeasureConfig field
-
-    def _load(self) -> dict[str, str]:
-        if self._fields is None:
-            from blockcoupling.engine.config import cli_fields, render_default
-
-            fields: dict[str, str] = {}
-            params: list[inspect.Parameter] = []
-            for name, default, help_, is_flag, flag in cli_fields():
-                pname = flag.removeprefix("--").replace("-", "_")
-                fields[pname] = name
-                if is_flag:
-                    opt = typer.Option(f"{flag}/--no-{flag.removeprefix('--')}", help=help_)
-                    ann: Any = Annotated[bool | None, opt]
-                else:
-                    opt = typer.Option(flag, help=f"{help_} [default: {render_default(name, default)}]")
-                    ann = Annotated[str | None, opt]
-                params.append(inspect.Parameter(pname, inspect.Parameter.KEYWORD_ONLY,
-                                                default=None, annotation=ann))
-
-            def options() -> None:  # typer builds the click options from this signature
-                return None
-
-            options.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
-            options.__annotations__ = {p.name: p.annotation for p in params} | {"return": None}
-            scratch = typer.Typer(add_completion=False)
-            scratch.command()(options)
-            self.params.extend(typer.main.get_command(scratch).params)
-            self._fields = fields
-        return self._fields
-
-    def get_params(self, ctx: Any) -> list[Any]:
-        self._load()
-        return super().get_params(ctx)
-
-    def invoke(self, ctx: Any) -> Any:
-        fields = self._load()
-        ctx.meta[_CONFIG_KEY] = {fields[k]: ctx.params.pop(k) for k in list(ctx.params)
-                                 if k in fields}
-        return super().invoke(ctx)
-
-
-app.command(cls=_ConfigOptionsCommand)(measure)
+app.command(cls=record_command(_measure_options))(measure)
 
 
 def _check_out(out: Path, resume: bool) -> None:
@@ -199,21 +145,20 @@ def _is_vit_dir(path: Path) -> bool:
 
 @app.command()
 def report(
-    run_dirs: Annotated[list[Path], typer.Argument(help="One or more run directories, one sweep directory (emergence report) or one folder of vit-train runs (ViT study).")],
+    run_dirs: Annotated[list[Path], typer.Argument(help="One or more run directories, one collection (a sweep or monitor directory: the emergence report; a vit-grid: the ViT study page) or one folder of vit-train runs.")],
     out: Annotated[Path, typer.Option("--out", "-o", help="HTML file to write.")] = Path("report.html"),
     labels: Annotated[str | None, typer.Option(help="Comma-separated labels, one per run.")] = None,
 ) -> None:
     """Write one self-contained HTML report (plus PNG/SVG/PDF figures) from stored runs."""
     from blockcoupling.report.html import write_report_from_dirs
-    from blockcoupling.studies.sweep.store import is_sweep_dir
+    from blockcoupling.studies.sweep.store import is_collection_dir
 
     with user_errors("cannot write the report"):
-        if len(run_dirs) == 1 and is_sweep_dir(run_dirs[0]):  # a sweep or monitor directory
-            from blockcoupling.report.emergence import write_emergence_report
-            from blockcoupling.studies.sweep.read import open_sweep
+        if len(run_dirs) == 1 and is_collection_dir(run_dirs[0]):  # its manifest says the kind
+            from blockcoupling.studies.collection import open_collection, write_collection_report
 
-            path = write_emergence_report(open_sweep(run_dirs[0]), out)
-        elif len(run_dirs) == 1 and _is_vit_dir(run_dirs[0]):  # vit-train / vit-grid outputs
+            path = write_collection_report(open_collection(run_dirs[0]), out)
+        elif len(run_dirs) == 1 and _is_vit_dir(run_dirs[0]):  # loose vit-train outputs
             from blockcoupling.studies.vit.report import write_vit_report
 
             path = write_vit_report(run_dirs[0], out)

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from blockcoupling.cli.app import JSON_HELP, app, echo_json, guarded
+from blockcoupling.cli.app import JSON_HELP, app, echo_json, guarded, print_plan
 from blockcoupling.cli.app import STATE as _STATE
 
 study_app = typer.Typer(help="Built-in studies that test the paper's claims end to end.",
@@ -21,6 +21,7 @@ def lm_family(
     quick: Annotated[bool, typer.Option("--quick", help="The test-suite's tiny version (about a minute).")] = False,
     runs: Annotated[Path | None, typer.Option("--runs", help="A YAML study spec (runs, k, n_prompts, ...); default: the full family.")] = None,
     executor: Annotated[str, typer.Option("--executor", help="How the checkpoints are measured: local (this process) or ray.")] = "local",
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Check the study spec and print its plan (runs, training steps, checkpoints, the measurement of each, an estimated time); train and write nothing.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help=JSON_HELP)] = False,
 ) -> None:
     """Train a family of tiny LMs, measure every checkpoint, and test whether coupling above
@@ -29,6 +30,12 @@ def lm_family(
 
     with guarded(saved=f"trained checkpoints are cached and measured units kept in {out}"):
         spec = load_study_spec(runs) if runs is not None else None
+        if dry_run:
+            from blockcoupling.studies.lm_study import full_spec, quick_spec
+            from blockcoupling.studies.plans import plan_lm_study
+
+            print_plan(plan_lm_study(spec or (quick_spec() if quick else full_spec())), as_json)
+            return
         result = run_study(out, spec, quick=quick, progress=not _STATE["quiet"],
                            executor=executor)
     if as_json:

@@ -1,4 +1,5 @@
-"""Commands on sweeps: ``sweep`` (run or resume one) and ``sweep-status``."""
+"""Commands on collections: ``sweep`` (run or resume one), ``sweep-status`` (any kind of
+collection) and ``collection upgrade`` (an old layout to the current format)."""
 
 from __future__ import annotations
 
@@ -14,11 +15,12 @@ from blockcoupling.cli.app import (
     deprecated,
     echo_json,
     guarded,
-    jsonable,
+    print_plan,
     user_errors,
 )
 from blockcoupling.cli.app import STATE as _STATE
 from blockcoupling.errors import BlockCouplingError
+from blockcoupling.jsonsafe import jsonable
 
 
 @app.command()
@@ -32,16 +34,31 @@ def sweep(
     num_cpus: Annotated[int | None, typer.Option(hidden=True, help="Deprecated: --cluster-cpus.")] = None,
     retries: Annotated[int | None, typer.Option(help="Ray retries of a unit whose worker died (default: the spec's retries, 3).")] = None,
     connect_timeout: Annotated[float, typer.Option(help="Seconds to reach an existing Ray cluster before giving up (one error line, nothing written).")] = 60.0,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Check the spec, load every unit's model and prompts, and print each unit's plan (prompts, tokens, pairs, Jacobians, memory, an estimated time); write nothing, start no Ray.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help=JSON_HELP)] = False,
 ) -> None:
     """Measure every unit of a sweep (models x revisions/checkpoints x prompt sets) on Ray.
 
-    A ViT grid spec (keys drop_path, weight_decay, train; see vit-grid) runs the
+    A spec with `kind: vit-grid` (keys drop_path, weight_decay, train; see vit-grid) runs the
     drop-path x weight-decay grid instead: one Ray task per training run, finished runs kept."""
     from blockcoupling.studies.sweep import run_sweep
 
     cluster_cpus = deprecated("--num-cpus", num_cpus, "--cluster-cpus", cluster_cpus)
-    if _is_vit_grid_spec(spec):
+    if dry_run:
+        from blockcoupling.studies.plans import plan_grid, plan_sweep
+
+        with user_errors("cannot read the spec"):
+            if _spec_kind(spec) == "vit-grid":
+                from blockcoupling.studies.vit.grid import load_grid_spec
+
+                plan = plan_grid(*load_grid_spec(spec))
+            else:
+                plan = plan_sweep(spec)
+        print_plan(plan, as_json)
+        return
+    with user_errors("cannot read the spec"):
+        kind = _spec_kind(spec)
+    if kind == "vit-grid":
         _vit_grid(spec, out, executor=executor, address=address, as_json=as_json,
                   cluster_cpus=cluster_cpus)
         return
@@ -88,18 +105,20 @@ def _where(out: Path, bare: bool = False) -> str:
     return str(address) if bare else f" on the Ray cluster at {address}"
 
 
-def _is_vit_grid_spec(spec: Path) -> bool:
-    """A YAML mapping with the ViT grid's keys and no ``models`` (cheap: YAML only)."""
+def _spec_kind(spec: Path) -> str:
+    """The collection kind a spec file states (``kind: sweep`` or ``kind: vit-grid``; a spec
+    without ``kind`` is a sweep). Only a spec's own word decides, nothing is guessed."""
+    from blockcoupling.studies.collection import spec_kind
+
     if not spec.is_file() or spec.suffix.lower() not in (".yaml", ".yml"):
-        return False
+        return "sweep"  # run_sweep reads it and says what is wrong
     import yaml
 
     try:
         data = yaml.safe_load(spec.read_text())
     except (yaml.YAMLError, OSError, UnicodeDecodeError):
-        return False  # run_sweep reports it with its own message
-    return (isinstance(data, dict) and "models" not in data
-            and bool({"drop_path", "weight_decay", "train"} & set(data)))
+        return "sweep"  # run_sweep reports it with its own message
+    return spec_kind(data, str(spec))
 
 
 def _vit_grid(spec: Path, out: Path, *, executor: str, address: str | None,
@@ -120,24 +139,26 @@ def _vit_grid(spec: Path, out: Path, *, executor: str, address: str | None,
 
 @app.command("sweep-status")
 def sweep_status_cmd(
-    sweep_dir: Annotated[Path, typer.Argument(help="A sweep (or monitor) directory.")],
+    sweep_dir: Annotated[Path, typer.Argument(help="A collection: a sweep, monitor or vit-grid directory.")],
     as_json: Annotated[bool, typer.Option("--json", help=JSON_HELP)] = False,
 ) -> None:
-    """Done / running / failed units of a sweep, with the failures' messages."""
+    """Done / running / failed units of a collection (sweep, monitor, vit-grid), with the
+    failures' messages and each done unit's headline statistic."""
     from blockcoupling.studies.sweep import sweep_status
 
     with user_errors("cannot read the sweep"):
         st = sweep_status(sweep_dir)
     if as_json:
         counts = {str(k): int(v) for k, v in st["status"].value_counts().items()} if len(st) else {}
-        echo_json({"sweep_dir": str(sweep_dir), "counts": counts, "units": jsonable(st),
+        echo_json({"sweep_dir": str(sweep_dir), "kind": _kind(sweep_dir), "counts": counts,
+                   "units": jsonable(st),
                    **_unit_statistics(sweep_dir, st)})
         return
     if st.empty:
         typer.echo(f"{sweep_dir}: no units yet")
         return
     counts = st["status"].value_counts()
-    typer.echo(f"{sweep_dir}: {len(st)} units: "
+    typer.echo(f"{sweep_dir} ({_kind(sweep_dir)}): {len(st)} units: "
                + ", ".join(f"{n} {s}" for s, n in counts.items()))
     headlines = _unit_headlines(sweep_dir) if (st["status"] == "done").any() else {}
     for r in st.itertuples():
@@ -157,6 +178,35 @@ def sweep_status_cmd(
 
         rule = headline_rule()
         typer.echo(f"  (rule: {rule}; ± is one standard error over prompts)")
+
+
+def _kind(root: Path) -> str:
+    """The collection's kind, from its manifest."""
+    from blockcoupling.studies.sweep.store import load_manifest
+
+    return str(load_manifest(root)["kind"])
+
+
+collection_app = typer.Typer(help="Collections (sweep, monitor, vit-grid directories): one "
+                             "format, read by open_collection.", no_args_is_help=True)
+app.add_typer(collection_app, name="collection")
+
+
+@collection_app.command("upgrade")
+def collection_upgrade(
+    root: Annotated[Path, typer.Argument(help="A ViT grid in the old layout (grid.json, runs/) or a collection of an earlier format.")],
+    as_json: Annotated[bool, typer.Option("--json", help=JSON_HELP)] = False,
+) -> None:
+    """Convert a directory to the current collection format in place (trained runs and
+    measured units are kept, moved not copied); safe to run again."""
+    from blockcoupling.studies.collection import upgrade_collection
+
+    with user_errors("cannot upgrade the collection"):
+        c = upgrade_collection(root)
+    if as_json:
+        echo_json({"root": str(root), "kind": c.kind, "units": jsonable(c.catalogue)})
+    else:
+        typer.echo(f"{root}: a {c.kind} collection of {len(c.catalogue)} units")
 
 
 def _unit_statistics(sweep_dir: Path, st: Any) -> dict[str, Any]:

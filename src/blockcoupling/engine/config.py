@@ -11,9 +11,10 @@ Two steps, kept apart:
   is declared is an error that points to ``parse``. The record only canonicalises order
   (``k`` sorted and de-duplicated, ``p`` as floats) and validates the values.
 
-Each field carries its help text and its CLI flag in ``field(metadata=...)``; the ``measure``
-command builds its options from that metadata (:func:`cli_fields`) and hands the raw strings to
-:meth:`MeasureConfig.parse`, so there is no second list of options to keep in step.
+Each field is declared once with ``blockcoupling.fields.opt``: help text, CLI flag, parser and
+whether it is hashed; the ``measure`` command builds its options from that metadata
+(:func:`measure_options`), a sweep spec's ``measure:`` keys are the field names, and the raw
+values go to :meth:`MeasureConfig.parse`, so there is no second list of options to keep in step.
 
 :meth:`MeasureConfig.config_hash` is the record's identity: a sha256 over a canonical JSON of
 every field that can change a stored number (which fields are in, and why, is in
@@ -30,13 +31,14 @@ import math
 import types
 import typing
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, fields, replace
 from typing import Any, Literal
 
 import torch
 
 from blockcoupling.engine.names import KINDS, METHODS, ORIENTATIONS, VALID_P, VARIANTS
 from blockcoupling.errors import BlockCouplingError
+from blockcoupling.fields import OptionSpec, cli_options, identity, opt, parse_given
 from blockcoupling.hashing import canonical_hash
 
 DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "float64": torch.float64}
@@ -214,11 +216,10 @@ def parse_window(name: str, value: Any) -> tuple[int, int] | None:
 
 def _opt(default: Any, help: str, parse: Callable[[str, Any], Any], *, cli: str | None = None,
          hashed: bool | str = True) -> Any:
-    """A config field: its default, help text, parser, CLI flag (None = not on the CLI) and
-    whether it enters :meth:`MeasureConfig.config_hash` (``"if_set"``: only when not None, so
-    that adding the field kept every earlier hash)."""
-    meta = {"help": help, "parse": parse, "cli": cli, "hashed": hashed}
-    return field(default=default, metadata=meta)
+    """A config field (:func:`blockcoupling.fields.opt`): its default, help text, parser, CLI
+    flag (None = not on the CLI) and whether it enters :meth:`MeasureConfig.config_hash`
+    (``"if_set"``: only when not None, so that adding the field kept every earlier hash)."""
+    return opt(default, help, parse=parse, cli=cli, hashed=hashed)
 
 
 # ---------------------------------------------------------------------------- the record
@@ -411,36 +412,36 @@ class MeasureConfig:
         ``hashed=False`` (``figure_window``, ``figure_prompts``: which already computed K x K
         matrices are kept for figures) are left out; see ``docs/conventions.md``.
         """
-        d = self.to_dict()
-        payload = {"version": HASH_VERSION,
-                   **{f.name: d[f.name] for f in fields(self)
-                      if f.metadata.get("hashed", True) is True
-                      or (f.metadata.get("hashed") == "if_set" and d[f.name] is not None)}}
-        return canonical_hash(payload)
+        return canonical_hash({"version": HASH_VERSION, **identity(self, self.to_dict())})
 
 
 # ---------------------------------------------------------------------------- helpers
 def parse_config(base: MeasureConfig | None = None, **user_values: Any) -> MeasureConfig:
     """Parse user values (CLI strings, Python values) field by field onto ``base`` (or the
-    defaults). Unknown keys are an error that lists the known ones."""
+    defaults). Unknown keys are an error that lists the known ones. A record with nothing
+    given on top is returned as it is (it was validated when it was made: every entry point,
+    ``measure``, ``measure_to_dir``, ``plan_run``, the monitor, parses once)."""
+    if base is not None and not user_values:
+        return base
     by_name = {f.name: f for f in fields(MeasureConfig)}
     unknown = sorted(set(user_values) - set(by_name))
     if unknown:
         raise BlockCouplingError(
             f"unknown measure option(s) {', '.join(unknown)}; known: {', '.join(by_name)}")
-    parsed = {name: by_name[name].metadata["parse"](name, value)
-              for name, value in user_values.items()}
+    parsed = parse_given(MeasureConfig, user_values)
     return replace(base, **parsed) if base is not None else MeasureConfig(**parsed)
 
 
 def cli_fields() -> list[tuple[str, Any, str, bool, str]]:
     """``(field name, default, help, is_flag, --flag)`` of every field exposed on the CLI."""
-    out = []
-    for f in fields(MeasureConfig):
-        if f.metadata.get("cli"):
-            out.append((f.name, f.default, f.metadata["help"], isinstance(f.default, bool),
-                        "--" + f.metadata["cli"]))
-    return out
+    return [(f.name, f.default, f.metadata["help"], isinstance(f.default, bool),
+             "--" + f.metadata["cli"]) for f in fields(MeasureConfig) if f.metadata.get("cli")]
+
+
+def measure_options() -> list[OptionSpec]:
+    """The ``measure`` command's options of this record (raw strings, parsed by
+    :func:`parse_config`; flags for the bool fields), defaults shown as CLI strings."""
+    return cli_options(MeasureConfig, render=render_default)
 
 
 def render_default(name: str, value: Any) -> str:
@@ -507,4 +508,4 @@ def _check_type(name: str, value: Any, tp: Any) -> None:
 
 
 __all__ = ["DTYPES", "KINDS", "METHODS", "ORIENTATIONS", "VARIANTS", "MeasureConfig",
-           "cli_fields", "parse_config", "parse_layers", "parse_tokens", "render_default"]
+           "cli_fields", "measure_options", "parse_config", "parse_layers", "parse_tokens", "render_default"]

@@ -24,7 +24,7 @@ from blockcoupling.engine.blocks import BlockSpec
 from blockcoupling.engine.config import MeasureConfig
 from blockcoupling.engine.names import ORIENTATIONS
 
-__all__ = ["GFLOPS", "MeasurePlan", "PromptWork", "plan_measure", "prompt_work"]
+__all__ = ["GFLOPS", "MeasurePlan", "PromptWork", "duration", "plan_measure", "prompt_work", "span"]
 
 #: the throughput the time estimate assumes (flop/s)
 GFLOPS = 40e9
@@ -105,20 +105,24 @@ class MeasurePlan:
             f"plan for {self.model} ({self.arch}, {'causal' if self.causal else 'bidirectional'}"
             f", {self.num_layers} blocks, d = {self.hidden_size}); nothing is written",
             f"  prompts {self.prompts:,} ({self.tokens:,} tokens, {self.measured_tokens:,} "
-            f"measured), layers {_span(self.layers)}",
+            f"measured), layers {span(self.layers)}",
             f"  coupling pairs: {pairs_txt}; {self.coupling_rows:,} coupling rows",
             f"  Jacobian blocks {self.jacobians:,} (each a top-K SVD) in {self.analysis_dtype}; "
             f"at most {gib:.3g} GiB of Jacobians held at once",
-            f"  estimated time {_duration(self.estimated_seconds)} ({self.estimate})",
+            f"  estimated time {duration(self.estimated_seconds)} ({self.estimate})",
         ])
 
 
-def _span(layers: Sequence[int]) -> str:
+def span(layers: Sequence[int]) -> str:
+    """``1..12`` for a contiguous run, else the numbers listed (``none`` for none)."""
     ls = list(layers)
+    if not ls:
+        return "none"
     return f"{ls[0]}..{ls[-1]}" if ls == list(range(ls[0], ls[-1] + 1)) else ", ".join(map(str, ls))
 
 
-def _duration(s: float) -> str:
+def duration(s: float) -> str:
+    """``about 40 s`` / ``about 12 min`` / ``about 3.5 h``."""
     if s < 90:
         return f"about {s:.0f} s"
     if s < 5400:

@@ -10,6 +10,7 @@ For one model (one ``coupling`` table), one variant and one K:
 1. rows: ``kind == "depth"``, the variant, K, the orientation, and ``p`` for the variants that
    take one (``coupling``, ``miscoupling``);
 2. tokens: ``"last"`` (default, the paper's) keeps each prompt's last measured token;
+   ``"first"`` its first measured token (a ViT's [CLS] where position 0 is measured);
    ``"all"`` keeps every measured token;
 3. layer pairs: ordered pairs l != l' (default) or every pair including l = l'
    (``diagonal=True``, the paper's literal average);
@@ -61,7 +62,7 @@ __all__ = [
 ]
 
 #: how the measured tokens of a prompt enter its value
-TOKEN_RULES: tuple[str, ...] = ("last", "all")
+TOKEN_RULES: tuple[str, ...] = ("last", "first", "all")
 #: the variants a headline states, first the chance-corrected one (the headline), then raw c_K
 HEADLINE_VARIANTS: tuple[str, ...] = ("coupling_vs_null", "coupling")
 #: the K rule of the paper's correlation: K = max(1, round(d / 10)) per model
@@ -123,7 +124,9 @@ class StatisticRule:
         if self.tokens not in TOKEN_RULES:
             raise BlockCouplingError(
                 f"unknown token rule {self.tokens!r}: use 'last' (each prompt's last measured "
-                "token, the paper's) or 'all' (the measured tokens averaged within each prompt)")
+                "token, the paper's), 'first' (its first measured token: a ViT's [CLS] where "
+                "position 0 is measured) or 'all' (the measured tokens averaged within each "
+                "prompt)")
         if self.k is not None and self.k != PAPER_K:
             if isinstance(self.k, bool) or not isinstance(self.k, int | np.integer) or self.k < 1:
                 raise BlockCouplingError(
@@ -165,8 +168,9 @@ class StatisticRule:
         p = f", p = {1.0 if self.p is None else float(self.p):g}" if uses_p else ""
         pairs = "every ordered layer pair (l = l' included)" if self.diagonal else \
             "ordered layer pairs l != l'"
-        tok = ("each prompt's last measured token" if self.tokens == "last"
-               else "the measured tokens averaged within each prompt")
+        tok = {"last": "each prompt's last measured token",
+               "first": "each prompt's first measured token",
+               "all": "the measured tokens averaged within each prompt"}[self.tokens]
         return (f"depth-wise {names} ({kk}{p}, orientation {self.orientation}): mean over "
                 f"prompts of the per-prompt mean over {pairs}, at {tok}; se = sd over prompts "
                 f"/ sqrt(n)" + (f"; {self.ci:.0%} CI: percentile bootstrap over prompts "
@@ -280,9 +284,10 @@ def per_prompt_values(coupling: pd.DataFrame, rule: StatisticRule, *, k: int,
     if sel.empty:
         raise BlockCouplingError(f"{where}: no depth-wise {rule.variant} rows at K = {k}")
     sel = sel.assign(chance=_chance_rows(coupling, sel, rule, k))
-    if rule.tokens == "last":
-        last = sel.groupby("prompt_id", sort=False)["token_out_a"].transform("max")
-        sel = sel[sel["token_out_a"] == last]
+    if rule.tokens in ("last", "first"):
+        end = sel.groupby("prompt_id", sort=False)["token_out_a"].transform(
+            "max" if rule.tokens == "last" else "min")
+        sel = sel[sel["token_out_a"] == end]
     if not rule.diagonal:
         sel = sel[sel["layer_a"] != sel["layer_b"]]
         if sel.empty:

@@ -1,7 +1,8 @@
 """Emergence figures from a sweep (or a training monitor): coupling across training.
 
 As in the paper (fig. 1b-e), from any :class:`Collection` of runs (a
-:class:`~blockcoupling.studies.sweep.Sweep` or a monitor directory opened by ``open_sweep``;
+:class:`~blockcoupling.studies.sweep.Sweep`: a sweep or monitor collection opened by
+``open_collection``;
 the report layer imports nothing from the studies):
 
 1. :func:`plot_coupling_vs_step` - mean depth-wise coupling against the training step, one
@@ -15,7 +16,8 @@ the report layer imports nothing from the studies):
 
 Values come from :meth:`Collection.summary` (units with duplicate weights counted once).
 :func:`write_emergence_report` writes them as one self-contained HTML file with the unit
-catalogue; ``blockcoupling report SWEEP_DIR --out x.html`` calls it on ``open_sweep(SWEEP_DIR)``.
+catalogue; ``blockcoupling report DIR --out x.html`` calls it on ``open_collection(DIR)`` for a
+sweep or monitor (a vit-grid gets the ViT study's page).
 """
 
 from __future__ import annotations

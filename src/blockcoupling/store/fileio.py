@@ -22,12 +22,15 @@ import contextlib
 import errno
 import fcntl
 import hashlib
+import json
 import os
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from blockcoupling.errors import RunDirError
+from blockcoupling.jsonsafe import jsonable
 
 TMP_PREFIX = ".tmp-"
 LOCK = ".lock"
@@ -90,6 +93,15 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
 def atomic_write_text(path: Path, text: str) -> None:
     """:func:`atomic_write_bytes` of ``text`` in UTF-8."""
     atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def write_json(path: str | Path, data: Any) -> Path:
+    """``data`` made JSON-safe (``blockcoupling.jsonsafe``: NaN -> null) and written
+    atomically to ``path`` as indented JSON, its folders made; returns the path."""
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(out, json.dumps(jsonable(data), indent=1, allow_nan=False) + "\n")
+    return out
 
 
 def _remove(path: Path) -> None:

@@ -12,18 +12,16 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
-import math
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pandas as pd
-import torch
 
 from blockcoupling.engine.config import MeasureConfig
 from blockcoupling.errors import BlockCouplingError, RunDirError
 from blockcoupling.hashing import canonical_hash
+from blockcoupling.jsonsafe import jsonable as _jsonable
 from blockcoupling.store.fileio import atomic_write_bytes
 from blockcoupling.store.fingerprint import library_versions
 
@@ -50,28 +48,9 @@ def now() -> str:
 
 
 def jsonable(obj: Any) -> Any:
-    """A JSON-safe copy of ``obj`` (dtypes, paths, numpy values and tuples become plain data;
-    non-finite floats become the strings "inf", "-inf", "nan")."""
-    if isinstance(obj, Mapping):
-        return {str(k): jsonable(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple, set, frozenset)):
-        items = sorted(obj, key=str) if isinstance(obj, (set, frozenset)) else obj
-        return [jsonable(v) for v in items]
-    if isinstance(obj, np.ndarray):
-        return jsonable(obj.tolist())
-    if isinstance(obj, np.generic):
-        return jsonable(obj.item())
-    if obj is None or isinstance(obj, (bool, int, str)):
-        return obj
-    if isinstance(obj, float):
-        if math.isfinite(obj):
-            return obj
-        return "nan" if math.isnan(obj) else ("inf" if obj > 0 else "-inf")
-    if isinstance(obj, torch.dtype):
-        return str(obj).removeprefix("torch.")
-    if obj is pd.NA:
-        return None
-    return str(obj)
+    """A JSON-safe copy of ``obj`` for a manifest (``blockcoupling.jsonsafe``), keeping
+    non-finite floats as the strings "inf", "-inf", "nan"."""
+    return _jsonable(obj, nonfinite="string")
 
 
 # ---------------------------------------------------------------------------- seal

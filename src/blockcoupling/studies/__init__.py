@@ -17,8 +17,8 @@ from blockcoupling import lazy
 #: be a submodule's (``correlate`` the function is ``blockcoupling.studies.correlate.correlate``).
 _EXPORTS: dict[str, tuple[str, ...]] = {
     "blockcoupling.studies.monitor": ("CouplingCallback", "CouplingMonitor"),
-    "blockcoupling.studies.sweep": ("Sweep", "SweepSpec", "load_spec", "open_sweep", "run_sweep",
-                                    "sweep_status"),
+    "blockcoupling.studies.sweep": ("Sweep", "SweepSpec", "load_spec", "open_collection",
+                                    "open_sweep", "run_sweep", "sweep_status"),
     # (the function correlate and chance_floor stay in their modules: a package attribute of
     # the same name as a submodule would shadow it, e.g. `from blockcoupling.studies import
     # correlate` would give the function or the module depending on import order)
@@ -39,6 +39,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ do
         Sweep,
         SweepSpec,
         load_spec,
+        open_collection,
         open_sweep,
         run_sweep,
         sweep_status,
@@ -63,6 +64,7 @@ __all__ = [
     "SweepSpec",
     "VitTrainConfig",
     "load_spec",
+    "open_collection",
     "open_sweep",
     "paper_scores",
     "run_demo",

@@ -18,13 +18,10 @@ import pandas as pd
 
 from blockcoupling.engine.statistic import FLOOR_NOTE, PAPER_K, flat_chance, paper_k
 from blockcoupling.errors import BlockCouplingError
-from blockcoupling.studies.correlate import (
-    MIN_MODELS,
-    _jsonable,
-    read_scores,
-    regression,
-    write_json,
-)
+from blockcoupling.jsonsafe import jsonable
+from blockcoupling.store.fileio import write_json
+from blockcoupling.studies.regression import MIN_MODELS, regression
+from blockcoupling.studies.scores import read_scores
 
 __all__ = ["ChanceFloorResult", "chance_floor", "parse_k_rule"]
 
@@ -58,7 +55,7 @@ class ChanceFloorResult:
         cols = [c for c in ("model", "name", "group", "d_model", "k", "floor", "score")
                 if c in self.table.columns]
         rows = self.table[cols].astype(object).where(self.table[cols].notna(), None)
-        return _jsonable({
+        return jsonable({
             "statistic": {"floor": "flat-spectrum chance level of raw c_K (p = 1): "
                           "1 - sqrt(1/d + 1/K)", "k_rule": self.k_rule},
             "note": FLOOR_NOTE, "scores": self.scores_source, "n_models": len(self.table),

@@ -283,6 +283,13 @@ def _tiny_config(spec: StudySpec, run: StudyRun) -> TinyLMConfig:
                         seed=run.seed)
 
 
+def study_measure(spec: StudySpec) -> dict[str, Any]:
+    """What every checkpoint's measurement is (the sweep's ``measure:``): depth-wise, last
+    token, one K, raw c_K and coupling_vs_null."""
+    return {"coupling": ["depth"], "k": [spec.k], "tokens": "last", "p": [1],
+            "variants": ["coupling", "coupling_vs_null"], "orientations": ["ujv"]}
+
+
 def _plateau(losses: Mapping[int, float], tol: float) -> dict[str, Any]:
     """The plateau criterion: relative improvement of the held-out loss from the checkpoint
     nearest half the final step to the final step below ``tol``."""
@@ -303,7 +310,7 @@ def _one_sided(p_two: float, stat: float) -> float:
 def _tests(models: pd.DataFrame, emergence: pd.DataFrame, alpha: float) -> dict[str, Any]:
     import scipy.stats as st
 
-    from blockcoupling.studies.correlate import partial_correlation, regression
+    from blockcoupling.studies.regression import partial_correlation, regression
 
     controls = ["log_params", "log_d_model", "log_train_tokens"]
     out: dict[str, Any] = {"alpha": alpha, "predictors": {}}
@@ -420,7 +427,7 @@ class StudyResult:
 
     def to_dict(self) -> dict[str, Any]:
         from blockcoupling.engine.statistic import StatisticRule, headline_rule
-        from blockcoupling.studies.correlate import _jsonable
+        from blockcoupling.jsonsafe import jsonable
 
         models = []
         for r in self.models.to_dict("records"):
@@ -429,7 +436,7 @@ class StudyResult:
         emergence = {rid: g.drop(columns=["run_id"]).to_dict("records")
                      for rid, g in self.emergence.groupby("run_id", sort=False)}
         rule = StatisticRule(k=self.spec.k, n_boot=0)
-        return _jsonable({
+        return jsonable({
             "study": "lm-family", "hypotheses": HYPOTHESES, "spec": self.spec.to_dict(),
             "statistic": rule.to_dict(self.spec.k) | {"description": headline_rule(
                 k=self.spec.k)},
@@ -479,9 +486,7 @@ def run_study(out: str | Path, spec: StudySpec | None = None, *, quick: bool = F
     sweep_spec = {"name": "lm-study",
                   "models": [{"label": rid, "checkpoints": p} for rid, p in paths.items()],
                   "prompts": [str(out / "prompts.txt")],
-                  "measure": {"coupling": ["depth"], "k": [spec.k], "tokens": "last",
-                              "p": [1], "variants": ["coupling", "coupling_vs_null"],
-                              "orientations": ["ujv"]}}
+                  "measure": study_measure(spec)}
     root = out / "sweep"
     from blockcoupling.studies.sweep import is_sweep_dir
 
@@ -543,7 +548,7 @@ def run_study(out: str | Path, spec: StudySpec | None = None, *, quick: bool = F
     result = StudyResult(spec=spec, models=mt, emergence=em, tests=tests, statement=statement,
                          noise_floor=noise, reproducibility=_versions(), seconds=seconds,
                          out=out)
-    from blockcoupling.studies.correlate import write_json
+    from blockcoupling.store.fileio import write_json
 
     write_json(out / "study.json", result.to_dict())
     write_study_page(result, out / "study.html")

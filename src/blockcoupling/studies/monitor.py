@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import glob
 import json
 import math
 import os
@@ -49,7 +50,7 @@ from blockcoupling.engine.state import preserved
 from blockcoupling.errors import BlockCouplingError
 from blockcoupling.hashing import canonical_hash
 from blockcoupling.studies.sweep import store
-from blockcoupling.studies.sweep.units import Unit, config_hash
+from blockcoupling.studies.sweep.units import Unit, collection_unit_id, config_hash
 
 
 def _prompt_items(prompts: Any, limit: int | None, seed: int) -> tuple[list[Any], str]:
@@ -187,7 +188,9 @@ class CouplingMonitor:
                                                             default=str))}}
         rebuilt = None
         if not store.is_sweep_dir(self.root) or not _readable(self.root):
-            mine = {p.stem for p in (self.root / store.STATUS).glob(f"{self.label}-step*.json")}
+            slug = self.unit(0).unit_id.rsplit("-step0-", 1)[0]  # the rule's slug of the label
+            mine = {p.stem for label in {slug, self.label}
+                    for p in (self.root / store.STATUS).glob(f"{glob.escape(label)}-step*.json")}
             rebuilt = store.rebuilt_manifest(self.root, "monitor", spec, mine)
         if rebuilt is not None:  # lost or corrupt: rebuilt from the status files
             manifest = rebuilt
@@ -210,10 +213,13 @@ class CouplingMonitor:
 
     def unit(self, step: int) -> Unit:
         """The unit of one measured step (its id is stable across re-runs)."""
-        digest = canonical_hash([self.label, int(step), self.prompt_set, self._hash]
-                                + ([sorted(self._inputs.items())] if self._inputs else []),
-                                digits=12, compact=False, strict=False)
-        return Unit(unit_id=f"{self.label}-step{int(step)}-{digest}", label=self.label,
+        identity = ([self.label, int(step), self.prompt_set, self._hash]
+                    + ([sorted(self._inputs.items())] if self._inputs else []))
+        uid = collection_unit_id([(self.label, 64), (f"step{int(step)}", 24)], identity)
+        earlier = f"{self.label}-step{int(step)}-{uid.rsplit('-', 1)[1]}"  # before the rule:
+        if earlier != uid and store.status_path(self.root, earlier).is_file():  # label as is
+            uid = earlier  # a directory written then keeps its ids (its steps are not redone)
+        return Unit(unit_id=uid, label=self.label,
                     model=self.label, revision=None, step=int(step),
                     prompt_set=self.prompt_set, limit=None, config=self.config.to_dict(),
                     config_hash=self._hash, inputs=dict(self._inputs))

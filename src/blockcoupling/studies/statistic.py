@@ -2,7 +2,7 @@
 
 The rule itself lives in :mod:`blockcoupling.engine.statistic` (pure pandas over a
 ``coupling`` table); this module only finds the tables: a :class:`Measurement`, a run
-directory, a sweep/monitor directory or an open :class:`Sweep`, and puts each run's or unit's
+directory, a collection (sweep, monitor or vit-grid directory) or an open :class:`Sweep`, and puts each run's or unit's
 names (label, model, revision, step; unit_id for collections) in front of its rows.
 """
 
@@ -49,7 +49,7 @@ def _variants(variant: str | Sequence[str] | None) -> tuple[str, ...]:
 def coupling_statistic(source: Measurement | str | os.PathLike[str] | Any, *,
                        variant: str | Sequence[str] | None = None,
                        k: KSpec | Sequence[int] = None, p: float | None = 1.0,
-                       orientation: str = "ujv", tokens: str = "last", diagonal: bool = False,
+                       orientation: str = "ujv", tokens: str | None = None, diagonal: bool = False,
                        n_boot: int = DEFAULT_N_BOOT, seed: int = 0, ci: float = DEFAULT_CI,
                        include_duplicates: bool = False) -> pd.DataFrame:
     """The headline statistic, one row per run or collection unit and per variant and K.
@@ -58,13 +58,15 @@ def coupling_statistic(source: Measurement | str | os.PathLike[str] | Any, *,
     open :class:`~blockcoupling.studies.sweep.Sweep`. ``variant``: one name or a list (default:
     ``coupling_vs_null`` then ``coupling``); ``k``: None (the smallest measured K, the same for
     every unit of a collection), ``"d/10"`` (round(d/10) per model, the paper's), an int or a
-    list; ``tokens``: ``"last"`` (the paper's) or ``"all"``; ``diagonal=True`` includes l = l'.
+    list; ``tokens``: ``"last"`` (the paper's), ``"first"`` or ``"all"`` (None: ``"last"``, or a
+    collection's own rule, e.g. a ViT grid's [CLS]); ``diagonal=True`` includes l = l'.
     Columns: the names of the run/unit, then ``variant, k, p, orientation, tokens, diagonal,
     d_model, n_prompts, mean, se, ci_low, ci_high, chance, rule`` (docs/conventions.md)."""
     opts: dict[str, Any] = dict(variants=_variants(variant), k=k, p=p, orientation=orientation, tokens=tokens,
                 diagonal=diagonal, n_boot=n_boot, seed=seed, ci=ci)
+    run_opts = {**opts, "tokens": opts["tokens"] or "last"}
     if isinstance(source, Measurement):
-        return _with_names(source.coupling_statistic(**opts), run_names(source.meta))
+        return _with_names(source.coupling_statistic(**run_opts), run_names(source.meta))
     if hasattr(source, "coupling_statistic") and hasattr(source, "catalogue"):
         return source.coupling_statistic(**opts, include_duplicates=include_duplicates)
     if isinstance(source, str | os.PathLike):
@@ -73,15 +75,16 @@ def coupling_statistic(source: Measurement | str | os.PathLike[str] | Any, *,
 
         if is_run_dir(path):
             m = open_run(path)
-            return _with_names(m.coupling_statistic(**opts), run_names(m.meta, path.name))
-        from blockcoupling.studies.sweep import is_sweep_dir, open_sweep
+            return _with_names(m.coupling_statistic(**run_opts), run_names(m.meta, path.name))
+        from blockcoupling.studies.sweep import is_collection_dir, open_collection
 
-        if is_sweep_dir(path):
-            return open_sweep(path).coupling_statistic(**opts,
-                                                       include_duplicates=include_duplicates)
+        if is_collection_dir(path):  # any kind: sweep, monitor, vit-grid
+            return open_collection(path).coupling_statistic(
+                **opts, include_duplicates=include_duplicates)
         raise BlockCouplingError(
-            f"{path} is neither a run directory nor a sweep/monitor directory: give the folder "
-            "`blockcoupling measure --out` or `blockcoupling sweep --out` wrote")
+            f"{path} is neither a run directory nor a collection (sweep, monitor or vit-grid "
+            "directory): give the folder `blockcoupling measure --out`, `blockcoupling sweep "
+            "--out` or `blockcoupling vit-grid --out` wrote")
     raise BlockCouplingError(
         f"coupling_statistic takes a Measurement, a run directory, a sweep directory or a "
         f"Sweep, not {type(source).__name__}")

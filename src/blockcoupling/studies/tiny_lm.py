@@ -35,6 +35,7 @@ import torch.nn.functional as F
 
 from blockcoupling.errors import BlockCouplingError
 from blockcoupling.hashing import canonical_hash
+from blockcoupling.loading import save_model
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase, PreTrainedTokenizerFast
@@ -393,8 +394,7 @@ def _train_and_save(cfg: TinyLMConfig, target: Path, progress: bool,
                     val_loss = float(_lm_loss(model, val_chunk))
                 model.train()
                 path = target / checkpoint_name(step)
-                model.save_pretrained(path)
-                tokenizer.save_pretrained(path)
+                save_model(model, path, tokenizer)
                 log["checkpoints"][str(step)] = {
                     "val_loss": val_loss,
                     "train_loss": None if step == 0 else last_loss,

@@ -6,17 +6,19 @@ on Ray (default) or in this process, read back as one set of tables.
 >>> s = bc.open_sweep("sweeps/pythia"); s.summary()           # doctest: +SKIP
 
 Modules: :mod:`.spec` (the YAML spec), :mod:`.units` (expansion, unit ids, checkpoints),
-:mod:`.store` (the sweep directory), :mod:`.runner` (executors), :mod:`.read` (open_sweep).
+:mod:`.store` (the sweep directory), :mod:`.runner` (executors), :mod:`.read` (open_collection, alias open_sweep: the reader
+of every kind of collection: sweep, monitor, vit-grid).
 """
 
-from blockcoupling.studies.sweep.read import Sweep, open_sweep, sweep_status
+from blockcoupling.studies.sweep.read import Sweep, open_collection, open_sweep, sweep_status
 from blockcoupling.studies.sweep.runner import EXECUTORS, SweepError, run_sweep, run_unit, start_ray
 from blockcoupling.studies.sweep.spec import ModelSpec, SpecError, SweepSpec, load_spec, parse_spec
-from blockcoupling.studies.sweep.store import is_sweep_dir
+from blockcoupling.studies.sweep.store import KINDS, is_collection_dir, is_sweep_dir
 from blockcoupling.studies.sweep.units import Unit, discover_checkpoints, expand, parse_step
 
 __all__ = [
     "EXECUTORS",
+    "KINDS",
     "ModelSpec",
     "SpecError",
     "Sweep",
@@ -25,8 +27,10 @@ __all__ = [
     "Unit",
     "discover_checkpoints",
     "expand",
+    "is_collection_dir",
     "is_sweep_dir",
     "load_spec",
+    "open_collection",
     "open_sweep",
     "parse_spec",
     "parse_step",

@@ -1,4 +1,7 @@
-"""Reading a sweep: :func:`open_sweep` -> :class:`Sweep`, tables across units via DuckDB.
+"""Reading a collection (a sweep, a monitor directory, a ViT grid): :func:`open_collection`
+(alias :func:`open_sweep`) -> :class:`Sweep`, tables across units via DuckDB. The one reader of
+every kind: the manifest says the kind (``Sweep.kind``), the units' run directories come from
+the catalogue.
 
 Nothing is loaded until asked for: :meth:`Sweep.table` runs one DuckDB query over the Parquet
 tables of every finished unit (``read_parquet`` of the files, joined with the catalogue), so
@@ -58,15 +61,32 @@ def _sql_str(s: str) -> str:
 
 
 class Sweep:
-    """A sweep (or monitor) directory, finished or not. Tables hold the rows of the units
-    that are ``done``, with the unit columns ``unit_id, label, model, revision, step,
-    prompt_set`` in front."""
+    """A collection directory of any kind (sweep, monitor, vit-grid), finished or not.
+    Tables hold the rows of the units that are ``done``, with the unit columns ``unit_id,
+    label, model, revision, step, prompt_set`` in front."""
 
     def __init__(self, root: Path) -> None:
         self.root = root
         self.manifest = store.load_manifest(root)
         self.catalogue: pd.DataFrame = store.catalogue(root, self.manifest)
         self._verified = False
+
+    @property
+    def default_tokens(self) -> str:
+        """The token rule of this collection's headline: a ViT grid's own choice of its
+        training config (``--tokens cls``: ``"first"``, position 0; ``last``; ``all``), else
+        ``"last"`` (the paper's)."""
+        if self.kind == "vit-grid":
+            from blockcoupling.studies.vit.train import STATISTIC_TOKENS
+
+            base = ((self.manifest.get("spec") or {}).get("vit-grid") or {}).get("base") or {}
+            return STATISTIC_TOKENS.get(str(base.get("tokens", "cls")), "last")
+        return "last"
+
+    @property
+    def kind(self) -> str:
+        """The collection's kind, as its manifest records it: sweep, monitor or vit-grid."""
+        return str(self.manifest["kind"])
 
     def verify(self) -> None:
         """Check every done unit's run directory as ``open_run`` does (sealed manifest,
@@ -87,7 +107,8 @@ class Sweep:
 
     def __repr__(self) -> str:
         counts = self.catalogue["status"].value_counts().to_dict() if len(self.catalogue) else {}
-        return f"Sweep({str(self.root)!r}, units={len(self.catalogue)}, {counts})"
+        return (f"Sweep({str(self.root)!r}, kind={self.kind}, units={len(self.catalogue)}, "
+                f"{counts})")
 
     # ------------------------------------------------------------------ units
     @property
@@ -99,10 +120,12 @@ class Sweep:
         return self.catalogue[self.catalogue["status"] == "done"]
 
     def run_dir(self, unit_id: str) -> Path:
-        if unit_id not in set(self.catalogue["unit_id"]):
+        """The unit's run directory (``units/<id>``; a vit-grid unit's ``units/<id>/<run>``)."""
+        at = self.catalogue["unit_id"] == unit_id
+        if not at.any():
             raise BlockCouplingError(f"no unit {unit_id!r} in {self.root}; see "
                                      "`blockcoupling sweep-status` for the unit ids")
-        return store.unit_dir(self.root, unit_id)
+        return self.root / str(self.catalogue.loc[at, "run_dir"].iloc[0])
 
     def open_unit(self, unit_id: str) -> Any:
         """The unit's :class:`~blockcoupling.engine.results.Measurement` (``open_run``)."""
@@ -126,13 +149,13 @@ class Sweep:
         cat["_unit_order"] = range(len(cat))
         con.register("units", cat)
         for name in TABLES:
-            files = [str((self.root / rd / f"{name}.parquet").resolve())
-                     for rd in done["run_dir"]]
-            files = [f for f in files if Path(f).is_file()]
-            if not files:
+            pairs = [(str((self.root / rd / f"{name}.parquet").resolve()), str(uid))
+                     for rd, uid in zip(done["run_dir"], done["unit_id"], strict=True)]
+            pairs = [(f, uid) for f, uid in pairs if Path(f).is_file()]
+            if not pairs:
                 continue
-            file_map = pd.DataFrame({"_file": files,
-                                     "_unit": [Path(f).parent.name for f in files]})
+            files = [f for f, _ in pairs]
+            file_map = pd.DataFrame({"_file": files, "_unit": [uid for _, uid in pairs]})
             con.register(f"_files_{name}", file_map)
             flist = ", ".join(_sql_str(f) for f in files)
             drop = ", ".join(["filename", "file_row_number", *unit_columns_in(files, name)])
@@ -201,14 +224,16 @@ class Sweep:
     # ------------------------------------------------------------------ statistic
     def coupling_statistic(self, *, variants: Sequence[str] = HEADLINE_VARIANTS,
                            k: KSpec | Sequence[int] = None, p: float | None = 1.0,
-                           orientation: str = "ujv", tokens: str = "last",
+                           orientation: str = "ujv", tokens: str | None = None,
                            diagonal: bool = False, n_boot: int = DEFAULT_N_BOOT, seed: int = 0,
                            ci: float = DEFAULT_CI, include_duplicates: bool = False,
                            allow_mixed_k: bool = False) -> pd.DataFrame:
         """The headline statistic (``engine.statistic``) of every done unit: the unit
         columns, then one row per variant and K. ``k=None`` is the smallest measured K, which
         must be the same for every unit (a sweep with mixed K is refused: pass ``k``) unless
-        ``allow_mixed_k`` (each unit's own smallest K, as :meth:`summary` shows them)."""
+        ``allow_mixed_k`` (each unit's own smallest K, as :meth:`summary` shows them).
+        ``tokens=None`` is the collection's own (:attr:`default_tokens`)."""
+        tokens = self.default_tokens if tokens is None else tokens
         done = self.done()
         if not include_duplicates:
             done = done[done["duplicate_of"].isna()]
@@ -250,7 +275,7 @@ class Sweep:
 
     # ------------------------------------------------------------------ summary
     def summary(self, *, k: KSpec = None, p: float = 1.0, orientation: str = "ujv",
-                tokens: str = "last", diagonal: bool = False,
+                tokens: str | None = None, diagonal: bool = False,
                 include_duplicates: bool = False) -> pd.DataFrame:
         """Per done unit: the headline statistic (:meth:`coupling_statistic`) in wide form,
         ``coupling_vs_null_mean, coupling_vs_null_se, coupling_mean, coupling_se,
@@ -321,9 +346,15 @@ def _unit_types(df: pd.DataFrame) -> pd.DataFrame:
     return df
 
 
-def open_sweep(path: str | os.PathLike[str]) -> Sweep:
-    """Open a sweep or monitor directory (finished, running or interrupted)."""
+def open_collection(path: str | os.PathLike[str]) -> Sweep:
+    """Open a collection of any kind (a sweep, a monitor directory, a ViT grid: finished,
+    running or interrupted); ``.kind`` says which. The old ViT grid layout is one line
+    saying how to convert it."""
     return Sweep(Path(path))
+
+
+open_sweep = open_collection
+"""The earlier name of :func:`open_collection` (kept): opens a collection of any kind."""
 
 
 def sweep_status(path: str | os.PathLike[str]) -> pd.DataFrame:

@@ -52,8 +52,6 @@ def run_unit(unit: Unit | Mapping[str, Any], root: str | os.PathLike[str]) -> di
     """Measure one unit into ``root/units/<unit_id>`` and record its status; returns the
     status record. Never raises for a failing unit (it is recorded as ``failed``)."""
     from blockcoupling.engine.config import MeasureConfig
-    from blockcoupling.loading import load_model
-    from blockcoupling.prompts.sources import Prompt, load_prompts
     from blockcoupling.store.record import measure_to_dir
     from blockcoupling.store.rundir import is_run_dir, open_run
 
@@ -73,17 +71,7 @@ def run_unit(unit: Unit | Mapping[str, Any], root: str | os.PathLike[str]) -> di
             if changed:
                 raise SweepError(f"an input changed while the sweep ran ({'; '.join(changed)});"
                                  " restore it and resume, or start a new sweep with --out")
-            prompts: list[str] | list[Prompt]
-            if u.prompt_texts:  # an inline set: ids p00000, p00001, ... (limit: the first N)
-                prompts = list(u.prompt_texts)[: u.limit] if u.limit else list(u.prompt_texts)
-            else:
-                prompts = load_prompts(u.prompt_set, limit=u.limit, seed=cfg.seed)
-            model, tok = load_model(u.model, revision=u.revision, dtype=u.dtype, device=u.device,
-                                    trust_remote_code=u.trust_remote_code,
-                                    device_map=u.loading.get("device_map"),
-                                    max_memory=u.loading.get("max_memory"),
-                                    offload_folder=u.loading.get("offload_folder"),
-                                    quantize=u.loading.get("quantize"))
+            model, tok, prompts = load_unit(u, cfg)
             meta = {"model": u.model, "revision": u.revision, "label": u.label, "step": u.step,
                     "unit_id": u.unit_id, "prompt_set": u.prompt_set}
             m = _measure_waiting_for_lock(
@@ -107,6 +95,26 @@ def run_unit(unit: Unit | Mapping[str, Any], root: str | os.PathLike[str]) -> di
     return store.write_status(rootp, u, "done", message=None, finished=store.now(),
                               seconds=time.perf_counter() - t0,
                               weights_hash=m.meta.get("weights_hash"), n_prompts=len(m.prompts))
+
+
+def load_unit(u: Unit, cfg: Any) -> tuple[Any, Any, list[Any]]:
+    """(model, tokenizer, prompts) of a unit, as its measurement (and ``sweep --dry-run``'s
+    plan) loads them."""
+    from blockcoupling.loading import load_model
+    from blockcoupling.prompts.sources import Prompt, load_prompts
+
+    prompts: list[str] | list[Prompt]
+    if u.prompt_texts:  # an inline set: ids p00000, p00001, ... (limit: the first N)
+        prompts = list(u.prompt_texts)[: u.limit] if u.limit else list(u.prompt_texts)
+    else:
+        prompts = load_prompts(u.prompt_set, limit=u.limit, seed=cfg.seed)
+    model, tok = load_model(u.model, revision=u.revision, dtype=u.dtype, device=u.device,
+                            trust_remote_code=u.trust_remote_code,
+                            device_map=u.loading.get("device_map"),
+                            max_memory=u.loading.get("max_memory"),
+                            offload_folder=u.loading.get("offload_folder"),
+                            quantize=u.loading.get("quantize"))
+    return model, tok, list(prompts)
 
 
 def _complete(run_dir: Path) -> bool:

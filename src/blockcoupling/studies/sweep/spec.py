@@ -30,15 +30,15 @@ from typing import Any
 from blockcoupling import validate
 from blockcoupling.engine.config import MeasureConfig
 from blockcoupling.errors import BlockCouplingError
+from blockcoupling.fields import check_fields, from_mapping, opt
 
 # how a model is loaded beyond dtype/device (loading.load_model): accelerate dispatch, offload
 # and quantization; top-level defaults, per-model overrides
 LOADING_KEYS = ("device_map", "max_memory", "offload_folder", "quantize")
-TOP_KEYS = ("models", "prompts", "limit", "seed", "measure", "resources", "dtype", "device",
-            "retries", "name", *LOADING_KEYS)
+TOP_KEYS = ("kind", "models", "prompts", "limit", "seed", "measure", "resources", "dtype",
+            "device", "retries", "name", *LOADING_KEYS)
 MODEL_KEYS = ("label", "model", "revisions", "steps", "checkpoints", "dtype", "device",
               "resources", "trust_remote_code", *LOADING_KEYS)
-RESOURCE_KEYS = ("num_cpus", "num_gpus")
 # MeasureConfig fields a spec may not set: the sweep chooses them itself.
 _MEASURE_FORBIDDEN: tuple[str, ...] = ("extra",)
 
@@ -47,12 +47,26 @@ class SpecError(BlockCouplingError):
     """The sweep specification is invalid (the message names the key and the fix)."""
 
 
+def _checked(record: Any, prefix: str = "") -> None:
+    """The record's field rules (``blockcoupling.fields``), a failure as a :class:`SpecError`."""
+    try:
+        check_fields(record, prefix=prefix, dashes=False)
+    except validate.OptionError as err:
+        raise SpecError(str(err)) from err
+
+
 @dataclass(frozen=True)
 class Resources:
     """What one unit asks the executor for (Ray: the task's ``num_cpus`` / ``num_gpus``)."""
 
-    num_cpus: float = 1.0
-    num_gpus: float = 0.0
+    num_cpus: float = opt(1.0, "CPUs of the unit's Ray task.", check=(validate.number, {"minimum": 0}))
+    num_gpus: float = opt(0.0, "GPUs of the unit's Ray task.", check=(validate.number, {"minimum": 0}))
+
+    def __post_init__(self) -> None:
+        _checked(self, "resources.")
+
+
+RESOURCE_KEYS = tuple(f.name for f in dataclasses.fields(Resources))
 
 
 @dataclass(frozen=True)
@@ -78,12 +92,20 @@ class SweepSpec:
     prompts: tuple[str, ...]             # prompt specs; inline sets are "inline:<name>"
     config: MeasureConfig
     measure: dict[str, Any]              # the user's measure: mapping, as given (normalised)
-    limit: int | None = None
-    seed: int = 0
-    retries: int = 3
-    name: str = ""
+    limit: int | None = opt(None, "Prompts per set (a seeded subset).",
+                            check=(validate.whole, {"minimum": 1}))
+    seed: int = opt(0, "Seed of the prompt subsets and randomized SVDs.",
+                    check=(validate.whole, {"minimum": 0}))
+    retries: int = opt(3, "Ray retries of a unit whose worker died.",
+                       check=(validate.whole, {"minimum": 0}))
+    name: str = opt("", "The sweep's name.")
     base_dir: str = "."                  # where relative paths are resolved
     inline_prompts: dict[str, tuple[str, ...]] = field(default_factory=dict)  # name -> texts
+
+    def __post_init__(self) -> None:
+        _checked(self)
+        if not isinstance(self.name, str):
+            raise SpecError("name must be a string")
 
     def to_dict(self) -> dict[str, Any]:
         """Plain data (JSON-safe) that :func:`parse_spec` reads back to an equal spec."""
@@ -118,13 +140,6 @@ def _str_list(value: Any, key: str, ctx: str) -> tuple[str, ...]:
     return tuple(str(v) for v in value)
 
 
-def _int(value: Any, key: str, minimum: int) -> int:
-    try:
-        return validate.whole(value, key, minimum=minimum)
-    except validate.OptionError as err:
-        raise SpecError(str(err)) from err
-
-
 def _resources(value: Any, ctx: str, default: Resources) -> Resources:
     if value is None:
         return default
@@ -132,14 +147,10 @@ def _resources(value: Any, ctx: str, default: Resources) -> Resources:
         raise SpecError(f"resources{_where(ctx)} must be a mapping such as "
                         "{num_cpus: 1, num_gpus: 1}")
     _check_keys(value, RESOURCE_KEYS, f"{ctx}.resources" if ctx else "resources")
-    out = {}
-    for key in RESOURCE_KEYS:
-        try:
-            out[key] = validate.number(value.get(key, getattr(default, key)),
-                                       f"resources.{key}{_where(ctx)}", minimum=0)
-        except validate.OptionError as err:
-            raise SpecError(str(err)) from err
-    return Resources(**out)
+    try:
+        return from_mapping(Resources, value, ctx, base=default)
+    except BlockCouplingError as err:
+        raise SpecError(str(err)) from err
 
 
 def _resolve(path: str, base: Path) -> str:
@@ -245,6 +256,9 @@ def parse_spec(data: Any, *, base_dir: str | os.PathLike[str] | None = None) -> 
     if not isinstance(data, Mapping):
         raise SpecError("a sweep spec is a mapping with at least models: and prompts:")
     _check_keys(data, TOP_KEYS, "")
+    if data.get("kind", "sweep") != "sweep":
+        raise SpecError(f"kind: {data['kind']!r} is not a sweep spec; a {data['kind']} spec runs "
+                        "with its own command (kind: vit-grid: blockcoupling vit-grid --spec)")
     base = Path(base_dir if base_dir is not None else data.get("base_dir", ".")).resolve()
     models_raw = data.get("models")
     if not isinstance(models_raw, Sequence) or isinstance(models_raw, str) or not models_raw:
@@ -282,13 +296,7 @@ def parse_spec(data: Any, *, base_dir: str | os.PathLike[str] | None = None) -> 
     prompts = tuple(prompts_l)
     if len(set(prompts)) != len(prompts):
         raise SpecError("prompts: a prompt set is listed twice; list each once")
-    limit = data.get("limit")
-    limit = None if limit is None else _int(limit, "limit", 1)
-    seed = _int(data.get("seed", 0), "seed", 0)
-    retries = _int(data.get("retries", 3), "retries", 0)
-    name = data.get("name", "")
-    if not isinstance(name, str):
-        raise SpecError("name must be a string")
+    seed = data.get("seed", 0)
     measure = data.get("measure") or {}
     if not isinstance(measure, Mapping):
         raise SpecError("measure must be a mapping of MeasureConfig fields, e.g. "
@@ -299,9 +307,9 @@ def parse_spec(data: Any, *, base_dir: str | os.PathLike[str] | None = None) -> 
                         "values; give it once")
     measure.setdefault("seed", seed)
     cfg, plain = parse_measure(measure)
-    return SweepSpec(models=models, prompts=prompts, config=cfg, measure=plain, limit=limit,
-                     seed=seed, retries=retries, name=name, base_dir=str(base),
-                     inline_prompts=inline)
+    return SweepSpec(models=models, prompts=prompts, config=cfg, measure=plain,
+                     limit=data.get("limit"), seed=seed, retries=data.get("retries", 3),
+                     name=data.get("name", ""), base_dir=str(base), inline_prompts=inline)
 
 
 def load_spec(source: str | os.PathLike[str] | Mapping[str, Any] | SweepSpec) -> SweepSpec:

@@ -1,22 +1,32 @@
-"""The sweep directory: manifest, lock, one status file per unit, the catalogue.
+"""The collection directory: one format for every "many runs" kind (a sweep, a training
+monitor, a ViT training grid): manifest, lock, one status file per unit, the catalogue.
 
-Layout of a sweep directory ``SWEEP``::
+Layout of a collection directory ``ROOT`` (every kind)::
 
-    SWEEP/sweep.json               format + version, kind (sweep | monitor), the spec, the unit
-                                   order, and one entry per session (executor, Ray version and
-                                   address, library versions, start and end)
-    SWEEP/status/<unit_id>.json    the unit (model, revision, step, prompt set, config hash),
-                                   its status (pending | running | done | failed), message,
-                                   attempts, weights hash, seconds; written atomically by
-                                   whoever runs the unit
-    SWEEP/units/<unit_id>/         the unit's run directory (``measure_to_dir``, resumable)
-    SWEEP/catalogue.parquet        one row per unit (derived from the status files; rewritten
+    ROOT/sweep.json                the collection manifest: format + version, ``kind`` (sweep |
+                                   monitor | vit-grid), the spec, the unit order, and one entry
+                                   per session (executor, Ray version and address, library
+                                   versions, start and end)
+    ROOT/status/<unit_id>.json     the unit (label, model, revision, step, prompt set, config
+                                   hash, ``run``), its status (pending | running | done |
+                                   failed), message, attempts, weights hash, seconds; written
+                                   atomically by whoever runs the unit
+    ROOT/units/<unit_id>/          the unit's folder: a run directory (``measure_to_dir``,
+                                   resumable), or for a vit-grid unit a ``vit-train`` output
+                                   whose run directory is ``units/<unit_id>/<run>``
+                                   (``coupling/final``)
+    ROOT/catalogue.parquet         one row per unit (derived from the status files; rewritten
                                    as units finish) for DuckDB / pyarrow users
-    SWEEP/.lock                    flock of the driver: two sweeps on one directory are refused
+    ROOT/.lock                     flock of the writer (``store.fileio.dir_lock``): two
+                                   drivers on one directory are refused
 
-The status files are the source of truth: a sweep killed at any point is read (and resumed)
-from them; a unit's rows live only in its own run directory, so no unit ever writes rows
-twice.
+Unit ids follow one rule (``units.collection_unit_id``: readable parts, then the
+``canonical_hash`` of the kind's identity fields). The status files are the source of truth:
+a collection killed at any point is read (and resumed) from them; a unit's rows live only in
+its own run directory, so no unit ever writes rows twice. The manifest keeps the name
+``sweep.json`` for every kind (the format began with sweeps; format 1 directories are read
+as they are). The ViT grid's old layout (``grid.json`` + ``runs/``) is converted by
+:func:`blockcoupling.studies.collection.upgrade_collection`.
 """
 
 from __future__ import annotations
@@ -36,8 +46,12 @@ from blockcoupling.store.fileio import atomic_path, atomic_write_text, dir_lock,
 from blockcoupling.studies.sweep.units import Unit
 
 FORMAT_NAME = "blockcoupling-sweep"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: kind vit-grid and the units' ``run``; format 1 is read as it is
 MANIFEST = "sweep.json"
+#: the kinds of collection (the manifest's ``kind``)
+KINDS = ("sweep", "monitor", "vit-grid")
+#: the ViT grid's manifest before it became a kind of collection (read: the upgrade line)
+LEGACY_GRID_FILE = "grid.json"
 STATUS = "status"
 UNITS = "units"
 CATALOGUE = "catalogue.parquet"
@@ -65,17 +79,31 @@ def read_json(path: Path) -> Any:
         root = path.parent.parent if path.parent.name == STATUS else path.parent
         if path.name == MANIFEST:
             fix = ("resume it (`blockcoupling sweep SPEC --out "
-                   f"{root} --resume` with the spec it was run with, or the same "
-                   "CouplingMonitor(out=...)): the manifest is rebuilt from the status files")
+                   f"{root} --resume` with the spec it was run with, the same "
+                   "CouplingMonitor(out=...) or the same vit-grid command): the manifest is "
+                   "rebuilt from the status files")
         else:
             fix = (f"delete {path} and resume the sweep with --resume: the unit is then "
                    "checked and measured again where needed")
         raise RunDirError(f"{path} is unreadable or corrupt ({err}); {fix}") from err
 
 
-def is_sweep_dir(path: str | os.PathLike[str]) -> bool:
-    """True if ``path`` holds a sweep manifest (``sweep.json``)."""
-    return (Path(path) / MANIFEST).is_file()
+def is_collection_dir(path: str | os.PathLike[str]) -> bool:
+    """True if ``path`` holds a collection manifest (``sweep.json``: any kind) or the old
+    ViT grid layout (``grid.json``, which :func:`load_manifest` answers with the line that
+    converts it). The manifest, not the folder's contents, then says the kind."""
+    return (Path(path) / MANIFEST).is_file() or (Path(path) / LEGACY_GRID_FILE).is_file()
+
+
+is_sweep_dir = is_collection_dir
+"""The earlier name of :func:`is_collection_dir`."""
+
+
+def upgrade_line(root: Path) -> str:
+    """The one line that says how to convert the old ViT grid layout in ``root``."""
+    return (f"{root} is a ViT grid in the old layout ({LEGACY_GRID_FILE} and runs/); convert it "
+            f"into a collection with `blockcoupling collection upgrade {root}` (the trained "
+            "runs are kept), then run the command again")
 
 
 def load_manifest(root: Path) -> dict[str, Any]:
@@ -83,6 +111,8 @@ def load_manifest(root: Path) -> dict[str, Any]:
         raise RunDirError(f"no sweep directory at {root}; check the path (a sweep directory is "
                           "created by `blockcoupling sweep SPEC --out DIR` or a CouplingMonitor)")
     path = root / MANIFEST
+    if not path.is_file() and (root / LEGACY_GRID_FILE).is_file():
+        raise RunDirError(upgrade_line(root))
     if not path.is_file():
         if (root / STATUS).is_dir() and any((root / STATUS).glob("*.json")):
             raise RunDirError(
@@ -90,7 +120,7 @@ def load_manifest(root: Path) -> dict[str, Any]:
                 f"--out {root} --resume` with the spec it was run with, or the same "
                 "CouplingMonitor(out=...)): the manifest is rebuilt from the status files")
         raise RunDirError(f"{root} is not a sweep directory (it has no {MANIFEST}); give the "
-                          "--out directory of a sweep or a monitor")
+                          "--out directory of a sweep, a monitor or a vit-grid")
     data = read_json(path)
     if not isinstance(data, dict) or data.get("format") != FORMAT_NAME or not isinstance(
             data.get("order", []), list) or not isinstance(data.get("sessions", []), list):
@@ -100,23 +130,29 @@ def load_manifest(root: Path) -> dict[str, Any]:
     if not isinstance(version, int) or version > FORMAT_VERSION:
         raise RunDirError(f"{path} was written by a newer blockcoupling (format "
                           f"{data.get('format_version')}); upgrade blockcoupling to read it")
+    data.setdefault("kind", "sweep")
+    if data["kind"] not in KINDS:
+        raise RunDirError(f"{path}: unknown collection kind {data['kind']!r} (known: "
+                          f"{', '.join(KINDS)}); it was written by another blockcoupling: "
+                          "upgrade blockcoupling to read it")
     return data
 
 
 def new_manifest(kind: str, spec: dict[str, Any] | None) -> dict[str, Any]:
     from blockcoupling.store.rundir import library_versions
 
+    assert kind in KINDS, kind
     return {"format": FORMAT_NAME, "format_version": FORMAT_VERSION, "kind": kind,
             "created": now(), "spec": spec, "order": [], "sessions": [],
             "versions": library_versions()}
 
 
 @contextlib.contextmanager
-def sweep_lock(root: Path) -> Iterator[None]:
-    """Hold the sweep directory's exclusive lock (refuses a second sweep on it): the store's
-    one directory lock (``store.fileio.DirLock``), removed when released."""
-    busy = (f"sweep directory {root} is in use by another sweep{{who}}; wait for it to finish "
-            "or stop it, or choose another --out")
+def sweep_lock(root: Path, kind: str = "sweep") -> Iterator[None]:
+    """Hold the collection directory's exclusive lock (refuses a second writer on it): the
+    store's one directory lock (``store.fileio.DirLock``), removed when released."""
+    busy = (f"{kind} directory {root} is in use by another {kind}{{who}}; wait for it to "
+            "finish or stop it, or choose another --out")
     with dir_lock(root, busy=busy):
         yield
 
@@ -131,7 +167,14 @@ def status_path(root: Path, uid: str) -> Path:
 
 
 def unit_dir(root: Path, uid: str) -> Path:
+    """The unit's folder ``ROOT/units/<unit_id>``."""
     return root / UNITS / uid
+
+
+def run_relpath(unit: dict[str, Any]) -> str:
+    """The unit's run directory relative to the collection (``units/<id>[/<run>]``)."""
+    run = str(unit.get("run") or "")
+    return f"{UNITS}/{unit.get('unit_id')}" + (f"/{run}" if run else "")
 
 
 def read_status(root: Path, uid: str) -> dict[str, Any] | None:
@@ -176,7 +219,7 @@ def catalogue(root: Path, manifest: dict[str, Any] | None = None) -> pd.DataFram
             "message": rec.get("message"), "attempts": rec.get("attempts", 0),
             "weights_hash": rec.get("weights_hash"), "duplicate_of": None,
             "n_prompts": rec.get("n_prompts"), "seconds": rec.get("seconds"),
-            "run_dir": f"{UNITS}/{uid}",
+            "run_dir": run_relpath(u),
         })
     df = pd.DataFrame(rows, columns=list(CATALOGUE_COLUMNS))
     if df.empty:
@@ -226,6 +269,9 @@ def repair_command(root: Path, kind: str | None) -> str:
     if kind == "monitor":
         return (f"run the training script again with CouplingMonitor(out={str(root)!r}): "
                 "it measures the damaged steps again")
+    if kind == "vit-grid":
+        return (f"run the same vit-grid again with --out {root}: it trains the damaged points "
+                "again")
     return (f"measure it again with `blockcoupling sweep SPEC --out {root} --resume` (SPEC: "
             "the spec the sweep was run with)")
 
@@ -240,7 +286,7 @@ def unit_problem(root: Path, rec: dict[str, Any]) -> str | None:
 
     unit = rec.get("unit") or {}
     uid = str(unit.get("unit_id"))
-    path = unit_dir(root, uid)
+    path = root / run_relpath(unit)
     try:
         manifest = verify_complete(path)
         cfg_hash = MeasureConfig.from_dict(dict(manifest["config"])).config_hash()

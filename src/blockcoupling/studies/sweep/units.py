@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import glob
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -66,6 +67,8 @@ class Unit:
     prompt_texts: tuple[str, ...] = ()   # an inline prompt set's texts (prompt_set inline:NAME)
     loading: dict[str, str] = dataclasses.field(default_factory=dict)  # device_map, quantize, ...
     inputs: dict[str, str] = dataclasses.field(default_factory=dict)  # local input -> content hash
+    run: str = ""  # the unit's run directory inside units/<unit_id>/ ("": that folder itself;
+    #                a ViT grid's training run: "coupling/final")
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -79,21 +82,29 @@ class Unit:
         return cls(**out)
 
 
+def collection_unit_id(readable: Sequence[tuple[str, int]], identity: Any) -> str:
+    """The one unit-id rule of every collection kind: the ``readable`` parts (text, width),
+    each made a file-name slug, then ``canonical_hash(identity)`` (12 hex digits) of the
+    kind's identity fields. The hash decides; the rest is for humans."""
+    digest = canonical_hash(identity, digits=12, compact=False, strict=False)
+    return "-".join([*(_slug(text, width) for text, width in readable), digest])
+
+
 def unit_id(*, model: str, revision: str | None, prompt_set: str, limit: int | None,
             cfg_hash: str, label: str, step: int | None,
             prompt_texts: tuple[str, ...] = (), quantize: str | None = None,
             inputs: dict[str, str] | None = None) -> str:
-    """``<label>-<step or revision>-<prompt set>-<hash12>``; the hash covers the identity
-    (model source, revision, prompt set, limit, config hash, and the content hash of every
-    local input such as a prompt file), the rest is for humans."""
-    digest = canonical_hash([model, revision, prompt_set, limit, cfg_hash]
-                            + ([list(prompt_texts)] if prompt_texts else [])
-                            + ([["quantize", quantize]] if quantize else [])
-                            + ([sorted(inputs.items())] if inputs else []),
-                            digits=12, compact=False, strict=False)
+    """A sweep unit's id: ``<label>-<step or revision>-<prompt set>-<hash12>``; the hash
+    covers the identity (model source, revision, prompt set, limit, config hash, and the
+    content hash of every local input such as a prompt file)."""
+    identity = ([model, revision, prompt_set, limit, cfg_hash]
+                + ([list(prompt_texts)] if prompt_texts else [])
+                + ([["quantize", quantize]] if quantize else [])
+                + ([sorted(inputs.items())] if inputs else []))
     where = f"step{step}" if step is not None else (revision or "main")
     prompt = prompt_set.removeprefix("builtin:").removeprefix("hf:").removeprefix("inline:")
-    return f"{_slug(label, 24)}-{_slug(where, 24)}-{_slug(Path(prompt).stem or prompt, 20)}-{digest}"
+    return collection_unit_id([(label, 24), (where, 24), (Path(prompt).stem or prompt, 20)],
+                              identity)
 
 
 def discover_checkpoints(pattern: str | tuple[str, ...]) -> list[tuple[Path, int | None]]:

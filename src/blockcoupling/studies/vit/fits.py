@@ -2,7 +2,7 @@
 fixed weight decay, and against log10(weight decay) at each fixed drop-path rate, beside the
 pooled fits (coupling against each, over every run, and test accuracy against coupling).
 
-Each fit is ordinary least squares (``studies.correlate.regression``, i.e.
+Each fit is ordinary least squares (``studies.regression.regression``, i.e.
 ``scipy.stats.linregress``: slope, its stderr, R^2, two-sided p) over the runs' values of
 ``column`` (default ``coupling_vs_null``), one point per run (seeds are separate points),
 with each point's standard error (``<column>_se``, the statistic's se over the images) kept
@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from blockcoupling.studies.correlate import regression
+from blockcoupling.studies.regression import regression
 
 FIT_KEYS = ("n", "slope", "intercept", "slope_stderr", "r2", "p")
 

@@ -1,24 +1,35 @@
 """The drop-path x weight-decay grid: one training run per point, on Ray or in this process.
 
-A grid directory ``ROOT``::
+A grid is a collection of kind ``vit-grid`` (the layout of ``studies/sweep/store.py``)::
 
-    ROOT/grid.json                 the base config, the grid values, one record per run
-    ROOT/runs/dp0.1-wd0.05-s0/     a ``vit-train`` output folder per point (train.py)
+    ROOT/sweep.json                the collection manifest: kind vit-grid, the spec (base
+                                   config, grid values), unit order, sessions
+    ROOT/status/<unit_id>.json     one status record per grid point (pending | running | done |
+                                   failed), written by the driver
+    ROOT/units/<unit_id>/          a ``vit-train`` output folder per point (train.py); its
+                                   final measurement ``coupling/final`` is the unit's run
+    ROOT/catalogue.parquet, ROOT/.lock
 
-Every run is ``train_vit(config, ROOT/runs/<name>)``, which skips a finished run and resumes
-an interrupted one, so running a grid again (after a crash, or with more points) only does
-the work that is missing. On Ray each run is one task (``num_cpus`` per task, default 1) on
-the cluster started or reached by the sweep's ``start_ray``; a run that fails for a user
-reason is recorded as ``failed`` with its message and the others go on.
+Unit ids follow the collections' one rule: ``dp<rate>-wd<decay>-s<seed>-<hash12>`` (the
+hash: the run's whole training config). Every run is ``train_vit(config, ROOT/units/<id>)``,
+which skips a finished run and resumes an interrupted one, so running a grid again (after a
+crash, or with more points) only does the work that is missing. On Ray each run is one task
+(``num_cpus`` per task, default 1) on the cluster started or reached by the sweep's
+``start_ray``; a run that fails for a user reason is recorded as ``failed`` with its message
+and the others go on. The old layout (``grid.json`` + ``runs/``) is one line naming
+``blockcoupling collection upgrade``.
 
-:func:`collect_runs` and :func:`collect_epochs` read any folder holding ``vit-train`` outputs
-(a grid, or runs trained one by one) into tables for the figures (``studies/vit/report.py``).
+:func:`collect_runs` and :func:`collect_epochs` read a grid, or any folder holding
+``vit-train`` outputs (runs trained one by one), into tables for the figures
+(``studies/vit/report.py``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
+import shutil
 import time
 import traceback
 from collections.abc import Callable, Sequence
@@ -29,7 +40,6 @@ from typing import Any
 import pandas as pd
 
 from blockcoupling.errors import BlockCouplingError
-from blockcoupling.store.fileio import atomic_write_text
 from blockcoupling.studies.vit.train import (
     COUPLING_METRICS,
     METRICS_FILE,
@@ -43,6 +53,7 @@ from blockcoupling.studies.vit.train import (
 #: The paper's grid (DEFINITIONS.md, "Training and ViTs").
 PAPER_DROP_PATH: tuple[float, ...] = (0.0, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3)
 PAPER_WEIGHT_DECAY: tuple[float, ...] = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.2)
+#: the old layout's grid record (``blockcoupling collection upgrade`` converts it)
 GRID_FILE = "grid.json"
 GRID_FORMAT = "blockcoupling-vit-grid"
 EXECUTORS = ("ray", "local")
@@ -97,11 +108,13 @@ def load_grid_spec(source: str | Path | dict[str, Any]
             raise BlockCouplingError(f"grid spec {path} is not valid YAML: {err}") from err
     if not isinstance(data, dict):
         raise BlockCouplingError("a grid spec is a mapping with drop_path, weight_decay, train")
-    allowed = {"drop_path", "weight_decay", "seeds", "train", "executor", "address",
+    allowed = {"kind", "drop_path", "weight_decay", "seeds", "train", "executor", "address",
                "cpus_per_run", "threads"}
     unknown = sorted(set(data) - allowed)
     if unknown:
         raise BlockCouplingError(f"unknown grid spec key(s) {unknown}; known: {sorted(allowed)}")
+    if data.get("kind", KIND) != KIND:
+        raise BlockCouplingError(f"kind: {data['kind']!r} is not a ViT grid spec (kind: {KIND})")
     train = data.get("train") or {}
     if not isinstance(train, dict):
         raise BlockCouplingError("train: give a mapping of training options, e.g. "
@@ -162,8 +175,62 @@ def train_unit(config: dict[str, Any], out_dir: str, threads: int | None = 1) ->
                 "seconds": time.perf_counter() - t0}
 
 
-def _write_json(path: Path, data: dict[str, Any]) -> None:
-    atomic_write_text(path, json.dumps(data, indent=2, default=str))
+KIND = "vit-grid"
+#: a grid unit's run directory inside its vit-train folder (the final measurement)
+FINAL_RUN = "coupling/final"
+
+
+def grid_unit(config: VitTrainConfig) -> Any:
+    """The collection unit of one grid point (``studies.sweep.units.Unit``): label
+    :func:`run_name`, id by the collections' one rule over the whole training config, config
+    hash of its final measurement, run directory ``coupling/final``."""
+    from blockcoupling.studies.sweep.units import Unit, collection_unit_id
+    from blockcoupling.studies.vit.train import images_config, measured_tokens
+
+    label = run_name(config)
+    final = images_config(config.k, measured_tokens(config.tokens, both=True))
+    return Unit(unit_id=collection_unit_id([(label, 48)], [KIND, config.key()]), label=label,
+                model=f"vit:{config.preset}", revision=None, step=None,
+                prompt_set=f"{config.dataset}:test", limit=config.final_images,
+                config=json.loads(json.dumps(config.to_dict(), default=str)),
+                config_hash=final.config_hash(), run=FINAL_RUN)
+
+
+def _grid_manifest(root: Path, base_dict: dict[str, Any], units: list[Any],
+                   configs: list[VitTrainConfig], executor: str) -> dict[str, Any]:
+    """The grid's collection manifest (new, or the existing one of the same base config)
+    with this run's points added to its spec and order and a new session."""
+    from blockcoupling.studies.sweep import store
+
+    spec = {KIND: {"base": base_dict, "drop_paths": [], "weight_decays": [], "seeds": []}}
+    readable = False  # lost or corrupt: rebuilt from status/
+    with contextlib.suppress(BlockCouplingError):
+        readable = (root / store.MANIFEST).is_file() and isinstance(
+            store.read_json(root / store.MANIFEST), dict)
+    if readable or (root / store.LEGACY_GRID_FILE).is_file():
+        manifest = store.load_manifest(root)  # the old layout: the line that converts it
+        if manifest["kind"] != KIND:
+            raise BlockCouplingError(f"{root} holds a {manifest['kind']}, not a ViT grid; "
+                                     "choose another --out")
+        if ((manifest.get("spec") or {}).get(KIND) or {}).get("base") != base_dict:
+            raise BlockCouplingError(
+                f"{root} holds a grid with another base config; choose another --out (or run "
+                "the same options again to continue it)")
+    else:
+        rebuilt = store.rebuilt_manifest(root, KIND, spec, {u.unit_id for u in units})
+        if rebuilt is None and any(p.name not in (store.LOCK, store.MANIFEST)
+                                   for p in root.iterdir()):
+            raise BlockCouplingError(f"{root} is not empty and holds no ViT grid; choose "
+                                     "another --out")
+        manifest = rebuilt if rebuilt is not None else store.new_manifest(KIND, spec)
+    grid = manifest["spec"][KIND]
+    for key, attr in (("drop_paths", "drop_path"), ("weight_decays", "weight_decay"),
+                      ("seeds", "seed")):
+        grid[key] = sorted({*grid.get(key, []), *(getattr(c, attr) for c in configs)})
+    manifest["order"] += [u.unit_id for u in units if u.unit_id not in manifest["order"]]
+    manifest["sessions"].append({"started": store.now(), "executor": executor})
+    manifest["format_version"] = store.FORMAT_VERSION
+    return manifest
 
 
 def run_grid(base: VitTrainConfig, root: str | Path, *,
@@ -202,79 +269,104 @@ def _run_grid(base: VitTrainConfig, root: str | Path, drop_paths: Sequence[float
               weight_decays: Sequence[float], seeds: Sequence[int], executor: str,
               address: str | None, num_cpus: int, threads: int | None, progress: bool,
               on_run: Callable[[dict[str, Any]], None] | None) -> pd.DataFrame:
+    from blockcoupling.studies.sweep import store
+
     configs = grid_configs(base, drop_paths, weight_decays, seeds)
+    units = [grid_unit(c) for c in configs]
     rootp = Path(root)
     if rootp.exists() and not rootp.is_dir():
         raise BlockCouplingError(f"{rootp} is a file; give a directory for the grid")
-    rootp.mkdir(parents=True, exist_ok=True)
-    grid_path = rootp / GRID_FILE
     base_dict = json.loads(json.dumps(base.replace(drop_path=0.0, weight_decay=0.0, seed=0)
                                       .to_dict(), default=str))
-    if grid_path.exists():
+    rootp.mkdir(parents=True, exist_ok=True)
+    with store.sweep_lock(rootp, KIND):
+        manifest = _grid_manifest(rootp, base_dict, units, configs, executor)
+        store.write_json(rootp / store.MANIFEST, manifest)
+        by_id = {u.unit_id: u for u in units}
+        todo = []  # done units that pass the collection's integrity check are not run again
+        repaired: dict[str, str] = {}
+        for c, u in zip(configs, units, strict=True):
+            rec = store.read_status(rootp, u.unit_id)
+            if rec is None:
+                store.write_status(rootp, u, "pending")
+            elif rec.get("status") == "done":
+                problem = store.unit_problem(rootp, rec)
+                if problem is None:
+                    continue
+                shutil.rmtree(store.unit_dir(rootp, u.unit_id), ignore_errors=True)
+                store.write_status(rootp, u, "pending", repaired=problem, weights_hash=None)
+                repaired[u.unit_id] = problem  # damaged: trained again
+            todo.append((c, u))
+        if repaired:
+            manifest["sessions"][-1]["repaired"] = repaired
+
+        def start(u: Any) -> None:
+            rec = store.read_status(rootp, u.unit_id) or {}
+            store.write_status(rootp, u, "running", attempts=int(rec.get("attempts", 0)) + 1,
+                               started=store.now(), message=None)
+
+        def done(rec: dict[str, Any]) -> None:
+            u = by_id[rec["name"]]
+            extra = unit_record(rootp, u) if rec["status"] == "done" else {}
+            store.write_status(rootp, u, rec["status"], message=rec["message"],
+                               seconds=rec["seconds"], finished=store.now(), **extra)
+            store.write_catalogue(rootp)
+            if on_run is not None:
+                on_run({**rec, "name": u.label, "unit_id": u.unit_id})
+            if bar is not None:
+                bar.update(1)
+
+        bar = None
+        if progress:
+            from blockcoupling.progress import bar as progress_bar
+
+            bar = progress_bar(total=len(todo), desc="vit grid", unit="run")
+        # absolute: a Ray worker's working directory may be another
+        jobs = [(c.to_dict(), str(store.unit_dir(rootp.resolve(), u.unit_id))) for c, u in todo]
         try:
-            doc = json.loads(grid_path.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-            raise BlockCouplingError(
-                f"cannot read {grid_path} ({err}); delete it and run the same grid again: "
-                "finished runs under runs/ are kept and skipped") from err
-        if not isinstance(doc, dict) or doc.get("format") != GRID_FORMAT or \
-                doc.get("base") != base_dict:
-            raise BlockCouplingError(
-                f"{rootp} holds a grid with another base config; choose another --out (or run "
-                "the same options again to continue it)"
-            )
-    elif any(p for p in rootp.iterdir()):
-        raise BlockCouplingError(f"{rootp} is not empty and holds no ViT grid; choose another --out")
-    else:
-        doc = {"format": GRID_FORMAT, "base": base_dict, "runs": {}}
-    for c in configs:
-        doc["runs"].setdefault(run_name(c), {"drop_path": c.drop_path,
-                                             "weight_decay": c.weight_decay, "seed": c.seed,
-                                             "config_key": c.key(), "status": "pending"})
-    doc["drop_paths"] = sorted({r["drop_path"] for r in doc["runs"].values()})
-    doc["weight_decays"] = sorted({r["weight_decay"] for r in doc["runs"].values()})
-    _write_json(grid_path, doc)
-
-    def done(rec: dict[str, Any]) -> None:
-        doc["runs"][rec["name"]].update(status=rec["status"], message=rec["message"],
-                                        seconds=rec["seconds"])
-        _write_json(grid_path, doc)
-        if on_run is not None:
-            on_run(rec)
-        if bar is not None:
-            bar.update(1)
-
-    bar = None
-    if progress:
-        from blockcoupling.progress import bar as progress_bar
-
-        bar = progress_bar(total=len(configs), desc="vit grid", unit="run")
-    # absolute: a Ray worker's working directory may be another
-    jobs = [(c.to_dict(), str(rootp.resolve() / "runs" / run_name(c))) for c in configs]
-    try:
-        if executor == "local":
-            for cfg, out in jobs:
-                done(train_unit(cfg, out, threads))
-        else:
-            _run_ray(jobs, done, address=address, num_cpus=num_cpus, threads=threads)
-    finally:
-        if bar is not None:
-            bar.close()
+            if executor == "local":
+                for (cfg, out), (_, u) in zip(jobs, todo, strict=True):
+                    start(u)
+                    done(train_unit(cfg, out, threads))
+            elif jobs:
+                for _, u in todo:
+                    start(u)
+                _run_ray(jobs, done, address=address, num_cpus=num_cpus, threads=threads)
+        finally:
+            if bar is not None:
+                bar.close()
+            manifest["sessions"][-1]["finished"] = store.now()
+            store.write_json(rootp / store.MANIFEST, manifest)
+            store.write_catalogue(rootp)
     runs = collect_runs(rootp)
     runs["message"] = None
     missing = []
-    for name, rec in doc["runs"].items():  # runs that failed before writing metrics.json
+    for u in units:  # runs that failed before writing metrics.json
+        rec = store.read_status(rootp, u.unit_id) or {}
         if rec.get("status") == "failed":
-            if name in set(runs["name"]):
-                runs.loc[runs["name"] == name, ["status", "message"]] = ["failed", rec["message"]]
+            if u.label in set(runs["name"]):
+                runs.loc[runs["name"] == u.label, ["status", "message"]] = [
+                    "failed", rec.get("message")]
             else:
-                missing.append({"name": name, "path": str(rootp / "runs" / name),
-                                "status": "failed", "drop_path": rec["drop_path"],
-                                "weight_decay": rec["weight_decay"], "seed": rec["seed"],
+                c = VitTrainConfig.from_dict(u.config)
+                missing.append({"name": u.label, "path": str(store.unit_dir(rootp, u.unit_id)),
+                                "status": "failed", "drop_path": c.drop_path,
+                                "weight_decay": c.weight_decay, "seed": c.seed,
                                 "message": rec.get("message")})
     if missing:
         runs = pd.concat([runs, pd.DataFrame(missing)], ignore_index=True)
     return runs
+
+
+def unit_record(root: Path, unit: Any) -> dict[str, Any]:
+    """The status fields of a trained unit that the collection's integrity check compares:
+    the final measurement's weights hash and image count."""
+    from blockcoupling.store.manifest import load_manifest
+    from blockcoupling.studies.sweep import store
+
+    m = load_manifest(root / store.run_relpath(unit.to_dict()))
+    return {"weights_hash": m.get("weights_hash"),
+            "n_prompts": len((m.get("consolidated") or {}).get("prompt_ids") or [])}
 
 
 def _run_ray(jobs: list[tuple[dict[str, Any], str]], done: Callable[[dict[str, Any]], None], *,
@@ -294,10 +386,22 @@ def _run_ray(jobs: list[tuple[dict[str, Any], str]], done: Callable[[dict[str, A
 
 
 # ---------------------------------------------------------------------------- reading
-def _run_dirs(root: Path) -> list[Path]:
+def _run_dirs(root: Path) -> list[tuple[str, Path]]:
+    """(name, vit-train folder) of every run: a grid's units by their label (its catalogue
+    order), one vit-train output, or the vit-train outputs anywhere under a plain folder."""
+    from blockcoupling.studies.sweep import store
+
+    if store.is_collection_dir(root):
+        manifest = store.load_manifest(root)  # the old layout: the line that converts it
+        if manifest["kind"] != KIND:
+            raise BlockCouplingError(f"{root} is a {manifest['kind']} collection, not a ViT "
+                                     "grid; give a vit-grid --out or vit-train outputs")
+        cat = store.catalogue(root, manifest)
+        return [(str(r.label), store.unit_dir(root, str(r.unit_id))) for r in cat.itertuples()
+                if (store.unit_dir(root, str(r.unit_id)) / METRICS_FILE).exists()]
     if (root / METRICS_FILE).exists():
-        return [root]
-    return sorted(p.parent for p in root.rglob(METRICS_FILE))
+        return [(root.name, root)]
+    return [(p.parent.name, p.parent) for p in sorted(root.rglob(METRICS_FILE))]
 
 
 def collect_runs(root: str | Path) -> pd.DataFrame:
@@ -308,7 +412,7 @@ def collect_runs(root: str | Path) -> pd.DataFrame:
     ``coupling_vs_null_cls``, ``coupling_vs_null_last``) and the last monitored coupling
     (``coupling_monitor``)."""
     rows = []
-    for d in _run_dirs(Path(root)):
+    for name, d in _run_dirs(Path(root)):
         m = read_metrics(d)
         cfg = m["config"]
         epochs = m.get("epochs", [])
@@ -317,7 +421,7 @@ def collect_runs(root: str | Path) -> pd.DataFrame:
         monitored = [e["coupling"] for e in epochs
                      if e.get("coupling") is not None and not math.isnan(e["coupling"])]
         rows.append({
-            "name": d.name, "path": str(d), "status": m.get("status"),
+            "name": name, "path": str(d), "status": m.get("status"),
             "dataset": cfg["dataset"], "drop_path": cfg["drop_path"],
             "weight_decay": cfg["weight_decay"], "seed": cfg["seed"],
             "epochs": int(last.get("epoch", 0)), "k": cfg["k"],
@@ -338,12 +442,12 @@ def collect_runs(root: str | Path) -> pd.DataFrame:
 def collect_epochs(root: str | Path) -> pd.DataFrame:
     """One row per (run, epoch): the metrics.json epoch records with the run's grid point."""
     frames = []
-    for d in _run_dirs(Path(root)):
+    for name, d in _run_dirs(Path(root)):
         m = read_metrics(d)
         df = pd.DataFrame(m.get("epochs", []))
         if df.empty:
             continue
-        df.insert(0, "name", d.name)
+        df.insert(0, "name", name)
         df.insert(1, "drop_path", m["config"]["drop_path"])
         df.insert(2, "weight_decay", m["config"]["weight_decay"])
         df.insert(3, "seed", m["config"]["seed"])
@@ -354,6 +458,6 @@ def collect_epochs(root: str | Path) -> pd.DataFrame:
     return pd.concat(frames, ignore_index=True)
 
 
-__all__ = ["EXECUTORS", "PAPER_DROP_PATH", "PAPER_WEIGHT_DECAY", "collect_epochs",
-           "collect_runs", "grid_configs", "load_grid_spec", "run_grid", "run_name",
+__all__ = ["EXECUTORS", "FINAL_RUN", "KIND", "PAPER_DROP_PATH", "PAPER_WEIGHT_DECAY", "collect_epochs",
+           "collect_runs", "grid_configs", "grid_unit", "load_grid_spec", "run_grid", "run_name",
            "train_unit"]

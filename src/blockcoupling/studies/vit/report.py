@@ -194,7 +194,7 @@ def write_vit_figures(root: str | Path, out: str | Path, *,
     ``vit_runs.csv`` and ``vit_epochs.csv`` (the tables they are drawn from) and
     ``fits.json`` (the pooled and conditional fits; NaN written as null). A figure whose
     data is missing is skipped. Returns the paths written."""
-    from blockcoupling.studies.correlate import write_json
+    from blockcoupling.store.fileio import write_json
     from blockcoupling.studies.vit.fits import conditional_fits
     from blockcoupling.studies.vit.grid import collect_epochs, collect_runs
 

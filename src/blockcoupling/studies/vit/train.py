@@ -28,7 +28,7 @@ import json
 import math
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +38,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from blockcoupling.errors import BlockCouplingError
+from blockcoupling.fields import check_fields, identity, opt, parse_given
 from blockcoupling.hashing import canonical_hash
 from blockcoupling.store.fileio import atomic_path, atomic_write_text
 from blockcoupling.studies.vit.augment import (
@@ -49,82 +50,103 @@ from blockcoupling.studies.vit.augment import (
 )
 from blockcoupling.studies.vit.data import DATASETS, ImageData, load_image_data
 from blockcoupling.studies.vit.model import build_vit, resolve_shape
+from blockcoupling.validate import number, one_value, whole
 
 METRICS_FILE = "metrics.json"
 FORMAT = "blockcoupling-vit-train"
 CLS_TOKEN = 0  # BEiT puts [CLS] at position 0
 TOKENS = ("cls", "last", "all")  # the headline token choices (``tokens``)
+#: each choice as a token rule of ``engine.statistic`` ([CLS] is position 0: the first measured)
+STATISTIC_TOKENS: dict[str, str] = {"cls": "first", "last": "last", "all": "all"}
 LR_SCALINGS = ("none", "linear")
+
+
+def _one_k(name: str, value: Any) -> int:
+    """``--k``: the option takes a comma-separated list in every command; here a list of one."""
+    return one_value(value, "--k", int)
+
+
+_W, _N = whole, number  # the range rules of the fields (blockcoupling.validate)
 
 
 @dataclass(frozen=True)
 class VitTrainConfig:
-    """Everything that determines one training run (and so its output)."""
+    """Everything that determines one training run (and so its output).
 
-    dataset: str = "digits"
-    drop_path: float = 0.1
-    weight_decay: float = 0.05
-    epochs: int = 5
-    preset: str = "tiny"  # model shape: tiny, small, deit-tiny (model.PRESETS)
-    hidden_size: int | None = None  # overrides of the preset
-    depth: int | None = None
-    heads: int | None = None
-    image_size: int | None = None  # None: 16 for digits, 32 for CIFAR-10
-    lr: float = 5e-4
-    min_lr: float = 1e-5
-    batch_size: int = 64
-    warmup_epochs: float = 1.0  # the paper: 30 of 500
-    mixup: float | None = None  # Beta(alpha, alpha); None: 0.8 for CIFAR-10, 0 for digits
-    augment: str | bool | None = None  # augment.AUGMENTS; None: crop-flip on CIFAR-10, else none
-    cutmix: float = 0.0  # CutMix Beta alpha (0 = off; DeiT: 1.0)
-    label_smoothing: float = 0.0  # DeiT: 0.1
-    random_erasing: float = 0.0  # probability per image (DeiT: 0.25)
-    lr_scaling: str = "none"  # "linear": lr and min_lr times batch_size / 512 (DeiT's rule)
-    tokens: str = "cls"  # the headline token of the coupling: cls, last (released code), all
-    seed: int = 0
-    data_dir: str | None = None  # CIFAR-10 image folder (DIR/train/<class>/*, DIR/test/...)
-    train_limit: int | None = None  # subsample the splits (seeded), e.g. for quick runs
-    test_limit: int | None = None
-    eval_train_limit: int | None = 5000  # clean (eval-mode) train accuracy on this many
-    monitor_images: int = 4  # coupling measured on these first test images ...
-    monitor_every: int = 1  # ... every this many epochs (0: only the final measurement)
-    final_images: int = 16
-    k: int = 10  # top-K for the coupling (the paper's K for training curves)
-    extra: dict[str, Any] = field(default_factory=dict)
+    Each field is declared once (``blockcoupling.fields.opt``): its help and flag make the
+    options of ``vit-train`` and ``vit-grid``, its range rule is checked here (the CLI, the
+    grid's YAML and the Python API all build this record), and every field enters
+    :meth:`key`."""
+
+    dataset: str = opt("digits", "digits (offline, scikit-learn; the default) or cifar10.",
+                       cli=True)
+    drop_path: float = opt(0.1, "Stochastic-depth rate (linear over blocks, as DeiT).", cli=True,
+                           check=(_N, {"minimum": 0, "below": 1}))
+    weight_decay: float = opt(0.05, "AdamW weight decay.", cli=True, check=(_N, {"minimum": 0}))
+    epochs: int = opt(5, "Training epochs, per run in a grid (the paper: 500).", cli=True,
+                      check=(_W, {"minimum": 1}))
+    preset: str = opt("tiny", "Model shape: tiny, small, deit-tiny (192 wide, 12 deep, 3 heads); "
+                      "or the recipe 'paper' (DeiT-Tiny, CIFAR-10, 500 epochs, 30 warm-up, AdamW "
+                      "5e-4 cosine, mixup 0.8, crop-flip; other options override it).", cli=True)
+    hidden_size: int | None = opt(None, "Override the preset's width.", cli=True,
+                                  check=(_W, {"minimum": 1}))
+    depth: int | None = opt(None, "Override the preset's depth (the ICLR text: 24).", cli=True,
+                            check=(_W, {"minimum": 1}))
+    heads: int | None = opt(None, "Override the preset's heads.", cli=True,
+                            check=(_W, {"minimum": 1}))
+    image_size: int | None = opt(None, "Image side in pixels (default 16 digits, 32 CIFAR-10).",
+                                 cli=True, check=(_W, {"minimum": 1}))
+    lr: float = opt(5e-4, "Peak learning rate.", cli=True, check=(_N, {"above": 0}))
+    min_lr: float = opt(1e-5, "Final learning rate of the cosine decay.",
+                        check=(_N, {"minimum": 0}))
+    batch_size: int = opt(64, "Images per step.", cli=True, check=(_W, {"minimum": 1}))
+    warmup_epochs: float = opt(1.0, "Linear warm-up length in epochs (the paper: 30).", cli=True,
+                               check=(_N, {"minimum": 0}))
+    mixup: float | None = opt(None, "Mixup alpha (default 0.8 on CIFAR-10, 0 on digits).",
+                              cli=True, check=(_N, {"minimum": 0}))
+    augment: str | bool | None = opt(
+        None, "none, crop (pad 4, random crop) or crop-flip (and a horizontal flip); tensor "
+        "operations, NOT RandAugment. Default: crop-flip on CIFAR-10, none on digits.", cli=True)
+    cutmix: float = opt(0.0, "CutMix Beta alpha (0 = off; DeiT: 1.0; with --mixup too, one of "
+                        "them per batch).", cli=True, check=(_N, {"minimum": 0}))
+    label_smoothing: float = opt(0.0, "Label smoothing epsilon (DeiT: 0.1).", cli=True,
+                                 check=(_N, {"minimum": 0, "below": 1}))
+    random_erasing: float = opt(0.0, "Random-erasing probability per image (DeiT: 0.25).",
+                                cli=True, check=(_N, {"minimum": 0, "maximum": 1}))
+    lr_scaling: str = opt("none", "none, or linear: lr and min lr times batch-size/512 (DeiT's "
+                          "rule).", cli=True)
+    tokens: str = opt("cls", "Headline token of the coupling: cls ([CLS], default), last (the "
+                      "last patch, the authors' released code), all. The final measurement also "
+                      "reports [CLS] and last.", cli=True)
+    seed: int = opt(0, "Seed of the initialisation, order and augmentation.", cli=True,
+                    check=(_W, {"minimum": 0}))
+    data_dir: str | None = opt(None, "CIFAR-10 folder: DIR/train/<class>/*.png, "
+                               "DIR/test/<class>/*.png.", cli=True)
+    train_limit: int | None = opt(None, "Use a seeded subset of the training split.", cli=True,
+                                  check=(_W, {"minimum": 1}))
+    test_limit: int | None = opt(None, "Use a seeded subset of the test split.", cli=True,
+                                 check=(_W, {"minimum": 1}))
+    eval_train_limit: int | None = opt(5000, "Clean (eval-mode) train accuracy on this many.",
+                                       check=(_W, {"minimum": 1}))
+    monitor_images: int = opt(4, "Test images measured during training.", cli=True,
+                              check=(_W, {"minimum": 1}))
+    monitor_every: int = opt(1, "Measure every N epochs (0: only at the end; the paper 10).",
+                             cli=True, check=(_W, {"minimum": 0}))
+    final_images: int = opt(16, "Test images measured on the trained model.", cli=True,
+                            check=(_W, {"minimum": 1}))
+    k: int = opt(10, "Top-K of the coupling: one value (the option takes a comma-separated list "
+                 "in every command; here a list of one).", cli=True, parse=_one_k,
+                 check=(_W, {"minimum": 1}))
+    extra: dict[str, Any] = opt(help="Free-form notes (part of the key).",
+                                default_factory=dict)
 
     def __post_init__(self) -> None:
-        from blockcoupling.validate import OptionError, number, optional, whole
-
         def bad(msg: str) -> None:
             raise BlockCouplingError(msg)
 
         if self.dataset not in DATASETS:
             bad(f"unknown data set {self.dataset!r}; choose {' or '.join(DATASETS)}")
-        # every number checked (type, finite, range) in one place: the CLI, the grid's YAML
-        # and the Python API all build this record
-        checks: dict[str, tuple[Any, dict[str, Any]]] = {
-            "drop_path": (number, {"minimum": 0, "below": 1}),
-            "weight_decay": (number, {"minimum": 0}),
-            "epochs": (whole, {"minimum": 1}),
-            "hidden_size": (whole, {"minimum": 1}), "depth": (whole, {"minimum": 1}),
-            "heads": (whole, {"minimum": 1}), "image_size": (whole, {"minimum": 1}),
-            "lr": (number, {"above": 0}), "min_lr": (number, {"minimum": 0}),
-            "batch_size": (whole, {"minimum": 1}), "warmup_epochs": (number, {"minimum": 0}),
-            "mixup": (number, {"minimum": 0}), "seed": (whole, {"minimum": 0}),
-            "cutmix": (number, {"minimum": 0}), "label_smoothing": (number, {"minimum": 0, "below": 1}),
-            "random_erasing": (number, {"minimum": 0, "maximum": 1}),
-            "train_limit": (whole, {"minimum": 1}), "test_limit": (whole, {"minimum": 1}),
-            "eval_train_limit": (whole, {"minimum": 1}),
-            "monitor_images": (whole, {"minimum": 1}), "monitor_every": (whole, {"minimum": 0}),
-            "final_images": (whole, {"minimum": 1}), "k": (whole, {"minimum": 1}),
-        }
-        for name, (check, bounds) in checks.items():
-            try:
-                value = optional(check, getattr(self, name), name.replace("_", "-"), **bounds)
-            except OptionError as err:
-                raise BlockCouplingError(f"training option {err}") from err
-            if check is whole:  # 5.0 epochs -> 5 (numbers keep their form: the run's key)
-                object.__setattr__(self, name, value)
+        check_fields(self, prefix="training option ")  # 5.0 epochs -> 5
         if isinstance(self.augment, bool):  # the older on/off form
             object.__setattr__(self, "augment", "crop-flip" if self.augment else "none")
         if self.augment is not None and self.augment not in AUGMENTS:
@@ -140,6 +162,14 @@ class VitTrainConfig:
             bad(f"learning rates lr={self.lr}, min_lr={self.min_lr}: need min_lr <= lr")
         resolve_shape(self.preset, hidden_size=self.hidden_size, depth=self.depth,
                       heads=self.heads)
+
+    def measured_epochs(self) -> tuple[int, ...]:
+        """The epochs whose coupling is measured during training (0: the initialisation):
+        every ``monitor_every``-th and the last; none with ``monitor_every=0``."""
+        if self.monitor_every == 0:
+            return ()
+        return tuple(e for e in range(self.epochs + 1)
+                     if e % self.monitor_every == 0 or e == self.epochs)
 
     @property
     def mixup_alpha(self) -> float:
@@ -176,15 +206,17 @@ class VitTrainConfig:
 
     @classmethod
     def from_options(cls, **options: Any) -> VitTrainConfig:
-        """:meth:`from_dict` of the options that are not None (a CLI's unset options)."""
-        return cls.from_dict({k: v for k, v in options.items() if v is not None})
+        """:meth:`from_dict` of the options that are not None (a CLI's unset options); the
+        values of fields with a parser (``k``: ``"10"``) go through it."""
+        return cls.from_dict(parse_given(cls, {k: v for k, v in options.items()
+                                               if v is not None}))
 
     def replace(self, **changes: Any) -> VitTrainConfig:
         return replace(self, **changes)
 
     def key(self) -> str:
         """A short hash of the config (names a run in a grid; checks resumes)."""
-        return canonical_hash(self.to_dict(), digits=12, compact=False, strict=False,
+        return canonical_hash(identity(self), digits=12, compact=False, strict=False,
                               default=str)
 
 
@@ -273,6 +305,15 @@ def measured_tokens(tokens: str, *, both: bool = False) -> str | tuple[int, ...]
     return tokens
 
 
+def images_config(k: int, tokens: str | tuple[int, ...] = "cls") -> Any:
+    """The ``MeasureConfig`` of every ViT measurement: depth-wise, K = ``k``, at ``tokens``;
+    the final measurement's is ``images_config(config.k, measured_tokens(config.tokens,
+    both=True))``, the config hash a ViT grid's units record."""
+    from blockcoupling.engine.config import MeasureConfig
+
+    return MeasureConfig.parse(coupling=("depth",), k=(k,), tokens=tokens)
+
+
 def record_images(model: torch.nn.Module, pixel_values: Tensor, run_dir: Path, k: int, *,
                   labels: list[str] | None = None, progress: bool = False,
                   resume: bool = False, tokens: str | tuple[int, ...] = "cls") -> Any:
@@ -281,11 +322,10 @@ def record_images(model: torch.nn.Module, pixel_values: Tensor, run_dir: Path, k
     their ``label`` is their class). Returns the :class:`~blockcoupling.Measurement`."""
     from dataclasses import replace as _replace
 
-    from blockcoupling.engine.config import MeasureConfig
     from blockcoupling.engine.inputs import split_tensor_inputs
     from blockcoupling.store.record import measure_to_dir
 
-    cfg = MeasureConfig.parse(coupling=("depth",), k=(k,), tokens=tokens)
+    cfg = images_config(k, tokens)
     items = split_tensor_inputs({"pixel_values": pixel_values})
     if labels is not None:
         items = [_replace(it, label=lab) for it, lab in zip(items, labels, strict=True)]
@@ -311,11 +351,9 @@ def token_statistic(m: Any, k: int, token: str) -> dict[str, float]:
     from blockcoupling.engine.statistic import statistic_table
 
     rows = m.coupling
-    if token == "cls":
-        rows = rows[rows["token_out_a"] == CLS_TOKEN]
-        if rows.empty:
-            raise BlockCouplingError("this measurement has no [CLS] (position 0) rows")
-    t = statistic_table(rows, k=k, tokens="all" if token == "all" else "last",
+    if token == "cls" and not (rows["token_out_a"] == CLS_TOKEN).any():
+        raise BlockCouplingError("this measurement has no [CLS] (position 0) rows")
+    t = statistic_table(rows, k=k, tokens=STATISTIC_TOKENS[token],
                         d_model=m.d_model, n_boot=0, where="vit").set_index("variant")
     return {"coupling": float(t.loc["coupling", "mean"]),
             "coupling_se": float(t.loc["coupling", "se"]),
@@ -482,9 +520,10 @@ def _train(config: VitTrainConfig, out: Path, *, progress: bool, on_epoch: Epoch
         if on_epoch is not None:
             on_epoch(row)
 
+    measured = set(config.measured_epochs())
+
     def monitored(epoch: int) -> bool:
-        return config.monitor_every > 0 and (epoch % config.monitor_every == 0
-                                             or epoch == config.epochs)
+        return epoch in measured
 
     def coupling_row(epoch: int) -> dict[str, Any]:
         t0 = time.perf_counter()
@@ -573,6 +612,25 @@ def _train(config: VitTrainConfig, out: Path, *, progress: bool, on_epoch: Epoch
 SPLIT_SIZES: dict[str, tuple[int, int]] = {"digits": (1437, 360), "cifar10": (50000, 10000)}
 
 
+def split_sizes(config: VitTrainConfig) -> tuple[int, int, int]:
+    """(train, test, evaluated per epoch) image counts of ``config``: the full splits'
+    :data:`SPLIT_SIZES`, or the limits."""
+    n_train, n_test = SPLIT_SIZES[config.dataset]
+    n_train = min(n_train, config.train_limit or n_train)
+    n_test = min(n_test, config.test_limit or n_test)
+    return n_train, n_test, n_test + min(n_train, config.eval_train_limit or n_train)
+
+
+def model_shape(config: VitTrainConfig) -> tuple[Any, int, int]:
+    """(VitShape, image side, channels) of the model ``config`` trains."""
+    from blockcoupling.studies.vit.data import DEFAULT_IMAGE_SIZE
+
+    shape = resolve_shape(config.preset, hidden_size=config.hidden_size, depth=config.depth,
+                          heads=config.heads)
+    size = config.image_size or DEFAULT_IMAGE_SIZE[config.dataset]
+    return shape, size, 1 if config.dataset == "digits" else 3
+
+
 def estimate_cost(config: VitTrainConfig, *, steps: int = 3, threads: int | None = None
                   ) -> dict[str, Any]:
     """The cost of training ``config`` here, from a short measured run: ``steps`` timed
@@ -580,18 +638,10 @@ def estimate_cost(config: VitTrainConfig, *, steps: int = 3, threads: int | None
     images of its data set's shape, and one timed eval batch; scaled to the full epochs
     (split sizes from :data:`SPLIT_SIZES`, or the limits). The coupling measurements are not
     counted. Nothing is written; the data set need not be present."""
-    from blockcoupling.studies.vit.data import DEFAULT_IMAGE_SIZE
-
     if steps < 1:
         raise BlockCouplingError("steps must be at least 1")
-    n_train, n_test = SPLIT_SIZES[config.dataset]
-    n_train = min(n_train, config.train_limit or n_train)
-    n_test = min(n_test, config.test_limit or n_test)
-    n_eval = n_test + min(n_train, config.eval_train_limit or n_train)
-    size = config.image_size or DEFAULT_IMAGE_SIZE[config.dataset]
-    channels = 1 if config.dataset == "digits" else 3
-    shape = resolve_shape(config.preset, hidden_size=config.hidden_size, depth=config.depth,
-                          heads=config.heads)
+    n_train, n_test, n_eval = split_sizes(config)
+    shape, size, channels = model_shape(config)
     old_threads = torch.get_num_threads()
     if threads is not None:
         torch.set_num_threads(max(1, int(threads)))
@@ -693,11 +743,13 @@ def _save_checkpoint(path: Path, config: VitTrainConfig, model: torch.nn.Module,
 
 
 def _save_model(model: Any, folder: Path) -> None:
+    from blockcoupling.loading import save_model
+
     with atomic_path(folder) as tmp:
-        model.save_pretrained(tmp)
+        save_model(model, tmp)
 
 
-__all__ = ["COUPLING_METRICS", "RECIPES", "TOKENS", "TOKEN_METRICS", "VitTrainConfig",
+__all__ = ["COUPLING_METRICS", "RECIPES", "STATISTIC_TOKENS", "TOKENS", "TOKEN_METRICS", "VitTrainConfig",
            "estimate_cost", "evaluate", "is_trained", "lr_at", "measure_images",
            "measured_tokens", "param_groups", "read_metrics", "record_images", "regularise",
            "reproducibility", "token_statistic", "train_loss", "train_vit"]

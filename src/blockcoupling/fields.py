@@ -1,0 +1,194 @@
+"""Config records declared once: each field's help, CLI flag, check and identity, in one place.
+
+A config record (``MeasureConfig``, ``VitTrainConfig``, ``StudySpec``, ...) is a frozen
+dataclass whose fields are made with :func:`opt`. The field's metadata says
+
+* ``help``: the text of its CLI option (and of the docs' reference page);
+* ``cli``: its flag without the dashes (``"analysis-dtype"``), ``True`` for the field name with
+  dashes, ``None``/``False`` when the field is not on the command line;
+* ``parse``: ``parse(name, value) -> value`` for user input (a CLI string such as
+  ``"10,30,50"``, a YAML value); a field without one takes its typed value as given;
+* ``check``: ``(validate.whole | validate.number, bounds)``: the range rule, applied by
+  :func:`check_fields` (every record's ``__post_init__``), the message names the option;
+* ``hashed``: whether the field enters the record's identity (:func:`identity`): ``True``,
+  ``False`` or ``"if_set"`` (only when not ``None``: a field added later keeps every earlier
+  hash).
+
+From that one declaration come the CLI options (:func:`option_parameters`, read by
+``cli/options.py``), the YAML keys and their errors (:func:`from_mapping`: an unknown key or
+a bad value is one line naming the key and where it was), the validation
+(:func:`check_fields`) and the identity (:func:`identity`, the payload of
+``hashing.canonical_hash``). Pure functions; typer is imported only to build options.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import types
+import typing
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from blockcoupling import validate
+from blockcoupling.errors import BlockCouplingError
+
+__all__ = ["OptionSpec", "check_fields", "cli_options", "from_mapping", "identity", "opt",
+           "option_parameters", "parse_given"]
+
+_MISSING: Any = dataclasses.MISSING
+
+
+def opt(default: Any = _MISSING, help: str = "", *, parse: Callable[[str, Any], Any] | None = None,
+        cli: str | bool | None = None, hashed: bool | str = True,
+        check: tuple[Callable[..., Any], dict[str, Any]] | None = None,
+        default_factory: Callable[[], Any] | None = None, **extra: Any) -> Any:
+    """A dataclass field of a config record with its metadata (see the module docstring;
+    ``extra`` keys are kept in the metadata for the record's own use)."""
+    meta = {"help": help, "parse": parse, "cli": cli, "hashed": hashed, "check": check, **extra}
+    if default_factory is not None:
+        return dataclasses.field(default_factory=default_factory, metadata=meta)
+    return dataclasses.field(default=default, metadata=meta)
+
+
+def _fields(cls: Any) -> tuple[dataclasses.Field[Any], ...]:
+    return dataclasses.fields(cls)
+
+
+def check_fields(record: Any, *, prefix: str = "", dashes: bool = True) -> None:
+    """Apply every field's ``check`` (None passes); whole numbers written as floats
+    (``5.0``) become ints. The message names the option with dashes (``train-limit``, a CLI
+    flag) or, ``dashes=False``, as the field (``num_cpus``, a YAML key)."""
+    for f in _fields(record):
+        rule = f.metadata.get("check")
+        if rule is None:
+            continue
+        fn, bounds = rule
+        try:
+            value = validate.optional(fn, getattr(record, f.name),
+                                      f.name.replace("_", "-") if dashes else f.name, **bounds)
+        except validate.OptionError as err:
+            raise validate.OptionError(f"{prefix}{err}") from err
+        if fn is validate.whole:
+            object.__setattr__(record, f.name, value)
+
+
+def from_mapping(cls: Any, data: Any, where: str = "", *, base: Any = None,
+                 parse: bool = True, skip: tuple[str, ...] = ()) -> Any:
+    """A record of ``cls`` from a mapping (a YAML section, keyword values), on top of
+    ``base`` (default: the field defaults). Unknown keys, a value its field's parser refuses,
+    and a record that does not validate are one :class:`BlockCouplingError` line that names
+    the key and ``where`` it was (``"measure"``, ``"runs[2]"``); ``parse=False`` takes the
+    values as typed."""
+    pre = f"{where}: " if where else ""
+    if not isinstance(data, Mapping):
+        raise BlockCouplingError(f"{pre}give a mapping of {_names(cls, skip)}, not {data!r}")
+    names = [f.name for f in _fields(cls) if f.name not in skip]
+    unknown = [str(k) for k in data if k not in names]
+    if unknown:
+        raise BlockCouplingError(f"{pre}unknown key {unknown[0]!r}; known: {', '.join(names)}")
+    try:
+        values = parse_given(cls, data) if parse else dict(data)
+        return dataclasses.replace(base, **values) if base is not None else cls(**values)
+    except BlockCouplingError as err:
+        if not pre:
+            raise
+        raise type(err)(f"{pre}{err}") from err
+    except TypeError as err:  # a missing required field
+        raise BlockCouplingError(f"{pre}{err}; known keys: {', '.join(names)}") from err
+
+
+def parse_given(cls: Any, values: Mapping[str, Any]) -> dict[str, Any]:
+    """``values`` (field -> user input, e.g. a CLI's raw strings) with each value of a field
+    that has a parser parsed by it; the others as given."""
+    by_name = {f.name: f for f in _fields(cls)}
+    out = {}
+    for key, value in values.items():
+        parser = by_name[key].metadata.get("parse") if key in by_name else None
+        out[key] = parser(key, value) if parser is not None else value
+    return out
+
+
+def _names(cls: Any, skip: tuple[str, ...]) -> str:
+    return ", ".join(f.name for f in _fields(cls) if f.name not in skip)
+
+
+def identity(record: Any, plain: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The fields of ``record`` that enter its identity hash, by name, as plain data
+    (``plain``: the record's own JSON form, e.g. ``to_dict()``; default ``asdict``)."""
+    data = dict(plain) if plain is not None else dataclasses.asdict(record)
+    out = {}
+    for f in _fields(record):
+        hashed = f.metadata.get("hashed", True)
+        if hashed is True or (hashed == "if_set" and data[f.name] is not None):
+            out[f.name] = data[f.name]
+    return out
+
+
+@dataclasses.dataclass(frozen=True)
+class OptionSpec:
+    """One generated CLI option: the field, its flag, its help, and how it is typed."""
+
+    name: str            # the record's field (and the command's parameter name)
+    flag: str            # "--analysis-dtype"
+    help: str
+    annotation: Any      # bool | None (a --x/--no-x flag), str | None (raw, parsed), int | None ...
+    is_flag: bool
+
+
+def _plain_type(tp: Any) -> Any:
+    """``int | None`` -> int; ``str | bool | None`` -> str; a tuple or anything else -> str."""
+    args = [a for a in typing.get_args(tp) if a is not type(None)] \
+        if typing.get_origin(tp) in (typing.Union, types.UnionType) else [tp]
+    for candidate in (str, float, int, bool):
+        if candidate in args and (candidate is not bool or len(args) == 1):
+            return candidate
+    return str
+
+
+def cli_options(cls: Any, *, exclude: tuple[str, ...] = (),
+                render: Callable[[str, Any], str] | None = None,
+                help_overrides: Mapping[str, str] | None = None) -> list[OptionSpec]:
+    """The CLI options of every field of ``cls`` with a ``cli`` flag (not in ``exclude``).
+
+    A field with a parser takes a raw string (``None`` = not given); any other takes its
+    type (``int``, ``float``, ``str``; a bool is ``--x/--no-x``). Every option defaults to
+    ``None`` so that an option not given leaves the record's default (or a recipe's value);
+    the record's default is shown in the help as ``[default: X]`` (``render(name, value)``
+    writes it, ``None`` included; without ``render`` a default of ``None`` is not shown)."""
+    hints = typing.get_type_hints(cls)
+    out = []
+    for f in _fields(cls):
+        cli = f.metadata.get("cli")
+        if not cli or f.name in exclude:
+            continue
+        flag = "--" + (f.name.replace("_", "-") if cli is True else str(cli))
+        help_ = (help_overrides or {}).get(f.name, f.metadata.get("help", ""))
+        plain = _plain_type(hints[f.name])
+        is_flag = plain is bool and f.metadata.get("parse") is None or isinstance(f.default, bool)
+        if f.metadata.get("parse") is not None and not is_flag:
+            plain = str
+        default = f.default if f.default is not _MISSING else None
+        if not is_flag and (default is not None or render is not None):
+            shown = render(f.name, default) if render else str(default)
+            help_ = f"{help_} [default: {shown}]"
+        out.append(OptionSpec(f.name, flag, help_, bool if is_flag else plain, is_flag))
+    return out
+
+
+def option_parameters(options: list[OptionSpec]) -> list[inspect.Parameter]:
+    """typer-annotated keyword parameters (default None) for ``options``: a generated
+    signature that ``typer`` turns into click options."""
+    from typing import Annotated
+
+    import typer
+
+    params = []
+    for o in options:
+        if o.is_flag:
+            info = typer.Option(f"{o.flag}/--no-{o.flag.removeprefix('--')}", help=o.help)
+        else:
+            info = typer.Option(o.flag, help=o.help)
+        params.append(inspect.Parameter(o.name, inspect.Parameter.KEYWORD_ONLY, default=None,
+                                        annotation=Annotated[o.annotation | None, info]))
+    return params

@@ -1,0 +1,215 @@
+"""What every summary shares: the run list and its labels, sizes, K and variant checks, robust statistics and number formatting."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from blockcoupling.engine import names
+from blockcoupling.engine.results import TABLES, Measurement
+from blockcoupling.errors import BlockCouplingError
+
+Runs = Measurement | Sequence[Measurement]
+
+#: variants whose normaliser takes a user-chosen p (the others store p empty or fixed):
+#: the engine's one list (coupling_vs_null does not depend on p and is stored with p empty)
+P_VARIANTS: tuple[str, ...] = names.P_VARIANTS
+#: variants where a larger value means more coupled (for the others, smaller is more coupled)
+HIGHER_IS_COUPLED: dict[str, bool] = {
+    "coupling": True,
+    "coupling_vs_null": True,
+    "miscoupling": False,
+    "released_norm": False,
+    "released_trace": False,
+    "offdiag_ratio": False,
+}
+TOKEN_KINDS: tuple[str, ...] = ("self", "fixed_input", "fixed_output")
+#: why ``expodistance`` is NaN for a token (docs/conventions.md, "Trajectories")
+EXPODISTANCE_NAN_REASON = ("its norms ||x^l|| do not change beyond the rounding of the stored "
+                           "hidden states (e.g. a post-LN block's LayerNorm fixes them), so "
+                           "there is no growth rate")
+#: a median |coupling_vs_null| below this counts as "at the chance level" in the report text
+CHANCE_BAND = 0.05
+
+
+
+class NoData(BlockCouplingError):
+    """The data a summary or figure needs was not measured (e.g. no ``self`` coupling rows)."""
+
+
+# ====================================================================== runs and labels
+def as_runs(runs: Runs) -> list[Measurement]:
+    """One Measurement or a sequence of them -> a non-empty list."""
+    out = [runs] if isinstance(runs, Measurement) else list(runs)
+    if not out:
+        raise BlockCouplingError("no measurement given: pass one Measurement or a list of them")
+    return out
+
+
+
+def run_label(m: Measurement, index: int = 0) -> str:
+    """A short name for a run: meta ``label``, else ``revision``, else the model id."""
+    for key in ("label", "revision", "model"):
+        value = m.meta.get(key)
+        if value not in (None, ""):
+            return str(value)
+    return f"run {index + 1}"
+
+
+
+def run_labels(ms: Sequence[Measurement], labels: Sequence[str] | None = None) -> list[str]:
+    """Labels for several runs; explicit ``labels`` win. Duplicates get a suffix #i."""
+    if labels is not None:
+        if len(labels) != len(ms):
+            raise BlockCouplingError(
+                f"{len(labels)} labels for {len(ms)} runs: give one label per run"
+            )
+        out = [str(x) for x in labels]
+    else:
+        out = [run_label(m, i) for i, m in enumerate(ms)]
+    seen: dict[str, int] = {}
+    for i, lab in enumerate(out):
+        if out.count(lab) > 1:
+            seen[lab] = seen.get(lab, 0) + 1
+            out[i] = f"{lab} #{seen[lab]}"
+    return out
+
+
+
+def n_prompts(m: Measurement) -> int:
+    """Number of prompts of a run (prompts table, else distinct prompt ids in any table)."""
+    if len(m.prompts):
+        return int(m.prompts["prompt_id"].nunique())
+    ids: set[str] = set()
+    for name in ("coupling", "trajectory", "token_metrics", "spectra"):
+        ids.update(str(v) for v in m.table(name)["prompt_id"].dropna().unique())
+    return len(ids)
+
+
+
+def is_empty(m: Measurement) -> bool:
+    """True when no result table of the run has a row (nothing was measured)."""
+    return all(m.table(name).empty for name in TABLES if name not in ("prompts", "diagnostics"))
+
+
+
+def n_layers(m: Measurement) -> int | None:
+    """Number of blocks L seen in the run's tables (trajectory layers 0..L, else coupling)."""
+    if not m.trajectory.empty:
+        return int(m.trajectory["layer"].max())
+    if not m.coupling.empty:
+        return int(max(m.coupling["layer_a"].max(), m.coupling["layer_b"].max()))
+    if not m.spectra.empty:
+        return int(m.spectra["layer"].max())
+    return None
+
+
+
+def resolve_k(m: Measurement, k: int | None) -> int:
+    """The K a summary uses for run ``m``: ``k`` or the run's smallest measured K."""
+    return int(k) if k is not None else int(min(m.config.k))
+
+
+
+def check_variant(variant: str, orientation: str) -> None:
+    """Raise a clear error for an unknown variant or orientation."""
+    if variant not in HIGHER_IS_COUPLED:
+        raise BlockCouplingError(
+            f"variant {variant!r} is unknown; choose from {', '.join(HIGHER_IS_COUPLED)}"
+        )
+    if orientation not in ("ujv", "vju"):
+        raise BlockCouplingError(f"orientation {orientation!r} is unknown; choose ujv or vju")
+
+
+# ====================================================================== robust statistics
+@dataclass(frozen=True)
+class RobustStats:
+    """Summary of one sample: counts, quartiles, mean and range (NaN values counted apart)."""
+
+    n: int  # finite values
+    n_nan: int  # NaN values (not measured or undefined)
+    median: float
+    q25: float
+    q75: float
+    mean: float
+    min: float
+    max: float
+
+    @property
+    def iqr(self) -> float:
+        return self.q75 - self.q25
+
+    def spans_decades(self, decades: float = 2.0) -> bool:
+        """True when the positive values span more than ``decades`` powers of ten."""
+        return self.min > 0 and self.max / self.min > 10.0 ** decades
+
+
+
+def robust_stats(values: Sequence[float] | np.ndarray | pd.Series) -> RobustStats:
+    """:class:`RobustStats` of ``values`` (NaN and +-inf are counted in ``n_nan``)."""
+    v = np.asarray(values, dtype=float).ravel()
+    finite = v[np.isfinite(v)]
+    if finite.size == 0:
+        nan = float("nan")
+        return RobustStats(0, int(v.size), nan, nan, nan, nan, nan, nan)
+    q25, med, q75 = np.quantile(finite, [0.25, 0.5, 0.75])
+    return RobustStats(int(finite.size), int(v.size - finite.size), float(med), float(q25),
+                       float(q75), float(finite.mean()), float(finite.min()),
+                       float(finite.max()))
+
+
+
+def token_metric_stats(m: Measurement, column: str, token: int | None = None) -> RobustStats:
+    """:class:`RobustStats` over (prompt, token) of a ``token_metrics`` column (``lss``,
+    ``expodistance``, ``equidistance_cv``, ``linearisation_cosine``)."""
+    tm = m.token_metrics if token is None else m.token_metrics[m.token_metrics["token"] == token]
+    return robust_stats(tm[column])
+
+
+
+def fmt_number(value: Any, digits: int = 3) -> str:
+    """A number for people: ``digits`` significant digits, thousands separators for large
+    values, scientific notation for tiny or huge ones, '-' for None / NaN, 'inf' for inf."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    if isinstance(value, bool | np.bool_):
+        return "yes" if value else "no"
+    if isinstance(value, int | np.integer):
+        return f"{int(value):,}"
+    if isinstance(value, float | np.floating):
+        v = float(value)
+        if math.isinf(v):
+            return "inf" if v > 0 else "-inf"
+        if v == 0:
+            return "0"
+        if abs(v) >= 1e6 or abs(v) < 1e-3:
+            return f"{v:.{digits}g}"
+        if abs(v) >= 10 ** digits:
+            return f"{v:,.0f}"
+        return f"{v:.{digits}g}"
+    return str(value)
+
+
+
+def config_differences(a: Measurement, b: Measurement) -> dict[str, tuple[Any, Any]]:
+    """Configuration fields (and scalar ``extra`` entries) whose values differ between two
+    runs: name -> (value in a, value in b). Lets the report say what separates two views of
+    one model (e.g. ``final_norm``) without knowing the option's name in advance."""
+    da, db = a.config.to_dict(), b.config.to_dict()
+    ea, eb = da.pop("extra", {}) or {}, db.pop("extra", {}) or {}
+    out: dict[str, tuple[Any, Any]] = {}
+    for key in sorted(set(da) | set(db)):
+        if key in ("batch_size", "chunk_size", "analysis_device", "figure_prompts",
+                   "figure_window", "seed"):
+            continue  # do not change a number
+        if da.get(key) != db.get(key):
+            out[key] = (da.get(key), db.get(key))
+    for key in sorted(set(ea) | set(eb)):
+        if ea.get(key) != eb.get(key):
+            out[f"extra.{key}"] = (ea.get(key), eb.get(key))
+    return out

@@ -1,0 +1,109 @@
+"""Across runs: the headline statistic per run side by side, and the runs overview table."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import pandas as pd
+
+from blockcoupling.report.summaries.common import (
+    NoData,
+    Runs,
+    as_runs,
+    check_variant,
+    is_empty,
+    n_layers,
+    n_prompts,
+    resolve_k,
+    robust_stats,
+    run_labels,
+    token_metric_stats,
+)
+from blockcoupling.report.summaries.depth import (
+    depth_rows,
+    headline_columns,
+)
+
+
+# ====================================================================== across runs
+def across_runs_data(runs: Runs, *, k: int | None = None, variant: str = "coupling",
+                     p: float | None = 1.0, orientation: str = "ujv") -> pd.DataFrame:
+    """One row per run (in order) with, over prompts and tokens:
+
+    - ``coupling_*``: the depth-wise value of ``variant`` (mean, std, median, q25, q75 of the
+      per-prompt values of the headline rule, ``engine.statistic``);
+    - ``null_*``: the same for ``coupling_vs_null`` (NaN where not measured);
+    - ``lss_*`` and ``expodistance_*``: mean, std, median, q25, q75 and ``_nan`` (count of
+      tokens without a value) of the per-token metrics.
+
+    Expodistance is heavy-tailed where norms barely grow (post-LN models): read medians."""
+    check_variant(variant, orientation)
+    rows = []
+    for m in as_runs(runs):
+        row: dict[str, float] = {}
+        for name, var in (("coupling", variant), ("null", "coupling_vs_null")):
+            vals: pd.Series | None = None
+            if depth_rows(m, k, var, p, orientation) is not None:
+                vals = m.per_prompt_coupling(resolve_k(m, k), variant=var, p=p,
+                                             orientation=orientation)["value"]
+            st = robust_stats([] if vals is None else vals)
+            row[f"{name}_mean"] = st.mean
+            row[f"{name}_std"] = float(vals.std(ddof=0)) if vals is not None and len(vals) \
+                else float("nan")
+            row[f"{name}_median"], row[f"{name}_q25"], row[f"{name}_q75"] = (
+                st.median, st.q25, st.q75)
+        for col in ("lss", "expodistance"):
+            v = m.token_metrics[col]
+            st = robust_stats(v)
+            row[f"{col}_mean"] = st.mean
+            row[f"{col}_std"] = float(v.dropna().std(ddof=0)) if st.n else float("nan")
+            row[f"{col}_median"], row[f"{col}_q25"], row[f"{col}_q75"] = (
+                st.median, st.q25, st.q75)
+            row[f"{col}_nan"] = float(st.n_nan)
+        rows.append(row)
+    out = pd.DataFrame(rows)
+    if out[["coupling_mean", "lss_mean", "expodistance_mean"]].isna().all().all():
+        raise NoData("no depth-wise coupling and no trajectory metrics to compare")
+    return out
+
+
+
+def run_overview(runs: Runs, labels: Sequence[str] | None = None, *, k: int | None = None,
+                 p: float | None = 1.0, orientation: str = "ujv") -> pd.DataFrame:
+    """One row per run: what was measured and the headline numbers (the report's summary).
+
+    Columns: label, model, n_prompts, n_layers, k, measured (False: no table has a row),
+    kinds (comma-separated coupling kinds present), the headline statistic
+    (``engine.statistic``: ``coupling_vs_null_mean``, ``coupling_vs_null_se``,
+    ``coupling_mean``, ``coupling_se``, ``coupling_chance``, ``statistic_rule``),
+    vs_null_median / vs_null_q25 / vs_null_q75 / vs_null_min / vs_null_max (of the per-prompt
+    values of ``coupling_vs_null``), vs_null_n (how many prompts), lss_median,
+    expodistance_median, expodistance_q25, expodistance_q75, expodistance_nan, n_tokens
+    (rows of token_metrics). NaN where not measured."""
+    ms = as_runs(runs)
+    labs = run_labels(ms, labels)
+    rows: list[dict[str, Any]] = []
+    for m, lab in zip(ms, labs, strict=True):
+        kk = resolve_k(m, k) if m.config.k else None
+        row: dict[str, Any] = {
+            "label": lab, "model": str(m.meta.get("model", "")), "n_prompts": n_prompts(m),
+            "n_layers": n_layers(m), "k": kk, "measured": not is_empty(m),
+            "kinds": ", ".join(sorted(set(m.coupling["kind"].dropna().astype(str)))),
+        }
+        row.update(headline_columns(m, kk, p=p, orientation=orientation))
+        rel = None
+        if depth_rows(m, kk, "coupling_vs_null", p, orientation) is not None:
+            rel = m.per_prompt_coupling(kk, variant="coupling_vs_null", p=p,
+                                        orientation=orientation)["value"]
+        st = robust_stats([] if rel is None else rel)
+        row.update(vs_null_median=st.median, vs_null_q25=st.q25, vs_null_q75=st.q75,
+                   vs_null_min=st.min, vs_null_max=st.max, vs_null_n=st.n)
+        lss = token_metric_stats(m, "lss")
+        ed = token_metric_stats(m, "expodistance")
+        row.update(lss_median=lss.median, expodistance_median=ed.median,
+                   expodistance_q25=ed.q25, expodistance_q75=ed.q75,
+                   expodistance_max=ed.max, expodistance_nan=ed.n_nan,
+                   n_tokens=len(m.token_metrics))
+        rows.append(row)
+    return pd.DataFrame(rows)

@@ -1,0 +1,244 @@
+"""The models of the correlation study: what one measured model is (:class:`ModelUnit`), how
+it is read from run and sweep directories (:func:`load_units`), and its row of numbers under
+one rule (:class:`CouplingStatistic`, :func:`model_table`): the headline statistic of
+``engine.statistic`` for raw c_K and ``coupling_vs_null``, each with its standard error over
+prompts, and the chance level of raw c_K, with K = round(d / 10) per model unless a fixed K is
+given. Models measured on different prompt sets are refused unless told otherwise
+(:func:`check_prompt_sets`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from blockcoupling.engine.statistic import PAPER_K, StatisticRule, statistic_table
+from blockcoupling.errors import BlockCouplingError
+from blockcoupling.hashing import canonical_hash
+
+__all__ = [
+    "CouplingStatistic",
+    "ModelUnit",
+    "check_prompt_sets",
+    "load_units",
+    "model_table",
+    "prompt_set_of",
+]
+
+
+@dataclass(frozen=True)
+class CouplingStatistic:
+    """How each model's numbers are made: the headline rule of ``engine.statistic`` for every
+    variant in ``variants`` (default raw ``coupling``, as the paper, and ``coupling_vs_null``).
+
+    ``k=None`` means K = max(1, round(d / 10)) per model (the paper's choice for the
+    correlation). ``p`` applies to ``coupling``/``miscoupling``; ``tokens`` and ``diagonal``
+    as in :func:`blockcoupling.coupling_statistic`.
+    """
+
+    variants: tuple[str, ...] = ("coupling", "coupling_vs_null")
+    p: float | None = 1.0
+    orientation: str = "ujv"
+    k: int | None = None
+    tokens: str = "last"
+    diagonal: bool = False
+
+    def __post_init__(self) -> None:
+        for v in self.variants:  # the rule checks every name once, here, before any run loads
+            StatisticRule(variant=v, k=self.k, p=self.p, orientation=self.orientation,
+                          tokens=self.tokens, diagonal=self.diagonal)
+
+    @property
+    def k_rule(self) -> int | str:
+        return int(self.k) if self.k is not None else PAPER_K
+
+    def describe(self) -> str:
+        rule = StatisticRule(variant=self.variants[0], k=self.k_rule, p=self.p,
+                             orientation=self.orientation, tokens=self.tokens,
+                             diagonal=self.diagonal)
+        return (rule.describe().replace(f"depth-wise {self.variants[0]}",
+                                        "depth-wise " + " and ".join(self.variants))
+                + " (K per model)" * (self.k is None))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {v: StatisticRule(variant=v, k=self.k_rule, p=self.p,
+                                 orientation=self.orientation, tokens=self.tokens,
+                                 diagonal=self.diagonal).to_dict()
+                for v in self.variants}
+
+
+@dataclass
+class ModelUnit:
+    """One measured model: its names, its shape and its ``coupling`` table."""
+
+    label: str
+    model: str
+    coupling: pd.DataFrame
+    hidden_size: int
+    num_layers: int
+    revision: str | None = None
+    step: int | None = None
+    source: str = ""
+    keys: tuple[str, ...] = ()  # extra names a score table may use (e.g. the run folder name)
+    prompt_set: str = ""  # sha256 of the measured prompts' ids and texts
+
+    def match_keys(self) -> list[str]:
+        """Names a score row may use for this unit, most specific first."""
+        keys = [self.label, f"{self.model}@{self.revision}" if self.revision else "", self.model,
+                *self.keys]
+        out: list[str] = []
+        for key in keys:
+            if key and key not in out:
+                out.append(key)
+        return out
+
+
+def _unit_from_run(path: Path) -> ModelUnit:
+    from blockcoupling.store.rundir import open_run
+
+    m = open_run(path)
+    meta = m.meta
+    model = str(meta.get("model") or path.name)
+    revision = meta.get("revision")
+    label = str(meta.get("label") or (f"{model}@{revision}" if revision else model))
+    step = meta.get("step")
+    return ModelUnit(label=label, model=model, coupling=m.coupling,
+                     hidden_size=int(meta.get("hidden_size") or 0),
+                     num_layers=int(meta.get("num_layers") or 0),
+                     revision=str(revision) if revision else None,
+                     step=int(step) if step is not None else None, source=str(path),
+                     keys=(path.name,), prompt_set=prompt_set_of(m.prompts))
+
+
+def prompt_set_of(prompts: pd.DataFrame) -> str:
+    """A run's prompt set: sha256 of its prompts' ids and texts, in id order."""
+    rows = sorted(zip(prompts["prompt_id"].astype(str), prompts["text"].astype(str),
+                      strict=True))
+    return canonical_hash(rows, compact=False)
+
+
+def _sweep_reader() -> Any:
+    """``blockcoupling.studies.sweep`` if this install has it, else None."""
+    try:
+        from blockcoupling.studies import sweep
+    except ImportError:
+        return None
+    return sweep
+
+
+def _units_from_sweep(sweep: Any, path: Path) -> list[ModelUnit]:
+    """One unit per done unit of a sweep directory, named by the sweep's catalogue."""
+    sw = sweep.open_collection(path)
+    sw.verify()  # a damaged unit: named, with the resume that measures it again
+    rows = sw.done().to_dict("records")
+    labels = [str(r.get("label") or "") for r in rows]
+    prompt_sets = {str(r.get("prompt_set")) for r in rows}
+    units = []
+    for row, label in zip(rows, labels, strict=True):
+        unit = _unit_from_run(Path(sw.run_dir(row["unit_id"])))
+        for name in ("model", "revision"):
+            if isinstance(row.get(name), str) and row[name]:
+                setattr(unit, name, row[name])
+        step = row.get("step")
+        unit.step = int(step) if step is not None and not pd.isna(step) else None
+        if label and labels.count(label) > 1:  # checkpoints of one model: name each one
+            label += (f"-step{unit.step}" if unit.step is not None
+                      else f"@{unit.revision}" if unit.revision else f"-{row['unit_id']}")
+            if len(prompt_sets) > 1:
+                label += f"-{Path(str(row['prompt_set'])).stem}"
+        unit.label = label or unit.label
+        unit.keys = (*unit.keys, str(row["unit_id"]))
+        units.append(unit)
+    if not units:
+        raise BlockCouplingError(f"the sweep {path} has no finished unit yet; run it first")
+    return units
+
+
+def load_units(paths: Iterable[str | Path],
+               labels: Sequence[str] | None = None) -> list[ModelUnit]:
+    """One :class:`ModelUnit` per run directory; a collection (sweep, monitor, vit-grid)
+    adds one per done unit, read by ``open_collection``.
+    ``labels`` (one per run directory, no sweeps) name the models instead of their manifests'
+    label or model id: the names the score table's ``model`` column uses."""
+    from blockcoupling.store.rundir import is_run_dir
+
+    sweep = _sweep_reader()
+    units: list[ModelUnit] = []
+    paths = list(paths)
+    if labels is not None:
+        if len(labels) != len(paths):
+            raise BlockCouplingError(f"--labels gives {len(labels)} label(s) for {len(paths)} "
+                                     "input(s); give one label per run directory")
+        if not all(is_run_dir(Path(x)) for x in paths):
+            raise BlockCouplingError("--labels names run directories one by one; a sweep's "
+                                     "units are named by the sweep (pass the runs instead)")
+    for raw in paths:
+        path = Path(raw)
+        if not path.exists():
+            raise BlockCouplingError(f"{path} does not exist; pass run directories "
+                                     "(blockcoupling measure --out DIR) or a sweep directory")
+        if is_run_dir(path):
+            units.append(_unit_from_run(path))
+            continue
+        if sweep is not None and sweep.is_collection_dir(path):  # any kind, by its manifest
+            units += _units_from_sweep(sweep, path)
+            continue
+        raise BlockCouplingError(f"{path} is not a blockcoupling run directory (no readable "
+                                 "manifest.json); pass run directories written by "
+                                 "`blockcoupling measure` or a sweep directory")
+    if labels is not None:
+        for unit, label in zip(units, labels, strict=True):
+            unit.label = label
+    names = [u.label for u in units]
+    dup = sorted({x for x in names if names.count(x) > 1})
+    if dup:
+        raise BlockCouplingError(f"several runs share the label(s) {', '.join(dup)}; each model "
+                                 "must appear once (name them with --labels a,b,c, one per run)")
+    return units
+
+
+def model_table(units: Sequence[ModelUnit], statistic: CouplingStatistic) -> pd.DataFrame:
+    """One row per unit: label, model, revision, step, source, d_model_run, layers_run, k,
+    n_prompts, prompt_set, and per variant ``<variant>_mean`` and ``<variant>_se`` (the
+    headline statistic, ``engine.statistic``), ``coupling_chance`` (the mean chance level of
+    raw c_K, where coupling_vs_null was measured too)."""
+    rows = []
+    for u in units:
+        if statistic.k is None and u.hidden_size < 1:
+            raise BlockCouplingError(f"{u.source or u.label}: hidden size unknown, so K = d/10 "
+                                     "cannot be chosen; pass --k")
+        t = statistic_table(u.coupling, variants=statistic.variants, k=statistic.k_rule,
+                            p=statistic.p, orientation=statistic.orientation,
+                            tokens=statistic.tokens, diagonal=statistic.diagonal,
+                            d_model=u.hidden_size or None, n_boot=0,
+                            where=u.source or u.label).set_index("variant")
+        row: dict[str, Any] = {
+            "label": u.label, "model": u.model, "revision": u.revision, "step": u.step,
+            "source": u.source, "d_model_run": u.hidden_size, "layers_run": u.num_layers,
+            "k": int(t["k"].iloc[0]), "n_prompts": int(t["n_prompts"].min()),
+            "prompt_set": u.prompt_set}
+        for v in statistic.variants:
+            row[f"{v}_mean"], row[f"{v}_se"] = float(t.loc[v, "mean"]), float(t.loc[v, "se"])
+        row["coupling_chance"] = (float(t.loc["coupling", "chance"])
+                                  if "coupling" in t.index else math.nan)
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def check_prompt_sets(units: Sequence[ModelUnit], *, allow_mixed: bool = False) -> None:
+    """Refuse models measured on different prompt sets (their means are not comparable)
+    unless ``allow_mixed``."""
+    sets: dict[str, list[str]] = {}
+    for u in units:
+        sets.setdefault(u.prompt_set, []).append(u.label)
+    if len(sets) > 1 and not allow_mixed:
+        listed = "; ".join(f"{key[:10]}: {', '.join(labs[:3])}{', ...' if len(labs) > 3 else ''}"
+                           for key, labs in sets.items())
+        raise BlockCouplingError(
+            f"the models were measured on {len(sets)} different prompt sets ({listed}); measure "
+            "them on one prompt set, or pass --allow-mixed-prompts to correlate them anyway")

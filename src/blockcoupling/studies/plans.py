@@ -1,0 +1,216 @@
+"""The plans that ``--dry-run`` prints for the studies and sweeps: validated and costed, nothing
+written.
+
+* :func:`plan_sweep`: every unit of a sweep spec, each with the
+  :class:`~blockcoupling.engine.plan.MeasurePlan` of its model and prompts (the model and the
+  prompts are loaded and checked as the unit's measurement loads them: ``runner.load_unit``,
+  ``store.record.plan_run``).
+* :func:`plan_vit_training` (``vit-train``, ``vit-grid``, a grid spec given to ``sweep``) and
+  :func:`plan_lm_study` (``study lm-family``): per training run its steps, the checkpoints
+  measured and the MeasurePlan of one checkpoint's measurement, computed on the untrained
+  model of the run's shape with the inputs the study measures.
+
+The time estimate is a stated model, not a measurement: training costs ``6 x parameters x
+tokens`` flop per step (forward and backward of a dense transformer), a measurement what
+:func:`~blockcoupling.engine.plan.plan_measure` states, both at
+:data:`~blockcoupling.engine.plan.GFLOPS`. ``vit-train --estimate`` times real training
+steps on this machine.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from blockcoupling.engine.plan import GFLOPS, MeasurePlan, duration, span
+
+__all__ = ["RunPlan", "StudyPlan", "plan_grid", "plan_lm_study", "plan_sweep", "plan_vit_training"]
+
+#: how the training time is estimated (stated in every plan)
+TRAINING_MODEL = (f"stated model: training 6 x parameters x tokens flop per step, measurement "
+                  f"VJP and eigh flops, at {GFLOPS / 1e9:.0f} GFLOP/s; not measured")
+
+
+@dataclass
+class RunPlan:
+    """One training run (or one sweep unit: no training) and the measurements it makes."""
+
+    name: str
+    measure: MeasurePlan                       # one checkpoint's measurement
+    checkpoints: tuple[int, ...] = ()          # steps (LM) or epochs (ViT) measured
+    unit: str = "step"                         # what ``checkpoints`` count
+    steps: int = 0                             # training steps
+    parameters: int = 0
+    training_flops: float = 0.0
+    final: MeasurePlan | None = None           # the trained model's own measurement (ViT)
+
+    @property
+    def measurements(self) -> int:
+        return max(1, len(self.checkpoints)) + (self.final is not None)
+
+    @property
+    def estimated_seconds(self) -> float:
+        measure = max(1, len(self.checkpoints)) * self.measure.estimated_seconds
+        return self.training_flops / GFLOPS + measure + (
+            self.final.estimated_seconds if self.final is not None else 0.0)
+
+    def describe(self) -> str:
+        lines = [f"  {self.name}"]
+        if self.steps:
+            lines[0] += (f": {self.steps:,} training steps ({self.parameters:,} parameters), "
+                         f"measured at {self.unit}s {span(self.checkpoints)} "
+                         f"({len(self.checkpoints)} checkpoints)")
+        lines.append(f"    each measurement: {_measure_line(self.measure)}")
+        if self.final is not None:
+            lines.append(f"    final measurement: {_measure_line(self.final)}")
+        return "\n".join(lines)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "steps": self.steps, "parameters": self.parameters,
+                "unit": self.unit, "checkpoints": list(self.checkpoints),
+                "training_flops": self.training_flops, "measure": self.measure.to_dict(),
+                "final": self.final.to_dict() if self.final is not None else None,
+                "estimated_seconds": self.estimated_seconds}
+
+
+@dataclass
+class StudyPlan:
+    """What a study or a sweep will do, before it does it (``describe()``, ``to_dict()``)."""
+
+    study: str
+    runs: list[RunPlan]
+    estimate: str = TRAINING_MODEL
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def estimated_seconds(self) -> float:
+        return sum(r.estimated_seconds for r in self.runs)
+
+    def describe(self) -> str:
+        steps = sum(r.steps for r in self.runs)
+        what = (f"{len(self.runs)} training runs, {steps:,} training steps, "
+                if steps else f"{len(self.runs)} units, ")
+        lines = [f"plan of {self.study}: {what}"
+                 f"{sum(r.measurements for r in self.runs):,} measurements; nothing is written"]
+        lines += [r.describe() for r in self.runs]
+        lines += [f"  {n}" for n in self.notes]
+        lines.append(f"  estimated time {duration(self.estimated_seconds)} ({self.estimate})")
+        return "\n".join(lines)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"study": self.study, "runs": [r.to_dict() for r in self.runs],
+                "estimated_seconds": self.estimated_seconds, "estimate": self.estimate,
+                "notes": list(self.notes)}
+
+
+def _measure_line(p: MeasurePlan) -> str:
+    pairs = ", ".join(f"{k} {v:,}" for k, v in p.pairs.items()) or "no coupling"
+    return (f"{p.prompts:,} inputs ({p.tokens:,} tokens) on {p.num_layers} blocks of d = "
+            f"{p.hidden_size}, {p.jacobians:,} Jacobian blocks, pairs {pairs}, "
+            f"{duration(p.estimated_seconds)}")
+
+
+# ---------------------------------------------------------------------------- sweeps
+def plan_sweep(spec: Any) -> StudyPlan:
+    """Every unit of ``spec`` (a YAML path, a mapping or a ``SweepSpec``) with its
+    MeasurePlan; each unit's model and prompts are loaded and checked (one at a time)."""
+    from blockcoupling.store.record import plan_run
+    from blockcoupling.studies.sweep.runner import load_unit
+    from blockcoupling.studies.sweep.spec import load_spec
+    from blockcoupling.studies.sweep.units import expand
+
+    sp = load_spec(spec)
+    runs = []
+    for u in expand(sp):
+        model, tok, prompts = load_unit(u, sp.config)
+        plan = plan_run(model, tok, prompts, config=sp.config,
+                        model_name=f"{u.model}" + (f"@{u.revision}" if u.revision else ""))
+        runs.append(RunPlan(name=u.unit_id, measure=plan))
+        del model
+    return StudyPlan(study=f"the sweep {sp.name or ''}".rstrip(), runs=runs,
+                     estimate=runs[0].measure.estimate if runs else TRAINING_MODEL)
+
+
+# ---------------------------------------------------------------------------- ViT training
+def plan_vit_training(configs: Sequence[Any]) -> StudyPlan:
+    """The plan of training each ``VitTrainConfig``: epochs, steps, the epochs measured
+    (``monitor_images`` test images each) and the final measurement (``final_images``)."""
+    import math
+
+    import torch
+
+    from blockcoupling.store.record import plan_run
+    from blockcoupling.studies.vit.grid import run_name
+    from blockcoupling.studies.vit.model import build_vit
+    from blockcoupling.studies.vit.train import (
+        images_config,
+        measured_tokens,
+        model_shape,
+        split_sizes,
+    )
+
+    runs = []
+    for c in configs:
+        shape, size, channels = model_shape(c)
+        model = build_vit(shape, image_size=size, num_channels=channels, num_labels=10,
+                          drop_path=c.drop_path, seed=c.seed)
+        n_train, n_test, _ = split_sizes(c)
+        images = torch.zeros(min(max(c.monitor_images, c.final_images), n_test), channels,
+                             size, size)  # what the run measures: its first test images
+        model_name = f"ViT {c.preset}"
+        steps = math.ceil(n_train / c.batch_size) * c.epochs
+        params = sum(p.numel() for p in model.parameters())
+        tokens_per_image = (size // shape.patch_size) ** 2 + 1
+        runs.append(RunPlan(
+            name=run_name(c), unit="epoch", checkpoints=c.measured_epochs(), steps=steps, parameters=params,
+            training_flops=6.0 * params * tokens_per_image * c.batch_size * steps,
+            measure=plan_run(model, None, {"pixel_values": images[: c.monitor_images]},
+                             config=images_config(c.k, measured_tokens(c.tokens)),
+                             model_name=model_name),
+            final=plan_run(model, None, {"pixel_values": images[: c.final_images]},
+                           config=images_config(c.k, measured_tokens(c.tokens, both=True)),
+                           model_name=model_name)))
+    return StudyPlan(study="ViT training", runs=runs)
+
+
+def plan_grid(base: Any, kwargs: dict[str, Any]) -> StudyPlan:
+    """The plan of a ViT grid (``base`` config and :func:`~blockcoupling.studies.vit.grid.run_grid`'s
+    keyword arguments, e.g. from ``load_grid_spec``): every run's config, checked as the grid
+    checks it."""
+    from blockcoupling.studies.vit.grid import grid_configs
+
+    return plan_vit_training(grid_configs(base, kwargs.get("drop_paths", ()),
+                                          kwargs.get("weight_decays", ()),
+                                          kwargs.get("seeds", (0,))))
+
+
+# ---------------------------------------------------------------------------- the LM family
+def plan_lm_study(spec: Any) -> StudyPlan:
+    """The plan of ``study lm-family`` for a ``StudySpec``: per run its training steps, the
+    log-spaced checkpoints and the measurement of each (the study's sweep), on the untrained
+    model of the run's shape and the held-out prompts."""
+    from transformers import GPT2LMHeadModel
+
+    from blockcoupling.engine.config import parse_config
+    from blockcoupling.store.record import plan_run
+    from blockcoupling.studies.lm_study import _tiny_config, family_prompts, study_measure
+    from blockcoupling.studies.tiny_lm import _gpt2_config, build_tokenizer, corpus_text
+
+    tok = build_tokenizer(corpus_text())
+    cfg = parse_config(None, **study_measure(spec))
+    prompts = family_prompts(_tiny_config(spec, spec.runs[0]), n=spec.n_prompts,
+                             length=spec.prompt_length)
+    runs = []
+    for run in spec.runs:
+        tc = _tiny_config(spec, run)
+        model = GPT2LMHeadModel(_gpt2_config(tc, len(tok), tok.pad_token_id))
+        params = sum(p.numel() for p in model.parameters())
+        runs.append(RunPlan(
+            name=run.run_id, checkpoints=tuple(tc.checkpoints), steps=tc.max_steps,
+            parameters=params,
+            training_flops=6.0 * params * tc.batch_size * tc.block_size * tc.max_steps,
+            measure=plan_run(model, tok, prompts, config=cfg, model_name=run.run_id)))
+    notes = [f"each checkpoint is also scored on held-out text; K = {spec.k}, "
+             f"{len(prompts)} prompts of {spec.prompt_length} characters"]
+    return StudyPlan(study="the LM family study", runs=runs, notes=notes)

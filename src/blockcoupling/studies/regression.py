@@ -1,0 +1,271 @@
+"""The statistics of the correlation study, on plain tables (one row per model).
+
+Pure functions over numbers, no I/O: :func:`regression` (OLS line, Pearson r with a seeded
+percentile-bootstrap CI of R^2, Spearman rho; scipy.stats), :func:`exponential_fit`
+(scipy.optimize.curve_fit), :func:`partial_correlation` / :func:`partial_correlations`
+(statsmodels OLS residuals, given log10 d_model, log10 parameters and both),
+:func:`floor_analysis` (what the measured chance level of raw c_K explains) and
+:func:`analyse` (all of them on one table). scipy and statsmodels are the optional extra
+``blockcoupling[study]``; :func:`stats_modules` names it when they are missing.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from blockcoupling.engine.statistic import FLOOR_NOTE
+from blockcoupling.errors import BlockCouplingError
+
+__all__ = [
+    "CONTROLS",
+    "COUPLING_PREDICTORS",
+    "MIN_MODELS",
+    "PREDICTORS",
+    "analyse",
+    "exponential_fit",
+    "floor_analysis",
+    "partial_correlation",
+    "partial_correlations",
+    "regression",
+    "stats_modules",
+]
+
+#: Predictors regressed against the score, in output order: the headline statistic
+#: (coupling_vs_null first, then raw c_K as the paper), then the models' shape. ``log_params`` =
+#: log10(params_b * 1e9), ``log_d_model`` = log10(d_model).
+COUPLING_PREDICTORS: tuple[str, ...] = ("coupling_vs_null_mean", "coupling_mean")
+PREDICTORS: tuple[str, ...] = (*COUPLING_PREDICTORS, "params_b", "layers", "d_model",
+                               "train_tokens_t", "log_params", "log_d_model")
+#: the controls of the partial correlations, alone and together
+CONTROLS: tuple[tuple[str, ...], ...] = (("log_d_model",), ("log_params",),
+                                         ("log_d_model", "log_params"))
+MIN_MODELS = 3
+
+
+def stats_modules() -> tuple[Any, Any]:
+    """scipy.stats and statsmodels.api, or a clear error naming the extra to install."""
+    try:
+        import scipy.stats as st
+        import statsmodels.api as sm
+    except ImportError as err:
+        raise BlockCouplingError(
+            f"the correlation study needs scipy and statsmodels ({err.name} is missing): "
+            "pip install 'blockcoupling[study]'"
+        ) from None
+    return st, sm
+
+
+def _clean_xy(x: Sequence[float] | np.ndarray, y: Sequence[float] | np.ndarray
+              ) -> tuple[np.ndarray, np.ndarray]:
+    xa, ya = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
+    keep = np.isfinite(xa) & np.isfinite(ya)
+    return xa[keep], ya[keep]
+
+
+def regression(x: Sequence[float] | np.ndarray, y: Sequence[float] | np.ndarray, *,
+               n_boot: int = 2000, seed: int = 0, confidence: float = 0.95) -> dict[str, Any]:
+    """Least-squares line y = slope x + intercept and rank correlation (rows with NaN dropped).
+
+    Returns n, slope, intercept, slope_stderr, r (Pearson), r2, p (two-sided, slope = 0),
+    r2_ci (percentile bootstrap over models, ``n_boot`` resamples from
+    ``numpy.random.default_rng(seed)``; resamples with a constant x or y are left out and
+    counted in ``n_boot_degenerate``), spearman_rho, spearman_p. Needs n >= 3 and non-constant
+    x and y (raises otherwise).
+    """
+    st, _ = stats_modules()
+    xa, ya = _clean_xy(x, y)
+    if len(xa) < MIN_MODELS:
+        raise BlockCouplingError(f"a regression needs at least {MIN_MODELS} models with values, "
+                                 f"got {len(xa)}")
+    if np.ptp(xa) == 0 or np.ptp(ya) == 0:
+        raise BlockCouplingError("a regression needs values that vary; "
+                                 f"{'x' if np.ptp(xa) == 0 else 'y'} is constant")
+    lr = st.linregress(xa, ya)
+    rho = st.spearmanr(xa, ya)
+    lo = hi = float("nan")
+    degenerate = 0
+    if n_boot > 0:
+        def r2(a: np.ndarray, b: np.ndarray, axis: int = -1) -> np.ndarray:
+            return st.pearsonr(a, b, axis=axis).statistic ** 2
+
+        with warnings.catch_warnings(), np.errstate(all="ignore"):
+            warnings.simplefilter("ignore")
+            boot = st.bootstrap((xa, ya), r2, paired=True, vectorized=True, n_resamples=n_boot,
+                                method="percentile", confidence_level=confidence,
+                                random_state=np.random.default_rng(seed))
+        dist = np.asarray(boot.bootstrap_distribution, dtype=float)
+        degenerate = int((~np.isfinite(dist)).sum())
+        alpha = (1 - confidence) / 2
+        if degenerate < len(dist):
+            lo, hi = (float(v) for v in np.nanpercentile(dist, [100 * alpha, 100 * (1 - alpha)]))
+    return {
+        "n": int(len(xa)), "slope": float(lr.slope), "intercept": float(lr.intercept),
+        "slope_stderr": float(lr.stderr), "r": float(lr.rvalue), "r2": float(lr.rvalue ** 2),
+        "p": float(lr.pvalue), "r2_ci": [lo, hi], "ci_level": confidence, "n_boot": int(n_boot),
+        "n_boot_degenerate": degenerate, "seed": int(seed),
+        "spearman_rho": float(rho.statistic), "spearman_p": float(rho.pvalue),
+    }
+
+
+def exponential_fit(x: Sequence[float], y: Sequence[float]) -> dict[str, Any]:
+    """Least-squares fit of y = a exp(b x) (arXiv v1 fig. 8) with scipy.optimize.curve_fit.
+
+    Started from the straight line through log y when every y > 0. Returns n, a, b, their
+    standard errors, r2 (1 - SS_res / SS_tot on the y scale, comparable with the linear R^2)
+    and ``converged``.
+    """
+    stats_modules()
+    from scipy.optimize import curve_fit
+
+    xa, ya = _clean_xy(x, y)
+    if len(xa) < MIN_MODELS or np.ptp(xa) == 0 or np.ptp(ya) == 0:
+        raise BlockCouplingError("the exponential fit needs at least 3 models with varying values")
+    xc = xa.mean()  # centring keeps a and b well conditioned; a is reported at x = 0
+
+    def f(t: np.ndarray, a: float, b: float) -> np.ndarray:
+        return a * np.exp(b * (t - xc))
+
+    if (ya > 0).all():
+        b0, la0 = np.polyfit(xa - xc, np.log(ya), 1)
+        p0 = [math.exp(la0), b0]
+    else:
+        p0 = [float(ya.mean()), 0.0]
+    try:
+        with warnings.catch_warnings(), np.errstate(all="ignore"):
+            warnings.simplefilter("ignore")
+            (a_c, b), cov = curve_fit(f, xa, ya, p0=p0, maxfev=20000)
+        converged = bool(np.isfinite([a_c, b]).all())
+    except (RuntimeError, ValueError):
+        a_c, b, cov, converged = float("nan"), float("nan"), np.full((2, 2), np.nan), False
+    pred = f(xa, a_c, b)
+    r2 = 1.0 - float(np.sum((ya - pred) ** 2) / np.sum((ya - ya.mean()) ** 2))
+    a = a_c * math.exp(-b * xc) if converged else float("nan")
+    se = np.sqrt(np.clip(np.diag(cov), 0, None)) if np.isfinite(cov).all() else [np.nan, np.nan]
+    return {"n": int(len(xa)), "model": "score = a * exp(b * coupling)", "a": float(a),
+            "b": float(b), "a_stderr": float(se[0] * math.exp(-b * xc)) if converged else float("nan"),
+            "b_stderr": float(se[1]), "r2": r2 if converged else float("nan"),
+            "converged": converged}
+
+
+def partial_correlation(x: Sequence[float] | np.ndarray, y: Sequence[float] | np.ndarray,
+                        covariates: Sequence[float] | Sequence[Sequence[float]]
+                        ) -> dict[str, Any]:
+    """Partial correlation of x and y controlling for one covariate or several (statsmodels OLS).
+
+    ``covariates``: one sequence (n,) or several (m sequences of n). Fits
+    y ~ 1 + x + covariates; the partial r is the correlation of the residuals of x and y on
+    (1, covariates), its p-value the t-test of x's coefficient (n - 2 - m degrees of freedom).
+    Rows with NaN in any column are dropped; needs n >= m + 3 (and at least 4).
+    """
+    _, sm = stats_modules()
+    cov = np.asarray(covariates, dtype=float)
+    cov = cov[None, :] if cov.ndim == 1 else cov  # (m, n)
+    xa, ya = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
+    keep = np.isfinite(xa) & np.isfinite(ya) & np.isfinite(cov).all(axis=0)
+    xa, ya, ca = xa[keep], ya[keep], cov[:, keep].T  # ca (n, m)
+    need = max(MIN_MODELS + 1, ca.shape[1] + 3)
+    if len(xa) < need:
+        raise BlockCouplingError(f"a partial correlation with {ca.shape[1]} control(s) needs at "
+                                 f"least {need} models with all values, got {len(xa)}")
+    if (np.ptp(ca, axis=0) == 0).any():
+        raise BlockCouplingError("a control is constant over the models; nothing to control for")
+    c = sm.add_constant(ca, has_constant="add")
+    if np.linalg.matrix_rank(c) < c.shape[1]:
+        raise BlockCouplingError("the controls are collinear over these models (e.g. log "
+                                 "parameters a function of log d_model); use one of them")
+    rx = sm.OLS(xa, c).fit().resid
+    ry = sm.OLS(ya, c).fit().resid
+    if np.allclose(rx, 0) or np.allclose(ry, 0):
+        raise BlockCouplingError("after removing the controls nothing varies")
+    full = sm.OLS(ya, sm.add_constant(np.column_stack([xa, ca]), has_constant="add")).fit()
+    r = float(np.corrcoef(rx, ry)[0, 1])
+    return {"n": int(len(xa)), "r": r, "p": float(full.pvalues[1]), "df": int(full.df_resid),
+            "coef": float(full.params[1]), "coef_stderr": float(full.bse[1])}
+
+
+def partial_correlations(table: pd.DataFrame, y: np.ndarray,
+                         predictors: Sequence[str] = COUPLING_PREDICTORS,
+                         controls: Sequence[Sequence[str]] = CONTROLS) -> list[dict[str, Any]]:
+    """Each coupling predictor's partial correlation with the score given each set of controls
+    (``log_d_model``, ``log_params``, both): one dict each, ``skipped`` with the reason where
+    it cannot be computed."""
+    out = []
+    for x in predictors:
+        if x not in table.columns:
+            continue
+        for ctrl in controls:
+            entry: dict[str, Any] = {"x": x, "y": "score", "controlling_for": list(ctrl)}
+            try:
+                missing = [c for c in ctrl if c not in table.columns]
+                if missing:
+                    raise BlockCouplingError(f"no {', '.join(missing)} in the table")
+                entry.update(partial_correlation(table[x], y, [table[c] for c in ctrl]))
+            except BlockCouplingError as err:
+                entry["skipped"] = str(err)
+            out.append(entry)
+    return out
+
+
+def floor_analysis(table: pd.DataFrame, y: np.ndarray) -> dict[str, Any]:
+    """What the measured chance level of raw c_K explains (``correlate --floor``): the
+    regression of the score on ``coupling_chance``, the correlation of raw c_K with the
+    score, and its partial correlation given the chance level (what survives the floor)."""
+    out: dict[str, Any] = {"x": "coupling_chance", "note": FLOOR_NOTE}
+    if "coupling_chance" not in table.columns or table["coupling_chance"].notna().sum() < 3:
+        out["skipped"] = ("the chance level was not measured (measure the variant "
+                          "coupling_vs_null beside coupling)")
+        return out
+    for key, fn in (("score_on_chance", lambda: regression(table["coupling_chance"], y,
+                                                           n_boot=0)),
+                    ("raw_on_score", lambda: regression(table["coupling_mean"], y, n_boot=0)),
+                    ("raw_given_chance", lambda: partial_correlation(
+                        table["coupling_mean"], y, table["coupling_chance"]))):
+        try:
+            out[key] = fn()
+        except BlockCouplingError as err:
+            out[key] = {"skipped": str(err)}
+    return out
+
+
+def analyse(table: pd.DataFrame, *, n_boot: int = 2000, seed: int = 0,
+            floor: bool = False) -> dict[str, Any]:
+    """All statistics of one table (columns ``score`` and any of :data:`PREDICTORS`).
+
+    Returns ``{"n", "predictors": {name: regression or {"skipped": why}}, "exponential",
+    "partial_correlations"}`` (and ``"floor"`` with ``floor``: :func:`floor_analysis`).
+    Raises for fewer than 3 models or constant scores.
+    """
+    y = table["score"].to_numpy(dtype=float)
+    if len(table) < MIN_MODELS:
+        raise BlockCouplingError(f"the correlation needs at least {MIN_MODELS} models with a "
+                                 f"score, got {len(table)}")
+    if np.ptp(y[np.isfinite(y)]) == 0:
+        raise BlockCouplingError(f"all scores are equal ({y[0]:g}); a correlation needs "
+                                 "scores that vary")
+    out: dict[str, Any] = {"n": int(len(table)), "predictors": {}}
+    for name in PREDICTORS:
+        if name not in table.columns:
+            continue
+        x = table[name].to_numpy(dtype=float)
+        ok = np.isfinite(x)
+        if ok.sum() < MIN_MODELS:
+            out["predictors"][name] = {"skipped": f"{int(ok.sum())} model(s) with a value"}
+            continue
+        if np.ptp(x[ok]) == 0 or np.ptp(y[ok]) == 0:
+            out["predictors"][name] = {"skipped": "constant over the models with a value"}
+            continue
+        out["predictors"][name] = regression(x, y, n_boot=n_boot, seed=seed)
+    try:
+        out["exponential"] = exponential_fit(table["coupling_mean"], y)
+    except (BlockCouplingError, KeyError) as err:
+        out["exponential"] = {"skipped": str(err)}
+    out["partial_correlations"] = partial_correlations(table, y)
+    if floor:
+        out["floor"] = floor_analysis(table, y)
+    return out

@@ -1,0 +1,185 @@
+"""The scores of the correlation study: a CSV, the paper's Table 1 shipped with the package,
+or lm-evaluation-harness results (:func:`read_scores`), checked into one table
+(:func:`check_score_frame`: ``model``, ``score`` and the optional :data:`OPTIONAL_COLUMNS`),
+and matched to the measured models by label, model id, ``model@revision`` or run folder name
+(:func:`match_scores`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from importlib import resources
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from blockcoupling.errors import BlockCouplingError
+from blockcoupling.studies.model_units import ModelUnit
+
+__all__ = [
+    "OPTIONAL_COLUMNS",
+    "check_score_frame",
+    "match_scores",
+    "paper_scores",
+    "read_lmeval_dir",
+    "read_scores",
+    "read_scores_csv",
+]
+
+#: Optional columns of a score table.
+OPTIONAL_COLUMNS: tuple[str, ...] = ("params_b", "layers", "d_model", "train_tokens_t", "group")
+
+
+def check_score_frame(df: pd.DataFrame, where: str) -> pd.DataFrame:
+    missing = [c for c in ("model", "score") if c not in df.columns]
+    if missing:
+        raise BlockCouplingError(
+            f"{where}: missing column(s) {', '.join(missing)} (columns: "
+            f"{', '.join(map(str, df.columns)) or 'none'}); a score table needs 'model' and "
+            f"'score', optionally {', '.join(OPTIONAL_COLUMNS)}"
+        )
+    df = df.copy()
+    df["model"] = df["model"].astype(str).str.strip()
+    if (df["model"] == "").any() or df["model"].isna().any():
+        raise BlockCouplingError(f"{where}: a row has an empty 'model'")
+    dup = sorted(df.loc[df["model"].duplicated(), "model"].unique())
+    if dup:
+        raise BlockCouplingError(f"{where}: model(s) listed twice: {', '.join(dup)}")
+    for col in ("score", "params_b", "layers", "d_model", "train_tokens_t"):
+        if col in df.columns:
+            num = pd.to_numeric(df[col], errors="coerce")
+            bad = df.loc[num.isna() & df[col].notna() & (df[col].astype(str).str.strip() != ""),
+                         "model"]
+            if len(bad):
+                raise BlockCouplingError(f"{where}: column {col!r} is not a number for "
+                                         f"{', '.join(map(str, bad))}")
+            df[col] = num.astype(float)
+    if "group" in df.columns:
+        df["group"] = df["group"].astype("string")
+    return df
+
+
+def read_scores_csv(path: str | Path) -> pd.DataFrame:
+    """A score CSV: ``model``, ``score`` and optional ``params_b, layers, d_model,
+    train_tokens_t, group`` (other columns are kept)."""
+    path = Path(path)
+    try:
+        df = pd.read_csv(path, dtype=str, keep_default_na=False, na_values=[""])
+    except (OSError, pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as err:
+        raise BlockCouplingError(f"cannot read the score file {path}: {err}") from None
+    return check_score_frame(df, str(path))
+
+
+def paper_scores() -> pd.DataFrame:
+    """The paper's Table 1 (arXiv v1 appendix A.1) with a hub id for every row.
+
+    Columns: ``model`` (the hub id chosen), ``name`` (as printed: family and size), ``family``,
+    ``it_mark``, ``params_b``, ``layers``, ``d_model``, ``train_tokens_t``, ``score`` (Open LLM
+    Leaderboard score as printed; NaN where the paper prints none), ``positional_encoding``,
+    ``group`` (``base`` / ``fine-tuned``), ``aliases`` (other ids, ``|``-separated) and
+    ``note`` (why an id was chosen, oddities of the printed row). See docs/DESIGN.md.
+    """
+    # one name per joinpath: several are Python 3.11+
+    text = resources.files("blockcoupling.studies").joinpath("data").joinpath("paper_table1.csv")
+    with text.open("r", encoding="utf-8") as fh:
+        df = pd.read_csv(fh, dtype=str, keep_default_na=False, na_values=[""])
+    return check_score_frame(df, "paper table")
+
+
+def read_lmeval_dir(path: str | Path) -> pd.DataFrame:
+    """Scores from lm-evaluation-harness results (a folder or one results file): one row per
+    (model, revision), the Open LLM Leaderboard average; see :mod:`.lmeval`."""
+    from blockcoupling.studies.lmeval import read_lmeval
+
+    return check_score_frame(read_lmeval(path), str(path))
+
+
+def read_scores(source: str | Path) -> tuple[pd.DataFrame, str]:
+    """``(scores, description)`` from ``"paper"``, a CSV file or an lm-eval results folder."""
+    if str(source) == "paper":
+        return paper_scores(), "paper: Table 1 of Aubry et al. (arXiv 2407.07810 v1), shipped"
+    path = Path(source)
+    if path.is_dir() or (path.is_file() and path.suffix.lower() == ".json"):
+        return read_lmeval_dir(path), f"lm-evaluation-harness results in {path}"
+    if path.is_file():
+        return read_scores_csv(path), f"CSV {path}"
+    raise BlockCouplingError(f"--scores {source}: no such file or folder; give a CSV file, "
+                             "'paper' or an lm-evaluation-harness results folder")
+
+
+def match_scores(models: pd.DataFrame, units: Sequence[ModelUnit], scores: pd.DataFrame
+                 ) -> tuple[pd.DataFrame, list[dict[str, str]]]:
+    """Join each unit's row of ``models`` with its score row; returns (table, excluded).
+
+    A unit matches the score row whose ``model`` (or ``name`` / ``aliases`` for the paper
+    table) equals, case-insensitively, one of :meth:`ModelUnit.match_keys` (label first), or
+    whose hub id ends in ``/<key>`` when that is unique. Units with no matching row raise (all
+    listed); units whose row has no score are excluded and returned with the reason.
+    """
+    index: dict[str, set[int]] = {}
+    for i, row in scores.reset_index(drop=True).iterrows():
+        names = [row["model"]]
+        if "name" in scores.columns and isinstance(row.get("name"), str):
+            names.append(row["name"])
+        if "aliases" in scores.columns and isinstance(row.get("aliases"), str):
+            names += [a for a in row["aliases"].split("|") if a.strip()]
+        for name in names:
+            index.setdefault(str(name).strip().lower(), set()).add(int(i))
+        tail = str(row["model"]).rsplit("/", 1)[-1].strip().lower()
+        index.setdefault("*/" + tail, set()).add(int(i))
+    scores = scores.reset_index(drop=True)
+    chosen: list[int | None] = []
+    for u in units:
+        hit: int | None = None
+        for key in u.match_keys():
+            key = key.strip().lower()
+            for cand in (key, "*/" + key.rsplit("/", 1)[-1]):
+                rows = index.get(cand, set())
+                if len(rows) == 1:
+                    hit = next(iter(rows))
+                    break
+            if hit is not None:
+                break
+        chosen.append(hit)
+    unmatched = [u for u, c in zip(units, chosen, strict=True) if c is None]
+    if unmatched:
+        listed = "; ".join(f"{u.label}" + (f" (model {u.model})" if u.model != u.label else "")
+                           for u in unmatched)
+        known = ", ".join(map(str, scores["model"].head(8)))
+        raise BlockCouplingError(
+            f"no score for {len(unmatched)} run(s): {listed}. Add rows whose 'model' is the run's "
+            f"label or model id (score table has {len(scores)} models: {known}"
+            f"{', ...' if len(scores) > 8 else ''})"
+        )
+    owners: dict[int, list[str]] = {}
+    for u, c in zip(units, chosen, strict=True):
+        owners.setdefault(int(c), []).append(u.label)  # type: ignore[arg-type]
+    clash = {c: labs for c, labs in owners.items() if len(labs) > 1}
+    if clash:
+        c, labs = next(iter(clash.items()))
+        raise BlockCouplingError(
+            f"runs {', '.join(labs)} all match the score row {scores.loc[c, 'model']!r}; give "
+            "each run its own label and put the labels in the score table's 'model' column"
+        )
+    extra = [c for c in scores.columns if c != "model"]
+    right = scores.loc[[int(c) for c in chosen], extra].reset_index(drop=True)  # type: ignore[arg-type]
+    right = right.rename(columns={c: f"score_{c}" for c in extra if c in models.columns})
+    right.insert(0, "score_model", scores.loc[[int(c) for c in chosen], "model"].to_numpy())  # type: ignore[arg-type]
+    table = pd.concat([models.reset_index(drop=True), right], axis=1)
+    for col, run_col in (("layers", "layers_run"), ("d_model", "d_model_run")):
+        if col not in table.columns:
+            table[col] = table[run_col].astype(float)
+        else:  # the runs know their shape: fill what the score table leaves blank
+            table[col] = table[col].fillna(table[run_col].astype(float))
+    for col in ("params_b", "train_tokens_t"):
+        if col not in table.columns:
+            table[col] = np.nan
+    table["log_params"] = np.log10(table["params_b"].where(table["params_b"] > 0) * 1e9)
+    table["log_d_model"] = np.log10(table["d_model"].where(table["d_model"] > 0))
+    unusable = ~np.isfinite(table["score"].astype(float))  # blank, nan or inf: listed, not fitted
+    excluded = [{"label": str(r["label"]), "reason": (
+        f"no score for {r['score_model']} in the table" if pd.isna(r["score"]) else
+        f"the score of {r['score_model']} is {r['score']}, not a finite number")}
+        for _, r in table[unusable].iterrows()]
+    return table[~unusable].reset_index(drop=True), excluded

@@ -1,0 +1,346 @@
+"""One collection format (issue 18, item 2): a sweep, a monitor directory and a ViT grid are
+read by one reader (``open_collection``) and shown by the same ``sweep-status`` / ``report``
+/ ``correlate`` code path; unit ids follow one rule (the ids of directories written before
+are unchanged, so their resume goes on); the old ViT grid layout and unknown kinds are one
+line; ``blockcoupling collection upgrade`` converts the old layout."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+import transformers as tf
+from typer.testing import CliRunner
+
+import blockcoupling as bc
+from blockcoupling.cli import app
+from blockcoupling.errors import BlockCouplingError
+from blockcoupling.hashing import canonical_hash
+from blockcoupling.studies.sweep import store
+from blockcoupling.studies.sweep.units import _slug, collection_unit_id, unit_id
+
+WORDS = "the a cat dog sat on mat ran far".split()
+TEXTS = ["the cat sat on the mat", "a dog ran far"]
+MEASURE = {"k": [2], "coupling": ["depth"], "variants": ["coupling", "coupling_vs_null"],
+           "orientations": ["ujv"], "batch_size": 1}
+VIT_TINY = dict(preset="tiny", hidden_size=16, depth=2, heads=2, image_size=8, train_limit=96,
+                test_limit=32, batch_size=32, k=2, monitor_images=1, final_images=2,
+                monitor_every=0, epochs=1)
+
+
+def _tokenizer() -> tf.PreTrainedTokenizerFast:
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    vocab = {w: i for i, w in enumerate(["[PAD]", "[UNK]", *WORDS])}
+    tk = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    tk.pre_tokenizer = pre_tokenizers.Whitespace()
+    return tf.PreTrainedTokenizerFast(tokenizer_object=tk, pad_token="[PAD]", unk_token="[UNK]")
+
+
+def _gpt2(seed: int) -> tf.GPT2Model:
+    torch.manual_seed(seed)
+    return tf.GPT2Model(tf.GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=32,
+                                      n_positions=32))
+
+
+def _sweep_spec(root: Path) -> dict:
+    return {"models": [{"label": "g", "model": str(root / "models" / "gpt2")}],
+            "prompts": [{"name": "two", "texts": TEXTS}], "measure": MEASURE}
+
+
+@pytest.fixture(scope="module")
+def kinds(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """One finished collection of each kind: a sweep (local), a monitor (two steps, other
+    weights) and a 2 x 2 ViT grid (digits, tiny, one epoch)."""
+    from blockcoupling.studies.vit.grid import run_grid
+    from blockcoupling.studies.vit.train import VitTrainConfig
+
+    root = tmp_path_factory.mktemp("collections")
+    model_dir = root / "models" / "gpt2"
+    _gpt2(0).save_pretrained(model_dir)
+    _tokenizer().save_pretrained(model_dir)
+    bc.run_sweep(_sweep_spec(root), root / "sweep", executor="local", progress=False)
+    model, tok = _gpt2(1), _tokenizer()
+    with bc.CouplingMonitor(tok, TEXTS, every=None, steps=[0, 1], out=root / "monitor",
+                            k=(2,), coupling=("depth",), orientations=("ujv",)) as mon:
+        mon.step(model, 0)
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(0.01 * torch.randn_like(p))
+        mon.step(model, 1)
+    run_grid(VitTrainConfig(**VIT_TINY), root / "grid", drop_paths=(0.0, 0.1),
+             weight_decays=(0.01, 0.1), executor="local", progress=False)
+    return {"sweep": root / "sweep", "monitor": root / "monitor", "vit-grid": root / "grid"}
+
+
+@pytest.mark.parametrize("kind,n", [("sweep", 1), ("monitor", 2), ("vit-grid", 4)])
+def test_one_reader_status_report_and_correlate_for_every_kind(
+        kinds: dict[str, Path], kind: str, n: int, tmp_path: Path) -> None:
+    from blockcoupling.studies.model_units import load_units
+
+    path = kinds[kind]
+    c = bc.open_collection(path)
+    assert c.kind == kind and bc.open_sweep is bc.open_collection
+    assert c.catalogue["status"].tolist() == ["done"] * n
+    assert c.catalogue["unit_id"].str.fullmatch(r"[A-Za-z0-9._-]+-[0-9a-f]{12}").all()
+    c.verify()
+    summ = c.summary()
+    assert len(summ) == n and summ["coupling_vs_null_mean"].notna().all()
+    # the tables are each unit's own run: the summary's number is its run's statistic
+    # (a ViT grid's headline is at its own token, [CLS] = position 0: the ViT page's number)
+    first = str(c.catalogue["unit_id"].iloc[0])
+    tokens = "first" if kind == "vit-grid" else "last"
+    assert c.default_tokens == tokens
+    stat = bc.coupling_statistic(c.open_unit(first), variant="coupling_vs_null", n_boot=0,
+                                 tokens=tokens)
+    headline = summ.set_index("unit_id").loc[first, "coupling_vs_null_mean"]
+    assert headline == pytest.approx(float(stat["mean"].iloc[0]), rel=1e-12)
+    if kind == "vit-grid":
+        from blockcoupling.studies.vit.train import token_statistic
+
+        m, k = c.open_unit(first), int(summ.set_index("unit_id").loc[first, "k"])
+        assert headline == pytest.approx(token_statistic(m, k, "cls")["coupling_vs_null"],
+                                         rel=1e-12)
+        last = bc.coupling_statistic(m, variant="coupling_vs_null", n_boot=0, tokens="last")
+        assert float(last["mean"].iloc[0]) != pytest.approx(headline)  # both were measured
+    by_path = bc.coupling_statistic(path, variant="coupling_vs_null", n_boot=0)
+    assert by_path["mean"].tolist() == pytest.approx(summ["coupling_vs_null_mean"].tolist())
+    st = bc.studies.sweep_status(path)
+    assert st["status"].tolist() == ["done"] * n
+    runner = CliRunner()
+    r = runner.invoke(app, ["sweep-status", str(path)])
+    assert r.exit_code == 0, r.output
+    assert f"({kind}): {n} units: {n} done" in r.output and "depth-wise coupling" in r.output
+    r = runner.invoke(app, ["sweep-status", str(path), "--json"])
+    assert r.exit_code == 0 and json.loads(r.output)["kind"] == kind
+    html = tmp_path / f"{kind}.html"
+    r = runner.invoke(app, ["-q", "report", str(path), "--out", str(html)])
+    assert r.exit_code == 0, r.output
+    page = html.read_text()
+    assert ("stochastic-depth rate" in page) == (kind == "vit-grid")
+    # correlate's reader: one model unit per done unit, named by the catalogue
+    units = load_units([path])
+    assert len(units) == n and {u.label for u in units} >= set(
+        c.catalogue["label"]) - {"g", "monitor"}
+
+
+def test_unit_ids_follow_one_rule_and_keep_earlier_ids() -> None:
+    """The ids directories got before the one rule are unchanged (their resume goes on)."""
+    h = canonical_hash(["m", None, "builtin:capital", 5, "abc"], digits=12, compact=False,
+                       strict=False)
+    assert unit_id(model="m", revision=None, prompt_set="builtin:capital", limit=5,
+                   cfg_hash="abc", label="Pythia 70m", step=1000) == \
+        f"{_slug('Pythia 70m', 24)}-step1000-capital-{h}"
+    ident = ["monitor", 3, "prompts:x", "cfg"]
+    assert collection_unit_id([("monitor", 64), ("step3", 24)], ident) == \
+        "monitor-step3-" + canonical_hash(ident, digits=12, compact=False, strict=False)
+
+
+def test_monitor_ids_unchanged(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    mon = bc.CouplingMonitor(_tokenizer(), TEXTS, every=1, out=tmp_path / "m", k=(2,))
+    try:
+        u = mon.unit(7)
+        old = canonical_hash(["monitor", 7, mon.prompt_set, mon._hash], digits=12,
+                             compact=False, strict=False)
+        assert u.unit_id == f"monitor-step7-{old}"
+    finally:
+        mon.close()
+    # a label that is no file-name slug ("tiny LM", the demo's): new directories get the
+    # slug; a directory written before the rule (label as is) keeps its ids, so its measured
+    # steps are not measured again
+    with bc.CouplingMonitor(_tokenizer(), TEXTS, every=1, out=tmp_path / "new", k=(2,),
+                            label="tiny LM") as mon:
+        new_id = mon.unit(0).unit_id
+        assert new_id.startswith("tiny-LM-step0-")
+
+    def before_the_rule(readable: list, identity: list) -> str:  # the code of earlier versions
+        return (f"{readable[0][0]}-{readable[1][0]}-"
+                + canonical_hash(identity, digits=12, compact=False, strict=False))
+
+    model = _gpt2(2)
+    with monkeypatch.context() as mp:
+        mp.setattr("blockcoupling.studies.monitor.collection_unit_id", before_the_rule)
+        with bc.CouplingMonitor(_tokenizer(), TEXTS, every=1, out=tmp_path / "t", k=(2,),
+                                label="tiny LM") as mon:
+            assert mon.step(model, 0) is not None
+    earlier = "tiny LM-step0-" + new_id.rsplit("-", 1)[1]
+    assert bc.open_collection(tmp_path / "t").catalogue["unit_id"].tolist() == [earlier]
+    with bc.CouplingMonitor(_tokenizer(), TEXTS, every=1, out=tmp_path / "t", k=(2,),
+                            label="tiny LM") as mon:
+        assert mon.unit(0).unit_id == earlier
+        assert mon.step(model, 0) is None  # measured already
+        assert mon.step(model, 1) is not None
+    cat = bc.open_collection(tmp_path / "t").catalogue
+    assert cat["unit_id"].iloc[0] == earlier  # and a new step by the rule:
+    assert cat["unit_id"].iloc[1].startswith("tiny-LM-step1-")
+    assert cat["attempts"].tolist() == [1, 1]
+
+
+def _one_line(output: str) -> str:
+    lines = [ln for ln in output.strip().splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error:"), output
+    return lines[0]
+
+
+def _to_old_grid(grid: Path, old: Path) -> None:
+    """The layout run_grid wrote before the grid became a collection: grid.json + runs/."""
+    c = bc.open_collection(grid)
+    base = c.manifest["spec"]["vit-grid"]["base"]
+    (old / "runs").mkdir(parents=True)
+    runs = {}
+    for r in c.catalogue.itertuples():
+        shutil.copytree(grid / "units" / r.unit_id, old / "runs" / r.label)
+        rec = store.read_status(grid, r.unit_id)
+        cfg = rec["unit"]["config"]
+        runs[r.label] = {"drop_path": cfg["drop_path"], "weight_decay": cfg["weight_decay"],
+                         "seed": cfg["seed"], "status": "done", "message": None}
+    runs["dp0.2-wd0.01-s0"] = {"drop_path": 0.2, "weight_decay": 0.01, "seed": 0,
+                               "status": "failed", "message": "boom"}  # failed, no folder
+    (old / "grid.json").write_text(json.dumps({"format": "blockcoupling-vit-grid",
+                                               "base": base, "runs": runs}))
+
+
+def test_old_grid_layout_is_one_line_then_upgraded(kinds: dict[str, Path],
+                                                   tmp_path: Path) -> None:
+    from blockcoupling.studies.vit.grid import run_grid
+    from blockcoupling.studies.vit.train import VitTrainConfig
+
+    old = tmp_path / "old"
+    _to_old_grid(kinds["vit-grid"], old)
+    runner = CliRunner()
+    with pytest.raises(bc.RunDirError, match="collection upgrade"):
+        bc.open_collection(old)
+    for args in (["sweep-status", str(old)], ["report", str(old), "--out",
+                                              str(tmp_path / "x.html")]):
+        r = runner.invoke(app, args)
+        assert r.exit_code == 1
+        assert "blockcoupling collection upgrade" in _one_line(r.output)
+    with pytest.raises(bc.BlockCouplingError, match="collection upgrade"):
+        run_grid(VitTrainConfig(**VIT_TINY), old, drop_paths=(0.0,), weight_decays=(0.01,),
+                 executor="local", progress=False)
+    r = runner.invoke(app, ["collection", "upgrade", str(old)])
+    assert r.exit_code == 0 and "a vit-grid collection of 5 units" in r.output, r.output
+    assert not (old / "grid.json").exists() and not (old / "runs").exists()
+    up, ref = bc.open_collection(old), bc.open_collection(kinds["vit-grid"])
+    assert up.kind == "vit-grid"
+    st = up.catalogue.set_index("label")
+    assert st.loc["dp0.2-wd0.01-s0", "status"] == "failed"
+    assert st.loc["dp0.2-wd0.01-s0", "message"] == "boom"
+    done = up.catalogue[up.catalogue["status"] == "done"]
+    # the same units (ids by the one rule) and the same numbers
+    assert sorted(done["unit_id"]) == sorted(ref.catalogue["unit_id"])
+    cols = ["unit_id", "coupling_vs_null_mean", "coupling_mean"]
+    pd.testing.assert_frame_equal(up.summary()[cols].sort_values("unit_id", ignore_index=True),
+                                  ref.summary()[cols].sort_values("unit_id", ignore_index=True))
+    # again: nothing to do; the grid then continues (every run skipped)
+    assert runner.invoke(app, ["collection", "upgrade", str(old)]).exit_code == 0
+    runs = run_grid(VitTrainConfig(**VIT_TINY), old, drop_paths=(0.0, 0.1),
+                    weight_decays=(0.01, 0.1), executor="local", progress=False)
+    assert set(runs["status"]) == {"complete"} and len(runs) == 4
+    cat = bc.open_collection(old).catalogue
+    assert cat.loc[cat["status"] == "done", "attempts"].tolist() == [0] * 4  # none run again
+
+
+def test_format_one_sweep_is_read_and_resumed(kinds: dict[str, Path], tmp_path: Path) -> None:
+    """A sweep directory written before (format 1, no kind for sweeps) is read as it is,
+    and resumed without measuring anything again."""
+    path = tmp_path / "s"
+    shutil.copytree(kinds["sweep"], path)
+    m = json.loads((path / "sweep.json").read_text())
+    m["format_version"] = 1
+    del m["kind"]
+    (path / "sweep.json").write_text(json.dumps(m))
+    c = bc.open_collection(path)
+    assert c.kind == "sweep" and c.catalogue["status"].tolist() == ["done"]
+    again = bc.run_sweep(_sweep_spec(kinds["sweep"].parent), path, executor="local", resume=True, progress=False)
+    assert again.catalogue["attempts"].tolist() == [1]
+    r = CliRunner().invoke(app, ["collection", "upgrade", str(path)])
+    assert r.exit_code == 0 and json.loads((path / "sweep.json").read_text())[
+        "format_version"] == store.FORMAT_VERSION
+
+
+def test_unknown_kind_and_non_collections_are_one_line(kinds: dict[str, Path],
+                                                       tmp_path: Path) -> None:
+    path = tmp_path / "zoo"
+    shutil.copytree(kinds["monitor"], path)
+    m = json.loads((path / "sweep.json").read_text())
+    m["kind"] = "zoo"
+    (path / "sweep.json").write_text(json.dumps(m))
+    with pytest.raises(bc.RunDirError, match="unknown collection kind 'zoo'"):
+        bc.open_collection(path)
+    runner = CliRunner()
+    for args in (["sweep-status", str(path)], ["report", str(path)],
+                 ["collection", "upgrade", str(tmp_path / "empty")]):
+        (tmp_path / "empty").mkdir(exist_ok=True)
+        r = runner.invoke(app, args)
+        assert r.exit_code == 1
+        _one_line(r.output)
+    # a ViT grid into a monitor directory, and vit-figures on a sweep: refused by the kind
+    from blockcoupling.studies.vit.grid import collect_runs, run_grid
+    from blockcoupling.studies.vit.train import VitTrainConfig
+
+    with pytest.raises(bc.BlockCouplingError, match="holds a monitor, not a ViT grid"):
+        run_grid(VitTrainConfig(**VIT_TINY), kinds["monitor"], drop_paths=(0.0,),
+                 weight_decays=(0.01,), executor="local", progress=False)
+    with pytest.raises(bc.BlockCouplingError, match="is a sweep collection, not a ViT grid"):
+        collect_runs(kinds["sweep"])
+
+
+def test_grid_takes_the_collection_lock_and_rebuilds_a_lost_manifest(
+        kinds: dict[str, Path], tmp_path: Path) -> None:
+    from blockcoupling.studies.vit.grid import run_grid
+    from blockcoupling.studies.vit.train import VitTrainConfig
+
+    path = tmp_path / "g"
+    shutil.copytree(kinds["vit-grid"], path)
+    args = dict(drop_paths=(0.0, 0.1), weight_decays=(0.01, 0.1), executor="local",
+                progress=False)
+    with store.sweep_lock(path), pytest.raises(bc.RunDirError,
+                                               match="in use by another vit-grid"):
+        run_grid(VitTrainConfig(**VIT_TINY), path, **args)
+    (path / "sweep.json").write_text("{")  # corrupt: rebuilt from the status files
+    # and one unit's final measurement damaged: named by sweep-status, trained again
+    c = bc.open_collection(kinds["vit-grid"])
+    victim = str(c.catalogue["unit_id"].iloc[0])
+    part = path / "units" / victim / "coupling" / "final" / "coupling.parquet"
+    part.write_bytes(part.read_bytes()[:-8])
+    r = CliRunner().invoke(app, ["sweep-status", str(path)])
+    assert r.exit_code == 1 and "is unreadable or corrupt" in _one_line(r.output)
+    runs = run_grid(VitTrainConfig(**VIT_TINY), path, **args)
+    assert set(runs["status"]) == {"complete"}
+    c = bc.open_collection(path)
+    assert c.kind == "vit-grid" and "rebuilt" in c.manifest
+    assert c.manifest["sessions"][-1]["repaired"].keys() == {victim}
+    assert c.catalogue["status"].tolist() == ["done"] * 4
+    assert c.catalogue.set_index("unit_id")["attempts"].to_dict() == {
+        u: 2 if u == victim else 1 for u in c.catalogue["unit_id"]}
+    c.verify()
+    pd.testing.assert_frame_equal(c.summary(), bc.open_collection(kinds["vit-grid"]).summary())
+
+
+def test_a_spec_says_its_kind(tmp_path: Path) -> None:
+    """`blockcoupling sweep SPEC` runs what the spec's `kind:` says; a grid spec without it,
+    an unknown kind, or a kind given to the other kind's parser: one line, nothing written."""
+    runner = CliRunner()
+    cases = {"nokind": ("drop_path: [0.0]\ntrain: {epochs: 1}\n",
+                        "add the line 'kind: vit-grid'"),
+             "unknown": ("kind: monitor\nmodels: [{label: a, model: x}]\n",
+                         "unknown kind 'monitor'")}
+    for name, (text, message) in cases.items():
+        spec = tmp_path / f"{name}.yaml"
+        spec.write_text(text)
+        out = tmp_path / f"out-{name}"
+        r = runner.invoke(app, ["sweep", str(spec), "--out", str(out), "--executor", "local"])
+        assert r.exit_code == 1 and message in r.output, r.output
+        assert len(r.output.strip().splitlines()) == 1 and not out.exists()
+    from blockcoupling.studies.sweep.spec import parse_spec
+    from blockcoupling.studies.vit.grid import load_grid_spec
+
+    with pytest.raises(BlockCouplingError, match="not a sweep spec"):
+        parse_spec({"kind": "vit-grid", "models": [{"label": "a", "model": "x"}]})
+    with pytest.raises(BlockCouplingError, match="not a ViT grid spec"):
+        load_grid_spec({"kind": "sweep", "train": {"epochs": 1}})

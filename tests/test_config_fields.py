@@ -1,0 +1,162 @@
+"""One config system (blockcoupling/fields.py): records declared once give the CLI options, the
+YAML keys and their errors, the validation and the identity hash; the identities of existing
+run directories, sweep units and training runs do not move; options given beside ``config=``
+apply on top of it in every entry point; ``--dry-run`` prints a plan and writes nothing."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+import blockcoupling as bc
+from blockcoupling.engine.config import MeasureConfig
+from blockcoupling.errors import BlockCouplingError
+from blockcoupling.fields import check_fields, cli_options, from_mapping, identity, opt
+from blockcoupling.validate import number, whole
+from tiny_models import tiny_inputs, tiny_model
+
+
+# ---------------------------------------------------------------- identities that must not move
+def test_known_configs_keep_their_identity_hashes() -> None:
+    """Hashes computed on main before the config system: run directories, sweep units and
+    ViT training runs made then are found again (resume, skip, caches)."""
+    from blockcoupling.studies.sweep.spec import parse_spec
+    from blockcoupling.studies.sweep.units import config_hash, expand
+    from blockcoupling.studies.vit.train import VitTrainConfig
+
+    assert MeasureConfig().config_hash() == \
+        "c7e3b0cac7a5436914a9ed01f1a4d4d3bd37fb98a9c119e1dcac6d0bee62923a"
+    assert config_hash(MeasureConfig()) == MeasureConfig().config_hash()
+    cfg = MeasureConfig.parse(k="10,30", p="1,inf", tokens="0,-1", layers="2..5",
+                              dtype="float64", causal="true", figure_prompts=3)
+    assert cfg.config_hash() == "1bd6241018efe645531d8d67a57841bf567c8a154032304f6948b4b65794829c"
+    spec = parse_spec({"models": [{"label": "a", "model": "gpt2", "revisions": ["step1"]}],
+                       "prompts": ["builtin:capital"], "measure": {"k": [4], "tokens": "last"}})
+    assert [u.unit_id for u in expand(spec)] == ["a-step1-capital-dfa820a4a7c4"]
+    assert VitTrainConfig().key() == "748982d1a605"
+    assert VitTrainConfig.from_dict({"preset": "paper", "epochs": 3}).key() == "de66b26f00fb"
+
+
+# ---------------------------------------------------------------- the generic functions
+@dataclass(frozen=True)
+class _Toy:
+    n: int = opt(3, "How many.", cli=True, check=(whole, {"minimum": 1}))
+    rate: float = opt(0.5, "A rate.", cli="learning-rate", check=(number, {"above": 0}))
+    note: str | None = opt(None, "Not hashed.", hashed=False)
+    late: int | None = opt(None, "Added later.", hashed="if_set")
+
+    def __post_init__(self) -> None:
+        check_fields(self, prefix="toy option ")
+
+
+def test_from_mapping_names_the_key_and_where() -> None:
+    assert from_mapping(_Toy, {"n": 4.0}, "toy") == _Toy(n=4)  # whole numbers as floats -> int
+    with pytest.raises(BlockCouplingError, match=r"^toy: unknown key 'm'; known: n, rate"):
+        from_mapping(_Toy, {"m": 1}, "toy")
+    with pytest.raises(BlockCouplingError, match=r"^runs\[2\]: toy option n must be a whole"):
+        from_mapping(_Toy, {"n": 0}, "runs[2]")
+    with pytest.raises(BlockCouplingError, match="give a mapping"):
+        from_mapping(_Toy, [1, 2], "toy")
+
+
+def test_identity_follows_the_hashed_metadata() -> None:
+    assert identity(_Toy()) == {"n": 3, "rate": 0.5}
+    assert identity(_Toy(note="x", late=2)) == {"n": 3, "rate": 0.5, "late": 2}
+
+
+def test_cli_options_come_from_the_fields() -> None:
+    opts = {o.name: o for o in cli_options(_Toy)}
+    assert set(opts) == {"n", "rate"}  # only fields with a flag
+    assert opts["rate"].flag == "--learning-rate" and opts["rate"].annotation is float
+    assert opts["n"].flag == "--n" and "[default: 3]" in opts["n"].help
+
+
+# ---------------------------------------------------------------- options beside config=
+def test_options_beside_config_apply_in_every_entry_point(tmp_path: Path) -> None:
+    """``measure(config=cfg, k=2)`` measures K = 2: the same rule in measure, measure_to_dir,
+    the monitor and a sweep's ``measure:`` (parsed onto the defaults)."""
+    from blockcoupling.studies.monitor import CouplingMonitor
+    from blockcoupling.studies.sweep.spec import parse_spec
+
+    model, inputs = tiny_model("gpt2"), tiny_inputs("gpt2", n=4)
+    cfg = MeasureConfig.parse(k="3,4", tokens="last", trajectory=False, spectra=False)
+    m = bc.measure(model, None, inputs, config=cfg, k=2, progress=False)
+    assert m.config.k == (2,) and set(m.coupling["k"]) == {2}
+    m = bc.measure_to_dir(model, None, inputs, tmp_path / "run", config=cfg, k=2, progress=False)
+    assert m.config.k == (2,) and set(m.coupling["k"]) == {2}
+    assert bc.open_run(tmp_path / "run").config.k == (2,)
+    mon = CouplingMonitor(None, ["a b"], steps=[0], out=tmp_path / "mon", config=cfg, k=2)
+    assert mon.config.k == (2,) and mon.config.tokens == "last"
+    spec = parse_spec({"models": ["gpt2"], "prompts": ["builtin:capital"],
+                       "measure": {"k": [2], "tokens": "last"}})
+    assert spec.config == MeasureConfig.parse(k=2, tokens="last")
+
+
+# ---------------------------------------------------------------- --dry-run: a plan, nothing written
+def test_sweep_dry_run_prints_each_units_plan_and_writes_nothing(tmp_path: Path) -> None:
+    import json
+
+    import yaml
+
+    from tiny_runs import PROMPTS, cli, save_tiny_lm, write_prompts
+
+    save_tiny_lm(tmp_path / "model")
+    write_prompts(tmp_path / "prompts.txt", PROMPTS)
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(yaml.safe_dump({"models": [{"label": "tiny", "model": "./model"}],
+                                    "prompts": ["prompts.txt", "builtin:capital"],
+                                    "measure": {"k": [2], "tokens": "last"}}))
+    out = tmp_path / "sweep"
+    r = cli("sweep", str(spec), "--out", str(out), "--dry-run")
+    assert r.exit_code == 0, r.output
+    assert "plan of the sweep: 2 units" in r.output and "nothing is written" in r.output
+    assert r.output.count("each measurement:") == 2 and not out.exists()
+    r = cli("sweep", str(spec), "--out", str(out), "--dry-run", "--json")
+    plan = json.loads(r.output)
+    capital = len(bc.load_prompts("builtin:capital"))
+    assert [u["measure"]["prompts"] for u in plan["runs"]] == [len(PROMPTS), capital]
+    assert not out.exists()
+    spec.write_text(yaml.safe_dump({"models": [{"label": "tiny", "model": "./model"}],
+                                    "prompts": ["prompts.txt"], "measure": {"k": [99]}}))
+    r = cli("sweep", str(spec), "--out", str(out), "--dry-run")  # checked as a unit is: K > d
+    assert r.exit_code == 1 and "k=99" in r.output and not out.exists()
+
+
+def test_vit_dry_runs_print_the_training_plan_and_write_nothing(tmp_path: Path) -> None:
+    import yaml
+
+    from tiny_runs import cli
+
+    out = tmp_path / "v"
+    r = cli("vit-train", "--out", str(out), "--epochs", "3", "--monitor-every", "2",
+            "--train-limit", "100", "--batch-size", "50", "--dry-run")
+    assert r.exit_code == 0, r.output
+    assert "6 training steps" in r.output and "epochs 0, 2, 3 (3 checkpoints)" in r.output
+    assert "final measurement: 16 inputs (272 tokens)" in r.output and not out.exists()
+    r = cli("vit-grid", "--out", str(out), "--drop-path", "0,0.1", "--weight-decay", "0.05",
+            "--seeds", "0,1", "--epochs", "1", "--dry-run")
+    assert r.exit_code == 0, r.output
+    assert "4 training runs" in r.output and "dp0.1-wd0.05-s1" in r.output
+    grid = tmp_path / "grid.yaml"
+    grid.write_text(yaml.safe_dump({"kind": "vit-grid", "drop_path": [0.0], "weight_decay": [0.1],
+                                    "train": {"epochs": 1, "monitor_every": 0}}))
+    r = cli("sweep", str(grid), "--out", str(out), "--dry-run")
+    assert r.exit_code == 0, r.output
+    assert "1 training runs" in r.output and "epochs none (0 checkpoints)" in r.output
+    assert not out.exists()
+
+
+def test_lm_family_dry_run_prints_runs_steps_and_checkpoints(tmp_path: Path) -> None:
+    from blockcoupling.studies.lm_study import quick_spec
+    from tiny_runs import cli
+
+    out = tmp_path / "study"
+    r = cli("study", "lm-family", "--out", str(out), "--quick", "--dry-run")
+    assert r.exit_code == 0, r.output
+    spec = quick_spec()
+    assert f"{len(spec.runs)} training runs" in r.output
+    assert f"{sum(run.max_steps for run in spec.runs)} training steps" in r.output
+    assert "measured at steps 0, 1, 2, 4, 8, 16 (6 checkpoints)" in r.output
+    assert not out.exists()
