@@ -102,6 +102,7 @@ def main() -> None:
             emit({"record": "call", "version": v, "repeat": r,
                   "wall_per_prompt": round(wall / args.prompts, 3),
                   "cpu_per_prompt": round(cpu / args.prompts, 3),
+                  "methods": results[v].diagnostics["method"].value_counts().to_dict(),
                   "loadavg_1m": round(os.getloadavg()[0], 2)}, sink)
     med = {v: (statistics.median(w for w, _ in t), statistics.median(c for _, c in t))
            for v, t in times.items()}
