@@ -118,11 +118,12 @@ def main() -> None:
         plain(model, inputs, B, None)
         plain(model, inputs, B, False)
         times: dict[str, list[float]] = {"plain": [], "plain_nocache": [], "measure": []}
+        cpu: dict[str, list[float]] = {k_: [] for k_ in times}  # process CPU seconds
         parts: dict[str, list[float]] = {"capture": [], "trajectory": []}
         loads = []
         for _ in range(args.repeats):
             for label in ("plain", "measure", "plain_nocache"):
-                t0 = time.perf_counter()
+                t0, c0 = time.perf_counter(), time.process_time()
                 if label == "measure":
                     tot: dict[str, float] = {}
                     run_measure(model, inputs, B, tot)
@@ -133,6 +134,7 @@ def main() -> None:
                     plain(model, inputs, B, None if label == "plain" else False)
                     dt = time.perf_counter() - t0
                 times[label].append(dt)
+                cpu[label].append(time.process_time() - c0)
             loads.append(os.getloadavg()[0])
         med = {k_: statistics.median(v) for k_, v in times.items()}
         part_med = {k_: statistics.median(v) for k_, v in parts.items()}
@@ -143,6 +145,9 @@ def main() -> None:
             "seconds_median": {k_: round(v, 4) for k_, v in med.items()},
             "seconds_all": {k_: [round(x, 4) for x in v] for k_, v in times.items()},
             "ratio_measure_over_plain": round(med["measure"] / med["plain"], 3),
+            "cpu_seconds_median": {k_: round(statistics.median(v), 4) for k_, v in cpu.items()},
+            "ratio_cpu_measure_over_plain": round(statistics.median(cpu["measure"])
+                                                  / statistics.median(cpu["plain"]), 3),
             "ratio_measure_over_plain_nocache": round(med["measure"] / med["plain_nocache"], 3),
             "measure_breakdown_median_s": {
                 "capture_forward": round(part_med["capture"], 4),

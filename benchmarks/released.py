@@ -28,6 +28,7 @@ vmap the run raises (no silent slow path).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 from common import Phase, phase
@@ -50,11 +51,7 @@ def released_depth(model: nn.Module, input_ids: Tensor, *, token: int = -1,
     ``jacobians`` by ``d / rows``. The values are then meaningless (not returned: empty dict).
     """
     device = input_ids.device
-    phases: dict[str, Phase] = {}
-    with phase("forward", device) as ph:
-        with torch.enable_grad():
-            out = model(input_ids, output_hidden_states=True, use_cache=False)
-    phases["forward"] = ph
+    out, phases = _forward(model, input_ids)
     with phase("jacobians", device) as ph:
         with torch.enable_grad():
             hs = out.hidden_states  # L+1 tensors (1, n, d), one graph
@@ -81,6 +78,27 @@ def released_depth(model: nn.Module, input_ids: Tensor, *, token: int = -1,
         del out, hs
     phases["jacobians"] = ph
 
+    pair_values, more = _svd_and_pairs(Js, ks, device)
+    phases.update(more)
+    values = {(k, o, i + 1, j + 1): v for (k, o, i, j), v in pair_values.items()}
+    return (values if not rows or rows >= d else {}), phases
+
+
+def _forward(model: nn.Module, input_ids: Tensor) -> tuple[Any, dict[str, Phase]]:
+    """Step 1: one forward with ``hidden_states`` and the autograd graph kept; its phase."""
+    with phase("forward", input_ids.device) as ph:
+        with torch.enable_grad():
+            out = model(input_ids, output_hidden_states=True, use_cache=False)
+    return out, {"forward": ph}
+
+
+def _svd_and_pairs(Js: Sequence[Tensor], ks: Sequence[int], device: torch.device
+                   ) -> tuple[dict[tuple[int, str, int, int], float], dict[str, Phase]]:
+    """Steps 3 and 4 on the Jacobians ``Js`` (each (d, d)): a full SVD each, then every ordered
+    pair (i, j) of them, K and orientation in Python loops. Values by (k, orientation, i, j),
+    0-based; the phases ``svd`` and ``pairs``."""
+    phases: dict[str, Phase] = {}
+    L = len(Js)
     with phase("svd", device) as ph:
         svds = [torch.linalg.svd(J) for J in Js]  # full matrices, as released
         Us = [u.cpu() for u, _, _ in svds]
@@ -108,6 +126,48 @@ def released_depth(model: nn.Module, input_ids: Tensor, *, token: int = -1,
             for orient in ("ujv", "vju"):
                 for i in range(L):
                     for j in range(L):
-                        values[(k, orient, i + 1, j + 1)] = float(norm[orient][i, j])
+                        values[(k, orient, i, j)] = float(norm[orient][i, j])
     phases["pairs"] = ph
-    return (values if not rows or rows >= d else {}), phases
+    return values, phases
+
+
+def released_tokenwise(model: nn.Module, input_ids: Tensor, *, layer: int, kind: str,
+                       ks: Sequence[int] = (10, 30, 50), pulled: int | None = None,
+                       ) -> dict[str, Phase]:
+    """The released algorithm's token-wise coupling at one block ``layer`` (1-based), timed.
+
+    ``kind="self"``: ``J_tt`` for every token t of the prompt (one batch of d pullbacks from
+    output token t each: n batches), every pair (t, t'); ``kind="fixed_output"``: ``J_{t1,
+    n-1}`` for every input t1 (ONE batch of d pullbacks from the last token gives them all),
+    every pair (t1, t1'). Then a full SVD per Jacobian and the pair loops, as in
+    :func:`released_depth`. ``pulled`` (timing only, ``self``): pull back from the first
+    ``pulled`` output tokens and reuse their Jacobians for the others; the caller
+    extrapolates ``jacobians`` by ``n / pulled`` (each batch costs the same: every pullback
+    goes through all n tokens). Returns the phases ``forward``, ``jacobians``, ``svd``, ``pairs``.
+    """
+    device = input_ids.device
+    out, phases = _forward(model, input_ids)
+    hs = out.hidden_states
+    n, d = hs[0].shape[1], hs[0].shape[2]
+    eye = torch.eye(d, device=device, dtype=hs[0].dtype)
+
+    def rows_from(hs: Sequence[Tensor], t: int) -> Tensor:  # (n, d, d): J_block[t1 -> t], all t1
+        (g,) = torch.autograd.grad(hs[layer][0, t, :], hs[layer - 1], eye, retain_graph=True,
+                                   is_grads_batched=True)  # (d, 1, n, d)
+        return g[:, 0].permute(1, 0, 2)
+
+    with phase("jacobians", device) as ph:
+        with torch.enable_grad():
+            if kind == "fixed_output":
+                J = rows_from(hs, n - 1)
+                Js = [(J[t1] - (eye if t1 == n - 1 else 0)).detach().float() for t1 in range(n)]
+            elif kind == "self":
+                m = min(pulled or n, n)
+                Js = [(rows_from(hs, t)[t] - eye).detach().float() for t in range(m)]
+                Js += [Js[t % m] for t in range(m, n)]
+            else:
+                raise ValueError(f"unknown kind {kind!r}")
+    phases["jacobians"] = ph
+    del out, hs
+    phases.update(_svd_and_pairs(Js, ks, device)[1])
+    return phases

@@ -243,3 +243,19 @@ def test_vectors_in_budget_is_the_largest_batch_that_fits(per: int, mem: int, mo
         assert n * max(per, 1) <= mem
     if most is None or n < most:
         assert (n + 1) * max(per, 1) > mem
+
+
+def test_all_finite_is_exact_where_the_norm_overflows() -> None:
+    """The cheap test (the 2-norm) decides only where it is finite; a huge finite entry whose
+    square overflows float32 is still finite, and NaN / inf anywhere are caught."""
+    from blockcoupling.engine.jacobian import all_finite
+
+    J = torch.randn(6, 6)
+    assert all_finite(J)
+    J[2, 3] = 3e38  # finite, but its square overflows: the norm is inf
+    assert not bool(torch.isfinite(torch.linalg.vector_norm(J)))
+    assert all_finite(J)
+    for bad in (float("nan"), float("inf"), -float("inf")):
+        K = torch.randn(6, 6)
+        K[5, 0] = bad
+        assert not all_finite(K)

@@ -210,3 +210,15 @@ def test_gram_route_falls_back_where_the_tail_is_tiny() -> None:
     t = topk_svd(J32, k)
     S32 = torch.linalg.svd(J32).S[:k]
     assert torch.equal(t.S, S32)  # the very same computation as torch.linalg.svd
+
+
+def test_exact_accepts_huge_finite_entries_and_refuses_inf() -> None:
+    """The finite check rides on ||J||_F: an overflowing norm with finite entries is not an
+    error (every entry is then checked), an infinite entry is."""
+    J = _rand(1, 8, 8).float()
+    J[0, 0] = 3e38
+    top = topk_svd(J, 2)
+    assert torch.isfinite(top.S).all()
+    J[0, 0] = float("inf")
+    with pytest.raises(NumericalError):
+        topk_svd(J, 2)

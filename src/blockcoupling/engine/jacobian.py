@@ -102,10 +102,16 @@ def check_positions(tokens: Sequence[int] | None, n: int, what: str) -> list[int
     return toks
 
 
+def all_finite(J: Tensor) -> bool:
+    """Whether every entry of J is finite: its 2-norm is finite exactly when they are, unless
+    the sum of squares overflows, and only then is every entry tested (no (..., d, d) mask)."""
+    return bool(torch.isfinite(torch.linalg.vector_norm(J))) or bool(torch.isfinite(J).all())
+
+
 def check_finite(J: Tensor, what: str) -> Tensor:
     """``J`` unchanged, or a NumericalError that says what to do (the one finite check of the
     Jacobian code)."""
-    if not torch.isfinite(J).all():
+    if not all_finite(J):
         raise NumericalError(
             f"the {what} contains NaN or inf. Use a wider analysis dtype (dtype=torch.float64) "
             "or check the model's hidden states."

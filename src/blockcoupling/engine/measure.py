@@ -340,6 +340,9 @@ class _PromptRun:
         for kind, ps in self.pairs.items():
             for a, b in ps:
                 by_a.setdefault(a, []).append((kind, b))
+        # the last stacked bases (P, d, K) twice: depth-wise, every layer couples to the same
+        # bases, so they are stacked once per prompt; one entry, so no more than one copy
+        stacked: tuple[tuple[Key, ...], Tensor, Tensor] | None = None
         for layer in sorted({a[0] for a in by_a}):
             t0 = time.perf_counter()
             f = x = None
@@ -352,8 +355,11 @@ class _PromptRun:
             for a in [a for a in by_a if a[0] == layer]:
                 apply = self._applier(a, f, x, fast)
                 bases = by_a[a]
-                Ub = torch.stack([self.measured[b].top.U for _, b in bases])  # (P, d, K)
-                Vb = torch.stack([self.measured[b].top.V for _, b in bases])  # (P, d, K)
+                which = tuple(b for _, b in bases)
+                if stacked is None or stacked[0] != which:
+                    stacked = (which, torch.stack([self.measured[b].top.U for b in which]),
+                               torch.stack([self.measured[b].top.V for b in which]))
+                _, Ub, Vb = stacked  # (P, d, K) each
                 for orient in cfg.orientations:
                     A = metrics.coupling_matrix(apply, Ub, Vb, orient)  # (P, K, K)
                     for (kind, b), Ab in zip(bases, A, strict=True):

@@ -74,12 +74,12 @@ class NormJacobian:
         return torch.diag(self.c) - self.P @ self.Q.T  # (d, d)
 
     def right_of(self, W: Tensor) -> Tensor:
-        """``W J`` for W (m, d), in O(m d)."""
-        return W * self.c - (W @ self.P) @ self.Q.T
+        """``W J`` for W (m, d), in O(m d) (one new (m, d) tensor; W is not changed)."""
+        return (W * self.c).addmm_(W @ self.P, self.Q.T, alpha=-1)
 
     def left_of(self, M: Tensor) -> Tensor:
-        """``J M`` for M (d, m), in O(d m)."""
-        return self.c[:, None] * M - self.P @ (self.Q.T @ M)
+        """``J M`` for M (d, m), in O(d m) (one new (d, m) tensor; M is not changed)."""
+        return (self.c[:, None] * M).addmm_(self.P, self.Q.T @ M, alpha=-1)
 
 
 def norm_jacobian(norm: HFModule, x: Tensor) -> tuple[Tensor, NormJacobian] | None:
@@ -184,9 +184,11 @@ def _attend(at: _Attention, a: Tensor, J_n: NormJacobian, K_pre: Tensor, V_pre: 
     C = at.scale * V.mT @ Pm @ K  # (H, hd, hd)
     pt = p[:, -1]  # (H,)
     ck = at.scale * pt[:, None] * (V[:, -1] - o)  # (H, hd)
-    Jk_h, Jv_h = Jk.repeat_interleave(rep, dim=0), Jv.repeat_interleave(rep, dim=0)  # (H, hd, d)
-    qJk = torch.einsum("hi,hid->hd", q, Jk_h)  # (H, d)
-    Jo = C @ Jq + ck[:, :, None] * qJk[:, None, :] + pt[:, None, None] * Jv_h  # (H, hd, d)
+    if rep > 1:  # grouped-query attention: each kv head serves rep query heads
+        Jk, Jv = Jk.repeat_interleave(rep, dim=0), Jv.repeat_interleave(rep, dim=0)  # (H, hd, d)
+    qJk = torch.einsum("hi,hid->hd", q, Jk)  # (H, d)
+    Jo = torch.baddbmm(ck[:, :, None] * qJk[:, None, :], C, Jq)  # (H, hd, d)
+    Jo.add_(pt[:, None, None] * Jv)
     val = at.Wo @ o.reshape(-1) + (at.bo if at.bo is not None else 0)  # (d,)
     return val, J_n.right_of(at.Wo @ Jo.reshape(H * hd, -1))  # (d,), (d, d)
 
@@ -245,6 +247,18 @@ def _llama(block: HFModule, x: Tensor, row_kwargs: dict[str, Any]) -> tuple[Any,
     return block.input_layernorm, attn, block.post_attention_layernorm, mlp
 
 
+def _through_width(W_out: Tensor, rows: Callable[[slice], Tensor]) -> Tensor:
+    """``W_out M`` (d, d) for W_out (d, I) and M (I, d) given by row blocks ``rows(c)``
+    (len(c), d), accumulated over blocks of d rows: the same flops as one GEMM, and no
+    temporary larger than a (d, d) block (an (I, d) one is 3-4 Jacobians' worth)."""
+    d, width = W_out.shape
+    out = torch.zeros(d, rows(slice(0, 0)).shape[1], dtype=W_out.dtype, device=W_out.device)
+    for s in range(0, width, d):
+        c = slice(s, min(s + d, width))
+        out.addmm_(W_out[:, c], rows(c))
+    return out
+
+
 def _mlp(mlp: tuple[Any, ...], a: Tensor, J_n: NormJacobian) -> tuple[Tensor, Tensor]:
     """MLP value (d,) and Jacobian N (d, d) at the normed input ``a``."""
     if mlp[0] == "plain":
@@ -252,14 +266,16 @@ def _mlp(mlp: tuple[Any, ...], a: Tensor, J_n: NormJacobian) -> tuple[Tensor, Te
         z = W_in @ a + (b_in if b_in is not None else 0)  # (I,)
         h, dh = _act_and_grad(act, z)
         val = W_out @ h + (b_out if b_out is not None else 0)
-        return val, J_n.right_of((W_out * dh) @ W_in)  # ((d, I) @ (I, d)) J_n
+        # (W_out diag(act') W_in) J_n
+        return val, J_n.right_of(_through_width(W_out, lambda c: dh[c, None] * W_in[c]))
     _, Wg, bg, Wu, bu, Wd, bd, act = mlp
     g = Wg @ a + (bg if bg is not None else 0)
     u = Wu @ a + (bu if bu is not None else 0)
     h, dh = _act_and_grad(act, g)
     val = Wd @ (h * u) + (bd if bd is not None else 0)
-    inner = (dh * u)[:, None] * Wg + h[:, None] * Wu  # (I, d)
-    return val, J_n.right_of(Wd @ inner)  # (d, d), J_n applied once
+    gu = dh * u  # (I,)
+    inner = lambda c: gu[c, None] * Wg[c] + h[c, None] * Wu[c]  # noqa: E731  rows c of (I, d)
+    return val, J_n.right_of(_through_width(Wd, inner))  # (d, d), J_n applied once
 
 
 @torch.no_grad()
@@ -304,12 +320,12 @@ def decode_step_jacobian(block: nn.Module, final_norm: nn.Module | None, x: Tens
     scale = max(float(recorded.abs().max()), 1e-30)
     if not float((y - recorded).abs().max()) <= rtol * scale:
         return None
-    eye = torch.eye(x.shape[0], dtype=x.dtype, device=x.device)
-    J_y = J_a + N + N @ J_a  # (d, d), without the identity
-    J_y.diagonal().add_(1.0)
+    J_y = torch.addmm(N, N, J_a).add_(J_a)  # (d, d): N + N J_a + J_a, without the identity
     if final_norm is not None:
         nf = norm_jacobian(final_norm, y)
         if nf is None:
             return None
-        J_y = nf[1].left_of(J_y)
-    return J_y - eye
+        J_y.diagonal().add_(1.0)
+        J_y = nf[1].left_of(J_y)  # J_nf (I + J_y)
+        J_y.diagonal().sub_(1.0)
+    return J_y

@@ -96,6 +96,8 @@ def _check_k(k: int, d: int) -> None:
 #: below it (or if its U is not orthonormal to ``_GRAM_ORTH_TOL``) the full SVD is used.
 _GRAM_MIN_RATIO: float = 1e-3
 _GRAM_ORTH_TOL: float = 1e-6
+#: Rows of J converted to float64 at a time: no float64 copy of the whole J is held.
+_GRAM_ROWS: int = 256
 
 
 _SCIPY_BLAS: list[Any] = []  # [threadpoolctl controller of scipy's BLAS] once looked up
@@ -132,7 +134,7 @@ def one_blas_thread() -> contextlib.AbstractContextManager[Any]:
 def _topk_gram(J: Tensor, k: int) -> tuple[Tensor, Tensor, Tensor] | None:
     """Top-k SVD of a CPU matrix J (m, n) from the top-k eigenpairs of the float64 Gram matrix
     ``J^T J`` (LAPACK MRRR on a subset of the spectrum, ``scipy.linalg.eigh``), then
-    ``U = J V / S`` in float64. None where that is not accurate (see ``_GRAM_MIN_RATIO``).
+    ``U = J V / S`` in float64 (both from float64 blocks of ``_GRAM_ROWS`` rows of J). None where that is not accurate (see ``_GRAM_MIN_RATIO``).
 
     In float64 the Gram matrix's rounding (~1e-16 s_1^2) moves s_i by ~1e-16 s_1^2 / s_i and
     the vectors by ~1e-16 s_1^2 / gap: below float32 rounding while s_k / s_1 >= 1e-3, so for a
@@ -141,16 +143,22 @@ def _topk_gram(J: Tensor, k: int) -> tuple[Tensor, Tensor, Tensor] | None:
     """
     import scipy.linalg
 
-    n = int(J.shape[-1])
-    J64 = J.detach().double()
-    G = (J64.mT @ J64).numpy()  # (n, n)
+    m, n = int(J.shape[-2]), int(J.shape[-1])
+    J = J.detach()
+    rows = [slice(s, min(s + _GRAM_ROWS, m)) for s in range(0, m, _GRAM_ROWS)]
+    G = torch.zeros(n, n, dtype=torch.float64)  # J^T J, from float64 row blocks of J
+    for c in rows:
+        Jc = J[c].double()  # (rows, n)
+        G.addmm_(Jc.mT, Jc)
+    G = G.numpy()  # (n, n)
     with one_blas_thread():
-        w, Q = scipy.linalg.eigh(G, subset_by_index=[n - k, n - 1], driver="evr")  # ascending
+        w, Q = scipy.linalg.eigh(G, subset_by_index=[n - k, n - 1], driver="evr",
+                                 overwrite_a=True, check_finite=False)  # ascending; G is ours
     V = torch.from_numpy(Q[:, ::-1].copy())  # (n, k)
     S = torch.from_numpy(w[::-1].copy()).clamp_min(0).sqrt()  # (k,)
     if not bool(S[-1] >= _GRAM_MIN_RATIO * S[0]) or not bool(S[0] > 0):
         return None
-    U = (J64 @ V) / S  # (m, k)
+    U = torch.cat([J[c].double() @ V for c in rows]) / S  # (m, k)
     orth = (U.mT @ U - torch.eye(k, dtype=torch.float64)).abs().max()
     if not bool(orth <= _GRAM_ORTH_TOL):
         return None
@@ -169,11 +177,11 @@ def topk_svd(J: Tensor, k: int) -> TopK:
     if J.ndim < 2:
         raise BlockCouplingError(f"topk_svd needs a matrix (..., m, n), got shape {tuple(J.shape)}")
     _check_k(k, min(int(J.shape[-2]), int(J.shape[-1])))
-    if not bool(torch.isfinite(J).all()):
+    fro2 = torch.linalg.vector_norm(J, dim=(-2, -1)) ** 2  # (...,)
+    if not (bool(torch.isfinite(fro2).all()) or bool(torch.isfinite(J).all())):
         raise NumericalError(
             "the Jacobian contains NaN or infinity; check the model's hidden states and dtype"
         )
-    fro2 = (J * J).sum(dim=(-2, -1))
     if (J.ndim == 2 and J.device.type == "cpu" and J.dtype == torch.float32
             and 4 * int(k) <= min(int(J.shape[0]), int(J.shape[1]))):
         got = _topk_gram(J, int(k))
