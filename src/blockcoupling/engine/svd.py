@@ -134,7 +134,8 @@ def one_blas_thread() -> contextlib.AbstractContextManager[Any]:
 def _topk_gram(J: Tensor, k: int) -> tuple[Tensor, Tensor, Tensor] | None:
     """Top-k SVD of a CPU matrix J (m, n) from the top-k eigenpairs of the float64 Gram matrix
     ``J^T J`` (LAPACK MRRR on a subset of the spectrum, ``scipy.linalg.eigh``), then
-    ``U = J V / S`` in float64 (both from float64 blocks of ``_GRAM_ROWS`` rows of J). None where that is not accurate (see ``_GRAM_MIN_RATIO``).
+    ``U = J V / S`` in float64 (both from float64 blocks of ``_GRAM_ROWS`` rows of J). None
+    where that is not accurate (see ``_GRAM_MIN_RATIO``).
 
     In float64 the Gram matrix's rounding (~1e-16 s_1^2) moves s_i by ~1e-16 s_1^2 / s_i and
     the vectors by ~1e-16 s_1^2 / gap: below float32 rounding while s_k / s_1 >= 1e-3, so for a
@@ -150,9 +151,8 @@ def _topk_gram(J: Tensor, k: int) -> tuple[Tensor, Tensor, Tensor] | None:
     for c in rows:
         Jc = J[c].double()  # (rows, n)
         G.addmm_(Jc.mT, Jc)
-    G = G.numpy()  # (n, n)
     with one_blas_thread():
-        w, Q = scipy.linalg.eigh(G, subset_by_index=[n - k, n - 1], driver="evr",
+        w, Q = scipy.linalg.eigh(G.numpy(), subset_by_index=[n - k, n - 1], driver="evr",
                                  overwrite_a=True, check_finite=False)  # ascending; G is ours
     V = torch.from_numpy(Q[:, ::-1].copy())  # (n, k)
     S = torch.from_numpy(w[::-1].copy()).clamp_min(0).sqrt()  # (k,)
