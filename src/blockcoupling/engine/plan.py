@@ -122,7 +122,9 @@ def span(layers: Sequence[int]) -> str:
 
 
 def duration(s: float) -> str:
-    """``about 40 s`` / ``about 12 min`` / ``about 3.5 h``."""
+    """``under 1 s`` / ``about 40 s`` / ``about 12 min`` / ``about 3.5 h``."""
+    if s < 0.5:
+        return "under 1 s"
     if s < 90:
         return f"about {s:.0f} s"
     if s < 5400:

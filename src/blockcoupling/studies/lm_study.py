@@ -44,7 +44,7 @@ from __future__ import annotations
 import platform
 import time
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +53,7 @@ import pandas as pd
 import torch
 
 from blockcoupling.errors import BlockCouplingError
+from blockcoupling.fields import check_fields, from_mapping, opt
 from blockcoupling.studies.tiny_lm import (
     TinyLMConfig,
     doubling_checkpoints,
@@ -62,6 +63,7 @@ from blockcoupling.studies.tiny_lm import (
     training_log,
     validation_chunk,
 )
+from blockcoupling.validate import number, whole
 
 __all__ = ["StudyResult", "StudyRun", "StudySpec", "evaluate_checkpoint", "family_prompts",
            "full_spec", "load_study_spec", "parse_study_spec", "quick_spec",
@@ -98,17 +100,28 @@ def end_point(losses: Mapping[int, float], tol: float) -> int:
     return max(s for s, v in losses.items() if v <= best * (1.0 + tol))
 
 
+def _count(minimum: int = 1) -> tuple[Any, dict[str, Any]]:
+    """The range rule of a count (``fields.check_fields``): a whole number >= ``minimum``."""
+    return (whole, {"minimum": minimum})
+
+
 @dataclass(frozen=True)
 class StudyRun:
-    """One independent training run."""
+    """One independent training run (a list entry under ``runs:`` of a study spec; ``seeds:
+    [..]`` there makes one run per seed)."""
 
-    name: str
-    n_layer: int
-    n_embd: int
-    batch_size: int
-    max_steps: int  # the cap (a power of two): the run stops earlier at a plateau
-    seed: int = 0
-    train_chars: int | None = None  # the first N characters of the training split (None: all)
+    name: str = opt(help="The run's name (its id is NAME-sSEED).")
+    n_layer: int = opt(help="Transformer blocks.", check=_count())
+    n_embd: int = opt(help="Width d (even, at least 4 K).", check=_count())
+    batch_size: int = opt(help="Sequences per training step.", check=_count())
+    max_steps: int = opt(help="The cap (a power of two >= min_steps): the run stops earlier "
+                              "at a plateau.", check=_count())
+    seed: int = opt(0, help="Training seed.", check=_count(0))
+    train_chars: int | None = opt(None, help="The first N characters of the training split "
+                                             "(None: all).", check=_count())
+
+    def __post_init__(self) -> None:
+        check_fields(self, dashes=False)
 
     @property
     def run_id(self) -> str:
@@ -117,69 +130,57 @@ class StudyRun:
 
 @dataclass(frozen=True)
 class StudySpec:
-    """The study's design: runs, measurement and test settings (validated on creation)."""
+    """The study's design: runs, measurement and test settings (declared once with
+    ``fields.opt``: the YAML keys, their range rules and their one-line errors come from these
+    declarations; the rules across fields are checked below)."""
 
-    runs: tuple[StudyRun, ...]
-    k: int = 8
-    n_prompts: int = 16
-    prompt_length: int = 48
-    block_size: int = 64
-    min_steps: int = 1024  # the earliest step a run may stop at (>= 16: >= 6 checkpoints)
-    plateau_tol: float = 0.02  # stop when the held-out loss improves < 2 % over a doubling
-    alpha: float = 0.05
+    runs: tuple[StudyRun, ...] = opt(help="The independent runs (at least 4).")
+    k: int = opt(8, help="The one K of every run's statistic.", check=_count())
+    n_prompts: int = opt(16, help="Held-out prompts per checkpoint (at least 2).",
+                         check=_count(2))
+    prompt_length: int = opt(48, help="Characters per prompt.", check=_count())
+    block_size: int = opt(64, help="Training context in characters.", check=_count())
+    min_steps: int = opt(1024, help="The earliest step a run may stop at (>= 16: step 0 and "
+                                    "the powers of two to 16 are 6 checkpoints).",
+                         check=_count(16))
+    plateau_tol: float = opt(0.02, help="Stop when the held-out loss improves by less than "
+                                        "this (relative) over a doubling of steps.",
+                             check=(number, {"above": 0.0, "below": 1.0}))
+    alpha: float = opt(0.05, help="The tests' level (one-sided).",
+                       check=(number, {"above": 0.0, "below": 0.5}))
 
     def __post_init__(self) -> None:
+        check_fields(self, dashes=False)
         if len(self.runs) < MIN_RUNS:
             raise BlockCouplingError(
-                f"study spec: {len(self.runs)} run(s); the tests need at least {MIN_RUNS} "
+                f"{len(self.runs)} run(s); the tests need at least {MIN_RUNS} "
                 "independent runs")
         ids = [r.run_id for r in self.runs]
         dup = sorted({i for i in ids if ids.count(i) > 1})
         if dup:
-            raise BlockCouplingError(f"study spec: run {dup[0]} is listed twice (same name and "
+            raise BlockCouplingError(f"run {dup[0]} is listed twice (same name and "
                                      "seed); give each run its own name or seed")
         shapes = [(r.n_layer, r.n_embd, r.batch_size, r.max_steps, r.train_chars, r.seed)
                   for r in self.runs]
         if len(set(shapes)) < len(shapes):
-            raise BlockCouplingError("study spec: two runs have the same configuration and seed "
+            raise BlockCouplingError("two runs have the same configuration and seed "
                                      "(one run would be counted twice)")
-        for name in ("k", "n_prompts", "prompt_length", "block_size", "min_steps"):
-            _positive_int(getattr(self, name), name)
-        if self.min_steps < 16:
-            raise BlockCouplingError("study spec: min_steps must be at least 16 (step 0 and the "
-                                     "powers of two to 16 are the 6 points of the shortest "
-                                     "emergence curve)")
         for r in self.runs:
-            for name in ("n_layer", "n_embd", "batch_size", "max_steps"):
-                _positive_int(getattr(r, name), f"run {r.name}: {name}")
-            if r.train_chars is not None:
-                _positive_int(r.train_chars, f"run {r.name}: train_chars")
-                if r.train_chars < 10 * self.block_size:
-                    raise BlockCouplingError(
-                        f"study spec: run {r.name}: train_chars {r.train_chars} is below 10 "
-                        f"windows of block_size {self.block_size}")
+            if r.train_chars is not None and r.train_chars < 10 * self.block_size:
+                raise BlockCouplingError(
+                    f"run {r.name}: train_chars {r.train_chars} is below 10 "
+                    f"windows of block_size {self.block_size}")
             if r.max_steps & (r.max_steps - 1) or r.max_steps < self.min_steps:
                 raise BlockCouplingError(
-                    f"study spec: run {r.name}: max_steps {r.max_steps} must be a power of two "
+                    f"run {r.name}: max_steps {r.max_steps} must be a power of two "
                     f">= min_steps {self.min_steps} (the cap of the plateau rule, which checks "
                     "each doubling of steps)")
-            if isinstance(r.seed, bool) or not isinstance(r.seed, int) or r.seed < 0:
-                raise BlockCouplingError(f"study spec: run {r.name}: seed must be an integer "
-                                         f">= 0, not {r.seed!r}")
             if r.n_embd < 4 * self.k:
                 raise BlockCouplingError(
-                    f"study spec: run {r.name}: n_embd {r.n_embd} < 4 K = {4 * self.k}; the "
+                    f"run {r.name}: n_embd {r.n_embd} < 4 K = {4 * self.k}; the "
                     "top-K of a block Jacobian needs K well below d (lower k)")
             if r.n_embd % 2:
-                raise BlockCouplingError(f"study spec: run {r.name}: n_embd must be even")
-        if self.n_prompts < 2:
-            raise BlockCouplingError("study spec: n_prompts must be at least 2 (a standard "
-                                     "error needs two prompts)")
-        for name, lo, hi in (("plateau_tol", 0.0, 1.0), ("alpha", 0.0, 0.5)):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int | float) or not lo < float(v) < hi:
-                raise BlockCouplingError(f"study spec: {name} must be a number in ({lo}, {hi}), "
-                                         f"not {v!r}")
+                raise BlockCouplingError(f"run {r.name}: n_embd must be even")
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -190,43 +191,27 @@ class StudySpec:
 MIN_RUNS = 4
 
 
-def _positive_int(v: Any, what: str) -> None:
-    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-        raise BlockCouplingError(f"study spec: {what} must be a positive integer, not {v!r}")
-
-
 def parse_study_spec(data: Mapping[str, Any]) -> StudySpec:
     """A :class:`StudySpec` from a mapping (YAML): ``runs`` (a list of mappings with ``name``,
     ``n_layer``, ``n_embd``, ``batch_size``, ``max_steps`` and ``seed`` or ``seeds``) and any
-    of the spec's other fields. Unknown keys and bad values: one clear error."""
+    of the spec's other fields. Unknown keys and bad values: one line naming the key
+    (``fields.from_mapping``)."""
     if not isinstance(data, Mapping):
         raise BlockCouplingError("study spec: a mapping with 'runs' is needed")
-    known = {f.name for f in fields(StudySpec)}
-    unknown = sorted(set(data) - known)
-    if unknown:
-        raise BlockCouplingError(f"study spec: unknown key(s) {', '.join(unknown)}; known: "
-                                 f"{', '.join(sorted(known))}")
     runs_in = data.get("runs")
     if not isinstance(runs_in, list) or not runs_in:
         raise BlockCouplingError("study spec: 'runs' must be a non-empty list of runs")
-    run_keys = {f.name for f in fields(StudyRun)} | {"seeds"}
-    runs = []
+    runs: list[StudyRun] = []
     for i, r in enumerate(runs_in):
+        where = f"study spec: runs[{i}]"
         if not isinstance(r, Mapping):
-            raise BlockCouplingError(f"study spec: run {i + 1} must be a mapping")
-        bad = sorted(set(r) - run_keys)
-        missing = sorted({"name", "n_layer", "n_embd", "batch_size", "max_steps"} - set(r))
-        if bad or missing:
-            raise BlockCouplingError(
-                f"study spec: run {i + 1}: " + (f"unknown key(s) {', '.join(bad)}" if bad else
-                                                f"missing {', '.join(missing)}"))
+            raise BlockCouplingError(f"{where} must be a mapping")
         seeds = r.get("seeds", [r.get("seed", 0)])
         if not isinstance(seeds, list) or not seeds:
-            raise BlockCouplingError(f"study spec: run {r['name']}: seeds must be a list")
+            raise BlockCouplingError(f"{where}: seeds must be a non-empty list")
         base = {k: v for k, v in r.items() if k not in ("seed", "seeds")}
-        runs += [StudyRun(**{**base, "seed": s}) for s in seeds]
-    rest = {k: v for k, v in data.items() if k != "runs"}
-    return StudySpec(runs=tuple(runs), **rest)
+        runs += [from_mapping(StudyRun, {**base, "seed": s}, where) for s in seeds]
+    return from_mapping(StudySpec, {**data, "runs": tuple(runs)}, "study spec")
 
 
 def load_study_spec(path: str | Path) -> StudySpec:

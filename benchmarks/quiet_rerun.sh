@@ -1,0 +1,20 @@
+#!/bin/bash
+# Quiet-machine measurements (issue 22 items 1-4, issue 19's cost): one after the other.
+cd /work/main
+export HF_HUB_OFFLINE=1 MPLBACKEND=Agg
+Q=/work/runs/quiet
+T="/usr/bin/time -f %e_wall_%U_user_%S_sys_%M_maxkb"
+step() { name=$1; shift; echo "== $name start $(date -u +%T) load $(cut -d' ' -f1-3 /proc/loadavg)" >> $Q/log; $T -o $Q/$name.time "$@" > $Q/$name.out 2> $Q/$name.err; echo "== $name end $(date -u +%T) rc $? load $(cut -d' ' -f1-3 /proc/loadavg) $(cat $Q/$name.time)" >> $Q/log; }
+export OMP_NUM_THREADS=2
+step depth .venv/bin/python benchmarks/bench_depth.py --repeats 3 --prompts 4 --oracle fast64 --no-generic
+step ab .venv/bin/python benchmarks/bench_ab.py --base /tmp/base/src --repeats 3 --check
+step trajectory .venv/bin/python benchmarks/bench_trajectory.py --repeats 7
+step memory .venv/bin/python benchmarks/bench_memory.py
+step tokenwise .venv/bin/python benchmarks/bench_tokenwise.py --repeats 1
+rm -rf /tmp/q_lm_full /tmp/q_cache_full
+BLOCKCOUPLING_CACHE=/tmp/q_cache_full step lm_full .venv/bin/blockcoupling study lm-family --out /tmp/q_lm_full
+rm -rf /tmp/q_lm_quick /tmp/q_cache_quick
+BLOCKCOUPLING_CACHE=/tmp/q_cache_quick step lm_quick .venv/bin/blockcoupling study lm-family --quick --out /tmp/q_lm_quick
+rm -rf /tmp/q_vit2
+step vit2x2 .venv/bin/blockcoupling vit-grid --spec docs/vit-grid-digits-2x2.yaml --out /tmp/q_vit2
+echo "== all done $(date -u +%T)" >> $Q/log
