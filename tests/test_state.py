@@ -38,7 +38,7 @@ def _train(steps: int, measure_between: bool) -> tuple[list[float], dict[str, to
         opt.zero_grad()
         loss.backward()
         opt.step()
-        losses.append(float(loss))
+        losses.append(float(loss.detach()))
         if measure_between:
             bc.measure(model, None, probe, k=(2,), coupling=("depth",), method="matrix_free",
                        svd_tol=None, progress=False)
