@@ -122,6 +122,8 @@ def test_held_out_score_is_reproducible(quick: tuple[Path, Path]) -> None:
     ({"runs": [{"name": "a", "n_layer": 2, "n_embd": 16, "batch_size": 4, "max_steps": 1024,
                 "seeds": [0, 1, 2, 3]}], "k": 8}, "n_embd 16 < 4 K"),
     ({"runs": "all of them"}, "non-empty list"),
+    ({"runs": [{"name": "a", "n_layer": 2, "n_embd": 32, "batch_size": 4,
+                "seeds": [0, 1, 2, 3]}]}, "runs[0]: missing key max_steps"),
     ({"runs": [{"name": "a", "n_layer": 2, "n_embd": 32, "batch_size": 4, "max_steps": 1000,
                 "seeds": [0, 1, 2, 3]}]}, "max_steps 1000 must be a power of two"),
     ({"runs": [{"name": "a", "n_layer": 2, "n_embd": 32, "batch_size": 4, "max_steps": 512,

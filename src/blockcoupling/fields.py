@@ -87,6 +87,12 @@ def from_mapping(cls: Any, data: Any, where: str = "", *, base: Any = None,
     unknown = [str(k) for k in data if k not in names]
     if unknown:
         raise BlockCouplingError(f"{pre}unknown key {unknown[0]!r}; known: {', '.join(names)}")
+    if base is None:
+        missing = [f.name for f in _fields(cls) if f.name not in skip and f.name not in data
+                   and f.default is _MISSING and f.default_factory is _MISSING]
+        if missing:
+            raise BlockCouplingError(f"{pre}missing key{'s' * (len(missing) > 1)} "
+                                     f"{', '.join(missing)}; known: {', '.join(names)}")
     try:
         values = parse_given(cls, data) if parse else dict(data)
         return dataclasses.replace(base, **values) if base is not None else cls(**values)
