@@ -159,4 +159,5 @@ def test_lm_family_dry_run_prints_runs_steps_and_checkpoints(tmp_path: Path) -> 
     assert f"{len(spec.runs)} training runs" in r.output
     assert f"{sum(run.max_steps for run in spec.runs)} training steps" in r.output
     assert "measured at steps 0, 1, 2, 4, 8, 16 (6 checkpoints)" in r.output
+    assert "estimated time at most" in r.output  # the runs stop at their plateau, not the cap
     assert not out.exists()

@@ -82,6 +82,7 @@ class StudyPlan:
     runs: list[RunPlan]
     estimate: str = TRAINING_MODEL
     notes: list[str] = field(default_factory=list)
+    capped: bool = False  # steps are caps (runs stop at a plateau): the estimate is a bound
 
     @property
     def estimated_seconds(self) -> float:
@@ -95,13 +96,15 @@ class StudyPlan:
                  f"{sum(r.measurements for r in self.runs):,} measurements; nothing is written"]
         lines += [r.describe() for r in self.runs]
         lines += [f"  {n}" for n in self.notes]
-        lines.append(f"  estimated time {duration(self.estimated_seconds)} ({self.estimate})")
+        bound = "at most " * self.capped  # every run trained to its cap
+        lines.append(f"  estimated time {bound}{duration(self.estimated_seconds)} "
+                     f"({self.estimate})")
         return "\n".join(lines)
 
     def to_dict(self) -> dict[str, Any]:
         return {"study": self.study, "runs": [r.to_dict() for r in self.runs],
                 "estimated_seconds": self.estimated_seconds, "estimate": self.estimate,
-                "notes": list(self.notes)}
+                "notes": list(self.notes), "capped": self.capped}
 
 
 def _measure_line(p: MeasurePlan) -> str:
@@ -187,8 +190,8 @@ def plan_grid(base: Any, kwargs: dict[str, Any]) -> StudyPlan:
 
 # ---------------------------------------------------------------------------- the LM family
 def plan_lm_study(spec: Any) -> StudyPlan:
-    """The plan of ``study lm-family`` for a ``StudySpec``: per run its training steps, the
-    log-spaced checkpoints and the measurement of each (the study's sweep), on the untrained
+    """The plan of ``study lm-family`` for a ``StudySpec``: per run its training steps (a cap),
+    the checkpoints (step 0 and the powers of two to the cap) and the measurement of each (the study's sweep), on the untrained
     model of the run's shape and the held-out prompts."""
     from transformers import GPT2LMHeadModel
 
@@ -214,4 +217,4 @@ def plan_lm_study(spec: Any) -> StudyPlan:
     notes = ["steps and checkpoints are caps: each run stops at its held-out plateau",
              f"each checkpoint is also scored on held-out text; K = {spec.k}, "
              f"{len(prompts)} prompts of {spec.prompt_length} characters"]
-    return StudyPlan(study="the LM family study", runs=runs, notes=notes)
+    return StudyPlan(study="the LM family study", runs=runs, notes=notes, capped=True)
