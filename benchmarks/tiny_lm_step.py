@@ -15,7 +15,7 @@ import time
 import torch
 
 from blockcoupling.studies import tiny_lm as T
-from blockcoupling.studies.lm_study import _tiny_config, full_spec
+from blockcoupling.studies.lm_study import full_spec, tiny_config
 
 
 def main() -> None:
@@ -24,13 +24,13 @@ def main() -> None:
     ap.add_argument("--deterministic", action="store_true")
     args = ap.parse_args()
     spec = full_spec()
-    cfg = _tiny_config(spec, spec.runs[0])
+    cfg = tiny_config(spec, spec.runs[0])
     tok = T.build_tokenizer(T.corpus_text())
     ids = T._encode(tok, T.corpus_text())  # (N,)
     torch.manual_seed(0)
     from transformers import GPT2LMHeadModel
 
-    model = GPT2LMHeadModel(T._gpt2_config(cfg, len(tok), tok.pad_token_id))
+    model = GPT2LMHeadModel(T.gpt2_config(cfg, len(tok), tok.pad_token_id))
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
     torch.use_deterministic_algorithms(args.deterministic, warn_only=True)
     span = cfg.block_size + 1

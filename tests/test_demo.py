@@ -168,7 +168,7 @@ def test_step0_is_the_seeded_initialisation(trained: tuple[Path, list[tuple[int,
     _, ckpts = trained
     tok = tiny_lm.build_tokenizer(tiny_lm.corpus_text())
     torch.manual_seed(SMALL.seed)
-    fresh = GPT2LMHeadModel(tiny_lm._gpt2_config(SMALL, len(tok), 0)).state_dict()
+    fresh = GPT2LMHeadModel(tiny_lm.gpt2_config(SMALL, len(tok), 0)).state_dict()
     saved = _state(ckpts[0][1])
     for name, value in fresh.items():
         assert torch.equal(saved[name], value), name

@@ -98,7 +98,7 @@ def test_held_out_score_is_reproducible(quick: tuple[Path, Path]) -> None:
     data = json.loads((out / "study.json").read_text())
     spec = S.quick_spec()
     run = spec.runs[0]
-    cfg = S._tiny_config(spec, run)
+    cfg = S.tiny_config(spec, run)
     m = next(x for x in data["models"] if x["run_id"] == run.run_id)
     path = next(p for p in cache.rglob(f"step-{m['step']:06d}") if cfg.cache_key() in str(p))
     a, b = S.evaluate_checkpoint(path, cfg), S.evaluate_checkpoint(path, cfg)
@@ -159,7 +159,7 @@ def test_end_point_is_the_end_of_the_plateau() -> None:
 def test_runs_train_to_a_plateau_under_the_stated_rule() -> None:
     for spec in (S.full_spec(), S.quick_spec()):
         for run in spec.runs:
-            cfg = S._tiny_config(spec, run)
+            cfg = S.tiny_config(spec, run)
             assert cfg.plateau_tol == spec.plateau_tol and cfg.min_steps == spec.min_steps
             assert cfg.lr_schedule == "constant" and cfg.val_windows == 0  # whole held-out split
             assert cfg.checkpoints[0] == 0 and cfg.checkpoints[-1] == run.max_steps

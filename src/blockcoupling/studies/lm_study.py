@@ -290,7 +290,7 @@ def evaluate_checkpoint(path: str | Path, cfg: TinyLMConfig) -> dict[str, float]
             "n_eval_tokens": ev["n_eval_tokens"]}
 
 
-def _tiny_config(spec: StudySpec, run: StudyRun) -> TinyLMConfig:
+def tiny_config(spec: StudySpec, run: StudyRun) -> TinyLMConfig:
     return TinyLMConfig(n_layer=run.n_layer, n_embd=run.n_embd,
                         n_head=4 if run.n_embd % 4 == 0 else 2, block_size=spec.block_size,
                         batch_size=run.batch_size, max_steps=run.max_steps,
@@ -480,7 +480,7 @@ def run_study(out: str | Path, spec: StudySpec | None = None, *, quick: bool = F
     seconds: dict[str, float] = {}
     rows, paths, logs = [], {}, {}
     for run in spec.runs:
-        cfg = _tiny_config(spec, run)
+        cfg = tiny_config(spec, run)
         if progress:
             print(f"[study] train {run.run_id} (until the held-out loss plateaus; at most "
                   f"{run.max_steps} steps)", flush=True)
@@ -500,7 +500,7 @@ def run_study(out: str | Path, spec: StudySpec | None = None, *, quick: bool = F
                          "train_tokens": step * run.batch_size * spec.block_size})
     seconds["train_and_score"] = time.perf_counter() - t0
     scores = pd.DataFrame(rows)
-    prompts = family_prompts(_tiny_config(spec, spec.runs[0]), n=spec.n_prompts,
+    prompts = family_prompts(tiny_config(spec, spec.runs[0]), n=spec.n_prompts,
                              length=spec.prompt_length)
     if len(prompts) < spec.n_prompts:
         raise BlockCouplingError(f"the held-out text gave {len(prompts)} prompts of "

@@ -197,17 +197,17 @@ def plan_lm_study(spec: Any) -> StudyPlan:
 
     from blockcoupling.engine.config import parse_config
     from blockcoupling.store.record import plan_run
-    from blockcoupling.studies.lm_study import _tiny_config, family_prompts, study_measure
-    from blockcoupling.studies.tiny_lm import _gpt2_config, build_tokenizer, corpus_text
+    from blockcoupling.studies.lm_study import family_prompts, study_measure, tiny_config
+    from blockcoupling.studies.tiny_lm import build_tokenizer, corpus_text, gpt2_config
 
     tok = build_tokenizer(corpus_text())
     cfg = parse_config(None, **study_measure(spec))
-    prompts = family_prompts(_tiny_config(spec, spec.runs[0]), n=spec.n_prompts,
+    prompts = family_prompts(tiny_config(spec, spec.runs[0]), n=spec.n_prompts,
                              length=spec.prompt_length)
     runs = []
     for run in spec.runs:
-        tc = _tiny_config(spec, run)
-        model = GPT2LMHeadModel(_gpt2_config(tc, len(tok), tok.pad_token_id))
+        tc = tiny_config(spec, run)
+        model = GPT2LMHeadModel(gpt2_config(tc, len(tok), tok.pad_token_id))
         params = sum(p.numel() for p in model.parameters())
         runs.append(RunPlan(
             name=run.run_id, checkpoints=tuple(tc.checkpoints), steps=tc.max_steps,

@@ -318,7 +318,7 @@ def _lr_at(cfg: TinyLMConfig, step: int) -> float:
     return lo + 0.5 * (cfg.lr - lo) * (1.0 + math.cos(math.pi * t))
 
 
-def _gpt2_config(cfg: TinyLMConfig, vocab_size: int, pad_id: int) -> Any:
+def gpt2_config(cfg: TinyLMConfig, vocab_size: int, pad_id: int) -> Any:
     from transformers import GPT2Config
 
     return GPT2Config(
@@ -438,7 +438,7 @@ def _train_and_save(cfg: TinyLMConfig, target: Path, progress: bool,
         )
     val_chunk = validation_chunk(cfg, val_ids)  # (W, span)
 
-    config = _gpt2_config(cfg, len(tokenizer), tokenizer.pad_token_id)
+    config = gpt2_config(cfg, len(tokenizer), tokenizer.pad_token_id)
     log: dict[str, Any] = {
         "config": cfg.to_dict(),
         "cache_key": cfg.cache_key(),
