@@ -84,7 +84,7 @@ def upgrade_collection(path: str | os.PathLike[str]) -> Sweep:
 
 def _upgrade_grid(root: Path) -> None:
     """``grid.json`` + ``runs/`` -> the vit-grid collection (under the caller's lock)."""
-    from blockcoupling.studies.vit.grid import KIND, grid_unit, unit_record
+    from blockcoupling.studies.vit.grid import KIND, grid_unit, headline_tokens, unit_record
     from blockcoupling.studies.vit.train import METRICS_FILE, VitTrainConfig, is_trained
 
     legacy = root / store.LEGACY_GRID_FILE
@@ -144,6 +144,7 @@ def _upgrade_grid(root: Path) -> None:
                    "seeds": sorted({c.seed for _, c, _ in units})}}
     manifest = store.new_manifest(KIND, spec)
     manifest["order"] = [u.unit_id for u, _, _ in units]
+    manifest["headline_tokens"] = headline_tokens(base_dict)
     manifest["sessions"].append({"started": store.now(), "executor": "upgrade",
                                  "upgraded_from": store.LEGACY_GRID_FILE})
     store.write_json(root / store.MANIFEST, manifest)

@@ -73,15 +73,10 @@ class Sweep:
 
     @property
     def default_tokens(self) -> str:
-        """The token rule of this collection's headline: a ViT grid's own choice of its
-        training config (``--tokens cls``: ``"first"``, position 0; ``last``; ``all``), else
+        """The token rule of this collection's headline, as its manifest states it
+        (``headline_tokens``: a ViT grid writes its ``--tokens``, [CLS] = ``"first"``), else
         ``"last"`` (the paper's)."""
-        if self.kind == "vit-grid":
-            from blockcoupling.studies.vit.train import STATISTIC_TOKENS
-
-            base = ((self.manifest.get("spec") or {}).get("vit-grid") or {}).get("base") or {}
-            return STATISTIC_TOKENS.get(str(base.get("tokens", "cls")), "last")
-        return "last"
+        return str(self.manifest.get("headline_tokens") or "last")
 
     @property
     def kind(self) -> str:

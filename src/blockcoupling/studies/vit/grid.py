@@ -196,6 +196,14 @@ def grid_unit(config: VitTrainConfig) -> Any:
                 config_hash=final.config_hash(), run=FINAL_RUN)
 
 
+def headline_tokens(base_dict: dict[str, Any]) -> str:
+    """The token rule of a grid's headline statistic, as its manifest states it for every
+    reader (``Sweep.default_tokens``): the base config's ``--tokens`` ([CLS]: ``first``)."""
+    from blockcoupling.studies.vit.train import STATISTIC_TOKENS
+
+    return STATISTIC_TOKENS[str(base_dict.get("tokens", "cls"))]
+
+
 def _grid_manifest(root: Path, base_dict: dict[str, Any], units: list[Any],
                    configs: list[VitTrainConfig], executor: str) -> dict[str, Any]:
     """The grid's collection manifest (new, or the existing one of the same base config)
@@ -227,6 +235,7 @@ def _grid_manifest(root: Path, base_dict: dict[str, Any], units: list[Any],
     for key, attr in (("drop_paths", "drop_path"), ("weight_decays", "weight_decay"),
                       ("seeds", "seed")):
         grid[key] = sorted({*grid.get(key, []), *(getattr(c, attr) for c in configs)})
+    manifest["headline_tokens"] = headline_tokens(base_dict)
     manifest["order"] += [u.unit_id for u in units if u.unit_id not in manifest["order"]]
     manifest["sessions"].append({"started": store.now(), "executor": executor})
     manifest["format_version"] = store.FORMAT_VERSION
