@@ -16,7 +16,7 @@ import pytest
 from blockcoupling.engine.config import MeasureConfig
 from blockcoupling.hashing import canonical_hash, canonical_json
 from blockcoupling.store.manifest import digest_of
-from blockcoupling.studies.monitor import _prompt_items
+from blockcoupling.studies.monitor import prompt_items
 from blockcoupling.studies.sweep.units import unit_id
 from blockcoupling.studies.tiny_lm import TinyLMConfig
 from blockcoupling.studies.vit.train import VitTrainConfig
@@ -47,4 +47,4 @@ def test_stored_hashes_are_unchanged() -> None:
                    label="Lé", step=5, prompt_texts=("a", "ß")) == "L-step5-x-899d0f2089da"
     assert VitTrainConfig().key() == "748982d1a605"  # issue 19: tokens, regularisers, lr_scaling
     assert TinyLMConfig().cache_key() == "4fa28df2f9da7ad5"
-    assert _prompt_items(["é one", "two"], None, 0)[1] == "prompts:cba1847c229e"
+    assert prompt_items(["é one", "two"], None, 0)[1] == "prompts:cba1847c229e"

@@ -53,7 +53,7 @@ from blockcoupling.studies.sweep import store
 from blockcoupling.studies.sweep.units import Unit, collection_unit_id, config_hash
 
 
-def _prompt_items(prompts: Any, limit: int | None, seed: int) -> tuple[list[Any], str]:
+def prompt_items(prompts: Any, limit: int | None, seed: int) -> tuple[list[Any], str]:
     """(prompts, prompt_set name): a spec string is loaded, a list is fingerprinted."""
     from blockcoupling.engine.measure import normalise_prompts
     from blockcoupling.prompts.sources import load_prompts
@@ -147,7 +147,7 @@ class CouplingMonitor:
             raise BlockCouplingError("give every=N or steps=[...]: nothing would be measured")
         base = config if config is not None else MeasureConfig()
         self.config = base.replace(**options) if options else base
-        self.prompts, self.prompt_set = _prompt_items(prompts, limit, self.config.seed)
+        self.prompts, self.prompt_set = prompt_items(prompts, limit, self.config.seed)
         from blockcoupling.studies.identity import input_hashes, local_inputs
 
         # a prompt file counts by its content: an edited file gives other units

@@ -547,7 +547,7 @@ def _monitor_is_current(cfg: TinyLMConfig, target: Path) -> bool:
     :func:`tiny_lm_prompts` ask for today, every checkpoint step done (else the cache is
     retrained: the monitor only measures inside the training loop)."""
     from blockcoupling.engine.config import MeasureConfig
-    from blockcoupling.studies.monitor import _prompt_items
+    from blockcoupling.studies.monitor import prompt_items
     from blockcoupling.studies.sweep import store
 
     root = target / MONITOR_DIR
@@ -559,7 +559,7 @@ def _monitor_is_current(cfg: TinyLMConfig, target: Path) -> bool:
     except (OSError, ValueError, BlockCouplingError):
         return False
     config = MeasureConfig().replace(**monitor_options(cfg))
-    want = {"prompt_set": _prompt_items(tiny_lm_prompts(cfg), None, config.seed)[1],
+    want = {"prompt_set": prompt_items(tiny_lm_prompts(cfg), None, config.seed)[1],
             "steps": sorted(cfg.checkpoints),
             "config": json.loads(json.dumps(config.to_dict(), default=str))}
     done = sorted(int(x) for x in units.loc[units["status"] == "done", "step"])
