@@ -201,6 +201,72 @@ def test_gram_route_for_float32_is_as_exact_as_the_float32_svd() -> None:
     assert float(t.fro2) == pytest.approx(float((J32.double() ** 2).sum()), rel=1e-5)
 
 
+def _subspace_errors(t: TopK, J32: torch.Tensor, k: int) -> tuple[float, float, float]:
+    """Max errors of S and of the top-k projectors against the float64 SVD of J32."""
+    U64, S64, Vh64 = torch.linalg.svd(J32.double())
+    es = float((t.S.double() - S64[:k]).abs().max())
+    eu = float((t.U.double() @ t.U.double().mT - U64[:, :k] @ U64[:, :k].mT).abs().max())
+    ev = float((t.V.double() @ t.V.double().mT - Vh64[:k].mT @ Vh64[:k]).abs().max())
+    return es, eu, ev
+
+
+def _count_f64_route(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    from blockcoupling.engine import svd as svd_mod
+
+    calls: list[int] = []
+    f64 = svd_mod._topk_gram_f64
+
+    def counted(J: torch.Tensor, k: int) -> object:
+        calls.append(k)
+        return f64(J, k)
+
+    monkeypatch.setattr(svd_mod, "_topk_gram_f64", counted)
+    return calls
+
+
+def test_mixed_gram_route_resolves_near_degenerate_values_in_float64(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Six singular values 1e-4 apart inside the top k, and s_k 1e-4 above s_{k+1}: the
+    float32 subspace plus the float64 Rayleigh-Ritz step (no float64 eigensolver call) gives
+    each singular vector of the float32 matrix to its float32 rounding (angles <= 1e-3; the
+    float32 subspace alone: 4e-3, torch's float32 SVD: 9e-3), and J v = s u."""
+    d, k = 128, 24
+    s = torch.linspace(10, 4, d, dtype=F64)
+    s[5:11] = s[5] - torch.arange(6, dtype=F64) * 1e-4  # a cluster inside the top k
+    s[k] = s[k - 1] - 1e-4
+    s, _ = s.sort(descending=True)
+    J32 = _with_spectrum(s, seed=11).float()
+    calls = _count_f64_route(monkeypatch)
+    t = topk_svd(J32, k)
+    assert calls == []  # the certificate held
+    U64, S64, Vh64 = torch.linalg.svd(J32.double())
+    for got, ref in ((t.V, Vh64[:k].mT), (t.U, U64[:, :k])):
+        cos = (got.double() * ref).sum(0).abs().clamp(max=1)
+        assert float((1 - cos**2).clamp_min(0).sqrt().max()) <= 1e-3
+    assert float((t.S.double() - S64[:k]).abs().max()) <= 1e-5
+    Jd = J32.double()
+    pair_res = (Jd @ t.V.double() - t.U.double() * t.S.double()).norm(dim=0).max()
+    assert float(pair_res) <= 1e-5 * float(s[0])
+
+
+def test_mixed_gram_route_falls_back_to_float64_where_its_certificate_fails(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """s_k / s_1 = 3e-3 (above the Gram routes' 1e-3 floor): a float32 Gram cannot hold the
+    small eigenvalues to a few roundings of s_1 s_k, the certificate fails, and the float64
+    Gram route answers, as exact as the float32 SVD."""
+    d, k = 64, 8
+    s = torch.cat([torch.linspace(1, 0.5, 4, dtype=F64), torch.linspace(4e-3, 1e-4, d - 4, dtype=F64)])
+    J32 = _with_spectrum(s, seed=13).float()
+    calls = _count_f64_route(monkeypatch)
+    t = topk_svd(J32, k)
+    assert calls == [k]
+    U32, S32, Vh32 = torch.linalg.svd(J32)
+    ref = _subspace_errors(TopK(U=U32[:, :k], S=S32[:k], V=Vh32[:k].mT), J32, k)
+    got = _subspace_errors(t, J32, k)
+    for g, r in zip(got, ref, strict=True):
+        assert g <= max(2 * r, 1e-6), (got, ref)
+
+
 def test_gram_route_falls_back_where_the_tail_is_tiny() -> None:
     """s_k / s_1 below 1e-3: the Gram route would lose digits; the full SVD is used."""
     d, k = 40, 10

@@ -98,6 +98,11 @@ _GRAM_MIN_RATIO: float = 1e-3
 _GRAM_ORTH_TOL: float = 1e-6
 #: Rows of J converted to float64 at a time: no float64 copy of the whole J is held.
 _GRAM_ROWS: int = 256
+#: Eigenvectors of the float32 Gram kept beyond k for the float64 Rayleigh-Ritz step of
+#: :func:`_topk_gram_mixed` (the near-degenerate neighbours of s_k).
+_GRAM_WINDOW: int = 16
+#: The backward error :func:`_topk_gram_mixed` accepts, in float32 epsilons of s_1^2.
+_GRAM_BACKWARD_ULPS: float = 32.0
 
 
 _SCIPY_BLAS: list[Any] = []  # [threadpoolctl controller of scipy's BLAS] once looked up
@@ -132,6 +137,83 @@ def one_blas_thread() -> contextlib.AbstractContextManager[Any]:
 
 
 def _topk_gram(J: Tensor, k: int) -> tuple[Tensor, Tensor, Tensor] | None:
+    """Top-k SVD of a CPU float32 matrix J (m, n) from the top-k eigenpairs of its Gram matrix
+    ``J^T J``: the mixed-precision route (:func:`_topk_gram_mixed`) where its certificate holds,
+    else the float64 one (:func:`_topk_gram_f64`). None where neither is accurate (then the
+    caller uses the full SVD)."""
+    got = _topk_gram_mixed(J, k)
+    return got if got is not None else _topk_gram_f64(J, k)
+
+
+def _row_blocks(m: int) -> list[slice]:
+    return [slice(s, min(s + _GRAM_ROWS, m)) for s in range(0, m, _GRAM_ROWS)]
+
+
+def _accurate(U: Tensor, S: Tensor) -> bool:
+    """The Gram routes' own checks: s_k / s_1 not below ``_GRAM_MIN_RATIO`` (the squared
+    spectrum would lose digits) and U = J V / S orthonormal to ``_GRAM_ORTH_TOL``."""
+    if not bool(S[-1] >= _GRAM_MIN_RATIO * S[0]) or not bool(S[0] > 0):
+        return False
+    k = int(S.shape[0])
+    return bool((U.mT @ U - torch.eye(k, dtype=U.dtype)).abs().max() <= _GRAM_ORTH_TOL)
+
+
+def _topk_gram_mixed(J: Tensor, k: int) -> tuple[Tensor, Tensor, Tensor] | None:
+    """Top-k SVD of a float32 J (m, n): a float32 subspace, float64 Ritz pairs, certified.
+
+    1. the top ``w = k + _GRAM_WINDOW`` eigenvectors of the float32 Gram ``J^T J`` (LAPACK
+       MRRR on a subset, ``scipy.linalg.eigh``; float32 halves the tridiagonalisation, which
+       is nearly all of an eigensolver's time at these sizes);
+    2. Rayleigh-Ritz in float64 on their span W (n, w): ``H = W^T (J^T (J W))`` from float64
+       row blocks of J, its eigenpairs (theta, Y), ``V = W Y``, ``S = sqrt(theta)``,
+       ``U = (J W) Y / S``. The window resolves the near-degenerate neighbours of s_k, whose
+       mixing float32 cannot settle, exactly in float64;
+    3. the certificate: with ``R = J^T J V - V diag(theta)`` and V orthonormal, the pairs
+       are exact eigenpairs of ``J^T J + E`` with ``||E||_2 <= 2 ||R||_2``. Accepted while
+       ``2 ||R||_2 <= _GRAM_BACKWARD_ULPS * eps32 * s_1 s_k``: E then moves s_k by at most
+       ``_GRAM_BACKWARD_ULPS / 2 * eps32 * s_1``, a few float32 roundings of J, the
+       perturbation J carries anyway (``||(J + dJ)^T (J + dJ) - J^T J||`` was 3-4e-7 s_1^2
+       on GPT-2-small-shaped random blocks, ``||R||_2`` 4e-7 s_1^2 with s_k / s_1 = 0.8-0.9;
+       BENCHMARKS.md). Else None: a small s_k / s_1 fails it, as squaring the spectrum in
+       float32 would lose its digits.
+    """
+    import scipy.linalg
+
+    m, n = int(J.shape[-2]), int(J.shape[-1])
+    w = min(n, int(k) + _GRAM_WINDOW)
+    J = J.detach()
+    G32 = J.mT @ J  # (n, n) float32, used only to find the subspace
+    if not bool(torch.isfinite(G32).all()):  # float32 overflow: the float64 route
+        return None
+    with one_blas_thread():
+        _, Q = scipy.linalg.eigh(G32.numpy(), subset_by_index=[n - w, n - 1], driver="evr",
+                                 overwrite_a=True, check_finite=False)  # (n, w), ascending
+    if Q.shape != (n, w):
+        return None
+    W = torch.linalg.qr(torch.from_numpy(Q).double()).Q  # (n, w), orthonormal in float64
+    JW = torch.empty(m, w, dtype=torch.float64)
+    GW = torch.zeros(n, w, dtype=torch.float64)  # J^T J W
+    for c in _row_blocks(m):
+        Jc = J[c].double()  # (rows, n)
+        torch.mm(Jc, W, out=JW[c])
+        GW.addmm_(Jc.mT, JW[c])
+    H = W.mT @ GW  # (w, w)
+    theta, Y = torch.linalg.eigh((H + H.mT) / 2)  # ascending
+    theta, Y = theta[-k:].flip(0), Y[:, -k:].flip(1)  # (k,), (w, k)
+    V = W @ Y  # (n, k)
+    S = theta.clamp_min(0).sqrt()
+    R = GW @ Y - V * theta  # (n, k)
+    r2 = float(torch.linalg.eigvalsh(R.mT @ R)[-1].clamp_min(0).sqrt())  # ||R||_2
+    eps32 = float(torch.finfo(torch.float32).eps)
+    if not (2 * r2 <= _GRAM_BACKWARD_ULPS * eps32 * float((theta[0] * theta[-1]).clamp_min(0).sqrt())):
+        return None
+    U = (JW @ Y) / S  # (m, k)
+    if not _accurate(U, S):
+        return None
+    return U.to(J.dtype), S.to(J.dtype), V.to(J.dtype)
+
+
+def _topk_gram_f64(J: Tensor, k: int) -> tuple[Tensor, Tensor, Tensor] | None:
     """Top-k SVD of a CPU matrix J (m, n) from the top-k eigenpairs of the float64 Gram matrix
     ``J^T J`` (LAPACK MRRR on a subset of the spectrum, ``scipy.linalg.eigh``), then
     ``U = J V / S`` in float64 (both from float64 blocks of ``_GRAM_ROWS`` rows of J). None
@@ -146,7 +228,7 @@ def _topk_gram(J: Tensor, k: int) -> tuple[Tensor, Tensor, Tensor] | None:
 
     m, n = int(J.shape[-2]), int(J.shape[-1])
     J = J.detach()
-    rows = [slice(s, min(s + _GRAM_ROWS, m)) for s in range(0, m, _GRAM_ROWS)]
+    rows = _row_blocks(m)
     G = torch.zeros(n, n, dtype=torch.float64)  # J^T J, from float64 row blocks of J
     for c in rows:
         Jc = J[c].double()  # (rows, n)
@@ -156,11 +238,8 @@ def _topk_gram(J: Tensor, k: int) -> tuple[Tensor, Tensor, Tensor] | None:
                                  overwrite_a=True, check_finite=False)  # ascending; G is ours
     V = torch.from_numpy(Q[:, ::-1].copy())  # (n, k)
     S = torch.from_numpy(w[::-1].copy()).clamp_min(0).sqrt()  # (k,)
-    if not bool(S[-1] >= _GRAM_MIN_RATIO * S[0]) or not bool(S[0] > 0):
-        return None
     U = torch.cat([J[c].double() @ V for c in rows]) / S  # (m, k)
-    orth = (U.mT @ U - torch.eye(k, dtype=torch.float64)).abs().max()
-    if not bool(orth <= _GRAM_ORTH_TOL):
+    if not _accurate(U, S):
         return None
     return U.to(J.dtype), S.to(J.dtype), V.to(J.dtype)
 
