@@ -1,8 +1,10 @@
 #!/bin/bash
 # Quiet-machine measurements (issue 22 items 1-4, issue 19's cost): one after the other.
+# `bash benchmarks/quiet_rerun.sh engine` runs the engine rows only (items 1, 2 and 4); the
+# A/B row needs the older tree at /tmp/base/src (`git archive REV src | tar -x -C /tmp/base`).
 cd /work/main
 export HF_HUB_OFFLINE=1 MPLBACKEND=Agg
-Q=/work/runs/quiet
+Q=${QUIET_DIR:-/work/runs/quiet}; mkdir -p $Q
 T="/usr/bin/time -f %e_wall_%U_user_%S_sys_%M_maxkb"
 step() { name=$1; shift; echo "== $name start $(date -u +%T) load $(cut -d' ' -f1-3 /proc/loadavg)" >> $Q/log; $T -o $Q/$name.time "$@" > $Q/$name.out 2> $Q/$name.err; echo "== $name end $(date -u +%T) rc $? load $(cut -d' ' -f1-3 /proc/loadavg) $(cat $Q/$name.time)" >> $Q/log; }
 export OMP_NUM_THREADS=2
@@ -11,6 +13,7 @@ step ab .venv/bin/python benchmarks/bench_ab.py --base /tmp/base/src --repeats 3
 step trajectory .venv/bin/python benchmarks/bench_trajectory.py --repeats 7
 step memory .venv/bin/python benchmarks/bench_memory.py
 step tokenwise .venv/bin/python benchmarks/bench_tokenwise.py --repeats 1
+if [ "${1:-}" = engine ]; then echo "== engine rows done $(date -u +%T)" >> $Q/log; exit 0; fi
 rm -rf /tmp/q_lm_full /tmp/q_cache_full
 BLOCKCOUPLING_CACHE=/tmp/q_cache_full step lm_full .venv/bin/blockcoupling study lm-family --out /tmp/q_lm_full
 rm -rf /tmp/q_lm_quick /tmp/q_cache_quick
