@@ -14,11 +14,16 @@ to replay a failure, run the failing test with the seed it printed.
 
 from __future__ import annotations
 
+import json
 import math
+import os
 import random
 import re
 import shutil
 import signal
+import subprocess
+import sys
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -573,3 +578,98 @@ def test_malformed_score_file_is_one_line(content: bytes, match: str, tmp_path: 
     with pytest.raises(bc.BlockCouplingError, match=match) as err:
         read_scores(str(tmp_path / "s.csv"))
     assert "\n" not in str(err.value)
+
+
+# ---------------------------------------------------------------------------- the lm-family study
+def _study_child(argv: list[str], env: dict[str, str], point: str | None = None, nth: int = 0,
+                 counts: Path | None = None) -> subprocess.CompletedProcess[str]:
+    """``blockcoupling`` in a new process on one thread that SIGKILLs itself at the ``nth``
+    ``point`` (with ``counts``, it writes how often each point occurred, and the block calls
+    up to the end of the last training as ``trained``, to that JSON file at its end)."""
+    from test_faults import SRC, TESTS
+
+    code = textwrap.dedent(f"""
+        import atexit, json, os, signal, sys
+        sys.path[:0] = [{str(TESTS)!r}, {str(SRC)!r}]
+        from tiny_runs import install_probes
+        seen = {{}}
+        def trip(point):
+            seen[point] = seen.get(point, 0) + 1
+            if point == {point!r} and seen[point] == {nth}:
+                os.kill(os.getpid(), signal.SIGKILL)
+        install_probes(trip)
+        from blockcoupling.studies import lm_study
+        train = lm_study.train_tiny_lm
+        def trained(*a, **k):
+            out = train(*a, **k)
+            seen["trained"] = seen.get("block", 0)
+            return out
+        lm_study.train_tiny_lm = trained
+        if {str(counts) if counts else None!r}:
+            atexit.register(lambda: open({str(counts)!r}, "w").write(json.dumps(seen)))
+        from blockcoupling.cli import main
+        sys.argv = ["blockcoupling", *{argv!r}]
+        main()
+    """)
+    # one thread: with two, torch's CPU kernels gave another last bit in some processes (a
+    # padded forward pass: 7 of 30; docs/how-to/faults.md), which is not a resume's doing
+    full_env = {**os.environ, **env, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=600, env=full_env)
+
+
+@pytest.fixture(scope="module")
+def lm_family(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """An uninterrupted ``study lm-family --quick`` (its own training cache) and how often each
+    kill point occurred in it. It ran in ``work/`` and was moved to ``ref/``: a killed run
+    later uses the same paths, so its checkpoints and units are named alike."""
+    base = tmp_path_factory.mktemp("lmfamily")
+    work = base / "work"
+    res = _study_child(["-q", "study", "lm-family", "--quick", "--out", str(work / "out")],
+                       {"BLOCKCOUPLING_CACHE": str(work / "cache")}, counts=base / "counts.json")
+    assert res.returncode == 0, res.stderr[-3000:]
+    counts = json.loads((base / "counts.json").read_text())
+    shutil.move(str(work), str(base / "ref"))
+    return {"base": base, "counts": counts}
+
+
+def _study_record(out: Path) -> dict[str, Any]:
+    rec = json.loads((out / "study.json").read_text())
+    rec.pop("seconds")  # wall and CPU seconds of the run
+    return rec
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("phase", ["training", "measuring"])
+def test_lm_family_study_killed_at_a_random_point_resumes_bit_identically(
+        lm_family: dict[str, Any], phase: str) -> None:
+    """SIGKILL at a seeded block call of the training (the first ``trained`` block calls) or
+    at a seeded committed part of the measuring, then the same command again: the study's
+    record and every table of its sweep equal the uninterrupted run's, bit for bit."""
+    base, counts = lm_family["base"], lm_family["counts"]
+    point, total = (("block", counts["trained"]) if phase == "training"
+                    else ("part_commit", counts["part_commit"]))
+    nth = random.Random(f"{SEED}/lm-family/{phase}").randint(1, total)
+    info = (f"kill point: {point} #{nth} of {total} in {phase} (replay with "
+            f"BLOCKCOUPLING_FAULT_SEED={SEED} pytest -m slow tests/test_study_faults.py -k "
+            f"'lm_family and {phase}')")
+    print(info)
+    work = base / "work"
+    shutil.rmtree(work, ignore_errors=True)
+    argv = ["-q", "study", "lm-family", "--quick", "--out", str(work / "out")]
+    env = {"BLOCKCOUPLING_CACHE": str(work / "cache")}
+    try:
+        seen = base / "seen.json"  # written only if the child was not killed
+        seen.unlink(missing_ok=True)
+        res = _study_child(argv, env, point, nth, counts=seen)
+        assert res.returncode == -signal.SIGKILL, (
+            f"{info}\nexit {res.returncode}; points seen "
+            f"{seen.read_text() if seen.exists() else '?'} (the reference: {counts})"
+            f"\n{res.stdout[-2000:]}\n{res.stderr[-3000:]}")
+        res = _study_child(argv, env)
+        assert res.returncode == 0, f"{info}\n{res.stderr[-3000:]}"
+        ref = base / "ref" / "out"
+        assert _study_record(work / "out") == _study_record(ref), info
+        assert_same_sweep(work / "out" / "sweep", ref / "sweep")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
