@@ -101,7 +101,7 @@ _GRAM_ROWS: int = 256
 #: Eigenvectors of the float32 Gram kept beyond k for the float64 Rayleigh-Ritz step of
 #: :func:`_topk_gram_mixed` (the near-degenerate neighbours of s_k).
 _GRAM_WINDOW: int = 16
-#: The backward error :func:`_topk_gram_mixed` accepts, in float32 epsilons of s_1^2.
+#: The backward error :func:`_topk_gram_mixed` accepts, in float32 epsilons of s_1 s_k.
 _GRAM_BACKWARD_ULPS: float = 32.0
 
 
