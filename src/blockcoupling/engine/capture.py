@@ -11,7 +11,7 @@ after the final norm. HuggingFace ``hidden_states`` are never used.
 :func:`residual_branch` turns a recorded call into a pure function of one prompt's hidden
 input, ``f(X) = F^l(X) - X`` with ``X`` of shape ``(n, d)``, ready for ``torch.func``
 transforms (:mod:`blockcoupling.engine.jacobian`). Key-value caches are stripped from the recorded
-call (``past_key_value(s)`` / ``layer_past`` / any ``Cache`` object -> None, ``use_cache`` ->
+call (every name in ``CACHE_NAMES`` / any ``Cache`` object -> None, ``use_cache`` ->
 False); the attention mask, position ids and rotary embeddings are replayed as recorded.
 
 Attention implementation. Forward-mode AD (JVP) does not go through the fused
@@ -58,6 +58,7 @@ from blockcoupling.errors import ArchitectureError, BlockCouplingError, Numerica
 
 __all__ = [
     "BlockCall",
+    "CACHE_NAMES",
     "Capture",
     "REPLAY_RTOL",
     "capture",
@@ -65,7 +66,11 @@ __all__ = [
     "residual_branch",
 ]
 
-_CACHE_KWARGS: frozenset[str] = frozenset({"past_key_value", "past_key_values", "layer_past"})
+#: the spellings of a decoder layer's key-value cache argument across transformers versions
+#: (<= 4.5x ``past_key_value`` / ``layer_past``, then ``past_key_values``, 5.24 ``cache``):
+#: stripped from recorded calls here; tried by the fast path after the parameters annotated
+#: ``Cache`` (engine/fastpath.py)
+CACHE_NAMES: tuple[str, ...] = ("cache", "past_key_values", "past_key_value", "layer_past")
 _WARNED_ATTN: set[str] = set()
 
 #: Relative replay tolerance (max abs error / max abs recorded output, real positions) by
@@ -176,7 +181,7 @@ def _strip_caches(
     new_args = tuple(None if _is_cache(a) else a for a in args)
     new_kwargs: dict[str, Any] = {}
     for k, v in kwargs.items():
-        if k in _CACHE_KWARGS or _is_cache(v):
+        if k in CACHE_NAMES or _is_cache(v):
             new_kwargs[k] = None
         elif k == "use_cache":
             new_kwargs[k] = False
