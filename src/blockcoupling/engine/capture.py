@@ -25,7 +25,10 @@ implementation in use at capture time. Therefore:
   ...) is switched to ``"eager"`` on the user's model *before* the capture pass
   (``model.set_attn_implementation("eager")``), with a warning issued once per
   implementation (the recorded masks are eager masks). :func:`blockcoupling.measure` puts
-  the original implementation back afterwards (``engine/state.py``).
+  the original implementation back afterwards (``engine/state.py``);
+* mixture-of-experts layers run their eager loop over experts for the same reason
+  (``config._experts_implementation``; transformers 5's ``grouped_mm`` has no float64 kernel
+  and no vmap rule), silently: the values are the same. Also restored afterwards.
 
 Dropout and other training-time randomness must be off. :func:`capture` calls ``model.eval()``
 with a warning when the model is in training mode; :func:`residual_branch` raises a
@@ -166,6 +169,24 @@ def _ensure_attn_implementation(model: nn.Module) -> None:
         config._attn_implementation = "eager"
 
 
+def _ensure_experts_implementation(model: nn.Module) -> None:
+    """Mixture-of-experts layers on their eager loop over experts (transformers 5's default,
+    ``grouped_mm``, has no float64 kernel and no vmap rule: float64 analyses and batched
+    Jacobian products would fail or crawl). The same values; restored by ``state.preserved``."""
+    config = getattr(model, "config", None)
+    impl = getattr(config, "_experts_implementation", None) if config is not None else None
+    if config is None or impl is None or impl == "eager":
+        return
+    setter = getattr(model, "set_experts_implementation", None)
+    try:
+        if callable(setter):
+            setter("eager")
+    except (ValueError, TypeError, AttributeError):  # noqa: S110 - set on the config below
+        pass
+    if config._experts_implementation != "eager":
+        config._experts_implementation = "eager"
+
+
 def _is_cache(obj: Any) -> bool:
     try:
         from transformers.cache_utils import Cache
@@ -274,6 +295,7 @@ def capture(
             "to find_blocks."
         )
     _ensure_attn_implementation(model)
+    _ensure_experts_implementation(model)
     blocks = get_blocks(model, spec)
     L = len(blocks)
     ref = _first_float_param(model)

@@ -177,7 +177,8 @@ def _slice_kwarg(name: str, value: Any, t: int, n: int) -> Any:
         if value.shape[-1] != n:
             raise ValueError(f"{name} of shape {tuple(value.shape)}")
         return value[..., t : t + 1]
-    if name == "position_embeddings" and isinstance(value, tuple):
+    # rotary (cos, sin); Gemma 3 before transformers 5 passes a global and a local pair
+    if name.startswith("position_embeddings") and isinstance(value, tuple):
         out = []
         for v in value:
             if not (isinstance(v, Tensor) and v.ndim >= 2 and v.shape[-2] == n):
