@@ -14,7 +14,7 @@ the test fails on any other fallback, and on a listed family that starts taking 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -42,8 +42,25 @@ class Family:
     # engine tests' looser tolerance
     float32_inside: bool = False
     vision: bool = False
-    notes: str = ""
-    extra: dict[str, Any] = field(default_factory=dict)
+    # (version, why): below that transformers release the fast path is refused, for that reason
+    generic_below: tuple[str, str] | None = None
+    # below this release transformers builds the family's causal mask in torch's default dtype
+    # (a float64 model overflows in its own forward): the test sets it to float64 there
+    float64_default_below: str | None = None
+
+    def expected_generic(self, version: str) -> str | None:
+        """Why the fast path is not taken on transformers ``version`` (None: it must be)."""
+        from packaging.version import Version
+
+        if self.generic_below is not None and Version(version) < Version(self.generic_below[0]):
+            return self.generic_below[1]
+        return self.generic
+
+    def needs_float64_default(self, version: str) -> bool:
+        from packaging.version import Version
+
+        return (self.float64_default_below is not None
+                and Version(version) < Version(self.float64_default_below))
 
     @property
     def tol(self) -> float:
@@ -129,7 +146,9 @@ FAMILIES: tuple[Family, ...] = (
     Family("MPT (ALiBi)", "mpt", "MptConfig",
            dict(n_layers=LAYERS, d_model=D, n_heads=2, expansion_ratio=2, max_seq_len=32,
                 vocab_size=VOCAB),
-           "blocks", "norm_f", True, paper=True),
+           "blocks", "norm_f", True, paper=True,
+           generic_below=("4.57", "a tuple key-value cache"),
+           float64_default_below="5.0"),
     Family("Phi-1 / 1.5 / 2 (partial rotary, parallel block)", "phi", "PhiConfig",
            dict(_DEC, partial_rotary_factor=0.5), "layers", "final_layernorm", True,
            paper=True),
@@ -201,9 +220,11 @@ def markdown_table(versions: Callable[[Family], str]) -> str:
     rows = ["| family | Table 1 | blocks, final norm | J^l_tt | checked on transformers |",
             "| --- | --- | --- | --- | --- |"]
     for f in FAMILIES:
+        path = "fast path" if f.generic is None else f"generic: {f.generic}"
+        if f.generic_below is not None:
+            path += f" (before transformers {f.generic_below[0]}: generic, {f.generic_below[1]})"
         where = " or ".join(f"`{b}`" for b in f.blocks.split("|")) + ", " + (
             f"`{f.final_norm}`" if f.final_norm else "none")
-        path = "fast path" if f.generic is None else f"generic: {f.generic}"
         rows.append(f"| {f.name} (`{f.model_type}`) | {'yes' if f.paper else ''} | {where} | "
                     f"{path} | {versions(f)} |")
     return "\n".join(rows)

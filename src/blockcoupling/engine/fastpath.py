@@ -209,6 +209,10 @@ def _mentions_cache(annotation: Any) -> bool:
     return any(_mentions_cache(a) for a in typing.get_args(annotation))
 
 
+def _annotation_text(annotation: Any) -> str:
+    return annotation if isinstance(annotation, str) else str(annotation).replace("typing.", "")
+
+
 def _named_call(block: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
                 ) -> tuple[dict[str, Any], str, list[str]]:
     """All arguments by name, the hidden-state name and the candidate cache parameters: those
@@ -259,7 +263,13 @@ def _record(block: nn.Module, named: dict[str, Any], hidden_name: str, candidate
         if len(rec.records) == 1:
             return name, out, *rec.records[0]
         tried.append(f"{name}: the cache got {len(rec.records)} updates, not 1")
-    raise _Refused("no argument takes a key-value cache (" + "; ".join(tried) + ")")
+    sig = inspect.signature(block.forward)
+    tuples = [c for c in candidates if c in sig.parameters
+              and "tuple" in _annotation_text(sig.parameters[c].annotation).lower()]
+    what = (f"a tuple key-value cache ({tuples[0]}: "
+            f"{_annotation_text(sig.parameters[tuples[0]].annotation)}), not a transformers "
+            "Cache" if tuples else "no argument takes a key-value cache")
+    raise _Refused(what + " (" + "; ".join(tried) + ")")
 
 
 # ----------------------------------------------------------------------------- operator
