@@ -9,6 +9,9 @@
 #   make test-compat   a second venv (.venv-compat) with the OLDEST supported transformers
 #                 (constraints-oldest.txt) and torch pinned as above; runs the engine tests
 #                 and the model-family conformance matrix there (CI runs it after make test)
+#   make test-interop  the real wrappers, each in a small venv of its own (CI runs it too):
+#                 .venv-tl3 (TransformerLens 3.x HookedTransformer), .venv-tl4 (TransformerLens
+#                 4.x TransformerBridge, nnsight, PEFT): tests/test_interop.py, test_wrappers.py
 #
 # torch is installed first and pinned by a constraints file, so no later install can replace it
 # (an unpinned `pip install torch` on Linux pulls the multi-GB CUDA build). Installs are
@@ -57,7 +60,12 @@ COMPAT_TESTS ?= tests/test_blocks.py tests/test_capture.py tests/test_jacobian.p
 	tests/test_fastpath.py tests/test_structured.py tests/test_measure.py tests/test_normdirs.py \
 	tests/test_state.py tests/test_inputs.py tests/test_engine_api.py tests/test_families.py
 
-.PHONY: demo test test-compat check docs venv clean-venv help
+# the interop tier: TransformerLens 3 and 4 cannot share one environment
+INTEROP_TESTS ?= tests/test_interop.py tests/test_wrappers.py
+INTEROP_TL3 := 'transformer-lens>=3,<4'
+INTEROP_TL4 := 'transformer-lens>=4,<5' 'nnsight>=0.4' 'peft>=0.10'
+
+.PHONY: demo test test-compat test-interop check docs venv clean-venv help
 
 help:
 	@echo "make demo    create .venv, install, run the offline demo (writes demo_run/report.html)"
@@ -65,6 +73,7 @@ help:
 	@echo "make check   ruff (lint) + mypy (types) on the sources"
 	@echo "make docs    same .venv, run the tutorials and build the docs site into site/"
 	@echo "make test-compat   engine tests + model families on the oldest supported transformers"
+	@echo "make test-interop  the real TransformerLens 3 / 4, nnsight and PEFT, in venvs of their own"
 	@echo "make clean-venv   delete .venv"
 
 demo: $(DEMO_STAMP)
@@ -118,5 +127,18 @@ $(COMPAT_STAMP): $(COMPAT_TORCH_STAMP) constraints-oldest.txt
 	rm -f $(COMPAT_VENV)/.stamp-compat-*
 	touch $@
 
+test-interop: .venv-tl3/.stamp-interop-$(KEY) .venv-tl4/.stamp-interop-$(KEY)
+	.venv-tl3/bin/python -m pytest $(TEST_ARGS) $(INTEROP_TESTS)
+	.venv-tl4/bin/python -m pytest $(TEST_ARGS) $(INTEROP_TESTS)
+
+# one small venv per tier: torch pinned first (as everywhere), then blockcoupling + the wrappers
+.venv-tl%/.stamp-interop-$(KEY):
+	rm -rf .venv-tl$* && $(PYTHON) -m venv .venv-tl$*
+	.venv-tl$*/bin/python -m pip install $(TORCH_PIP_ARGS) '$(TORCH)'
+	echo '$(TORCH)' > .venv-tl$*/constraints.txt
+	.venv-tl$*/bin/python -m pip install -c .venv-tl$*/constraints.txt -e '.[test-engine]' \
+		$(INTEROP_TL$*)
+	touch $@
+
 clean-venv:
-	rm -rf $(VENV) $(COMPAT_VENV)
+	rm -rf $(VENV) $(COMPAT_VENV) .venv-tl3 .venv-tl4
