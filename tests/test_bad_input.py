@@ -135,6 +135,19 @@ def test_config_that_does_not_fit_the_model_writes_nothing(files: dict[str, Path
     assert_corrected_command_works(files, out)
 
 
+@pytest.mark.parametrize(("extra", "expected"), [
+    (["--blocks", "no_such"], "no sub-module 'no_such'"),
+    (["--blocks", "norm"], "pass the path of the list of layers"),
+])
+def test_blocks_that_cannot_be_found_write_nothing(files: dict[str, Path], tmp_path: Path,
+                                                   extra: list[str], expected: str) -> None:
+    """A model whose blocks are not where --blocks says: one line saying what to pass."""
+    out = tmp_path / "run"
+    r = cli(*measure_args(files, out, *extra, model="causal"))
+    assert_user_error(r, expected)
+    assert not out.exists()
+
+
 # ---------------------------------------------------------------------------- prompts
 @pytest.mark.parametrize(("prompts", "expected"), [
     ("latin1.txt", "not UTF-8"),

@@ -220,11 +220,22 @@ def _gpt2(block: HFModule, x: Tensor) -> tuple[Any, ...] | None:
     bq, bk, bv = (None, None, None) if b is None else b.split(d)
     Wo, bo = _linear(at.c_proj, transpose=True)
     Wq, Wk, Wv = W.split(d)
-    attn = _Attention(Wq, Wk, Wv, bq, bk, bv, Wo, bo, H, H, hd, float(at.scaling), None)
+    attn = _Attention(Wq, Wk, Wv, bq, bk, bv, Wo, bo, H, H, hd, _gpt2_scaling(at, hd), None)
     W_in, b_in = _linear(block.mlp.c_fc, transpose=True)
     W_out, b_out = _linear(block.mlp.c_proj, transpose=True)
     mlp = ("plain", W_in, b_in, W_out, b_out, block.mlp.act)
     return block.ln_1, attn, block.ln_2, mlp
+
+
+def _gpt2_scaling(at: HFModule, hd: int) -> float:
+    """GPT-2's attention score scale: ``at.scaling`` (transformers 4.54+), else from the flags
+    the older attention reads at every call (1/sqrt(head_dim), then 1/(layer_idx + 1))."""
+    if getattr(at, "scaling", None) is not None:
+        return float(at.scaling)
+    scale = float(hd) ** -0.5 if at.scale_attn_weights else 1.0
+    if getattr(at, "scale_attn_by_inverse_layer_idx", False):
+        scale /= float(at.layer_idx + 1)
+    return scale
 
 
 def _llama(block: HFModule, x: Tensor, row_kwargs: dict[str, Any]) -> tuple[Any, ...] | None:

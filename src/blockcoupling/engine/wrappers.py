@@ -8,6 +8,15 @@ the one place that knows them: every entry point of the engine (``find_blocks``,
 ``measure``, ``iter_measure``, ``build_meta``, ``measure_to_dir``) measures the module it
 returns, and ``build_meta`` records :attr:`Unwrapped.meta` (what was unwrapped and how).
 
+A TransformerBridge whose weights were processed (``enable_compatibility_mode()`` with its
+default processing, or ``process_weights()``) is refused, as TransformerLens's JacobianLens
+refuses it: the wrapped model's weights changed; compatibility mode without processing is
+measured and recorded (``meta["bridge_compatibility_mode"]``). The bridge puts a
+``BlockBridge`` (hooks, its own attention) around each HuggingFace block, and nnsight an
+intervention controller in each block's ``forward``: their decode step is refused, recorded
+in ``meta["fast_path"]``, and the generic path gives the same values. An nnsight model loaded lazily (weights on the meta device) is refused with
+one line: load it with ``dispatch=True``.
+
 PEFT adapters are measured **as loaded**: active adapters stay active and unmerged (merging
 would change the user's model); ``meta["adapters"]`` says so. A model whose adapters were
 merged (``merge_and_unload()``) is a plain model.
@@ -81,6 +90,7 @@ def _unwrap(model: Any) -> tuple[nn.Module, dict[str, Any]]:
         inner = getattr(model, "original_model", None)
         if isinstance(inner, nn.Module) and inner is not model:
             meta.setdefault("wrapper", "transformer_bridge")
+            meta.update(_bridge_state(model))
             model = inner  # TransformerLens 4: the HuggingFace model the bridge hooks into
             continue
         break
@@ -92,12 +102,40 @@ def _unwrap(model: Any) -> tuple[nn.Module, dict[str, Any]]:
     return model, meta
 
 
+def _bridge_state(bridge: Any) -> dict[str, Any]:
+    """A TransformerBridge's state: compatibility mode (hook aliases) is recorded; processed
+    weights (``enable_compatibility_mode()``'s default, ``process_weights()``) change the
+    wrapped model's weights, hence every coupling: refused, as TransformerLens's own
+    JacobianLens refuses them."""
+    if getattr(bridge, "_weights_processed", False) is True:
+        raise ArchitectureError(
+            "this TransformerBridge's weights were processed (enable_compatibility_mode() or "
+            "process_weights(): fold_ln, centring), which changes every coupling; pass a "
+            "freshly booted TransformerBridge.boot_transformers(...), or one in "
+            "enable_compatibility_mode(no_processing=True)")
+    return {"bridge_compatibility_mode": bool(getattr(bridge, "compatibility_mode", False))}
+
+
+def _lazy(model: nn.Module, meta: dict[str, Any]) -> None:
+    """nnsight loads ``LanguageModel(path)`` lazily: its weights wait on the meta device until
+    its first trace. Refused with what to pass (an accelerate-dispatched model, whose offloaded
+    weights also wait there, is measured block by block: engine/offload.py)."""
+    if meta.get("wrapper") != "nnsight" or getattr(model, "hf_device_map", None):
+        return
+    if any(p.device.type == "meta" for p in model.parameters()):
+        raise ArchitectureError(
+            "this nnsight model was loaded lazily (its weights are not loaded yet: they are on "
+            "the meta device); load it with dispatch=True, e.g. LanguageModel(path, "
+            "dispatch=True), or call its dispatch_model() first")
+
+
 def unwrap_model(model: Any) -> Unwrapped:
     """The ``nn.Module`` to measure inside ``model`` (``model`` itself if it is one already),
     with what was unwrapped and, for a TransformerLens model, the weight processing found
     (warned about). Raises :class:`ArchitectureError` for an object that is no module and no
     known wrapper."""
     module, meta = _unwrap(model)
+    _lazy(module, meta)
     processed = tl_processing(module)
     if processed:
         meta["weights_processed"] = processed
@@ -110,8 +148,12 @@ def unwrap_model(model: Any) -> Unwrapped:
 
 
 def as_module(model: Any) -> nn.Module:
-    """The ``nn.Module`` to measure inside ``model`` (cheap: for repeated look-ups)."""
-    return _unwrap(model)[0]
+    """The ``nn.Module`` to measure inside ``model`` (cheap: for repeated look-ups); a wrapper
+    in a state that cannot be measured (processed bridge weights, a lazy nnsight model) is
+    refused here too."""
+    module, meta = _unwrap(model)
+    _lazy(module, meta)
+    return module
 
 
 def tl_processing(model: nn.Module) -> list[str]:

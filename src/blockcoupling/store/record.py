@@ -12,7 +12,7 @@ from blockcoupling.engine.causality import model_spec
 from blockcoupling.engine.config import MeasureConfig, parse_config
 from blockcoupling.engine.events import EventCallback
 from blockcoupling.engine.inputs import normalise_inputs
-from blockcoupling.engine.measure import build_meta, iter_measure
+from blockcoupling.engine.measure import build_meta, iter_measure, last_fast_path
 from blockcoupling.engine.plan import MeasurePlan
 from blockcoupling.engine.results import Measurement, conform
 from blockcoupling.engine.wrappers import as_module
@@ -50,13 +50,16 @@ def measure_to_dir(model: torch.nn.Module, tokenizer: Any, prompts: Any, out_dir
     t0 = time.perf_counter()
     with RunWriter(out_dir, config=cfg, meta=full_meta, prompts=prompts_df, resume=resume) as writer:
         done = writer.done_prompt_ids()
+        last: list[Measurement] = []
         for part in iter_measure(model, tokenizer, items, cfg, skip=done, progress=progress,
                                  on_event=on_event, spec=spec):
             writer.write_part(part)
+            last[:] = [part]
         from blockcoupling.engine.offload import peak_memory
 
         return writer.finalize(timings={"seconds": time.perf_counter() - t0,
-                                        "peak_memory": peak_memory()})
+                                        "peak_memory": peak_memory()},
+                               fast_path=last_fast_path(last))
 
 
 def _check_bases_size(model: torch.nn.Module, items: list[Any], lengths: list[int] | None,
