@@ -17,6 +17,10 @@ Notation (see ``DEFINITIONS.md``, "Coupling of two Jacobians"): J1 is the *measu
   m_K and m_null share the denominator ``||s1K||_p``, so the value does not depend on p: it is
   reported once, with ``p`` empty (computed with p = 1; a p passed in is accepted and has no
   effect).
+- ``coupling_vs_rotated``: ``1 - m_K / m_rot``, against the same basis rotated at random
+  (U2 -> R U2, V2 -> R V2): 0 = chance for that null, where an isotropic part of J1 scores 0.
+  Its derivation is in ``engine/variants.py`` (and docs/conventions.md); p-free like
+  ``coupling_vs_null``.
 
 Every variant is one record of ``engine/variants.py`` (its formula, direction, p rule and
 schema entry); the functions here run those formulas.
@@ -33,7 +37,9 @@ with ``fro2 = ||J1||_F^2``. This is the root-mean-square miscoupling of a random
 square root is taken of the expectation; the mean of the square root is below it by Jensen's
 inequality, but ||A - S||_F concentrates for d in the tens and above, so the gap is small).
 For a flat spectrum and K << d, ``c_null ~ 1 - ||s1K||_2 / ||s1K||_1 = 1 - 1/sqrt(K)``.
-These bases are unrelated to J1 *and* to each other.
+These bases are unrelated to J1 *and* to each other: for a basis taken from a real Jacobian,
+whose U2 and V2 are related, the rotated null (``rotated_chance_miscoupling``) is the one
+that keeps that relation.
 
 Degenerate inputs are not hidden: where J1's top-k singular values are all zero (or A_K = 0
 for ``offdiag_ratio``) the ratio is 0/0 and the value is NaN.
@@ -91,8 +97,9 @@ def reported_p(variant: str, p: float | int | str | None = None) -> float | None
     """The ``p`` that goes into the ``p`` column of the coupling table for ``variant``.
 
     ``coupling`` and ``miscoupling`` use the chosen p (default 1); the others have the fixed
-    p of :data:`FIXED_P`: ``released_norm`` always 2; ``released_trace``, ``offdiag_ratio``
-    and ``coupling_vs_null`` (which does not depend on p) none (an empty cell).
+    p of :data:`FIXED_P`: ``released_norm`` always 2; ``released_trace``, ``offdiag_ratio``,
+    ``coupling_vs_null`` and ``coupling_vs_rotated`` (which do not depend on p) none (an empty
+    cell).
     """
     if registry.get(variant).p == P_USER:
         return _norm_p(p)
@@ -198,9 +205,31 @@ def chance_coupling(
     return 1.0 - chance_miscoupling(s1, fro2, d, k, p)
 
 
+def rotated_chance_miscoupling(
+    s1: Tensor, fro2: Tensor | float, trace: Tensor | float, trace2: Tensor | float,
+    overlap: Tensor, d: int, k: int, p: float | int | str = 1
+) -> Tensor:
+    """Root-mean-square miscoupling of the basis rotated at random (``engine/variants.py``).
+
+    ``m_rot = sqrt(E_R ||(R U2)^T J1 (R V2) - S||_F^2) / ||s1[:k]||_p`` for a Haar-random
+    orthogonal R: s1 (..., >= k) the measured Jacobian's singular values, fro2 / trace /
+    trace2 (...,) its ``||J1||_F^2``, ``tr(J1)``, ``tr(J1^2)``, overlap (..., >= k, >= k) the
+    basis's ``M = U2^T V2``, d its dimension. Returns (...,) (the same in both orientations).
+    """
+    pf = _norm_p(p)
+    if not (1 <= int(k) <= s1.shape[-1]):
+        raise BlockCouplingError(
+            f"k={k} must be between 1 and the number of singular values {s1.shape[-1]}"
+        )
+    P = Parts(overlap, s1, (int(k),), fro2=fro2, d=d, trace=trace, trace2=trace2,
+              overlap=overlap)
+    return (P.rotated_num / P.den(pf))[..., 0]
+
+
 # --------------------------------------------------------------------------- values
 def _needs_error(variant: str, missing: Sequence[str]) -> BlockCouplingError:
-    what = {"fro2": "fro2 (||J1||_F^2)", "d": "d (the hidden size)"}
+    what = {"fro2": "fro2 (||J1||_F^2)", "d": "d (the hidden size)", "trace": "trace (tr(J1))",
+            "trace2": "trace2 (tr(J1^2))", "overlap": "overlap (the basis's U2^T V2)"}
     return BlockCouplingError(f"variant {variant!r} needs "
                               + " and ".join(what.get(n, n) for n in missing))
 
@@ -213,21 +242,27 @@ def coupling_values(
     p: float | int | str | None = None,
     fro2: Tensor | float | None = None,
     d: int | None = None,
+    *,
+    trace: Tensor | float | None = None,
+    trace2: Tensor | float | None = None,
+    overlap: Tensor | None = None,
 ) -> Tensor:
     """One coupling variant from a coupling matrix, for one k.
 
     A (..., K_max, K_max) coupling matrix, s1 (..., >= k) the *measured* Jacobian's singular
     values (descending). Only the leading k x k block of A and ``s1[..., :k]`` are used (top-K
     subspaces are nested, so one K_max computation serves every k <= K_max). ``p`` applies to
-    ``coupling`` and ``miscoupling`` (1, 2 or inf; default 1); the p-free variant
-    ``coupling_vs_null`` accepts any p and ignores it; ``released_norm`` accepts only None or
-    2, ``released_trace`` and ``offdiag_ratio`` only None. ``coupling_vs_null`` needs ``fro2``
-    (..., ||J1||_F^2) and ``d``. Returns (...,).
+    ``coupling`` and ``miscoupling`` (1, 2 or inf; default 1); the p-free variants
+    (``coupling_vs_null``, ``coupling_vs_rotated``) accept any p and ignore it;
+    ``released_norm`` accepts only None or 2, ``released_trace`` and ``offdiag_ratio`` only
+    None. ``coupling_vs_null`` needs ``fro2`` (..., ||J1||_F^2) and ``d``;
+    ``coupling_vs_rotated`` also ``trace`` (..., tr(J1)), ``trace2`` (..., tr(J1^2)) and
+    ``overlap`` (..., >= k, >= k: the basis's U2^T V2). Returns (...,).
     """
     spec = registry.get(variant)
     _check_k(A, s1, k)
     _check_fixed_p(variant, p)
-    P = Parts(A, s1, (int(k),), fro2=fro2, d=d)
+    P = Parts(A, s1, (int(k),), fro2=fro2, d=d, trace=trace, trace2=trace2, overlap=overlap)
     missing = P.missing(spec.needs)
     if missing:
         raise _needs_error(variant, missing)
@@ -243,6 +278,10 @@ def all_coupling_values(
     ps: Iterable[float | int | str] = (1,),
     fro2: Tensor | float | None = None,
     d: int | None = None,
+    *,
+    trace: Tensor | float | None = None,
+    trace2: Tensor | float | None = None,
+    overlap: Tensor | None = None,
 ) -> dict[tuple[str, float | None, int], Tensor]:
     """Every requested (variant, p, k) at once, vectorised over all leading dimensions.
 
@@ -253,9 +292,9 @@ def all_coupling_values(
     then p, then k. Each variant is its record's formula (``engine/variants.py``); the pieces
     several share (the squared Frobenius norms of every leading k x k block, from one 2-D
     cumulative sum) are computed once, so the cost does not grow with the number of k
-    values. A variant whose inputs are not given (``fro2``, ``d``:
-    :class:`~blockcoupling.engine.variants.Parts`) raises, naming them (a request is never
-    dropped).
+    values. A variant whose inputs are not given (``fro2``, ``d``, ``trace``, ``trace2``,
+    ``overlap``: :class:`~blockcoupling.engine.variants.Parts`) raises, naming them (a
+    request is never dropped).
     """
     variants = tuple(variants)
     specs = [registry.get(v) for v in variants]
@@ -265,7 +304,7 @@ def all_coupling_values(
     for k in ks:
         _check_k(A, s1, k)
     pset = tuple(dict.fromkeys(_norm_p(p) for p in ps)) or (1.0,)
-    P = Parts(A, s1, ks, fro2=fro2, d=d)
+    P = Parts(A, s1, ks, fro2=fro2, d=d, trace=trace, trace2=trace2, overlap=overlap)
     for spec in specs:
         missing = P.missing(spec.needs)
         if missing:

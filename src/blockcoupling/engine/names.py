@@ -23,8 +23,9 @@ VARIANTS: tuple[str, ...] = tuple(REGISTRY)
 #: variants whose normaliser takes the user-chosen p (one row per p)
 P_VARIANTS: tuple[str, ...] = tuple(n for n, v in REGISTRY.items() if v.p == P_USER)
 #: variants with a fixed p: released_norm is always reported with p = 2, the others with no p
-#: (an empty cell). coupling_vs_null = 1 - m / m_null does not depend on p (m and m_null are
-#: both divided by the same ||s1K||_p), so it is stored once, with p empty.
+#: (an empty cell). coupling_vs_null = 1 - m / m_null and coupling_vs_rotated = 1 - m / m_rot
+#: do not depend on p (m and the null share the denominator ||s1K||_p), so they are stored
+#: once, with p empty.
 FIXED_P: dict[str, float | None] = {
     n: (v.p if isinstance(v.p, float) else None) for n, v in REGISTRY.items() if v.p != P_USER}
 #: variants whose value does not depend on p (any p is accepted and has no effect)

@@ -22,21 +22,60 @@ Notation (``DEFINITIONS.md``): J1 (d x d) the measured Jacobian with top-K singu
 ``A = U2^T J1 V2`` (``ujv``) or ``V2^T J1 U2`` (``vju``); ``S = diag(s_1..s_K)``;
 ``m = ||A_K - S||_F / ||s_K||_p`` the miscoupling.
 
-The null (not in the paper; docs/conventions.md states it with the same precision):
-**independent random bases** (``coupling_vs_null``): U, V independent Haar-random d x K
+The two nulls (not in the paper; docs/conventions.md states them with the same precision):
+
+1. **Independent random bases** (``coupling_vs_null``): U, V independent Haar-random d x K
    frames, independent of J1. E[A] = 0 and E||U^T J1 V||_F^2 = (K/d)^2 ||J1||_F^2, so
    ``E||A - S||_F^2 = (K/d)^2 ||J1||_F^2 + ||s_K||_2^2`` and
    ``m_null = sqrt((K/d)^2 ||J1||_F^2 + ||s_K||_2^2) / ||s_K||_p``;
    ``coupling_vs_null = 1 - m / m_null``.
 
-It is p-free (m and the null share the denominator ``||s_K||_p``): stored once with ``p``
-empty. It is a root-mean-square null (the square root of the expected square; the Jensen gap
-is small for d in the tens and above, and the tests check it by Monte Carlo).
+2. **The same basis, rotated at random** (``coupling_vs_rotated``): U2 -> R U2, V2 -> R V2
+   for a Haar-random orthogonal R (d x d). This keeps ``M = U2_K^T V2_K`` (how the basis's
+   left and right vectors relate; ``vju``: M^T) and removes any alignment of the basis with
+   J1. The coupling matrix becomes ``A' = U2^T Y V2`` with ``Y = R^T J1 R``. Write
+   ``J1 = tau I + J0`` with ``tau = tr(J1) / d`` (so tr(J0) = 0); then
+   ``Y = tau I + R^T J0 R`` and ``E[A'] = tau M``. The law of ``Y0 = R^T J0 R`` is invariant
+   under conjugation by any fixed orthogonal matrix, so its second moments are an invariant
+   4-tensor, ``E[Y0_ij Y0_kl] = a d_ik d_jl + b d_il d_jk + c d_ij d_kl``, and contracting it
+   with ``tr(Y0) = 0``, ``||Y0||_F^2 = ||J0||_F^2 =: F`` and ``tr(Y0^2) = tr(J0^2) =: T``
+   gives ``a + b + c d = 0``, ``a (d^2 - 1) + b (d - 1) = F``, ``a (d - 1) + b (d^2 - 1) = T``:
+
+       a = ((d + 1) F - T) / ((d - 1) d (d + 2)),   b = ((d + 1) T - F) / ((d - 1) d (d + 2)),
+       c = -(a + b) / d,
+
+   with ``F = ||J1||_F^2 - d tau^2`` and ``T = tr(J1^2) - d tau^2``. With unit columns
+   u_p, v_q, ``E||U2^T Y0 V2||_F^2 = sum_pq E(u_p^T Y0 v_q)^2 = a K^2 + (b + c) ||M||_F^2``,
+   hence (the cross term with the mean vanishes because E[Y0] = 0)
+
+       E||A' - S||_F^2 = ||s_K||_2^2 - 2 tau sum_i s_i M_ii + tau^2 ||M_K||_F^2
+                         + a K^2 + (b + c) ||M_K||_F^2,
+
+   ``m_rot = sqrt(E||A' - S||_F^2) / ||s_K||_p`` and ``coupling_vs_rotated = 1 - m / m_rot``.
+   M's diagonal and Frobenius norm are the same for M and M^T, so m_rot is the same in both
+   orientations. The b-term is kept exactly (it is below ``|T| ||M||_F^2 / d^2``, at most
+   1/K of the a-term, not negligible at small K). For J1 = tau I + G with G independent of
+   the basis, m concentrates at m_rot, so the value is about 0 for every tau: an isotropic
+   part of J1 cannot pass for coupling here, while ``coupling_vs_null`` credits it whenever
+   U2 and V2 are related (tau M is close to S when J1 is close to -I and U2 ~ -V2).
+
+Both are p-free (m and the null share the denominator ``||s_K||_p``): stored once with
+``p`` empty. Both are root-mean-square nulls (the square root of the expected square; the
+Jensen gap is small for d in the tens and above, and the tests check both by Monte Carlo).
+Where J1 is exactly tau I with M = sign(tau) I (nothing but isotropy), m = m_rot = 0 and
+the value is 0/0 = NaN: nothing is hidden.
+
+Inputs per measured Jacobian J1: ``s`` and ``||J1||_F^2`` (both nulls), ``tr(J1)`` and
+``tr(J1^2)`` (the rotated null); per basis: ``M = U2^T V2`` (K_max x K_max). On the dense
+path all are exact (O(d^2) each from J); on the matrix-free path ``||J1||_F^2``, ``tr(J1)``
+and ``tr(J1^2)`` are Gaussian (Hutchinson) estimates from the randomized SVD's sketch
+vectors (engine/svd.py).
 """
 
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -65,13 +104,16 @@ class Parts:
     once, on first use, for every K at once (``(..., n_k)``, entry j for ``ks[j]``).
 
     Inputs beyond A and s (None where not given): ``fro2`` (...,) ``||J1||_F^2``; ``d`` the
-    hidden size."""
+    hidden size; ``trace`` (...,) ``tr(J1)``; ``trace2`` (...,) ``tr(J1^2)``; ``overlap``
+    (..., K_max, K_max) the basis's ``M = U2^T V2``."""
 
     #: the inputs a variant may name in ``Variant.needs``
-    INPUTS: tuple[str, ...] = ("fro2", "d")
+    INPUTS: tuple[str, ...] = ("fro2", "d", "trace", "trace2", "overlap")
 
     def __init__(self, A: Tensor, s1: Tensor, ks: Sequence[int], *,
-                 fro2: Tensor | float | None = None, d: int | None = None) -> None:
+                 fro2: Tensor | float | None = None, d: int | None = None,
+                 trace: Tensor | float | None = None, trace2: Tensor | float | None = None,
+                 overlap: Tensor | None = None) -> None:
         self.ks = tuple(int(k) for k in ks)
         kmax = self.ks[-1]
         self.Ak = A[..., :kmax, :kmax]  # (..., Kx, Kx)
@@ -80,6 +122,9 @@ class Parts:
         self.idx = torch.tensor([k - 1 for k in self.ks], device=A.device)
         self.fro2 = self._scalar(fro2)
         self.d = d
+        self.trace = self._scalar(trace)
+        self.trace2 = self._scalar(trace2)
+        self.overlap = None if overlap is None else overlap[..., :kmax, :kmax].to(A.dtype)
         self._dens: dict[float, Tensor] = {}
 
     def _scalar(self, x: Tensor | float | None) -> Tensor | None:
@@ -129,6 +174,26 @@ class Parts:
         assert self.fro2 is not None and self.d is not None
         return torch.sqrt((self.kk / self.d) ** 2 * self.fro2.unsqueeze(-1) + self.s2)
 
+    @functools.cached_property
+    def rotated_num(self) -> Tensor:
+        """``sqrt(E_R ||A' - S_K||_F^2)`` (..., n_k): the rotated-basis null (module
+        docstring), clamped at 0 against rounding."""
+        assert (self.fro2 is not None and self.d is not None and self.trace is not None
+                and self.trace2 is not None and self.overlap is not None)
+        d = float(self.d)
+        tau = (self.trace / d).unsqueeze(-1)  # (..., 1)
+        F = (self.fro2 - d * tau[..., 0] ** 2).unsqueeze(-1)  # ||J0||_F^2
+        T = (self.trace2 - d * tau[..., 0] ** 2).unsqueeze(-1)  # tr(J0^2)
+        den = (d - 1.0) * d * (d + 2.0) if d > 1 else math.inf
+        a = ((d + 1.0) * F - T) / den
+        b = ((d + 1.0) * T - F) / den
+        c = -(a + b) / d
+        M = self.overlap
+        cross = self.pick((self.sk * torch.diagonal(M, dim1=-2, dim2=-1)).cumsum(-1))
+        m2 = self.pick(_leading_block_sums(M * M))  # ||M_K||_F^2
+        e2 = self.s2 - 2.0 * tau * cross + tau ** 2 * m2 + a * self.kk ** 2 + (b + c) * m2
+        return e2.clamp_min(0.0).sqrt()
+
 
 # ---------------------------------------------------------------------------- formulas
 def _miscoupling(P: Parts, p: float) -> Tensor:
@@ -157,6 +222,10 @@ def _offdiag_ratio(P: Parts, p: float) -> Tensor:
 def _coupling_vs_null(P: Parts, p: float) -> Tensor:
     den = P.den(1.0)  # p cancels in m / m_null: computed with p = 1
     return 1.0 - (P.signed_num / den) / (P.null_num / den)
+
+
+def _coupling_vs_rotated(P: Parts, p: float) -> Tensor:
+    return 1.0 - P.signed_num / P.rotated_num  # p cancels: no denominator at all
 
 
 # ---------------------------------------------------------------------------- the record
@@ -204,6 +273,7 @@ class Variant:
 
 
 _NULL_NEEDS = ("fro2", "d")
+_ROTATED_NEEDS = ("fro2", "d", "trace", "trace2", "overlap")
 
 #: every coupling variant, in table order (docs/conventions.md, "Coupling")
 REGISTRY: dict[str, Variant] = {v.name: v for v in (
@@ -221,6 +291,11 @@ REGISTRY: dict[str, Variant] = {v.name: v for v in (
             "(c - c_null) / (1 - c_null) = 1 - m / m_null: 0 = chance for independent "
             "Haar-random bases U, V, 1 = J1 = J2; p is null (independent of p)",
             needs=_NULL_NEEDS, null="independent Haar-random bases", hashed=True),
+    Variant("coupling_vs_rotated", _coupling_vs_rotated, True, P_FREE,
+            "1 - m / m_rot: 0 = chance for the same basis under a Haar-random rotation "
+            "(U2 -> R U2, V2 -> R V2; keeps U2^T V2, so an isotropic part of J1 scores 0), "
+            "1 = J1 = J2; p is null (independent of p)",
+            needs=_ROTATED_NEEDS, null="the same basis, rotated at random"),
 )}
 
 

@@ -17,7 +17,8 @@ from blockcoupling.errors import BlockCouplingError
 Runs = Measurement | Sequence[Measurement]
 
 #: variants whose normaliser takes a user-chosen p (the others store p empty or fixed):
-#: the engine's one list (coupling_vs_null does not depend on p and is stored with p empty)
+#: the engine's one list (coupling_vs_null and coupling_vs_rotated do not depend on p and are
+#: stored with p empty)
 P_VARIANTS: tuple[str, ...] = names.P_VARIANTS
 #: variants where a larger value means more coupled (for the others, smaller is more coupled):
 #: each variant's record (engine/variants.py)
