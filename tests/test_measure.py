@@ -117,6 +117,23 @@ def oracle_rotated_rms(J1: np.ndarray, U2k: np.ndarray, V2k: np.ndarray, s: np.n
     return float(np.sqrt(e2))
 
 
+def check_diagnostics(diag: pd.DataFrame, Js: list[np.ndarray], k: int) -> int:
+    """The isotropy columns of every measured Jacobian against numpy."""
+    checked = 0
+    for row in diag.itertuples(index=False):
+        J = Js[row.layer - 1][row.token_out, row.token_in]
+        d = J.shape[0]
+        U, _, Vt = np.linalg.svd(J)
+        tr = np.trace(J)
+        assert row.trace_over_d == pytest.approx(tr / d, rel=1e-8, abs=1e-12)
+        assert row.isotropic_share == pytest.approx(tr ** 2 / (d * np.sum(J ** 2)), rel=1e-8,
+                                                    abs=1e-12)
+        overlap = np.sum((U[:, :k].T @ Vt[:k].T) ** 2) / k
+        assert row.uv_overlap == pytest.approx(overlap, rel=1e-7, abs=1e-10)
+        checked += 1
+    return checked
+
+
 def check_coupling_table(df: pd.DataFrame, Js: list[np.ndarray]) -> int:
     checked = 0
     memo: dict = {}
@@ -143,6 +160,7 @@ def test_every_coupling_kind_matches_oracle(arch: str) -> None:
     assert kinds == {"depth", "self", "fixed_input", "fixed_output"}
     assert set(m.coupling["variant"]) == set(bc.VARIANTS)
     assert check_coupling_table(m.coupling, Js) == len(m.coupling) > 1000
+    assert check_diagnostics(m.diagnostics, Js, 2) == len(m.diagnostics) > 10
     # the diagonal of depth-wise coupling is exactly 1 (c_K(J, J) = 1)
     diag = m.coupling.query(
         "kind == 'depth' and layer_a == layer_b and variant == 'coupling' and orientation == 'ujv'")
@@ -218,6 +236,27 @@ def test_matrix_free_agrees_with_dense_within_tolerance() -> None:
     dense = bc.measure(model, None, inputs, method="dense", **kw).coupling
     free = bc.measure(model, None, inputs, method="matrix_free", **kw).coupling
     np.testing.assert_allclose(free["value"].to_numpy(), dense["value"].to_numpy(), atol=1e-6)
+
+
+def test_matrix_free_isotropy_estimates_are_close_to_dense() -> None:
+    """On the matrix-free path tr(J), tr(J^2) and ||J||_F^2 are Hutchinson estimates from
+    the sketch's m Gaussian vectors (docs/conventions.md): the rotated-basis coupling and the
+    isotropy diagnostics land near the dense values, not on them."""
+    model = tiny_model("bert", dtype=torch.float64)  # post-LN: a large isotropic part
+    inputs = tiny_inputs("bert", n=4)
+    kw = dict(coupling=("depth",), k=(2, 4), dtype=torch.float64, progress=False,
+              variants=("coupling_vs_null", "coupling_vs_rotated"), svd_tol=1e-10,
+              svd_iters=6, remove_norm_directions=True)
+    dense = bc.measure(model, None, inputs, method="dense", **kw)
+    free = bc.measure(model, None, inputs, method="matrix_free", **kw)
+    assert set(free.diagnostics["method"]) == {"matrix_free"}
+    d, f = dense.diagnostics, free.diagnostics
+    np.testing.assert_allclose(f["uv_overlap"], d["uv_overlap"], atol=1e-6)  # exact vectors
+    assert (f["trace_over_d"] - d["trace_over_d"]).abs().max() < 0.1
+    assert not np.allclose(f["trace_over_d"], d["trace_over_d"], atol=1e-9)  # an estimate
+    rot = [m.coupling.query("variant == 'coupling_vs_rotated' and layer_a != layer_b")["value"]
+           for m in (dense, free)]
+    assert np.abs(rot[0].to_numpy() - rot[1].to_numpy()).max() < 0.1
 
 
 def test_batched_mixed_lengths_equal_single_prompts() -> None:
@@ -348,6 +387,7 @@ def test_real_minilm_depth_coupling_and_trajectories_match_oracle() -> None:
         J = torch.autograd.functional.jacobian(g, X[t], vectorize=True).numpy()  # J^l_tt
         Js.append({(t, t): J})
     assert check_coupling_table(m.coupling, Js) == len(m.coupling) == 6 * 6 * 2 * 2 * 4
+    assert check_diagnostics(m.diagnostics, Js, 5) == 6
     # trajectories straight from the oracle's own boundaries (float32 model outputs)
     X = torch.stack([ins[0][0]] + [o[0] for o in outs]).double().numpy()  # (L+1, n, d)
     norms = np.linalg.norm(X, axis=-1)

@@ -212,5 +212,6 @@ def test_exact_isotropy_is_zero_over_zero() -> None:
 def test_the_docs_state_the_formula() -> None:
     text = " ".join((DOCS / "conventions.md").read_text(encoding="utf-8").split())
     for piece in ("a (d^2 - 1) + b (d - 1)", "a (d - 1) + b (d^2 - 1)", "tau M",
-                  "tau = tr(J1)/d", "coupling_vs_rotated = 1 - m / m_rot"):
+                  "tau = tr(J1)/d", "coupling_vs_rotated = 1 - m / m_rot",
+                  "`isotropic_share` = `d (tr(J)/d)^2 / ||J||_F^2`"):
         assert piece in text, piece

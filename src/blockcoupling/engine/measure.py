@@ -201,7 +201,8 @@ class _PromptRun:
                     "svd", m.seconds, self.item.prompt_id, layer, t_in, t_out, m.method))
                 self.rows["diagnostics"].append(dict(
                     prompt_id=self.item.prompt_id, layer=layer, token_in=t_in, token_out=t_out,
-                    method=m.method, residual=m.residual, seconds=m.seconds))
+                    method=m.method, residual=m.residual, seconds=m.seconds,
+                    **self._isotropy(m)))
                 if self.cfg.spectra:
                     s = m.top.S.detach().double().cpu().numpy()
                     self.rows["spectra"] += [
@@ -211,6 +212,14 @@ class _PromptRun:
                     ]
             if infl:
                 self._influence(layer, blocks, infl)
+
+    def _isotropy(self, m: _Measured) -> dict[str, float]:
+        """The diagnostics' isotropy columns of one Jacobian (metrics.isotropy_diagnostics),
+        ``uv_overlap`` at the run's smallest K."""
+        if m.top.trace is None or m.top.fro2 is None:
+            return {}
+        return metrics.isotropy_diagnostics(m.top.trace, m.top.fro2, m.top.U, m.top.V, self.d,
+                                            min(self.cfg.k))
 
     def _emit(self, phase: Phase, t0: float, layer: int | None = None) -> None:
         self.state.on_event(MeasureEvent(phase, time.perf_counter() - t0, self.item.prompt_id,

@@ -226,6 +226,22 @@ def rotated_chance_miscoupling(
     return (P.rotated_num / P.den(pf))[..., 0]
 
 
+def isotropy_diagnostics(trace: Tensor | float, fro2: Tensor | float, U: Tensor, V: Tensor,
+                         d: int, k: int) -> dict[str, float]:
+    """What tells an isotropic Jacobian from coupling (the ``diagnostics`` table's columns):
+    ``trace_over_d`` = tr(J)/d; ``isotropic_share`` = d (tr(J)/d)^2 / ||J||_F^2, the share of
+    ||J||_F^2 in its isotropic part (tr(J)/d) I (0..1); ``uv_overlap`` = ||U_k^T V_k||_F^2 / k
+    of its own top-k singular vectors (0..1: about k/d for unrelated U and V, 1 for a
+    symmetric J up to signs; with a large isotropic share this is what lets
+    ``coupling_vs_null`` credit isotropy). U, V (d, >= k); scalars in, floats out."""
+    tr = float(trace)
+    f2 = float(fro2)
+    Uk, Vk = U[..., :k], V[..., :k]
+    overlap = float(((Uk.mT @ Vk) ** 2).sum()) / k
+    share = tr * tr / (d * f2) if f2 > 0 else math.nan
+    return {"trace_over_d": tr / d, "isotropic_share": share, "uv_overlap": overlap}
+
+
 # --------------------------------------------------------------------------- values
 def _needs_error(variant: str, missing: Sequence[str]) -> BlockCouplingError:
     what = {"fro2": "fro2 (||J1||_F^2)", "d": "d (the hidden size)", "trace": "trace (tr(J1))",

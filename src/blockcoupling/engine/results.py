@@ -102,6 +102,9 @@ SCHEMAS: dict[str, dict[str, str]] = {
         "method": "string",
         "residual": "float64",
         "seconds": "float64",
+        "trace_over_d": "float64",  # NaN in runs made before these columns
+        "isotropic_share": "float64",
+        "uv_overlap": "float64",
     },
 }
 """The public result tables: table name -> column -> pandas dtype (the data contract)."""

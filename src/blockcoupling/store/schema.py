@@ -106,6 +106,14 @@ COLUMNS: dict[str, dict[str, tuple[str, str]]] = {
         "residual": ("max_i ||J v_i - s_i u_i|| / s_1 of the top-K factors (null if exact)",
                      "dimensionless"),
         "seconds": ("time spent on this Jacobian", "s"),
+        "trace_over_d": ("tr(J)/d, the coefficient of J's isotropic part (tr(J)/d) I (exact on "
+                         "the dense path, a Hutchinson estimate on the matrix-free one; null "
+                         "in runs made before it was stored)", "dimensionless (gain)"),
+        "isotropic_share": ("d (tr(J)/d)^2 / ||J||_F^2: the share of ||J||_F^2 in the "
+                            "isotropic part (0..1)", "dimensionless"),
+        "uv_overlap": ("||U_K^T V_K||_F^2 / K of J's own top-K singular vectors at the run's "
+                       "smallest K (0..1; about K/d for unrelated U, V; 1 for a symmetric J)",
+                       "dimensionless"),
     },
 }
 _UNIT_COLUMNS: dict[str, tuple[str, str]] = {
