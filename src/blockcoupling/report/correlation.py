@@ -78,7 +78,8 @@ class ChanceFloorData(Protocol):
 
 PRETTY = {
     "coupling_mean": "raw c_K (mean depth-wise coupling)",
-    "coupling_vs_null_mean": "coupling above chance (coupling_vs_null)",
+    "coupling_vs_rotated_mean": "coupling above chance (coupling_vs_rotated)",
+    "coupling_vs_null_mean": "coupling vs independent bases (coupling_vs_null)",
     "coupling_chance": "chance level of raw c_K",
     "log_d_model": "log10 d_model",
     "params_b": "parameters (billions)",
@@ -242,6 +243,7 @@ def _stats_table(block: dict[str, Any]) -> str:
 
 def _models_table(result: CorrelationData) -> str:
     cols = [c for c in ("label", "score_model", "group", "k", "n_prompts",
+                        "coupling_vs_rotated_mean", "coupling_vs_rotated_se",
                         "coupling_vs_null_mean", "coupling_vs_null_se", "coupling_mean",
                         "coupling_se", "coupling_chance", "score", "params_b", "layers",
                         "d_model", "train_tokens_t")

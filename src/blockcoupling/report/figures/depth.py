@@ -18,6 +18,7 @@ from matplotlib.ticker import MaxNLocator
 
 from blockcoupling.engine.names import NULL_VARIANTS
 from blockcoupling.engine.results import Measurement
+from blockcoupling.engine.statistic import LEAD_VARIANTS
 from blockcoupling.report.figures.base import (
     GRID_CMAP,
     HEATMAP_CMAP,
@@ -166,13 +167,14 @@ def caption_coupling_grid(runs: Runs, *, prompt_id: str | None = None, k: int | 
 # ====================================================================== layer graph
 def layer_graph_variant(runs: Runs, variant: str = "coupling", against_chance: bool = True
                         ) -> str:
-    """The variant the layer graph draws: ``coupling_vs_null`` when ``against_chance`` and
-    every run with depth-wise rows has it, else ``variant``."""
+    """The variant the layer graph draws: the leading chance-corrected variant
+    (``coupling_vs_rotated``, else ``coupling_vs_null``) when ``against_chance`` and every run
+    with depth-wise rows has it, else ``variant``."""
     ms = as_runs(runs)
     with_depth = [m for m in ms if (m.coupling["kind"] == "depth").any()]
-    if against_chance and with_depth and all(has_variant(m, "coupling_vs_null")
-                                             for m in with_depth):
-        return "coupling_vs_null"
+    for lead in LEAD_VARIANTS:
+        if against_chance and with_depth and all(has_variant(m, lead) for m in with_depth):
+            return lead
     return variant
 
 
