@@ -354,6 +354,23 @@ def test_chance_floor_equals_scipy_on_the_floor_values(tmp_path: Path) -> None:
                                    1 / np.maximum(1, (table.loc[base, "d_model"] / 10).round())),
                        table.loc[base, "score"].astype(float))
     assert out["groups"]["base"]["r2"] == pytest.approx(lb.rvalue ** 2, rel=1e-12)
+    # the width itself, and the fit without the family it leans on most (issue 30 item 5:
+    # log10 d_model R^2 0.44; without the four GPT-2 rows R^2 0.10, p = 0.18)
+    sub = table[base]
+    lw = st.linregress(np.log10(sub["d_model"].astype(float)), sub["score"].astype(float))
+    assert out["groups"]["base"]["width"]["r2"] == pytest.approx(lw.rvalue ** 2, rel=1e-12)
+    rest = sub[sub["family"] != "GPT-2"]
+    lr2 = st.linregress(1 - np.sqrt(1 / rest["d_model"] +
+                                    1 / np.maximum(1, (rest["d_model"] / 10).round())),
+                        rest["score"].astype(float))
+    without = out["groups"]["base"]["without_family"]["GPT-2"]
+    assert without["n"] == len(rest) == 19
+    assert without["r2"] == pytest.approx(lr2.rvalue ** 2, rel=1e-12)
+    assert without["p"] == pytest.approx(lr2.pvalue, rel=1e-9)
+    assert out["groups"]["base"]["most_influential_family"] == "GPT-2"
+    assert (round(lw.rvalue ** 2, 2), round(lr2.rvalue ** 2, 2), round(lr2.pvalue, 2)) == \
+        (0.44, 0.10, 0.18)
+    assert "without GPT-2" in r.output and "log10 d_model" in r.output
     assert len(out["excluded"]) == (~ok).sum()  # listed, never dropped silently
     assert page.read_text().count("data:image/png;base64,") == 1
     assert flat_chance(768, 77) == pytest.approx(0.8805, abs=1e-4)

@@ -111,8 +111,9 @@ REPLICATION_SEEDS = "runs (seeds)"
 FLOOR_NOTE = (
     "Raw c_K at K = round(d/10) has a chance level that depends on the width alone: for a flat "
     "spectrum c_null = 1 - sqrt(1/d + 1/K), about 0.88 at d = 768 and 0.96 at d = 8192, so "
-    "wider models score higher with no structure at all. coupling_vs_null removes it; the "
-    "partial correlations control for log10 d_model and log10 parameters "
+    "wider models score higher with no structure at all. coupling_vs_rotated and "
+    "coupling_vs_null remove it; the partial correlations control for log10 d_model and "
+    "log10 parameters "
     "(`blockcoupling chance-floor` shows how much of a score table the floor alone explains).")
 DEFAULT_N_BOOT = 1000
 DEFAULT_CI = 0.95
