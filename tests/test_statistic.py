@@ -196,6 +196,24 @@ def test_seed_level_uses_runs_as_the_unit_of_replication() -> None:
         seed_level(runs.drop(columns="seed"))
 
 
+def test_a_vit_grid_with_seeds_reports_the_seed_level() -> None:
+    """vit-grid's printout (cli/vit.py): per grid point with several seeds, the coupling and
+    the accuracy with the runs as the unit of replication; a one-seed grid has none."""
+    from scipy import stats
+
+    from blockcoupling.cli.vit import _seed_level
+
+    runs = pd.DataFrame({"drop_path": [0.0, 0.0, 0.1, 0.1], "weight_decay": 0.05,
+                         "seed": [0, 1, 0, 1], "coupling_vs_null": [0.10, 0.12, 0.2, 0.26],
+                         "coupling_vs_null_se": 0.001, "test_accuracy": [0.8, 0.9, 0.7, 0.75]})
+    t = _seed_level(runs)
+    row = t[(t["drop_path"] == 0.1) & (t["value"] == "coupling_vs_null")].iloc[0]
+    assert row["n_runs"] == 2 and row["mean"] == pytest.approx(0.23)
+    assert row["se"] == pytest.approx(stats.sem([0.2, 0.26]))
+    assert row["within_se"] == pytest.approx(math.sqrt(2) * 0.001 / 2)
+    assert _seed_level(runs[runs["seed"] == 0]) is None
+
+
 def test_k_rules(multi_token: bc.Measurement) -> None:
     assert paper_k(768) == 77 and paper_k(4096) == 410 and paper_k(5) == 1
     t = bc.coupling_statistic(multi_token, variant="coupling", k=[2, 4])
