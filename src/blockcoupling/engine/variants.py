@@ -177,22 +177,27 @@ class Parts:
     @functools.cached_property
     def rotated_num(self) -> Tensor:
         """``sqrt(E_R ||A' - S_K||_F^2)`` (..., n_k): the rotated-basis null (module
-        docstring), clamped at 0 against rounding."""
+        docstring). Combined in float64 whatever the inputs' dtype (near isotropy its terms
+        nearly cancel; they are K-sized, so this costs nothing), clamped at 0 against
+        rounding, returned in the inputs' dtype."""
         assert (self.fro2 is not None and self.d is not None and self.trace is not None
                 and self.trace2 is not None and self.overlap is not None)
+        f64 = torch.float64
         d = float(self.d)
-        tau = (self.trace / d).unsqueeze(-1)  # (..., 1)
-        F = (self.fro2 - d * tau[..., 0] ** 2).unsqueeze(-1)  # ||J0||_F^2
-        T = (self.trace2 - d * tau[..., 0] ** 2).unsqueeze(-1)  # tr(J0^2)
+        tau = (self.trace.to(f64) / d).unsqueeze(-1)  # (..., 1)
+        F = (self.fro2.to(f64) - d * tau[..., 0] ** 2).unsqueeze(-1)  # ||J0||_F^2
+        T = (self.trace2.to(f64) - d * tau[..., 0] ** 2).unsqueeze(-1)  # tr(J0^2)
         den = (d - 1.0) * d * (d + 2.0) if d > 1 else math.inf
         a = ((d + 1.0) * F - T) / den
         b = ((d + 1.0) * T - F) / den
         c = -(a + b) / d
-        M = self.overlap
-        cross = self.pick((self.sk * torch.diagonal(M, dim1=-2, dim2=-1)).cumsum(-1))
+        M, sk = self.overlap.to(f64), self.sk.to(f64)
+        cross = self.pick((sk * torch.diagonal(M, dim1=-2, dim2=-1)).cumsum(-1))
         m2 = self.pick(_leading_block_sums(M * M))  # ||M_K||_F^2
-        e2 = self.s2 - 2.0 * tau * cross + tau ** 2 * m2 + a * self.kk ** 2 + (b + c) * m2
-        return e2.clamp_min(0.0).sqrt()
+        s2 = self.pick((sk * sk).cumsum(-1))
+        kk = self.kk.to(f64)
+        e2 = s2 - 2.0 * tau * cross + tau ** 2 * m2 + a * kk ** 2 + (b + c) * m2
+        return e2.clamp_min(0.0).sqrt().to(self.Ak.dtype)
 
 
 # ---------------------------------------------------------------------------- formulas
