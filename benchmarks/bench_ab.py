@@ -121,9 +121,11 @@ def main() -> None:
         a, b = (results[v].coupling for v in ("base", "new"))
         keys = [c for c in cols if c in a.columns]
         m = a.merge(b, on=keys, suffixes=("_base", "_new"))
-        assert len(m) == len(a) == len(b), (len(m), len(a), len(b))
+        assert len(m) == len(a), (len(m), len(a), len(b))  # every base row is still there
         summary["max_abs_diff_values"] = float((m["value_base"] - m["value_new"]).abs().max())
         summary["rows_compared"] = len(m)
+        # a variant added since (e.g. coupling_vs_rotated) is new rows, not a difference
+        summary["new_only_variants"] = sorted(set(b["variant"]) - set(a["variant"]))
     emit(summary, sink)
     save(sink, "bench_ab")
 

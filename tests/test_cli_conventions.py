@@ -73,9 +73,11 @@ def test_sweep_json_sweep_status_json_and_the_deprecated_alias(tiny: Path) -> No
     assert st["counts"] == {"done": 1}
     assert [u["status"] for u in st["units"]] == ["done"]
     # the headline statistic of each done unit, with its rule
-    assert st["statistic"]["variant"] == "coupling_vs_null" and "se" in st["statistic"]
+    assert st["statistic"]["variant"] == "coupling_vs_rotated" and "se" in st["statistic"]
+    assert st["statistic"]["replication"] == "prompts (within model)"
     unit = st["summary"][0]
-    assert unit["coupling_vs_null_mean"] is not None and "coupling_se" in unit
+    assert unit["coupling_vs_rotated_mean"] is not None and "coupling_se" in unit
+    assert unit["coupling_vs_null_mean"] is not None
     assert "--num-cpus" not in cli("sweep", "--help").output  # hidden
 
 

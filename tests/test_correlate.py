@@ -34,7 +34,7 @@ def coupling_rows(level: float, rng: np.random.Generator, *, L: int = 4, ks: tup
         for t, (la, lb), k, (variant, p), orient in itertools.product(
                 range(n), itertools.product(range(1, L + 1), repeat=2), ks,
                 (("coupling", 1.0), ("coupling", 2.0), ("coupling_vs_null", 1.0),
-                 ("offdiag_ratio", np.nan)), ("ujv", "vju")):
+                 ("coupling_vs_rotated", np.nan), ("offdiag_ratio", np.nan)), ("ujv", "vju")):
             value = 1.0 if la == lb else level + 0.1 * rng.standard_normal()
             rows.append(dict(prompt_id=pid, kind="depth", layer_a=la, layer_b=lb,
                              token_in_a=t, token_out_a=t, token_in_b=t, token_out_b=t, k=k,
@@ -208,6 +208,21 @@ def test_statistic_on_a_real_tiny_model_matches_mean_depth_coupling(tmp_path: Pa
 
 
 # ---------------------------------------------------------------------------- score readers
+def test_default_predictors_follow_what_every_run_measured(runs: list[Path]) -> None:
+    """coupling_vs_rotated (the headline's lead) is a predictor where every model has it;
+    runs measured before it existed keep raw c_K and coupling_vs_null."""
+    scores = pd.DataFrame({"model": [f"m{i}" for i in range(5)], "score": [1, 3, 2, 5, 4]})
+    units = C.load_units(runs)
+    full = C.correlate(units, scores, n_boot=0)
+    assert full.statistic.variants == ("coupling", "coupling_vs_null", "coupling_vs_rotated")
+    assert "coupling_vs_rotated_mean" in full.overall["predictors"]
+    for u in units[:2]:
+        u.coupling = u.coupling[u.coupling["variant"] != "coupling_vs_rotated"]
+    old = C.correlate(units, scores, n_boot=0)
+    assert old.statistic.variants == ("coupling", "coupling_vs_null")
+    assert "coupling_vs_rotated_mean" not in old.overall["predictors"]
+
+
 def test_csv_reader_and_matching(runs: list[Path], tmp_path: Path) -> None:
     csv = tmp_path / "scores.csv"
     csv.write_text("model,score,params_b,group\nm0,10,1,a\norg/model-1,20,2,a\nm2,25,,b\n"
@@ -312,14 +327,15 @@ def test_cli_writes_json_and_self_contained_html(runs: list[Path], tmp_path: Pat
             str(page), "--n-boot", "200")
     assert r.exit_code == 0, r.output
     out = json.loads(js.read_text())
-    assert out["n_models"] == 5 and set(out["statistic"]) == {"coupling", "coupling_vs_null"}
+    assert out["n_models"] == 5 and set(out["statistic"]) == {"coupling", "coupling_vs_null",
+                                                               "coupling_vs_rotated"}
     assert "round(d/10)" in out["statistic"]["coupling"]["description"]
     assert "width alone" in out["floor_note"]
     assert set(out["predictors"]) == set(C.PREDICTORS)
     assert out["predictors"]["coupling_mean"]["r2"] > 0.9  # levels and scores rise together
     assert set(out["groups"]) == {"a", "b"} and "skipped" in out["groups"]["b"]
     controls = [tuple(pc["controlling_for"]) for pc in out["partial_correlations"]]
-    assert controls == [("log_d_model",), ("log_params",), ("log_d_model", "log_params")] * 2
+    assert controls == [("log_d_model",), ("log_params",), ("log_d_model", "log_params")] * 3
     assert all("coupling_vs_null_se" in row for row in out["models"])
     html = page.read_text()
     assert html.count("data:image/png;base64,") == 2

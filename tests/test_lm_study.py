@@ -91,6 +91,15 @@ def test_tests_equal_scipy_and_statsmodels(quick: tuple[Path, Path]) -> None:
              for m in data["models"]]  # each run's end point
     t = st.ttest_rel(final, init, alternative="greater")
     assert data["tests"]["H2_emergence"]["p_t"] == pytest.approx(t.pvalue, rel=1e-10)
+    # the seeds of one configuration: runs are the unit of replication (scipy's sem and t)
+    sl = data["noise_floor"]["seed_level"]
+    seeds = mt[mt["name"] == data["noise_floor"]["config"]]["coupling_vs_null_mean"]
+    assert sl["n_runs"] == len(seeds) >= 2 and sl["replication"] == "runs (seeds)"
+    assert sl["mean"] == pytest.approx(seeds.mean(), rel=1e-12)
+    assert sl["se"] == pytest.approx(st.sem(seeds), rel=1e-12)
+    lo, hi = st.t.interval(0.95, len(seeds) - 1, loc=seeds.mean(), scale=st.sem(seeds))
+    assert (sl["ci_low"], sl["ci_high"]) == (pytest.approx(lo), pytest.approx(hi))
+    assert any("runs as the unit of replication" in line for line in data["statement"])
 
 
 def test_held_out_score_is_reproducible(quick: tuple[Path, Path]) -> None:

@@ -80,8 +80,10 @@ def oracle_value(J1: np.ndarray, J2: np.ndarray, k: int, variant: str, p: float,
     s = S1[:k]
     S = np.diag(s)
     pn = {1.0: np.sum(np.abs(s)), 2.0: np.sqrt(np.sum(s ** 2)), math.inf: np.max(np.abs(s))}
-    if variant == "coupling_vs_null":
+    if variant in ("coupling_vs_null", "coupling_vs_rotated"):
         p = 1.0  # stored once with p empty, computed with p = 1 (the value does not depend on p)
+    if variant == "coupling_vs_rotated":
+        return 1 - np.linalg.norm(A - S) / oracle_rotated_rms(J1, U2k, V2k, s)
     if variant in ("miscoupling", "coupling", "coupling_vs_null"):
         m = np.linalg.norm(A - S) / pn[p]
         if variant == "miscoupling":
@@ -99,6 +101,40 @@ def oracle_value(J1: np.ndarray, J2: np.ndarray, k: int, variant: str, p: float,
     if variant == "offdiag_ratio":
         return np.linalg.norm(A - np.diag(np.diag(A))) / np.linalg.norm(A)
     raise AssertionError(variant)
+
+
+def oracle_rotated_rms(J1: np.ndarray, U2k: np.ndarray, V2k: np.ndarray, s: np.ndarray
+                       ) -> float:
+    """sqrt(E_R ||(R U2)^T J1 (R V2) - diag(s)||_F^2) over Haar R, from the second moments
+    E[Y_ij Y_kl] = a d_ik d_jl + b d_il d_jk + c d_ij d_kl of Y = R^T J0 R (J0 = J1 - tau I),
+    their three equations solved numerically (test_variants.py checks the expectation by
+    Monte Carlo)."""
+    d, k = J1.shape[0], len(s)
+    tau = np.trace(J1) / d
+    J0 = J1 - tau * np.eye(d)
+    a, b, c = np.linalg.solve([[1, 1, d], [d * d, d, d], [d, d * d, d]],
+                              [0.0, np.sum(J0 ** 2), np.trace(J0 @ J0)])
+    M = U2k.T @ V2k
+    e2 = (np.sum(s ** 2) - 2 * tau * np.sum(s * np.diag(M)) + tau ** 2 * np.sum(M ** 2)
+          + a * k * k + (b + c) * np.sum(M ** 2))
+    return float(np.sqrt(e2))
+
+
+def check_diagnostics(diag: pd.DataFrame, Js: list[np.ndarray], k: int) -> int:
+    """The isotropy columns of every measured Jacobian against numpy."""
+    checked = 0
+    for row in diag.itertuples(index=False):
+        J = Js[row.layer - 1][row.token_out, row.token_in]
+        d = J.shape[0]
+        U, _, Vt = np.linalg.svd(J)
+        tr = np.trace(J)
+        assert row.trace_over_d == pytest.approx(tr / d, rel=1e-8, abs=1e-12)
+        assert row.isotropic_share == pytest.approx(tr ** 2 / (d * np.sum(J ** 2)), rel=1e-8,
+                                                    abs=1e-12)
+        overlap = np.sum((U[:, :k].T @ Vt[:k].T) ** 2) / k
+        assert row.uv_overlap == pytest.approx(overlap, rel=1e-7, abs=1e-10)
+        checked += 1
+    return checked
 
 
 def check_coupling_table(df: pd.DataFrame, Js: list[np.ndarray], tol: float = TOL) -> int:
@@ -127,6 +163,7 @@ def test_every_coupling_kind_matches_oracle(arch: str) -> None:
     assert kinds == {"depth", "self", "fixed_input", "fixed_output"}
     assert set(m.coupling["variant"]) == set(bc.VARIANTS)
     assert check_coupling_table(m.coupling, Js) == len(m.coupling) > 1000
+    assert check_diagnostics(m.diagnostics, Js, 2) == len(m.diagnostics) > 10
     # the diagonal of depth-wise coupling is exactly 1 (c_K(J, J) = 1)
     diag = m.coupling.query(
         "kind == 'depth' and layer_a == layer_b and variant == 'coupling' and orientation == 'ujv'")
@@ -202,6 +239,27 @@ def test_matrix_free_agrees_with_dense_within_tolerance() -> None:
     dense = bc.measure(model, None, inputs, method="dense", **kw).coupling
     free = bc.measure(model, None, inputs, method="matrix_free", **kw).coupling
     np.testing.assert_allclose(free["value"].to_numpy(), dense["value"].to_numpy(), atol=1e-6)
+
+
+def test_matrix_free_isotropy_estimates_are_close_to_dense() -> None:
+    """On the matrix-free path tr(J), tr(J^2) and ||J||_F^2 are Hutchinson estimates from
+    the sketch's m Gaussian vectors (docs/conventions.md): the rotated-basis coupling and the
+    isotropy diagnostics land near the dense values, not on them."""
+    model = tiny_model("bert", dtype=torch.float64)  # post-LN: a large isotropic part
+    inputs = tiny_inputs("bert", n=4)
+    kw = dict(coupling=("depth",), k=(2, 4), dtype=torch.float64, progress=False,
+              variants=("coupling_vs_null", "coupling_vs_rotated"), svd_tol=1e-10,
+              svd_iters=6, remove_norm_directions=True)
+    dense = bc.measure(model, None, inputs, method="dense", **kw)
+    free = bc.measure(model, None, inputs, method="matrix_free", **kw)
+    assert set(free.diagnostics["method"]) == {"matrix_free"}
+    d, f = dense.diagnostics, free.diagnostics
+    np.testing.assert_allclose(f["uv_overlap"], d["uv_overlap"], atol=1e-6)  # exact vectors
+    assert (f["trace_over_d"] - d["trace_over_d"]).abs().max() < 0.1
+    assert not np.allclose(f["trace_over_d"], d["trace_over_d"], atol=1e-9)  # an estimate
+    rot = [m.coupling.query("variant == 'coupling_vs_rotated' and layer_a != layer_b")["value"]
+           for m in (dense, free)]
+    assert np.abs(rot[0].to_numpy() - rot[1].to_numpy()).max() < 0.1
 
 
 def test_batched_mixed_lengths_equal_single_prompts() -> None:
@@ -309,7 +367,8 @@ def test_real_minilm_depth_coupling_and_trajectories_match_oracle() -> None:
     tok = AutoTokenizer.from_pretrained(path)
     text = "What is the capital of France? The capital is"
     m = bc.measure(model, tok, [text], coupling=("depth",), k=(5, 38), tokens="last", dtype=torch.float64,
-                   variants=("coupling", "coupling_vs_null", "offdiag_ratio"), progress=False)
+                   variants=("coupling", "coupling_vs_null", "coupling_vs_rotated",
+                             "offdiag_ratio"), progress=False)
     inputs = dict(tok([text], return_tensors="pt"))
     calls, ins, outs = oracle_calls(model, inputs)
     blocks = get_module(model, find_blocks(model).blocks_path)
@@ -330,7 +389,8 @@ def test_real_minilm_depth_coupling_and_trajectories_match_oracle() -> None:
 
         J = torch.autograd.functional.jacobian(g, X[t], vectorize=True).numpy()  # J^l_tt
         Js.append({(t, t): J})
-    assert check_coupling_table(m.coupling, Js) == len(m.coupling) == 6 * 6 * 2 * 2 * 3
+    assert check_coupling_table(m.coupling, Js) == len(m.coupling) == 6 * 6 * 2 * 2 * 4
+    assert check_diagnostics(m.diagnostics, Js, 5) == 6
     # trajectories straight from the oracle's own boundaries (float32 model outputs)
     X = torch.stack([ins[0][0]] + [o[0] for o in outs]).double().numpy()  # (L+1, n, d)
     norms = np.linalg.norm(X, axis=-1)

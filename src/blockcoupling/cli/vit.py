@@ -97,11 +97,12 @@ def vit_train(
         f = m["final"]
         typer.echo(f"test accuracy {f['test_accuracy']:.3f}, train accuracy "
                    f"{f['train_accuracy']:.3f}, depth-wise coupling ({cfg.tokens}, K={cfg.k}, "
-                   f"{f['images']} test images): coupling_vs_null {f['coupling_vs_null']:.4f} "
-                   f"+- {f['coupling_vs_null_se']:.4f}, raw {f['coupling']:.4f} "
-                   f"+- {f['coupling_se']:.4f}; [CLS] {f['coupling_vs_null_cls']:.4f} "
-                   f"+- {f['coupling_vs_null_se_cls']:.4f}, last patch "
-                   f"{f['coupling_vs_null_last']:.4f} +- {f['coupling_vs_null_se_last']:.4f}")
+                   f"{f['images']} test images; ± = one se over the images, within this "
+                   f"model): coupling_vs_null {f['coupling_vs_null']:.4f} "
+                   f"± {f['coupling_vs_null_se']:.4f}, raw {f['coupling']:.4f} "
+                   f"± {f['coupling_se']:.4f}; [CLS] {f['coupling_vs_null_cls']:.4f} "
+                   f"± {f['coupling_vs_null_se_cls']:.4f}, last patch "
+                   f"{f['coupling_vs_null_last']:.4f} ± {f['coupling_vs_null_se_last']:.4f}")
         typer.echo(f"wrote {path}")
 
 
@@ -145,18 +146,45 @@ def vit_grid(
     report_grid(runs, out, as_json=as_json)
 
 
+def _seed_level(runs: Any) -> Any:
+    """Per grid point with more than one seed: the statistic with the runs as the unit of
+    replication (``engine.statistic.seed_level``) for the coupling and the test accuracy;
+    None where no point has two seeds."""
+    import pandas as pd
+
+    from blockcoupling.engine.statistic import seed_level
+
+    keys = ["drop_path", "weight_decay"]
+    if runs.empty or "seed" not in runs or runs.groupby(keys)["seed"].nunique().max() < 2:
+        return None
+    parts = []
+    for col, se in (("coupling_vs_null", "coupling_vs_null_se"), ("test_accuracy", None)):
+        t = seed_level(runs, by=keys, value=col, within_se=se or "")
+        parts.append(t.assign(value=col)[[*keys, "value", "n_runs", "mean", "se", "ci_low",
+                                          "ci_high", "within_se"]])
+    return pd.concat(parts, ignore_index=True)
+
+
 def report_grid(runs: Any, out: Path, *, as_json: bool = False) -> None:
     """Print a finished grid's runs (test accuracy, coupling above chance with its se, raw
     coupling and its chance level; ``as_json``: every column as JSON); exit 1 if any did not
     finish. Shared by ``vit-grid`` and ``sweep`` on a grid spec."""
     failed = runs[runs["status"] != "complete"]
     if as_json:
+        seeds = _seed_level(runs[runs["status"] == "complete"])
         echo_json({"grid_dir": str(out), "complete": len(runs) - len(failed),
-                   "failed": len(failed), "runs": runs})
+                   "failed": len(failed), "runs": runs,
+                   **({"seed_level": seeds} if seeds is not None else {})})
     else:  # -q hides progress and chatter, never results
         cols = ["name", "test_accuracy", "coupling_vs_null", "coupling_vs_null_se", "coupling",
                 "coupling_chance", "coupling_vs_null_cls", "coupling_vs_null_last"]
-        typer.echo(runs[cols].to_string(index=False, float_format=lambda v: f"{v:.4f}"))
+        typer.echo(runs[cols].rename(columns={"coupling_vs_null_se": "se (within model)"})
+                   .to_string(index=False, float_format=lambda v: f"{v:.4f}"))
+        seeds = _seed_level(runs[runs["status"] == "complete"])
+        if seeds is not None:
+            typer.echo("seed level (runs as the unit of replication; se over seeds, t interval "
+                       "with n_runs - 1 df):")
+            typer.echo(seeds.to_string(index=False, float_format=lambda v: f"{v:.4f}"))
         typer.echo(f"{len(runs) - len(failed)} of {len(runs)} training runs complete; wrote {out}")
     if len(failed):
         typer.echo(f"error: {len(failed)} run(s) did not finish; see `blockcoupling "

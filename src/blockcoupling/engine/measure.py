@@ -41,6 +41,7 @@ from blockcoupling.engine import (
     spectra,
     svd,
     tables,
+    variants,
 )
 from blockcoupling.engine import jacobian as jac
 from blockcoupling.engine.blocks import BlockSpec
@@ -145,6 +146,9 @@ class _PromptRun:
             cfg.method == "auto" and self._device.type == "cpu"
             and n_keys * self.d * self.d * itemsize <= STRUCTURED_KEEP_BYTES)
         self.measured: dict[Key, _Measured] = {}
+        # tr(J^2) costs the matrix-free path one more product of its sketch: only where a
+        # requested variant needs it (engine/variants.py, Variant.needs)
+        self.needs_trace2 = any("trace2" in variants.get(v).needs for v in cfg.variants)
         self.norm_bases: dict[int, Tensor] = {}  # remove_norm_directions: layer -> (n, d, 2)
         self.rows: dict[str, list[dict[str, Any]]] = {"spectra": [], "influence": [], "diagnostics": []}
 
@@ -214,7 +218,8 @@ class _PromptRun:
                     "svd", m.seconds, self.item.prompt_id, layer, t_in, t_out, m.method))
                 self.rows["diagnostics"].append(dict(
                     prompt_id=self.item.prompt_id, layer=layer, token_in=t_in, token_out=t_out,
-                    method=m.method, residual=m.residual, seconds=m.seconds))
+                    method=m.method, residual=m.residual, seconds=m.seconds,
+                    **self._isotropy(m)))
                 if self.cfg.spectra:
                     s = m.top.S.detach().double().cpu().numpy()
                     self.rows["spectra"] += [
@@ -224,6 +229,14 @@ class _PromptRun:
                     ]
             if infl:
                 self._influence(layer, blocks, infl)
+
+    def _isotropy(self, m: _Measured) -> dict[str, float]:
+        """The diagnostics' isotropy columns of one Jacobian (metrics.isotropy_diagnostics),
+        ``uv_overlap`` at the run's smallest K."""
+        if m.top.trace is None or m.top.fro2 is None:
+            return {}
+        return metrics.isotropy_diagnostics(m.top.trace, m.top.fro2, m.top.U, m.top.V, self.d,
+                                            min(self.cfg.k))
 
     def _emit(self, phase: Phase, t0: float, layer: int | None = None) -> None:
         self.state.on_event(MeasureEvent(phase, time.perf_counter() - t0, self.item.prompt_id,
@@ -271,7 +284,7 @@ class _PromptRun:
                                tb if tb is not None else jac.jacobian_operator(f, x, t_in, t_out))
             top = svd.randomized_topk_svd(
                 op, kmax, oversample=self.cfg.svd_oversample, n_iter=self.cfg.svd_iters,
-                tol=self.cfg.svd_tol, seed=self.cfg.seed,
+                tol=self.cfg.svd_tol, seed=self.cfg.seed, trace2=self.needs_trace2,
             )
             res = float(top.residual.max()) if top.residual is not None else 0.0
             m = _Measured(top, None, "matrix_free" + tag, res, 0.0)

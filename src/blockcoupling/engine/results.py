@@ -104,6 +104,9 @@ SCHEMAS: dict[str, dict[str, str]] = {
         "method": "string",
         "residual": "float64",
         "seconds": "float64",
+        "trace_over_d": "float64",  # NaN in runs made before these columns
+        "isotropic_share": "float64",
+        "uv_overlap": "float64",
     },
 }
 """The public result tables: table name -> column -> pandas dtype (the data contract)."""
@@ -231,17 +234,19 @@ class Measurement:
             )
         return out
 
-    def coupling_statistic(self, *, variants: Sequence[str] = HEADLINE_VARIANTS,
+    def coupling_statistic(self, *, variants: Sequence[str] | None = None,
                            k: KSpec | Sequence[int] = None, p: float | None = 1.0,
                            orientation: str = "ujv", tokens: str = "last",
                            diagonal: bool = False, n_boot: int = DEFAULT_N_BOOT, seed: int = 0,
-                           ci: float = DEFAULT_CI) -> pd.DataFrame:
+                           ci: float = DEFAULT_CI, interval: str = "t") -> pd.DataFrame:
         """The headline statistic of this run (``engine.statistic``): one row per variant and
-        K with ``mean, se, ci_low, ci_high, n_prompts, k, d_model, chance, rule``."""
+        K with ``mean, se, ci_low, ci_high, n_prompts, k, d_model, chance, replication,
+        rule`` (``se`` and the interval are within this model: over prompts). ``variants``
+        None: the headline variants this run measured (``engine.statistic``)."""
         return statistic_table(self.coupling, variants=variants, k=k, p=p,
                                orientation=orientation, tokens=tokens, diagonal=diagonal,
                                d_model=self.d_model, n_boot=n_boot, seed=seed, ci=ci,
-                               where=str(self.meta.get("model") or "run"))
+                               where=str(self.meta.get("model") or "run"), interval=interval)
 
     @property
     def fast_path(self) -> dict[int, bool | str]:
@@ -328,7 +333,7 @@ class Measurement:
                 stated = True
             if stated:
                 rule = headline_rule(variants)
-                lines.append(f"    (rule: {rule}; ± is one standard error over prompts)")
+                lines.append(f"    (rule: {rule})")
         if not self.token_metrics.empty:
             tm = self.token_metrics
             parts = []

@@ -17,8 +17,12 @@ For one model (one ``coupling`` table), one variant and one K:
 4. per prompt: the mean over its layer pairs (with ``tokens="all"``: the mean over pairs per
    token, then the mean over the prompt's tokens);
 5. the statistic: ``mean`` over prompts of the per-prompt values, ``se`` = sample standard
-   deviation over prompts / sqrt(n) (ddof = 1; NaN for one prompt), ``ci_low``/``ci_high`` a
-   seeded percentile bootstrap over prompts, and ``chance``: the same aggregate of each row's
+   deviation over prompts / sqrt(n) (ddof = 1; NaN for one prompt): the **within-model**
+   standard error (prompts are the unit of replication; it says nothing about another seed
+   of the same recipe), ``ci_low``/``ci_high`` the Student t interval ``mean +- t_{n-1} se``
+   (its coverage at n = 4, 8, 16 is checked by simulation in the tests; the percentile
+   bootstrap, ``interval="bootstrap"``, covers 80 % at n = 4), and ``chance``: the same
+   aggregate of each row's
    chance level (c_null for ``coupling``, m_null for ``miscoupling``, 0 for
    ``coupling_vs_null``; NaN where no chance level is defined or the ``coupling_vs_null`` rows
    needed to recover it were not measured).
@@ -28,10 +32,16 @@ its top-K singular values, ||J1||_F and d), so it is recovered from the stored v
 ``c = coupling`` and ``v = coupling_vs_null = (c - c_null) / (1 - c_null)`` as
 ``c_null = (c - v) / (1 - v)`` on the off-diagonal rows of the same J1 and used for its
 diagonal rows too (where c = v = 1 up to rounding and the ratio is noise).
+
+**Seeds.** Where runs of one configuration differ only by their seed, the runs are the unit
+of replication: :func:`seed_level` averages the runs' values (one per run) and gives the
+between-run ``se`` and t interval (n_runs - 1 degrees of freedom), with the prompts'
+within-model se beside it (``within_se``); ``replication`` names the unit of every row.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -40,44 +50,70 @@ from typing import Any, cast
 import numpy as np
 import pandas as pd
 
-from blockcoupling.engine.names import ORIENTATIONS, P_VARIANTS, VALID_P, VARIANTS
+from blockcoupling.engine.names import (
+    FIXED_P,
+    NULL_VARIANTS,
+    ORIENTATIONS,
+    P_VARIANTS,
+    VALID_P,
+    VARIANTS,
+)
 from blockcoupling.errors import BlockCouplingError
 
 __all__ = [
     "HEADLINE_VARIANTS",
+    "LEAD_VARIANTS",
     "STATISTIC_COLUMNS",
     "TOKEN_RULES",
     "StatisticRule",
     "FLOOR_NOTE",
+    "INTERVALS",
+    "REPLICATION_PROMPTS",
+    "REPLICATION_SEEDS",
     "bootstrap_ci",
     "flat_chance",
     "headline",
     "headline_rule",
     "headline_wide",
+    "lead_variant",
+    "measured_headline_variants",
     "paper_k",
     "per_prompt_values",
+    "seed_level",
     "statistic_table",
     "summarise",
+    "t_interval",
     "wide_statistic",
 ]
 
 #: how the measured tokens of a prompt enter its value
 TOKEN_RULES: tuple[str, ...] = ("last", "first", "all")
-#: the variants a headline states, first the chance-corrected one (the headline), then raw c_K
-HEADLINE_VARIANTS: tuple[str, ...] = ("coupling_vs_null", "coupling")
+#: the variants a headline states: first the one that leads (against the rotated-basis null:
+#: an isotropic Jacobian cannot pass for coupling there; docs/conventions.md, "Which null
+#: leads the headline"), then the one against independent bases beside it, then raw c_K
+HEADLINE_VARIANTS: tuple[str, ...] = ("coupling_vs_rotated", "coupling_vs_null", "coupling")
+#: the chance-corrected headline variants, in the order they lead (a run measured before
+#: coupling_vs_rotated existed is led by coupling_vs_null)
+LEAD_VARIANTS: tuple[str, ...] = tuple(v for v in HEADLINE_VARIANTS if v in NULL_VARIANTS)
 #: the K rule of the paper's correlation: K = max(1, round(d / 10)) per model
 PAPER_K = "d/10"
 #: the columns of a statistic table after the caller's own (label, step, ...)
 STATISTIC_COLUMNS: tuple[str, ...] = (
     "variant", "k", "p", "orientation", "tokens", "diagonal", "d_model", "n_prompts", "mean",
-    "se", "ci_low", "ci_high", "chance", "rule",
+    "se", "ci_low", "ci_high", "chance", "replication", "rule",
 )
+#: how the interval of the mean is made: Student t (default) or the percentile bootstrap
+INTERVALS: tuple[str, ...] = ("t", "bootstrap")
+#: the unit of replication of a statistic's se (the ``replication`` column)
+REPLICATION_PROMPTS = "prompts (within model)"
+REPLICATION_SEEDS = "runs (seeds)"
 #: the width floor of raw c_K, said wherever raw c_K is correlated with anything
 FLOOR_NOTE = (
     "Raw c_K at K = round(d/10) has a chance level that depends on the width alone: for a flat "
     "spectrum c_null = 1 - sqrt(1/d + 1/K), about 0.88 at d = 768 and 0.96 at d = 8192, so "
-    "wider models score higher with no structure at all. coupling_vs_null removes it; the "
-    "partial correlations control for log10 d_model and log10 parameters "
+    "wider models score higher with no structure at all. coupling_vs_rotated and "
+    "coupling_vs_null remove it; the partial correlations control for log10 d_model and "
+    "log10 parameters "
     "(`blockcoupling chance-floor` shows how much of a score table the floor alone explains).")
 DEFAULT_N_BOOT = 1000
 DEFAULT_CI = 0.95
@@ -104,15 +140,16 @@ def paper_k(d: int) -> int:
 class StatisticRule:
     """Which rows make one value and how they are averaged (module docstring)."""
 
-    variant: str = "coupling_vs_null"
+    variant: str = "coupling_vs_rotated"
     k: KSpec = None  # None: the smallest measured K; "d/10": paper_k(d_model); or an int
     p: float | None = 1.0
     orientation: str = "ujv"
     tokens: str = "last"
     diagonal: bool = False
-    n_boot: int = DEFAULT_N_BOOT
+    n_boot: int = DEFAULT_N_BOOT  # resamples of interval="bootstrap" (0: no interval)
     seed: int = 0
     ci: float = DEFAULT_CI
+    interval: str = "t"
 
     def __post_init__(self) -> None:
         if self.variant not in VARIANTS:
@@ -138,6 +175,9 @@ class StatisticRule:
             raise BlockCouplingError(f"n_boot must be an integer >= 0, not {self.n_boot!r}")
         if not (isinstance(self.ci, float | int) and 0 < float(self.ci) < 1):
             raise BlockCouplingError(f"ci must be a level between 0 and 1, not {self.ci!r}")
+        if self.interval not in INTERVALS:
+            raise BlockCouplingError(f"interval must be one of {', '.join(INTERVALS)}, not "
+                                     f"{self.interval!r}")
 
     @property
     def uses_p(self) -> bool:
@@ -148,7 +188,7 @@ class StatisticRule:
         """The p of the rows: the user's for coupling/miscoupling, fixed otherwise."""
         if self.uses_p:
             return 1.0 if self.p is None else float(self.p)
-        return 2.0 if self.variant == "released_norm" else None
+        return FIXED_P[self.variant]
 
     def k_label(self) -> str:
         if self.k is None:
@@ -158,10 +198,10 @@ class StatisticRule:
         return f"K = {int(self.k)}"
 
     def describe(self, k: int | None = None, *, variants: Sequence[str] | None = None,
-                 k_text: str | None = None) -> str:
+                 k_text: str | None = None, interval: bool = True) -> str:
         """The rule in words (one line), with the resolved K where given; ``variants`` names
         several variants stated by one rule, ``k_text`` replaces the K (e.g. "K as on each
-        line")."""
+        line"); ``interval=False`` leaves the interval out (for lines that print none)."""
         kk = k_text or (f"K = {k}" if k is not None else self.k_label())
         names = " and ".join(variants) if variants else self.variant
         uses_p = any(v in P_VARIANTS for v in (variants or (self.variant,)))
@@ -173,9 +213,15 @@ class StatisticRule:
                "all": "the measured tokens averaged within each prompt"}[self.tokens]
         return (f"depth-wise {names} ({kk}{p}, orientation {self.orientation}): mean over "
                 f"prompts of the per-prompt mean over {pairs}, at {tok}; se = sd over prompts "
-                f"/ sqrt(n)" + (f"; {self.ci:.0%} CI: percentile bootstrap over prompts "
-                                f"({self.n_boot} resamples, seed {self.seed})"
-                                if self.n_boot else ""))
+                f"/ sqrt(n), within one model" + (self._interval_text() if interval else ""))
+
+    def _interval_text(self) -> str:
+        if self.interval == "t":
+            return f"; {self.ci:.0%} CI: mean +- t(n-1) se"
+        if self.n_boot:
+            return (f"; {self.ci:.0%} CI: percentile bootstrap over prompts ({self.n_boot} "
+                    f"resamples, seed {self.seed})")
+        return ""
 
     def to_dict(self, k: int | None = None) -> dict[str, Any]:
         """The rule for JSON outputs (``"statistic": {...}``)."""
@@ -186,9 +232,12 @@ class StatisticRule:
             "p": self.reported_p, "orientation": self.orientation, "tokens": self.tokens,
             "layer_pairs": "all (l = l' included)" if self.diagonal else "l != l'",
             "aggregate": "mean over prompts of the per-prompt mean",
-            "se": "sample standard deviation over prompts / sqrt(n)",
-            "ci": {"level": self.ci, "method": "percentile bootstrap over prompts",
-                   "n_boot": self.n_boot, "seed": self.seed},
+            "se": "sample standard deviation over prompts / sqrt(n): within one model",
+            "replication": REPLICATION_PROMPTS,
+            "ci": ({"level": self.ci, "method": "Student t, n - 1 degrees of freedom"}
+                   if self.interval == "t" else
+                   {"level": self.ci, "method": "percentile bootstrap over prompts",
+                    "n_boot": self.n_boot, "seed": self.seed}),
             "description": self.describe(k),
         }
 
@@ -232,7 +281,7 @@ def _select(coupling: pd.DataFrame, rule: StatisticRule, where: str) -> pd.DataF
                 f"{where}: variant {rule.variant} was not measured (it has {variants}); "
                 f"measure with --variant {rule.variant}" +
                 (" (it needs no p: it is the chance-corrected coupling)"
-                 if rule.variant == "coupling_vs_null" else ""))
+                 if rule.variant in NULL_VARIANTS else ""))
         raise BlockCouplingError(
             f"{where}: no depth-wise {rule.variant} rows with orientation {rule.orientation}"
             + (f" and p = {rule.reported_p:g}" if rule.uses_p else "") +
@@ -245,7 +294,7 @@ def _select(coupling: pd.DataFrame, rule: StatisticRule, where: str) -> pd.DataF
 def _chance_rows(coupling: pd.DataFrame, sel: pd.DataFrame, rule: StatisticRule,
                  k: int) -> pd.Series:
     """Each selected row's chance level (aligned with ``sel``); NaN where undefined."""
-    if rule.variant == "coupling_vs_null":
+    if rule.variant in NULL_VARIANTS:  # 0 at its null by construction
         return pd.Series(0.0, index=sel.index)
     if rule.variant not in P_VARIANTS:
         return pd.Series(math.nan, index=sel.index)
@@ -311,28 +360,54 @@ def bootstrap_ci(values: np.ndarray, *, n_boot: int = DEFAULT_N_BOOT, seed: int 
     return float(lo), float(hi)
 
 
+@functools.lru_cache(maxsize=256)
+def _t_quantile(q: float, df: int) -> float:
+    from scipy import stats
+
+    return float(stats.t.ppf(q, df))
+
+
+def t_interval(mean: float, se: float, n: int, ci: float = DEFAULT_CI) -> tuple[float, float]:
+    """``mean -+ t_{n-1}((1 + ci) / 2) se``: the Student t interval of a mean of n values with
+    standard error ``se`` (NaN for n < 2)."""
+    if n < 2 or not np.isfinite(se):
+        return math.nan, math.nan
+    half = _t_quantile(0.5 + float(ci) / 2, int(n) - 1) * se
+    return mean - half, mean + half
+
+
 def summarise(values: np.ndarray, *, n_boot: int = DEFAULT_N_BOOT, seed: int = 0,
-              ci: float = DEFAULT_CI) -> dict[str, float | int]:
-    """``n_prompts, mean, se, ci_low, ci_high`` of per-prompt values (NaNs left out)."""
+              ci: float = DEFAULT_CI, interval: str = "t") -> dict[str, float | int]:
+    """``n_prompts, mean, se, ci_low, ci_high`` of per-prompt values (NaNs left out); the
+    interval is Student t (``interval="t"``) or the seeded percentile bootstrap."""
     x = np.asarray(values, dtype=np.float64)
     x = x[np.isfinite(x)]
     n = int(x.size)
     mean = float(x.mean()) if n else math.nan
     se = float(x.std(ddof=1) / math.sqrt(n)) if n > 1 else math.nan
-    lo, hi = bootstrap_ci(x, n_boot=n_boot, seed=seed, ci=ci)
+    if interval == "t":
+        lo, hi = t_interval(mean, se, n, ci)
+    else:
+        lo, hi = bootstrap_ci(x, n_boot=n_boot, seed=seed, ci=ci)
     return {"n_prompts": n, "mean": mean, "se": se, "ci_low": lo, "ci_high": hi}
 
 
-def statistic_table(coupling: pd.DataFrame, *, variants: Sequence[str] = HEADLINE_VARIANTS,
+def statistic_table(coupling: pd.DataFrame, *, variants: Sequence[str] | None = None,
                     k: KSpec | Sequence[int] = None, p: float | None = 1.0,
                     orientation: str = "ujv", tokens: str = "last", diagonal: bool = False,
                     d_model: int | None = None, n_boot: int = DEFAULT_N_BOOT, seed: int = 0,
-                    ci: float = DEFAULT_CI, where: str = "run") -> pd.DataFrame:
+                    ci: float = DEFAULT_CI, where: str = "run", interval: str = "t"
+                    ) -> pd.DataFrame:
     """One model's statistic: one row per requested variant and K (``STATISTIC_COLUMNS``).
 
-    ``k``: None (each variant's smallest measured K), ``"d/10"`` (needs ``d_model``), an int
-    or a list of ints. Raises :class:`BlockCouplingError` naming what to measure when the table
-    lacks the rows the rule needs."""
+    ``variants``: None = the headline variants (:data:`HEADLINE_VARIANTS`) the table has
+    depth-wise rows of (all of them where it has none, so the error names what to measure);
+    a name or a list: exactly those. ``k``: None (each variant's smallest measured K),
+    ``"d/10"`` (needs ``d_model``), an int or a list of ints. Raises
+    :class:`BlockCouplingError` naming what to measure when the table lacks the rows the rule
+    needs."""
+    if variants is None:
+        variants = measured_headline_variants(coupling)
     if isinstance(variants, str):
         variants = (variants,)
     ks: list[KSpec] = ([int(x) for x in k] if isinstance(k, list | tuple)
@@ -342,17 +417,19 @@ def statistic_table(coupling: pd.DataFrame, *, variants: Sequence[str] = HEADLIN
         for kspec in ks:
             rule = StatisticRule(variant=variant, k=kspec, p=p, orientation=orientation,
                                  tokens=tokens, diagonal=diagonal, n_boot=n_boot, seed=seed,
-                                 ci=ci)
+                                 ci=ci, interval=interval)
             sel = _select(coupling, rule, where)
             kk = rule.resolve_k(sel["k"].unique(), d_model, where)
             pp = per_prompt_values(coupling, rule, k=kk, where=where)
-            stats = summarise(pp["value"].to_numpy(), n_boot=n_boot, seed=seed, ci=ci)
+            stats = summarise(pp["value"].to_numpy(), n_boot=n_boot, seed=seed, ci=ci,
+                              interval=interval)
             chance = pp["chance"].to_numpy(dtype=np.float64)
             rows.append({
                 "variant": variant, "k": kk, "p": rule.reported_p, "orientation": orientation,
                 "tokens": tokens, "diagonal": bool(diagonal),
                 "d_model": int(d_model) if d_model else pd.NA, **stats,
                 "chance": float(np.nanmean(chance)) if np.isfinite(chance).any() else math.nan,
+                "replication": REPLICATION_PROMPTS,
                 "rule": rule.describe(kk),
             })
     out = pd.DataFrame(rows, columns=list(STATISTIC_COLUMNS))
@@ -360,6 +437,50 @@ def statistic_table(coupling: pd.DataFrame, *, variants: Sequence[str] = HEADLIN
     out["d_model"] = out["d_model"].astype("Int64")
     out["n_prompts"] = out["n_prompts"].astype("int64")
     return out
+
+
+def measured_headline_variants(coupling: pd.DataFrame) -> tuple[str, ...]:
+    """The headline variants a ``coupling`` table has depth-wise rows of, in headline order
+    (all of them where it has none of the chance-corrected ones, so that a missing lead is
+    named: "measure with --variant coupling_vs_rotated")."""
+    have = set(coupling.loc[coupling["kind"] == "depth", "variant"].astype(str).unique())
+    out = tuple(v for v in HEADLINE_VARIANTS if v in have)
+    return out if lead_variant(out) is not None else HEADLINE_VARIANTS
+
+
+def seed_level(runs: pd.DataFrame, *, by: Sequence[str] = ("variant", "k"),
+               seed: str = "seed", value: str = "mean", within_se: str = "se",
+               ci: float = DEFAULT_CI) -> pd.DataFrame:
+    """The statistic with runs as the unit of replication: one row per ``by`` group of
+    ``runs`` (one row per run, e.g. a statistic table of several trained models with a
+    ``seed`` column). ``mean`` = mean over the group's runs of their ``value``; ``se`` = sd
+    over runs (ddof = 1) / sqrt(n_runs), the between-seed standard error; ``ci_low``,
+    ``ci_high`` = its Student t interval (n_runs - 1 degrees of freedom); ``within_se`` =
+    sqrt(sum of the runs' within-model se^2) / n_runs, what the prompts alone would give the
+    mean; ``n_runs``, ``seeds`` (sorted, comma-separated) and ``replication`` = "runs
+    (seeds)". NaN se and interval for a group of one run."""
+    by = [c for c in by if c != seed]
+    missing = [c for c in (*by, seed, value) if c not in runs.columns]
+    if missing:
+        raise BlockCouplingError(f"seed_level: the table has no column {missing[0]!r}")
+    rows = []
+    groups = runs.groupby(by, sort=False, dropna=False) if by else [((), runs)]
+    for key, g in groups:
+        x = g[value].to_numpy(dtype=np.float64)
+        x = x[np.isfinite(x)]
+        n = int(x.size)
+        mean = float(x.mean()) if n else math.nan
+        se = float(x.std(ddof=1) / math.sqrt(n)) if n > 1 else math.nan
+        lo, hi = t_interval(mean, se, n, ci)
+        w = (g[within_se].to_numpy(dtype=np.float64) if within_se in g.columns
+             else np.full(len(g), np.nan))
+        rows.append({**dict(zip(by, key if isinstance(key, tuple) else (key,), strict=True)),
+                     "n_runs": n, "seeds": ",".join(str(s) for s in sorted(g[seed].unique())),
+                     "mean": mean, "se": se, "ci_low": lo, "ci_high": hi,
+                     "within_se": float(np.sqrt(np.nansum(w ** 2)) / len(w)) if len(w)
+                     and np.isfinite(w).any() else math.nan,
+                     "replication": REPLICATION_SEEDS})
+    return pd.DataFrame(rows)
 
 
 def wide_statistic(table: pd.DataFrame, index: Sequence[str] = ()) -> pd.DataFrame:
@@ -386,35 +507,52 @@ def _pm(mean: float, se: float) -> str:
     return f"{mean:.4f} ± {se:.4f}" if np.isfinite(se) else f"{mean:.4f} (one prompt: no se)"
 
 
+def lead_variant(measured: Sequence[str]) -> str | None:
+    """The variant that leads a headline among ``measured``: the first of
+    :data:`LEAD_VARIANTS` there (None where no chance-corrected variant was measured)."""
+    return next((v for v in LEAD_VARIANTS if v in measured), None)
+
+
+#: how a headline names a chance-corrected variant that stands beside the leading one
+_BESIDE_NAMES = {"coupling_vs_null": "against independent bases (coupling_vs_null)",
+                 "coupling_vs_rotated": "against the rotated basis (coupling_vs_rotated)"}
+#: what the ± of every headline is
+SE_WORDS = "± = one standard error over prompts, within one model"
+
+
 def headline_rule(variants: Sequence[str] = HEADLINE_VARIANTS, k: int | None = None) -> str:
-    """The rule of :func:`headline` lines (no bootstrap CI is printed there), for the one
+    """The rule of :func:`headline` lines (no interval is printed there), for the one
     ``(rule: ...)`` line under them; ``k=None``: "K as on each line"."""
     rule = StatisticRule(variant=variants[0], n_boot=0)
     return rule.describe(k, variants=variants, k_text=None if k is not None else
-                         "K as on each line")
+                         "K as on each line", interval=False)
 
 
 def headline(table: pd.DataFrame) -> str:
-    """The headline in words, from one model's statistic table at one K: the chance-corrected
-    value first with its se, then raw c_K with its se and its chance level. Rows of other
-    variants are ignored; a missing variant is said, never filled in."""
+    """The headline in words, from one model's statistic table at one K: the leading
+    chance-corrected value first with its se (``coupling_vs_rotated``; ``coupling_vs_null``
+    where a run predates it), the other beside it, then raw c_K with its se and its chance
+    level, and what the ± is (within one model). Rows of other variants are ignored; a
+    missing variant is said, never filled in."""
     by = {str(r["variant"]): r for _, r in table.iterrows()}
     parts = []
-    v = by.get("coupling_vs_null")
+    lead = lead_variant(list(by))
+    if lead is None:
+        parts.append("above chance: not measured (add --variant coupling_vs_rotated)")
+    for v in LEAD_VARIANTS:
+        if v in by:
+            name = f"above chance ({v})" if v == lead else _BESIDE_NAMES[v]
+            parts.append(f"{name} {_pm(by[v]['mean'], by[v]['se'])}")
     c = by.get("coupling")
-    if v is not None:
-        parts.append(f"above chance (coupling_vs_null) {_pm(v['mean'], v['se'])}")
-    else:
-        parts.append("above chance: not measured (add --variant coupling_vs_null)")
     if c is not None:
         chance = (f"chance {c['chance']:.4f}" if np.isfinite(c["chance"])
                   else "chance level not measured")
         parts.append(f"raw c_K {_pm(c['mean'], c['se'])} ({chance})")
-    first = v if v is not None else c
+    first = by.get(lead) if lead is not None else c
     head = ""
     if first is not None:
         head = f"K={int(first['k'])}, {int(first['n_prompts'])} prompts: "
-    return head + "; ".join(parts)
+    return head + "; ".join(parts) + (f" ({SE_WORDS})" if parts and first is not None else "")
 
 
 def headline_wide(row: Any, n_prompts: int | None = None) -> str:

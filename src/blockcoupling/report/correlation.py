@@ -78,7 +78,8 @@ class ChanceFloorData(Protocol):
 
 PRETTY = {
     "coupling_mean": "raw c_K (mean depth-wise coupling)",
-    "coupling_vs_null_mean": "coupling above chance (coupling_vs_null)",
+    "coupling_vs_rotated_mean": "coupling above chance (coupling_vs_rotated)",
+    "coupling_vs_null_mean": "coupling vs independent bases (coupling_vs_null)",
     "coupling_chance": "chance level of raw c_K",
     "log_d_model": "log10 d_model",
     "params_b": "parameters (billions)",
@@ -242,6 +243,7 @@ def _stats_table(block: dict[str, Any]) -> str:
 
 def _models_table(result: CorrelationData) -> str:
     cols = [c for c in ("label", "score_model", "group", "k", "n_prompts",
+                        "coupling_vs_rotated_mean", "coupling_vs_rotated_se",
                         "coupling_vs_null_mean", "coupling_vs_null_se", "coupling_mean",
                         "coupling_se", "coupling_chance", "score", "params_b", "layers",
                         "d_model", "train_tokens_t")
@@ -334,11 +336,23 @@ def write_chance_floor_html(result: ChanceFloorData, out: str | Path) -> Path:
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     k = "K = round(d/10)" if result.k_rule == "d/10" else f"K = {result.k_rule}"
+    def side(r: dict[str, Any]) -> str:
+        """The width's own fit and the fit without the family it leans on most."""
+        w = r.get("width") or {}
+        width = (f"<td>{_fmt(w['r2'])}</td><td>{_fmt(w['p'])}</td>" if "r2" in w else
+                 "<td colspan=2>-</td>")
+        fam = r.get("most_influential_family")
+        if not fam:
+            return width + "<td colspan=3>-</td>"
+        f = r["without_family"][fam]
+        return (width + f"<td>{html.escape(fam)} (n = {f['n']})</td><td>{_fmt(f['r2'])}</td>"
+                f"<td>{_fmt(f['p'])}</td>")
+
     fits = "".join(
         f"<tr><td>{html.escape(name)}</td>" + (
             f"<td>{r['n']}</td><td>{_fmt(r['slope'])}</td><td>{_fmt(r['r2'])}</td>"
-            f"<td>{_fmt(r['p'])}</td>" if "r2" in r else
-            f"<td>{r.get('n', 0)}</td><td colspan=3>skipped: {html.escape(r['skipped'])}</td>")
+            f"<td>{_fmt(r['p'])}</td>" + side(r) if "r2" in r else
+            f"<td>{r.get('n', 0)}</td><td colspan=8>skipped: {html.escape(r['skipped'])}</td>")
         + "</tr>" for name, r in [("all", result.overall), *result.groups.items()])
     rows = "".join(
         f"<tr><td>{html.escape(str(r.get('name', r['model'])))}</td>"
@@ -357,8 +371,11 @@ def write_chance_floor_html(result: ChanceFloorData, out: str | Path) -> Path:
         f"</p><p>{html.escape(FLOOR_NOTE)}</p>",
         f"<figure><img alt='score against the floor' src='data:image/png;base64,"
         f"{_png(plot_chance_floor(result))}'></figure>",
-        "<h2>Regressions of the score on the floor</h2><table><tr><th>rows</th><th>n</th>"
-        f"<th>slope</th><th>R²</th><th>p</th></tr>{fits}</table>",
+        "<h2>Regressions of the score on the floor</h2><p>Beside each: the score on log10 "
+        "d_model (the width itself), and the floor's fit without the model family whose "
+        "removal lowers R² most.</p><table><tr><th>rows</th><th>n</th>"
+        "<th>slope</th><th>R²</th><th>p</th><th>width R²</th><th>width p</th>"
+        f"<th>without</th><th>R²</th><th>p</th></tr>{fits}</table>",
         f"<p>Excluded: {excluded}</p>" if excluded else "",
         "<h2>Rows</h2><table><tr><th>model</th><th>group</th><th>d_model</th><th>K</th>"
         f"<th>floor</th><th>score</th></tr>{rows}</table></body></html>"]

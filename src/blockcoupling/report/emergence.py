@@ -121,13 +121,18 @@ def _summary(sweep: Collection | pd.DataFrame, k: int | None) -> pd.DataFrame:
 
 def plot_coupling_vs_step(sweep: Collection | pd.DataFrame, *, k: int | None = None) -> Figure:
     """The headline statistic against the step, per model: the chance-corrected
-    ``coupling_vs_null`` (0 = chance) where measured, and raw c_K with its chance level c_null
-    (dashed); error bars one standard error over prompts. Units without a step are bars."""
+    ``coupling_vs_rotated`` and ``coupling_vs_null`` (0 = chance) where measured, and raw c_K
+    with its chance level c_null (dashed); error bars one standard error over prompts
+    (within one model). Units without a step are bars."""
     df = _summary(sweep, k)
+    has = {c for c in ("coupling_vs_rotated", "coupling_vs_null", "coupling")
+           if f"{c}_mean" in df.columns and df[f"{c}_mean"].notna().any()}
+    null_name = ("vs independent bases (coupling_vs_null)" if "coupling_vs_rotated" in has
+                 else "coupling above chance (coupling_vs_null)")
     panels = [(c, name) for c, name in
-              (("coupling_vs_null", "coupling above chance (coupling_vs_null)"),
-               ("coupling", "raw c_K (dashed: chance level)"))
-              if df[f"{c}_mean"].notna().any()]
+              (("coupling_vs_rotated", "above chance (coupling_vs_rotated)"),
+               ("coupling_vs_null", null_name),
+               ("coupling", "raw c_K (dashed: chance level)")) if c in has]
     if not panels:
         raise F.FigureUnavailable("no depth-wise coupling was measured (add depth to "
                                   "measure.coupling)")
@@ -157,7 +162,7 @@ def plot_coupling_vs_step(sweep: Collection | pd.DataFrame, *, k: int | None = N
                     ax.scatter(xs, part["coupling_chance"], marker="_", s=400, color="k",
                                label="chance", zorder=3)
                 ax.set_xticks(xs, [str(x) for x in part["label"]], rotation=30, ha="right")
-            if col == "coupling_vs_null":
+            if col != "coupling":
                 ax.axhline(0.0, color="0.5", lw=0.8, ls=":")
             ax.set_ylabel(name)
             ax.grid(alpha=0.3)
@@ -240,12 +245,14 @@ def _units_frame(sweep: Collection, summ: pd.DataFrame) -> pd.DataFrame:
     cols = ["label", "step", "revision", "prompt_set", "status", "attempts", "duplicate_of"]
     df = cat.set_index("unit_id")[cols].copy()
     vals = summ.set_index("unit_id") if len(summ) else pd.DataFrame()
-    for c, name in (("coupling_vs_null_mean", "above chance"),
-                    ("coupling_vs_null_se", "± se"), ("coupling_mean", "raw c_K"),
+    for c, name in (("coupling_vs_rotated_mean", "above chance (rotated basis)"),
+                    ("coupling_vs_rotated_se", "± se"),
+                    ("coupling_vs_null_mean", "vs independent bases"),
+                    ("coupling_vs_null_se", "± se "), ("coupling_mean", "raw c_K"),
                     ("coupling_chance", "chance c_K"), ("lss", "LSS"),
                     ("expodistance", "expodistance")):
-        df[name] = [float(vals[c].get(u)) if len(vals) and u in vals.index else float("nan")
-                    for u in df.index]
+        df[name] = [float(vals[c].get(u)) if len(vals) and c in vals.columns
+                    and u in vals.index else float("nan") for u in df.index]
     df["message"] = [None if pd.isna(m) else str(m).splitlines()[0] for m in cat["message"]]
     df["step"] = [None if pd.isna(x) else int(x) for x in df["step"]]
     df.index.name = "unit"
@@ -276,9 +283,11 @@ def write_emergence_report(sweep: Collection, out: str | os.PathLike[str],
          f"The headline statistic (K={kk}; mean over prompts of the per-prompt mean over "
          "layer pairs l != l' at each prompt's last measured token, p=1, ujv) of each unit "
          "against its training step on a log axis (step 0 on a short linear stretch), one "
-         "line per model, error bars one standard error over prompts. Left: coupling above "
-         "chance (coupling_vs_null, 0 = the chance level), where measured; right: raw c_K "
-         "and, dashed, its chance level c_null (Haar-random bases; see the conventions). "
+         "line per model, error bars one standard error over prompts (within one model). "
+         "From the left, where measured: coupling above chance against the same basis "
+         "rotated at random (coupling_vs_rotated, 0 = its chance level), against independent "
+         "random bases (coupling_vs_null), and raw c_K with, dashed, its chance level c_null "
+         "(see the conventions). "
          "Models without a step are bars. Units whose weights repeat an earlier unit's are "
          "counted once."),
         ("trajectory_vs_step", "Trajectory metrics across training",

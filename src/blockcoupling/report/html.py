@@ -236,7 +236,8 @@ def report_figures(*, labels: Sequence[str] | None = None, k: int | None = None,
                    variant: str = "coupling", p: float | None = 1.0,
                    orientation: str = "ujv") -> list[ReportFigure]:
     """The figures of the report, in order, bound to one coupling selection. The layer graph
-    and the distance plot show ``coupling_vs_null`` where every run measured it."""
+    and the distance plot show the leading chance-corrected variant where every run
+    measured it (``coupling_vs_rotated``, else ``coupling_vs_null``)."""
     sel: dict[str, Any] = {"k": k, "variant": variant, "p": p, "orientation": orientation,
                            "labels": labels}
     grid: dict[str, Any] = {"k": k, "orientation": orientation, "labels": labels}
@@ -378,9 +379,12 @@ def summary_html(summary: ReportSummary) -> str:
     parts = [paragraphs_html(summary.measured)]
     if summary.table is not None and len(summary.table.columns):
         parts.append("<h3>Headline numbers</h3><p class=\"muted\">Depth-wise coupling above "
-                     "chance = coupling_vs_null = 1 - m/m_null, mean over layer pairs l != l' "
-                     "per prompt and token: 0 = the chance level of unrelated random bases, "
-                     "1 = perfect coupling; raw c_K and the chance level c_K of the same "
+                     "chance = coupling_vs_rotated = 1 - m/m_rot (against the same basis "
+                     "rotated at random; coupling_vs_null = 1 - m/m_null, against "
+                     "independent random bases, for runs measured before it existed), mean "
+                     "over layer pairs l != l' per prompt and token: 0 = the chance level, "
+                     "1 = perfect coupling; ± = one standard error over prompts, within one "
+                     "model; coupling_vs_null, raw c_K and the chance level c_K of the same "
                      "pairs beside it.</p>" + table_html(summary.table))
     for title, lines in ((("In words" if summary.table is not None else "Headline numbers"),
                           summary.headline),

@@ -1,8 +1,10 @@
 """The report's summary in words, generated from the data (no canned claims).
 
 :func:`report_summary` reads :func:`blockcoupling.report.summaries.run_overview` and states
-what was measured, the headline numbers against the chance level (``coupling_vs_null`` =
-1 - m / m_null: 0 at chance, 1 perfect), the comparisons the runs allow (runs of one model side
+what was measured, the headline numbers against the chance level (``coupling_vs_rotated``
+= 1 - m / m_rot against the same basis rotated at random, with ``coupling_vs_null`` =
+1 - m / m_null against independent random bases beside it; ``coupling_vs_null`` leads where a
+run predates the rotated null: 0 at chance, 1 perfect), the comparisons the runs allow (runs of one model side
 by side, training checkpoints in order) and what the numbers do not show. Every sentence is
 built from numbers of the given runs; a sentence whose condition does not hold is left out.
 No matplotlib.
@@ -78,17 +80,27 @@ def _pm(mean: Any, se: Any) -> str:
     return f"{_f(mean)} ± {_f(se)}" if np.isfinite(se) else _f(mean)
 
 
+def _lead(ov: pd.DataFrame) -> str:
+    """The chance-corrected variant the page leads with (the same for every run)."""
+    leads = [x for x in ov["lead"] if isinstance(x, str)] if "lead" in ov else []
+    return leads[0] if leads else "coupling_vs_null"
+
+
 def headline_table(ov: pd.DataFrame) -> pd.DataFrame:
     """The headline numbers of :func:`run_overview` as a display table (index = label).
     Columns without any value (e.g. no coupling_vs_null measured) are left out."""
     t = pd.DataFrame(index=pd.Index(ov["label"], name="run"))
     t["K"] = ov["k"].to_numpy()
     t["prompts"] = ov["n_prompts"].to_numpy()
-    t["above chance (coupling_vs_null)"] = ov["coupling_vs_null_mean"].to_numpy()
-    t["± se"] = ov["coupling_vs_null_se"].to_numpy()
-    if (ov["vs_null_n"] > 1).any():  # a range needs two or more prompts
-        t["above chance: min prompt"] = ov["vs_null_min"].to_numpy()
-        t["above chance: max prompt"] = ov["vs_null_max"].to_numpy()
+    lead = _lead(ov)
+    t[f"above chance ({lead})"] = ov["lead_mean"].to_numpy()
+    t["± se"] = ov["lead_se"].to_numpy()
+    if (ov["lead_n"] > 1).any():  # a range needs two or more prompts
+        t["above chance: min prompt"] = ov["lead_min"].to_numpy()
+        t["above chance: max prompt"] = ov["lead_max"].to_numpy()
+    if lead == "coupling_vs_rotated":  # the other null beside it
+        t["vs independent bases (coupling_vs_null)"] = ov["coupling_vs_null_mean"].to_numpy()
+        t["± se "] = ov["coupling_vs_null_se"].to_numpy()
     t["raw c_K"] = ov["coupling_mean"].to_numpy()
     t["raw ± se"] = ov["coupling_se"].to_numpy()
     t["chance c_K"] = ov["coupling_chance"].to_numpy()
@@ -141,7 +153,7 @@ def _series_text(ms: Sequence[Measurement], ov: pd.DataFrame, labs: list[str],
                  idx: list[int], model: str) -> str:
     """Training checkpoints in step order: first, last, highest, correlation with val_loss."""
     order = sorted(idx, key=lambda i: float(ms[i].meta["step"]))
-    vals = [float(ov.loc[i, "coupling_vs_null_mean"]) for i in order]
+    vals = [float(ov.loc[i, "lead_mean"]) for i in order]
     best = order[int(np.nanargmax(vals))]
     first, last = order[0], order[-1]
     text = (f"Across {len(order)} training checkpoints of {model}: above chance "
@@ -163,7 +175,7 @@ def _series_text(ms: Sequence[Measurement], ov: pd.DataFrame, labs: list[str],
 def _pair_text(ms: Sequence[Measurement], ov: pd.DataFrame, labs: list[str],
                vs: dict[int, pd.Series | None], a: int, b: int) -> str:
     """Two runs of one model: above chance, raw order, overlap, configuration differences."""
-    va, vb = float(ov.loc[a, "coupling_vs_null_mean"]), float(ov.loc[b, "coupling_vs_null_mean"])
+    va, vb = float(ov.loc[a, "lead_mean"]), float(ov.loc[b, "lead_mean"])
     word = "above" if va > vb else "below" if va < vb else "equal to"
     text = (f"{labs[a]} vs {labs[b]}: depth coupling above chance {_f(va)} vs {_f(vb)} "
             f"({labs[a]} {word} {labs[b]}")
@@ -186,9 +198,9 @@ def _pair_text(ms: Sequence[Measurement], ov: pd.DataFrame, labs: list[str],
 
 
 def _ranking_text(ov: pd.DataFrame, labs: list[str], idx: list[int], what: str) -> str:
-    order = sorted(idx, key=lambda i: -float(ov.loc[i, "coupling_vs_null_mean"]))
-    return (f"{what} ranked by depth coupling above chance: "
-            + " > ".join(f"{labs[i]} ({_f(ov.loc[i, 'coupling_vs_null_mean'])})" for i in order) + ".")
+    order = sorted(idx, key=lambda i: -float(ov.loc[i, "lead_mean"]))
+    return (f"{what} ranked by depth coupling above chance ({_lead(ov)}): "
+            + " > ".join(f"{labs[i]} ({_f(ov.loc[i, 'lead_mean'])})" for i in order) + ".")
 
 
 def report_summary(runs: Measurement | Sequence[Measurement],
@@ -228,20 +240,25 @@ def report_summary(runs: Measurement | Sequence[Measurement],
         out.measured.append(f"Nothing was measured for {', '.join(empty)}.")
 
     # ------------------------------------------------------------------ headline per run
-    has_null = ov["vs_null_n"] > 0
+    has_null = ov["lead_n"] > 0
+    lead = _lead(ov)
     for _, r in ov.iterrows():
         if not r["measured"] or len(ms) > 3:  # many runs: the table says it
             continue
-        if r["vs_null_n"] > 0:
-            spread = (f" over {int(r['vs_null_n'])} prompts (per-prompt range "
-                      f"{_f(r['vs_null_min'])} to {_f(r['vs_null_max'])})"
-                      if r["vs_null_n"] > 1 else " (one prompt: no standard error)")
+        if r["lead_n"] > 0:
+            spread = (f" over {int(r['lead_n'])} prompts (per-prompt range "
+                      f"{_f(r['lead_min'])} to {_f(r['lead_max'])})"
+                      if r["lead_n"] > 1 else " (one prompt: no standard error)")
+            beside = (f"; against independent bases (coupling_vs_null) "
+                      f"{_pm(r['coupling_vs_null_mean'], r['coupling_vs_null_se'])}"
+                      if lead == "coupling_vs_rotated"
+                      and np.isfinite(r["coupling_vs_null_mean"]) else "")
             out.headline.append(
-                f"{r['label']}: depth coupling above chance (coupling_vs_null) "
-                f"{_pm(r['coupling_vs_null_mean'], r['coupling_vs_null_se'])}{spread}; "
+                f"{r['label']}: depth coupling above chance ({lead}) "
+                f"{_pm(r['lead_mean'], r['lead_se'])}{spread}{beside}; "
                 f"raw c_K {_pm(r['coupling_mean'], r['coupling_se'])} against a chance level "
                 f"of {_f(r['coupling_chance'])} (K={r['k']}; ± is one standard error over "
-                "prompts).")
+                "prompts, within one model).")
         elif not np.isnan(r["coupling_mean"]):
             out.headline.append(
                 f"{r['label']}: mean off-diagonal depth coupling c_K "
@@ -260,7 +277,7 @@ def report_summary(runs: Measurement | Sequence[Measurement],
             out.headline.append(line + ".")
 
     # ------------------------------------------------------------------ comparisons
-    vs = {i: per_prompt_vs_null(ms[i], k=k, p=p, orientation=orientation)
+    vs = {i: per_prompt_vs_null(ms[i], k=k, p=p, orientation=orientation, variant=lead)
           for i in range(len(ms))}
     for model, idx in _group_by_model(ov).items():
         idx = [i for i in idx if has_null[i]]
@@ -282,11 +299,22 @@ def report_summary(runs: Measurement | Sequence[Measurement],
 
     # ------------------------------------------------------------------ what it does not show
     at_chance = [r["label"] for _, r in ov.iterrows()
-                 if r["vs_null_n"] > 0 and abs(r["coupling_vs_null_mean"]) < CHANCE_BAND]
+                 if r["lead_n"] > 0 and abs(r["lead_mean"]) < CHANCE_BAND]
     if at_chance:
         out.caveats.append(
-            f"At the chance level (|mean coupling_vs_null| < {CHANCE_BAND}): {', '.join(at_chance)}: "
-            "their raw coupling is what unrelated random bases give, not structure.")
+            f"At the chance level (|mean {lead}| < {CHANCE_BAND}): {', '.join(at_chance)}: "
+            "their raw coupling is what bases without alignment to the Jacobian give, not "
+            "structure.")
+    if lead == "coupling_vs_rotated":
+        iso = [r["label"] for _, r in ov.iterrows()
+               if r["lead_n"] > 0 and r["coupling_vs_null_mean"] - r["lead_mean"] > 0.1]
+        if iso:
+            out.caveats.append(
+                f"For {', '.join(iso)} coupling_vs_null exceeds coupling_vs_rotated by more "
+                "than 0.1: part of what independent random bases count as coupling is the "
+                "Jacobians' isotropic part (tr(J)/d times the identity) seen through bases "
+                "whose left and right vectors are related; the diagnostics table's "
+                "trace_over_d, isotropic_share and uv_overlap say how much.")
     few = [r["label"] for _, r in ov.iterrows() if r["measured"] and r["n_prompts"] < 5]
     if few:
         who = ("every run" if len(few) == int(ov["measured"].sum()) else ", ".join(few))

@@ -3,7 +3,10 @@
 Raw c_K at K = round(d/10) has a chance level set by the width alone (flat spectrum:
 ``engine.statistic.flat_chance``, c_null = 1 - sqrt(1/d + 1/K)). :func:`chance_floor`
 regresses a score table on that floor: if the floor alone explains the scores, a correlation
-of raw c_K with them says little about structure. ``blockcoupling chance-floor`` runs it.
+of raw c_K with them says little about structure. Beside it: the width itself (the scores on
+log10 d_model), and how much each model family carries the floor's fit (the fit again
+without the family; the one whose removal lowers R^2 most is named). ``blockcoupling
+chance-floor`` runs it.
 """
 
 from __future__ import annotations
@@ -52,7 +55,7 @@ class ChanceFloorResult:
     excluded: list[dict[str, str]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
-        cols = [c for c in ("model", "name", "group", "d_model", "k", "floor", "score")
+        cols = [c for c in ("model", "name", "family", "group", "d_model", "k", "floor", "score")
                 if c in self.table.columns]
         rows = self.table[cols].astype(object).where(self.table[cols].notna(), None)
         return jsonable({
@@ -72,27 +75,59 @@ class ChanceFloorResult:
         for name, r in [("all", self.overall), *self.groups.items()]:
             if "skipped" in r:
                 lines.append(f"  {name:12s} n={r.get('n', 0):3d} skipped ({r['skipped']})")
-            else:
-                lines.append(f"  {name:12s} n={r['n']:3d} R^2={r['r2']:.3f} p={r['p']:.3g} "
-                             f"slope={r['slope']:.4g} (floor {r['floor_min']:.3f} to "
-                             f"{r['floor_max']:.3f})")
+                continue
+            lines.append(f"  {name:12s} n={r['n']:3d} R^2={r['r2']:.3f} p={r['p']:.3g} "
+                         f"slope={r['slope']:.4g} (floor {r['floor_min']:.3f} to "
+                         f"{r['floor_max']:.3f})")
+            w = r.get("width")
+            if w and "skipped" not in w:
+                lines.append(f"  {'':12s} the width alone (score ~ log10 d_model): "
+                             f"R^2={w['r2']:.3f} p={w['p']:.3g}")
+            lead = r.get("most_influential_family")
+            if lead:
+                f = r["without_family"][lead]
+                lines.append(f"  {'':12s} without {lead} (the family the fit leans on most): "
+                             f"n={f['n']} R^2={f['r2']:.3f} p={f['p']:.3g}")
         for e in self.excluded:
             lines.append(f"  excluded {e['model']}: {e['reason']}")
         lines.append("  note: " + FLOOR_NOTE)
         return "\n".join(lines)
 
 
-def _fit(sub: pd.DataFrame) -> dict[str, Any]:
-    if len(sub) < MIN_MODELS:
-        return {"n": int(len(sub)), "skipped": f"fewer than {MIN_MODELS} models with a score"}
+_KEEP = ("n", "slope", "intercept", "slope_stderr", "r", "r2", "p", "spearman_rho",
+         "spearman_p")
+
+
+def _regress(x: pd.Series | np.ndarray, y: pd.Series) -> dict[str, Any]:
+    if len(y) < MIN_MODELS:
+        return {"n": int(len(y)), "skipped": f"fewer than {MIN_MODELS} models with a score"}
     try:
-        r = regression(sub["floor"], sub["score"], n_boot=0)
+        r = regression(x, y, n_boot=0)
     except BlockCouplingError as err:
-        return {"n": int(len(sub)), "skipped": str(err)}
-    keep = {k: r[k] for k in ("n", "slope", "intercept", "slope_stderr", "r", "r2", "p",
-                              "spearman_rho", "spearman_p")}
-    return {**keep, "floor_min": float(sub["floor"].min()),
-            "floor_max": float(sub["floor"].max())}
+        return {"n": int(len(y)), "skipped": str(err)}
+    return {k: r[k] for k in _KEEP}
+
+
+def _fit(sub: pd.DataFrame) -> dict[str, Any]:
+    """The scores on the floor; beside it the scores on log10 d_model (``width``) and the
+    floor's fit without each model family (``without_family``, where the table has a
+    ``family`` column), naming the family whose removal lowers R^2 most."""
+    out = _regress(sub["floor"], sub["score"])
+    if "skipped" in out:
+        return out
+    out.update(floor_min=float(sub["floor"].min()), floor_max=float(sub["floor"].max()),
+               width=_regress(np.log10(sub["d_model"].astype(float)), sub["score"]))
+    if "family" in sub.columns and sub["family"].notna().any():
+        without = {}
+        for fam in sorted(sub["family"].dropna().astype(str).unique()):
+            rest = sub[sub["family"].astype(str) != fam]
+            r = _regress(rest["floor"], rest["score"])
+            if "skipped" not in r:
+                without[fam] = {k: r[k] for k in ("n", "r2", "p", "slope")}
+        out["without_family"] = without
+        if without:
+            out["most_influential_family"] = min(without, key=lambda f: without[f]["r2"])
+    return out
 
 
 def chance_floor(scores: str | Path | pd.DataFrame, *,

@@ -5,8 +5,9 @@ Three steps, each a plain function:
 1. **The coupling statistic per model** (:class:`CouplingStatistic`, :func:`model_table`):
    the headline rule of ``engine.statistic`` (mean over prompts of the per-prompt mean over
    layer pairs l != l' at each prompt's last measured token, p = 1, orientation ``ujv``;
-   ``docs/conventions.md``) for raw c_K (as the paper) and ``coupling_vs_null`` (chance
-   corrected), each with its standard error over prompts, and the chance level of raw c_K,
+   ``docs/conventions.md``) for raw c_K (as the paper), ``coupling_vs_rotated`` and
+   ``coupling_vs_null`` (chance corrected against the two nulls), each with its standard
+   error over prompts (within one model), and the chance level of raw c_K,
    with K = round(d / 10) per model (at least 1) unless a fixed K is given. Models measured
    on different prompt sets are refused unless told otherwise (:func:`check_prompt_sets`).
 2. **The scores** (:func:`read_scores`): a CSV (``model``, ``score``, optional ``params_b,
@@ -34,7 +35,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pandas as pd
 
@@ -110,7 +111,8 @@ class CorrelationResult:
 
     def to_dict(self) -> dict[str, Any]:
         cols = [c for c in ("label", "model", "score_model", "revision", "step", "group", "k",
-                            "n_prompts", "coupling_vs_null_mean", "coupling_vs_null_se",
+                            "n_prompts", "coupling_vs_rotated_mean", "coupling_vs_rotated_se",
+                            "coupling_vs_null_mean", "coupling_vs_null_se",
                             "coupling_mean", "coupling_se", "coupling_chance", "score",
                             "params_b", "layers", "d_model", "train_tokens_t", "log_params",
                             "log_d_model") if c in self.table.columns]
@@ -180,8 +182,13 @@ def correlate_table(table: pd.DataFrame, statistic: CouplingStatistic, *, scores
                              n_boot=n_boot, seed=seed)
 
 
+#: the predictors of ``correlate`` by default (coupling_vs_rotated where every model has it)
+DEFAULT_VARIANTS: tuple[str, ...] = ("coupling", "coupling_vs_null", "coupling_vs_rotated")
+
+
 def correlate(inputs: Sequence[str | Path] | Sequence[ModelUnit], scores: str | Path | pd.DataFrame,
-              *, k: int | None = None, variants: Sequence[str] = ("coupling", "coupling_vs_null"),
+              *, k: int | None = None,
+              variants: Sequence[str] | None = None,
               p: float | None = 1.0, orientation: str = "ujv", tokens: str = "last",
               diagonal: bool = False, floor: bool = False, allow_mixed_prompts: bool = False,
               n_boot: int = 2000, seed: int = 0,
@@ -191,7 +198,8 @@ def correlate(inputs: Sequence[str | Path] | Sequence[ModelUnit], scores: str | 
     ``scores`` is ``"paper"``, a CSV path, an lm-evaluation-harness folder or a DataFrame with
     the CSV's columns. ``labels`` name the run directories (one each) for the matching. Each
     model's numbers are the headline statistic (:class:`CouplingStatistic`) of every variant
-    in ``variants``; ``floor`` adds :func:`floor_analysis`; models measured on different
+    in ``variants`` (None: raw ``coupling``, ``coupling_vs_null`` and, where every model
+    measured it, ``coupling_vs_rotated``); ``floor`` adds :func:`floor_analysis`; models measured on different
     prompt sets are refused unless ``allow_mixed_prompts``.
     """
     from blockcoupling.validate import whole
@@ -201,10 +209,15 @@ def correlate(inputs: Sequence[str | Path] | Sequence[ModelUnit], scores: str | 
         raise BlockCouplingError(f"--k must be a positive integer, got {k}")
     n_boot = whole(n_boot, "--n-boot", minimum=0)  # 0: no bootstrap CI
     seed = whole(seed, "--seed", minimum=0)
-    statistic = CouplingStatistic(variants=tuple(variants), p=p, orientation=orientation, k=k,
-                                  tokens=tokens, diagonal=diagonal)
+    CouplingStatistic(variants=tuple(variants or DEFAULT_VARIANTS), p=p,
+                      orientation=orientation, k=k, tokens=tokens, diagonal=diagonal)  # checks
     units = (list(inputs) if inputs and isinstance(inputs[0], ModelUnit)
              else load_units(inputs, labels))  # type: ignore[arg-type]
+    if variants is None:  # runs measured before coupling_vs_rotated existed: the other two
+        variants = [v for v in DEFAULT_VARIANTS if v != "coupling_vs_rotated" or all(
+            (cast(ModelUnit, u).coupling["variant"] == v).any() for u in units)]
+    statistic = CouplingStatistic(variants=tuple(variants), p=p, orientation=orientation, k=k,
+                                  tokens=tokens, diagonal=diagonal)
     if len(units) < MIN_MODELS:
         raise BlockCouplingError(f"the correlation needs at least {MIN_MODELS} models, got "
                                  f"{len(units)}; pass more run directories")

@@ -356,8 +356,10 @@ def run_demo(
         from blockcoupling.progress import write
 
         write("depth-wise coupling, K = 10 where measured: above chance "
-              "(coupling_vs_null, 0 = chance level, 1 = perfect) ± se over prompts; "
-              "raw c_K ± se and its chance level")
+              "(coupling_vs_rotated, against the same basis rotated at random, where measured; "
+              "coupling_vs_null, against independent bases, beside it; 0 = chance level, "
+              "1 = perfect) ± se over prompts within one model; raw c_K ± se and its chance "
+              "level")
         for label, m in zip(labels, measurements, strict=True):
             ks = {int(v) for v in m.coupling["k"].unique()}
             k = 10 if 10 in ks else min(ks, default=10)

@@ -52,6 +52,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from blockcoupling.engine.statistic import seed_level
 from blockcoupling.errors import BlockCouplingError
 from blockcoupling.fields import check_fields, from_mapping, opt
 from blockcoupling.studies.tiny_lm import (
@@ -394,6 +395,13 @@ def _statement(models: pd.DataFrame, tests: dict[str, Any], spec: StudySpec,
             f"Noise floor ({noise['config']}, {noise['n_seeds']} seeds): sd of the final "
             f"coupling_vs_null {noise['coupling_vs_null_sd']:.4f}, of the accuracy "
             f"{noise['accuracy_sd']:.2f} points.")
+        sl = noise.get("seed_level")
+        if sl:
+            lines.append(
+                f"Seed level ({noise['config']}, runs as the unit of replication): final "
+                f"coupling_vs_null {sl['mean']:.4f}, se over seeds {sl['se']:.4f} (95 % t "
+                f"interval {sl['ci_low']:.4f} to {sl['ci_high']:.4f}, {sl['n_runs'] - 1} df), "
+                f"against a within-model se over prompts of {sl['within_se']:.4f}.")
     flat = [r for r in models.itertuples() if not r.plateau_reached]
     rule = (f"the held-out loss improving by less than {100 * spec.plateau_tol:g} % over the "
             f"last doubling of steps, checked at powers of two from step {spec.min_steps}")
@@ -568,7 +576,11 @@ def run_study(out: str | Path, spec: StudySpec | None = None, *, quick: bool = F
         g = mt[mt["name"] == name]
         noise = {"config": name, "n_seeds": int(len(g)),
                  "coupling_vs_null_sd": float(g["coupling_vs_null_mean"].std(ddof=1)),
-                 "accuracy_sd": float(g["accuracy"].std(ddof=1))}
+                 "accuracy_sd": float(g["accuracy"].std(ddof=1)),
+                 # the runs as the unit of replication (engine.statistic.seed_level)
+                 "seed_level": seed_level(g, by=("name",), value="coupling_vs_null_mean",
+                                          within_se="coupling_vs_null_se"
+                                          ).iloc[0].drop("name").to_dict()}
     statement = _statement(mt, tests, spec, noise)
     seconds["total"] = time.perf_counter() - t0
     seconds["cpu_total"] = time.process_time() - cpu0

@@ -1,8 +1,8 @@
 """The models of the correlation study: what one measured model is (:class:`ModelUnit`), how
 it is read from run and sweep directories (:func:`load_units`), and its row of numbers under
 one rule (:class:`CouplingStatistic`, :func:`model_table`): the headline statistic of
-``engine.statistic`` for raw c_K and ``coupling_vs_null``, each with its standard error over
-prompts, and the chance level of raw c_K, with K = round(d / 10) per model unless a fixed K is
+``engine.statistic`` for raw c_K, ``coupling_vs_null`` and ``coupling_vs_rotated``, each with
+its standard error over prompts (within one model), and the chance level of raw c_K, with K = round(d / 10) per model unless a fixed K is
 given. Models measured on different prompt sets are refused unless told otherwise
 (:func:`check_prompt_sets`).
 """
@@ -34,7 +34,9 @@ __all__ = [
 @dataclass(frozen=True)
 class CouplingStatistic:
     """How each model's numbers are made: the headline rule of ``engine.statistic`` for every
-    variant in ``variants`` (default raw ``coupling``, as the paper, and ``coupling_vs_null``).
+    variant in ``variants`` (default raw ``coupling``, as the paper, and ``coupling_vs_null``;
+    ``correlate`` adds ``coupling_vs_rotated``, which leads the headline, where every model
+    measured it).
 
     ``k=None`` means K = max(1, round(d / 10)) per model (the paper's choice for the
     correlation). ``p`` applies to ``coupling``/``miscoupling``; ``tokens`` and ``diagonal``

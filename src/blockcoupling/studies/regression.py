@@ -37,9 +37,10 @@ __all__ = [
 ]
 
 #: Predictors regressed against the score, in output order: the headline statistic
-#: (coupling_vs_null first, then raw c_K as the paper), then the models' shape. ``log_params`` =
-#: log10(params_b * 1e9), ``log_d_model`` = log10(d_model).
-COUPLING_PREDICTORS: tuple[str, ...] = ("coupling_vs_null_mean", "coupling_mean")
+#: (coupling_vs_rotated first, coupling_vs_null beside it, then raw c_K as the paper), then
+#: the models' shape. ``log_params`` = log10(params_b * 1e9), ``log_d_model`` = log10(d_model).
+COUPLING_PREDICTORS: tuple[str, ...] = ("coupling_vs_rotated_mean", "coupling_vs_null_mean",
+                                        "coupling_mean")
 PREDICTORS: tuple[str, ...] = (*COUPLING_PREDICTORS, "params_b", "layers", "d_model",
                                "train_tokens_t", "log_params", "log_d_model")
 #: the controls of the partial correlations, alone and together

@@ -19,7 +19,6 @@ from blockcoupling.engine.results import Measurement
 from blockcoupling.engine.statistic import (
     DEFAULT_CI,
     DEFAULT_N_BOOT,
-    HEADLINE_VARIANTS,
     KSpec,
 )
 from blockcoupling.errors import BlockCouplingError
@@ -40,9 +39,9 @@ def run_names(meta: dict[str, Any], fallback: str = "") -> dict[str, Any]:
             "step": int(step) if step is not None else None}
 
 
-def _variants(variant: str | Sequence[str] | None) -> tuple[str, ...]:
+def _variants(variant: str | Sequence[str] | None) -> tuple[str, ...] | None:
     if variant is None:
-        return HEADLINE_VARIANTS
+        return None  # the headline variants each run measured (engine.statistic)
     return (variant,) if isinstance(variant, str) else tuple(variant)
 
 
@@ -51,19 +50,22 @@ def coupling_statistic(source: Measurement | str | os.PathLike[str] | Any, *,
                        k: KSpec | Sequence[int] = None, p: float | None = 1.0,
                        orientation: str = "ujv", tokens: str | None = None, diagonal: bool = False,
                        n_boot: int = DEFAULT_N_BOOT, seed: int = 0, ci: float = DEFAULT_CI,
-                       include_duplicates: bool = False) -> pd.DataFrame:
+                       include_duplicates: bool = False, interval: str = "t") -> pd.DataFrame:
     """The headline statistic, one row per run or collection unit and per variant and K.
 
     ``source``: a :class:`Measurement`, a run directory, a sweep or monitor directory, or an
     open :class:`~blockcoupling.studies.sweep.Sweep`. ``variant``: one name or a list (default:
-    ``coupling_vs_null`` then ``coupling``); ``k``: None (the smallest measured K, the same for
+    the headline variants measured: ``coupling_vs_rotated``, ``coupling_vs_null``, then
+    ``coupling``); ``k``: None (the smallest measured K, the same for
     every unit of a collection), ``"d/10"`` (round(d/10) per model, the paper's), an int or a
     list; ``tokens``: ``"last"`` (the paper's), ``"first"`` or ``"all"`` (None: ``"last"``, or a
-    collection's own rule, e.g. a ViT grid's [CLS]); ``diagonal=True`` includes l = l'.
+    collection's own rule, e.g. a ViT grid's [CLS]); ``diagonal=True`` includes l = l';
+    ``interval``: ``"t"`` (Student t, the default) or ``"bootstrap"`` (percentile, ``n_boot``
+    resamples, ``seed``).
     Columns: the names of the run/unit, then ``variant, k, p, orientation, tokens, diagonal,
     d_model, n_prompts, mean, se, ci_low, ci_high, chance, rule`` (docs/conventions.md)."""
     opts: dict[str, Any] = dict(variants=_variants(variant), k=k, p=p, orientation=orientation, tokens=tokens,
-                diagonal=diagonal, n_boot=n_boot, seed=seed, ci=ci)
+                diagonal=diagonal, n_boot=n_boot, seed=seed, ci=ci, interval=interval)
     run_opts = {**opts, "tokens": opts["tokens"] or "last"}
     if isinstance(source, Measurement):
         return _with_names(source.coupling_statistic(**run_opts), run_names(source.meta))

@@ -16,7 +16,9 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.ticker import MaxNLocator
 
+from blockcoupling.engine.names import NULL_VARIANTS
 from blockcoupling.engine.results import Measurement
+from blockcoupling.engine.statistic import LEAD_VARIANTS
 from blockcoupling.report.figures.base import (
     GRID_CMAP,
     HEATMAP_CMAP,
@@ -165,13 +167,14 @@ def caption_coupling_grid(runs: Runs, *, prompt_id: str | None = None, k: int | 
 # ====================================================================== layer graph
 def layer_graph_variant(runs: Runs, variant: str = "coupling", against_chance: bool = True
                         ) -> str:
-    """The variant the layer graph draws: ``coupling_vs_null`` when ``against_chance`` and
-    every run with depth-wise rows has it, else ``variant``."""
+    """The variant the layer graph draws: the leading chance-corrected variant
+    (``coupling_vs_rotated``, else ``coupling_vs_null``) when ``against_chance`` and every run
+    with depth-wise rows has it, else ``variant``."""
     ms = as_runs(runs)
     with_depth = [m for m in ms if (m.coupling["kind"] == "depth").any()]
-    if against_chance and with_depth and all(has_variant(m, "coupling_vs_null")
-                                             for m in with_depth):
-        return "coupling_vs_null"
+    for lead in LEAD_VARIANTS:
+        if against_chance and with_depth and all(has_variant(m, lead) for m in with_depth):
+            return lead
     return variant
 
 
@@ -218,7 +221,7 @@ def plot_layer_graph(runs: Runs, *, k: int | None = None, variant: str = "coupli
                 ax.text(*pos[lay], str(lay), ha="center", va="center", fontsize=7, zorder=3)
         ax.set_xlim(-1.2, 1.2)
         ax.set_ylim(-1.2, 1.2)
-    if variant == "coupling_vs_null":
+    if variant in NULL_VARIANTS:
         names = ("at chance (0)", "0.5", "perfect (1)")
     elif variant == "coupling":
         names = ("c_K 0", "c_K 0.5", "c_K 1")
@@ -240,7 +243,7 @@ def caption_layer_graph(runs: Runs, *, k: int | None = None, variant: str = "cou
     mats = depth_matrices(ms, k=k, variant=variant, p=p, orientation=orientation, token=token)
     scale = ("a fixed scale from the chance level (thinnest, 0) to perfect coupling "
              "(thickest, 1), so a model at chance looks unstructured"
-             if variant == "coupling_vs_null" else
+             if variant in NULL_VARIANTS else
              f"a fixed scale of {variant} (not the data's range; the chance level was not "
              "measured, so thin edges are not necessarily at chance)")
     return ("Layer adjacency graph: each node is a layer (layer 1 at the top, clockwise); "
@@ -268,7 +271,7 @@ def plot_coupling_by_distance(runs: Runs, *, k: int | None = None, variant: str 
         sd = t["std"].fillna(0.0).to_numpy(dtype=float)
         ax.plot(x, y, marker="o", color=f"C{i % 10}", label=lab)
         ax.fill_between(x, y - sd, y + sd, color=f"C{i % 10}", alpha=0.12, linewidth=0)
-    if variant == "coupling_vs_null":
+    if variant in NULL_VARIANTS:
         ax.axhline(0.0, color="0.3", lw=1, ls=":", label="chance level")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("layer distance |l - l'|")

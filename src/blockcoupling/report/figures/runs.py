@@ -19,15 +19,16 @@ def plot_across_runs(runs: Runs, *, k: int | None = None, variant: str = "coupli
                      p: float | None = 1.0, orientation: str = "ujv",
                      labels: Sequence[str] | None = None) -> Figure:
     """Runs in the order given on the x axis: mean off-diagonal depth-wise ``variant`` (+- one
-    std), ``coupling_vs_null`` (median and inter-quartile range, a dotted line at the chance
-    level 0) when measured, and the median LSS and expodistance (inter-quartile range; log
+    std), the leading chance-corrected variant (``coupling_vs_rotated``, or
+    ``coupling_vs_null`` for runs that predate it: median and inter-quartile range, a dotted
+    line at the chance level 0) when measured, and the median LSS and expodistance (inter-quartile range; log
     axis where expodistance spans decades)."""
     ms = as_runs(runs)
     labs = run_labels(ms, labels)
     data = across_runs_data(ms, k=k, variant=variant, p=p, orientation=orientation)
     panels = [("coupling", f"mean off-diagonal {variant}")]
     if not data["null_median"].isna().all():
-        panels.append(("null", "coupling_vs_null (0 = chance)"))
+        panels.append(("null", f"{data['null_variant'].iloc[0]} (0 = chance)"))
     panels += [("lss", "median LSS"), ("expodistance", "median expodistance")]
     many = len(ms) > 3
     fig = new_figure(min(16.0, max(9.0, 1.0 + 2.4 * len(panels) + 0.6 * len(ms))),
@@ -68,10 +69,13 @@ def caption_across_runs(runs: Runs, *, k: int | None = None, variant: str = "cou
                         p: float | None = 1.0, orientation: str = "ujv",
                         labels: Sequence[str] | None = None) -> str:
     ms = as_runs(runs)
-    across_runs_data(ms, k=k, variant=variant, p=p, orientation=orientation)
+    data = across_runs_data(ms, k=k, variant=variant, p=p, orientation=orientation)
+    null = str(data["null_variant"].iloc[0])
+    what = ("the same basis rotated at random" if null == "coupling_vs_rotated" else
+            "independent random bases")
     return ("Across runs, in the order given: mean depth-wise value over layer pairs l != l' "
-            "(over prompts and tokens, error bars one standard deviation); coupling_vs_null "
-            "(0 = the chance level of a random basis, 1 = perfect coupling; median over "
+            f"(over prompts and tokens, error bars one standard deviation); {null} "
+            f"(0 = the chance level of {what}, 1 = perfect coupling; median over "
             "prompts and tokens with the inter-quartile range) when it was measured; the "
             "median per-token LSS and expodistance (inter-quartile range; expodistance is "
             "heavy-tailed where norms barely grow). "

@@ -16,9 +16,13 @@ Conventions shared by every function:
   says what to measure).
 - Robust statistics (median and quartiles) sit next to means wherever a quantity is
   heavy-tailed (expodistance of post-LN models reaches 1e5 on single tokens).
-- ``coupling_vs_null`` = 1 - m / m_null (``docs/conventions.md``): 0 at the chance level of
-  unrelated bases, 1 for perfect coupling. The chance coupling ``c_null`` itself is recovered
-  row by row from the ``coupling`` and ``coupling_vs_null`` rows of the same Jacobian pair.
+- ``coupling_vs_rotated`` = 1 - m / m_rot leads (0 at the chance level of the same basis
+  rotated at random), ``coupling_vs_null`` = 1 - m / m_null stands beside it (0 at the chance
+  level of independent random bases, whose left and right vectors are unrelated too;
+  ``docs/conventions.md``); 1 = perfect coupling. A run measured before the rotated null
+  existed is led by ``coupling_vs_null`` (``lead_of``). The chance coupling ``c_null`` itself
+  is recovered row by row from the ``coupling`` and ``coupling_vs_null`` rows of the same
+  Jacobian pair.
 """
 
 from __future__ import annotations
@@ -55,6 +59,7 @@ from blockcoupling.report.summaries.depth import (
     has_variant,
     headline_columns,
     layer_graph_weights,
+    lead_of,
     per_prompt_vs_null,
     why_no_depth,
 )
@@ -109,6 +114,7 @@ __all__ = [
     "inverse_depth_fit",
     "is_empty",
     "layer_graph_weights",
+    "lead_of",
     "n_layers",
     "n_prompts",
     "pca_data",

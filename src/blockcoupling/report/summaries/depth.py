@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 
 from blockcoupling.engine.results import Measurement
-from blockcoupling.engine.statistic import HEADLINE_VARIANTS
+from blockcoupling.engine.statistic import HEADLINE_VARIANTS, LEAD_VARIANTS
 from blockcoupling.errors import BlockCouplingError
 from blockcoupling.report.summaries.common import (
     HIGHER_IS_COUPLED,
@@ -160,12 +160,13 @@ def edge_strength(values: np.ndarray | Sequence[float], variant: str) -> np.ndar
 def headline_columns(m: Measurement, k: int | None, *, p: float | None = 1.0,
                      orientation: str = "ujv") -> dict[str, Any]:
     """The headline statistic of a run in wide form (NaN for a variant it did not measure):
-    ``coupling_vs_null_mean, coupling_vs_null_se, coupling_mean, coupling_se,
-    coupling_chance, statistic_rule``."""
+    ``<variant>_mean, <variant>_se`` for every headline variant (``coupling_vs_rotated``,
+    ``coupling_vs_null``, ``coupling``), ``coupling_chance``, ``statistic_rule``."""
     nan = float("nan")
-    out: dict[str, Any] = {"coupling_vs_null_mean": nan, "coupling_vs_null_se": nan,
-                           "coupling_mean": nan, "coupling_se": nan, "coupling_chance": nan,
-                           "statistic_rule": ""}
+    out: dict[str, Any] = {}
+    for variant in HEADLINE_VARIANTS:
+        out[f"{variant}_mean"], out[f"{variant}_se"] = nan, nan
+    out.update(coupling_chance=nan, statistic_rule="")
     for variant in HEADLINE_VARIANTS:
         if k is None or depth_rows(m, k, variant, p, orientation) is None:
             continue
@@ -182,11 +183,29 @@ def headline_columns(m: Measurement, k: int | None, *, p: float | None = 1.0,
     return out
 
 
+def lead_of(runs: Sequence[Measurement], *, k: int | None = None, p: float | None = 1.0,
+            orientation: str = "ujv") -> str | None:
+    """The chance-corrected variant that leads a page about ``runs``: the first of
+    ``engine.statistic.LEAD_VARIANTS`` that every run with depth-wise rows measured (so runs
+    are compared on one null; ``coupling_vs_null`` where some run predates
+    ``coupling_vs_rotated``), else the first any run measured; None if none did."""
+    with_depth = [m for m in runs if (m.coupling["kind"] == "depth").any()]
+    for variant in LEAD_VARIANTS:
+        if with_depth and all(depth_rows(m, k, variant, p, orientation) is not None
+                              for m in with_depth):
+            return variant
+    for variant in LEAD_VARIANTS:
+        if any(depth_rows(m, k, variant, p, orientation) is not None for m in with_depth):
+            return variant
+    return None
+
 
 def per_prompt_vs_null(m: Measurement, *, k: int | None = None, p: float | None = 1.0,
-                       orientation: str = "ujv") -> pd.Series | None:
-    """The per-prompt values of ``coupling_vs_null`` by the headline rule (None if absent)."""
-    if depth_rows(m, k, "coupling_vs_null", p, orientation) is None:
+                       orientation: str = "ujv", variant: str = "coupling_vs_null"
+                       ) -> pd.Series | None:
+    """The per-prompt values of a chance-corrected ``variant`` (default ``coupling_vs_null``)
+    by the headline rule (None if absent)."""
+    if depth_rows(m, k, variant, p, orientation) is None:
         return None
-    return m.per_prompt_coupling(resolve_k(m, k), variant="coupling_vs_null", p=p,
+    return m.per_prompt_coupling(resolve_k(m, k), variant=variant, p=p,
                                  orientation=orientation)["value"].dropna()

@@ -23,6 +23,7 @@ from blockcoupling.report.summaries.common import (
 from blockcoupling.report.summaries.depth import (
     depth_rows,
     headline_columns,
+    lead_of,
 )
 
 
@@ -33,16 +34,20 @@ def across_runs_data(runs: Runs, *, k: int | None = None, variant: str = "coupli
 
     - ``coupling_*``: the depth-wise value of ``variant`` (mean, std, median, q25, q75 of the
       per-prompt values of the headline rule, ``engine.statistic``);
-    - ``null_*``: the same for ``coupling_vs_null`` (NaN where not measured);
+    - ``null_*``: the same for the leading chance-corrected variant (``null_variant``:
+      ``coupling_vs_rotated``, or ``coupling_vs_null`` where a run predates it; NaN where
+      not measured);
     - ``lss_*`` and ``expodistance_*``: mean, std, median, q25, q75 and ``_nan`` (count of
       tokens without a value) of the per-token metrics.
 
     Expodistance is heavy-tailed where norms barely grow (post-LN models): read medians."""
     check_variant(variant, orientation)
     rows = []
-    for m in as_runs(runs):
-        row: dict[str, float] = {}
-        for name, var in (("coupling", variant), ("null", "coupling_vs_null")):
+    ms = as_runs(runs)
+    lead = lead_of(ms, k=k, p=p, orientation=orientation) or "coupling_vs_null"
+    for m in ms:
+        row: dict[str, Any] = {"null_variant": lead}
+        for name, var in (("coupling", variant), ("null", lead)):
             vals: pd.Series | None = None
             if depth_rows(m, k, var, p, orientation) is not None:
                 vals = m.per_prompt_coupling(resolve_k(m, k), variant=var, p=p,
@@ -75,14 +80,16 @@ def run_overview(runs: Runs, labels: Sequence[str] | None = None, *, k: int | No
 
     Columns: label, model, n_prompts, n_layers, k, measured (False: no table has a row),
     kinds (comma-separated coupling kinds present), the headline statistic
-    (``engine.statistic``: ``coupling_vs_null_mean``, ``coupling_vs_null_se``,
-    ``coupling_mean``, ``coupling_se``, ``coupling_chance``, ``statistic_rule``),
-    vs_null_median / vs_null_q25 / vs_null_q75 / vs_null_min / vs_null_max (of the per-prompt
-    values of ``coupling_vs_null``), vs_null_n (how many prompts), lss_median,
+    (``engine.statistic``: ``<variant>_mean``, ``<variant>_se`` of ``coupling_vs_rotated``,
+    ``coupling_vs_null`` and ``coupling``, ``coupling_chance``, ``statistic_rule``), ``lead``
+    (the chance-corrected variant that leads, the same for every run:
+    ``summaries.lead_of``), lead_mean, lead_se, lead_median / lead_q25 / lead_q75 /
+    lead_min / lead_max (of its per-prompt values), lead_n (how many prompts), lss_median,
     expodistance_median, expodistance_q25, expodistance_q75, expodistance_nan, n_tokens
     (rows of token_metrics). NaN where not measured."""
     ms = as_runs(runs)
     labs = run_labels(ms, labels)
+    lead = lead_of(ms, k=k, p=p, orientation=orientation)
     rows: list[dict[str, Any]] = []
     for m, lab in zip(ms, labs, strict=True):
         kk = resolve_k(m, k) if m.config.k else None
@@ -92,13 +99,16 @@ def run_overview(runs: Runs, labels: Sequence[str] | None = None, *, k: int | No
             "kinds": ", ".join(sorted(set(m.coupling["kind"].dropna().astype(str)))),
         }
         row.update(headline_columns(m, kk, p=p, orientation=orientation))
+        row["lead"] = lead
+        row["lead_mean"] = row.get(f"{lead}_mean", float("nan")) if lead else float("nan")
+        row["lead_se"] = row.get(f"{lead}_se", float("nan")) if lead else float("nan")
         rel = None
-        if depth_rows(m, kk, "coupling_vs_null", p, orientation) is not None:
-            rel = m.per_prompt_coupling(kk, variant="coupling_vs_null", p=p,
+        if lead and depth_rows(m, kk, lead, p, orientation) is not None:
+            rel = m.per_prompt_coupling(kk, variant=lead, p=p,
                                         orientation=orientation)["value"]
         st = robust_stats([] if rel is None else rel)
-        row.update(vs_null_median=st.median, vs_null_q25=st.q25, vs_null_q75=st.q75,
-                   vs_null_min=st.min, vs_null_max=st.max, vs_null_n=st.n)
+        row.update(lead_median=st.median, lead_q25=st.q25, lead_q75=st.q75,
+                   lead_min=st.min, lead_max=st.max, lead_n=st.n)
         lss = token_metric_stats(m, "lss")
         ed = token_metric_stats(m, "expodistance")
         row.update(lss_median=lss.median, expodistance_median=ed.median,

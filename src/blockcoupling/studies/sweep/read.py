@@ -217,12 +217,12 @@ class Sweep:
     diagnostics = property(lambda self: self.table("diagnostics"))
 
     # ------------------------------------------------------------------ statistic
-    def coupling_statistic(self, *, variants: Sequence[str] = HEADLINE_VARIANTS,
+    def coupling_statistic(self, *, variants: Sequence[str] | None = None,
                            k: KSpec | Sequence[int] = None, p: float | None = 1.0,
                            orientation: str = "ujv", tokens: str | None = None,
                            diagonal: bool = False, n_boot: int = DEFAULT_N_BOOT, seed: int = 0,
                            ci: float = DEFAULT_CI, include_duplicates: bool = False,
-                           allow_mixed_k: bool = False) -> pd.DataFrame:
+                           allow_mixed_k: bool = False, interval: str = "t") -> pd.DataFrame:
         """The headline statistic (``engine.statistic``) of every done unit: the unit
         columns, then one row per variant and K. ``k=None`` is the smallest measured K, which
         must be the same for every unit (a sweep with mixed K is refused: pass ``k``) unless
@@ -250,7 +250,8 @@ class Sweep:
             d = self.unit_meta(uid).get("hidden_size")
             t = statistic_table(rows, variants=variants, k=k, p=p, orientation=orientation,
                                 tokens=tokens, diagonal=diagonal, d_model=int(d) if d else None,
-                                n_boot=n_boot, seed=seed, ci=ci, where=where)
+                                n_boot=n_boot, seed=seed, ci=ci, where=where,
+                                interval=interval)
             front = pd.DataFrame({c: [unit[c]] * len(t) for c in cols})
             frames.append(pd.concat([front, t], axis=1))
         out = pd.concat(frames, ignore_index=True)
@@ -273,8 +274,9 @@ class Sweep:
                 tokens: str | None = None, diagonal: bool = False,
                 include_duplicates: bool = False) -> pd.DataFrame:
         """Per done unit: the headline statistic (:meth:`coupling_statistic`) in wide form,
-        ``coupling_vs_null_mean, coupling_vs_null_se, coupling_mean, coupling_se,
-        coupling_chance`` (each unit's K in ``k``: ``k=None`` takes each unit's smallest
+        ``coupling_vs_rotated_mean, coupling_vs_rotated_se, coupling_vs_null_mean,
+        coupling_vs_null_se, coupling_mean, coupling_se, coupling_chance`` (each unit's K in
+        ``k``: ``k=None`` takes each unit's smallest
         measured K; a variant the unit did not measure is NaN),
         mean ``lss`` and median ``expodistance`` (heavy-tailed). Units that duplicate an
         earlier unit's weights are left out unless ``include_duplicates``."""
@@ -329,8 +331,8 @@ class Sweep:
 
 #: the statistic's columns in :meth:`Sweep.summary` (wide form, chance-corrected first)
 SUMMARY_STATISTIC_COLUMNS: tuple[str, ...] = (
-    "coupling_vs_null_mean", "coupling_vs_null_se", "coupling_mean", "coupling_se",
-    "coupling_chance")
+    "coupling_vs_rotated_mean", "coupling_vs_rotated_se", "coupling_vs_null_mean",
+    "coupling_vs_null_se", "coupling_mean", "coupling_se", "coupling_chance")
 
 
 def _unit_types(df: pd.DataFrame) -> pd.DataFrame:
