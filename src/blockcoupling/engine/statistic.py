@@ -33,7 +33,7 @@ diagonal rows too (where c = v = 1 up to rounding and the ratio is noise).
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -44,6 +44,7 @@ from blockcoupling.engine.names import ORIENTATIONS, P_VARIANTS, VALID_P, VARIAN
 from blockcoupling.errors import BlockCouplingError
 
 __all__ = [
+    "HEADLINE_TOKENS_KEY",
     "HEADLINE_VARIANTS",
     "STATISTIC_COLUMNS",
     "TOKEN_RULES",
@@ -53,6 +54,7 @@ __all__ = [
     "flat_chance",
     "headline",
     "headline_rule",
+    "headline_tokens",
     "headline_wide",
     "paper_k",
     "per_prompt_values",
@@ -386,10 +388,27 @@ def _pm(mean: float, se: float) -> str:
     return f"{mean:.4f} ± {se:.4f}" if np.isfinite(se) else f"{mean:.4f} (one prompt: no se)"
 
 
-def headline_rule(variants: Sequence[str] = HEADLINE_VARIANTS, k: int | None = None) -> str:
+#: the key under which a run's ``meta`` (or a collection's manifest) states the token rule of
+#: its headline (a ViT's [CLS]: ``"first"``); absent: ``"last"``, the paper's
+HEADLINE_TOKENS_KEY = "headline_tokens"
+
+
+def headline_tokens(record: Mapping[str, Any] | None) -> str:
+    """The token rule of the headline of a run (its ``meta``) or a collection (its manifest):
+    the rule it states under :data:`HEADLINE_TOKENS_KEY`, else ``"last"`` (the paper's)."""
+    tokens = str((record or {}).get(HEADLINE_TOKENS_KEY) or "last")
+    if tokens not in TOKEN_RULES:
+        raise BlockCouplingError(f"the stated headline token rule {tokens!r} is not one of "
+                                 f"{', '.join(TOKEN_RULES)}; the record is damaged")
+    return tokens
+
+
+def headline_rule(variants: Sequence[str] = HEADLINE_VARIANTS, k: int | None = None,
+                  tokens: str = "last") -> str:
     """The rule of :func:`headline` lines (no bootstrap CI is printed there), for the one
-    ``(rule: ...)`` line under them; ``k=None``: "K as on each line"."""
-    rule = StatisticRule(variant=variants[0], n_boot=0)
+    ``(rule: ...)`` line under them; ``k=None``: "K as on each line"; ``tokens``: the token
+    rule the lines used."""
+    rule = StatisticRule(variant=variants[0], n_boot=0, tokens=tokens)
     return rule.describe(k, variants=variants, k_text=None if k is not None else
                          "K as on each line")
 
