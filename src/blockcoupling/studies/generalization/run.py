@@ -182,6 +182,9 @@ def run_study(out: str | Path, spec: GeneralizationSpec | None = None, *, quick:
                     executor=executor, address=address, num_cpus=1, threads=1,
                     progress=False, on_run=on_run, cluster_cpus=cluster_cpus,
                     **spec.grid_axes())
+    if done[0] < spec.n_runs:
+        _say(progress, f"{spec.n_runs - done[0]} of {spec.n_runs} runs were already trained "
+                       f"in {out / GRID}: reused")
     seconds = {"train": time.perf_counter() - t0}
     names = _run_names(spec)
     runs = runs[runs["name"].isin(names)]
