@@ -21,7 +21,7 @@ import torch
 from scipy import stats
 
 from blockcoupling.errors import BlockCouplingError
-from blockcoupling.studies.generalization import parse_spec, quick_spec, run_study
+from blockcoupling.studies.generalization import parse_spec, quick_spec
 from blockcoupling.studies.generalization.analysis import (
     analyse,
     comparison_point,

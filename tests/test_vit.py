@@ -714,7 +714,7 @@ def test_label_noise_changes_exactly_that_fraction_to_other_classes() -> None:
 
 
 def test_steps_train_exactly_that_many_steps_and_monitor_at_matched_steps(
-        tmp_path: Path) -> None:
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     cfg = VitTrainConfig(steps=7, epochs=2, monitor_every=3, **{**TINY, "train_limit": 64})
     # 64 images, batch 32: 2 steps per epoch -> 4 epochs, the last one of 1 step
     assert (cfg.steps_per_epoch(64), cfg.total_steps(64), cfg.epochs_for(64)) == (2, 7, 4)
@@ -726,15 +726,13 @@ def test_steps_train_exactly_that_many_steps_and_monitor_at_matched_steps(
     opt_steps = []
     real_step = torch.optim.AdamW.step
 
-    def count(self: Any, *a: Any, **k: Any) -> Any:
+    def count(self, *a, **k):  # noqa: ANN001, ANN002, ANN003, ANN202
         opt_steps.append(1)
         return real_step(self, *a, **k)
 
-    torch.optim.AdamW.step = count  # type: ignore[method-assign]
-    try:
-        train_vit(cfg, tmp_path / "run", progress=False, on_epoch=lambda r: seen.append(r["epoch"]))
-    finally:
-        torch.optim.AdamW.step = real_step  # type: ignore[method-assign]
+    monkeypatch.setattr(torch.optim.AdamW, "step", count)
+    train_vit(cfg, tmp_path / "run", progress=False, on_epoch=lambda r: seen.append(r["epoch"]))
+    monkeypatch.undo()
     assert len(opt_steps) == 7 and seen == [0, 1, 2, 3, 4]
     m = read_metrics(tmp_path / "run")
     assert m["data"]["steps"] == 7 and m["cpu_seconds_total"] > 0
