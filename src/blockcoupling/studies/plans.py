@@ -196,7 +196,7 @@ def plan_generalization(spec: Any) -> StudyPlan:
     """The plan of ``study generalization`` for a ``GeneralizationSpec`` (already checked,
     its power included): every run's training (its steps, the checkpoints measured) and
     measurements, with the design and its power as notes."""
-    from blockcoupling.studies.generalization.run import describe_design
+    from blockcoupling.studies.generalization.design import describe_design
     from blockcoupling.studies.vit.grid import grid_axes
 
     plan = plan_vit_training(spec.configs(), grid_axes(**spec.grid_axes()),

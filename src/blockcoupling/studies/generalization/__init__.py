@@ -17,7 +17,8 @@ from blockcoupling.studies.generalization.design import (
     parse_spec,
     quick_spec,
 )
-from blockcoupling.studies.generalization.run import GeneralizationResult, run_study
+from blockcoupling.studies.generalization.result import GeneralizationResult
+from blockcoupling.studies.generalization.run import run_study
 
 __all__ = ["GeneralizationResult", "GeneralizationSpec", "full_spec", "load_spec", "parse_spec",
            "quick_spec", "run_study"]

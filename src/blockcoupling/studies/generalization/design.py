@@ -37,8 +37,9 @@ from blockcoupling.fields import check_fields, from_mapping, opt
 from blockcoupling.studies.vit.train import SPLIT_SIZES, VitTrainConfig
 from blockcoupling.validate import number
 
-__all__ = ["FULL_SIZES", "HYPOTHESES", "MIN_SEEDS", "GeneralizationSpec", "design_power",
-           "full_spec", "load_spec", "parse_spec", "quick_spec"]
+__all__ = ["FULL_SIZES", "HYPOTHESES", "MIN_SEEDS", "GeneralizationSpec", "architecture",
+           "describe_design", "design_power", "full_spec", "load_spec", "parse_spec",
+           "quick_spec"]
 
 #: the full design's training-set sizes: 8 levels log-spaced from 90 to the whole digits
 #: training split (1,437 images, 16x)
@@ -213,6 +214,37 @@ def design_power(spec: GeneralizationSpec) -> float:
         raise BlockCouplingError(f"the design has {spec.n_cells} cells; the cell-level tests "
                                  "need at least 4 (more train_sizes or label_noises)")
     return _power(spec.n_cells, spec)
+
+
+def architecture(spec: GeneralizationSpec) -> str:
+    from blockcoupling.studies.vit.train import model_shape
+
+    shape, size, _ = model_shape(spec.train)
+    tokens = (size // shape.patch_size) ** 2
+    return (f"ViT '{spec.train.preset}' (width {shape.hidden_size}, {shape.depth} blocks, "
+            f"{shape.heads} heads, {size} x {size} {spec.train.dataset} images: {tokens} "
+            f"patches + [CLS])")
+
+
+def describe_design(spec: GeneralizationSpec) -> list[str]:
+    """The design and its power, in words (printed before any training)."""
+    from blockcoupling.studies.regression import tost_power
+
+    t = spec.train
+    sizes = ", ".join(map(str, spec.train_sizes))
+    noises = " / ".join(f"{100 * x:g} %" for x in spec.label_noises)
+    return [
+        f"{spec.n_cells} cells ({len(spec.train_sizes)} training-set sizes {sizes} x label "
+        f"noise {noises}) x {len(spec.seeds)} seeds = {spec.n_runs} runs of one "
+        f"architecture, {architecture(spec)}, {t.steps} AdamW steps each (drop-path {t.drop_path:g}, "
+        f"weight decay {t.weight_decay:g}); coupling depth-wise at K = {t.k}, token "
+        f"{t.tokens}, on {t.final_images} test images at the end",
+        f"power of H1 (one-sided Pearson test over the {spec.n_cells} cell means, alpha "
+        f"{spec.alpha:g}) to detect a correlation of {spec.bound:g}: "
+        f"{design_power(spec):.2f} (exact; stated: {spec.power:g}); power of the "
+        f"equivalence test (TOST, +-{spec.bound:g}) at a correlation of 0: "
+        f"{tost_power(spec.n_cells, spec.bound, spec.alpha):.2f}",
+    ]
 
 
 def full_spec() -> GeneralizationSpec:

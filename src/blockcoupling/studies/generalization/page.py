@@ -15,7 +15,7 @@ from blockcoupling.report.figures.base import new_figure
 from blockcoupling.studies.generalization.design import HYPOTHESES
 
 if TYPE_CHECKING:
-    from blockcoupling.studies.generalization.run import GeneralizationResult
+    from blockcoupling.studies.generalization.result import GeneralizationResult
 
 __all__ = ["plot_cells", "write_study_page"]
 
@@ -79,7 +79,7 @@ def write_study_page(result: GeneralizationResult, path: Path) -> Path:
         table_html,
         write_page,
     )
-    from blockcoupling.studies.generalization.run import describe_design
+    from blockcoupling.studies.generalization.design import describe_design
 
     spec, a = result.spec, result.analysis
     v = spec.variants[0]

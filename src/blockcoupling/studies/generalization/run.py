@@ -21,7 +21,6 @@ from __future__ import annotations
 import math
 import platform
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -31,104 +30,17 @@ import pandas as pd
 from blockcoupling.errors import BlockCouplingError
 from blockcoupling.studies.generalization.analysis import analyse, positive_control
 from blockcoupling.studies.generalization.design import (
-    HYPOTHESES,
     GeneralizationSpec,
+    describe_design,
     design_power,
     full_spec,
     quick_spec,
 )
+from blockcoupling.studies.generalization.result import GeneralizationResult
 
-__all__ = ["GeneralizationResult", "describe_design", "run_study"]
+__all__ = ["run_study"]
 
 GRID = "grid"
-
-
-def _arch(spec: GeneralizationSpec) -> str:
-    from blockcoupling.studies.vit.train import model_shape
-
-    shape, size, _ = model_shape(spec.train)
-    tokens = (size // shape.patch_size) ** 2
-    return (f"ViT '{spec.train.preset}' (width {shape.hidden_size}, {shape.depth} blocks, "
-            f"{shape.heads} heads, {size} x {size} {spec.train.dataset} images: {tokens} "
-            f"patches + [CLS])")
-
-
-def describe_design(spec: GeneralizationSpec) -> list[str]:
-    """The design and its power, in words (printed before any training)."""
-    from blockcoupling.studies.regression import tost_power
-
-    t = spec.train
-    sizes = ", ".join(map(str, spec.train_sizes))
-    noises = " / ".join(f"{100 * x:g} %" for x in spec.label_noises)
-    return [
-        f"{spec.n_cells} cells ({len(spec.train_sizes)} training-set sizes {sizes} x label "
-        f"noise {noises}) x {len(spec.seeds)} seeds = {spec.n_runs} runs of one "
-        f"architecture, {_arch(spec)}, {t.steps} AdamW steps each (drop-path {t.drop_path:g}, "
-        f"weight decay {t.weight_decay:g}); coupling depth-wise at K = {t.k}, token "
-        f"{t.tokens}, on {t.final_images} test images at the end",
-        f"power of H1 (one-sided Pearson test over the {spec.n_cells} cell means, alpha "
-        f"{spec.alpha:g}) to detect a correlation of {spec.bound:g}: "
-        f"{design_power(spec):.2f} (exact; stated: {spec.power:g}); power of the "
-        f"equivalence test (TOST, +-{spec.bound:g}) at a correlation of 0: "
-        f"{tost_power(spec.n_cells, spec.bound, spec.alpha):.2f}",
-    ]
-
-
-@dataclass
-class GeneralizationResult:
-    """What :func:`run_study` found (``study.json`` is :meth:`to_dict`)."""
-
-    spec: GeneralizationSpec
-    runs: pd.DataFrame            # the runs at the comparison point
-    final: pd.DataFrame           # the runs at the end of training
-    cells: pd.DataFrame
-    analysis: dict[str, Any]
-    statement: list[str]
-    reproducibility: dict[str, Any]
-    seconds: dict[str, float] = field(default_factory=dict)
-    out: Path | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        from blockcoupling.engine.statistic import StatisticRule
-        from blockcoupling.jsonsafe import jsonable
-        from blockcoupling.studies.regression import tost_power
-        from blockcoupling.studies.vit.train import STATISTIC_TOKENS
-
-        a = self.analysis
-        rules = {v: StatisticRule(variant=v, k=self.spec.train.k, n_boot=0,
-                                  tokens=STATISTIC_TOKENS[self.spec.train.tokens])
-                 .to_dict(self.spec.train.k) for v in self.spec.variants}
-        return jsonable({
-            "study": "generalization", "hypotheses": HYPOTHESES, "spec": self.spec.to_dict(),
-            "design": {"cells": self.spec.n_cells, "runs": self.spec.n_runs,
-                       "architecture": _arch(self.spec), "description":
-                       describe_design(self.spec),
-                       "power": {"H1": design_power(self.spec),
-                                 "E1_at_0": tost_power(self.spec.n_cells, self.spec.bound,
-                                                       self.spec.alpha),
-                                 "effect": f"a correlation of {self.spec.bound:g} between "
-                                           "cell means", "alpha": self.spec.alpha,
-                                 "method": "exact distribution of Pearson's r for "
-                                           "bivariate-normal cell means (studies.regression."
-                                           "correlation_power, tost_power)"}},
-            "statistic": rules,
-            "se_levels": {"within_model": "<variant>_se of a run: sd over its measured "
-                                          "images / sqrt(n), one trained model",
-                          "seed_level": "<col>_se of a cell: sd over its runs (seeds) / "
-                                        "sqrt(n), runs as the unit of replication"},
-            "comparison_point": {"point": a["point"], "reason": a["reason"]},
-            "positive_control": a["control"], "positive_control_final": a["control_final"],
-            "tests": a["tests"], "spread": a["spread"],
-            "cells": self.cells.to_dict("records"), "runs": self.runs.to_dict("records"),
-            "final": self.final.to_dict("records") if a["point"] != "final" else None,
-            "statement": self.statement, "reproducibility": self.reproducibility,
-            "seconds": self.seconds, "seconds_note": (
-                "total and cpu_driver: this invocation (reused runs cost nothing); cpu_runs: "
-                "the runs' own CPU seconds as their metrics.json record them (a resumed run: "
-                "since its resume)")})
-
-    def summary(self) -> str:
-        return "\n".join(self.statement)
 
 
 def _say(progress: bool, line: str) -> None:
