@@ -302,3 +302,23 @@ def test_quick_spec_is_the_documented_one() -> None:
     q = quick_spec()
     assert (q.n_cells, q.n_runs, q.train.steps) == (6, 18, 96)
     assert q.power <= correlation_power(q.n_cells, q.bound, q.alpha)
+
+
+def test_runs_measured_without_a_variant_of_the_spec_are_one_line(tmp_path: Path) -> None:
+    """A grid trained before a variant existed cannot give it: one line saying what to do."""
+    from blockcoupling.studies.generalization.run import final_table
+    from blockcoupling.studies.vit.grid import run_grid
+    from blockcoupling.studies.vit.train import VitTrainConfig
+
+    base = VitTrainConfig(epochs=1, monitor_every=0, preset="tiny", hidden_size=16, depth=2,
+                          heads=2, image_size=8, train_limit=32, test_limit=16, batch_size=32,
+                          k=2, final_images=2)
+    runs = run_grid(base, tmp_path / "g", drop_paths=(0.1,), weight_decays=(0.05,),
+                    executor="local", progress=False)
+    runs["n_train"], runs["label_noise"] = 32, 0.0
+    spec = quick_spec()
+    table = final_table(tmp_path / "g", runs, spec)
+    assert table["coupling_vs_null"].notna().all()
+    object.__setattr__(spec, "variants", ("coupling_vs_null", "coupling_vs_nothing"))
+    with pytest.raises(BlockCouplingError, match="measured without coupling_vs_nothing"):
+        final_table(tmp_path / "g", runs, spec)

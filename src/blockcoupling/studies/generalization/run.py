@@ -165,8 +165,17 @@ def final_table(root: Path, runs: pd.DataFrame, spec: GeneralizationSpec) -> pd.
     within-model se over the images."""
     from blockcoupling.studies.sweep import open_collection
 
-    stat = open_collection(root).coupling_statistic(variants=spec.variants, k=spec.train.k,
-                                                    n_boot=0, include_duplicates=True)
+    collection = open_collection(root)
+    pairs = collection.table("coupling", columns=["unit_id", "variant"]).drop_duplicates()
+    n_units = pairs["unit_id"].nunique()
+    per_variant = pairs.groupby("variant")["unit_id"].nunique()
+    missing = [v for v in spec.variants if per_variant.get(v, 0) < n_units]
+    if missing:
+        raise BlockCouplingError(
+            f"the runs in {root} were measured without {', '.join(missing)} (trained before "
+            "this version measured it); give a new --out to train and measure them again")
+    stat = collection.coupling_statistic(variants=spec.variants, k=spec.train.k, n_boot=0,
+                                         include_duplicates=True)
     wide = stat.pivot_table(index="label", columns="variant", values=["mean", "se"],
                             aggfunc="first")
     rows = []
