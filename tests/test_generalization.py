@@ -298,6 +298,22 @@ def test_killed_study_resumes_to_the_same_result(tmp_path: Path) -> None:
     assert strip(a) == strip(b)
 
 
+@pytest.mark.slow
+@pytest.mark.filterwarnings("ignore::statsmodels.tools.sm_exceptions.ConvergenceWarning")
+def test_quick_study_on_ray_equals_this_process(tmp_path: Path, ray_cluster: str) -> None:
+    """One Ray task per run (one thread each) gives the study that one process gives."""
+    from blockcoupling.studies.generalization import run_study
+
+    local = run_study(tmp_path / "local", quick=True, progress=False).to_dict()
+    ray = run_study(tmp_path / "ray", quick=True, executor="ray", address=ray_cluster,
+                    progress=False).to_dict()
+
+    def strip(doc: dict, root: Path) -> dict:
+        return json.loads(json.dumps(_without_costs(doc), default=str).replace(str(root), "OUT"))
+
+    assert strip(local, tmp_path / "local") == strip(ray, tmp_path / "ray")
+
+
 def test_quick_spec_is_the_documented_one() -> None:
     q = quick_spec()
     assert (q.n_cells, q.n_runs, q.train.steps) == (6, 18, 96)
