@@ -70,6 +70,17 @@ def test_two_checkpoints_give_a_table_and_a_figure(tmp_path: Path) -> None:
     assert len(fig.axes) >= 1
     page = write_cross_report(res, tmp_path / "cross.html", k=4)
     assert "Cross-coupling" in page.read_text()
+    # the rotated null uses run B's basis (its U^T V), not run A's own: against the oracle
+    from test_measure import oracle_value
+
+    a, b = bc.open_run(dirs[0]), bc.open_run(dirs[1])
+    rows = res.coupling.query("variant == 'coupling_vs_rotated' and layer_a != layer_b")
+    assert len(rows) > 0
+    for r in rows.head(6).itertuples():
+        J1 = a.jacobian(r.prompt_id, r.layer_a, r.token_in_a, r.token_out_a).double().numpy()
+        J2 = b.jacobian(r.prompt_id, r.layer_b, r.token_in_b, r.token_out_b).double().numpy()
+        want = oracle_value(J1, J2, r.k, "coupling_vs_rotated", None, r.orientation)
+        assert r.value == pytest.approx(want, abs=1e-6)
     sweep = cross_sweep(dirs, labels=["a", "b", "c"])
     assert set(sweep.coupling["run_a"]) == {"a", "b"} and set(sweep.coupling["run_b"]) == {"c"}
 

@@ -77,8 +77,10 @@ def oracle_value(J1: np.ndarray, J2: np.ndarray, k: int, variant: str, p: float,
     s = S1[:k]
     S = np.diag(s)
     pn = {1.0: np.sum(np.abs(s)), 2.0: np.sqrt(np.sum(s ** 2)), math.inf: np.max(np.abs(s))}
-    if variant == "coupling_vs_null":
+    if variant in ("coupling_vs_null", "coupling_vs_rotated"):
         p = 1.0  # stored once with p empty, computed with p = 1 (the value does not depend on p)
+    if variant == "coupling_vs_rotated":
+        return 1 - np.linalg.norm(A - S) / oracle_rotated_rms(J1, U2k, V2k, s)
     if variant in ("miscoupling", "coupling", "coupling_vs_null"):
         m = np.linalg.norm(A - S) / pn[p]
         if variant == "miscoupling":
@@ -96,6 +98,23 @@ def oracle_value(J1: np.ndarray, J2: np.ndarray, k: int, variant: str, p: float,
     if variant == "offdiag_ratio":
         return np.linalg.norm(A - np.diag(np.diag(A))) / np.linalg.norm(A)
     raise AssertionError(variant)
+
+
+def oracle_rotated_rms(J1: np.ndarray, U2k: np.ndarray, V2k: np.ndarray, s: np.ndarray
+                       ) -> float:
+    """sqrt(E_R ||(R U2)^T J1 (R V2) - diag(s)||_F^2) over Haar R, from the second moments
+    E[Y_ij Y_kl] = a d_ik d_jl + b d_il d_jk + c d_ij d_kl of Y = R^T J0 R (J0 = J1 - tau I),
+    their three equations solved numerically (test_variants.py checks the expectation by
+    Monte Carlo)."""
+    d, k = J1.shape[0], len(s)
+    tau = np.trace(J1) / d
+    J0 = J1 - tau * np.eye(d)
+    a, b, c = np.linalg.solve([[1, 1, d], [d * d, d, d], [d, d * d, d]],
+                              [0.0, np.sum(J0 ** 2), np.trace(J0 @ J0)])
+    M = U2k.T @ V2k
+    e2 = (np.sum(s ** 2) - 2 * tau * np.sum(s * np.diag(M)) + tau ** 2 * np.sum(M ** 2)
+          + a * k * k + (b + c) * np.sum(M ** 2))
+    return float(np.sqrt(e2))
 
 
 def check_coupling_table(df: pd.DataFrame, Js: list[np.ndarray]) -> int:
@@ -306,7 +325,8 @@ def test_real_minilm_depth_coupling_and_trajectories_match_oracle() -> None:
     tok = AutoTokenizer.from_pretrained(path)
     text = "What is the capital of France? The capital is"
     m = bc.measure(model, tok, [text], coupling=("depth",), k=(5, 38), tokens="last", dtype=torch.float64,
-                   variants=("coupling", "coupling_vs_null", "offdiag_ratio"), progress=False)
+                   variants=("coupling", "coupling_vs_null", "coupling_vs_rotated",
+                             "offdiag_ratio"), progress=False)
     inputs = dict(tok([text], return_tensors="pt"))
     calls, ins, outs = oracle_calls(model, inputs)
     blocks = get_module(model, find_blocks(model).blocks_path)
@@ -327,7 +347,7 @@ def test_real_minilm_depth_coupling_and_trajectories_match_oracle() -> None:
 
         J = torch.autograd.functional.jacobian(g, X[t], vectorize=True).numpy()  # J^l_tt
         Js.append({(t, t): J})
-    assert check_coupling_table(m.coupling, Js) == len(m.coupling) == 6 * 6 * 2 * 2 * 3
+    assert check_coupling_table(m.coupling, Js) == len(m.coupling) == 6 * 6 * 2 * 2 * 4
     # trajectories straight from the oracle's own boundaries (float32 model outputs)
     X = torch.stack([ins[0][0]] + [o[0] for o in outs]).double().numpy()  # (L+1, n, d)
     norms = np.linalg.norm(X, axis=-1)

@@ -37,6 +37,12 @@ def _svd(J: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     return U, S, Vh.mT
 
 
+def _inputs(J1: torch.Tensor, U2: torch.Tensor, V2: torch.Tensor) -> dict:
+    """What the chance-corrected variants need besides A and s1."""
+    return {"fro2": (J1**2).sum(), "d": J1.shape[-1], "trace": torch.trace(J1),
+            "trace2": torch.trace(J1 @ J1), "overlap": U2.mT @ V2}
+
+
 def _haar(g: torch.Generator, d: int, k: int) -> torch.Tensor:
     """Haar-distributed d x k orthonormal frame: QR of a Gaussian with the sign of R fixed."""
     Z = torch.randn(d, k, generator=g, dtype=F64)
@@ -91,6 +97,18 @@ def _ref_value(
         m_null = math.sqrt((k / d) ** 2 * fro2 + sum(x * x for x in sk)) / den
         c, c_null = 1 - signed / den, 1 - m_null
         return (c - c_null) / (1 - c_null)
+    if variant == "coupling_vs_rotated":
+        # E_R ||(R U)^T J1 (R V) - S||^2 from the moments of R^T J0 R (docs/conventions.md),
+        # a and b solved numerically from their two equations
+        tau = float(np.trace(J1)) / d
+        J0 = J1 - tau * np.eye(d)
+        F, T = float((J0 ** 2).sum()), float(np.trace(J0 @ J0))
+        a, b = np.linalg.solve([[d * d - 1, d - 1], [d - 1, d * d - 1]], [F, T])
+        c = -(a + b) / d
+        M = U2[:, :k].T @ V2[:, :k]
+        e2 = (sum(x * x for x in sk) - 2 * tau * sum(sk[i] * M[i, i] for i in range(k))
+              + tau ** 2 * (M ** 2).sum() + a * k * k + (b + c) * (M ** 2).sum())
+        return 1 - signed / math.sqrt(e2)
     raise AssertionError(variant)
 
 
@@ -105,14 +123,14 @@ def test_agrees_with_loop_reference(seed: int, d: int, orientation: str) -> None
     U2, _, V2 = _svd(J2)
     kmax = d - 1
     A = coupling_matrix(J1, U2[:, :kmax], V2[:, :kmax], orientation)
-    fro2 = (J1**2).sum()
+    inputs = _inputs(J1, U2[:, :kmax], V2[:, :kmax])
     got = all_coupling_values(
-        A, s1, ks=range(1, kmax + 1), variants=VARIANTS, ps=(1, 2, "inf"), fro2=fro2, d=d
+        A, s1, ks=range(1, kmax + 1), variants=VARIANTS, ps=(1, 2, "inf"), **inputs
     )
     for (variant, p, k), value in got.items():
         ref = _ref_value(J1.numpy(), U2.numpy(), V2.numpy(), s1.numpy(), k, variant, p, orientation)
         assert float(value) == pytest.approx(ref, rel=1e-10, abs=1e-12), (variant, p, k)
-        single = coupling_values(A, s1, k, variant, p, fro2=fro2, d=d)
+        single = coupling_values(A, s1, k, variant, p, **inputs)
         assert float(single) == pytest.approx(ref, rel=1e-10, abs=1e-12), (variant, p, k)
     # every (variant, reported p, k) was produced exactly once
     expected = {
@@ -129,14 +147,14 @@ def test_self_coupling_is_exact(seed: int, d: int) -> None:
     J = _rand(seed, d, d)
     U, S, V = _svd(J)
     A = coupling_matrix(J, U, V, "ujv")
-    fro2 = (J**2).sum()
+    inputs = _inputs(J, U, V)
     for k in range(1, d + 1):
         for p in (1, 2, math.inf):
             assert float(coupling_values(A, S, k, "miscoupling", p)) == pytest.approx(0, abs=1e-12)
             assert float(coupling_values(A, S, k, "coupling", p)) == pytest.approx(1, abs=1e-12)
-            assert float(
-                coupling_values(A, S, k, "coupling_vs_null", p, fro2=fro2, d=d)
-            ) == pytest.approx(1, abs=1e-12)
+            for v in ("coupling_vs_null", "coupling_vs_rotated"):
+                assert float(coupling_values(A, S, k, v, p, **inputs)) == pytest.approx(
+                    1, abs=1e-12)
         assert float(coupling_values(A, S, k, "released_norm")) == pytest.approx(0, abs=1e-12)
         assert float(coupling_values(A, S, k, "released_trace")) == pytest.approx(0, abs=1e-12)
         assert float(coupling_values(A, S, k, "offdiag_ratio")) == pytest.approx(0, abs=1e-12)
@@ -172,10 +190,11 @@ def test_invariant_under_common_orthogonal_change_of_basis(
     A = coupling_matrix(J1, U2[:, :k], V2[:, :k], orientation)
     A_rot = coupling_matrix(Q @ J1 @ Q.mT, Q @ U2[:, :k], Q @ V2[:, :k], orientation)
     torch.testing.assert_close(A_rot, A, rtol=1e-10, atol=1e-10)
-    fro2 = (J1**2).sum()
+    inputs = _inputs(J1, U2[:, :k], V2[:, :k])
+    rotated = _inputs(Q @ J1 @ Q.mT, Q @ U2[:, :k], Q @ V2[:, :k])
     for v in VARIANTS:
-        a = coupling_values(A, s1, k, v, fro2=fro2, d=d)
-        b = coupling_values(A_rot, s1, k, v, fro2=fro2, d=d)
+        a = coupling_values(A, s1, k, v, **inputs)
+        b = coupling_values(A_rot, s1, k, v, **rotated)
         assert float(a) == pytest.approx(float(b), rel=1e-9, abs=1e-12)
 
 
@@ -229,12 +248,12 @@ def test_nested_k_matches_direct_computation(seed: int, orientation: str) -> Non
     _, s1, _ = _svd(J1)
     U2, _, V2 = _svd(J2)
     A_max = coupling_matrix(J1, U2[:, :kmax], V2[:, :kmax], orientation)
-    fro2 = (J1**2).sum()
+    inputs = _inputs(J1, U2[:, :kmax], V2[:, :kmax])
     for k in range(1, kmax + 1):
         A_k = coupling_matrix(J1, U2[:, :k], V2[:, :k], orientation)
         for v in VARIANTS:
-            a = coupling_values(A_max, s1, k, v, fro2=fro2, d=d)
-            b = coupling_values(A_k, s1[:k], k, v, fro2=fro2, d=d)
+            a = coupling_values(A_max, s1, k, v, **inputs)
+            b = coupling_values(A_k, s1[:k], k, v, **_inputs(J1, U2[:, :k], V2[:, :k]))
             assert float(a) == pytest.approx(float(b), rel=1e-12, abs=1e-14)
 
 
@@ -274,12 +293,12 @@ def test_float32_matches_float64() -> None:
     J1, J2 = _rand(5, d, d), _rand(6, d, d)
     _, s1, _ = _svd(J1)
     U2, _, V2 = _svd(J2)
-    fro2 = (J1**2).sum()
     A64 = coupling_matrix(J1, U2[:, :k], V2[:, :k])
     A32 = coupling_matrix(J1.float(), U2[:, :k].float(), V2[:, :k].float())
     assert A32.dtype == torch.float32
-    v64 = all_coupling_values(A64, s1, [2, 5], VARIANTS, fro2=fro2, d=d)
-    v32 = all_coupling_values(A32, s1.float(), [2, 5], VARIANTS, fro2=fro2.float(), d=d)
+    v64 = all_coupling_values(A64, s1, [2, 5], VARIANTS, **_inputs(J1, U2[:, :k], V2[:, :k]))
+    v32 = all_coupling_values(A32, s1.float(), [2, 5], VARIANTS, **_inputs(
+        J1.float(), U2[:, :k].float(), V2[:, :k].float()))
     for key in v64:
         assert v32[key].dtype == torch.float32
         assert float(v32[key]) == pytest.approx(float(v64[key]), rel=1e-4, abs=1e-5)

@@ -157,6 +157,39 @@ def test_fro2_estimate_is_unbiased() -> None:
     assert np.std(est) > 0  # a real estimate, not the exact value by accident
 
 
+def test_traces_exact_on_the_dense_path_and_unbiased_on_the_sketch() -> None:
+    """tr(J) and tr(J^2) for the rotated-basis null: exact from topk_svd (also batched and on
+    the float32 Gram route), Hutchinson estimates on the randomized sketch's own vectors
+    (tr(J) free, tr(J^2) only when asked, for m more rmatmat columns)."""
+    g = torch.Generator().manual_seed(3)
+    d = 40
+    J = -0.8 * torch.eye(d, dtype=F64) + torch.randn(d, d, generator=g, dtype=F64) / d ** 0.5
+    exact_tr, exact_tr2 = float(torch.trace(J)), float(torch.trace(J @ J))
+    top = topk_svd(J, 4)
+    assert float(top.trace) == pytest.approx(exact_tr, rel=1e-12)
+    assert float(top.trace2) == pytest.approx(exact_tr2, rel=1e-12)
+    batch = topk_svd(torch.stack([J, 2 * J]), 3)
+    torch.testing.assert_close(batch.trace2, torch.tensor([exact_tr2, 4 * exact_tr2], dtype=F64))
+    gram = topk_svd(J.float(), 4)  # the float32 Gram route
+    assert float(gram.trace2) == pytest.approx(exact_tr2, rel=1e-5)
+    assert topk_svd(torch.randn(5, 7, dtype=F64), 2).trace is None  # not square
+    est_tr, est_tr2 = [], []
+    for seed in range(200):
+        op = DenseOperator(J)
+        r = randomized_topk_svd(op, 4, n_iter=1, seed=seed, trace2=True)
+        est_tr.append(float(r.trace))
+        est_tr2.append(float(r.trace2))
+    for est, exact in ((est_tr, exact_tr), (est_tr2, exact_tr2)):
+        se = np.std(est, ddof=1) / np.sqrt(len(est))
+        assert abs(np.mean(est) - exact) < 4 * se + 1e-12 * abs(exact), (np.mean(est), exact)
+        assert np.std(est) > 0
+    plain, asked = DenseOperator(J), DenseOperator(J)
+    assert randomized_topk_svd(plain, 4, n_iter=1, seed=0).trace2 is None
+    randomized_topk_svd(asked, 4, n_iter=1, seed=0, trace2=True)
+    assert asked.n_rmatmat - plain.n_rmatmat == min(4 + 10, d)  # one extra block of m columns
+    assert asked.n_matmat == plain.n_matmat
+
+
 def test_randomized_float32_and_small_d() -> None:
     d, k = 12, 12  # k = d: oversampling clipped to d, exact up to rounding
     J = _rand(4, d, d)

@@ -36,7 +36,14 @@ from typing import Any, Literal
 
 import torch
 
-from blockcoupling.engine.names import KINDS, METHODS, ORIENTATIONS, VALID_P, VARIANTS
+from blockcoupling.engine.names import (
+    HASHED_VARIANTS,
+    KINDS,
+    METHODS,
+    ORIENTATIONS,
+    VALID_P,
+    VARIANTS,
+)
 from blockcoupling.errors import BlockCouplingError
 from blockcoupling.fields import OptionSpec, cli_options, identity, opt, parse_given
 from blockcoupling.hashing import canonical_hash
@@ -410,9 +417,13 @@ class MeasureConfig:
         The same on every process and machine for equal records (no Python ``hash``, sorted
         keys, fixed separators, floats by their shortest ``repr``). Fields marked
         ``hashed=False`` (``figure_window``, ``figure_prompts``: which already computed K x K
-        matrices are kept for figures) are left out; see ``docs/conventions.md``.
+        matrices are kept for figures) are left out, and so are the variants added after
+        this hash was first pinned (``Variant.hashed``: they add rows and change no number,
+        so every earlier identity stays); see ``docs/conventions.md``.
         """
-        return canonical_hash({"version": HASH_VERSION, **identity(self, self.to_dict())})
+        plain = self.to_dict()
+        plain["variants"] = [v for v in plain["variants"] if v in HASHED_VARIANTS]
+        return canonical_hash({"version": HASH_VERSION, **identity(self, plain)})
 
 
 # ---------------------------------------------------------------------------- helpers

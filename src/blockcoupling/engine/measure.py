@@ -40,6 +40,7 @@ from blockcoupling.engine import (
     spectra,
     svd,
     tables,
+    variants,
 )
 from blockcoupling.engine import jacobian as jac
 from blockcoupling.engine.blocks import BlockSpec
@@ -141,6 +142,9 @@ class _PromptRun:
             cfg.method == "auto" and self._device.type == "cpu"
             and n_keys * self.d * self.d * itemsize <= STRUCTURED_KEEP_BYTES)
         self.measured: dict[Key, _Measured] = {}
+        # tr(J^2) costs the matrix-free path one more product of its sketch: only where a
+        # requested variant needs it (engine/variants.py, Variant.needs)
+        self.needs_trace2 = any("trace2" in variants.get(v).needs for v in cfg.variants)
         self.norm_bases: dict[int, Tensor] = {}  # remove_norm_directions: layer -> (n, d, 2)
         self.rows: dict[str, list[dict[str, Any]]] = {"spectra": [], "influence": [], "diagnostics": []}
 
@@ -254,7 +258,7 @@ class _PromptRun:
                                tb if tb is not None else jac.jacobian_operator(f, x, t_in, t_out))
             top = svd.randomized_topk_svd(
                 op, kmax, oversample=self.cfg.svd_oversample, n_iter=self.cfg.svd_iters,
-                tol=self.cfg.svd_tol, seed=self.cfg.seed,
+                tol=self.cfg.svd_tol, seed=self.cfg.seed, trace2=self.needs_trace2,
             )
             res = float(top.residual.max()) if top.residual is not None else 0.0
             m = _Measured(top, None, "matrix_free" + tag, res, 0.0)

@@ -17,6 +17,13 @@ Notation (see ``DEFINITIONS.md``, "Coupling of two Jacobians"): J1 is the *measu
   m_K and m_null share the denominator ``||s1K||_p``, so the value does not depend on p: it is
   reported once, with ``p`` empty (computed with p = 1; a p passed in is accepted and has no
   effect).
+- ``coupling_vs_rotated``: ``1 - m_K / m_rot``, against the same basis rotated at random
+  (U2 -> R U2, V2 -> R V2): 0 = chance for that null, where an isotropic part of J1 scores 0.
+  Its derivation is in ``engine/variants.py`` (and docs/conventions.md); p-free like
+  ``coupling_vs_null``.
+
+Every variant is one record of ``engine/variants.py`` (its formula, direction, p rule and
+schema entry); the functions here run those formulas.
 
 Chance level (not in the paper). Let U, V be *independent* Haar-random d x K matrices with
 orthonormal columns, independent of J1 (d x d). Because U and -U have the same law, E[A] = 0;
@@ -30,6 +37,9 @@ with ``fro2 = ||J1||_F^2``. This is the root-mean-square miscoupling of a random
 square root is taken of the expectation; the mean of the square root is below it by Jensen's
 inequality, but ||A - S||_F concentrates for d in the tens and above, so the gap is small).
 For a flat spectrum and K << d, ``c_null ~ 1 - ||s1K||_2 / ||s1K||_1 = 1 - 1/sqrt(K)``.
+These bases are unrelated to J1 *and* to each other: for a basis taken from a real Jacobian,
+whose U2 and V2 are related, the rotated null (``rotated_chance_miscoupling``) is the one
+that keeps that relation.
 
 Degenerate inputs are not hidden: where J1's top-k singular values are all zero (or A_K = 0
 for ``offdiag_ratio``) the ratio is 0/0 and the value is NaN.
@@ -46,7 +56,9 @@ from collections.abc import Callable, Iterable, Sequence
 import torch
 from torch import Tensor
 
+from blockcoupling.engine import variants as registry
 from blockcoupling.engine.names import FIXED_P, ORIENTATIONS, P_VARIANTS, VALID_P, VARIANTS
+from blockcoupling.engine.variants import P_FREE, P_USER, Parts
 from blockcoupling.errors import BlockCouplingError
 
 __all__ = ["FIXED_P", "ORIENTATIONS", "P_VARIANTS", "VALID_P", "VARIANTS"]  # and the functions below
@@ -61,10 +73,7 @@ def _check_orientation(orientation: str) -> None:
 
 
 def _check_variant(variant: str) -> None:
-    if variant not in VARIANTS:
-        raise BlockCouplingError(
-            f"unknown coupling variant {variant!r}; use one of {', '.join(VARIANTS)}"
-        )
+    registry.get(variant)
 
 
 def _norm_p(p: float | int | str | None) -> float:
@@ -88,18 +97,21 @@ def reported_p(variant: str, p: float | int | str | None = None) -> float | None
     """The ``p`` that goes into the ``p`` column of the coupling table for ``variant``.
 
     ``coupling`` and ``miscoupling`` use the chosen p (default 1); the others have the fixed
-    p of :data:`FIXED_P`: ``released_norm`` always 2; ``released_trace``, ``offdiag_ratio``
-    and ``coupling_vs_null`` (which does not depend on p) none (an empty cell).
+    p of :data:`FIXED_P`: ``released_norm`` always 2; ``released_trace``, ``offdiag_ratio``,
+    ``coupling_vs_null`` and ``coupling_vs_rotated`` (which do not depend on p) none (an empty
+    cell).
     """
-    _check_variant(variant)
-    if variant in P_VARIANTS:
+    if registry.get(variant).p == P_USER:
         return _norm_p(p)
     return FIXED_P[variant]
 
 
 def _check_fixed_p(variant: str, p: float | int | str | None) -> None:
-    """Refuse a p that a variant with a fixed normaliser would silently ignore."""
-    if p is None:
+    """Refuse a p that a variant with a fixed normaliser would silently ignore (a p-free
+    variant accepts any p: it does not depend on it)."""
+    if p is None or registry.get(variant).p in (P_USER, P_FREE):
+        if p is not None:
+            _norm_p(p)
         return
     fixed = reported_p(variant)
     if fixed is None:
@@ -193,7 +205,35 @@ def chance_coupling(
     return 1.0 - chance_miscoupling(s1, fro2, d, k, p)
 
 
+def rotated_chance_miscoupling(
+    s1: Tensor, fro2: Tensor | float, trace: Tensor | float, trace2: Tensor | float,
+    overlap: Tensor, d: int, k: int, p: float | int | str = 1
+) -> Tensor:
+    """Root-mean-square miscoupling of the basis rotated at random (``engine/variants.py``).
+
+    ``m_rot = sqrt(E_R ||(R U2)^T J1 (R V2) - S||_F^2) / ||s1[:k]||_p`` for a Haar-random
+    orthogonal R: s1 (..., >= k) the measured Jacobian's singular values, fro2 / trace /
+    trace2 (...,) its ``||J1||_F^2``, ``tr(J1)``, ``tr(J1^2)``, overlap (..., >= k, >= k) the
+    basis's ``M = U2^T V2``, d its dimension. Returns (...,) (the same in both orientations).
+    """
+    pf = _norm_p(p)
+    if not (1 <= int(k) <= s1.shape[-1]):
+        raise BlockCouplingError(
+            f"k={k} must be between 1 and the number of singular values {s1.shape[-1]}"
+        )
+    P = Parts(overlap, s1, (int(k),), fro2=fro2, d=d, trace=trace, trace2=trace2,
+              overlap=overlap)
+    return (P.rotated_num / P.den(pf))[..., 0]
+
+
 # --------------------------------------------------------------------------- values
+def _needs_error(variant: str, missing: Sequence[str]) -> BlockCouplingError:
+    what = {"fro2": "fro2 (||J1||_F^2)", "d": "d (the hidden size)", "trace": "trace (tr(J1))",
+            "trace2": "trace2 (tr(J1^2))", "overlap": "overlap (the basis's U2^T V2)"}
+    return BlockCouplingError(f"variant {variant!r} needs "
+                              + " and ".join(what.get(n, n) for n in missing))
+
+
 def coupling_values(
     A: Tensor,
     s1: Tensor,
@@ -202,47 +242,32 @@ def coupling_values(
     p: float | int | str | None = None,
     fro2: Tensor | float | None = None,
     d: int | None = None,
+    *,
+    trace: Tensor | float | None = None,
+    trace2: Tensor | float | None = None,
+    overlap: Tensor | None = None,
 ) -> Tensor:
     """One coupling variant from a coupling matrix, for one k.
 
     A (..., K_max, K_max) coupling matrix, s1 (..., >= k) the *measured* Jacobian's singular
     values (descending). Only the leading k x k block of A and ``s1[..., :k]`` are used (top-K
     subspaces are nested, so one K_max computation serves every k <= K_max). ``p`` applies to
-    ``coupling``, ``miscoupling`` and ``coupling_vs_null`` (1, 2 or inf; default 1);
+    ``coupling`` and ``miscoupling`` (1, 2 or inf; default 1); the p-free variants
+    (``coupling_vs_null``, ``coupling_vs_rotated``) accept any p and ignore it;
     ``released_norm`` accepts only None or 2, ``released_trace`` and ``offdiag_ratio`` only
-    None. ``coupling_vs_null`` needs ``fro2`` (..., ||J1||_F^2) and ``d``. Returns (...,).
+    None. ``coupling_vs_null`` needs ``fro2`` (..., ||J1||_F^2) and ``d``;
+    ``coupling_vs_rotated`` also ``trace`` (..., tr(J1)), ``trace2`` (..., tr(J1^2)) and
+    ``overlap`` (..., >= k, >= k: the basis's U2^T V2). Returns (...,).
     """
-    _check_variant(variant)
+    spec = registry.get(variant)
     _check_k(A, s1, k)
-    if variant not in P_VARIANTS and variant != "coupling_vs_null":
-        _check_fixed_p(variant, p)
-    Ak = A[..., :k, :k]  # (..., k, k)
-    sk = s1[..., :k]  # (..., k)
-    if variant == "offdiag_ratio":
-        off = Ak - torch.diag_embed(torch.diagonal(Ak, dim1=-2, dim2=-1))
-        return torch.linalg.matrix_norm(off) / torch.linalg.matrix_norm(Ak)
-    if variant in ("released_norm", "released_trace"):
-        num = torch.linalg.matrix_norm(Ak.abs() - torch.diag_embed(sk))
-        den = _pnorm(sk, 2.0) if variant == "released_norm" else sk.sum(-1)
-        return num / den
-    pf = _norm_p(p)
-    m = torch.linalg.matrix_norm(Ak - torch.diag_embed(sk)) / _pnorm(sk, pf)  # (...,)
-    if variant == "miscoupling":
-        return m
-    if variant == "coupling":
-        return 1.0 - m
-    # coupling_vs_null: (c - c_null) / (1 - c_null) = 1 - m / m_null
-    if fro2 is None or d is None:
-        raise BlockCouplingError(
-            "variant 'coupling_vs_null' needs fro2 (||J1||_F^2) and d (the hidden size)"
-        )
-    return 1.0 - m / chance_miscoupling(s1, fro2, d, k, pf)  # the same for every p
-
-
-def _leading_block_sums(E: Tensor) -> Tensor:
-    """Sums of E over every leading k x k block at once: E (..., K, K) -> (..., K), entry k-1."""
-    C = E.cumsum(-1).cumsum(-2)  # (..., K, K)
-    return torch.diagonal(C, dim1=-2, dim2=-1)  # (..., K)
+    _check_fixed_p(variant, p)
+    P = Parts(A, s1, (int(k),), fro2=fro2, d=d, trace=trace, trace2=trace2, overlap=overlap)
+    missing = P.missing(spec.needs)
+    if missing:
+        raise _needs_error(variant, missing)
+    pf = _norm_p(p) if spec.p == P_USER else (spec.p if isinstance(spec.p, float) else 1.0)
+    return spec.formula(P, pf)[..., 0]
 
 
 def all_coupling_values(
@@ -253,83 +278,46 @@ def all_coupling_values(
     ps: Iterable[float | int | str] = (1,),
     fro2: Tensor | float | None = None,
     d: int | None = None,
+    *,
+    trace: Tensor | float | None = None,
+    trace2: Tensor | float | None = None,
+    overlap: Tensor | None = None,
 ) -> dict[tuple[str, float | None, int], Tensor]:
     """Every requested (variant, p, k) at once, vectorised over all leading dimensions.
 
     A (..., K_max, K_max), s1 (..., >= K_max). Returns ``{(variant, p, k): values (...,)}``
     where ``p`` is the *reported* p (:func:`reported_p`): each p in ``ps`` for ``coupling`` and
-    ``miscoupling``; 2 for ``released_norm``; None for ``released_trace``, ``offdiag_ratio``
-    and ``coupling_vs_null`` (those get one entry whatever ``ps`` holds).
-    The squared Frobenius norms of every leading k x k block come from one 2-D cumulative
-    sum, so the cost does not grow with the number of k values. Requesting
-    ``coupling_vs_null`` without ``fro2`` and ``d`` raises (a request is never dropped).
+    ``miscoupling``; 2 for ``released_norm``; None for the others (those get one entry
+    whatever ``ps`` holds). Entries come variant by variant in the order of ``variants``,
+    then p, then k. Each variant is its record's formula (``engine/variants.py``); the pieces
+    several share (the squared Frobenius norms of every leading k x k block, from one 2-D
+    cumulative sum) are computed once, so the cost does not grow with the number of k
+    values. A variant whose inputs are not given (``fro2``, ``d``, ``trace``, ``trace2``,
+    ``overlap``: :class:`~blockcoupling.engine.variants.Parts`) raises, naming them (a
+    request is never dropped).
     """
     variants = tuple(variants)
-    for v in variants:
-        _check_variant(v)
+    specs = [registry.get(v) for v in variants]
     ks = sorted({int(k) for k in ks})
     if not ks:
         raise BlockCouplingError("ks is empty; pass at least one k")
     for k in ks:
         _check_k(A, s1, k)
     pset = tuple(dict.fromkeys(_norm_p(p) for p in ps)) or (1.0,)
-    if "coupling_vs_null" in variants and (fro2 is None or d is None):
-        raise BlockCouplingError(
-            "variant 'coupling_vs_null' needs fro2 (||J1||_F^2) and d (the hidden size)"
-        )
-
-    kmax = ks[-1]
-    Ak = A[..., :kmax, :kmax]  # (..., Kx, Kx)
-    sk = s1[..., :kmax]  # (..., Kx)
-    diag_s = torch.diag_embed(sk)  # (..., Kx, Kx)
-    idx = torch.tensor([k - 1 for k in ks], device=A.device)
-
+    P = Parts(A, s1, ks, fro2=fro2, d=d, trace=trace, trace2=trace2, overlap=overlap)
+    for spec in specs:
+        missing = P.missing(spec.needs)
+        if missing:
+            raise _needs_error(spec.name, missing)
     out: dict[tuple[str, float | None, int], Tensor] = {}
-
-    def pick(x: Tensor) -> Tensor:  # (..., Kx) -> (..., len(ks))
-        return x.index_select(-1, idx)
-
-    need_signed = any(v in (*P_VARIANTS, "coupling_vs_null") for v in variants)
-    if need_signed:
-        num = pick(_leading_block_sums((Ak - diag_s) ** 2)).sqrt()  # (..., nk)
-        s2 = pick((sk * sk).cumsum(-1))  # (..., nk) ||s_k||_2^2
-        dens = {
-            1.0: pick(sk.abs().cumsum(-1)),
-            2.0: s2.sqrt(),
-            math.inf: pick(sk.abs().cummax(-1).values),
-        }
-        if "coupling_vs_null" in variants:
-            assert d is not None and fro2 is not None
-            kk = torch.tensor(ks, dtype=A.dtype, device=A.device)  # (nk,)
-            fro2_t = torch.as_tensor(fro2, dtype=A.dtype, device=A.device).unsqueeze(-1)  # (..., 1)
-            null_num = torch.sqrt((kk / d) ** 2 * fro2_t + s2)  # (..., nk)
-            m1 = num / dens[1.0]  # p cancels in m / m_null: computed once, with p = 1
+    for spec in specs:
+        rows: Sequence[tuple[float | None, float]] = (
+            [(pf, pf) for pf in pset] if spec.p == P_USER else
+            [(spec.p, spec.p)] if isinstance(spec.p, float) else [(None, 1.0)])
+        for reported, pf in rows:
+            vals = spec.formula(P, pf)  # (..., n_k)
             for j, k in enumerate(ks):
-                m_null = null_num[..., j] / dens[1.0][..., j]
-                out[("coupling_vs_null", None, k)] = 1.0 - m1[..., j] / m_null
-        for pf in pset:
-            m = num / dens[pf]  # (..., nk)
-            for j, k in enumerate(ks):
-                if "miscoupling" in variants:
-                    out[("miscoupling", pf, k)] = m[..., j]
-                if "coupling" in variants:
-                    out[("coupling", pf, k)] = 1.0 - m[..., j]
-    if "released_norm" in variants or "released_trace" in variants:
-        num_abs = pick(_leading_block_sums((Ak.abs() - diag_s) ** 2)).sqrt()  # (..., nk)
-        l2 = pick((sk * sk).cumsum(-1)).sqrt()  # (..., nk)
-        tr = pick(sk.cumsum(-1))  # (..., nk)
-        for j, k in enumerate(ks):
-            if "released_norm" in variants:
-                out[("released_norm", 2.0, k)] = num_abs[..., j] / l2[..., j]
-            if "released_trace" in variants:
-                out[("released_trace", None, k)] = num_abs[..., j] / tr[..., j]
-    if "offdiag_ratio" in variants:
-        total = pick(_leading_block_sums(Ak * Ak))  # (..., nk)
-        off = Ak - torch.diag_embed(torch.diagonal(Ak, dim1=-2, dim2=-1))  # (..., Kx, Kx)
-        off_sq = pick(_leading_block_sums(off * off))  # (..., nk), no cancellation
-        ratio = off_sq.sqrt() / total.sqrt()
-        for j, k in enumerate(ks):
-            out[("offdiag_ratio", None, k)] = ratio[..., j]
+                out[(spec.name, reported, k)] = vals[..., j]
     return out
 
 
@@ -340,8 +328,7 @@ def variant_p_pairs(
     pset = tuple(dict.fromkeys(_norm_p(p) for p in ps)) or (1.0,)
     pairs: list[tuple[str, float | None]] = []
     for v in variants:
-        _check_variant(v)
-        if v in P_VARIANTS:
+        if registry.get(v).p == P_USER:
             pairs.extend((v, pf) for pf in pset)
         else:
             pairs.append((v, reported_p(v)))

@@ -40,7 +40,14 @@ from typing import Any, cast
 import numpy as np
 import pandas as pd
 
-from blockcoupling.engine.names import ORIENTATIONS, P_VARIANTS, VALID_P, VARIANTS
+from blockcoupling.engine.names import (
+    FIXED_P,
+    NULL_VARIANTS,
+    ORIENTATIONS,
+    P_VARIANTS,
+    VALID_P,
+    VARIANTS,
+)
 from blockcoupling.errors import BlockCouplingError
 
 __all__ = [
@@ -150,7 +157,7 @@ class StatisticRule:
         """The p of the rows: the user's for coupling/miscoupling, fixed otherwise."""
         if self.uses_p:
             return 1.0 if self.p is None else float(self.p)
-        return 2.0 if self.variant == "released_norm" else None
+        return FIXED_P[self.variant]
 
     def k_label(self) -> str:
         if self.k is None:
@@ -234,7 +241,7 @@ def _select(coupling: pd.DataFrame, rule: StatisticRule, where: str) -> pd.DataF
                 f"{where}: variant {rule.variant} was not measured (it has {variants}); "
                 f"measure with --variant {rule.variant}" +
                 (" (it needs no p: it is the chance-corrected coupling)"
-                 if rule.variant == "coupling_vs_null" else ""))
+                 if rule.variant in NULL_VARIANTS else ""))
         raise BlockCouplingError(
             f"{where}: no depth-wise {rule.variant} rows with orientation {rule.orientation}"
             + (f" and p = {rule.reported_p:g}" if rule.uses_p else "") +
@@ -247,7 +254,7 @@ def _select(coupling: pd.DataFrame, rule: StatisticRule, where: str) -> pd.DataF
 def _chance_rows(coupling: pd.DataFrame, sel: pd.DataFrame, rule: StatisticRule,
                  k: int) -> pd.Series:
     """Each selected row's chance level (aligned with ``sel``); NaN where undefined."""
-    if rule.variant == "coupling_vs_null":
+    if rule.variant in NULL_VARIANTS:  # 0 at its null by construction
         return pd.Series(0.0, index=sel.index)
     if rule.variant not in P_VARIANTS:
         return pd.Series(math.nan, index=sel.index)

@@ -31,9 +31,10 @@ class TopK:
 
     U (..., d, K) left singular vectors; S (..., K) singular values, descending;
     V (..., d, K) right singular vectors; residual (...,) ``max_i ||J v_i - s_i u_i|| / s_1``
-    (None for the exact SVD); fro2 (...,) ``||J||_F^2`` (exact for :func:`topk_svd`, an
-    unbiased Gaussian-sketch estimate for :func:`randomized_topk_svd`); n_iter the number of
-    subspace iterations used (None for exact).
+    (None for the exact SVD); fro2 (...,) ``||J||_F^2``, trace (...,) ``tr(J)`` and trace2
+    (...,) ``tr(J^2)`` (exact for :func:`topk_svd` of a square J, unbiased Gaussian
+    (Hutchinson) estimates from the sketch's vectors for :func:`randomized_topk_svd`; None
+    where not computed); n_iter the number of subspace iterations used (None for exact).
     """
 
     U: Tensor
@@ -42,6 +43,8 @@ class TopK:
     residual: Tensor | None = None
     fro2: Tensor | None = None
     n_iter: int | None = None
+    trace: Tensor | None = None
+    trace2: Tensor | None = None
 
     @property
     def k(self) -> int:
@@ -248,7 +251,8 @@ def topk_svd(J: Tensor, k: int) -> TopK:
     """Exact top-k SVD of J (..., m, n), batched over leading dims.
 
     Returns U (..., m, k), S (..., k), V (..., n, k), fro2 = ||J||_F^2 (...,) exactly,
-    residual None. A single float32 CPU matrix with ``4 k <= min(m, n)`` goes the Gram route
+    residual None; for a square J also ``trace = tr(J)`` and ``trace2 = tr(J^2)`` (...,)
+    exactly (``sum_ij J_ij J_ji``: O(d^2), no product), for the rotated-basis null. A single float32 CPU matrix with ``4 k <= min(m, n)`` goes the Gram route
     (:func:`_topk_gram`: float64 ``J^T J`` and its top-k eigenpairs, where accurate);
     everything else ``torch.linalg.svd``. Raises :class:`BlockCouplingError` if
     k > min(m, n) and :class:`NumericalError` if J holds NaN or infinity.
@@ -261,12 +265,14 @@ def topk_svd(J: Tensor, k: int) -> TopK:
         raise NumericalError(
             "the Jacobian contains NaN or infinity; check the model's hidden states and dtype"
         )
+    trace, trace2 = _traces(J)
     if (J.ndim == 2 and J.device.type == "cpu" and J.dtype == torch.float32
             and 4 * int(k) <= min(int(J.shape[0]), int(J.shape[1]))):
         got = _topk_gram(J, int(k))
         if got is not None:
             U, S, V = got
-            return TopK(U=U, S=S, V=V, residual=None, fro2=fro2, n_iter=None)
+            return TopK(U=U, S=S, V=V, residual=None, fro2=fro2, n_iter=None, trace=trace,
+                        trace2=trace2)
     U, S, Vh = torch.linalg.svd(J, full_matrices=False)  # (..., m, r), (..., r), (..., r, n)
     return TopK(
         U=U[..., :k],
@@ -275,7 +281,18 @@ def topk_svd(J: Tensor, k: int) -> TopK:
         residual=None,
         fro2=fro2,
         n_iter=None,
+        trace=trace,
+        trace2=trace2,
     )
+
+
+def _traces(J: Tensor) -> tuple[Tensor | None, Tensor | None]:
+    """``tr(J)`` and ``tr(J^2) = sum_ij J_ij J_ji`` of a square J (..., d, d), else None."""
+    if J.shape[-1] != J.shape[-2]:
+        return None, None
+    trace = torch.diagonal(J, dim1=-2, dim2=-1).sum(-1)  # (...,)
+    trace2 = (J * J.mT).sum((-2, -1))  # (...,)
+    return trace, trace2
 
 
 def _orth(Y: Tensor) -> Tensor:
@@ -299,6 +316,7 @@ def randomized_topk_svd(
     tol: float | None = None,
     seed: int = 0,
     max_iter: int = 30,
+    trace2: bool = False,
 ) -> TopK:
     """Top-k SVD of a matrix-free operator by randomized subspace iteration.
 
@@ -314,9 +332,14 @@ def randomized_topk_svd(
     ``max_iter`` iterations in total have been done; the result then carries the last
     residual (no error: the caller records it). ``fro2`` is ``||J Omega||_F^2 / m``, an unbiased
     estimate of ``||J||_F^2`` (its relative standard deviation is at most sqrt(2/m), smaller
-    when the spectrum is flat).
+    when the spectrum is flat). ``trace`` is the Hutchinson estimate ``sum_j w_j^T J w_j / m``
+    over the same m Gaussian columns w_j of Omega (no extra product: ``J Omega`` is the
+    sketch; variance ``2 ||(J + J^T)/2||_F^2 / m``). With ``trace2=True``, ``tr(J^2)`` is
+    estimated the same way, ``sum_j (J^T w_j)^T (J w_j) / m``, at the cost of one more
+    ``rmatmat`` of the m columns (only the rotated-basis null needs it); else None.
 
-    Cost: ``(n_iter + 1) * m`` matmat columns + ``(n_iter + 1) * m`` rmatmat columns + k.
+    Cost: ``(n_iter + 1) * m`` matmat columns + ``(n_iter + 1) * m`` rmatmat columns + k
+    (+ m rmatmat columns with ``trace2``).
     """
     d = int(op.d)
     _check_k(k, d)
@@ -336,6 +359,8 @@ def randomized_topk_svd(
             "the Jacobian operator returned NaN or infinity; check the model's hidden states and dtype"
         )
     fro2 = (Y * Y).sum() / m
+    trace = (omega * Y).sum() / m  # Hutchinson on the sketch's own vectors
+    tr2 = (op.rmatmat(omega) * Y).sum() / m if trace2 else None
     Q = _orth(Y)  # (d, m)
     for _ in range(int(n_iter)):
         Q = _orth(op.matmat(_orth(op.rmatmat(Q))))
@@ -351,4 +376,4 @@ def randomized_topk_svd(
             break
         Q = _orth(op.matmat(_orth(Bt)))  # one more subspace iteration, reusing J^T Q
         it += 1
-    return TopK(U=U, S=S, V=V, residual=res, fro2=fro2, n_iter=it)
+    return TopK(U=U, S=S, V=V, residual=res, fro2=fro2, n_iter=it, trace=trace, trace2=tr2)

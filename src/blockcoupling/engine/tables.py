@@ -16,7 +16,7 @@ import pandas as pd
 import torch
 from torch import Tensor
 
-from blockcoupling.engine import metrics, pairs, trajectory
+from blockcoupling.engine import metrics, pairs, trajectory, variants
 from blockcoupling.engine.capture import Capture
 from blockcoupling.engine.config import MeasureConfig
 from blockcoupling.engine.inputs import MeasureInput
@@ -29,18 +29,41 @@ CouplingStore = Mapping[tuple[str, Key, Key, str], Tensor]
 
 # ---------------------------------------------------------------------------- coupling
 def coupling_rows(prompt_id: str, A_store: CouplingStore, measured: Mapping[Key, Any],
-                  cfg: MeasureConfig, d: int) -> pd.DataFrame:
+                  cfg: MeasureConfig, d: int,
+                  overlaps: Mapping[Key, Tensor] | None = None) -> pd.DataFrame:
     """The ``coupling`` rows of one prompt: every (pair, orientation) x (variant, p, k).
 
-    ``measured[key].top`` holds the measured Jacobian's singular values ``S`` (K_max,) and
-    ``fro2`` = ||J||_F^2 (for ``coupling_vs_null``)."""
+    ``measured[key].top`` holds the measured Jacobian's singular values ``S`` (K_max,), and
+    what the requested variants need besides (``engine/variants.py``, ``Variant.needs``):
+    ``fro2`` = ||J||_F^2, ``trace`` = tr(J), ``trace2`` = tr(J^2). ``overlaps[key]`` is a
+    basis's ``U^T V`` (K, K) with K >= K_max; by default it is computed from
+    ``measured[key].top`` (every basis is a measured Jacobian), once per basis."""
     if not A_store:
         return conform("coupling", [])
     keys = list(A_store)
     A = torch.stack([A_store[k] for k in keys])  # (P, Kmax, Kmax)
     s1 = torch.stack([measured[k[1]].top.S for k in keys])  # (P, Kmax)
-    fro2 = torch.stack([torch.as_tensor(measured[k[1]].top.fro2, dtype=A.dtype,
-                                        device=A.device) for k in keys])  # (P,)
+    needs = {n for v in cfg.variants for n in variants.get(v).needs}
+
+    def per_measured(name: str) -> Tensor | None:  # (P,) or None where not computed
+        if name not in needs:
+            return None
+        vals = [getattr(measured[key[1]].top, name) for key in keys]
+        if any(v is None for v in vals):
+            return None  # the variant's check names what is missing
+        return torch.stack([torch.as_tensor(v, dtype=A.dtype, device=A.device) for v in vals])
+
+    overlap = None
+    if "overlap" in needs:
+        kmax = A.shape[-1]
+        cache: dict[Key, Tensor] = {}
+        for key in keys:
+            b = key[2]
+            if b not in cache:
+                M = (overlaps[b] if overlaps is not None else
+                     measured[b].top.U.mT @ measured[b].top.V)
+                cache[b] = M[:kmax, :kmax].to(device=A.device, dtype=A.dtype)
+        overlap = torch.stack([cache[key[2]] for key in keys])  # (P, Kmax, Kmax)
     base = pd.DataFrame({
         "prompt_id": prompt_id,
         "kind": [k[0] for k in keys],
@@ -50,7 +73,9 @@ def coupling_rows(prompt_id: str, A_store: CouplingStore, measured: Mapping[Key,
         "orientation": [k[3] for k in keys],
     })
     values = metrics.all_coupling_values(A, s1, cfg.k, variants=cfg.variants, ps=cfg.p,
-                                         fro2=fro2, d=d)
+                                         fro2=per_measured("fro2"), d=d,
+                                         trace=per_measured("trace"),
+                                         trace2=per_measured("trace2"), overlap=overlap)
     parts = []
     for (variant, p, k), vals in values.items():
         df = base.copy()

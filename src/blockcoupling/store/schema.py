@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from blockcoupling.engine.results import SCHEMAS
+from blockcoupling.engine.variants import REGISTRY
 
 __all__ = ["COLUMNS", "INDEXING", "SCHEMA_FILE", "UNIT_KEYS", "VARIANTS", "parquet_metadata",
            "schema_markdown", "unit_columns", "unit_identity"]
@@ -31,16 +32,9 @@ INDEXING = ("layers are 1-based (layer l = block l; layer 0 in `trajectory` is t
             "d x_{t_in} (rows = output coordinates); causal models have no pair with "
             "token_in > token_out")
 
-#: variant -> direction (which way is more coupled) and range
-VARIANTS: dict[str, str] = {
-    "coupling": "higher = more coupled; 1 - miscoupling, 1 for J1 = J2",
-    "miscoupling": "lower = more coupled; ||A - S1K||_F / ||s1K||_p, 0 for J1 = J2",
-    "released_norm": "lower = more coupled; || |A| - S1K ||_F / ||s1K||_2 (released code)",
-    "released_trace": "lower = more coupled; || |A| - S1K ||_F / trace(S1K) (released code)",
-    "offdiag_ratio": "lower = more coupled; ||A - Diag(A)||_F / ||A||_F",
-    "coupling_vs_null": "higher = more coupled; (c - c_null) / (1 - c_null): 0 = chance "
-                        "(Haar-random bases), 1 = J1 = J2; p is null (independent of p)",
-}
+#: variant -> direction (which way is more coupled) and range: each variant's record
+#: (engine/variants.py)
+VARIANTS: dict[str, str] = {name: v.schema_entry for name, v in REGISTRY.items()}
 
 _ID = ("identifier of the prompt / input", "")
 _LAYER = ("layer l (1-based: block l)", "")

@@ -232,8 +232,11 @@ def cross_coupling(run_a: RunLike, run_b: RunLike, *, k: int | Sequence[int] | N
                             "prompt_id": pid, "layer_a": key_a[1], "layer_b": x[1],
                             "token": key_a[2], "k": kk, "side": side,
                             "rank": np.arange(1, kk + 1), "cosine": cos.numpy()}))
+        # the bases are run B's: their U^T V (for the rotated null) from B's stored factors
+        overlaps = {x[1:]: bas[x][0].mT.double() @ bas[x][2].double() for x in kb[pid]}
         frames.append(tables.coupling_rows(pid, A_store, {t: _Top(v) for t, v in tops.items()},
-                                           cfg, int(next(iter(jac.values())).shape[-1])))
+                                           cfg, int(next(iter(jac.values())).shape[-1]),
+                                           overlaps=overlaps))
     coupling = conform("coupling", pd.concat(frames, ignore_index=True))
     coupling.insert(0, "run_b", name_b)
     coupling.insert(0, "run_a", name_a)
@@ -246,7 +249,8 @@ def cross_coupling(run_a: RunLike, run_b: RunLike, *, k: int | Sequence[int] | N
 
 @dataclass
 class _Top:
-    """``tables.coupling_rows`` reads the measured Jacobian's ``.top.S`` and ``.top.fro2``."""
+    """``tables.coupling_rows`` reads the measured Jacobian's ``.top.S``, ``.top.fro2``,
+    ``.top.trace`` and ``.top.trace2``."""
 
     top: svd.TopK
 

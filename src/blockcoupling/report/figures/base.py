@@ -18,6 +18,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.colors import Colormap
 from matplotlib.figure import Figure
 
+from blockcoupling.engine.names import NULL_VARIANTS
 from blockcoupling.engine.results import Measurement
 from blockcoupling.errors import BlockCouplingError
 from blockcoupling.report.summaries import (
@@ -75,8 +76,8 @@ def selection_text(ms: Sequence[Measurement], k: int | None, variant: str, p: fl
     p_text = f", p={fmt_p(p)}" if variant in P_VARIANTS else ""
     toks = {tokens_text(m, token) for m in ms}
     direction = "higher = more coupled" if HIGHER_IS_COUPLED[variant] else "lower = more coupled"
-    if variant == "coupling_vs_null":
-        direction += "; 0 = chance level, 1 = perfect"
+    if variant in NULL_VARIANTS:
+        direction += f"; 0 = chance level ({NULL_VARIANTS[variant]}), 1 = perfect"
     return (f"{k_text}, variant={variant} ({direction}){p_text}, orientation={orientation}, "
             f"{'; '.join(sorted(toks))}.")
 

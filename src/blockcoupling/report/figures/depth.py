@@ -16,6 +16,7 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.ticker import MaxNLocator
 
+from blockcoupling.engine.names import NULL_VARIANTS
 from blockcoupling.engine.results import Measurement
 from blockcoupling.report.figures.base import (
     GRID_CMAP,
@@ -218,7 +219,7 @@ def plot_layer_graph(runs: Runs, *, k: int | None = None, variant: str = "coupli
                 ax.text(*pos[lay], str(lay), ha="center", va="center", fontsize=7, zorder=3)
         ax.set_xlim(-1.2, 1.2)
         ax.set_ylim(-1.2, 1.2)
-    if variant == "coupling_vs_null":
+    if variant in NULL_VARIANTS:
         names = ("at chance (0)", "0.5", "perfect (1)")
     elif variant == "coupling":
         names = ("c_K 0", "c_K 0.5", "c_K 1")
@@ -240,7 +241,7 @@ def caption_layer_graph(runs: Runs, *, k: int | None = None, variant: str = "cou
     mats = depth_matrices(ms, k=k, variant=variant, p=p, orientation=orientation, token=token)
     scale = ("a fixed scale from the chance level (thinnest, 0) to perfect coupling "
              "(thickest, 1), so a model at chance looks unstructured"
-             if variant == "coupling_vs_null" else
+             if variant in NULL_VARIANTS else
              f"a fixed scale of {variant} (not the data's range; the chance level was not "
              "measured, so thin edges are not necessarily at chance)")
     return ("Layer adjacency graph: each node is a layer (layer 1 at the top, clockwise); "
@@ -268,7 +269,7 @@ def plot_coupling_by_distance(runs: Runs, *, k: int | None = None, variant: str 
         sd = t["std"].fillna(0.0).to_numpy(dtype=float)
         ax.plot(x, y, marker="o", color=f"C{i % 10}", label=lab)
         ax.fill_between(x, y - sd, y + sd, color=f"C{i % 10}", alpha=0.12, linewidth=0)
-    if variant == "coupling_vs_null":
+    if variant in NULL_VARIANTS:
         ax.axhline(0.0, color="0.3", lw=1, ls=":", label="chance level")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("layer distance |l - l'|")

@@ -17,17 +17,12 @@ from blockcoupling.errors import BlockCouplingError
 Runs = Measurement | Sequence[Measurement]
 
 #: variants whose normaliser takes a user-chosen p (the others store p empty or fixed):
-#: the engine's one list (coupling_vs_null does not depend on p and is stored with p empty)
+#: the engine's one list (coupling_vs_null and coupling_vs_rotated do not depend on p and are
+#: stored with p empty)
 P_VARIANTS: tuple[str, ...] = names.P_VARIANTS
-#: variants where a larger value means more coupled (for the others, smaller is more coupled)
-HIGHER_IS_COUPLED: dict[str, bool] = {
-    "coupling": True,
-    "coupling_vs_null": True,
-    "miscoupling": False,
-    "released_norm": False,
-    "released_trace": False,
-    "offdiag_ratio": False,
-}
+#: variants where a larger value means more coupled (for the others, smaller is more coupled):
+#: each variant's record (engine/variants.py)
+HIGHER_IS_COUPLED: dict[str, bool] = names.HIGHER_IS_COUPLED
 TOKEN_KINDS: tuple[str, ...] = ("self", "fixed_input", "fixed_output")
 #: why ``expodistance`` is NaN for a token (docs/conventions.md, "Trajectories")
 EXPODISTANCE_NAN_REASON = ("its norms ||x^l|| do not change beyond the rounding of the stored "
