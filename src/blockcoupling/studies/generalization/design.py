@@ -121,9 +121,11 @@ class GeneralizationSpec:
     train: VitTrainConfig = opt(help="The training config of every run (VitTrainConfig "
                                 "fields; train_limit, label_noise and seed come from the "
                                 "design).", parse=_train, default_factory=lambda: FULL_TRAIN)
-    variants: tuple[str, ...] = opt(("coupling_vs_null",), "Chance-corrected variants (0 = "
-                                    "chance): the positive control needs each above chance; "
-                                    "the first is the tests' coupling.", parse=_strs)
+    variants: tuple[str, ...] = opt(("coupling_vs_null", "coupling_vs_rotated"),
+                                    "Chance-corrected variants (0 = chance), one per null: the "
+                                    "positive control needs each above chance in every cell; "
+                                    "the first is the tests' coupling (the others' cell-level "
+                                    "tests are reported beside it).", parse=_strs)
     alpha: float = opt(0.05, "The tests' level (one-sided; TOST: each side).",
                        check=(number, {"above": 0.0, "below": 0.5}))
     bound: float = opt(0.5, "The smallest effect of interest: a correlation (the TOST "
