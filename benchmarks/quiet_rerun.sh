@@ -1,5 +1,5 @@
 #!/bin/bash
-# Quiet-machine measurements (issue 22 items 1-4, issue 19's cost): one after the other.
+# Quiet-machine measurements (issue 22 items 1-4, issue 19's and issue 30's costs): one after the other.
 # `bash benchmarks/quiet_rerun.sh engine` runs the engine rows only (items 1, 2 and 4); the
 # A/B row needs the older tree at /tmp/base/src (`git archive REV src | tar -x -C /tmp/base`).
 cd /work/main
@@ -20,4 +20,7 @@ rm -rf /tmp/q_lm_quick /tmp/q_cache_quick
 BLOCKCOUPLING_CACHE=/tmp/q_cache_quick step lm_quick .venv/bin/blockcoupling study lm-family --quick --out /tmp/q_lm_quick
 rm -rf /tmp/q_vit2
 step vit2x2 .venv/bin/blockcoupling vit-grid --spec docs/vit-grid-digits-2x2.yaml --out /tmp/q_vit2
+rm -rf /tmp/q_gen_full /tmp/q_gen_quick
+OMP_NUM_THREADS=1 step gen_full .venv/bin/blockcoupling study generalization --out /tmp/q_gen_full
+OMP_NUM_THREADS=1 step gen_quick .venv/bin/blockcoupling study generalization --quick --out /tmp/q_gen_quick
 echo "== all done $(date -u +%T)" >> $Q/log

@@ -692,3 +692,190 @@ def test_cli_paper_preset_is_the_recipe_with_overrides(monkeypatch: pytest.Monke
     # without the preset the defaults are the small digits ones
     assert runner.invoke(app, ["vit-train", "--estimate", "--out", out]).exit_code == 0
     assert (seen[2].dataset, seen[2].epochs, seen[2].preset) == ("digits", 5, "tiny")
+
+
+# ---------------------------------------------------------------------------- issue 30
+def test_label_noise_changes_exactly_that_fraction_to_other_classes() -> None:
+    from blockcoupling.studies.vit.data import noisy_labels
+
+    y = torch.arange(200) % 10
+    for rate in (0.0, 0.2, 0.4):
+        z = noisy_labels(y, rate, 10, seed=3)
+        assert int((z != y).sum()) == round(rate * 200)  # every chosen label is wrong
+        assert z.min() >= 0 and z.max() <= 9
+        assert torch.equal(z, noisy_labels(y, rate, 10, seed=3))  # seeded
+    assert not torch.equal(noisy_labels(y, 0.4, 10, seed=3), noisy_labels(y, 0.4, 10, seed=4))
+    # the wrong labels are spread over the other 9 classes (uniform: each shift 1..9)
+    shift = (noisy_labels(torch.zeros(9000, dtype=torch.long), 0.9, 10, seed=0))
+    counts = np.bincount(shift.numpy(), minlength=10)
+    assert counts[0] == 900 and counts[1:].min() > 800
+    with pytest.raises(BlockCouplingError, match="fraction"):
+        noisy_labels(y, 1.0, 10, seed=0)
+
+
+def test_steps_train_exactly_that_many_steps_and_monitor_at_matched_steps(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    cfg = VitTrainConfig(steps=7, epochs=2, monitor_every=3, **{**TINY, "train_limit": 64})
+    # 64 images, batch 32: 2 steps per epoch -> 4 epochs, the last one of 1 step
+    assert (cfg.steps_per_epoch(64), cfg.total_steps(64), cfg.epochs_for(64)) == (2, 7, 4)
+    assert cfg.warmup_steps(64) == round(7 * 1.0 / 2)  # the fraction warmup_epochs/epochs
+    assert cfg.measured_epochs(64) == (0, 2, 3, 4)  # steps 3, 6 end in epochs 2, 3; the last
+    # epoch mode is unchanged: every monitor_every-th epoch and the last
+    assert VitTrainConfig(epochs=5, monitor_every=2).measured_epochs(1437) == (0, 2, 4, 5)
+    seen: list[int] = []
+    opt_steps = []
+    real_step = torch.optim.AdamW.step
+
+    def count(self, *a, **k):  # noqa: ANN001, ANN002, ANN003, ANN202
+        opt_steps.append(1)
+        return real_step(self, *a, **k)
+
+    monkeypatch.setattr(torch.optim.AdamW, "step", count)
+    train_vit(cfg, tmp_path / "run", progress=False, on_epoch=lambda r: seen.append(r["epoch"]))
+    monkeypatch.undo()
+    assert len(opt_steps) == 7 and seen == [0, 1, 2, 3, 4]
+    m = read_metrics(tmp_path / "run")
+    assert m["data"]["steps"] == 7 and m["cpu_seconds_total"] > 0
+    assert [e["epoch"] for e in m["epochs"] if not math.isnan(e["coupling"])] == [0, 2, 3, 4]
+    assert sorted(p.name for p in (tmp_path / "run" / "coupling").iterdir()) == [
+        "epoch-0000", "epoch-0002", "epoch-0003", "epoch-0004", "final"]
+
+
+def test_label_noise_training_records_it_and_keeps_the_test_labels(tmp_path: Path) -> None:
+    cfg = VitTrainConfig(epochs=1, label_noise=0.25, monitor_every=0, **TINY)
+    data = load_image_data("digits", image_size=8, train_limit=96, test_limit=32)
+    before = data.train_y.clone()
+    train_vit(cfg, tmp_path, progress=False, data=data)
+    assert torch.equal(data.train_y, before)  # a shared data set is not changed
+    m = read_metrics(tmp_path)
+    assert m["data"]["label_noise"] == 0.25 and m["data"]["wrong_labels"] == 24
+    # noise 0 is the default's identity: the same key, the same unit id as before the option
+    assert VitTrainConfig(label_noise=0.0).key() == VitTrainConfig().key()
+    assert VitTrainConfig(label_noise=0.2).key() != VitTrainConfig().key()
+
+
+def test_grid_ids_are_unchanged_and_extra_axes_name_the_runs(tmp_path: Path) -> None:
+    """The unit ids of the drop-path x weight-decay grids are pinned (resumed unchanged); a
+    grid that varies the training-set size and label noise names them in its runs."""
+    from blockcoupling.studies.vit.grid import grid_unit
+
+    assert VitTrainConfig().key() == "748982d1a605"
+    assert grid_unit(VitTrainConfig()).unit_id == "dp0.1-wd0.05-s0-e560ee225563"
+    assert grid_unit(VitTrainConfig(train_limit=96, epochs=2, drop_path=0.1)).unit_id == \
+        "dp0.1-wd0.05-s0-d7283756be30"
+    configs = grid_configs(VitTrainConfig(), (0.1,), (0.05,), (0, 1), train_limits=(90, 180),
+                           label_noises=(0.0, 0.4))
+    names = [run_name(c, ("train_limit", "label_noise")) for c in configs]
+    assert names[:3] == ["n90-noise0-dp0.1-wd0.05-s0", "n90-noise0-dp0.1-wd0.05-s1",
+                         "n90-noise0.4-dp0.1-wd0.05-s0"] and len(set(names)) == 8
+    assert {c.label_noise for c in configs} == {None, 0.4}
+    with pytest.raises(BlockCouplingError, match="repeats a point"):
+        grid_configs(VitTrainConfig(), (0.1,), (0.05,), (0,), train_limits=(90, 90))
+    base = VitTrainConfig(epochs=1, monitor_every=0, **{**TINY, "final_images": 1})
+    runs = run_grid(base, tmp_path / "g", drop_paths=(0.1,), weight_decays=(0.05,),
+                    train_limits=(48, 96), label_noises=(0.0, 0.5), executor="local",
+                    progress=False)
+    assert set(runs["status"]) == {"complete"}
+    assert sorted(zip(runs["n_train"], runs["label_noise"], strict=True)) == [
+        (48, 0.0), (48, 0.5), (96, 0.0), (96, 0.5)]
+    manifest = json.loads((tmp_path / "g" / "sweep.json").read_text())["spec"]["vit-grid"]
+    assert manifest["train_limits"] == [48, 96] and manifest["label_noises"] == [0, 0.5]
+    assert manifest["base"]["train_limit"] is None  # an axis: not part of the base
+    spec = tmp_path / "g.yaml"  # the same axes from a grid spec
+    spec.write_text("kind: vit-grid\ndrop_path: [0.1]\nweight_decay: [0.05]\n"
+                    "train_limit: [48, 96]\nlabel_noise: [0, 0.5]\ntrain: {epochs: 1}\n")
+    from blockcoupling.studies.vit.grid import load_grid_spec
+
+    _, kwargs = load_grid_spec(spec)
+    assert kwargs["train_limits"] == [48, 96] and kwargs["label_noises"] == [0.0, 0.5]
+    with pytest.raises(BlockCouplingError, match="train.train_limit is set by the grid"):
+        load_grid_spec({"train_limit": [48], "train": {"train_limit": 10}})
+
+
+def test_one_headline_for_one_vit_output(tmp_path: Path) -> None:
+    """show, report, sweep-status and vit-train state the same headline (value, se, K, the
+    number of images) for one ViT output, each with the token rule it used ([CLS] = the
+    first measured token), which the final run's meta carries."""
+    from typer.testing import CliRunner
+
+    from blockcoupling.cli import app
+    from blockcoupling.studies.sweep import open_collection
+
+    base = VitTrainConfig(epochs=1, monitor_every=0, **{**TINY, "final_images": 3})
+    run_grid(base, tmp_path / "g", drop_paths=(0.1,), weight_decays=(0.05,), executor="local",
+             progress=False)
+    unit = next(p for p in (tmp_path / "g" / "units").iterdir())
+    final = unit / "coupling" / "final"
+    run = bc.open_run(final)
+    assert run.meta["headline_tokens"] == "first" and run.headline_tokens == "first"
+    m = read_metrics(unit)["final"]
+    st = run.coupling_statistic(n_boot=0).set_index("variant")  # the run's own rule
+    assert st.loc["coupling_vs_null", "mean"] == pytest.approx(m["coupling_vs_null"], abs=1e-12)
+    assert m["coupling_vs_null"] == m["coupling_vs_null_cls"] != m["coupling_vs_null_last"]
+    want = f"{m['coupling_vs_null']:.4f} ± {m['coupling_vs_null_se']:.4f}"
+    runner = CliRunner()
+    args = ["vit-train", "--out", str(unit), "--drop-path", "0.1", "--weight-decay", "0.05",
+            "--epochs", "1", "--monitor-every", "0", "--hidden-size", "16", "--depth", "2",
+            "--heads", "2", "--image-size", "8", "--train-limit", "96", "--test-limit", "32",
+            "--batch-size", "32", "--k", "2", "--monitor-images", "2", "--final-images", "3"]
+    outputs = {"vit-train": runner.invoke(app, args),
+               "show": runner.invoke(app, ["show", str(final)]),
+               "sweep-status": runner.invoke(app, ["sweep-status", str(tmp_path / "g")])}
+    res = runner.invoke(app, ["report", str(final), "--out", str(tmp_path / "r.html")])
+    assert res.exit_code == 0, res.output
+    import html
+
+    page = html.unescape((tmp_path / "r.html").read_text())
+    rule = "each prompt's first measured token"
+    for name, res in outputs.items():
+        assert res.exit_code == 0, (name, res.output)
+        assert f"above chance (coupling_vs_null) {want}" in res.output, (name, res.output)
+        assert "K=2, 3 prompts" in res.output, name
+        assert rule in res.output and "last measured token" not in res.output, name
+    assert f"(coupling_vs_null) {want}" in page and rule in page
+    # the JSON readers state the same rule
+    js = json.loads(runner.invoke(app, ["show", str(final), "--json"]).output)
+    assert {r["tokens"] for r in js["statistic"]} == {"first"}
+    js = json.loads(runner.invoke(app, ["sweep-status", str(tmp_path / "g"), "--json"]).output)
+    assert js["statistic"]["tokens"] == "first" and rule in js["statistic"]["description"]
+    assert open_collection(tmp_path / "g").default_tokens == "first"
+
+
+def test_conditional_accuracy_fits_match_scipy_and_draw_fig12() -> None:
+    from scipy import stats
+
+    from blockcoupling.studies.vit.fits import conditional_fits, fits_table
+    from blockcoupling.studies.vit.report import plot_accuracy_fits
+
+    rng = np.random.default_rng(0)
+    rows = []
+    for dp in (0.0, 0.1, 0.3):
+        for wd in (0.01, 0.05, 0.1, 0.2):
+            c = 0.05 + 0.2 * dp + 0.01 * rng.standard_normal()
+            rows.append({"name": f"dp{dp}-wd{wd}", "status": "complete", "drop_path": dp,
+                         "weight_decay": wd, "coupling_vs_null": c,
+                         "coupling_vs_null_se": 0.001,
+                         "test_accuracy": 0.8 + 0.5 * c + 0.01 * rng.standard_normal()})
+    runs = pd.DataFrame(rows)
+    fits = conditional_fits(runs)
+    for fixed, n_groups, n in (("drop_path", 3, 4), ("weight_decay", 4, 3)):
+        groups = fits[f"accuracy_by_{fixed}"]
+        assert len(groups) == n_groups
+        for f in groups:
+            sub = runs[runs[fixed] == f[fixed]]
+            ref = stats.linregress(sub["coupling_vs_null"], sub["test_accuracy"])
+            assert f["n"] == n and f["y"] == "test_accuracy"
+            assert f["slope"] == pytest.approx(ref.slope)
+            assert f["r2"] == pytest.approx(ref.rvalue ** 2) and f["p"] == pytest.approx(ref.pvalue)
+            assert [q["x"] for q in f["points"]] == sub["coupling_vs_null"].tolist()
+    table = fits_table(fits)
+    assert (table["fit"] == "accuracy_by_weight_decay").sum() == 4
+    fig = plot_accuracy_fits(fits, "weight_decay")  # fig. 12: one panel per weight decay
+    panels = [ax for ax in fig.axes if ax.get_visible()]
+    assert len(panels) == 4
+    for ax, f in zip(panels, fits["accuracy_by_weight_decay"], strict=True):
+        assert f"wd {f['weight_decay']:g}" in ax.get_title() and "R$^2$" in ax.get_title()
+        line = ax.get_lines()[-1]
+        xs = line.get_xdata()
+        np.testing.assert_allclose(line.get_ydata(), f["intercept"] + f["slope"] * xs)
+    assert len([a for a in plot_accuracy_fits(fits, "drop_path").axes if a.get_visible()]) == 3

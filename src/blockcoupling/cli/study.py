@@ -7,7 +7,14 @@ from typing import Annotated
 
 import typer
 
-from blockcoupling.cli.app import JSON_HELP, app, echo_json, guarded, print_plan
+from blockcoupling.cli.app import (
+    CLUSTER_CPUS_HELP,
+    JSON_HELP,
+    app,
+    echo_json,
+    guarded,
+    print_plan,
+)
 from blockcoupling.cli.app import STATE as _STATE
 
 study_app = typer.Typer(help="Built-in studies that test the paper's claims end to end.",
@@ -38,6 +45,40 @@ def lm_family(
             return
         result = run_study(out, spec, quick=quick, progress=not _STATE["quiet"],
                            executor=executor)
+    if as_json:
+        echo_json(result.to_dict())
+    else:
+        typer.echo(result.summary())
+        typer.echo(f"wrote {out / 'study.json'} and {out / 'study.html'}")
+
+
+@study_app.command("generalization")
+def generalization(
+    out: Annotated[Path, typer.Option("--out", "-o", help="Output folder (study.json, study.html, runs.csv, cells.csv, grid/).")],
+    quick: Annotated[bool, typer.Option("--quick", help="The test-suite's tiny version (18 runs of a 16-wide ViT, under a minute; a smoke test without power).")] = False,
+    spec: Annotated[Path | None, typer.Option("--spec", help="A YAML design (train_sizes, label_noises, seeds, train: {...}, variants, alpha, bound, power); default: the full design.")] = None,
+    executor: Annotated[str, typer.Option("--executor", help="How the runs train: local (one after the other in this process) or ray (one task per run, one CPU and one torch thread each).")] = "local",
+    address: Annotated[str | None, typer.Option(help="Ray cluster address (default: start a local one).")] = None,
+    cluster_cpus: Annotated[int | None, typer.Option(help=CLUSTER_CPUS_HELP)] = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Check the design (its power included) and print its plan (runs, steps, measured checkpoints, the measurement of each, an estimated time); train and write nothing.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help=JSON_HELP)] = False,
+) -> None:
+    """Train ViTs of one architecture with generalisation moved by the data (training-set size
+    x label noise, seeds per cell), and test whether coupling above chance tracks test
+    accuracy (a positive control, one-sided tests, an equivalence test, the design's power)."""
+    from blockcoupling.studies.generalization import full_spec, load_spec, quick_spec, run_study
+
+    with guarded(saved=f"finished runs are kept in {out / 'grid'}; run the same command "
+                       "again to continue"):
+        design = load_spec(spec) if spec is not None else (quick_spec() if quick else
+                                                           full_spec())
+        if dry_run:
+            from blockcoupling.studies.plans import plan_generalization
+
+            print_plan(plan_generalization(design), as_json)
+            return
+        result = run_study(out, design, executor=executor, address=address,
+                           cluster_cpus=cluster_cpus, progress=not _STATE["quiet"])
     if as_json:
         echo_json(result.to_dict())
     else:

@@ -160,7 +160,8 @@ def sweep_status_cmd(
     counts = st["status"].value_counts()
     typer.echo(f"{sweep_dir} ({_kind(sweep_dir)}): {len(st)} units: "
                + ", ".join(f"{n} {s}" for s, n in counts.items()))
-    headlines = _unit_headlines(sweep_dir) if (st["status"] == "done").any() else {}
+    headlines, tokens = (_unit_headlines(sweep_dir) if (st["status"] == "done").any()
+                         else ({}, "last"))
     for r in st.itertuples():
         step = "" if r.step is None or str(r.step) == "<NA>" else f" step {r.step}"
         line = f"  {r.status:<12s} {r.unit_id}{step}"
@@ -176,7 +177,7 @@ def sweep_status_cmd(
     if headlines:
         from blockcoupling.engine.statistic import headline_rule
 
-        rule = headline_rule()
+        rule = headline_rule(tokens=tokens)  # the collection's own token rule, as stated
         typer.echo(f"  (rule: {rule})")
 
 
@@ -218,22 +219,25 @@ def _unit_statistics(sweep_dir: Path, st: Any) -> dict[str, Any]:
     if not (st["status"] == "done").any():
         return {}
     try:
-        summ = open_sweep(sweep_dir).summary(include_duplicates=True)
+        sw = open_sweep(sweep_dir)
+        summ = sw.summary(include_duplicates=True)
     except (BlockCouplingError, ImportError, OSError):
         return {}
-    return {"statistic": StatisticRule(n_boot=0).to_dict() | {"description": headline_rule()},
-            "summary": jsonable(summ)}
+    tokens = sw.default_tokens
+    return {"statistic": StatisticRule(n_boot=0, tokens=tokens).to_dict()
+            | {"description": headline_rule(tokens=tokens)}, "summary": jsonable(summ)}
 
 
-def _unit_headlines(sweep_dir: Path) -> dict[str, str]:
-    """unit_id -> the headline statistic of each done unit (empty where it cannot be read:
-    the status lines still print)."""
+def _unit_headlines(sweep_dir: Path) -> tuple[dict[str, str], str]:
+    """(unit_id -> the headline statistic of each done unit, the token rule they used);
+    empty where it cannot be read: the status lines still print."""
     from blockcoupling.engine.statistic import headline_wide
     from blockcoupling.studies.sweep import open_sweep
 
     try:
-        summ = open_sweep(sweep_dir).summary(include_duplicates=True)
+        sw = open_sweep(sweep_dir)
+        summ = sw.summary(include_duplicates=True)
     except (BlockCouplingError, ImportError, OSError):
-        return {}
-    return {str(r["unit_id"]): headline_wide(r) for _, r in summ.iterrows()
-            if r.notna().get("k", False)}
+        return {}, "last"
+    return ({str(r["unit_id"]): headline_wide(r) for _, r in summ.iterrows()
+             if r.notna().get("k", False)}, sw.default_tokens)

@@ -94,16 +94,30 @@ def vit_train(
     if as_json:
         echo_json({"out": str(path), **m})
     else:  # -q hides progress and chatter, never results
-        f = m["final"]
-        typer.echo(f"test accuracy {f['test_accuracy']:.3f}, train accuracy "
-                   f"{f['train_accuracy']:.3f}, depth-wise coupling ({cfg.tokens}, K={cfg.k}, "
-                   f"{f['images']} test images; ± = one se over the images, within this "
-                   f"model): coupling_vs_null {f['coupling_vs_null']:.4f} "
-                   f"± {f['coupling_vs_null_se']:.4f}, raw {f['coupling']:.4f} "
-                   f"± {f['coupling_se']:.4f}; [CLS] {f['coupling_vs_null_cls']:.4f} "
-                   f"± {f['coupling_vs_null_se_cls']:.4f}, last patch "
-                   f"{f['coupling_vs_null_last']:.4f} ± {f['coupling_vs_null_se_last']:.4f}")
+        typer.echo(vit_headline(path, m))
         typer.echo(f"wrote {path}")
+
+
+def vit_headline(path: Path, m: dict[str, Any]) -> str:
+    """What ``vit-train`` states of a finished output: accuracies, the headline of its final
+    run as ``show`` states it (the run's own token rule), [CLS] and the last patch side by
+    side, and the rule."""
+    from blockcoupling.engine.statistic import headline, headline_rule
+    from blockcoupling.store.reader import open_run
+    from blockcoupling.studies.vit.grid import FINAL_RUN
+    from blockcoupling.studies.vit.train import STATISTIC_TOKENS
+
+    f = m["final"]
+    tokens = STATISTIC_TOKENS[str(m["config"].get("tokens", "cls"))]  # its final run's rule
+    stat = open_run(path / FINAL_RUN).coupling_statistic(k=int(m["config"]["k"]), n_boot=0,
+                                                         tokens=tokens)
+    return (f"test accuracy {f['test_accuracy']:.3f}, train accuracy {f['train_accuracy']:.3f}"
+            f"; final measurement ({f['images']} test images), depth-wise coupling, "
+            f"{headline(stat)}\n  [CLS] coupling_vs_null {f['coupling_vs_null_cls']:.4f} ± "
+            f"{f['coupling_vs_null_se_cls']:.4f}, last patch {f['coupling_vs_null_last']:.4f} "
+            f"± {f['coupling_vs_null_se_last']:.4f}\n  (rule: "
+            f"{headline_rule(tokens=tokens)}; ± is one standard error over "
+            "the images, within this trained model)")
 
 
 @app.command("vit-grid", cls=record_command(_grid_options))

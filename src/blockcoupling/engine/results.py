@@ -29,6 +29,7 @@ from blockcoupling.engine.statistic import (
     StatisticRule,
     headline,
     headline_rule,
+    headline_tokens,
     per_prompt_values,
     statistic_table,
 )
@@ -236,15 +237,17 @@ class Measurement:
 
     def coupling_statistic(self, *, variants: Sequence[str] | None = None,
                            k: KSpec | Sequence[int] = None, p: float | None = 1.0,
-                           orientation: str = "ujv", tokens: str = "last",
+                           orientation: str = "ujv", tokens: str | None = None,
                            diagonal: bool = False, n_boot: int = DEFAULT_N_BOOT, seed: int = 0,
                            ci: float = DEFAULT_CI, interval: str = "t") -> pd.DataFrame:
         """The headline statistic of this run (``engine.statistic``): one row per variant and
         K with ``mean, se, ci_low, ci_high, n_prompts, k, d_model, chance, replication,
         rule`` (``se`` and the interval are within this model: over prompts). ``variants``
-        None: the headline variants this run measured (``engine.statistic``)."""
+        None: the headline variants this run measured (``engine.statistic``);
+        ``tokens=None``: the run's own rule (:attr:`headline_tokens`)."""
         return statistic_table(self.coupling, variants=variants, k=k, p=p,
-                               orientation=orientation, tokens=tokens, diagonal=diagonal,
+                               orientation=orientation, tokens=tokens or self.headline_tokens,
+                               diagonal=diagonal,
                                d_model=self.d_model, n_boot=n_boot, seed=seed, ci=ci,
                                where=str(self.meta.get("model") or "run"), interval=interval)
 
@@ -256,6 +259,13 @@ class Measurement:
         return fast_path_layers(self.meta)
 
     @property
+    def headline_tokens(self) -> str:
+        """The token rule of this run's headline, as its ``meta`` states it
+        (``headline_tokens``: a ViT training's final and epoch runs write theirs, [CLS] =
+        ``"first"``), else ``"last"`` (the paper's)."""
+        return headline_tokens(self.meta)
+
+    @property
     def d_model(self) -> int | None:
         """The model's hidden size as recorded in ``meta`` (None if unknown)."""
         d = self.meta.get("hidden_size")
@@ -263,10 +273,11 @@ class Measurement:
 
     def mean_depth_coupling(self, k: KSpec = None, *, variant: str = "coupling",
                             p: float | None = 1.0, orientation: str = "ujv",
-                            tokens: str = "last", diagonal: bool = False) -> float:
+                            tokens: str | None = None, diagonal: bool = False) -> float:
         """The run's mean depth-wise ``variant`` by the one rule of ``engine.statistic``
         (mean over prompts of the per-prompt mean over layer pairs l != l', at each prompt's
-        last measured token unless ``tokens="all"``; ``diagonal=True`` includes l = l').
+        token of the run's rule (:attr:`headline_tokens`, the last measured one unless the
+        run states another) unless ``tokens`` says; ``diagonal=True`` includes l = l').
         :meth:`coupling_statistic` gives it with its standard error and chance level."""
         row = self.coupling_statistic(variants=(variant,), k=k, p=p, orientation=orientation,
                                       tokens=tokens, diagonal=diagonal, n_boot=0)
@@ -274,10 +285,11 @@ class Measurement:
 
     def per_prompt_coupling(self, k: KSpec = None, *, variant: str = "coupling",
                             p: float | None = 1.0, orientation: str = "ujv",
-                            tokens: str = "last", diagonal: bool = False) -> pd.DataFrame:
-        """Per prompt: ``prompt_id, value, chance``, the values the statistic averages."""
-        rule = StatisticRule(variant=variant, k=k, p=p, orientation=orientation, tokens=tokens,
-                             diagonal=diagonal)
+                            tokens: str | None = None, diagonal: bool = False) -> pd.DataFrame:
+        """Per prompt: ``prompt_id, value, chance``, the values the statistic averages
+        (``tokens=None``: the run's own rule)."""
+        rule = StatisticRule(variant=variant, k=k, p=p, orientation=orientation,
+                             tokens=tokens or self.headline_tokens, diagonal=diagonal)
         where = str(self.meta.get("model") or "run")
         sel = self.coupling[(self.coupling["kind"] == "depth")
                             & (self.coupling["variant"] == variant)]
@@ -332,7 +344,7 @@ class Measurement:
                 lines.append(f"  depth-wise coupling, {headline(stat)}")
                 stated = True
             if stated:
-                rule = headline_rule(variants)
+                rule = headline_rule(variants, tokens=self.headline_tokens)
                 lines.append(f"    (rule: {rule})")
         if not self.token_metrics.empty:
             tm = self.token_metrics

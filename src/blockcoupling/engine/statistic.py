@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -61,6 +61,7 @@ from blockcoupling.engine.names import (
 from blockcoupling.errors import BlockCouplingError
 
 __all__ = [
+    "HEADLINE_TOKENS_KEY",
     "HEADLINE_VARIANTS",
     "LEAD_VARIANTS",
     "STATISTIC_COLUMNS",
@@ -74,6 +75,7 @@ __all__ = [
     "flat_chance",
     "headline",
     "headline_rule",
+    "headline_tokens",
     "headline_wide",
     "lead_variant",
     "measured_headline_variants",
@@ -520,10 +522,27 @@ _BESIDE_NAMES = {"coupling_vs_null": "against independent bases (coupling_vs_nul
 SE_WORDS = "± = one standard error over prompts, within one model"
 
 
-def headline_rule(variants: Sequence[str] = HEADLINE_VARIANTS, k: int | None = None) -> str:
+#: the key under which a run's ``meta`` (or a collection's manifest) states the token rule of
+#: its headline (a ViT's [CLS]: ``"first"``); absent: ``"last"``, the paper's
+HEADLINE_TOKENS_KEY = "headline_tokens"
+
+
+def headline_tokens(record: Mapping[str, Any] | None) -> str:
+    """The token rule of the headline of a run (its ``meta``) or a collection (its manifest):
+    the rule it states under :data:`HEADLINE_TOKENS_KEY`, else ``"last"`` (the paper's)."""
+    tokens = str((record or {}).get(HEADLINE_TOKENS_KEY) or "last")
+    if tokens not in TOKEN_RULES:
+        raise BlockCouplingError(f"the stated headline token rule {tokens!r} is not one of "
+                                 f"{', '.join(TOKEN_RULES)}; the record is damaged")
+    return tokens
+
+
+def headline_rule(variants: Sequence[str] = HEADLINE_VARIANTS, k: int | None = None,
+                  tokens: str = "last") -> str:
     """The rule of :func:`headline` lines (no interval is printed there), for the one
-    ``(rule: ...)`` line under them; ``k=None``: "K as on each line"."""
-    rule = StatisticRule(variant=variants[0], n_boot=0)
+    ``(rule: ...)`` line under them; ``k=None``: "K as on each line"; ``tokens``: the token
+    rule the lines used."""
+    rule = StatisticRule(variant=variants[0], n_boot=0, tokens=tokens)
     return rule.describe(k, variants=variants, k_text=None if k is not None else
                          "K as on each line", interval=False)
 

@@ -258,7 +258,7 @@ def report_summary(runs: Measurement | Sequence[Measurement],
                 f"{_pm(r['lead_mean'], r['lead_se'])}{spread}{beside}; "
                 f"raw c_K {_pm(r['coupling_mean'], r['coupling_se'])} against a chance level "
                 f"of {_f(r['coupling_chance'])} (K={r['k']}; ± is one standard error over "
-                "prompts, within one model).")
+                f"prompts, within one model; rule: {r['statistic_rule']}).")
         elif not np.isnan(r["coupling_mean"]):
             out.headline.append(
                 f"{r['label']}: mean off-diagonal depth coupling c_K "

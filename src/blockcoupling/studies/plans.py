@@ -25,7 +25,8 @@ from typing import Any
 
 from blockcoupling.engine.plan import GFLOPS, MeasurePlan, duration, span
 
-__all__ = ["RunPlan", "StudyPlan", "plan_grid", "plan_lm_study", "plan_sweep", "plan_vit_training"]
+__all__ = ["RunPlan", "StudyPlan", "plan_generalization", "plan_grid", "plan_lm_study",
+           "plan_sweep", "plan_vit_training"]
 
 #: how the training time is estimated (stated in every plan)
 TRAINING_MODEL = (f"stated model: training 6 x parameters x tokens flop per step, measurement "
@@ -136,11 +137,11 @@ def plan_sweep(spec: Any) -> StudyPlan:
 
 
 # ---------------------------------------------------------------------------- ViT training
-def plan_vit_training(configs: Sequence[Any]) -> StudyPlan:
+def plan_vit_training(configs: Sequence[Any], axes: Sequence[str] = (),
+                      study: str = "ViT training") -> StudyPlan:
     """The plan of training each ``VitTrainConfig``: epochs, steps, the epochs measured
-    (``monitor_images`` test images each) and the final measurement (``final_images``)."""
-    import math
-
+    (``monitor_images`` test images each) and the final measurement (``final_images``);
+    ``axes``: the grid's extra axes (in the runs' names)."""
     import torch
 
     from blockcoupling.store.record import plan_run
@@ -162,11 +163,12 @@ def plan_vit_training(configs: Sequence[Any]) -> StudyPlan:
         images = torch.zeros(min(max(c.monitor_images, c.final_images), n_test), channels,
                              size, size)  # what the run measures: its first test images
         model_name = f"ViT {c.preset}"
-        steps = math.ceil(n_train / c.batch_size) * c.epochs
+        steps = c.total_steps(n_train)
         params = sum(p.numel() for p in model.parameters())
         tokens_per_image = (size // shape.patch_size) ** 2 + 1
         runs.append(RunPlan(
-            name=run_name(c), unit="epoch", checkpoints=c.measured_epochs(), steps=steps, parameters=params,
+            name=run_name(c, axes), unit="epoch", checkpoints=c.measured_epochs(n_train),
+            steps=steps, parameters=params,
             training_flops=6.0 * params * tokens_per_image * c.batch_size * steps,
             measure=plan_run(model, None, {"pixel_values": images[: c.monitor_images]},
                              config=images_config(c.k, measured_tokens(c.tokens)),
@@ -174,18 +176,33 @@ def plan_vit_training(configs: Sequence[Any]) -> StudyPlan:
             final=plan_run(model, None, {"pixel_values": images[: c.final_images]},
                            config=images_config(c.k, measured_tokens(c.tokens, both=True)),
                            model_name=model_name)))
-    return StudyPlan(study="ViT training", runs=runs)
+    return StudyPlan(study=study, runs=runs)
 
 
 def plan_grid(base: Any, kwargs: dict[str, Any]) -> StudyPlan:
     """The plan of a ViT grid (``base`` config and :func:`~blockcoupling.studies.vit.grid.run_grid`'s
     keyword arguments, e.g. from ``load_grid_spec``): every run's config, checked as the grid
     checks it."""
-    from blockcoupling.studies.vit.grid import grid_configs
+    from blockcoupling.studies.vit.grid import grid_axes, grid_configs
 
+    extra = {k: kwargs.get(k) for k in ("train_limits", "label_noises")}
     return plan_vit_training(grid_configs(base, kwargs.get("drop_paths", ()),
                                           kwargs.get("weight_decays", ()),
-                                          kwargs.get("seeds", (0,))))
+                                          kwargs.get("seeds", (0,)), **extra),
+                             grid_axes(**extra))
+
+
+def plan_generalization(spec: Any) -> StudyPlan:
+    """The plan of ``study generalization`` for a ``GeneralizationSpec`` (already checked,
+    its power included): every run's training (its steps, the checkpoints measured) and
+    measurements, with the design and its power as notes."""
+    from blockcoupling.studies.generalization.design import describe_design
+    from blockcoupling.studies.vit.grid import grid_axes
+
+    plan = plan_vit_training(spec.configs(), grid_axes(**spec.grid_axes()),
+                             study="the generalization study")
+    plan.notes += [*describe_design(spec), "runs already trained in --out are reused"]
+    return plan
 
 
 # ---------------------------------------------------------------------------- the LM family

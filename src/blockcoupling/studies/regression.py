@@ -28,12 +28,17 @@ __all__ = [
     "MIN_MODELS",
     "PREDICTORS",
     "analyse",
+    "correlation_density",
+    "correlation_power",
+    "correlation_tests",
     "exponential_fit",
     "floor_analysis",
     "partial_correlation",
     "partial_correlations",
     "regression",
+    "replicate_summary",
     "stats_modules",
+    "tost_power",
 ]
 
 #: Predictors regressed against the score, in output order: the headline statistic
@@ -270,3 +275,124 @@ def analyse(table: pd.DataFrame, *, n_boot: int = 2000, seed: int = 0,
     if floor:
         out["floor"] = floor_analysis(table, y)
     return out
+
+
+# ---------------------------------------------------------------------------- replication
+def replicate_summary(values: Sequence[float] | np.ndarray, *, confidence: float = 0.95
+                      ) -> dict[str, Any]:
+    """Mean over independent replicates (training runs: seeds), the unit of replication:
+    ``n, mean, sd`` (ddof 1), ``se = sd / sqrt(n)`` and a t interval with n - 1 degrees of
+    freedom (NaN where n < 2). NaNs are left out."""
+    st, _ = stats_modules()
+    x = np.asarray(values, dtype=float)
+    x = x[np.isfinite(x)]
+    n = int(x.size)
+    mean = float(x.mean()) if n else math.nan
+    sd = float(x.std(ddof=1)) if n > 1 else math.nan
+    se = sd / math.sqrt(n) if n > 1 else math.nan
+    half = float(st.t.isf((1 - confidence) / 2, n - 1)) * se if n > 1 else math.nan
+    return {"n": n, "mean": mean, "sd": sd, "se": se, "ci_low": mean - half,
+            "ci_high": mean + half, "ci_level": confidence}
+
+
+# ---------------------------------------------------------------------------- correlations
+def correlation_density(r: float | np.ndarray, n: int, rho: float) -> np.ndarray:
+    """The exact density of Pearson's sample correlation of ``n`` bivariate-normal pairs with
+    population correlation ``rho`` (Hotelling's form, with the Gauss hypergeometric function
+    of ``scipy.special``)."""
+    from scipy import special
+
+    r = np.asarray(r, dtype=float)
+    log_c = (math.log(n - 2) + special.gammaln(n - 1) - 0.5 * math.log(2 * math.pi)
+             - special.gammaln(n - 0.5))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        log_f = (log_c + (n - 1) / 2 * math.log1p(-rho ** 2) + (n - 4) / 2 * np.log1p(-r ** 2)
+                 - (n - 1.5) * np.log1p(-rho * r))
+        return np.exp(log_f) * special.hyp2f1(0.5, 0.5, n - 0.5, (rho * r + 1) / 2)
+
+
+def _r_probability(lo: float, hi: float, n: int, rho: float) -> float:
+    """P(lo < r < hi) for the sample correlation of ``n`` pairs at correlation ``rho``."""
+    from scipy import integrate
+
+    lo, hi = max(lo, -1.0), min(hi, 1.0)
+    if hi <= lo:
+        return 0.0
+    return float(min(1.0, max(0.0, integrate.quad(correlation_density, lo, hi,
+                                                  args=(n, rho), limit=200)[0])))
+
+
+def _critical_r(n: int, alpha: float) -> float:
+    """The r above which the one-sided t-test of a correlation (n - 2 df) rejects at alpha."""
+    st, _ = stats_modules()
+    t = float(st.t.isf(alpha, n - 2))
+    return t / math.sqrt(n - 2 + t * t)
+
+
+def correlation_power(n: int, rho: float, alpha: float = 0.05) -> float:
+    """The exact power of the one-sided test of a positive Pearson correlation (the t-test
+    with n - 2 df, ``scipy.stats.pearsonr(..., alternative="greater")``) over ``n``
+    bivariate-normal pairs whose population correlation is ``rho``."""
+    if n < 4:
+        raise BlockCouplingError(f"a correlation test needs at least 4 points, got {n}")
+    return _r_probability(_critical_r(n, alpha), 1.0, n, rho)
+
+
+def _tost_region(n: int, bound: float, alpha: float) -> tuple[float, float]:
+    """The sample correlations for which the TOST of :func:`correlation_tests` declares
+    equivalence within +-``bound``: the Fisher-z (1 - 2 alpha) interval inside the bounds."""
+    st, _ = stats_modules()
+    half = float(st.norm.isf(alpha)) / math.sqrt(n - 3)
+    z = math.atanh(bound)
+    return math.tanh(-z + half), math.tanh(z - half)
+
+
+def tost_power(n: int, bound: float, alpha: float = 0.05, rho: float = 0.0) -> float:
+    """The exact probability that the equivalence test of :func:`correlation_tests` (TOST on
+    Fisher's z against +-``bound``) declares equivalence for ``n`` bivariate-normal pairs of
+    population correlation ``rho`` (its power at ``rho = 0``)."""
+    if n < 4:
+        raise BlockCouplingError(f"a correlation test needs at least 4 points, got {n}")
+    lo, hi = _tost_region(n, bound, alpha)
+    return _r_probability(lo, hi, n, rho)
+
+
+def correlation_tests(x: Sequence[float] | np.ndarray, y: Sequence[float] | np.ndarray, *,
+                      bound: float = 0.5, alpha: float = 0.05) -> dict[str, Any]:
+    """The pre-registered tests of a positive association of y with x over independent units:
+
+    * ``p_greater``: Pearson's r, one-sided (``scipy.stats.pearsonr``, ``alternative=
+      "greater"``: the t-test of the OLS slope, n - 2 df); ``slope``, ``slope_stderr``;
+    * the equivalence test (TOST) against the smallest correlation of interest ``bound``:
+      two one-sided tests on Fisher's z = atanh(r) with se 1 / sqrt(n - 3),
+      ``p_tost = max(p_lower, p_upper)``; equivalent (|rho| < bound) when ``p_tost < alpha``,
+      i.e. when the Fisher (1 - 2 alpha) interval ``ci_tost`` lies inside (-bound, bound);
+    * ``power`` and ``tost_power``: the design's exact power to detect rho = ``bound`` and to
+      declare equivalence at rho = 0 (:func:`correlation_power`, :func:`tost_power`).
+
+    Needs n >= 4 and values that vary."""
+    st, _ = stats_modules()
+    xa, ya = _clean_xy(x, y)
+    n = int(len(xa))
+    if n < 4:
+        raise BlockCouplingError(f"the correlation tests need at least 4 units, got {n}")
+    if np.ptp(xa) == 0 or np.ptp(ya) == 0:
+        raise BlockCouplingError("the correlation tests need values that vary; "
+                                 f"{'x' if np.ptp(xa) == 0 else 'y'} is constant")
+    res = st.pearsonr(xa, ya, alternative="greater")
+    r = float(res.statistic)
+    lr = st.linregress(xa, ya)
+    se = 1.0 / math.sqrt(n - 3)
+    z = math.atanh(min(max(r, -1 + 1e-15), 1 - 1e-15))
+    p_lower = float(st.norm.sf((z - math.atanh(-bound)) / se))   # H0: rho <= -bound
+    p_upper = float(st.norm.cdf((z - math.atanh(bound)) / se))   # H0: rho >= +bound
+    half = float(st.norm.isf(alpha)) * se
+    p_tost = max(p_lower, p_upper)
+    return {"n": n, "r": r, "p_greater": float(res.pvalue), "slope": float(lr.slope),
+            "intercept": float(lr.intercept), "slope_stderr": float(lr.stderr),
+            "bound": bound, "alpha": alpha, "p_tost_lower": p_lower, "p_tost_upper": p_upper,
+            "p_tost": p_tost, "equivalent": bool(p_tost < alpha),
+            "ci_tost": [math.tanh(z - half), math.tanh(z + half)],
+            "ci_tost_level": 1 - 2 * alpha,
+            "power": correlation_power(n, bound, alpha),
+            "tost_power": tost_power(n, bound, alpha)}

@@ -58,17 +58,17 @@ def coupling_statistic(source: Measurement | str | os.PathLike[str] | Any, *,
     the headline variants measured: ``coupling_vs_rotated``, ``coupling_vs_null``, then
     ``coupling``); ``k``: None (the smallest measured K, the same for
     every unit of a collection), ``"d/10"`` (round(d/10) per model, the paper's), an int or a
-    list; ``tokens``: ``"last"`` (the paper's), ``"first"`` or ``"all"`` (None: ``"last"``, or a
-    collection's own rule, e.g. a ViT grid's [CLS]); ``diagonal=True`` includes l = l';
-    ``interval``: ``"t"`` (Student t, the default) or ``"bootstrap"`` (percentile, ``n_boot``
-    resamples, ``seed``).
+    list; ``tokens``: ``"last"`` (the paper's), ``"first"`` or ``"all"`` (None: the rule
+    the run or the collection states, e.g. a ViT training's [CLS], else ``"last"``);
+    ``diagonal=True`` includes l = l'; ``interval``: ``"t"`` (Student t, the default) or
+    ``"bootstrap"`` (percentile, ``n_boot`` resamples, ``seed``).
     Columns: the names of the run/unit, then ``variant, k, p, orientation, tokens, diagonal,
     d_model, n_prompts, mean, se, ci_low, ci_high, chance, rule`` (docs/conventions.md)."""
-    opts: dict[str, Any] = dict(variants=_variants(variant), k=k, p=p, orientation=orientation, tokens=tokens,
-                diagonal=diagonal, n_boot=n_boot, seed=seed, ci=ci, interval=interval)
-    run_opts = {**opts, "tokens": opts["tokens"] or "last"}
+    opts: dict[str, Any] = dict(variants=_variants(variant), k=k, p=p, orientation=orientation,
+                                tokens=tokens, diagonal=diagonal, n_boot=n_boot, seed=seed,
+                                ci=ci, interval=interval)
     if isinstance(source, Measurement):
-        return _with_names(source.coupling_statistic(**run_opts), run_names(source.meta))
+        return _with_names(source.coupling_statistic(**opts), run_names(source.meta))
     if hasattr(source, "coupling_statistic") and hasattr(source, "catalogue"):
         return source.coupling_statistic(**opts, include_duplicates=include_duplicates)
     if isinstance(source, str | os.PathLike):
@@ -77,7 +77,7 @@ def coupling_statistic(source: Measurement | str | os.PathLike[str] | Any, *,
 
         if is_run_dir(path):
             m = open_run(path)
-            return _with_names(m.coupling_statistic(**run_opts), run_names(m.meta, path.name))
+            return _with_names(m.coupling_statistic(**opts), run_names(m.meta, path.name))
         from blockcoupling.studies.sweep import is_collection_dir, open_collection
 
         if is_collection_dir(path):  # any kind: sweep, monitor, vit-grid

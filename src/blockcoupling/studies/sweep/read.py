@@ -76,7 +76,9 @@ class Sweep:
         """The token rule of this collection's headline, as its manifest states it
         (``headline_tokens``: a ViT grid writes its ``--tokens``, [CLS] = ``"first"``), else
         ``"last"`` (the paper's)."""
-        return str(self.manifest.get("headline_tokens") or "last")
+        from blockcoupling.engine.statistic import headline_tokens
+
+        return headline_tokens(self.manifest)
 
     @property
     def kind(self) -> str:

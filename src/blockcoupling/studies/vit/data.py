@@ -201,6 +201,23 @@ def load_cifar10_hub(image_size: int | None = None) -> ImageData:
     return _normalise("cifar10", tr_x, tr_y, te_x, te_y, tuple(names))
 
 
+def noisy_labels(labels: Tensor, rate: float, n_classes: int, seed: int) -> Tensor:
+    """``labels`` with exactly ``round(rate x n)`` of them, chosen at random, replaced by a
+    class drawn uniformly from the *other* classes (so each chosen label is wrong); seeded by
+    ``seed`` (a generator of its own: the training's random streams are untouched)."""
+    if not 0.0 <= rate < 1.0:
+        raise BlockCouplingError(f"label noise {rate!r}: give a fraction in [0, 1)")
+    if n_classes < 2:
+        raise BlockCouplingError("label noise needs at least 2 classes")
+    g = torch.Generator().manual_seed(int(seed) * 1_000_003 + 17)
+    n = len(labels)
+    chosen = torch.randperm(n, generator=g)[: int(round(rate * n))]
+    shift = torch.randint(1, n_classes, (len(chosen),), generator=g)  # never 0: another class
+    out = labels.clone()
+    out[chosen] = (labels[chosen] + shift) % n_classes
+    return out
+
+
 def load_image_data(name: str, *, image_size: int | None = None,
                     data_dir: str | Path | None = None, train_limit: int | None = None,
                     test_limit: int | None = None) -> ImageData:
@@ -223,4 +240,4 @@ def load_image_data(name: str, *, image_size: int | None = None,
 
 
 __all__ = ["DATASETS", "DEFAULT_IMAGE_SIZE", "ImageData", "load_digits", "load_image_data",
-           "load_image_folder"]
+           "load_image_folder", "noisy_labels"]

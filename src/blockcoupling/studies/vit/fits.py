@@ -1,6 +1,9 @@
 """The paper's conditional fits of the ViT grid: coupling against the drop-path rate at each
-fixed weight decay, and against log10(weight decay) at each fixed drop-path rate, beside the
-pooled fits (coupling against each, over every run, and test accuracy against coupling).
+fixed weight decay, and against log10(weight decay) at each fixed drop-path rate; test
+accuracy against coupling within each fixed drop-path rate and within each fixed weight decay
+(the paper's conditional claim, "coupling correlates with accuracy when fixing SD rate", and
+its fig. 12, per fixed weight decay); beside the pooled fits (coupling against each, over
+every run, and test accuracy against coupling).
 
 Each fit is ordinary least squares (``studies.regression.regression``, i.e.
 ``scipy.stats.linregress``: slope, its stderr, R^2, two-sided p) over the runs' values of
@@ -50,11 +53,21 @@ def _points(df: pd.DataFrame, xcol: str, column: str) -> list[dict[str, Any]]:
             for n, x, y, e in zip(df["name"], df[xcol], df[column], se, strict=True)]
 
 
+def _accuracy_points(df: pd.DataFrame, column: str) -> list[dict[str, Any]]:
+    """(x = coupling, its se ``x_se``, y = test accuracy) per run."""
+    se = df[f"{column}_se"] if f"{column}_se" in df else pd.Series(math.nan, index=df.index)
+    return [{"name": str(n), "x": float(x), "x_se": float(e), "y": float(y)}
+            for n, x, e, y in zip(df["name"], df[column], se, df["test_accuracy"], strict=True)]
+
+
 def conditional_fits(runs: pd.DataFrame, column: str = "coupling_vs_null") -> dict[str, Any]:
     """The fits of the finished runs (``collect_runs``): ``pooled`` (coupling ~ drop_path,
     coupling ~ log10 weight_decay, test_accuracy ~ coupling), ``by_weight_decay`` (one fit of
     coupling ~ drop_path per weight decay) and ``by_drop_path`` (coupling ~ log10 weight
-    decay per drop-path rate), each with its points (x, y, se)."""
+    decay per drop-path rate), each with its points (x, y, se); and the paper's conditional
+    accuracy fits, ``accuracy_by_drop_path`` and ``accuracy_by_weight_decay`` (test_accuracy ~
+    coupling among the runs of one drop-path rate, of one weight decay), each with its
+    points (x = coupling, x_se, y = test accuracy)."""
     df = runs[runs["status"] == "complete"].dropna(subset=[column]).copy()
     df["log10_weight_decay"] = np.log10(df["weight_decay"].clip(lower=1e-12))
 
@@ -75,6 +88,11 @@ def conditional_fits(runs: pd.DataFrame, column: str = "coupling_vs_null") -> di
                             for wd, g in df.groupby("weight_decay")],
         "by_drop_path": [{"drop_path": float(dp), **fit(g, "log10_weight_decay")}
                          for dp, g in df.groupby("drop_path")],
+        **{f"accuracy_by_{fixed}": [
+            {fixed: float(v), "x": column, "y": "test_accuracy",
+             **line_fit(g[column].to_numpy(), g["test_accuracy"].to_numpy()),
+             "points": _accuracy_points(g, column)}
+            for v, g in df.groupby(fixed)] for fixed in ("drop_path", "weight_decay")},
     }
 
 
@@ -82,7 +100,9 @@ def fits_table(fits: dict[str, Any]) -> pd.DataFrame:
     """One row per fit of :func:`conditional_fits` (group, fixed value, x, n, slope, R^2, p)."""
     rows = [{"fit": "pooled", "fixed": "-", **{k: f[k] for k in ("x", "y", *FIT_KEYS)}}
             for f in fits["pooled"].values()]
-    for key, fixed in (("by_weight_decay", "weight_decay"), ("by_drop_path", "drop_path")):
+    for key, fixed in (("by_weight_decay", "weight_decay"), ("by_drop_path", "drop_path"),
+                       ("accuracy_by_drop_path", "drop_path"),
+                       ("accuracy_by_weight_decay", "weight_decay")):
         rows += [{"fit": key, "fixed": f"{fixed}={f[fixed]:g}",
                   **{k: f[k] for k in ("x", "y", *FIT_KEYS)}} for f in fits[key]]
     return pd.DataFrame(rows)

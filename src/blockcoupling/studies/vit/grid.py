@@ -59,33 +59,65 @@ GRID_FORMAT = "blockcoupling-vit-grid"
 EXECUTORS = ("ray", "local")
 
 
-def run_name(config: VitTrainConfig) -> str:
-    """``dp<rate>-wd<decay>-s<seed>``, e.g. ``dp0.1-wd0.05-s0``."""
-    return f"dp{config.drop_path:g}-wd{config.weight_decay:g}-s{config.seed}"
+#: the optional axes of a grid beyond drop-path, weight decay and seed: the config field,
+#: the key of its value list (in a grid spec's manifest and ``run_grid``'s keywords) and the
+#: prefix of its value in a run's name. A grid names an axis only when it varies it, so the
+#: names (and unit ids) of the drop-path x weight-decay grids stay as they were.
+EXTRA_AXES: dict[str, tuple[str, str]] = {"train_limit": ("train_limits", "n"),
+                                          "label_noise": ("label_noises", "noise")}
+
+
+def run_name(config: VitTrainConfig, axes: Sequence[str] = ()) -> str:
+    """``dp<rate>-wd<decay>-s<seed>``, e.g. ``dp0.1-wd0.05-s0``, after the values of the
+    extra ``axes`` the grid varies (:data:`EXTRA_AXES`), e.g. ``n90-noise0.2-dp0.1-wd0.05-s0``."""
+    extra = "".join(f"{EXTRA_AXES[a][1]}{getattr(config, a) or 0:g}-" for a in EXTRA_AXES
+                    if a in axes)
+    return f"{extra}dp{config.drop_path:g}-wd{config.weight_decay:g}-s{config.seed}"
 
 
 def grid_configs(base: VitTrainConfig, drop_paths: Sequence[float] = PAPER_DROP_PATH,
                  weight_decays: Sequence[float] = PAPER_WEIGHT_DECAY,
-                 seeds: Sequence[int] = (0,)) -> list[VitTrainConfig]:
-    """One config per (weight decay, drop-path rate, seed), weight decay outermost."""
+                 seeds: Sequence[int] = (0,), *, train_limits: Sequence[int] | None = None,
+                 label_noises: Sequence[float] | None = None) -> list[VitTrainConfig]:
+    """One config per (weight decay, drop-path rate, seed), weight decay outermost; with
+    ``train_limits`` / ``label_noises`` (extra axes, :data:`EXTRA_AXES`) one per their
+    values too, those outermost (training-set size, then label noise)."""
     if not drop_paths or not weight_decays or not seeds:
         raise BlockCouplingError("the grid needs at least one drop-path rate, weight decay and seed")
     from blockcoupling.validate import number, whole
 
+    for name, values in (("train_limit", train_limits), ("label_noise", label_noises)):
+        if values is not None and not len(values):
+            raise BlockCouplingError(f"{name}: give at least one value")
     out = [base.replace(drop_path=number(dp, "drop-path"), weight_decay=number(wd, "weight-decay"),
-                        seed=whole(s, "seed", minimum=0))
-           for wd, dp, s in product(weight_decays, drop_paths, seeds)]
-    names = [run_name(c) for c in out]
+                        seed=whole(s, "seed", minimum=0),
+                        **({"train_limit": whole(tl, "train-limit", minimum=1)}
+                           if train_limits is not None else {}),
+                        **({"label_noise": number(ln, "label-noise", minimum=0, below=1)}
+                           if label_noises is not None else {}))
+           for tl, ln, wd, dp, s in product(train_limits or (None,), label_noises or (None,),
+                                            weight_decays, drop_paths, seeds)]
+    axes = grid_axes(train_limits, label_noises)
+    names = [run_name(c, axes) for c in out]
     if len(set(names)) != len(names):
-        raise BlockCouplingError("the grid repeats a (drop-path, weight decay, seed) point")
+        raise BlockCouplingError("the grid repeats a point (" + ", ".join(
+            [*axes, "drop-path", "weight decay", "seed"]) + ")")
     return out
+
+
+def grid_axes(train_limits: Sequence[int] | None = None,
+              label_noises: Sequence[float] | None = None) -> tuple[str, ...]:
+    """The extra axes a grid varies (:data:`EXTRA_AXES` order)."""
+    given = {"train_limit": train_limits, "label_noise": label_noises}
+    return tuple(a for a in EXTRA_AXES if given[a] is not None)
 
 
 def load_grid_spec(source: str | Path | dict[str, Any]
                    ) -> tuple[VitTrainConfig, dict[str, Any]]:
     """A grid from YAML (or a dict): ``drop_path`` and ``weight_decay`` lists (default: the
     paper's), ``seeds`` (default [0]), ``train`` (:class:`VitTrainConfig` fields, shared by
-    every run), and optionally ``executor``, ``address``, ``cpus_per_run``, ``threads``.
+    every run), optionally the extra axes ``train_limit`` and ``label_noise`` (lists), and
+    ``executor``, ``address``, ``cpus_per_run``, ``threads``.
     Returns the base config and the keyword arguments of :func:`run_grid`::
 
         drop_path: [0, 0.1, 0.3]
@@ -109,7 +141,7 @@ def load_grid_spec(source: str | Path | dict[str, Any]
     if not isinstance(data, dict):
         raise BlockCouplingError("a grid spec is a mapping with drop_path, weight_decay, train")
     allowed = {"kind", "drop_path", "weight_decay", "seeds", "train", "executor", "address",
-               "cpus_per_run", "threads"}
+               "cpus_per_run", "threads", *EXTRA_AXES}
     unknown = sorted(set(data) - allowed)
     if unknown:
         raise BlockCouplingError(f"unknown grid spec key(s) {unknown}; known: {sorted(allowed)}")
@@ -120,7 +152,7 @@ def load_grid_spec(source: str | Path | dict[str, Any]
         raise BlockCouplingError("train: give a mapping of training options, e.g. "
                                  "{dataset: digits, epochs: 5}")
     train = dict(train)
-    for key in ("drop_path", "weight_decay", "seed"):
+    for key in ("drop_path", "weight_decay", "seed", *(a for a in EXTRA_AXES if a in data)):
         if key in train:
             raise BlockCouplingError(f"train.{key} is set by the grid; give it at the top level")
     base = VitTrainConfig.from_dict(train)
@@ -139,6 +171,10 @@ def load_grid_spec(source: str | Path | dict[str, Any]
         "weight_decays": listed("weight_decay", PAPER_WEIGHT_DECAY, number, minimum=0),
         "seeds": listed("seeds", (0,), whole, minimum=0),
     }
+    if "train_limit" in data:
+        kwargs["train_limits"] = listed("train_limit", (), whole, minimum=1)
+    if "label_noise" in data:
+        kwargs["label_noises"] = listed("label_noise", (), number, minimum=0, below=1)
     for key, name in (("executor", "executor"), ("address", "address")):
         if key in data:
             if not isinstance(data[key], str):
@@ -180,14 +216,15 @@ KIND = "vit-grid"
 FINAL_RUN = "coupling/final"
 
 
-def grid_unit(config: VitTrainConfig) -> Any:
+def grid_unit(config: VitTrainConfig, axes: Sequence[str] = ()) -> Any:
     """The collection unit of one grid point (``studies.sweep.units.Unit``): label
-    :func:`run_name`, id by the collections' one rule over the whole training config, config
-    hash of its final measurement, run directory ``coupling/final``."""
+    :func:`run_name` (with the grid's extra ``axes``), id by the collections' one rule over
+    the whole training config, config hash of its final measurement, run directory
+    ``coupling/final``."""
     from blockcoupling.studies.sweep.units import Unit, collection_unit_id
     from blockcoupling.studies.vit.train import images_config, measured_tokens
 
-    label = run_name(config)
+    label = run_name(config, axes)
     final = images_config(config.k, measured_tokens(config.tokens, both=True))
     return Unit(unit_id=collection_unit_id([(label, 48)], [KIND, config.key()]), label=label,
                 model=f"vit:{config.preset}", revision=None, step=None,
@@ -205,12 +242,14 @@ def headline_tokens(base_dict: dict[str, Any]) -> str:
 
 
 def _grid_manifest(root: Path, base_dict: dict[str, Any], units: list[Any],
-                   configs: list[VitTrainConfig], executor: str) -> dict[str, Any]:
+                   configs: list[VitTrainConfig], executor: str,
+                   axes: Sequence[str] = ()) -> dict[str, Any]:
     """The grid's collection manifest (new, or the existing one of the same base config)
     with this run's points added to its spec and order and a new session."""
     from blockcoupling.studies.sweep import store
 
-    spec = {KIND: {"base": base_dict, "drop_paths": [], "weight_decays": [], "seeds": []}}
+    spec = {KIND: {"base": base_dict, "drop_paths": [], "weight_decays": [], "seeds": [],
+                   **{EXTRA_AXES[a][0]: [] for a in axes}}}
     readable = False  # lost or corrupt: rebuilt from status/
     with contextlib.suppress(BlockCouplingError):
         readable = (root / store.MANIFEST).is_file() and isinstance(
@@ -233,8 +272,8 @@ def _grid_manifest(root: Path, base_dict: dict[str, Any], units: list[Any],
         manifest = rebuilt if rebuilt is not None else store.new_manifest(KIND, spec)
     grid = manifest["spec"][KIND]
     for key, attr in (("drop_paths", "drop_path"), ("weight_decays", "weight_decay"),
-                      ("seeds", "seed")):
-        grid[key] = sorted({*grid.get(key, []), *(getattr(c, attr) for c in configs)})
+                      ("seeds", "seed"), *((EXTRA_AXES[a][0], a) for a in axes)):
+        grid[key] = sorted({*grid.get(key, []), *(getattr(c, attr) or 0 for c in configs)})
     manifest["headline_tokens"] = headline_tokens(base_dict)
     manifest["order"] += [u.unit_id for u in units if u.unit_id not in manifest["order"]]
     manifest["sessions"].append({"started": store.now(), "executor": executor})
@@ -245,6 +284,8 @@ def _grid_manifest(root: Path, base_dict: dict[str, Any], units: list[Any],
 def run_grid(base: VitTrainConfig, root: str | Path, *,
              drop_paths: Sequence[float] = PAPER_DROP_PATH,
              weight_decays: Sequence[float] = PAPER_WEIGHT_DECAY, seeds: Sequence[int] = (0,),
+             train_limits: Sequence[int] | None = None,
+             label_noises: Sequence[float] | None = None,
              executor: str = "ray", address: str | None = None, num_cpus: int = 1,
              threads: int | None = 1, progress: bool = True,
              on_run: Callable[[dict[str, Any]], None] | None = None,
@@ -252,7 +293,8 @@ def run_grid(base: VitTrainConfig, root: str | Path, *,
     """Train every grid point into ``root/runs/<name>``; returns :func:`collect_runs` with a
     ``message`` column (runs that failed are ``status == "failed"``).
 
-    ``executor="ray"``: one task per run (``num_cpus`` each) on the cluster at ``address``
+    ``train_limits`` / ``label_noises``: extra axes (:func:`grid_configs`; the runs' names
+    then start with them). ``executor="ray"``: one task per run (``num_cpus`` each) on the cluster at ``address``
     (or the one ``ray.init()`` finds), reached before anything is written, or a local one of
     ``cluster_cpus`` CPUs; ``"local"``: one after the other in this process. A grid directory may be
     run again with the same base config (finished runs are skipped, new points are added);
@@ -264,32 +306,34 @@ def run_grid(base: VitTrainConfig, root: str | Path, *,
         raise BlockCouplingError(f"executor {executor!r}: choose ray or local")
     num_cpus = whole(num_cpus, "cpus-per-run", minimum=1)
     threads = optional(whole, threads, "threads", minimum=1)
+    configs = grid_configs(base, drop_paths, weight_decays, seeds, train_limits=train_limits,
+                           label_noises=label_noises)  # checked before Ray starts
+    axes = grid_axes(train_limits, label_noises)
     if executor == "local":
-        return _run_grid(base, root, drop_paths, weight_decays, seeds, executor, address,
-                         num_cpus, threads, progress, on_run)
+        return _run_grid(base, root, configs, axes, executor, address, num_cpus, threads,
+                         progress, on_run)
     from blockcoupling.studies.sweep.runner import ray_session
 
     with ray_session(address, num_cpus=cluster_cpus):  # reached before anything is written
-        return _run_grid(base, root, drop_paths, weight_decays, seeds, executor, None,
-                         num_cpus, threads, progress, on_run)
+        return _run_grid(base, root, configs, axes, executor, None, num_cpus, threads,
+                         progress, on_run)
 
 
-def _run_grid(base: VitTrainConfig, root: str | Path, drop_paths: Sequence[float],
-              weight_decays: Sequence[float], seeds: Sequence[int], executor: str,
-              address: str | None, num_cpus: int, threads: int | None, progress: bool,
+def _run_grid(base: VitTrainConfig, root: str | Path, configs: list[VitTrainConfig],
+              axes: tuple[str, ...], executor: str, address: str | None, num_cpus: int,
+              threads: int | None, progress: bool,
               on_run: Callable[[dict[str, Any]], None] | None) -> pd.DataFrame:
     from blockcoupling.studies.sweep import store
 
-    configs = grid_configs(base, drop_paths, weight_decays, seeds)
-    units = [grid_unit(c) for c in configs]
+    units = [grid_unit(c, axes) for c in configs]
     rootp = Path(root)
     if rootp.exists() and not rootp.is_dir():
         raise BlockCouplingError(f"{rootp} is a file; give a directory for the grid")
-    base_dict = json.loads(json.dumps(base.replace(drop_path=0.0, weight_decay=0.0, seed=0)
-                                      .to_dict(), default=str))
+    base_dict = json.loads(json.dumps(base.replace(
+        drop_path=0.0, weight_decay=0.0, seed=0, **dict.fromkeys(axes)).to_dict(), default=str))
     rootp.mkdir(parents=True, exist_ok=True)
     with store.sweep_lock(rootp, KIND):
-        manifest = _grid_manifest(rootp, base_dict, units, configs, executor)
+        manifest = _grid_manifest(rootp, base_dict, units, configs, executor, axes)
         store.write_json(rootp / store.MANIFEST, manifest)
         by_id = {u.unit_id: u for u in units}
         todo = []  # done units that pass the collection's integrity check are not run again
@@ -414,7 +458,8 @@ def _run_dirs(root: Path) -> list[tuple[str, Path]]:
 
 
 def collect_runs(root: str | Path) -> pd.DataFrame:
-    """One row per ``vit-train`` output under ``root``: its grid point, status, final
+    """One row per ``vit-train`` output under ``root``: its grid point (and its training
+    images ``n_train`` and ``label_noise``), status, final
     accuracies and losses, final coupling (``COUPLING_METRICS``: raw ``coupling`` with its se
     and chance level, ``coupling_vs_null`` with its se, on ``final_images`` test images, at
     the run's ``tokens``), the same at [CLS] and at the last patch (``TOKEN_METRICS``, e.g.
@@ -433,6 +478,8 @@ def collect_runs(root: str | Path) -> pd.DataFrame:
             "name": name, "path": str(d), "status": m.get("status"),
             "dataset": cfg["dataset"], "drop_path": cfg["drop_path"],
             "weight_decay": cfg["weight_decay"], "seed": cfg["seed"],
+            "n_train": (m.get("data") or {}).get("train", math.nan),
+            "label_noise": cfg.get("label_noise") or 0.0,
             "epochs": int(last.get("epoch", 0)), "k": cfg["k"],
             "tokens": cfg.get("tokens", "cls"),
             "train_accuracy": last.get("train_accuracy", math.nan),
@@ -442,7 +489,8 @@ def collect_runs(root: str | Path) -> pd.DataFrame:
             **{c: final.get(c, math.nan) for c in (*COUPLING_METRICS, *TOKEN_METRICS)},
             "coupling_monitor": monitored[-1] if monitored else math.nan,
         })
-    cols = ["name", "path", "status", "dataset", "drop_path", "weight_decay", "seed", "epochs",
+    cols = ["name", "path", "status", "dataset", "drop_path", "weight_decay", "seed",
+            "n_train", "label_noise", "epochs",
             "k", "tokens", "train_accuracy", "test_accuracy", "train_loss", "test_loss",
             *COUPLING_METRICS, *TOKEN_METRICS, "coupling_monitor"]
     return pd.DataFrame(rows, columns=cols)

@@ -15,6 +15,9 @@ and :func:`~blockcoupling.studies.vit.grid.collect_epochs` (one row per run and 
    coupling against drop-path rate at each fixed weight decay, and against log10 weight decay
    at each fixed drop-path rate, points with the statistic's se as error bars, the fitted
    lines, slope, R^2 and p in the legend.
+5. :func:`plot_accuracy_fits` - test accuracy against coupling within each fixed weight decay
+   [fig. 12] and within each fixed drop-path rate (the paper's conditional claim): one panel
+   per fixed value, points, OLS line, R^2 and p.
 """
 
 from __future__ import annotations
@@ -173,6 +176,42 @@ def plot_conditional_fits(fits: dict[str, Any]) -> Figure:
     return fig
 
 
+_FIXED = {"weight_decay": ("weight decay", "wd"), "drop_path": ("drop-path rate", "dp")}
+
+
+def plot_accuracy_fits(fits: dict[str, Any], fixed: str = "weight_decay") -> Figure:
+    """The paper's conditional accuracy fits (fig. 12 for ``fixed="weight_decay"``; the main
+    text's "fixing SD rate" for ``"drop_path"``): one panel per fixed value, test accuracy
+    against coupling (``fits["column"]``), one point per run with the statistic's se as a
+    horizontal error bar, the OLS line, and n, R^2 and p in the panel's title."""
+    groups = fits.get(f"accuracy_by_{fixed}") or []
+    if not fits.get("n_runs") or not groups:
+        raise FigureUnavailable("no finished ViT runs with coupling and test accuracy")
+    name, short = _FIXED[fixed]
+    ncols = min(4, len(groups))
+    nrows = math.ceil(len(groups) / ncols)
+    fig = _new_figure(2.6 * ncols, 2.3 * nrows)
+    axes = np.atleast_1d(fig.subplots(nrows, ncols, squeeze=False)).ravel()
+    for ax, f in zip(axes, groups, strict=False):
+        pts = f["points"]
+        xs = np.array([q["x"] for q in pts])
+        ax.errorbar(xs, [q["y"] for q in pts], xerr=[q["x_se"] for q in pts], fmt="o", ms=4,
+                    capsize=2, color="C0")
+        if not math.isnan(f["slope"]):
+            grid = np.linspace(xs.min(), xs.max(), 20)
+            ax.plot(grid, f["intercept"] + f["slope"] * grid, "-", color="C3", lw=1)
+        stat = (f"R$^2$ {f['r2']:.2f}, p {f['p']:.2g}" if not math.isnan(f["r2"])
+                else "no test")
+        ax.set_title(f"{short} {f[fixed]:g}: {stat} (n = {f['n']})", fontsize=7)
+        ax.tick_params(labelsize=6)
+        ax.grid(alpha=0.3)
+    for ax in axes[len(groups):]:
+        ax.set_visible(False)
+    fig.supxlabel(f"{fits['column']} (final, per run)", fontsize=8)
+    fig.supylabel("test accuracy", fontsize=8)
+    return fig
+
+
 FIGURES = {
     "vit_coupling_vs_drop_path": lambda runs, epochs: plot_coupling_vs_drop_path(runs),
     "vit_coupling_vs_accuracy": lambda runs, epochs: plot_coupling_vs_accuracy(runs),
@@ -185,7 +224,9 @@ def _figures(runs: pd.DataFrame, epochs: pd.DataFrame, fits: dict[str, Any]
              ) -> list[tuple[str, Any]]:
     """(name, figure maker) of every ViT figure, the conditional fits' last."""
     return [*((n, lambda make=make: make(runs, epochs)) for n, make in FIGURES.items()),
-            ("vit_conditional_fits", lambda: plot_conditional_fits(fits))]
+            ("vit_conditional_fits", lambda: plot_conditional_fits(fits)),
+            ("vit_accuracy_by_weight_decay", lambda: plot_accuracy_fits(fits, "weight_decay")),
+            ("vit_accuracy_by_drop_path", lambda: plot_accuracy_fits(fits, "drop_path"))]
 
 
 def write_vit_figures(root: str | Path, out: str | Path, *,
@@ -235,6 +276,18 @@ _CAPTIONS = {
                              "decay (left) and against log10 weight decay at each fixed "
                              "drop-path rate (right): one point per run with the statistic's "
                              "se, OLS lines; the table above gives slope, R^2 and p."),
+    "vit_accuracy_by_weight_decay": (
+        "Accuracy against coupling at a fixed weight decay (paper fig. 12)",
+        "Test accuracy against the final coupling_vs_null, one panel per weight decay (the "
+        "runs of that decay: one per drop-path rate and seed), one point per run with the "
+        "statistic's se over its images as a horizontal bar, the OLS line, n, R^2 and p "
+        "(scipy.stats.linregress; the table above: accuracy_by_weight_decay)."),
+    "vit_accuracy_by_drop_path": (
+        "Accuracy against coupling at a fixed drop-path rate",
+        "The paper's conditional claim (coupling correlates with accuracy when the "
+        "stochastic-depth rate is fixed): test accuracy against the final coupling_vs_null, "
+        "one panel per drop-path rate (its runs over the weight decays and seeds), OLS line, "
+        "n, R^2 and p (the table above: accuracy_by_drop_path)."),
 }
 
 
@@ -271,6 +324,7 @@ def write_vit_report(root: str | Path, out: str | Path, *,
     return write_page(out, "ViT stochastic-depth study", sections, lead=lead)
 
 
-__all__ = ["FIGURES", "FITS_FILE", "coupling_accuracy_fit", "plot_conditional_fits", "plot_coupling_epochs",
+__all__ = ["FIGURES", "FITS_FILE", "coupling_accuracy_fit", "plot_accuracy_fits",
+           "plot_conditional_fits", "plot_coupling_epochs",
            "plot_coupling_vs_accuracy", "plot_coupling_vs_drop_path", "write_vit_figures",
            "write_vit_report"]

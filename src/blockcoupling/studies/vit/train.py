@@ -85,6 +85,18 @@ class VitTrainConfig:
     weight_decay: float = opt(0.05, "AdamW weight decay.", cli=True, check=(_N, {"minimum": 0}))
     epochs: int = opt(5, "Training epochs, per run in a grid (the paper: 500).", cli=True,
                       check=(_W, {"minimum": 1}))
+    steps: int | None = opt(None, "Train for exactly this many optimiser steps instead of "
+                            "--epochs (runs on different --train-limit then take the same "
+                            "steps): the last epoch stops early; the warm-up is the fraction "
+                            "warmup-epochs/epochs of the steps and --monitor-every counts steps "
+                            "(the coupling is measured at the end of the epoch in which each "
+                            "multiple falls).", cli=True, hashed="if_set",
+                            check=(_W, {"minimum": 1}))
+    label_noise: float | None = opt(None, "Fraction of the training labels replaced by another "
+                                    "class drawn at random (seeded by --seed; exactly "
+                                    "round(fraction x images) labels are wrong; the test labels "
+                                    "stay clean). 0 is the same as unset.", cli=True,
+                                    hashed="if_set", check=(_N, {"minimum": 0, "below": 1}))
     preset: str = opt("tiny", "Model shape: tiny, small, deit-tiny (192 wide, 12 deep, 3 heads); "
                       "or the recipe 'paper' (DeiT-Tiny, CIFAR-10, 500 epochs, 30 warm-up, AdamW "
                       "5e-4 cosine, mixup 0.8, crop-flip; other options override it).", cli=True)
@@ -147,6 +159,8 @@ class VitTrainConfig:
         if self.dataset not in DATASETS:
             bad(f"unknown data set {self.dataset!r}; choose {' or '.join(DATASETS)}")
         check_fields(self, prefix="training option ")  # 5.0 epochs -> 5
+        if self.label_noise is not None and float(self.label_noise) == 0.0:
+            object.__setattr__(self, "label_noise", None)  # no noise: the default's identity
         if isinstance(self.augment, bool):  # the older on/off form
             object.__setattr__(self, "augment", "crop-flip" if self.augment else "none")
         if self.augment is not None and self.augment not in AUGMENTS:
@@ -163,13 +177,43 @@ class VitTrainConfig:
         resolve_shape(self.preset, hidden_size=self.hidden_size, depth=self.depth,
                       heads=self.heads)
 
-    def measured_epochs(self) -> tuple[int, ...]:
+    def steps_per_epoch(self, n_train: int) -> int:
+        """Optimiser steps of one epoch over ``n_train`` images."""
+        return math.ceil(n_train / self.batch_size)
+
+    def total_steps(self, n_train: int) -> int:
+        """Optimiser steps of the whole training on ``n_train`` images: ``steps``, or
+        ``epochs`` full epochs."""
+        return self.steps if self.steps is not None else \
+            self.steps_per_epoch(n_train) * self.epochs
+
+    def epochs_for(self, n_train: int) -> int:
+        """Epochs trained on ``n_train`` images (with ``steps``: the last may be partial)."""
+        return math.ceil(self.total_steps(n_train) / self.steps_per_epoch(n_train))
+
+    def warmup_steps(self, n_train: int) -> int:
+        """Linear warm-up steps: ``warmup_epochs`` epochs, or with ``steps`` the same fraction
+        ``warmup_epochs / epochs`` of the steps."""
+        if self.steps is not None:
+            return int(round(self.steps * self.warmup_epochs / self.epochs))
+        return int(round(self.warmup_epochs * self.steps_per_epoch(n_train)))
+
+    def measured_epochs(self, n_train: int | None = None) -> tuple[int, ...]:
         """The epochs whose coupling is measured during training (0: the initialisation):
-        every ``monitor_every``-th and the last; none with ``monitor_every=0``."""
+        every ``monitor_every``-th and the last; none with ``monitor_every=0``. With
+        ``steps``, ``monitor_every`` counts steps: the epochs in which each multiple of it
+        ends (and 0 and the last), so runs on different data sizes are measured at matched
+        steps (within one epoch). ``n_train``: the training images (default: the split's
+        size, :func:`split_sizes`)."""
         if self.monitor_every == 0:
             return ()
-        return tuple(e for e in range(self.epochs + 1)
-                     if e % self.monitor_every == 0 or e == self.epochs)
+        n = n_train if n_train is not None else split_sizes(self)[0]
+        last = self.epochs_for(n)
+        if self.steps is not None:
+            spe = self.steps_per_epoch(n)
+            marks = range(self.monitor_every, self.steps + 1, self.monitor_every)
+            return tuple(sorted({0, last, *(math.ceil(m / spe) for m in marks)}))
+        return tuple(e for e in range(last + 1) if e % self.monitor_every == 0 or e == last)
 
     @property
     def mixup_alpha(self) -> float:
@@ -316,13 +360,18 @@ def images_config(k: int, tokens: str | tuple[int, ...] = "cls") -> Any:
 
 def record_images(model: torch.nn.Module, pixel_values: Tensor, run_dir: Path, k: int, *,
                   labels: list[str] | None = None, progress: bool = False,
-                  resume: bool = False, tokens: str | tuple[int, ...] = "cls") -> Any:
+                  resume: bool = False, tokens: str | tuple[int, ...] = "cls",
+                  headline: str = "cls") -> Any:
     """Depth-wise coupling at ``tokens`` (a ``MeasureConfig.tokens``) of each image into the
     run directory ``run_dir`` (``measure_to_dir``; the images' ids derive from their content,
-    their ``label`` is their class). Returns the :class:`~blockcoupling.Measurement`."""
+    their ``label`` is their class). The run's ``meta`` states the token rule of its headline
+    (``headline_tokens``: ``headline``, one of :data:`TOKENS`, as ``engine.statistic``'s rule),
+    so every reader of the run (``show``, ``report``, ``coupling_statistic``) states the
+    headline that ``vit-train`` states. Returns the :class:`~blockcoupling.Measurement`."""
     from dataclasses import replace as _replace
 
     from blockcoupling.engine.inputs import split_tensor_inputs
+    from blockcoupling.engine.statistic import HEADLINE_TOKENS_KEY
     from blockcoupling.store.record import measure_to_dir
 
     cfg = images_config(k, tokens)
@@ -330,7 +379,9 @@ def record_images(model: torch.nn.Module, pixel_values: Tensor, run_dir: Path, k
     if labels is not None:
         items = [_replace(it, label=lab) for it, lab in zip(items, labels, strict=True)]
     return measure_to_dir(model, None, items, run_dir, config=cfg, resume=resume,
-                          prompts_spec="vit-test-images", meta={"model": "vit-train"},
+                          prompts_spec="vit-test-images",
+                          meta={"model": "vit-train",
+                                HEADLINE_TOKENS_KEY: STATISTIC_TOKENS[headline]},
                           progress=progress)
 
 
@@ -379,7 +430,7 @@ def measure_images(model: torch.nn.Module, pixel_values: Tensor, run_dir: Path, 
         else:
             m = record_images(model, pixel_values, run_dir, k, labels=labels,
                               progress=progress, resume=is_run_dir(run_dir),
-                              tokens=measured_tokens(tokens, both=both))
+                              tokens=measured_tokens(tokens, both=both), headline=tokens)
     out = token_statistic(m, k, tokens)
     if both:
         for t in ("cls", "last"):
@@ -472,7 +523,7 @@ def _train(config: VitTrainConfig, out: Path, *, progress: bool, on_epoch: Epoch
                 f"the images in {config.data_dir} changed since {out} started training "
                 f"(content {str(before)[7:19]}, now {str(data_content)[7:19]}); restore them, "
                 "or train into another --out")
-    t_start = time.perf_counter()
+    t_start, cpu_start = time.perf_counter(), time.process_time()
 
     if data is None:
         t0 = time.perf_counter()
@@ -482,6 +533,13 @@ def _train(config: VitTrainConfig, out: Path, *, progress: bool, on_epoch: Epoch
         data_seconds = time.perf_counter() - t0
     else:
         data_seconds = 0.0
+    if config.label_noise is not None:  # a copy: a shared data set is left untouched
+        from dataclasses import replace as _replace
+
+        from blockcoupling.studies.vit.data import noisy_labels
+
+        data = _replace(data, train_y=noisy_labels(data.train_y, config.label_noise,
+                                                   len(data.classes), config.seed))
     shape = resolve_shape(config.preset, hidden_size=config.hidden_size, depth=config.depth,
                           heads=config.heads)
     if config.k > shape.hidden_size:
@@ -493,9 +551,10 @@ def _train(config: VitTrainConfig, out: Path, *, progress: bool, on_epoch: Epoch
     optimizer = torch.optim.AdamW(param_groups(model, config.weight_decay), lr=config.lr,
                                   betas=(0.9, 0.999))
     n_train = len(data.train_y)
-    steps_per_epoch = math.ceil(n_train / config.batch_size)
-    total_steps = steps_per_epoch * config.epochs
-    warmup_steps = int(round(config.warmup_epochs * steps_per_epoch))
+    steps_per_epoch = config.steps_per_epoch(n_train)
+    total_steps = config.total_steps(n_train)
+    warmup_steps = config.warmup_steps(n_train)
+    n_epochs = config.epochs_for(n_train)
 
     history: list[dict[str, Any]] = []
     start_epoch = 1
@@ -520,7 +579,7 @@ def _train(config: VitTrainConfig, out: Path, *, progress: bool, on_epoch: Epoch
         if on_epoch is not None:
             on_epoch(row)
 
-    measured = set(config.measured_epochs())
+    measured = set(config.measured_epochs(n_train))
 
     def monitored(epoch: int) -> bool:
         return epoch in measured
@@ -543,7 +602,7 @@ def _train(config: VitTrainConfig, out: Path, *, progress: bool, on_epoch: Epoch
                    {**NO_COUPLING, "seconds_measure": 0.0, "cpu_seconds_measure": 0.0})
         record(0, row)
 
-    bar = _progress(range(start_epoch, config.epochs + 1), progress, f"train {out.name}")
+    bar = _progress(range(start_epoch, n_epochs + 1), progress, f"train {out.name}")
     for epoch in bar:
         # Every epoch is seeded by (seed, epoch): a resumed run equals an uninterrupted one.
         g = torch.Generator().manual_seed(config.seed * 100_003 + epoch)
@@ -555,6 +614,8 @@ def _train(config: VitTrainConfig, out: Path, *, progress: bool, on_epoch: Epoch
         objective_sum, seen = 0.0, 0
         for i in range(steps_per_epoch):
             step = (epoch - 1) * steps_per_epoch + i
+            if step >= total_steps:  # --steps: the last epoch stops early
+                break
             for group in optimizer.param_groups:
                 group["lr"] = lr_at(step, total_steps, warmup_steps,
                                     config.lr * config.lr_scale, config.min_lr * config.lr_scale)
@@ -582,7 +643,7 @@ def _train(config: VitTrainConfig, out: Path, *, progress: bool, on_epoch: Epoch
                "seconds_eval": time.perf_counter() - t0 - seconds_train}
         row.update(coupling_row(epoch) if monitored(epoch) else
                    {**NO_COUPLING, "seconds_measure": 0.0, "cpu_seconds_measure": 0.0})
-        if epoch < config.epochs:  # the checkpoint first: a finished epoch is never lost
+        if epoch < n_epochs:  # the checkpoint first: a finished epoch is never lost
             _save_checkpoint(ckpt_path, config, model, optimizer, [*history, row], epoch)
         record(epoch, row)
         if hasattr(bar, "set_postfix"):
@@ -602,7 +663,8 @@ def _train(config: VitTrainConfig, out: Path, *, progress: bool, on_epoch: Epoch
                                                        "test_loss", "test_accuracy")},
                         **final, "seconds_measure": final_seconds,
                         "images": int(min(config.final_images, len(data.test_y)))}
-    metrics["seconds_total"] = time.perf_counter() - t_start
+    metrics["seconds_total"] = time.perf_counter() - t_start  # this session's (a resumed
+    metrics["cpu_seconds_total"] = time.process_time() - cpu_start  # run: since its resume)
     _write_json(out / METRICS_FILE, metrics)
     ckpt_path.unlink(missing_ok=True)
     return out
@@ -673,17 +735,18 @@ def estimate_cost(config: VitTrainConfig, *, steps: int = 3, threads: int | None
     finally:
         torch.set_num_threads(old_threads)
     step_s = float(np.mean(times[1:]))
-    steps_per_epoch = math.ceil(n_train / config.batch_size)
+    steps_per_epoch = config.steps_per_epoch(n_train)
     epoch_s = step_s * steps_per_epoch + eval_per_image * n_eval
     cpu_step_s = float(np.mean(cpu_times[1:]))
+    epochs, total = config.epochs_for(n_train), config.total_steps(n_train)
+    seconds = step_s * total + eval_per_image * n_eval * epochs
     return {"config": config.to_dict(), "threads": torch.get_num_threads() if threads is None
             else int(threads), "measured_steps": steps, "seconds_per_step": step_s,
             "steps_per_epoch": steps_per_epoch, "eval_images_per_epoch": n_eval,
-            "seconds_per_epoch": epoch_s, "epochs": config.epochs,
-            "seconds_total": epoch_s * config.epochs,
-            "hours_total": epoch_s * config.epochs / 3600,
+            "seconds_per_epoch": epoch_s, "epochs": epochs,
+            "seconds_total": seconds, "hours_total": seconds / 3600,
             "cpu_seconds_per_step": cpu_step_s,
-            "cpu_hours_training": cpu_step_s * steps_per_epoch * config.epochs / 3600,
+            "cpu_hours_training": cpu_step_s * total / 3600,
             "not_counted": "coupling measurements (monitor_every, final), data loading"}
 
 
@@ -707,6 +770,9 @@ def _metrics_doc(config: VitTrainConfig, data: ImageData, shape: Any, history: l
                              "all": "all positions"}[config.tokens],
                   "image_size": data.image_size, "num_channels": data.num_channels},
         "data": {"name": data.name, "train": len(data.train_y), "test": len(data.test_y),
+                 "label_noise": config.label_noise or 0.0,
+                 "wrong_labels": int(round((config.label_noise or 0.0) * len(data.train_y))),
+                 "steps": config.total_steps(len(data.train_y)),
                  "classes": list(data.classes), "seconds_load": data_seconds},
         "regularisers": {"augment": config.augmentation, "mixup": config.mixup_alpha,
                          "cutmix": config.cutmix, "label_smoothing": config.label_smoothing,

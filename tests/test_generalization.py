@@ -1,0 +1,340 @@
+"""``study generalization``: its statistics against scipy/statsmodels and by simulation, its
+design checks (one line before any training), its quick version end to end (the tests equal
+scipy/statsmodels on the study's own values, runs show-able, a rerun reuses every run), and
+(slow) kill + rerun gives the same result."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from scipy import stats
+
+from blockcoupling.errors import BlockCouplingError
+from blockcoupling.studies.generalization import parse_spec, quick_spec
+from blockcoupling.studies.generalization.analysis import (
+    analyse,
+    comparison_point,
+    mixed_model,
+    positive_control,
+)
+from blockcoupling.studies.regression import (
+    correlation_density,
+    correlation_power,
+    correlation_tests,
+    replicate_summary,
+    tost_power,
+)
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(old)
+
+
+def _simulated_r(n: int, rho: float, sims: int, seed: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((sims, n))
+    y = rho * x + math.sqrt(1 - rho ** 2) * rng.standard_normal((sims, n))
+    xc, yc = x - x.mean(1, keepdims=True), y - y.mean(1, keepdims=True)
+    return (xc * yc).sum(1) / np.sqrt((xc ** 2).sum(1) * (yc ** 2).sum(1))
+
+
+# ---------------------------------------------------------------------------- statistics
+@pytest.mark.parametrize("n", [6, 24])
+def test_power_equals_the_simulated_rejection_rate_of_the_test(n: int) -> None:
+    """The exact power of the one-sided Pearson test (and of the TOST) equals the rejection
+    rate of that very test on simulated bivariate-normal data (40,000 seeded samples: MC se
+    <= 0.0025), at rho = 0.5 and, for the size, at rho = 0."""
+    from scipy import integrate
+
+    assert integrate.quad(correlation_density, -1, 1, args=(n, 0.3))[0] == pytest.approx(1.0)
+    r = _simulated_r(n, 0.5, 40_000, seed=n)
+    t = (r * np.sqrt((n - 2) / (1 - r ** 2)))
+    reject = stats.t.sf(t, n - 2) < 0.05  # what pearsonr(alternative="greater") decides
+    assert correlation_power(n, 0.5) == pytest.approx(reject.mean(), abs=0.01)
+    assert correlation_power(n, 0.0) == pytest.approx(0.05, abs=1e-6)
+    r0 = _simulated_r(n, 0.0, 40_000, seed=100 + n)
+    z, se = np.arctanh(r0), 1 / math.sqrt(n - 3)
+    half = stats.norm.isf(0.05) * se
+    equivalent = (z - half > np.arctanh(-0.5)) & (z + half < np.arctanh(0.5))
+    assert tost_power(n, 0.5) == pytest.approx(equivalent.mean(), abs=0.01)
+    assert correlation_power(24, 0.5) > 0.8 > correlation_power(15, 0.5)  # the design's choice
+
+
+def test_correlation_tests_equal_scipy() -> None:
+    rng = np.random.default_rng(3)
+    for n, rho in ((24, 0.0), (24, 0.6), (8, -0.3)):
+        x = rng.standard_normal(n)
+        y = rho * x + rng.standard_normal(n)
+        t = correlation_tests(x, y, bound=0.5, alpha=0.05)
+        ref = stats.pearsonr(x, y, alternative="greater")
+        lr = stats.linregress(x, y)
+        assert t["r"] == pytest.approx(ref.statistic) and t["p_greater"] == pytest.approx(ref.pvalue)
+        assert t["slope"] == pytest.approx(lr.slope) and t["slope_stderr"] == pytest.approx(lr.stderr)
+        # the OLS slope's one-sided t-test is the same test
+        assert t["p_greater"] == pytest.approx(lr.pvalue / 2 if lr.slope > 0 else 1 - lr.pvalue / 2)
+        # TOST at alpha = the Fisher (1 - 2 alpha) interval (scipy's) inside the bounds
+        ci = stats.pearsonr(x, y).confidence_interval(confidence_level=0.90)
+        assert t["ci_tost"] == pytest.approx([ci.low, ci.high])
+        assert t["equivalent"] == (ci.low > -0.5 and ci.high < 0.5)
+        assert t["p_tost"] == pytest.approx(max(t["p_tost_lower"], t["p_tost_upper"]))
+    with pytest.raises(BlockCouplingError, match="at least 4"):
+        correlation_tests([1, 2, 3], [1, 2, 4])
+
+
+def test_replicate_summary_is_the_t_interval_over_runs() -> None:
+    x = np.array([0.081, 0.079, 0.09, np.nan])
+    s = replicate_summary(x)
+    ref = stats.t.interval(0.95, 2, loc=np.nanmean(x), scale=stats.sem(x[:3]))
+    assert (s["n"], s["mean"]) == (3, pytest.approx(np.nanmean(x)))
+    assert s["se"] == pytest.approx(stats.sem(x[:3]))
+    assert [s["ci_low"], s["ci_high"]] == pytest.approx(list(ref))
+    assert math.isnan(replicate_summary([1.0])["se"])
+
+
+def _table(means: dict[str, float], seeds: int = 3, sd: float = 0.01, seed: int = 0,
+           acc_slope: float = 0.0) -> pd.DataFrame:
+    rng = np.random.default_rng(seed)
+    rows = []
+    for i, (cell, m) in enumerate(means.items()):
+        for s in range(seeds):
+            acc = 0.5 + 0.05 * i + 0.01 * rng.standard_normal()
+            rows.append({"cell": cell, "n_train": 10 * (i + 1), "label_noise": 0.0, "seed": s,
+                         "test_accuracy": acc, "train_accuracy": 1.0,
+                         "coupling_vs_null": m + acc_slope * acc + sd * rng.standard_normal(),
+                         "coupling_vs_null_se": 0.001})
+    return pd.DataFrame(rows)
+
+
+def test_positive_control_and_the_comparison_point() -> None:
+    above = _table({f"c{i}": 0.08 for i in range(5)})
+    at_chance = _table({f"c{i}": (0.08 if i else 0.0) for i in range(5)}, seed=1)
+    c = positive_control(above, ["coupling_vs_null"])
+    assert c["passed"] and c["variants"]["coupling_vs_null"]["cells_passing"] == 5
+    g = above[above["cell"] == "c0"]["coupling_vs_null"]
+    want = stats.ttest_1samp(g, 0.0, alternative="greater").pvalue
+    assert c["variants"]["coupling_vs_null"]["cells"][0]["p"] == pytest.approx(want)
+    assert not positive_control(at_chance, ["coupling_vs_null"])["passed"]
+    with pytest.raises(BlockCouplingError, match="lacks coupling_vs_rotated"):
+        positive_control(above, ["coupling_vs_null", "coupling_vs_rotated"])
+    assert comparison_point(above, None, ["coupling_vs_null"], 0.05)["point"] == "final"
+    # fails at the end, holds at step 40 (not at 80): the tests compare at step 40
+    cps = pd.concat([at_chance.assign(step=80), above.assign(step=40),
+                     above.assign(step=0)], ignore_index=True)
+    cp = comparison_point(at_chance, cps, ["coupling_vs_null"], 0.05)
+    assert cp["point"] == 40 and "matched progress" in cp["reason"]
+    assert not cp["control_final"]["passed"] and cp["control"]["passed"]
+    cp = comparison_point(at_chance, cps[cps["step"] == 80], ["coupling_vs_null"], 0.05)
+    assert cp["point"] == "final" and "fails" in cp["reason"]
+
+
+@pytest.mark.filterwarnings("ignore::statsmodels.tools.sm_exceptions.ConvergenceWarning")
+def test_analysis_tests_equal_scipy_and_statsmodels_on_its_values() -> None:
+    import statsmodels.formula.api as smf
+
+    runs = _table({f"c{i}": 0.05 + 0.002 * i for i in range(8)}, seed=2, acc_slope=0.1)
+    a = analyse(runs, ["coupling_vs_null"], alpha=0.05, bound=0.5)
+    cells = runs.groupby("cell", sort=False)[["test_accuracy", "coupling_vs_null"]].mean()
+    h = a["tests"]["H1_E1"]
+    ref = stats.pearsonr(cells["test_accuracy"], cells["coupling_vs_null"], alternative="greater")
+    assert h["n"] == 8 and h["r"] == pytest.approx(ref.statistic)
+    assert h["p_greater"] == pytest.approx(ref.pvalue)
+    fit = smf.mixedlm("coupling_vs_null ~ test_accuracy", runs, groups=runs["cell"]).fit(reml=True)
+    m = a["tests"]["H1b"]
+    assert m["slope"] == pytest.approx(fit.params["test_accuracy"])
+    assert m["slope_stderr"] == pytest.approx(fit.bse["test_accuracy"])
+    assert m["p_greater"] == pytest.approx(stats.norm.sf(fit.tvalues["test_accuracy"]))
+    assert mixed_model(runs.iloc[:2], "coupling_vs_null").get("skipped")
+    sd = runs.groupby("cell", sort=False)["coupling_vs_null"].std(ddof=1)
+    np.testing.assert_allclose(a["cells"]["coupling_vs_null_se"], sd / math.sqrt(3))
+
+
+# ---------------------------------------------------------------------------- the design
+@pytest.mark.parametrize("data, message", [
+    ({"train_sizes": [90, 180, 360, 720, 1437]},
+     "15 cells .* power 0.63 .* below the stated 0.8; give at least 23 cells"),
+    ({"seeds": [0, 1]}, "2 seed\\(s\\) per cell; the design needs at least 3"),
+    ({"train_sizes": [90, 180]}, "at least 3 training-set sizes"),
+    ({"train_sizes": [90, 180, 5000]}, "exceeds the digits training split"),
+    ({"train": {"seed": 1}}, "train.seed is set by the design"),
+    ({"train": {"steps": None}}, "train.steps"),
+    ({"variants": ["coupling"]}, "not a chance-corrected variant"),
+    ({"seeds": [0, 0, 1]}, "repeats a value"),
+    ({"train_sizes": [90, 180, 360], "label_noises": [0.0], "power": 0.0}, "need at least 4"),
+    ({"bogus": 1}, "unknown key 'bogus'"),
+])
+def test_bad_designs_are_one_line(data: dict, message: str) -> None:
+    with pytest.raises(BlockCouplingError, match=message) as err:
+        parse_spec(data)
+    assert "\n" not in str(err.value)
+
+
+def test_cli_refuses_an_underpowered_design_before_any_training(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from blockcoupling.cli import app
+
+    spec = tmp_path / "s.yaml"
+    spec.write_text("train_sizes: [90, 180, 360, 720, 1437]\nlabel_noises: [0, 0.2, 0.4]\n")
+    out = tmp_path / "out"
+    res = CliRunner().invoke(app, ["study", "generalization", "--out", str(out), "--spec",
+                                   str(spec)])
+    assert res.exit_code == 1 and res.output.startswith("error:")
+    assert len(res.output.strip().splitlines()) == 1 and "power 0.63" in res.output
+    assert not out.exists()
+    res = CliRunner().invoke(app, ["study", "generalization", "--out", str(out), "--quick",
+                                   "--dry-run"])
+    assert res.exit_code == 0, res.output
+    assert "18 training runs" in res.output and "power of H1" in res.output
+    assert not out.exists()
+
+
+# ---------------------------------------------------------------------------- end to end
+def _without_costs(doc: dict) -> dict:
+    return {k: v for k, v in doc.items() if k not in ("seconds",)}
+
+
+@pytest.mark.filterwarnings("ignore::statsmodels.tools.sm_exceptions.ConvergenceWarning")
+def test_quick_study_end_to_end(tmp_path: Path) -> None:
+    """``--quick`` (18 tiny runs): study.json's tests equal scipy/statsmodels recomputed from
+    its own runs, the cells are seed-level, the runs are show-able, a rerun reuses every run
+    and gives the same study.json."""
+    import statsmodels.formula.api as smf
+    from typer.testing import CliRunner
+
+    from blockcoupling.cli import app
+
+    out = tmp_path / "study"
+    res = CliRunner().invoke(app, ["study", "generalization", "--quick", "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    assert "[study] run 18 of 18 done" in res.output and "Power: 0.28" in res.output
+    doc = json.loads((out / "study.json").read_text())
+    assert doc["design"]["cells"] == 6 and len(doc["runs"]) == 18
+    assert doc["design"]["power"]["H1"] == pytest.approx(correlation_power(6, 0.5))
+    runs = pd.DataFrame(doc["runs"])
+    v = doc["tests"]["variant"]
+    cells = runs.groupby("cell", sort=False)[["test_accuracy", v]].mean()
+    ref = stats.pearsonr(cells["test_accuracy"], cells[v], alternative="greater")
+    h = doc["tests"]["H1_E1"]
+    assert h["r"] == pytest.approx(ref.statistic) and h["p_greater"] == pytest.approx(ref.pvalue)
+    ci = stats.pearsonr(cells["test_accuracy"], cells[v]).confidence_interval(0.90)
+    assert h["ci_tost"] == pytest.approx([ci.low, ci.high])
+    fit = smf.mixedlm(f"{v} ~ test_accuracy", runs, groups=runs["cell"]).fit(reml=True)
+    assert doc["tests"]["H1b"]["slope"] == pytest.approx(fit.params["test_accuracy"])
+    for c in doc["positive_control"]["variants"][v]["cells"]:
+        x = runs[runs["cell"] == c["cell"]][v]
+        assert c["p"] == pytest.approx(stats.ttest_1samp(x, 0.0, alternative="greater").pvalue)
+    cell = pd.DataFrame(doc["cells"]).set_index("cell")
+    for name, g in runs.groupby("cell"):
+        assert cell.loc[name, f"{v}_se"] == pytest.approx(stats.sem(g[v]))
+        assert cell.loc[name, "n_seeds"] == 3
+    # the runs at the end are the final measurements' statistics, show-able
+    final = pd.DataFrame(doc["final"] or doc["runs"])
+    import blockcoupling as bc
+
+    row = final.iloc[0]
+    st = bc.open_run(row["run_dir"]).coupling_statistic(n_boot=0).set_index("variant")
+    assert st.loc[v, "mean"] == pytest.approx(row[v]) and st.loc[v, "se"] == pytest.approx(
+        row[f"{v}_se"])
+    shown = CliRunner().invoke(app, ["show", row["run_dir"]])
+    assert shown.exit_code == 0 and "first measured token" in shown.output
+    assert (out / "study.html").read_text().count("<figure") >= 1
+    assert len(pd.read_csv(out / "cells.csv")) == 6
+    status = CliRunner().invoke(app, ["sweep-status", str(out / "grid")])
+    assert "18 units: 18 done" in status.output
+    # a rerun trains nothing and states the same result
+    again = CliRunner().invoke(app, ["study", "generalization", "--quick", "--out", str(out)])
+    assert again.exit_code == 0 and "18 of 18 runs were already trained" in again.output
+    assert _without_costs(json.loads((out / "study.json").read_text())) == _without_costs(doc)
+
+
+@pytest.mark.slow
+def test_killed_study_resumes_to_the_same_result(tmp_path: Path) -> None:
+    """Kill the quick study while it trains (after a few runs), run it again: the same
+    study.json as an uninterrupted run (every run trains with one thread, a pure function of
+    its config)."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(
+        [str(Path(__file__).resolve().parents[1] / "src"), os.environ.get("PYTHONPATH", "")])}
+    cmd = [sys.executable, "-m", "blockcoupling", "-q", "study", "generalization", "--quick",
+           "--out"]
+    straight = tmp_path / "straight"
+    subprocess.run([*cmd, str(straight)], env=env, check=True, capture_output=True)
+    killed = tmp_path / "killed"
+    proc = subprocess.Popen([*cmd, str(killed)], env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    deadline = time.time() + 300
+    while time.time() < deadline:
+        done = list((killed / "grid" / "status").glob("*.json")) if (
+            killed / "grid" / "status").is_dir() else []
+        if sum('"done"' in p.read_text() for p in done) >= 5:
+            break
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert not (killed / "study.json").exists()
+    subprocess.run([*cmd, str(killed)], env=env, check=True, capture_output=True)
+    a = json.loads((straight / "study.json").read_text())
+    b = json.loads((killed / "study.json").read_text())
+
+    def strip(doc: dict) -> dict:  # paths differ by the folder; costs by the session
+        text = json.dumps(_without_costs(doc)).replace(str(straight), "OUT").replace(
+            str(killed), "OUT")
+        return json.loads(text)
+
+    assert strip(a) == strip(b)
+
+
+@pytest.mark.slow
+@pytest.mark.filterwarnings("ignore::statsmodels.tools.sm_exceptions.ConvergenceWarning")
+def test_quick_study_on_ray_equals_this_process(tmp_path: Path, ray_cluster: str) -> None:
+    """One Ray task per run (one thread each) gives the study that one process gives."""
+    from blockcoupling.studies.generalization import run_study
+
+    local = run_study(tmp_path / "local", quick=True, progress=False).to_dict()
+    ray = run_study(tmp_path / "ray", quick=True, executor="ray", address=ray_cluster,
+                    progress=False).to_dict()
+
+    def strip(doc: dict, root: Path) -> dict:
+        return json.loads(json.dumps(_without_costs(doc), default=str).replace(str(root), "OUT"))
+
+    assert strip(local, tmp_path / "local") == strip(ray, tmp_path / "ray")
+
+
+def test_quick_spec_is_the_documented_one() -> None:
+    q = quick_spec()
+    assert (q.n_cells, q.n_runs, q.train.steps) == (6, 18, 96)
+    assert q.power <= correlation_power(q.n_cells, q.bound, q.alpha)
+
+
+def test_runs_measured_without_a_variant_of_the_spec_are_one_line(tmp_path: Path) -> None:
+    """A grid trained before a variant existed cannot give it: one line saying what to do."""
+    from blockcoupling.studies.generalization.run import final_table
+    from blockcoupling.studies.vit.grid import run_grid
+    from blockcoupling.studies.vit.train import VitTrainConfig
+
+    base = VitTrainConfig(epochs=1, monitor_every=0, preset="tiny", hidden_size=16, depth=2,
+                          heads=2, image_size=8, train_limit=32, test_limit=16, batch_size=32,
+                          k=2, final_images=2)
+    runs = run_grid(base, tmp_path / "g", drop_paths=(0.1,), weight_decays=(0.05,),
+                    executor="local", progress=False)
+    runs["n_train"], runs["label_noise"] = 32, 0.0
+    spec = quick_spec()
+    table = final_table(tmp_path / "g", runs, spec)
+    assert table["coupling_vs_null"].notna().all()
+    object.__setattr__(spec, "variants", ("coupling_vs_null", "coupling_vs_nothing"))
+    with pytest.raises(BlockCouplingError, match="measured without coupling_vs_nothing"):
+        final_table(tmp_path / "g", runs, spec)
