@@ -16,7 +16,8 @@ Each measured step also gives scalars for experiment trackers (:func:`coupling_s
 and ``..._se`` (std over prompts / sqrt(n)). ``CouplingMonitor(log=fn)`` calls
 ``fn(scalars, step)``; :class:`CouplingCallback` writes them into the Trainer's logs, so
 ``report_to`` (TensorBoard, W&B, MLflow, ...) and ``trainer.state.log_history`` carry them;
-``studies/monitor_lightning.py`` logs them with ``pl_module.log_dict``. The training loss
+``studies/monitor_lightning.py`` gives them to every Lightning logger. Trackers get a
+measured step's scalars at that step and at no other (step 0 included). The training loss
 (``step(..., loss=)``; the callback takes it from the Trainer's logs) is stored beside the
 coupling in ``OUT/training_loss.jsonl`` and drawn on the emergence page.
 
@@ -350,11 +351,12 @@ class CouplingCallback(TrainerCallback):
     :class:`CouplingMonitor`.
 
     A measured step is also a logging step: its :func:`coupling_scalars` go into the
-    Trainer's logs (``trainer.state.log_history`` and every ``report_to`` integration; the
-    callback moves itself first among the Trainer's callbacks so that they see them). The
-    step-0 scalars, measured before the first log, go to ``log_history`` only. The Trainer's
-    ``loss`` is stored beside the coupling. The monitor is closed at the end of training
-    (and opened again if training resumes)."""
+    Trainer's logs at that step and only there (``trainer.state.log_history`` and every
+    ``report_to`` integration: TensorBoard, W&B, MLflow, ...; the callback moves itself first
+    among the Trainer's callbacks so that they see them). The step-0 scalars are measured
+    before training and logged when the integrations are ready (before the first step). The
+    Trainer's ``loss`` is stored beside the coupling. The monitor is closed at the end of
+    training (and opened again if training resumes)."""
 
     def __init__(self, tokenizer: Any, prompts: Any, *, every: int | None = 500,
                  steps: Sequence[int] = (), out: str | os.PathLike[str] = "runs/monitor",
@@ -363,6 +365,8 @@ class CouplingCallback(TrainerCallback):
         self.monitor = CouplingMonitor(tokenizer, prompts, every=every, steps=steps, out=out,
                                        **kwargs)
         self._pending: dict[str, float] = {}
+        self._start: dict[str, float] = {}  # the step-0 scalars, for the integrations
+        self._emitting = False
 
     def on_init_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         handler = _callback_handler(self)
@@ -373,10 +377,28 @@ class CouplingCallback(TrainerCallback):
     def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None,
                        **kwargs: Any) -> None:
         self.monitor.open()
+        self._start = {}
         if self.at_start and model is not None and state.is_world_process_zero:
             if self.monitor.step(model, state.global_step, force=True) is not None:
-                state.log_history.append({**self.monitor.last_scalars,
-                                          "step": state.global_step})
+                self._start = dict(self.monitor.last_scalars)
+                state.log_history.append({**self._start, "step": state.global_step})
+
+    def _log_start(self, args: Any, state: Any, control: Any) -> None:
+        """The step-0 scalars to the other callbacks' ``on_log`` (the integrations), once
+        every callback's ``on_train_begin`` has run (they set their writers up there)."""
+        start, self._start = self._start, {}
+        handler = _callback_handler(self)
+        if not start or handler is None:
+            return
+        self._emitting = True
+        try:
+            handler.call_event("on_log", args, state, control, logs=dict(start))
+        finally:
+            self._emitting = False
+
+    def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self._start:
+            self._log_start(args, state, control)
 
     def on_step_end(self, args: Any, state: Any, control: Any, model: Any = None,
                     **kwargs: Any) -> None:
@@ -387,7 +409,7 @@ class CouplingCallback(TrainerCallback):
 
     def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None,
                **kwargs: Any) -> None:
-        if logs is None or not state.is_world_process_zero:
+        if logs is None or not state.is_world_process_zero or self._emitting:
             return
         if isinstance(logs.get("loss"), (int, float)):
             self.monitor.record_loss(state.global_step, float(logs["loss"]))
@@ -399,5 +421,7 @@ class CouplingCallback(TrainerCallback):
             self._pending = {}
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self._start:  # no step was taken: the step-0 scalars still reach the trackers
+            self._log_start(args, state, control)
         store.write_catalogue(self.monitor.root)
         self.monitor.close()
