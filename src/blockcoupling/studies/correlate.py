@@ -45,6 +45,7 @@ from blockcoupling.store.fileio import write_json
 from blockcoupling.studies.model_units import (
     CouplingStatistic,
     ModelUnit,
+    check_independent,
     check_prompt_sets,
     load_units,
     model_table,
@@ -77,6 +78,7 @@ __all__ = [
     "CouplingStatistic",
     "ModelUnit",
     "analyse",
+    "check_independent",
     "check_prompt_sets",
     "correlate",
     "correlate_table",
@@ -107,6 +109,8 @@ class CorrelationResult:
     excluded: list[dict[str, str]] = field(default_factory=list)
     n_boot: int = 2000
     seed: int = 0
+    #: training runs whose checkpoints were counted as models (``allow_checkpoints``)
+    checkpoints: dict[str, list[str]] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         cols = [c for c in ("label", "model", "score_model", "revision", "step", "group", "k",
@@ -120,11 +124,23 @@ class CorrelationResult:
             "scores": self.scores_source,
             "n_models": int(len(self.table)), "seed": self.seed, "n_boot": self.n_boot,
             "models": models.to_dict("records"), "excluded": self.excluded,
+            "checkpoints_counted_as_models": self.checkpoints,
             **self.overall, "groups": self.groups,
         })
 
     def to_json(self, path: str | Path) -> Path:
         return write_json(path, self.to_dict())
+
+    def notes(self) -> list[str]:
+        """What the p-values and intervals are (exact below SMALL_N models, no bootstrap
+        interval where it degenerates) and which models are checkpoints of one run."""
+        stats = [r for r in self.overall["predictors"].values() if "skipped" not in r]
+        out = sorted({f"p-values: {r['p_method']}" for r in stats})
+        out += sorted({f"R^2 interval: {r['r2_ci_note']}" for r in stats if r.get("r2_ci_note")})
+        for run, labels in self.checkpoints.items():
+            out.append(f"{len(labels)} checkpoints of one training run ({run}) counted as "
+                       "independent models (allow_checkpoints): the p-values assume they are")
+        return out
 
     def summary(self) -> str:
         """A few lines for humans."""
@@ -134,8 +150,10 @@ class CorrelationResult:
                 lines.append(f"  {name:15s} skipped ({r['skipped']})")
                 continue
             lo, hi = r["r2_ci"]
-            lines.append(f"  {name:15s} n={r['n']:3d} R^2={r['r2']:.3f} [{lo:.2f}, {hi:.2f}] "
-                         f"p={r['p']:.3g} slope={r['slope']:.4g} rho={r['spearman_rho']:+.3f}")
+            ci = f" [{lo:.2f}, {hi:.2f}]" if lo == lo else ""  # NaN: no interval (see notes)
+            lines.append(f"  {name:15s} n={r['n']:3d} R^2={r['r2']:.3f}{ci} "
+                         f"p={r['p']:.3g} slope={r['slope']:.4g} rho={r['spearman_rho']:+.3f} "
+                         f"(p={r['spearman_p']:.3g})")
         for pc in self.overall.get("partial_correlations", []):
             given = " + ".join(pc["controlling_for"])
             if "r" in pc:
@@ -154,6 +172,7 @@ class CorrelationResult:
                     f"R^2={sc['r2']:.3f} p={sc['p']:.3g}" if "r2" in sc else sc["skipped"]))
                 lines.append("  floor: raw c_K given its chance level: " + (
                     f"partial r={rg['r']:+.3f} p={rg['p']:.3g}" if "r" in rg else rg["skipped"]))
+        lines += [f"  note: {n}" for n in self.notes()]
         lines.append("  note: " + FLOOR_NOTE)
         for label in self.excluded:
             lines.append(f"  excluded {label['label']}: {label['reason']}")
@@ -162,7 +181,8 @@ class CorrelationResult:
 
 def correlate_table(table: pd.DataFrame, statistic: CouplingStatistic, *, scores_source: str = "",
                     excluded: list[dict[str, str]] | None = None, n_boot: int = 2000,
-                    seed: int = 0, floor: bool = False) -> CorrelationResult:
+                    seed: int = 0, floor: bool = False,
+                    checkpoints: dict[str, list[str]] | None = None) -> CorrelationResult:
     """The statistics of an already-joined table (one row per model: coupling, score, ...)."""
     overall = analyse(table, n_boot=n_boot, seed=seed, floor=floor)
     groups: dict[str, dict[str, Any]] = {}
@@ -177,14 +197,14 @@ def correlate_table(table: pd.DataFrame, statistic: CouplingStatistic, *, scores
                 groups[str(g)] = {"n": int(len(sub)), "skipped": str(err)}
     return CorrelationResult(table=table, statistic=statistic, scores_source=scores_source,
                              overall=overall, groups=groups, excluded=excluded or [],
-                             n_boot=n_boot, seed=seed)
+                             n_boot=n_boot, seed=seed, checkpoints=checkpoints or {})
 
 
 def correlate(inputs: Sequence[str | Path] | Sequence[ModelUnit], scores: str | Path | pd.DataFrame,
               *, k: int | None = None, variants: Sequence[str] = ("coupling", "coupling_vs_null"),
               p: float | None = 1.0, orientation: str = "ujv", tokens: str = "last",
               diagonal: bool = False, floor: bool = False, allow_mixed_prompts: bool = False,
-              n_boot: int = 2000, seed: int = 0,
+              allow_checkpoints: bool = False, n_boot: int = 2000, seed: int = 0,
               labels: Sequence[str] | None = None) -> CorrelationResult:
     """The study on run directories (or :class:`ModelUnit` objects) and a score source.
 
@@ -192,7 +212,10 @@ def correlate(inputs: Sequence[str | Path] | Sequence[ModelUnit], scores: str | 
     the CSV's columns. ``labels`` name the run directories (one each) for the matching. Each
     model's numbers are the headline statistic (:class:`CouplingStatistic`) of every variant
     in ``variants``; ``floor`` adds :func:`floor_analysis`; models measured on different
-    prompt sets are refused unless ``allow_mixed_prompts``.
+    prompt sets are refused unless ``allow_mixed_prompts``; checkpoints of one training run
+    (:func:`~blockcoupling.studies.model_units.training_runs`) are refused as independent
+    models unless ``allow_checkpoints``. Below ``SMALL_N`` (10) models every p-value is an
+    exact permutation p-value and no bootstrap interval is given.
     """
     from blockcoupling.validate import whole
 
@@ -209,6 +232,8 @@ def correlate(inputs: Sequence[str | Path] | Sequence[ModelUnit], scores: str | 
         raise BlockCouplingError(f"the correlation needs at least {MIN_MODELS} models, got "
                                  f"{len(units)}; pass more run directories")
     check_prompt_sets(units, allow_mixed=allow_mixed_prompts)  # type: ignore[arg-type]
+    checkpoints = check_independent(units,  # type: ignore[arg-type]
+                                    allow_checkpoints=allow_checkpoints)
     if isinstance(scores, pd.DataFrame):
         score_df, source = check_score_frame(scores, "score table"), "table given in Python"
     else:
@@ -216,4 +241,4 @@ def correlate(inputs: Sequence[str | Path] | Sequence[ModelUnit], scores: str | 
     models = model_table(units, statistic)  # type: ignore[arg-type]
     table, excluded = match_scores(models, units, score_df)  # type: ignore[arg-type]
     return correlate_table(table, statistic, scores_source=source, excluded=excluded,
-                           n_boot=n_boot, seed=seed, floor=floor)
+                           n_boot=n_boot, seed=seed, floor=floor, checkpoints=checkpoints)
