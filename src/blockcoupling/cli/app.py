@@ -135,12 +135,9 @@ def _main(
     STATE["verbose"], STATE["quiet"] = verbose, quiet
     set_verbosity(quiet=quiet, verbose=verbose, terminal=interactive())
     if not verbose:  # a warning is one line, like an error (-v: Python's own, with the source)
-        warnings.showwarning = _warning_line
+        from blockcoupling.verbosity import warning_line
 
-
-def _warning_line(message: Warning | str, category: type[Warning], filename: str, lineno: int,
-                  file: Any = None, line: str | None = None) -> None:
-    typer.echo(f"warning: {message}", err=True)
+        warnings.showwarning = warning_line
 
 
 #: ``--json`` on every command that prints results: the same flag, the same meaning

@@ -53,6 +53,7 @@ from blockcoupling.engine.results import Measurement, conform
 from blockcoupling.engine.state import preserved
 from blockcoupling.engine.wrappers import as_module, unwrap_model
 from blockcoupling.errors import NumericalError
+from blockcoupling.verbosity import grouped_layer_warnings
 
 Key = pairs.Key
 
@@ -169,6 +170,10 @@ class _PromptRun:
         return tbs
 
     def pass1(self) -> None:
+        with grouped_layer_warnings():  # a fallback said once for its layers, not per layer
+            self._pass1()
+
+    def _pass1(self) -> None:
         from blockcoupling.progress import bar
 
         want_influence = self.cfg.influence

@@ -29,7 +29,13 @@ from blockcoupling.studies.identity import input_differences, input_hashes
 from blockcoupling.studies.sweep import store
 from blockcoupling.studies.sweep.spec import SweepSpec, load_spec
 from blockcoupling.studies.sweep.units import Unit, expand
-from blockcoupling.verbosity import ray_logging_level
+from blockcoupling.verbosity import (
+    level,
+    quiet,
+    ray_logging_level,
+    say_worker_warnings,
+    worker_call,
+)
 
 EXECUTORS = ("ray", "local")
 #: environment variables that reach every Ray worker (offline mode and caches)
@@ -357,7 +363,7 @@ def connect_ray(address: str | None = None, *, num_cpus: int | None = None,
         _probe(target, source, min(PROBE_TIMEOUT_S, connect_timeout))
         _init_with_deadline(ray, connect_timeout, address=target, _source=source, **kwargs)
         return RayCluster(target, source, started_here=False)
-    kwargs |= {"include_dashboard": False, "log_to_driver": True,
+    kwargs |= {"include_dashboard": False, "log_to_driver": not quiet(),  # -q: no chatter
                "logging_level": ray_logging_level()}
     if target is not None:
         if num_cpus is not None:
@@ -416,22 +422,27 @@ def ray_each(fn: Callable[..., Any],
     retries (a ``RayError``). Uses the Ray already initialised in this process, or the cluster
     :func:`connect_ray` finds or starts (shut down afterwards if this process initialised
     it); ``on_start(cluster)`` once it is reached. Returns the cluster address. The one task
-    loop of sweeps and ViT grids."""
+    loop of sweeps and ViT grids. The workers run at this process's verbosity, and their
+    warnings are said here, in this process's format, each text once (``-q``: not at all):
+    :func:`blockcoupling.verbosity.worker_call`."""
     ray = import_ray()
     with ray_session(address, num_cpus=num_cpus) as cluster:
         if on_start is not None:
             on_start(cluster)
-        task = ray.remote(fn)
-        refs = {task.options(**opts).remote(*args): i for i, (args, opts) in enumerate(calls)}
+        task = ray.remote(worker_call)
+        refs = {task.options(**opts).remote(fn, level(), *args): i
+                for i, (args, opts) in enumerate(calls)}
+        seen: set[str] = set()
         while refs:
             ready, _ = ray.wait(list(refs), num_returns=1)
             for ref in ready:
                 i = refs.pop(ref)
                 try:
-                    value = ray.get(ref)
+                    value, said = ray.get(ref)
                 except ray.exceptions.RayError as err:
                     on_result(i, None, err)
                 else:
+                    say_worker_warnings(said, seen)
                     on_result(i, value, None)
     return cluster.address
 
