@@ -29,6 +29,7 @@ from blockcoupling.engine.results import Measurement
 from blockcoupling.errors import BlockCouplingError
 from blockcoupling.report import figures as F
 from blockcoupling.report import summaries
+from blockcoupling.report.figures.base import layout_problems
 from blockcoupling.report.html import (
     Section,
     figure_html,
@@ -434,6 +435,96 @@ def test_across_runs(runs: list[Measurement]) -> None:
     assert F.run_label(m) == "step2"
     m.meta.pop("revision")
     assert F.run_label(m) == "tiny-gpt2-synthetic"
+
+
+def test_only_checkpoints_of_one_training_run_are_joined(runs: list[Measurement]) -> None:
+    """Two unrelated runs are points; checkpoints of one training run (one model, each with a
+    step) are joined by one line in step order; the caption says which."""
+    fig = F.plot_across_runs(runs, **SEL)
+    for ax in fig.axes:
+        assert not [ln for ln in ax.lines if ln.get_linestyle() == "-"]
+    assert "no two are checkpoints of one training run" in F.caption_across_runs(runs, **SEL)
+    ckpts = make_checkpoints(4)
+    mixed = [runs[1], *ckpts[::-1]]  # an unrelated run first, checkpoints in reverse order
+    fig = F.plot_across_runs(mixed, **SEL)
+    joined = [ln for ln in fig.axes[0].lines if ln.get_linestyle() == "-"]
+    assert len(joined) == 1
+    np.testing.assert_array_equal(joined[0].get_xdata(), [4, 3, 2, 1])  # by step: 0, 25, ...
+    assert "joined by a line" in F.caption_across_runs(mixed, **SEL)
+
+
+def test_no_empty_panel_and_no_one_token_heatmap(runs: list[Measurement]) -> None:
+    """Where no run has a windowed LSS (every window covers its model), the panel is left
+    out, not drawn empty; a run measured at one token gets no token-wise panel."""
+    covered = [make_run(0, label="a", strength=0.1, kinds=("depth", "self"), lss_window=11),
+               make_run(1, label="b", strength=0.5, kinds=("depth",), lss_window=11)]
+    fig = F.plot_trajectory_metrics(covered)
+    assert [ax.get_title(loc="left") for ax in fig.axes] == [
+        "(a) norms", "(b) LSS of whole trajectories", "(c) expodistance"]
+    assert all(ax.lines or ax.collections for ax in fig.axes)  # every panel draws something
+    cap = F.caption_trajectory_metrics(covered)
+    assert "(b) line-shape score LSS of each whole" in cap and "(no panel)" in cap
+    # a [CLS]-only run (one token): its self "heatmap" would be 1 x 1
+    one = make_run(3, label="encoder", strength=0.5, kinds=("depth", "self"))
+    c = one.coupling
+    keep = (c["kind"] != "self") | ((c["token_out_a"] == c["token_out_a"].max())
+                                    & (c["token_out_b"] == c["token_out_a"].max()))
+    one = Measurement(**{**{n: one.table(n) for n in ("trajectory", "token_metrics", "spectra",
+                                                      "prompts")}, "coupling": c[keep]},
+                      config=one.config, meta=one.meta)
+    with pytest.raises(F.FigureUnavailable, match="one token"):
+        F.plot_token_heatmap([one], "self", **SEL)
+    fig = F.plot_token_heatmap([one, runs[1]], "self", **SEL)
+    assert len(fig.axes) == 2  # the trained run's panel and its colour bar
+    assert "Measured at one token only for encoder" in F.caption_token_heatmap(
+        [one, runs[1]], "self", **SEL)
+
+
+def test_local_paths_are_labelled_by_their_folder(runs: list[Measurement]) -> None:
+    m = make_run(2, label="", strength=0.5, meta={"model": "/home/me/models/gpt2-small/"})
+    m.meta.pop("label")
+    m.meta.pop("revision")
+    assert F.run_label(m) == "gpt2-small"
+    m.meta["model"] = "EleutherAI/pythia-160m"  # a Hub id stays
+    assert F.run_label(m) == "EleutherAI/pythia-160m"
+    twins = F.run_labels([m, m, m])
+    assert twins == ["EleutherAI/pythia-160m #1", "EleutherAI/pythia-160m #2",
+                     "EleutherAI/pythia-160m #3"]
+
+
+_LONG = ["/very/long/local/path/to/some/checkpoints/of/a/model/number-one",
+         "/another/very/long/local/path/to/a/second/model/checkpoint-final"]
+
+
+@pytest.mark.parametrize("spec", [s.name for s in report_figures()])
+def test_no_title_overlaps_even_with_long_labels(spec: str, runs: list[Measurement]) -> None:
+    """Every figure of the report, drawn with two long labels: no title or label leaves the
+    figure or runs into another (the FigureLayoutWarning that png_bytes raises is an error
+    in the tests: pyproject.toml), and no layout collapses."""
+    fig_spec = next(s for s in report_figures(labels=_LONG, **SEL) if s.name == spec)
+    if len(runs) < fig_spec.min_runs:
+        pytest.skip("needs more runs")
+    fig = fig_spec.plot(runs)
+    assert layout_problems(fig) == []
+    F.png_bytes(fig)
+
+
+def test_the_layout_check_sees_an_overlap() -> None:
+    from blockcoupling.report.figures.base import FigureLayoutWarning, new_figure
+
+    fig = new_figure(4.0, 3.0)
+    a, b = fig.subplots(1, 2)
+    a.set_title("a title far too long for its panel, running over the next one")
+    b.set_title("second")
+    fig.set_layout_engine("none")
+    assert any("overlaps" in p or "leaves" in p for p in layout_problems(fig))
+    with pytest.warns(FigureLayoutWarning, match="figure layout"):
+        F.png_bytes(fig)
+    fig = new_figure(3.0, 2.0)
+    ax = fig.subplots()
+    ax.set_xticks(range(6), [f"label number {i}" for i in range(6)])
+    fig.set_layout_engine("none")
+    assert any("tick labels overlap" in p for p in layout_problems(fig))
 
 
 # ---------------------------------------------------------------------- report

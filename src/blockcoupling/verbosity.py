@@ -141,8 +141,7 @@ def worker_call(fn: Callable[..., Any], driver_level: str, *args: Any) -> tuple[
     prefixes) nor lost."""
     set_verbosity(quiet=driver_level == "quiet", verbose=driver_level == "verbose",
                   terminal=False)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
+    with warnings.catch_warnings(record=True) as caught:  # the filters in force stay
         value = fn(*args)
     said = list(dict.fromkeys(" ".join(str(w.message).split()) for w in caught))
     return value, said

@@ -287,7 +287,7 @@ def write_emergence_report(sweep: Collection, out: str | os.PathLike[str],
     ``open_sweep(path)``) to ``out`` (.html) and
     its figures to ``<out stem>_figures/``; returns the HTML path. ``steps`` picks the
     checkpoints of the per-checkpoint figures (default: first, middle, last per model)."""
-    from blockcoupling.report.html import Section, esc, figure_html, table_html, write_page
+    from blockcoupling.report.page import Section, esc, figure_html, table_html, write_page
 
     s = sweep
     out = Path(out)

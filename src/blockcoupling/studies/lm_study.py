@@ -588,7 +588,7 @@ def write_study_page(result: StudyResult, path: Path) -> Path:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    from blockcoupling.report.html import Section, esc, figure_html, table_html, write_page
+    from blockcoupling.report.page import Section, esc, figure_html, table_html, write_page
 
     em, mt = result.emergence, result.models
     fig = Figure(figsize=(10.0, 3.8), layout="constrained")

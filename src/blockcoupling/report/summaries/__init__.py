@@ -43,6 +43,7 @@ from blockcoupling.report.summaries.common import (
     robust_stats,
     run_label,
     run_labels,
+    short_name,
     token_metric_stats,
 )
 from blockcoupling.report.summaries.depth import (
@@ -116,6 +117,7 @@ __all__ = [
     "resolve_k",
     "robust_stats",
     "run_label",
+    "short_name",
     "run_labels",
     "run_overview",
     "token_axes",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -52,12 +53,29 @@ def as_runs(runs: Runs) -> list[Measurement]:
 
 
 
+def short_name(name: str) -> str:
+    """How a model or run is named on a page: a local path becomes its folder name (the
+    last part), a Hub id (``org/name``) and any other name stay as they are. A path is a
+    name that starts with ``/``, ``./``, ``../`` or ``~``, holds a backslash or more than
+    one ``/``, or is an existing folder."""
+    text = str(name).strip()
+    stripped = text.rstrip("/\\")
+    path_like = (text.startswith(("/", "./", "../", "~")) or "\\" in text
+                 or stripped.count("/") > 1
+                 or ("/" in stripped and os.path.isdir(os.path.expanduser(stripped))))
+    if not path_like:
+        return text
+    last = stripped.replace("\\", "/").rsplit("/", 1)[-1]
+    return last or text
+
+
 def run_label(m: Measurement, index: int = 0) -> str:
-    """A short name for a run: meta ``label``, else ``revision``, else the model id."""
+    """A short name for a run: meta ``label``, else ``revision``, else the model id, as
+    :func:`short_name` shows it (a local path: its folder name)."""
     for key in ("label", "revision", "model"):
         value = m.meta.get(key)
         if value not in (None, ""):
-            return str(value)
+            return short_name(str(value))
     return f"run {index + 1}"
 
 
@@ -72,9 +90,10 @@ def run_labels(ms: Sequence[Measurement], labels: Sequence[str] | None = None) -
         out = [str(x) for x in labels]
     else:
         out = [run_label(m, i) for i, m in enumerate(ms)]
+    given = list(out)
     seen: dict[str, int] = {}
-    for i, lab in enumerate(out):
-        if out.count(lab) > 1:
+    for i, lab in enumerate(given):
+        if given.count(lab) > 1:
             seen[lab] = seen.get(lab, 0) + 1
             out[i] = f"{lab} #{seen[lab]}"
     return out

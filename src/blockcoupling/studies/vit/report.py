@@ -243,7 +243,7 @@ def write_vit_report(root: str | Path, out: str | Path, *,
     """A self-contained HTML page for the ``vit-train`` / ``vit-grid`` outputs under ``root``:
     the runs table and every ViT figure whose data exists (figure files beside it in
     ``<out stem>_figures/``). Returns the HTML path."""
-    from blockcoupling.report.html import Section, figure_html, table_html, write_page
+    from blockcoupling.report.page import Section, figure_html, table_html, write_page
     from blockcoupling.studies.vit.fits import conditional_fits, fits_table
     from blockcoupling.studies.vit.grid import collect_epochs, collect_runs
 
