@@ -7,7 +7,8 @@ Warnings are one line each (:func:`warning_line`, the CLI's format; ``-v``: Pyth
 the source line). A warning said once per layer is said once for all its layers
 (:func:`grouped_layer_warnings`), and a Ray worker's warnings reach the driver in the driver's
 format and verbosity (:func:`worker_call`, :func:`say_worker_warnings`), not as Ray's
-prefixed copies of the worker's stderr.
+prefixed copies of the worker's stderr; with ``-q`` the workers' other output (library
+chatter, prints) does not reach the driver at all.
 
 Nothing heavy is imported here: a library not imported yet reads the environment variables
 set here when it is; one already imported is told directly.
@@ -148,10 +149,9 @@ def worker_call(fn: Callable[..., Any], driver_level: str, *args: Any) -> tuple[
 
 
 def say_worker_warnings(lines: Sequence[str], seen: set[str], where: str = "") -> None:
-    """Say a worker's warnings on the driver (``warnings.warn``: the driver's format), each
-    text once per ``seen`` (one sweep), nothing with ``-q``."""
-    if quiet():
-        return
+    """Say a worker's warnings on the driver (``warnings.warn``: the driver's format and
+    filters; ``-q`` hides chatter, never warnings, on the driver as in the workers), each
+    text once per ``seen`` (one sweep)."""
     for text in lines:
         if text not in seen:
             seen.add(text)
