@@ -1,12 +1,12 @@
 """How much the libraries blockcoupling drives say: the CLI's ``-q`` / ``-v`` passed on to
 transformers and huggingface_hub (logging, model-loading and download bars) and to Ray
-(``ray.init``'s logging level, and the workers: :func:`worker_call`). Quiet hides progress and
+(``ray.init``'s logging level, and the workers: `worker_call`). Quiet hides progress and
 chatter, never results or errors.
 
-Warnings are one line each (:func:`warning_line`, the CLI's format; ``-v``: Python's own, with
+Warnings are one line each (`warning_line`, the CLI's format; ``-v``: Python's own, with
 the source line). A warning said once per layer is said once for all its layers
-(:func:`grouped_layer_warnings`), and a Ray worker's warnings reach the driver in the driver's
-format and verbosity (:func:`worker_call`, :func:`say_worker_warnings`), not as Ray's
+(`grouped_layer_warnings`), and a Ray worker's warnings reach the driver in the driver's
+format and verbosity (`worker_call`, `say_worker_warnings`), not as Ray's
 prefixed copies of the worker's stderr; with ``-q`` the workers' other output (library
 chatter, prints) does not reach the driver at all.
 
@@ -83,7 +83,7 @@ def ray_logging_level() -> str:
 
 
 def level() -> str:
-    """``"quiet"``, ``"normal"`` or ``"verbose"``: what :func:`set_verbosity` was told."""
+    """``"quiet"``, ``"normal"`` or ``"verbose"``: what `set_verbosity` was told."""
     return _state["level"]
 
 
@@ -136,8 +136,8 @@ def grouped_layer_warnings() -> Iterator[None]:
 # ====================================================================== Ray workers
 def worker_call(fn: Callable[..., Any], driver_level: str, *args: Any) -> tuple[Any, list[str]]:
     """Run ``fn(*args)`` in a Ray worker at the driver's verbosity (``driver_level``:
-    :func:`level` on the driver); returns ``(value, warnings)``, the warnings it raised as
-    one line each (in order, each text once) for :func:`say_worker_warnings` on the driver,
+    `level` on the driver); returns ``(value, warnings)``, the warnings it raised as
+    one line each (in order, each text once) for `say_worker_warnings` on the driver,
     so that they are neither printed by the worker (Ray would forward them with its
     prefixes) nor lost."""
     set_verbosity(quiet=driver_level == "quiet", verbose=driver_level == "verbose",

@@ -88,7 +88,7 @@ def reported_p(variant: str, p: float | int | str | None = None) -> float | None
     """The ``p`` that goes into the ``p`` column of the coupling table for ``variant``.
 
     ``coupling`` and ``miscoupling`` use the chosen p (default 1); the others have the fixed
-    p of :data:`FIXED_P`: ``released_norm`` always 2; ``released_trace``, ``offdiag_ratio``
+    p of `FIXED_P`: ``released_norm`` always 2; ``released_trace``, ``offdiag_ratio``
     and ``coupling_vs_null`` (which does not depend on p) none (an empty cell).
     """
     _check_variant(variant)
@@ -257,7 +257,7 @@ def all_coupling_values(
     """Every requested (variant, p, k) at once, vectorised over all leading dimensions.
 
     A (..., K_max, K_max), s1 (..., >= K_max). Returns ``{(variant, p, k): values (...,)}``
-    where ``p`` is the *reported* p (:func:`reported_p`): each p in ``ps`` for ``coupling`` and
+    where ``p`` is the *reported* p (`reported_p`): each p in ``ps`` for ``coupling`` and
     ``miscoupling``; 2 for ``released_norm``; None for ``released_trace``, ``offdiag_ratio``
     and ``coupling_vs_null`` (those get one entry whatever ``ps`` holds).
     The squared Frobenius norms of every leading k x k block come from one 2-D cumulative
@@ -336,7 +336,7 @@ def all_coupling_values(
 def variant_p_pairs(
     variants: Sequence[str], ps: Iterable[float | int | str] = (1,)
 ) -> list[tuple[str, float | None]]:
-    """The (variant, reported p) combinations :func:`all_coupling_values` produces, in order."""
+    """The (variant, reported p) combinations `all_coupling_values` produces, in order."""
     pset = tuple(dict.fromkeys(_norm_p(p) for p in ps)) or (1.0,)
     pairs: list[tuple[str, float | None]] = []
     for v in variants:

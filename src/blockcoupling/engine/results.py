@@ -1,4 +1,4 @@
-"""Measurement: the result of :func:`blockcoupling.engine.measure` and of :func:`open_run`.
+"""Measurement: the result of `blockcoupling.engine.measure` and of [`open_run`][blockcoupling.store.reader.open_run].
 
 Long ("tidy") tables, one value per row, with the column names of DEFINITIONS.md ("Result
 tables"). Layers are 1-based (layer l = block l; layer 0 in ``trajectory`` is the input of
@@ -253,7 +253,7 @@ class Measurement:
         """The run's mean depth-wise ``variant`` by the one rule of ``engine.statistic``
         (mean over prompts of the per-prompt mean over layer pairs l != l', at each prompt's
         last measured token unless ``tokens="all"``; ``diagonal=True`` includes l = l').
-        :meth:`coupling_statistic` gives it with its standard error and chance level."""
+        [`coupling_statistic`][blockcoupling.engine.results.Measurement.coupling_statistic] gives it with its standard error and chance level."""
         row = self.coupling_statistic(variants=(variant,), k=k, p=p, orientation=orientation,
                                       tokens=tokens, diagonal=diagonal, n_boot=0)
         return float(row["mean"].iloc[0])

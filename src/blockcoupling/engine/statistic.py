@@ -331,7 +331,7 @@ def statistic_table(coupling: pd.DataFrame, *, variants: Sequence[str] = HEADLIN
     """One model's statistic: one row per requested variant and K (``STATISTIC_COLUMNS``).
 
     ``k``: None (each variant's smallest measured K), ``"d/10"`` (needs ``d_model``), an int
-    or a list of ints. Raises :class:`BlockCouplingError` naming what to measure when the table
+    or a list of ints. Raises [`BlockCouplingError`][blockcoupling.errors.BlockCouplingError] naming what to measure when the table
     lacks the rows the rule needs."""
     if isinstance(variants, str):
         variants = (variants,)
@@ -387,7 +387,7 @@ def _pm(mean: float, se: float) -> str:
 
 
 def headline_rule(variants: Sequence[str] = HEADLINE_VARIANTS, k: int | None = None) -> str:
-    """The rule of :func:`headline` lines (no bootstrap CI is printed there), for the one
+    """The rule of `headline` lines (no bootstrap CI is printed there), for the one
     ``(rule: ...)`` line under them; ``k=None``: "K as on each line"."""
     rule = StatisticRule(variant=variants[0], n_boot=0)
     return rule.describe(k, variants=variants, k_text=None if k is not None else
@@ -418,7 +418,7 @@ def headline(table: pd.DataFrame) -> str:
 
 
 def headline_wide(row: Any, n_prompts: int | None = None) -> str:
-    """:func:`headline` of one row of a wide summary (``<variant>_mean``, ``_se``,
+    """`headline` of one row of a wide summary (``<variant>_mean``, ``_se``,
     ``coupling_chance``, ``k``, ``n_prompts``; e.g. ``Sweep.summary()``)."""
     rows = []
     for v in HEADLINE_VARIANTS:

@@ -1,17 +1,17 @@
 """Figures and a self-contained HTML page for the correlation study (paper fig. 1a, 8, 9).
 
-- :func:`plot_predictors`: one panel per predictor (coupling first, then parameters, depth,
+- `plot_predictors`: one panel per predictor (coupling first, then parameters, depth,
   d_model, training tokens, log10 parameters), score against predictor, every model labelled,
   the least-squares line with its 95% confidence band for the mean (statsmodels OLS
   ``get_prediction``) and n, R^2, p in the panel title.
-- :func:`plot_exponential`: score against coupling with the linear and the exponential fit.
-- :func:`write_correlation_html` and :func:`write_chance_floor_html`: the pages, on the one
-  report template (:mod:`blockcoupling.report.page`): figures inline, the statistic used, the
+- `plot_exponential`: score against coupling with the linear and the exponential fit.
+- `write_correlation_html` and `write_chance_floor_html`: the pages, on the one
+  report template (`blockcoupling.report.page`): figures inline, the statistic used, the
   tables of results (overall and per group, with which test gave each p-value) and the
   models; no external resource.
 
-The page takes any :class:`CorrelationData` (the study's
-:class:`~blockcoupling.studies.correlate.CorrelationResult` is one): the report layer imports
+The page takes any `CorrelationData` (the study's
+[`CorrelationResult`][blockcoupling.studies.correlate.CorrelationResult] is one): the report layer imports
 nothing from the studies.
 """
 
@@ -259,7 +259,7 @@ def _fmt(v: Any, digits: int = 3) -> str:
 def write_correlation_html(result: CorrelationData, out: str | Path, *,
                            title: str = "Coupling and generalisation",
                            intro: str = "") -> Path:
-    """Write the correlation page (the report template of :mod:`blockcoupling.report.page`:
+    """Write the correlation page (the report template of `blockcoupling.report.page`:
     figures inline, the statistic used, the tables of results overall and per group, the
     models) and return its path."""
     from blockcoupling.engine.statistic import FLOOR_NOTE

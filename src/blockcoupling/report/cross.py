@@ -1,7 +1,7 @@
 """The cross-coupling figure and page (``blockcoupling cross``): a layer x layer heatmap of run
 A's Jacobians in run B's bases, and the principal angles between the runs' top-K subspaces.
 
-Takes what :func:`blockcoupling.studies.cross.cross_coupling` returns (anything with its
+Takes what [`blockcoupling.studies.cross.cross_coupling`][blockcoupling.studies.cross.cross_coupling] returns (anything with its
 ``coupling`` and ``angles`` tables and ``matrix()``); no computation beyond means."""
 
 from __future__ import annotations

@@ -1,21 +1,21 @@
 """Emergence figures from a sweep (or a training monitor): coupling across training.
 
-As in the paper (fig. 1b-e), from any :class:`Collection` of runs (a
-:class:`~blockcoupling.studies.sweep.Sweep`: a sweep or monitor collection opened by
+As in the paper (fig. 1b-e), from any `Collection` of runs (a
+[`Sweep`][blockcoupling.studies.sweep.read.Sweep]: a sweep or monitor collection opened by
 ``open_collection``;
 the report layer imports nothing from the studies):
 
-1. :func:`plot_coupling_vs_step` - mean depth-wise coupling against the training step, one
+1. `plot_coupling_vs_step` - mean depth-wise coupling against the training step, one
    line per model, on a numeric (log) step axis (step 0 on a short linear stretch), with
    each model's chance level drawn dashed [fig. 1b]. Models without steps (plain models
    side by side) are a bar panel.
-2. :func:`plot_trajectory_vs_step` - mean LSS and median expodistance against the step.
+2. `plot_trajectory_vs_step` - mean LSS and median expodistance against the step.
 3. Layer adjacency graphs at chosen checkpoints [fig. 1c-e] and
 4. depth-wise heatmaps per checkpoint: the existing figures of
-   :mod:`blockcoupling.report.figures` drawn from the chosen units' run directories.
+   `blockcoupling.report.figures` drawn from the chosen units' run directories.
 
-Values come from :meth:`Collection.summary` (units with duplicate weights counted once).
-:func:`write_emergence_report` writes them as one self-contained HTML file with the unit
+Values come from `Collection.summary` (units with duplicate weights counted once).
+`write_emergence_report` writes them as one self-contained HTML file with the unit
 catalogue; ``blockcoupling report DIR --out x.html`` calls it on ``open_collection(DIR)`` for a
 sweep or monitor (a vit-grid gets the ViT study's page).
 """
@@ -83,7 +83,7 @@ def headline_column(summ: pd.DataFrame) -> tuple[str, str]:
 
 def plot_loss_vs_step(loss: pd.DataFrame, summ: pd.DataFrame) -> Figure:
     """The training loss against the step, with the headline statistic of the measured steps
-    (:func:`headline_column`, error bars one standard error over prompts) on a second axis."""
+    (`headline_column`, error bars one standard error over prompts) on a second axis."""
     if loss.empty:
         raise F.FigureUnavailable("no training loss was stored (CouplingMonitor.step(loss=) "
                                   "or the Trainer callback)")
@@ -255,7 +255,7 @@ def heatmap_variant(runs: Sequence[Any]) -> str:
 
 def plot_depth_heatmaps(sweep: Collection, ids: Sequence[str], *, k: int | None = None) -> Figure:
     """L x L depth-wise coupling heatmaps of the units ``ids``, one colour scale
-    (:func:`heatmap_variant`)."""
+    (`heatmap_variant`)."""
     runs, labels = _unit_runs(sweep, ids)
     return F.plot_depth_heatmap(runs, k=k, labels=labels, variant=heatmap_variant(runs))
 

@@ -1,13 +1,13 @@
 """The report of one or more runs (``blockcoupling report RUN_DIR ...``).
 
 Every report page (this one, the collection/emergence, correlate, chance-floor, cross-coupling
-and ViT study pages) is built on the one template of :mod:`blockcoupling.report.page`
-(:class:`Section`, :func:`render_page`, :func:`write_page`, :func:`figure_html`,
-:func:`table_html`, one stylesheet), re-exported here.
+and ViT study pages) is built on the one template of `blockcoupling.report.page`
+(`Section`, `render_page`, `write_page`, `figure_html`,
+`table_html`, one stylesheet), re-exported here.
 
-:func:`write_report` draws the figures of :mod:`blockcoupling.report.figures` and writes
+[`write_report`][blockcoupling.report.html.write_report] draws the figures of `blockcoupling.report.figures` and writes
 
-- ``<out>``: a summary generated from the data (:mod:`blockcoupling.report.narrative`), the
+- ``<out>``: a summary generated from the data (`blockcoupling.report.narrative`), the
   runs defined once (their labels, and what differs between them), then each figure that has
   data with its caption (figures without data are left out and listed in one line);
 - ``<out stem>_figures/NN_<name>.{png,svg,pdf}``: each figure as a file, for papers.
@@ -280,8 +280,8 @@ def write_report(measurements: Sequence[Measurement], out: Path | str, *,
 
 def write_report_from_dirs(run_dirs: Sequence[Path | str], out: Path | str,
                            **options: Any) -> Path:
-    """Open each run directory with :func:`blockcoupling.store.rundir.open_run` and write the
-    report (options as for :func:`write_report`)."""
+    """Open each run directory with [`blockcoupling.store.rundir.open_run`][blockcoupling.store.reader.open_run] and write the
+    report (options as for [`write_report`][blockcoupling.report.html.write_report])."""
     from blockcoupling.store.rundir import open_run
 
     return write_report([open_run(Path(d)) for d in run_dirs], out, **options)

@@ -1,12 +1,12 @@
 """The one template of every report page: run report, collection/emergence, correlate,
 chance-floor, cross-coupling and ViT study.
 
-Build :class:`Section` objects, then :func:`render_page` (or :func:`write_page`) makes ONE
-self-contained HTML file: the stylesheet (:data:`CSS`) once, a table of contents, no external
-URL. Helpers for the body of a section: :func:`figure_html` (a matplotlib figure embedded as a
-base64 PNG with its numbered caption, optionally also written as files), :func:`table_html`
+Build `Section` objects, then `render_page` (or `write_page`) makes ONE
+self-contained HTML file: the stylesheet (`CSS`) once, a table of contents, no external
+URL. Helpers for the body of a section: `figure_html` (a matplotlib figure embedded as a
+base64 PNG with its numbered caption, optionally also written as files), `table_html`
 (a DataFrame with formatted numbers in a box that scrolls sideways instead of overflowing the
-page), :func:`paragraphs_html`, :func:`notes_html` and :func:`esc`.
+page), `paragraphs_html`, `notes_html` and `esc`.
 
 No JavaScript is needed to display a page (a four-line inline script only records, in
 ``<body data-images-ok>``, how many images the browser decoded, for automated checks).
@@ -136,7 +136,7 @@ def cell_html(value: Any) -> tuple[str, str]:
 
 def table_html(df: pd.DataFrame, *, index: bool = True, header: bool = True) -> str:
     """A DataFrame as an HTML table in a box that scrolls sideways (never wider than the
-    page). Numbers get 3 significant digits (:func:`~blockcoupling.report.summaries.fmt_number`),
+    page). Numbers get 3 significant digits (`fmt_number`),
     missing values '-'. With ``index`` the index is a sticky first column."""
     head = ""
     if header:
@@ -203,7 +203,7 @@ def render_page(title: str, sections: Sequence[Section], *, lead: str = "",
 
 def write_page(path: Path | str, title: str, sections: Sequence[Section], *,
                lead: str = "") -> Path:
-    """:func:`render_page` written atomically to ``path`` (must end in .html)."""
+    """`render_page` written atomically to ``path`` (must end in .html)."""
     out = Path(path)
     if out.suffix.lower() not in (".html", ".htm"):
         raise BlockCouplingError(f"report path {out}: give a file name ending in .html")

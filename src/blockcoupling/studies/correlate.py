@@ -2,29 +2,29 @@
 
 Three steps, each a plain function:
 
-1. **The coupling statistic per model** (:class:`CouplingStatistic`, :func:`model_table`):
+1. **The coupling statistic per model** (`CouplingStatistic`, `model_table`):
    the headline rule of ``engine.statistic`` (mean over prompts of the per-prompt mean over
    layer pairs l != l' at each prompt's last measured token, p = 1, orientation ``ujv``;
    ``docs/conventions.md``) for raw c_K (as the paper) and ``coupling_vs_null`` (chance
    corrected), each with its standard error over prompts, and the chance level of raw c_K,
    with K = round(d / 10) per model (at least 1) unless a fixed K is given. Models measured
-   on different prompt sets are refused unless told otherwise (:func:`check_prompt_sets`).
-2. **The scores** (:func:`read_scores`): a CSV (``model``, ``score``, optional ``params_b,
+   on different prompt sets are refused unless told otherwise (`check_prompt_sets`).
+2. **The scores** (`read_scores`): a CSV (``model``, ``score``, optional ``params_b,
    layers, d_model, train_tokens_t, group``), ``"paper"`` (the paper's Table 1 shipped as
-   package data with a hub id for every row, :func:`paper_scores`), or an lm-evaluation-harness
-   output folder (:func:`read_lmeval_dir`). Models are matched to runs by label, model id,
-   ``model@revision`` or run folder name (:func:`match_scores`).
-3. **The statistics** (:func:`regression`, :func:`exponential_fit`, :func:`partial_correlation`,
-   :func:`analyse`): for coupling and every other predictor present, n, slope, intercept, R^2,
+   package data with a hub id for every row, [`paper_scores`][blockcoupling.studies.scores.paper_scores]), or an lm-evaluation-harness
+   output folder (`read_lmeval_dir`). Models are matched to runs by label, model id,
+   ``model@revision`` or run folder name (`match_scores`).
+3. **The statistics** (`regression`, `exponential_fit`, `partial_correlation`,
+   `analyse`): for coupling and every other predictor present, n, slope, intercept, R^2,
    p, Pearson r with a seeded percentile-bootstrap 95% CI of R^2, Spearman rho and p
    (scipy.stats); the exponential fit score = a exp(b coupling) (scipy.optimize.curve_fit); the
    partial correlation of each coupling predictor with the score controlling for log10
-   d_model, log10 parameters and both (statsmodels OLS, :func:`partial_correlations`); with
-   ``floor`` what the measured chance level explains (:func:`floor_analysis`); the same per
-   ``group``. Every output carries :data:`FLOOR_NOTE`.
+   d_model, log10 parameters and both (statsmodels OLS, `partial_correlations`); with
+   ``floor`` what the measured chance level explains (`floor_analysis`); the same per
+   ``group``. Every output carries `FLOOR_NOTE`.
 
 scipy and statsmodels are the optional extra ``blockcoupling[study]``; a clear error says so
-when they are missing. :func:`correlate` runs all three steps on run directories. Each step has its module:
+when they are missing. `correlate` runs all three steps on run directories. Each step has its module:
 ``studies.model_units`` (1), ``studies.scores`` (2), ``studies.regression`` (3); their names
 are re-exported here.
 """
@@ -99,7 +99,7 @@ __all__ = [
 
 @dataclass
 class CorrelationResult:
-    """Everything :func:`correlate` found; ``to_dict()`` is the JSON output."""
+    """Everything `correlate` found; ``to_dict()`` is the JSON output."""
 
     table: pd.DataFrame
     statistic: CouplingStatistic
@@ -206,14 +206,14 @@ def correlate(inputs: Sequence[str | Path] | Sequence[ModelUnit], scores: str | 
               diagonal: bool = False, floor: bool = False, allow_mixed_prompts: bool = False,
               allow_checkpoints: bool = False, n_boot: int = 2000, seed: int = 0,
               labels: Sequence[str] | None = None) -> CorrelationResult:
-    """The study on run directories (or :class:`ModelUnit` objects) and a score source.
+    """The study on run directories (or `ModelUnit` objects) and a score source.
 
     ``scores`` is ``"paper"``, a CSV path, an lm-evaluation-harness folder or a DataFrame with
     the CSV's columns. ``labels`` name the run directories (one each) for the matching. Each
-    model's numbers are the headline statistic (:class:`CouplingStatistic`) of every variant
-    in ``variants``; ``floor`` adds :func:`floor_analysis`; models measured on different
+    model's numbers are the headline statistic (`CouplingStatistic`) of every variant
+    in ``variants``; ``floor`` adds `floor_analysis`; models measured on different
     prompt sets are refused unless ``allow_mixed_prompts``; checkpoints of one training run
-    (:func:`~blockcoupling.studies.model_units.training_runs`) are refused as independent
+    (`training_runs`) are refused as independent
     models unless ``allow_checkpoints``. Below ``SMALL_N`` (10) models every p-value is an
     exact permutation p-value and no bootstrap interval is given.
     """

@@ -1,10 +1,10 @@
-"""The models of the correlation study: what one measured model is (:class:`ModelUnit`), how
-it is read from run and sweep directories (:func:`load_units`), and its row of numbers under
-one rule (:class:`CouplingStatistic`, :func:`model_table`): the headline statistic of
+"""The models of the correlation study: what one measured model is (`ModelUnit`), how
+it is read from run and sweep directories (`load_units`), and its row of numbers under
+one rule (`CouplingStatistic`, `model_table`): the headline statistic of
 ``engine.statistic`` for raw c_K and ``coupling_vs_null``, each with its standard error over
 prompts, and the chance level of raw c_K, with K = round(d / 10) per model unless a fixed K is
 given. Models measured on different prompt sets are refused unless told otherwise
-(:func:`check_prompt_sets`).
+(`check_prompt_sets`).
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ class CouplingStatistic:
 
     ``k=None`` means K = max(1, round(d / 10)) per model (the paper's choice for the
     correlation). ``p`` applies to ``coupling``/``miscoupling``; ``tokens`` and ``diagonal``
-    as in :func:`blockcoupling.coupling_statistic`.
+    as in [`blockcoupling.coupling_statistic`][blockcoupling.studies.statistic.coupling_statistic].
     """
 
     variants: tuple[str, ...] = ("coupling", "coupling_vs_null")
@@ -89,7 +89,7 @@ class ModelUnit:
     keys: tuple[str, ...] = ()  # extra names a score table may use (e.g. the run folder name)
     prompt_set: str = ""  # sha256 of the measured prompts' ids and texts
     #: the training run this model is a checkpoint of (a step or revision of one model or
-    #: of one collection entry), None for a model on its own: see :func:`training_runs`
+    #: of one collection entry), None for a model on its own: see `training_runs`
     run: str | None = None
 
     def match_keys(self) -> list[str]:
@@ -169,7 +169,7 @@ def _units_from_sweep(sweep: Any, path: Path) -> list[ModelUnit]:
 
 def load_units(paths: Iterable[str | Path],
                labels: Sequence[str] | None = None) -> list[ModelUnit]:
-    """One :class:`ModelUnit` per run directory; a collection (sweep, monitor, vit-grid)
+    """One `ModelUnit` per run directory; a collection (sweep, monitor, vit-grid)
     adds one per done unit, read by ``open_collection``.
     ``labels`` (one per run directory, no sweeps) name the models instead of their manifests'
     label or model id: the names the score table's ``model`` column uses."""
@@ -224,7 +224,7 @@ def training_runs(units: Sequence[ModelUnit]) -> dict[str, list[str]]:
 def check_independent(units: Sequence[ModelUnit], *, allow_checkpoints: bool = False
                       ) -> dict[str, list[str]]:
     """Refuse checkpoints of one training run as independent models (one line naming
-    ``--allow-checkpoints``) unless ``allow_checkpoints``; returns :func:`training_runs`."""
+    ``--allow-checkpoints``) unless ``allow_checkpoints``; returns `training_runs`."""
     runs = training_runs(units)
     if runs and not allow_checkpoints:
         run, labels = next(iter(runs.items()))

@@ -3,8 +3,8 @@
 ``trainer = L.Trainer(callbacks=[CouplingLightningCallback(tok, prompts, every=500,
 out="runs/monitor", model_attr="model")])``: at the end of every training batch whose
 ``trainer.global_step`` is due, the module (or its attribute ``model_attr``, e.g. the wrapped
-HuggingFace model) is measured by a :class:`~blockcoupling.studies.monitor.CouplingMonitor`,
-the step's :func:`~blockcoupling.studies.monitor.coupling_scalars` go to every logger of the
+HuggingFace model) is measured by a [`CouplingMonitor`][blockcoupling.studies.monitor.CouplingMonitor],
+the step's `coupling_scalars` go to every logger of the
 trainer (``trainer.loggers``: CSV, TensorBoard, W&B, ...) at that step and at no other (step 0,
 measured at train start, included), and the batch's loss (the ``loss`` of the training step's
 output) is stored beside the coupling.
@@ -35,7 +35,7 @@ def _loss(outputs: Any) -> float | None:
 
 
 class CouplingLightningCallback(Callback):
-    """Arguments as :class:`CouplingMonitor`; ``model_attr``: measure ``pl_module.<attr>``
+    """Arguments as [`CouplingMonitor`][blockcoupling.studies.monitor.CouplingMonitor]; ``model_attr``: measure ``pl_module.<attr>``
     instead of the LightningModule itself; ``at_start``: measure step 0 at train start."""
 
     def __init__(self, tokenizer: Any, prompts: Any, *, every: int | None = 500,

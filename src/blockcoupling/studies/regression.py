@@ -1,18 +1,18 @@
 """The statistics of the correlation study, on plain tables (one row per model).
 
-Pure functions over numbers, no I/O: :func:`regression` (OLS line, Pearson r with a seeded
-percentile-bootstrap CI of R^2, Spearman rho; scipy.stats), :func:`exponential_fit`
-(scipy.optimize.curve_fit), :func:`partial_correlation` / :func:`partial_correlations`
+Pure functions over numbers, no I/O: `regression` (OLS line, Pearson r with a seeded
+percentile-bootstrap CI of R^2, Spearman rho; scipy.stats), `exponential_fit`
+(scipy.optimize.curve_fit), `partial_correlation` / `partial_correlations`
 (statsmodels OLS residuals, given log10 d_model, log10 parameters and both),
-:func:`floor_analysis` (what the measured chance level of raw c_K explains) and
-:func:`analyse` (all of them on one table). scipy and statsmodels are the optional extra
-``blockcoupling[study]``; :func:`stats_modules` names it when they are missing.
+`floor_analysis` (what the measured chance level of raw c_K explains) and
+`analyse` (all of them on one table). scipy and statsmodels are the optional extra
+``blockcoupling[study]``; `stats_modules` names it when they are missing.
 
-Small samples: below :data:`SMALL_N` models the correlation study (:func:`analyse`) gives
+Small samples: below `SMALL_N` models the correlation study (`analyse`) gives
 exact permutation p-values (every one of the n! orderings of the scores, scipy.stats; for a
 partial correlation the Freedman-Lane permutation of the score's residuals), not the t or
-normal approximations, and :func:`regression` gives no bootstrap interval of R^2 below
-:data:`SMALL_N` models or where the bootstrap degenerates (most resamples of a few models
+normal approximations, and `regression` gives no bootstrap interval of R^2 below
+`SMALL_N` models or where the bootstrap degenerates (most resamples of a few models
 repeat a model, and their R^2 is 1 or undefined): such an interval would look precise and
 mean nothing.
 """
@@ -55,7 +55,7 @@ PREDICTORS: tuple[str, ...] = (*COUPLING_PREDICTORS, "params_b", "layers", "d_mo
 CONTROLS: tuple[tuple[str, ...], ...] = (("log_d_model",), ("log_params",),
                                          ("log_d_model", "log_params"))
 MIN_MODELS = 3
-#: below this many models: exact permutation p-values in :func:`analyse`, no bootstrap CI
+#: below this many models: exact permutation p-values in `analyse`, no bootstrap CI
 SMALL_N = 10
 #: the most bootstrap resamples that may be degenerate (constant x or y) for an interval
 MAX_DEGENERATE = 0.01
@@ -117,8 +117,8 @@ def regression(x: Sequence[float] | np.ndarray, y: Sequence[float] | np.ndarray,
     ``spearman_p_method``. Below ``exact_below`` models both p-values are exact permutation
     p-values (all n! orderings; the slope's test is the test of r), else the t-test of the
     slope (scipy.stats.linregress) and Spearman's t approximation. The interval is NaN, with
-    the reason in ``r2_ci_note``, below :data:`SMALL_N` models or where more than
-    :data:`MAX_DEGENERATE` of the resamples, or the whole interval, degenerate. Needs
+    the reason in ``r2_ci_note``, below `SMALL_N` models or where more than
+    `MAX_DEGENERATE` of the resamples, or the whole interval, degenerate. Needs
     n >= 3 and non-constant x and y (raises otherwise).
     """
     st, _ = stats_modules()
@@ -264,7 +264,7 @@ def partial_correlations(table: pd.DataFrame, y: np.ndarray,
                          exact_below: int = 0) -> list[dict[str, Any]]:
     """Each coupling predictor's partial correlation with the score given each set of controls
     (``log_d_model``, ``log_params``, both): one dict each, ``skipped`` with the reason where
-    it cannot be computed (``exact_below`` as :func:`partial_correlation`)."""
+    it cannot be computed (``exact_below`` as `partial_correlation`)."""
     out = []
     for x in predictors:
         if x not in table.columns:
@@ -309,11 +309,11 @@ def floor_analysis(table: pd.DataFrame, y: np.ndarray, *, exact_below: int = 0
 
 def analyse(table: pd.DataFrame, *, n_boot: int = 2000, seed: int = 0,
             floor: bool = False) -> dict[str, Any]:
-    """All statistics of one table (columns ``score`` and any of :data:`PREDICTORS`).
+    """All statistics of one table (columns ``score`` and any of `PREDICTORS`).
 
     Returns ``{"n", "predictors": {name: regression or {"skipped": why}}, "exponential",
-    "partial_correlations"}`` (and ``"floor"`` with ``floor``: :func:`floor_analysis`).
-    Below :data:`SMALL_N` models every p-value is an exact permutation p-value. Raises for
+    "partial_correlations"}`` (and ``"floor"`` with ``floor``: `floor_analysis`).
+    Below `SMALL_N` models every p-value is an exact permutation p-value. Raises for
     fewer than 3 models or constant scores.
     """
     y = table["score"].to_numpy(dtype=float)

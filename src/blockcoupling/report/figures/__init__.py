@@ -1,20 +1,20 @@
 """The paper's figures, drawn from stored measurements only, one module per figure family.
 
-- :mod:`.depth`: L x L depth-wise heatmap, |A| grid [paper fig. 3], layer graph
+- `depth`: L x L depth-wise heatmap, |A| grid [paper fig. 3], layer graph
   [fig. 1c-e], coupling against layer distance;
-- :mod:`.tokens`: token-wise coupling heatmaps (``self`` [fig. 4], ``fixed_input``,
+- `tokens`: token-wise coupling heatmaps (``self`` [fig. 4], ``fixed_input``,
   ``fixed_output``);
-- :mod:`.trajectory`: PCA trajectories [fig. 17] and trajectory metrics [fig. 24];
-- :mod:`.spectra`: top singular value against depth with the 1/depth fit;
-- :mod:`.runs`: across runs [fig. 1b];
-- :mod:`.base`: figure creation, panels, saving, caption phrases.
+- `trajectory`: PCA trajectories [fig. 17] and trajectory metrics [fig. 24];
+- `spectra`: top singular value against depth with the 1/depth fit;
+- `runs`: across runs [fig. 1b];
+- `base`: figure creation, panels, saving, caption phrases.
 
-Every ``plot_*`` function takes one :class:`~blockcoupling.engine.results.Measurement` or a
-sequence of them and returns a :class:`matplotlib.figure.Figure`; its ``caption_*`` twin takes
+Every ``plot_*`` function takes one [`Measurement`][blockcoupling.engine.results.Measurement] or a
+sequence of them and returns a `matplotlib.figure.Figure`; its ``caption_*`` twin takes
 the same arguments and says what was measured (K, variant, p, orientation, token), naming runs
-by their labels. The numbers come from :mod:`blockcoupling.report.summaries` (pure pandas, no
+by their labels. The numbers come from `blockcoupling.report.summaries` (pure pandas, no
 matplotlib), re-exported here for convenience. Where the data a figure needs is absent the
-plot and caption functions raise :class:`FigureUnavailable` (= ``summaries.NoData``).
+plot and caption functions raise `FigureUnavailable` (= ``summaries.NoData``).
 """
 
 from blockcoupling.engine.spectra import fit_inverse_depth
@@ -68,7 +68,7 @@ from blockcoupling.report.summaries import (
     trajectory_summary,
 )
 
-#: the data drawn by :func:`plot_depth_heatmap` (kept under its former name)
+#: the data drawn by `plot_depth_heatmap` (kept under its former name)
 depth_heatmap_data = depth_matrices
 
 __all__ = [

@@ -1,6 +1,6 @@
 """What every figure family shares: figure creation, panels, saving, caption phrases.
 
-Figures are built with :class:`matplotlib.figure.Figure` and the Agg canvas directly (no
+Figures are built with `matplotlib.figure.Figure` and the Agg canvas directly (no
 ``pyplot``): no global state, no GUI backend, nothing is ever shown. Captions name runs by
 their labels only; the report defines each label once in its runs table.
 """
@@ -46,7 +46,7 @@ __all__ = ["DPI", "FORMATS", "FigureLayoutWarning", "FigureUnavailable", "Runs",
 
 class FigureLayoutWarning(UserWarning):
     """A drawn figure has a title or label that overlaps another or leaves the figure
-    (:func:`layout_problems`); the report tests turn it into an error."""
+    (`layout_problems`); the report tests turn it into an error."""
 
 
 #: the most characters of a run label in a panel title, a legend and a tick label: figures
@@ -236,7 +236,7 @@ def _ticks_collide(ticks: list[tuple[Any, Any]], dpi: float) -> bool:
 
 def png_bytes(fig: Figure) -> bytes:
     """The figure as PNG bytes (no metadata), as embedded in the HTML pages; a
-    :class:`FigureLayoutWarning` says what overlaps (:func:`layout_problems`)."""
+    `FigureLayoutWarning` says what overlaps (`layout_problems`)."""
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=DPI, metadata={"Software": None})
     problems = layout_problems(fig)

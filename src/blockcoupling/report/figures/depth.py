@@ -1,6 +1,6 @@
 """Depth-wise coupling figures: the L x L heatmap, the |A| grid [paper fig. 3], the layer
 graph [fig. 1c-e] and coupling against layer distance. Data from
-:mod:`blockcoupling.report.summaries`."""
+`blockcoupling.report.summaries`."""
 
 from __future__ import annotations
 
@@ -186,7 +186,7 @@ def plot_layer_graph(runs: Runs, *, k: int | None = None, variant: str = "coupli
 
     Layers are nodes on a circle (layer 1 at the top, clockwise). The edge between l and l'
     has width ``0.3 + 5 s`` and opacity ``0.05 + 0.9 s`` where ``s`` =
-    :func:`~blockcoupling.report.summaries.edge_strength` of its mean depth-wise value: a
+    `edge_strength` of its mean depth-wise value: a
     FIXED scale (for ``coupling_vs_null``, drawn when measured: s = 0 at the chance level,
     1 for perfect coupling), never the data's range, so a model at chance looks unstructured.
     Edges are drawn in the order of ``layer_graph_weights`` (l < l', lexicographic) as one

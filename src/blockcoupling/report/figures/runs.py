@@ -1,6 +1,6 @@
 """Across runs [paper fig. 1b]: runs in the order given (checkpoints, models) on the x axis
 with the mean depth-wise coupling, the coupling against its chance level, LSS and
-expodistance. Data from :func:`blockcoupling.report.summaries.across_runs_data`."""
+expodistance. Data from `blockcoupling.report.summaries.across_runs_data`."""
 
 from __future__ import annotations
 

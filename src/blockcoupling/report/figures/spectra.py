@@ -1,5 +1,5 @@
 """Spectral figures: the top singular value of J^l_tt against depth with the paper's
-sigma ~ a / l + b fit. Data from :func:`blockcoupling.report.summaries.top_singular_values`."""
+sigma ~ a / l + b fit. Data from `blockcoupling.report.summaries.top_singular_values`."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Token-wise coupling heatmaps: kinds ``self`` [paper fig. 4], ``fixed_input`` and
 ``fixed_output`` (context coupling). Data from
-:func:`blockcoupling.report.summaries.token_heatmap_data`."""
+`blockcoupling.report.summaries.token_heatmap_data`."""
 
 from __future__ import annotations
 

@@ -127,7 +127,7 @@ def _box(ax: Any, vals: list[np.ndarray], labs: list[str], nans: list[int], col:
     ax.grid(alpha=0.3, axis="y")
 
 
-#: the panels of :func:`plot_trajectory_metrics`, in order: (column, title, kind)
+#: the panels of `plot_trajectory_metrics`, in order: (column, title, kind)
 _METRIC_PANELS = (("norm", "norms", "line"), ("lss_window", "windowed line-shape score", "line"),
                   ("lss", "LSS of whole trajectories", "box"),
                   ("expodistance", "expodistance", "box"))

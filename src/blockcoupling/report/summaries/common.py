@@ -71,7 +71,7 @@ def short_name(name: str) -> str:
 
 def run_label(m: Measurement, index: int = 0) -> str:
     """A short name for a run: meta ``label``, else ``revision``, else the model id, as
-    :func:`short_name` shows it (a local path: its folder name)."""
+    `short_name` shows it (a local path: its folder name)."""
     for key in ("label", "revision", "model"):
         value = m.meta.get(key)
         if value not in (None, ""):
@@ -170,7 +170,7 @@ class RobustStats:
 
 
 def robust_stats(values: Sequence[float] | np.ndarray | pd.Series) -> RobustStats:
-    """:class:`RobustStats` of ``values`` (NaN and +-inf are counted in ``n_nan``)."""
+    """`RobustStats` of ``values`` (NaN and +-inf are counted in ``n_nan``)."""
     v = np.asarray(values, dtype=float).ravel()
     finite = v[np.isfinite(v)]
     if finite.size == 0:
@@ -184,7 +184,7 @@ def robust_stats(values: Sequence[float] | np.ndarray | pd.Series) -> RobustStat
 
 
 def token_metric_stats(m: Measurement, column: str, token: int | None = None) -> RobustStats:
-    """:class:`RobustStats` over (prompt, token) of a ``token_metrics`` column (``lss``,
+    """`RobustStats` over (prompt, token) of a ``token_metrics`` column (``lss``,
     ``expodistance``, ``equidistance_cv``, ``linearisation_cosine``)."""
     tm = m.token_metrics if token is None else m.token_metrics[m.token_metrics["token"] == token]
     return robust_stats(tm[column])

@@ -19,7 +19,7 @@ crash, or with more points) only does the work that is missing. On Ray each run 
 and the others go on. The old layout (``grid.json`` + ``runs/``) is one line naming
 ``blockcoupling collection upgrade``.
 
-:func:`collect_runs` and :func:`collect_epochs` read a grid, or any folder holding
+`collect_runs` and `collect_epochs` read a grid, or any folder holding
 ``vit-train`` outputs (runs trained one by one), into tables for the figures
 (``studies/vit/report.py``).
 """
@@ -84,9 +84,9 @@ def grid_configs(base: VitTrainConfig, drop_paths: Sequence[float] = PAPER_DROP_
 def load_grid_spec(source: str | Path | dict[str, Any]
                    ) -> tuple[VitTrainConfig, dict[str, Any]]:
     """A grid from YAML (or a dict): ``drop_path`` and ``weight_decay`` lists (default: the
-    paper's), ``seeds`` (default [0]), ``train`` (:class:`VitTrainConfig` fields, shared by
+    paper's), ``seeds`` (default [0]), ``train`` ([`VitTrainConfig`][blockcoupling.studies.vit.train.VitTrainConfig] fields, shared by
     every run), and optionally ``executor``, ``address``, ``cpus_per_run``, ``threads``.
-    Returns the base config and the keyword arguments of :func:`run_grid`::
+    Returns the base config and the keyword arguments of [`run_grid`][blockcoupling.studies.vit.grid.run_grid]::
 
         drop_path: [0, 0.1, 0.3]
         weight_decay: [0.01, 0.1]
@@ -182,7 +182,7 @@ FINAL_RUN = "coupling/final"
 
 def grid_unit(config: VitTrainConfig) -> Any:
     """The collection unit of one grid point (``studies.sweep.units.Unit``): label
-    :func:`run_name`, id by the collections' one rule over the whole training config, config
+    `run_name`, id by the collections' one rule over the whole training config, config
     hash of its final measurement, run directory ``coupling/final``."""
     from blockcoupling.studies.sweep.units import Unit, collection_unit_id
     from blockcoupling.studies.vit.train import images_config, measured_tokens
@@ -249,7 +249,7 @@ def run_grid(base: VitTrainConfig, root: str | Path, *,
              threads: int | None = 1, progress: bool = True,
              on_run: Callable[[dict[str, Any]], None] | None = None,
              cluster_cpus: int | None = None) -> pd.DataFrame:
-    """Train every grid point into ``root/runs/<name>``; returns :func:`collect_runs` with a
+    """Train every grid point into ``root/runs/<name>``; returns `collect_runs` with a
     ``message`` column (runs that failed are ``status == "failed"``).
 
     ``executor="ray"``: one task per run (``num_cpus`` each) on the cluster at ``address``
