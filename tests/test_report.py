@@ -7,15 +7,11 @@ written here (plain loops over the table rows), not against the aggregation help
 from __future__ import annotations
 
 import base64
-import html
 import itertools
-import json
 import os
 import re
-import shutil
 import subprocess
 import sys
-import tempfile
 from collections import defaultdict
 from pathlib import Path
 
@@ -41,6 +37,7 @@ from blockcoupling.report.html import (
     write_report_from_dirs,
 )
 from blockcoupling.report.narrative import report_summary
+from browser import CHROMIUM, chromium, probe
 from fixtures_report import KS, N_TOKENS, WINDOW, L, make_checkpoints, make_run, make_runs
 
 SEL = dict(k=2, variant="coupling", p=1.0, orientation="ujv")
@@ -751,55 +748,16 @@ def test_measurement_summary_is_robust(runs: list[Measurement]) -> None:
 
 
 # ---------------------------------------------------------------------- browser
-CHROMIUM = shutil.which("chromium") or ("/usr/bin/chromium"
-                                        if Path("/usr/bin/chromium").exists() else None)
-
-# Injected into a copy of the page: what overflows the viewport and what each image shows.
-_PROBE = """<script>
-window.addEventListener("load", function () {
-  var d = document.documentElement, vw = d.clientWidth, wide = [], imgs = [];
-  document.querySelectorAll("body *").forEach(function (e) {
-    var r = e.getBoundingClientRect();
-    if (r.width > 0 && r.right > vw + 1 && !(e.parentElement && e.parentElement.closest(".scroll")))
-      wide.push(e.tagName + "." + e.className + " right=" + Math.round(r.right));
-  });
-  document.querySelectorAll("img").forEach(function (i) {
-    var r = i.getBoundingClientRect(), box = i.closest(".scroll") || i;
-    var b = box.getBoundingClientRect();
-    imgs.push([i.naturalWidth, i.naturalHeight, Math.round(r.width), Math.round(r.height),
-               Math.round(b.left), Math.round(b.right)]);
-  });
-  var boxes = [];
-  document.querySelectorAll(".scroll").forEach(function (e) {
-    boxes.push([e.scrollWidth, e.clientWidth]);
-  });
-  document.body.setAttribute("data-probe", JSON.stringify(
-    {vw: vw, sw: d.scrollWidth, wide: wide, imgs: imgs, boxes: boxes}));
-});
-</script>"""
-
-
 def _chromium(args: list[str], tmp_path: Path) -> subprocess.CompletedProcess:
-    profile = tempfile.mkdtemp(dir=tmp_path)
-    base = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
-            "--no-first-run", "--disable-background-networking", "--disable-component-update",
-            "--disable-sync", "--hide-scrollbars", f"--user-data-dir={profile}"]
-    return subprocess.run(base + args, check=True, capture_output=True, text=True,
-                          timeout=180)
+    return chromium(args, tmp_path)
 
 
 def _probe(page: Path, width: int, height: int, tmp_path: Path) -> dict:
-    copy = tmp_path / f"probe_{width}_{page.name}"
-    copy.write_text(page.read_text(encoding="utf-8").replace("</body>", _PROBE + "</body>"),
-                    encoding="utf-8")
-    dom = _chromium([f"--window-size={width},{height}", "--virtual-time-budget=10000",
-                     "--dump-dom", copy.resolve().as_uri()], tmp_path)
-    match = re.search(r'data-probe="([^"]*)"', dom.stdout)
-    assert match, "the probe script did not run"
-    probe = json.loads(html.unescape(match.group(1)))
-    ok = re.search(r'data-images-ok="(\d+)/(\d+)"', dom.stdout)
-    assert ok and ok.group(1) == ok.group(2), "an image did not decode"
-    return probe
+    found = probe(page, width, height, tmp_path)
+    assert all(i["ok"] for i in found["imgs"]), "an image did not decode"
+    found["imgs"] = [[i["nw"], i["nh"], i["w"], i["h"], i["left"], i["right"]]
+                     for i in found["imgs"]]
+    return found
 
 
 @pytest.fixture(scope="module")

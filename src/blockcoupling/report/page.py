@@ -160,8 +160,9 @@ def figure_html(fig: Figure, caption: str, *, title: str = "", number: int | Non
 
     With ``stem`` the figure is also written as ``stem.<fmt>`` for each of ``formats`` and the
     files are listed under it (relative to the page: the stem's folder and name)."""
-    png = F.png_bytes(fig)
-    links = ""
+    png, problems = F.rendered_png(fig)  # an overlapping title: a warning, and for automated
+    flagged = (f' data-layout-problems="{esc("; ".join(problems))}"' if problems else "")
+    links = ""  # checks of the page a data-layout-problems attribute on the image
     if stem is not None and formats:
         # The layout is solved by the first draw; freeze it so the SVG / PDF files reuse it.
         fig.set_layout_engine("none")
@@ -178,7 +179,7 @@ def figure_html(fig: Figure, caption: str, *, title: str = "", number: int | Non
     label = f"<b>Figure {number}.</b> " if number is not None else ""
     width = round(fig.get_figwidth() * fig.dpi)  # the PNG's natural width in pixels
     return (f'<figure><div class="scroll figbox" style="--w: {width}px">'
-            f'<img alt="{esc(title or caption[:80])}" '
+            f'<img alt="{esc(title or caption[:80])}"{flagged} '
             f'src="data:image/png;base64,{base64.b64encode(png).decode("ascii")}"></div>'
             f"<figcaption>{label}{esc(caption)}</figcaption></figure>{links}")
 

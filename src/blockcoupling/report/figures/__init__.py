@@ -24,6 +24,7 @@ from blockcoupling.report.figures.base import (
     FigureUnavailable,
     Runs,
     png_bytes,
+    rendered_png,
     save_figure,
 )
 from blockcoupling.report.figures.depth import (
@@ -82,6 +83,7 @@ __all__ = [
     "plot_across_runs", "plot_coupling_by_distance", "plot_coupling_grid",
     "plot_depth_heatmap", "plot_layer_graph", "plot_pca_trajectories",
     "plot_singular_values", "plot_token_heatmap", "plot_trajectory_metrics", "png_bytes",
+    "rendered_png",
     "resolve_k", "run_label", "run_labels", "save_figure", "token_heatmap_data",
     "top_singular_values", "trajectory_summary",
 ]

@@ -41,7 +41,7 @@ GRID_CMAP = "magma"
 
 __all__ = ["DPI", "FORMATS", "FigureLayoutWarning", "FigureUnavailable", "Runs", "colormap",
            "clip", "fmt_p", "label_list", "layout_problems", "missing_text", "new_figure",
-           "panels", "png_bytes", "present", "save_figure", "selection_text", "tokens_text"]
+           "panels", "png_bytes", "present", "rendered_png", "save_figure", "selection_text", "tokens_text"]
 
 
 class FigureLayoutWarning(UserWarning):
@@ -234,13 +234,19 @@ def _ticks_collide(ticks: list[tuple[Any, Any]], dpi: float) -> bool:
     return False
 
 
-def png_bytes(fig: Figure) -> bytes:
-    """The figure as PNG bytes (no metadata), as embedded in the HTML pages; a
-    `FigureLayoutWarning` says what overlaps (`layout_problems`)."""
+def rendered_png(fig: Figure) -> tuple[bytes, list[str]]:
+    """The figure as PNG bytes (no metadata) and its `layout_problems`; a
+    `FigureLayoutWarning` says what overlaps."""
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=DPI, metadata={"Software": None})
     problems = layout_problems(fig)
     if problems:
         warnings.warn(FigureLayoutWarning("figure layout: " + "; ".join(problems[:3])),
-                      stacklevel=2)
-    return buf.getvalue()
+                      stacklevel=3)
+    return buf.getvalue(), problems
+
+
+def png_bytes(fig: Figure) -> bytes:
+    """The figure as PNG bytes (no metadata), as embedded in the HTML pages
+    (`rendered_png`: warns where the layout overlaps)."""
+    return rendered_png(fig)[0]
