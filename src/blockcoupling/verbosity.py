@@ -97,6 +97,9 @@ def warning_line(message: Warning | str, category: type[Warning], filename: str,
 
 # ====================================================================== one line, not one per layer
 _LAYER = re.compile(r"\blayer (\d+)\b")
+#: where the warnings passed on by `grouped_layer_warnings` are remembered ("default" filters
+#: show each text once per place, as for a warning raised directly)
+_REGISTRY: dict[Any, Any] = {}
 
 
 def _ranges(numbers: Sequence[int]) -> str:
@@ -123,7 +126,8 @@ def grouped_layer_warnings() -> Iterator[None]:
         text = str(w.message)
         found = _LAYER.search(text)
         if found is None:
-            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno,
+                                   registry=_REGISTRY)
             continue
         key = (_LAYER.sub("\0", text, count=1), w.category)
         groups.setdefault(key, []).append(int(found.group(1)))

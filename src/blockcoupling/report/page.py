@@ -159,10 +159,12 @@ def figure_html(fig: Figure, caption: str, *, title: str = "", number: int | Non
     """A ``<figure>`` with ``fig`` embedded as a PNG and its caption (plain text).
 
     With ``stem`` the figure is also written as ``stem.<fmt>`` for each of ``formats`` and the
-    files are listed under it (relative to the page: the stem's folder and name)."""
-    png, problems = F.rendered_png(fig)  # an overlapping title: a warning, and for automated
+    files are listed under it (relative to the page: the stem's folder and name). A figure
+    whose titles or labels overlap (`layout_problems`) warns, and its image carries a
+    ``data-layout-problems`` attribute for automated checks of the page."""
+    png, problems = F.rendered_png(fig)
     flagged = (f' data-layout-problems="{esc("; ".join(problems))}"' if problems else "")
-    links = ""  # checks of the page a data-layout-problems attribute on the image
+    links = ""
     if stem is not None and formats:
         # The layout is solved by the first draw; freeze it so the SVG / PDF files reuse it.
         fig.set_layout_engine("none")
