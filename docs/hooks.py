@@ -3,6 +3,9 @@
 * The reference pages ``reference/cli.md``, ``reference/api.md`` and ``reference/families.md``
   (the conformance matrix's model families) are generated in memory from the code
   (``tools/gen_reference.py``) at every build; they are not files in git.
+* Mathematics is rendered at build time: every ``\\(...\\)`` and ``\\[...\\]`` that
+  pymdownx.arithmatex marked becomes MathML (latex2mathml, the docs extra), which browsers
+  render natively: no script, no CDN, the site works offline.
 * The tutorials (``docs/tutorials/*.py``) are run when their outputs are missing or older than
   the script (``docs/tutorials/generated/<name>/``, not in git), so ``mkdocs build`` from a fresh
   clone executes them and the site shows their figures and tables. ``BLOCKCOUPLING_DOCS_FRESH=1``
@@ -12,14 +15,17 @@
 
 from __future__ import annotations
 
+import html
 import importlib.util
 import os
+import re
 import sys
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-
+#: what pymdownx.arithmatex (generic mode) writes around an equation
+_MATH = re.compile(r'<(?P<tag>span|div) class="arithmatex">(?P<tex>.*?)</(?P=tag)>', re.S)
 
 
 def _load(path: Path, name: str) -> Any:
@@ -56,3 +62,31 @@ def on_files(files: Any, config: Any) -> Any:
             files.remove(existing)
         files.append(File.generated(config, uri, content=text))
     return files
+
+
+def tex_to_mathml(tex: str, display: bool) -> str:
+    """One equation's TeX (without its delimiters) as a MathML element."""
+    try:
+        from latex2mathml.converter import convert
+    except ImportError as err:  # the docs extra: pip install -e '.[docs]'
+        raise RuntimeError("the docs need latex2mathml to render their mathematics "
+                           "offline: pip install -e '.[docs]'") from err
+    return convert(tex, display="block" if display else "inline")
+
+
+def math_to_mathml(text: str) -> str:
+    """Every arithmatex equation of a page's HTML as MathML."""
+    def one(m: re.Match[str]) -> str:
+        tex = html.unescape(m.group("tex")).strip()
+        display = m.group("tag") == "div"
+        for left, right in (("\\(", "\\)"), ("\\[", "\\]"), ("$$", "$$"), ("$", "$")):
+            if tex.startswith(left) and tex.endswith(right):
+                tex = tex[len(left):len(tex) - len(right)]
+                break
+        return tex_to_mathml(tex.strip(), display)
+
+    return _MATH.sub(one, text)
+
+
+def on_page_content(html_text: str, **kwargs: Any) -> str:
+    return math_to_mathml(html_text)

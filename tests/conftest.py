@@ -67,3 +67,34 @@ def ray_cluster() -> Any:
     yield address
     if started:
         ray.shutdown()
+
+
+@pytest.fixture(scope="session")
+def built_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The documentation site built once per session from a copy of the checkout, as ``make
+    docs`` builds it (the hook runs the three tutorials fresh; ``mkdocs build --strict``)."""
+    import shutil
+    import subprocess
+
+    pytest.importorskip("mkdocs", reason="the docs extra is not installed: pip install -e '.[docs]'")
+    pytest.importorskip("mkdocstrings", reason="the docs extra is not installed")
+    pytest.importorskip("material", reason="the docs extra is not installed")
+    pytest.importorskip("latex2mathml", reason="the docs extra (latex2mathml) is not installed")
+    here = Path(__file__).resolve().parent.parent
+    tmp = tmp_path_factory.mktemp("site")
+    root = tmp / "repo"
+    root.mkdir()
+    for name in ("mkdocs.yml", "README.md", "BENCHMARKS.md"):
+        shutil.copy(here / name, root / name)
+    shutil.copytree(here / "docs", root / "docs",
+                    ignore=shutil.ignore_patterns("generated", "__pycache__"))
+    shutil.copytree(here / "tools", root / "tools", ignore=shutil.ignore_patterns("__pycache__"))
+    (root / "src").symlink_to(here / "src")
+    env = dict(os.environ, NO_MKDOCS_2_WARNING="1", BLOCKCOUPLING_DOCS_FRESH="1",
+               HF_HUB_OFFLINE="1", MPLBACKEND="Agg", BLOCKCOUPLING_CACHE=str(tmp / "cache"))
+    env.pop("BLOCKCOUPLING_DOCS_TUTORIALS", None)
+    proc = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-d",
+                           str(tmp / "site")], cwd=root, env=env, capture_output=True,
+                          text=True)
+    assert proc.returncode == 0, proc.stderr[-6000:]
+    return tmp / "site"

@@ -46,13 +46,15 @@ def coupling_rows(level: float, rng: np.random.Generator, *, L: int = 4, ks: tup
 
 
 def write_synthetic_run(root: Path, level: float, *, label: str, model: str, d: int = 24,
-                        seed: int = 0, lengths: dict[str, int] | None = None) -> Path:
+                        seed: int = 0, lengths: dict[str, int] | None = None,
+                        revision: str | None = None) -> Path:
     lengths = lengths or {"p0": 3, "p1": 5}
     rng = np.random.default_rng(seed)
     prompts = pd.DataFrame({"prompt_id": list(lengths), "text": [f"text {p}" for p in lengths],
                             "label": ["x"] * len(lengths)})
     cfg = MeasureConfig(k=(2, 3), coupling=("depth",), tokens="all")
-    meta = {"model": model, "label": label, "hidden_size": d, "num_layers": 4}
+    meta = {"model": model, "label": label, "hidden_size": d, "num_layers": 4,
+            **({"revision": revision} if revision else {})}
     part = Measurement(
         coupling=conform("coupling", coupling_rows(level, rng, lengths=lengths)),
         prompts=conform("prompts", [dict(prompt_id=p, text=f"text {p}", n_tokens=n, label="x")
@@ -426,3 +428,88 @@ def test_labels_name_runs_that_share_a_model(tmp_path: Path) -> None:
     bad = CliRunner().invoke(app, ["correlate", *map(str, same), "--scores", str(csv),
                                    "--orientation", "xyz"])
     assert bad.exit_code == 1 and bad.output.strip().startswith("error:") and "ujv" in bad.output
+
+
+# ---------------------------------------------------------------------------- small n
+def _perm_p(x: np.ndarray, y: np.ndarray) -> float:
+    """Oracle: the share of all n! orderings of y whose |r| reaches the observed |r|."""
+    r0 = abs(np.corrcoef(x, y)[0, 1])
+    rs = [abs(np.corrcoef(x, y[list(p)])[0, 1]) for p in itertools.permutations(range(len(y)))]
+    return float(np.mean([r >= r0 - 1e-12 for r in rs]))
+
+
+def test_small_n_p_values_are_exact_permutation_p_values() -> None:
+    x = np.array([0.1, 0.4, 0.35, 0.8, 0.6, 0.9])
+    y = np.array([10.0, 14.0, 11.0, 19.0, 20.0, 18.0])
+    r = C.regression(x, y, n_boot=500, exact_below=10)
+    assert r["p"] == pytest.approx(_perm_p(x, y))
+    assert r["spearman_p"] == pytest.approx(_perm_p(st.rankdata(x), st.rankdata(y)))
+    assert r["p"] != pytest.approx(st.linregress(x, y).pvalue)  # not the t-test
+    assert "exact permutation (720 orderings)" == r["p_method"] == r["spearman_p_method"]
+    # below 10 models: no bootstrap interval, and the reason
+    assert np.isnan(r["r2_ci"]).all() and "below 10" in r["r2_ci_note"]
+    # three perfectly ordered points: the smallest p an exact test can give, 2/3!, not 0
+    three = C.regression([1.0, 2.0, 3.0], [5.0, 6.0, 9.0], exact_below=10, n_boot=100)
+    assert three["spearman_p"] == pytest.approx(1 / 3) and three["p"] == pytest.approx(1 / 3)
+    # Freedman-Lane: y's residuals on the controls permuted, residualised again
+    rng = np.random.default_rng(4)
+    c = rng.standard_normal(6)
+    xx = c + rng.standard_normal(6)
+    yy = xx + c + rng.standard_normal(6)
+    got = C.partial_correlation(xx, yy, c, exact_below=10)
+    A = np.column_stack([np.ones(6), c])
+    M = np.eye(6) - A @ np.linalg.pinv(A)
+    rx, ry = M @ xx, M @ yy
+    r0 = abs(np.corrcoef(rx, ry)[0, 1])
+    perms = [abs(np.corrcoef(rx, M @ ry[list(p)])[0, 1])
+             for p in itertools.permutations(range(6))]
+    assert got["p"] == pytest.approx(np.mean([v >= r0 - 1e-12 for v in perms]))
+    assert got["p_method"].startswith("Freedman-Lane")
+
+
+def test_exact_p_values_hold_their_level_by_simulation() -> None:
+    """Under the null (independent x and y), P(p <= 0.1) <= 0.1 for n = 5, where the exact
+    test has only 120 orderings; the t-test's p of the same data for comparison."""
+    rng = np.random.default_rng(11)
+    ps = [C.regression(rng.standard_normal(5), rng.standard_normal(5), n_boot=0,
+                       exact_below=10)["p"] for _ in range(300)]
+    rate = np.mean(np.array(ps) <= 0.1)
+    assert rate <= 0.1 + 2 * np.sqrt(0.1 * 0.9 / 300)  # within two binomial se of the level
+    assert rate >= 0.1 - 3 * np.sqrt(0.1 * 0.9 / 300)  # and not vacuously conservative
+
+
+def test_degenerate_bootstrap_gives_no_interval() -> None:
+    x = np.array([0.0] * 11 + [1.0])  # most resamples miss the one x that differs
+    y = np.arange(12, dtype=float)
+    r = C.regression(x, y, n_boot=200, seed=0)
+    assert np.isnan(r["r2_ci"]).all() and "constant x or y" in r["r2_ci_note"]
+    ok = C.regression(np.arange(12.0), np.arange(12.0) ** 1.5, n_boot=200)
+    assert ok["r2_ci_note"] is None and ok["r2_ci"][0] < ok["r2_ci"][1]
+
+
+def test_checkpoints_of_one_run_are_refused_unless_allowed(tmp_path: Path) -> None:
+    """Three checkpoints of one model (revisions): one line naming --allow-checkpoints; with
+    it, exact p-values and no bootstrap interval."""
+    dirs = []
+    for i, (rev, level) in enumerate((("step0", 0.1), ("step10", 0.4), ("step20", 0.7))):
+        dirs.append(write_synthetic_run(tmp_path / rev, level, label=f"pythia@{rev}",
+                                        model="org/pythia", seed=i, revision=rev))
+    assert C.load_units(dirs)[0].revision == "step0"
+    csv = tmp_path / "s.csv"
+    csv.write_text("model,score\npythia@step0,1\npythia@step10,2\npythia@step20,4\n")
+    r = runner.invoke(app, ["correlate", *map(str, dirs), "--scores", str(csv)])
+    assert r.exit_code == 1
+    lines = r.output.strip().splitlines()
+    assert len(lines) == 1 and "--allow-checkpoints" in lines[0], r.output
+    assert "3 of the 3 models are checkpoints of one training run (org/pythia" in lines[0]
+    r = runner.invoke(app, ["correlate", *map(str, dirs), "--scores", str(csv),
+                            "--allow-checkpoints"])
+    assert r.exit_code == 0, r.output
+    assert "p=0.333" in r.output and "p=0 " not in r.output and "[1.00, 1.00]" not in r.output
+    assert "exact permutation (6 orderings)" in r.output
+    assert "3 checkpoints of one training run (org/pythia) counted as independent" in r.output
+    res = C.correlate(dirs, csv, allow_checkpoints=True)
+    coupling = res.overall["predictors"]["coupling_mean"]
+    assert coupling["spearman_p"] == pytest.approx(1 / 3) and np.isnan(coupling["r2_ci"]).all()
+    assert res.to_dict()["checkpoints_counted_as_models"] == {
+        "org/pythia": ["pythia@step0", "pythia@step10", "pythia@step20"]}

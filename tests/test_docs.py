@@ -9,10 +9,7 @@ does not count as documentation.
 from __future__ import annotations
 
 import importlib.util
-import os
-import shutil
-import subprocess
-import sys
+import re
 from pathlib import Path
 
 import pytest
@@ -89,33 +86,43 @@ def test_cli_reference_lists_every_command() -> None:
 
 
 @pytest.mark.docs
-def test_site_builds_strictly_and_shows_the_tutorials(tmp_path: Path) -> None:
-    """The whole site from a copy of the checkout: the hook runs the three tutorials (they
-    write their figures and tables), then ``mkdocs build --strict`` (warnings are errors)."""
-    pytest.importorskip("mkdocs", reason="the docs extra is not installed: pip install -e '.[docs]'")
-    pytest.importorskip("mkdocstrings", reason="the docs extra is not installed")
-    pytest.importorskip("material", reason="the docs extra is not installed")
-    root = tmp_path / "repo"
-    root.mkdir()
-    for name in ("mkdocs.yml", "README.md", "BENCHMARKS.md"):
-        shutil.copy(ROOT / name, root / name)
-    shutil.copytree(ROOT / "docs", root / "docs",
-                    ignore=shutil.ignore_patterns("generated", "__pycache__"))
-    shutil.copytree(ROOT / "tools", root / "tools", ignore=shutil.ignore_patterns("__pycache__"))
-    (root / "src").symlink_to(ROOT / "src")
-    env = dict(os.environ, NO_MKDOCS_2_WARNING="1", BLOCKCOUPLING_DOCS_FRESH="1",
-               HF_HUB_OFFLINE="1", MPLBACKEND="Agg",
-               BLOCKCOUPLING_CACHE=str(tmp_path / "cache"))
-    env.pop("BLOCKCOUPLING_DOCS_TUTORIALS", None)
-    proc = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-d",
-                           str(tmp_path / "site")], cwd=root, env=env, capture_output=True,
-                          text=True)
-    assert proc.returncode == 0, proc.stderr[-6000:]
-    site = tmp_path / "site"
+def test_site_builds_strictly_and_shows_the_tutorials(built_site: Path) -> None:
+    """The whole site from a copy of the checkout (conftest.py's ``built_site``): the hook
+    runs the three tutorials (they write their figures and tables), then ``mkdocs build
+    --strict`` (warnings are errors); the mathematics is MathML, the API page renders
+    cross-references, nothing is loaded from the network."""
+    site = built_site
     for figure in ("above_chance/above_chance.png", "emergence/emergence.png",
                    "width_floor/width_floor.png", "width_floor/floor_curve.png"):
         assert (site / "tutorials" / "generated" / figure).stat().st_size > 10_000, figure
     page = (site / "tutorials" / "above-chance" / "index.html").read_text()
     assert "coupling_vs_null" in page and "z = mean / se" in page  # the table was included
     assert "blockcoupling measure" in (site / "reference" / "cli" / "index.html").read_text()
-    assert "measure_to_dir" in (site / "reference" / "api" / "index.html").read_text()
+    api = (site / "reference" / "api" / "index.html").read_text()
+    assert "measure_to_dir" in api
+    assert not re.search(r":(func|class|mod|meth|data|attr):`", api)  # no literal roles
+    assert 'class="autorefs autorefs-internal"' in api  # cross-references are links
+    concepts = (site / "concepts" / "index.html").read_text()
+    assert concepts.count("<math") > 10 and 'class="arithmatex"' not in concepts
+    for path in site.rglob("*.html"):  # no page loads a script or stylesheet from elsewhere
+        assert not re.search(r'<(script|link)[^>]+(src|href)="(https?:)?//', path.read_text()), path
+
+
+def test_no_literal_roles_in_the_sources() -> None:
+    """One docstring style (Markdown, mkdocs-autorefs links): no reST role in src/."""
+    found = [f"{p.relative_to(ROOT)}:{i + 1}" for p in (ROOT / "src").rglob("*.py")
+             for i, line in enumerate(p.read_text(encoding="utf-8").splitlines())
+             if re.search(r":(func|class|mod|meth|data|attr|exc|obj):`", line)]
+    assert not found, f"reST roles (write [`name`][dotted.path] or `name`): {found[:10]}"
+
+
+def test_math_becomes_mathml() -> None:
+    pytest.importorskip("latex2mathml", reason="the docs extra: pip install -e '.[docs]'")
+    hooks = importlib.util.spec_from_file_location("bc_hooks", ROOT / "docs" / "hooks.py")
+    module = importlib.util.module_from_spec(hooks)
+    hooks.loader.exec_module(module)
+    html = ('<p>a <span class="arithmatex">\\(c_K &lt; 1\\)</span> b</p>'
+            '<div class="arithmatex">\\[\\frac{a}{b}\\]</div>')
+    out = module.math_to_mathml(html)
+    assert "arithmatex" not in out and out.count("<math") == 2
+    assert 'display="block"' in out and "<mfrac>" in out and "&#x0003C;" in out

@@ -168,62 +168,152 @@ def test_callback_events(tmp_path: Path) -> None:
     assert bc.open_sweep(tmp_path / "cb").catalogue["step"].tolist() == [0, 2]
 
 
-def test_trainer_callback(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The HF Trainer with CouplingCallback: units at step 0 and every 2 steps, and the same
-    losses and weights as without the callback."""
-    pytest.importorskip("accelerate", reason="transformers.Trainer needs accelerate "
-                        "(pip install accelerate); the callback's events are tested above")
-    tok = _tokenizer()
+def _trainer_data() -> list[dict]:
     data = [{"input_ids": torch.randint(0, 12, (10,), generator=torch.Generator().manual_seed(i))}
             for i in range(16)]
     for row in data:
         row["labels"] = row["input_ids"]
+    return data
 
+
+def _hf_train(tmp_path: Path, callbacks: list, report_to: list[str], steps: int = 5
+              ) -> tuple[list[float], dict, list[dict]]:
+    args = tf.TrainingArguments(output_dir=str(tmp_path / "trainer"), max_steps=steps,
+                                per_device_train_batch_size=4, logging_steps=1,
+                                save_strategy="no", report_to=report_to, seed=7,
+                                use_cpu=True, disable_tqdm=True, dataloader_num_workers=0)
+    trainer = tf.Trainer(model=_model(), args=args, train_dataset=_trainer_data(),
+                         callbacks=callbacks)
+    trainer.train()
+    losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
+    return (losses, {k: v.clone() for k, v in trainer.model.state_dict().items()},
+            trainer.state.log_history)
+
+
+def _measured(root: Path, variant: str = "coupling") -> dict[int, float]:
+    """The monitor's measured steps and their headline value, recomputed from the units."""
+    s = bc.open_sweep(root)
+    return {int(r.step): _oracle_mean(s.open_unit(r.unit_id).coupling, variant)
+            for r in s.catalogue.itertuples()}
+
+
+def _report_renders(root: Path, tmp_path: Path) -> str:
+    """``blockcoupling report ROOT`` of a trainer-monitored run: one line, the loss drawn."""
+    from typer.testing import CliRunner
+
+    from blockcoupling.cli import app
+
+    out = tmp_path / f"{root.name}.html"
+    r = CliRunner().invoke(app, ["--quiet", "report", str(root), "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    page = out.read_text()
+    for fig in ("coupling_vs_step", "trajectory_vs_step", "loss_vs_step", "layer_graphs",
+                "depth_heatmaps"):
+        assert f'<section id="{fig}">' in page, fig
+    assert "Not drawn" not in page
+    return page
+
+
+def test_trainer_callback(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The HF Trainer with CouplingCallback: units at step 0 and every 2 steps, the same
+    losses and weights as without the callback, the scalars in log_history and TensorBoard
+    at exactly the measured steps (step 0 included), and the report of the run renders."""
+    pytest.importorskip("accelerate", reason="transformers.Trainer needs accelerate "
+                        "(pip install accelerate); the callback's events are tested above")
     pytest.importorskip("tensorboard", reason="report_to='tensorboard' needs tensorboard")
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    def train(callbacks: list, logs: Path) -> tuple[list[float], dict, list[dict]]:
-        monkeypatch.setenv("TENSORBOARD_LOGGING_DIR", str(logs))
-        args = tf.TrainingArguments(output_dir=str(tmp_path / "trainer"), max_steps=4,
-                                    per_device_train_batch_size=4, logging_steps=1,
-                                    save_strategy="no", report_to=["tensorboard"], seed=7,
-                                    use_cpu=True, disable_tqdm=True, dataloader_num_workers=0)
-        trainer = tf.Trainer(model=_model(), args=args, train_dataset=data, callbacks=callbacks)
-        trainer.train()
-        losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
-        return (losses, {k: v.clone() for k, v in trainer.model.state_dict().items()},
-                trainer.state.log_history)
-
-    base_losses, base_state, _ = train([], tmp_path / "tb0")
-    cb = bc.CouplingCallback(tok, PROMPTS, every=2, out=tmp_path / "cb", k=(2,),
+    monkeypatch.setenv("TENSORBOARD_LOGGING_DIR", str(tmp_path / "tb0"))
+    base_losses, base_state, _ = _hf_train(tmp_path, [], ["tensorboard"])
+    cb = bc.CouplingCallback(_tokenizer(), PROMPTS, every=2, out=tmp_path / "cb", k=(2,),
                              orientations=("ujv",))
-    losses, state, history = train([cb], tmp_path / "tb1")
+    monkeypatch.setenv("TENSORBOARD_LOGGING_DIR", str(tmp_path / "tb1"))
+    losses, state, history = _hf_train(tmp_path, [cb], ["tensorboard"])
     assert cb.monitor._lock is None  # released at the end of training
     assert losses == base_losses
     for key in base_state:
         assert torch.equal(base_state[key], state[key]), key
-    s = bc.open_sweep(tmp_path / "cb")
-    assert s.catalogue["step"].tolist() == [0, 2, 4]
-    # one scalar per measured step in log_history: chance-corrected and raw, with se
+    measured = _measured(tmp_path / "cb")
+    assert sorted(measured) == [0, 2, 4]
+    # log_history: one entry with the scalars per measured step, none elsewhere
     logged = {h["step"]: h for h in history if "coupling/coupling_k2" in h}
     assert sorted(logged) == [0, 2, 4]
     for step, h in logged.items():
         assert {"coupling/coupling_vs_null_k2", "coupling/coupling_vs_null_k2_se",
                 "coupling/coupling_k2_se"} <= set(h)
-        unit = s.catalogue.set_index("step").loc[step, "unit_id"]
-        cp = s.open_unit(unit).coupling
-        assert h["coupling/coupling_k2"] == pytest.approx(_oracle_mean(cp, "coupling"))
-    # ... and in TensorBoard's event file (the Trainer prefixes "train/"), at the measured
-    # steps 2 and 4 (step 0 precedes the first log)
+        assert h["coupling/coupling_k2"] == pytest.approx(measured[step])
+    # TensorBoard's event file (the Trainer prefixes "train/"): the same steps and values
     acc = EventAccumulator(str(next((tmp_path / "tb1").rglob("events.out.tfevents*")).parent))
     acc.Reload()
-    tags = acc.Tags()["scalars"]
-    assert "train/coupling/coupling_k2" in tags and "train/coupling/coupling_vs_null_k2_se" in tags
-    assert [e.step for e in acc.Scalars("train/coupling/coupling_k2")] == [2, 4]
-    # the training loss stored beside the coupling
+    assert "train/coupling/coupling_vs_null_k2_se" in acc.Tags()["scalars"]
+    events = acc.Scalars("train/coupling/coupling_k2")
+    assert [e.step for e in events] == [0, 2, 4]
+    assert [e.value for e in events] == pytest.approx([measured[s] for s in (0, 2, 4)],
+                                                      rel=1e-6)
+    assert [e.step for e in acc.Scalars("train/loss")] == [1, 2, 3, 4, 5]  # its own cadence
+    # the training loss stored beside the coupling, and the report of the run
     from blockcoupling.report.emergence import read_training_loss
 
     assert read_training_loss(tmp_path / "cb")["loss"].tolist() == losses
+    _report_renders(tmp_path / "cb", tmp_path)
+
+
+def _wandb_history(run_dir: Path) -> list[dict]:
+    """The history rows of an offline W&B run, read back from its ``run-*.wandb`` file (a
+    LevelDB-style log of protobuf records: 32 KiB blocks, 7-byte chunk headers, after the
+    file's 7-byte header)."""
+    import json
+    import struct
+
+    from wandb.proto import wandb_internal_pb2 as pb
+
+    data = next(run_dir.glob("run-*.wandb")).read_bytes()
+    assert data[:4] == b":W&B"
+    block, pos, records, part = 32768, 7, [], b""
+    while pos + 7 <= len(data):
+        if block - pos % block < 7:  # a block's tail too short for a header: padding
+            pos += block - pos % block
+            continue
+        _, length, kind = struct.unpack("<IHB", data[pos:pos + 7])
+        chunk, pos = data[pos + 7:pos + 7 + length], pos + 7 + length
+        if kind in (1, 2):  # full, first
+            part = chunk
+        elif kind in (3, 4):  # middle, last
+            part += chunk
+        if kind in (1, 4):
+            records.append(part)
+    rows = []
+    for raw in records:
+        rec = pb.Record()
+        rec.ParseFromString(raw)
+        if rec.WhichOneof("record_type") == "history":
+            rows.append({(i.key or "/".join(i.nested_key)): json.loads(i.value_json)
+                         for i in rec.history.item})
+    return rows
+
+
+def test_trainer_callback_wandb_offline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """W&B (offline, no network): the scalars at the measured steps, step 0 included, on
+    the Trainer's x axis train/global_step, read back from the run's file."""
+    pytest.importorskip("accelerate", reason="transformers.Trainer needs accelerate")
+    wandb = pytest.importorskip("wandb", reason="wandb is not installed (pip install wandb, "
+                                "in the test extra)")
+    for key, value in {"WANDB_MODE": "offline", "WANDB_DIR": str(tmp_path),
+                       "WANDB_SILENT": "true", "WANDB_PROJECT": "bc-test",
+                       "WANDB_ERROR_REPORTING": "false", "WANDB_DISABLE_GIT": "true"}.items():
+        monkeypatch.setenv(key, value)
+    cb = bc.CouplingCallback(_tokenizer(), PROMPTS, every=2, out=tmp_path / "cb", k=(2,),
+                             orientations=("ujv",))
+    _hf_train(tmp_path, [cb], ["wandb"])
+    run_dir = Path(wandb.run.dir).parent if wandb.run is not None else None
+    wandb.finish()
+    run_dir = run_dir or next((tmp_path / "wandb").glob("offline-run-*"))
+    rows = _wandb_history(run_dir)
+    measured = _measured(tmp_path / "cb")
+    got = {int(r["train/global_step"]): r["train/coupling/coupling_k2"] for r in rows
+           if "train/coupling/coupling_k2" in r}
+    assert sorted(got) == [0, 2, 4]
+    assert [got[s] for s in (0, 2, 4)] == pytest.approx([measured[s] for s in (0, 2, 4)])
 
 
 def _oracle_mean(cp: pd.DataFrame, variant: str) -> float:
@@ -299,47 +389,66 @@ def test_interpreter_exit_is_clean(tmp_path: Path) -> None:
 
 
 def test_lightning_callback(tmp_path: Path) -> None:
-    """The Lightning callback: scalars through pl_module.log_dict at the measured steps, the
-    loss stored, the lock released at the end, training unchanged."""
+    """The Lightning callback: the scalars in every logger at exactly the measured steps,
+    step 0 included (the CSV and TensorBoard loggers read back), the loss stored, the lock
+    released at the end, training unchanged, and the report of the run renders."""
     L = pytest.importorskip("lightning", reason="lightning is an optional dependency")
+    pytest.importorskip("tensorboard", reason="Lightning's TensorBoardLogger needs tensorboard")
+    from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
     from blockcoupling.studies.monitor_lightning import CouplingLightningCallback
 
     class Module(L.LightningModule):
         def __init__(self) -> None:
             super().__init__()
             self.model = _model()
-            self.logged: dict[int, dict] = {}
 
         def training_step(self, batch: torch.Tensor, idx: int) -> torch.Tensor:
-            return self.model(input_ids=batch, labels=batch).loss
+            loss = self.model(input_ids=batch, labels=batch).loss
+            self.log("train_loss", loss)  # Lightning's own cadence, beside ours
+            return loss
 
         def configure_optimizers(self) -> torch.optim.Optimizer:
             return torch.optim.SGD(self.parameters(), lr=0.1)
 
-        def log_dict(self, d: dict, **kw: object) -> None:  # type: ignore[override]
-            self.logged[self.trainer.global_step] = dict(d)
-            super().log_dict(d, **kw)
-
-    def fit(callbacks: list) -> tuple[Module, dict]:
+    def fit(callbacks: list, logs: Path) -> tuple[Module, dict]:
         torch.manual_seed(5)
-        data = torch.utils.data.DataLoader(torch.randint(0, 12, (8, 10)), batch_size=2)
+        data = torch.utils.data.DataLoader(torch.randint(0, 12, (10, 10)), batch_size=2)
         module = Module()
-        trainer = L.Trainer(max_steps=4, callbacks=callbacks, logger=False,
-                            enable_checkpointing=False, enable_progress_bar=False,
-                            enable_model_summary=False, accelerator="cpu")
+        loggers = [CSVLogger(logs, name="csv"), TensorBoardLogger(logs, name="tb")]
+        trainer = L.Trainer(max_steps=5, callbacks=callbacks, logger=loggers,
+                            log_every_n_steps=1, enable_checkpointing=False,
+                            enable_progress_bar=False, enable_model_summary=False,
+                            accelerator="cpu")
         trainer.fit(module, data)
         return module, {k: v.clone() for k, v in module.state_dict().items()}
 
-    _, base = fit([])
+    _, base = fit([], tmp_path / "logs0")
     cb = CouplingLightningCallback(_tokenizer(), PROMPTS, every=2, out=tmp_path / "pl",
                                    model_attr="model", k=(2,), orientations=("ujv",))
-    module, state = fit([cb])
+    module, state = fit([cb], tmp_path / "logs1")
     for key in base:
         assert torch.equal(base[key], state[key]), key
-    assert sorted(module.logged) == [2, 4]
-    assert "coupling/coupling_vs_null_k2" in module.logged[2]
     assert cb.monitor._lock is None
-    assert bc.open_sweep(tmp_path / "pl").catalogue["step"].tolist() == [0, 2, 4]
+    measured = _measured(tmp_path / "pl")
+    assert sorted(measured) == [0, 2, 4]
+    # metrics.csv: a value only at a measured step, at that step, step 0 included
+    csv = pd.read_csv(next((tmp_path / "logs1" / "csv").rglob("metrics.csv")))
+    rows = csv[csv["coupling/coupling_k2"].notna()]
+    assert rows["step"].tolist() == [0, 2, 4]
+    assert rows["coupling/coupling_k2"].tolist() == pytest.approx(
+        [measured[s] for s in (0, 2, 4)])
+    assert rows["coupling/coupling_vs_null_k2"].notna().all()
+    assert csv["train_loss"].notna().sum() == 5  # Lightning's own rows are still there
+    # TensorBoard: the same steps and values
+    acc = EventAccumulator(str(next((tmp_path / "logs1" / "tb").rglob("events.out.*")).parent))
+    acc.Reload()
+    events = acc.Scalars("coupling/coupling_k2")
+    assert [e.step for e in events] == [0, 2, 4]
+    assert [e.value for e in events] == pytest.approx([measured[s] for s in (0, 2, 4)],
+                                                      rel=1e-6)
     from blockcoupling.report.emergence import read_training_loss
 
-    assert read_training_loss(tmp_path / "pl")["step"].tolist() == [1, 2, 3, 4]
+    assert read_training_loss(tmp_path / "pl")["step"].tolist() == [1, 2, 3, 4, 5]
+    _report_renders(tmp_path / "pl", tmp_path)

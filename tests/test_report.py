@@ -7,15 +7,11 @@ written here (plain loops over the table rows), not against the aggregation help
 from __future__ import annotations
 
 import base64
-import html
 import itertools
-import json
 import os
 import re
-import shutil
 import subprocess
 import sys
-import tempfile
 from collections import defaultdict
 from pathlib import Path
 
@@ -29,6 +25,7 @@ from blockcoupling.engine.results import Measurement
 from blockcoupling.errors import BlockCouplingError
 from blockcoupling.report import figures as F
 from blockcoupling.report import summaries
+from blockcoupling.report.figures.base import layout_problems
 from blockcoupling.report.html import (
     Section,
     figure_html,
@@ -40,6 +37,7 @@ from blockcoupling.report.html import (
     write_report_from_dirs,
 )
 from blockcoupling.report.narrative import report_summary
+from browser import CHROMIUM, chromium, probe
 from fixtures_report import KS, N_TOKENS, WINDOW, L, make_checkpoints, make_run, make_runs
 
 SEL = dict(k=2, variant="coupling", p=1.0, orientation="ujv")
@@ -436,6 +434,96 @@ def test_across_runs(runs: list[Measurement]) -> None:
     assert F.run_label(m) == "tiny-gpt2-synthetic"
 
 
+def test_only_checkpoints_of_one_training_run_are_joined(runs: list[Measurement]) -> None:
+    """Two unrelated runs are points; checkpoints of one training run (one model, each with a
+    step) are joined by one line in step order; the caption says which."""
+    fig = F.plot_across_runs(runs, **SEL)
+    for ax in fig.axes:
+        assert not [ln for ln in ax.lines if ln.get_linestyle() == "-"]
+    assert "no two are checkpoints of one training run" in F.caption_across_runs(runs, **SEL)
+    ckpts = make_checkpoints(4)
+    mixed = [runs[1], *ckpts[::-1]]  # an unrelated run first, checkpoints in reverse order
+    fig = F.plot_across_runs(mixed, **SEL)
+    joined = [ln for ln in fig.axes[0].lines if ln.get_linestyle() == "-"]
+    assert len(joined) == 1
+    np.testing.assert_array_equal(joined[0].get_xdata(), [4, 3, 2, 1])  # by step: 0, 25, ...
+    assert "joined by a line" in F.caption_across_runs(mixed, **SEL)
+
+
+def test_no_empty_panel_and_no_one_token_heatmap(runs: list[Measurement]) -> None:
+    """Where no run has a windowed LSS (every window covers its model), the panel is left
+    out, not drawn empty; a run measured at one token gets no token-wise panel."""
+    covered = [make_run(0, label="a", strength=0.1, kinds=("depth", "self"), lss_window=11),
+               make_run(1, label="b", strength=0.5, kinds=("depth",), lss_window=11)]
+    fig = F.plot_trajectory_metrics(covered)
+    assert [ax.get_title(loc="left") for ax in fig.axes] == [
+        "(a) norms", "(b) LSS of whole trajectories", "(c) expodistance"]
+    assert all(ax.lines or ax.collections for ax in fig.axes)  # every panel draws something
+    cap = F.caption_trajectory_metrics(covered)
+    assert "(b) line-shape score LSS of each whole" in cap and "(no panel)" in cap
+    # a [CLS]-only run (one token): its self "heatmap" would be 1 x 1
+    one = make_run(3, label="encoder", strength=0.5, kinds=("depth", "self"))
+    c = one.coupling
+    keep = (c["kind"] != "self") | ((c["token_out_a"] == c["token_out_a"].max())
+                                    & (c["token_out_b"] == c["token_out_a"].max()))
+    one = Measurement(**{**{n: one.table(n) for n in ("trajectory", "token_metrics", "spectra",
+                                                      "prompts")}, "coupling": c[keep]},
+                      config=one.config, meta=one.meta)
+    with pytest.raises(F.FigureUnavailable, match="one token"):
+        F.plot_token_heatmap([one], "self", **SEL)
+    fig = F.plot_token_heatmap([one, runs[1]], "self", **SEL)
+    assert len(fig.axes) == 2  # the trained run's panel and its colour bar
+    assert "Measured at one token only for encoder" in F.caption_token_heatmap(
+        [one, runs[1]], "self", **SEL)
+
+
+def test_local_paths_are_labelled_by_their_folder(runs: list[Measurement]) -> None:
+    m = make_run(2, label="", strength=0.5, meta={"model": "/home/me/models/gpt2-small/"})
+    m.meta.pop("label")
+    m.meta.pop("revision")
+    assert F.run_label(m) == "gpt2-small"
+    m.meta["model"] = "EleutherAI/pythia-160m"  # a Hub id stays
+    assert F.run_label(m) == "EleutherAI/pythia-160m"
+    twins = F.run_labels([m, m, m])
+    assert twins == ["EleutherAI/pythia-160m #1", "EleutherAI/pythia-160m #2",
+                     "EleutherAI/pythia-160m #3"]
+
+
+_LONG = ["/very/long/local/path/to/some/checkpoints/of/a/model/number-one",
+         "/another/very/long/local/path/to/a/second/model/checkpoint-final"]
+
+
+@pytest.mark.parametrize("spec", [s.name for s in report_figures()])
+def test_no_title_overlaps_even_with_long_labels(spec: str, runs: list[Measurement]) -> None:
+    """Every figure of the report, drawn with two long labels: no title or label leaves the
+    figure or runs into another (the FigureLayoutWarning that png_bytes raises is an error
+    in the tests: pyproject.toml), and no layout collapses."""
+    fig_spec = next(s for s in report_figures(labels=_LONG, **SEL) if s.name == spec)
+    if len(runs) < fig_spec.min_runs:
+        pytest.skip("needs more runs")
+    fig = fig_spec.plot(runs)
+    assert layout_problems(fig) == []
+    F.png_bytes(fig)
+
+
+def test_the_layout_check_sees_an_overlap() -> None:
+    from blockcoupling.report.figures.base import FigureLayoutWarning, new_figure
+
+    fig = new_figure(4.0, 3.0)
+    a, b = fig.subplots(1, 2)
+    a.set_title("a title far too long for its panel, running over the next one")
+    b.set_title("second")
+    fig.set_layout_engine("none")
+    assert any("overlaps" in p or "leaves" in p for p in layout_problems(fig))
+    with pytest.warns(FigureLayoutWarning, match="figure layout"):
+        F.png_bytes(fig)
+    fig = new_figure(3.0, 2.0)
+    ax = fig.subplots()
+    ax.set_xticks(range(6), [f"label number {i}" for i in range(6)])
+    fig.set_layout_engine("none")
+    assert any("tick labels overlap" in p for p in layout_problems(fig))
+
+
 # ---------------------------------------------------------------------- report
 def _strip_data_uris(text: str) -> str:
     return re.sub(r"data:image/png;base64,[A-Za-z0-9+/=]+", "", text)
@@ -660,55 +748,16 @@ def test_measurement_summary_is_robust(runs: list[Measurement]) -> None:
 
 
 # ---------------------------------------------------------------------- browser
-CHROMIUM = shutil.which("chromium") or ("/usr/bin/chromium"
-                                        if Path("/usr/bin/chromium").exists() else None)
-
-# Injected into a copy of the page: what overflows the viewport and what each image shows.
-_PROBE = """<script>
-window.addEventListener("load", function () {
-  var d = document.documentElement, vw = d.clientWidth, wide = [], imgs = [];
-  document.querySelectorAll("body *").forEach(function (e) {
-    var r = e.getBoundingClientRect();
-    if (r.width > 0 && r.right > vw + 1 && !(e.parentElement && e.parentElement.closest(".scroll")))
-      wide.push(e.tagName + "." + e.className + " right=" + Math.round(r.right));
-  });
-  document.querySelectorAll("img").forEach(function (i) {
-    var r = i.getBoundingClientRect(), box = i.closest(".scroll") || i;
-    var b = box.getBoundingClientRect();
-    imgs.push([i.naturalWidth, i.naturalHeight, Math.round(r.width), Math.round(r.height),
-               Math.round(b.left), Math.round(b.right)]);
-  });
-  var boxes = [];
-  document.querySelectorAll(".scroll").forEach(function (e) {
-    boxes.push([e.scrollWidth, e.clientWidth]);
-  });
-  document.body.setAttribute("data-probe", JSON.stringify(
-    {vw: vw, sw: d.scrollWidth, wide: wide, imgs: imgs, boxes: boxes}));
-});
-</script>"""
-
-
 def _chromium(args: list[str], tmp_path: Path) -> subprocess.CompletedProcess:
-    profile = tempfile.mkdtemp(dir=tmp_path)
-    base = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
-            "--no-first-run", "--disable-background-networking", "--disable-component-update",
-            "--disable-sync", "--hide-scrollbars", f"--user-data-dir={profile}"]
-    return subprocess.run(base + args, check=True, capture_output=True, text=True,
-                          timeout=180)
+    return chromium(args, tmp_path)
 
 
 def _probe(page: Path, width: int, height: int, tmp_path: Path) -> dict:
-    copy = tmp_path / f"probe_{width}_{page.name}"
-    copy.write_text(page.read_text(encoding="utf-8").replace("</body>", _PROBE + "</body>"),
-                    encoding="utf-8")
-    dom = _chromium([f"--window-size={width},{height}", "--virtual-time-budget=10000",
-                     "--dump-dom", copy.resolve().as_uri()], tmp_path)
-    match = re.search(r'data-probe="([^"]*)"', dom.stdout)
-    assert match, "the probe script did not run"
-    probe = json.loads(html.unescape(match.group(1)))
-    ok = re.search(r'data-images-ok="(\d+)/(\d+)"', dom.stdout)
-    assert ok and ok.group(1) == ok.group(2), "an image did not decode"
-    return probe
+    found = probe(page, width, height, tmp_path)
+    assert all(i["ok"] for i in found["imgs"]), "an image did not decode"
+    found["imgs"] = [[i["nw"], i["nh"], i["w"], i["h"], i["left"], i["right"]]
+                     for i in found["imgs"]]
+    return found
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,7 @@ the code between the ``--8<--`` markers and the outputs written to OUT.
 
 from __future__ import annotations
 
-from common import fmt, out_dir, save_figure, wide, write_table
+from common import out_dir, save_figure, write_table
 
 OUT = out_dir()
 
@@ -51,17 +51,19 @@ stats = pd.concat([bc.coupling_statistic(m, k=K).assign(model=name)
 print(stats[["model", "variant", "k", "n_prompts", "mean", "se", "ci_low", "ci_high", "chance"]]
       .to_string(index=False))
 
-h = wide(stats, keys=("model",))   # one row per model, for the page
+# one row per model for the page: both chance-corrected variants and raw c_K side by side
+rot = stats[stats["variant"] == "coupling_vs_rotated"].set_index("model")
+null = stats[stats["variant"] == "coupling_vs_null"].set_index("model")
+raw = stats[stats["variant"] == "coupling"].set_index("model")
 table = pd.DataFrame({
-    "model": h["model"], "n prompts": h["n_prompts"],
-    "coupling_vs_rotated": [fmt(a, b, 4) for a, b in zip(h["coupling_vs_rotated_mean"],
-                                                         h["coupling_vs_rotated_se"])],
-    "z = mean / se": (h["coupling_vs_rotated_mean"] / h["coupling_vs_rotated_se"]).round(1),
-    "coupling_vs_null": [fmt(a, b, 4) for a, b in zip(h["coupling_vs_null_mean"],
-                                                      h["coupling_vs_null_se"])],
-    "coupling c_K": [fmt(a, b) for a, b in zip(h["coupling_mean"], h["coupling_se"])],
-    "chance c_null": h["chance"].round(3),
-})
+    "n prompts": raw["n_prompts"],
+    "coupling_vs_rotated": [f"{a:.4f} ± {b:.4f}" for a, b in zip(rot["mean"], rot["se"])],
+    "z = mean / se": (rot["mean"] / rot["se"]).round(1),
+    "coupling_vs_null": [f"{a:.4f} ± {b:.4f}" for a, b in zip(null["mean"], null["se"])],
+    "coupling c_K": [f"{a:.3f} ± {b:.3f}" for a, b in zip(raw["mean"], raw["se"])],
+    "chance c_null": raw["chance"].round(3),
+}).reset_index()
+print(table.to_string(index=False))
 iso = pretrained.diagnostics.groupby("layer")[["trace_over_d", "isotropic_share",
                                                "uv_overlap"]].mean().round(2)  # per layer
 # --8<-- [end:headline]

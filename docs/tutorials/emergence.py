@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import shutil
 
-from common import fmt, out_dir, save_figure, wide, write_table
+from common import out_dir, save_figure, write_table
 
 OUT = out_dir()
-shutil.rmtree(OUT / "train", ignore_errors=True)  # a fresh run each time
-shutil.rmtree(OUT / "sweep", ignore_errors=True)
 
 # --8<-- [start:setup]
+from pathlib import Path
+
 import torch
 import torch.nn.functional as F
 from transformers import GPT2Config, GPT2LMHeadModel
@@ -41,6 +41,7 @@ config = GPT2Config(vocab_size=len(tokenizer), n_positions=T, n_embd=64, n_layer
                     eos_token_id=None, pad_token_id=tokenizer.pad_token_id)
 model = GPT2LMHeadModel(config)
 optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.1)
+work = Path("tutorial-emergence")                # the checkpoints and measurements go here
 
 
 def batch(ids: torch.Tensor, n: int, generator: torch.Generator) -> torch.Tensor:
@@ -62,7 +63,7 @@ val_batch = batch(val_ids, 32, g_val)
 STEPS = 150
 CHECKPOINTS = [0, 5, 15, 40, 80, 150]           # log-spaced-ish: coupling moves early
 monitor = CouplingMonitor(tokenizer, prompts[:4], every=None, steps=CHECKPOINTS,
-                             out=OUT / "train" / "monitor", coupling=("depth",), k=(6,),
+                             out=work / "train" / "monitor", coupling=("depth",), k=(6,),
                              tokens="last")
 log = {}
 g_train = torch.Generator().manual_seed(0)
@@ -78,7 +79,7 @@ for step in range(STEPS + 1):
         model.eval()
         with torch.no_grad():
             log[step] = float(loss_of(val_batch))
-        folder = OUT / "train" / f"checkpoint-{step}"  # the HF Trainer layout
+        folder = work / "train" / f"checkpoint-{step}"  # the HF Trainer layout
         model.save_pretrained(folder)
         tokenizer.save_pretrained(folder)
 monitor.close()
@@ -86,19 +87,19 @@ monitor.close()
 
 # --8<-- [start:monitor]
 # one row per measured step and variant: mean, se, chance, ...
-during = bc.coupling_statistic(OUT / "train" / "monitor", variant="coupling_vs_null")
+during = bc.coupling_statistic(work / "train" / "monitor", variant="coupling_vs_null")
 print(during[["step", "mean", "se", "n_prompts"]])
 # --8<-- [end:monitor]
 
 # --8<-- [start:sweep]
 spec = {
     "name": "tutorial-emergence",
-    "models": [{"label": "tiny GPT-2", "checkpoints": str(OUT / "train" / "checkpoint-*")}],
+    "models": [{"label": "tiny GPT-2", "checkpoints": str(work / "train" / "checkpoint-*")}],
     "prompts": [{"name": "held-out", "texts": prompts}],
     "measure": {"coupling": ["depth"], "k": [6], "tokens": "last",
                 "variants": ["coupling", "coupling_vs_null"]},
 }
-sweep = run_sweep(spec, OUT / "sweep", executor="local", progress=False)
+sweep = run_sweep(spec, work / "sweep", executor="local", progress=False)
 # executor="ray" (the default) runs one unit per checkpoint on a Ray cluster instead
 # --8<-- [end:sweep]
 
@@ -106,27 +107,25 @@ sweep = run_sweep(spec, OUT / "sweep", executor="local", progress=False)
 import pandas as pd
 
 stat = bc.coupling_statistic(sweep)             # one row per unit (checkpoint) and variant
-h = wide(stat, keys=("step",)).sort_values("step")
+raw = stat[stat["variant"] == "coupling"].set_index("step").sort_index()
+null = stat[stat["variant"] == "coupling_vs_null"].set_index("step").sort_index()
 curve = pd.DataFrame({
-    "step": h["step"].astype(int),
-    "held-out loss": [round(log[int(s)], 3) for s in h["step"]],
-    "coupling c_K": [fmt(a, b) for a, b in zip(h["coupling_mean"], h["coupling_se"])],
-    "chance c_null": h["chance"].round(3),
-    "coupling_vs_null": [fmt(a, b) for a, b in zip(h["coupling_vs_null_mean"],
-                                                   h["coupling_vs_null_se"])],
-    "n prompts": h["n_prompts"],
-    "_mean": h["coupling_vs_null_mean"], "_se": h["coupling_vs_null_se"],
-})
-print(curve.drop(columns=["_mean", "_se"]).to_string(index=False))
+    "held-out loss": [round(log[int(s)], 3) for s in raw.index],
+    "coupling c_K": [f"{a:.3f} ± {b:.3f}" for a, b in zip(raw["mean"], raw["se"])],
+    "chance c_null": raw["chance"].round(3),
+    "coupling_vs_null": [f"{a:.3f} ± {b:.3f}" for a, b in zip(null["mean"], null["se"])],
+    "n prompts": raw["n_prompts"],
+}).reset_index()
+print(curve.to_string(index=False))
 # --8<-- [end:curve]
-write_table(curve.drop(columns=["_mean", "_se"]), OUT / "curve.md")
+write_table(curve, OUT / "curve.md")
 
 # --8<-- [start:figure]
 import matplotlib.pyplot as plt
 
 fig, ax = plt.subplots(figsize=(7, 3.8))
-x = curve["step"].clip(lower=1)                 # log axis: step 0 drawn at 1
-ax.errorbar(x, curve["_mean"], yerr=1.96 * curve["_se"], fmt="o-", capsize=3,
+x = null.index.to_series().clip(lower=1)        # log axis: step 0 drawn at 1
+ax.errorbar(x, null["mean"], yerr=1.96 * null["se"], fmt="o-", capsize=3,
             label="sweep: 8 held-out prompts, ± 1.96 se")
 ax.plot(during["step"].clip(lower=1), during["mean"], "s--", alpha=0.7,
         label="monitor during training: 4 prompts")
@@ -141,5 +140,4 @@ ax.legend(loc="upper left", fontsize=8)
 # --8<-- [end:figure]
 save_figure(fig, OUT / "emergence.png")
 stat.to_csv(OUT / "statistic.csv", index=False)
-shutil.rmtree(OUT / "train")                    # checkpoints are not part of the site
-shutil.rmtree(OUT / "sweep")
+shutil.rmtree(work)                              # checkpoints are not part of the site

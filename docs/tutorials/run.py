@@ -3,7 +3,8 @@
 Called by docs/hooks.py before every ``mkdocs build`` and by tests/test_docs.py. A tutorial is
 run when its outputs are missing or were made by another version of its script (the sha256 of
 ``common.py`` and the script, kept in ``generated/<name>/DONE``), or always with ``fresh``.
-Each runs in its own process with this checkout's ``src`` first on the path, offline, with a
+Each runs in its own process, in its output folder (what its cells write to a relative path
+lands there), with this checkout's ``src`` first on the path, offline, with a
 non-interactive matplotlib; a failure stops the build with the tutorial's own output.
 """
 
@@ -43,7 +44,7 @@ def run_one(docs_dir: Path, name: str, *, fresh: bool = False) -> Path:
     env.setdefault("HF_HUB_OFFLINE", "1")
     env.setdefault("TRANSFORMERS_OFFLINE", "1")
     env["MPLBACKEND"] = "Agg"
-    proc = subprocess.run([sys.executable, str(here / f"{name}.py"), str(out)], cwd=here,
+    proc = subprocess.run([sys.executable, str(here / f"{name}.py"), str(out)], cwd=out,
                           env=env, capture_output=True, text=True)
     (out / "output.txt").write_text(proc.stdout)
     if proc.returncode != 0:

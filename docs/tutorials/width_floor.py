@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 
-from common import fmt, out_dir, save_figure, wide, write_table
+from common import out_dir, save_figure, write_table
 
 OUT = out_dir()
 
@@ -42,7 +42,7 @@ for group, fit in fits.items():
           f"Spearman rho = {fit['spearman_rho']:.2f}")
 # --8<-- [end:floor]
 
-import pandas as pd
+import pandas as pd  # noqa: E402  (after the cell above, as on the page)
 
 write_table(pd.DataFrame([
     {"models": g, "n": f["n"], "slope (score per unit of floor)": round(f["slope"], 1),
@@ -71,17 +71,22 @@ for width in (64, 128, 256, 512):
                    variants=("coupling", "coupling_vs_null"), progress=False)
     stat = bc.coupling_statistic(m, k=k)                 # coupling_vs_null and raw c_K
     rows.append(stat.assign(d=width, floor=float(flat_floor(width, k))))
+
+import pandas as pd
+
+stat = pd.concat(rows)
+raw = stat[stat["variant"] == "coupling"].set_index("d")
+null = stat[stat["variant"] == "coupling_vs_null"].set_index("d")
+widths = pd.DataFrame({
+    "K = d/10": raw["k"], "flat-spectrum floor": raw["floor"].round(3),
+    "measured chance c_null": raw["chance"].round(3),
+    "raw c_K": [f"{a:.3f} ± {b:.3f}" for a, b in zip(raw["mean"], raw["se"])],
+    "coupling_vs_null": [f"{a:.4f} ± {b:.4f}" for a, b in zip(null["mean"], null["se"])],
+}).reset_index().rename(columns={"d": "d_model"})
+print(widths.to_string(index=False))
 # --8<-- [end:measure]
 
-measured = wide(pd.concat(rows), keys=("d", "floor"))
-write_table(pd.DataFrame({
-    "d_model": measured["d"], "K = d/10": measured["k"],
-    "flat-spectrum floor": measured["floor"].round(3),
-    "measured chance c_null": measured["chance"].round(3),
-    "raw c_K": [fmt(a, b) for a, b in zip(measured["coupling_mean"], measured["coupling_se"])],
-    "coupling_vs_null": [fmt(a, b, 4) for a, b in zip(measured["coupling_vs_null_mean"],
-                                                       measured["coupling_vs_null_se"])],
-}), OUT / "random_widths.md")
+write_table(widths, OUT / "random_widths.md")
 
 # --8<-- [start:figure]
 import matplotlib.pyplot as plt
@@ -95,10 +100,10 @@ ax1.set_title("no model measured: the width floor against the scores")
 ax1.legend(fontsize=8)
 grid = np.geomspace(48, 10000, 200)
 ax2.plot(grid, flat_floor(grid, np.round(grid / 10)), color="grey", label="floor, K = d/10")
-ax2.errorbar(measured["d"], measured["coupling_mean"], yerr=1.96 * measured["coupling_se"],
-             fmt="o", label="raw c_K, random init")
-ax2.errorbar(measured["d"], measured["coupling_vs_null_mean"],
-             yerr=1.96 * measured["coupling_vs_null_se"], fmt="s", label="coupling_vs_null")
+ax2.errorbar(raw.index, raw["mean"], yerr=1.96 * raw["se"], fmt="o",
+             label="raw c_K, random init")
+ax2.errorbar(null.index, null["mean"], yerr=1.96 * null["se"], fmt="s",
+             label="coupling_vs_null")
 ax2.axvline(768, ls=":", color="grey")
 ax2.axvline(8192, ls=":", color="grey")
 ax2.set_xscale("log")
@@ -122,4 +127,4 @@ ax.set_ylabel("chance level c_null (flat spectrum)")
 ax.legend(fontsize=8)
 save_figure(fig, OUT / "floor_curve.png")
 (OUT / "fits.json").write_text(json.dumps(fits, indent=1, default=float))
-measured.to_csv(OUT / "random_widths_statistic.csv", index=False)
+stat.to_csv(OUT / "random_widths_statistic.csv", index=False)

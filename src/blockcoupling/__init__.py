@@ -2,7 +2,7 @@
 
 The public API of the library, re-exported explicitly; everything else is private to its
 module. The studies built on it (sweeps, the training monitor, the correlation and ViT
-studies) have their own exports in :mod:`blockcoupling.studies`; their old names here
+studies) have their own exports in `blockcoupling.studies`; their old names here
 (``bc.run_sweep``, ``bc.CouplingMonitor``, ...) still work for one release, with a
 ``DeprecationWarning`` naming the new place.
 
@@ -14,7 +14,7 @@ studies) have their own exports in :mod:`blockcoupling.studies`; their old names
 The names are imported lazily (PEP 562 ``__getattr__``) so that ``import blockcoupling`` and
 the command line (``blockcoupling --help``) start without importing torch, pandas or
 matplotlib; ``bc.measure`` imports its module on first use. To export a name, add it to
-:data:`_EXPORTS` under its module (one line per module) and to ``__all__``; the test-suite
+`_EXPORTS` under its module (one line per module) and to ``__all__``; the test-suite
 checks that every exported name resolves and that ``blockcoupling --help`` imports no torch.
 """
 

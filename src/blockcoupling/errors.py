@@ -1,8 +1,8 @@
 """User-facing errors.
 
 Every problem a user can cause (bad model, bad option, bad prompt, bad run directory) is
-raised as a :class:`BlockCouplingError` whose message says what went wrong *and what to do*.
-It subclasses :class:`ValueError` so generic callers can catch it; the CLI turns it into
+raised as a [`BlockCouplingError`][blockcoupling.errors.BlockCouplingError] whose message says what went wrong *and what to do*.
+It subclasses `ValueError` so generic callers can catch it; the CLI turns it into
 exit code 1 with the message and no traceback.
 """
 

@@ -1,7 +1,7 @@
 """Config records declared once: each field's help, CLI flag, check and identity, in one place.
 
 A config record (``MeasureConfig``, ``VitTrainConfig``, ``StudySpec``, ...) is a frozen
-dataclass whose fields are made with :func:`opt`. The field's metadata says
+dataclass whose fields are made with `opt`. The field's metadata says
 
 * ``help``: the text of its CLI option (and of the docs' reference page);
 * ``cli``: its flag without the dashes (``"analysis-dtype"``), ``True`` for the field name with
@@ -9,15 +9,15 @@ dataclass whose fields are made with :func:`opt`. The field's metadata says
 * ``parse``: ``parse(name, value) -> value`` for user input (a CLI string such as
   ``"10,30,50"``, a YAML value); a field without one takes its typed value as given;
 * ``check``: ``(validate.whole | validate.number, bounds)``: the range rule, applied by
-  :func:`check_fields` (every record's ``__post_init__``), the message names the option;
-* ``hashed``: whether the field enters the record's identity (:func:`identity`): ``True``,
+  `check_fields` (every record's ``__post_init__``), the message names the option;
+* ``hashed``: whether the field enters the record's identity (`identity`): ``True``,
   ``False`` or ``"if_set"`` (only when not ``None``: a field added later keeps every earlier
   hash).
 
-From that one declaration come the CLI options (:func:`option_parameters`, read by
-``cli/options.py``), the YAML keys and their errors (:func:`from_mapping`: an unknown key or
+From that one declaration come the CLI options (`option_parameters`, read by
+``cli/options.py``), the YAML keys and their errors (`from_mapping`: an unknown key or
 a bad value is one line naming the key and where it was), the validation
-(:func:`check_fields`) and the identity (:func:`identity`, the payload of
+(`check_fields`) and the identity (`identity`, the payload of
 ``hashing.canonical_hash``). Pure functions; typer is imported only to build options.
 """
 
@@ -77,7 +77,7 @@ def from_mapping(cls: Any, data: Any, where: str = "", *, base: Any = None,
                  parse: bool = True, skip: tuple[str, ...] = ()) -> Any:
     """A record of ``cls`` from a mapping (a YAML section, keyword values), on top of
     ``base`` (default: the field defaults). Unknown keys, a value its field's parser refuses,
-    and a record that does not validate are one :class:`BlockCouplingError` line that names
+    and a record that does not validate are one [`BlockCouplingError`][blockcoupling.errors.BlockCouplingError] line that names
     the key and ``where`` it was (``"measure"``, ``"runs[2]"``); ``parse=False`` takes the
     values as typed."""
     pre = f"{where}: " if where else ""

@@ -33,7 +33,7 @@ def canonical_json(obj: Any, *, compact: bool = True, ascii: bool = True, strict
 def canonical_hash(obj: Any, *, digits: int | None = None, compact: bool = True,
                    ascii: bool = True, strict: bool = True,
                    default: Callable[[Any], Any] | None = None) -> str:
-    """Hex sha256 of the UTF-8 of :func:`canonical_json` (first ``digits`` hex digits)."""
+    """Hex sha256 of the UTF-8 of `canonical_json` (first ``digits`` hex digits)."""
     text = canonical_json(obj, compact=compact, ascii=ascii, strict=strict, default=default)
     digest = hashlib.sha256(text.encode("utf-8")).hexdigest()
     return digest if digits is None else digest[:digits]

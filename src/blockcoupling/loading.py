@@ -183,7 +183,7 @@ def load_model(name: str, *, revision: str | None = None, dtype: str = "auto",
     ``device_map`` (``"auto"``, ``"balanced"``, ...; with ``max_memory`` such as
     ``"0=20GiB,cpu=60GiB"`` and ``offload_folder`` for blocks offloaded to disk) dispatches
     the model with accelerate instead of moving it to ``device``; ``quantize`` loads it in
-    8 or 4 bits (:data:`QUANTIZE`). Both are measured one block at a time
+    8 or 4 bits (`QUANTIZE`). Both are measured one block at a time
     (engine/offload.py).
 
     ``tokenizer`` is None for a model without one (vision models), unless

@@ -24,7 +24,7 @@ def interactive(stream: TextIO | None = None) -> bool:
 
 
 class Lines:
-    """A tqdm stand-in that writes ``desc: 3/8 prompt (12.0 s)`` once per :meth:`update`;
+    """A tqdm stand-in that writes ``desc: 3/8 prompt (12.0 s)`` once per `update`;
     silent when ``enabled`` is false. Supports what the project uses of tqdm: ``update``,
     ``set_postfix``, ``close``, ``disable``, iteration and ``with``."""
 
@@ -70,7 +70,7 @@ class Lines:
 
 def bar(iterable: Iterable[Any] | None = None, *, total: int | None = None, desc: str = "",
         unit: str = "it", initial: int = 0, enabled: bool = True, leave: bool = True) -> Any:
-    """A progress bar: tqdm on a terminal, :class:`Lines` elsewhere (nothing for an inner
+    """A progress bar: tqdm on a terminal, `Lines` elsewhere (nothing for an inner
     ``leave=False`` bar). Disabled (``enabled=False``, e.g. ``-q``) it prints nothing."""
     if enabled and interactive():
         from tqdm.auto import tqdm

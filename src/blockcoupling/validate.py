@@ -3,7 +3,7 @@
 Every study option (a sweep spec's ``limit``/``seed``/``retries``/resources, a ViT training's
 rates and sizes, a monitor's ``every``/``steps``, dtypes and devices) is checked here when it
 is parsed, before anything is written: a value of the wrong type, ``nan``/``inf``, or out of
-range is a :class:`OptionError` naming the option and what it accepts, never a silent
+range is a `OptionError` naming the option and what it accepts, never a silent
 default, a slice or a traceback.
 """
 
@@ -73,13 +73,13 @@ def number(value: Any, name: str, *, minimum: float | None = None,
 
 
 def optional(check: Any, value: Any, name: str, **bounds: Any) -> Any:
-    """``None`` stays ``None``; anything else goes through ``check`` (:func:`whole` or
-    :func:`number`)."""
+    """``None`` stays ``None``; anything else goes through ``check`` (`whole` or
+    `number`)."""
     return None if value is None else check(value, name, **bounds)
 
 
 def dtype_name(value: Any, name: str = "dtype") -> str:
-    """A model dtype name of :data:`DTYPES`."""
+    """A model dtype name of `DTYPES`."""
     if not isinstance(value, str) or value not in DTYPES:
         raise OptionError(f"{name} {value!r}: choose one of {', '.join(DTYPES)}")
     return value

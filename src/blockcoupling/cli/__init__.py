@@ -3,7 +3,7 @@
 Exit codes: 0 success, 1 a user error (the message says what to do; no traceback),
 2 bad usage (typer/click's own code). ``--verbose`` shows tracebacks.
 
-Each command family lives in its own module and registers on :data:`app` when imported here;
+Each command family lives in its own module and registers on `app` when imported here;
 heavy libraries (torch, matplotlib, ray) are imported inside the commands, not at start-up.
 """
 

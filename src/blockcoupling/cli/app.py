@@ -91,7 +91,7 @@ def os_error(err: OSError, what: str) -> BlockCouplingError:
 
 @contextlib.contextmanager
 def user_errors(what: str = "cannot read or write a file") -> Iterator[None]:
-    """The body of every command: a :class:`BlockCouplingError` or an :class:`OSError` (said
+    """The body of every command: a [`BlockCouplingError`][blockcoupling.errors.BlockCouplingError] or an `OSError` (said
     as ``what: path: reason``) becomes one ``error:`` line and exit 1."""
     try:
         yield
@@ -112,7 +112,7 @@ def _version(value: bool) -> None:
 @contextlib.contextmanager
 def guarded(*, saved: str, again: str = "run the same command again to continue",
             what: str = "cannot read or write a file") -> Iterator[None]:
-    """The body of a command that does long work: :func:`user_errors`, and Ctrl-C / SIGTERM
+    """The body of a command that does long work: `user_errors`, and Ctrl-C / SIGTERM
     say what is ``saved`` and how to continue (``again``) and exit 130 / 143 (128 + the
     signal)."""
     try:
@@ -135,12 +135,9 @@ def _main(
     STATE["verbose"], STATE["quiet"] = verbose, quiet
     set_verbosity(quiet=quiet, verbose=verbose, terminal=interactive())
     if not verbose:  # a warning is one line, like an error (-v: Python's own, with the source)
-        warnings.showwarning = _warning_line
+        from blockcoupling.verbosity import warning_line
 
-
-def _warning_line(message: Warning | str, category: type[Warning], filename: str, lineno: int,
-                  file: Any = None, line: str | None = None) -> None:
-    typer.echo(f"warning: {message}", err=True)
+        warnings.showwarning = warning_line
 
 
 #: ``--json`` on every command that prints results: the same flag, the same meaning

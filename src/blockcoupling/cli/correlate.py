@@ -24,6 +24,7 @@ def correlate(
     diagonal: Annotated[bool, typer.Option("--diagonal", help="Average over every layer pair including l = l' (the paper's literal wording) instead of l != l'.")] = False,
     floor: Annotated[bool, typer.Option("--floor", help="Also report what the measured chance level of raw c_K explains of the scores, and what survives it.")] = False,
     allow_mixed_prompts: Annotated[bool, typer.Option("--allow-mixed-prompts", help="Correlate models measured on different prompt sets (refused by default).")] = False,
+    allow_checkpoints: Annotated[bool, typer.Option("--allow-checkpoints", help="Count checkpoints of one training run (steps or revisions of one model) as independent models (refused by default: their p-values assume independence).")] = False,
     p: Annotated[str, typer.Option("--p", help="Norm of the variants that have one, one value: 1, 2 or inf.")] = "1",
     orientation: Annotated[str, typer.Option("--orientation", help="ujv or vju.")] = "ujv",
     n_boot: Annotated[int, typer.Option("--n-boot", help="Bootstrap resamples for the CI of R^2.")] = 2000,
@@ -35,7 +36,9 @@ def correlate(
     Three predictors by default: raw c_K (the paper's, whose chance level grows with the
     width), coupling_vs_rotated and coupling_vs_null (chance corrected against the rotated
     basis and against independent bases), each with partial correlations given log10 d_model
-    and log10 parameters."""
+    and log10 parameters. Below 10 models the p-values are exact permutation
+    p-values and no bootstrap interval of R^2 is given; checkpoints of one training run are
+    refused unless --allow-checkpoints."""
     from blockcoupling.studies.correlate import correlate as run
 
     with user_errors("cannot read the runs or write the results"):
@@ -43,7 +46,8 @@ def correlate(
                      p=one_value(p, "--p", float), orientation=orientation,
                      variants=[v.strip() for v in variant.split(",") if v.strip()] or None,
                      tokens=tokens, diagonal=diagonal, floor=floor,
-                     allow_mixed_prompts=allow_mixed_prompts, n_boot=n_boot, seed=seed,
+                     allow_mixed_prompts=allow_mixed_prompts,
+                     allow_checkpoints=allow_checkpoints, n_boot=n_boot, seed=seed,
                      labels=None if labels is None else [v.strip() for v in labels.split(",")])
         from blockcoupling.report.correlation import write_correlation_html
 

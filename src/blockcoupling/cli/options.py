@@ -1,13 +1,13 @@
 """Commands whose options are generated from a config record's fields (``blockcoupling.fields``).
 
-``measure`` takes one option per exposed :class:`~blockcoupling.engine.config.MeasureConfig`
-field, ``vit-train`` and ``vit-grid`` one per :class:`~blockcoupling.studies.vit.train.VitTrainConfig`
+``measure`` takes one option per exposed [`MeasureConfig`][blockcoupling.engine.config.MeasureConfig]
+field, ``vit-train`` and ``vit-grid`` one per [`VitTrainConfig`][blockcoupling.studies.vit.train.VitTrainConfig]
 field: the flag, the help and the default come from the record, never restated here.
 
 The options are added the first time a command's parameters are needed (parsing its
 arguments or printing its help), not at import: the records' modules import torch, and
 ``blockcoupling --help`` or another command must not pay for it. The values given reach the
-command through the click context: :func:`given_options` (field -> value, options not given
+command through the click context: `given_options` (field -> value, options not given
 left out).
 """
 

@@ -6,9 +6,9 @@ prompt, layer and measured token pair, ``U (d, K)``, ``S (K,)``, ``V (d, K)`` in
 dtype (float32, or float64 where the analysis runs in it), ``K = max(k)``, of the Jacobian the
 coupling used (with ``remove_norm_directions`` the projected ``Q_N J``).
 
-A source of bases is anything with :class:`BasisSource`'s two methods: :class:`InMemoryBases`
-(what :func:`measure` returns) or the run store's reader (``store/bases.py``, lazily and
-checksum-verified from the run directory). :func:`select` is the one rule that turns
+A source of bases is anything with `BasisSource`'s two methods: `InMemoryBases`
+(what `measure` returns) or the run store's reader (``store/bases.py``, lazily and
+checksum-verified from the run directory). `select` is the one rule that turns
 ``(prompt_id, layer, token_in=None, token_out=None)`` into a stored key. Pure: no files here.
 """
 
@@ -30,7 +30,7 @@ _SEP = "|"
 
 
 class BasisSource(Protocol):
-    """Where a :class:`Measurement`'s stored factors (bases, Jacobians) come from."""
+    """Where a [`Measurement`][blockcoupling.engine.results.Measurement]'s stored factors (bases, Jacobians) come from."""
 
     def keys(self, prompt_id: str | None = None) -> list[BasisKey]: ...  # in measured order
 
@@ -56,7 +56,7 @@ def flatten(bases: Mapping[BasisKey, Factors]) -> dict[str, Tensor]:
 
 
 def unflatten(tensors: Mapping[str, Tensor]) -> dict[BasisKey, Factors]:
-    """The inverse of :func:`flatten` (keys in sorted order of layer and tokens)."""
+    """The inverse of `flatten` (keys in sorted order of layer and tokens)."""
     by_key: dict[BasisKey, dict[str, Tensor]] = {}
     for name, t in tensors.items():
         key, part = parse_name(name)

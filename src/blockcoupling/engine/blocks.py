@@ -7,7 +7,7 @@ attributes: the ``nn.ModuleList`` whose length equals the config's layer count
 (``num_hidden_layers`` / ``n_layer`` / ``num_layers`` / ``n_layers``), the shallowest one if
 several match. The final norm is looked up by name beside the block list (or one level up):
 ``ln_f``, ``norm``, ``final_layer_norm``, ``final_layernorm``, ``layernorm``, ... A small
-registry (:data:`SUPPORTED_ARCHITECTURES` and ``_REGISTRY``) records the architectures that
+registry ([`SUPPORTED_ARCHITECTURES`][blockcoupling.engine.blocks.SUPPORTED_ARCHITECTURES] and ``_REGISTRY``) records the architectures that
 are tested, whether they are causal, and the exceptions (BERT-style encoders have no final
 norm). Any other ``nn.Module`` works when the caller names the block list with
 ``blocks_path="dotted.path"``. A TransformerLens ``HookedTransformer`` is found from its ``cfg``
@@ -39,7 +39,7 @@ class BlockSpec:
     """Where the blocks of a model are and what kind of model it is.
 
     ``hidden_size`` is 0 when it is not known before a forward pass (a custom model given by
-    ``blocks_path`` without ``hidden_size``); :func:`blockcoupling.engine.capture.capture` returns a
+    ``blocks_path`` without ``hidden_size``); `blockcoupling.engine.capture.capture` returns a
     spec with the value read from the first block input.
     """
 
@@ -134,7 +134,7 @@ _ENCODER_TYPES: frozenset[str] = frozenset(
 def get_module(model: nn.Module, dotted: str) -> nn.Module:
     """The sub-module of ``model`` at ``dotted`` (e.g. ``"transformer.h"``; ``""`` = model).
 
-    Raises :class:`ArchitectureError` naming the first missing attribute.
+    Raises [`ArchitectureError`][blockcoupling.errors.ArchitectureError] naming the first missing attribute.
     """
     module: Any = model
     if dotted == "":

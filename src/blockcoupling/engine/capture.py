@@ -1,6 +1,6 @@
 """One forward pass with hooks: block boundaries and each block's exact recorded call.
 
-:func:`capture` runs the model once (``torch.no_grad``, ``use_cache=False`` when the model's
+`capture` runs the model once (``torch.no_grad``, ``use_cache=False`` when the model's
 ``forward`` accepts it) and records, with forward pre-hooks (``with_kwargs=True``), the exact
 arguments every block was called with, and with forward hooks its output (the first element
 when the block returns a tuple). Block boundaries are the blocks' own inputs and outputs
@@ -8,9 +8,9 @@ when the block returns a tuple). Block boundaries are the blocks' own inputs and
 ``boundaries[l]`` the output of block l; with ``final_norm=True`` the last boundary is taken
 after the final norm. HuggingFace ``hidden_states`` are never used.
 
-:func:`residual_branch` turns a recorded call into a pure function of one prompt's hidden
+`residual_branch` turns a recorded call into a pure function of one prompt's hidden
 input, ``f(X) = F^l(X) - X`` with ``X`` of shape ``(n, d)``, ready for ``torch.func``
-transforms (:mod:`blockcoupling.engine.jacobian`). Key-value caches are stripped from the recorded
+transforms (`blockcoupling.engine.jacobian`). Key-value caches are stripped from the recorded
 call (every name in ``CACHE_NAMES`` / any ``Cache`` object -> None, ``use_cache`` ->
 False); the attention mask, position ids and rotary embeddings are replayed as recorded.
 
@@ -24,15 +24,15 @@ implementation in use at capture time. Therefore:
 * any other implementation that is not ``"eager"`` (``flash_attention_2``, ``flex_attention``,
   ...) is switched to ``"eager"`` on the user's model *before* the capture pass
   (``model.set_attn_implementation("eager")``), with a warning issued once per
-  implementation (the recorded masks are eager masks). :func:`blockcoupling.measure` puts
+  implementation (the recorded masks are eager masks). `blockcoupling.measure` puts
   the original implementation back afterwards (``engine/state.py``);
 * mixture-of-experts layers run their eager loop over experts for the same reason
   (``config._experts_implementation``; transformers 5's ``grouped_mm`` has no float64 kernel
   and no vmap rule), silently: the values are the same. Also restored afterwards.
 
-Dropout and other training-time randomness must be off. :func:`capture` calls ``model.eval()``
-with a warning when the model is in training mode; :func:`residual_branch` raises a
-:class:`~blockcoupling.errors.BlockCouplingError` if the block was switched back to training
+Dropout and other training-time randomness must be off. `capture` calls ``model.eval()``
+with a warning when the model is in training mode; `residual_branch` raises a
+[`BlockCouplingError`][blockcoupling.errors.BlockCouplingError] if the block was switched back to training
 mode since.
 
 Padding: prompts arrive right-padded with an ``attention_mask``; ``Capture.valid`` marks the
@@ -104,7 +104,7 @@ class BlockCall:
 
 @dataclass
 class Capture:
-    """Result of :func:`capture` for one batch of prompts."""
+    """Result of `capture` for one batch of prompts."""
 
     boundaries: Tensor  # (L+1, B, n, d) float32 on CPU: x^0 .. x^L (block inputs/outputs)
     valid: Tensor  # (B, n) bool: True at real (non-padded) positions
@@ -279,8 +279,8 @@ def capture(
     """Run ``model(**inputs)`` once and record block boundaries and calls.
 
     ``inputs`` are moved to the model's device (floating inputs such as ``pixel_values`` are
-    cast to the model's dtype). Raises :class:`NumericalError` if a block output is not
-    finite and :class:`ArchitectureError` if a block is not called exactly once.
+    cast to the model's dtype). Raises [`NumericalError`][blockcoupling.errors.NumericalError] if a block output is not
+    finite and [`ArchitectureError`][blockcoupling.errors.ArchitectureError] if a block is not called exactly once.
     """
     if model.training:
         warnings.warn(
@@ -439,7 +439,7 @@ def _select_prompt(
 @dataclass
 class BlockReplay:
     """One block's recorded call for one prompt, ready to be re-run in the analysis dtype on
-    the analysis device (the pieces :func:`residual_branch` and the fast path share)."""
+    the analysis device (the pieces `residual_branch` and the fast path share)."""
 
     block: nn.Module  # the block, in the analysis dtype/device (a copy if needed)
     norm: nn.Module | None  # the final norm when folded into the last block
@@ -538,8 +538,8 @@ def residual_branch(
     block is copied to ``dtype``/``device`` when its parameters are elsewhere (the user's model
     is never mutated). ``f`` is pure and works under ``torch.func`` transforms. With ``check``
     the replay ``f(x) + x`` is compared with the recorded output at real positions (relative
-    max error, tolerance ``rtol`` or :data:`REPLAY_RTOL`); a mismatch raises
-    :class:`ReplayError`.
+    max error, tolerance ``rtol`` or `REPLAY_RTOL`); a mismatch raises
+    [`ReplayError`][blockcoupling.errors.ReplayError].
     """
     rp = prepare_replay(model, cap, layer, prompt, dtype=dtype, device=device)
     block, norm, args, kwargs, where, x = rp.block, rp.norm, rp.args, rp.kwargs, rp.where, rp.x

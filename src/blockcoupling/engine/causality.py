@@ -2,7 +2,7 @@
 
 ``find_blocks`` knows causality from a HuggingFace config, a TransformerLens ``cfg``
 (``attention_dir``) or the caller's ``causal=``; otherwise (a custom ``nn.Module``) the spec
-says ``causal_source="unknown"`` and :func:`resolve_causal` decides from a capture:
+says ``causal_source="unknown"`` and `resolve_causal` decides from a capture:
 
 1. **the attention mask the module applies**: a block called with ``is_causal=True``, or with
    a square mask (``(n, n)`` or ``(..., n, n)``) that forbids exactly the positions above the
@@ -97,7 +97,7 @@ def resolve_causal(model: nn.Module, cap: Capture) -> BlockSpec:
 
 def model_spec(model: nn.Module, cfg: MeasureConfig, tokenizer: Any = None,
                items: list[MeasureInput] | None = None) -> BlockSpec:
-    """The model's :class:`BlockSpec` under ``cfg`` (``blocks_path``, ``causal``,
+    """The model's [`BlockSpec`][blockcoupling.engine.blocks.BlockSpec] under ``cfg`` (``blocks_path``, ``causal``,
     ``hidden_size``); where causality is unknown and ``items`` are given, decided from a
     capture of the first item (the model and the RNGs are left as they were)."""
     spec = find_blocks(model, cfg.blocks_path, hidden_size=cfg.hidden_size, causal=cfg.causal)

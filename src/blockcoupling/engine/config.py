@@ -1,8 +1,8 @@
-"""MeasureConfig: every option of :func:`blockcoupling.engine.measure`, as one typed record.
+"""MeasureConfig: every option of `blockcoupling.engine.measure`, as one typed record.
 
 Two steps, kept apart:
 
-* :meth:`MeasureConfig.parse` (and :func:`parse_config`) turns *user input* into a record:
+* [`MeasureConfig.parse`][blockcoupling.engine.config.MeasureConfig.parse] (and `parse_config`) turns *user input* into a record:
   CLI strings such as ``"10,30,50"``, ``"1,2,inf"``, ``"last"``, ``"0,5,-1"``, ``"9..16"``,
   ``"none"``, or Python keyword values (``k=10``, ``p=(1, 2, "inf")``, ``dtype="float64"``).
 * ``MeasureConfig(...)`` itself is strict: every field must already have its declared type
@@ -13,10 +13,10 @@ Two steps, kept apart:
 
 Each field is declared once with ``blockcoupling.fields.opt``: help text, CLI flag, parser and
 whether it is hashed; the ``measure`` command builds its options from that metadata
-(:func:`measure_options`), a sweep spec's ``measure:`` keys are the field names, and the raw
-values go to :meth:`MeasureConfig.parse`, so there is no second list of options to keep in step.
+(`measure_options`), a sweep spec's ``measure:`` keys are the field names, and the raw
+values go to [`MeasureConfig.parse`][blockcoupling.engine.config.MeasureConfig.parse], so there is no second list of options to keep in step.
 
-:meth:`MeasureConfig.config_hash` is the record's identity: a sha256 over a canonical JSON of
+[`MeasureConfig.config_hash`][blockcoupling.engine.config.MeasureConfig.config_hash] is the record's identity: a sha256 over a canonical JSON of
 every field that can change a stored number (which fields are in, and why, is in
 ``docs/conventions.md``, "Configuration identity").
 
@@ -223,8 +223,8 @@ def parse_window(name: str, value: Any) -> tuple[int, int] | None:
 
 def _opt(default: Any, help: str, parse: Callable[[str, Any], Any], *, cli: str | None = None,
          hashed: bool | str = True) -> Any:
-    """A config field (:func:`blockcoupling.fields.opt`): its default, help text, parser, CLI
-    flag (None = not on the CLI) and whether it enters :meth:`MeasureConfig.config_hash`
+    """A config field (`blockcoupling.fields.opt`): its default, help text, parser, CLI
+    flag (None = not on the CLI) and whether it enters [`MeasureConfig.config_hash`][blockcoupling.engine.config.MeasureConfig.config_hash]
     (``"if_set"``: only when not None, so that adding the field kept every earlier hash)."""
     return opt(default, help, parse=parse, cli=cli, hashed=hashed)
 
@@ -407,7 +407,7 @@ class MeasureConfig:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> MeasureConfig:
-        """The inverse of :meth:`to_dict` (unknown keys, e.g. of older versions, are ignored)."""
+        """The inverse of [`to_dict`][blockcoupling.engine.config.MeasureConfig.to_dict] (unknown keys, e.g. of older versions, are ignored)."""
         known = {f.name for f in fields(cls)}
         return parse_config(None, **{k: v for k, v in data.items() if k in known})
 
@@ -451,7 +451,7 @@ def cli_fields() -> list[tuple[str, Any, str, bool, str]]:
 
 def measure_options() -> list[OptionSpec]:
     """The ``measure`` command's options of this record (raw strings, parsed by
-    :func:`parse_config`; flags for the bool fields), defaults shown as CLI strings."""
+    `parse_config`; flags for the bool fields), defaults shown as CLI strings."""
     return cli_options(MeasureConfig, render=render_default)
 
 

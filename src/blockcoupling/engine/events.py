@@ -1,7 +1,7 @@
 """Typed progress events: a public way to see where a measurement spends its time.
 
 ``measure(..., on_event=callback)`` (also ``iter_measure`` and ``measure_to_dir``) calls
-``callback(event)`` with one :class:`MeasureEvent` per finished piece of work:
+``callback(event)`` with one [`MeasureEvent`][blockcoupling.engine.events.MeasureEvent] per finished piece of work:
 
 ============  ==========================================================================
 phase         one event per ...

@@ -7,7 +7,7 @@ Jacobians"), those keys and values are constants. So
     g(x_t) = F^l(x_0, ..., x_{t-1}, x_t)_t - x_t          (d,) -> (d,)
 
 has Jacobian exactly ``J^l_tt``, and it is one query row through attention over t+1 keys plus
-one row through the MLP. :class:`TokenBranch` evaluates ``g`` on a batch ``X (m, d)`` of m
+one row through the MLP. `TokenBranch` evaluates ``g`` on a batch ``X (m, d)`` of m
 independent candidate values of ``x_t`` at once: tangents / cotangents become the batch
 dimension of batched GEMMs (no work on the other n-1 rows).
 
@@ -27,11 +27,11 @@ recording pass below; the first one whose cache receives exactly one ``update`` 
    recorded call sliced to row t: ``attention_mask[..., t:t+1, :t+1]``, ``position_ids[...,
    t:t+1]``, ``cache_position[t:t+1]``, ``position_embeddings[..., t:t+1, :]``.
 3. At build time ``J_fast v`` and ``J_fast^T u`` are compared with the generic path
-   (:func:`blockcoupling.engine.jacobian.jacobian_operator` on
-   :func:`blockcoupling.engine.capture.residual_branch`) for random v, u; on any mismatch or
+   (`blockcoupling.engine.jacobian.jacobian_operator` on
+   `blockcoupling.engine.capture.residual_branch`) for random v, u; on any mismatch or
    failure the builder returns ``None`` and the caller uses the generic path.
 
-Dense ``J^l_tt``: for block types :mod:`blockcoupling.engine.structured` knows (GPT-2,
+Dense ``J^l_tt``: for block types `blockcoupling.engine.structured` knows (GPT-2,
 Llama) it is assembled from the block's weights by a few GEMMs (about half the flops of the
 pullback, with no autodiff); otherwise, or if the structured forward does not reproduce the
 recorded output, by pulling the d identity cotangents back through ``g``. The structured
@@ -41,7 +41,7 @@ that block (a warning says so) and the pullback is used.
 Unsupported (``None``, with the reason given to ``on_fallback`` or warned): encoders
 (non-causal, no reason: nothing is tried), blocks without a key-value cache argument, recorded
 calls with other sequence-shaped tensors (e.g. Falcon's ALiBi), or anything the verification
-rejects. :mod:`blockcoupling.engine.fastrecord` keeps the per-layer record of a run.
+rejects. `blockcoupling.engine.fastrecord` keeps the per-layer record of a run.
 """
 
 from __future__ import annotations
@@ -249,7 +249,7 @@ def _record(block: nn.Module, named: dict[str, Any], hidden_name: str, candidate
             x: Tensor) -> tuple[str, Tensor, Tensor, Tensor]:
     """The recording pass over the whole prompt, probing each candidate cache parameter: the
     first whose cache gets exactly one ``update`` -> (its name, block output (1, n, d), keys,
-    values). Raises :class:`_Refused` naming what each candidate did."""
+    values). Raises `_Refused` naming what each candidate did."""
     tried: list[str] = []
     for name in candidates:
         rec = _RecordingCache()
@@ -279,8 +279,8 @@ class TokenBranch:
 
     ``g(X)`` (m, d) -> (m, d): the residual-branch output at token t for m candidate values of
     ``x_t`` (rows independent). ``x`` (d,) is the recorded ``x^{l-1}_t``. Satisfies the
-    :class:`blockcoupling.engine.svd.LinearOperator` protocol (``d``, ``dtype``, ``device``,
-    ``matmat``, ``rmatmat``), so :func:`blockcoupling.engine.svd.randomized_topk_svd` takes it.
+    `blockcoupling.engine.svd.LinearOperator` protocol (``d``, ``dtype``, ``device``,
+    ``matmat``, ``rmatmat``), so `blockcoupling.engine.svd.randomized_topk_svd` takes it.
     """
 
     g: Callable[[Tensor], Tensor]
@@ -303,7 +303,7 @@ class TokenBranch:
 
     @property
     def structured(self) -> bool:
-        """Whether :meth:`jacobian` assembles J from the block's structure."""
+        """Whether `jacobian` assembles J from the block's structure."""
         return self.dense_fn is not None
 
     @property
@@ -347,7 +347,7 @@ class TokenBranch:
 
     def structured_jacobian(self) -> Tensor | None:
         """Dense ``J^l_tt`` (d, d) from the block's structure (computed once, then kept), or
-        None where that does not apply (never the d pullbacks of :meth:`jacobian`)."""
+        None where that does not apply (never the d pullbacks of `jacobian`)."""
         if self.dense_fn is None:
             return None
         if self._dense is None:
@@ -361,7 +361,7 @@ class TokenBranch:
     def jacobian(self) -> Tensor:
         """Dense ``J^l_tt`` (d, d), rows = output coordinates (computed once, then kept).
 
-        From the block's structure where :attr:`dense_fn` is set and applies; otherwise one
+        From the block's structure where `dense_fn` is set and applies; otherwise one
         forward of the single row and a backward with the identity as cotangents (chunked by
         ``chunk_size``): row i of the input gradient is ``e_i^T J``.
         """
@@ -411,14 +411,14 @@ def token_branches(
     Shares one dtype copy of the block and one recording pass between the tokens. Returns
     ``None`` when the model is not causal, the block is not supported, or (``verify=True``)
     ``J_fast`` differs from the generic path on ``n_check`` random vectors per token by more
-    than :data:`VERIFY_RTOL` (a warning says which); the caller then uses the generic path.
+    than `VERIFY_RTOL` (a warning says which); the caller then uses the generic path.
     ``verify_forward=False``: the caller uses only dense Jacobians, so where the structured J
     passes its check the decode step's forward-mode product is not checked (see
-    :func:`_verify`).
+    `_verify`).
     Where the fast path is refused (a causal model), the reason goes to ``on_fallback``
     (``measure`` collects them into one warning per run and ``meta["fast_path"]``) or, without
-    it, is warned about (:class:`blockcoupling.engine.fastrecord.FastPathWarning`).
-    Raises :class:`BlockCouplingError` for out-of-range layer, prompt or token.
+    it, is warned about (`blockcoupling.engine.fastrecord.FastPathWarning`).
+    Raises `BlockCouplingError` for out-of-range layer, prompt or token.
     """
     check_call_index(cap, layer, prompt)
     n_real = cap.lengths[prompt]
@@ -464,7 +464,7 @@ def token_branch(
     chunk_size: int | None = None,
     seed: int = 0,
 ) -> TokenBranch | None:
-    """Decode-step operator for ``J^l_{token token}`` (see :func:`token_branches`), or None."""
+    """Decode-step operator for ``J^l_{token token}`` (see `token_branches`), or None."""
     out = token_branches(model, cap, layer, prompt, [token], dtype=dtype, verify=verify,
                          chunk_size=chunk_size, seed=seed)
     return None if out is None else out[int(token)]

@@ -3,13 +3,13 @@
 One record per run, ``meta["fast_path"]``: layer (a string key, as JSON stores it) -> ``True``
 where ``J^l_tt`` came from the fast path, else the reason it did not, one line (``"not
 causal (an encoder): no decode step"``, ``"off (fast_path=False)"``, ``"ValueError: ..."``).
-:func:`fast_path_layers` reads it back with integer layers (``Measurement.fast_path`` does),
-:func:`fallback_layers` keeps the layers where a causal model's fast path was refused,
-:func:`describe` is the line ``blockcoupling show`` prints, and :func:`fallback_warning`
+`fast_path_layers` reads it back with integer layers (``Measurement.fast_path`` does),
+`fallback_layers` keeps the layers where a causal model's fast path was refused,
+`describe` is the line ``blockcoupling show`` prints, and `fallback_warning`
 the one warning a run gives (not one per layer), naming every refused layer and its reason.
 
 Reasons that are a property of the run, not a failure (an encoder, the option off, no
-``J^l_tt`` measured at a layer) start with one of :data:`NOT_ATTEMPTED`; they are recorded
+``J^l_tt`` measured at a layer) start with one of `NOT_ATTEMPTED`; they are recorded
 but never warned about.
 """
 

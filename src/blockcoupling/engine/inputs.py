@@ -1,21 +1,21 @@
 """What a measurement runs on: one input type for text prompts and ready-made model inputs.
 
-:class:`MeasureInput` is one example: a stable id (``prompt_id`` in every result table), the
+[`MeasureInput`][blockcoupling.engine.inputs.MeasureInput] is one example: a stable id (``prompt_id`` in every result table), the
 text shown in tables and reports, a label for grouping, and either the text that the tokenizer
 turns into model inputs or the ready-made model inputs themselves (``tensors``: one row of
 ``input_ids``/``attention_mask``/``token_type_ids`` or ``pixel_values``, without the batch
-dimension). :func:`normalise_inputs` accepts
+dimension). `normalise_inputs` accepts
 
-* strings (ids ``p00000``, ``p00001``, ...), :class:`blockcoupling.Prompt` objects (anything
+* strings (ids ``p00000``, ``p00001``, ...), [`blockcoupling.Prompt`][blockcoupling.prompts.prompt.Prompt] objects (anything
   with ``prompt_id`` and ``text``), ``(prompt_id, text)`` pairs;
 * a dict of batched tensors, e.g. ``{"pixel_values": (B, C, H, W)}`` or
   ``{"input_ids": (B, n), "attention_mask": (B, n)}``, split into B examples whose ids are
   derived from their content: ``input-{i:05d}-{sha256 of the row's tensors[:10]}`` (position
   and content: stable across processes, so a run directory can be resumed with the same
   inputs, and a resume with different tensors is refused because the ids differ);
-* a list of :class:`MeasureInput`.
+* a list of [`MeasureInput`][blockcoupling.engine.inputs.MeasureInput].
 
-:func:`make_batch` turns a list of examples into one model-input dict (text: tokenized,
+`make_batch` turns a list of examples into one model-input dict (text: tokenized,
 right-padded; tensors: stacked, token ids right-padded with ``attention_mask`` 0).
 """
 

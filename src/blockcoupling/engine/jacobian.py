@@ -1,20 +1,20 @@
 """Block Jacobians of a residual branch: dense blocks (batched VJP / JVP) and matrix-free operators.
 
-For ``f: (n, d) -> (n, d)`` (:func:`blockcoupling.engine.capture.residual_branch`) the Jacobian block
+For ``f: (n, d) -> (n, d)`` (`blockcoupling.engine.capture.residual_branch`) the Jacobian block
 ``J_{t1 t2} = d f(x)_{t2} / d x_{t1}`` is a (d, d) matrix with rows = output coordinates
 (token t2) and columns = input coordinates (token t1) (DEFINITIONS.md "Block Jacobians").
 
-* :func:`jacobian_blocks` -- reverse mode. One forward pass (``torch.func.vjp``), then the
+* `jacobian_blocks` -- reverse mode. One forward pass (``torch.func.vjp``), then the
   vjp function is applied under ``vmap`` to one-hot cotangents: the cotangent ``e_{t2, a}``
   gives row ``a`` of ``J_{t1 t2}`` for *every* input token t1 at once.
-* :func:`jacobian_blocks_jvp` -- forward mode. ``torch.func.jvp`` under ``vmap`` with
+* `jacobian_blocks_jvp` -- forward mode. ``torch.func.jvp`` under ``vmap`` with
   one-hot tangents: the tangent ``e_{t1, b}`` gives column ``b`` of ``J_{t1 t2}`` for every
   output token t2 at once (used for ``fixed_input`` coupling).
-* :class:`JacobianOperator` -- matrix-free ``J_{t_in t_out}``: ``matmat`` by batched JVP,
+* `JacobianOperator` -- matrix-free ``J_{t_in t_out}``: ``matmat`` by batched JVP,
   ``rmatmat`` by batched VJP (forward pass done once, vjp function reused).
 
 Cotangent / tangent batches are chunked to a memory budget (``chunk_size`` or a default from
-:data:`DEFAULT_MEMORY_BYTES`). Every call runs in :func:`blockcoupling.engine.capture.replay_context`
+`DEFAULT_MEMORY_BYTES`). Every call runs in `blockcoupling.engine.capture.replay_context`
 (SDPA math backend) so that forward-mode AD and vmap work for every attention layer, and
 under ``torch.no_grad`` so that no graph towards the model's parameters is recorded.
 """
@@ -196,7 +196,7 @@ def jacobian_blocks_jvp(
 ) -> Tensor:
     """Dense Jacobian blocks by batched JVPs (forward mode).
 
-    Same layout as :func:`jacobian_blocks`: (len(out_tokens), len(in_tokens), d, d), rows =
+    Same layout as `jacobian_blocks`: (len(out_tokens), len(in_tokens), d, d), rows =
     output coordinates. ``out_tokens=None`` means every position. The len(in_tokens) * d
     one-hot tangents go through ``vmap(jvp)`` in chunks; each yields a column for every
     output token at once.

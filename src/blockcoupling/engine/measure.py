@@ -12,7 +12,7 @@ layer by layer, the Jacobians that the requested coupling kinds need:
   Jacobian), giving the K x K coupling matrices of both orientations at once; every variant
   and every K <= K_max then comes from those matrices (the top-K subspaces are nested).
 
-Every prompt yields one :class:`Measurement` part (``iter_measure``), which is what the run
+Every prompt yields one [`Measurement`][blockcoupling.engine.results.Measurement] part (``iter_measure``), which is what the run
 store writes atomically; ``measure`` concatenates them.
 """
 
@@ -55,6 +55,7 @@ from blockcoupling.engine.results import Measurement, conform
 from blockcoupling.engine.state import preserved
 from blockcoupling.engine.wrappers import as_module, unwrap_model
 from blockcoupling.errors import NumericalError
+from blockcoupling.verbosity import grouped_layer_warnings
 
 Key = pairs.Key
 
@@ -190,6 +191,10 @@ class _PromptRun:
         return tbs
 
     def pass1(self) -> None:
+        with grouped_layer_warnings():  # a fallback said once for its layers, not per layer
+            self._pass1()
+
+    def _pass1(self) -> None:
         from blockcoupling.progress import bar
 
         want_influence = self.cfg.influence
@@ -420,13 +425,13 @@ def iter_measure(model: torch.nn.Module, tokenizer: Any, prompts: Any, config: M
                  *, skip: frozenset[str] | set[str] = frozenset(), progress: bool = True,
                  on_event: EventCallback | None = None,
                  spec: BlockSpec | None = None) -> Iterator[Measurement]:
-    """Yield one :class:`Measurement` part per prompt (for incremental, resumable stores).
+    """Yield one [`Measurement`][blockcoupling.engine.results.Measurement] part per prompt (for incremental, resumable stores).
 
     The model is measured in eval mode (dropout off); its training flags, attention
     implementation, ``requires_grad`` flags and every global RNG state are restored when the
-    iterator is exhausted, closed or raises (:func:`blockcoupling.engine.state.preserved`).
+    iterator is exhausted, closed or raises (`blockcoupling.engine.state.preserved`).
     ``model`` may be a wrapper (engine/wrappers.py); ``spec`` a spec already found by
-    :func:`blockcoupling.engine.causality.model_spec` (else found here, its causality from
+    `blockcoupling.engine.causality.model_spec` (else found here, its causality from
     the first capture where no config says it).
     """
     model = as_module(model)
@@ -594,14 +599,14 @@ def measure(model: torch.nn.Module, tokenizer: Any = None, prompts: Any = (), *,
             **options: Any) -> Measurement:
     """Measure block coupling, trajectories, spectra and influence of ``model`` on ``prompts``.
 
-    ``prompts`` are strings (tokenized with ``tokenizer``), :class:`Prompt` objects, or a dict
+    ``prompts`` are strings (tokenized with ``tokenizer``), [`Prompt`][blockcoupling.prompts.prompt.Prompt] objects, or a dict
     of ready model inputs (e.g. ``{"pixel_values": images}`` for a ViT). Every other keyword is
-    a :class:`MeasureConfig` field (``layers="9..16"``, ``variants=...``, ``final_norm=True``,
+    a [`MeasureConfig`][blockcoupling.engine.config.MeasureConfig] field (``layers="9..16"``, ``variants=...``, ``final_norm=True``,
     ``method="matrix_free"``, ``influence=True``, ...). ``dtype`` is the precision of the
     analysis, not of the model: each analysed block is copied to it. ``on_event`` receives a
-    :class:`blockcoupling.engine.events.MeasureEvent` per finished piece of work (per-batch
+    [`blockcoupling.engine.events.MeasureEvent`][blockcoupling.engine.events.MeasureEvent] per finished piece of work (per-batch
     capture, per-prompt and per-layer Jacobians, SVDs, coupling and tables, with timings).
-    The options left out take their :class:`MeasureConfig` defaults (depth-wise coupling,
+    The options left out take their [`MeasureConfig`][blockcoupling.engine.config.MeasureConfig] defaults (depth-wise coupling,
     K = 10, 30, 50, ``tokens="auto"``, p = 1, float32) or, with ``config``, that config's
     values; every option given is applied on top of ``config`` (the rule of every entry
     point: ``measure_to_dir`` and the monitor alike).

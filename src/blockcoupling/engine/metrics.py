@@ -97,7 +97,7 @@ def reported_p(variant: str, p: float | int | str | None = None) -> float | None
     """The ``p`` that goes into the ``p`` column of the coupling table for ``variant``.
 
     ``coupling`` and ``miscoupling`` use the chosen p (default 1); the others have the fixed
-    p of :data:`FIXED_P`: ``released_norm`` always 2; ``released_trace``, ``offdiag_ratio``,
+    p of `FIXED_P`: ``released_norm`` always 2; ``released_trace``, ``offdiag_ratio``,
     ``coupling_vs_null`` and ``coupling_vs_rotated`` (which do not depend on p) none (an empty
     cell).
     """
@@ -302,14 +302,14 @@ def all_coupling_values(
     """Every requested (variant, p, k) at once, vectorised over all leading dimensions.
 
     A (..., K_max, K_max), s1 (..., >= K_max). Returns ``{(variant, p, k): values (...,)}``
-    where ``p`` is the *reported* p (:func:`reported_p`): each p in ``ps`` for ``coupling`` and
+    where ``p`` is the *reported* p (`reported_p`): each p in ``ps`` for ``coupling`` and
     ``miscoupling``; 2 for ``released_norm``; None for the others (those get one entry
     whatever ``ps`` holds). Entries come variant by variant in the order of ``variants``,
     then p, then k. Each variant is its record's formula (``engine/variants.py``); the pieces
     several share (the squared Frobenius norms of every leading k x k block, from one 2-D
     cumulative sum) are computed once, so the cost does not grow with the number of k
     values. A variant whose inputs are not given (``fro2``, ``d``, ``trace``, ``trace2``,
-    ``overlap``: :class:`~blockcoupling.engine.variants.Parts`) raises, naming them (a
+    ``overlap``: `blockcoupling.engine.variants.Parts`) raises, naming them (a
     request is never dropped).
     """
     variants = tuple(variants)
@@ -340,7 +340,7 @@ def all_coupling_values(
 def variant_p_pairs(
     variants: Sequence[str], ps: Iterable[float | int | str] = (1,)
 ) -> list[tuple[str, float | None]]:
-    """The (variant, reported p) combinations :func:`all_coupling_values` produces, in order."""
+    """The (variant, reported p) combinations `all_coupling_values` produces, in order."""
     pset = tuple(dict.fromkeys(_norm_p(p) for p in ps)) or (1.0,)
     pairs: list[tuple[str, float | None]] = []
     for v in variants:

@@ -1,6 +1,6 @@
 """Removing the output LayerNorm's directions from a post-LN block's Jacobian.
 
-Option ``remove_norm_directions`` of :class:`blockcoupling.engine.config.MeasureConfig`; the
+Option ``remove_norm_directions`` of [`blockcoupling.engine.config.MeasureConfig`][blockcoupling.engine.config.MeasureConfig]; the
 derivation is in docs/conventions.md ("Post-LN blocks"). In short: a block whose output is a
 LayerNorm, ``F(X)_t = LN(z_t)`` with ``LN(z) = g * zhat + b`` and ``zhat = (z - mean z) / sigma``,
 has ``dF_t/d(anything) = diag(g) / sigma (I - 1 1^T / d - zhat zhat^T / d) (...)``, so every
@@ -21,7 +21,7 @@ Jacobians ``J_{t1 t2}`` (t1 != t2) have no identity, their rows in ``N_{t2}`` ar
 and the projection leaves them unchanged. Only the output side is projected; the input side
 of ``dF_t`` is not a LayerNorm output and is left alone.
 
-Everything here is pure tensor code; :mod:`blockcoupling.engine.measure` applies it to the
+Everything here is pure tensor code; `blockcoupling.engine.measure` applies it to the
 dense Jacobians and the matrix-free operators before their SVD.
 """
 
@@ -106,7 +106,7 @@ def project_rows(J: Tensor, N: Tensor) -> Tensor:
 
 
 class ProjectedOperator:
-    """``Q_N J`` for a matrix-free operator J (``matmat``/``rmatmat``, see :mod:`.svd`)."""
+    """``Q_N J`` for a matrix-free operator J (``matmat``/``rmatmat``, see `svd`)."""
 
     def __init__(self, op: LinearOperator, N: Tensor) -> None:
         self.op = op
@@ -146,7 +146,7 @@ def output_layernorm(block: nn.Module) -> nn.LayerNorm | None:
 
     For a post-LN block (BERT, RoBERTa, original Transformer) it is the norm that produces the
     block's output; whether it really does is checked on the data with
-    :func:`is_layernorm_output`.
+    `is_layernorm_output`.
     """
     last = None
     for module in block.modules():
@@ -162,8 +162,8 @@ def block_null_bases(model: nn.Module, cap: Any, layer: int, prompt: int, *,
 
     The output norm is the folded final norm for the last block of a ``final_norm`` capture,
     else the block's last ``nn.LayerNorm``; the recorded output must be that norm's output at
-    every real token (:func:`is_layernorm_output`), otherwise the block is not post-LN and this
-    raises :class:`BlockCouplingError`. ``cap`` is a :class:`~blockcoupling.engine.capture.Capture`.
+    every real token (`is_layernorm_output`), otherwise the block is not post-LN and this
+    raises [`BlockCouplingError`][blockcoupling.errors.BlockCouplingError]. ``cap`` is a `Capture`.
     """
     from blockcoupling.engine.blocks import get_blocks, get_module
     from blockcoupling.engine.offload import materialize  # offloaded weights: a loaded copy

@@ -5,12 +5,12 @@ A model loaded with ``device_map="auto"`` (or ``dispatch_model``) carries accele
 (``AlignDevicesHook``): a block whose weights are offloaded to the CPU or to disk holds them on
 the ``meta`` device and its hook loads them for each forward call only. The forward pass that
 records the blocks' calls (``capture``) runs through those hooks unchanged. To replay and
-differentiate one block, :func:`materialize` returns a *hook-free copy* of that block with its
+differentiate one block, `materialize` returns a *hook-free copy* of that block with its
 weights loaded (from the hook's weights map) onto its execution device: the model itself is
 never changed, and only one block's weights are ever materialised at once.
 
 A quantized block (bitsandbytes ``Linear4bit`` / ``Linear8bitLt``, torchao tensor subclasses) is
-dequantized in that copy (:func:`dequantized`): every quantized linear layer becomes a plain
+dequantized in that copy (`dequantized`): every quantized linear layer becomes a plain
 ``nn.Linear`` holding its dequantized weight, so the analysis runs in its own dtype on exactly
 the function the quantized model computes (up to the rounding of the dequantized product).
 """

@@ -26,7 +26,7 @@ CLS_ARCHS: frozenset[str] = frozenset({
 
 
 def cls_position(arch: str, causal: bool) -> int | None:
-    """Position of the model's [CLS] token (0 for :data:`CLS_ARCHS` encoders), else None."""
+    """Position of the model's [CLS] token (0 for `CLS_ARCHS` encoders), else None."""
     return 0 if (not causal and arch in CLS_ARCHS) else None
 
 
@@ -34,7 +34,7 @@ def resolve_tokens(spec: str | Sequence[int], n: int, *, cls: int | None = None)
     """Positions selected by ``tokens`` in a prompt of ``n`` real tokens (negative = from end).
 
     ``"auto"`` is ``"cls"`` where the model has a [CLS] token (``cls``, see
-    :func:`cls_position`) and ``"last"`` otherwise."""
+    `cls_position`) and ``"last"`` otherwise."""
     if n < 1:
         raise BlockCouplingError("a prompt has no tokens; remove empty prompts")
     if spec == "auto":

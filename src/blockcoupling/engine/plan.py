@@ -1,9 +1,9 @@
 """The measurement plan: what a ``measure`` call will compute, counted before any Jacobian.
 
-:func:`prompt_work` is the one rule for a prompt's work (its selected tokens, the pairs of every
+`prompt_work` is the one rule for a prompt's work (its selected tokens, the pairs of every
 coupling kind, the Jacobians those pairs, the spectra and the influence need); the engine's
-per-prompt loop runs exactly that work, and :func:`plan_measure` adds it up over the prompts
-into a :class:`MeasurePlan` with an estimate of time and memory. ``blockcoupling measure
+per-prompt loop runs exactly that work, and `plan_measure` adds it up over the prompts
+into a `MeasurePlan` with an estimate of time and memory. ``blockcoupling measure
 --dry-run`` prints it and writes nothing.
 
 The time estimate is a stated model, not a measurement: each dense Jacobian J^l_{t1 t2} costs

@@ -1,4 +1,4 @@
-"""Measurement: the result of :func:`blockcoupling.engine.measure` and of :func:`open_run`.
+"""Measurement: the result of `blockcoupling.engine.measure` and of [`open_run`][blockcoupling.store.reader.open_run].
 
 Long ("tidy") tables, one value per row, with the column names of DEFINITIONS.md ("Result
 tables"). Layers are 1-based (layer l = block l; layer 0 in ``trajectory`` is the input of
@@ -244,7 +244,7 @@ class Measurement:
         K with ``mean, se, ci_low, ci_high, n_prompts, k, d_model, chance, replication,
         rule`` (``se`` and the interval are within this model: over prompts). ``variants``
         None: the headline variants this run measured (``engine.statistic``);
-        ``tokens=None``: the run's own rule (:attr:`headline_tokens`)."""
+        ``tokens=None``: the run's own rule (`headline_tokens`)."""
         return statistic_table(self.coupling, variants=variants, k=k, p=p,
                                orientation=orientation, tokens=tokens or self.headline_tokens,
                                diagonal=diagonal,
@@ -276,9 +276,9 @@ class Measurement:
                             tokens: str | None = None, diagonal: bool = False) -> float:
         """The run's mean depth-wise ``variant`` by the one rule of ``engine.statistic``
         (mean over prompts of the per-prompt mean over layer pairs l != l', at each prompt's
-        token of the run's rule (:attr:`headline_tokens`, the last measured one unless the
+        token of the run's rule (`headline_tokens`, the last measured one unless the
         run states another) unless ``tokens`` says; ``diagonal=True`` includes l = l').
-        :meth:`coupling_statistic` gives it with its standard error and chance level."""
+        `coupling_statistic` gives it with its standard error and chance level."""
         row = self.coupling_statistic(variants=(variant,), k=k, p=p, orientation=orientation,
                                       tokens=tokens, diagonal=diagonal, n_boot=0)
         return float(row["mean"].iloc[0])

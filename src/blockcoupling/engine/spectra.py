@@ -1,9 +1,9 @@
 """Spectra and influence (``DEFINITIONS.md``, "Spectra and influence").
 
-- :func:`influence_metrics`: scalar summaries of a Jacobian's singular values (cross-token
+- `influence_metrics`: scalar summaries of a Jacobian's singular values (cross-token
   influence of the released code).
-- :func:`fit_inverse_depth`: least-squares fit of top singular values against 1/depth.
-- :func:`linearisation_cosine`: how well the product of linearised blocks predicts x^L.
+- `fit_inverse_depth`: least-squares fit of top singular values against 1/depth.
+- `linearisation_cosine`: how well the product of linearised blocks predicts x^L.
 """
 
 from __future__ import annotations

@@ -34,7 +34,7 @@ its top-K singular values, ||J1||_F and d), so it is recovered from the stored v
 diagonal rows too (where c = v = 1 up to rounding and the ratio is noise).
 
 **Seeds.** Where runs of one configuration differ only by their seed, the runs are the unit
-of replication: :func:`seed_level` averages the runs' values (one per run) and gives the
+of replication: `seed_level` averages the runs' values (one per run) and gives the
 between-run ``se`` and t interval (n_runs - 1 degrees of freedom), with the prompts'
 within-model se beside it (``within_se``); ``replication`` names the unit of every row.
 """
@@ -402,11 +402,11 @@ def statistic_table(coupling: pd.DataFrame, *, variants: Sequence[str] | None = 
                     ) -> pd.DataFrame:
     """One model's statistic: one row per requested variant and K (``STATISTIC_COLUMNS``).
 
-    ``variants``: None = the headline variants (:data:`HEADLINE_VARIANTS`) the table has
+    ``variants``: None = the headline variants (`HEADLINE_VARIANTS`) the table has
     depth-wise rows of (all of them where it has none, so the error names what to measure);
     a name or a list: exactly those. ``k``: None (each variant's smallest measured K),
     ``"d/10"`` (needs ``d_model``), an int or a list of ints. Raises
-    :class:`BlockCouplingError` naming what to measure when the table lacks the rows the rule
+    `BlockCouplingError` naming what to measure when the table lacks the rows the rule
     needs."""
     if variants is None:
         variants = measured_headline_variants(coupling)
@@ -511,7 +511,7 @@ def _pm(mean: float, se: float) -> str:
 
 def lead_variant(measured: Sequence[str]) -> str | None:
     """The variant that leads a headline among ``measured``: the first of
-    :data:`LEAD_VARIANTS` there (None where no chance-corrected variant was measured)."""
+    `LEAD_VARIANTS` there (None where no chance-corrected variant was measured)."""
     return next((v for v in LEAD_VARIANTS if v in measured), None)
 
 
@@ -529,7 +529,7 @@ HEADLINE_TOKENS_KEY = "headline_tokens"
 
 def headline_tokens(record: Mapping[str, Any] | None) -> str:
     """The token rule of the headline of a run (its ``meta``) or a collection (its manifest):
-    the rule it states under :data:`HEADLINE_TOKENS_KEY`, else ``"last"`` (the paper's)."""
+    the rule it states under `HEADLINE_TOKENS_KEY`, else ``"last"`` (the paper's)."""
     tokens = str((record or {}).get(HEADLINE_TOKENS_KEY) or "last")
     if tokens not in TOKEN_RULES:
         raise BlockCouplingError(f"the stated headline token rule {tokens!r} is not one of "
@@ -539,7 +539,7 @@ def headline_tokens(record: Mapping[str, Any] | None) -> str:
 
 def headline_rule(variants: Sequence[str] = HEADLINE_VARIANTS, k: int | None = None,
                   tokens: str = "last") -> str:
-    """The rule of :func:`headline` lines (no interval is printed there), for the one
+    """The rule of `headline` lines (no interval is printed there), for the one
     ``(rule: ...)`` line under them; ``k=None``: "K as on each line"; ``tokens``: the token
     rule the lines used."""
     rule = StatisticRule(variant=variants[0], n_boot=0, tokens=tokens)
@@ -575,7 +575,7 @@ def headline(table: pd.DataFrame) -> str:
 
 
 def headline_wide(row: Any, n_prompts: int | None = None) -> str:
-    """:func:`headline` of one row of a wide summary (``<variant>_mean``, ``_se``,
+    """`headline` of one row of a wide summary (``<variant>_mean``, ``_se``,
     ``coupling_chance``, ``k``, ``n_prompts``; e.g. ``Sweep.summary()``)."""
     rows = []
     for v in HEADLINE_VARIANTS:

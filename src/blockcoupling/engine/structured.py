@@ -1,6 +1,6 @@
 """Dense ``J^l_tt`` of known decoder blocks by a few GEMMs (the block's structure, no autodiff).
 
-The decode step at token t (:mod:`blockcoupling.engine.fastpath`) maps ``x = x_t`` to the
+The decode step at token t (`blockcoupling.engine.fastpath`) maps ``x = x_t`` to the
 block output at t with the keys and values of tokens ``0..t-1`` fixed. For the pre-norm
 blocks below its Jacobian is, by the chain rule (column convention, ``J = dy/dx``):
 
@@ -57,7 +57,7 @@ _RMS_NORMS = ("LlamaRMSNorm", "MistralRMSNorm", "Qwen2RMSNorm")  # w * x / rms(x
 
 
 def supports(block: nn.Module) -> bool:
-    """Whether :func:`decode_step_jacobian` knows this block type."""
+    """Whether `decode_step_jacobian` knows this block type."""
     return type(block).__name__ in _SUPPORTED
 
 

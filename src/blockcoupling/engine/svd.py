@@ -32,8 +32,8 @@ class TopK:
     U (..., d, K) left singular vectors; S (..., K) singular values, descending;
     V (..., d, K) right singular vectors; residual (...,) ``max_i ||J v_i - s_i u_i|| / s_1``
     (None for the exact SVD); fro2 (...,) ``||J||_F^2``, trace (...,) ``tr(J)`` and trace2
-    (...,) ``tr(J^2)`` (exact for :func:`topk_svd` of a square J, unbiased Gaussian
-    (Hutchinson) estimates from the sketch's vectors for :func:`randomized_topk_svd`; None
+    (...,) ``tr(J^2)`` (exact for `topk_svd` of a square J, unbiased Gaussian
+    (Hutchinson) estimates from the sketch's vectors for `randomized_topk_svd`; None
     where not computed); n_iter the number of subspace iterations used (None for exact).
     """
 
@@ -102,9 +102,9 @@ _GRAM_ORTH_TOL: float = 1e-6
 #: Rows of J converted to float64 at a time: no float64 copy of the whole J is held.
 _GRAM_ROWS: int = 256
 #: Eigenvectors of the float32 Gram kept beyond k for the float64 Rayleigh-Ritz step of
-#: :func:`_topk_gram_mixed` (the near-degenerate neighbours of s_k).
+#: `_topk_gram_mixed` (the near-degenerate neighbours of s_k).
 _GRAM_WINDOW: int = 16
-#: The backward error :func:`_topk_gram_mixed` accepts, in float32 epsilons of s_1 s_k.
+#: The backward error `_topk_gram_mixed` accepts, in float32 epsilons of s_1 s_k.
 _GRAM_BACKWARD_ULPS: float = 32.0
 
 
@@ -141,8 +141,8 @@ def one_blas_thread() -> contextlib.AbstractContextManager[Any]:
 
 def _topk_gram(J: Tensor, k: int) -> tuple[Tensor, Tensor, Tensor] | None:
     """Top-k SVD of a CPU float32 matrix J (m, n) from the top-k eigenpairs of its Gram matrix
-    ``J^T J``: the mixed-precision route (:func:`_topk_gram_mixed`) where its certificate holds,
-    else the float64 one (:func:`_topk_gram_f64`). None where neither is accurate (then the
+    ``J^T J``: the mixed-precision route (`_topk_gram_mixed`) where its certificate holds,
+    else the float64 one (`_topk_gram_f64`). None where neither is accurate (then the
     caller uses the full SVD)."""
     got = _topk_gram_mixed(J, k)
     return got if got is not None else _topk_gram_f64(J, k)
@@ -253,9 +253,9 @@ def topk_svd(J: Tensor, k: int) -> TopK:
     Returns U (..., m, k), S (..., k), V (..., n, k), fro2 = ||J||_F^2 (...,) exactly,
     residual None; for a square J also ``trace = tr(J)`` and ``trace2 = tr(J^2)`` (...,)
     exactly (``sum_ij J_ij J_ji``: O(d^2), no product), for the rotated-basis null. A single float32 CPU matrix with ``4 k <= min(m, n)`` goes the Gram route
-    (:func:`_topk_gram`: float64 ``J^T J`` and its top-k eigenpairs, where accurate);
-    everything else ``torch.linalg.svd``. Raises :class:`BlockCouplingError` if
-    k > min(m, n) and :class:`NumericalError` if J holds NaN or infinity.
+    (`_topk_gram`: float64 ``J^T J`` and its top-k eigenpairs, where accurate);
+    everything else ``torch.linalg.svd``. Raises `BlockCouplingError` if
+    k > min(m, n) and `NumericalError` if J holds NaN or infinity.
     """
     if J.ndim < 2:
         raise BlockCouplingError(f"topk_svd needs a matrix (..., m, n), got shape {tuple(J.shape)}")

@@ -1,8 +1,8 @@
-"""Table building: the engine's numbers -> the long tables of :mod:`results` (DEFINITIONS.md).
+"""Table building: the engine's numbers -> the long tables of `results` (DEFINITIONS.md).
 
 Pure functions of what the orchestration (``measure.py``) computed: the coupling rows from the
 coupling matrices and the measured Jacobians' singular values (every variant, p and K through
-:func:`metrics.all_coupling_values`), the K x K matrices kept for the figures, and the
+`metrics.all_coupling_values`), the K x K matrices kept for the figures, and the
 trajectory / token-metric tables of a captured batch. No model access, no Jacobians.
 """
 

@@ -93,10 +93,10 @@ def windowed_lss(X: Tensor, width: int = 11) -> Tensor:
 
     For layer l (0..L) the window is layers ``max(0, l - h) .. min(L, l + h)`` with
     ``h = (width - 1) // 2`` (``width`` must be odd and >= 1), i.e. clipped at the ends
-    (so end windows are shorter, not shifted). The value is :func:`line_shape_score` of that
+    (so end windows are shorter, not shifted). The value is `line_shape_score` of that
     sub-trajectory, whose number of steps is the window length minus one. NaN where the window
     has fewer than 2 layers (only when width = 1 or L = 0) or all its steps are zero; the
-    same zero-step rule as :func:`line_shape_score` applies.
+    same zero-step rule as `line_shape_score` applies.
     """
     _check_X(X)
     if int(width) < 1 or int(width) % 2 == 0:
@@ -116,7 +116,7 @@ def windowed_lss(X: Tensor, width: int = 11) -> Tensor:
 
 
 def line_shape_scores(X: Tensor, width: int = 11) -> tuple[Tensor, Tensor]:
-    """:func:`line_shape_score` and :func:`windowed_lss` together, sharing one computation of
+    """`line_shape_score` and `windowed_lss` together, sharing one computation of
     the unit steps: (L+1, n, d) -> ((n,), (L+1, n))."""
     _check_X(X, 2)
     if int(width) < 1 or int(width) % 2 == 0:

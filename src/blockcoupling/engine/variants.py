@@ -1,20 +1,20 @@
-"""Coupling variants, each declared once: one :class:`Variant` record per variant.
+"""Coupling variants, each declared once: one `Variant` record per variant.
 
 A record holds everything the package knows about a variant: its ``name`` (the ``variant``
-column), its ``formula`` (a function of :class:`Parts`, the coupling matrices and what else
+column), its ``formula`` (a function of `Parts`, the coupling matrices and what else
 the variant needs), its direction (``higher_is_coupled``), its ``p`` rule, its schema entry
 (``meaning``, ``unit``), the null it is measured against (``null``; 0 at that null) and
 whether it enters a config's identity hash (``hashed``). ``engine/names.py`` (the name lists),
 ``engine/metrics.py`` (``coupling_values`` / ``all_coupling_values``),
 ``report/summaries/common.py`` (``HIGHER_IS_COUPLED``) and ``store/schema.py`` (the
-``variants`` entry of every table's schema) are built from :data:`REGISTRY`;
+``variants`` entry of every table's schema) are built from `REGISTRY`;
 ``tests/test_variants.py`` fails when a variant is declared in part.
 
 **Adding a variant** (docs/DESIGN.md, "Recipe: a coupling variant"): write its formula
 (a function ``(parts, p) -> (..., n_k)`` over every requested K at once) and one
-``Variant(...)`` entry in :data:`REGISTRY` here, with ``hashed=False`` (every earlier config
+``Variant(...)`` entry in `REGISTRY` here, with ``hashed=False`` (every earlier config
 identity stays where it was); a quantity the engine does not yet provide is one more field
-of :class:`Parts` (and of ``metrics.all_coupling_values``), filled in ``engine/tables.py``;
+of `Parts` (and of ``metrics.all_coupling_values``), filled in ``engine/tables.py``;
 its definition goes into docs/conventions.md; its test checks it against a float64 oracle.
 
 Notation (``DEFINITIONS.md``): J1 (d x d) the measured Jacobian with top-K singular values

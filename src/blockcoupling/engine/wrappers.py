@@ -3,10 +3,10 @@
 Researchers hold their models in wrappers: nnsight's ``LanguageModel`` (an ``Envoy``, not an
 ``nn.Module``; the HuggingFace model is its ``_module``), TransformerLens 4's
 ``TransformerBridge`` (the HuggingFace model is its ``original_model``), PEFT's ``PeftModel``
-(``get_base_model()``: the model with its adapter layers in place). :func:`unwrap_model` is
+(``get_base_model()``: the model with its adapter layers in place). `unwrap_model` is
 the one place that knows them: every entry point of the engine (``find_blocks``,
 ``measure``, ``iter_measure``, ``build_meta``, ``measure_to_dir``) measures the module it
-returns, and ``build_meta`` records :attr:`Unwrapped.meta` (what was unwrapped and how).
+returns, and ``build_meta`` records `Unwrapped.meta` (what was unwrapped and how).
 
 A TransformerBridge whose weights were processed (``enable_compatibility_mode()`` with its
 default processing, or ``process_weights()``) is refused, as TransformerLens's JacobianLens
@@ -23,12 +23,12 @@ merged (``merge_and_unload()``) is a plain model.
 
 TransformerLens's ``HookedTransformer`` is itself an ``nn.Module``: its blocks, width and
 causality come from its ``cfg`` (engine/blocks.py) and its input name (``input``) from
-:func:`forward_inputs`. TransformerLens's default weight processing (``fold_ln``,
+`forward_inputs`. TransformerLens's default weight processing (``fold_ln``,
 ``center_writing_weights``) changes the residual stream the blocks see, so coupling differs
-from the original model's: :func:`unwrap_model` warns where it finds it applied and records
+from the original model's: `unwrap_model` warns where it finds it applied and records
 it in ``meta["weights_processed"]``.
 
-:func:`forward_inputs` passes ready-made inputs under the forward's own argument names (a
+`forward_inputs` passes ready-made inputs under the forward's own argument names (a
 module whose ``forward(tokens)`` or ``forward(input)`` takes the token ids gets them there).
 """
 
@@ -132,7 +132,7 @@ def _lazy(model: nn.Module, meta: dict[str, Any]) -> None:
 def unwrap_model(model: Any) -> Unwrapped:
     """The ``nn.Module`` to measure inside ``model`` (``model`` itself if it is one already),
     with what was unwrapped and, for a TransformerLens model, the weight processing found
-    (warned about). Raises :class:`ArchitectureError` for an object that is no module and no
+    (warned about). Raises [`ArchitectureError`][blockcoupling.errors.ArchitectureError] for an object that is no module and no
     known wrapper."""
     module, meta = _unwrap(model)
     _lazy(module, meta)

@@ -1,6 +1,6 @@
 """Prompt files: ``.txt`` (one prompt per line), ``.jsonl`` and ``.csv`` (a ``text`` column or the
 one named), with ids and labels from the file where it has them (see
-:mod:`blockcoupling.prompts.sources`)."""
+`blockcoupling.prompts.sources`)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""One prompt (:class:`Prompt`: id, text, label), the checks every loaded set passes, and the
+"""One prompt ([`Prompt`][blockcoupling.prompts.prompt.Prompt]: id, text, label), the checks every loaded set passes, and the
 prompts table of a run."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """The paper's prompt protocol: 200 seeded prompts from each of the six Open LLM Leaderboard
-benchmarks (1,200 in all), through the ``hf:`` loaders of :mod:`blockcoupling.prompts.sources`.
+benchmarks (1,200 in all), through the ``hf:`` loaders of `blockcoupling.prompts.sources`.
 This module only plans (which ``hf:`` source, how many prompts each); ``load_prompts`` loads
 the plan, so the protocol sits below the loaders and imports none of them.
 

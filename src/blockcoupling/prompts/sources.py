@@ -1,10 +1,10 @@
 """Prompt sets: built-in sets, prompt files and benchmark datasets (``hf:``).
 
-Every measurement runs over a list of :class:`Prompt` (a stable id, the text, a style label).
-:func:`load_prompts` turns one *spec* string (the CLI's ``--prompts``) into that list:
+Every measurement runs over a list of [`Prompt`][blockcoupling.prompts.prompt.Prompt] (a stable id, the text, a style label).
+[`load_prompts`][blockcoupling.prompts.sources.load_prompts] turns one *spec* string (the CLI's ``--prompts``) into that list:
 
 ``builtin:NAME``
-    A set shipped with the package (see :data:`BUILTIN_SETS`). ``builtin:capital`` is the
+    A set shipped with the package (see [`BUILTIN_SETS`][blockcoupling.prompts.builtin.BUILTIN_SETS]). ``builtin:capital`` is the
     paper's single prompt used for the depth-wise figures; ``builtin:benchmark_styles`` holds
     300 original prompts written for this project (50 per style) in the styles of the six
     benchmarks the paper measures (ARC, GSM8K, HellaSwag, MMLU, TruthfulQA, Winogrande);
@@ -23,7 +23,7 @@ a file path
     A benchmark from the HuggingFace hub, formatted as the Open LLM Leaderboard
     (lm-evaluation-harness) prompts the model, zero-shot. Default splits: the test split
     where it has labels (ARC, GSM8K, MMLU), else validation (HellaSwag, TruthfulQA,
-    Winogrande); see :data:`HF_DATASETS`. ``@LOCAL_FILE`` reads a ``.jsonl``/``.json``/
+    Winogrande); see `HF_DATASETS`. ``@LOCAL_FILE`` reads a ``.jsonl``/``.json``/
     ``.parquet`` file holding rows in the hub dataset's format instead (offline use); it needs
     no ``datasets`` install (pandas reads it when ``datasets`` is missing). Ids are
     ``<dataset>-<row index:04d>`` (row index in the split, so an id does not depend on
@@ -31,7 +31,7 @@ a file path
 
 ``protocol:paper[@DIR]``
     The paper's 1,200 prompts: 200 seeded prompts from each of the six ``hf:`` benchmarks
-    (from the hub, or from a folder of local row files); see :mod:`blockcoupling.prompts.protocol`.
+    (from the hub, or from a folder of local row files); see `blockcoupling.prompts.protocol`.
 
 ``limit`` always takes a seeded random subset (``random.Random(seed)``), returned in the
 set's original order; ``limit`` >= the set size returns the whole set. For built-in sets
@@ -39,8 +39,8 @@ the subset is *stratified* by label (the styles get ``limit // n_styles`` prompt
 the remaining ``limit % n_styles`` go to randomly chosen styles), for files and ``hf:``
 sets it is a plain uniform subset without replacement.
 
-One module per source: :mod:`.builtin`, :mod:`.files`, :mod:`.benchmarks` (``hf:``) and
-:mod:`.protocol`; :mod:`.prompt` (the type and its checks) and :mod:`.subsets` below them.
+One module per source: `builtin`, `files`, `benchmarks` (``hf:``) and
+`protocol`; `prompt` (the type and its checks) and `subsets` below them.
 Their public names are re-exported here.
 """
 
@@ -116,7 +116,7 @@ def load_prompts(
 
     ``limit`` takes a seeded random subset in the original order (stratified by label for
     built-in sets); ``column`` names the text field of a .jsonl/.csv file; ``split``
-    overrides the default split of an ``hf:`` dataset. Raises :class:`BlockCouplingError`
+    overrides the default split of an ``hf:`` dataset. Raises [`BlockCouplingError`][blockcoupling.errors.BlockCouplingError]
     for a missing file, unknown built-in or dataset, an empty prompt text or an empty set.
     """
     check_limit(limit)

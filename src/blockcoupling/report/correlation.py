@@ -1,29 +1,31 @@
 """Figures and a self-contained HTML page for the correlation study (paper fig. 1a, 8, 9).
 
-- :func:`plot_predictors`: one panel per predictor (coupling first, then parameters, depth,
+- `plot_predictors`: one panel per predictor (coupling first, then parameters, depth,
   d_model, training tokens, log10 parameters), score against predictor, every model labelled,
   the least-squares line with its 95% confidence band for the mean (statsmodels OLS
   ``get_prediction``) and n, R^2, p in the panel title.
-- :func:`plot_exponential`: score against coupling with the linear and the exponential fit.
-- :func:`write_correlation_html`: both figures embedded as base64 PNGs, the statistic used,
-  the tables of results (overall and per group) and the models; no external resource.
+- `plot_exponential`: score against coupling with the linear and the exponential fit.
+- `write_correlation_html` and `write_chance_floor_html`: the pages, on the one
+  report template (`blockcoupling.report.page`): figures inline, the statistic used, the
+  tables of results (overall and per group, with which test gave each p-value) and the
+  models; no external resource.
 
-The page takes any :class:`CorrelationData` (the study's
-:class:`~blockcoupling.studies.correlate.CorrelationResult` is one): the report layer imports
+The page takes any `CorrelationData` (the study's
+[`CorrelationResult`][blockcoupling.studies.correlate.CorrelationResult] is one): the report layer imports
 nothing from the studies.
 """
 
 from __future__ import annotations
 
-import base64
-import html
-import io
 import math
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
+
+from blockcoupling.report.figures.base import TICK_CHARS, clip
+from blockcoupling.report.summaries import short_name
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -120,8 +122,8 @@ def _scatter(ax: Any, x: np.ndarray, y: np.ndarray, labels: Sequence[str],
                     lw=0.8, capsize=2, zorder=2)
     ax.scatter(x, y, s=18, color="C0", zorder=3)
     for xi, yi, lab in zip(x, y, labels, strict=True):
-        ax.annotate(lab, (xi, yi), xytext=(3, 3), textcoords="offset points", fontsize=6,
-                    alpha=0.85)
+        ax.annotate(clip(short_name(lab), TICK_CHARS), (xi, yi), xytext=(3, 3),
+                    textcoords="offset points", fontsize=6, alpha=0.85)
 
 
 def plot_predictors(result: CorrelationData) -> Figure:
@@ -178,126 +180,141 @@ def plot_exponential(result: CorrelationData) -> Figure:
     return fig
 
 
-def _png(fig: Figure) -> str:
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=110)
-    return base64.b64encode(buf.getvalue()).decode()
+def _ci(r: dict[str, Any]) -> str:
+    lo, hi = r["r2_ci"]
+    return "-" if not (math.isfinite(lo) and math.isfinite(hi)) else f"[{lo:.2f}, {hi:.2f}]"
+
+
+def stats_frame(block: dict[str, Any]) -> pd.DataFrame:
+    """The regressions of one block (``overall`` or a group) as a table, one row per
+    predictor: n, slope, intercept, R^2, its bootstrap interval (or '-', see the notes), p and
+    Spearman rho and p."""
+    import pandas as pd
+
+    rows = []
+    for name, r in block.get("predictors", {}).items():
+        if "skipped" in r:
+            rows.append({"predictor": PRETTY.get(name, name), "n": None, "slope": None,
+                         "intercept": None, "R²": None, "95% CI of R²": f"skipped: {r['skipped']}",
+                         "p": None, "Pearson r": None, "Spearman ρ": None, "Spearman p": None})
+            continue
+        rows.append({"predictor": PRETTY.get(name, name), "n": r["n"], "slope": r["slope"],
+                     "intercept": r["intercept"], "R²": r["r2"], "95% CI of R²": _ci(r),
+                     "p": r["p"], "Pearson r": r["r"], "Spearman ρ": r["spearman_rho"],
+                     "Spearman p": r["spearman_p"]})
+    return pd.DataFrame(rows).set_index("predictor") if rows else pd.DataFrame()
+
+
+def block_notes(block: dict[str, Any]) -> list[str]:
+    """Which test gave the p-values of a block, and why an interval is missing."""
+    stats = [r for r in block.get("predictors", {}).values() if "skipped" not in r]
+    out = sorted({f"p-values (slope and Spearman): {r['p_method']}." for r in stats
+                  if r.get("p_method")})
+    out += sorted({f"R² interval: {r['r2_ci_note']}." for r in stats if r.get("r2_ci_note")})
+    return out
+
+
+def _block_html(block: dict[str, Any]) -> str:
+    from blockcoupling.report.page import esc, notes_html, table_html
+
+    parts = [table_html(stats_frame(block)), notes_html(block_notes(block))]
+    ex = block.get("exponential", {})
+    if "a" in ex:
+        parts.append(f"<p>Exponential fit score = a·exp(b·raw c_K): a = {esc(_fmt(ex['a']))}, "
+                     f"b = {esc(_fmt(ex['b']))}, R² = {esc(_fmt(ex['r2']))} (n = {ex['n']}).</p>")
+    elif "skipped" in ex:
+        parts.append(f"<p>Exponential fit skipped: {esc(ex['skipped'])}</p>")
+    pcs = block.get("partial_correlations", [])
+    if pcs:
+        import pandas as pd
+
+        frame = pd.DataFrame([{
+            "predictor": PRETTY.get(pc["x"], pc["x"]),
+            "controlling for": " + ".join(PRETTY.get(c, c) for c in pc["controlling_for"]),
+            "n": pc.get("n"), "partial r": pc.get("r"), "p": pc.get("p"), "df": pc.get("df"),
+            "note": pc.get("skipped") or pc.get("p_method")} for pc in pcs])
+        parts.append("<h3>Partial correlations with the score</h3>"
+                     + table_html(frame, index=False))
+    fl = block.get("floor")
+    if fl is not None and "skipped" not in fl:
+        sc, rg = fl["score_on_chance"], fl["raw_given_chance"]
+        parts.append("<p>Floor: the score regressed on the measured chance level of raw c_K: "
+                     + (f"R² = {_fmt(sc['r2'])}, p = {_fmt(sc['p'])}" if "r2" in sc
+                        else esc(sc["skipped"]))
+                     + "; raw c_K given its chance level: "
+                     + (f"partial r = {_fmt(rg['r'])}, p = {_fmt(rg['p'])}" if "r" in rg
+                        else esc(rg["skipped"])) + ".</p>")
+    elif fl is not None:
+        parts.append(f"<p>Floor skipped: {esc(fl['skipped'])}</p>")
+    return "".join(parts)
 
 
 def _fmt(v: Any, digits: int = 3) -> str:
     if v is None or (isinstance(v, float) and not math.isfinite(v)):
-        return "–"
+        return "-"
     if isinstance(v, float):
         return f"{v:.{digits}g}"
-    return html.escape(str(v))
+    return str(v)
 
 
-def _stats_table(block: dict[str, Any]) -> str:
-    head = ("<tr><th>predictor</th><th>n</th><th>slope</th><th>intercept</th><th>R²</th>"
-            "<th>95% CI of R² (bootstrap)</th><th>p</th><th>Pearson r</th><th>Spearman ρ</th>"
-            "<th>Spearman p</th></tr>")
-    rows = []
-    for name, r in block.get("predictors", {}).items():
-        if "skipped" in r:
-            rows.append(f"<tr><td>{html.escape(name)}</td><td colspan=9>skipped: "
-                        f"{html.escape(r['skipped'])}</td></tr>")
-            continue
-        lo, hi = r["r2_ci"]
-        rows.append(
-            f"<tr><td>{html.escape(name)}</td><td>{r['n']}</td><td>{_fmt(r['slope'])}</td>"
-            f"<td>{_fmt(r['intercept'])}</td><td>{_fmt(r['r2'])}</td>"
-            f"<td>[{_fmt(lo, 2)}, {_fmt(hi, 2)}]</td><td>{_fmt(r['p'])}</td>"
-            f"<td>{_fmt(r['r'])}</td><td>{_fmt(r['spearman_rho'])}</td>"
-            f"<td>{_fmt(r['spearman_p'])}</td></tr>")
-    out = f"<table>{head}{''.join(rows)}</table>"
-    ex = block.get("exponential", {})
-    if "a" in ex:
-        out += (f"<p>Exponential fit score = a·exp(b·raw c_K): a = {_fmt(ex['a'])}, "
-                f"b = {_fmt(ex['b'])}, R² = {_fmt(ex['r2'])} (n = {ex['n']}).</p>")
-    elif "skipped" in ex:
-        out += f"<p>Exponential fit skipped: {html.escape(ex['skipped'])}</p>"
-    rows = []
-    for pc in block.get("partial_correlations", []):
-        given = html.escape(" + ".join(pc["controlling_for"]))
-        cells = (f"<td>{pc['n']}</td><td>{_fmt(pc['r'])}</td><td>{_fmt(pc['p'])}</td>"
-                 f"<td>{pc['df']}</td>" if "r" in pc else
-                 f"<td colspan=4>skipped: {html.escape(pc['skipped'])}</td>")
-        rows.append(f"<tr><td>{html.escape(pc['x'])}</td><td>{given}</td>{cells}</tr>")
-    if rows:
-        out += ("<p>Partial correlations with the score (statsmodels OLS):</p><table><tr>"
-                "<th>predictor</th><th>controlling for</th><th>n</th><th>partial r</th>"
-                "<th>p</th><th>df</th></tr>" + "".join(rows) + "</table>")
-    fl = block.get("floor")
-    if fl is not None and "skipped" not in fl:
-        sc, rg = fl["score_on_chance"], fl["raw_given_chance"]
-        out += ("<p>Floor: the score regressed on the measured chance level of raw c_K: "
-                + (f"R² = {_fmt(sc['r2'])}, p = {_fmt(sc['p'])}" if "r2" in sc
-                   else html.escape(sc["skipped"]))
-                + "; raw c_K given its chance level: "
-                + (f"partial r = {_fmt(rg['r'])}, p = {_fmt(rg['p'])}" if "r" in rg
-                   else html.escape(rg["skipped"])) + ".</p>")
-    elif fl is not None:
-        out += f"<p>Floor skipped: {html.escape(fl['skipped'])}</p>"
-    return out
+def write_correlation_html(result: CorrelationData, out: str | Path, *,
+                           title: str = "Coupling and generalisation",
+                           intro: str = "") -> Path:
+    """Write the correlation page (the report template of `blockcoupling.report.page`:
+    figures inline, the statistic used, the tables of results overall and per group, the
+    models) and return its path."""
+    from blockcoupling.engine.statistic import FLOOR_NOTE
+    from blockcoupling.report.page import (
+        Section,
+        esc,
+        figure_html,
+        notes_html,
+        paragraphs_html,
+        table_html,
+        write_page,
+    )
+
+    notes = getattr(result, "notes", None)
+    lead = (paragraphs_html([intro]) if intro else "") + paragraphs_html([
+        f"Coupling statistic: {result.statistic.describe()}.",
+        f"Width floor: {FLOOR_NOTE}",
+        f"Scores: {result.scores_source}. Models: {len(result.table)}. Bootstrap: "
+        f"{result.n_boot} resamples, seed {result.seed}. Statistics: scipy.stats (linregress, "
+        "spearmanr, permutation_test, bootstrap), statsmodels (OLS)."])
+    if callable(notes):
+        lead += notes_html(notes())
+    if result.excluded:
+        lead += paragraphs_html(["Excluded: " + "; ".join(
+            f"{e['label']} ({e['reason']})" for e in result.excluded)])
+    sections = []
+    for i, (name, head, make, caption) in enumerate((
+            ("predictors", "Score against each predictor", lambda: plot_predictors(result),
+             "The score against each predictor (paper fig. 1a, 9): one point per model "
+             "(labelled; horizontal bars one standard error of the statistic over prompts), "
+             "the least-squares line and its 95% confidence band of the mean (statsmodels "
+             "OLS); n, R² and p of the slope (see the notes for the test) above each panel."),
+            ("exponential", "Linear and exponential fit", lambda: plot_exponential(result),
+             "The score against raw c_K with the straight line and the fit score = "
+             "a·exp(b·c) (arXiv v1 fig. 8).")), start=1):
+        sections.append(Section(name, f"{i}. {head}",
+                                figure_html(make(), caption, title=head, number=i)))
+    sections.append(Section("all-models", "All models", _block_html(result.overall)))
+    for g, block in result.groups.items():
+        body = (f"<p>n = {block['n']}: skipped ({esc(block['skipped'])})</p>"
+                if "skipped" in block else _block_html(block))
+        sections.append(Section(f"group-{g}", f"Group {g}", body))
+    sections.append(Section("models", "Models", table_html(_models_frame(result), index=False)))
+    return write_page(Path(out), title, sections, lead=lead)
 
 
-def _models_table(result: CorrelationData) -> str:
+def _models_frame(result: CorrelationData) -> pd.DataFrame:
     cols = [c for c in ("label", "score_model", "group", "k", "n_prompts",
                         "coupling_vs_rotated_mean", "coupling_vs_rotated_se",
                         "coupling_vs_null_mean", "coupling_vs_null_se", "coupling_mean",
                         "coupling_se", "coupling_chance", "score", "params_b", "layers",
                         "d_model", "train_tokens_t")
             if c in result.table.columns]
-    head = "".join(f"<th>{html.escape(c)}</th>" for c in cols)
-    body = "".join(
-        "<tr>" + "".join(f"<td>{_fmt(row[c], 4) if isinstance(row[c], float) else _fmt(row[c])}"
-                         "</td>" for c in cols) + "</tr>"
-        for _, row in result.table[cols].astype(object).iterrows())
-    return f"<table><tr>{head}</tr>{body}</table>"
-
-
-def write_correlation_html(result: CorrelationData, out: str | Path, *,
-                           title: str = "Coupling and generalisation",
-                           intro: str = "") -> Path:
-    """Write one self-contained HTML page (figures inline) and return its path."""
-    from blockcoupling.engine.statistic import FLOOR_NOTE
-
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    figs = [("Score against each predictor (paper fig. 1a, 9)", plot_predictors(result)),
-            ("Linear and exponential fit (arXiv v1 fig. 8)", plot_exponential(result))]
-    parts = [
-        "<!doctype html><html><head><meta charset='utf-8'>",
-        f"<title>{html.escape(title)}</title><style>body{{font-family:sans-serif;max-width:"
-        "1100px;margin:auto}table{border-collapse:collapse;font-size:12px;margin:8px 0}"
-        "td,th{border:1px solid #ccc;padding:2px 6px;text-align:right}img{max-width:100%}"
-        "</style></head><body>",
-        f"<h1>{html.escape(title)}</h1>",
-        f"<p>{html.escape(intro)}</p>" if intro else "",
-        f"<p><b>Coupling statistic:</b> {html.escape(result.statistic.describe())}.<br>"
-        f"<b>Width floor:</b> {html.escape(FLOOR_NOTE)}<br>"
-        f"<b>Scores:</b> {html.escape(result.scores_source)}. <b>Models:</b> {len(result.table)}. "
-        f"Bootstrap: {result.n_boot} resamples, seed {result.seed}. Statistics: scipy.stats "
-        "(linregress, spearmanr, bootstrap), statsmodels (OLS).</p>",
-    ]
-    if result.excluded:
-        parts.append("<p>Excluded: " + "; ".join(
-            f"{html.escape(e['label'])} ({html.escape(e['reason'])})" for e in result.excluded)
-            + "</p>")
-    for caption, fig in figs:
-        parts.append(f"<figure><img alt='{html.escape(caption)}' src='data:image/png;base64,"
-                     f"{_png(fig)}'><figcaption>{html.escape(caption)}</figcaption></figure>")
-    parts.append("<h2>All models</h2>" + _stats_table(result.overall))
-    for g, block in result.groups.items():
-        if "skipped" in block:
-            parts.append(f"<h2>Group {html.escape(g)}</h2><p>n = {block['n']}: skipped "
-                         f"({html.escape(block['skipped'])})</p>")
-        else:
-            parts.append(f"<h2>Group {html.escape(g)}</h2>" + _stats_table(block))
-    parts.append("<h2>Models</h2>" + _models_table(result))
-    parts.append("</body></html>")
-    out.write_text("\n".join(parts), encoding="utf-8")
-    return out
+    return result.table[cols].astype(object).where(result.table[cols].notna(), None)
 
 
 def plot_chance_floor(result: ChanceFloorData) -> Figure:
@@ -321,8 +338,8 @@ def plot_chance_floor(result: ChanceFloorData) -> Figure:
             ax.plot(grid, fit["intercept"] + fit["slope"] * grid, color=f"C{i}", lw=1.2)
         names = sub["name"] if "name" in sub.columns else sub["model"]
         for xi, yi, lab in zip(x, y, names, strict=True):
-            ax.annotate(str(lab), (xi, yi), xytext=(3, 3), textcoords="offset points",
-                        fontsize=5.5, alpha=0.8)
+            ax.annotate(clip(short_name(str(lab)), TICK_CHARS), (xi, yi), xytext=(3, 3),
+                        textcoords="offset points", fontsize=5.5, alpha=0.8)
     ax.set_xlabel("chance level of raw c_K for a flat spectrum, 1 - sqrt(1/d + 1/K)")
     ax.set_ylabel("score")
     ax.legend(fontsize=7)
@@ -330,58 +347,59 @@ def plot_chance_floor(result: ChanceFloorData) -> Figure:
 
 
 def write_chance_floor_html(result: ChanceFloorData, out: str | Path) -> Path:
-    """One self-contained page: the floor figure, the regressions and the rows used."""
-    from blockcoupling.engine.statistic import FLOOR_NOTE
+    """The chance-floor page (the report template): the floor figure, the regressions and
+    the rows used."""
+    import pandas as pd
 
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
+    from blockcoupling.engine.statistic import FLOOR_NOTE
+    from blockcoupling.report.page import (
+        Section,
+        figure_html,
+        paragraphs_html,
+        table_html,
+        write_page,
+    )
+
     k = "K = round(d/10)" if result.k_rule == "d/10" else f"K = {result.k_rule}"
-    def side(r: dict[str, Any]) -> str:
+    def side(r: dict[str, Any]) -> dict[str, Any]:
         """The width's own fit and the fit without the family it leans on most."""
         w = r.get("width") or {}
-        width = (f"<td>{_fmt(w['r2'])}</td><td>{_fmt(w['p'])}</td>" if "r2" in w else
-                 "<td colspan=2>-</td>")
         fam = r.get("most_influential_family")
-        if not fam:
-            return width + "<td colspan=3>-</td>"
-        f = r["without_family"][fam]
-        return (width + f"<td>{html.escape(fam)} (n = {f['n']})</td><td>{_fmt(f['r2'])}</td>"
-                f"<td>{_fmt(f['p'])}</td>")
+        f = r["without_family"][fam] if fam else {}
+        return {"width R²": w.get("r2"), "width p": w.get("p"),
+                "without": f"{fam} (n = {f['n']})" if fam else None,
+                "R² without": f.get("r2"), "p without": f.get("p")}
 
-    fits = "".join(
-        f"<tr><td>{html.escape(name)}</td>" + (
-            f"<td>{r['n']}</td><td>{_fmt(r['slope'])}</td><td>{_fmt(r['r2'])}</td>"
-            f"<td>{_fmt(r['p'])}</td>" + side(r) if "r2" in r else
-            f"<td>{r.get('n', 0)}</td><td colspan=8>skipped: {html.escape(r['skipped'])}</td>")
-        + "</tr>" for name, r in [("all", result.overall), *result.groups.items()])
-    rows = "".join(
-        f"<tr><td>{html.escape(str(r.get('name', r['model'])))}</td>"
-        f"<td>{html.escape(str(r.get('group', '')))}</td><td>{int(r['d_model'])}</td>"
-        f"<td>{int(r['k'])}</td><td>{r['floor']:.4f}</td><td>{_fmt(float(r['score']), 4)}</td></tr>"
-        for _, r in result.table.iterrows())
-    excluded = "; ".join(f"{html.escape(e['model'])} ({html.escape(e['reason'])})"
-                         for e in result.excluded)
-    page = [
-        "<!doctype html><html><head><meta charset='utf-8'><title>Width floor of raw c_K</title>"
-        "<style>body{font-family:sans-serif;max-width:1000px;margin:auto}table{border-collapse:"
-        "collapse;font-size:12px}td,th{border:1px solid #ccc;padding:2px 6px;text-align:right}"
-        "img{max-width:100%}</style></head><body><h1>Width floor of raw c_K</h1>",
-        f"<p>Scores: {html.escape(result.scores_source)}. No model was measured: each row's "
-        f"floor is the flat-spectrum chance level of raw c_K at {k} from its d_model alone."
-        f"</p><p>{html.escape(FLOOR_NOTE)}</p>",
-        f"<figure><img alt='score against the floor' src='data:image/png;base64,"
-        f"{_png(plot_chance_floor(result))}'></figure>",
-        "<h2>Regressions of the score on the floor</h2><p>Beside each: the score on log10 "
-        "d_model (the width itself), and the floor's fit without the model family whose "
-        "removal lowers R² most.</p><table><tr><th>rows</th><th>n</th>"
-        "<th>slope</th><th>R²</th><th>p</th><th>width R²</th><th>width p</th>"
-        f"<th>without</th><th>R²</th><th>p</th></tr>{fits}</table>",
-        f"<p>Excluded: {excluded}</p>" if excluded else "",
-        "<h2>Rows</h2><table><tr><th>model</th><th>group</th><th>d_model</th><th>K</th>"
-        f"<th>floor</th><th>score</th></tr>{rows}</table></body></html>"]
-    out.write_text("\n".join(page), encoding="utf-8")
-    return out
+    fits = pd.DataFrame([
+        {"rows": name, "n": r.get("n"), "slope": r.get("slope"), "R²": r.get("r2"),
+         "p": r.get("p"), **side(r), "note": r.get("skipped")}
+        for name, r in [("all", result.overall), *result.groups.items()]])
+    t = result.table
+    rows = pd.DataFrame({"model": t["name"] if "name" in t.columns else t["model"],
+                         "group": t["group"] if "group" in t.columns else None,
+                         "d_model": t["d_model"].astype(int), "K": t["k"].astype(int),
+                         "floor": t["floor"], "score": t["score"]})
+    lead = paragraphs_html([
+        f"Scores: {result.scores_source}. No model was measured: each row's floor is the "
+        f"flat-spectrum chance level of raw c_K at {k} from its d_model alone.", FLOOR_NOTE]
+        + (["Excluded: " + "; ".join(f"{e['model']} ({e['reason']})" for e in result.excluded)]
+           if result.excluded else []))
+    caption = ("The score of each model against the chance level of raw c_K for a flat "
+               f"spectrum, 1 - sqrt(1/d + 1/K) ({k}), one colour and least-squares line per "
+               "group; R², p and n of each group's regression in the legend.")
+    sections = [
+        Section("floor", "1. Score against the width floor",
+                figure_html(plot_chance_floor(result), caption,
+                            title="score against the floor", number=1)),
+        Section("regressions", "Regressions of the score on the floor",
+                paragraphs_html(["Beside each: the score on log10 d_model (the width itself), "
+                                 "and the floor's fit without the model family whose removal "
+                                 "lowers R² most."]) + table_html(fits, index=False)),
+        Section("rows", "Rows", table_html(rows, index=False)),
+    ]
+    return write_page(Path(out), "Width floor of raw c_K", sections, lead=lead)
 
 
-__all__ = ["fit_band", "plot_chance_floor", "plot_exponential", "plot_predictors",
-           "write_chance_floor_html", "write_correlation_html"]
+__all__ = ["block_notes", "fit_band", "plot_chance_floor", "plot_exponential",
+           "plot_predictors", "stats_frame", "write_chance_floor_html",
+           "write_correlation_html"]

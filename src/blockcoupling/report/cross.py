@@ -1,7 +1,7 @@
 """The cross-coupling figure and page (``blockcoupling cross``): a layer x layer heatmap of run
 A's Jacobians in run B's bases, and the principal angles between the runs' top-K subspaces.
 
-Takes what :func:`blockcoupling.studies.cross.cross_coupling` returns (anything with its
+Takes what [`blockcoupling.studies.cross.cross_coupling`][blockcoupling.studies.cross.cross_coupling] returns (anything with its
 ``coupling`` and ``angles`` tables and ``matrix()``); no computation beyond means."""
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from matplotlib.figure import Figure
 
 from blockcoupling.report.figures.base import HEATMAP_CMAP, fmt_p, new_figure
 from blockcoupling.report.figures.depth import _layer_ticks
+from blockcoupling.report.summaries import short_name
 
 
 class CrossResult(Protocol):
@@ -25,8 +26,10 @@ class CrossResult(Protocol):
 
 
 def _names(res: CrossResult) -> tuple[str, str]:
+    """The two runs' names as pages show them (a local path: its folder name)."""
     df = res.coupling
-    return (", ".join(map(str, df["run_a"].unique())), ", ".join(map(str, df["run_b"].unique())))
+    return (", ".join(short_name(str(x)) for x in df["run_a"].unique()),
+            ", ".join(short_name(str(x)) for x in df["run_b"].unique()))
 
 
 def plot_cross_heatmap(res: CrossResult, *, k: int | None = None, variant: str = "coupling",
@@ -67,7 +70,7 @@ def caption_cross_heatmap(res: CrossResult, *, k: int | None = None, variant: st
 
 def write_cross_report(res: CrossResult, out: str | Path, **selection: Any) -> Path:
     """A self-contained HTML page: the heatmap figure and the layer x layer table."""
-    from blockcoupling.report.html import Section, figure_html, table_html, write_page
+    from blockcoupling.report.page import Section, figure_html, table_html, write_page
 
     fig = plot_cross_heatmap(res, **selection)
     mat = res.matrix(**selection)

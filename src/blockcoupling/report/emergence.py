@@ -1,21 +1,21 @@
 """Emergence figures from a sweep (or a training monitor): coupling across training.
 
-As in the paper (fig. 1b-e), from any :class:`Collection` of runs (a
-:class:`~blockcoupling.studies.sweep.Sweep`: a sweep or monitor collection opened by
+As in the paper (fig. 1b-e), from any `Collection` of runs (a
+[`Sweep`][blockcoupling.studies.sweep.read.Sweep]: a sweep or monitor collection opened by
 ``open_collection``;
 the report layer imports nothing from the studies):
 
-1. :func:`plot_coupling_vs_step` - mean depth-wise coupling against the training step, one
+1. `plot_coupling_vs_step` - mean depth-wise coupling against the training step, one
    line per model, on a numeric (log) step axis (step 0 on a short linear stretch), with
    each model's chance level drawn dashed [fig. 1b]. Models without steps (plain models
    side by side) are a bar panel.
-2. :func:`plot_trajectory_vs_step` - mean LSS and median expodistance against the step.
+2. `plot_trajectory_vs_step` - mean LSS and median expodistance against the step.
 3. Layer adjacency graphs at chosen checkpoints [fig. 1c-e] and
 4. depth-wise heatmaps per checkpoint: the existing figures of
-   :mod:`blockcoupling.report.figures` drawn from the chosen units' run directories.
+   `blockcoupling.report.figures` drawn from the chosen units' run directories.
 
-Values come from :meth:`Collection.summary` (units with duplicate weights counted once).
-:func:`write_emergence_report` writes them as one self-contained HTML file with the unit
+Values come from `Collection.summary` (units with duplicate weights counted once).
+`write_emergence_report` writes them as one self-contained HTML file with the unit
 catalogue; ``blockcoupling report DIR --out x.html`` calls it on ``open_collection(DIR)`` for a
 sweep or monitor (a vit-grid gets the ViT study's page).
 """
@@ -39,14 +39,18 @@ from blockcoupling.report import figures as F
 
 
 class Collection(Protocol):
-    """A collection of measured units (what the emergence page draws): its folder, its
-    catalogue (one row per unit: ``unit_id, label, step, revision, prompt_set, status,
+    """A collection of measured units (what the emergence page draws): its folder, its kind
+    (``sweep`` or ``monitor``), its catalogue (one row per unit: ``unit_id, label, step, revision, prompt_set, status,
     attempts, duplicate_of, message``), a summary table (one row per done unit:
-    ``unit_id, label, step, k, mean_depth_coupling, chance_coupling, lss, expodistance``) and
-    each unit's run."""
+    ``unit_id, label, step, k``, the headline statistic ``coupling_vs_null_mean,
+    coupling_vs_null_se, coupling_mean, coupling_se, coupling_chance`` and ``lss,
+    expodistance``) and each unit's run."""
 
     root: Path
     catalogue: pd.DataFrame
+
+    @property
+    def kind(self) -> str: ...
 
     def summary(self, *, k: int | None = None) -> pd.DataFrame: ...
 
@@ -69,9 +73,17 @@ def read_training_loss(root: str | os.PathLike[str]) -> pd.DataFrame:
     return df.drop_duplicates("step", keep="last").sort_values("step").reset_index(drop=True)
 
 
+def headline_column(summ: pd.DataFrame) -> tuple[str, str]:
+    """The summary column of the headline statistic and its axis label: the chance-corrected
+    ``coupling_vs_null`` where any unit measured it, else raw c_K (``coupling``)."""
+    if "coupling_vs_null_mean" in summ.columns and summ["coupling_vs_null_mean"].notna().any():
+        return "coupling_vs_null", "coupling above chance (coupling_vs_null)"
+    return "coupling", "raw c_K (mean depth-wise coupling)"
+
+
 def plot_loss_vs_step(loss: pd.DataFrame, summ: pd.DataFrame) -> Figure:
-    """The training loss against the step, with the mean depth-wise coupling of the
-    measured steps on a second axis."""
+    """The training loss against the step, with the headline statistic of the measured steps
+    (`headline_column`, error bars one standard error over prompts) on a second axis."""
     if loss.empty:
         raise F.FigureUnavailable("no training loss was stored (CouplingMonitor.step(loss=) "
                                   "or the Trainer callback)")
@@ -80,11 +92,16 @@ def plot_loss_vs_step(loss: pd.DataFrame, summ: pd.DataFrame) -> Figure:
     ax.set_ylabel("training loss")
     _step_axis(ax, loss["step"])
     stepped = summ[summ["step"].notna()] if len(summ) else summ
+    col, name = headline_column(stepped) if len(stepped) else ("coupling", "")
+    stepped = stepped[stepped[f"{col}_mean"].notna()] if len(stepped) else stepped
     if len(stepped):
         twin = ax.twinx()
+        colors = _colors(list(dict.fromkeys(stepped["label"].astype(str))))
         for lab, g in stepped.sort_values("step").groupby("label", sort=False):
-            twin.plot(g["step"].astype(float), g["mean_depth_coupling"], "o-", label=str(lab))
-        twin.set_ylabel("mean depth-wise coupling")
+            twin.errorbar(g["step"].astype(float).to_numpy(), g[f"{col}_mean"],
+                          yerr=g[f"{col}_se"], fmt="o-", ms=4, capsize=2,
+                          color=colors[str(lab)], label=str(lab))
+        twin.set_ylabel(name)
         twin.legend(fontsize="small", loc="upper right")
     ax.grid(alpha=0.3)
     return fig
@@ -232,10 +249,20 @@ def plot_layer_graphs(sweep: Collection, ids: Sequence[str], *, k: int | None = 
     return F.plot_layer_graph(runs, k=k, labels=labels)
 
 
+def heatmap_variant(runs: Sequence[Any]) -> str:
+    """The variant of the per-checkpoint heatmaps: raw ``coupling`` where every run with
+    depth-wise rows measured it, else the chance-corrected ``coupling_vs_null``."""
+    depth = [m.coupling[m.coupling["kind"] == "depth"] for m in runs]
+    if all((d["variant"] == "coupling").any() for d in depth if len(d)):
+        return "coupling"
+    return "coupling_vs_null"
+
+
 def plot_depth_heatmaps(sweep: Collection, ids: Sequence[str], *, k: int | None = None) -> Figure:
-    """L x L depth-wise coupling heatmaps of the units ``ids``, one colour scale."""
+    """L x L depth-wise coupling heatmaps of the units ``ids``, one colour scale
+    (`heatmap_variant`)."""
     runs, labels = _unit_runs(sweep, ids)
-    return F.plot_depth_heatmap(runs, k=k, labels=labels)
+    return F.plot_depth_heatmap(runs, k=k, labels=labels, variant=heatmap_variant(runs))
 
 
 # ====================================================================== HTML
@@ -267,7 +294,7 @@ def write_emergence_report(sweep: Collection, out: str | os.PathLike[str],
     ``open_sweep(path)``) to ``out`` (.html) and
     its figures to ``<out stem>_figures/``; returns the HTML path. ``steps`` picks the
     checkpoints of the per-checkpoint figures (default: first, middle, last per model)."""
-    from blockcoupling.report.html import Section, esc, figure_html, table_html, write_page
+    from blockcoupling.report.page import Section, esc, figure_html, table_html, write_page
 
     s = sweep
     out = Path(out)
@@ -297,18 +324,20 @@ def write_emergence_report(sweep: Collection, out: str | os.PathLike[str],
         ("loss_vs_step", "Training loss and coupling",
          lambda: plot_loss_vs_step(read_training_loss(s.root), summ),
          "Training loss as the training loop reported it (grey; stored by the coupling "
-         "monitor) against the step, with the mean depth-wise coupling of the measured steps "
-         "(as in the first figure) on the right axis."),
+         f"monitor) against the step, with the {headline_column(summ)[1]} of the measured "
+         "steps (as in the first figure, error bars one standard error over prompts) on the "
+         "right axis."),
         ("layer_graphs", "Layer adjacency graphs at chosen checkpoints",
          lambda: plot_layer_graphs(s, ids, k=k),
          "Layers on a circle (layer 1 at the top, clockwise); edge width and opacity grow "
          "with the mean depth-wise coupling of the two layers, one scale across panels."),
         ("depth_heatmaps", "Depth-wise coupling per checkpoint",
          lambda: plot_depth_heatmaps(s, ids, k=k),
-         "L x L depth-wise coupling (rows: measured layer l, columns: basis layer l'), mean "
+         "L x L depth-wise coupling (rows: measured layer l, columns: basis layer l'; "
+         f"{heatmap_variant([s.open_unit(u) for u in ids])} with K={kk}, p=1, ujv), mean "
          "over prompts, one colour scale across panels."),
     ]
-    if read_training_loss(s.root).empty:  # a sweep of checkpoints: no training loop's loss
+    if read_training_loss(s.root).empty and s.kind != "monitor":  # no training loop: no loss
         specs = [sp for sp in specs if sp[0] != "loss_vs_step"]
     sections = [Section("units", "Units", table_html(_units_frame(s, summ)))]
     skipped = []
@@ -338,6 +367,7 @@ def write_emergence_report(sweep: Collection, out: str | os.PathLike[str],
                       sections, lead=lead)
 
 
-__all__ = ["Collection", "LOSS_FILE", "chosen_checkpoints", "plot_coupling_vs_step",
-           "plot_depth_heatmaps", "plot_loss_vs_step", "read_training_loss",
-           "plot_layer_graphs", "plot_trajectory_vs_step", "write_emergence_report"]
+__all__ = ["Collection", "LOSS_FILE", "chosen_checkpoints", "headline_column", "heatmap_variant",
+           "plot_coupling_vs_step", "plot_depth_heatmaps", "plot_layer_graphs",
+           "plot_loss_vs_step", "plot_trajectory_vs_step", "read_training_loss",
+           "write_emergence_report"]

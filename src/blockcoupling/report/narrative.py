@@ -1,6 +1,6 @@
 """The report's summary in words, generated from the data (no canned claims).
 
-:func:`report_summary` reads :func:`blockcoupling.report.summaries.run_overview` and states
+`report_summary` reads `blockcoupling.report.summaries.run_overview` and states
 what was measured, the headline numbers against the chance level (``coupling_vs_rotated``
 = 1 - m / m_rot against the same basis rotated at random, with ``coupling_vs_null`` =
 1 - m / m_null against independent random bases beside it; ``coupling_vs_null`` leads where a
@@ -87,7 +87,7 @@ def _lead(ov: pd.DataFrame) -> str:
 
 
 def headline_table(ov: pd.DataFrame) -> pd.DataFrame:
-    """The headline numbers of :func:`run_overview` as a display table (index = label).
+    """The headline numbers of `run_overview` as a display table (index = label).
     Columns without any value (e.g. no coupling_vs_null measured) are left out."""
     t = pd.DataFrame(index=pd.Index(ov["label"], name="run"))
     t["K"] = ov["k"].to_numpy()

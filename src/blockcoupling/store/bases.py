@@ -13,9 +13,9 @@ Layout and protocol (the rest of the store's rules apply unchanged):
 * files are read lazily, one at a time, each verified against its checksum when read (a
   run of a large model can hold gigabytes of factors); safetensors loads without pickle.
 
-The size is estimated before the run (:func:`estimate`: prompts x layers x token pairs x
+The size is estimated before the run (`estimate`: prompts x layers x token pairs x
 (2 d K + K) x itemsize) and a run that would not fit the free disk is refused before any
-file is written (:func:`check_disk`).
+file is written (`check_disk`).
 """
 
 from __future__ import annotations
@@ -73,7 +73,7 @@ class _File:
 
 
 class StoredBases:
-    """The bases of a run directory (the store's :class:`engine.bases.BasisSource`): read a
+    """The bases of a run directory (the store's `engine.bases.BasisSource`): read a
     file at a time, verified against its checksum, the last one read kept in memory."""
 
     def __init__(self, files: Sequence[_File]) -> None:

@@ -3,17 +3,17 @@ operating-system errors turned into messages that say what to do.
 
 Contracts:
 
-- :func:`atomic_write_bytes` either leaves ``path`` as it was or replaces it whole (temporary
+- `atomic_write_bytes` either leaves ``path`` as it was or replaces it whole (temporary
   file, ``fsync``, one ``os.replace``, ``fsync`` of the directory).
-- :func:`write_temp` writes a durable temporary sibling that a later ``os.replace`` commits.
-- :class:`DirLock` is an exclusive, non-blocking ``flock`` on ``DIR/.lock`` holding the
+- `write_temp` writes a durable temporary sibling that a later ``os.replace`` commits.
+- `DirLock` is an exclusive, non-blocking ``flock`` on ``DIR/.lock`` holding the
   writer's PID; releasing it removes the file, so a finished run keeps no ``.lock``. It is
   the one lock of every directory with one writer (run directories, sweep and monitor
-  directories: ``dir_lock``); :func:`lock_holder` reads it.
-- :func:`atomic_write_bytes` / :func:`atomic_write_text` / :func:`atomic_path` are the one
+  directories: ``dir_lock``); `lock_holder` reads it.
+- `atomic_write_bytes` / `atomic_write_text` / `atomic_path` are the one
   way to replace a file (or a folder) whole; every layer above calls them.
-- :func:`disk_errors` turns an ``OSError`` (disk full, read-only, permission, a path under a
-  file) into a :class:`RunDirError` whose message names the path and the way out.
+- `disk_errors` turns an ``OSError`` (disk full, read-only, permission, a path under a
+  file) into a [`RunDirError`][blockcoupling.errors.RunDirError] whose message names the path and the way out.
 """
 
 from __future__ import annotations
@@ -91,7 +91,7 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
 
 
 def atomic_write_text(path: Path, text: str) -> None:
-    """:func:`atomic_write_bytes` of ``text`` in UTF-8."""
+    """`atomic_write_bytes` of ``text`` in UTF-8."""
     atomic_write_bytes(path, text.encode("utf-8"))
 
 
@@ -156,7 +156,7 @@ def describe_os_error(err: OSError, root: Path) -> str:
 
 @contextlib.contextmanager
 def disk_errors(root: Path) -> Iterator[None]:
-    """Re-raise ``OSError`` as :class:`RunDirError` with a message that says what to do."""
+    """Re-raise ``OSError`` as [`RunDirError`][blockcoupling.errors.RunDirError] with a message that says what to do."""
     try:
         yield
     except RunDirError:
@@ -224,7 +224,7 @@ class DirLock:
 
 @contextlib.contextmanager
 def dir_lock(root: Path, *, busy: str | None = None) -> Iterator[DirLock]:
-    """Hold :class:`DirLock` on ``root`` (created if missing) for the body."""
+    """Hold `DirLock` on ``root`` (created if missing) for the body."""
     root.mkdir(parents=True, exist_ok=True)
     lock = DirLock(root, busy=busy)
     try:

@@ -4,12 +4,12 @@ stored twice, nothing unknown to the manifest.
 Every part directory carries ``part.json``: its prompt ids and the sha256 of each of its files,
 sealed by its own digest. The manifest's ``consolidated`` entry holds the sha256 of each
 consolidated file (tables and ``arrays.npz``), the parts merged into them and their prompt
-ids. :func:`scan` checks the structure (seals, duplicates, unknown prompts) without reading
-the tables; :func:`verified_bytes` checks a file's checksum as it is read.
+ids. `scan` checks the structure (seals, duplicates, unknown prompts) without reading
+the tables; `verified_bytes` checks a file's checksum as it is read.
 
 Consolidation writes the new files to temporary names, commits the manifest that names their
 checksums, then renames them into place. A kill between the commit and the renames leaves
-temporary files whose checksums match the manifest: :func:`verified_bytes` reads them and a
+temporary files whose checksums match the manifest: `verified_bytes` reads them and a
 resuming writer renames them (``roll_forward``), so a run is never stuck half-consolidated.
 """
 

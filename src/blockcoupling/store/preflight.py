@@ -21,8 +21,8 @@ from blockcoupling.errors import BlockCouplingError
 
 def preflight(model: torch.nn.Module, tokenizer: Any, prompts: Any, cfg: MeasureConfig, *,
               model_name: str = "model") -> MeasurePlan:
-    """Raise :class:`BlockCouplingError` for anything that would stop the run part-way;
-    return the :class:`~blockcoupling.engine.plan.MeasurePlan` of the checked prompts (text
+    """Raise [`BlockCouplingError`][blockcoupling.errors.BlockCouplingError] for anything that would stop the run part-way;
+    return the `MeasurePlan` of the checked prompts (text
     prompts by their token counts, ready-made inputs by their real positions)."""
     spec = find_blocks(model, cfg.blocks_path, hidden_size=cfg.hidden_size, causal=cfg.causal)
     if spec.hidden_size:  # a custom model's hidden size is known only after its first capture

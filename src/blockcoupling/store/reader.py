@@ -1,7 +1,7 @@
 """Reading run directories: ``open_run`` (verified), ``is_run_dir`` and ``run_progress``.
 
 Every read verifies what it reads: the manifest's seal, each part's seal, every file's
-checksum, and that no prompt is stored twice. A failure is a :class:`RunDirError` that says
+checksum, and that no prompt is stored twice. A failure is a [`RunDirError`][blockcoupling.errors.RunDirError] that says
 what is wrong and which command gets the user out of it.
 """
 
@@ -74,7 +74,7 @@ def read_measurement(root: Path, manifest: Mapping[str, Any],
 
 
 def open_run(path: str | os.PathLike[str]) -> Measurement:
-    """Read a run directory (finished or not) into the :class:`Measurement` ``measure()`` returns.
+    """Read a run directory (finished or not) into the [`Measurement`][blockcoupling.engine.results.Measurement] ``measure()`` returns.
 
     An unfinished run yields the prompts finished so far (``meta["status"] == "running"``).
     Raises RunDirError for a missing, corrupt, altered or foreign directory, saying what to do.

@@ -26,9 +26,9 @@ def measure_to_dir(model: torch.nn.Module, tokenizer: Any, prompts: Any, out_dir
                    meta: dict[str, Any] | None = None, prompts_spec: str = "", resume: bool = False,
                    progress: bool = True, config: MeasureConfig | None = None,
                    on_event: EventCallback | None = None, **options: Any) -> Measurement:
-    """Like :func:`measure`, but written prompt by prompt into a resumable run directory.
+    """Like [`measure`][blockcoupling.engine.measure.measure], but written prompt by prompt into a resumable run directory.
 
-    ``prompts`` is anything :func:`blockcoupling.engine.inputs.normalise_inputs` accepts:
+    ``prompts`` is anything `blockcoupling.engine.inputs.normalise_inputs` accepts:
     text prompts, or ready-made inputs such as ``{"pixel_values": images}`` (their ids are
     derived from their content, so the same inputs resume the same run). The inputs, the
     options and the model are checked before the directory is created.
@@ -107,7 +107,7 @@ def _tensor_lengths(items: list[Any]) -> list[int] | None:
 def plan_run(model: torch.nn.Module, tokenizer: Any, prompts: Any, *,
              config: MeasureConfig | None = None, model_name: str = "model",
              **options: Any) -> MeasurePlan:
-    """The checks :func:`measure_to_dir` runs before it creates anything, and the plan of the
+    """The checks [`measure_to_dir`][blockcoupling.store.record.measure_to_dir] runs before it creates anything, and the plan of the
     work (``blockcoupling measure --dry-run``); nothing is written."""
     cfg = parse_config(config, **options)
     items = normalise_inputs(prompts)

@@ -1,10 +1,10 @@
 """Run directories, the names other modules import (kept so ``store.rundir`` imports work).
 
-The store is split by concept: :mod:`~blockcoupling.store.manifest` (format, seal, resume
-identity), :mod:`~blockcoupling.store.fileio` (atomic writes, checksums, lock, OS errors),
-:mod:`~blockcoupling.store.tables` (Parquet/npz bytes), :mod:`~blockcoupling.store.integrity`
-(verified contents), :mod:`~blockcoupling.store.writer` (``RunWriter``),
-:mod:`~blockcoupling.store.reader` (``open_run``) and :mod:`~blockcoupling.store.fingerprint`
+The store is split by concept: `manifest` (format, seal, resume
+identity), `fileio` (atomic writes, checksums, lock, OS errors),
+`tables` (Parquet/npz bytes), `integrity`
+(verified contents), `writer` (``RunWriter``),
+`reader` (``open_run``) and `fingerprint`
 (``weights_hash``). See docs/DESIGN.md, "store".
 """
 

@@ -7,7 +7,7 @@ the indexing conventions, written (a) into the key-value metadata of every Parqu
 ``label``, ``step``, ``revision`` where the run has them) and (b) as ``SCHEMA.md`` into each
 finished run directory. Readers ignore both: run directories written before them open as
 before. A sweep unit's tables (a run whose meta has a ``unit_id``) also carry its ``unit_id``, ``label``, ``step``, ``revision``
-as constant columns (:func:`unit_columns`; not ``prompts.label``, the prompt's own label),
+as constant columns (`unit_columns`; not ``prompts.label``, the prompt's own label),
 so one unit's Parquet file read alone says where it comes from.
 """
 

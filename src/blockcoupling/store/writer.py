@@ -16,7 +16,7 @@ Write protocol (each step durable before the next):
 
 Resume checks the directory as a reader does (seals, checksums, duplicates), refuses other
 settings (everything but ``RUNTIME_KEYS``) with the list of differences, and reports the
-prompts already stored through :meth:`RunWriter.done_prompt_ids`.
+prompts already stored through `RunWriter.done_prompt_ids`.
 """
 
 from __future__ import annotations
@@ -77,7 +77,7 @@ from blockcoupling.store.tables import arrays_bytes, part_prompt_ids, table_byte
 class RunWriter:
     """Writes a run directory part by part; a context manager holding the directory's lock.
 
-    ``meta`` is stored verbatim (JSON-safe) and returned by :func:`open_run`; its entries
+    ``meta`` is stored verbatim (JSON-safe) and returned by [`open_run`][blockcoupling.store.reader.open_run]; its entries
     ``model``, ``revision``, ``weights_hash`` and ``device`` are also lifted to the top of the
     manifest. ``prompts`` has columns ``prompt_id``, ``text`` and optionally ``label``.
 

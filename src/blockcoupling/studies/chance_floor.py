@@ -1,7 +1,7 @@
 """The width floor of the paper's statistic, diagnosed without measuring any model.
 
 Raw c_K at K = round(d/10) has a chance level set by the width alone (flat spectrum:
-``engine.statistic.flat_chance``, c_null = 1 - sqrt(1/d + 1/K)). :func:`chance_floor`
+``engine.statistic.flat_chance``, c_null = 1 - sqrt(1/d + 1/K)). `chance_floor`
 regresses a score table on that floor: if the floor alone explains the scores, a correlation
 of raw c_K with them says little about structure. Beside it: the width itself (the scores on
 log10 d_model), and how much each model family carries the floor's fit (the fit again

@@ -1,14 +1,14 @@
 """Collections: one format for every "many runs" kind, read by one reader.
 
-A collection is a directory in the layout of :mod:`blockcoupling.studies.sweep.store` whose
+A collection is a directory in the layout of `blockcoupling.studies.sweep.store` whose
 manifest records its ``kind``: ``sweep`` (``run_sweep``), ``monitor`` (``CouplingMonitor``)
 or ``vit-grid`` (``studies.vit.grid.run_grid``). Every kind has the same catalogue, unit-id
-rule, lock and status vocabulary, and is read by :func:`open_collection` (alias
+rule, lock and status vocabulary, and is read by [`open_collection`][blockcoupling.studies.sweep.read.open_collection] (alias
 ``open_sweep``); ``blockcoupling report``, ``sweep-status`` and ``correlate`` take any kind
 through it. This module adds what depends on the kind: the report page
-(:func:`write_collection_report`) and the conversion of old layouts
-(:func:`upgrade_collection`, ``blockcoupling collection upgrade DIR``), and which kind a spec
-file asks for (:func:`spec_kind`: its ``kind:`` key, never guessed from its other keys).
+(`write_collection_report`) and the conversion of old layouts
+(`upgrade_collection`, ``blockcoupling collection upgrade DIR``), and which kind a spec
+file asks for (`spec_kind`: its ``kind:`` key, never guessed from its other keys).
 """
 
 from __future__ import annotations

@@ -2,30 +2,30 @@
 
 Three steps, each a plain function:
 
-1. **The coupling statistic per model** (:class:`CouplingStatistic`, :func:`model_table`):
+1. **The coupling statistic per model** (`CouplingStatistic`, `model_table`):
    the headline rule of ``engine.statistic`` (mean over prompts of the per-prompt mean over
    layer pairs l != l' at each prompt's last measured token, p = 1, orientation ``ujv``;
    ``docs/conventions.md``) for raw c_K (as the paper), ``coupling_vs_rotated`` and
    ``coupling_vs_null`` (chance corrected against the two nulls), each with its standard
    error over prompts (within one model), and the chance level of raw c_K,
    with K = round(d / 10) per model (at least 1) unless a fixed K is given. Models measured
-   on different prompt sets are refused unless told otherwise (:func:`check_prompt_sets`).
-2. **The scores** (:func:`read_scores`): a CSV (``model``, ``score``, optional ``params_b,
+   on different prompt sets are refused unless told otherwise (`check_prompt_sets`).
+2. **The scores** (`read_scores`): a CSV (``model``, ``score``, optional ``params_b,
    layers, d_model, train_tokens_t, group``), ``"paper"`` (the paper's Table 1 shipped as
-   package data with a hub id for every row, :func:`paper_scores`), or an lm-evaluation-harness
-   output folder (:func:`read_lmeval_dir`). Models are matched to runs by label, model id,
-   ``model@revision`` or run folder name (:func:`match_scores`).
-3. **The statistics** (:func:`regression`, :func:`exponential_fit`, :func:`partial_correlation`,
-   :func:`analyse`): for coupling and every other predictor present, n, slope, intercept, R^2,
+   package data with a hub id for every row, [`paper_scores`][blockcoupling.studies.scores.paper_scores]), or an lm-evaluation-harness
+   output folder (`read_lmeval_dir`). Models are matched to runs by label, model id,
+   ``model@revision`` or run folder name (`match_scores`).
+3. **The statistics** (`regression`, `exponential_fit`, `partial_correlation`,
+   `analyse`): for coupling and every other predictor present, n, slope, intercept, R^2,
    p, Pearson r with a seeded percentile-bootstrap 95% CI of R^2, Spearman rho and p
    (scipy.stats); the exponential fit score = a exp(b coupling) (scipy.optimize.curve_fit); the
    partial correlation of each coupling predictor with the score controlling for log10
-   d_model, log10 parameters and both (statsmodels OLS, :func:`partial_correlations`); with
-   ``floor`` what the measured chance level explains (:func:`floor_analysis`); the same per
-   ``group``. Every output carries :data:`FLOOR_NOTE`.
+   d_model, log10 parameters and both (statsmodels OLS, `partial_correlations`); with
+   ``floor`` what the measured chance level explains (`floor_analysis`); the same per
+   ``group``. Every output carries `FLOOR_NOTE`.
 
 scipy and statsmodels are the optional extra ``blockcoupling[study]``; a clear error says so
-when they are missing. :func:`correlate` runs all three steps on run directories. Each step has its module:
+when they are missing. `correlate` runs all three steps on run directories. Each step has its module:
 ``studies.model_units`` (1), ``studies.scores`` (2), ``studies.regression`` (3); their names
 are re-exported here.
 """
@@ -46,6 +46,7 @@ from blockcoupling.store.fileio import write_json
 from blockcoupling.studies.model_units import (
     CouplingStatistic,
     ModelUnit,
+    check_independent,
     check_prompt_sets,
     load_units,
     model_table,
@@ -78,6 +79,7 @@ __all__ = [
     "CouplingStatistic",
     "ModelUnit",
     "analyse",
+    "check_independent",
     "check_prompt_sets",
     "correlate",
     "correlate_table",
@@ -98,7 +100,7 @@ __all__ = [
 
 @dataclass
 class CorrelationResult:
-    """Everything :func:`correlate` found; ``to_dict()`` is the JSON output."""
+    """Everything `correlate` found; ``to_dict()`` is the JSON output."""
 
     table: pd.DataFrame
     statistic: CouplingStatistic
@@ -108,6 +110,8 @@ class CorrelationResult:
     excluded: list[dict[str, str]] = field(default_factory=list)
     n_boot: int = 2000
     seed: int = 0
+    #: training runs whose checkpoints were counted as models (``allow_checkpoints``)
+    checkpoints: dict[str, list[str]] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         cols = [c for c in ("label", "model", "score_model", "revision", "step", "group", "k",
@@ -122,11 +126,23 @@ class CorrelationResult:
             "scores": self.scores_source,
             "n_models": int(len(self.table)), "seed": self.seed, "n_boot": self.n_boot,
             "models": models.to_dict("records"), "excluded": self.excluded,
+            "checkpoints_counted_as_models": self.checkpoints,
             **self.overall, "groups": self.groups,
         })
 
     def to_json(self, path: str | Path) -> Path:
         return write_json(path, self.to_dict())
+
+    def notes(self) -> list[str]:
+        """What the p-values and intervals are (exact below SMALL_N models, no bootstrap
+        interval where it degenerates) and which models are checkpoints of one run."""
+        stats = [r for r in self.overall["predictors"].values() if "skipped" not in r]
+        out = sorted({f"p-values: {r['p_method']}" for r in stats})
+        out += sorted({f"R^2 interval: {r['r2_ci_note']}" for r in stats if r.get("r2_ci_note")})
+        for run, labels in self.checkpoints.items():
+            out.append(f"{len(labels)} checkpoints of one training run ({run}) counted as "
+                       "independent models (allow_checkpoints): the p-values assume they are")
+        return out
 
     def summary(self) -> str:
         """A few lines for humans."""
@@ -136,8 +152,10 @@ class CorrelationResult:
                 lines.append(f"  {name:15s} skipped ({r['skipped']})")
                 continue
             lo, hi = r["r2_ci"]
-            lines.append(f"  {name:15s} n={r['n']:3d} R^2={r['r2']:.3f} [{lo:.2f}, {hi:.2f}] "
-                         f"p={r['p']:.3g} slope={r['slope']:.4g} rho={r['spearman_rho']:+.3f}")
+            ci = f" [{lo:.2f}, {hi:.2f}]" if lo == lo else ""  # NaN: no interval (see notes)
+            lines.append(f"  {name:15s} n={r['n']:3d} R^2={r['r2']:.3f}{ci} "
+                         f"p={r['p']:.3g} slope={r['slope']:.4g} rho={r['spearman_rho']:+.3f} "
+                         f"(p={r['spearman_p']:.3g})")
         for pc in self.overall.get("partial_correlations", []):
             given = " + ".join(pc["controlling_for"])
             if "r" in pc:
@@ -156,6 +174,7 @@ class CorrelationResult:
                     f"R^2={sc['r2']:.3f} p={sc['p']:.3g}" if "r2" in sc else sc["skipped"]))
                 lines.append("  floor: raw c_K given its chance level: " + (
                     f"partial r={rg['r']:+.3f} p={rg['p']:.3g}" if "r" in rg else rg["skipped"]))
+        lines += [f"  note: {n}" for n in self.notes()]
         lines.append("  note: " + FLOOR_NOTE)
         for label in self.excluded:
             lines.append(f"  excluded {label['label']}: {label['reason']}")
@@ -164,7 +183,8 @@ class CorrelationResult:
 
 def correlate_table(table: pd.DataFrame, statistic: CouplingStatistic, *, scores_source: str = "",
                     excluded: list[dict[str, str]] | None = None, n_boot: int = 2000,
-                    seed: int = 0, floor: bool = False) -> CorrelationResult:
+                    seed: int = 0, floor: bool = False,
+                    checkpoints: dict[str, list[str]] | None = None) -> CorrelationResult:
     """The statistics of an already-joined table (one row per model: coupling, score, ...)."""
     overall = analyse(table, n_boot=n_boot, seed=seed, floor=floor)
     groups: dict[str, dict[str, Any]] = {}
@@ -179,7 +199,7 @@ def correlate_table(table: pd.DataFrame, statistic: CouplingStatistic, *, scores
                 groups[str(g)] = {"n": int(len(sub)), "skipped": str(err)}
     return CorrelationResult(table=table, statistic=statistic, scores_source=scores_source,
                              overall=overall, groups=groups, excluded=excluded or [],
-                             n_boot=n_boot, seed=seed)
+                             n_boot=n_boot, seed=seed, checkpoints=checkpoints or {})
 
 
 #: the predictors of ``correlate`` by default (coupling_vs_rotated where every model has it)
@@ -191,16 +211,19 @@ def correlate(inputs: Sequence[str | Path] | Sequence[ModelUnit], scores: str | 
               variants: Sequence[str] | None = None,
               p: float | None = 1.0, orientation: str = "ujv", tokens: str = "last",
               diagonal: bool = False, floor: bool = False, allow_mixed_prompts: bool = False,
-              n_boot: int = 2000, seed: int = 0,
+              allow_checkpoints: bool = False, n_boot: int = 2000, seed: int = 0,
               labels: Sequence[str] | None = None) -> CorrelationResult:
-    """The study on run directories (or :class:`ModelUnit` objects) and a score source.
+    """The study on run directories (or `ModelUnit` objects) and a score source.
 
     ``scores`` is ``"paper"``, a CSV path, an lm-evaluation-harness folder or a DataFrame with
     the CSV's columns. ``labels`` name the run directories (one each) for the matching. Each
-    model's numbers are the headline statistic (:class:`CouplingStatistic`) of every variant
+    model's numbers are the headline statistic (`CouplingStatistic`) of every variant
     in ``variants`` (None: raw ``coupling``, ``coupling_vs_null`` and, where every model
-    measured it, ``coupling_vs_rotated``); ``floor`` adds :func:`floor_analysis`; models measured on different
-    prompt sets are refused unless ``allow_mixed_prompts``.
+    measured it, ``coupling_vs_rotated``); ``floor`` adds `floor_analysis`; models measured
+    on different prompt sets are refused unless ``allow_mixed_prompts``; checkpoints of one
+    training run (`training_runs`) are refused as independent models unless
+    ``allow_checkpoints``. Below ``SMALL_N`` (10) models every p-value is an exact
+    permutation p-value and no bootstrap interval is given.
     """
     from blockcoupling.validate import whole
 
@@ -222,6 +245,8 @@ def correlate(inputs: Sequence[str | Path] | Sequence[ModelUnit], scores: str | 
         raise BlockCouplingError(f"the correlation needs at least {MIN_MODELS} models, got "
                                  f"{len(units)}; pass more run directories")
     check_prompt_sets(units, allow_mixed=allow_mixed_prompts)  # type: ignore[arg-type]
+    checkpoints = check_independent(units,  # type: ignore[arg-type]
+                                    allow_checkpoints=allow_checkpoints)
     if isinstance(scores, pd.DataFrame):
         score_df, source = check_score_frame(scores, "score table"), "table given in Python"
     else:
@@ -229,4 +254,4 @@ def correlate(inputs: Sequence[str | Path] | Sequence[ModelUnit], scores: str | 
     models = model_table(units, statistic)  # type: ignore[arg-type]
     table, excluded = match_scores(models, units, score_df)  # type: ignore[arg-type]
     return correlate_table(table, statistic, scores_source=source, excluded=excluded,
-                           n_boot=n_boot, seed=seed, floor=floor)
+                           n_boot=n_boot, seed=seed, floor=floor, checkpoints=checkpoints)

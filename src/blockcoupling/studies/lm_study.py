@@ -3,7 +3,7 @@ training, on a family of independently trained tiny LMs? A study that can answer
 
 Design (fixed before any data are seen; stated in ``study.json``):
 
-- **Independent runs** (:class:`StudySpec`, :func:`full_spec`): character-level GPT-2 LMs on
+- **Independent runs** (`StudySpec`, `full_spec`): character-level GPT-2 LMs on
   the pydoc help texts (``studies.tiny_lm.train_tiny_lm``), varying width, depth, data per step
   (batch size) and training data (the first ``train_chars`` characters of the training split),
   with several seeds of one configuration (the noise floor). Each run enters the correlation
@@ -19,7 +19,7 @@ Design (fixed before any data are seen; stated in ``study.json``):
   near loss 2.5 (a bigram model, steps 128-512), where the improvement per doubling can be
   as small as 4 %. **A run's end point** (its one entry in H1 and the "final" of H2) is its
   latest checkpoint whose held-out loss is within ``plateau_tol`` of the run's lowest
-  (:func:`end_point`): the stopping step, unless the loss rose by more than that over the last
+  (`end_point`): the stopping step, unless the loss rose by more than that over the last
   doubling (the run began to overfit), then the step before. The stopping step, the end point
   and the criterion's value are in ``study.json`` (``models[].plateau``, ``step``,
   ``stop_step``).
@@ -35,7 +35,7 @@ Design (fixed before any data are seen; stated in ``study.json``):
   final ``coupling_vs_null`` exceeds its step-0 value within runs (paired t-test and Wilcoxon
   signed-rank, ``alternative="greater"``). scipy.stats and statsmodels compute every number.
 
-:func:`run_study` writes ``study.json`` and ``study.html``; ``--quick`` is the test-suite's
+[`run_study`][blockcoupling.studies.lm_study.run_study] writes ``study.json`` and ``study.html``; ``--quick`` is the test-suite's
 version (tiny runs, seconds each).
 """
 
@@ -193,7 +193,7 @@ MIN_RUNS = 4
 
 
 def parse_study_spec(data: Mapping[str, Any]) -> StudySpec:
-    """A :class:`StudySpec` from a mapping (YAML): ``runs`` (a list of mappings with ``name``,
+    """A `StudySpec` from a mapping (YAML): ``runs`` (a list of mappings with ``name``,
     ``n_layer``, ``n_embd``, ``batch_size``, ``max_steps`` and ``seed`` or ``seeds``) and any
     of the spec's other fields. Unknown keys and bad values: one line naming the key
     (``fields.from_mapping``)."""
@@ -216,7 +216,7 @@ def parse_study_spec(data: Mapping[str, Any]) -> StudySpec:
 
 
 def load_study_spec(path: str | Path) -> StudySpec:
-    """:func:`parse_study_spec` of a YAML file."""
+    """`parse_study_spec` of a YAML file."""
     import yaml
 
     p = Path(path)
@@ -436,7 +436,7 @@ def _versions() -> dict[str, Any]:
 
 @dataclass
 class StudyResult:
-    """What :func:`run_study` found (``study.json`` is :meth:`to_dict`)."""
+    """What [`run_study`][blockcoupling.studies.lm_study.run_study] found (``study.json`` is `to_dict`)."""
 
     spec: StudySpec
     models: pd.DataFrame
@@ -600,7 +600,7 @@ def write_study_page(result: StudyResult, path: Path) -> Path:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    from blockcoupling.report.html import Section, esc, figure_html, table_html, write_page
+    from blockcoupling.report.page import Section, esc, figure_html, table_html, write_page
 
     em, mt = result.emergence, result.models
     fig = Figure(figsize=(10.0, 3.8), layout="constrained")

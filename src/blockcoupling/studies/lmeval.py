@@ -1,7 +1,7 @@
 """lm-evaluation-harness results as a score table (the harness is not run).
 
 The score of a model is the Open LLM Leaderboard (v1) average: 100 x the mean of its six
-tasks, each with the Leaderboard's metric and number of shots (:data:`LEADERBOARD`):
+tasks, each with the Leaderboard's metric and number of shots (`LEADERBOARD`):
 
 | task | metric | shots |
 |---|---|---|
@@ -121,7 +121,7 @@ def _shots(data: Mapping[str, Any], config: Mapping[str, Any], task: str) -> int
 
 def _load(f: Path, named_results: bool) -> dict[str, Any] | None:
     """The parsed results file; None for a JSON file that is not one (skipped) unless it is
-    named like one (then a :class:`LmEvalError`)."""
+    named like one (then a `LmEvalError`)."""
     try:
         data = json.loads(f.read_text(encoding="utf-8"))
     except UnicodeDecodeError:
@@ -213,7 +213,7 @@ def read_lmeval(path: str | Path) -> pd.DataFrame:
     ``@revision``), ``revision``, ``score`` (Leaderboard average x 100), ``params_b`` (from
     ``config.model_num_parameters``, else NaN), ``tasks`` (``task:metric`` list) and
     ``leaderboard_tasks`` (how many of the six). Differences from the Leaderboard are warned
-    about (:class:`UserWarning`), one warning per model."""
+    about (`UserWarning`), one warning per model."""
     rows: dict[tuple[str, str | None], dict[str, Any]] = {}
     for f, data in results_files(path):
         config = data.get("config") or {}

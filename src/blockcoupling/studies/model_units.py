@@ -1,10 +1,10 @@
-"""The models of the correlation study: what one measured model is (:class:`ModelUnit`), how
-it is read from run and sweep directories (:func:`load_units`), and its row of numbers under
-one rule (:class:`CouplingStatistic`, :func:`model_table`): the headline statistic of
+"""The models of the correlation study: what one measured model is (`ModelUnit`), how
+it is read from run and sweep directories (`load_units`), and its row of numbers under
+one rule (`CouplingStatistic`, `model_table`): the headline statistic of
 ``engine.statistic`` for raw c_K, ``coupling_vs_null`` and ``coupling_vs_rotated``, each with
 its standard error over prompts (within one model), and the chance level of raw c_K, with K = round(d / 10) per model unless a fixed K is
 given. Models measured on different prompt sets are refused unless told otherwise
-(:func:`check_prompt_sets`).
+(`check_prompt_sets`).
 """
 
 from __future__ import annotations
@@ -24,10 +24,12 @@ from blockcoupling.hashing import canonical_hash
 __all__ = [
     "CouplingStatistic",
     "ModelUnit",
+    "check_independent",
     "check_prompt_sets",
     "load_units",
     "model_table",
     "prompt_set_of",
+    "training_runs",
 ]
 
 
@@ -40,7 +42,7 @@ class CouplingStatistic:
 
     ``k=None`` means K = max(1, round(d / 10)) per model (the paper's choice for the
     correlation). ``p`` applies to ``coupling``/``miscoupling``; ``tokens`` and ``diagonal``
-    as in :func:`blockcoupling.coupling_statistic`.
+    as in [`blockcoupling.coupling_statistic`][blockcoupling.studies.statistic.coupling_statistic].
     """
 
     variants: tuple[str, ...] = ("coupling", "coupling_vs_null")
@@ -88,6 +90,9 @@ class ModelUnit:
     source: str = ""
     keys: tuple[str, ...] = ()  # extra names a score table may use (e.g. the run folder name)
     prompt_set: str = ""  # sha256 of the measured prompts' ids and texts
+    #: the training run this model is a checkpoint of (a step or revision of one model or
+    #: of one collection entry), None for a model on its own: see `training_runs`
+    run: str | None = None
 
     def match_keys(self) -> list[str]:
         """Names a score row may use for this unit, most specific first."""
@@ -114,7 +119,8 @@ def _unit_from_run(path: Path) -> ModelUnit:
                      num_layers=int(meta.get("num_layers") or 0),
                      revision=str(revision) if revision else None,
                      step=int(step) if step is not None else None, source=str(path),
-                     keys=(path.name,), prompt_set=prompt_set_of(m.prompts))
+                     keys=(path.name,), prompt_set=prompt_set_of(m.prompts),
+                     run=model if revision or step is not None else None)
 
 
 def prompt_set_of(prompts: pd.DataFrame) -> str:
@@ -148,6 +154,8 @@ def _units_from_sweep(sweep: Any, path: Path) -> list[ModelUnit]:
                 setattr(unit, name, row[name])
         step = row.get("step")
         unit.step = int(step) if step is not None and not pd.isna(step) else None
+        checkpoint = unit.step is not None or bool(row.get("revision"))
+        unit.run = f"{label or unit.model} in {path}" if checkpoint else None
         if label and labels.count(label) > 1:  # checkpoints of one model: name each one
             label += (f"-step{unit.step}" if unit.step is not None
                       else f"@{unit.revision}" if unit.revision else f"-{row['unit_id']}")
@@ -163,7 +171,7 @@ def _units_from_sweep(sweep: Any, path: Path) -> list[ModelUnit]:
 
 def load_units(paths: Iterable[str | Path],
                labels: Sequence[str] | None = None) -> list[ModelUnit]:
-    """One :class:`ModelUnit` per run directory; a collection (sweep, monitor, vit-grid)
+    """One `ModelUnit` per run directory; a collection (sweep, monitor, vit-grid)
     adds one per done unit, read by ``open_collection``.
     ``labels`` (one per run directory, no sweeps) name the models instead of their manifests'
     label or model id: the names the score table's ``model`` column uses."""
@@ -202,6 +210,33 @@ def load_units(paths: Iterable[str | Path],
         raise BlockCouplingError(f"several runs share the label(s) {', '.join(dup)}; each model "
                                  "must appear once (name them with --labels a,b,c, one per run)")
     return units
+
+
+def training_runs(units: Sequence[ModelUnit]) -> dict[str, list[str]]:
+    """The training runs with two or more checkpoints among ``units`` (steps or revisions of
+    one model id, or of one collection entry): run -> the checkpoints' labels. Checkpoints
+    of one run are not independent models."""
+    runs: dict[str, list[str]] = {}
+    for u in units:
+        if u.run is not None:
+            runs.setdefault(u.run, []).append(u.label)
+    return {run: labels for run, labels in runs.items() if len(labels) > 1}
+
+
+def check_independent(units: Sequence[ModelUnit], *, allow_checkpoints: bool = False
+                      ) -> dict[str, list[str]]:
+    """Refuse checkpoints of one training run as independent models (one line naming
+    ``--allow-checkpoints``) unless ``allow_checkpoints``; returns `training_runs`."""
+    runs = training_runs(units)
+    if runs and not allow_checkpoints:
+        run, labels = next(iter(runs.items()))
+        n = sum(len(v) for v in runs.values())
+        shown = ", ".join(labels[:4]) + (", ..." if len(labels) > 4 else "")
+        raise BlockCouplingError(
+            f"{n} of the {len(units)} models are checkpoints of one training run ({run}: "
+            f"{shown}), not independent models, so a p-value over them would be wrong; pass "
+            "--allow-checkpoints (Python: allow_checkpoints=True) to correlate them anyway")
+    return runs
 
 
 def model_table(units: Sequence[ModelUnit], statistic: CouplingStatistic) -> pd.DataFrame:

@@ -1,5 +1,5 @@
-"""Measuring coupling during training: :class:`CouplingMonitor` for plain loops and
-:class:`CouplingCallback` for the HuggingFace ``Trainer``.
+"""Measuring coupling during training: [`CouplingMonitor`][blockcoupling.studies.monitor.CouplingMonitor] for plain loops and
+[`CouplingCallback`][blockcoupling.studies.monitor.CouplingCallback] for the HuggingFace ``Trainer``.
 
 Every ``every`` steps (and/or at the explicit ``steps``) the model is measured on fixed
 prompts into a sweep-layout directory, one unit per measured step, so that
@@ -8,19 +8,20 @@ training step. Training is not changed: the measurement runs in eval mode withou
 into the parameters, and the monitor puts back every module's train/eval flag, the
 ``requires_grad`` flags, the gradients and the random number generators (torch CPU and
 CUDA, Python, NumPy) before returning, so a run with the monitor gives bit-identical losses
-and weights to one without it. A measured step costs what :func:`blockcoupling.measure` costs
+and weights to one without it. A measured step costs what [`blockcoupling.measure`][blockcoupling.engine.measure.measure] costs
 on those prompts; restrict ``layers=`` and ``k=`` (and use few prompts) to keep it cheap.
 
-Each measured step also gives scalars for experiment trackers (:func:`coupling_scalars`):
+Each measured step also gives scalars for experiment trackers (`coupling_scalars`):
 ``coupling/<statistic>_k<K>`` (``coupling_vs_null``: chance-corrected; ``coupling``: raw)
 and ``..._se`` (std over prompts / sqrt(n)). ``CouplingMonitor(log=fn)`` calls
-``fn(scalars, step)``; :class:`CouplingCallback` writes them into the Trainer's logs, so
+``fn(scalars, step)``; [`CouplingCallback`][blockcoupling.studies.monitor.CouplingCallback] writes them into the Trainer's logs, so
 ``report_to`` (TensorBoard, W&B, MLflow, ...) and ``trainer.state.log_history`` carry them;
-``studies/monitor_lightning.py`` logs them with ``pl_module.log_dict``. The training loss
+``studies/monitor_lightning.py`` gives them to every Lightning logger. Trackers get a
+measured step's scalars at that step and at no other (step 0 included). The training loss
 (``step(..., loss=)``; the callback takes it from the Trainer's logs) is stored beside the
 coupling in ``OUT/training_loss.jsonl`` and drawn on the emergence page.
 
-Lifecycle: a monitor holds ``OUT/.lock`` until :meth:`CouplingMonitor.close` (the callback
+Lifecycle: a monitor holds ``OUT/.lock`` until [`CouplingMonitor.close`][blockcoupling.studies.monitor.CouplingMonitor.close] (the callback
 closes it at the end of training; an ``atexit`` hook closes the ones still open); a monitor
 created again on the same ``out`` in the same process (a notebook cell run twice) takes the
 lock over from the earlier one.
@@ -114,9 +115,9 @@ class CouplingMonitor:
 
     ``mon = CouplingMonitor(tok, prompts, every=500, out="runs/monitor")`` then, in the loop
     (after ``optimizer.step()``), ``mon.step(model, step)``. ``prompts``: strings,
-    :class:`~blockcoupling.Prompt` objects, or a prompt spec such as ``"builtin:capital"``.
+    [`Prompt`][blockcoupling.prompts.prompt.Prompt] objects, or a prompt spec such as ``"builtin:capital"``.
     ``steps``: explicit steps to measure (e.g. log-spaced), in addition to multiples of
-    ``every`` (``every=None``: only ``steps``). Other keywords are :class:`MeasureConfig`
+    ``every`` (``every=None``: only ``steps``). Other keywords are [`MeasureConfig`][blockcoupling.engine.config.MeasureConfig]
     fields (``k=(10,)``, ``layers="1..8"``, ``coupling=("depth",)``). Re-running a training
     script into the same ``out`` skips the steps already measured with the same prompts and
     config (other prompts or options are other units); a step measured on other weights (a
@@ -125,7 +126,7 @@ class CouplingMonitor:
     are refused (a monitor created again on the same ``out`` in this process takes over
     from the earlier one). ``on_error="warn"`` turns a failed measurement into a warning and
     a ``failed`` unit instead of an exception. ``log=fn`` is called as ``fn(scalars, step)``
-    after each measured step (:func:`coupling_scalars`; for trackers in plain loops).
+    after each measured step (`coupling_scalars`; for trackers in plain loops).
     """
 
     def __init__(self, tokenizer: Any, prompts: Any, *, every: int | None = 500,
@@ -168,7 +169,7 @@ class CouplingMonitor:
             raise
 
     def open(self) -> None:
-        """Take the directory's lock (again, after :meth:`close`); an open monitor of this
+        """Take the directory's lock (again, after [`close`][blockcoupling.studies.monitor.CouplingMonitor.close]); an open monitor of this
         process on the same ``out`` is closed first."""
         if self._lock is not None:
             return
@@ -237,7 +238,7 @@ class CouplingMonitor:
         """Measure ``model`` if ``step`` is due (or ``force``); returns the Measurement, or
         None when the step is not measured (not due, or already measured). ``loss``: the
         training loss at ``step``, stored beside the coupling. The step's scalars are in
-        :attr:`last_scalars` and go to ``log``."""
+        `last_scalars` and go to ``log``."""
         from blockcoupling.store.record import measure_to_dir
 
         if self._lock is None:
@@ -347,14 +348,15 @@ class CouplingCallback(TrainerCallback):
     """A ``transformers.Trainer`` callback: ``CouplingMonitor.step(model, global_step)`` at
     the end of every optimizer step (on the main process), and at step 0 before training
     when ``at_start`` (the initialisation, as Pythia's step0). Arguments as
-    :class:`CouplingMonitor`.
+    [`CouplingMonitor`][blockcoupling.studies.monitor.CouplingMonitor].
 
-    A measured step is also a logging step: its :func:`coupling_scalars` go into the
-    Trainer's logs (``trainer.state.log_history`` and every ``report_to`` integration; the
-    callback moves itself first among the Trainer's callbacks so that they see them). The
-    step-0 scalars, measured before the first log, go to ``log_history`` only. The Trainer's
-    ``loss`` is stored beside the coupling. The monitor is closed at the end of training
-    (and opened again if training resumes)."""
+    A measured step is also a logging step: its `coupling_scalars` go into the
+    Trainer's logs at that step and only there (``trainer.state.log_history`` and every
+    ``report_to`` integration: TensorBoard, W&B, MLflow, ...; the callback moves itself first
+    among the Trainer's callbacks so that they see them). The step-0 scalars are measured
+    before training and logged when the integrations are ready (before the first step). The
+    Trainer's ``loss`` is stored beside the coupling. The monitor is closed at the end of
+    training (and opened again if training resumes)."""
 
     def __init__(self, tokenizer: Any, prompts: Any, *, every: int | None = 500,
                  steps: Sequence[int] = (), out: str | os.PathLike[str] = "runs/monitor",
@@ -363,6 +365,8 @@ class CouplingCallback(TrainerCallback):
         self.monitor = CouplingMonitor(tokenizer, prompts, every=every, steps=steps, out=out,
                                        **kwargs)
         self._pending: dict[str, float] = {}
+        self._start: dict[str, float] = {}  # the step-0 scalars, for the integrations
+        self._emitting = False
 
     def on_init_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         handler = _callback_handler(self)
@@ -373,10 +377,28 @@ class CouplingCallback(TrainerCallback):
     def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None,
                        **kwargs: Any) -> None:
         self.monitor.open()
+        self._start = {}
         if self.at_start and model is not None and state.is_world_process_zero:
             if self.monitor.step(model, state.global_step, force=True) is not None:
-                state.log_history.append({**self.monitor.last_scalars,
-                                          "step": state.global_step})
+                self._start = dict(self.monitor.last_scalars)
+                state.log_history.append({**self._start, "step": state.global_step})
+
+    def _log_start(self, args: Any, state: Any, control: Any) -> None:
+        """The step-0 scalars to the other callbacks' ``on_log`` (the integrations), once
+        every callback's ``on_train_begin`` has run (they set their writers up there)."""
+        start, self._start = self._start, {}
+        handler = _callback_handler(self)
+        if not start or handler is None:
+            return
+        self._emitting = True
+        try:
+            handler.call_event("on_log", args, state, control, logs=dict(start))
+        finally:
+            self._emitting = False
+
+    def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self._start:
+            self._log_start(args, state, control)
 
     def on_step_end(self, args: Any, state: Any, control: Any, model: Any = None,
                     **kwargs: Any) -> None:
@@ -387,7 +409,7 @@ class CouplingCallback(TrainerCallback):
 
     def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None,
                **kwargs: Any) -> None:
-        if logs is None or not state.is_world_process_zero:
+        if logs is None or not state.is_world_process_zero or self._emitting:
             return
         if isinstance(logs.get("loss"), (int, float)):
             self.monitor.record_loss(state.global_step, float(logs["loss"]))
@@ -399,5 +421,7 @@ class CouplingCallback(TrainerCallback):
             self._pending = {}
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self._start:  # no step was taken: the step-0 scalars still reach the trackers
+            self._log_start(args, state, control)
         store.write_catalogue(self.monitor.root)
         self.monitor.close()

@@ -3,10 +3,16 @@
 ``trainer = L.Trainer(callbacks=[CouplingLightningCallback(tok, prompts, every=500,
 out="runs/monitor", model_attr="model")])``: at the end of every training batch whose
 ``trainer.global_step`` is due, the module (or its attribute ``model_attr``, e.g. the wrapped
-HuggingFace model) is measured by a :class:`~blockcoupling.studies.monitor.CouplingMonitor`,
-the step's :func:`~blockcoupling.studies.monitor.coupling_scalars` are logged with
-``pl_module.log_dict`` (so every Lightning logger carries them), and the batch's loss (the
-``loss`` of the training step's output) is stored beside the coupling.
+HuggingFace model) is measured by a [`CouplingMonitor`][blockcoupling.studies.monitor.CouplingMonitor],
+the step's `coupling_scalars` go to every logger of the
+trainer (``trainer.loggers``: CSV, TensorBoard, W&B, ...) at that step and at no other (step 0,
+measured at train start, included), and the batch's loss (the ``loss`` of the training step's
+output) is stored beside the coupling.
+
+The scalars go to the loggers directly, not through ``pl_module.log``: Lightning logs what
+``self.log`` received at its own logging cadence, one step behind ``global_step``, and repeats
+the last value at later logging steps, so a tracker would show values where nothing was
+measured.
 """
 
 from __future__ import annotations
@@ -29,7 +35,7 @@ def _loss(outputs: Any) -> float | None:
 
 
 class CouplingLightningCallback(Callback):
-    """Arguments as :class:`CouplingMonitor`; ``model_attr``: measure ``pl_module.<attr>``
+    """Arguments as [`CouplingMonitor`][blockcoupling.studies.monitor.CouplingMonitor]; ``model_attr``: measure ``pl_module.<attr>``
     instead of the LightningModule itself; ``at_start``: measure step 0 at train start."""
 
     def __init__(self, tokenizer: Any, prompts: Any, *, every: int | None = 500,
@@ -43,19 +49,27 @@ class CouplingLightningCallback(Callback):
     def _model(self, pl_module: Any) -> Any:
         return getattr(pl_module, self.model_attr) if self.model_attr else pl_module
 
+    def _log(self, trainer: Any, step: int) -> None:
+        if self.monitor.last_scalars:
+            for logger in trainer.loggers:
+                logger.log_metrics(dict(self.monitor.last_scalars), step=int(step))
+
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
         self.monitor.open()
         if self.at_start and trainer.is_global_zero:
-            self.monitor.step(self._model(pl_module), trainer.global_step, force=True)
+            if self.monitor.step(self._model(pl_module), trainer.global_step,
+                                 force=True) is not None:
+                self._log(trainer, trainer.global_step)
 
     def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
         if not trainer.is_global_zero:
             return
-        m = self.monitor.step(self._model(pl_module), trainer.global_step, loss=_loss(outputs))
-        if m is not None and self.monitor.last_scalars:
-            pl_module.log_dict(self.monitor.last_scalars, on_step=True, on_epoch=False,
-                               rank_zero_only=True)
+        step = trainer.global_step  # optimizer steps taken: the monitor's step
+        if self.monitor.step(self._model(pl_module), step, loss=_loss(outputs)) is not None:
+            self._log(trainer, step)
 
     def on_train_end(self, trainer: Any, pl_module: Any) -> None:
+        for logger in trainer.loggers:
+            logger.save()
         self.monitor.close()

@@ -1,19 +1,19 @@
 """The plans that ``--dry-run`` prints for the studies and sweeps: validated and costed, nothing
 written.
 
-* :func:`plan_sweep`: every unit of a sweep spec, each with the
-  :class:`~blockcoupling.engine.plan.MeasurePlan` of its model and prompts (the model and the
+* `plan_sweep`: every unit of a sweep spec, each with the
+  `MeasurePlan` of its model and prompts (the model and the
   prompts are loaded and checked as the unit's measurement loads them: ``runner.load_unit``,
   ``store.record.plan_run``).
-* :func:`plan_vit_training` (``vit-train``, ``vit-grid``, a grid spec given to ``sweep``) and
-  :func:`plan_lm_study` (``study lm-family``): per training run its steps, the checkpoints
+* `plan_vit_training` (``vit-train``, ``vit-grid``, a grid spec given to ``sweep``) and
+  `plan_lm_study` (``study lm-family``): per training run its steps, the checkpoints
   measured and the MeasurePlan of one checkpoint's measurement, computed on the untrained
   model of the run's shape with the inputs the study measures.
 
 The time estimate is a stated model, not a measurement: training costs ``6 x parameters x
 tokens`` flop per step (forward and backward of a dense transformer), a measurement what
-:func:`~blockcoupling.engine.plan.plan_measure` states, both at
-:data:`~blockcoupling.engine.plan.GFLOPS`. ``vit-train --estimate`` times real training
+`plan_measure` states, both at
+`GFLOPS`. ``vit-train --estimate`` times real training
 steps on this machine.
 """
 
@@ -180,7 +180,7 @@ def plan_vit_training(configs: Sequence[Any], axes: Sequence[str] = (),
 
 
 def plan_grid(base: Any, kwargs: dict[str, Any]) -> StudyPlan:
-    """The plan of a ViT grid (``base`` config and :func:`~blockcoupling.studies.vit.grid.run_grid`'s
+    """The plan of a ViT grid (``base`` config and [`run_grid`][blockcoupling.studies.vit.grid.run_grid]'s
     keyword arguments, e.g. from ``load_grid_spec``): every run's config, checked as the grid
     checks it."""
     from blockcoupling.studies.vit.grid import grid_axes, grid_configs

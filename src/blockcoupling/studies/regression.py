@@ -1,12 +1,20 @@
 """The statistics of the correlation study, on plain tables (one row per model).
 
-Pure functions over numbers, no I/O: :func:`regression` (OLS line, Pearson r with a seeded
-percentile-bootstrap CI of R^2, Spearman rho; scipy.stats), :func:`exponential_fit`
-(scipy.optimize.curve_fit), :func:`partial_correlation` / :func:`partial_correlations`
+Pure functions over numbers, no I/O: `regression` (OLS line, Pearson r with a seeded
+percentile-bootstrap CI of R^2, Spearman rho; scipy.stats), `exponential_fit`
+(scipy.optimize.curve_fit), `partial_correlation` / `partial_correlations`
 (statsmodels OLS residuals, given log10 d_model, log10 parameters and both),
-:func:`floor_analysis` (what the measured chance level of raw c_K explains) and
-:func:`analyse` (all of them on one table). scipy and statsmodels are the optional extra
-``blockcoupling[study]``; :func:`stats_modules` names it when they are missing.
+`floor_analysis` (what the measured chance level of raw c_K explains) and
+`analyse` (all of them on one table). scipy and statsmodels are the optional extra
+``blockcoupling[study]``; `stats_modules` names it when they are missing.
+
+Small samples: below `SMALL_N` models the correlation study (`analyse`) gives
+exact permutation p-values (every one of the n! orderings of the scores, scipy.stats; for a
+partial correlation the Freedman-Lane permutation of the score's residuals), not the t or
+normal approximations, and `regression` gives no bootstrap interval of R^2 below
+`SMALL_N` models or where the bootstrap degenerates (most resamples of a few models
+repeat a model, and their R^2 is 1 or undefined): such an interval would look precise and
+mean nothing.
 """
 
 from __future__ import annotations
@@ -27,6 +35,7 @@ __all__ = [
     "COUPLING_PREDICTORS",
     "MIN_MODELS",
     "PREDICTORS",
+    "SMALL_N",
     "analyse",
     "correlation_density",
     "correlation_power",
@@ -52,6 +61,10 @@ PREDICTORS: tuple[str, ...] = (*COUPLING_PREDICTORS, "params_b", "layers", "d_mo
 CONTROLS: tuple[tuple[str, ...], ...] = (("log_d_model",), ("log_params",),
                                          ("log_d_model", "log_params"))
 MIN_MODELS = 3
+#: below this many models: exact permutation p-values in `analyse`, no bootstrap CI
+SMALL_N = 10
+#: the most bootstrap resamples that may be degenerate (constant x or y) for an interval
+MAX_DEGENERATE = 0.01
 
 
 def stats_modules() -> tuple[Any, Any]:
@@ -74,15 +87,45 @@ def _clean_xy(x: Sequence[float] | np.ndarray, y: Sequence[float] | np.ndarray
     return xa[keep], ya[keep]
 
 
+def _permutation_p(v: np.ndarray, corr: Any) -> float:
+    """Two-sided exact permutation p of a correlation: the share of all n! orderings of ``v``
+    whose |corr| reaches the observed one (scipy's ``permutation_test``, which compares with
+    a relative tolerance for rounding)."""
+    st, _ = stats_modules()
+
+    def stat(w: np.ndarray, axis: int = -1) -> np.ndarray:
+        return np.abs(corr(np.moveaxis(w, axis, -1)))
+
+    return float(st.permutation_test((v,), stat, permutation_type="pairings", vectorized=True,
+                                     n_resamples=math.inf, alternative="greater").pvalue)
+
+
+def _centred_unit(v: np.ndarray) -> np.ndarray:
+    c = v - v.mean(axis=-1, keepdims=True)
+    return c / np.linalg.norm(c, axis=-1, keepdims=True)
+
+
+def _exact_p(x: np.ndarray, y: np.ndarray) -> float:
+    """Two-sided exact permutation p of Pearson's r of x and y (all n! orderings of y)."""
+    zx = _centred_unit(np.asarray(x, dtype=float))
+    return _permutation_p(np.asarray(y, dtype=float), lambda w: _centred_unit(w) @ zx)
+
+
 def regression(x: Sequence[float] | np.ndarray, y: Sequence[float] | np.ndarray, *,
-               n_boot: int = 2000, seed: int = 0, confidence: float = 0.95) -> dict[str, Any]:
+               n_boot: int = 2000, seed: int = 0, confidence: float = 0.95,
+               exact_below: int = 0) -> dict[str, Any]:
     """Least-squares line y = slope x + intercept and rank correlation (rows with NaN dropped).
 
     Returns n, slope, intercept, slope_stderr, r (Pearson), r2, p (two-sided, slope = 0),
     r2_ci (percentile bootstrap over models, ``n_boot`` resamples from
     ``numpy.random.default_rng(seed)``; resamples with a constant x or y are left out and
-    counted in ``n_boot_degenerate``), spearman_rho, spearman_p. Needs n >= 3 and non-constant
-    x and y (raises otherwise).
+    counted in ``n_boot_degenerate``), spearman_rho, spearman_p, and ``p_method`` /
+    ``spearman_p_method``. Below ``exact_below`` models both p-values are exact permutation
+    p-values (all n! orderings; the slope's test is the test of r), else the t-test of the
+    slope (scipy.stats.linregress) and Spearman's t approximation. The interval is NaN, with
+    the reason in ``r2_ci_note``, below `SMALL_N` models or where more than
+    `MAX_DEGENERATE` of the resamples, or the whole interval, degenerate. Needs
+    n >= 3 and non-constant x and y (raises otherwise).
     """
     st, _ = stats_modules()
     xa, ya = _clean_xy(x, y)
@@ -94,9 +137,20 @@ def regression(x: Sequence[float] | np.ndarray, y: Sequence[float] | np.ndarray,
                                  f"{'x' if np.ptp(xa) == 0 else 'y'} is constant")
     lr = st.linregress(xa, ya)
     rho = st.spearmanr(xa, ya)
+    exact = len(xa) < exact_below
+    p, p_method = float(lr.pvalue), "t-test of the slope"
+    sp, sp_method = float(rho.pvalue), "t approximation"
+    if exact:
+        p, p_method = _exact_p(xa, ya), f"exact permutation ({math.factorial(len(xa))} orderings)"
+        sp = _exact_p(st.rankdata(xa), st.rankdata(ya))
+        sp_method = p_method
     lo = hi = float("nan")
     degenerate = 0
-    if n_boot > 0:
+    note = None
+    if n_boot > 0 and len(xa) < SMALL_N:
+        note = (f"no bootstrap interval for {len(xa)} models (below {SMALL_N}, most resamples "
+                "repeat a model and the interval degenerates)")
+    elif n_boot > 0:
         def r2(a: np.ndarray, b: np.ndarray, axis: int = -1) -> np.ndarray:
             return st.pearsonr(a, b, axis=axis).statistic ** 2
 
@@ -108,14 +162,20 @@ def regression(x: Sequence[float] | np.ndarray, y: Sequence[float] | np.ndarray,
         dist = np.asarray(boot.bootstrap_distribution, dtype=float)
         degenerate = int((~np.isfinite(dist)).sum())
         alpha = (1 - confidence) / 2
-        if degenerate < len(dist):
+        if degenerate <= MAX_DEGENERATE * len(dist):
             lo, hi = (float(v) for v in np.nanpercentile(dist, [100 * alpha, 100 * (1 - alpha)]))
+        if degenerate > MAX_DEGENERATE * len(dist) or not lo < hi:
+            lo = hi = float("nan")
+            note = (f"no bootstrap interval: {degenerate} of {len(dist)} resamples had a "
+                    "constant x or y" if degenerate else "no bootstrap interval: every "
+                    "resample gave the same R^2")
     return {
         "n": int(len(xa)), "slope": float(lr.slope), "intercept": float(lr.intercept),
         "slope_stderr": float(lr.stderr), "r": float(lr.rvalue), "r2": float(lr.rvalue ** 2),
-        "p": float(lr.pvalue), "r2_ci": [lo, hi], "ci_level": confidence, "n_boot": int(n_boot),
-        "n_boot_degenerate": degenerate, "seed": int(seed),
-        "spearman_rho": float(rho.statistic), "spearman_p": float(rho.pvalue),
+        "p": p, "p_method": p_method, "r2_ci": [lo, hi], "r2_ci_note": note,
+        "ci_level": confidence, "n_boot": int(n_boot), "n_boot_degenerate": degenerate,
+        "seed": int(seed), "spearman_rho": float(rho.statistic), "spearman_p": sp,
+        "spearman_p_method": sp_method,
     }
 
 
@@ -160,14 +220,17 @@ def exponential_fit(x: Sequence[float], y: Sequence[float]) -> dict[str, Any]:
 
 
 def partial_correlation(x: Sequence[float] | np.ndarray, y: Sequence[float] | np.ndarray,
-                        covariates: Sequence[float] | Sequence[Sequence[float]]
-                        ) -> dict[str, Any]:
+                        covariates: Sequence[float] | Sequence[Sequence[float]], *,
+                        exact_below: int = 0) -> dict[str, Any]:
     """Partial correlation of x and y controlling for one covariate or several (statsmodels OLS).
 
     ``covariates``: one sequence (n,) or several (m sequences of n). Fits
     y ~ 1 + x + covariates; the partial r is the correlation of the residuals of x and y on
-    (1, covariates), its p-value the t-test of x's coefficient (n - 2 - m degrees of freedom).
-    Rows with NaN in any column are dropped; needs n >= m + 3 (and at least 4).
+    (1, covariates), its p-value the t-test of x's coefficient (n - 2 - m degrees of freedom);
+    below ``exact_below`` models the Freedman-Lane permutation p instead (y's residuals on
+    the controls permuted in all n! orders, residualised again, correlated with x's; scipy's
+    ``permutation_test``), named in ``p_method``. Rows with NaN in any column are dropped;
+    needs n >= m + 3 (and at least 4).
     """
     _, sm = stats_modules()
     cov = np.asarray(covariates, dtype=float)
@@ -191,16 +254,23 @@ def partial_correlation(x: Sequence[float] | np.ndarray, y: Sequence[float] | np
         raise BlockCouplingError("after removing the controls nothing varies")
     full = sm.OLS(ya, sm.add_constant(np.column_stack([xa, ca]), has_constant="add")).fit()
     r = float(np.corrcoef(rx, ry)[0, 1])
-    return {"n": int(len(xa)), "r": r, "p": float(full.pvalues[1]), "df": int(full.df_resid),
+    p, method = float(full.pvalues[1]), "t-test of the coefficient"
+    if len(xa) < exact_below:
+        resid = np.eye(len(xa)) - c @ np.linalg.pinv(c)  # residualises on (1, controls)
+        zx = _centred_unit(rx)
+        p = _permutation_p(ry, lambda w: _centred_unit(w @ resid.T) @ zx)
+        method = f"Freedman-Lane permutation ({math.factorial(len(xa))} orderings)"
+    return {"n": int(len(xa)), "r": r, "p": p, "p_method": method, "df": int(full.df_resid),
             "coef": float(full.params[1]), "coef_stderr": float(full.bse[1])}
 
 
 def partial_correlations(table: pd.DataFrame, y: np.ndarray,
                          predictors: Sequence[str] = COUPLING_PREDICTORS,
-                         controls: Sequence[Sequence[str]] = CONTROLS) -> list[dict[str, Any]]:
+                         controls: Sequence[Sequence[str]] = CONTROLS, *,
+                         exact_below: int = 0) -> list[dict[str, Any]]:
     """Each coupling predictor's partial correlation with the score given each set of controls
     (``log_d_model``, ``log_params``, both): one dict each, ``skipped`` with the reason where
-    it cannot be computed."""
+    it cannot be computed (``exact_below`` as `partial_correlation`)."""
     out = []
     for x in predictors:
         if x not in table.columns:
@@ -211,14 +281,16 @@ def partial_correlations(table: pd.DataFrame, y: np.ndarray,
                 missing = [c for c in ctrl if c not in table.columns]
                 if missing:
                     raise BlockCouplingError(f"no {', '.join(missing)} in the table")
-                entry.update(partial_correlation(table[x], y, [table[c] for c in ctrl]))
+                entry.update(partial_correlation(table[x], y, [table[c] for c in ctrl],
+                                                 exact_below=exact_below))
             except BlockCouplingError as err:
                 entry["skipped"] = str(err)
             out.append(entry)
     return out
 
 
-def floor_analysis(table: pd.DataFrame, y: np.ndarray) -> dict[str, Any]:
+def floor_analysis(table: pd.DataFrame, y: np.ndarray, *, exact_below: int = 0
+                   ) -> dict[str, Any]:
     """What the measured chance level of raw c_K explains (``correlate --floor``): the
     regression of the score on ``coupling_chance``, the correlation of raw c_K with the
     score, and its partial correlation given the chance level (what survives the floor)."""
@@ -227,11 +299,13 @@ def floor_analysis(table: pd.DataFrame, y: np.ndarray) -> dict[str, Any]:
         out["skipped"] = ("the chance level was not measured (measure the variant "
                           "coupling_vs_null beside coupling)")
         return out
-    for key, fn in (("score_on_chance", lambda: regression(table["coupling_chance"], y,
-                                                           n_boot=0)),
-                    ("raw_on_score", lambda: regression(table["coupling_mean"], y, n_boot=0)),
+    for key, fn in (("score_on_chance", lambda: regression(
+                        table["coupling_chance"], y, n_boot=0, exact_below=exact_below)),
+                    ("raw_on_score", lambda: regression(table["coupling_mean"], y, n_boot=0,
+                                                        exact_below=exact_below)),
                     ("raw_given_chance", lambda: partial_correlation(
-                        table["coupling_mean"], y, table["coupling_chance"]))):
+                        table["coupling_mean"], y, table["coupling_chance"],
+                        exact_below=exact_below))):
         try:
             out[key] = fn()
         except BlockCouplingError as err:
@@ -241,11 +315,12 @@ def floor_analysis(table: pd.DataFrame, y: np.ndarray) -> dict[str, Any]:
 
 def analyse(table: pd.DataFrame, *, n_boot: int = 2000, seed: int = 0,
             floor: bool = False) -> dict[str, Any]:
-    """All statistics of one table (columns ``score`` and any of :data:`PREDICTORS`).
+    """All statistics of one table (columns ``score`` and any of `PREDICTORS`).
 
     Returns ``{"n", "predictors": {name: regression or {"skipped": why}}, "exponential",
-    "partial_correlations"}`` (and ``"floor"`` with ``floor``: :func:`floor_analysis`).
-    Raises for fewer than 3 models or constant scores.
+    "partial_correlations"}`` (and ``"floor"`` with ``floor``: `floor_analysis`).
+    Below `SMALL_N` models every p-value is an exact permutation p-value. Raises for
+    fewer than 3 models or constant scores.
     """
     y = table["score"].to_numpy(dtype=float)
     if len(table) < MIN_MODELS:
@@ -266,14 +341,15 @@ def analyse(table: pd.DataFrame, *, n_boot: int = 2000, seed: int = 0,
         if np.ptp(x[ok]) == 0 or np.ptp(y[ok]) == 0:
             out["predictors"][name] = {"skipped": "constant over the models with a value"}
             continue
-        out["predictors"][name] = regression(x, y, n_boot=n_boot, seed=seed)
+        out["predictors"][name] = regression(x, y, n_boot=n_boot, seed=seed,
+                                             exact_below=SMALL_N)
     try:
         out["exponential"] = exponential_fit(table["coupling_mean"], y)
     except (BlockCouplingError, KeyError) as err:
         out["exponential"] = {"skipped": str(err)}
-    out["partial_correlations"] = partial_correlations(table, y)
+    out["partial_correlations"] = partial_correlations(table, y, exact_below=SMALL_N)
     if floor:
-        out["floor"] = floor_analysis(table, y)
+        out["floor"] = floor_analysis(table, y, exact_below=SMALL_N)
     return out
 
 
@@ -339,7 +415,7 @@ def correlation_power(n: int, rho: float, alpha: float = 0.05) -> float:
 
 
 def _tost_region(n: int, bound: float, alpha: float) -> tuple[float, float]:
-    """The sample correlations for which the TOST of :func:`correlation_tests` declares
+    """The sample correlations for which the TOST of `correlation_tests` declares
     equivalence within +-``bound``: the Fisher-z (1 - 2 alpha) interval inside the bounds."""
     st, _ = stats_modules()
     half = float(st.norm.isf(alpha)) / math.sqrt(n - 3)
@@ -348,7 +424,7 @@ def _tost_region(n: int, bound: float, alpha: float) -> tuple[float, float]:
 
 
 def tost_power(n: int, bound: float, alpha: float = 0.05, rho: float = 0.0) -> float:
-    """The exact probability that the equivalence test of :func:`correlation_tests` (TOST on
+    """The exact probability that the equivalence test of `correlation_tests` (TOST on
     Fisher's z against +-``bound``) declares equivalence for ``n`` bivariate-normal pairs of
     population correlation ``rho`` (its power at ``rho = 0``)."""
     if n < 4:
@@ -368,7 +444,7 @@ def correlation_tests(x: Sequence[float] | np.ndarray, y: Sequence[float] | np.n
       ``p_tost = max(p_lower, p_upper)``; equivalent (|rho| < bound) when ``p_tost < alpha``,
       i.e. when the Fisher (1 - 2 alpha) interval ``ci_tost`` lies inside (-bound, bound);
     * ``power`` and ``tost_power``: the design's exact power to detect rho = ``bound`` and to
-      declare equivalence at rho = 0 (:func:`correlation_power`, :func:`tost_power`).
+      declare equivalence at rho = 0 (`correlation_power`, `tost_power`).
 
     Needs n >= 4 and values that vary."""
     st, _ = stats_modules()

@@ -1,8 +1,8 @@
 """The scores of the correlation study: a CSV, the paper's Table 1 shipped with the package,
-or lm-evaluation-harness results (:func:`read_scores`), checked into one table
-(:func:`check_score_frame`: ``model``, ``score`` and the optional :data:`OPTIONAL_COLUMNS`),
+or lm-evaluation-harness results (`read_scores`), checked into one table
+(`check_score_frame`: ``model``, ``score`` and the optional `OPTIONAL_COLUMNS`),
 and matched to the measured models by label, model id, ``model@revision`` or run folder name
-(:func:`match_scores`).
+(`match_scores`).
 """
 
 from __future__ import annotations
@@ -89,7 +89,7 @@ def paper_scores() -> pd.DataFrame:
 
 def read_lmeval_dir(path: str | Path) -> pd.DataFrame:
     """Scores from lm-evaluation-harness results (a folder or one results file): one row per
-    (model, revision), the Open LLM Leaderboard average; see :mod:`.lmeval`."""
+    (model, revision), the Open LLM Leaderboard average; see `lmeval`."""
     from blockcoupling.studies.lmeval import read_lmeval
 
     return check_score_frame(read_lmeval(path), str(path))
@@ -113,7 +113,7 @@ def match_scores(models: pd.DataFrame, units: Sequence[ModelUnit], scores: pd.Da
     """Join each unit's row of ``models`` with its score row; returns (table, excluded).
 
     A unit matches the score row whose ``model`` (or ``name`` / ``aliases`` for the paper
-    table) equals, case-insensitively, one of :meth:`ModelUnit.match_keys` (label first), or
+    table) equals, case-insensitively, one of `ModelUnit.match_keys` (label first), or
     whose hub id ends in ``/<key>`` when that is unique. Units with no matching row raise (all
     listed); units whose row has no score are excluded and returned with the reason.
     """

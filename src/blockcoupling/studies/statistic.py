@@ -1,8 +1,8 @@
 """``coupling_statistic``: the headline statistic of a run, a measurement or a collection.
 
-The rule itself lives in :mod:`blockcoupling.engine.statistic` (pure pandas over a
-``coupling`` table); this module only finds the tables: a :class:`Measurement`, a run
-directory, a collection (sweep, monitor or vit-grid directory) or an open :class:`Sweep`, and puts each run's or unit's
+The rule itself lives in `blockcoupling.engine.statistic` (pure pandas over a
+``coupling`` table); this module only finds the tables: a [`Measurement`][blockcoupling.engine.results.Measurement], a run
+directory, a collection (sweep, monitor or vit-grid directory) or an open [`Sweep`][blockcoupling.studies.sweep.read.Sweep], and puts each run's or unit's
 names (label, model, revision, step; unit_id for collections) in front of its rows.
 """
 
@@ -53,8 +53,8 @@ def coupling_statistic(source: Measurement | str | os.PathLike[str] | Any, *,
                        include_duplicates: bool = False, interval: str = "t") -> pd.DataFrame:
     """The headline statistic, one row per run or collection unit and per variant and K.
 
-    ``source``: a :class:`Measurement`, a run directory, a sweep or monitor directory, or an
-    open :class:`~blockcoupling.studies.sweep.Sweep`. ``variant``: one name or a list (default:
+    ``source``: a `Measurement`, a run directory, a sweep or monitor directory, or an
+    open `blockcoupling.studies.sweep.Sweep`. ``variant``: one name or a list (default:
     the headline variants measured: ``coupling_vs_rotated``, ``coupling_vs_null``, then
     ``coupling``); ``k``: None (the smallest measured K, the same for
     every unit of a collection), ``"d/10"`` (round(d/10) per model, the paper's), an int or a

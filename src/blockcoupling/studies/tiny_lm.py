@@ -1,15 +1,15 @@
 """The demo's tiny causal LM: configuration, corpus, tokenizer, training and its cache.
 
-**A tiny pre-LN causal LM** (GPT-2 architecture, built from a :class:`transformers.GPT2Config`)
-with a character-level tokenizer, trained here on the help texts in :mod:`pydoc_data.topics`
+**A tiny pre-LN causal LM** (GPT-2 architecture, built from a `transformers.GPT2Config`)
+with a character-level tokenizer, trained here on the help texts in `pydoc_data.topics`
 and measured at several checkpoints from step 0 on: a toy-scale version of the paper's
-training curves (fig. 1b). The hyperparameters in :class:`TinyLMConfig` are fixed and
+training curves (fig. 1b). The hyperparameters in `TinyLMConfig` are fixed and
 documented; they were chosen as a sensible small character LM that trains in about a minute on
 two cores, and are *not* tuned to make the coupling curves resemble the paper's. Training is
 deterministic under its seed (fixed data order, ``torch.use_deterministic_algorithms``) for a
 given machine, torch version and thread count, and its checkpoints are cached (see
-:func:`train_tiny_lm`). Used by :mod:`blockcoupling.studies.demo` and
-:mod:`blockcoupling.studies.lm_study` (both import it; it imports neither).
+`train_tiny_lm`). Used by `blockcoupling.studies.demo` and
+`blockcoupling.studies.lm_study` (both import it; it imports neither).
 """
 
 from __future__ import annotations
@@ -413,7 +413,7 @@ def _train_and_save(cfg: TinyLMConfig, target: Path, progress: bool,
 
     Writes ``target/step-NNNNNN/`` (model + tokenizer, loadable with ``from_pretrained``) for
     each step in ``cfg.checkpoints`` and returns the training log (also saved by the caller).
-    With ``monitor`` (the default), a :class:`~blockcoupling.CouplingMonitor` measures the
+    With ``monitor`` (the default), a `CouplingMonitor` measures the
     model at each checkpoint step, inside the training loop, into ``target/monitor`` (a
     monitor directory: ``open_sweep`` and ``blockcoupling report`` read it). The monitor does
     not change training: the weights and losses are bit-identical without it (tested).
@@ -543,8 +543,8 @@ def training_log(cfg: TinyLMConfig, cache_dir: str | Path | None = None) -> dict
 
 
 def _monitor_is_current(cfg: TinyLMConfig, target: Path) -> bool:
-    """Whether ``target/monitor`` holds what :func:`monitor_options` and
-    :func:`tiny_lm_prompts` ask for today, every checkpoint step done (else the cache is
+    """Whether ``target/monitor`` holds what `monitor_options` and
+    `tiny_lm_prompts` ask for today, every checkpoint step done (else the cache is
     retrained: the monitor only measures inside the training loop)."""
     from blockcoupling.engine.config import MeasureConfig
     from blockcoupling.studies.monitor import prompt_items
@@ -573,15 +573,15 @@ def train_tiny_lm(
     """Train (or reuse) the tiny LM; return ``(step, checkpoint folder)`` for each checkpoint.
 
     Checkpoints live in ``<cache_dir>/<cfg.cache_key()>/step-NNNNNN`` (``cache_dir`` defaults
-    to :func:`default_cache_dir`), each with its tokenizer, so ``AutoModel.from_pretrained`` and
+    to `default_cache_dir`), each with its tokenizer, so ``AutoModel.from_pretrained`` and
     ``AutoTokenizer.from_pretrained`` load it. With ``monitor`` (the demo's tiny LM) the model
-    is trained with a :class:`~blockcoupling.CouplingMonitor` into ``monitor/``
-    (:func:`monitor_dir`); a cache without a current monitor directory is then trained again
+    is trained with a `CouplingMonitor` into ``monitor/``
+    (`monitor_dir`); a cache without a current monitor directory is then trained again
     (the weights come out bit-identical). ``training.json`` (losses, timings) is written
     last; a folder that has it is complete and is reused without training. Training goes to a
     temporary sibling folder that is renamed into place, so an interrupted run leaves no
     half-written cache. A run with ``plateau_tol`` returns the checkpoints up to the step it
-    stopped at (``end_step`` of :func:`training_log`); it cannot have the monitor (which
+    stopped at (``end_step`` of `training_log`); it cannot have the monitor (which
     expects every checkpoint step).
     """
     if monitor and cfg.plateau_tol is not None:
@@ -624,7 +624,7 @@ def train_tiny_lm(
 
 def monitor_dir(cfg: TinyLMConfig, cache_dir: str | Path | None = None) -> Path:
     """The monitor directory written while ``cfg`` was trained with ``monitor=True`` (one unit
-    per checkpoint step: :func:`monitor_options`, :func:`tiny_lm_prompts`)."""
+    per checkpoint step: `monitor_options`, `tiny_lm_prompts`)."""
     return tiny_lm_dir(cfg, cache_dir) / MONITOR_DIR
 
 

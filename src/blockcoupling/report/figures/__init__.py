@@ -1,20 +1,20 @@
 """The paper's figures, drawn from stored measurements only, one module per figure family.
 
-- :mod:`.depth`: L x L depth-wise heatmap, |A| grid [paper fig. 3], layer graph
+- `depth`: L x L depth-wise heatmap, |A| grid [paper fig. 3], layer graph
   [fig. 1c-e], coupling against layer distance;
-- :mod:`.tokens`: token-wise coupling heatmaps (``self`` [fig. 4], ``fixed_input``,
+- `tokens`: token-wise coupling heatmaps (``self`` [fig. 4], ``fixed_input``,
   ``fixed_output``);
-- :mod:`.trajectory`: PCA trajectories [fig. 17] and trajectory metrics [fig. 24];
-- :mod:`.spectra`: top singular value against depth with the 1/depth fit;
-- :mod:`.runs`: across runs [fig. 1b];
-- :mod:`.base`: figure creation, panels, saving, caption phrases.
+- `trajectory`: PCA trajectories [fig. 17] and trajectory metrics [fig. 24];
+- `spectra`: top singular value against depth with the 1/depth fit;
+- `runs`: across runs [fig. 1b];
+- `base`: figure creation, panels, saving, caption phrases.
 
-Every ``plot_*`` function takes one :class:`~blockcoupling.engine.results.Measurement` or a
-sequence of them and returns a :class:`matplotlib.figure.Figure`; its ``caption_*`` twin takes
+Every ``plot_*`` function takes one [`Measurement`][blockcoupling.engine.results.Measurement] or a
+sequence of them and returns a `matplotlib.figure.Figure`; its ``caption_*`` twin takes
 the same arguments and says what was measured (K, variant, p, orientation, token), naming runs
-by their labels. The numbers come from :mod:`blockcoupling.report.summaries` (pure pandas, no
+by their labels. The numbers come from `blockcoupling.report.summaries` (pure pandas, no
 matplotlib), re-exported here for convenience. Where the data a figure needs is absent the
-plot and caption functions raise :class:`FigureUnavailable` (= ``summaries.NoData``).
+plot and caption functions raise `FigureUnavailable` (= ``summaries.NoData``).
 """
 
 from blockcoupling.engine.spectra import fit_inverse_depth
@@ -24,6 +24,7 @@ from blockcoupling.report.figures.base import (
     FigureUnavailable,
     Runs,
     png_bytes,
+    rendered_png,
     save_figure,
 )
 from blockcoupling.report.figures.depth import (
@@ -68,7 +69,7 @@ from blockcoupling.report.summaries import (
     trajectory_summary,
 )
 
-#: the data drawn by :func:`plot_depth_heatmap` (kept under its former name)
+#: the data drawn by `plot_depth_heatmap` (kept under its former name)
 depth_heatmap_data = depth_matrices
 
 __all__ = [
@@ -82,6 +83,7 @@ __all__ = [
     "plot_across_runs", "plot_coupling_by_distance", "plot_coupling_grid",
     "plot_depth_heatmap", "plot_layer_graph", "plot_pca_trajectories",
     "plot_singular_values", "plot_token_heatmap", "plot_trajectory_metrics", "png_bytes",
+    "rendered_png",
     "resolve_k", "run_label", "run_labels", "save_figure", "token_heatmap_data",
     "top_singular_values", "trajectory_summary",
 ]

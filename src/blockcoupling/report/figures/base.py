@@ -1,6 +1,6 @@
 """What every figure family shares: figure creation, panels, saving, caption phrases.
 
-Figures are built with :class:`matplotlib.figure.Figure` and the Agg canvas directly (no
+Figures are built with `matplotlib.figure.Figure` and the Agg canvas directly (no
 ``pyplot``): no global state, no GUI backend, nothing is ever shown. Captions name runs by
 their labels only; the report defines each label once in its runs table.
 """
@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import io
 import math
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TypeVar
@@ -39,9 +40,29 @@ DPI = 110
 HEATMAP_CMAP = "viridis"
 GRID_CMAP = "magma"
 
-__all__ = ["DPI", "FORMATS", "FigureUnavailable", "Runs", "colormap", "fmt_p", "label_list",
-           "missing_text", "new_figure", "no_data", "panels", "png_bytes", "present",
-           "save_figure", "selection_text", "tokens_text"]
+__all__ = ["DPI", "FORMATS", "FigureLayoutWarning", "FigureUnavailable", "Runs", "colormap",
+           "clip", "fmt_p", "label_list", "layout_problems", "missing_text", "new_figure",
+           "panels", "png_bytes", "present", "rendered_png", "save_figure", "selection_text", "tokens_text"]
+
+
+class FigureLayoutWarning(UserWarning):
+    """A drawn figure has a title or label that overlaps another or leaves the figure
+    (`layout_problems`); the report tests turn it into an error."""
+
+
+#: the most characters of a run label in a panel title, a legend and a tick label: figures
+#: name runs short (the page defines each label once in full)
+TITLE_CHARS, LEGEND_CHARS, TICK_CHARS = 30, 40, 22
+
+
+def clip(text: str, width: int) -> str:
+    """``text`` shortened in the middle to at most ``width`` characters (``ab…yz``), so
+    that a long run label cannot run over its neighbour in a figure."""
+    text = str(text)
+    if len(text) <= width:
+        return text
+    head = (width - 1) // 2
+    return text[:head] + "…" + text[len(text) - (width - 1 - head):]
 
 
 def fmt_p(p: float | None) -> str:
@@ -115,13 +136,6 @@ def panels(n: int, width: float, height: float, *, extra_width: float = 0.0,
     return fig, axes[:n]
 
 
-def no_data(ax: Any, text: str = "no data") -> None:
-    ax.text(0.5, 0.5, text, ha="center", va="center", transform=ax.transAxes, color="0.4",
-            wrap=True)
-    ax.set_xticks([])
-    ax.set_yticks([])
-
-
 def colormap(name: str) -> Colormap:
     return colormaps[name]  # a copy: safe to modify
 
@@ -144,8 +158,96 @@ def save_figure(fig: Figure, stem: Path, formats: Sequence[str] = FORMATS) -> li
     return paths
 
 
-def png_bytes(fig: Figure) -> bytes:
-    """The figure as PNG bytes (no metadata), as embedded in the HTML pages."""
+def _texts(fig: Figure) -> list[tuple[str, Any]]:
+    """(name, text artist) of every visible, non-empty title, axis label and tick label."""
+    out: list[tuple[str, Any]] = []
+    sup = getattr(fig, "_suptitle", None)
+    if sup is not None:
+        out.append(("figure title", sup))
+    for i, ax in enumerate(fig.axes):
+        if not ax.get_visible():
+            continue
+        where = f"panel {i + 1}"
+        for t in (ax.title, getattr(ax, "_left_title", None), getattr(ax, "_right_title", None)):
+            if t is not None:
+                out.append((f"{where} title", t))
+        out += [(f"{where} x label", ax.xaxis.label), (f"{where} y label", ax.yaxis.label)]
+        out += [(f"{where} x tick", t) for t in ax.get_xticklabels()]
+    return [(n, t) for n, t in out if t.get_visible() and t.get_text().strip()]
+
+
+def _overlap(a: Any, b: Any) -> bool:
+    """Whether two boxes (display units) share more than a pixel each way."""
+    from matplotlib.transforms import Bbox
+
+    inter = Bbox.intersection(a, b)
+    return inter is not None and inter.width > 1 and inter.height > 1
+
+
+def layout_problems(fig: Figure) -> list[str]:
+    """What is wrong with ``fig``'s drawn layout: a title or label partly outside the figure,
+    two titles that overlap, a title over another panel, or x tick labels of one panel that
+    overlap each other. Draws the figure once (its canvas's renderer)."""
+    if not isinstance(fig.canvas, FigureCanvasAgg):  # a Figure made without a canvas
+        FigureCanvasAgg(fig)
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()  # type: ignore[attr-defined]
+    page = fig.bbox
+    boxes = [(name, t, t.get_window_extent(renderer)) for name, t in _texts(fig)]
+    problems = []
+    for name, t, b in boxes:
+        if "tick" in name:
+            continue
+        if b.x0 < page.x0 - 1 or b.x1 > page.x1 + 1 or b.y0 < page.y0 - 1 or b.y1 > page.y1 + 1:
+            problems.append(f"{name} {t.get_text()[:40]!r} leaves the figure")
+    titles = [(n, t, b) for n, t, b in boxes if n.endswith("title")]
+    for i, (n1, t1, b1) in enumerate(titles):
+        for n2, _, b2 in titles[i + 1:]:
+            if _overlap(b1, b2):
+                problems.append(f"{n1} {t1.get_text()[:40]!r} overlaps {n2}")
+        for j, ax in enumerate(fig.axes):
+            if ax.get_visible() and not n1.startswith(f"panel {j + 1} ") and n1 != "figure title":
+                if _overlap(b1, ax.get_window_extent(renderer)):
+                    problems.append(f"{n1} {t1.get_text()[:40]!r} overlaps panel {j + 1}")
+    ticks: dict[str, list[tuple[Any, Any]]] = {}
+    for n, t, b in boxes:
+        if "tick" in n:
+            ticks.setdefault(n, []).append((t, b))
+    for n, tb in ticks.items():
+        if _ticks_collide(tb, fig.dpi):
+            problems.append(f"{n} labels overlap each other")
+    return problems
+
+
+def _ticks_collide(ticks: list[tuple[Any, Any]], dpi: float) -> bool:
+    """Whether neighbouring x tick labels overlap: their boxes when upright; when turned by
+    an angle a, their anchors closer than a line of text (font size / sin a) apart."""
+    upright = [b for t, b in ticks if t.get_rotation() % 180 == 0]
+    upright.sort(key=lambda b: b.x0)
+    if any(_overlap(a, c) for a, c in zip(upright, upright[1:], strict=False)):
+        return True
+    turned = sorted((t.get_transform().transform(t.get_position())[0], t) for t, _ in ticks
+                    if t.get_rotation() % 180 != 0)
+    for (x1, t), (x2, _) in zip(turned, turned[1:], strict=False):
+        line = t.get_fontsize() * dpi / 72 / abs(math.sin(math.radians(t.get_rotation())))
+        if x2 - x1 < 0.9 * line:
+            return True
+    return False
+
+
+def rendered_png(fig: Figure) -> tuple[bytes, list[str]]:
+    """The figure as PNG bytes (no metadata) and its `layout_problems`; a
+    `FigureLayoutWarning` says what overlaps."""
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=DPI, metadata={"Software": None})
-    return buf.getvalue()
+    problems = layout_problems(fig)
+    if problems:
+        warnings.warn(FigureLayoutWarning("figure layout: " + "; ".join(problems[:3])),
+                      stacklevel=3)
+    return buf.getvalue(), problems
+
+
+def png_bytes(fig: Figure) -> bytes:
+    """The figure as PNG bytes (no metadata), as embedded in the HTML pages
+    (`rendered_png`: warns where the layout overlaps)."""
+    return rendered_png(fig)[0]

@@ -1,6 +1,6 @@
 """Depth-wise coupling figures: the L x L heatmap, the |A| grid [paper fig. 3], the layer
 graph [fig. 1c-e] and coupling against layer distance. Data from
-:mod:`blockcoupling.report.summaries`."""
+`blockcoupling.report.summaries`."""
 
 from __future__ import annotations
 
@@ -22,8 +22,11 @@ from blockcoupling.engine.statistic import LEAD_VARIANTS
 from blockcoupling.report.figures.base import (
     GRID_CMAP,
     HEATMAP_CMAP,
+    LEGEND_CHARS,
+    TITLE_CHARS,
     FigureUnavailable,
     Runs,
+    clip,
     colormap,
     missing_text,
     new_figure,
@@ -80,7 +83,7 @@ def plot_depth_heatmap(runs: Runs, *, k: int | None = None, variant: str = "coup
     fig, axes = panels(len(mats), 3.6, 4.0, extra_width=1.0)
     image = None
     for ax, mat, lab in zip(axes, mats, labs, strict=True):
-        ax.set_title(lab)
+        ax.set_title(clip(lab, TITLE_CHARS))
         image = ax.imshow(mat.to_numpy(dtype=float), cmap=HEATMAP_CMAP, norm=norm,
                           origin="upper", interpolation="nearest")
         _layer_ticks(ax, list(mat.index), list(mat.columns))
@@ -119,7 +122,7 @@ def plot_coupling_grid(runs: Runs, *, prompt_id: str | None = None, k: int | Non
     fig, axes = panels(len(picks), 4.6, 4.8, extra_width=1.0)
     image = None
     for ax, pick, lab in zip(axes, picks, labs, strict=True):
-        ax.set_title(lab)
+        ax.set_title(clip(lab, TITLE_CHARS))
         image = ax.imshow(pick.mosaic, cmap=colormap(GRID_CMAP).with_extremes(bad="white"),
                           vmin=0.0, vmax=1.0, interpolation="nearest")
         centres = [i * (pick.k + pick.gap) + (pick.k - 1) / 2 for i in range(len(pick.layers))]
@@ -186,7 +189,7 @@ def plot_layer_graph(runs: Runs, *, k: int | None = None, variant: str = "coupli
 
     Layers are nodes on a circle (layer 1 at the top, clockwise). The edge between l and l'
     has width ``0.3 + 5 s`` and opacity ``0.05 + 0.9 s`` where ``s`` =
-    :func:`~blockcoupling.report.summaries.edge_strength` of its mean depth-wise value: a
+    `edge_strength` of its mean depth-wise value: a
     FIXED scale (for ``coupling_vs_null``, drawn when measured: s = 0 at the chance level,
     1 for perfect coupling), never the data's range, so a model at chance looks unstructured.
     Edges are drawn in the order of ``layer_graph_weights`` (l < l', lexicographic) as one
@@ -201,7 +204,7 @@ def plot_layer_graph(runs: Runs, *, k: int | None = None, variant: str = "coupli
         raise FigureUnavailable("the depth-wise matrices have no off-diagonal pairs")
     fig, axes = panels(len(mats), 3.2, 3.6, extra_width=0.2)
     for ax, mat, w, lab in zip(axes, mats, weights, labs, strict=True):
-        ax.set_title(lab)
+        ax.set_title(clip(lab, TITLE_CHARS))
         ax.set_aspect("equal")
         ax.axis("off")
         layers = sorted(set(mat.index) | set(mat.columns))
@@ -269,7 +272,7 @@ def plot_coupling_by_distance(runs: Runs, *, k: int | None = None, variant: str 
         x = t["distance"].to_numpy(dtype=float)
         y = t["mean"].to_numpy(dtype=float)
         sd = t["std"].fillna(0.0).to_numpy(dtype=float)
-        ax.plot(x, y, marker="o", color=f"C{i % 10}", label=lab)
+        ax.plot(x, y, marker="o", color=f"C{i % 10}", label=clip(lab, LEGEND_CHARS))
         ax.fill_between(x, y - sd, y + sd, color=f"C{i % 10}", alpha=0.12, linewidth=0)
     if variant in NULL_VARIANTS:
         ax.axhline(0.0, color="0.3", lw=1, ls=":", label="chance level")

@@ -1,6 +1,6 @@
 """Across runs [paper fig. 1b]: runs in the order given (checkpoints, models) on the x axis
 with the mean depth-wise coupling, the coupling against its chance level, LSS and
-expodistance. Data from :func:`blockcoupling.report.summaries.across_runs_data`."""
+expodistance. Data from `blockcoupling.report.summaries.across_runs_data`."""
 
 from __future__ import annotations
 
@@ -9,10 +9,31 @@ from collections.abc import Sequence
 import numpy as np
 from matplotlib.figure import Figure
 
-from blockcoupling.report.figures.base import Runs, new_figure, no_data, selection_text
+from blockcoupling.engine.results import Measurement
+from blockcoupling.report.figures.base import (
+    TICK_CHARS,
+    FigureUnavailable,
+    Runs,
+    clip,
+    new_figure,
+    selection_text,
+)
 from blockcoupling.report.summaries import across_runs_data, as_runs, run_labels
 
-__all__ = ["caption_across_runs", "plot_across_runs"]
+__all__ = ["caption_across_runs", "plot_across_runs", "training_runs"]
+
+
+def training_runs(ms: Sequence[Measurement]) -> list[list[int]]:
+    """Positions of the runs that are checkpoints of one training run (the same meta
+    ``model``, each with a ``step``), two or more, in step order: the only points the
+    across-runs figure joins with a line."""
+    groups: dict[str, list[tuple[float, int]]] = {}
+    for i, m in enumerate(ms):
+        model, step = m.meta.get("model"), m.meta.get("step")
+        if model not in (None, "") and isinstance(step, int | float) and not isinstance(
+                step, bool):
+            groups.setdefault(str(model), []).append((float(step), i))
+    return [[i for _, i in sorted(g)] for g in groups.values() if len(g) > 1]
 
 
 def plot_across_runs(runs: Runs, *, k: int | None = None, variant: str = "coupling",
@@ -30,11 +51,20 @@ def plot_across_runs(runs: Runs, *, k: int | None = None, variant: str = "coupli
     if not data["null_median"].isna().all():
         panels.append(("null", f"{data['null_variant'].iloc[0]} (0 = chance)"))
     panels += [("lss", "median LSS"), ("expodistance", "median expodistance")]
+    panels = [(col, name) for col, name in panels  # a panel only where something is drawn
+              if np.isfinite(data[f"{col}_{'mean' if col == 'coupling' else 'median'}"]
+                             .to_numpy(dtype=float)).any()]
+    if not panels:
+        raise FigureUnavailable("nothing to compare across runs (no depth-wise coupling or "
+                                "trajectory metrics)")
     many = len(ms) > 3
     fig = new_figure(min(16.0, max(9.0, 1.0 + 2.4 * len(panels) + 0.6 * len(ms))),
                      4.4 if many else 3.6)
-    axes = fig.subplots(1, len(panels))
+    axes = list(np.ravel(fig.subplots(1, len(panels), squeeze=False)))
     x = np.arange(len(ms), dtype=float)
+    joined = training_runs(ms)
+    ticks = [clip(lab, TICK_CHARS) for lab in labs]
+    tilt = many or max(map(len, ticks)) > 12
     for ax, (col, name) in zip(axes, panels, strict=True):
         ax.set_title(name, fontsize="medium")
         if col != "coupling":  # median with the inter-quartile range
@@ -44,11 +74,10 @@ def plot_across_runs(runs: Runs, *, k: int | None = None, variant: str = "coupli
         else:  # mean +- one std
             y = data[f"{col}_mean"].to_numpy(dtype=float)
             e = data[f"{col}_std"].to_numpy(dtype=float)
-        if np.isnan(y).all():
-            no_data(ax)
-            continue
         ax.ticklabel_format(axis="y", useOffset=False)
-        ax.errorbar(x, y, yerr=np.nan_to_num(e), marker="o", capsize=3, color="C0")
+        ax.errorbar(x, y, yerr=np.nan_to_num(e), fmt="o", capsize=3, color="C0")
+        for run in joined:  # a line only through the checkpoints of one training run
+            ax.plot(x[run], y[run], "-", color="C0", lw=1.2)
         if col == "null":
             ax.axhline(0.0, color="0.3", lw=1, ls=":")
         if col == "expodistance":
@@ -58,7 +87,7 @@ def plot_across_runs(runs: Runs, *, k: int | None = None, variant: str = "coupli
             finite = finite[np.isfinite(finite)]
             if finite.size and finite.min() > 0 and finite.max() / finite.min() > 100:
                 ax.set_yscale("log")
-        ax.set_xticks(x, labs, rotation=35 if many else 0, ha="right" if many else "center",
+        ax.set_xticks(x, ticks, rotation=35 if tilt else 0, ha="right" if tilt else "center",
                       fontsize="small")
         ax.set_xlim(-0.5, len(ms) - 0.5)
         ax.grid(alpha=0.3)
@@ -73,10 +102,14 @@ def caption_across_runs(runs: Runs, *, k: int | None = None, variant: str = "cou
     null = str(data["null_variant"].iloc[0])
     what = ("the same basis rotated at random" if null == "coupling_vs_rotated" else
             "independent random bases")
+    joined = training_runs(ms)
+    lines = ("Points of one training run (checkpoints of one model, by step) are joined by a "
+             "line; other runs are separate points. " if joined else
+             "The runs are separate points (no two are checkpoints of one training run). ")
     return ("Across runs, in the order given: mean depth-wise value over layer pairs l != l' "
             f"(over prompts and tokens, error bars one standard deviation); {null} "
             f"(0 = the chance level of {what}, 1 = perfect coupling; median over "
             "prompts and tokens with the inter-quartile range) when it was measured; the "
             "median per-token LSS and expodistance (inter-quartile range; expodistance is "
-            "heavy-tailed where norms barely grow). "
+            "heavy-tailed where norms barely grow). " + lines
             + selection_text(ms, k, variant, p, orientation, None, labels))

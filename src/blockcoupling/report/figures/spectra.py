@@ -1,5 +1,5 @@
 """Spectral figures: the top singular value of J^l_tt against depth with the paper's
-sigma ~ a / l + b fit. Data from :func:`blockcoupling.report.summaries.top_singular_values`."""
+sigma ~ a / l + b fit. Data from `blockcoupling.report.summaries.top_singular_values`."""
 
 from __future__ import annotations
 
@@ -10,8 +10,10 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
 from blockcoupling.report.figures.base import (
+    LEGEND_CHARS,
     FigureUnavailable,
     Runs,
+    clip,
     new_figure,
     tokens_text,
 )
@@ -47,7 +49,7 @@ def plot_singular_values(runs: Runs, *, rank: int = 1, token: int | None = None,
             continue
         x = t["layer"].to_numpy(dtype=float)
         y = t["sigma"].to_numpy(dtype=float)
-        ax.plot(x, y, marker="o", color=f"C{i % 10}", label=lab)
+        ax.plot(x, y, marker="o", color=f"C{i % 10}", label=clip(lab, LEGEND_CHARS))
         fit = inverse_depth_fit(t)
         if fit is None:
             continue

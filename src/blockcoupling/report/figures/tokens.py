@@ -1,6 +1,6 @@
 """Token-wise coupling heatmaps: kinds ``self`` [paper fig. 4], ``fixed_input`` and
 ``fixed_output`` (context coupling). Data from
-:func:`blockcoupling.report.summaries.token_heatmap_data`."""
+`blockcoupling.report.summaries.token_heatmap_data`."""
 
 from __future__ import annotations
 
@@ -13,7 +13,9 @@ from matplotlib.figure import Figure
 
 from blockcoupling.report.figures.base import (
     HEATMAP_CMAP,
+    TITLE_CHARS,
     Runs,
+    clip,
     colormap,
     fmt_p,
     label_list,
@@ -57,7 +59,7 @@ def plot_token_heatmap(runs: Runs, kind: str = "self", *, prompt_id: str | None 
     fig, axes = panels(len(picks), 3.6, 4.4, extra_width=1.0)  # room for two-line titles
     image = None
     for ax, pick, lab in zip(axes, picks, labs, strict=True):
-        title = f"{lab}\nlayers {pick.layer_a}, {pick.layer_b}"
+        title = f"{clip(lab, TITLE_CHARS)}\nlayers {pick.layer_a}, {pick.layer_b}"
         if pick.fixed is not None:
             title += f"; {'input' if kind == 'fixed_input' else 'output'} token {pick.fixed}"
         ax.set_title(title, fontsize="medium")
@@ -105,5 +107,11 @@ def caption_token_heatmap(runs: Runs, kind: str = "self", *, prompt_id: str | No
         parts.append(s)
     p_text = f", p={fmt_p(p)}" if variant in P_VARIANTS else ""
     k_text = "K=" + label_list([resolve_k(m, k) for m in ms], labs)
+    has_rows = [bool((m.coupling["kind"] == kind).any()) for m in ms]
+    not_measured = [None if pick is None and not rows else 0
+                    for pick, rows in zip(picks, has_rows, strict=True)]
+    one_token = [None if pick is None and rows else 0
+                 for pick, rows in zip(picks, has_rows, strict=True)]
     return (f"{what} {k_text}, variant={variant}{p_text}, orientation={orientation}. "
-            + "; ".join(parts) + "." + missing_text(picks, labs))
+            + "; ".join(parts) + "." + missing_text(not_measured, labs)
+            + missing_text(one_token, labs, "Measured at one token only"))

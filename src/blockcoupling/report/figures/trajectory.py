@@ -8,16 +8,20 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+import pandas as pd
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
 from blockcoupling.report.figures.base import (
+    LEGEND_CHARS,
+    TICK_CHARS,
+    TITLE_CHARS,
     FigureUnavailable,
     Runs,
+    clip,
     colormap,
     missing_text,
     new_figure,
-    no_data,
     panels,
     present,
     tokens_text,
@@ -55,7 +59,7 @@ def plot_pca_trajectories(runs: Runs, *, prompt_id: str | None = None,
     data, labs = present(found, labs)
     fig, axes = panels(len(data), 3.8, 4.0, extra_width=0.4)
     for ax, item, lab in zip(axes, data, labs, strict=True):
-        ax.set_title(f"{lab}\nprompt {item[0]}", fontsize="medium")
+        ax.set_title(f"{clip(lab, TITLE_CHARS)}\nprompt {item[0]}", fontsize="medium")
         rows = item[1]
         tokens = sorted(int(t) for t in rows["token"].unique())
         last = tokens[-1]
@@ -113,81 +117,95 @@ def _box(ax: Any, vals: list[np.ndarray], labs: list[str], nans: list[int], col:
     st = robust_stats(np.concatenate(vals))
     if st.spans_decades():
         ax.set_yscale("log")
-    names = [lab if not n else f"{lab}\n({n} NaN)" for lab, n in zip(labs, nans, strict=True)]
-    many = len(labs) > 3
-    ax.set_xticks(range(1, len(labs) + 1), names, rotation=30 if many else 0,
-                  ha="right" if many else "center", fontsize="small")
+    names = [clip(lab, TICK_CHARS) if not n else f"{clip(lab, TICK_CHARS)}\n({n} NaN)"
+             for lab, n in zip(labs, nans, strict=True)]
+    tilt = len(labs) > 3 or max(map(len, names)) > 10
+    ax.set_xticks(range(1, len(labs) + 1), names, rotation=30 if tilt else 0,
+                  ha="right" if tilt else "center", fontsize="small")
     ax.set_xlim(0.4, len(labs) + 0.6)
     ax.set_ylabel(f"per-token {col}" + (" (log scale)" if st.spans_decades() else ""))
     ax.grid(alpha=0.3, axis="y")
 
 
-def plot_trajectory_metrics(runs: Runs, *, token: int | None = None,
-                            labels: Sequence[str] | None = None) -> Figure:
-    """Four panels: (a) median norm ||x^l|| per layer with its inter-quartile band (log scale
-    where norms span decades), (b) median windowed LSS per layer (runs whose window covers
-    the whole model are left out and named in the panel), one line per run; (c) per-token LSS
-    and (d) per-token expodistance, one box per run with the individual (prompt, token)
-    values as dots, NaN counts in the tick labels, log scale where values span decades."""
-    ms = as_runs(runs)
-    labs = run_labels(ms, labels)
+#: the panels of `plot_trajectory_metrics`, in order: (column, title, kind)
+_METRIC_PANELS = (("norm", "norms", "line"), ("lss_window", "windowed line-shape score", "line"),
+                  ("lss", "LSS of whole trajectories", "box"),
+                  ("expodistance", "expodistance", "box"))
+
+
+def _metric_data(ms: Sequence[Any], labs: Sequence[str], token: int | None
+                 ) -> tuple[list[pd.DataFrame], list[pd.DataFrame], list[str], list[str]]:
+    """(per-layer summaries, per-token metrics, labels of runs whose LSS window covers the
+    model, the panel columns that have something to draw)."""
     summaries = [trajectory_summary(m, token) for m in ms]
     tms = [m.token_metrics if token is None else
            m.token_metrics[m.token_metrics["token"] == token] for m in ms]
-    if all(s.empty for s in summaries) and all(t.empty for t in tms):
+    covered = [lab for m, lab in zip(ms, labs, strict=True) if window_covers_model(m)]
+    drawn = []
+    for col, _, kind in _METRIC_PANELS:
+        if kind == "line":
+            ok = any(not s.empty and s[col].notna().any() and not (col == "lss_window"
+                                                                   and lab in covered)
+                     for s, lab in zip(summaries, labs, strict=True))
+        else:
+            ok = any(np.isfinite(t[col].to_numpy(dtype=float)).any() for t in tms)
+        if ok:
+            drawn.append(col)
+    return summaries, tms, covered, drawn
+
+
+def plot_trajectory_metrics(runs: Runs, *, token: int | None = None,
+                            labels: Sequence[str] | None = None) -> Figure:
+    """Up to four panels, each drawn only where some run has its data (lettered in order):
+    median norm ||x^l|| per layer with its inter-quartile band (log scale where norms span
+    decades); median windowed LSS per layer (runs whose window covers the whole model are
+    left out: their windowed LSS is the whole trajectory's, see the next panel), one line
+    per run; per-token LSS and per-token expodistance, one box per run with the individual
+    (prompt, token) values as dots, NaN counts in the tick labels, log scale where values
+    span decades."""
+    ms = as_runs(runs)
+    labs = run_labels(ms, labels)
+    summaries, tms, covered, drawn = _metric_data(ms, labs, token)
+    if not drawn:
         raise FigureUnavailable("no trajectory metrics; measure with trajectory=True")
     many = len(ms) > 3
-    fig = new_figure(11.0, 7.4 if many else 6.6)
-    (ax_n, ax_w), (ax_l, ax_e) = fig.subplots(2, 2)
-    covered = [lab for m, lab in zip(ms, labs, strict=True) if window_covers_model(m)]
-    for ax, col, ylabel in ((ax_n, "norm", "median norm ||x^l||"),
-                            (ax_w, "lss_window", "median windowed LSS")):
-        ax.ticklabel_format(axis="y", useOffset=False)  # plain values, no "+1.8e0" offset
-        drawn = False
-        for i, (s, lab) in enumerate(zip(summaries, labs, strict=True)):
-            if s.empty or s[col].isna().all():
-                continue
-            if col == "lss_window" and lab in covered:
-                continue
-            s = s.dropna(subset=[col])  # windowed LSS is undefined near the ends
-            x = s["layer"].to_numpy(dtype=float)
-            ax.plot(x, s[f"{col}_median"].to_numpy(dtype=float), marker=".",
-                    color=f"C{i % 10}", label=lab)
-            ax.fill_between(x, s[f"{col}_q25"].to_numpy(dtype=float),
-                            s[f"{col}_q75"].to_numpy(dtype=float), color=f"C{i % 10}",
-                            alpha=0.12, linewidth=0)
-            drawn = True
-        if not drawn:
-            why = ("the LSS window covers every layer of "
-                   + ("every run" if len(covered) == len(ms) else ", ".join(covered))
-                   + ": see (c)") if col == "lss_window" and covered else "no data"
-            no_data(ax, why)
+    grid = (2, 2) if len(drawn) == 4 else (1, len(drawn))
+    fig = new_figure(11.0 if len(drawn) > 1 else 6.5,
+                     (7.4 if many else 6.6) if grid[0] == 2 else (4.4 if many else 3.8))
+    axes = list(np.ravel(fig.subplots(*grid, squeeze=False)))
+    titles = {col: title for col, title, _ in _METRIC_PANELS}
+    for letter, (ax, col) in zip("abcd", zip(axes, drawn, strict=True), strict=False):
+        ax.set_title(f"({letter}) {titles[col]}", fontsize="medium", loc="left")
+        if col in ("norm", "lss_window"):
+            ax.ticklabel_format(axis="y", useOffset=False)  # plain values, no "+1.8e0" offset
+            for i, (sm, lab) in enumerate(zip(summaries, labs, strict=True)):
+                if sm.empty or sm[col].isna().all() or (col == "lss_window" and lab in covered):
+                    continue
+                sm = sm.dropna(subset=[col])  # windowed LSS is undefined near the ends
+                x = sm["layer"].to_numpy(dtype=float)
+                ax.plot(x, sm[f"{col}_median"].to_numpy(dtype=float), marker=".",
+                        color=f"C{i % 10}", label=clip(lab, LEGEND_CHARS))
+                ax.fill_between(x, sm[f"{col}_q25"].to_numpy(dtype=float),
+                                sm[f"{col}_q75"].to_numpy(dtype=float), color=f"C{i % 10}",
+                                alpha=0.12, linewidth=0)
+            if col == "lss_window" and covered:
+                ax.text(0.02, 0.98, "window covers the whole model (not drawn):\n"
+                        + ", ".join(clip(c, LEGEND_CHARS) for c in covered),
+                        transform=ax.transAxes, va="top", fontsize="x-small", color="0.35")
+            if col == "norm":
+                norms = np.concatenate([sm["norm_median"].to_numpy(dtype=float)
+                                        for sm in summaries if not sm.empty])
+                if robust_stats(norms).spans_decades(1.5):
+                    ax.set_yscale("log")
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+            ax.set_xlabel("layer l (0 = input of block 1)")
+            ax.set_ylabel(f"median {'norm ||x^l||' if col == 'norm' else 'windowed LSS'}")
+            ax.grid(alpha=0.3)
             continue
-        if col == "norm":
-            norms = np.concatenate([s["norm_median"].to_numpy(dtype=float) for s in summaries])
-            if robust_stats(norms).spans_decades(1.5):
-                ax.set_yscale("log")
-        if col == "lss_window" and covered:
-            ax.text(0.02, 0.98, "window covers the whole model (not drawn):\n"
-                    + ", ".join(covered), transform=ax.transAxes, va="top", fontsize="x-small",
-                    color="0.35")
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-        ax.set_xlabel("layer l (0 = input of block 1)")
-        ax.set_ylabel(ylabel)
-        ax.grid(alpha=0.3)
-    for ax, col in ((ax_l, "lss"), (ax_e, "expodistance")):
         vals = [t[col].to_numpy(dtype=float) for t in tms]
         nans = [int(np.isnan(v).sum()) for v in vals]
-        vals = [v[np.isfinite(v)] for v in vals]
-        if all(v.size == 0 for v in vals):
-            no_data(ax, f"no finite {col} ({sum(nans)} NaN)" if sum(nans) else "no data")
-            continue
-        _box(ax, vals, labs, nans, col)
-    ax_n.set_title("(a) norms", fontsize="medium", loc="left")
-    ax_w.set_title("(b) windowed line-shape score", fontsize="medium", loc="left")
-    ax_l.set_title("(c) LSS of whole trajectories", fontsize="medium", loc="left")
-    ax_e.set_title("(d) expodistance", fontsize="medium", loc="left")
-    handles, names = ax_n.get_legend_handles_labels()
+        _box(ax, [v[np.isfinite(v)] for v in vals], labs, nans, col)
+    handles, names = axes[0].get_legend_handles_labels()
     if handles:
         fig.legend(handles, names, loc="outside right upper", fontsize="small")
     return fig
@@ -205,17 +223,24 @@ def caption_trajectory_metrics(runs: Runs, *, token: int | None = None,
     nan_ed = [(lab, int(m.token_metrics["expodistance"].isna().sum()), len(m.token_metrics))
               for m, lab in zip(ms, labs, strict=True)]
     nan_text = "; ".join(f"{lab}: {n} of {tot}" for lab, n, tot in nan_ed if n)
+    drawn = _metric_data(ms, labs, token)[3]
+    what = {"norm": "norm ||x^l_i|| per layer",
+            "lss_window": ("line-shape score on a centred window of "
+                           f"{', '.join(map(str, win))} layers, per layer"),
+            "lss": "line-shape score LSS of each whole trajectory (1 = straight line)",
+            "expodistance": ("expodistance Var(alpha)/Mean(alpha)^2 of alpha^l = "
+                             "ln(||x^l|| / ||x^(l-1)||) (0 = exact exponential growth)")}
+    panels_text = "; ".join(f"({letter}) {what[col]}"
+                            for letter, col in zip("abcd", drawn, strict=False))
     text = ("Trajectory metrics of the hidden states, medians over prompts and tokens with "
-            "the inter-quartile range as a band or box: (a) norm ||x^l_i|| per layer and "
-            f"(b) line-shape score on a centred window of {', '.join(map(str, win))} layers; "
-            "(c) line-shape score LSS of each whole trajectory (1 = straight line) and "
-            "(d) expodistance Var(alpha)/Mean(alpha)^2 of alpha^l = ln(||x^l|| / ||x^(l-1)||) "
-            "(0 = exact exponential growth), one dot per (prompt, token); a log axis where "
-            f"values span decades. {'; '.join(sorted({tokens_text(m, token) for m in ms}))}.")
+            f"the inter-quartile range as a band or box: {panels_text}; per-token values "
+            "one dot per (prompt, token); a log axis where values span decades. "
+            f"{'; '.join(sorted({tokens_text(m, token) for m in ms}))}.")
     if covered:
         text += (" The LSS window is at least as long as the trajectory of "
                  + ", ".join(covered) + ": its windowed LSS is the whole trajectory's LSS "
-                 "clipped at the ends, a flat line, so it is not drawn (see (c)).")
+                 "clipped at the ends, a flat line, so it is not drawn"
+                 + (" (no panel)" if "lss_window" not in drawn else "") + ".")
     if nan_text:
         text += (f" Tokens without an expodistance (NaN: {EXPODISTANCE_NAN_REASON}): "
                  f"{nan_text}.")

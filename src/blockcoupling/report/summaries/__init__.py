@@ -2,7 +2,7 @@
 
 Nothing here imports matplotlib (the correlation, sweep and monitor studies read these
 summaries without plotting) and nothing recomputes a Jacobian: every function reads the tidy
-tables of a :class:`~blockcoupling.engine.results.Measurement` (``coupling``, ``trajectory``,
+tables of a [`Measurement`][blockcoupling.engine.results.Measurement] (``coupling``, ``trajectory``,
 ``token_metrics``, ``spectra``, ``prompts``) and its ``A/<prompt_id>/<orientation>`` arrays.
 
 Conventions shared by every function:
@@ -12,7 +12,7 @@ Conventions shared by every function:
 - ``k=None`` means each run's smallest measured K; ``p`` applies to the variants that take one
   (``P_VARIANTS``); ``orientation`` is ``ujv`` or ``vju``.
 - Where a run lacks the data, per-run lists hold ``None``; where no run has it, the function
-  raises :class:`NoData` (a :class:`~blockcoupling.errors.BlockCouplingError` whose message
+  raises `NoData` (a [`BlockCouplingError`][blockcoupling.errors.BlockCouplingError] whose message
   says what to measure).
 - Robust statistics (median and quartiles) sit next to means wherever a quantity is
   heavy-tailed (expodistance of post-LN models reaches 1e5 on single tokens).
@@ -47,6 +47,7 @@ from blockcoupling.report.summaries.common import (
     robust_stats,
     run_label,
     run_labels,
+    short_name,
     token_metric_stats,
 )
 from blockcoupling.report.summaries.depth import (
@@ -122,6 +123,7 @@ __all__ = [
     "resolve_k",
     "robust_stats",
     "run_label",
+    "short_name",
     "run_labels",
     "run_overview",
     "token_axes",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -47,12 +48,29 @@ def as_runs(runs: Runs) -> list[Measurement]:
 
 
 
+def short_name(name: str) -> str:
+    """How a model or run is named on a page: a local path becomes its folder name (the
+    last part), a Hub id (``org/name``) and any other name stay as they are. A path is a
+    name that starts with ``/``, ``./``, ``../`` or ``~``, holds a backslash or more than
+    one ``/``, or is an existing folder."""
+    text = str(name).strip()
+    stripped = text.rstrip("/\\")
+    path_like = (text.startswith(("/", "./", "../", "~")) or "\\" in text
+                 or stripped.count("/") > 1
+                 or ("/" in stripped and os.path.isdir(os.path.expanduser(stripped))))
+    if not path_like:
+        return text
+    last = stripped.replace("\\", "/").rsplit("/", 1)[-1]
+    return last or text
+
+
 def run_label(m: Measurement, index: int = 0) -> str:
-    """A short name for a run: meta ``label``, else ``revision``, else the model id."""
+    """A short name for a run: meta ``label``, else ``revision``, else the model id, as
+    `short_name` shows it (a local path: its folder name)."""
     for key in ("label", "revision", "model"):
         value = m.meta.get(key)
         if value not in (None, ""):
-            return str(value)
+            return short_name(str(value))
     return f"run {index + 1}"
 
 
@@ -67,9 +85,10 @@ def run_labels(ms: Sequence[Measurement], labels: Sequence[str] | None = None) -
         out = [str(x) for x in labels]
     else:
         out = [run_label(m, i) for i, m in enumerate(ms)]
+    given = list(out)
     seen: dict[str, int] = {}
-    for i, lab in enumerate(out):
-        if out.count(lab) > 1:
+    for i, lab in enumerate(given):
+        if given.count(lab) > 1:
             seen[lab] = seen.get(lab, 0) + 1
             out[i] = f"{lab} #{seen[lab]}"
     return out
@@ -146,7 +165,7 @@ class RobustStats:
 
 
 def robust_stats(values: Sequence[float] | np.ndarray | pd.Series) -> RobustStats:
-    """:class:`RobustStats` of ``values`` (NaN and +-inf are counted in ``n_nan``)."""
+    """`RobustStats` of ``values`` (NaN and +-inf are counted in ``n_nan``)."""
     v = np.asarray(values, dtype=float).ravel()
     finite = v[np.isfinite(v)]
     if finite.size == 0:
@@ -160,7 +179,7 @@ def robust_stats(values: Sequence[float] | np.ndarray | pd.Series) -> RobustStat
 
 
 def token_metric_stats(m: Measurement, column: str, token: int | None = None) -> RobustStats:
-    """:class:`RobustStats` over (prompt, token) of a ``token_metrics`` column (``lss``,
+    """`RobustStats` over (prompt, token) of a ``token_metrics`` column (``lss``,
     ``expodistance``, ``equidistance_cv``, ``linearisation_cosine``)."""
     tm = m.token_metrics if token is None else m.token_metrics[m.token_metrics["token"] == token]
     return robust_stats(tm[column])

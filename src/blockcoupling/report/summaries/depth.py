@@ -59,7 +59,7 @@ def depth_matrix(m: Measurement, *, k: int | None = None, variant: str = "coupli
 def depth_matrices(runs: Runs, *, k: int | None = None, variant: str = "coupling",
                    p: float | None = 1.0, orientation: str = "ujv",
                    token: int | None = None) -> list[pd.DataFrame | None]:
-    """Per run: :func:`depth_matrix` (None where absent); :class:`NoData` if no run has it."""
+    """Per run: `depth_matrix` (None where absent); `NoData` if no run has it."""
     check_variant(variant, orientation)
     ms = as_runs(runs)
     mats = [depth_matrix(m, k=k, variant=variant, p=p, orientation=orientation, token=token)

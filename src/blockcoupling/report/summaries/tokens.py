@@ -181,13 +181,19 @@ def token_heatmap_data(runs: Runs, kind: str = "self", *, prompt_id: str | None 
     """Per run: the prompt, layer pair, fixed token and n x n token-wise matrix.
 
     Defaults: the run's first prompt, the middle same-layer pair, for ``fixed_input`` the
-    first input token and for ``fixed_output`` the last output token."""
+    first input token and for ``fixed_output`` the last output token. A run measured at one
+    token (an encoder's [CLS] under ``tokens="auto"``) has no token-wise matrix to show
+    (None: a 1 x 1 "heatmap" says nothing)."""
     check_variant(variant, orientation)
     token_axes(kind)
     picks = [_token_pick(m, kind, prompt_id=prompt_id, layers=layers, fixed_token=fixed_token,
                          k=k, variant=variant, p=p, orientation=orientation)
              for m in as_runs(runs)]
+    measured = any(x is not None for x in picks)
+    picks = [x if x is not None and min(x.matrix.shape) > 1 else None for x in picks]
     if all(x is None for x in picks):
         raise NoData(f"no '{kind}' coupling rows for this selection; measure with "
-                     f"coupling including {kind!r}")
+                     f"coupling including {kind!r}" if not measured else
+                     f"'{kind}' coupling was measured at one token only; a token-wise "
+                     "heatmap needs two or more (measure with tokens=all)")
     return picks

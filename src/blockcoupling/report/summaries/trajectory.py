@@ -77,7 +77,7 @@ def top_singular_values(m: Measurement, rank: int = 1, token: int | None = None)
 
 @dataclass(frozen=True)
 class InverseDepthFit:
-    """The least-squares fit ``sigma ~ a / l + b`` of one run's :func:`top_singular_values`."""
+    """The least-squares fit ``sigma ~ a / l + b`` of one run's `top_singular_values`."""
 
     a: float
     b: float
@@ -98,7 +98,7 @@ class InverseDepthFit:
 
 
 def inverse_depth_fit(table: pd.DataFrame) -> InverseDepthFit | None:
-    """:func:`blockcoupling.engine.spectra.fit_inverse_depth` on a :func:`top_singular_values`
+    """`blockcoupling.engine.spectra.fit_inverse_depth` on a `top_singular_values`
     table (None with fewer than 3 layers)."""
     if len(table) < 3:
         return None

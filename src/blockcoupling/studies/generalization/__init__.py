@@ -2,12 +2,12 @@
 across models of one architecture, when generalisation is moved by the data (training-set
 size x label noise), with a positive control, pre-registered tests and the design's power?
 
-- :mod:`.design`: the spec (cells, seeds, the training config, the tests' settings), the
+- `.design`: the spec (cells, seeds, the training config, the tests' settings), the
   hypotheses, the power check (before any training), the full and quick designs;
-- :mod:`.analysis`: pure statistics over the runs' table (cells at the seed level, the positive
+- `.analysis`: pure statistics over the runs' table (cells at the seed level, the positive
   control, H1, the equivalence test, the mixed model);
-- :mod:`.run`: trains the runs as a ViT grid collection (resumable, Ray or local), reads them,
-  analyses and writes ``study.json`` and ``study.html`` (:mod:`.page`).
+- `.run`: trains the runs as a ViT grid collection (resumable, Ray or local), reads them,
+  analyses and writes ``study.json`` and ``study.html`` (`.page`).
 """
 
 from blockcoupling.studies.generalization.design import (

@@ -4,7 +4,7 @@ The table has one row per training run (the unit of replication) with its cell (
 training-set size ``n_train`` x ``label_noise``), ``seed``, ``test_accuracy``, and for each
 coupling variant ``v`` of the spec its value ``v`` at the comparison point and ``v_se``, the
 standard error over the measured images *within* that one trained model (not a replication
-se). Every cell statistic is at the seed level (:func:`~blockcoupling.studies.regression.
+se). Every cell statistic is at the seed level (`blockcoupling.studies.regression.
 replicate_summary`: runs as the unit); every test is scipy.stats or statsmodels.
 """
 
@@ -126,7 +126,7 @@ def comparison_point(final: pd.DataFrame, checkpoints: pd.DataFrame | None,
     the latest monitored checkpoint of matched steps (``checkpoints``: the runs' table with a
     ``step`` column, one row per run and step) where it passes; otherwise ``final``, with the
     control failed. Returns ``point`` ("final" or the step), ``control`` (its
-    :func:`positive_control` there), ``control_final`` and ``table`` (the runs at the point)."""
+    `positive_control` there), ``control_final`` and ``table`` (the runs at the point)."""
     control_final = positive_control(final, variants, alpha)
     chosen: dict[str, Any] = {"point": "final", "control": control_final,
                               "control_final": control_final, "table": final,
@@ -157,9 +157,9 @@ def comparison_point(final: pd.DataFrame, checkpoints: pd.DataFrame | None,
 def analyse(final: pd.DataFrame, variants: Sequence[str], *, alpha: float = 0.05,
             bound: float = 0.5, checkpoints: pd.DataFrame | None = None) -> dict[str, Any]:
     """Every statistic of the study: the comparison point and its positive control, the
-    cells at the seed level, H1 and E1 over the cells (:func:`~blockcoupling.studies.
+    cells at the seed level, H1 and E1 over the cells (`blockcoupling.studies.
     regression.correlation_tests` of the cell-mean coupling of ``variants[0]`` on the
-    cell-mean test accuracy; the other variants beside it) and H1b (:func:`mixed_model`)."""
+    cell-mean test accuracy; the other variants beside it) and H1b (`mixed_model`)."""
     _check(final, variants)
     point = comparison_point(final, checkpoints, variants, alpha)
     table = point.pop("table")

@@ -4,7 +4,7 @@
 the same for every run), does coupling above chance rise with generalisation (test accuracy)?
 
 **Manipulation**: generalisation is moved by the data, not by the model: the training-set
-size (``train_sizes``, nested seeded subsets of the training split, :func:`~blockcoupling.
+size (``train_sizes``, nested seeded subsets of the training split, `blockcoupling.
 studies.vit.data.load_image_data`) crossed with label noise (``label_noises``: that fraction
 of the training labels replaced by another class; the test labels stay clean), each cell
 trained from ``seeds`` (initialisation, order and noise draw). Every run takes the same number
@@ -20,7 +20,7 @@ one; ``monitor_every`` counts steps), and the study says so.
 primary test (its seeds are averaged: cell means are independent), H1 Pearson r > 0 over the
 cells, the equivalence test E1 (TOST against ``bound``, the smallest correlation of interest),
 and H1b over runs with a random intercept per cell (statsmodels MixedLM). The design's power
-(exact, :func:`~blockcoupling.studies.regression.correlation_power`) must reach the stated
+(exact, `blockcoupling.studies.regression.correlation_power`) must reach the stated
 ``power``, checked before any training.
 """
 
@@ -251,7 +251,7 @@ def describe_design(spec: GeneralizationSpec) -> list[str]:
 
 def full_spec() -> GeneralizationSpec:
     """The full design: 8 training-set sizes (90 .. 1,437 images, 16x) x label noise 0 / 20 /
-    40 % = 24 cells x 3 seeds = 72 runs of the tiny ViT on digits (:data:`FULL_TRAIN`),
+    40 % = 24 cells x 3 seeds = 72 runs of the tiny ViT on digits (`FULL_TRAIN`),
     power 0.83 to detect a cell-level correlation of 0.5 at alpha 0.05."""
     return GeneralizationSpec(note="the full design")
 
@@ -272,8 +272,8 @@ def quick_spec() -> GeneralizationSpec:
 
 
 def parse_spec(data: Mapping[str, Any]) -> GeneralizationSpec:
-    """A :class:`GeneralizationSpec` from a mapping (YAML): any of its fields; ``train`` is a
-    mapping of :class:`VitTrainConfig` fields on top of the full design's. Unknown keys and
+    """A `GeneralizationSpec` from a mapping (YAML): any of its fields; ``train`` is a
+    mapping of `VitTrainConfig` fields on top of the full design's. Unknown keys and
     bad values: one line naming the key (``fields.from_mapping``)."""
     if not isinstance(data, Mapping):
         raise BlockCouplingError("generalization spec: give a mapping of train_sizes, "
@@ -282,7 +282,7 @@ def parse_spec(data: Mapping[str, Any]) -> GeneralizationSpec:
 
 
 def load_spec(path: str | Path) -> GeneralizationSpec:
-    """:func:`parse_spec` of a YAML file."""
+    """`parse_spec` of a YAML file."""
     import yaml
 
     p = Path(path)

@@ -1,5 +1,5 @@
-"""What ``study generalization`` found: :class:`GeneralizationResult` (``study.json`` is its
-:meth:`~GeneralizationResult.to_dict`)."""
+"""What ``study generalization`` found: `GeneralizationResult` (``study.json`` is its
+`GeneralizationResult.to_dict`)."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ __all__ = ["GeneralizationResult"]
 
 @dataclass
 class GeneralizationResult:
-    """What :func:`run_study` found (``study.json`` is :meth:`to_dict`)."""
+    """What `run_study` found (``study.json`` is `to_dict`)."""
 
     spec: GeneralizationSpec
     runs: pd.DataFrame            # the runs at the comparison point

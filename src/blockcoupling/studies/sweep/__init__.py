@@ -5,8 +5,8 @@ on Ray (default) or in this process, read back as one set of tables.
 >>> s = bc.run_sweep("study.yaml", "sweeps/pythia")           # doctest: +SKIP
 >>> s = bc.open_sweep("sweeps/pythia"); s.summary()           # doctest: +SKIP
 
-Modules: :mod:`.spec` (the YAML spec), :mod:`.units` (expansion, unit ids, checkpoints),
-:mod:`.store` (the sweep directory), :mod:`.runner` (executors), :mod:`.read` (open_collection, alias open_sweep: the reader
+Modules: `spec` (the YAML spec), `units` (expansion, unit ids, checkpoints),
+`store` (the sweep directory), `runner` (executors), `read` (open_collection, alias open_sweep: the reader
 of every kind of collection: sweep, monitor, vit-grid).
 """
 

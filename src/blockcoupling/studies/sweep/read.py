@@ -1,12 +1,12 @@
-"""Reading a collection (a sweep, a monitor directory, a ViT grid): :func:`open_collection`
-(alias :func:`open_sweep`) -> :class:`Sweep`, tables across units via DuckDB. The one reader of
+"""Reading a collection (a sweep, a monitor directory, a ViT grid): [`open_collection`][blockcoupling.studies.sweep.read.open_collection]
+(alias [`open_sweep`][blockcoupling.studies.sweep.read.open_sweep]) -> [`Sweep`][blockcoupling.studies.sweep.read.Sweep], tables across units via DuckDB. The one reader of
 every kind: the manifest says the kind (``Sweep.kind``), the units' run directories come from
 the catalogue.
 
-Nothing is loaded until asked for: :meth:`Sweep.table` runs one DuckDB query over the Parquet
+Nothing is loaded until asked for: [`Sweep.table`][blockcoupling.studies.sweep.read.Sweep.table] runs one DuckDB query over the Parquet
 tables of every finished unit (``read_parquet`` of the files, joined with the catalogue), so
-a filter or a column selection is applied while reading, and :meth:`Sweep.sql` lets any
-aggregate run without materialising the rows. :meth:`Sweep.summary` is such an aggregate.
+a filter or a column selection is applied while reading, and [`Sweep.sql`][blockcoupling.studies.sweep.read.Sweep.sql] lets any
+aggregate run without materialising the rows. [`Sweep.summary`][blockcoupling.studies.sweep.read.Sweep.summary] is such an aggregate.
 """
 
 from __future__ import annotations
@@ -88,9 +88,9 @@ class Sweep:
     def verify(self) -> None:
         """Check every done unit's run directory as ``open_run`` does (sealed manifest,
         checksum of every file, prompt rows counted against the manifest, the unit's
-        identity); a :class:`~blockcoupling.studies.sweep.store.UnitDamagedError` names the
+        identity); a `UnitDamagedError` names the
         first damaged unit and the command that measures it again. Every table read calls
-        it (once per :class:`Sweep`)."""
+        it (once per [`Sweep`][blockcoupling.studies.sweep.read.Sweep])."""
         if self._verified:
             return
         damaged = store.damaged_units(self.root)
@@ -125,7 +125,7 @@ class Sweep:
         return self.root / str(self.catalogue.loc[at, "run_dir"].iloc[0])
 
     def open_unit(self, unit_id: str) -> Any:
-        """The unit's :class:`~blockcoupling.engine.results.Measurement` (``open_run``)."""
+        """The unit's [`Measurement`][blockcoupling.engine.results.Measurement] (``open_run``)."""
         from blockcoupling.store.rundir import open_run
 
         return open_run(self.run_dir(unit_id))
@@ -228,8 +228,8 @@ class Sweep:
         """The headline statistic (``engine.statistic``) of every done unit: the unit
         columns, then one row per variant and K. ``k=None`` is the smallest measured K, which
         must be the same for every unit (a sweep with mixed K is refused: pass ``k``) unless
-        ``allow_mixed_k`` (each unit's own smallest K, as :meth:`summary` shows them).
-        ``tokens=None`` is the collection's own (:attr:`default_tokens`)."""
+        ``allow_mixed_k`` (each unit's own smallest K, as [`summary`][blockcoupling.studies.sweep.read.Sweep.summary] shows them).
+        ``tokens=None`` is the collection's own ([`default_tokens`][blockcoupling.studies.sweep.read.Sweep.default_tokens])."""
         tokens = self.default_tokens if tokens is None else tokens
         done = self.done()
         if not include_duplicates:
@@ -275,7 +275,7 @@ class Sweep:
     def summary(self, *, k: KSpec = None, p: float = 1.0, orientation: str = "ujv",
                 tokens: str | None = None, diagonal: bool = False,
                 include_duplicates: bool = False) -> pd.DataFrame:
-        """Per done unit: the headline statistic (:meth:`coupling_statistic`) in wide form,
+        """Per done unit: the headline statistic (`coupling_statistic`) in wide form,
         ``coupling_vs_rotated_mean, coupling_vs_rotated_se, coupling_vs_null_mean,
         coupling_vs_null_se, coupling_mean, coupling_se, coupling_chance`` (each unit's K in
         ``k``: ``k=None`` takes each unit's smallest
@@ -331,7 +331,7 @@ class Sweep:
         return out
 
 
-#: the statistic's columns in :meth:`Sweep.summary` (wide form, chance-corrected first)
+#: the statistic's columns in [`Sweep.summary`][blockcoupling.studies.sweep.read.Sweep.summary] (wide form, chance-corrected first)
 SUMMARY_STATISTIC_COLUMNS: tuple[str, ...] = (
     "coupling_vs_rotated_mean", "coupling_vs_rotated_se", "coupling_vs_null_mean",
     "coupling_vs_null_se", "coupling_mean", "coupling_se", "coupling_chance")
@@ -353,7 +353,7 @@ def open_collection(path: str | os.PathLike[str]) -> Sweep:
 
 
 open_sweep = open_collection
-"""The earlier name of :func:`open_collection` (kept): opens a collection of any kind."""
+"""The earlier name of [`open_collection`][blockcoupling.studies.sweep.read.open_collection] (kept): opens a collection of any kind."""
 
 
 def sweep_status(path: str | os.PathLike[str]) -> pd.DataFrame:

@@ -1,6 +1,6 @@
 """Running a sweep: one task per unit on Ray (default) or in this process (``local``).
 
-Each unit is measured by :func:`run_unit` into ``SWEEP/units/<unit_id>`` with
+Each unit is measured by `run_unit` into ``SWEEP/units/<unit_id>`` with
 ``measure_to_dir(..., resume=True)``: a unit whose worker was killed is retried by Ray
 (``max_retries``) and continues from its finished prompts; a driver killed at any point is
 continued with ``resume=True`` (CLI ``--resume``), which skips units already done. A unit that
@@ -30,7 +30,13 @@ from blockcoupling.studies.identity import input_differences, input_hashes
 from blockcoupling.studies.sweep import store
 from blockcoupling.studies.sweep.spec import SweepSpec, load_spec
 from blockcoupling.studies.sweep.units import Unit, expand
-from blockcoupling.verbosity import ray_logging_level
+from blockcoupling.verbosity import (
+    level,
+    quiet,
+    ray_logging_level,
+    say_worker_warnings,
+    worker_call,
+)
 
 EXECUTORS = ("ray", "local")
 #: environment variables that reach every Ray worker (offline mode and caches)
@@ -306,7 +312,7 @@ def _ray_reason(err: BaseException | None, log: str) -> str:
 
 def _init_with_deadline(ray: Any, timeout: float, **kwargs: Any) -> None:
     """``ray.init(**kwargs)`` that gives up after ``timeout`` seconds (Ray retries an
-    unreachable or refusing cluster for ever): a :class:`SweepError` with Ray's reason."""
+    unreachable or refusing cluster for ever): a `SweepError` with Ray's reason."""
     import tempfile
 
     box: dict[str, BaseException] = {}
@@ -346,7 +352,7 @@ def connect_ray(address: str | None = None, *, num_cpus: int | None = None,
     object store, ``num_cpus``) when there is none. Offline mode and cache settings reach the
     workers. ``num_cpus`` / ``object_store_memory`` only size a new local cluster (Ray
     refuses them when connecting). A connection has a deadline (``connect_timeout`` seconds:
-    a TCP probe of host:port, then ``ray.init``); a failure is one :class:`SweepError` with
+    a TCP probe of host:port, then ``ray.init``); a failure is one `SweepError` with
     Ray's own reason. Uses the Ray already initialised in this process, if any."""
     ray = import_ray()
     if ray.is_initialized():
@@ -362,7 +368,7 @@ def connect_ray(address: str | None = None, *, num_cpus: int | None = None,
         _probe(target, source, min(PROBE_TIMEOUT_S, connect_timeout))
         _init_with_deadline(ray, connect_timeout, address=target, _source=source, **kwargs)
         return RayCluster(target, source, started_here=False)
-    kwargs |= {"include_dashboard": False, "log_to_driver": True,
+    kwargs |= {"include_dashboard": False, "log_to_driver": not quiet(),  # -q: no chatter
                "logging_level": ray_logging_level()}
     if target is not None:
         if num_cpus is not None:
@@ -390,7 +396,7 @@ def _gcs_address(ray: Any, fallback: str | None) -> str:
 def start_ray(address: str | None = None, *, num_cpus: int | None = None,
               object_store_memory: int | None = LOCAL_OBJECT_STORE_BYTES,
               connect_timeout: float = CONNECT_TIMEOUT_S) -> str:
-    """:func:`connect_ray`, returning the cluster's address (Ray stays initialised)."""
+    """`connect_ray`, returning the cluster's address (Ray stays initialised)."""
     return connect_ray(address, num_cpus=num_cpus, object_store_memory=object_store_memory,
                        connect_timeout=connect_timeout).address
 
@@ -398,7 +404,7 @@ def start_ray(address: str | None = None, *, num_cpus: int | None = None,
 @contextlib.contextmanager
 def ray_session(address: str | None = None, *, num_cpus: int | None = None,
                 connect_timeout: float = CONNECT_TIMEOUT_S) -> Iterator[RayCluster]:
-    """:func:`connect_ray` for the ``with`` block; a cluster this process initialised is
+    """`connect_ray` for the ``with`` block; a cluster this process initialised is
     shut down at its end (a cluster it connected to keeps running)."""
     ray = import_ray()
     initialised_here = not ray.is_initialized()
@@ -419,24 +425,29 @@ def ray_each(fn: Callable[..., Any],
     ``ray.remote(...).options``: resources, retries, name) and call ``on_result(i, value,
     None)`` as each finishes, or ``on_result(i, None, err)`` where its worker died past its
     retries (a ``RayError``). Uses the Ray already initialised in this process, or the cluster
-    :func:`connect_ray` finds or starts (shut down afterwards if this process initialised
+    `connect_ray` finds or starts (shut down afterwards if this process initialised
     it); ``on_start(cluster)`` once it is reached. Returns the cluster address. The one task
-    loop of sweeps and ViT grids."""
+    loop of sweeps and ViT grids. The workers run at this process's verbosity, and their
+    warnings are said here, in this process's format, each text once (``-q``: not at all):
+    `blockcoupling.verbosity.worker_call`."""
     ray = import_ray()
     with ray_session(address, num_cpus=num_cpus) as cluster:
         if on_start is not None:
             on_start(cluster)
-        task = ray.remote(fn)
-        refs = {task.options(**opts).remote(*args): i for i, (args, opts) in enumerate(calls)}
+        task = ray.remote(worker_call)
+        refs = {task.options(**opts).remote(fn, level(), *args): i
+                for i, (args, opts) in enumerate(calls)}
+        seen: set[str] = set()
         while refs:
             ready, _ = ray.wait(list(refs), num_returns=1)
             for ref in ready:
                 i = refs.pop(ref)
                 try:
-                    value = ray.get(ref)
+                    value, said = ray.get(ref)
                 except ray.exceptions.RayError as err:
                     on_result(i, None, err)
                 else:
+                    say_worker_warnings(said, seen)
                     on_result(i, value, None)
     return cluster.address
 
@@ -623,9 +634,9 @@ def run_sweep(spec: str | os.PathLike[str] | Mapping[str, Any] | SweepSpec,
               retries: int | None = None,
               connect_timeout: float = CONNECT_TIMEOUT_S) -> Any:
     """Run (or with ``resume=True`` continue) a sweep into the directory ``out`` and return
-    :func:`open_sweep` of it.
+    [`open_sweep`][blockcoupling.studies.sweep.read.open_sweep] of it.
 
-    ``spec``: a YAML file, a mapping of the same form, or a :class:`SweepSpec`. ``executor``:
+    ``spec``: a YAML file, a mapping of the same form, or a [`SweepSpec`][blockcoupling.studies.sweep.spec.SweepSpec]. ``executor``:
     ``"ray"`` (one task per unit, on the cluster ``ray.init()`` would use: ``address``,
     ``RAY_ADDRESS`` or the one ``ray start`` left on this node, else a local cluster of
     ``num_cpus`` started here; the Ray already initialised in this process is used as is) or

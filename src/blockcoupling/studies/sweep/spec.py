@@ -1,4 +1,4 @@
-"""Sweep specifications: a YAML file (or a dict) parsed into a validated :class:`SweepSpec`.
+"""Sweep specifications: a YAML file (or a dict) parsed into a validated [`SweepSpec`][blockcoupling.studies.sweep.spec.SweepSpec].
 
 ```yaml
 models:
@@ -13,7 +13,7 @@ measure: {coupling: [depth], k: [10], tokens: last}   # any MeasureConfig field
 ```
 
 Every key is checked: an unknown key, a wrong type or an empty list is a
-:class:`~blockcoupling.errors.BlockCouplingError` that names the key and says what to write.
+[`BlockCouplingError`][blockcoupling.errors.BlockCouplingError] that names the key and says what to write.
 Relative paths (local models, checkpoint globs, prompt files) are relative to the spec file's
 folder (to the current folder for a dict).
 """
@@ -48,7 +48,7 @@ class SpecError(BlockCouplingError):
 
 
 def _checked(record: Any, prefix: str = "") -> None:
-    """The record's field rules (``blockcoupling.fields``), a failure as a :class:`SpecError`."""
+    """The record's field rules (``blockcoupling.fields``), a failure as a `SpecError`."""
     try:
         check_fields(record, prefix=prefix, dashes=False)
     except validate.OptionError as err:
@@ -108,7 +108,7 @@ class SweepSpec:
             raise SpecError("name must be a string")
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain data (JSON-safe) that :func:`parse_spec` reads back to an equal spec."""
+        """Plain data (JSON-safe) that `parse_spec` reads back to an equal spec."""
         out = dataclasses.asdict(self)
         out.pop("config")
         for m in out["models"]:
@@ -313,7 +313,7 @@ def parse_spec(data: Any, *, base_dir: str | os.PathLike[str] | None = None) -> 
 
 
 def load_spec(source: str | os.PathLike[str] | Mapping[str, Any] | SweepSpec) -> SweepSpec:
-    """A :class:`SweepSpec` from a YAML file path, a mapping or a spec (returned as is)."""
+    """A [`SweepSpec`][blockcoupling.studies.sweep.spec.SweepSpec] from a YAML file path, a mapping or a spec (returned as is)."""
     if isinstance(source, SweepSpec):
         return source
     if isinstance(source, Mapping):

@@ -26,7 +26,7 @@ a collection killed at any point is read (and resumed) from them; a unit's rows 
 its own run directory, so no unit ever writes rows twice. The manifest keeps the name
 ``sweep.json`` for every kind (the format began with sweeps; format 1 directories are read
 as they are). The ViT grid's old layout (``grid.json`` + ``runs/``) is converted by
-:func:`blockcoupling.studies.collection.upgrade_collection`.
+`blockcoupling.studies.collection.upgrade_collection`.
 """
 
 from __future__ import annotations
@@ -90,13 +90,13 @@ def read_json(path: Path) -> Any:
 
 def is_collection_dir(path: str | os.PathLike[str]) -> bool:
     """True if ``path`` holds a collection manifest (``sweep.json``: any kind) or the old
-    ViT grid layout (``grid.json``, which :func:`load_manifest` answers with the line that
+    ViT grid layout (``grid.json``, which `load_manifest` answers with the line that
     converts it). The manifest, not the folder's contents, then says the kind."""
     return (Path(path) / MANIFEST).is_file() or (Path(path) / LEGACY_GRID_FILE).is_file()
 
 
 is_sweep_dir = is_collection_dir
-"""The earlier name of :func:`is_collection_dir`."""
+"""The earlier name of `is_collection_dir`."""
 
 
 def upgrade_line(root: Path) -> str:
@@ -308,7 +308,7 @@ def unit_problem(root: Path, rec: dict[str, Any]) -> str | None:
 
 
 def damaged_units(root: Path) -> dict[str, str]:
-    """unit id -> problem, for every ``done`` unit whose files fail :func:`unit_problem`."""
+    """unit id -> problem, for every ``done`` unit whose files fail `unit_problem`."""
     out: dict[str, str] = {}
     for rec in all_status(root):
         if rec.get("status") == "done":

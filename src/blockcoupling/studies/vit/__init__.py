@@ -1,9 +1,9 @@
 """The ViT study: DeiT-style ViTs trained with stochastic depth, their coupling and accuracy.
 
-- :mod:`.model`: the ViT (transformers' BEiT configured as DeiT), presets, ``load_vit``;
-- :mod:`.data`: digits (offline, scikit-learn) and CIFAR-10 (image folder or ``datasets``);
-- :mod:`.train`: ``VitTrainConfig`` and ``train_vit(config, out_dir) -> out_dir`` (idempotent,
+- `model`: the ViT (transformers' BEiT configured as DeiT), presets, ``load_vit``;
+- `data`: digits (offline, scikit-learn) and CIFAR-10 (image folder or ``datasets``);
+- `train`: ``VitTrainConfig`` and ``train_vit(config, out_dir) -> out_dir`` (idempotent,
   resumable), metrics.json, coupling measured during training and at the end;
-- :mod:`.grid`: the drop-path x weight-decay grid (the paper's values by default).
-- :mod:`.report`: its figures and HTML page (drawn with the report layer's page skeleton).
+- `grid`: the drop-path x weight-decay grid (the paper's values by default).
+- `report`: its figures and HTML page (drawn with the report layer's page skeleton).
 """

@@ -2,16 +2,16 @@
 import with the CPU-only torch here). Every draw comes from the caller's generators, so a
 training epoch seeded by (seed, epoch) is reproducible.
 
-- :func:`crop_flip` - random crop after 4 pixels of zero padding, and (``flip=True``) a
+- `crop_flip` - random crop after 4 pixels of zero padding, and (``flip=True``) a
   horizontal flip with probability 1/2. This is *not* RandAugment (DeiT's policy of 2 random
   photometric/geometric operations of magnitude 9); it is the standard CIFAR crop-and-flip.
-- :func:`random_erase` - timm's random erasing ("pixel" mode): with probability ``prob`` an
+- `random_erase` - timm's random erasing ("pixel" mode): with probability ``prob`` an
   image gets one rectangle of 2-33 % of its area, aspect ratio log-uniform in [0.3, 3.3],
   filled with N(0, 1) noise (the images are normalised per channel).
-- :func:`mix_batch` - Mixup (Beta(alpha, alpha) convex mix of two images and their targets)
+- `mix_batch` - Mixup (Beta(alpha, alpha) convex mix of two images and their targets)
   and CutMix (a box of area 1 - lambda pasted from another image; lambda is then the kept
   area); with both on, each batch uses one of them with probability 1/2 (timm's switch).
-- :func:`smooth_targets` - label smoothing: ``(1 - eps) * one_hot + eps / classes``.
+- `smooth_targets` - label smoothing: ``(1 - eps) * one_hot + eps / classes``.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Image data for the ViT study: scikit-learn's digits (offline) and CIFAR-10.
 
-Every loader returns an :class:`ImageData`: float tensors ``(N, C, H, W)`` normalised per
+Every loader returns an `ImageData`: float tensors ``(N, C, H, W)`` normalised per
 channel with the *training* split's mean and std, integer labels, and class names.
 
 - ``digits``: the 1,797 8x8 grey-scale digits that ship with scikit-learn, split 80/20

@@ -97,7 +97,7 @@ def conditional_fits(runs: pd.DataFrame, column: str = "coupling_vs_null") -> di
 
 
 def fits_table(fits: dict[str, Any]) -> pd.DataFrame:
-    """One row per fit of :func:`conditional_fits` (group, fixed value, x, n, slope, R^2, p)."""
+    """One row per fit of `conditional_fits` (group, fixed value, x, n, slope, R^2, p)."""
     rows = [{"fit": "pooled", "fixed": "-", **{k: f[k] for k in ("x", "y", *FIT_KEYS)}}
             for f in fits["pooled"].values()]
     for key, fixed in (("by_weight_decay", "weight_decay"), ("by_drop_path", "drop_path"),

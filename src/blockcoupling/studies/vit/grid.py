@@ -19,7 +19,7 @@ crash, or with more points) only does the work that is missing. On Ray each run 
 and the others go on. The old layout (``grid.json`` + ``runs/``) is one line naming
 ``blockcoupling collection upgrade``.
 
-:func:`collect_runs` and :func:`collect_epochs` read a grid, or any folder holding
+`collect_runs` and `collect_epochs` read a grid, or any folder holding
 ``vit-train`` outputs (runs trained one by one), into tables for the figures
 (``studies/vit/report.py``).
 """
@@ -69,7 +69,7 @@ EXTRA_AXES: dict[str, tuple[str, str]] = {"train_limit": ("train_limits", "n"),
 
 def run_name(config: VitTrainConfig, axes: Sequence[str] = ()) -> str:
     """``dp<rate>-wd<decay>-s<seed>``, e.g. ``dp0.1-wd0.05-s0``, after the values of the
-    extra ``axes`` the grid varies (:data:`EXTRA_AXES`), e.g. ``n90-noise0.2-dp0.1-wd0.05-s0``."""
+    extra ``axes`` the grid varies (`EXTRA_AXES`), e.g. ``n90-noise0.2-dp0.1-wd0.05-s0``."""
     extra = "".join(f"{EXTRA_AXES[a][1]}{getattr(config, a) or 0:g}-" for a in EXTRA_AXES
                     if a in axes)
     return f"{extra}dp{config.drop_path:g}-wd{config.weight_decay:g}-s{config.seed}"
@@ -80,7 +80,7 @@ def grid_configs(base: VitTrainConfig, drop_paths: Sequence[float] = PAPER_DROP_
                  seeds: Sequence[int] = (0,), *, train_limits: Sequence[int] | None = None,
                  label_noises: Sequence[float] | None = None) -> list[VitTrainConfig]:
     """One config per (weight decay, drop-path rate, seed), weight decay outermost; with
-    ``train_limits`` / ``label_noises`` (extra axes, :data:`EXTRA_AXES`) one per their
+    ``train_limits`` / ``label_noises`` (extra axes, `EXTRA_AXES`) one per their
     values too, those outermost (training-set size, then label noise)."""
     if not drop_paths or not weight_decays or not seeds:
         raise BlockCouplingError("the grid needs at least one drop-path rate, weight decay and seed")
@@ -107,7 +107,7 @@ def grid_configs(base: VitTrainConfig, drop_paths: Sequence[float] = PAPER_DROP_
 
 def grid_axes(train_limits: Sequence[int] | None = None,
               label_noises: Sequence[float] | None = None) -> tuple[str, ...]:
-    """The extra axes a grid varies (:data:`EXTRA_AXES` order)."""
+    """The extra axes a grid varies (`EXTRA_AXES` order)."""
     given = {"train_limit": train_limits, "label_noise": label_noises}
     return tuple(a for a in EXTRA_AXES if given[a] is not None)
 
@@ -115,10 +115,10 @@ def grid_axes(train_limits: Sequence[int] | None = None,
 def load_grid_spec(source: str | Path | dict[str, Any]
                    ) -> tuple[VitTrainConfig, dict[str, Any]]:
     """A grid from YAML (or a dict): ``drop_path`` and ``weight_decay`` lists (default: the
-    paper's), ``seeds`` (default [0]), ``train`` (:class:`VitTrainConfig` fields, shared by
+    paper's), ``seeds`` (default [0]), ``train`` (`VitTrainConfig` fields, shared by
     every run), optionally the extra axes ``train_limit`` and ``label_noise`` (lists), and
     ``executor``, ``address``, ``cpus_per_run``, ``threads``.
-    Returns the base config and the keyword arguments of :func:`run_grid`::
+    Returns the base config and the keyword arguments of `run_grid`::
 
         drop_path: [0, 0.1, 0.3]
         weight_decay: [0.01, 0.1]
@@ -218,7 +218,7 @@ FINAL_RUN = "coupling/final"
 
 def grid_unit(config: VitTrainConfig, axes: Sequence[str] = ()) -> Any:
     """The collection unit of one grid point (``studies.sweep.units.Unit``): label
-    :func:`run_name` (with the grid's extra ``axes``), id by the collections' one rule over
+    `run_name` (with the grid's extra ``axes``), id by the collections' one rule over
     the whole training config, config hash of its final measurement, run directory
     ``coupling/final``."""
     from blockcoupling.studies.sweep.units import Unit, collection_unit_id
@@ -290,10 +290,10 @@ def run_grid(base: VitTrainConfig, root: str | Path, *,
              threads: int | None = 1, progress: bool = True,
              on_run: Callable[[dict[str, Any]], None] | None = None,
              cluster_cpus: int | None = None) -> pd.DataFrame:
-    """Train every grid point into ``root/runs/<name>``; returns :func:`collect_runs` with a
+    """Train every grid point into ``root/runs/<name>``; returns `collect_runs` with a
     ``message`` column (runs that failed are ``status == "failed"``).
 
-    ``train_limits`` / ``label_noises``: extra axes (:func:`grid_configs`; the runs' names
+    ``train_limits`` / ``label_noises``: extra axes (`grid_configs`; the runs' names
     then start with them). ``executor="ray"``: one task per run (``num_cpus`` each) on the cluster at ``address``
     (or the one ``ray.init()`` finds), reached before anything is written, or a local one of
     ``cluster_cpus`` CPUs; ``"local"``: one after the other in this process. A grid directory may be

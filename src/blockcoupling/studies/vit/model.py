@@ -13,7 +13,7 @@ give exactly a DeiT block stack:
 
 Remaining differences from timm's DeiT, none of which touches the blocks' residual form:
 BEiT's key projection has no bias, and [CLS] and positions start at zero (timm draws them
-from N(0, 0.02^2)). The model is a :class:`~transformers.BeitForImageClassification`, so it
+from N(0, 0.02^2)). The model is a `BeitForImageClassification`, so it
 saves and loads with ``save_pretrained`` / ``from_pretrained`` and ``find_blocks`` finds its
 blocks at ``beit.layers`` (final norm ``beit.layernorm``). Token 0 is [CLS].
 """

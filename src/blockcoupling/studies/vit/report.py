@@ -1,21 +1,21 @@
 """Figures of the ViT study (paper figs. 6, 11, 12), drawn from ``vit-train`` outputs only.
 
-The tables come from :func:`blockcoupling.studies.vit.grid.collect_runs` (one row per run)
-and :func:`~blockcoupling.studies.vit.grid.collect_epochs` (one row per run and epoch);
+The tables come from `blockcoupling.studies.vit.grid.collect_runs` (one row per run)
+and `collect_epochs` (one row per run and epoch);
 ``coupling`` is the mean depth-wise coupling at the [CLS] token over layer pairs l != l'
 (K = the run's ``k``, p = 1, orientation ujv), averaged over the measured test images.
 
-1. :func:`plot_coupling_vs_drop_path` - coupling against the stochastic-depth rate, one line
+1. `plot_coupling_vs_drop_path` - coupling against the stochastic-depth rate, one line
    per weight decay (mean over seeds) [fig. 6 left].
-2. :func:`plot_coupling_vs_accuracy` - test accuracy against coupling, coloured by drop-path
+2. `plot_coupling_vs_accuracy` - test accuracy against coupling, coloured by drop-path
    rate, with the least-squares line, R^2 and p-value (scipy.stats.linregress) [fig. 6 right].
-3. :func:`plot_coupling_epochs` - coupling and test accuracy across epochs, one line per run
+3. `plot_coupling_epochs` - coupling and test accuracy across epochs, one line per run
    coloured by drop-path rate (epoch 0 = initialisation) [figs. 11, 12].
-4. :func:`plot_conditional_fits` - the paper's conditional fits (``studies.vit.fits``):
+4. `plot_conditional_fits` - the paper's conditional fits (``studies.vit.fits``):
    coupling against drop-path rate at each fixed weight decay, and against log10 weight decay
    at each fixed drop-path rate, points with the statistic's se as error bars, the fitted
    lines, slope, R^2 and p in the legend.
-5. :func:`plot_accuracy_fits` - test accuracy against coupling within each fixed weight decay
+5. `plot_accuracy_fits` - test accuracy against coupling within each fixed weight decay
    [fig. 12] and within each fixed drop-path rate (the paper's conditional claim): one panel
    per fixed value, points, OLS line, R^2 and p.
 """
@@ -296,7 +296,7 @@ def write_vit_report(root: str | Path, out: str | Path, *,
     """A self-contained HTML page for the ``vit-train`` / ``vit-grid`` outputs under ``root``:
     the runs table and every ViT figure whose data exists (figure files beside it in
     ``<out stem>_figures/``). Returns the HTML path."""
-    from blockcoupling.report.html import Section, figure_html, table_html, write_page
+    from blockcoupling.report.page import Section, figure_html, table_html, write_page
     from blockcoupling.studies.vit.fits import conditional_fits, fits_table
     from blockcoupling.studies.vit.grid import collect_epochs, collect_runs
 

@@ -1,6 +1,6 @@
 """Training one DeiT-style ViT with stochastic depth, and measuring its coupling as it trains.
 
-:func:`train_vit` is a pure function of ``(VitTrainConfig, out_dir)`` (the seed is in the
+[`train_vit`][blockcoupling.studies.vit.train.train_vit] is a pure function of ``(VitTrainConfig, out_dir)`` (the seed is in the
 config): the same config gives the same model, metrics and coupling, and a finished output
 folder is returned untouched (idempotent), so a grid runner may call it again and again.
 An interrupted training resumes from its last finished epoch (``checkpoint.pt``).
@@ -76,7 +76,7 @@ class VitTrainConfig:
     Each field is declared once (``blockcoupling.fields.opt``): its help and flag make the
     options of ``vit-train`` and ``vit-grid``, its range rule is checked here (the CLI, the
     grid's YAML and the Python API all build this record), and every field enters
-    :meth:`key`."""
+    [`key`][blockcoupling.studies.vit.train.VitTrainConfig.key]."""
 
     dataset: str = opt("digits", "digits (offline, scikit-learn; the default) or cifar10.",
                        cli=True)
@@ -204,7 +204,7 @@ class VitTrainConfig:
         ``steps``, ``monitor_every`` counts steps: the epochs in which each multiple of it
         ends (and 0 and the last), so runs on different data sizes are measured at matched
         steps (within one epoch). ``n_train``: the training images (default: the split's
-        size, :func:`split_sizes`)."""
+        size, `split_sizes`)."""
         if self.monitor_every == 0:
             return ()
         n = n_train if n_train is not None else split_sizes(self)[0]
@@ -236,7 +236,7 @@ class VitTrainConfig:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> VitTrainConfig:
-        """A config from options; ``preset: paper`` starts from :data:`RECIPES` ``["paper"]``
+        """A config from options; ``preset: paper`` starts from `RECIPES` ``["paper"]``
         (the given options override it)."""
         known = {f.name for f in fields(cls)}
         unknown = set(data) - known
@@ -250,7 +250,7 @@ class VitTrainConfig:
 
     @classmethod
     def from_options(cls, **options: Any) -> VitTrainConfig:
-        """:meth:`from_dict` of the options that are not None (a CLI's unset options); the
+        """[`from_dict`][blockcoupling.studies.vit.train.VitTrainConfig.from_dict] of the options that are not None (a CLI's unset options); the
         values of fields with a parser (``k``: ``"10"``) go through it."""
         return cls.from_dict(parse_given(cls, {k: v for k, v in options.items()
                                                if v is not None}))
@@ -318,7 +318,7 @@ def regularise(config: VitTrainConfig, x: Tensor, y: Tensor, classes: int, g: to
 
 def train_loss(model: torch.nn.Module, config: VitTrainConfig, x: Tensor, y: Tensor,
                classes: int, g: torch.Generator, rng: np.random.Generator) -> Tensor:
-    """The training objective of one batch: soft cross-entropy after :func:`regularise`."""
+    """The training objective of one batch: soft cross-entropy after `regularise`."""
     x, targets = regularise(config, x, y, classes, g, rng)
     return _soft_cross_entropy(model(pixel_values=x).logits, targets)
 
@@ -365,9 +365,9 @@ def record_images(model: torch.nn.Module, pixel_values: Tensor, run_dir: Path, k
     """Depth-wise coupling at ``tokens`` (a ``MeasureConfig.tokens``) of each image into the
     run directory ``run_dir`` (``measure_to_dir``; the images' ids derive from their content,
     their ``label`` is their class). The run's ``meta`` states the token rule of its headline
-    (``headline_tokens``: ``headline``, one of :data:`TOKENS`, as ``engine.statistic``'s rule),
+    (``headline_tokens``: ``headline``, one of `TOKENS`, as ``engine.statistic``'s rule),
     so every reader of the run (``show``, ``report``, ``coupling_statistic``) states the
-    headline that ``vit-train`` states. Returns the :class:`~blockcoupling.Measurement`."""
+    headline that ``vit-train`` states. Returns the `blockcoupling.Measurement`."""
     from dataclasses import replace as _replace
 
     from blockcoupling.engine.inputs import split_tensor_inputs
@@ -416,7 +416,7 @@ def token_statistic(m: Any, k: int, token: str) -> dict[str, float]:
 def measure_images(model: torch.nn.Module, pixel_values: Tensor, run_dir: Path, k: int,
                    *, labels: list[str] | None = None, progress: bool = False,
                    tokens: str = "cls", both: bool = False) -> dict[str, float]:
-    """:func:`record_images` (resumed, or the finished run already in ``run_dir``) in eval
+    """`record_images` (resumed, or the finished run already in ``run_dir``) in eval
     mode with the training RNG untouched; returns the headline statistic over the images
     (depth-wise at ``tokens``, K = ``k``, p = 1, ujv, pairs l != l') as ``COUPLING_METRICS``;
     with ``both``, one measurement of [CLS] and the last patch gives ``TOKEN_METRICS`` too."""
@@ -676,7 +676,7 @@ SPLIT_SIZES: dict[str, tuple[int, int]] = {"digits": (1437, 360), "cifar10": (50
 
 def split_sizes(config: VitTrainConfig) -> tuple[int, int, int]:
     """(train, test, evaluated per epoch) image counts of ``config``: the full splits'
-    :data:`SPLIT_SIZES`, or the limits."""
+    `SPLIT_SIZES`, or the limits."""
     n_train, n_test = SPLIT_SIZES[config.dataset]
     n_train = min(n_train, config.train_limit or n_train)
     n_test = min(n_test, config.test_limit or n_test)
@@ -698,7 +698,7 @@ def estimate_cost(config: VitTrainConfig, *, steps: int = 3, threads: int | None
     """The cost of training ``config`` here, from a short measured run: ``steps`` timed
     training steps (after one untimed) of its model, batch size and regularisers on random
     images of its data set's shape, and one timed eval batch; scaled to the full epochs
-    (split sizes from :data:`SPLIT_SIZES`, or the limits). The coupling measurements are not
+    (split sizes from `SPLIT_SIZES`, or the limits). The coupling measurements are not
     counted. Nothing is written; the data set need not be present."""
     if steps < 1:
         raise BlockCouplingError("steps must be at least 1")
