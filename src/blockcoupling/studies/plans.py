@@ -193,6 +193,7 @@ def plan_lm_study(spec: Any) -> StudyPlan:
     """The plan of ``study lm-family`` for a ``StudySpec``: per run its training steps (a cap),
     the checkpoints (step 0 and the powers of two to the cap) and the measurement of each (the study's sweep), on the untrained
     model of the run's shape and the held-out prompts."""
+    import torch
     from transformers import GPT2LMHeadModel
 
     from blockcoupling.engine.config import parse_config
@@ -207,7 +208,8 @@ def plan_lm_study(spec: Any) -> StudyPlan:
     runs = []
     for run in spec.runs:
         tc = tiny_config(spec, run)
-        model = GPT2LMHeadModel(gpt2_config(tc, len(tok), tok.pad_token_id))
+        with torch.device("meta"):  # the shape only: no weights are allocated
+            model = GPT2LMHeadModel(gpt2_config(tc, len(tok), tok.pad_token_id))
         params = sum(p.numel() for p in model.parameters())
         runs.append(RunPlan(
             name=run.run_id, checkpoints=tuple(tc.checkpoints), steps=tc.max_steps,
