@@ -185,14 +185,16 @@ def correlate(inputs: Sequence[str | Path] | Sequence[ModelUnit], scores: str | 
               p: float | None = 1.0, orientation: str = "ujv", tokens: str = "last",
               diagonal: bool = False, floor: bool = False, allow_mixed_prompts: bool = False,
               n_boot: int = 2000, seed: int = 0,
-              labels: Sequence[str] | None = None) -> CorrelationResult:
+              labels: Sequence[str] | None = None,
+              any_revision: bool = False) -> CorrelationResult:
     """The study on run directories (or :class:`ModelUnit` objects) and a score source.
 
     ``scores`` is ``"paper"``, a CSV path, an lm-evaluation-harness folder or a DataFrame with
     the CSV's columns. ``labels`` name the run directories (one each) for the matching. Each
     model's numbers are the headline statistic (:class:`CouplingStatistic`) of every variant
     in ``variants``; ``floor`` adds :func:`floor_analysis`; models measured on different
-    prompt sets are refused unless ``allow_mixed_prompts``.
+    prompt sets are refused unless ``allow_mixed_prompts``. A model measured at a revision
+    takes only that revision's score unless ``any_revision`` (:func:`match_scores`).
     """
     from blockcoupling.validate import whole
 
@@ -214,6 +216,7 @@ def correlate(inputs: Sequence[str | Path] | Sequence[ModelUnit], scores: str | 
     else:
         score_df, source = read_scores(scores)
     models = model_table(units, statistic)  # type: ignore[arg-type]
-    table, excluded = match_scores(models, units, score_df)  # type: ignore[arg-type]
+    table, excluded = match_scores(models, units, score_df,  # type: ignore[arg-type]
+                                   any_revision=any_revision)
     return correlate_table(table, statistic, scores_source=source, excluded=excluded,
                            n_boot=n_boot, seed=seed, floor=floor)
