@@ -729,3 +729,44 @@ def test_a_full_or_read_only_offload_folder_is_one_line(base: dict[str, Path],
     finally:
         for mnt in (full, ro):
             subprocess.run(["umount", str(mnt)], capture_output=True)
+
+
+def test_a_sweep_may_accept_missing_weights_knowingly(base: dict[str, Path],
+                                                      tmp_path: Path) -> None:
+    spec = {"models": [{"label": "partial", "model": str(base["no_block"]), "device": "cpu"}],
+            "prompts": [str(base["prompts"])],
+            "measure": {"coupling": ["depth"], "k": [2]}}
+    sw = bc.run_sweep(spec, tmp_path / "refused", executor="local", progress=False)
+    assert sw.catalogue["status"].tolist() == ["failed"]
+    assert "--allow-missing-weights" in str(sw.catalogue["message"].iloc[0])
+    spec["allow_missing_weights"] = True
+    sw = bc.run_sweep(spec, tmp_path / "accepted", executor="local", progress=False)
+    assert sw.catalogue["status"].tolist() == ["done"]
+    run = bc.open_run(sw.run_dir(sw.catalogue["unit_id"].iloc[0]))
+    assert run.meta["loading"]["accepted"] and len(run.meta["loading"]["missing"]) == 12
+
+
+def test_a_grid_record_from_before_seals_is_read_with_a_warning(tmp_path: Path) -> None:
+    from blockcoupling.studies.vit.train import FORMAT, read_metrics
+
+    (tmp_path / "metrics.json").write_text(json.dumps({"format": FORMAT, "status": "running"}))
+    with pytest.warns(UserWarning, match="no checksum.*unverified"):
+        assert read_metrics(tmp_path)["status"] == "running"
+
+
+def test_a_study_of_another_spec_that_measured_nothing_is_replaced(no_training: None,
+                                                                   tmp_path: Path) -> None:
+    from blockcoupling.studies.lm_study import SPEC_FILE, run_study
+    from blockcoupling.studies.sweep import store
+
+    out = tmp_path / "out"
+    (out / "sweep" / store.STATUS).mkdir(parents=True)
+    (out / "sweep" / store.MANIFEST).write_text("{}")
+    (out / "sweep" / store.STATUS / "u.json").write_text(json.dumps({"status": "failed"}))
+    (out / SPEC_FILE).write_text(json.dumps({"runs": []}))
+    spec = _small_spec()
+    with pytest.raises(AssertionError, match="trained before"):  # it went on to train
+        run_study(out, spec, progress=False, cache_dir=tmp_path / "cache")
+    assert not (out / "sweep").exists()
+    assert json.loads((out / SPEC_FILE).read_text()) == json.loads(json.dumps(spec.to_dict()))
+    assert not (out / ".lock").exists()
