@@ -102,6 +102,11 @@ def test_missing_weights_accepted_knowingly_are_seeded_and_recorded(base: dict[s
         assert r.exit_code == 0, r.output
         runs.append(out)
     assert_identical_runs(runs[0], runs[1])
+    from blockcoupling.loading import load_model
+
+    state = torch.get_rng_state()
+    load_model(str(base["no_block"]), device="cpu", progress=False, allow_missing_weights=True)
+    assert torch.equal(torch.get_rng_state(), state)  # the caller's RNG is left as it was
     meta = bc.open_run(runs[0]).meta
     assert meta["loading"]["accepted"] is True
     assert len(meta["loading"]["missing"]) == 12

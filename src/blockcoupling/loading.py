@@ -431,8 +431,9 @@ def _from_pretrained(name: str, src: str, config: Any, kwargs: dict[str, Any],
     if "quantization_config" not in kwargs:  # report other shapes instead of raising on them
         extra["ignore_mismatched_sizes"] = True
     try:
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(INIT_SEED)
+        cuda = list(range(torch.cuda.device_count())) if torch.cuda.is_available() else []
+        with torch.random.fork_rng(devices=cuda):  # the caller's RNGs are left as they were
+            torch.manual_seed(INIT_SEED)  # every device's generator
             model, info = AutoModel.from_pretrained(src, config=config, **kwargs, **extra)
     except Exception as err:  # noqa: BLE001 - transformers, safetensors, torch and OS errors
         raise _load_error(name, config, kwargs, err) from err

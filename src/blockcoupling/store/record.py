@@ -77,7 +77,7 @@ def _repair_bases(writer: RunWriter, model: torch.nn.Module, tokenizer: Any, ite
 
 def _checked(model: torch.nn.Module, tokenizer: Any, prompts: Any, cfg: MeasureConfig,
              out_dir: Any, meta: dict[str, Any] | None, prompts_spec: str, resume: bool,
-             progress: bool, model_name: str = "model"
+             progress: bool, model_name: str = "model", dry_run: bool = False
              ) -> tuple[list[Any], pd.DataFrame, MeasurePlan, Any, dict[str, Any]]:
     """Every check of a run before its directory is touched (``measure_to_dir`` and
     ``plan_run`` alike): the inputs, the options against the model (``preflight``), the
@@ -102,7 +102,9 @@ def _checked(model: torch.nn.Module, tokenizer: Any, prompts: Any, cfg: MeasureC
     if cfg.save_bases or cfg.save_jacobians:
         lengths = list(plan.lengths) if items[0].is_text else None
         _check_bases_size(model, items, lengths, cfg, out_dir, progress)
-    check_target(Path(out_dir), cfg, full_meta, prompt_records(prompts_df), resume)
+    # the writer verifies the stored parts itself: read them twice only for a plan
+    check_target(Path(out_dir), cfg, full_meta, prompt_records(prompts_df), resume,
+                 verify_parts=dry_run)
     return items, prompts_df, plan, spec, full_meta
 
 
@@ -159,7 +161,7 @@ def plan_run(model: torch.nn.Module, tokenizer: Any, prompts: Any, *,
     cfg = parse_config(config, **options)
     if out_dir is not None:
         return _checked(model, tokenizer, prompts, cfg, out_dir, meta, prompts_spec, resume,
-                        progress=False, model_name=model_name)[2]
+                        progress=False, model_name=model_name, dry_run=True)[2]
     items = normalise_inputs(prompts)
     if items[0].is_text and tokenizer is None:
         raise BlockCouplingError("text prompts need a tokenizer; pass the model's tokenizer")

@@ -116,12 +116,15 @@ def _verify_parts(contents: RunContents) -> None:
 
 def check_target(root: Path, config: MeasureConfig, meta: Mapping[str, Any],
                  records: list[dict[str, Any]], resume: bool, *,
-                 locked: bool = False) -> dict[str, Any] | None:
+                 locked: bool = False, verify_parts: bool | None = None
+                 ) -> dict[str, Any] | None:
     """What opening ``root`` for this run refuses, checked without writing anything (the
     writer's open and ``measure --dry-run`` run this one function): a file at ``root``,
     another writer holding it (unless ``locked``: the caller holds the lock), a run there
-    without ``resume``, a run of other settings, damaged stored parts. Returns the manifest
-    to resume, or None when the run starts afresh (new, empty, or no result stored yet)."""
+    without ``resume``, a run of other settings, damaged stored parts (``verify_parts``,
+    default: unless ``locked``, as the writer verifies them itself after rolling a killed
+    consolidation forward). Returns the manifest to resume, or None when the run starts
+    afresh (new, empty, or no result stored yet)."""
     from blockcoupling.store.fileio import lock_holder
 
     if root.exists() and not root.is_dir():
@@ -145,7 +148,7 @@ def check_target(root: Path, config: MeasureConfig, meta: Mapping[str, Any],
             + "\n  ".join(diffs)
             + "\nresume with the run's original options, or choose a new --out"
         )
-    if not locked:  # the writer verifies after rolling a killed consolidation forward
+    if verify_parts if verify_parts is not None else not locked:
         _verify_parts(scan(root, manifest))
     return manifest
 
