@@ -115,7 +115,7 @@ def _count(minimum: int = 1, maximum: int | None = None) -> tuple[Any, dict[str,
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 
 
-def run_name(value: Any, name: str) -> str:
+def _run_name(value: Any, name: str) -> str:
     """A run's name: letters, digits, ``.``, ``_`` and ``-`` (it names the run's checkpoints,
     its sweep label and its rows), at most 64 characters."""
     if not isinstance(value, str) or not _NAME_RE.match(value):
@@ -129,7 +129,7 @@ class StudyRun:
     """One independent training run (a list entry under ``runs:`` of a study spec; ``seeds:
     [..]`` there makes one run per seed)."""
 
-    name: str = opt(help="The run's name (its id is NAME-sSEED).", check=(run_name, {}))
+    name: str = opt(help="The run's name (its id is NAME-sSEED).", check=(_run_name, {}))
     n_layer: int = opt(help="Transformer blocks (at least 2: coupling is across blocks).",
                        check=_count(2, 48))
     n_embd: int = opt(help="Width d (even, at least 4 K).", check=_count(1, 2048))
@@ -493,15 +493,15 @@ class StudyResult:
         return "\n".join(self.statement)
 
 
-#: what a study's output folder may hold (anything else: another folder, refused)
-STUDY_FILES = ("study.json", "study.html", "prompts.txt", "sweep", "study-spec.json",
-               "trained.json", ".lock")
 #: the study's own record of its spec (written under the lock before any training): a
 #: second study of another spec on the same --out is refused before it trains
 SPEC_FILE = "study-spec.json"
 #: per run, the content of the checkpoints its sweep units were measured on
 #: (``tiny_lm.cache_digest``): a run trained again into other weights is measured again
 TRAINED_FILE = "trained.json"
+#: what a study's output folder may hold (anything else: another folder, refused)
+STUDY_FILES = ("study.json", "study.html", "prompts.txt", "sweep", SPEC_FILE, TRAINED_FILE,
+               ".lock")
 
 
 def _busy(out: Path) -> str:
