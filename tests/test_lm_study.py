@@ -125,7 +125,7 @@ def test_held_out_score_is_reproducible(quick: tuple[Path, Path]) -> None:
     ({"runs": [{"name": "a", "n_layer": 2, "n_embd": 32, "batch_size": 4, "max_steps": 1024,
                 "seeds": [0, 1, 2, 3]}], "regulariser": 1}, "unknown key 'regulariser'"),
     ({"runs": [{"name": "a", "n_layer": 0, "n_embd": 32, "batch_size": 4, "max_steps": 1024,
-                "seeds": [0, 1, 2, 3]}]}, "n_layer must be a whole number >= 1"),
+                "seeds": [0, 1, 2, 3]}]}, "n_layer must be a whole number >= 2"),
     ({"runs": [{"name": "a", "n_layer": 2, "n_embd": 32, "batch_size": 4, "max_steps": 1024,
                 "seeds": [0, 1, 2, 3]}], "alpha": float("nan")}, "alpha must be a finite number > 0 and < 0.5"),
     ({"runs": [{"name": "a", "n_layer": 2, "n_embd": 16, "batch_size": 4, "max_steps": 1024,

@@ -9,9 +9,11 @@ then fails with a message that says so.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
+import re
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
@@ -70,11 +72,36 @@ def quiet_transformers(progress: bool) -> Iterator[None]:
 def save_model(model: Any, folder: Path, tokenizer: Any = None) -> None:
     """``save_pretrained`` of ``model`` (and ``tokenizer``) into ``folder`` without
     transformers' shard-writing bar or chatter (a study saves many checkpoints; its own
-    progress says so)."""
+    progress says so). A write that fails for the operating system's reason (a full disk, a
+    read-only folder) is an ``OSError`` whatever library raised it (`os_error_of`)."""
     with quiet_transformers(progress=False):
-        model.save_pretrained(folder)
-        if tokenizer is not None:
-            tokenizer.save_pretrained(folder)
+        try:
+            model.save_pretrained(folder)
+            if tokenizer is not None:
+                tokenizer.save_pretrained(folder)
+        except Exception as err:
+            os_err = os_error_of(err, folder)
+            if os_err is None or os_err is err:
+                raise
+            raise os_err from err
+
+
+#: errno values of a write the disk or the folder refuses (not a bug, not damaged input)
+WRITE_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM)
+
+
+def os_error_of(err: BaseException, where: str | os.PathLike[str] | None = None
+                ) -> OSError | None:
+    """``err`` as the operating-system error it reports: itself if an ``OSError``, else one
+    made from the ``(os error N)`` that safetensors' Rust writer puts in its message (a full
+    disk while saving or offloading), else None."""
+    if isinstance(err, OSError):
+        return err
+    found = re.search(r"os error (\d+)", str(err))
+    if found is None:
+        return None
+    code = int(found.group(1))
+    return OSError(code, os.strerror(code), None if where is None else str(where))
 
 
 def _offline() -> bool:
@@ -131,6 +158,19 @@ def _looks_like_path(name: str) -> bool:
 QUANTIZE = {"bnb-8bit": "bitsandbytes", "bnb-4bit": "bitsandbytes", "torchao-int8": "torchao"}
 
 
+def _writable_folder(path: Path, flag: str) -> None:
+    """Create ``path`` if needed and check that files can be written there (before any
+    weight is loaded): one line naming the folder otherwise."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe = path / f".blockcoupling-probe-{os.getpid()}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as err:
+        raise BlockCouplingError(f"{flag} {path}: cannot write there ({err.strerror}); give a "
+                                 "folder on a writable disk with free space") from err
+
+
 def parse_max_memory(spec: str | None) -> dict[int | str, str] | None:
     """``"0=20GiB,cpu=60GiB"`` -> ``{0: "20GiB", "cpu": "60GiB"}`` (accelerate's max_memory)."""
     if spec is None or not spec.strip():
@@ -176,8 +216,8 @@ def load_model(name: str, *, revision: str | None = None, dtype: str = "auto",
                device: str = "auto", trust_remote_code: bool = False,
                require_tokenizer: bool = False, progress: bool = True,
                device_map: str | None = None, max_memory: str | None = None,
-               offload_folder: str | None = None, quantize: str | None = None
-               ) -> tuple[Any, Any]:
+               offload_folder: str | None = None, quantize: str | None = None,
+               allow_missing_weights: bool = False) -> tuple[Any, Any]:
     """``(model, tokenizer)`` for a hub id or a local folder, in eval mode on ``device``.
 
     ``device_map`` (``"auto"``, ``"balanced"``, ...; with ``max_memory`` such as
@@ -189,7 +229,13 @@ def load_model(name: str, *, revision: str | None = None, dtype: str = "auto",
     ``tokenizer`` is None for a model without one (vision models), unless
     ``require_tokenizer`` (text prompts), which makes that an error. ``progress=False``
     hides transformers' weight-loading bar. A hub id that is neither cached nor reachable
-    fails at once (no retries) with a message naming the ways out."""
+    fails at once (no retries) with a message naming the ways out.
+
+    The model is loaded completely or refused (`check_load_report`): weights the
+    checkpoint lacks, or holds beyond what the config describes, are one error naming them,
+    unless ``allow_missing_weights`` (then they are initialised under a fixed seed and listed
+    in the run's ``meta["loading"]``); a loading error names its cause (the config, the
+    architecture or the weights)."""
     dispatch: dict[str, Any] = {}
     if device_map is not None:
         import importlib.util
@@ -199,6 +245,8 @@ def load_model(name: str, *, revision: str | None = None, dtype: str = "auto",
                 "--device-map needs the package accelerate: pip install accelerate")
         dispatch.update(device_map=device_map, max_memory=parse_max_memory(max_memory),
                         offload_folder=offload_folder)
+        if offload_folder is not None:
+            _writable_folder(Path(offload_folder).expanduser(), "--offload-folder")
     elif max_memory is not None or offload_folder is not None:
         raise BlockCouplingError("--max-memory and --offload-folder apply with --device-map")
     qc = quantization_config(quantize)
@@ -207,12 +255,13 @@ def load_model(name: str, *, revision: str | None = None, dtype: str = "auto",
     with quiet_transformers(progress):
         return _load(name, revision=revision, dtype=dtype, device=device,
                      trust_remote_code=trust_remote_code, require_tokenizer=require_tokenizer,
-                     dispatch=dispatch)
+                     dispatch=dispatch, allow_missing_weights=allow_missing_weights)
 
 
 def _load(name: str, *, revision: str | None, dtype: str, device: str, trust_remote_code: bool,
-          require_tokenizer: bool, dispatch: dict[str, Any] | None = None) -> tuple[Any, Any]:
-    from transformers import AutoConfig, AutoModel, AutoTokenizer
+          require_tokenizer: bool, dispatch: dict[str, Any] | None = None,
+          allow_missing_weights: bool = False) -> tuple[Any, Any]:
+    from transformers import AutoConfig, AutoTokenizer
 
     if dtype not in MODEL_DTYPES:
         raise BlockCouplingError(f"--dtype {dtype!r}: choose one of {', '.join(MODEL_DTYPES)}")
@@ -234,26 +283,23 @@ def _load(name: str, *, revision: str | None, dtype: str, device: str, trust_rem
             )
     try:
         config = AutoConfig.from_pretrained(src, revision=revision, trust_remote_code=trust_remote_code)
-    except (OSError, ValueError) as err:
+    except ValueError as err:  # a config that parses but names a model type not known here
+        raise BlockCouplingError(
+            f"the architecture of {name!r} is not one this transformers "
+            f"({_transformers_version()}) knows: {_first_line(err)}; upgrade transformers, or "
+            "give --trust-remote-code for a model that ships its own code") from err
+    except OSError as err:
         offline = _offline()
         raise BlockCouplingError(
             f"could not load the model config of {name!r}"
             + (" (HF_HUB_OFFLINE=1: only models already in the local cache load)" if offline else "")
-            + f": {str(err).splitlines()[0]}"
+            + f": {_first_line(err)}"
         ) from err
     kwargs: dict[str, Any] = {"revision": revision, "trust_remote_code": trust_remote_code}
     kwargs["dtype"] = MODEL_DTYPES[dtype]
     kwargs.update({k: v for k, v in (dispatch or {}).items() if v is not None})
     target = resolve_device(device)
-    try:
-        model = AutoModel.from_pretrained(src, config=config, **kwargs)
-    except Exception as err:  # safetensors, torch and OS errors for damaged weight files
-        first = (str(err).strip().splitlines() or [type(err).__name__])[0]
-        raise BlockCouplingError(
-            f"could not load the weights of {name!r} ({type(err).__name__}: {first}); the "
-            "weight files are missing or damaged: save the model again with save_pretrained "
-            "or download it again"
-        ) from err
+    model = _from_pretrained(name, src, config, kwargs, allow_missing_weights)
     # a dispatched (device_map) or quantized model stays where transformers put it
     model = (model if "device_map" in kwargs or "quantization_config" in kwargs
              else model.to(target)).eval()
@@ -274,6 +320,163 @@ def _load(name: str, *, revision: str | None, dtype: str, device: str, trust_rem
             "save the model's tokenizer next to it with tokenizer.save_pretrained(folder)"
         )
     return model, tokenizer
+
+
+#: modules of a base model that the measurement never reads and that task checkpoints often
+#: lack (a BERT's or ViT's ``pooler``, added by ``AutoModel`` but not by the task models):
+#: their missing weights are reported in ``meta["loading"]`` but not refused
+UNUSED_MODULES = ("pooler",)
+#: the attribute of a loaded model that holds its load report (read by `load_report`)
+_REPORT_ATTR = "_blockcoupling_load_report"
+#: the seed of whatever ``from_pretrained`` initialises (weights a checkpoint lacks, accepted
+#: with ``allow_missing_weights``): the same model on every call
+INIT_SEED = 0
+
+
+def _first_line(err: BaseException) -> str:
+    return (str(err).strip().splitlines() or [type(err).__name__])[0]
+
+
+def _transformers_version() -> str:
+    import transformers
+
+    return str(transformers.__version__)
+
+
+def _module_of(key: str) -> str:
+    """The module a weight belongs to, down to its block: ``h.2.attn.c_attn.weight`` ->
+    ``h.2``; keys outside an indexed list give their parent module (``ln_f``)."""
+    parts = key.split(".")
+    for i, part in enumerate(parts[:-1]):
+        if part.isdigit():
+            return ".".join(parts[: i + 1])
+    return ".".join(parts[:-1]) or key
+
+
+def _names(keys: set[str]) -> str:
+    """``h.2 (12 tensors), h.3 (12 tensors)``: keys grouped by module, at most 4 named."""
+    groups: dict[str, int] = {}
+    for k in sorted(keys):
+        groups[_module_of(k)] = groups.get(_module_of(k), 0) + 1
+    named = [f"{m} ({n} tensor{'s' if n > 1 else ''})" for m, n in list(groups.items())[:4]]
+    more = f" and {len(groups) - 4} more modules" if len(groups) > 4 else ""
+    return ", ".join(named) + more
+
+
+def check_load_report(model: Any, info: Mapping[str, Any], name: str, *,
+                      allow_missing_weights: bool = False) -> dict[str, Any]:
+    """What a ``from_pretrained(..., output_loading_info=True)`` report means for a
+    measurement, as the dict recorded in ``meta["loading"]``; BlockCouplingError if the model
+    is not loaded completely:
+
+    * **missing** weights (the config describes them, the checkpoint lacks them: transformers
+      initialises them at random) are refused, except in `UNUSED_MODULES`;
+    * **unexpected** weights of the model's own modules (``h.3.*`` where the config names 3
+      blocks) are refused; unexpected weights of modules the base model does not have (a
+      causal LM's ``lm_head``, a classifier) are the head blockcoupling leaves out, ignored;
+    * weights whose **shapes** differ from the config's are always refused (the config does
+      not describe these weights).
+
+    ``allow_missing_weights`` accepts the first two knowingly: they are listed in the
+    returned report (``accepted: true``) and initialised under `INIT_SEED`."""
+    def keys(field: str) -> set[str]:
+        return {k[0] if isinstance(k, (tuple, list)) else str(k) for k in info.get(field) or ()}
+
+    children = {n for n, _ in model.named_children()}
+    missing_all = keys("missing_keys")
+    missing = {k for k in missing_all if k.split(".")[0] not in UNUSED_MODULES}
+    unexpected = {k for k in keys("unexpected_keys") if k.split(".")[0] in children}
+    mismatched = sorted(info.get("mismatched_keys") or (), key=lambda m: str(m))
+    report: dict[str, Any] = {"missing": sorted(missing_all), "unexpected": sorted(unexpected),
+                              "accepted": False}
+    if mismatched:
+        first = mismatched[0]
+        shapes = (f" (the checkpoint {list(first[1])}, the config {list(first[2])})"
+                  if isinstance(first, (tuple, list)) and len(first) == 3 else "")
+        bad = {m[0] if isinstance(m, (tuple, list)) else str(m) for m in mismatched}
+        raise BlockCouplingError(
+            f"the config of {name!r} does not match its weights: {len(bad)} tensors have "
+            f"other shapes, e.g. {sorted(bad)[0]}{shapes}, in {_names(bad)}; fix config.json "
+            "(hidden size, heads, vocabulary) or save the model again with save_pretrained")
+    if (missing or unexpected) and not allow_missing_weights:
+        what = []
+        if missing:
+            what.append(f"lack {len(missing)} tensors the config describes: {_names(missing)} "
+                        "(transformers would initialise them at random)")
+        if unexpected:
+            what.append(f"hold {len(unexpected)} tensors the config does not describe: "
+                        f"{_names(unexpected)}")
+        raise BlockCouplingError(
+            f"the weights of {name!r} " + " and ".join(what) + "; fix the checkpoint or its "
+            "config.json (e.g. its number of layers), or give --allow-missing-weights to "
+            "measure it knowingly (recorded in the run's meta)")
+    report["accepted"] = bool(missing or unexpected)
+    return report
+
+
+def load_report(model: Any) -> dict[str, Any] | None:
+    """The load report `load_model` attached to ``model`` (None: not loaded by it)."""
+    report = getattr(model, _REPORT_ATTR, None)
+    return dict(report) if isinstance(report, dict) else None
+
+
+def _from_pretrained(name: str, src: str, config: Any, kwargs: dict[str, Any],
+                     allow_missing_weights: bool) -> Any:
+    """``AutoModel.from_pretrained`` with transformers' load report checked
+    (`check_load_report`) and attached to the model; whatever it initialises is seeded
+    (`INIT_SEED`). A failure is one line naming its cause (`_load_error`)."""
+    from transformers import AutoModel
+
+    extra: dict[str, Any] = {"output_loading_info": True}
+    if "quantization_config" not in kwargs:  # report other shapes instead of raising on them
+        extra["ignore_mismatched_sizes"] = True
+    try:
+        cuda = list(range(torch.cuda.device_count())) if torch.cuda.is_available() else []
+        with torch.random.fork_rng(devices=cuda):  # the caller's RNGs are left as they were
+            torch.manual_seed(INIT_SEED)  # every device's generator
+            model, info = AutoModel.from_pretrained(src, config=config, **kwargs, **extra)
+    except Exception as err:  # noqa: BLE001 - transformers, safetensors, torch and OS errors
+        raise _load_error(name, config, kwargs, err) from err
+    report = check_load_report(model, info, name, allow_missing_weights=allow_missing_weights)
+    setattr(model, _REPORT_ATTR, report)
+    return model
+
+
+def _load_error(name: str, config: Any, kwargs: Mapping[str, Any],
+                err: BaseException) -> BlockCouplingError:
+    """The one line of a failed ``from_pretrained``, naming its cause: an architecture
+    ``AutoModel`` cannot build, a config whose values make no model (tried on the ``meta``
+    device: nothing is allocated), or else the weights (missing or damaged files)."""
+    from transformers import MODEL_MAPPING, AutoModel
+
+    first = f"{type(err).__name__}: {_first_line(err)}"
+    os_err = os_error_of(err, kwargs.get("offload_folder"))
+    if os_err is not None and os_err.errno in WRITE_ERRNOS:
+        where = os_err.filename or kwargs.get("offload_folder") or "a folder"
+        return BlockCouplingError(
+            f"cannot write {where} while loading {name!r} ({os_err.strerror}); free space "
+            "on that disk or give another --offload-folder (on a writable disk), then run the "
+            "same command again")
+    remote = "AutoModel" in (getattr(config, "auto_map", None) or {})
+    if isinstance(err, ImportError):
+        return BlockCouplingError(f"loading {name!r} needs a package that is not installed "
+                                  f"({first}); install it and try again")
+    if type(config) not in MODEL_MAPPING and not remote:
+        return BlockCouplingError(
+            f"the architecture of {name!r} ({type(config).__name__}) has no base model in "
+            f"this transformers ({_transformers_version()}): {first}; measure a model with "
+            "blocks (a decoder, an encoder or a ViT), or upgrade transformers")
+    try:
+        with torch.device("meta"):
+            AutoModel.from_config(config, trust_remote_code=kwargs.get("trust_remote_code",
+                                                                       False))
+    except Exception as cfg_err:  # noqa: BLE001 - the model's own checks of its config
+        return BlockCouplingError(
+            f"the config of {name!r} does not describe a model transformers can build "
+            f"({type(cfg_err).__name__}: {_first_line(cfg_err)}); fix config.json")
+    return BlockCouplingError(
+        f"could not load the weights of {name!r} ({first}); the weight files are missing or "
+        "damaged: save the model again with save_pretrained or download it again")
 
 
 def _tokenizes(tokenizer: Any) -> bool:

@@ -34,9 +34,17 @@ class _Group(TyperGroup):
 
     def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
         end = args.index("--") if "--" in args else len(args)
-        flags = [a for a in args[:end] if a in GLOBAL_FLAGS]
-        rest = [a for a in args[:end] if a not in GLOBAL_FLAGS]
+        flags = [a for a in args[:end] if _global_flags(a)]
+        rest = [a for a in args[:end] if not _global_flags(a)]
         return super().parse_args(ctx, flags + rest + args[end:])
+
+
+def _global_flags(arg: str) -> bool:
+    """Whether ``arg`` is global flags only: ``-q``, ``--verbose``, or short ones combined as
+    click combines them before the command (``-qv``)."""
+    short = {f[1] for f in GLOBAL_FLAGS if len(f) == 2}
+    return arg in GLOBAL_FLAGS or (len(arg) > 2 and arg[0] == "-" and arg[1] != "-"
+                                   and set(arg[1:]) <= short)
 
 
 app = typer.Typer(

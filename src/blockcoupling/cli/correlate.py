@@ -30,6 +30,7 @@ def correlate(
     n_boot: Annotated[int, typer.Option("--n-boot", help="Bootstrap resamples for the CI of R^2.")] = 2000,
     seed: Annotated[int, typer.Option("--seed", help="Seed of the bootstrap.")] = 0,
     labels: Annotated[str | None, typer.Option("--labels", help="Comma-separated model names, one per run directory (default: each run's label or model id); the score table's 'model' column uses these.")] = None,
+    any_revision: Annotated[bool, typer.Option("--any-revision", help="Let a model measured at a revision take the score row of its model id without that revision (e.g. the main branch's); refused by default, and named in a warning when it happens.")] = False,
 ) -> None:
     """Correlate each model's mean depth-wise coupling with its benchmark score.
 
@@ -48,7 +49,8 @@ def correlate(
                      tokens=tokens, diagonal=diagonal, floor=floor,
                      allow_mixed_prompts=allow_mixed_prompts,
                      allow_checkpoints=allow_checkpoints, n_boot=n_boot, seed=seed,
-                     labels=None if labels is None else [v.strip() for v in labels.split(",")])
+                     labels=None if labels is None else [v.strip() for v in labels.split(",")],
+                     any_revision=any_revision)
         from blockcoupling.report.correlation import write_correlation_html
 
         _write_and_say(result, json_out, out, write_correlation_html, as_json)

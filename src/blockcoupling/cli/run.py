@@ -35,6 +35,7 @@ def measure(
     max_memory: Annotated[str | None, typer.Option("--max-memory", help="With --device-map: memory per device, e.g. 0=20GiB,cpu=60GiB.")] = None,
     offload_folder: Annotated[str | None, typer.Option("--offload-folder", help="With --device-map: folder for blocks offloaded to disk.")] = None,
     quantize: Annotated[str | None, typer.Option("--quantize", help="Load the weights in 8 or 4 bits: bnb-8bit, bnb-4bit (bitsandbytes), torchao-int8; each block is dequantized to the analysis dtype.")] = None,
+    allow_missing_weights: Annotated[bool, typer.Option("--allow-missing-weights", help="Measure a checkpoint that lacks weights its config describes (or holds block weights it does not describe): those are initialised under a fixed seed and listed in the run's meta. Without it such a checkpoint is refused.")] = False,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Check everything and print the plan (prompts, tokens, pairs, Jacobians, memory, an estimated time); write nothing.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help=JSON_HELP)] = False,
 ) -> None:
@@ -54,12 +55,13 @@ def measure(
                               trust_remote_code=trust_remote_code, require_tokenizer=True,
                               progress=not _STATE["quiet"], device_map=device_map,
                               max_memory=max_memory, offload_folder=offload_folder,
-                              quantize=quantize)
+                              quantize=quantize, allow_missing_weights=allow_missing_weights)
         meta = {"model": model, "revision": revision, "prompts_spec": prompts}
         if dry_run:
             from blockcoupling.store.record import plan_run
 
-            plan = plan_run(net, tok, items, config=cfg, model_name=model)
+            plan = plan_run(net, tok, items, config=cfg, model_name=model, out_dir=out,
+                            meta=meta, prompts_spec=prompts, resume=resume)
             if as_json:
                 echo_json(plan.to_dict())
             else:
@@ -171,11 +173,17 @@ def report(
 def show(run_dir: Annotated[Path, typer.Argument(help="A run directory.")],
          as_json: Annotated[bool, typer.Option("--json", help=JSON_HELP)] = False) -> None:
     """A short text summary of a run; says whether it is complete ("2 of 3 prompts")."""
+    from blockcoupling.errors import RunDirError
+    from blockcoupling.store.integrity import damaged_files, repair_hint
+    from blockcoupling.store.manifest import load_manifest
     from blockcoupling.store.reader import open_run, run_progress
 
     with user_errors("cannot read the run"):
         progress = run_progress(run_dir)
         m = open_run(run_dir)
+        damaged = damaged_files(run_dir, load_manifest(run_dir))  # stored bases: read lazily
+        if damaged:
+            raise RunDirError(repair_hint(run_dir, damaged))
         if as_json:
             echo_json(run_json(run_dir, m, progress))
             return

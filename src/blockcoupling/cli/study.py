@@ -37,11 +37,13 @@ def lm_family(
 
     with guarded(saved=f"trained checkpoints are cached and measured units kept in {out}"):
         spec = load_study_spec(runs) if runs is not None else None
-        if dry_run:
-            from blockcoupling.studies.lm_study import full_spec, quick_spec
+        if dry_run:  # every check of the real run (--out included), then the plan
+            from blockcoupling.studies.lm_study import check_study, full_spec, quick_spec
             from blockcoupling.studies.plans import plan_lm_study
 
-            print_plan(plan_lm_study(spec or (quick_spec() if quick else full_spec())), as_json)
+            spec = spec or (quick_spec() if quick else full_spec())
+            check_study(out, spec, executor)
+            print_plan(plan_lm_study(spec), as_json)
             return
         result = run_study(out, spec, quick=quick, progress=not _STATE["quiet"],
                            executor=executor)

@@ -299,7 +299,7 @@ def capture(
     blocks = get_blocks(model, spec)
     L = len(blocks)
     ref = _first_float_param(model)
-    device = ref.device if ref is not None else torch.device("cpu")
+    device = offload.input_device(model)  # not "meta": an offloaded model's weights wait there
     model_dtype = ref.dtype if ref is not None else torch.float32
 
     def to_model(t: Tensor) -> Tensor:

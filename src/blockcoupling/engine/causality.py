@@ -105,7 +105,7 @@ def model_spec(model: nn.Module, cfg: MeasureConfig, tokenizer: Any = None,
         return spec
     with preserved(model):
         model.eval()
-        ref = next(iter(model.parameters()), None)
-        device = ref.device if ref is not None else torch.device("cpu")
-        cap = capture(model, make_batch(tokenizer, items[:1], model, device), spec)
+        from blockcoupling.engine.offload import input_device
+
+        cap = capture(model, make_batch(tokenizer, items[:1], model, input_device(model)), spec)
         return resolve_causal(model, cap)

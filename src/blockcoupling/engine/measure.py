@@ -68,10 +68,7 @@ def _model_dtype(model: torch.nn.Module) -> torch.dtype | None:
 
 
 def _model_device(model: torch.nn.Module) -> torch.device:
-    for p in model.parameters():  # offloaded weights (accelerate) wait on "meta"
-        if p.device.type != "meta":
-            return p.device
-    return torch.device("cpu")
+    return offload.input_device(model)  # offloaded weights (accelerate) wait on "meta"
 
 
 # ---------------------------------------------------------------------------- per-Jacobian state
@@ -564,7 +561,12 @@ def _warn_fallbacks(state: _RunState, spec: BlockSpec) -> None:
 
 def build_meta(model: torch.nn.Module, cfg: MeasureConfig, *, spec: BlockSpec | None = None,
                **extra: Any) -> dict[str, Any]:
-    """The run's meta: model, architecture, causality (and where it came from), wrapper."""
+    """The run's meta: model, architecture, causality (and where it came from), wrapper, and
+    what loading left out (``loading``: the load report of ``loading.load_model``, where
+    the model came from it)."""
+    from blockcoupling.loading import load_report
+
+    report = load_report(model)
     unwrapped = unwrap_model(model)
     model = unwrapped.module
     if spec is None:
@@ -586,6 +588,8 @@ def build_meta(model: torch.nn.Module, cfg: MeasureConfig, *, spec: BlockSpec | 
         "model_dtype": str(next(model.parameters()).dtype).removeprefix("torch."),
         **offload.describe(model, cfg.dtype),  # device_map, quantization (engine/offload.py)
     }
+    if report is not None:
+        meta["loading"] = report
     meta.update(unwrapped.meta)
     meta.update(extra)
     return meta

@@ -63,6 +63,20 @@ def _strip(module: nn.Module) -> None:
             d.pop(attr, None)
 
 
+def input_device(model: nn.Module) -> torch.device:
+    """Where a model's inputs go: its accelerate hook's execution device (a dispatched
+    model, also one offloaded entirely, whose weights all wait on ``meta``), else the device
+    of its first weight that is not on ``meta``, else the CPU."""
+    if has_hooks(model):
+        dev = execution_device(model)
+        if dev is not None:
+            return dev
+    for t in list(model.parameters()) + list(model.buffers()):
+        if t.device.type != "meta":
+            return t.device
+    return torch.device("cpu")
+
+
 def materialize(module: nn.Module) -> nn.Module:
     """``module`` itself, or (accelerate-hooked or quantized) a plain copy with every weight
     loaded on its execution device, quantized layers dequantized. One block at a time: the
@@ -186,5 +200,6 @@ def peak_memory() -> dict[str, int]:
     return out
 
 
-__all__ = ["dequantized", "describe", "peak_memory", "execution_device", "has_hooks", "is_quantized", "materialize",
+__all__ = ["dequantized", "describe", "peak_memory", "execution_device", "has_hooks",
+           "input_device", "is_quantized", "materialize",
            "quantization"]

@@ -144,8 +144,9 @@ def plan_measure(cfg: MeasureConfig, spec: BlockSpec, lengths: Sequence[int], *,
     flops = 0.0
     n_rows_per_pair = len(cfg.k) * len(cfg.orientations or ORIENTATIONS) * sum(
         len(cfg.p) if v in ("coupling", "miscoupling") else 1 for v in cfg.variants)
+    works: dict[int, Any] = {}  # prompts of one length have one plan (prompt_work is pure)
     for n in lengths:
-        work = prompt_work(cfg, spec, n)
+        work = works[n] = works[n] if n in works else prompt_work(cfg, spec, n)
         measured += len(work.tokens)
         for kind, ps in work.pairs.items():
             kinds[kind] += len(ps)

@@ -34,7 +34,14 @@ from blockcoupling.engine.blocks import find_blocks
 from blockcoupling.engine.config import MeasureConfig
 from blockcoupling.errors import BlockCouplingError, RunDirError
 from blockcoupling.store.fileio import TMP_PREFIX, fsync_dir
-from blockcoupling.store.integrity import Part, consolidated_hint, part_hint, verified_bytes
+from blockcoupling.store.integrity import (
+    Part,
+    consolidated_hint,
+    damaged_files,
+    part_hint,
+    repair_hint,
+    verified_bytes,
+)
 
 BASES_FILE = "bases.safetensors"  # in a part directory
 BASES_DIR = "bases"  # consolidated: bases/part-N.safetensors
@@ -194,4 +201,5 @@ def check_disk(out_dir: Path, nbytes: int, what: str) -> None:
 
 
 __all__ = ["BASES_DIR", "BASES_FILE", "StoredBases", "bases_bytes", "check_disk", "consolidate",
-           "check_jacobian_limit", "estimate", "human", "stored_bases", "verify_part"]
+           "check_jacobian_limit", "damaged_files", "estimate", "human", "repair_hint",
+           "stored_bases", "verify_part"]

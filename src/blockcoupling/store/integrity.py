@@ -140,6 +140,37 @@ def scan(root: Path, manifest: Mapping[str, Any]) -> RunContents:
     return out
 
 
+# ---------------------------------------------------------------------------- sealed records
+#: where a sealed JSON record keeps its seal
+SEAL = "digest"
+
+
+def sealed_text(data: Mapping[str, Any]) -> str:
+    """``data`` as indented JSON with its seal (``digest``: sha256 of the canonical JSON of the
+    rest, NaN read as null), for a record that readers check with `seal_problem` (a
+    training's ``metrics.json``, a training cache's ``checksums.json``)."""
+    from blockcoupling.jsonsafe import jsonable
+
+    plain = json.loads(json.dumps(data, default=str))
+    plain.pop(SEAL, None)
+    plain[SEAL] = digest_of(jsonable(plain))
+    return json.dumps(plain, indent=2, default=str)
+
+
+def seal_problem(data: Any) -> str | None:
+    """Why a record read from JSON cannot be trusted (None: its seal matches). A record
+    without a seal (written before records were sealed) is reported as such."""
+    from blockcoupling.jsonsafe import jsonable
+
+    if not isinstance(data, dict):
+        return "it is not a JSON object"
+    if SEAL not in data:
+        return "it has no checksum (written by an older blockcoupling)"
+    if data[SEAL] != digest_of(jsonable(data)):
+        return "it was changed after it was written (its checksum does not match)"
+    return None
+
+
 def verified_bytes(path: Path, expected: str | None, hint: str) -> bytes:
     """The bytes of ``path``, checked against ``expected`` ("sha256:<hex>"; None: unchecked,
     format 1). A missing or mismatching file is served from a matching temporary sibling
@@ -176,6 +207,42 @@ def roll_forward(root: Path, files: Mapping[str, str]) -> None:
             if sha256_bytes(tmp.read_bytes()) == expected:
                 commit_temp(tmp, path)
                 break
+
+
+def bases_entries(manifest: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """The manifest's consolidated bases files: ``{"bases/part-N.safetensors": {sha256,
+    prompt_ids}}`` (empty for a run that stores none)."""
+    cons = manifest.get("consolidated") or {}
+    entries = cons.get("bases") if isinstance(cons, dict) else None
+    return dict(entries) if isinstance(entries, dict) else {}
+
+
+def damaged_files(root: Path, manifest: Mapping[str, Any]) -> dict[str, str]:
+    """file name -> what is wrong, for every consolidated bases file that is missing or does
+    not match its recorded checksum (``show``, a collection's check of a unit, and a resume,
+    which measures their prompts again: `repair_hint`)."""
+    out: dict[str, str] = {}
+    for name, entry in bases_entries(manifest).items():
+        try:
+            data = (root / name).read_bytes()
+        except FileNotFoundError:
+            out[name] = "missing"
+            continue
+        except OSError as err:
+            out[name] = f"unreadable ({err.strerror})"
+            continue
+        if sha256_bytes(data) != entry.get("sha256"):
+            out[name] = "damaged or altered (its checksum does not match)"
+    return out
+
+
+def repair_hint(root: Path, damaged: Mapping[str, str]) -> str:
+    """One line naming damaged bases files and the command that rebuilds them."""
+    name, why = next(iter(damaged.items()))
+    more = f" and {len(damaged) - 1} more" if len(damaged) > 1 else ""
+    return (f"the stored bases of {root} are damaged: {name} is {why}{more}; run the same "
+            "`blockcoupling measure` command with --resume: their prompts are measured again "
+            "and the files rebuilt")
 
 
 def verify_complete(root: Path) -> dict[str, Any]:
@@ -219,4 +286,8 @@ def verify_complete(root: Path) -> dict[str, Any]:
             want = len(cons.get("prompt_ids") or []) if checked else rows
             if rows != want:
                 raise RunDirError(f"{path} holds {rows} prompt rows, the manifest {want}")
+    damaged = damaged_files(root, manifest)
+    if damaged:
+        name, why = next(iter(damaged.items()))
+        raise RunDirError(f"{root / name} (stored bases) is {why}")
     return manifest

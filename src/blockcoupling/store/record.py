@@ -6,6 +6,7 @@ import sys
 import time
 from typing import Any
 
+import pandas as pd
 import torch
 
 from blockcoupling.engine.causality import model_spec
@@ -16,7 +17,7 @@ from blockcoupling.engine.measure import build_meta, iter_measure, last_fast_pat
 from blockcoupling.engine.plan import MeasurePlan
 from blockcoupling.engine.results import Measurement, conform
 from blockcoupling.engine.wrappers import as_module
-from blockcoupling.errors import BlockCouplingError
+from blockcoupling.errors import BlockCouplingError, RunDirError
 from blockcoupling.store.fingerprint import weights_hash
 from blockcoupling.store.preflight import preflight
 from blockcoupling.store.writer import RunWriter
@@ -34,21 +35,12 @@ def measure_to_dir(model: torch.nn.Module, tokenizer: Any, prompts: Any, out_dir
     options and the model are checked before the directory is created.
     """
     cfg = parse_config(config, **options)
-    items = normalise_inputs(prompts)
-    if items[0].is_text and tokenizer is None:
-        raise BlockCouplingError("text prompts need a tokenizer; pass the model's tokenizer")
-    prompts_df = conform("prompts", [dict(prompt_id=it.prompt_id, text=it.text, n_tokens=0,
-                                          label=it.label) for it in items])
-    plan = preflight(model, tokenizer, items, cfg)  # before any file
-    spec = model_spec(as_module(model), cfg, tokenizer, items)  # causality of custom modules
-    full_meta = build_meta(model, cfg, spec=spec, prompts_spec=prompts_spec,
-                           weights_hash=weights_hash(as_module(model)))
-    full_meta.update(meta or {})
-    if cfg.save_bases or cfg.save_jacobians:
-        lengths = list(plan.lengths) if items[0].is_text else None
-        _check_bases_size(model, items, lengths, cfg, out_dir, progress)
+    items, prompts_df, plan, spec, full_meta = _checked(
+        model, tokenizer, prompts, cfg, out_dir, meta, prompts_spec, resume, progress)
     t0 = time.perf_counter()
     with RunWriter(out_dir, config=cfg, meta=full_meta, prompts=prompts_df, resume=resume) as writer:
+        if writer.damaged_bases:
+            _repair_bases(writer, model, tokenizer, items, cfg, spec, progress)
         done = writer.done_prompt_ids()
         last: list[Measurement] = []
         for part in iter_measure(model, tokenizer, items, cfg, skip=done, progress=progress,
@@ -60,6 +52,63 @@ def measure_to_dir(model: torch.nn.Module, tokenizer: Any, prompts: Any, out_dir
         return writer.finalize(timings={"seconds": time.perf_counter() - t0,
                                         "peak_memory": peak_memory()},
                                fast_path=last_fast_path(last))
+
+
+def _repair_bases(writer: RunWriter, model: torch.nn.Module, tokenizer: Any, items: list[Any],
+                  cfg: MeasureConfig, spec: Any, progress: bool) -> None:
+    """Rebuild the damaged consolidated bases files of a resumed run: their prompts are
+    measured again (in the batches of the first run) and each file's bytes must equal the
+    ones recorded when it was written (``RunWriter.repair_bases``)."""
+    from blockcoupling.engine.bases import InMemoryBases
+    from blockcoupling.store.bases import bases_bytes
+
+    want = {pid for ids in writer.damaged_bases.values() for pid in ids}
+    if progress:
+        print(f"bases: {len(writer.damaged_bases)} stored file(s) damaged; measuring their "
+              f"{len(want)} prompt(s) again", file=sys.stderr)
+    skip = {it.prompt_id for it in items} - want
+    sources = [part.basis_store for part in iter_measure(model, tokenizer, items, cfg, skip=skip,
+                                                         progress=progress, spec=spec)]
+    merged = InMemoryBases.merge(sources)
+    for name, ids in list(writer.damaged_bases.items()):
+        data = bases_bytes(merged, ids)
+        if data is None:
+            raise RunDirError(f"the prompts of {name} gave no bases when measured again; "
+                              "measure again into a new --out")
+        writer.repair_bases(name, data)
+
+
+def _checked(model: torch.nn.Module, tokenizer: Any, prompts: Any, cfg: MeasureConfig,
+             out_dir: Any, meta: dict[str, Any] | None, prompts_spec: str, resume: bool,
+             progress: bool, model_name: str = "model", dry_run: bool = False
+             ) -> tuple[list[Any], pd.DataFrame, MeasurePlan, Any, dict[str, Any]]:
+    """Every check of a run before its directory is touched (``measure_to_dir`` and
+    ``plan_run`` alike): the inputs, the options against the model (``preflight``), the
+    stored bases' size against the disk, and what ``--out`` holds (``writer.check_target``:
+    a run there without ``resume``, a run of other settings, another writer). Returns
+    (items, prompts table, plan, block spec, the run's meta)."""
+    from pathlib import Path
+
+    from blockcoupling.store.manifest import prompt_records
+    from blockcoupling.store.writer import check_target
+
+    items = normalise_inputs(prompts)
+    if items[0].is_text and tokenizer is None:
+        raise BlockCouplingError("text prompts need a tokenizer; pass the model's tokenizer")
+    prompts_df = conform("prompts", [dict(prompt_id=it.prompt_id, text=it.text, n_tokens=0,
+                                          label=it.label) for it in items])
+    plan = preflight(model, tokenizer, items, cfg, model_name=model_name)  # before any file
+    spec = model_spec(as_module(model), cfg, tokenizer, items)  # causality of custom modules
+    full_meta = build_meta(model, cfg, spec=spec, prompts_spec=prompts_spec,
+                           weights_hash=weights_hash(as_module(model)))
+    full_meta.update(meta or {})
+    if cfg.save_bases or cfg.save_jacobians:
+        lengths = list(plan.lengths) if items[0].is_text else None
+        _check_bases_size(model, items, lengths, cfg, out_dir, progress)
+    # the writer verifies the stored parts itself: read them twice only for a plan
+    check_target(Path(out_dir), cfg, full_meta, prompt_records(prompts_df), resume,
+                 verify_parts=dry_run)
+    return items, prompts_df, plan, spec, full_meta
 
 
 def _check_bases_size(model: torch.nn.Module, items: list[Any], lengths: list[int] | None,
@@ -106,10 +155,16 @@ def _tensor_lengths(items: list[Any]) -> list[int] | None:
 
 def plan_run(model: torch.nn.Module, tokenizer: Any, prompts: Any, *,
              config: MeasureConfig | None = None, model_name: str = "model",
-             **options: Any) -> MeasurePlan:
-    """The checks [`measure_to_dir`][blockcoupling.store.record.measure_to_dir] runs before it creates anything, and the plan of the
-    work (``blockcoupling measure --dry-run``); nothing is written."""
+             out_dir: Any = None, meta: dict[str, Any] | None = None, prompts_spec: str = "",
+             resume: bool = False, **options: Any) -> MeasurePlan:
+    """The checks `measure_to_dir` runs before it creates anything, and the plan of the
+    work (``blockcoupling measure --dry-run``); nothing is written. With ``out_dir`` (and the
+    ``meta``, ``prompts_spec`` and ``resume`` the run would get) every check of the run is
+    made, the output directory's included: what the run would refuse is refused."""
     cfg = parse_config(config, **options)
+    if out_dir is not None:
+        return _checked(model, tokenizer, prompts, cfg, out_dir, meta, prompts_spec, resume,
+                        progress=False, model_name=model_name, dry_run=True)[2]
     items = normalise_inputs(prompts)
     if items[0].is_text and tokenizer is None:
         raise BlockCouplingError("text prompts need a tokenizer; pass the model's tokenizer")

@@ -48,6 +48,8 @@ from blockcoupling.store.fileio import (
 from blockcoupling.store.integrity import (
     DATA_FILES,
     RunContents,
+    bases_entries,
+    damaged_files,
     part_dirs,
     part_hint,
     part_meta_bytes,
@@ -72,6 +74,83 @@ from blockcoupling.store.manifest import (
 from blockcoupling.store.reader import read_measurement
 from blockcoupling.store.schema import SCHEMA_FILE, schema_markdown
 from blockcoupling.store.tables import arrays_bytes, part_prompt_ids, table_bytes
+
+
+def _entries(root: Path) -> list[Path]:
+    """What a run directory holds besides its lock and temporary files."""
+    if not root.is_dir():
+        return []
+    return [p for p in root.iterdir() if p.name != LOCK and not p.name.startswith(TMP_PREFIX)]
+
+
+def _what_is_there(root: Path) -> str:
+    """`` (it holds a run: 2 of 4 prompts, running)``, or nothing if that cannot be read."""
+    try:
+        manifest = load_manifest(root)
+        done = len(scan(root, manifest).done)
+    except RunDirError:
+        return ""
+    return f" (it holds a run: {done} of {len(manifest['prompts'])} prompts, {manifest['status']})"
+
+
+def _holds_no_results(root: Path, entries: list[Path]) -> bool:
+    """True for a run directory whose run never stored a result (only its manifest and an
+    empty parts folder): replacing it loses nothing."""
+    names = {p.name for p in entries}
+    if not names <= {MANIFEST, PARTS} or MANIFEST not in names:
+        return False
+    try:
+        manifest = load_manifest(root)
+    except RunDirError:
+        return False
+    return not manifest.get("consolidated") and not part_dirs(root)
+
+
+def _verify_parts(contents: RunContents) -> None:
+    """Every file of every pending part matches its checksum (tables, arrays, bases)."""
+    for part in contents.parts:
+        for name in DATA_FILES:
+            verified_bytes(part.path / name, part.files.get(name), part_hint(part.path))
+        stored.verify_part(part)
+
+
+def check_target(root: Path, config: MeasureConfig, meta: Mapping[str, Any],
+                 records: list[dict[str, Any]], resume: bool, *,
+                 locked: bool = False, verify_parts: bool | None = None
+                 ) -> dict[str, Any] | None:
+    """What opening ``root`` for this run refuses, checked without writing anything (the
+    writer's open and ``measure --dry-run`` run this one function): a file at ``root``,
+    another writer holding it (unless ``locked``: the caller holds the lock), a run there
+    without ``resume``, a run of other settings, damaged stored parts (``verify_parts``,
+    default: unless ``locked``, as the writer verifies them itself after rolling a killed
+    consolidation forward). Returns the manifest to resume, or None when the run starts
+    afresh (new, empty, or no result stored yet)."""
+    from blockcoupling.store.fileio import lock_holder
+
+    if root.exists() and not root.is_dir():
+        raise RunDirError(f"--out {root} is a file; choose a directory for the run")
+    if not locked and (pid := lock_holder(root)) is not None:
+        raise RunDirError(f"run directory {root} is in use by another blockcoupling process "
+                          f"(PID {pid}); wait for it to finish or stop it, or choose a new --out")
+    entries = _entries(root)
+    if not entries or _holds_no_results(root, entries):
+        return None
+    if not resume:
+        raise RunDirError(
+            f"{root} already exists and is not empty{_what_is_there(root)}; use "
+            "--resume to continue it or choose a new --out"
+        )
+    manifest = load_manifest(root)
+    diffs = resume_differences(manifest, jsonable(config.to_dict()), dict(meta), records)
+    if diffs:
+        raise RunDirError(
+            f"cannot resume {root}: it was measured with different settings:\n  "
+            + "\n  ".join(diffs)
+            + "\nresume with the run's original options, or choose a new --out"
+        )
+    if verify_parts if verify_parts is not None else not locked:
+        _verify_parts(scan(root, manifest))
+    return manifest
 
 
 class RunWriter:
@@ -108,44 +187,28 @@ class RunWriter:
     # -------------------------------------------------------------- opening
     def _open(self, config: MeasureConfig, meta: dict[str, Any],
               records: list[dict[str, Any]], resume: bool) -> None:
-        entries = [p for p in self.root.iterdir()
-                   if p.name != LOCK and not p.name.startswith(TMP_PREFIX)]
         new_config = jsonable(config.to_dict())
-        if entries and not self._holds_no_results(entries):
-            if not resume:
-                raise RunDirError(
-                    f"{self.root} already exists and is not empty{self._what_is_there()}; use "
-                    "--resume to continue it or choose a new --out"
-                )
-        elif entries:  # a run that failed before its first result: start it afresh
-            for entry in entries:
+        manifest = check_target(self.root, config, meta, records, resume, locked=True)
+        self.damaged_bases: dict[str, list[str]] = {}  # consolidated bases file -> prompts
+        if manifest is None:  # new, empty, or a run that failed before its first result
+            for entry in _entries(self.root):
                 if entry.is_dir():
                     shutil.rmtree(entry)
                 else:
                     entry.unlink()
-            entries = []
-        if not entries:
             self.manifest = new_manifest(new_config, meta, records)
             write_manifest(self.root, self.manifest)
             self._contents = RunContents()
             self._done: set[str] = set()
             return
-        manifest = load_manifest(self.root)
-        diffs = resume_differences(manifest, new_config, meta, records)
-        if diffs:
-            raise RunDirError(
-                f"cannot resume {self.root}: it was measured with different settings:\n  "
-                + "\n  ".join(diffs)
-                + "\nresume with the run's original options, or choose a new --out"
-            )
         cons = manifest.get("consolidated") or {}
         roll_forward(self.root, cons.get("files", {}))
         contents = scan(self.root, manifest)
         self._cleanup(contents)
-        for part in contents.parts:  # every stored file must match its checksum
-            for name in DATA_FILES:
-                verified_bytes(part.path / name, part.files.get(name), part_hint(part.path))
-            stored.verify_part(part)
+        _verify_parts(contents)
+        entries = bases_entries(manifest)
+        self.damaged_bases = {name: list(entries[name].get("prompt_ids") or [])
+                              for name in damaged_files(self.root, manifest)}
         self._contents = contents
         self._done = contents.done
         manifest["config"] = new_config  # only runtime keys can differ
@@ -153,27 +216,6 @@ class RunWriter:
         manifest.setdefault("resumed", []).append(now())
         self.manifest = manifest
         write_manifest(self.root, manifest)
-
-    def _what_is_there(self) -> str:
-        """`` (it holds a run: 2 of 4 prompts, running)``, or nothing if that cannot be read."""
-        try:
-            manifest = load_manifest(self.root)
-            done = len(scan(self.root, manifest).done)
-        except RunDirError:
-            return ""
-        return f" (it holds a run: {done} of {len(manifest['prompts'])} prompts, {manifest['status']})"
-
-    def _holds_no_results(self, entries: list[Path]) -> bool:
-        """True for a run directory whose run never stored a result (only its manifest and an
-        empty parts folder): replacing it loses nothing."""
-        names = {p.name for p in entries}
-        if not names <= {MANIFEST, PARTS} or MANIFEST not in names:
-            return False
-        try:
-            manifest = load_manifest(self.root)
-        except RunDirError:
-            return False
-        return not manifest.get("consolidated") and not part_dirs(self.root)
 
     def _cleanup(self, contents: RunContents) -> None:
         """Remove leftovers of a killed writer (we hold the lock): temporary files and
@@ -189,6 +231,22 @@ class RunWriter:
                         entry.unlink(missing_ok=True)
         for part in contents.stale:
             shutil.rmtree(part, ignore_errors=True)
+
+    def repair_bases(self, name: str, data: bytes) -> None:
+        """Put back the consolidated bases file ``name`` (listed in ``damaged_bases``) from
+        its prompts measured again: ``data`` must match the checksum recorded when the file
+        was first written (the same computation gives the same bytes), else RunDirError."""
+        self._check_open()
+        want = bases_entries(self.manifest)[name].get("sha256")
+        if sha256_bytes(data) != want:
+            raise RunDirError(
+                f"the stored bases {self.root / name} could not be rebuilt bit for bit (their "
+                "prompts measured again gave other values: another machine, thread count or "
+                "library version?); measure again into a new --out")
+        with disk_errors(self.root):
+            (self.root / name).parent.mkdir(parents=True, exist_ok=True)
+            atomic_write_bytes(self.root / name, data)
+        self.damaged_bases.pop(name, None)
 
     # -------------------------------------------------------------- writing
     def done_prompt_ids(self) -> set[str]:

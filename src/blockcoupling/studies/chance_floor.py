@@ -145,11 +145,12 @@ def chance_floor(scores: str | Path | pd.DataFrame, *,
                                  "model's hidden size")
     excluded = []
     for _, row in df.iterrows():
+        _check_width(row, rule, source)
         why = [w for w, bad in (("no score", not np.isfinite(_num(row.get("score")))),
-                                ("no d_model", not _num(row.get("d_model")) > 0)) if bad]
+                                ("no d_model", math.isnan(_num(row.get("d_model"))))) if bad]
         if why:
             excluded.append({"model": str(row["model"]), "reason": " and ".join(why)})
-    ok = df["score"].map(_num).map(np.isfinite) & (df["d_model"].map(_num) > 0)
+    ok = df["score"].map(_num).map(np.isfinite) & df["d_model"].map(_num).notna()
     table = df[ok].copy().reset_index(drop=True)
     table["d_model"] = table["d_model"].astype(float).astype(int)
     table["score"] = table["score"].astype(float)
@@ -162,6 +163,29 @@ def chance_floor(scores: str | Path | pd.DataFrame, *,
             groups[str(g)] = _fit(sub)
     return ChanceFloorResult(table=table, k_rule=rule, scores_source=source, overall=overall,
                              groups=groups, excluded=excluded)
+
+
+#: the widest d_model a score row may give: far above any transformer's (the widest public
+#: ones are about 2^15); a larger number is a typo or another unit, never a width
+MAX_D_MODEL = 1 << 20
+
+
+def _check_width(row: pd.Series, rule: str | int, source: str) -> None:
+    """A row's d_model, where given, is a whole number in [2, MAX_D_MODEL] and larger than its
+    K (a top-K subspace of a d-dimensional Jacobian needs K < d); else one line naming it."""
+    d = _num(row.get("d_model"))
+    if math.isnan(d):
+        return  # blank: the row is listed as excluded
+    where = f"{source}: model {row['model']}"
+    if not (math.isfinite(d) and d.is_integer() and 2 <= d <= MAX_D_MODEL):
+        raise BlockCouplingError(
+            f"{where}: d_model {row.get('d_model')!r} is not a width; give the hidden size as "
+            f"a whole number between 2 and {MAX_D_MODEL} (or leave it blank to exclude the row)")
+    k = paper_k(int(d)) if rule == PAPER_K else int(rule)
+    if k >= d:
+        raise BlockCouplingError(
+            f"{where}: K = {k} is not below d_model {int(d)}; the chance level of a top-K "
+            "subspace needs K < d: give a smaller --k-rule (or d/10)")
 
 
 def _num(v: Any) -> float:

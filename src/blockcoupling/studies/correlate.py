@@ -212,7 +212,8 @@ def correlate(inputs: Sequence[str | Path] | Sequence[ModelUnit], scores: str | 
               p: float | None = 1.0, orientation: str = "ujv", tokens: str = "last",
               diagonal: bool = False, floor: bool = False, allow_mixed_prompts: bool = False,
               allow_checkpoints: bool = False, n_boot: int = 2000, seed: int = 0,
-              labels: Sequence[str] | None = None) -> CorrelationResult:
+              labels: Sequence[str] | None = None,
+              any_revision: bool = False) -> CorrelationResult:
     """The study on run directories (or `ModelUnit` objects) and a score source.
 
     ``scores`` is ``"paper"``, a CSV path, an lm-evaluation-harness folder or a DataFrame with
@@ -224,6 +225,8 @@ def correlate(inputs: Sequence[str | Path] | Sequence[ModelUnit], scores: str | 
     training run (`training_runs`) are refused as independent models unless
     ``allow_checkpoints``. Below ``SMALL_N`` (10) models every p-value is an exact
     permutation p-value and no bootstrap interval is given.
+    A model measured at a revision takes only that revision's score unless ``any_revision``
+    (`match_scores`).
     """
     from blockcoupling.validate import whole
 
@@ -252,6 +255,7 @@ def correlate(inputs: Sequence[str | Path] | Sequence[ModelUnit], scores: str | 
     else:
         score_df, source = read_scores(scores)
     models = model_table(units, statistic)  # type: ignore[arg-type]
-    table, excluded = match_scores(models, units, score_df)  # type: ignore[arg-type]
+    table, excluded = match_scores(models, units, score_df,  # type: ignore[arg-type]
+                                   any_revision=any_revision)
     return correlate_table(table, statistic, scores_source=source, excluded=excluded,
                            n_boot=n_boot, seed=seed, floor=floor, checkpoints=checkpoints)

@@ -156,9 +156,18 @@ def _with_jacobians(a: Measurement, model: Any, tokenizer: Any, inputs: Any) -> 
     return again
 
 
+def _prompt_hashes(m: Measurement) -> dict[str, str]:
+    """prompt id -> sha256 of its text (ready-made inputs carry their content in their id)."""
+    from blockcoupling.hashing import canonical_hash
+
+    return {str(pid): canonical_hash(None if pd.isna(text) else str(text))
+            for pid, text in zip(m.prompts["prompt_id"], m.prompts["text"], strict=True)}
+
+
 def _check_grid(a: Measurement, b: Measurement, ka: dict[str, list[eb.BasisKey]],
                 kb: dict[str, list[eb.BasisKey]]) -> None:
-    """Same prompts, layers and tokens; else one line saying what differs."""
+    """Same prompts (ids and texts, by their sha256), layers and tokens; else one line
+    saying what differs."""
     pa, pb = list(ka), list(kb)
     if set(pa) != set(pb):
         only_a, only_b = sorted(set(pa) - set(pb)), sorted(set(pb) - set(pa))
@@ -167,6 +176,14 @@ def _check_grid(a: Measurement, b: Measurement, ka: dict[str, list[eb.BasisKey]]
             + (f"; only in run A: {', '.join(only_a[:3])}" if only_a else "")
             + (f"; only in run B: {', '.join(only_b[:3])}" if only_b else "")
             + ": cross-coupling compares the same prompts")
+    texts_a, texts_b = _prompt_hashes(a), _prompt_hashes(b)
+    for pid in pa:
+        if texts_a.get(pid) != texts_b.get(pid):
+            raise BlockCouplingError(
+                f"prompt {pid!r} is another text in run B than in run A (sha256 "
+                f"{str(texts_a.get(pid))[:12]} vs {str(texts_b.get(pid))[:12]}): the runs "
+                "measured other prompts under the same ids (e.g. two prompt files of one "
+                "name); measure both on the same prompts")
     for pid in pa:
         grid_a = {(k[1], k[2]) for k in ka[pid]}
         grid_b = {(k[1], k[2]) for k in kb[pid]}

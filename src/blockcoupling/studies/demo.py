@@ -42,6 +42,7 @@ from blockcoupling.studies.tiny_lm import (  # the tiny LM, re-exported for the 
     TinyLMConfig,
     _k_values,
     build_tokenizer,
+    cache_digest,
     checkpoint_name,
     corpus_documents,
     corpus_text,
@@ -307,8 +308,9 @@ def run_demo(
     monitor_copy = out / "tinylm-monitor"  # the run's own copy of the cached monitor directory
     shutil.rmtree(monitor_copy, ignore_errors=True)
     shutil.copytree(monitor_dir(cfg, cache_dir), monitor_copy)
-    spec = {
-        "name": "demo-tinylm",
+    spec = {  # named by the checkpoints' content: other weights (a damaged cache trained
+        # again at another thread count) make another sweep, measured afresh
+        "name": f"demo-tinylm-{cache_digest(cfg, cache_dir)}",
         "models": [{"label": "tiny LM", "checkpoints": [str(path.resolve()) for _, path in checkpoints]}],
         "prompts": [{"name": "demo:corpus", "texts": corpus}],
         "measure": {"coupling": ["depth"] if quick else ["depth", "self"],

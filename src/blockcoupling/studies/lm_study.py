@@ -41,7 +41,10 @@ version (tiny runs, seconds each).
 
 from __future__ import annotations
 
+import json
+import os
 import platform
+import re
 import time
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
@@ -64,9 +67,10 @@ from blockcoupling.studies.tiny_lm import (
     training_log,
     validation_chunk,
 )
-from blockcoupling.validate import number, whole
+from blockcoupling.validate import OptionError, number, whole
 
-__all__ = ["StudyResult", "StudyRun", "StudySpec", "evaluate_checkpoint", "family_prompts",
+__all__ = ["StudyResult", "StudyRun", "StudySpec", "check_study", "evaluate_checkpoint",
+           "family_prompts",
            "full_spec", "load_study_spec", "parse_study_spec", "quick_spec",
            "end_point", "run_study", "stopping_rule"]
 
@@ -101,9 +105,24 @@ def end_point(losses: Mapping[int, float], tol: float) -> int:
     return max(s for s, v in losses.items() if v <= best * (1.0 + tol))
 
 
-def _count(minimum: int = 1) -> tuple[Any, dict[str, Any]]:
-    """The range rule of a count (``fields.check_fields``): a whole number >= ``minimum``."""
-    return (whole, {"minimum": minimum})
+def _count(minimum: int = 1, maximum: int | None = None) -> tuple[Any, dict[str, Any]]:
+    """The range rule of a count (``fields.check_fields``): a whole number in
+    ``[minimum, maximum]``. Every count of the study has an upper bound: the study trains
+    tiny LMs on a CPU, so a width, a depth or a number of steps beyond these is a typo (it
+    would exhaust memory or run for weeks), said in one line before anything runs."""
+    return (whole, {"minimum": minimum, "maximum": maximum})
+
+
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+
+
+def _run_name(value: Any, name: str) -> str:
+    """A run's name: letters, digits, ``.``, ``_`` and ``-`` (it names the run's checkpoints,
+    its sweep label and its rows), at most 64 characters."""
+    if not isinstance(value, str) or not _NAME_RE.match(value):
+        raise OptionError(f"{name} must be a name of letters, digits, '.', '_' and '-' (at "
+                          f"most 64 characters, starting with a letter or digit), not {value!r}")
+    return value
 
 
 @dataclass(frozen=True)
@@ -111,15 +130,16 @@ class StudyRun:
     """One independent training run (a list entry under ``runs:`` of a study spec; ``seeds:
     [..]`` there makes one run per seed)."""
 
-    name: str = opt(help="The run's name (its id is NAME-sSEED).")
-    n_layer: int = opt(help="Transformer blocks.", check=_count())
-    n_embd: int = opt(help="Width d (even, at least 4 K).", check=_count())
-    batch_size: int = opt(help="Sequences per training step.", check=_count())
+    name: str = opt(help="The run's name (its id is NAME-sSEED).", check=(_run_name, {}))
+    n_layer: int = opt(help="Transformer blocks (at least 2: coupling is across blocks).",
+                       check=_count(2, 48))
+    n_embd: int = opt(help="Width d (even, at least 4 K).", check=_count(1, 2048))
+    batch_size: int = opt(help="Sequences per training step.", check=_count(1, 1024))
     max_steps: int = opt(help="The cap (a power of two >= min_steps): the run stops earlier "
-                              "at a plateau.", check=_count())
-    seed: int = opt(0, help="Training seed.", check=_count(0))
+                              "at a plateau.", check=_count(1, 1 << 24))
+    seed: int = opt(0, help="Training seed.", check=_count(0, 2**31 - 2))
     train_chars: int | None = opt(None, help="The first N characters of the training split "
-                                             "(None: all).", check=_count())
+                                             "(None: all).", check=_count(1, 10**9))
 
     def __post_init__(self) -> None:
         check_fields(self, dashes=False)
@@ -135,15 +155,16 @@ class StudySpec:
     ``fields.opt``: the YAML keys, their range rules and their one-line errors come from these
     declarations; the rules across fields are checked below)."""
 
-    runs: tuple[StudyRun, ...] = opt(help="The independent runs (at least 4).")
-    k: int = opt(8, help="The one K of every run's statistic.", check=_count())
+    runs: tuple[StudyRun, ...] = opt(help="The independent runs (at least 4, at most 256).")
+    k: int = opt(8, help="The one K of every run's statistic.", check=_count(1, 512))
     n_prompts: int = opt(16, help="Held-out prompts per checkpoint (at least 2).",
-                         check=_count(2))
-    prompt_length: int = opt(48, help="Characters per prompt.", check=_count())
-    block_size: int = opt(64, help="Training context in characters.", check=_count())
+                         check=_count(2, 1024))
+    prompt_length: int = opt(48, help="Characters per prompt (at most block_size: a prompt "
+                                      "fits the context).", check=_count(1, 2048))
+    block_size: int = opt(64, help="Training context in characters.", check=_count(8, 2048))
     min_steps: int = opt(1024, help="The earliest step a run may stop at (>= 16: step 0 and "
                                     "the powers of two to 16 are 6 checkpoints).",
-                         check=_count(16))
+                         check=_count(16, 1 << 24))
     plateau_tol: float = opt(0.02, help="Stop when the held-out loss improves by less than "
                                         "this (relative) over a doubling of steps.",
                              check=(number, {"above": 0.0, "below": 1.0}))
@@ -152,10 +173,17 @@ class StudySpec:
 
     def __post_init__(self) -> None:
         check_fields(self, dashes=False)
-        if len(self.runs) < MIN_RUNS:
+        if not isinstance(self.runs, tuple) or not all(isinstance(r, StudyRun)
+                                                        for r in self.runs):
+            raise BlockCouplingError("runs must be a list of runs")
+        if not MIN_RUNS <= len(self.runs) <= MAX_RUNS:
             raise BlockCouplingError(
                 f"{len(self.runs)} run(s); the tests need at least {MIN_RUNS} "
-                "independent runs")
+                f"independent runs (and the study trains at most {MAX_RUNS})")
+        if self.prompt_length > self.block_size:
+            raise BlockCouplingError(
+                f"prompt_length {self.prompt_length} is longer than block_size "
+                f"{self.block_size} (the models' context): lower prompt_length")
         ids = [r.run_id for r in self.runs]
         dup = sorted({i for i in ids if ids.count(i) > 1})
         if dup:
@@ -190,6 +218,7 @@ class StudySpec:
 
 
 MIN_RUNS = 4
+MAX_RUNS = 256
 
 
 def parse_study_spec(data: Mapping[str, Any]) -> StudySpec:
@@ -472,21 +501,162 @@ class StudyResult:
         return "\n".join(self.statement)
 
 
+#: the study's own record of its spec (written under the lock before any training): a
+#: second study of another spec on the same --out is refused before it trains
+SPEC_FILE = "study-spec.json"
+#: per run, the content of the checkpoints its sweep units were measured on
+#: (``tiny_lm.cache_digest``): a run trained again into other weights is measured again
+TRAINED_FILE = "trained.json"
+#: what a study's output folder may hold (anything else: another folder, refused)
+STUDY_FILES = ("study.json", "study.html", "prompts.txt", "sweep", SPEC_FILE, TRAINED_FILE,
+               ".lock")
+
+
+def _busy(out: Path) -> str:
+    return (f"study folder {out} is in use by another study{{who}}; wait for it to finish or "
+            "stop it, or choose another --out")
+
+
+def check_study(out: str | Path, spec: StudySpec, executor: str = "local", *,
+                locked: bool = False) -> list[str]:
+    """Every check of ``study lm-family`` that needs no training, run before any (and by
+    ``--dry-run``): the executor, the held-out prompts (enough of them, each within the
+    models' context), and ``out`` (a folder, writable, not another folder's contents, not in
+    use by another study unless ``locked``, not a study of another spec that has measured
+    something). Returns the prompts. Writes nothing."""
+    from blockcoupling.store.fileio import lock_holder
+    from blockcoupling.studies.sweep import runner
+    from blockcoupling.studies.tiny_lm import build_tokenizer, corpus_text
+
+    if executor not in runner.EXECUTORS:
+        raise BlockCouplingError(f"--executor {executor!r}: choose local or ray")
+    if executor == "ray":
+        runner.import_ray()  # installed (the cluster is reached when the sweep starts)
+    prompts = family_prompts(tiny_config(spec, spec.runs[0]), n=spec.n_prompts,
+                             length=spec.prompt_length)
+    if len(prompts) < spec.n_prompts:
+        raise BlockCouplingError(f"the held-out text gave {len(prompts)} prompts of "
+                                 f"{spec.prompt_length} characters; lower n_prompts")
+    tok = build_tokenizer(corpus_text())
+    for text in prompts:
+        n = len(tok(text, add_special_tokens=False)["input_ids"])
+        if not 1 <= n <= spec.block_size:
+            raise BlockCouplingError(f"a held-out prompt is {n} tokens, outside the models' "
+                                     f"context of 1 to {spec.block_size}: lower prompt_length")
+    out = Path(out)
+    parent = out
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir():
+        raise BlockCouplingError(f"--out {out}: {parent} is a file; choose another --out")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise BlockCouplingError(f"--out {out}: {parent} is not writable; choose a --out in a "
+                                 "folder you can write to")
+    if not out.is_dir():
+        return prompts
+    if not locked and lock_holder(out) is not None:
+        raise BlockCouplingError(_busy(out).replace("{who}", f" (PID {lock_holder(out)})"))
+    other = sorted(p.name for p in out.iterdir() if p.name not in STUDY_FILES)
+    if other:
+        raise BlockCouplingError(f"--out {out} holds other files ({other[0]}, ...); choose a "
+                                 "new or empty --out for the study")
+    if _other_spec(out, spec) and _has_results(out):
+        raise BlockCouplingError(
+            f"{out} holds a study of another spec that has measured checkpoints; give another "
+            "--out, or delete it to start this one there")
+    return prompts
+
+
+def _other_spec(out: Path, spec: StudySpec) -> bool:
+    """Whether ``out`` records a study spec other than ``spec``."""
+    try:
+        data = json.loads((out / SPEC_FILE).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return False
+    except (OSError, ValueError):
+        return True
+    return bool(data != json.loads(json.dumps(spec.to_dict())))
+
+
+def _has_results(out: Path) -> bool:
+    """Whether the study's sweep has measured anything (else it can be replaced)."""
+    from blockcoupling.studies.sweep import store
+
+    root = out / "sweep"
+    if not store.is_sweep_dir(root):
+        return False
+    return any(r.get("status") == "done" for r in store.all_status(root))
+
+
+def _start_afresh(out: Path) -> None:
+    """Remove a study of another spec that measured nothing (its sweep, prompts, records)."""
+    import shutil
+
+    for name in ("sweep", "prompts.txt", "study.json", "study.html", SPEC_FILE, TRAINED_FILE):
+        path = out / name
+        if path.is_dir():
+            shutil.rmtree(path)
+        elif path.exists():
+            path.unlink()
+
+
+def _remeasure_retrained(root: Path, digests: dict[str, str], previous: dict[str, str],
+                         progress: bool) -> None:
+    """Mark again as pending the sweep units of runs whose checkpoints now hold other
+    weights than those their units were measured on (a damaged cache trained again into
+    different weights): the sweep's resume measures them again."""
+    import shutil
+
+    from blockcoupling.studies.sweep import store
+    from blockcoupling.studies.sweep.units import Unit
+
+    changed = {rid for rid, d in digests.items() if previous.get(rid) not in (None, d)}
+    if not changed or not store.is_sweep_dir(root):
+        return
+    for rec in store.all_status(root):
+        unit = rec.get("unit") or {}
+        if unit.get("label") in changed and rec.get("status") != "pending":
+            shutil.rmtree(store.unit_dir(root, str(unit.get("unit_id"))), ignore_errors=True)
+            store.write_status(root, Unit.from_dict(unit), "pending", weights_hash=None,
+                               repaired="its checkpoint was trained again")
+    if progress:
+        print(f"[study] {', '.join(sorted(changed))}: trained again into other weights; their "
+              "checkpoints are measured again", flush=True)
+
+
 def run_study(out: str | Path, spec: StudySpec | None = None, *, quick: bool = False,
               cache_dir: str | Path | None = None, progress: bool = True,
               executor: str = "local") -> StudyResult:
     """Train (or reuse the cached) runs, score and measure every checkpoint (a sweep in
-    ``out/sweep``), test the hypotheses and write ``out/study.json`` and ``out/study.html``."""
-    from blockcoupling.studies.sweep import open_sweep, run_sweep
-    from blockcoupling.studies.sweep.runner import spec_matches
+    ``out/sweep``), test the hypotheses and write ``out/study.json`` and ``out/study.html``.
+
+    Everything that can be checked without training is checked first (`check_study`);
+    ``out`` is written only while this study holds its lock."""
+    from blockcoupling.store.fileio import dir_lock, write_json
 
     spec = spec if spec is not None else (quick_spec() if quick else full_spec())
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
+    check_study(out, spec, executor)  # before the folder is made, before any training
+    with dir_lock(out, busy=_busy(out)):
+        prompts = check_study(out, spec, executor, locked=True)
+        if _other_spec(out, spec):  # of another spec, with nothing measured: replaced
+            _start_afresh(out)
+        write_json(out / SPEC_FILE, spec.to_dict())
+        return _run_study(out, spec, prompts, cache_dir, progress, executor)
+
+
+def _run_study(out: Path, spec: StudySpec, prompts: list[str], cache_dir: str | Path | None,
+               progress: bool, executor: str) -> StudyResult:
+    """`run_study` once its checks passed and its lock is held."""
+    from blockcoupling.store.fileio import atomic_write_text, write_json
+    from blockcoupling.studies.sweep import is_sweep_dir, open_sweep, run_sweep
+    from blockcoupling.studies.sweep.runner import spec_matches
+    from blockcoupling.studies.tiny_lm import cache_digest
+
     t0 = time.perf_counter()
     cpu0 = time.process_time()
     seconds: dict[str, float] = {}
-    rows, paths, logs = [], {}, {}
+    rows, paths, logs, digests = [], {}, {}, {}
     for run in spec.runs:
         cfg = tiny_config(spec, run)
         if progress:
@@ -494,6 +664,7 @@ def run_study(out: str | Path, spec: StudySpec | None = None, *, quick: bool = F
                   f"{run.max_steps} steps)", flush=True)
         ckpts = train_tiny_lm(cfg, cache_dir, progress=False, monitor=False)
         log = logs[run.run_id] = training_log(cfg, cache_dir)
+        digests[run.run_id] = cache_digest(cfg, cache_dir)
         if progress:
             plat = log["plateau"]
             print(f"[study] {run.run_id}: stopped at step {log['end_step']} (held-out loss "
@@ -508,22 +679,29 @@ def run_study(out: str | Path, spec: StudySpec | None = None, *, quick: bool = F
                          "train_tokens": step * run.batch_size * spec.block_size})
     seconds["train_and_score"] = time.perf_counter() - t0
     scores = pd.DataFrame(rows)
-    prompts = family_prompts(tiny_config(spec, spec.runs[0]), n=spec.n_prompts,
-                             length=spec.prompt_length)
-    if len(prompts) < spec.n_prompts:
-        raise BlockCouplingError(f"the held-out text gave {len(prompts)} prompts of "
-                                 f"{spec.prompt_length} characters; lower n_prompts")
-    (out / "prompts.txt").write_text("\n".join(prompts) + "\n", encoding="utf-8")
+    text = "\n".join(prompts) + "\n"
+    prompt_file = out / "prompts.txt"
+    if not prompt_file.is_file() or prompt_file.read_text(encoding="utf-8") != text:
+        atomic_write_text(prompt_file, text)
     sweep_spec = {"name": "lm-study",
                   "models": [{"label": rid, "checkpoints": p} for rid, p in paths.items()],
-                  "prompts": [str(out / "prompts.txt")],
+                  "prompts": [str(prompt_file)],
                   "measure": study_measure(spec)}
     root = out / "sweep"
-    from blockcoupling.studies.sweep import is_sweep_dir
-
     if is_sweep_dir(root) and not spec_matches(root, sweep_spec):
-        raise BlockCouplingError(f"{root} holds a sweep of another study spec; give another "
-                                 "--out or delete it")
+        if _has_results(out):
+            raise BlockCouplingError(f"{root} holds a sweep of another study spec; give another "
+                                     "--out or delete it")
+        import shutil
+
+        shutil.rmtree(root)  # nothing measured there: replaced
+    try:
+        previous = json.loads((out / TRAINED_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        previous = {}
+    _remeasure_retrained(root, digests, previous if isinstance(previous, dict) else {},
+                         progress)
+    write_json(out / TRAINED_FILE, digests)
     t1 = time.perf_counter()
     run_sweep(sweep_spec, root, executor=executor, resume=is_sweep_dir(root), progress=progress)
     seconds["measure"] = time.perf_counter() - t1
@@ -587,8 +765,6 @@ def run_study(out: str | Path, spec: StudySpec | None = None, *, quick: bool = F
     result = StudyResult(spec=spec, models=mt, emergence=em, tests=tests, statement=statement,
                          noise_floor=noise, reproducibility=_versions(), seconds=seconds,
                          out=out)
-    from blockcoupling.store.fileio import write_json
-
     write_json(out / "study.json", result.to_dict())
     write_study_page(result, out / "study.html")
     return result

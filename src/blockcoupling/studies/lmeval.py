@@ -63,11 +63,20 @@ class LmEvalError(BlockCouplingError):
     """An lm-evaluation-harness results folder or file that cannot be read as scores."""
 
 
-def _metric(values: Mapping[str, Any], wanted: tuple[str, ...]) -> tuple[str, float] | None:
+def _metric(values: Mapping[str, Any], wanted: tuple[str, ...], where: str = ""
+            ) -> tuple[str, float] | None:
+    """The first metric of ``wanted`` in ``values``: a fraction in [0, 1], as the harness
+    writes every one of these metrics (a value outside is a LmEvalError naming it: a file
+    written in percent would otherwise become a score 100 times too large)."""
     for name in wanted:
         for key in (name, f"{name},none"):
             v = values.get(key)
             if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v):
+                if not 0.0 <= v <= 1.0:
+                    raise LmEvalError(
+                        f"{where}[{key!r}] is {v:g}, not a fraction between 0 and 1 as the "
+                        "harness writes it (30 % is 0.30); fix the file (divide percentages "
+                        "by 100)")
                 return key, float(v)
     return None
 
@@ -187,11 +196,12 @@ def _file_tasks(f: Path, data: dict[str, Any]) -> tuple[dict[str, tuple[str, flo
             raise LmEvalError(f"{f}: results[{task!r}] is a {type(values).__name__}, not an "
                               "object of metrics")
         name = _leaderboard_name(str(task))
+        where = f"{f}: results[{task!r}]"
         if name is None:
-            if task not in sub and (picked := _metric(values, _OTHER_METRICS)) is not None:
+            if task not in sub and (picked := _metric(values, _OTHER_METRICS, where)) is not None:
                 other[str(task)] = picked
             continue
-        picked = _metric(values, LEADERBOARD[name][0])
+        picked = _metric(values, LEADERBOARD[name][0], where)
         if picked is None:
             notes.append(f"{task} has no {'/'.join(LEADERBOARD[name][0])} metric")
             continue

@@ -94,10 +94,18 @@ class ModelUnit:
     #: of one collection entry), None for a model on its own: see `training_runs`
     run: str | None = None
 
-    def match_keys(self) -> list[str]:
-        """Names a score row may use for this unit, most specific first."""
-        keys = [self.label, f"{self.model}@{self.revision}" if self.revision else "", self.model,
-                *self.keys]
+    def match_keys(self, *, any_revision: bool = False) -> list[str]:
+        """Names a score row may use for this unit, most specific first. A unit measured at
+        a revision is named with it (``model@revision``): its bare model id (a score of
+        another revision, e.g. the main branch's) is a name only with ``any_revision``, last,
+        and so is a label that is just that model id or its last part."""
+        bare = {self.model, self.model.rsplit("/", 1)[-1]} if self.revision else set()
+        keys = [self.label if self.label not in bare else "",
+                f"{self.model}@{self.revision}" if self.revision else "",
+                self.model if not self.revision else "",
+                *(k for k in self.keys if k not in bare)]
+        if self.revision and any_revision:
+            keys.append(self.model)
         out: list[str] = []
         for key in keys:
             if key and key not in out:

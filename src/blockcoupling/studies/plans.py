@@ -19,6 +19,7 @@ steps on this machine.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -210,6 +211,7 @@ def plan_lm_study(spec: Any) -> StudyPlan:
     """The plan of ``study lm-family`` for a ``StudySpec``: per run its training steps (a cap),
     the checkpoints (step 0 and the powers of two to the cap) and the measurement of each (the study's sweep), on the untrained
     model of the run's shape and the held-out prompts."""
+    import torch
     from transformers import GPT2LMHeadModel
 
     from blockcoupling.engine.config import parse_config
@@ -222,15 +224,21 @@ def plan_lm_study(spec: Any) -> StudyPlan:
     prompts = family_prompts(tiny_config(spec, spec.runs[0]), n=spec.n_prompts,
                              length=spec.prompt_length)
     runs = []
+    shapes: dict[tuple[int, int], tuple[int, Any]] = {}  # runs of one shape: one plan
     for run in spec.runs:
         tc = tiny_config(spec, run)
-        model = GPT2LMHeadModel(gpt2_config(tc, len(tok), tok.pad_token_id))
-        params = sum(p.numel() for p in model.parameters())
+        if (run.n_layer, run.n_embd) not in shapes:
+            with torch.device("meta"):  # the shape only: no weights are allocated
+                model = GPT2LMHeadModel(gpt2_config(tc, len(tok), tok.pad_token_id))
+            shapes[run.n_layer, run.n_embd] = (
+                sum(p.numel() for p in model.parameters()),
+                plan_run(model, tok, prompts, config=cfg, model_name=run.run_id))
+        params, plan = shapes[run.n_layer, run.n_embd]
         runs.append(RunPlan(
             name=run.run_id, checkpoints=tuple(tc.checkpoints), steps=tc.max_steps,
             parameters=params,
             training_flops=6.0 * params * tc.batch_size * tc.block_size * tc.max_steps,
-            measure=plan_run(model, tok, prompts, config=cfg, model_name=run.run_id)))
+            measure=dataclasses.replace(plan, model=run.run_id)))
     notes = ["steps and checkpoints are caps: each run stops at its held-out plateau",
              f"each checkpoint is also scored on held-out text; K = {spec.k}, "
              f"{len(prompts)} prompts of {spec.prompt_length} characters"]

@@ -7,6 +7,7 @@ and matched to the measured models by label, model id, ``model@revision`` or run
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 from importlib import resources
 from pathlib import Path
@@ -108,14 +109,22 @@ def read_scores(source: str | Path) -> tuple[pd.DataFrame, str]:
                              "'paper' or an lm-evaluation-harness results folder")
 
 
-def match_scores(models: pd.DataFrame, units: Sequence[ModelUnit], scores: pd.DataFrame
-                 ) -> tuple[pd.DataFrame, list[dict[str, str]]]:
+def match_scores(models: pd.DataFrame, units: Sequence[ModelUnit], scores: pd.DataFrame, *,
+                 any_revision: bool = False) -> tuple[pd.DataFrame, list[dict[str, str]]]:
     """Join each unit's row of ``models`` with its score row; returns (table, excluded).
 
     A unit matches the score row whose ``model`` (or ``name`` / ``aliases`` for the paper
     table) equals, case-insensitively, one of `ModelUnit.match_keys` (label first), or
-    whose hub id ends in ``/<key>`` when that is unique. Units with no matching row raise (all
-    listed); units whose row has no score are excluded and returned with the reason.
+    whose hub id ends in ``/<key>`` when that is unique. A unit measured at a revision matches
+    only a row of that revision (``model@revision``) or its own label, unless
+    ``any_revision`` (then the bare model id last, with a warning naming the row taken).
+    Units with no matching row raise (all listed); units whose row has no score are excluded
+    and returned with the reason.
+
+    ``d_model`` and ``layers`` are the measured model's (``d_model_run``, ``layers_run``);
+    the score table's values fill only what a run does not know, and where they differ from
+    the measured shape a warning says so (the score table's values are kept as
+    ``d_model_scores`` / ``layers_scores``).
     """
     index: dict[str, set[int]] = {}
     for i, row in scores.reset_index(drop=True).iterrows():
@@ -132,7 +141,7 @@ def match_scores(models: pd.DataFrame, units: Sequence[ModelUnit], scores: pd.Da
     chosen: list[int | None] = []
     for u in units:
         hit: int | None = None
-        for key in u.match_keys():
+        for key in u.match_keys(any_revision=any_revision):
             key = key.strip().lower()
             for cand in (key, "*/" + key.rsplit("/", 1)[-1]):
                 rows = index.get(cand, set())
@@ -147,10 +156,14 @@ def match_scores(models: pd.DataFrame, units: Sequence[ModelUnit], scores: pd.Da
         listed = "; ".join(f"{u.label}" + (f" (model {u.model})" if u.model != u.label else "")
                            for u in unmatched)
         known = ", ".join(map(str, scores["model"].head(8)))
+        revs = [u for u in unmatched if u.revision]
+        hint = (f"; a run measured at a revision matches only that revision's row (e.g. "
+                f"{revs[0].model}@{revs[0].revision}) unless --any-revision"
+                if revs and not any_revision else "")
         raise BlockCouplingError(
             f"no score for {len(unmatched)} run(s): {listed}. Add rows whose 'model' is the run's "
             f"label or model id (score table has {len(scores)} models: {known}"
-            f"{', ...' if len(scores) > 8 else ''})"
+            f"{', ...' if len(scores) > 8 else ''}){hint}"
         )
     owners: dict[int, list[str]] = {}
     for u, c in zip(units, chosen, strict=True):
@@ -167,16 +180,32 @@ def match_scores(models: pd.DataFrame, units: Sequence[ModelUnit], scores: pd.Da
     right = right.rename(columns={c: f"score_{c}" for c in extra if c in models.columns})
     right.insert(0, "score_model", scores.loc[[int(c) for c in chosen], "model"].to_numpy())  # type: ignore[arg-type]
     table = pd.concat([models.reset_index(drop=True), right], axis=1)
+    notes = []
+    for u, c in zip(units, chosen, strict=True):
+        row_model = str(scores.loc[int(c), "model"])  # type: ignore[arg-type]
+        if u.revision and f"@{u.revision}".lower() not in row_model.lower() \
+                and u.label.lower() != row_model.lower():
+            notes.append(f"{u.label} (measured at revision {u.revision}) takes the score of "
+                         f"{row_model!r} (--any-revision)")
     for col, run_col in (("layers", "layers_run"), ("d_model", "d_model_run")):
-        if col not in table.columns:
-            table[col] = table[run_col].astype(float)
-        else:  # the runs know their shape: fill what the score table leaves blank
-            table[col] = table[col].fillna(table[run_col].astype(float))
+        measured = table[run_col].astype(float).where(table[run_col].astype(float) > 0)
+        if col in table.columns:  # the runs know their shape; the table fills what they don't
+            listed = table[col].astype(float)
+            differ = measured.notna() & listed.notna() & (listed != measured)
+            notes += [f"{r['label']}: the score table gives {col} {listed[i]:g}, the run "
+                      f"measured {measured[i]:g} (the measured value is used)"
+                      for i, r in table[differ].iterrows()]
+            table[f"{col}_scores"] = listed
+            table[col] = measured.fillna(listed)
+        else:
+            table[col] = measured
     for col in ("params_b", "train_tokens_t"):
         if col not in table.columns:
             table[col] = np.nan
     table["log_params"] = np.log10(table["params_b"].where(table["params_b"] > 0) * 1e9)
     table["log_d_model"] = np.log10(table["d_model"].where(table["d_model"] > 0))
+    if notes:
+        warnings.warn("score table: " + "; ".join(notes), UserWarning, stacklevel=2)
     unusable = ~np.isfinite(table["score"].astype(float))  # blank, nan or inf: listed, not fitted
     excluded = [{"label": str(r["label"]), "reason": (
         f"no score for {r['score_model']} in the table" if pd.isna(r["score"]) else

@@ -15,6 +15,7 @@ given machine, torch version and thread count, and its checkpoints are cached (s
 from __future__ import annotations
 
 import contextlib
+import errno
 import functools
 import hashlib
 import json
@@ -533,13 +534,104 @@ def tiny_lm_dir(cfg: TinyLMConfig, cache_dir: str | Path | None = None) -> Path:
 
 
 def training_log(cfg: TinyLMConfig, cache_dir: str | Path | None = None) -> dict[str, Any]:
-    """The saved training log (losses, timings) of a trained config; raises if not trained."""
-    path = tiny_lm_dir(cfg, cache_dir) / "training.json"
+    """The saved training log (losses, timings) of a trained config, verified against the
+    cache's checksums (`cache_problem`); raises if not trained or damaged."""
+    target = tiny_lm_dir(cfg, cache_dir)
+    path = target / "training.json"
     if not path.is_file():
         raise BlockCouplingError(
             f"No trained tiny LM at {path.parent}; run train_tiny_lm(cfg) (or `blockcoupling demo`) first"
         )
-    return json.loads(path.read_text())
+    problem = cache_problem(target, only=("training.json",))
+    if problem is not None:
+        raise BlockCouplingError(f"the tiny-LM cache {target} is damaged ({problem}); run the "
+                                 "same command again: it trains that run again")
+    data: dict[str, Any] = json.loads(path.read_text())
+    return data
+
+
+#: the sealed list of a training cache's files and their sha256, written last (it marks the
+#: cache complete); the monitor's collection (``monitor/``) is verified as a collection
+CHECKSUMS = "checksums.json"
+_CHECKSUMS_FORMAT = "blockcoupling-tiny-lm-cache"
+
+
+def _cache_files(folder: Path) -> list[Path]:
+    """The files a cache's checksums cover: everything but the monitor and the list itself."""
+    return sorted(p for p in folder.rglob("*") if p.is_file() and p.name != CHECKSUMS
+                  and p.relative_to(folder).parts[0] != MONITOR_DIR)
+
+
+def _write_checksums(folder: Path) -> None:
+    """Seal the cache in ``folder``: every file's sha256 (``store.integrity.sealed_text``)."""
+    from blockcoupling.store.fileio import atomic_write_text, sha256_bytes
+    from blockcoupling.store.integrity import sealed_text
+
+    files = {p.relative_to(folder).as_posix(): sha256_bytes(p.read_bytes())
+             for p in _cache_files(folder)}
+    atomic_write_text(folder / CHECKSUMS, sealed_text({"format": _CHECKSUMS_FORMAT,
+                                                       "files": files}))
+
+
+def _checksums(target: Path) -> tuple[dict[str, str] | None, str | None]:
+    """(file -> sha256, None) of a sealed cache, or (None, why it cannot be trusted)."""
+    from blockcoupling.store.integrity import seal_problem
+
+    try:
+        data = json.loads((target / CHECKSUMS).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        if (target / "training.json").is_file():
+            return None, "it has no checksums (written by an older blockcoupling)"
+        return None, "its training did not finish"
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        return None, f"{CHECKSUMS} is unreadable ({err})"
+    problem = seal_problem(data)
+    if problem is None and (data.get("format") != _CHECKSUMS_FORMAT
+                            or not isinstance(data.get("files"), dict)):
+        problem = "it is not a list of checksums"
+    if problem is not None:
+        return None, f"{CHECKSUMS}: {problem}"
+    return dict(data["files"]), None
+
+
+def cache_problem(target: Path, only: tuple[str, ...] | None = None) -> str | None:
+    """Why the training cache in ``target`` cannot be reused, or None: its checksums are
+    missing, unsealed or edited, or a file is missing, altered or not listed (``only``: check
+    just these files). A cache written before checksums has none: trained again."""
+    from blockcoupling.store.fileio import sha256_bytes
+
+    files, problem = _checksums(target)
+    if files is None:
+        return problem
+    names = list(only) if only is not None else sorted(files)
+    for name in names:
+        if name not in files:
+            return f"{name} is not in its checksums"
+        try:
+            data = (target / name).read_bytes()
+        except OSError:
+            return f"{name} is missing"
+        if sha256_bytes(data) != files[name]:
+            return f"{name} was changed after it was written (its checksum does not match)"
+    if only is None:
+        extra = [p.relative_to(target).as_posix() for p in _cache_files(target)
+                 if p.relative_to(target).as_posix() not in files]
+        if extra:
+            return f"{extra[0]} was added after the training"
+    return None
+
+
+def cache_digest(cfg: TinyLMConfig, cache_dir: str | Path | None = None) -> str:
+    """The content of a trained config's checkpoints (a digest of their files' checksums):
+    equal for bit-identical weights, whatever the timings in its log. A study compares it
+    with the digest its sweep measured, to measure again what was trained again."""
+    from blockcoupling.hashing import canonical_hash
+
+    files, problem = _checksums(tiny_lm_dir(cfg, cache_dir))
+    if files is None:
+        raise BlockCouplingError(f"the tiny-LM cache of {cfg.cache_key()} cannot be read: "
+                                 f"{problem}")
+    return canonical_hash({k: v for k, v in files.items() if k.startswith("step-")}, digits=16)
 
 
 def _monitor_is_current(cfg: TinyLMConfig, target: Path) -> bool:
@@ -575,12 +667,15 @@ def train_tiny_lm(
     Checkpoints live in ``<cache_dir>/<cfg.cache_key()>/step-NNNNNN`` (``cache_dir`` defaults
     to `default_cache_dir`), each with its tokenizer, so ``AutoModel.from_pretrained`` and
     ``AutoTokenizer.from_pretrained`` load it. With ``monitor`` (the demo's tiny LM) the model
-    is trained with a `CouplingMonitor` into ``monitor/``
+    is trained with a `blockcoupling.CouplingMonitor` into ``monitor/``
     (`monitor_dir`); a cache without a current monitor directory is then trained again
-    (the weights come out bit-identical). ``training.json`` (losses, timings) is written
-    last; a folder that has it is complete and is reused without training. Training goes to a
-    temporary sibling folder that is renamed into place, so an interrupted run leaves no
-    half-written cache. A run with ``plateau_tol`` returns the checkpoints up to the step it
+    (the weights come out bit-identical). ``training.json`` (losses, timings) and then the
+    sealed checksums of every file (`CHECKSUMS`) are written last; a folder whose files
+    all match them is complete and is reused without training, and a damaged one (a file
+    missing, altered, truncated or added; checksums missing, as in caches of an older
+    blockcoupling) is trained again, with a warning. Training goes to a temporary sibling
+    folder that is renamed into place, so an interrupted run leaves no half-written cache; a
+    full or read-only disk is one `BlockCouplingError`. A run with ``plateau_tol`` returns the checkpoints up to the step it
     stopped at (``end_step`` of `training_log`); it cannot have the monitor (which
     expects every checkpoint step).
     """
@@ -590,27 +685,19 @@ def train_tiny_lm(
     target = tiny_lm_dir(cfg, cache_dir)
 
     def complete() -> bool:
-        return (target / "training.json").is_file() and (
+        return cache_problem(target) is None and (
             not monitor or _monitor_is_current(cfg, target))
 
     if not complete():
-        target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = target.parent / f"{target.name}.tmp-{os.getpid()}"
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir()
+        if target.exists() and (problem := cache_problem(target)) is not None:
+            import warnings
+
+            warnings.warn(f"the tiny-LM cache {target} cannot be reused ({problem}): training "
+                          "it again", UserWarning, stacklevel=2)
         try:
-            log = _train_and_save(cfg, tmp, progress, monitor=monitor)
-            (tmp / "training.json").write_text(json.dumps(log, indent=1))
-            if target.exists():  # an incomplete or outdated folder, or a racing run's
-                if complete():
-                    shutil.rmtree(tmp)
-                else:
-                    shutil.rmtree(target)
-                    os.replace(tmp, target)
-            else:
-                os.replace(tmp, target)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
+            _train_into(cfg, target, progress, monitor, complete)
+        except OSError as err:
+            raise BlockCouplingError(_cache_write_error(err, target)) from err
     end = json.loads((target / "training.json").read_text()).get("end_step", cfg.max_steps)
     out = [(s, target / checkpoint_name(s)) for s in cfg.checkpoints if s <= end]
     missing = [str(p) for _, p in out if not (p / "config.json").is_file()]
@@ -620,6 +707,46 @@ def train_tiny_lm(
             "folder and run again"
         )
     return out
+
+
+def _train_into(cfg: TinyLMConfig, target: Path, progress: bool, monitor: bool,
+                complete: Any) -> None:
+    """Train into a temporary sibling of ``target``, seal it (`CHECKSUMS`, last) and
+    rename it into place; a failure leaves ``target`` as it was and removes the sibling."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.parent / f"{target.name}.tmp-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    try:
+        log = _train_and_save(cfg, tmp, progress, monitor=monitor)
+        (tmp / "training.json").write_text(json.dumps(log, indent=1))
+        _write_checksums(tmp)
+        if target.exists():  # an incomplete, damaged or outdated folder, or a racing run's
+            if complete():
+                shutil.rmtree(tmp)
+            else:
+                shutil.rmtree(target)
+                os.replace(tmp, target)
+        else:
+            os.replace(tmp, target)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _cache_write_error(err: OSError, target: Path) -> str:
+    """One line for an operating-system error while training into the cache."""
+    from blockcoupling.loading import WRITE_ERRNOS
+
+    where = err.filename or target.parent
+    if err.errno in (errno.ENOSPC, errno.EDQUOT):
+        return (f"no space left on the device while writing the training cache ({where}); "
+                "free some space and run the same command again: finished trainings are kept, "
+                "the interrupted one is trained again from its start")
+    if err.errno in WRITE_ERRNOS:
+        return (f"cannot write the training cache {where} ({err.strerror}); set "
+                "BLOCKCOUPLING_CACHE to a writable folder (or fix the folder's permissions) "
+                "and run the same command again")
+    return f"cannot write the training cache {where} ({err.strerror or err}); check the disk"
 
 
 def monitor_dir(cfg: TinyLMConfig, cache_dir: str | Path | None = None) -> Path:
@@ -641,9 +768,12 @@ def load_checkpoint(path: str | Path) -> tuple[PreTrainedModel, PreTrainedTokeni
 
 __all__ = [
     "CACHE_FORMAT",
+    "CHECKSUMS",
     "MONITOR_DIR",
     "TinyLMConfig",
     "build_tokenizer",
+    "cache_digest",
+    "cache_problem",
     "checkpoint_name",
     "corpus_documents",
     "corpus_sha256",

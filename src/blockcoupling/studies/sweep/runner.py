@@ -124,7 +124,8 @@ def load_unit(u: Unit, cfg: Any) -> tuple[Any, Any, list[Any]]:
                             device_map=u.loading.get("device_map"),
                             max_memory=u.loading.get("max_memory"),
                             offload_folder=u.loading.get("offload_folder"),
-                            quantize=u.loading.get("quantize"))
+                            quantize=u.loading.get("quantize"),
+                            allow_missing_weights=bool(u.loading.get("allow_missing_weights")))
     return model, tok, list(prompts)
 
 

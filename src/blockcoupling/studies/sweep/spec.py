@@ -34,7 +34,8 @@ from blockcoupling.fields import check_fields, from_mapping, opt
 
 # how a model is loaded beyond dtype/device (loading.load_model): accelerate dispatch, offload
 # and quantization; top-level defaults, per-model overrides
-LOADING_KEYS = ("device_map", "max_memory", "offload_folder", "quantize")
+LOADING_KEYS = ("device_map", "max_memory", "offload_folder", "quantize",
+                "allow_missing_weights")
 TOP_KEYS = ("kind", "models", "prompts", "limit", "seed", "measure", "resources", "dtype",
             "device", "retries", "name", *LOADING_KEYS)
 MODEL_KEYS = ("label", "model", "revisions", "steps", "checkpoints", "dtype", "device",
@@ -81,7 +82,7 @@ class ModelSpec:
     device: str = "auto"
     resources: Resources = field(default_factory=Resources)
     trust_remote_code: bool = False
-    loading: tuple[tuple[str, str], ...] = ()  # LOADING_KEYS given: (key, value)
+    loading: tuple[tuple[str, Any], ...] = ()  # LOADING_KEYS given: (key, value)
 
 
 @dataclass(frozen=True)
@@ -230,9 +231,15 @@ def _model(entry: Any, i: int, base: Path, spec: Mapping[str, Any]) -> ModelSpec
         validate.device_name(device, f"{ctx}.device")
     except validate.OptionError as err:
         raise SpecError(str(err)) from err
-    loading = []
+    loading: list[tuple[str, Any]] = []
     for key in LOADING_KEYS:
         v = entry.get(key, spec.get(key))
+        if key == "allow_missing_weights":
+            if v is not None and not isinstance(v, bool):
+                raise SpecError(f"{ctx}.{key} must be true or false, not {v!r}")
+            if v:
+                loading.append((key, v))
+            continue
         if v is not None and not isinstance(v, str):
             raise SpecError(f"{ctx}.{key} must be a string such as "
                             f"{'0=20GiB,cpu=60GiB' if key == 'max_memory' else 'auto'}, not {v!r}")

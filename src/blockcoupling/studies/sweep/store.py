@@ -287,6 +287,12 @@ def unit_problem(root: Path, rec: dict[str, Any]) -> str | None:
     unit = rec.get("unit") or {}
     uid = str(unit.get("unit_id"))
     path = root / run_relpath(unit)
+    if unit.get("run"):  # a unit trained into its folder (vit-grid): its sealed record too
+        from blockcoupling.studies.vit.train import metrics_problem
+
+        problem = metrics_problem(unit_dir(root, uid))
+        if problem is not None:
+            return problem
     try:
         manifest = verify_complete(path)
         cfg_hash = MeasureConfig.from_dict(dict(manifest["config"])).config_hash()

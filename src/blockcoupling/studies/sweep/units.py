@@ -65,7 +65,7 @@ class Unit:
     num_gpus: float = 0.0
     trust_remote_code: bool = False
     prompt_texts: tuple[str, ...] = ()   # an inline prompt set's texts (prompt_set inline:NAME)
-    loading: dict[str, str] = dataclasses.field(default_factory=dict)  # device_map, quantize, ...
+    loading: dict[str, Any] = dataclasses.field(default_factory=dict)  # device_map, quantize, ...
     inputs: dict[str, str] = dataclasses.field(default_factory=dict)  # local input -> content hash
     run: str = ""  # the unit's run directory inside units/<unit_id>/ ("": that folder itself;
     #                a ViT grid's training run: "coupling/final")

@@ -440,32 +440,83 @@ def measure_images(model: torch.nn.Module, pixel_values: Tensor, run_dir: Path, 
 
 # ---------------------------------------------------------------------------- I/O
 def _write_json(path: Path, data: dict[str, Any]) -> None:
-    atomic_write_text(path, json.dumps(data, indent=2, sort_keys=False, default=str))
+    """``metrics.json`` sealed (``store.integrity.sealed_text``): an edit is detected."""
+    from blockcoupling.store.integrity import sealed_text
+
+    atomic_write_text(path, sealed_text(data))
+
+
+#: what a reader of a damaged training record is told
+DAMAGED_HINT = ("a grid point is trained again by running the same vit-grid command; a "
+                "vit-train output: train into a new --out (or delete that folder)")
+
+
+def metrics_problem(out_dir: str | Path) -> str | None:
+    """Why the ``metrics.json`` of a ``vit-train`` folder cannot be trusted (unreadable, not
+    a metrics file, edited, or a finished training whose saved model no longer matches the
+    checksum recorded with it), or None. A record written before records were sealed is
+    accepted (None) and reported by `read_metrics` as unverified."""
+    from blockcoupling.store.integrity import seal_problem
+
+    path = Path(out_dir) / METRICS_FILE
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return f"{path} is missing"
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        return f"{path} is unreadable ({err})"
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
+        return f"{path} is not a vit-train metrics file"
+    problem = seal_problem(data)
+    if problem is not None and "digest" in data:
+        return f"{path}: {problem}"
+    want = data.get("model_sha256")
+    if want is not None and _model_sha256(Path(out_dir)) != want:
+        return (f"{Path(out_dir) / MODEL_WEIGHTS} is missing or damaged (its checksum does not "
+                "match the one recorded when it was trained)")
+    return None
 
 
 def read_metrics(out_dir: str | Path) -> dict[str, Any]:
-    """The ``metrics.json`` of a ``vit-train`` output folder."""
+    """The ``metrics.json`` of a ``vit-train`` output folder, verified (its seal and the
+    saved model's checksum: `metrics_problem`); one line naming the damage and the
+    repair otherwise. A record without a seal (an older blockcoupling) is read with a
+    warning that it is unverified."""
+    import warnings
+
     path = Path(out_dir) / METRICS_FILE
     if not path.exists():
         raise BlockCouplingError(f"{out_dir} has no {METRICS_FILE}; is it a vit-train output?")
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise BlockCouplingError(f"cannot read {path} ({err}); the training's record is "
-                                 "damaged: train into a new --out (or delete that folder)"
-                                 ) from err
-    if not isinstance(data, dict) or data.get("format") != FORMAT:
-        raise BlockCouplingError(f"{path} is not a vit-train metrics file")
+    problem = metrics_problem(out_dir)
+    if problem is not None:
+        raise BlockCouplingError(f"{problem}; the training's record is damaged: {DAMAGED_HINT}")
+    data: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
+    if "digest" not in data:
+        warnings.warn(f"{path} has no checksum (written by an older blockcoupling): read "
+                      "unverified", UserWarning, stacklevel=2)
     return data
 
 
-def is_trained(out_dir: str | Path, config: VitTrainConfig | None = None) -> bool:
-    """True when ``out_dir`` holds a finished training (of ``config``, if given)."""
-    out = Path(out_dir)
+#: the saved model's weights, whose checksum a finished training records
+MODEL_WEIGHTS = "model/model.safetensors"
+
+
+def _model_sha256(out: Path) -> str | None:
+    from blockcoupling.store.fileio import sha256_bytes
+
     try:
-        data = read_metrics(out)
-    except (BlockCouplingError, json.JSONDecodeError):
+        return sha256_bytes((out / MODEL_WEIGHTS).read_bytes())
+    except OSError:
+        return None
+
+
+def is_trained(out_dir: str | Path, config: VitTrainConfig | None = None) -> bool:
+    """True when ``out_dir`` holds a finished, undamaged training (of ``config``, if
+    given)."""
+    out = Path(out_dir)
+    if metrics_problem(out) is not None:
         return False
+    data = json.loads((out / METRICS_FILE).read_text(encoding="utf-8"))
     if data.get("status") != "complete" or not (out / "model" / "config.json").exists():
         return False
     return config is None or data.get("config_key") == config.key()
@@ -665,6 +716,7 @@ def _train(config: VitTrainConfig, out: Path, *, progress: bool, on_epoch: Epoch
                         "images": int(min(config.final_images, len(data.test_y)))}
     metrics["seconds_total"] = time.perf_counter() - t_start  # this session's (a resumed
     metrics["cpu_seconds_total"] = time.process_time() - cpu_start  # run: since its resume)
+    metrics["model_sha256"] = _model_sha256(out)
     _write_json(out / METRICS_FILE, metrics)
     ckpt_path.unlink(missing_ok=True)
     return out
