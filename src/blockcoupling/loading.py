@@ -172,13 +172,51 @@ def quantization_config(quantize: str | None) -> Any:
                                  bnb_4bit_compute_dtype=torch.float32)
 
 
+def check_init(init: Any, seed: Any = 0, *, names: tuple[str, str] = ("--init", "--init-seed")
+               ) -> None:
+    """One line for an init / init seed the loader cannot honour (``names``: how the caller
+    calls the two options, e.g. a sweep spec's keys)."""
+    from blockcoupling import validate
+
+    validate.init_name(init, names[0])
+    validate.whole(seed, names[1], minimum=0)
+
+
+def init_meta(init: str = "pretrained", seed: int = 0) -> dict[str, Any]:
+    """What a run's meta records of its weights' origin: ``init`` (``pretrained`` or
+    ``random``) and, for random weights, ``init_seed`` (both part of the resume identity)."""
+    return {"init": init, **({"init_seed": seed} if init == "random" else {})}
+
+
+def random_init(config: Any, seed: int = 0, *, head: bool = False,
+                trust_remote_code: bool = False) -> Any:
+    """The architecture of ``config`` at random initialisation, in eval mode: transformers'
+    own initialisation (``from_config``) under ``torch.manual_seed(seed)`` inside a forked
+    RNG, so the weights depend only on the config and the seed and the global random state is
+    left untouched. ``head``: with the causal-LM head (``AutoModelForCausalLM``)."""
+    from transformers import AutoModel, AutoModelForCausalLM
+
+    auto = AutoModelForCausalLM if head else AutoModel
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = auto.from_config(config, trust_remote_code=trust_remote_code)
+    return model.eval()
+
+
 def load_model(name: str, *, revision: str | None = None, dtype: str = "auto",
                device: str = "auto", trust_remote_code: bool = False,
                require_tokenizer: bool = False, progress: bool = True,
                device_map: str | None = None, max_memory: str | None = None,
-               offload_folder: str | None = None, quantize: str | None = None
+               offload_folder: str | None = None, quantize: str | None = None,
+               head: bool = False, init: str = "pretrained", init_seed: int = 0,
                ) -> tuple[Any, Any]:
     """``(model, tokenizer)`` for a hub id or a local folder, in eval mode on ``device``.
+
+    ``head``: the causal LM with its unembedding (``AutoModelForCausalLM``, for the logit
+    lens) instead of the base model. ``init="random"``: the same config with seeded random
+    weights (:func:`random_init`, ``init_seed``; the untrained baselines of the paper's
+    figures 3, 4 and 23): no weight file is read, the tokenizer is the checkpoint's; a
+    ``dtype`` of ``auto`` is then the config's own dtype (float32 where it names none).
 
     ``device_map`` (``"auto"``, ``"balanced"``, ...; with ``max_memory`` such as
     ``"0=20GiB,cpu=60GiB"`` and ``offload_folder`` for blocks offloaded to disk) dispatches
@@ -201,18 +239,23 @@ def load_model(name: str, *, revision: str | None = None, dtype: str = "auto",
                         offload_folder=offload_folder)
     elif max_memory is not None or offload_folder is not None:
         raise BlockCouplingError("--max-memory and --offload-folder apply with --device-map")
+    check_init(init, init_seed)
+    if init == "random" and (device_map is not None or quantize not in (None, "none")):
+        raise BlockCouplingError("--init random builds the model in memory; --device-map and "
+                                 "--quantize apply to checkpoints only (drop them)")
     qc = quantization_config(quantize)
     if qc is not None:
         dispatch["quantization_config"] = qc
     with quiet_transformers(progress):
         return _load(name, revision=revision, dtype=dtype, device=device,
                      trust_remote_code=trust_remote_code, require_tokenizer=require_tokenizer,
-                     dispatch=dispatch)
+                     dispatch=dispatch, head=head, init=init, init_seed=init_seed)
 
 
 def _load(name: str, *, revision: str | None, dtype: str, device: str, trust_remote_code: bool,
-          require_tokenizer: bool, dispatch: dict[str, Any] | None = None) -> tuple[Any, Any]:
-    from transformers import AutoConfig, AutoModel, AutoTokenizer
+          require_tokenizer: bool, dispatch: dict[str, Any] | None = None, head: bool = False,
+          init: str = "pretrained", init_seed: int = 0) -> tuple[Any, Any]:
+    from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoTokenizer
 
     if dtype not in MODEL_DTYPES:
         raise BlockCouplingError(f"--dtype {dtype!r}: choose one of {', '.join(MODEL_DTYPES)}")
@@ -245,9 +288,22 @@ def _load(name: str, *, revision: str | None, dtype: str, device: str, trust_rem
     kwargs["dtype"] = MODEL_DTYPES[dtype]
     kwargs.update({k: v for k, v in (dispatch or {}).items() if v is not None})
     target = resolve_device(device)
+    auto = AutoModelForCausalLM if head else AutoModel
     try:
-        model = AutoModel.from_pretrained(src, config=config, **kwargs)
-    except Exception as err:  # safetensors, torch and OS errors for damaged weight files
+        if init == "random":
+            model = random_init(config, init_seed, head=head,
+                                trust_remote_code=trust_remote_code)
+            want = MODEL_DTYPES[dtype] if dtype != "auto" else getattr(config, "dtype", None)
+            if isinstance(want, str):
+                want = MODEL_DTYPES.get(want.removeprefix("torch."))
+            model = model.to(want if isinstance(want, torch.dtype) else torch.float32)
+        else:
+            model = auto.from_pretrained(src, config=config, **kwargs)
+    except Exception as err:
+        if head and isinstance(err, ValueError) and "Unrecognized configuration" in str(err):
+            raise BlockCouplingError(  # e.g. an encoder: no causal-LM class for its config
+                f"{name!r} has no causal-LM head transformers knows; the logit lens needs a "
+                "decoder with its unembedding (measure without --logit-lens)") from err  # safetensors, torch and OS errors for damaged weight files
         first = (str(err).strip().splitlines() or [type(err).__name__])[0]
         raise BlockCouplingError(
             f"could not load the weights of {name!r} ({type(err).__name__}: {first}); the "

@@ -35,12 +35,14 @@ def measure(
     max_memory: Annotated[str | None, typer.Option("--max-memory", help="With --device-map: memory per device, e.g. 0=20GiB,cpu=60GiB.")] = None,
     offload_folder: Annotated[str | None, typer.Option("--offload-folder", help="With --device-map: folder for blocks offloaded to disk.")] = None,
     quantize: Annotated[str | None, typer.Option("--quantize", help="Load the weights in 8 or 4 bits: bnb-8bit, bnb-4bit (bitsandbytes), torchao-int8; each block is dequantized to the analysis dtype.")] = None,
+    init: Annotated[str, typer.Option("--init", help="pretrained (the checkpoint's weights) or random: the same config with seeded random weights (the untrained baseline of the paper's figures 3, 4 and 23; recorded in the run's meta and identity).")] = "pretrained",
+    init_seed: Annotated[int, typer.Option("--init-seed", help="Seed of --init random.")] = 0,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Check everything and print the plan (prompts, tokens, pairs, Jacobians, memory, an estimated time); write nothing.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help=JSON_HELP)] = False,
 ) -> None:
     """Measure a model on a prompt set and write a resumable run directory."""
     from blockcoupling.engine.config import parse_config
-    from blockcoupling.loading import load_model
+    from blockcoupling.loading import init_meta, load_model
     from blockcoupling.prompts.sources import load_prompts
     from blockcoupling.store.record import measure_to_dir
 
@@ -54,8 +56,10 @@ def measure(
                               trust_remote_code=trust_remote_code, require_tokenizer=True,
                               progress=not _STATE["quiet"], device_map=device_map,
                               max_memory=max_memory, offload_folder=offload_folder,
-                              quantize=quantize)
-        meta = {"model": model, "revision": revision, "prompts_spec": prompts}
+                              quantize=quantize, head=cfg.logit_lens, init=init,
+                              init_seed=init_seed)
+        meta = {"model": model, "revision": revision, "prompts_spec": prompts,
+                **init_meta(init, init_seed)}
         if dry_run:
             from blockcoupling.store.record import plan_run
 

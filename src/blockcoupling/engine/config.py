@@ -264,6 +264,11 @@ class MeasureConfig:
     influence: bool = _opt(False, "Cross-token influence on the last token.", parse_bool,
                            cli="influence")
     lss_window: int = _opt(11, "Width of the centred line-shape-score window (odd).", parse_int)
+    logit_lens: bool = _opt(
+        False, "Logit lens (paper fig. 24): the entropy of softmax(W_U N(x^l)) at every layer "
+        "and token, in the trajectory table's logit_entropy column; needs a causal LM with "
+        "its head (the CLI loads it under this option).", parse_bool, cli="logit-lens",
+        hashed="if_changed")
     batch_size: int = _opt(8, "Prompts per forward pass.", parse_int, cli="batch-size")
     seed: int = _opt(0, "Seed for prompt subsets and randomized SVDs.", parse_int, cli="seed")
     blocks_path: str | None = _opt(None, "Dotted path to the list of blocks (custom models).",
@@ -362,6 +367,8 @@ class MeasureConfig:
         if self.svd_tol is not None:  # nan would switch the fallback off, inf force it
             number(self.svd_tol, "svd_tol", above=0)
         whole(self.seed, "seed", minimum=0)
+        if self.logit_lens and not self.trajectory:
+            bad("logit_lens adds a column to the trajectory table; keep trajectory=True")
         if self.lss_window < 3 or self.lss_window % 2 == 0:
             bad(f"lss_window={self.lss_window}: the window is centred, so give an odd width >= 3 "
                 "(the paper uses 11)")

@@ -33,6 +33,7 @@ from torch import Tensor
 from blockcoupling.engine import (
     bases,
     fastpath,
+    lens,
     metrics,
     normdirs,
     offload,
@@ -422,6 +423,7 @@ def _iter_parts(model: torch.nn.Module, tokenizer: Any, prompts: Any, config: Me
         resolve_device(cfg.analysis_device)  # a clear error for an unavailable device
     device = _model_device(model)
     hidden_dtype = _model_dtype(model)  # the precision the hidden states carry
+    readout = lens.readout(model, spec) if cfg.logit_lens else None
     # The batches are cut from the whole prompt list, skipped prompts included, so that a
     # resumed run measures every prompt in the batch it had in the first run (batch
     # composition changes float32 rounding): a resume is bit-identical. Likewise the prompts
@@ -447,7 +449,11 @@ def _iter_parts(model: torch.nn.Module, tokenizer: Any, prompts: Any, config: Me
             spec = cap.spec  # width and causality known from here on
             cfg.check_model(cap.spec.num_layers, cap.spec.hidden_size)
             t0 = time.perf_counter()
-            batch_tables = (tables.trajectory_tables(cap, ids, cfg.lss_window, hidden_dtype)
+            ent = (lens.lens_entropy(tables.batch_trajectory(cap), readout, device=device,
+                                     dtype=hidden_dtype, normed_last=cap.final_norm)
+                   if readout is not None else None)
+            batch_tables = (tables.trajectory_tables(cap, ids, cfg.lss_window, hidden_dtype,
+                                                     entropy=ent)
                             if cfg.trajectory else None)
             on_event(MeasureEvent("trajectory", time.perf_counter() - t0, prompt_ids=tuple(ids)))
             if not (cfg.coupling or cfg.spectra or cfg.influence):

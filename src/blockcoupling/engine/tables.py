@@ -83,8 +83,14 @@ def figure_arrays(prompt_id: str, A_store: CouplingStore, cfg: MeasureConfig,
 
 
 # ---------------------------------------------------------------------------- trajectories
+def batch_trajectory(cap: Capture) -> Tensor:
+    """The real tokens of a captured batch side by side: (L+1, N, d), N = sum of lengths."""
+    return torch.cat([cap.boundaries[:, b, :n] for b, n in enumerate(cap.lengths)], dim=1)
+
+
 def trajectory_tables(cap: Capture, prompt_ids: Sequence[str], window: int,
-                      hidden_dtype: torch.dtype | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
+                      hidden_dtype: torch.dtype | None = None,
+                      entropy: Tensor | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
     """The ``trajectory`` and ``token_metrics`` tables of a captured batch (prompts in order,
     each prompt's rows contiguous). ``hidden_dtype``: the precision the model's hidden states
     carry (the model's dtype); the expodistance's "rounding only" guard uses the coarser of
@@ -93,10 +99,11 @@ def trajectory_tables(cap: Capture, prompt_ids: Sequence[str], window: int,
 
     Every metric but the PCA is per token, so they are computed once for all the batch's real
     tokens side by side, (L+1, N, d) with N = sum of the prompts' lengths (padding never
-    enters); the PCA is fitted per prompt on its last layer."""
+    enters); the PCA is fitted per prompt on its last layer. ``entropy`` (L+1, N): the logit
+    lens of the same tokens (engine/lens.py), the ``logit_entropy`` column (else NaN)."""
     lengths = cap.lengths
     # in the boundaries' precision: float32, or float64 when the analysis asks for it
-    X = torch.cat([cap.boundaries[:, b, :n] for b, n in enumerate(lengths)], dim=1)
+    X = batch_trajectory(cap)
     Lp1, N = X.shape[0], X.shape[1]  # X: (L+1, N, d)
     norms = trajectory.norms(X).numpy()  # (L+1, N)
     steps = torch.cat([torch.full((1, N), float("nan"), dtype=X.dtype),
@@ -109,10 +116,12 @@ def trajectory_tables(cap: Capture, prompt_ids: Sequence[str], window: int,
         eps = max(eps, torch.finfo(hidden_dtype).eps)
     ed = trajectory.expodistance(X, resolution=8 * eps).numpy()
     cv = trajectory.equidistance_cv(X).numpy()
+    ent = (entropy.numpy() if entropy is not None
+           else np.full((Lp1, N), np.nan))  # (L+1, N)
     # one DataFrame per table for the whole batch (pandas construction and typing are the
     # expensive part), then a row slice per prompt
     cols: dict[str, list[np.ndarray]] = {c: [] for c in (
-        "token", "layer", "norm", "step_norm", "pca_x", "pca_y", "lss_window")}
+        "token", "layer", "norm", "step_norm", "pca_x", "pca_y", "lss_window", "logit_entropy")}
     start = 0
     for n in lengths:
         sl = slice(start, start + n)
@@ -120,7 +129,8 @@ def trajectory_tables(cap: Capture, prompt_ids: Sequence[str], window: int,
         layer_idx, tok_idx = np.meshgrid(np.arange(Lp1), np.arange(n), indexing="ij")
         for name, arr in (("token", tok_idx), ("layer", layer_idx), ("norm", norms[:, sl]),
                           ("step_norm", steps[:, sl]), ("pca_x", pca[..., 0]),
-                          ("pca_y", pca[..., 1]), ("lss_window", wl[:, sl])):
+                          ("pca_y", pca[..., 1]), ("lss_window", wl[:, sl]),
+                          ("logit_entropy", ent[:, sl])):
             cols[name].append(arr.ravel())
         start += n
     ids = np.asarray(prompt_ids, dtype=object)
@@ -165,5 +175,5 @@ def trajectory_part(cap: Capture, items: Sequence[MeasureInput], cfg: MeasureCon
     return Measurement(trajectory=traj, token_metrics=tokm, prompts=prompts_df, config=cfg)
 
 
-__all__ = ["coupling_rows", "figure_arrays", "split_by_prompt", "trajectory_part",
+__all__ = ["batch_trajectory", "coupling_rows", "figure_arrays", "split_by_prompt", "trajectory_part",
            "trajectory_tables"]

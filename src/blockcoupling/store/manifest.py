@@ -40,7 +40,7 @@ PART_META = "part.json"
 # values, so other values are refused with the list of differences.
 RUNTIME_KEYS: frozenset[str] = frozenset()
 # Entries of ``meta`` that identify what was measured: resuming with different values is refused.
-IDENTITY_META_KEYS: tuple[str, ...] = ("model", "revision", "weights_hash")
+IDENTITY_META_KEYS: tuple[str, ...] = ("model", "revision", "weights_hash", "init", "init_seed")
 
 
 def now() -> str:

@@ -52,6 +52,7 @@ def run_unit(unit: Unit | Mapping[str, Any], root: str | os.PathLike[str]) -> di
     """Measure one unit into ``root/units/<unit_id>`` and record its status; returns the
     status record. Never raises for a failing unit (it is recorded as ``failed``)."""
     from blockcoupling.engine.config import MeasureConfig
+    from blockcoupling.loading import init_meta
     from blockcoupling.store.record import measure_to_dir
     from blockcoupling.store.rundir import is_run_dir, open_run
 
@@ -73,7 +74,8 @@ def run_unit(unit: Unit | Mapping[str, Any], root: str | os.PathLike[str]) -> di
                                  " restore it and resume, or start a new sweep with --out")
             model, tok, prompts = load_unit(u, cfg)
             meta = {"model": u.model, "revision": u.revision, "label": u.label, "step": u.step,
-                    "unit_id": u.unit_id, "prompt_set": u.prompt_set}
+                    "unit_id": u.unit_id, "prompt_set": u.prompt_set,
+                    **init_meta(u.init, u.init_seed)}
             m = _measure_waiting_for_lock(
                 lambda: measure_to_dir(model, tok, prompts, out, meta=meta,
                                        prompts_spec=u.prompt_set, resume=True, progress=False,
@@ -113,7 +115,8 @@ def load_unit(u: Unit, cfg: Any) -> tuple[Any, Any, list[Any]]:
                             device_map=u.loading.get("device_map"),
                             max_memory=u.loading.get("max_memory"),
                             offload_folder=u.loading.get("offload_folder"),
-                            quantize=u.loading.get("quantize"))
+                            quantize=u.loading.get("quantize"), head=bool(cfg.logit_lens),
+                            init=u.init, init_seed=u.init_seed)
     return model, tok, list(prompts)
 
 
