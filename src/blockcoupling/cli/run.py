@@ -152,13 +152,22 @@ def report(
     run_dirs: Annotated[list[Path], typer.Argument(help="One or more run directories, one collection (a sweep or monitor directory: the emergence report; a vit-grid: the ViT study page) or one folder of vit-train runs.")],
     out: Annotated[Path, typer.Option("--out", "-o", help="HTML file to write.")] = Path("report.html"),
     labels: Annotated[str | None, typer.Option(help="Comma-separated labels, one per run.")] = None,
+    sort: Annotated[str, typer.Option("--sort", help="Order of the runs on the per-model figures: given, params (parameter count), layers, d_model, or score (with --scores; the paper sorts by size, fig. 37, or by score, fig. 23). Run directories only (a sweep's are SWEEP/units/*).")] = "given",
+    scores: Annotated[str | None, typer.Option("--scores", help="With --sort score: paper, a CSV (model, score) or an lm-evaluation-harness folder, matched to the runs as correlate does.")] = None,
 ) -> None:
     """Write one self-contained HTML report (plus PNG/SVG/PDF figures) from stored runs."""
     from blockcoupling.report.html import write_report_from_dirs
     from blockcoupling.studies.sweep.store import is_collection_dir
 
     with user_errors("cannot write the report"):
-        if len(run_dirs) == 1 and is_collection_dir(run_dirs[0]):  # its manifest says the kind
+        single = len(run_dirs) == 1 and (is_collection_dir(run_dirs[0]) or _is_vit_dir(run_dirs[0]))
+        if sort != "given" and single:
+            raise BlockCouplingError(
+                "--sort orders run directories; for a sweep pass its units' run directories "
+                f"({run_dirs[0]}/units/*)")
+        if sort != "given" or scores is not None:
+            path = _sorted_report(run_dirs, out, _csv(labels), sort, scores)
+        elif len(run_dirs) == 1 and is_collection_dir(run_dirs[0]):  # its manifest says the kind
             from blockcoupling.studies.collection import open_collection, write_collection_report
 
             path = write_collection_report(open_collection(run_dirs[0]), out)
@@ -169,6 +178,21 @@ def report(
         else:
             path = write_report_from_dirs(run_dirs, out, labels=_csv(labels))
     typer.echo(f"wrote {path}")
+
+
+def _sorted_report(run_dirs: list[Path], out: Path, labels: list[str] | None, key: str,
+                   scores: str | None) -> Path:
+    """The runs report with the runs in the order of ``key`` (studies/ordering.py)."""
+    from blockcoupling.report.html import write_report
+    from blockcoupling.report.summaries import run_labels
+    from blockcoupling.store.reader import open_run
+    from blockcoupling.studies.ordering import order_runs
+
+    ms = [open_run(d) for d in run_dirs]
+    labs = run_labels(ms, labels)
+    order, name = order_runs(ms, labs, key, run_dirs=run_dirs, scores=scores)
+    return write_report([ms[i] for i in order], out, labels=[labs[i] for i in order],
+                        order_name=name)
 
 
 @app.command()

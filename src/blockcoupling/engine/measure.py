@@ -537,6 +537,7 @@ def build_meta(model: torch.nn.Module, cfg: MeasureConfig, *, spec: BlockSpec | 
         "arch": spec.arch,
         "num_layers": spec.num_layers,
         "hidden_size": spec.hidden_size,
+        "num_parameters": sum(p.numel() for p in model.parameters()),
         "causal": spec.causal,
         "causal_source": spec.causal_source,
         "blocks_path": spec.blocks_path,

@@ -62,13 +62,72 @@ def coupling_rows(prompt_id: str, A_store: CouplingStore, measured: Mapping[Key,
     return conform("coupling", pd.concat(parts, ignore_index=True))
 
 
+#: token-wise |A| mosaics keep at most this many tokens per axis (the last ones)
+FIGURE_TOKENS = 12
+
+
+def _token_key(kind: str, layer: int, fixed: int, t: int) -> Key:
+    """The Jacobian at token ``t`` of a token-wise kind's axis (``fixed``: its fixed token)."""
+    if kind == "self":
+        return (layer, t, t)
+    return (layer, fixed, t) if kind == "fixed_input" else (layer, t, fixed)
+
+
+def token_figure_arrays(prompt_id: str, A_store: CouplingStore, cfg: MeasureConfig,
+                        layers: Sequence[int], tokens: Sequence[int]) -> dict[str, np.ndarray]:
+    """The token-wise K x K matrices of the paper's fig. 4 and its context-coupling figures,
+    per token-wise kind measured, at the middle selected layer l (the pair l = l'):
+
+    * ``A_{kind}/{prompt_id}/{orientation}``: (T, T, Kmax, Kmax), cell (i, j) the matrix of
+      the measured Jacobian at token ``tokens[i]`` against the basis at ``tokens[j]``;
+    * ``A_{kind}/{prompt_id}/tokens``: (T,) those token positions; ``.../where``: (2,) the
+      layer and the fixed token (-1 for ``self``).
+
+    ``self``: J^l_tt against J^l_t't' over the selected tokens; ``fixed_input``: J^l_{s t}
+    against J^l_{s t'} at the first selected input token s; ``fixed_output``: J^l_{s t}
+    against J^l_{s' t} at the last selected output token t (the token heatmap's defaults).
+    At most :data:`FIGURE_TOKENS` tokens per axis, the last ones."""
+    out: dict[str, np.ndarray] = {}
+    if not layers or not tokens:
+        return out
+    la = layers[len(layers) // 2]
+    for kind in ("self", "fixed_input", "fixed_output"):
+        if kind not in cfg.coupling:
+            continue
+        if kind == "self":
+            fixed, axis = -1, sorted(tokens)
+        elif kind == "fixed_input":
+            fixed = min(tokens)
+            axis = sorted({a[2] for (kd, a, _b, _o) in A_store
+                           if kd == kind and a[0] == la and a[1] == fixed})
+        else:
+            fixed = max(tokens)
+            axis = sorted({a[1] for (kd, a, _b, _o) in A_store
+                           if kd == kind and a[0] == la and a[2] == fixed})
+        axis = axis[-FIGURE_TOKENS:]
+        if not axis:
+            continue
+        for orient in cfg.orientations:
+            grid = torch.stack([torch.stack([
+                A_store[(kind, _token_key(kind, la, fixed, ta), _token_key(kind, la, fixed, tb),
+                         orient)] for tb in axis]) for ta in axis])
+            out[f"A_{kind}/{prompt_id}/{orient}"] = grid.detach().float().cpu().numpy()
+        out[f"A_{kind}/{prompt_id}/tokens"] = np.asarray(axis, dtype=np.int64)
+        out[f"A_{kind}/{prompt_id}/where"] = np.asarray([la, fixed], dtype=np.int64)
+    return out
+
+
 def figure_arrays(prompt_id: str, A_store: CouplingStore, cfg: MeasureConfig,
                   layers: Sequence[int], tokens: Sequence[int], *, keep: bool
                   ) -> dict[str, np.ndarray]:
     """``A/{prompt_id}/{orientation}``: the depth-wise K x K matrices (W, W, K, K) over the
-    figure window at the last selected token, for the prompts kept for figures."""
-    if "depth" not in cfg.coupling or not keep:
+    figure window at the last selected token, for the prompts kept for figures; and the
+    token-wise ones (:func:`token_figure_arrays`)."""
+    if not keep:
         return {}
+    extra = token_figure_arrays(prompt_id, A_store, cfg, layers, tokens)
+    if "depth" not in cfg.coupling:
+        return extra
     lo, hi = cfg.figure_window or pairs.default_figure_window(layers)
     window = [la for la in layers if lo <= la <= hi]
     t = tokens[-1]
@@ -79,7 +138,7 @@ def figure_arrays(prompt_id: str, A_store: CouplingStore, cfg: MeasureConfig,
             for la in window
         ])  # (W, W, Kmax, Kmax)
         out[f"A/{prompt_id}/{orient}"] = grid.detach().float().cpu().numpy()
-    return out
+    return {**out, **extra}
 
 
 # ---------------------------------------------------------------------------- trajectories
@@ -175,5 +234,6 @@ def trajectory_part(cap: Capture, items: Sequence[MeasureInput], cfg: MeasureCon
     return Measurement(trajectory=traj, token_metrics=tokm, prompts=prompts_df, config=cfg)
 
 
-__all__ = ["batch_trajectory", "coupling_rows", "figure_arrays", "split_by_prompt", "trajectory_part",
+__all__ = ["FIGURE_TOKENS", "batch_trajectory", "coupling_rows", "figure_arrays",
+           "token_figure_arrays", "split_by_prompt", "trajectory_part",
            "trajectory_tables"]
