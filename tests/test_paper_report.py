@@ -122,16 +122,18 @@ def test_sort_values_and_order() -> None:
     runs = [SimpleNamespace(meta={"num_parameters": p, "num_layers": L, "hidden_size": d})
             for p, L, d in ((300, 4, 32), (100, 8, 16), (200, 2, 64))]
     labs = ["a", "b", "c"]
-    assert run_order(sort_values(runs, "params", labs), labs, "params") == [1, 2, 0]
-    assert run_order(sort_values(runs, "layers", labs), labs, "layers") == [2, 0, 1]
-    assert run_order(sort_values(runs, "d_model", labs), labs, "d_model") == [1, 0, 2]
-    assert run_order(sort_values(runs, "given", labs), labs, "given") == [0, 1, 2]
-    assert run_order([2.0, 1.0, 2.0], labs, "score") == [1, 0, 2]  # ties keep the given order
+    assert run_order(sort_values(runs, "params", labs), labs, "params") == ([1, 2, 0], [])
+    assert run_order(sort_values(runs, "layers", labs), labs, "layers") == ([2, 0, 1], [])
+    assert run_order(sort_values(runs, "d_model", labs), labs, "d_model") == ([1, 0, 2], [])
+    assert run_order(sort_values(runs, "given", labs), labs, "given") == ([0, 1, 2], [])
+    assert run_order([2.0, 1.0, 2.0], labs, "score") == ([1, 0, 2], [])  # ties keep the given order
     runs[1].meta.pop("num_parameters")
     with pytest.raises(BlockCouplingError, match="meta of b has no num_parameters"):
         sort_values(runs, "params", labs)
-    with pytest.raises(BlockCouplingError, match="no value for c"):
-        run_order([1.0, 2.0, float("nan")], labs, "score")
+    # a run without a value (no score for it) goes last, and is named
+    assert run_order([None, 2.0, 1.0], labs, "score") == ([2, 1, 0], ["a"])
+    with pytest.raises(BlockCouplingError, match="no run has a value"):
+        run_order([None, float("nan"), None], labs, "score")
     with pytest.raises(BlockCouplingError, match="sort key 'size'"):
         sort_values(runs, "size", labs)
 

@@ -260,7 +260,9 @@ class MeasureConfig:
         "fit the GPU: --device cpu --analysis-device cuda streams one block at a time.",
         parse_opt_str, cli="analysis-device")
     trajectory: bool = _opt(True, "Trajectory metrics.", parse_bool)
-    spectra: bool = _opt(True, "Singular-value spectra of J^l_tt.", parse_bool)
+    spectra: bool = _opt(True, "Singular-value spectra of J^l_tt (--no-spectra: no Jacobian "
+                         "work when no coupling kind needs it either).", parse_bool,
+                         cli="spectra")
     influence: bool = _opt(False, "Cross-token influence on the last token.", parse_bool,
                            cli="influence")
     lss_window: int = _opt(11, "Width of the centred line-shape-score window (odd).", parse_int)
@@ -381,8 +383,9 @@ class MeasureConfig:
             bad(f"layers={self.layers}: layers are numbered from 1 (layer l = block l)")
 
     def check_model(self, num_layers: int, hidden_size: int) -> None:
-        """Checks that depend on the model: K <= d and layers within 1..L."""
-        if max(self.k) > hidden_size:
+        """Checks that depend on the model: K <= d (where a coupling kind or the spectra use
+        K) and layers within 1..L."""
+        if max(self.k) > hidden_size and (self.coupling or self.spectra):
             raise BlockCouplingError(
                 f"k={max(self.k)} is larger than the model's hidden size d={hidden_size}; "
                 f"choose K <= {hidden_size} (the paper uses K = d/10 = {max(1, round(hidden_size / 10))})"

@@ -58,7 +58,11 @@ def order_runs(measurements: Sequence[Any], labels: Sequence[str], key: str, *,
         values: list[float | None] = score_values(run_dirs, scores, labels)
     else:
         values = list(sort_values(measurements, key, labels))
-    return run_order(values, labels, key), ORDER_NAMES[key]
+    order, missing = run_order(values, labels, key)
+    name = ORDER_NAMES[key]
+    if missing:
+        name += f" (without a value, last: {', '.join(missing)})"
+    return order, name
 
 
 __all__ = ["ORDER_NAMES", "order_runs", "score_values"]

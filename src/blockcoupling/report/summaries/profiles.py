@@ -16,7 +16,6 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-import numpy as np
 import pandas as pd
 
 from blockcoupling.engine.results import Measurement
@@ -93,14 +92,18 @@ def sort_values(runs: Runs, key: str, labels: Sequence[str]) -> list[float]:
     return [float(v) for v in values]  # type: ignore[arg-type]
 
 
-def run_order(values: Sequence[float | None], labels: Sequence[str], key: str) -> list[int]:
-    """Indices of the runs in increasing ``values`` (ties keep the given order); a run
-    without a value (None or NaN) is one error naming it."""
-    missing = [lab for lab, v in zip(labels, values, strict=True)
+def run_order(values: Sequence[float | None], labels: Sequence[str], key: str
+              ) -> tuple[list[int], list[str]]:
+    """Indices of the runs in increasing ``values`` (ties keep the given order), the runs
+    without a value (None or NaN: e.g. a model the score table has no score for) last in the
+    given order; and the labels of those. Every run without a value is one error."""
+    missing = [i for i, v in enumerate(values)
                if v is None or (isinstance(v, float) and math.isnan(v))]
-    if missing:
-        raise BlockCouplingError(f"sort by {key}: no value for {', '.join(missing)}")
-    return [int(i) for i in np.argsort(np.asarray(values, dtype=float), kind="stable")]
+    if len(missing) == len(values):
+        raise BlockCouplingError(f"sort by {key}: no run has a value")
+    have = [i for i in range(len(values)) if i not in missing]
+    order = sorted(have, key=lambda i: float(values[i]))  # type: ignore[arg-type]  # stable
+    return order + missing, [labels[i] for i in missing]
 
 
 __all__ = ["PROFILE_COLUMNS", "RUN_METRICS", "SORT_KEYS", "depth_profiles", "metric_by_run",
