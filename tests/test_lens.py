@@ -111,3 +111,29 @@ def test_a_model_without_its_head_or_an_encoder_is_one_line() -> None:
                    logit_lens=True, progress=False)
     with pytest.raises(BlockCouplingError, match="trajectory"):
         bc.MeasureConfig.parse(logit_lens=True, trajectory=False)
+
+
+def test_a_stored_trajectory_without_the_column_reads_as_nan(tmp_path) -> None:
+    """Runs stored before the logit lens existed have no logit_entropy column: they still
+    read, the column NaN; another missing column is still refused."""
+    import io
+    from pathlib import Path
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from blockcoupling.errors import RunDirError
+    from blockcoupling.store.tables import read_table, to_frame
+
+    m = bc.measure(tiny_model("gpt2"), None, {"input_ids": torch.randint(0, VOCAB, (1, 4))},
+                   coupling="none", spectra=False, progress=False)
+    old = m.trajectory.drop(columns=["logit_entropy"])
+    sink = io.BytesIO()
+    pq.write_table(pa.Table.from_pandas(old, preserve_index=False), sink)
+    table = read_table(sink.getvalue(), "trajectory", Path("t.parquet"), "hint")
+    frame = to_frame("trajectory", [table], Path("."))
+    assert frame["logit_entropy"].isna().all() and len(frame) == len(old)
+    sink = io.BytesIO()
+    pq.write_table(pa.Table.from_pandas(old.drop(columns=["norm"]), preserve_index=False), sink)
+    with pytest.raises(RunDirError, match="no column norm"):
+        read_table(sink.getvalue(), "trajectory", Path("t.parquet"), "hint")
