@@ -11,6 +11,7 @@ import typer
 
 from blockcoupling.cli.app import JSON_HELP, app, echo_json, guarded, one_value, user_errors
 from blockcoupling.cli.app import STATE as _STATE
+from blockcoupling.cli.correlate import _write_and_say
 from blockcoupling.errors import BlockCouplingError
 
 
@@ -87,14 +88,4 @@ def difficulty(
     with user_errors("cannot read the run or the ratings"):
         result = difficulty_study(run_dir, ratings, k=None if k is None else
                                   one_value(k, "--k", int), n_boot=n_boot, seed=seed)
-        written = []
-        if json_out is not None:
-            written.append(result.to_json(json_out))
-        if out is not None:
-            written.append(write_difficulty_html(result, out))
-    if as_json:
-        echo_json(result.to_dict())
-        return
-    typer.echo(result.summary())
-    for path in written:
-        typer.echo(f"wrote {path}")
+        _write_and_say(result, json_out, out, write_difficulty_html, as_json)
