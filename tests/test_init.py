@@ -99,3 +99,24 @@ def test_sweep_spec_init_random_is_its_own_unit(model_dir: Path, tmp_path: Path)
         with pytest.raises(SpecError, match=match):
             parse_spec({"models": [{"model": str(model_dir), **bad}],
                         "prompts": ["builtin:capital"]})
+
+
+def test_runs_and_sweeps_made_before_these_options_still_resume(model_dir: Path) -> None:
+    """A stored config without logit_lens (made before it existed) is the default; a sweep
+    spec's JSON names init only where it is random, as before init existed."""
+    from blockcoupling.engine.config import MeasureConfig
+    from blockcoupling.store.manifest import resume_differences
+
+    cfg = MeasureConfig().to_dict()
+    old = {k: v for k, v in cfg.items() if k != "logit_lens"}
+    manifest = {"config": old, "meta": {}, "prompts": []}
+    assert resume_differences(manifest, cfg, {}, []) == []
+    on = MeasureConfig.parse(logit_lens=True).to_dict()
+    assert resume_differences(manifest, on, {}, []) == [
+        "logit_lens: run has False, now True"]
+    spec = parse_spec({"models": [{"label": "a", "model": str(model_dir)},
+                                  {"label": "b", "model": str(model_dir), "init": "random"}],
+                       "prompts": ["builtin:capital"]})
+    models = spec.to_dict()["models"]
+    assert "init" not in models[0] and models[1]["init"] == "random"
+    assert parse_spec({**spec.to_dict(), "base_dir": "."}).models == spec.models

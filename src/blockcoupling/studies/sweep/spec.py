@@ -115,6 +115,8 @@ class SweepSpec:
         out.pop("config")
         for m in out["models"]:
             m["revisions"] = list(m["revisions"])
+            if m["init"] == "pretrained":  # as before init existed: a stored spec still matches
+                del m["init"], m["init_seed"]
             if isinstance(m["checkpoints"], tuple):
                 m["checkpoints"] = list(m["checkpoints"])
         out["prompts"] = list(self.prompts)
