@@ -135,6 +135,16 @@ def make_run(seed: int, *, label: str, strength: float,
             for i in range(W):
                 A[i, i] += np.diag(np.linspace(3, 1, max(KS)))
             arr[f"A/p0/{orient}"] = A
+        for kind in (k for k in kinds if k != "depth"):  # token-wise matrices at one layer
+            toks = np.arange(N_TOKENS)
+            for orient in ORIENTATIONS:
+                A = rng.standard_normal((N_TOKENS, N_TOKENS, max(KS), max(KS))) * (1 - strength)
+                for i in range(N_TOKENS):
+                    A[i, i] += np.diag(np.linspace(3, 1, max(KS)))
+                arr[f"A_{kind}/p0/{orient}"] = A
+            arr[f"A_{kind}/p0/tokens"] = toks
+            arr[f"A_{kind}/p0/where"] = np.array([WINDOW[0], {"self": -1, "fixed_input": 0}.get(
+                kind, N_TOKENS - 1)])
     config = MeasureConfig(coupling=kinds, k=KS, tokens="last", p=(1.0,), variants=VARIANTS,
                            figure_window=WINDOW, lss_window=lss_window)
     meta = {"model": "tiny-gpt2-synthetic", "revision": f"step{seed}", "label": label,

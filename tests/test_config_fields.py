@@ -46,6 +46,7 @@ class _Toy:
     rate: float = opt(0.5, "A rate.", cli="learning-rate", check=(number, {"above": 0}))
     note: str | None = opt(None, "Not hashed.", hashed=False)
     late: int | None = opt(None, "Added later.", hashed="if_set")
+    switch: bool = opt(False, "A switch added later.", hashed="if_changed")
 
     def __post_init__(self) -> None:
         check_fields(self, prefix="toy option ")
@@ -64,6 +65,7 @@ def test_from_mapping_names_the_key_and_where() -> None:
 def test_identity_follows_the_hashed_metadata() -> None:
     assert identity(_Toy()) == {"n": 3, "rate": 0.5}
     assert identity(_Toy(note="x", late=2)) == {"n": 3, "rate": 0.5, "late": 2}
+    assert identity(_Toy(switch=True)) == {"n": 3, "rate": 0.5, "switch": True}
 
 
 def test_cli_options_come_from_the_fields() -> None:

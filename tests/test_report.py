@@ -542,7 +542,7 @@ def test_report_contains_every_figure(report: Path) -> None:
     out, tmp_path = report, report.parent
     text = out.read_text(encoding="utf-8")
     names = [spec.name for spec in report_figures()]
-    assert len(names) == 11
+    assert len(names) == 16
     imgs = re.findall(r'<img alt="[^"]*" src="data:image/png;base64,([A-Za-z0-9+/=]+)"', text)
     assert len(imgs) == len(names)  # every figure has its data with two runs
     for b64 in imgs:
@@ -629,12 +629,13 @@ def test_report_of_missing_figures_leaves_them_out(tmp_path: Path) -> None:
     out = write_report([m], tmp_path / "only.html")
     text = out.read_text(encoding="utf-8")
     assert "Skipped" not in text and 'class="note"' not in text
-    assert text.count("<img") == 2  # PCA and trajectory metrics
+    assert text.count("<img") == 3  # PCA, trajectory metrics, depth profiles
     assert "<h2>1. Token trajectories (PCA)</h2>" in text
     not_shown = re.search(r'id="not-shown".*?</section>', text, re.S).group(0)
     assert "Depth-wise coupling" in not_shown and "Across runs" not in not_shown
     files = sorted(p.name for p in (tmp_path / "only_figures").iterdir())
-    assert files == [f"{stem}.{fmt}" for stem in ("01_pca_trajectories", "02_trajectory_metrics")
+    assert files == [f"{stem}.{fmt}" for stem in ("01_pca_trajectories", "02_trajectory_metrics",
+                                                  "03_depth_profiles")
                      for fmt in ("pdf", "png", "svg")]
     for f in files:
         data = (tmp_path / "only_figures" / f).read_bytes()
@@ -691,7 +692,7 @@ def test_report_from_dirs_uses_open_run(tmp_path: Path,
                                  formats=(), labels=["before", "after"])
     assert opened == [tmp_path / "a", tmp_path / "b"]
     text = out.read_text(encoding="utf-8")
-    assert text.count("<img") == 3  # PCA, trajectory metrics, across runs
+    assert text.count("<img") == 5  # PCA, trajectory metrics, depth profiles, per model, across runs
     assert "<th>before</th><th>after</th>" in text
 
 
@@ -779,7 +780,7 @@ def test_report_fits_desktop_and_phone(width: int, height: int, report: Path,
         probe = _probe(page, width, height, tmp_path)
         assert probe["sw"] <= probe["vw"], (page.name, probe["wide"][:5])
         assert probe["wide"] == [], probe["wide"][:5]
-        assert len(probe["imgs"]) == 11
+        assert len(probe["imgs"]) == 16
         for nat_w, nat_h, w, h, left, right in probe["imgs"]:
             assert nat_w > 300 and nat_h > 200  # decoded
             assert 0 <= left and right <= probe["vw"]  # its box is inside the page

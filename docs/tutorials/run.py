@@ -17,7 +17,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-TUTORIALS = ("above_chance", "emergence", "width_floor")  # in the order of the site
+TUTORIALS = ("above_chance", "emergence", "width_floor", "paper_figures")  # the site's order
 
 
 def _digest(here: Path, name: str) -> str:

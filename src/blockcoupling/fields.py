@@ -11,8 +11,9 @@ dataclass whose fields are made with `opt`. The field's metadata says
 * ``check``: ``(validate.whole | validate.number, bounds)``: the range rule, applied by
   `check_fields` (every record's ``__post_init__``), the message names the option;
 * ``hashed``: whether the field enters the record's identity (`identity`): ``True``,
-  ``False`` or ``"if_set"`` (only when not ``None``: a field added later keeps every earlier
-  hash).
+  ``False``, ``"if_set"`` (only when not ``None``: a field added later keeps every earlier
+  hash) or ``"if_changed"`` (only when it differs from its default: a switch added later,
+  such as a bool that is off by default, keeps every earlier hash).
 
 From that one declaration come the CLI options (`option_parameters`, read by
 ``cli/options.py``), the YAML keys and their errors (`from_mapping`: an unknown key or
@@ -126,7 +127,8 @@ def identity(record: Any, plain: Mapping[str, Any] | None = None) -> dict[str, A
     out = {}
     for f in _fields(record):
         hashed = f.metadata.get("hashed", True)
-        if hashed is True or (hashed == "if_set" and data[f.name] is not None):
+        if hashed is True or (hashed == "if_set" and data[f.name] is not None) or (
+                hashed == "if_changed" and data[f.name] != f.default):
             out[f.name] = data[f.name]
     return out
 

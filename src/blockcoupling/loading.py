@@ -212,13 +212,51 @@ def quantization_config(quantize: str | None) -> Any:
                                  bnb_4bit_compute_dtype=torch.float32)
 
 
+def check_init(init: Any, seed: Any = 0, *, names: tuple[str, str] = ("--init", "--init-seed")
+               ) -> None:
+    """One line for an init / init seed the loader cannot honour (``names``: how the caller
+    calls the two options, e.g. a sweep spec's keys)."""
+    from blockcoupling import validate
+
+    validate.init_name(init, names[0])
+    validate.whole(seed, names[1], minimum=0)
+
+
+def init_meta(init: str = "pretrained", seed: int = 0) -> dict[str, Any]:
+    """What a run's meta records of its weights' origin: ``init`` (``pretrained`` or
+    ``random``) and, for random weights, ``init_seed`` (both part of the resume identity)."""
+    return {"init": init, **({"init_seed": seed} if init == "random" else {})}
+
+
+def random_init(config: Any, seed: int = 0, *, head: bool = False,
+                trust_remote_code: bool = False) -> Any:
+    """The architecture of ``config`` at random initialisation, in eval mode: transformers'
+    own initialisation (``from_config``) under ``torch.manual_seed(seed)`` inside a forked
+    RNG, so the weights depend only on the config and the seed and the global random state is
+    left untouched. ``head``: with the causal-LM head (``AutoModelForCausalLM``)."""
+    from transformers import AutoModel, AutoModelForCausalLM
+
+    auto = AutoModelForCausalLM if head else AutoModel
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = auto.from_config(config, trust_remote_code=trust_remote_code)
+    return model.eval()
+
+
 def load_model(name: str, *, revision: str | None = None, dtype: str = "auto",
                device: str = "auto", trust_remote_code: bool = False,
                require_tokenizer: bool = False, progress: bool = True,
                device_map: str | None = None, max_memory: str | None = None,
                offload_folder: str | None = None, quantize: str | None = None,
-               allow_missing_weights: bool = False) -> tuple[Any, Any]:
+               allow_missing_weights: bool = False, head: bool = False,
+               init: str = "pretrained", init_seed: int = 0) -> tuple[Any, Any]:
     """``(model, tokenizer)`` for a hub id or a local folder, in eval mode on ``device``.
+
+    ``head``: the causal LM with its unembedding (``AutoModelForCausalLM``, for the logit
+    lens) instead of the base model. ``init="random"``: the same config with seeded random
+    weights (`random_init`, ``init_seed``; the untrained baselines of the paper's
+    figures 3, 4 and 23): no weight file is read, the tokenizer is the checkpoint's; a
+    ``dtype`` of ``auto`` is then the config's own dtype (float32 where it names none).
 
     ``device_map`` (``"auto"``, ``"balanced"``, ...; with ``max_memory`` such as
     ``"0=20GiB,cpu=60GiB"`` and ``offload_folder`` for blocks offloaded to disk) dispatches
@@ -249,18 +287,24 @@ def load_model(name: str, *, revision: str | None = None, dtype: str = "auto",
             _writable_folder(Path(offload_folder).expanduser(), "--offload-folder")
     elif max_memory is not None or offload_folder is not None:
         raise BlockCouplingError("--max-memory and --offload-folder apply with --device-map")
+    check_init(init, init_seed)
+    if init == "random" and (device_map is not None or quantize not in (None, "none")):
+        raise BlockCouplingError("--init random builds the model in memory; --device-map and "
+                                 "--quantize apply to checkpoints only (drop them)")
     qc = quantization_config(quantize)
     if qc is not None:
         dispatch["quantization_config"] = qc
     with quiet_transformers(progress):
         return _load(name, revision=revision, dtype=dtype, device=device,
                      trust_remote_code=trust_remote_code, require_tokenizer=require_tokenizer,
-                     dispatch=dispatch, allow_missing_weights=allow_missing_weights)
+                     dispatch=dispatch, allow_missing_weights=allow_missing_weights,
+                     head=head, init=init, init_seed=init_seed)
 
 
 def _load(name: str, *, revision: str | None, dtype: str, device: str, trust_remote_code: bool,
           require_tokenizer: bool, dispatch: dict[str, Any] | None = None,
-          allow_missing_weights: bool = False) -> tuple[Any, Any]:
+          allow_missing_weights: bool = False, head: bool = False,
+          init: str = "pretrained", init_seed: int = 0) -> tuple[Any, Any]:
     from transformers import AutoConfig, AutoTokenizer
 
     if dtype not in MODEL_DTYPES:
@@ -299,7 +343,18 @@ def _load(name: str, *, revision: str | None, dtype: str, device: str, trust_rem
     kwargs["dtype"] = MODEL_DTYPES[dtype]
     kwargs.update({k: v for k, v in (dispatch or {}).items() if v is not None})
     target = resolve_device(device)
-    model = _from_pretrained(name, src, config, kwargs, allow_missing_weights)
+    if init == "random":
+        try:
+            model = random_init(config, init_seed, head=head,
+                                trust_remote_code=trust_remote_code)
+        except Exception as err:  # noqa: BLE001 - the model's own checks of its config
+            raise _load_error(name, config, kwargs, err, head=head) from err
+        want = MODEL_DTYPES[dtype] if dtype != "auto" else getattr(config, "dtype", None)
+        if isinstance(want, str):
+            want = MODEL_DTYPES.get(want.removeprefix("torch."))
+        model = model.to(want if isinstance(want, torch.dtype) else torch.float32)
+    else:
+        model = _from_pretrained(name, src, config, kwargs, allow_missing_weights, head=head)
     # a dispatched (device_map) or quantized model stays where transformers put it
     model = (model if "device_map" in kwargs or "quantization_config" in kwargs
              else model.to(target)).eval()
@@ -421,11 +476,14 @@ def load_report(model: Any) -> dict[str, Any] | None:
 
 
 def _from_pretrained(name: str, src: str, config: Any, kwargs: dict[str, Any],
-                     allow_missing_weights: bool) -> Any:
-    """``AutoModel.from_pretrained`` with transformers' load report checked
-    (`check_load_report`) and attached to the model; whatever it initialises is seeded
-    (`INIT_SEED`). A failure is one line naming its cause (`_load_error`)."""
-    from transformers import AutoModel
+                     allow_missing_weights: bool, *, head: bool = False) -> Any:
+    """``AutoModel.from_pretrained`` (``AutoModelForCausalLM`` with ``head``: the logit lens
+    needs the unembedding) with transformers' load report checked (`check_load_report`) and
+    attached to the model; whatever it initialises is seeded (`INIT_SEED`). A failure is one
+    line naming its cause (`_load_error`)."""
+    from transformers import AutoModel, AutoModelForCausalLM
+
+    auto: Any = AutoModelForCausalLM if head else AutoModel
 
     extra: dict[str, Any] = {"output_loading_info": True}
     if "quantization_config" not in kwargs:  # report other shapes instead of raising on them
@@ -434,16 +492,16 @@ def _from_pretrained(name: str, src: str, config: Any, kwargs: dict[str, Any],
         cuda = list(range(torch.cuda.device_count())) if torch.cuda.is_available() else []
         with torch.random.fork_rng(devices=cuda):  # the caller's RNGs are left as they were
             torch.manual_seed(INIT_SEED)  # every device's generator
-            model, info = AutoModel.from_pretrained(src, config=config, **kwargs, **extra)
+            model, info = auto.from_pretrained(src, config=config, **kwargs, **extra)
     except Exception as err:  # noqa: BLE001 - transformers, safetensors, torch and OS errors
-        raise _load_error(name, config, kwargs, err) from err
+        raise _load_error(name, config, kwargs, err, head=head) from err
     report = check_load_report(model, info, name, allow_missing_weights=allow_missing_weights)
     setattr(model, _REPORT_ATTR, report)
     return model
 
 
 def _load_error(name: str, config: Any, kwargs: Mapping[str, Any],
-                err: BaseException) -> BlockCouplingError:
+                err: BaseException, *, head: bool = False) -> BlockCouplingError:
     """The one line of a failed ``from_pretrained``, naming its cause: an architecture
     ``AutoModel`` cannot build, a config whose values make no model (tried on the ``meta``
     device: nothing is allocated), or else the weights (missing or damaged files)."""
@@ -458,6 +516,10 @@ def _load_error(name: str, config: Any, kwargs: Mapping[str, Any],
             "on that disk or give another --offload-folder (on a writable disk), then run the "
             "same command again")
     remote = "AutoModel" in (getattr(config, "auto_map", None) or {})
+    if head and isinstance(err, ValueError) and "Unrecognized configuration" in str(err):
+        return BlockCouplingError(  # e.g. an encoder: no causal-LM class for its config
+            f"{name!r} has no causal-LM head transformers knows; the logit lens needs a "
+            "decoder with its unembedding (measure without --logit-lens)")
     if isinstance(err, ImportError):
         return BlockCouplingError(f"loading {name!r} needs a package that is not installed "
                                   f"({first}); install it and try again")

@@ -85,6 +85,18 @@ def dtype_name(value: Any, name: str = "dtype") -> str:
     return value
 
 
+INITS = ("pretrained", "random")
+"""Weights a model is measured with: the checkpoint's, or its config at seeded random init."""
+
+
+def init_name(value: Any, name: str = "--init") -> str:
+    """An init of `INITS`."""
+    if not isinstance(value, str) or value not in INITS:
+        raise OptionError(f"{name} {value!r}: choose pretrained (the checkpoint's weights) or "
+                          "random (the same config, seeded random weights)")
+    return value
+
+
 def device_name(value: Any, name: str = "device") -> str:
     """A device name: ``auto``, ``cpu``, ``mps``, ``cuda`` or ``cuda:N`` (its presence is
     checked when the model is loaded)."""

@@ -13,6 +13,7 @@ import sys
 
 from blockcoupling.cli import correlate as _correlate  # noqa: F401  (registers correlate)
 from blockcoupling.cli import cross as _cross  # noqa: F401  (registers cross)
+from blockcoupling.cli import paper as _paper  # noqa: F401  (registers perturb/difficulty)
 from blockcoupling.cli import run as _run  # noqa: F401  (registers measure/report/show/models/demo)
 from blockcoupling.cli import study as _study  # noqa: F401  (registers study lm-family)
 from blockcoupling.cli import sweep as _sweep  # noqa: F401  (registers sweep/sweep-status)

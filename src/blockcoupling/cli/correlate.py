@@ -9,6 +9,7 @@ from typing import Annotated, Any
 import typer
 
 from blockcoupling.cli.app import JSON_HELP, OldJsonForm, app, echo_json, one_value, user_errors
+from blockcoupling.errors import BlockCouplingError
 
 
 @app.command(cls=OldJsonForm)
@@ -18,7 +19,7 @@ def correlate(
     as_json: Annotated[bool, typer.Option("--json", help=JSON_HELP)] = False,
     json_out: Annotated[Path | None, typer.Option("--json-out", help="Write every statistic as JSON to this file (also accepted: --json FILE.json).")] = None,
     out: Annotated[Path | None, typer.Option("--out", "-o", help="Write the HTML page (figures inline) here.")] = None,
-    k: Annotated[str | None, typer.Option("--k", help="Fixed top-K for every model, one value (default: round(d/10) per model).")] = None,
+    k: Annotated[str | None, typer.Option("--k", help="Fixed top-K for every model (default: round(d/10) per model); several values such as 8,16,32 give the correlation at each K in one output (the paper's alignment_vary_k figure).")] = None,
     variant: Annotated[str, typer.Option("--variant", help="Comma-separated coupling variants, each a predictor (default: raw coupling as the paper, coupling_vs_null and, where every run measured it, coupling_vs_rotated: its chance-corrected forms).")] = "",
     tokens: Annotated[str, typer.Option("--tokens", help="last (each prompt's last measured token, the paper's) or all (the measured tokens averaged within each prompt).")] = "last",
     diagonal: Annotated[bool, typer.Option("--diagonal", help="Average over every layer pair including l = l' (the paper's literal wording) instead of l != l'.")] = False,
@@ -43,17 +44,35 @@ def correlate(
     from blockcoupling.studies.correlate import correlate as run
 
     with user_errors("cannot read the runs or write the results"):
-        result = run(inputs, scores, k=None if k is None else one_value(k, "--k", int),
-                     p=one_value(p, "--p", float), orientation=orientation,
-                     variants=[v.strip() for v in variant.split(",") if v.strip()] or None,
-                     tokens=tokens, diagonal=diagonal, floor=floor,
-                     allow_mixed_prompts=allow_mixed_prompts,
-                     allow_checkpoints=allow_checkpoints, n_boot=n_boot, seed=seed,
-                     labels=None if labels is None else [v.strip() for v in labels.split(",")],
-                     any_revision=any_revision)
+        options: dict[str, Any] = dict(
+            p=one_value(p, "--p", float), orientation=orientation,
+            variants=[v.strip() for v in variant.split(",") if v.strip()] or None,
+            tokens=tokens, diagonal=diagonal, floor=floor,
+            allow_mixed_prompts=allow_mixed_prompts, allow_checkpoints=allow_checkpoints,
+            n_boot=n_boot, seed=seed, any_revision=any_revision,
+            labels=None if labels is None else [v.strip() for v in labels.split(",")])
+        ks = _k_values(k)
+        if len(ks) > 1:
+            from blockcoupling.report.vary_k import write_vary_k_html
+            from blockcoupling.studies.vary_k import correlate_vary_k
+
+            _write_and_say(correlate_vary_k(inputs, scores, ks, **options), json_out, out,
+                           write_vary_k_html, as_json)
+            return
+        result = run(inputs, scores, k=ks[0] if ks else None, **options)
         from blockcoupling.report.correlation import write_correlation_html
 
         _write_and_say(result, json_out, out, write_correlation_html, as_json)
+
+
+def _k_values(raw: str | None) -> list[int]:
+    """``--k``: none (round(d/10) per model), one K, or several comma-separated."""
+    if raw is None:
+        return []
+    items = [v.strip() for v in raw.split(",") if v.strip()]
+    if not items:
+        raise BlockCouplingError("--k: give a positive integer such as 10, or several: 8,16,32")
+    return [one_value(v, "--k", int) for v in items]
 
 
 @app.command("chance-floor", cls=OldJsonForm)

@@ -36,12 +36,14 @@ def measure(
     offload_folder: Annotated[str | None, typer.Option("--offload-folder", help="With --device-map: folder for blocks offloaded to disk.")] = None,
     quantize: Annotated[str | None, typer.Option("--quantize", help="Load the weights in 8 or 4 bits: bnb-8bit, bnb-4bit (bitsandbytes), torchao-int8; each block is dequantized to the analysis dtype.")] = None,
     allow_missing_weights: Annotated[bool, typer.Option("--allow-missing-weights", help="Measure a checkpoint that lacks weights its config describes (or holds block weights it does not describe): those are initialised under a fixed seed and listed in the run's meta. Without it such a checkpoint is refused.")] = False,
+    init: Annotated[str, typer.Option("--init", help="pretrained (the checkpoint's weights) or random: the same config with seeded random weights (the untrained baseline of the paper's figures 3, 4 and 23; recorded in the run's meta and identity).")] = "pretrained",
+    init_seed: Annotated[int, typer.Option("--init-seed", help="Seed of --init random.")] = 0,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Check everything and print the plan (prompts, tokens, pairs, Jacobians, memory, an estimated time); write nothing.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help=JSON_HELP)] = False,
 ) -> None:
     """Measure a model on a prompt set and write a resumable run directory."""
     from blockcoupling.engine.config import parse_config
-    from blockcoupling.loading import load_model
+    from blockcoupling.loading import init_meta, load_model
     from blockcoupling.prompts.sources import load_prompts
     from blockcoupling.store.record import measure_to_dir
 
@@ -55,8 +57,10 @@ def measure(
                               trust_remote_code=trust_remote_code, require_tokenizer=True,
                               progress=not _STATE["quiet"], device_map=device_map,
                               max_memory=max_memory, offload_folder=offload_folder,
-                              quantize=quantize, allow_missing_weights=allow_missing_weights)
-        meta = {"model": model, "revision": revision, "prompts_spec": prompts}
+                              quantize=quantize, allow_missing_weights=allow_missing_weights,
+                              head=cfg.logit_lens, init=init, init_seed=init_seed)
+        meta = {"model": model, "revision": revision, "prompts_spec": prompts,
+                **init_meta(init, init_seed)}
         if dry_run:
             from blockcoupling.store.record import plan_run
 
@@ -150,13 +154,22 @@ def report(
     run_dirs: Annotated[list[Path], typer.Argument(help="One or more run directories, one collection (a sweep or monitor directory: the emergence report; a vit-grid: the ViT study page) or one folder of vit-train runs.")],
     out: Annotated[Path, typer.Option("--out", "-o", help="HTML file to write.")] = Path("report.html"),
     labels: Annotated[str | None, typer.Option(help="Comma-separated labels, one per run.")] = None,
+    sort: Annotated[str, typer.Option("--sort", help="Order of the runs on the per-model figures: given, params (parameter count), layers, d_model, or score (with --scores; the paper sorts by size, fig. 37, or by score, fig. 23). Run directories only (a sweep's are SWEEP/units/*).")] = "given",
+    scores: Annotated[str | None, typer.Option("--scores", help="With --sort score: paper, a CSV (model, score) or an lm-evaluation-harness folder, matched to the runs as correlate does.")] = None,
 ) -> None:
     """Write one self-contained HTML report (plus PNG/SVG/PDF figures) from stored runs."""
     from blockcoupling.report.html import write_report_from_dirs
     from blockcoupling.studies.sweep.store import is_collection_dir
 
     with user_errors("cannot write the report"):
-        if len(run_dirs) == 1 and is_collection_dir(run_dirs[0]):  # its manifest says the kind
+        single = len(run_dirs) == 1 and (is_collection_dir(run_dirs[0]) or _is_vit_dir(run_dirs[0]))
+        if sort != "given" and single:
+            raise BlockCouplingError(
+                "--sort orders run directories; for a sweep pass its units' run directories "
+                f"({run_dirs[0]}/units/*)")
+        if sort != "given" or scores is not None:
+            path = _sorted_report(run_dirs, out, _csv(labels), sort, scores)
+        elif len(run_dirs) == 1 and is_collection_dir(run_dirs[0]):  # its manifest says the kind
             from blockcoupling.studies.collection import open_collection, write_collection_report
 
             path = write_collection_report(open_collection(run_dirs[0]), out)
@@ -167,6 +180,21 @@ def report(
         else:
             path = write_report_from_dirs(run_dirs, out, labels=_csv(labels))
     typer.echo(f"wrote {path}")
+
+
+def _sorted_report(run_dirs: list[Path], out: Path, labels: list[str] | None, key: str,
+                   scores: str | None) -> Path:
+    """The runs report with the runs in the order of ``key`` (studies/ordering.py)."""
+    from blockcoupling.report.html import write_report
+    from blockcoupling.report.summaries import run_labels
+    from blockcoupling.store.reader import open_run
+    from blockcoupling.studies.ordering import order_runs
+
+    ms = [open_run(d) for d in run_dirs]
+    labs = run_labels(ms, labels)
+    order, name = order_runs(ms, labs, key, run_dirs=run_dirs, scores=scores)
+    return write_report([ms[i] for i in order], out, labels=[labs[i] for i in order],
+                        order_name=name)
 
 
 @app.command()

@@ -267,10 +267,17 @@ class MeasureConfig:
         "fit the GPU: --device cpu --analysis-device cuda streams one block at a time.",
         parse_opt_str, cli="analysis-device")
     trajectory: bool = _opt(True, "Trajectory metrics.", parse_bool)
-    spectra: bool = _opt(True, "Singular-value spectra of J^l_tt.", parse_bool)
+    spectra: bool = _opt(True, "Singular-value spectra of J^l_tt (--no-spectra: no Jacobian "
+                         "work when no coupling kind needs it either).", parse_bool,
+                         cli="spectra")
     influence: bool = _opt(False, "Cross-token influence on the last token.", parse_bool,
                            cli="influence")
     lss_window: int = _opt(11, "Width of the centred line-shape-score window (odd).", parse_int)
+    logit_lens: bool = _opt(
+        False, "Logit lens (paper fig. 24): the entropy of softmax(W_U N(x^l)) at every layer "
+        "and token, in the trajectory table's logit_entropy column; needs a causal LM with "
+        "its head (the CLI loads it under this option).", parse_bool, cli="logit-lens",
+        hashed="if_changed")
     batch_size: int = _opt(8, "Prompts per forward pass.", parse_int, cli="batch-size")
     seed: int = _opt(0, "Seed for prompt subsets and randomized SVDs.", parse_int, cli="seed")
     blocks_path: str | None = _opt(None, "Dotted path to the list of blocks (custom models).",
@@ -369,6 +376,8 @@ class MeasureConfig:
         if self.svd_tol is not None:  # nan would switch the fallback off, inf force it
             number(self.svd_tol, "svd_tol", above=0)
         whole(self.seed, "seed", minimum=0)
+        if self.logit_lens and not self.trajectory:
+            bad("logit_lens adds a column to the trajectory table; keep trajectory=True")
         if self.lss_window < 3 or self.lss_window % 2 == 0:
             bad(f"lss_window={self.lss_window}: the window is centred, so give an odd width >= 3 "
                 "(the paper uses 11)")
@@ -381,8 +390,9 @@ class MeasureConfig:
             bad(f"layers={self.layers}: layers are numbered from 1 (layer l = block l)")
 
     def check_model(self, num_layers: int, hidden_size: int) -> None:
-        """Checks that depend on the model: K <= d and layers within 1..L."""
-        if max(self.k) > hidden_size:
+        """Checks that depend on the model: K <= d (where a coupling kind or the spectra use
+        K) and layers within 1..L."""
+        if max(self.k) > hidden_size and (self.coupling or self.spectra):
             raise BlockCouplingError(
                 f"k={max(self.k)} is larger than the model's hidden size d={hidden_size}; "
                 f"choose K <= {hidden_size} (the paper uses K = d/10 = {max(1, round(hidden_size / 10))})"

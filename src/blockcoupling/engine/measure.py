@@ -34,6 +34,7 @@ from blockcoupling.engine import (
     bases,
     fastpath,
     fastrecord,
+    lens,
     metrics,
     normdirs,
     offload,
@@ -454,6 +455,7 @@ def _iter_parts(model: torch.nn.Module, tokenizer: Any, prompts: Any, config: Me
         resolve_device(cfg.analysis_device)  # a clear error for an unavailable device
     device = _model_device(model)
     hidden_dtype = _model_dtype(model)  # the precision the hidden states carry
+    readout = lens.readout(model, spec) if cfg.logit_lens else None
     # The batches are cut from the whole prompt list, skipped prompts included, so that a
     # resumed run measures every prompt in the batch it had in the first run (batch
     # composition changes float32 rounding): a resume is bit-identical. Likewise the prompts
@@ -479,7 +481,11 @@ def _iter_parts(model: torch.nn.Module, tokenizer: Any, prompts: Any, config: Me
             spec = cap.spec  # width and causality known from here on
             cfg.check_model(cap.spec.num_layers, cap.spec.hidden_size)
             t0 = time.perf_counter()
-            batch_tables = (tables.trajectory_tables(cap, ids, cfg.lss_window, hidden_dtype)
+            ent = (lens.lens_entropy(tables.batch_trajectory(cap), readout, device=device,
+                                     dtype=hidden_dtype, normed_last=cap.final_norm)
+                   if readout is not None else None)
+            batch_tables = (tables.trajectory_tables(cap, ids, cfg.lss_window, hidden_dtype,
+                                                     entropy=ent)
                             if cfg.trajectory else None)
             on_event(MeasureEvent("trajectory", time.perf_counter() - t0, prompt_ids=tuple(ids)))
             if not (cfg.coupling or cfg.spectra or cfg.influence):
@@ -580,6 +586,7 @@ def build_meta(model: torch.nn.Module, cfg: MeasureConfig, *, spec: BlockSpec | 
         "arch": spec.arch,
         "num_layers": spec.num_layers,
         "hidden_size": spec.hidden_size,
+        "num_parameters": sum(p.numel() for p in model.parameters()),
         "causal": spec.causal,
         "causal_source": spec.causal_source,
         "blocks_path": spec.blocks_path,

@@ -66,6 +66,7 @@ SCHEMAS: dict[str, dict[str, str]] = {
         "pca_x": "float64",
         "pca_y": "float64",
         "lss_window": "float64",
+        "logit_entropy": "float64",  # NaN unless measured with logit_lens (engine/lens.py)
     },
     "token_metrics": {
         "prompt_id": "string",
@@ -112,6 +113,10 @@ SCHEMAS: dict[str, dict[str, str]] = {
 }
 """The public result tables: table name -> column -> pandas dtype (the data contract)."""
 TABLES = tuple(SCHEMAS)
+
+#: Columns added to a table after runs were stored without them: a stored file may lack them
+#: (read as NaN); every new file has them.
+LATER_COLUMNS: dict[str, frozenset[str]] = {"trajectory": frozenset({"logit_entropy"})}
 
 
 @functools.cache

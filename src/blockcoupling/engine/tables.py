@@ -87,13 +87,72 @@ def coupling_rows(prompt_id: str, A_store: CouplingStore, measured: Mapping[Key,
     return conform("coupling", pd.concat(parts, ignore_index=True))
 
 
+#: token-wise |A| mosaics keep at most this many tokens per axis (the last ones)
+FIGURE_TOKENS = 12
+
+
+def _token_key(kind: str, layer: int, fixed: int, t: int) -> Key:
+    """The Jacobian at token ``t`` of a token-wise kind's axis (``fixed``: its fixed token)."""
+    if kind == "self":
+        return (layer, t, t)
+    return (layer, fixed, t) if kind == "fixed_input" else (layer, t, fixed)
+
+
+def token_figure_arrays(prompt_id: str, A_store: CouplingStore, cfg: MeasureConfig,
+                        layers: Sequence[int], tokens: Sequence[int]) -> dict[str, np.ndarray]:
+    """The token-wise K x K matrices of the paper's fig. 4 and its context-coupling figures,
+    per token-wise kind measured, at the middle selected layer l (the pair l = l'):
+
+    * ``A_{kind}/{prompt_id}/{orientation}``: (T, T, Kmax, Kmax), cell (i, j) the matrix of
+      the measured Jacobian at token ``tokens[i]`` against the basis at ``tokens[j]``;
+    * ``A_{kind}/{prompt_id}/tokens``: (T,) those token positions; ``.../where``: (2,) the
+      layer and the fixed token (-1 for ``self``).
+
+    ``self``: J^l_tt against J^l_t't' over the selected tokens; ``fixed_input``: J^l_{s t}
+    against J^l_{s t'} at the first selected input token s; ``fixed_output``: J^l_{s t}
+    against J^l_{s' t} at the last selected output token t (the token heatmap's defaults).
+    At most `FIGURE_TOKENS` tokens per axis, the last ones."""
+    out: dict[str, np.ndarray] = {}
+    if not layers or not tokens:
+        return out
+    la = layers[len(layers) // 2]
+    for kind in ("self", "fixed_input", "fixed_output"):
+        if kind not in cfg.coupling:
+            continue
+        if kind == "self":
+            fixed, axis = -1, sorted(tokens)
+        elif kind == "fixed_input":
+            fixed = min(tokens)
+            axis = sorted({a[2] for (kd, a, _b, _o) in A_store
+                           if kd == kind and a[0] == la and a[1] == fixed})
+        else:
+            fixed = max(tokens)
+            axis = sorted({a[1] for (kd, a, _b, _o) in A_store
+                           if kd == kind and a[0] == la and a[2] == fixed})
+        axis = axis[-FIGURE_TOKENS:]
+        if not axis:
+            continue
+        for orient in cfg.orientations:
+            grid = torch.stack([torch.stack([
+                A_store[(kind, _token_key(kind, la, fixed, ta), _token_key(kind, la, fixed, tb),
+                         orient)] for tb in axis]) for ta in axis])
+            out[f"A_{kind}/{prompt_id}/{orient}"] = grid.detach().float().cpu().numpy()
+        out[f"A_{kind}/{prompt_id}/tokens"] = np.asarray(axis, dtype=np.int64)
+        out[f"A_{kind}/{prompt_id}/where"] = np.asarray([la, fixed], dtype=np.int64)
+    return out
+
+
 def figure_arrays(prompt_id: str, A_store: CouplingStore, cfg: MeasureConfig,
                   layers: Sequence[int], tokens: Sequence[int], *, keep: bool
                   ) -> dict[str, np.ndarray]:
     """``A/{prompt_id}/{orientation}``: the depth-wise K x K matrices (W, W, K, K) over the
-    figure window at the last selected token, for the prompts kept for figures."""
-    if "depth" not in cfg.coupling or not keep:
+    figure window at the last selected token, for the prompts kept for figures; and the
+    token-wise ones (`token_figure_arrays`)."""
+    if not keep:
         return {}
+    extra = token_figure_arrays(prompt_id, A_store, cfg, layers, tokens)
+    if "depth" not in cfg.coupling:
+        return extra
     lo, hi = cfg.figure_window or pairs.default_figure_window(layers)
     window = [la for la in layers if lo <= la <= hi]
     t = tokens[-1]
@@ -104,12 +163,18 @@ def figure_arrays(prompt_id: str, A_store: CouplingStore, cfg: MeasureConfig,
             for la in window
         ])  # (W, W, Kmax, Kmax)
         out[f"A/{prompt_id}/{orient}"] = grid.detach().float().cpu().numpy()
-    return out
+    return {**out, **extra}
 
 
 # ---------------------------------------------------------------------------- trajectories
+def batch_trajectory(cap: Capture) -> Tensor:
+    """The real tokens of a captured batch side by side: (L+1, N, d), N = sum of lengths."""
+    return torch.cat([cap.boundaries[:, b, :n] for b, n in enumerate(cap.lengths)], dim=1)
+
+
 def trajectory_tables(cap: Capture, prompt_ids: Sequence[str], window: int,
-                      hidden_dtype: torch.dtype | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
+                      hidden_dtype: torch.dtype | None = None,
+                      entropy: Tensor | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
     """The ``trajectory`` and ``token_metrics`` tables of a captured batch (prompts in order,
     each prompt's rows contiguous). ``hidden_dtype``: the precision the model's hidden states
     carry (the model's dtype); the expodistance's "rounding only" guard uses the coarser of
@@ -118,10 +183,11 @@ def trajectory_tables(cap: Capture, prompt_ids: Sequence[str], window: int,
 
     Every metric but the PCA is per token, so they are computed once for all the batch's real
     tokens side by side, (L+1, N, d) with N = sum of the prompts' lengths (padding never
-    enters); the PCA is fitted per prompt on its last layer."""
+    enters); the PCA is fitted per prompt on its last layer. ``entropy`` (L+1, N): the logit
+    lens of the same tokens (engine/lens.py), the ``logit_entropy`` column (else NaN)."""
     lengths = cap.lengths
     # in the boundaries' precision: float32, or float64 when the analysis asks for it
-    X = torch.cat([cap.boundaries[:, b, :n] for b, n in enumerate(lengths)], dim=1)
+    X = batch_trajectory(cap)
     Lp1, N = X.shape[0], X.shape[1]  # X: (L+1, N, d)
     norms = trajectory.norms(X).numpy()  # (L+1, N)
     steps = torch.cat([torch.full((1, N), float("nan"), dtype=X.dtype),
@@ -134,10 +200,12 @@ def trajectory_tables(cap: Capture, prompt_ids: Sequence[str], window: int,
         eps = max(eps, torch.finfo(hidden_dtype).eps)
     ed = trajectory.expodistance(X, resolution=8 * eps).numpy()
     cv = trajectory.equidistance_cv(X).numpy()
+    ent = (entropy.numpy() if entropy is not None
+           else np.full((Lp1, N), np.nan))  # (L+1, N)
     # one DataFrame per table for the whole batch (pandas construction and typing are the
     # expensive part), then a row slice per prompt
     cols: dict[str, list[np.ndarray]] = {c: [] for c in (
-        "token", "layer", "norm", "step_norm", "pca_x", "pca_y", "lss_window")}
+        "token", "layer", "norm", "step_norm", "pca_x", "pca_y", "lss_window", "logit_entropy")}
     start = 0
     for n in lengths:
         sl = slice(start, start + n)
@@ -145,7 +213,8 @@ def trajectory_tables(cap: Capture, prompt_ids: Sequence[str], window: int,
         layer_idx, tok_idx = np.meshgrid(np.arange(Lp1), np.arange(n), indexing="ij")
         for name, arr in (("token", tok_idx), ("layer", layer_idx), ("norm", norms[:, sl]),
                           ("step_norm", steps[:, sl]), ("pca_x", pca[..., 0]),
-                          ("pca_y", pca[..., 1]), ("lss_window", wl[:, sl])):
+                          ("pca_y", pca[..., 1]), ("lss_window", wl[:, sl]),
+                          ("logit_entropy", ent[:, sl])):
             cols[name].append(arr.ravel())
         start += n
     ids = np.asarray(prompt_ids, dtype=object)
@@ -190,5 +259,6 @@ def trajectory_part(cap: Capture, items: Sequence[MeasureInput], cfg: MeasureCon
     return Measurement(trajectory=traj, token_metrics=tokm, prompts=prompts_df, config=cfg)
 
 
-__all__ = ["coupling_rows", "figure_arrays", "split_by_prompt", "trajectory_part",
+__all__ = ["FIGURE_TOKENS", "batch_trajectory", "coupling_rows", "figure_arrays",
+           "token_figure_arrays", "split_by_prompt", "trajectory_part",
            "trajectory_tables"]

@@ -109,6 +109,7 @@ class HFDataset:
     split: str
     formatter: Callable[[Mapping[str, Any]], str]
     description: str
+    rating: str | None = None  # the column of a per-row difficulty rating (Easy2Hard-Bench)
 
 
 HF_DATASETS: dict[str, HFDataset] = {
@@ -149,6 +150,22 @@ HF_DATASETS: dict[str, HFDataset] = {
         format_winogrande,
         "Winogrande XL, validation split (the test split has no labels)",
     ),
+    # Easy2Hard-Bench (Ding et al. 2024; the paper's fig. 10): Leaderboard datasets with a
+    # difficulty rating per row (column "rating"), formatted as their Leaderboard originals.
+    # E2H-ARC's columns are those of its dataset card; GSM8K and Winogrande are read with the
+    # fields of their source datasets (a missing field is one error naming it).
+    "e2h-arc": HFDataset(
+        "furonghuang-lab/Easy2Hard-Bench", "E2H-ARC", "eval", format_arc,
+        "Easy2Hard-Bench E2H-ARC (ARC-Challenge with difficulty ratings), eval split",
+        rating="rating"),
+    "e2h-gsm8k": HFDataset(
+        "furonghuang-lab/Easy2Hard-Bench", "E2H-GSM8K", "eval", format_gsm8k,
+        "Easy2Hard-Bench E2H-GSM8K (GSM8K with difficulty ratings), eval split",
+        rating="rating"),
+    "e2h-winogrande": HFDataset(
+        "furonghuang-lab/Easy2Hard-Bench", "E2H-Winogrande", "eval", format_winogrande,
+        "Easy2Hard-Bench E2H-Winogrande (Winogrande with difficulty ratings), eval split",
+        rating="rating"),
 }
 """``hf:`` dataset names -> hub id, config, default split and formatter."""
 
@@ -204,7 +221,8 @@ def _rows_from_hub(ds: HFDataset, split: str) -> Any:
         ) from exc
 
 
-def load_hf(spec: str, limit: int | None, seed: int, split: str | None) -> list[Prompt]:
+def _dataset_rows(spec: str, split: str | None) -> tuple[str, HFDataset, Any]:
+    """(name, dataset, rows) of an ``hf:`` spec: the hub split or the local file's rows."""
     name, spec_split, local = _parse_hf(spec)
     if name not in HF_DATASETS:
         raise BlockCouplingError(
@@ -223,6 +241,35 @@ def load_hf(spec: str, limit: int | None, seed: int, split: str | None) -> list[
         rows: Any = _rows_from_local(path)
     else:
         rows = _rows_from_hub(ds, spec_split or split or ds.split)
+    return name, ds, rows
+
+
+def load_ratings(spec: str, split: str | None = None) -> pd.DataFrame:
+    """``prompt_id``, ``rating`` of every row of an ``hf:`` set with difficulty ratings
+    (``hf:e2h-arc``, ``hf:e2h-gsm8k``, ``hf:e2h-winogrande``, or the same ``@FILE``); the ids
+    are those `load_hf` gives the prompts (``<name>-<row index>``), so they join a run's
+    per-prompt values whatever subset it measured. A row without a numeric rating is NaN."""
+    name, ds, rows = _dataset_rows(spec, split)
+    if ds.rating is None:
+        rated = ", ".join(f"hf:{n}" for n, d in HF_DATASETS.items() if d.rating)
+        raise BlockCouplingError(f"{spec!r} has no difficulty ratings; give one of {rated} "
+                                 "(or the same with @/path/to/rows.jsonl)")
+    values = []
+    for i in range(len(rows)):
+        row = rows[i]
+        if ds.rating not in row:
+            raise BlockCouplingError(f"{spec!r}, row {i}: no {ds.rating!r} column; hf:{name} "
+                                     f"expects rows in the format of {ds.path} ({ds.config})")
+        try:
+            values.append(float(row[ds.rating]))
+        except (TypeError, ValueError):
+            values.append(float("nan"))
+    return pd.DataFrame({"prompt_id": [f"{name}-{i:04d}" for i in range(len(rows))],
+                         "rating": pd.Series(values, dtype="float64")})
+
+
+def load_hf(spec: str, limit: int | None, seed: int, split: str | None) -> list[Prompt]:
+    name, ds, rows = _dataset_rows(spec, split)
     prompts = []
     for i in uniform_subset(len(rows), limit, seed):
         row = rows[i]

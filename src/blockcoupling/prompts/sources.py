@@ -61,6 +61,7 @@ from blockcoupling.prompts.benchmarks import (
     format_winogrande,
     hellaswag_preprocess,
     load_hf,
+    load_ratings,
 )
 from blockcoupling.prompts.builtin import (
     BUILTIN_SETS,
@@ -96,6 +97,7 @@ __all__ = [
     "format_gsm8k",
     "format_hellaswag",
     "format_mmlu",
+    "load_ratings",
     "format_truthfulqa",
     "format_winogrande",
     "hellaswag_preprocess",

@@ -10,8 +10,10 @@ the report layer imports nothing from the studies):
    each model's chance level drawn dashed [fig. 1b]. Models without steps (plain models
    side by side) are a bar panel.
 2. `plot_trajectory_vs_step` - mean LSS and median expodistance against the step.
-3. Layer adjacency graphs at chosen checkpoints [fig. 1c-e] and
-4. depth-wise heatmaps per checkpoint: the existing figures of
+3. `plot_windowed_lss` - the windowed LSS against the layer at chosen checkpoints
+   [fig. 25 right];
+4. Layer adjacency graphs at chosen checkpoints [fig. 1c-e] and
+5. depth-wise heatmaps per checkpoint: the existing figures of
    `blockcoupling.report.figures` drawn from the chosen units' run directories.
 
 Values come from `Collection.summary` (units with duplicate weights counted once).
@@ -243,6 +245,45 @@ def _unit_runs(sweep: Collection, ids: Sequence[str]) -> tuple[list[Any], list[s
     return runs, labels
 
 
+def windowed_lss_by_layer(run: Any) -> pd.DataFrame:
+    """``layer``, ``lss_window`` (mean over prompts and tokens) and ``n`` of one run's
+    trajectory table, layers whose window LSS is defined."""
+    tr = run.trajectory.dropna(subset=["lss_window"])
+    g = tr.groupby("layer")["lss_window"]
+    return pd.DataFrame({"lss_window": g.mean(), "n": g.size()}).reset_index()
+
+
+def plot_windowed_lss(sweep: Collection, ids: Sequence[str]) -> Figure:
+    """The mean windowed line-shape score against the layer, one line per chosen checkpoint
+    (colour: the step, light to dark), one panel per model [paper fig. 25 right: Pythia 12B,
+    a window of 11 layers centred on each layer]."""
+    runs, labels = _unit_runs(sweep, ids)
+    cat = sweep.catalogue.set_index("unit_id")
+    models = list(dict.fromkeys(str(cat.loc[u, "label"]) for u in ids))
+    fig, axes = _figure(4.6 * len(models), 3.6, len(models))
+    cmap = colormaps["viridis"]
+    drawn = False
+    for ax, model in zip(axes, models, strict=True):
+        mine = [(u, r, lab) for u, r, lab in zip(ids, runs, labels, strict=True)
+                if str(cat.loc[u, "label"]) == model]
+        for j, (_u, run, lab) in enumerate(mine):
+            prof = windowed_lss_by_layer(run)
+            if prof.empty:
+                continue
+            colour = cmap(0.15 + 0.7 * j / max(len(mine) - 1, 1))
+            ax.plot(prof["layer"], prof["lss_window"], "o-", ms=3, color=colour, label=lab)
+            drawn = True
+        ax.set_title(model, fontsize="medium")
+        ax.set_xlabel("layer l (centre of the window)")
+        ax.set_ylabel("mean windowed LSS")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize="x-small")
+    if not drawn:
+        raise F.FigureUnavailable("no windowed LSS in the chosen units (measure.trajectory: "
+                                  "true, and a window shorter than the model)")
+    return fig
+
+
 def plot_layer_graphs(sweep: Collection, ids: Sequence[str], *, k: int | None = None) -> Figure:
     """Layer adjacency graphs (paper fig. 1c-e) of the units ``ids``, one scale."""
     runs, labels = _unit_runs(sweep, ids)
@@ -327,6 +368,11 @@ def write_emergence_report(sweep: Collection, out: str | os.PathLike[str],
          f"monitor) against the step, with the {headline_column(summ)[1]} of the measured "
          "steps (as in the first figure, error bars one standard error over prompts) on the "
          "right axis."),
+        ("windowed_lss", "Windowed line-shape score across depth at chosen checkpoints",
+         lambda: plot_windowed_lss(s, ids),
+         "Mean over prompts and tokens of the line-shape score on a window of layers centred "
+         "on each layer (the run's lss_window; windows clipped at the ends), against the "
+         "layer, one line per checkpoint, darker = later (the paper's fig. 25 right)."),
         ("layer_graphs", "Layer adjacency graphs at chosen checkpoints",
          lambda: plot_layer_graphs(s, ids, k=k),
          "Layers on a circle (layer 1 at the top, clockwise); edge width and opacity grow "
@@ -343,7 +389,7 @@ def write_emergence_report(sweep: Collection, out: str | os.PathLike[str],
     skipped = []
     number = 0
     for name, head, make, caption in specs:
-        if not ids and name in ("layer_graphs", "depth_heatmaps"):
+        if not ids and name in ("layer_graphs", "depth_heatmaps", "windowed_lss"):
             skipped.append(f"{head}: no unit is done")
             continue
         try:
@@ -369,5 +415,5 @@ def write_emergence_report(sweep: Collection, out: str | os.PathLike[str],
 
 __all__ = ["Collection", "LOSS_FILE", "chosen_checkpoints", "headline_column", "heatmap_variant",
            "plot_coupling_vs_step", "plot_depth_heatmaps", "plot_layer_graphs",
-           "plot_loss_vs_step", "plot_trajectory_vs_step", "read_training_loss",
-           "write_emergence_report"]
+           "plot_loss_vs_step", "plot_trajectory_vs_step", "plot_windowed_lss",
+           "read_training_loss", "windowed_lss_by_layer", "write_emergence_report"]

@@ -62,7 +62,8 @@ class ReportFigure:
 
 def report_figures(*, labels: Sequence[str] | None = None, k: int | None = None,
                    variant: str = "coupling", p: float | None = 1.0,
-                   orientation: str = "ujv") -> list[ReportFigure]:
+                   orientation: str = "ujv",
+                   order_name: str = "in the order given") -> list[ReportFigure]:
     """The figures of the report, in order, bound to one coupling selection. The layer graph
     and the distance plot show the leading chance-corrected variant where every run
     measured it (``coupling_vs_rotated``, else ``coupling_vs_null``)."""
@@ -89,6 +90,12 @@ def report_figures(*, labels: Sequence[str] | None = None, k: int | None = None,
         out.append(ReportFigure(f"token_{kind}", title,
                                 bind(F.plot_token_heatmap, kind, **sel),
                                 bind(F.caption_token_heatmap, kind, **sel)))
+    for kind, title in (("self", "Coupling matrices |A| across tokens (same input and output)"),
+                        ("fixed_input", "Coupling matrices |A|, fixed input token"),
+                        ("fixed_output", "Coupling matrices |A|, fixed output token")):
+        out.append(ReportFigure(f"token_grid_{kind}", title,
+                                bind(F.plot_token_grid, kind, **grid),
+                                bind(F.caption_token_grid, kind, **grid)))
     out += [
         ReportFigure("layer_graph", "Layer adjacency graph",
                      bind(F.plot_layer_graph, **sel), bind(F.caption_layer_graph, **sel)),
@@ -101,6 +108,12 @@ def report_figures(*, labels: Sequence[str] | None = None, k: int | None = None,
         ReportFigure("trajectory_metrics", "Norms, line-shape score and expodistance",
                      bind(F.plot_trajectory_metrics, **lab),
                      bind(F.caption_trajectory_metrics, **lab)),
+        ReportFigure("depth_profiles", "Norm, windowed LSS, step length and logit entropy "
+                     "against depth", bind(F.plot_depth_profiles, **lab),
+                     bind(F.caption_depth_profiles, **lab)),
+        ReportFigure("metrics_by_run", "Trajectory metrics per model",
+                     bind(F.plot_metrics_by_run, order_name=order_name, **lab),
+                     bind(F.caption_metrics_by_run, order_name=order_name, **lab), min_runs=2),
         ReportFigure("singular_values", "Top singular value against depth",
                      bind(F.plot_singular_values, **lab),
                      bind(F.caption_singular_values, **lab)),
@@ -228,9 +241,11 @@ def write_report(measurements: Sequence[Measurement], out: Path | str, *,
                  labels: Sequence[str] | None = None,
                  formats: Sequence[str] = ("png", "svg", "pdf"),
                  k: int | None = None, variant: str = "coupling", p: float | None = 1.0,
-                 orientation: str = "ujv", title: str | None = None) -> Path:
+                 orientation: str = "ujv", title: str | None = None,
+                 order_name: str = "in the order given") -> Path:
     """Write the HTML report of ``measurements`` to ``out`` and the figure files to
-    ``<out stem>_figures/``; returns the HTML path.
+    ``<out stem>_figures/``; returns the HTML path. ``order_name`` says how the runs were
+    ordered (``"by parameter count"``; the caller orders them).
 
     ``labels`` name the runs (default: meta label, revision or model). ``k``, ``variant``,
     ``p``, ``orientation`` select the coupling values shown (default: each run's smallest K,
@@ -261,7 +276,7 @@ def write_report(measurements: Sequence[Measurement], out: Path | str, *,
     hidden: list[str] = []
     number = 0
     for spec in report_figures(labels=labs, k=k, variant=variant, p=p,
-                               orientation=orientation):
+                               orientation=orientation, order_name=order_name):
         if len(ms) < spec.min_runs or all(is_empty(m) for m in ms):
             continue
         try:

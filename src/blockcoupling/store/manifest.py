@@ -40,7 +40,7 @@ PART_META = "part.json"
 # values, so other values are refused with the list of differences.
 RUNTIME_KEYS: frozenset[str] = frozenset()
 # Entries of ``meta`` that identify what was measured: resuming with different values is refused.
-IDENTITY_META_KEYS: tuple[str, ...] = ("model", "revision", "weights_hash")
+IDENTITY_META_KEYS: tuple[str, ...] = ("model", "revision", "weights_hash", "init", "init_seed")
 
 
 def now() -> str:
@@ -193,8 +193,12 @@ def new_manifest(config: dict[str, Any], meta: dict[str, Any],
 
 def resume_differences(manifest: Mapping[str, Any], config: dict[str, Any],
                        meta: dict[str, Any], records: list[dict[str, Any]]) -> list[str]:
-    """What differs between a stored run and the settings it is resumed with (empty: none)."""
-    old = manifest["config"]
+    """What differs between a stored run and the settings it is resumed with (empty: none).
+    A field the stored config lacks (a run made before the field existed) counts as its
+    default, which is what that run measured."""
+    defaults = MeasureConfig().to_dict()
+    old = {**{k: v for k, v in defaults.items() if k not in manifest["config"]},
+           **manifest["config"]}
     diffs = []
     for key in sorted(set(old) | set(config)):
         if key in RUNTIME_KEYS or old.get(key) == config.get(key):

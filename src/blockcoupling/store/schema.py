@@ -70,6 +70,8 @@ COLUMNS: dict[str, dict[str, tuple[str, str]]] = {
         "pca_y": ("second PCA coordinate", "hidden-state units"),
         "lss_window": ("line-shape score of the centred layer window (>= 1; 1 = straight)",
                        "dimensionless"),
+        "logit_entropy": ("logit lens: entropy of softmax(W_U N(x^l)), N the final norm, W_U "
+                          "the unembedding (null unless measured with logit_lens)", "nats"),
     },
     "token_metrics": {
         "prompt_id": _ID,

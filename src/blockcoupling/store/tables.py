@@ -18,7 +18,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from blockcoupling.engine.results import SCHEMAS, TABLES, Measurement, conform
+from blockcoupling.engine.results import LATER_COLUMNS, SCHEMAS, TABLES, Measurement, conform
 from blockcoupling.errors import BlockCouplingError, RunDirError
 from blockcoupling.store.schema import parquet_metadata, unit_columns, unit_identity
 
@@ -68,7 +68,8 @@ def read_table(data: bytes, name: str, path: Path, hint: str) -> pa.Table:
         raise RunDirError(
             f"cannot read {path} ({type(err).__name__}: {err}); the file is damaged. {hint}"
         ) from err
-    missing = [c for c in SCHEMAS[name] if c not in table.column_names]
+    later = LATER_COLUMNS.get(name, frozenset())
+    missing = [c for c in SCHEMAS[name] if c not in table.column_names and c not in later]
     if missing:
         raise RunDirError(
             f"{path} does not hold a valid {name!r} table (no column {', '.join(missing)}). "

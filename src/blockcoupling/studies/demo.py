@@ -32,8 +32,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import torch
-
 from blockcoupling.engine.statistic import headline as stat_headline
 from blockcoupling.engine.statistic import headline_rule
 from blockcoupling.errors import BlockCouplingError
@@ -109,12 +107,9 @@ def random_like(model: PreTrainedModel, seed: int = 0) -> PreTrainedModel:
     Seeded with ``seed`` inside a forked RNG, so the global random state is left untouched and
     the result depends only on the config and the seed.
     """
-    from transformers import AutoModel
+    from blockcoupling.loading import random_init
 
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        fresh = AutoModel.from_config(model.config)
-    return fresh.to(model.dtype).eval()
+    return random_init(model.config, seed).to(model.dtype).eval()
 
 
 def minilm_version() -> str:

@@ -38,6 +38,13 @@ from blockcoupling.report.figures.depth import (
     plot_depth_heatmap,
     plot_layer_graph,
 )
+from blockcoupling.report.figures.mosaics import caption_token_grid, plot_token_grid
+from blockcoupling.report.figures.profiles import (
+    caption_depth_profiles,
+    caption_metrics_by_run,
+    plot_depth_profiles,
+    plot_metrics_by_run,
+)
 from blockcoupling.report.figures.runs import caption_across_runs, plot_across_runs
 from blockcoupling.report.figures.spectra import caption_singular_values, plot_singular_values
 from blockcoupling.report.figures.tokens import caption_token_heatmap, plot_token_heatmap
@@ -73,6 +80,8 @@ from blockcoupling.report.summaries import (
 depth_heatmap_data = depth_matrices
 
 __all__ = [
+    "caption_depth_profiles", "caption_metrics_by_run", "plot_depth_profiles",
+    "plot_metrics_by_run", "caption_token_grid", "plot_token_grid",
     "DPI", "FORMATS", "HIGHER_IS_COUPLED", "P_VARIANTS", "TOKEN_KINDS", "FigureUnavailable",
     "GridPick", "Runs", "TokenPick", "across_runs_data", "as_runs",
     "caption_across_runs", "caption_coupling_by_distance", "caption_coupling_grid",

@@ -59,6 +59,7 @@ def run_unit(unit: Unit | Mapping[str, Any], root: str | os.PathLike[str]) -> di
     """Measure one unit into ``root/units/<unit_id>`` and record its status; returns the
     status record. Never raises for a failing unit (it is recorded as ``failed``)."""
     from blockcoupling.engine.config import MeasureConfig
+    from blockcoupling.loading import init_meta
     from blockcoupling.store.record import measure_to_dir
     from blockcoupling.store.rundir import is_run_dir, open_run
 
@@ -80,7 +81,8 @@ def run_unit(unit: Unit | Mapping[str, Any], root: str | os.PathLike[str]) -> di
                                  " restore it and resume, or start a new sweep with --out")
             model, tok, prompts = load_unit(u, cfg)
             meta = {"model": u.model, "revision": u.revision, "label": u.label, "step": u.step,
-                    "unit_id": u.unit_id, "prompt_set": u.prompt_set}
+                    "unit_id": u.unit_id, "prompt_set": u.prompt_set,
+                    **init_meta(u.init, u.init_seed)}
             with warnings.catch_warnings():  # said once for the sweep, by the driver
                 warnings.simplefilter("ignore", FastPathWarning)
                 m = _measure_waiting_for_lock(
@@ -125,7 +127,8 @@ def load_unit(u: Unit, cfg: Any) -> tuple[Any, Any, list[Any]]:
                             max_memory=u.loading.get("max_memory"),
                             offload_folder=u.loading.get("offload_folder"),
                             quantize=u.loading.get("quantize"),
-                            allow_missing_weights=bool(u.loading.get("allow_missing_weights")))
+                            allow_missing_weights=bool(u.loading.get("allow_missing_weights")),
+                            head=bool(cfg.logit_lens), init=u.init, init_seed=u.init_seed)
     return model, tok, list(prompts)
 
 

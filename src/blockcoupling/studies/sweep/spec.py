@@ -39,7 +39,7 @@ LOADING_KEYS = ("device_map", "max_memory", "offload_folder", "quantize",
 TOP_KEYS = ("kind", "models", "prompts", "limit", "seed", "measure", "resources", "dtype",
             "device", "retries", "name", *LOADING_KEYS)
 MODEL_KEYS = ("label", "model", "revisions", "steps", "checkpoints", "dtype", "device",
-              "resources", "trust_remote_code", *LOADING_KEYS)
+              "resources", "trust_remote_code", "init", "init_seed", *LOADING_KEYS)
 # MeasureConfig fields a spec may not set: the sweep chooses them itself.
 _MEASURE_FORBIDDEN: tuple[str, ...] = ("extra",)
 
@@ -83,6 +83,8 @@ class ModelSpec:
     resources: Resources = field(default_factory=Resources)
     trust_remote_code: bool = False
     loading: tuple[tuple[str, Any], ...] = ()  # LOADING_KEYS given: (key, value)
+    init: str = "pretrained"             # or "random": the same config, seeded random weights
+    init_seed: int = 0                   # the seed of init: random
 
 
 @dataclass(frozen=True)
@@ -114,6 +116,8 @@ class SweepSpec:
         out.pop("config")
         for m in out["models"]:
             m["revisions"] = list(m["revisions"])
+            if m["init"] == "pretrained":  # as before init existed: a stored spec still matches
+                del m["init"], m["init_seed"]
             if isinstance(m["checkpoints"], tuple):
                 m["checkpoints"] = list(m["checkpoints"])
         out["prompts"] = list(self.prompts)
@@ -248,12 +252,21 @@ def _model(entry: Any, i: int, base: Path, spec: Mapping[str, Any]) -> ModelSpec
     trc = entry.get("trust_remote_code", False)
     if not isinstance(trc, bool):
         raise SpecError(f"{ctx}.trust_remote_code must be true or false")
+    init, init_seed = entry.get("init", "pretrained"), entry.get("init_seed", 0)
+    try:
+        validate.init_name(init, f"{ctx}.init")
+        validate.whole(init_seed, f"{ctx}.init_seed", minimum=0)
+    except validate.OptionError as err:
+        raise SpecError(str(err)) from err
+    if init == "random" and (dict(loading).get("device_map") or dict(loading).get("quantize")):
+        raise SpecError(f"{ctx}: init: random builds the model in memory; device_map and "
+                        "quantize apply to checkpoints only (drop them)")
     default_res = _resources(spec.get("resources"), "", Resources())
     return ModelSpec(
         label=label.strip(), model=_resolve(model, base) if model else None,
         revisions=revisions, checkpoints=ckpt, dtype=dtype, device=device,
         resources=_resources(entry.get("resources"), ctx, default_res), trust_remote_code=trc,
-        loading=tuple(loading))
+        loading=tuple(loading), init=init, init_seed=init_seed)
 
 
 def parse_spec(data: Any, *, base_dir: str | os.PathLike[str] | None = None) -> SweepSpec:

@@ -69,6 +69,8 @@ class Unit:
     inputs: dict[str, str] = dataclasses.field(default_factory=dict)  # local input -> content hash
     run: str = ""  # the unit's run directory inside units/<unit_id>/ ("": that folder itself;
     #                a ViT grid's training run: "coupling/final")
+    init: str = "pretrained"  # or "random": the model's config with seeded random weights
+    init_seed: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -93,14 +95,16 @@ def collection_unit_id(readable: Sequence[tuple[str, int]], identity: Any) -> st
 def unit_id(*, model: str, revision: str | None, prompt_set: str, limit: int | None,
             cfg_hash: str, label: str, step: int | None,
             prompt_texts: tuple[str, ...] = (), quantize: str | None = None,
-            inputs: dict[str, str] | None = None) -> str:
+            inputs: dict[str, str] | None = None, init: str = "pretrained",
+            init_seed: int = 0) -> str:
     """A sweep unit's id: ``<label>-<step or revision>-<prompt set>-<hash12>``; the hash
-    covers the identity (model source, revision, prompt set, limit, config hash, and the
-    content hash of every local input such as a prompt file)."""
+    covers the identity (model source, revision, prompt set, limit, config hash, the content
+    hash of every local input such as a prompt file, and a random init with its seed)."""
     identity = ([model, revision, prompt_set, limit, cfg_hash]
                 + ([list(prompt_texts)] if prompt_texts else [])
                 + ([["quantize", quantize]] if quantize else [])
-                + ([sorted(inputs.items())] if inputs else []))
+                + ([sorted(inputs.items())] if inputs else [])
+                + ([["init", init, init_seed]] if init != "pretrained" else []))
     where = f"step{step}" if step is not None else (revision or "main")
     prompt = prompt_set.removeprefix("builtin:").removeprefix("hf:").removeprefix("inline:")
     return collection_unit_id([(label, 24), (where, 24), (Path(prompt).stem or prompt, 20)],
@@ -161,13 +165,15 @@ def expand(spec: SweepSpec) -> list[Unit]:
                     if ps.startswith("inline:") else ()
                 uid = unit_id(model=src, revision=rev, prompt_set=ps, limit=spec.limit,
                               cfg_hash=h, label=m.label, step=step, prompt_texts=texts,
-                              quantize=dict(m.loading).get("quantize"), inputs=inputs[ps])
+                              quantize=dict(m.loading).get("quantize"), inputs=inputs[ps],
+                              init=m.init, init_seed=m.init_seed)
                 units.append(Unit(
                     unit_id=uid, label=m.label, model=src, revision=rev, step=step,
                     prompt_set=ps, limit=spec.limit, config=cfg_dict, config_hash=h,
                     dtype=m.dtype, device=m.device, num_cpus=res.num_cpus,
                     num_gpus=res.num_gpus, trust_remote_code=m.trust_remote_code,
-                    prompt_texts=texts, loading=dict(m.loading), inputs=inputs[ps]))
+                    prompt_texts=texts, loading=dict(m.loading), inputs=inputs[ps],
+                    init=m.init, init_seed=m.init_seed))
     ids = [u.unit_id for u in units]
     if len(set(ids)) != len(ids):
         dup = next(i for i in ids if ids.count(i) > 1)

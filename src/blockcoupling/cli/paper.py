@@ -1,0 +1,91 @@
+"""The paper's experiments that are not a measurement of coupling: ``perturb`` (fig. 34, the
+last token's embedding perturbed) and ``difficulty`` (fig. 10, per-prompt coupling against
+Easy2Hard difficulty and prompt length)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from blockcoupling.cli.app import JSON_HELP, app, echo_json, guarded, one_value, user_errors
+from blockcoupling.cli.app import STATE as _STATE
+from blockcoupling.cli.correlate import _write_and_say
+from blockcoupling.errors import BlockCouplingError
+
+
+def _floats(raw: str, flag: str) -> list[float]:
+    items = [v.strip() for v in raw.split(",") if v.strip()]
+    try:
+        return [float(v) for v in items]
+    except ValueError:
+        raise BlockCouplingError(f"{flag} {raw!r}: give comma-separated numbers such as "
+                                 "0.01,0.1,1") from None
+
+
+@app.command()
+def perturb(
+    model: Annotated[str, typer.Option("--model", "-m", help="Hub id or local model folder.")],
+    prompts: Annotated[str, typer.Option("--prompts", help="File (.txt/.jsonl/.csv), builtin:NAME, hf:DATASET or protocol:paper[@DIR].")],
+    out: Annotated[Path, typer.Option("--out", "-o", help="Folder to write (resumable: run the same command again to continue).")],
+    levels: Annotated[str, typer.Option("--levels", help="Noise levels: the perturbation's norm relative to the embedding's, comma-separated.")] = "0.01,0.03,0.1,0.3,1",
+    draws: Annotated[int, typer.Option("--draws", help="Random directions per level (the same for every prompt).")] = 8,
+    token: Annotated[int, typer.Option("--token", help="The perturbed token (0-based; negative from the end; the paper's: the last, -1).")] = -1,
+    seed: Annotated[int, typer.Option("--seed", help="Seed of the directions and of the prompt subset.")] = 0,
+    limit: Annotated[int | None, typer.Option(help="Use at most this many prompts (seeded subset).")] = None,
+    batch_size: Annotated[int, typer.Option("--batch-size", help="Perturbed copies per forward pass.")] = 16,
+    revision: Annotated[str | None, typer.Option(help="Model revision.")] = None,
+    dtype: Annotated[str, typer.Option(help="Model weight dtype: auto, float32, bfloat16, float16.")] = "auto",
+    device: Annotated[str, typer.Option(help="Where the model runs: auto, cpu, cuda, cuda:N.")] = "auto",
+    init: Annotated[str, typer.Option("--init", help="pretrained, or random: the same config with seeded random weights (the untrained baseline).")] = "pretrained",
+    init_seed: Annotated[int, typer.Option("--init-seed", help="Seed of --init random.")] = 0,
+    trust_remote_code: Annotated[bool, typer.Option("--trust-remote-code/--no-trust-remote-code", help="Run the model repository's own Python code.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help=JSON_HELP)] = False,
+) -> None:
+    """Perturb a token's embedding (the input of block 1) with noise of several sizes and
+    compare its trajectory with the true one, layer by layer (the paper's fig. 34)."""
+    from blockcoupling.loading import init_meta, load_model
+    from blockcoupling.prompts.sources import load_prompts
+    from blockcoupling.studies.perturbation import PAGE, run_perturbation
+
+    with guarded(saved=f"finished prompts are saved in {out}",
+                 again="continue with the same command"):
+        lv = _floats(levels, "--levels")
+        items = load_prompts(prompts, limit=limit, seed=seed)
+        net, tok = load_model(model, revision=revision, dtype=dtype, device=device,
+                              trust_remote_code=trust_remote_code, require_tokenizer=True,
+                              progress=not _STATE["quiet"], init=init, init_seed=init_seed)
+        meta = {"model": model, "revision": revision, "prompts_spec": prompts,
+                **init_meta(init, init_seed)}
+        result = run_perturbation(net, tok, items, out, levels=lv, draws=draws, seed=seed,
+                                  token=token, batch_size=batch_size, meta=meta,
+                                  progress=not _STATE["quiet"])
+    if as_json:
+        echo_json({"settings": result.settings,
+                   "summary": result.summary.to_dict("records")})
+        return
+    typer.echo(result.describe())
+    typer.echo(f"wrote {out / PAGE}")
+
+
+@app.command()
+def difficulty(
+    run_dir: Annotated[Path, typer.Argument(help="A run directory measured on a rated prompt set (hf:e2h-arc, hf:e2h-gsm8k, hf:e2h-winogrande).")],
+    ratings: Annotated[str | None, typer.Option("--ratings", help="The rated set: hf:e2h-arc, hf:e2h-gsm8k or hf:e2h-winogrande (from the hub, or @/path/to/rows.jsonl|.parquet); default: the run's own prompt set.")] = None,
+    k: Annotated[str | None, typer.Option("--k", help="Top-K (default: the run's smallest).")] = None,
+    out: Annotated[Path | None, typer.Option("--out", "-o", help="Write the HTML page here.")] = None,
+    json_out: Annotated[Path | None, typer.Option("--json-out", help="Write the table and the fits as JSON here.")] = None,
+    n_boot: Annotated[int, typer.Option("--n-boot", help="Bootstrap resamples for the CI of R^2.")] = 2000,
+    seed: Annotated[int, typer.Option("--seed", help="Seed of the bootstrap.")] = 0,
+    as_json: Annotated[bool, typer.Option("--json", help=JSON_HELP)] = False,
+) -> None:
+    """Per-prompt depth-wise coupling against the prompt's difficulty rating (Easy2Hard-Bench)
+    and its length in tokens (the paper's fig. 10)."""
+    from blockcoupling.report.difficulty import write_difficulty_html
+    from blockcoupling.studies.difficulty import difficulty_study
+
+    with user_errors("cannot read the run or the ratings"):
+        result = difficulty_study(run_dir, ratings, k=None if k is None else
+                                  one_value(k, "--k", int), n_boot=n_boot, seed=seed)
+        _write_and_say(result, json_out, out, write_difficulty_html, as_json)

@@ -1,0 +1,161 @@
+"""The perturbation experiment (paper fig. 34, Llama-3 8B): the last token's embedding is
+perturbed with noise of several sizes and its trajectory compared with the true one.
+
+The paper: "The last token embedding is perturbed with various noise levels, and compared with
+the true embedding at the first and last layers ... at small noise levels, cosine similarity
+with the true embedding remains somewhat high, and is significantly lower at the first layer."
+It does not state the noise's distribution or scale; this module reads it as follows (stated in
+every output and in docs/conventions.md):
+
+* the perturbed embedding is the input of block 1 at token t (the last by default),
+  ``x~^0_t = x^0_t + delta``, every other token unchanged;
+* ``delta = level * ||x^0_t|| * u`` with ``u`` a uniformly random unit direction (a standard
+  Gaussian vector normalised, `directions`; ``draws`` of them per level, from a seeded
+  ``torch.Generator``): the noise level is the perturbation's norm relative to the embedding's;
+* the model runs forward from the perturbed input, and at every layer l = 0..L the perturbed
+  state ``x~^l_t`` is compared with the true ``x^l_t``: the cosine similarity (the paper's
+  response) and the relative distance ``||x~^l_t - x^l_t|| / ||x^l_t||``.
+
+At l = 0 the cosine is fixed by the construction (about ``1 / sqrt(1 + level^2)`` for a
+direction orthogonal to ``x^0_t``): the reference the blocks' effect is read against.
+
+`perturbation_rows` runs one prompt (batches of perturbed copies through
+`blockcoupling.engine.capture.capture`, a forward pre-hook on block 1 adding ``delta``);
+`directions`, `perturbations`, `responses` are the pure parts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import torch
+from torch import Tensor, nn
+
+from blockcoupling.engine.blocks import BlockSpec, get_blocks
+from blockcoupling.engine.capture import capture
+from blockcoupling.errors import BlockCouplingError
+
+__all__ = ["COLUMNS", "directions", "perturbation_rows", "perturbations", "responses",
+           "check_levels"]
+
+#: the columns of the perturbation table, one row per (prompt, level, draw, layer)
+COLUMNS = ("prompt_id", "token", "level", "draw", "layer", "cosine", "rel_distance")
+
+
+def check_levels(levels: Sequence[float], draws: int) -> tuple[float, ...]:
+    """The noise levels as floats (each > 0 and finite, sorted, distinct) and ``draws`` >= 1;
+    anything else is one error saying what to give."""
+    out = []
+    for v in levels:
+        try:
+            f = float(v)
+        except (TypeError, ValueError):
+            raise BlockCouplingError(f"noise level {v!r} is not a number; give relative levels "
+                                     "such as 0.01,0.1,1") from None
+        if not np.isfinite(f) or f <= 0:
+            raise BlockCouplingError(f"noise level {v!r}: give positive numbers (the norm of "
+                                     "the perturbation relative to the embedding's)")
+        out.append(f)
+    if not out:
+        raise BlockCouplingError("give at least one noise level, e.g. 0.01,0.1,1")
+    if isinstance(draws, bool) or not isinstance(draws, int) or draws < 1:
+        raise BlockCouplingError(f"draws={draws!r}: give a whole number >= 1 of random "
+                                 "directions per level")
+    return tuple(sorted(set(out)))
+
+
+def directions(d: int, n: int, seed: int, *, dtype: torch.dtype = torch.float64) -> Tensor:
+    """``n`` uniformly random unit vectors in R^d: (n, d). Standard Gaussian vectors from
+    ``torch.Generator().manual_seed(seed)``, each divided by its norm (the global RNG is not
+    touched; the same (d, n, seed) gives the same directions on every machine)."""
+    g = torch.Generator().manual_seed(int(seed))
+    z = torch.randn(n, d, generator=g, dtype=torch.float64)
+    return (z / torch.linalg.vector_norm(z, dim=-1, keepdim=True)).to(dtype)
+
+
+def perturbations(x: Tensor, levels: Sequence[float], dirs: Tensor) -> Tensor:
+    """``level * ||x|| * u`` for every level and direction: x (d,), dirs (n, d) ->
+    (len(levels), n, d)."""
+    lv = torch.as_tensor(list(levels), dtype=dirs.dtype)[:, None, None]  # (m, 1, 1)
+    return lv * torch.linalg.vector_norm(x.to(dirs.dtype)) * dirs[None]
+
+
+def responses(true: Tensor, perturbed: Tensor) -> tuple[Tensor, Tensor]:
+    """Cosine similarity and relative distance of perturbed states to the true ones, per
+    layer: true (L+1, d), perturbed (..., L+1, d) -> two (..., L+1) float64 tensors. A layer
+    whose true or perturbed state is exactly zero has a NaN cosine (no direction)."""
+    t = true.double()
+    p = perturbed.double()
+    nt = torch.linalg.vector_norm(t, dim=-1)  # (L+1,)
+    npn = torch.linalg.vector_norm(p, dim=-1)  # (..., L+1)
+    denom = nt * npn
+    cos = (p * t).sum(-1) / torch.where(denom > 0, denom, torch.ones_like(denom))
+    cos = torch.where(denom > 0, cos, torch.full_like(cos, float("nan")))
+    dist = torch.linalg.vector_norm(p - t, dim=-1)
+    rel = dist / torch.where(nt > 0, nt, torch.ones_like(nt))
+    rel = torch.where(nt > 0, rel, torch.full_like(rel, float("nan")))
+    return cos, rel
+
+
+@contextlib.contextmanager
+def _added_to_block_input(block: nn.Module, token: int, delta: Tensor) -> Iterator[None]:
+    """A forward pre-hook on ``block`` that adds ``delta`` (B, d) to its hidden input at
+    ``token`` of each batch row (the hidden state is its first positional argument or its
+    ``hidden_states`` keyword)."""
+
+    def hook(mod: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        if args and isinstance(args[0], Tensor):
+            h = args[0].clone()
+            h[:, token] += delta.to(h.device, h.dtype)
+            return (h, *args[1:]), kwargs
+        h = kwargs["hidden_states"].clone()
+        h[:, token] += delta.to(h.device, h.dtype)
+        return args, {**kwargs, "hidden_states": h}
+
+    handle = block.register_forward_pre_hook(hook, with_kwargs=True)
+    try:
+        yield
+    finally:
+        handle.remove()
+
+
+def perturbation_rows(model: nn.Module, inputs: dict[str, Tensor], spec: BlockSpec,
+                      prompt_id: str, *, levels: Sequence[float], draws: int, seed: int,
+                      token: int = -1, batch_size: int = 16) -> pd.DataFrame:
+    """The perturbation table of one prompt (``inputs``: its model inputs, batch of one, no
+    padding): one row per (level, draw, layer) with `COLUMNS`. The directions are
+    `directions` ``(d, draws, seed)``, the same for every level and prompt; the prompt's
+    perturbed copies run ``batch_size`` at a time, in the model's dtype."""
+    levels = check_levels(levels, draws)
+    clean = capture(model, inputs, spec, keep_calls=False, boundary_dtype=torch.float64)
+    n = clean.lengths[0]
+    t = token + n if token < 0 else token
+    if not 0 <= t < n:
+        raise BlockCouplingError(f"token {token} is outside the prompt's {n} tokens")
+    true = clean.boundaries[:, 0, t]  # (L+1, d)
+    d = true.shape[-1]
+    deltas = perturbations(true[0], levels, directions(d, draws, seed)).reshape(-1, d)  # (m*n, d)
+    block1 = get_blocks(model, clean.spec)[0]
+    states = []
+    for a in range(0, deltas.shape[0], batch_size):
+        chunk = deltas[a:a + batch_size]
+        batch = {k: v.expand(len(chunk), *v.shape[1:]) if isinstance(v, Tensor) else v
+                 for k, v in inputs.items()}
+        with _added_to_block_input(block1, t, chunk):
+            cap = capture(model, batch, clean.spec, keep_calls=False,
+                          boundary_dtype=torch.float64)
+        states.append(cap.boundaries[:, :, t].transpose(0, 1))  # (b, L+1, d)
+    pert = torch.cat(states)  # (m*n, L+1, d)
+    cos, rel = responses(true, pert)  # (m*n, L+1)
+    Lp1 = true.shape[0]
+    m = len(levels)
+    lv = np.repeat(np.asarray(levels, dtype=float), draws * Lp1)
+    dr = np.tile(np.repeat(np.arange(draws), Lp1), m)
+    layer = np.tile(np.arange(Lp1), m * draws)
+    return pd.DataFrame({"prompt_id": prompt_id, "token": t, "level": lv, "draw": dr,
+                         "layer": layer, "cosine": cos.reshape(-1).numpy(),
+                         "rel_distance": rel.reshape(-1).numpy()}, columns=list(COLUMNS))

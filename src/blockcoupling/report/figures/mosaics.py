@@ -1,0 +1,79 @@
+"""Token-wise |A| mosaics [paper fig. 4; the context-coupling figures]: one panel per run,
+cell (t, t') the coupling matrix |A| of the measured Jacobian at token t against the basis at
+token t', at one layer. Data from `blockcoupling.report.summaries.mosaics.token_grid_data`."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from matplotlib.figure import Figure
+
+from blockcoupling.report.figures.base import (
+    Runs,
+    colormap,
+    missing_text,
+    panels,
+    present,
+)
+from blockcoupling.report.figures.depth import prompt_text
+from blockcoupling.report.summaries import as_runs, run_labels
+from blockcoupling.report.summaries.mosaics import token_grid_data
+
+__all__ = ["caption_token_grid", "plot_token_grid"]
+
+_AXES = {"self": ("measured token t (J^l_tt)", "basis token t' (J^l_t't')"),
+         "fixed_input": ("measured output token t (J^l_st)", "basis output token t' (J^l_st')"),
+         "fixed_output": ("measured input token s (J^l_st)", "basis input token s' (J^l_s't)")}
+
+
+def plot_token_grid(runs: Runs, kind: str = "self", *, prompt_id: str | None = None,
+                    k: int | None = None, orientation: str = "ujv",
+                    labels: Sequence[str] | None = None) -> Figure:
+    """Mosaic of |A| over token pairs at one layer, one panel per run; each cell divided by
+    its own maximum (a bright diagonal inside a cell = the basis diagonalises the measured
+    Jacobian)."""
+    ms = as_runs(runs)
+    picks, labs = present(token_grid_data(ms, kind, prompt_id=prompt_id, k=k,
+                                          orientation=orientation), run_labels(ms, labels))
+    fig, axes = panels(len(picks), 4.6, 4.8, extra_width=1.0)
+    image = None
+    rows, cols = _AXES[kind]
+    for ax, pick, lab in zip(axes, picks, labs, strict=True):
+        title = f"{lab}\nlayer {pick.layer}"
+        if pick.fixed is not None:
+            title += f"; {'input' if kind == 'fixed_input' else 'output'} token {pick.fixed}"
+        ax.set_title(title, fontsize="medium")
+        image = ax.imshow(pick.mosaic, cmap=colormap("magma").with_extremes(bad="white"),
+                          vmin=0.0, vmax=1.0, interpolation="nearest")
+        centres = [i * (pick.k + pick.gap) + (pick.k - 1) / 2 for i in range(len(pick.tokens))]
+        names = [str(t) for t in pick.tokens]
+        ax.set_xticks(centres, names, fontsize="small")
+        ax.set_yticks(centres, names, fontsize="small")
+        ax.tick_params(length=0)
+        for side in ax.spines.values():
+            side.set_visible(False)
+        ax.set_xlabel(cols, fontsize="small")
+        ax.set_ylabel(rows, fontsize="small")
+    if image is not None:
+        fig.colorbar(image, ax=list(axes), label="|A| / max |A| (per cell)", shrink=0.8)
+    return fig
+
+
+def caption_token_grid(runs: Runs, kind: str = "self", *, prompt_id: str | None = None,
+                       k: int | None = None, orientation: str = "ujv",
+                       labels: Sequence[str] | None = None) -> str:
+    ms = as_runs(runs)
+    labs = run_labels(ms, labels)
+    picks = token_grid_data(ms, kind, prompt_id=prompt_id, k=k, orientation=orientation)
+    what = {"self": "same input and output token (kind self, the paper's fig. 4)",
+            "fixed_input": "a fixed input token (kind fixed_input, context coupling)",
+            "fixed_output": "a fixed output token (kind fixed_output, context coupling)"}[kind]
+    formula = "U_b^T J_a V_b" if orientation == "ujv" else "V_b^T J_a U_b"
+    parts = [f"{lab}: K={p.k}, layer {p.layer}, prompt {p.prompt_id}"
+             f"{prompt_text(m, p.prompt_id)}" for m, p, lab in zip(ms, picks, labs, strict=True)
+             if p is not None]
+    return (f"Coupling matrices |A| = |{formula}| across tokens, {what}: cell (row a, column b) "
+            "compares the measured Jacobian of token a with the top-K singular vectors of the "
+            "Jacobian of token b at the same layer (l = l'), leading K x K block, each cell "
+            "divided by its own maximum; at most the last 12 tokens per axis. "
+            + "; ".join(parts) + "." + missing_text(picks, labs, "Not stored"))

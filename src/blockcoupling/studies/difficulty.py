@@ -1,0 +1,120 @@
+"""Per-prompt coupling against prompt difficulty and length (the paper's fig. 10, Easy2Hard-Bench):
+``blockcoupling difficulty RUN [--ratings hf:e2h-arc[@FILE]]``.
+
+The join: each prompt's coupling by the headline rule (``Measurement.per_prompt_coupling``: the
+mean over layer pairs l != l' at the prompt's last measured token, K, p = 1, ``ujv``), its
+difficulty rating (``prompts.benchmarks.load_ratings``: Easy2Hard-Bench's ``rating`` column,
+rows matched by prompt id) and its length in tokens (the run's ``prompts`` table). Then, for
+the rating and for the length, the least-squares line, Pearson r with a bootstrap CI of R^2
+and Spearman's rho (``studies.regression.regression``). The prompt is the unit: n is the
+number of prompts with a rating; a prompt the rating table does not have is one error.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from blockcoupling.errors import BlockCouplingError
+from blockcoupling.jsonsafe import jsonable
+from blockcoupling.store.fileio import write_json
+
+#: the predictors of the per-prompt coupling, as the table names them
+PREDICTORS = ("rating", "n_tokens")
+
+
+@dataclass
+class DifficultyResult:
+    """The joined table (one row per prompt) and the regressions of the coupling on each
+    predictor, per variant (``fits[variant][predictor]``)."""
+
+    table: pd.DataFrame
+    fits: dict[str, dict[str, Any]]
+    k: int
+    ratings: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return jsonable({"k": self.k, "ratings": self.ratings, "n_prompts": len(self.table),
+                         "rule": "per prompt: mean over layer pairs l != l' at its last "
+                                 "measured token (p = 1, ujv); regressions over prompts",
+                         "fits": self.fits, "prompts": self.table.to_dict("records")})
+
+    def to_json(self, path: str | Path) -> Path:
+        return write_json(path, self.to_dict())
+
+    def summary(self) -> str:
+        lines = [f"{len(self.table)} prompts, K={self.k}, ratings {self.ratings}"]
+        for variant, fits in self.fits.items():
+            for name, r in fits.items():
+                if "skipped" in r:
+                    lines.append(f"  {variant} ~ {name}: skipped ({r['skipped']})")
+                else:
+                    lines.append(f"  {variant} ~ {name}: n={r['n']} slope={r['slope']:.4g} "
+                                 f"R^2={r['r2']:.3f} p={r['p']:.3g} "
+                                 f"rho={r['spearman_rho']:+.3f}")
+        return "\n".join(lines)
+
+
+def difficulty_table(m: Any, ratings: pd.DataFrame, *, k: int | None = None,
+                     variants: Sequence[str] = ("coupling", "coupling_vs_null")) -> pd.DataFrame:
+    """One row per measured prompt: ``prompt_id``, ``n_tokens``, ``rating`` and the
+    per-prompt value of each variant measured (columns named by the variant)."""
+    k = int(k) if k is not None else int(min(m.config.k))
+    out = m.prompts[["prompt_id", "n_tokens"]].copy()
+    out["prompt_id"] = out["prompt_id"].astype(str)
+    present = set(m.coupling.loc[m.coupling["kind"] == "depth", "variant"])
+    got = [v for v in variants if v in present]
+    if not got:
+        raise BlockCouplingError(f"the run has no depth-wise {' or '.join(variants)} rows; "
+                                 "measure with --coupling depth")
+    for v in got:
+        pp = m.per_prompt_coupling(k, variant=v)[["prompt_id", "value"]]
+        pp = pp.assign(prompt_id=pp["prompt_id"].astype(str)).rename(columns={"value": v})
+        out = out.merge(pp, on="prompt_id", how="left")
+    r = ratings.assign(prompt_id=ratings["prompt_id"].astype(str))
+    unknown = sorted(set(out["prompt_id"]) - set(r["prompt_id"]))
+    if unknown:
+        raise BlockCouplingError(
+            f"{len(unknown)} measured prompt(s) have no rating ({', '.join(unknown[:4])}"
+            f"{' ...' if len(unknown) > 4 else ''}); measure the rated set itself "
+            "(--prompts hf:e2h-arc ...) and give the same set to --ratings")
+    return out.merge(r[["prompt_id", "rating"]], on="prompt_id", how="left")
+
+
+def difficulty_study(run: str | Path | Any, ratings: str | None = None, *,
+                     k: int | None = None,
+                     variants: Sequence[str] = ("coupling", "coupling_vs_null"),
+                     n_boot: int = 2000, seed: int = 0) -> DifficultyResult:
+    """The join and its regressions for one run (a run directory or a Measurement);
+    ``ratings`` defaults to the run's own prompt set (its meta ``prompts_spec``)."""
+    from blockcoupling.prompts.benchmarks import load_ratings
+    from blockcoupling.studies.regression import regression
+
+    if isinstance(run, (str, Path)):
+        from blockcoupling.store.reader import open_run
+
+        run = open_run(Path(run))
+    spec = ratings or run.meta.get("prompts_spec")
+    if not spec or not str(spec).startswith("hf:"):
+        raise BlockCouplingError(
+            "give the ratings with --ratings hf:e2h-arc (or hf:e2h-gsm8k, hf:e2h-winogrande, "
+            "each also as @/path/to/rows.jsonl): the run's prompts "
+            f"({spec or 'not recorded'}) carry no difficulty ratings")
+    table = difficulty_table(run, load_ratings(str(spec)), k=k, variants=variants)
+    kk = int(k) if k is not None else int(min(run.config.k))
+    fits: dict[str, dict[str, Any]] = {}
+    for v in [c for c in variants if c in table.columns]:
+        fits[v] = {}
+        for name in PREDICTORS:
+            try:
+                fits[v][name] = regression(table[name], table[v], n_boot=n_boot, seed=seed)
+            except BlockCouplingError as err:
+                fits[v][name] = {"skipped": str(err)}
+    return DifficultyResult(table, fits, kk, str(spec))
+
+
+__all__ = ["PREDICTORS", "DifficultyResult", "difficulty_study", "difficulty_table"]
