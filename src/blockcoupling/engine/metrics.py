@@ -239,10 +239,16 @@ def coupling_values(
     return 1.0 - m / chance_miscoupling(s1, fro2, d, k, pf)  # the same for every p
 
 
-def _leading_block_sums(E: Tensor) -> Tensor:
-    """Sums of E over every leading k x k block at once: E (..., K, K) -> (..., K), entry k-1."""
-    C = E.cumsum(-1).cumsum(-2)  # (..., K, K)
-    return torch.diagonal(C, dim1=-2, dim2=-1)  # (..., K)
+def _leading_block_sums(E: Tensor, ks: Sequence[int]) -> Tensor:
+    """Sums of E (..., K, K) over its leading k x k blocks for each k of ``ks`` -> (..., len(ks)).
+
+    A few k (the usual 10, 30, 50): each block summed on its own (sum k^2 elements; strided
+    reductions, 6x faster than the cumulative sums at P = 2048 pairs of K = 50); many k: one
+    2-D cumulative sum serves them all (K^2 elements, whatever their number)."""
+    if sum(k * k for k in ks) <= 2 * E.shape[-1] ** 2:
+        return torch.stack([E[..., :k, :k].sum((-2, -1)) for k in ks], dim=-1)
+    C = torch.diagonal(E.cumsum(-1).cumsum(-2), dim1=-2, dim2=-1)  # (..., K): entry k-1
+    return C.index_select(-1, torch.tensor([k - 1 for k in ks], device=E.device))
 
 
 def all_coupling_values(
@@ -260,8 +266,8 @@ def all_coupling_values(
     where ``p`` is the *reported* p (:func:`reported_p`): each p in ``ps`` for ``coupling`` and
     ``miscoupling``; 2 for ``released_norm``; None for ``released_trace``, ``offdiag_ratio``
     and ``coupling_vs_null`` (those get one entry whatever ``ps`` holds).
-    The squared Frobenius norms of every leading k x k block come from one 2-D cumulative
-    sum, so the cost does not grow with the number of k values. Requesting
+    The squared Frobenius norms of the leading k x k blocks are block sums
+    (:func:`_leading_block_sums`: direct for a few k, one 2-D cumulative sum for many). Requesting
     ``coupling_vs_null`` without ``fro2`` and ``d`` raises (a request is never dropped).
     """
     variants = tuple(variants)
@@ -291,7 +297,7 @@ def all_coupling_values(
 
     need_signed = any(v in (*P_VARIANTS, "coupling_vs_null") for v in variants)
     if need_signed:
-        num = pick(_leading_block_sums((Ak - diag_s) ** 2)).sqrt()  # (..., nk)
+        num = _leading_block_sums((Ak - diag_s) ** 2, ks).sqrt()  # (..., nk)
         s2 = pick((sk * sk).cumsum(-1))  # (..., nk) ||s_k||_2^2
         dens = {
             1.0: pick(sk.abs().cumsum(-1)),
@@ -315,7 +321,7 @@ def all_coupling_values(
                 if "coupling" in variants:
                     out[("coupling", pf, k)] = 1.0 - m[..., j]
     if "released_norm" in variants or "released_trace" in variants:
-        num_abs = pick(_leading_block_sums((Ak.abs() - diag_s) ** 2)).sqrt()  # (..., nk)
+        num_abs = _leading_block_sums((Ak.abs() - diag_s) ** 2, ks).sqrt()  # (..., nk)
         l2 = pick((sk * sk).cumsum(-1)).sqrt()  # (..., nk)
         tr = pick(sk.cumsum(-1))  # (..., nk)
         for j, k in enumerate(ks):
@@ -324,9 +330,9 @@ def all_coupling_values(
             if "released_trace" in variants:
                 out[("released_trace", None, k)] = num_abs[..., j] / tr[..., j]
     if "offdiag_ratio" in variants:
-        total = pick(_leading_block_sums(Ak * Ak))  # (..., nk)
+        total = _leading_block_sums(Ak * Ak, ks)  # (..., nk)
         off = Ak - torch.diag_embed(torch.diagonal(Ak, dim1=-2, dim2=-1))  # (..., Kx, Kx)
-        off_sq = pick(_leading_block_sums(off * off))  # (..., nk), no cancellation
+        off_sq = _leading_block_sums(off * off, ks)  # (..., nk), no cancellation
         ratio = off_sq.sqrt() / total.sqrt()
         for j, k in enumerate(ks):
             out[("offdiag_ratio", None, k)] = ratio[..., j]
