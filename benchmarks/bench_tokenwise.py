@@ -25,10 +25,13 @@ block's structure, the certified float32 top-K, every pair as GEMMs), counted fr
 problem's sizes (:func:`floor_counts`) and each timed here in the same process
 (:func:`time_kernels`, best of ``--kernel-repeats``): the floor is the sum of count x time,
 in CPU and wall seconds, and the record gives the call's ratio to it.
-``--oracle``: every coupling value of the call against a float64 oracle (the same call on
-the model cast to float64, ``dtype=torch.float64, fast_path=False``: VJP / JVP batches of the
-generic path and exact float64 SVDs, independent of the structured Jacobians and of the
-float32 top-K).
+``--oracle``: every coupling value of the call against two float64 oracles, both the same
+call with ``dtype=torch.float64, fast_path=False`` (VJP / JVP batches of the generic path
+and exact float64 SVDs, independent of the structured Jacobians and of the float32 top-K):
+``model64`` on the model cast to float64 (its own float64 forward pass), ``trajectory64`` on
+the float32 model (its float32 hidden states, analysed in float64). The first includes the
+float32 forward pass's rounding, which no Jacobian route can remove; the second is the
+engine's own error.
 
 Wall and process CPU seconds, peak RSS of each (``common.phase``), the load; medians and the
 ratio released / measure in both. Prints one JSON line per record and saves them in
@@ -163,10 +166,14 @@ def floor_record(kind: str, counts: dict[str, int], kern: dict[str, dict[str, fl
 
 # ------------------------------------------------------------------ the oracle
 def oracle_diff(model: torch.nn.Module, ids: torch.Tensor, kind: str, layer: int,
-                got: Any) -> dict[str, Any]:
-    """Largest |value - float64 oracle| of the call's coupling table (see the docstring)."""
+                got: Any, which: str) -> dict[str, Any]:
+    """Largest |value - float64 oracle| of the call's coupling table. ``which``: ``model64``,
+    the float64 model (its own float64 forward pass: what bench_depth.py compares with);
+    ``trajectory64``: the float32 model's hidden states analysed in float64 (blocks copied to
+    float64), which isolates the engine's arithmetic from the float32 forward pass."""
     t0 = time.perf_counter()
-    model.double()
+    if which == "model64":
+        model.double()
     try:
         ref = run_measure(model, ids, kind, layer, dtype=torch.float64, fast_path=False)
     finally:
@@ -179,7 +186,7 @@ def oracle_diff(model: torch.nn.Module, ids: torch.Tensor, kind: str, layer: int
     diff = (m["value"] - m["value_ref"]).abs()
     by_variant = diff.groupby(m["variant"]).max()
     worst = m.loc[diff.idxmax()]
-    return {"record": f"oracle_{kind}", "n_values": int(len(m)),
+    return {"record": f"oracle_{kind}", "oracle": which, "n_values": int(len(m)),
             "max_abs_diff": float(diff.max()),
             "max_abs_diff_by_variant": {str(k): float(v) for k, v in by_variant.items()},
             "worst": {c: (str(worst[c])) for c in ("variant", "k", "orientation",
@@ -267,7 +274,8 @@ def main() -> None:
             emit(floor_record(kind, floor_counts(kind, n, d, width, max(KS)), kern,
                               med["measure"]["cpu"], med["measure"]["wall"]), sink)
         if args.oracle:
-            emit(oracle_diff(model, ids, kind, args.layer, res), sink)
+            for which in ("model64", "trajectory64"):
+                emit(oracle_diff(model, ids, kind, args.layer, res, which), sink)
     save(sink, "bench_tokenwise" + ("_small" if args.small else ""))
 
 

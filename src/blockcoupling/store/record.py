@@ -21,7 +21,6 @@ from blockcoupling.store.fingerprint import weights_hash
 from blockcoupling.store.preflight import preflight
 from blockcoupling.store.writer import RunWriter
 
-
 #: A part (the unit of a run directory's commits) is written once its prompts took this many
 #: seconds to measure (and after the last prompt): a prompt of a large model is its own part,
 #: while the cheap prompts of a small one share a part (each part costs a few tens of ms of
@@ -151,7 +150,6 @@ def plan_run(model: torch.nn.Module, tokenizer: Any, prompts: Any, *,
              **options: Any) -> MeasurePlan:
     """The checks :func:`measure_to_dir` runs before it creates anything, and the plan of the
     work (``blockcoupling measure --dry-run``); nothing is written."""
-    t_start = time.perf_counter()
     cfg = parse_config(config, **options)
     items = normalise_inputs(prompts)
     if items[0].is_text and tokenizer is None:
