@@ -6,6 +6,9 @@
 #   make check    ruff (lint) and mypy (types, on all of src/; settings in pyproject.toml)
 #   make docs     the same .venv as make test; run the tutorials, build the site into site/
 #                 (mkdocs build --strict: a warning, e.g. a broken link, is an error)
+#   make test-compat   a second venv (.venv-compat) with the OLDEST supported transformers
+#                 (constraints-oldest.txt) and torch pinned as above; runs the engine tests
+#                 and the model-family conformance matrix there (CI runs it after make test)
 #
 # torch is installed first and pinned by a constraints file, so no later install can replace it
 # (an unpinned `pip install torch` on Linux pulls the multi-GB CUDA build). Installs are
@@ -43,13 +46,25 @@ TORCH_STAMP := $(VENV)/.stamp-torch-$(firstword $(shell echo '$(TORCH)' | cksum)
 DEMO_STAMP := $(VENV)/.stamp-demo-$(KEY)
 TEST_STAMP := $(VENV)/.stamp-test-$(KEY)
 
-.PHONY: demo test check docs venv clean-venv help
+# the oldest supported releases (constraints-oldest.txt), for the engine and the families
+COMPAT_VENV ?= .venv-compat
+COMPAT_PY := $(COMPAT_VENV)/bin/python
+COMPAT_KEY := $(KEY)-$(firstword $(shell cat constraints-oldest.txt | cksum))
+COMPAT_TORCH_STAMP := $(COMPAT_VENV)/.stamp-torch-$(firstword $(shell echo '$(TORCH)' | cksum))
+COMPAT_STAMP := $(COMPAT_VENV)/.stamp-compat-$(COMPAT_KEY)
+#: the engine's tests and the conformance matrix (tests/test_families.py)
+COMPAT_TESTS ?= tests/test_blocks.py tests/test_capture.py tests/test_jacobian.py \
+	tests/test_fastpath.py tests/test_structured.py tests/test_measure.py tests/test_normdirs.py \
+	tests/test_state.py tests/test_inputs.py tests/test_engine_api.py tests/test_families.py
+
+.PHONY: demo test test-compat check docs venv clean-venv help
 
 help:
 	@echo "make demo    create .venv, install, run the offline demo (writes demo_run/report.html)"
 	@echo "make test    same .venv plus the test extras, make check, run the test-suite"
 	@echo "make check   ruff (lint) + mypy (types) on the sources"
 	@echo "make docs    same .venv, run the tutorials and build the docs site into site/"
+	@echo "make test-compat   engine tests + model families on the oldest supported transformers"
 	@echo "make clean-venv   delete .venv"
 
 demo: $(DEMO_STAMP)
@@ -84,5 +99,24 @@ $(TEST_STAMP): $(TORCH_STAMP)
 	$(PIP) install -c $(CONSTRAINTS) -e '.[demo,test,sweep,dev,docs]'
 	touch $(DEMO_STAMP) $@
 
+test-compat: $(COMPAT_STAMP)
+	@$(COMPAT_PY) -c 'import torch, transformers; print("test-compat: torch", torch.__version__, "transformers", transformers.__version__)'
+	$(COMPAT_PY) -m pytest $(TEST_ARGS) $(COMPAT_TESTS)
+
+$(COMPAT_PY):
+	$(PYTHON) -m venv $(COMPAT_VENV)
+
+$(COMPAT_TORCH_STAMP): | $(COMPAT_PY)
+	$(COMPAT_PY) -m pip install $(TORCH_PIP_ARGS) '$(TORCH)'
+	echo '$(TORCH)' > $(COMPAT_VENV)/constraints.txt
+	rm -f $(COMPAT_VENV)/.stamp-torch-*
+	touch $@
+
+$(COMPAT_STAMP): $(COMPAT_TORCH_STAMP) constraints-oldest.txt
+	$(COMPAT_PY) -m pip install -c $(COMPAT_VENV)/constraints.txt -c constraints-oldest.txt \
+		-e '.[test-engine]'
+	rm -f $(COMPAT_VENV)/.stamp-compat-*
+	touch $@
+
 clean-venv:
-	rm -rf $(VENV)
+	rm -rf $(VENV) $(COMPAT_VENV)

@@ -1,7 +1,8 @@
 """MkDocs hooks (mkdocs.yml ``hooks:``): what ``mkdocs build`` generates before it reads docs/.
 
-* The reference pages ``reference/cli.md`` and ``reference/api.md`` are generated in memory
-  from the code (``tools/gen_reference.py``) at every build; they are not files in git.
+* The reference pages ``reference/cli.md``, ``reference/api.md`` and ``reference/families.md``
+  (the conformance matrix's model families) are generated in memory from the code
+  (``tools/gen_reference.py``) at every build; they are not files in git.
 * The tutorials (``docs/tutorials/*.py``) are run when their outputs are missing or older than
   the script (``docs/tutorials/generated/<name>/``, not in git), so ``mkdocs build`` from a fresh
   clone executes them and the site shows their figures and tables. ``BLOCKCOUPLING_DOCS_FRESH=1``
@@ -48,7 +49,8 @@ def on_files(files: Any, config: Any) -> Any:
 
     _src_on_path()
     gen = _load(ROOT / "tools" / "gen_reference.py", "bc_gen_reference")
-    for uri, text in (("reference/cli.md", gen.cli_markdown()), ("reference/api.md", gen.api_markdown())):
+    for uri, text in (("reference/cli.md", gen.cli_markdown()), ("reference/api.md", gen.api_markdown()),
+                      ("reference/families.md", gen.families_markdown())):
         existing = files.get_file_from_path(uri)
         if existing is not None:
             files.remove(existing)

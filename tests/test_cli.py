@@ -75,6 +75,9 @@ def test_measure_show_report(model_dir: Path, prompts_file: Path, tmp_path: Path
 
     r = run("show", str(out))
     assert r.exit_code == 0 and "depth-wise coupling, K=2, 5 prompts: above chance" in r.output
+    # the decode-step fast path, per layer: recorded in meta and stated
+    assert manifest["meta"]["fast_path"] == {"1": True, "2": True, "3": True}
+    assert "fast path: taken at every measured layer (1-3)" in r.output
     html = tmp_path / "report.html"
     r = run("--quiet", "report", str(out), "--out", str(html))
     assert r.exit_code == 0, r.output

@@ -10,14 +10,22 @@ import dataclasses
 import warnings
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 import transformers as tf
 from torch import nn
 
-from blockcoupling.engine import fastpath
+from blockcoupling.engine import fastpath, fastrecord
 from blockcoupling.engine.blocks import find_blocks
-from blockcoupling.engine.capture import Capture, capture, replay_context, residual_branch
+from blockcoupling.engine.capture import (
+    CACHE_NAMES,
+    Capture,
+    capture,
+    replay_context,
+    residual_branch,
+)
+from blockcoupling.engine.fastrecord import FastPathWarning
 from blockcoupling.engine.jacobian import jacobian_blocks
 from blockcoupling.engine.svd import randomized_topk_svd
 from blockcoupling.errors import BlockCouplingError
@@ -237,3 +245,95 @@ def test_out_of_range_arguments_raise() -> None:
     assert tb is not None
     with pytest.raises(BlockCouplingError, match=r"shape \(d, m\)"):
         tb.matmat(torch.zeros(3, 2, dtype=F64))
+
+
+# ----------------------------------------------------------------------------- by capability
+@pytest.mark.parametrize("arch", ["gpt2", "llama", "qwen2"])
+def test_measure_takes_fast_path_at_every_layer_without_warning(arch: str) -> None:
+    """With the installed transformers (whatever it calls the cache argument): no fallback
+    warning, ``meta["fast_path"]`` True at every layer, every J_tt from the fast path."""
+    import blockcoupling as bc
+
+    model = tiny_model(arch, seed=1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FastPathWarning)
+        m = bc.measure(model, None, tiny_inputs(arch, n=5, batch=2), k=(2,), progress=False)
+    assert m.fast_path == {1: True, 2: True, 3: True}
+    assert m.meta["fast_path"] == {"1": True, "2": True, "3": True}
+    assert set(m.diagnostics["method"]) == {"dense_fast"}
+    assert fastrecord.describe(m.meta) == "fast path: taken at every measured layer (1-3)"
+
+
+def _inner_cache_name(layer: nn.Module) -> str:
+    import inspect
+
+    return next(c for c in CACHE_NAMES if c in inspect.signature(layer.forward).parameters)
+
+
+class _RenamedCacheLayer(nn.Module):
+    """A decoder layer whose cache argument has a name no transformers release used: found by
+    its ``Cache`` annotation (a string, as under ``from __future__ import annotations``)."""
+
+    def __init__(self, inner: nn.Module) -> None:
+        super().__init__()
+        self.inner = inner
+        self.inner_name = _inner_cache_name(inner)
+
+    def forward(self, hidden_states: torch.Tensor, attention_mask: Any = None,
+                position_ids: Any = None, kv_store: Cache | None = None,  # noqa: F821
+                position_embeddings: Any = None, **kwargs: Any) -> Any:
+        for name in CACHE_NAMES:  # what the model passes under its own spelling: not ours
+            kwargs.pop(name, None)
+        return self.inner(hidden_states, attention_mask=attention_mask,
+                          position_ids=position_ids, position_embeddings=position_embeddings,
+                          **{self.inner_name: kv_store}, **kwargs)
+
+
+def test_cache_argument_found_by_annotation_whatever_its_name() -> None:
+    model = tiny_model("llama", seed=2, dtype=F64)
+    layers = model.layers
+    for i in range(len(layers)):
+        layers[i] = _RenamedCacheLayer(layers[i]).eval()
+    cap = _padded_capture(model, "llama")
+    named, _, candidates = fastpath._named_call(
+        layers[0], cap.calls[0].args[:1], cap.calls[0].kwargs)  # type: ignore[index]
+    assert candidates[0] == "kv_store"
+    tb = fastpath.token_branch(model, cap, 2, 0, 5, dtype=F64)
+    assert tb is not None
+    f, x = residual_branch(model, cap, 2, 0, dtype=F64)
+    assert _rel(tb.jacobian(), jacobian_blocks(f, x, [5], in_tokens=[5])[0, 0]) < _tol("llama")
+
+
+def test_refusal_is_warned_once_per_run_and_recorded_per_layer(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
+    """Every layer refused (a prefix cache that forgets the context): one warning naming all
+    of them, the reason per layer in meta, the same numbers as the generic path."""
+    import blockcoupling as bc
+
+    def forgetful(self: Any, k: torch.Tensor, v: torch.Tensor, *a: Any, **kw: Any) -> Any:
+        return k, v
+
+    model = tiny_model("gpt2", seed=3, dtype=F64)
+    inputs = tiny_inputs("gpt2", n=5, batch=2)
+    kw: dict[str, Any] = dict(k=(2,), dtype=F64, progress=False)
+    generic = bc.measure(model, None, inputs, fast_path=False, **kw)
+    assert set(generic.fast_path.values()) == {fastrecord.OFF}
+    monkeypatch.setattr(fastpath._PrefixCache, "update", forgetful)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        m = bc.measure(model, None, inputs, **kw)
+    said = [w for w in caught if issubclass(w.category, FastPathWarning)]
+    assert len(said) == 1, [str(w.message) for w in said]
+    assert "layers 1-3: disagrees with the generic Jacobian" in str(said[0].message)
+    assert set(m.fast_path) == {1, 2, 3} and all(
+        str(v).startswith("disagrees with the generic Jacobian") for v in m.fast_path.values())
+    assert set(m.diagnostics["method"]) == {"dense"}
+    np.testing.assert_allclose(m.coupling["value"], generic.coupling["value"], atol=1e-12)
+    # a run directory keeps the record, and `show` states it
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FastPathWarning)
+        stored = bc.measure_to_dir(model, None, inputs, tmp_path / "run", **kw)
+    assert bc.open_run(tmp_path / "run").fast_path == m.fast_path == stored.fast_path
+    assert "fast path: generic path at layers 1-3: disagrees" in stored.summary()
+    enc = bc.measure(tiny_model("bert", dtype=F64), None, tiny_inputs("bert"), **kw)
+    assert set(enc.fast_path.values()) == {fastrecord.NOT_CAUSAL}

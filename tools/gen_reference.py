@@ -5,6 +5,11 @@
   introspection (every command, its help text, usage, arguments and options with defaults),
   so the page cannot drift from the commands. Duck-typed: typer 0.29 carries its own copy of
   click's classes.
+* ``families_markdown()``: the model families blockcoupling is checked on, from the list the
+  conformance matrix runs (``tests/families.py``, ``tests/test_families.py``): per family its
+  blocks and final norm, the fast path or the generic path (why), the transformers versions it
+  is checked on (the oldest supported, pinned in ``constraints-oldest.txt``, and the version
+  this build ran with: the newest pip resolved, in CI).
 * ``api_markdown()``: the Python API reference, one mkdocstrings ``:::`` directive per public
   name of ``blockcoupling`` (its ``_EXPORTS``, grouped by module), so a new export appears in
   the reference without editing the page.
@@ -12,9 +17,13 @@
 
 from __future__ import annotations
 
+import importlib.util
 import re
 import sys
+from pathlib import Path
 from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
 
 _SECTIONS: dict[str, str] = {  # module -> heading of the API page
     "blockcoupling.engine.measure": "Measuring",
@@ -171,6 +180,63 @@ def api_markdown() -> str:
     return "\n".join(lines) + "\n"
 
 
+def oldest_supported(package: str = "transformers") -> str:
+    """The oldest release of ``package`` that CI tests (its pin in ``constraints-oldest.txt``)."""
+    for line in (ROOT / "constraints-oldest.txt").read_text().splitlines():
+        name, sep, version = line.split("#")[0].strip().partition("==")
+        if sep and name.strip().lower() == package:
+            return version.strip()
+    raise LookupError(f"constraints-oldest.txt pins no {package}")
+
+
+def _families_module() -> Any:
+    spec = importlib.util.spec_from_file_location("bc_families", ROOT / "tests" / "families.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses resolve their module by name
+    spec.loader.exec_module(module)
+    return module
+
+
+def families_markdown() -> str:
+    """The model-families page: the conformance matrix's list as a table."""
+    import transformers
+    from packaging.version import Version
+
+    fam = _families_module()
+    oldest, now = oldest_supported(), transformers.__version__
+
+    def versions(f: Any) -> str:
+        low = max(Version(oldest), Version(f.since))
+        return f"{low} and {now}" if Version(now) > low else str(now)
+
+    return "\n".join([
+        "# Model families",
+        "",
+        "Every family below is measured by the conformance matrix (`tests/test_families.py`, in",
+        "the default test-suite) on a tiny random-weight model built from the family's",
+        "HuggingFace config: `find_blocks` must find its blocks, final norm and causality;",
+        "depth-wise and token-wise (`self`) coupling of every variant must equal an independent",
+        "float64 autograd oracle; and every decoder's Jacobians `J^l_tt` must come from the",
+        "decode-step fast path at every layer with no fallback warning, unless the table says",
+        "why not (the generic path gives the same values, several times slower). Generated from",
+        "the same list (`tests/families.py`) at every docs build.",
+        "",
+        f"Checked on transformers {oldest} (the oldest supported: CI runs the engine tests and",
+        "this matrix in a second environment pinned by `constraints-oldest.txt`; `make",
+        f"test-compat`) and {now} (the version this page was built with: in CI, the newest",
+        "that pip resolved that day). A family newer than the oldest supported release is",
+        "checked from its first release on. Which layers took the fast path in a run:",
+        "`meta[\"fast_path\"]`, `Measurement.fast_path`, and a line of `blockcoupling show`.",
+        "The block paths are those of the base model (`AutoModel`); a model with a task head",
+        "adds its prefix (`transformer.h`, `model.layers`), found the same way.",
+        "",
+        fam.markdown_table(versions),
+        "",
+    ])
+
+
 if __name__ == "__main__":
     which = sys.argv[1] if len(sys.argv) > 1 else "cli"
-    sys.stdout.write(cli_markdown() if which == "cli" else api_markdown())
+    pages = {"cli": cli_markdown, "api": api_markdown, "families": families_markdown}
+    sys.stdout.write(pages[which]())

@@ -11,7 +11,7 @@ after the final norm. HuggingFace ``hidden_states`` are never used.
 :func:`residual_branch` turns a recorded call into a pure function of one prompt's hidden
 input, ``f(X) = F^l(X) - X`` with ``X`` of shape ``(n, d)``, ready for ``torch.func``
 transforms (:mod:`blockcoupling.engine.jacobian`). Key-value caches are stripped from the recorded
-call (``past_key_value(s)`` / ``layer_past`` / any ``Cache`` object -> None, ``use_cache`` ->
+call (every name in ``CACHE_NAMES`` / any ``Cache`` object -> None, ``use_cache`` ->
 False); the attention mask, position ids and rotary embeddings are replayed as recorded.
 
 Attention implementation. Forward-mode AD (JVP) does not go through the fused
@@ -25,7 +25,10 @@ implementation in use at capture time. Therefore:
   ...) is switched to ``"eager"`` on the user's model *before* the capture pass
   (``model.set_attn_implementation("eager")``), with a warning issued once per
   implementation (the recorded masks are eager masks). :func:`blockcoupling.measure` puts
-  the original implementation back afterwards (``engine/state.py``).
+  the original implementation back afterwards (``engine/state.py``);
+* mixture-of-experts layers run their eager loop over experts for the same reason
+  (``config._experts_implementation``; transformers 5's ``grouped_mm`` has no float64 kernel
+  and no vmap rule), silently: the values are the same. Also restored afterwards.
 
 Dropout and other training-time randomness must be off. :func:`capture` calls ``model.eval()``
 with a warning when the model is in training mode; :func:`residual_branch` raises a
@@ -58,6 +61,7 @@ from blockcoupling.errors import ArchitectureError, BlockCouplingError, Numerica
 
 __all__ = [
     "BlockCall",
+    "CACHE_NAMES",
     "Capture",
     "REPLAY_RTOL",
     "capture",
@@ -65,7 +69,11 @@ __all__ = [
     "residual_branch",
 ]
 
-_CACHE_KWARGS: frozenset[str] = frozenset({"past_key_value", "past_key_values", "layer_past"})
+#: the spellings of a decoder layer's key-value cache argument across transformers versions
+#: (<= 4.5x ``past_key_value`` / ``layer_past``, then ``past_key_values``, 5.24 ``cache``):
+#: stripped from recorded calls here; tried by the fast path after the parameters annotated
+#: ``Cache`` (engine/fastpath.py)
+CACHE_NAMES: tuple[str, ...] = ("cache", "past_key_values", "past_key_value", "layer_past")
 _WARNED_ATTN: set[str] = set()
 
 #: Relative replay tolerance (max abs error / max abs recorded output, real positions) by
@@ -161,6 +169,24 @@ def _ensure_attn_implementation(model: nn.Module) -> None:
         config._attn_implementation = "eager"
 
 
+def _ensure_experts_implementation(model: nn.Module) -> None:
+    """Mixture-of-experts layers on their eager loop over experts (transformers 5's default,
+    ``grouped_mm``, has no float64 kernel and no vmap rule: float64 analyses and batched
+    Jacobian products would fail or crawl). The same values; restored by ``state.preserved``."""
+    config = getattr(model, "config", None)
+    impl = getattr(config, "_experts_implementation", None) if config is not None else None
+    if config is None or impl is None or impl == "eager":
+        return
+    setter = getattr(model, "set_experts_implementation", None)
+    try:
+        if callable(setter):
+            setter("eager")
+    except (ValueError, TypeError, AttributeError):  # noqa: S110 - set on the config below
+        pass
+    if config._experts_implementation != "eager":
+        config._experts_implementation = "eager"
+
+
 def _is_cache(obj: Any) -> bool:
     try:
         from transformers.cache_utils import Cache
@@ -176,7 +202,7 @@ def _strip_caches(
     new_args = tuple(None if _is_cache(a) else a for a in args)
     new_kwargs: dict[str, Any] = {}
     for k, v in kwargs.items():
-        if k in _CACHE_KWARGS or _is_cache(v):
+        if k in CACHE_NAMES or _is_cache(v):
             new_kwargs[k] = None
         elif k == "use_cache":
             new_kwargs[k] = False
@@ -269,6 +295,7 @@ def capture(
             "to find_blocks."
         )
     _ensure_attn_implementation(model)
+    _ensure_experts_implementation(model)
     blocks = get_blocks(model, spec)
     L = len(blocks)
     ref = _first_float_param(model)

@@ -11,9 +11,13 @@ one row through the MLP. :class:`TokenBranch` evaluates ``g`` on a batch ``X (m,
 independent candidate values of ``x_t`` at once: tangents / cotangents become the batch
 dimension of batched GEMMs (no work on the other n-1 rows).
 
-Mechanism (generic over HuggingFace decoders, checked against transformers 5.23): every
-supported decoder layer calls ``cache.update(key, value, layer_idx, ...)`` on the cache it is
-given (``past_key_values`` / ``layer_past``) and attends over what ``update`` returns.
+Mechanism (generic over HuggingFace decoders; the transformers versions it is checked on are
+in docs/families.md): every supported decoder layer calls ``cache.update(key, value,
+layer_idx, ...)`` on the cache it is given and attends over what ``update`` returns. The cache
+argument is recognised by what it is, not by its name (transformers has spelled it
+``layer_past``, ``past_key_value``, ``past_key_values`` and ``cache``): the parameters
+annotated with transformers' ``Cache`` first, then the known spellings, each *probed* by the
+recording pass below; the first one whose cache receives exactly one ``update`` is used.
 
 1. The block is run once on the whole prompt with a *recording* cache whose ``update``
    stores the prompt's keys and values and returns them unchanged (and the output is checked
@@ -40,15 +44,17 @@ one structured decode step per output token t (``structured.OutputStep``): x_s r
 output at t only through the key and value of s. Checked on the first prompt of each layer
 against the generic path's products; the generic VJP / JVP batches otherwise.
 
-Unsupported (``None``): encoders (non-causal), blocks without a key-value cache argument,
-recorded calls with other sequence-shaped tensors (e.g. Falcon's ALiBi), or anything the
-verification rejects.
+Unsupported (``None``, with the reason given to ``on_fallback`` or warned): encoders
+(non-causal, no reason: nothing is tried), blocks without a key-value cache argument, recorded
+calls with other sequence-shaped tensors (e.g. Falcon's ALiBi), or anything the verification
+rejects. :mod:`blockcoupling.engine.fastrecord` keeps the per-layer record of a run.
 """
 
 from __future__ import annotations
 
 import inspect
 import math
+import typing
 import warnings
 import weakref
 from collections.abc import Callable, Sequence
@@ -62,6 +68,7 @@ from torch.func import jvp, vjp, vmap
 from blockcoupling.engine import structured
 from blockcoupling.engine.blocks import get_blocks
 from blockcoupling.engine.capture import (
+    CACHE_NAMES,
     Capture,
     check_call_index,
     first_output,
@@ -71,6 +78,7 @@ from blockcoupling.engine.capture import (
     replay_tolerance,
     residual_branch,
 )
+from blockcoupling.engine.fastrecord import FastPathWarning
 from blockcoupling.engine.jacobian import (
     DEFAULT_MEMORY_BYTES,
     as_columns,
@@ -98,7 +106,6 @@ VERIFY_RTOL: dict[torch.dtype, float] = {
     torch.bfloat16: 5e-2,
 }
 
-_CACHE_PARAMS: tuple[str, ...] = ("past_key_values", "past_key_value", "layer_past")
 # Rough number of d-sized (and intermediate-sized) activations kept per batch row.
 _ROW_FACTOR: int = 48
 _PARAM_FACTOR: int = 32
@@ -116,11 +123,19 @@ def _cache_base() -> type:
     return Cache
 
 
+def _init_cache(cache: Any) -> None:
+    """``Cache.__init__``: with an empty layer list (transformers 4.56+) or no argument."""
+    try:
+        super(type(cache), cache).__init__(layers=[])
+    except TypeError:  # transformers < 4.56: Cache() takes no layers
+        super(type(cache), cache).__init__()
+
+
 class _RecordingCache(_cache_base()):  # type: ignore[misc]
     """Stores the keys/values of the one ``update`` call and returns them unchanged."""
 
     def __init__(self) -> None:
-        super().__init__(layers=[])
+        _init_cache(self)
         self.records: list[tuple[Tensor, Tensor]] = []
 
     def update(self, key_states: Tensor, value_states: Tensor, layer_idx: int = 0,
@@ -139,7 +154,7 @@ class _PrefixCache(_cache_base()):  # type: ignore[misc]
     """
 
     def __init__(self, keys: Tensor, values: Tensor) -> None:
-        super().__init__(layers=[])
+        _init_cache(self)
         self.keys = keys  # (1, H_kv, t, hd)
         self.values = values  # (1, H_kv, t, hd)
 
@@ -169,7 +184,8 @@ def _slice_kwarg(name: str, value: Any, t: int, n: int) -> Any:
         if value.shape[-1] != n:
             raise ValueError(f"{name} of shape {tuple(value.shape)}")
         return value[..., t : t + 1]
-    if name == "position_embeddings" and isinstance(value, tuple):
+    # rotary (cos, sin); Gemma 3 before transformers 5 passes a global and a local pair
+    if name.startswith("position_embeddings") and isinstance(value, tuple):
         out = []
         for v in value:
             if not (isinstance(v, Tensor) and v.ndim >= 2 and v.shape[-2] == n):
@@ -183,9 +199,28 @@ def _slice_kwarg(name: str, value: Any, t: int, n: int) -> Any:
     return value
 
 
+class _Refused(Exception):
+    """The fast path does not apply to this block's call (the message says why)."""
+
+
+def _mentions_cache(annotation: Any) -> bool:
+    """Whether a parameter annotation names transformers' ``Cache`` (or a subclass), in any
+    union or container, as an object or as a string (``from __future__ import annotations``)."""
+    if annotation is inspect.Parameter.empty or annotation is None:
+        return False
+    if isinstance(annotation, str):
+        return "Cache" in annotation
+    base = _cache_base()
+    if isinstance(annotation, type):
+        return base is not object and issubclass(annotation, base)
+    return any(_mentions_cache(a) for a in typing.get_args(annotation))
+
+
 def _named_call(block: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
-                ) -> tuple[dict[str, Any], str, str]:
-    """All arguments by name, the hidden-state name and the cache parameter name."""
+                ) -> tuple[dict[str, Any], str, list[str]]:
+    """All arguments by name, the hidden-state name and the candidate cache parameters: those
+    annotated ``Cache`` first, then the known spellings the forward takes (by name, or through
+    ``**kwargs`` where the recorded call passed it)."""
     sig = inspect.signature(block.forward)
     bound = sig.bind(*args, **kwargs)
     named: dict[str, Any] = {}
@@ -195,18 +230,43 @@ def _named_call(block: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
             named.update(val)
         elif kind is inspect.Parameter.VAR_POSITIONAL:
             if val:
-                raise ValueError("block called with extra positional arguments")
+                raise _Refused("block called with extra positional arguments")
         else:
             named[pname] = val
     params = [p for p in sig.parameters.values()
               if p.kind in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)]
     if not params:
-        raise ValueError("block.forward has no hidden-state parameter")
+        raise _Refused("block.forward has no hidden-state parameter")
     hidden_name = params[0].name
-    cache = [c for c in _CACHE_PARAMS if c in sig.parameters or c in named]
-    if not cache:
-        raise ValueError("block.forward takes no key-value cache")
-    return named, hidden_name, cache[0]
+    annotated = [p.name for p in sig.parameters.values()
+                 if p.name != hidden_name and _mentions_cache(p.annotation)]
+    known = [c for c in CACHE_NAMES if c in sig.parameters or c in named]
+    candidates = list(dict.fromkeys(annotated + known))
+    if not candidates:
+        raise _Refused("block.forward takes no key-value cache (no parameter annotated Cache, "
+                       f"none named {', '.join(CACHE_NAMES)})")
+    return named, hidden_name, candidates
+
+
+def _record(block: nn.Module, named: dict[str, Any], hidden_name: str, candidates: list[str],
+            x: Tensor) -> tuple[str, Tensor, Tensor, Tensor]:
+    """The recording pass over the whole prompt, probing each candidate cache parameter: the
+    first whose cache gets exactly one ``update`` -> (its name, block output (1, n, d), keys,
+    values). Raises :class:`_Refused` naming what each candidate did."""
+    tried: list[str] = []
+    for name in candidates:
+        rec = _RecordingCache()
+        full = {**named, hidden_name: x[None], name: rec}
+        try:
+            with replay_context(), torch.no_grad():
+                out = first_output(block(**full))  # (1, n, d)
+        except (TypeError, ValueError, RuntimeError, AttributeError, IndexError) as err:
+            tried.append(f"{name}: {type(err).__name__}: {err}")
+            continue
+        if len(rec.records) == 1:
+            return name, out, *rec.records[0]
+        tried.append(f"{name}: the cache got {len(rec.records)} updates, not 1")
+    raise _Refused("no argument takes a key-value cache (" + "; ".join(tried) + ")")
 
 
 # ----------------------------------------------------------------------------- operator
@@ -341,6 +401,7 @@ def token_branches(
     seed: int = 0,
     device: torch.device | str | None = None,
     verify_forward: bool = True,
+    on_fallback: Callable[[str], None] | None = None,
 ) -> dict[int, TokenBranch] | None:
     """Decode-step operators for ``J^l_tt`` at each token in ``tokens`` (real, 0-based).
 
@@ -351,6 +412,9 @@ def token_branches(
     ``verify_forward=False``: the caller uses only dense Jacobians, so where the structured J
     passes its check the decode step's forward-mode product is not checked (see
     :func:`_verify`).
+    Where the fast path is refused (a causal model), the reason goes to ``on_fallback``
+    (``measure`` collects them into one warning per run and ``meta["fast_path"]``) or, without
+    it, is warned about (:class:`blockcoupling.engine.fastrecord.FastPathWarning`).
     Raises :class:`BlockCouplingError` for out-of-range layer, prompt or token.
     """
     check_call_index(cap, layer, prompt)
@@ -358,28 +422,29 @@ def token_branches(
     toks = check_positions(tokens, n_real, f"tokens of prompt {prompt}")
     if not cap.spec.causal:
         return None
+
+    def refuse(why: str) -> None:
+        if on_fallback is not None:
+            on_fallback(why)
+        else:
+            warnings.warn(f"fast path for layer {layer} ({cap.spec.arch}) refused ({why}); "
+                          "using the generic path (slower).", FastPathWarning, stacklevel=3)
+
     try:
         built = _build(model, cap, layer, prompt, toks, dtype, chunk_size, memory_bytes, device)
+    except _Refused as err:
+        refuse(str(err))
+        return None
     except (TypeError, ValueError, RuntimeError, AttributeError, IndexError) as err:
         if isinstance(err, BlockCouplingError):
             raise
-        warnings.warn(
-            f"fast path for layer {layer} ({cap.spec.arch}) could not be built "
-            f"({type(err).__name__}: {err}); using the generic path (slower).",
-            stacklevel=2,
-        )
-        return None
-    if built is None:
+        refuse(f"could not be built: {type(err).__name__}: {err}")
         return None
     if verify:
         bad_msg = _verify(model, cap, layer, prompt, built, dtype, n_check, seed, device,
                           forward=verify_forward)
         if bad_msg is not None:
-            warnings.warn(
-                f"fast path for layer {layer} ({cap.spec.arch}) disagrees with the generic "
-                f"Jacobian ({bad_msg}); using the generic path.",
-                stacklevel=2,
-            )
+            refuse(f"disagrees with the generic Jacobian: {bad_msg}")
             return None
     return built
 
@@ -420,35 +485,25 @@ class _Recorded:
                 if k not in (self.hidden_name, self.cache_name)}
 
 
-def _record(model: nn.Module, cap: Capture, layer: int, prompt: int, dtype: torch.dtype,
-            device: torch.device | str | None, stacklevel: int) -> _Recorded | None:
-    """The recording pass: the block run once on the whole prompt with a recording cache,
-    checked against the captured output. None where the block has no usable cache call
-    (or a warning where its output differs)."""
+def _replay_recorded(model: nn.Module, cap: Capture, layer: int, prompt: int,
+                     dtype: torch.dtype, device: torch.device | str | None) -> _Recorded:
+    """The block's recording pass over the prompt (probing the cache argument), checked
+    against the captured output; raises :class:`_Refused` where the fast path does not apply."""
     rp = prepare_replay(model, cap, layer, prompt, dtype=dtype, device=device)
-    block, x = rp.block, rp.x
-    named, hidden_name, cache_name = _named_call(block, rp.args, rp.kwargs)
-    n = x.shape[0]
+    named, hidden_name, candidates = _named_call(rp.block, rp.args, rp.kwargs)
+    n = rp.x.shape[0]
     if named.get("alibi") is not None:  # Falcon ALiBi: key-length-shaped bias, not verified
-        return None
+        raise _Refused("ALiBi position bias (a key-length-shaped argument)")
     if named.get("encoder_hidden_states") is not None:
-        return None
-    rec = _RecordingCache()
-    full = {**named, hidden_name: x[None], cache_name: rec}
-    with replay_context(), torch.no_grad():
-        out = first_output(block(**full))  # (1, n, d)
-    if len(rec.records) != 1:
-        return None
-    keys, values = rec.records[0]
+        raise _Refused("cross-attention to encoder states")
+    cache_name, out, keys, values = _record(rp.block, named, hidden_name, candidates, rp.x)
     if keys.ndim < 3 or keys.shape[-2] != n or values.shape[-2] != n or keys.shape[0] != 1:
-        return None
+        raise _Refused(f"cached keys of shape {tuple(keys.shape)} for {n} tokens")
     real = slice(0, cap.lengths[prompt])
     err = relative_error(out[0], rp.recorded, real)
     if not err <= replay_tolerance(cap, dtype):
-        warnings.warn(f"fast path for layer {layer} ({cap.spec.arch}): the recording pass "
-                      f"differs from the captured output (relative error {err:.3g}); using the "
-                      "generic path (slower).", stacklevel=stacklevel + 1)
-        return None
+        raise _Refused(f"the recording pass differs from the captured output (relative "
+                       f"error {err:.3g})")
     return _Recorded(rp, named, hidden_name, cache_name, keys, values)
 
 
@@ -490,16 +545,16 @@ def token_jacobians(
     if not structured.supports(block_ref) or block_ref in _STRUCTURED_OFF:
         return None
     try:
-        got = _record(model, cap, layer, prompt, dtype, device, stacklevel=2)
-        if got is None:
-            return None
+        got = _replay_recorded(model, cap, layer, prompt, dtype, device)
         out = _cross_from(got, pairs, replay_tolerance(cap, dtype))
+    except _Refused:  # the decode step itself does not apply: token_branches says why
+        return None
     except (TypeError, ValueError, RuntimeError, AttributeError, IndexError) as err:
         if isinstance(err, BlockCouplingError):
             raise
         warnings.warn(f"structured token Jacobians of layer {layer} ({cap.spec.arch}) "
                       f"could not be built ({type(err).__name__}: {err}); using the generic "
-                      "path (slower).", stacklevel=2)
+                      "path (slower).", FastPathWarning, stacklevel=2)
         return None
     if out is None or not verify:
         return out
@@ -508,7 +563,7 @@ def token_jacobians(
         _STRUCTURED_OFF.add(block_ref)
         warnings.warn(f"structured token Jacobians of layer {layer} ({cap.spec.arch}) "
                       f"disagree with the generic path ({bad}); using the generic path.",
-                      stacklevel=2)
+                      FastPathWarning, stacklevel=2)
         return None
     return out
 
@@ -580,12 +635,11 @@ def _verify_cross(model: nn.Module, cap: Capture, layer: int, prompt: int,
 
 def _build(model: nn.Module, cap: Capture, layer: int, prompt: int, tokens: list[int],
            dtype: torch.dtype, chunk_size: int | None, memory_bytes: int,
-           device: torch.device | str | None = None) -> dict[int, TokenBranch] | None:
-    got = _record(model, cap, layer, prompt, dtype, device, stacklevel=3)
-    if got is None:
-        return None
+           device: torch.device | str | None = None) -> dict[int, TokenBranch]:
+    got = _replay_recorded(model, cap, layer, prompt, dtype, device)
     rp, keys, values = got.rp, got.keys, got.values
     block, norm, x = rp.block, rp.norm, rp.x
+    hidden_name, cache_name = got.hidden_name, got.cache_name
     n, d = x.shape
     kv_width = int(keys[0, ..., 0, :].numel())
     n_params = sum(p.numel() for p in block.parameters())
@@ -598,7 +652,7 @@ def _build(model: nn.Module, cap: Capture, layer: int, prompt: int, tokens: list
     for t in tokens:
         row_kwargs = got.row_kwargs(t)
         cache = _PrefixCache(keys[..., :t, :], values[..., :t, :])
-        g = _make_g(block, norm, row_kwargs, got.hidden_name, got.cache_name, cache)
+        g = _make_g(block, norm, row_kwargs, hidden_name, cache_name, cache)
         dense_fn = None
         if use_structured:
             dense_fn = _structured_fn(block, norm, x[t], keys, values, t, row_kwargs,

@@ -33,6 +33,7 @@ from torch import Tensor
 from blockcoupling.engine import (
     bases,
     fastpath,
+    fastrecord,
     metrics,
     normdirs,
     offload,
@@ -113,6 +114,9 @@ class _RunState:
     fast_failed: set[int] = field(default_factory=set)  # layers where it is unsupported
     cross_verified: set[int] = field(default_factory=set)  # layers whose token_jacobians
     cross_failed: set[int] = field(default_factory=set)  # were checked / are unsupported
+    # layer -> True (J^l_tt from the fast path) | why not (engine/fastrecord.py): meta["fast_path"]
+    fast_path: dict[int, bool | str] = field(default_factory=dict)
+    fast_warned: set[int] = field(default_factory=set)  # refused layers already warned about
     on_event: EventCallback = ignore  # receives a MeasureEvent per finished piece of work
 
 
@@ -156,18 +160,31 @@ class _PromptRun:
         model; {} where the fast path is off, unsupported, or failed its check. The check
         against the generic path runs on the first prompt that reaches each layer."""
         diag = [t_in for t_in, t_out in keys if t_in == t_out]
-        if not (self.cfg.fast_path and self.spec.causal and diag) or layer in self.state.fast_failed:
+        record = self.state.fast_path
+        not_tried = (fastrecord.OFF if not self.cfg.fast_path else
+                     fastrecord.NOT_CAUSAL if not self.spec.causal else
+                     fastrecord.NO_DIAGONAL if not diag else None)
+        if not_tried is not None:
+            record.setdefault(layer, not_tried)
+            return {}
+        if layer in self.state.fast_failed:
             return {}
         verify = layer not in self.state.fast_verified
+
+        def refused(why: str) -> None:
+            record[layer] = why
+
         tbs = fastpath.token_branches(self.model, self.cap, layer, self.b, diag,
                                       dtype=self.cfg.dtype, verify=verify, seed=self.cfg.seed,
                                       chunk_size=self.cfg.chunk_size,
                                       device=self.cfg.analysis_device,
-                                      verify_forward=not self.structured_dense)
+                                      verify_forward=not self.structured_dense,
+                                      on_fallback=refused)
         if tbs is None:
             self.state.fast_failed.add(layer)
             return {}
         self.state.fast_verified.add(layer)
+        record[layer] = True
         return tbs
 
     def _structured(self, layer: int, keys: Sequence[tuple[int, int]],
@@ -189,6 +206,7 @@ class _PromptRun:
             self.state.cross_failed.add(layer)
             return {}
         self.state.cross_verified.add(layer)
+        self.state.fast_path[layer] = True  # the layer's J_tt from the decode step's structure
         return got
 
     def pass1(self) -> None:
@@ -542,12 +560,24 @@ def _measure_one(model: torch.nn.Module, cap: Capture, b: int, item: MeasureInpu
         diagnostics=conform("diagnostics", run.rows["diagnostics"]),
         arrays=arrays,
         config=cfg,
-        meta={"seconds": time.perf_counter() - t0},
+        meta={"seconds": time.perf_counter() - t0,
+              fastrecord.FAST_PATH_KEY: fastrecord.to_meta(state.fast_path)},
         basis_store=bases.keep(run.measured, item.prompt_id, cfg.dtype,
                                save_bases=cfg.save_bases, save_jacobians=cfg.save_jacobians),
     )
     state.on_event(MeasureEvent("prompt", part.meta["seconds"], item.prompt_id))
+    _warn_fallbacks(state, spec)
     return part
+
+
+def _warn_fallbacks(state: _RunState, spec: BlockSpec) -> None:
+    """One warning for the layers refused since the last one: all of them on the first prompt
+    (every layer is tried there), so one per run, whatever the number of layers."""
+    new = {la: why for la, why in fastrecord.fallback_layers(state.fast_path).items()
+           if la not in state.fast_warned}
+    if new:
+        state.fast_warned.update(new)
+        fastrecord.fallback_warning(new, spec.arch, stacklevel=4)
 
 
 def build_meta(model: torch.nn.Module, cfg: MeasureConfig, *, spec: BlockSpec | None = None,
@@ -607,12 +637,19 @@ def measure(model: torch.nn.Module, tokenizer: Any = None, prompts: Any = (), *,
     spec = model_spec(as_module(model), cfg, tokenizer, items)
     parts = list(iter_measure(model, tokenizer, items, cfg, progress=progress,
                               on_event=on_event, spec=spec))
+    fast = {fastrecord.FAST_PATH_KEY: last_fast_path(parts)} if parts else {}
     meta = build_meta(model, cfg, spec=spec, seconds=time.perf_counter() - t0,
-                      peak_memory=offload.peak_memory())
+                      peak_memory=offload.peak_memory(), **fast)
     return Measurement.concat(parts, config=cfg, meta=meta)
+
+
+def last_fast_path(parts: Sequence[Measurement]) -> dict[str, bool | str]:
+    """The run's ``meta["fast_path"]`` from its parts (each part carries the record so far)."""
+    return dict(parts[-1].meta.get(fastrecord.FAST_PATH_KEY) or {}) if parts else {}
 
 
 #: the name used before inputs.py existed
 normalise_prompts = normalise_inputs
 
-__all__ = ["measure", "iter_measure", "normalise_inputs", "normalise_prompts", "build_meta"]
+__all__ = ["measure", "iter_measure", "normalise_inputs", "normalise_prompts", "build_meta",
+           "last_fast_path"]

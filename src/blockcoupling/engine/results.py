@@ -18,6 +18,8 @@ import numpy as np
 import pandas as pd
 
 from blockcoupling.engine.config import MeasureConfig
+from blockcoupling.engine.fastrecord import describe as describe_fast_path
+from blockcoupling.engine.fastrecord import fast_path_layers
 from blockcoupling.engine.names import P_VARIANTS
 from blockcoupling.engine.statistic import (
     DEFAULT_CI,
@@ -242,6 +244,13 @@ class Measurement:
                                where=str(self.meta.get("model") or "run"))
 
     @property
+    def fast_path(self) -> dict[int, bool | str]:
+        """Per measured layer: ``True`` where ``J^l_tt`` came from the decode-step fast path,
+        else why not (``meta["fast_path"]``, engine/fastrecord.py); empty where nothing was
+        recorded."""
+        return fast_path_layers(self.meta)
+
+    @property
     def d_model(self) -> int | None:
         """The model's hidden size as recorded in ``meta`` (None if unknown)."""
         d = self.meta.get("hidden_size")
@@ -302,6 +311,9 @@ class Measurement:
         ]
         for name in TABLES:
             lines.append(f"  {name:14s} {len(self.table(name)):>10,d} rows")
+        fast = describe_fast_path(self.meta)
+        if fast:
+            lines.append(f"  {fast}")
         if all(self.table(n).empty for n in TABLES if n not in ("prompts", "diagnostics")):
             lines.append("  nothing was measured (no result rows)")
         if "depth" in cfg.coupling and not self.coupling.empty:

@@ -6,8 +6,9 @@ run that is monitored between optimiser steps must not notice any of that, so ev
 recorded on entry and put back on exit, also when the measurement raises or is interrupted:
 
 * the ``training`` flag of every submodule,
-* the attention implementation (``config._attn_implementation``) of every config reachable
-  from a submodule,
+* the attention implementation (``config._attn_implementation``) and the experts
+  implementation of mixture-of-experts models (``config._experts_implementation``) of every
+  config reachable from a submodule,
 * the ``requires_grad`` flag and the ``.grad`` tensor (the object, not a copy) of every
   parameter,
 * the global random states: torch CPU, every CUDA device (where CUDA is initialised), numpy's
@@ -54,6 +55,8 @@ def preserved(model: nn.Module) -> Iterator[None]:
     """Record the model's modes, flags and every global RNG state; restore them on exit."""
     training = [(m, m.training) for m in model.modules()]
     configs = [(cfg, cfg._attn_implementation) for cfg in _configs(model)]
+    experts = [(cfg, cfg._experts_implementation) for cfg in _configs(model)
+               if getattr(cfg, "_experts_implementation", None) is not None]
     params = [(p, p.requires_grad, p.grad) for p in model.parameters()]
     cpu_rng = torch.get_rng_state()
     cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
@@ -66,6 +69,9 @@ def preserved(model: nn.Module) -> Iterator[None]:
         torch.set_grad_enabled(grad_enabled)
         for cfg, impl in configs:
             _set_attn(model, cfg, impl)
+        for cfg, impl in experts:
+            if cfg._experts_implementation != impl:
+                cfg._experts_implementation = impl
         for m, flag in training:
             m.training = flag
         for p, req, grad in params:

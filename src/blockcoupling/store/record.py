@@ -12,7 +12,7 @@ from blockcoupling.engine.causality import model_spec
 from blockcoupling.engine.config import MeasureConfig, parse_config
 from blockcoupling.engine.events import EventCallback
 from blockcoupling.engine.inputs import normalise_inputs
-from blockcoupling.engine.measure import build_meta, iter_measure
+from blockcoupling.engine.measure import build_meta, iter_measure, last_fast_path
 from blockcoupling.engine.plan import MeasurePlan
 from blockcoupling.engine.results import Measurement, conform
 from blockcoupling.engine.wrappers import as_module
@@ -64,6 +64,7 @@ def measure_to_dir(model: torch.nn.Module, tokenizer: Any, prompts: Any, out_dir
         setup = time.perf_counter() - t_start  # checks, fingerprint, the directory opened
         measuring = writing = buffered = 0.0
         buffer: list[Measurement] = []
+        last: list[Measurement] = []  # the last part: its meta holds the fast-path record
 
         def flush() -> None:
             nonlocal writing, buffered
@@ -89,6 +90,7 @@ def measure_to_dir(model: torch.nn.Module, tokenizer: Any, prompts: Any, out_dir
             if part is None:
                 break
             buffer.append(part)
+            last[:] = [part]
             buffered += dt
             if buffered >= part_seconds:
                 flush()
@@ -100,7 +102,8 @@ def measure_to_dir(model: torch.nn.Module, tokenizer: Any, prompts: Any, out_dir
         return writer.finalize(timings={"seconds": time.perf_counter() - t0,
                                         "setup_seconds": setup, "measure_seconds": measuring,
                                         "write_seconds": writing,
-                                        "peak_memory": peak_memory()})
+                                        "peak_memory": peak_memory()},
+                               fast_path=last_fast_path(last))
 
 
 def _check_bases_size(model: torch.nn.Module, items: list[Any], lengths: list[int] | None,

@@ -248,9 +248,13 @@ class RunWriter:
             fsync_dir(parts_dir)
         self._done.update(ids)
 
-    def finalize(self, *, timings: Mapping[str, Any] | None = None) -> Measurement:
+    def finalize(self, *, timings: Mapping[str, Any] | None = None,
+                 fast_path: Mapping[str, Any] | None = None) -> Measurement:
         """Consolidate all parts into one file per table + ``arrays.npz``, mark the run
-        complete, release the lock and return the run. Safe against a kill at any point."""
+        complete, release the lock and return the run. Safe against a kill at any point.
+        ``fast_path``: the per-layer record of this process's measurement
+        (engine/fastrecord.py), merged layer by layer into ``meta["fast_path"]`` (a resumed
+        run keeps the layers only an earlier process recorded)."""
         self._check_open()
         manifest = self.manifest
         with disk_errors(self.root):
@@ -274,6 +278,9 @@ class RunWriter:
             if basis_files:
                 manifest["consolidated"]["bases"] = basis_files
             manifest["timings"] = {**manifest.get("timings", {}), **jsonable(dict(timings or {}))}
+            if fast_path:
+                meta = manifest.setdefault("meta", {})
+                meta["fast_path"] = {**(meta.get("fast_path") or {}), **jsonable(dict(fast_path))}
             manifest["status"] = "complete"
             manifest["finished"] = now()
             manifest["missing_prompt_ids"] = [

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from blockcoupling.engine.fastrecord import FastPathWarning, describe, fallback_layers
 from blockcoupling.errors import BlockCouplingError, RunDirError
 from blockcoupling.studies.identity import input_differences, input_hashes
 from blockcoupling.studies.sweep import store
@@ -76,10 +77,12 @@ def run_unit(unit: Unit | Mapping[str, Any], root: str | os.PathLike[str]) -> di
             t_loaded = time.perf_counter()
             meta = {"model": u.model, "revision": u.revision, "label": u.label, "step": u.step,
                     "unit_id": u.unit_id, "prompt_set": u.prompt_set}
-            m = _measure_waiting_for_lock(
-                lambda: measure_to_dir(model, tok, prompts, out, meta=meta,
-                                       prompts_spec=u.prompt_set, resume=True, progress=False,
-                                       config=cfg))
+            with warnings.catch_warnings():  # said once for the sweep, by the driver
+                warnings.simplefilter("ignore", FastPathWarning)
+                m = _measure_waiting_for_lock(
+                    lambda: measure_to_dir(model, tok, prompts, out, meta=meta,
+                                           prompts_spec=u.prompt_set, resume=True,
+                                           progress=False, config=cfg))
             timings = unit_timings(t_loaded - t0, time.perf_counter() - t_loaded,
                                    m.meta.get("timings", {}))
     except BlockCouplingError as err:
@@ -96,9 +99,11 @@ def run_unit(unit: Unit | Mapping[str, Any], root: str | os.PathLike[str]) -> di
         return store.write_status(rootp, u, "failed", finished=store.now(),
                                   message=f"unexpected error (please report it): {last}",
                                   seconds=time.perf_counter() - t0)
+    refused = fallback_layers(m.fast_path)
     return store.write_status(rootp, u, "done", message=None, finished=store.now(),
                               seconds=time.perf_counter() - t0, timings=timings,
-                              weights_hash=m.meta.get("weights_hash"), n_prompts=len(m.prompts))
+                              weights_hash=m.meta.get("weights_hash"), n_prompts=len(m.prompts),
+                              fast_path_refused=describe(m.meta) if refused else None)
 
 
 def unit_timings(load: float, recorded: float, run: Mapping[str, Any]) -> dict[str, float]:
@@ -700,10 +705,13 @@ def run_sweep(spec: str | os.PathLike[str] | Mapping[str, Any] | SweepSpec,
             bar = progress_bar(total=len(units), initial=len(units) - len(todo), desc="sweep",
                                unit="unit")
         failed = 0
+        refused: list[str] = []  # units whose fast path was refused somewhere: said once
 
         def report(rec: dict[str, Any]) -> None:
             nonlocal failed
             failed += rec.get("status") == "failed"
+            if rec.get("fast_path_refused"):
+                refused.append(f"{rec['unit'].get('unit_id')}: {rec['fast_path_refused']}")
             store.write_catalogue(root)
             if bar is not None:
                 bar.update(1)
@@ -723,4 +731,9 @@ def run_sweep(spec: str | os.PathLike[str] | Mapping[str, Any] | SweepSpec,
             session["failed"] = failed
             store.write_json(root / store.MANIFEST, manifest)
             store.write_catalogue(root)
+    if refused:
+        warnings.warn(f"the fast path was refused in {len(refused)} of {len(todo)} units, "
+                      f"which took the generic path (same values, slower); {refused[0]}"
+                      + (" (each unit's meta['fast_path'] records its layers)"
+                         if len(refused) > 1 else ""), FastPathWarning, stacklevel=2)
     return open_sweep(root)
