@@ -21,7 +21,6 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import psutil
 import torch
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -78,6 +77,8 @@ class Phase:
 
 @contextmanager
 def phase(name: str, device: torch.device | str = "cpu", interval: float = 0.005) -> Iterator[Phase]:
+    import psutil  # the bench extra; the guard (guard_fastpath.py) runs without it
+
     ph = Phase(name)
     proc = psutil.Process()
     start_rss = proc.memory_info().rss
