@@ -43,9 +43,8 @@ import transformers as tf
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import emit, machine, phase, save  # noqa: E402
+from common import emit, machine, phase, save, word_tokenizer  # noqa: E402
 
-import blockcoupling as bc  # noqa: E402
 from blockcoupling import studies  # noqa: E402
 
 PROMPTS = "builtin:benchmark_styles"
@@ -60,14 +59,8 @@ SHAPES: dict[str, dict[str, int]] = {
 def make_checkpoints(root: Path, shape: str, n: int) -> list[Path]:
     """``n`` checkpoint folders of one random GPT-NeoX-shaped model (a seed per checkpoint),
     each with the word-level tokenizer of the built-in prompts."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
-
-    words = sorted({w for p in bc.load_prompts(PROMPTS) for w in p.text.split()})
-    vocab = {w: i for i, w in enumerate(["[PAD]", "[UNK]", *words])}
-    tk = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
-    tk.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tok = tf.PreTrainedTokenizerFast(tokenizer_object=tk, pad_token="[PAD]", unk_token="[UNK]")
-    cfg = tf.GPTNeoXConfig(vocab_size=len(vocab), max_position_embeddings=512,
+    tok = word_tokenizer(PROMPTS)
+    cfg = tf.GPTNeoXConfig(vocab_size=len(tok), max_position_embeddings=512,
                            rotary_pct=0.25, use_parallel_residual=True, **SHAPES[shape])
     out = []
     for i in range(n):

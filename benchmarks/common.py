@@ -113,6 +113,35 @@ def phase(name: str, device: torch.device | str = "cpu", interval: float = 0.005
             ph.cuda_peak_mb = torch.cuda.max_memory_allocated() / 2**20
 
 
+class PhaseCPU:
+    """CPU seconds per ``measure()`` phase: the process time between one event and the
+    previous one goes to the later event's phase (events come when a piece of work ends)."""
+
+    def __init__(self) -> None:
+        self.cpu: dict[str, float] = {}
+        self._mark = time.process_time()
+
+    def __call__(self, ev: Any) -> None:
+        now = time.process_time()
+        self.cpu[ev.phase] = self.cpu.get(ev.phase, 0.0) + now - self._mark
+        self._mark = now
+
+
+def word_tokenizer(spec: str = "builtin:benchmark_styles") -> Any:
+    """A word-level tokenizer of the words of a prompt set (the hub's tokenizers are not
+    reachable here): whitespace-split words, ``[PAD]`` and ``[UNK]``."""
+    import transformers as tf
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    import blockcoupling as bc
+
+    words = sorted({w for p in bc.load_prompts(spec) for w in p.text.split()})
+    vocab = {w: i for i, w in enumerate(["[PAD]", "[UNK]", *words])}
+    tk = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    tk.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    return tf.PreTrainedTokenizerFast(tokenizer_object=tk, pad_token="[PAD]", unk_token="[UNK]")
+
+
 def emit(record: dict[str, Any], sink: list[dict[str, Any]]) -> None:
     """Print one JSON line and keep it for the results file."""
     print(json.dumps(record), flush=True)

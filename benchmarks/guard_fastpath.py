@@ -40,7 +40,7 @@ import transformers as tf
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent / "tests"))
-from common import emit, machine, save  # noqa: E402
+from common import PhaseCPU, emit, machine, save  # noqa: E402
 
 import blockcoupling as bc  # noqa: E402
 from families import FAMILIES, Family  # noqa: E402
@@ -99,20 +99,6 @@ def shape_model(name: str) -> torch.nn.Module:
         cfg = tf.GPTNeoXConfig(num_hidden_layers=LAYERS, hidden_size=D, intermediate_size=4 * D,
                                num_attention_heads=4, vocab_size=1000, rotary_pct=0.25)
     return tf.AutoModel.from_config(cfg).eval()
-
-
-class PhaseCPU:
-    """CPU seconds per ``measure()`` phase: the process time between one event and the
-    previous one goes to the later event's phase (events come when a piece of work ends)."""
-
-    def __init__(self) -> None:
-        self.cpu: dict[str, float] = {}
-        self._mark = time.process_time()
-
-    def __call__(self, ev: Any) -> None:
-        now = time.process_time()
-        self.cpu[ev.phase] = self.cpu.get(ev.phase, 0.0) + now - self._mark
-        self._mark = now
 
 
 def ratio(shape: str, kind: str, repeats: int) -> dict[str, Any]:
