@@ -1,108 +1,144 @@
-"""Overhead of the sweep layer against a plain ``measure_to_dir`` loop on the same units.
+"""Where a checkpoint sweep's time goes (issue 34 item 2): load, measure, write; local and Ray.
 
-Units: ``N_CKPT`` checkpoint folders (HF Trainer layout) of a small random GPT-2 (4 layers,
-d = 64), each measured on 4 prompts of ``builtin:all_styles_small`` (depth-wise coupling,
-K = 6). Phases, in one process, back to back:
+Units: ``--checkpoints`` (16) checkpoint folders (HF Trainer layout) of a random-weight
+GPT-NeoX-shaped model (``--shape``: ``pythia-14m`` d = 128, 6 layers, 4 heads, MLP 512;
+``pythia-70m`` d = 512, 6 layers, 8 heads, MLP 2048; rotary on a quarter of each head,
+parallel residual, as Pythia), each with a word-level tokenizer of the built-in prompts (the
+hub's tokenizers are not reachable here), measured on ``--prompts`` (64) prompts of
+``builtin:benchmark_styles`` with the default measurement (depth-wise coupling at the last
+token, K = 10, 30, 50, every variant, both orientations).
 
-1. ``loop``: for each checkpoint, ``load_model`` + ``load_prompts`` + ``measure_to_dir``.
-2. ``sweep-local``: ``bc.run_sweep(..., executor="local")`` (same work, plus the sweep's
-   manifest, status files and catalogue).
-3. ``sweep-ray-serial``: ``bc.run_sweep(..., executor="ray")``, Ray start-up and shutdown
-   included, each unit asking for 2 CPUs on a 2-CPU local cluster (one unit at a time with 2
-   threads, like the loop).
-4. ``sweep-ray-parallel``: the same with 1 CPU per unit (two units at once, 1 thread each).
+Phases, in one process, one after the other (``--executors``):
 
-Only the public API is used. Run: ``OMP_NUM_THREADS=2 python benchmarks/bench_sweep.py``.
+* ``local``: ``run_sweep(..., executor="local")``: the units one after the other here;
+* ``ray``: ``run_sweep(..., executor="ray", address="local")``: a local Ray cluster of
+  ``--cluster-cpus`` started by the sweep (its start-up and shutdown included), each unit a
+  task of ``--unit-cpus`` CPUs.
+
+Per unit, from its status record (``studies/sweep/runner.unit_timings``): ``load`` (model,
+tokenizer, prompts), ``setup`` (the run's checks, the weights' fingerprint, the directory),
+``measure`` (the engine), ``write`` (the parts, then the consolidation). Per sweep: its wall
+time and the **measuring share**, the units' measure seconds over the wall time the sweep
+could have measured in (wall x the units it runs at once: 1 locally, cluster CPUs / unit CPUs
+on Ray). The stored values of every executor are compared with the local sweep's.
+
+    OMP_NUM_THREADS=1 python benchmarks/bench_sweep.py                        # ~3-5 min
+    OMP_NUM_THREADS=1 python benchmarks/bench_sweep.py --shape pythia-70m     # longer units
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 import shutil
+import statistics
 import sys
 import tempfile
+import time
 from pathlib import Path
+from typing import Any
 
 import torch
 import transformers as tf
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import emit, machine, phase, save  # noqa: E402
+from common import emit, machine, phase, save, word_tokenizer  # noqa: E402
 
-import blockcoupling as bc  # noqa: E402
-from blockcoupling.loading import load_model  # noqa: E402
+from blockcoupling import studies  # noqa: E402
 
-N_CKPT = 3
-PROMPTS = "builtin:all_styles_small"
-LIMIT = 4
-MEASURE = {"coupling": ["depth"], "k": [6], "orientations": ["ujv"]}
+PROMPTS = "builtin:benchmark_styles"
+SHAPES: dict[str, dict[str, int]] = {
+    "pythia-14m": {"hidden_size": 128, "num_hidden_layers": 6, "num_attention_heads": 4,
+                   "intermediate_size": 512},
+    "pythia-70m": {"hidden_size": 512, "num_hidden_layers": 6, "num_attention_heads": 8,
+                   "intermediate_size": 2048},
+}
 
 
-def make_checkpoints(root: Path) -> list[Path]:
-    from tokenizers import Tokenizer, models, pre_tokenizers
-
-    words = sorted({w for p in bc.load_prompts(PROMPTS) for w in p.text.split()})
-    vocab = {w: i for i, w in enumerate(["[PAD]", "[UNK]", *words])}
-    tk = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
-    tk.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tok = tf.PreTrainedTokenizerFast(tokenizer_object=tk, pad_token="[PAD]", unk_token="[UNK]")
-    cfg = tf.GPT2Config(n_layer=4, n_embd=64, n_head=4, vocab_size=len(vocab), n_positions=256)
+def make_checkpoints(root: Path, shape: str, n: int) -> list[Path]:
+    """``n`` checkpoint folders of one random GPT-NeoX-shaped model (a seed per checkpoint),
+    each with the word-level tokenizer of the built-in prompts."""
+    tok = word_tokenizer(PROMPTS)
+    cfg = tf.GPTNeoXConfig(vocab_size=len(tok), max_position_embeddings=512,
+                           rotary_pct=0.25, use_parallel_residual=True, **SHAPES[shape])
     out = []
-    for i in range(N_CKPT):
+    for i in range(n):
         torch.manual_seed(i)
-        path = root / "train" / f"checkpoint-{100 * i}"
-        tf.AutoModel.from_config(cfg).save_pretrained(path)
+        path = root / "train" / f"checkpoint-{1000 * i}"
+        tf.AutoModelForCausalLM.from_config(cfg).save_pretrained(path)
         tok.save_pretrained(path)
         out.append(path)
     return out
 
 
+def unit_rows(sweep_dir: Path) -> list[dict[str, Any]]:
+    from blockcoupling.studies.sweep import store
+
+    return [{"unit": r["unit"]["unit_id"], "status": r["status"], "seconds": r.get("seconds"),
+             **{k: round(v, 4) for k, v in (r.get("timings") or {}).items()}}
+            for r in store.all_status(sweep_dir)]
+
+
+def summarise(name: str, wall: float, rows: list[dict[str, Any]], concurrent: float
+              ) -> dict[str, Any]:
+    parts = ("load", "setup", "measure", "write")
+    totals = {p: round(sum(r.get(p, 0.0) for r in rows), 3) for p in parts}
+    medians = {p: round(statistics.median(r.get(p, 0.0) for r in rows), 4) for p in parts}
+    share = totals["measure"] / (wall * concurrent)
+    return {"record": f"summary_{name}", "wall_s": round(wall, 3), "units": len(rows),
+            "concurrent_units": concurrent, "unit_totals_s": totals, "unit_medians_s": medians,
+            "unit_seconds_total": round(sum(r["seconds"] or 0.0 for r in rows), 3),
+            "measuring_share": round(share, 4),
+            "not_in_units_s": round(wall * concurrent - sum(r["seconds"] or 0 for r in rows), 3)}
+
+
 def main() -> None:
-    records: list[dict] = []
-    info = machine()
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--shape", choices=sorted(SHAPES), default="pythia-14m")
+    ap.add_argument("--checkpoints", type=int, default=16)
+    ap.add_argument("--prompts", type=int, default=64)
+    ap.add_argument("--executors", nargs="+", default=["local", "ray"], choices=["local", "ray"])
+    ap.add_argument("--cluster-cpus", type=int, default=2)
+    ap.add_argument("--unit-cpus", type=float, default=1.0)
+    args = ap.parse_args()
+    sink: list[dict[str, Any]] = []
+    emit({"record": "config", **vars(args), "machine": machine()}, sink)
     root = Path(tempfile.mkdtemp(prefix="bench_sweep_"))
     try:
-        ckpts = make_checkpoints(root)
-        cfg = bc.MeasureConfig.parse(**MEASURE)
-        spec = {"models": [{"label": "tiny", "checkpoints": str(root / "train" / "checkpoint-*"),
-                            "resources": {"num_cpus": 2}}],
-                "prompts": [PROMPTS], "limit": LIMIT, "measure": MEASURE}
-        load0 = os.getloadavg()[0]
-        with phase("loop") as ph:
-            for path in ckpts:
-                model, tok = load_model(str(path))
-                prompts = bc.load_prompts(PROMPTS, limit=LIMIT, seed=cfg.seed)
-                bc.measure_to_dir(model, tok, prompts, root / "loop" / path.name, config=cfg,
-                                  progress=False)
-        emit({"phase": "loop", **ph.as_dict()}, records)
-        with phase("sweep-local") as ph:
-            bc.run_sweep(spec, root / "local", executor="local", progress=False)
-        emit({"phase": "sweep-local", **ph.as_dict()}, records)
-        with phase("sweep-ray-serial") as ph:
-            s = bc.run_sweep(spec, root / "ray1", executor="ray", progress=False, num_cpus=2)
-        emit({"phase": "sweep-ray-serial", **ph.as_dict(),
-              "unit_seconds": s.catalogue["seconds"].tolist()}, records)
-        par = {**spec, "models": [{**spec["models"][0], "resources": {"num_cpus": 1}}]}
-        with phase("sweep-ray-parallel") as ph:
-            s = bc.run_sweep(par, root / "ray2", executor="ray", progress=False, num_cpus=2)
-        emit({"phase": "sweep-ray-parallel", **ph.as_dict(),
-              "unit_seconds": s.catalogue["seconds"].tolist()}, records)
-        # the numbers are the same whichever way they were measured
-        ref = bc.open_sweep(root / "local").coupling["value"].to_numpy()
-        for name in ("ray1", "ray2"):
-            other = bc.open_sweep(root / name).coupling["value"].to_numpy()
-            emit({"phase": f"check-{name}", "max_abs_diff_vs_local":
-                  float(abs(other - ref).max())}, records)
-        loop = records[0]["seconds"]
-        for r in records:
-            if "seconds" in r:
-                r["vs_loop"] = round(r["seconds"] / loop, 3)
-        records.append({"machine": info, "load_start": load0, "load_end": os.getloadavg()[0],
-                        "units": N_CKPT, "prompts_per_unit": LIMIT})
-        print(save(records, "bench_sweep"))
-        for r in records:
-            print(r)
+        with phase("make") as ph:
+            make_checkpoints(root, args.shape, args.checkpoints)
+        emit({"record": "make_checkpoints", **ph.as_dict()}, sink)
+        spec = {"models": [{"label": "neox", "checkpoints": str(root / "train" / "checkpoint-*"),
+                            "resources": {"num_cpus": args.unit_cpus}}],
+                "prompts": [PROMPTS], "limit": args.prompts}
+        ref = None
+        for ex in args.executors:
+            out = root / f"sweep-{ex}"
+            load0 = os.getloadavg()[0]
+            t0, c0 = time.perf_counter(), time.process_time()
+            if ex == "local":
+                s = studies.run_sweep(spec, out, executor="local", progress=False)
+                concurrent = 1.0
+            else:
+                s = studies.run_sweep(spec, out, executor="ray", address="local", progress=False,
+                                 num_cpus=args.cluster_cpus)
+                concurrent = max(1.0, args.cluster_cpus // args.unit_cpus)
+            wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+            rows = unit_rows(out)
+            for r in rows:
+                emit({"record": f"unit_{ex}", **r}, sink)
+            rec = summarise(ex, wall, rows, concurrent)
+            rec.update(driver_cpu_s=round(cpu, 3), load_start=load0,
+                       load_end=os.getloadavg()[0])
+            vals = s.coupling.sort_values(["unit_id", "prompt_id", "layer_a", "layer_b", "k",
+                                           "variant", "orientation"])["value"].to_numpy()
+            if ref is None:
+                ref = vals
+            else:
+                rec["max_abs_diff_vs_first"] = float(abs(vals - ref).max())
+            emit(rec, sink)
+        save(sink, f"bench_sweep_{args.shape}")
     finally:
         shutil.rmtree(root, ignore_errors=True)
 

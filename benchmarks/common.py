@@ -21,7 +21,6 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import psutil
 import torch
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -78,6 +77,8 @@ class Phase:
 
 @contextmanager
 def phase(name: str, device: torch.device | str = "cpu", interval: float = 0.005) -> Iterator[Phase]:
+    import psutil  # the bench extra; the guard (guard_fastpath.py) runs without it
+
     ph = Phase(name)
     proc = psutil.Process()
     start_rss = proc.memory_info().rss
@@ -110,6 +111,35 @@ def phase(name: str, device: torch.device | str = "cpu", interval: float = 0.005
         ph.peak_rss_delta_mb = (peak[0] - start_rss) / 2**20
         if cuda:
             ph.cuda_peak_mb = torch.cuda.max_memory_allocated() / 2**20
+
+
+class PhaseCPU:
+    """CPU seconds per ``measure()`` phase: the process time between one event and the
+    previous one goes to the later event's phase (events come when a piece of work ends)."""
+
+    def __init__(self) -> None:
+        self.cpu: dict[str, float] = {}
+        self._mark = time.process_time()
+
+    def __call__(self, ev: Any) -> None:
+        now = time.process_time()
+        self.cpu[ev.phase] = self.cpu.get(ev.phase, 0.0) + now - self._mark
+        self._mark = now
+
+
+def word_tokenizer(spec: str = "builtin:benchmark_styles") -> Any:
+    """A word-level tokenizer of the words of a prompt set (the hub's tokenizers are not
+    reachable here): whitespace-split words, ``[PAD]`` and ``[UNK]``."""
+    import transformers as tf
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    import blockcoupling as bc
+
+    words = sorted({w for p in bc.load_prompts(spec) for w in p.text.split()})
+    vocab = {w: i for i, w in enumerate(["[PAD]", "[UNK]", *words])}
+    tk = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    tk.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    return tf.PreTrainedTokenizerFast(tokenizer_object=tk, pad_token="[PAD]", unk_token="[UNK]")
 
 
 def emit(record: dict[str, Any], sink: list[dict[str, Any]]) -> None:

@@ -139,11 +139,14 @@ def released_tokenwise(model: nn.Module, input_ids: Tensor, *, layer: int, kind:
     ``kind="self"``: ``J_tt`` for every token t of the prompt (one batch of d pullbacks from
     output token t each: n batches), every pair (t, t'); ``kind="fixed_output"``: ``J_{t1,
     n-1}`` for every input t1 (ONE batch of d pullbacks from the last token gives them all),
-    every pair (t1, t1'). Then a full SVD per Jacobian and the pair loops, as in
-    :func:`released_depth`. ``pulled`` (timing only, ``self``): pull back from the first
-    ``pulled`` output tokens and reuse their Jacobians for the others; the caller
-    extrapolates ``jacobians`` by ``n / pulled`` (each batch costs the same: every pullback
-    goes through all n tokens). Returns the phases ``forward``, ``jacobians``, ``svd``, ``pairs``.
+    every pair (t1, t1'); ``kind="fixed_input"``: ``J_{0, t2}`` for every output t2 (the
+    released code computes every block by reverse mode: one batch of d pullbacks from each
+    output token t2, n batches), every pair (t2, t2'). Then a full SVD per Jacobian and the
+    pair loops, as in :func:`released_depth`. ``pulled`` (timing only, ``self`` and
+    ``fixed_input``): pull back from the first ``pulled`` output tokens and reuse their
+    Jacobians for the others; the caller extrapolates ``jacobians`` by ``n / pulled`` (each
+    batch costs the same: every pullback goes through all n tokens). Returns the phases
+    ``forward``, ``jacobians``, ``svd``, ``pairs``.
     """
     device = input_ids.device
     out, phases = _forward(model, input_ids)
@@ -164,6 +167,11 @@ def released_tokenwise(model: nn.Module, input_ids: Tensor, *, layer: int, kind:
             elif kind == "self":
                 m = min(pulled or n, n)
                 Js = [(rows_from(hs, t)[t] - eye).detach().float() for t in range(m)]
+                Js += [Js[t % m] for t in range(m, n)]
+            elif kind == "fixed_input":
+                m = min(pulled or n, n)
+                Js = [(rows_from(hs, t)[0] - (eye if t == 0 else 0)).detach().float()
+                      for t in range(m)]
                 Js += [Js[t % m] for t in range(m, n)]
             else:
                 raise ValueError(f"unknown kind {kind!r}")

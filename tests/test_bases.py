@@ -92,7 +92,9 @@ def test_bases_lookup_defaults_and_errors() -> None:
 
 def _run(root: Path, model: torch.nn.Module, inputs: dict, *, stop_after: int | None = None
          ) -> None:
-    opts = dict(coupling=("depth",), k=(2, K), tokens="0,-1", save_bases=True, batch_size=1)
+    # part_seconds=0: a part per prompt (the per-part bases files are what is tested)
+    opts = dict(coupling=("depth",), k=(2, K), tokens="0,-1", save_bases=True, batch_size=1,
+                part_seconds=0)
     if stop_after is None:
         bc.measure_to_dir(model, None, inputs, root, progress=False, **opts)
         return
@@ -101,7 +103,7 @@ def _run(root: Path, model: torch.nn.Module, inputs: dict, *, stop_after: int | 
     from blockcoupling.engine.results import conform
     from blockcoupling.store.fingerprint import weights_hash
 
-    cfg = parse_config(None, **opts)
+    cfg = parse_config(None, **{k: v for k, v in opts.items() if k != "part_seconds"})
     items = normalise_inputs(inputs)
     prompts = conform("prompts", [dict(prompt_id=it.prompt_id, text=it.text, n_tokens=0,
                                        label=it.label) for it in items])
@@ -164,7 +166,7 @@ def test_tampered_part_bases_refuse_resume(tmp_path: Path, monkeypatch: pytest.M
     with pytest.raises(RunDirError, match="part-000001"):
         bc.measure_to_dir(model, None, inputs, root, progress=False, resume=True,
                           coupling=("depth",), k=(2, K), tokens="0,-1", save_bases=True,
-                          batch_size=1)
+                          batch_size=1, part_seconds=0)
 
 
 def test_too_little_disk_is_refused_before_any_file(tmp_path: Path,
@@ -261,7 +263,7 @@ def test_a_finalize_killed_before_its_commit_is_finished_by_resume(
         "prompt_id"][0], 1, 0)[0].shape == (16, K)  # served from the parts meanwhile
     bc.measure_to_dir(model, None, inputs, tmp_path / "run", progress=False, resume=True,
                       coupling=("depth",), k=(2, K), tokens="0,-1", save_bases=True,
-                      batch_size=1)
+                      batch_size=1, part_seconds=0)
     got = list(bc.open_run(tmp_path / "run").iter_bases())
     want = list(bc.open_run(tmp_path / "whole").iter_bases())
     assert len(got) == len(want) == 2 * 3 * 2

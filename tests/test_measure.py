@@ -172,12 +172,15 @@ def test_every_coupling_kind_matches_oracle(arch: str) -> None:
 
 @pytest.mark.parametrize("arch", ["gpt2", "bert"])
 def test_fixed_input_at_one_token_uses_jvps_and_matches_oracle(arch: str) -> None:
-    """One input token and every output token: the JVP batch path of the dense Jacobians."""
+    """One input token and every output token: the JVP batch path of the dense Jacobians
+    (GPT-2 without its fast path, which builds them from the block's structure instead:
+    tests/test_structured.py)."""
     model = tiny_model(arch, dtype=torch.float64)
     inputs = tiny_inputs(arch, n=4)
     Js, _ = oracle_jacobians(model, inputs)
     m = bc.measure(model, None, inputs, coupling=("fixed_input",), k=(3,), tokens=(0,),
-                   dtype=torch.float64, spectra=False, progress=False)
+                   dtype=torch.float64, spectra=False, fast_path=False, progress=False)
+    assert set(m.diagnostics["method"]) == {"dense"}
     assert set(m.coupling["token_in_a"]) == {0} and m.coupling["token_out_a"].nunique() == 4
     assert check_coupling_table(m.coupling, Js) == len(m.coupling) > 0
 

@@ -536,3 +536,44 @@ def test_a_run_without_results_is_replaced_by_a_new_writer(tmp_path: Path) -> No
     with RunWriter(root, config=CONFIG, meta=META, prompts=PROMPTS) as w:  # no resume needed
         assert w.done_prompt_ids() == set()
     assert json.loads((root / "manifest.json").read_text())["config"]["k"] == [2]
+
+
+# ---------------------------------------------------------------------------- parts of measure_to_dir
+def test_measure_to_dir_groups_cheap_prompts_into_parts_and_keeps_them_on_an_error(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A part holds the prompts measured since the last one (part_seconds): every prompt its
+    own part at 0, one part for all at infinity, the same values either way; prompts measured
+    before an interruption are written before it propagates, and a resume adds the rest."""
+    import blockcoupling as bc
+    import blockcoupling.store.record as record
+    import blockcoupling.store.writer as writer
+    from tiny_models import tiny_inputs, tiny_model
+
+    model, inputs = tiny_model("gpt2"), tiny_inputs("gpt2", n=4, batch=4)
+    opts = dict(coupling=("depth",), k=(2,), batch_size=1, progress=False)
+    monkeypatch.setattr(writer.RunWriter, "finalize", lambda self, **kw: self.close())
+    for seconds, n_parts in ((0.0, 4), (float("inf"), 1)):
+        bc.measure_to_dir(model, None, inputs, tmp_path / f"p{n_parts}", part_seconds=seconds,
+                          **opts)
+        assert len(list((tmp_path / f"p{n_parts}" / "parts").glob("part-*"))) == n_parts
+    monkeypatch.undo()
+    a, b = open_run(tmp_path / "p4"), open_run(tmp_path / "p1")
+    assert len(a.coupling) > 0 and a.coupling["value"].equals(b.coupling["value"])
+
+    real = record.iter_measure
+
+    def interrupted(*args: object, **kw: object):  # type: ignore[no-untyped-def]
+        for i, part in enumerate(real(*args, **kw)):  # type: ignore[arg-type]
+            if i == 2:
+                raise KeyboardInterrupt
+            yield part
+
+    monkeypatch.setattr(record, "iter_measure", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        bc.measure_to_dir(model, None, inputs, tmp_path / "cut", part_seconds=float("inf"),
+                          **opts)
+    monkeypatch.undo()
+    assert open_run(tmp_path / "cut").prompts["prompt_id"].nunique() == 2
+    bc.measure_to_dir(model, None, inputs, tmp_path / "cut", resume=True, **opts)
+    c = open_run(tmp_path / "cut")
+    assert c.meta["status"] == "complete" and c.coupling["value"].equals(a.coupling["value"])

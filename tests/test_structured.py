@@ -220,3 +220,101 @@ def test_forward_mode_check_is_skipped_only_where_the_structured_j_passed(
         warnings.simplefilter("ignore")  # the broken structured J of layer 1 is switched off too
         fastpath.token_branches(model, cap, 1, 0, [3], dtype=F64, verify_forward=True)
     assert len(calls) == 1
+
+
+# ----------------------------------------------------------------------------- cross-token J_{s t}
+def _all_cross(n: int) -> list[tuple[int, int]]:
+    """Every (s, t) with s <= t: the cross-token blocks and the diagonal."""
+    return [(s, t) for t in range(n) for s in range(t + 1)]
+
+
+@pytest.mark.parametrize("arch", STRUCTURED)
+def test_cross_token_jacobians_equal_generic_oracle(arch: str) -> None:
+    """Every J_{s t}, s <= t, of both prompts (one padded), with and without a folded final
+    norm, from one decode step per output token: GPT-2 in float64 against the float64
+    oracle, the Llama family in float32 against the float32 generic path."""
+    dtype = F64 if arch == "gpt2" else torch.float32
+    model = tiny_model(arch, seed=4, dtype=dtype)
+    tol = 1e-12 if arch == "gpt2" else 2e-5
+    for final_norm in (False, True):
+        cap = _cap(model, arch, final_norm)
+        layer = cap.n_layers if final_norm else 2
+        for prompt in (0, 1):
+            n = cap.lengths[prompt]
+            f, x = residual_branch(model, cap, layer, prompt, dtype=dtype)
+            J_ref = jacobian_blocks(f, x, list(range(n)))  # (out, in, d, d)
+            with warnings.catch_warnings():
+                warnings.simplefilter("error", UserWarning)  # verified, no complaint
+                got = fastpath.token_jacobians(model, cap, layer, prompt, _all_cross(n),
+                                               dtype=dtype)
+            assert got is not None and set(got) == set(_all_cross(n))
+            for (s, t), J in got.items():
+                assert _rel(J, J_ref[t, s]) < tol, (arch, final_norm, prompt, s, t)
+
+
+def test_cross_token_jacobians_decline_what_they_do_not_know() -> None:
+    """None (the generic path) for an encoder, a block type the structure does not know, and
+    a key above the diagonal (zero in a causal block: never asked for)."""
+    gpt2 = tiny_model("gpt2", seed=1, dtype=F64)
+    cap = _cap(gpt2, "gpt2", False)
+    assert fastpath.token_jacobians(gpt2, cap, 1, 0, [(0, 2), (3, 2)], dtype=F64) is None
+    assert fastpath.token_jacobians(gpt2, cap, 1, 0, [(0, 2), (2, 2)], dtype=F64) is not None
+    for arch in ("gpt_neox", "bert"):
+        model = tiny_model(arch, seed=1, dtype=F64)
+        assert fastpath.token_jacobians(model, _cap(model, arch, False), 1, 0, [(0, 2)],
+                                        dtype=F64) is None
+
+
+def test_a_wrong_cross_token_jacobian_is_switched_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A structured J_{s t} that disagrees with the generic path: a warning, None, and the
+    block's structured route off from then on (also for its decode step)."""
+    model = tiny_model("gpt2", seed=3, dtype=F64)
+    cap = _cap(model, "gpt2", False)
+    good = structured.OutputStep.cross
+
+    def wrong(self: structured.OutputStep, *a: object, **kw: object) -> torch.Tensor | None:
+        J = good(self, *a, **kw)  # type: ignore[arg-type]
+        return None if J is None else J + 1e-3
+
+    monkeypatch.setattr(structured.OutputStep, "cross", wrong)
+    with pytest.warns(UserWarning, match="token Jacobians of layer 2 .* disagree"):
+        assert fastpath.token_jacobians(model, cap, 2, 0, [(0, 5), (3, 5)], dtype=F64) is None
+    monkeypatch.setattr(structured.OutputStep, "cross", good)
+    assert fastpath.token_jacobians(model, cap, 2, 1, [(0, 3)], dtype=F64, verify=False) is None
+    tb = fastpath.token_branch(model, cap, 2, 1, 3, dtype=F64, verify=False)
+    assert tb is not None and not tb.structured
+    assert fastpath.token_jacobians(model, cap, 1, 0, [(0, 5)], dtype=F64) is not None
+
+
+@pytest.mark.parametrize("kind,tokens", [("fixed_output", "last"), ("fixed_input", (0,))])
+def test_token_wise_kinds_take_the_structured_route(kind: str, tokens: object) -> None:
+    """measure(): every Jacobian of fixed_output / fixed_input (and the influence) of GPT-2
+    comes from the block's structure (``dense_fast``), with the values of the generic path
+    (``fast_path=False``: VJP / JVP batches) to float64 rounding."""
+    import blockcoupling as bc
+
+    model = tiny_model("gpt2", seed=6, dtype=F64)
+    inputs = tiny_inputs("gpt2", n=6, batch=2, seed=3)
+    inputs["attention_mask"] = torch.tensor([[1, 1, 1, 1, 1, 1], [1, 1, 1, 1, 1, 0]])
+    kw = dict(coupling=(kind,), k=(2, 4), tokens=tokens, dtype=F64, influence=True,
+              final_norm=True, layer_pairs="all", progress=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        fast = bc.measure(model, None, inputs, **kw)
+    slow = bc.measure(model, None, inputs, fast_path=False, **kw)
+    assert set(fast.diagnostics["method"]) == {"dense_fast"}
+    assert set(slow.diagnostics["method"]) == {"dense"}
+    # per layer 6 + 5 Jacobians (the padded prompt has 5 tokens), one of each a J_tt
+    assert len(fast.diagnostics) == model.config.n_layer * (6 + 5)
+    for table in ("coupling", "influence", "spectra"):
+        a, b = getattr(fast, table), getattr(slow, table)
+        assert len(a) == len(b) > 0
+        assert float(abs(a["value" if table != "spectra" else "singular_value"].to_numpy()
+                         - b["value" if table != "spectra" else "singular_value"].to_numpy()
+                         ).max()) < 1e-10, table
+    # a forced matrix-free analysis stays matrix-free; its influence (always dense) still
+    # takes the structured J
+    mf = bc.measure(model, None, inputs, method="matrix_free", **kw)
+    assert {m.split("_fast")[0] for m in mf.diagnostics["method"]} == {"matrix_free"}
+    assert float(abs(mf.influence["value"].to_numpy()
+                     - slow.influence["value"].to_numpy()).max()) < 1e-10

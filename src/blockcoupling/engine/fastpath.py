@@ -38,6 +38,12 @@ recorded output, by pulling the d identity cotangents back through ``g``. The st
 Jacobian is checked with the rest at build time; where it disagrees it is switched off for
 that block (a warning says so) and the pullback is used.
 
+Cross-token blocks ``J^l_{s t}`` (s < t: ``fixed_output``, ``fixed_input``, the influence):
+`token_jacobians` takes them, and the layer's ``J_tt``, from the same recording pass and
+one structured decode step per output token t (``structured.OutputStep``): x_s reaches the
+output at t only through the key and value of s. Checked on the first prompt of each layer
+against the generic path's products; the generic VJP / JVP batches otherwise.
+
 Unsupported (``None``, with the reason given to ``on_fallback`` or warned): encoders
 (non-causal, no reason: nothing is tried), blocks without a key-value cache argument, recorded
 calls with other sequence-shaped tensors (e.g. Falcon's ALiBi), or anything the verification
@@ -86,6 +92,7 @@ from blockcoupling.errors import BlockCouplingError
 __all__ = [
     "VERIFY_RTOL",
     "TokenBranch",
+    "token_jacobians",
     "token_branch",
     "token_branches",
 ]
@@ -470,20 +477,36 @@ def token_branch(
     return None if out is None else out[int(token)]
 
 
-def _build(model: nn.Module, cap: Capture, layer: int, prompt: int, tokens: list[int],
-           dtype: torch.dtype, chunk_size: int | None, memory_bytes: int,
-           device: torch.device | str | None = None) -> dict[int, TokenBranch]:
+@dataclass
+class _Recorded:
+    """One block's replay of one prompt with the keys and values its cache was given."""
+
+    rp: Any  # capture.BlockReplay: the (dtype) block, its final norm, x (n, d), recorded
+    named: dict[str, Any]  # the recorded call, every argument by name
+    hidden_name: str
+    cache_name: str
+    keys: Tensor  # (1, ..., n, hd) as the block cached them (after RoPE)
+    values: Tensor
+
+    def row_kwargs(self, t: int) -> dict[str, Any]:
+        """The recorded call sliced to row t (without the hidden states and the cache)."""
+        n = int(self.rp.x.shape[0])
+        return {k: _slice_kwarg(k, v, t, n) for k, v in self.named.items()
+                if k not in (self.hidden_name, self.cache_name)}
+
+
+def _replay_recorded(model: nn.Module, cap: Capture, layer: int, prompt: int,
+                     dtype: torch.dtype, device: torch.device | str | None) -> _Recorded:
+    """The block's recording pass over the prompt (probing the cache argument), checked
+    against the captured output; raises `_Refused` where the fast path does not apply."""
     rp = prepare_replay(model, cap, layer, prompt, dtype=dtype, device=device)
-    block, norm, x = rp.block, rp.norm, rp.x
-    named, hidden_name, candidates = _named_call(block, rp.args, rp.kwargs)
-    n, d = x.shape
+    named, hidden_name, candidates = _named_call(rp.block, rp.args, rp.kwargs)
+    n = rp.x.shape[0]
     if named.get("alibi") is not None:  # Falcon ALiBi: key-length-shaped bias, not verified
         raise _Refused("ALiBi position bias (a key-length-shaped argument)")
     if named.get("encoder_hidden_states") is not None:
         raise _Refused("cross-attention to encoder states")
-
-    # 1. recording pass over the whole prompt (probing the cache argument)
-    cache_name, out, keys, values = _record(block, named, hidden_name, candidates, x)
+    cache_name, out, keys, values = _record(rp.block, named, hidden_name, candidates, rp.x)
     if keys.ndim < 3 or keys.shape[-2] != n or values.shape[-2] != n or keys.shape[0] != 1:
         raise _Refused(f"cached keys of shape {tuple(keys.shape)} for {n} tokens")
     real = slice(0, cap.lengths[prompt])
@@ -491,6 +514,143 @@ def _build(model: nn.Module, cap: Capture, layer: int, prompt: int, tokens: list
     if not err <= replay_tolerance(cap, dtype):
         raise _Refused(f"the recording pass differs from the captured output (relative "
                        f"error {err:.3g})")
+    return _Recorded(rp, named, hidden_name, cache_name, keys, values)
+
+
+def token_jacobians(
+    model: nn.Module,
+    cap: Capture,
+    layer: int,
+    prompt: int,
+    keys: Sequence[tuple[int, int]],
+    *,
+    dtype: torch.dtype = torch.float32,
+    verify: bool = True,
+    n_check: int = 2,
+    seed: int = 0,
+    device: torch.device | str | None = None,
+) -> dict[tuple[int, int], Tensor] | None:
+    """Dense ``J^l_{s t}`` (d, d) for the ``keys`` (s, t), s <= t, of a causal block whose
+    structure `blockcoupling.engine.structured` knows: one decode step per output token
+    t (`structured.output_step`; ``J_tt`` is its own Jacobian), then a GEMM per earlier
+    s (``OutputStep.cross``), instead of d pullbacks (or pushforwards) through the whole
+    prompt. For the token-wise kinds with cross-token pairs (``fixed_output``,
+    ``fixed_input``) and the influence; the diagonal alone (``depth``, ``self``) goes through
+    `token_branches`, whose decode-step operator also serves matrix-free products.
+
+    ``None`` where that does not apply (an encoder, another block type, a key with s > t,
+    a block whose structured Jacobian failed its check before, a structured forward that does
+    not reproduce the recorded outputs); the caller then uses the generic path. With
+    ``verify`` the Jacobians are compared with the generic path on ``n_check`` random vectors
+    (`_verify_cross`); on a mismatch a warning says so, the block's structured route is
+    switched off and ``None`` is returned.
+    """
+    check_call_index(cap, layer, prompt)
+    pairs = [(int(s), int(t)) for s, t in keys]
+    n_real = cap.lengths[prompt]
+    check_positions([v for st in pairs for v in st], n_real, f"tokens of prompt {prompt}")
+    if not (cap.spec.causal and pairs) or any(s > t for s, t in pairs):
+        return None
+    block_ref = get_blocks(model, cap.spec)[layer - 1]
+    if not structured.supports(block_ref) or block_ref in _STRUCTURED_OFF:
+        return None
+    try:
+        got = _replay_recorded(model, cap, layer, prompt, dtype, device)
+        out = _cross_from(got, pairs, replay_tolerance(cap, dtype))
+    except _Refused:  # the decode step itself does not apply: token_branches says why
+        return None
+    except (TypeError, ValueError, RuntimeError, AttributeError, IndexError) as err:
+        if isinstance(err, BlockCouplingError):
+            raise
+        warnings.warn(f"structured token Jacobians of layer {layer} ({cap.spec.arch}) "
+                      f"could not be built ({type(err).__name__}: {err}); using the generic "
+                      "path (slower).", FastPathWarning, stacklevel=2)
+        return None
+    if out is None or not verify:
+        return out
+    bad = _verify_cross(model, cap, layer, prompt, out, dtype, n_check, seed, device)
+    if bad is not None:
+        _STRUCTURED_OFF.add(block_ref)
+        warnings.warn(f"structured token Jacobians of layer {layer} ({cap.spec.arch}) "
+                      f"disagree with the generic path ({bad}); using the generic path.",
+                      FastPathWarning, stacklevel=2)
+        return None
+    return out
+
+
+def _cross_from(got: _Recorded, pairs: Sequence[tuple[int, int]], rtol: float
+                ) -> dict[tuple[int, int], Tensor] | None:
+    """``J_{s t}`` of every pair (s <= t) from one output step per distinct t; None where any
+    step or Jacobian does not apply."""
+    rp, keys, values = got.rp, got.keys, got.values
+    by_out: dict[int, list[int]] = {}
+    for s, t in pairs:
+        by_out.setdefault(t, []).append(s)
+    out: dict[tuple[int, int], Tensor] = {}
+    with torch.no_grad():
+        for t, ins in sorted(by_out.items()):
+            step = structured.output_step(rp.block, rp.norm, rp.x[t], keys, values, t,
+                                          got.row_kwargs(t), rp.recorded[t], rtol)
+            if step is None:
+                return None
+            for s in ins:
+                J = step.diagonal() if s == t else step.cross(
+                    rp.x[s], s, keys[0, :, s], values[0, :, s], got.row_kwargs(s))
+                if J is None:
+                    return None
+                out[(s, t)] = check_finite(J, "Jacobian")
+    return out
+
+
+def _verify_cross(model: nn.Module, cap: Capture, layer: int, prompt: int,
+                  Js: dict[tuple[int, int], Tensor], dtype: torch.dtype, n_check: int,
+                  seed: int, device: torch.device | str | None) -> str | None:
+    """None if every ``J_{s t}`` matches the generic path on ``n_check`` random vectors, else
+    a description. Grouped as the generic path would compute them: per output token t one
+    pullback of the vectors placed at t gives ``J_{s t}^T V`` for every s; per input token s
+    one pushforward gives ``J_{s t} V`` for every t; whichever needs fewer passes (one each
+    for ``fixed_output`` and ``fixed_input`` at one token)."""
+    f, x = residual_branch(model, cap, layer, prompt, dtype=dtype, device=device)
+    n, d = x.shape
+    tol = VERIFY_RTOL.get(dtype, 5e-2)
+    gen = torch.Generator().manual_seed(int(seed))
+    by_out: dict[int, list[int]] = {}
+    by_in: dict[int, list[int]] = {}
+    for s, t in Js:
+        by_out.setdefault(t, []).append(s)
+        by_in.setdefault(s, []).append(t)
+    reverse = len(by_out) <= len(by_in)
+    worst = 0.0
+    try:
+        with replay_context(), torch.no_grad():
+            vjp_fn = vjp(f, x)[1] if reverse else None
+            for fixed, others in (by_out if reverse else by_in).items():
+                V = torch.randn(n_check, d, generator=gen, dtype=torch.float64).to(x.device, x.dtype)
+                E = torch.zeros(n_check, n, d, dtype=x.dtype, device=x.device)
+                E[:, fixed] = V
+                if vjp_fn is not None:  # (m, n, d): row s is J_{s t}^T v
+                    ref = vmap(lambda u: vjp_fn(u)[0])(E).detach()
+                else:  # (m, n, d): row t is J_{s t} v
+                    ref = vmap(lambda e: jvp(f, (x,), (e,))[1])(E).detach()
+                for o in others:
+                    key = (o, fixed) if reverse else (fixed, o)
+                    got = V @ Js[key] if reverse else V @ Js[key].T  # (m, d)
+                    worst = max(worst, _rel(got, ref[:, o]))
+    except (TypeError, ValueError, RuntimeError, AttributeError, IndexError) as err:
+        return f"{type(err).__name__}: {err}"
+    if not worst <= tol:  # also catches NaN
+        return f"relative error {worst:.3g} > {tol:.3g}"
+    return None
+
+
+def _build(model: nn.Module, cap: Capture, layer: int, prompt: int, tokens: list[int],
+           dtype: torch.dtype, chunk_size: int | None, memory_bytes: int,
+           device: torch.device | str | None = None) -> dict[int, TokenBranch]:
+    got = _replay_recorded(model, cap, layer, prompt, dtype, device)
+    rp, keys, values = got.rp, got.keys, got.values
+    block, norm, x = rp.block, rp.norm, rp.x
+    hidden_name, cache_name = got.hidden_name, got.cache_name
+    n, d = x.shape
     kv_width = int(keys[0, ..., 0, :].numel())
     n_params = sum(p.numel() for p in block.parameters())
     chunk = chunk_size or _default_chunk(d, kv_width, n, dtype, memory_bytes, n_params)
@@ -500,8 +660,7 @@ def _build(model: nn.Module, cap: Capture, layer: int, prompt: int, tokens: list
 
     out_map: dict[int, TokenBranch] = {}
     for t in tokens:
-        row_kwargs = {k: _slice_kwarg(k, v, t, n) for k, v in named.items()
-                      if k not in (hidden_name, cache_name)}
+        row_kwargs = got.row_kwargs(t)
         cache = _PrefixCache(keys[..., :t, :], values[..., :t, :])
         g = _make_g(block, norm, row_kwargs, hidden_name, cache_name, cache)
         dense_fn = None

@@ -112,6 +112,8 @@ class _RunState:
     figure_ids: set[str] = field(default_factory=set)  # prompts whose K x K matrices are kept
     fast_verified: set[int] = field(default_factory=set)  # layers whose fast path was checked
     fast_failed: set[int] = field(default_factory=set)  # layers where it is unsupported
+    cross_verified: set[int] = field(default_factory=set)  # layers whose token_jacobians
+    cross_failed: set[int] = field(default_factory=set)  # were checked / are unsupported
     # layer -> True (J^l_tt from the fast path) | why not (engine/fastrecord.py): meta["fast_path"]
     fast_path: dict[int, bool | str] = field(default_factory=dict)
     fast_warned: set[int] = field(default_factory=set)  # refused layers already warned about
@@ -188,6 +190,28 @@ class _PromptRun:
         record[layer] = True
         return tbs
 
+    def _structured(self, layer: int, keys: Sequence[tuple[int, int]],
+                    infl: Sequence[tuple[int, int]]) -> dict[tuple[int, int], Tensor]:
+        """Dense J^l_{s t} from the block's structure (fastpath.token_jacobians) for a layer
+        with cross-token keys (s < t) of a causal model: those, the layer's J_tt, and the
+        influence's keys; {} where there are none, the fast path is off or unsupported, or it
+        failed its check (run against the generic path on the first prompt that reaches each
+        layer). Coupling keys only where dense J are used (not under a forced matrix-free)."""
+        wanted = set(infl) | (set(keys) if self.structured_dense else set())
+        if (not (self.cfg.fast_path and self.spec.causal) or layer in self.state.cross_failed
+                or not any(s < t for s, t in wanted)):
+            return {}
+        got = fastpath.token_jacobians(self.model, self.cap, layer, self.b, sorted(wanted),
+                                       dtype=self.cfg.dtype, seed=self.cfg.seed,
+                                       device=self.cfg.analysis_device,
+                                       verify=layer not in self.state.cross_verified)
+        if got is None:
+            self.state.cross_failed.add(layer)
+            return {}
+        self.state.cross_verified.add(layer)
+        self.state.fast_path[layer] = True  # the layer's J_tt from the decode step's structure
+        return got
+
     def pass1(self) -> None:
         with grouped_layer_warnings():  # a fallback said once for its layers, not per layer
             self._pass1()
@@ -201,21 +225,32 @@ class _PromptRun:
                          leave=False, enabled=not (self.progress is None or self.progress.disable)):
             keys = self.keys.get(layer, [])
             infl = pairs.influence_keys([layer], n=self.n)[layer] if want_influence else []
-            fast = self._fast(layer, keys)
-            generic = [k for k in keys if k[0] != k[1] or k[0] not in fast]
+            t0 = time.perf_counter()
+            # token-wise layers: dense J_{s t} from the block's structure, where it applies
+            with self._where(layer, keys):
+                cross = self._structured(layer, keys, infl)
+            served = set(cross) if self.structured_dense else set()  # forced matrix-free
+            fast = self._fast(layer, [k for k in keys if k not in served])
+            generic = [k for k in keys if k not in served and (k[0] != k[1] or k[0] not in fast)]
+            infl_generic = [k for k in infl if k not in cross and not (
+                k[0] == k[1] and k[0] in fast)]
             # the generic residual branch only where something needs it (the fast path
             # replays the block against its recorded output on its own)
-            f, x = self._branch(layer) if (generic or infl) else (None, None)
-            dense_keys = sorted(set(generic if self.method == "dense" else []) | set(infl))
-            t0 = time.perf_counter()
+            f, x = self._branch(layer) if (generic or infl_generic) else (None, None)
+            dense_keys = sorted(set(generic if self.method == "dense" else []) | set(infl_generic))
             with self._where(layer, dense_keys):
                 blocks = self._dense_blocks(f, x, dense_keys)
-            if dense_keys:
+            blocks.update(cross)
+            for k in infl:  # the influence's J_tt from the decode step
+                if k not in blocks:
+                    blocks[k] = fast[k[0]].jacobian()
+            if dense_keys or cross:
                 self._emit("jacobian", t0, layer=layer)
             for t_in, t_out in keys:
                 tb = fast.get(t_in) if t_in == t_out else None
                 with self._where(layer, [(t_in, t_out)]):
-                    m = self._measure_key(layer, t_in, t_out, tb, f, x, blocks)
+                    m = self._measure_key(layer, t_in, t_out, tb, f, x, blocks,
+                                          structured=(t_in, t_out) in served)
                 self.measured[(layer, t_in, t_out)] = m
                 self.state.on_event(MeasureEvent(
                     "svd", m.seconds, self.item.prompt_id, layer, t_in, t_out, m.method))
@@ -269,13 +304,14 @@ class _PromptRun:
         return normdirs.ProjectedOperator(J, N)
 
     def _measure_key(self, layer: int, t_in: int, t_out: int, tb: Any, f: Any, x: Any,
-                     blocks: dict[tuple[int, int], Tensor]) -> _Measured:
+                     blocks: dict[tuple[int, int], Tensor], structured: bool = False) -> _Measured:
         """Top-K factors of J_{t_in t_out}: dense (from ``blocks`` or the fast path ``tb``)
-        or matrix-free; ``auto`` falls back to dense where the SVD residual is above tol."""
+        or matrix-free; ``auto`` falls back to dense where the SVD residual is above tol.
+        ``structured``: ``blocks`` holds this cross-token J from the block's structure."""
         t0 = time.perf_counter()
         kmax = self.cfg.k_max
-        tag = "_fast" if tb is not None else ""
-        J_struct = None
+        tag = "_fast" if tb is not None or structured else ""
+        J_struct = blocks[(t_in, t_out)] if structured else None
         if self.method == "matrix_free" and self.structured_dense and tb is not None:
             J_struct = tb.structured_jacobian()  # None where the structure does not apply
         if self.method == "dense" or J_struct is not None:

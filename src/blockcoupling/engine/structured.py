@@ -22,6 +22,11 @@ flops of pulling back d cotangents through the decode step, as large GEMMs. Each
 Jacobian multiplies a (d, d) product once, on the right (``(W_out diag(act') W_in) J_n2``),
 rather than every weight matrix (an (I, d) pass saved per block).
 
+The same decode step gives the cross-token blocks ``J_{s t}`` (s < t, token-wise coupling
+``fixed_output`` / ``fixed_input`` and the influence): the input x_s reaches the output at t
+only through the key and value of s (`OutputStep`), so each is one d^3 GEMM after a
+(d, d) product shared by every s of that t, instead of d pullbacks through the whole prompt.
+
 Supported (by class name, exactly): ``GPT2Block`` (LayerNorm, fused ``c_attn`` Conv1D,
 elementwise MLP) and ``LlamaDecoderLayer`` with its structural twins ``MistralDecoderLayer``
 and ``Qwen2DecoderLayer`` (RMSNorm, RoPE, grouped-query attention, projection biases, gated
@@ -49,7 +54,7 @@ from torch.func import jvp
 #: so they are typed by what they are, duck-typed modules.
 HFModule = Any
 
-__all__ = ["decode_step_jacobian", "supports"]
+__all__ = ["OutputStep", "decode_step_jacobian", "output_step", "supports"]
 
 _LLAMA_LIKE = ("LlamaDecoderLayer", "MistralDecoderLayer", "Qwen2DecoderLayer")
 _SUPPORTED = ("GPT2Block", *_LLAMA_LIKE)
@@ -151,9 +156,28 @@ class _Attention:
     rope: Tensor | None  # (hd, hd) rotary map at position t, or None
 
 
-def _attend(at: _Attention, a: Tensor, J_n: NormJacobian, K_pre: Tensor, V_pre: Tensor,
-            k_rec: Tensor, bias: Tensor | None, rtol: float) -> tuple[Tensor, Tensor] | None:
-    """Attention branch value (d,) and Jacobian (d, d) at the normed input ``a`` (d,)."""
+@dataclass
+class _Attended:
+    """The attention of the query token t: its value, and what its Jacobians need
+    (probabilities, per-head outputs, the query, the keys and values, one per query head)."""
+
+    val: Tensor  # (d,) the attention branch at t
+    p: Tensor  # (H, t+1) attention probabilities
+    o: Tensor  # (H, hd) per-head outputs
+    q: Tensor  # (H, hd) the query (after RoPE)
+    K: Tensor  # (H, t+1, hd)
+    V: Tensor  # (H, t+1, hd)
+
+
+def _key_matches(k: Tensor, k_rec: Tensor, rtol: float) -> bool:
+    """Whether a recomputed key (or value) is the one the block itself cached."""
+    return float((k - k_rec).abs().max()) <= rtol * max(float(k_rec.abs().max()), 1e-30)
+
+
+def _attend(at: _Attention, a: Tensor, K_pre: Tensor, V_pre: Tensor, k_rec: Tensor,
+            bias: Tensor | None, rtol: float) -> _Attended | None:
+    """The attention branch of the query token t at the normed input ``a`` (d,); None where
+    the recomputed key of t is not the one the block cached."""
     H, Hkv, hd = at.H, at.Hkv, at.hd
     rep = H // Hkv
 
@@ -161,17 +185,10 @@ def _attend(at: _Attention, a: Tensor, J_n: NormJacobian, K_pre: Tensor, V_pre: 
         return W @ a + (b if b is not None else 0)
 
     q, k, v = proj(at.Wq, at.bq).view(H, hd), proj(at.Wk, at.bk).view(Hkv, hd), proj(at.Wv, at.bv).view(Hkv, hd)
-    # Jacobians with respect to the NORMED input a; the norm's J_n multiplies the (d, d)
-    # result on the right once at the end (every term is linear in it), not each W
-    Jq = at.Wq.view(H, hd, -1)  # (H, hd, d)
-    Jk = at.Wk.view(Hkv, hd, -1)  # (Hkv, hd, d)
-    Jv = at.Wv.view(Hkv, hd, -1)  # (Hkv, hd, d)
     if at.rope is not None:
-        R = at.rope
-        q, k = q @ R.T, k @ R.T
-        Jq, Jk = R @ Jq, R @ Jk
+        q, k = q @ at.rope.T, k @ at.rope.T
     # the recomputed key of token t must be the one the block itself cached
-    if not float((k - k_rec).abs().max()) <= rtol * max(float(k_rec.abs().max()), 1e-30):
+    if not _key_matches(k, k_rec, rtol):
         return None
     K = torch.cat([K_pre, k[:, None, :]], dim=1).repeat_interleave(rep, dim=0)  # (H, t+1, hd)
     V = torch.cat([V_pre, v[:, None, :]], dim=1).repeat_interleave(rep, dim=0)  # (H, t+1, hd)
@@ -180,6 +197,22 @@ def _attend(at: _Attention, a: Tensor, J_n: NormJacobian, K_pre: Tensor, V_pre: 
         s = s + bias
     p = torch.softmax(s, dim=-1)  # (H, t+1)
     o = (p[:, :, None] * V).sum(1)  # (H, hd)
+    val = at.Wo @ o.reshape(-1) + (at.bo if at.bo is not None else 0)  # (d,)
+    return _Attended(val, p, o, q, K, V)
+
+
+def _attention_jacobian(at: _Attention, att: _Attended, J_n: NormJacobian) -> Tensor:
+    """The attention branch's Jacobian (d, d) with respect to x_t (its norm J_n applied)."""
+    H, Hkv, hd = at.H, at.Hkv, at.hd
+    rep = H // Hkv
+    p, o, q, K, V = att.p, att.o, att.q, att.K, att.V
+    # Jacobians with respect to the NORMED input a; the norm's J_n multiplies the (d, d)
+    # result on the right once at the end (every term is linear in it), not each W
+    Jq = at.Wq.view(H, hd, -1)  # (H, hd, d)
+    Jk = at.Wk.view(Hkv, hd, -1)  # (Hkv, hd, d)
+    Jv = at.Wv.view(Hkv, hd, -1)  # (Hkv, hd, d)
+    if at.rope is not None:
+        Jq, Jk = at.rope @ Jq, at.rope @ Jk
     Pm = torch.diag_embed(p) - p[:, :, None] * p[:, None, :]  # (H, t+1, t+1)
     C = at.scale * V.mT @ Pm @ K  # (H, hd, hd)
     pt = p[:, -1]  # (H,)
@@ -189,8 +222,7 @@ def _attend(at: _Attention, a: Tensor, J_n: NormJacobian, K_pre: Tensor, V_pre: 
     qJk = torch.einsum("hi,hid->hd", q, Jk)  # (H, d)
     Jo = torch.baddbmm(ck[:, :, None] * qJk[:, None, :], C, Jq)  # (H, hd, d)
     Jo.add_(pt[:, None, None] * Jv)
-    val = at.Wo @ o.reshape(-1) + (at.bo if at.bo is not None else 0)  # (d,)
-    return val, J_n.right_of(at.Wo @ Jo.reshape(H * hd, -1))  # (d,), (d, d)
+    return J_n.right_of(at.Wo @ Jo.reshape(H * hd, -1))  # (d, d)
 
 
 def _rope_matrix(block: nn.Module, cos: Tensor, sin: Tensor, hd: int) -> Tensor | None:
@@ -202,6 +234,16 @@ def _rope_matrix(block: nn.Module, cos: Tensor, sin: Tensor, hd: int) -> Tensor 
     E = torch.eye(hd, dtype=cos.dtype, device=cos.device)[None, None]  # (1, 1, hd, hd)
     qr, _ = fn(E, E, cos.reshape(1, 1, hd), sin.reshape(1, 1, hd))  # rows: R e_i
     return qr[0, 0].T.contiguous()
+
+
+def _rope_at(block: nn.Module, row_kwargs: dict[str, Any], hd: int,
+             dtype: torch.dtype) -> Tensor | None:
+    """The rotary map (hd, hd) at the position of a one-row call (its ``position_embeddings``),
+    or None where the call has none of the expected shape."""
+    pe = row_kwargs.get("position_embeddings")
+    if not (isinstance(pe, tuple) and len(pe) == 2) or pe[0].numel() != hd:
+        return None
+    return _rope_matrix(block, pe[0].to(dtype), pe[1].to(dtype), hd)
 
 
 def _linear(m: HFModule, transpose: bool = False) -> tuple[Tensor, Tensor | None]:
@@ -240,12 +282,9 @@ def _gpt2_scaling(at: HFModule, hd: int) -> float:
 
 def _llama(block: HFModule, x: Tensor, row_kwargs: dict[str, Any]) -> tuple[Any, ...] | None:
     sa = block.self_attn
-    pe = row_kwargs.get("position_embeddings")
     cfg = sa.config
     H, Hkv, hd = int(cfg.num_attention_heads), int(cfg.num_key_value_heads), int(sa.head_dim)
-    if not (isinstance(pe, tuple) and len(pe) == 2) or pe[0].numel() != hd:
-        return None
-    R = _rope_matrix(block, pe[0].to(x.dtype), pe[1].to(x.dtype), hd)
+    R = _rope_at(block, row_kwargs, hd, x.dtype)
     if R is None:
         return None
     Wq, bq = _linear(sa.q_proj)
@@ -289,11 +328,90 @@ def _mlp(mlp: tuple[Any, ...], a: Tensor, J_n: NormJacobian) -> tuple[Tensor, Te
     return val, J_n.right_of(_through_width(Wd, inner))  # (d, d), J_n applied once
 
 
+@dataclass
+class OutputStep:
+    """The decode step of a known block at output token t: what its Jacobians ``J_{s t}``
+    share (the block output at t reproduced the recorded one).
+
+    ``diagonal()`` is ``J_tt`` (the decode step's own Jacobian); ``cross(s, ...)`` is
+    ``J_{s t}`` for an earlier token s < t, through the key and value of s alone::
+
+        J_{s t} = J_nf (I + N) W_o M_s J_n1(x_s),   per head h (kv head g):
+        M_s,h  = p_{h s} W_v,g + c_h (q_h^T R_s W_k,g),   c_h = scale p_{h s} (v_{g s} - o_h)
+
+    (``N`` the MLP branch's Jacobian at t, ``J_nf`` the folded final norm's, ``R_s`` the
+    rotary map at s). ``A = J_nf (I + N) W_o`` is built once per output token (2 d^3 flops);
+    each ``J_{s t}`` then costs one (d, H hd) x (H_kv hd, d) GEMM plus a rank-H update.
+    """
+
+    block: HFModule
+    norm1: HFModule
+    attn: _Attention
+    att: _Attended
+    J_n1: NormJacobian  # the first norm at x_t
+    N: Tensor  # (d, d) MLP branch Jacobian with respect to h_t (its norm applied)
+    J_nf: NormJacobian | None  # the folded final norm at y_t
+    rtol: float
+    _A: Tensor | None = None
+
+    def diagonal(self) -> Tensor:
+        """``J_tt`` (d, d) of the residual branch: ``J_nf (I + N)(I + J_a) - I``."""
+        N, J_a = self.N, _attention_jacobian(self.attn, self.att, self.J_n1)
+        J_y = torch.addmm(N, N, J_a).add_(J_a)  # (d, d): N + N J_a + J_a, without the identity
+        if self.J_nf is not None:
+            J_y.diagonal().add_(1.0)
+            J_y = self.J_nf.left_of(J_y)  # J_nf (I + J_y)
+            J_y.diagonal().sub_(1.0)
+        return J_y
+
+    def _through_output(self) -> Tensor:
+        """``A = J_nf (I + N) W_o`` (d, H hd), built once."""
+        if self._A is None:
+            Wo = self.attn.Wo
+            A = torch.addmm(Wo, self.N, Wo)
+            self._A = self.J_nf.left_of(A) if self.J_nf is not None else A
+        return self._A
+
+    def cross(self, x_s: Tensor, s: int, k_rec: Tensor, v_rec: Tensor,
+              row_kwargs_s: dict[str, Any]) -> Tensor | None:
+        """``J_{s t}`` (d, d) for s < t: x_s (d,) the block input at s, k_rec / v_rec (Hkv, hd)
+        the key and value the block cached at s, row_kwargs_s its call sliced to row s (for
+        the rotary map). None where the recomputed key or value of s is not the cached one."""
+        at, att = self.attn, self.att
+        H, Hkv, hd = at.H, at.Hkv, at.hd
+        rep = H // Hkv
+        n1 = norm_jacobian(self.norm1, x_s)
+        if n1 is None:
+            return None
+        a_s, J_n = n1
+        k = (at.Wk @ a_s + (at.bk if at.bk is not None else 0)).view(Hkv, hd)
+        v = (at.Wv @ a_s + (at.bv if at.bv is not None else 0)).view(Hkv, hd)
+        Jk = at.Wk.view(Hkv, hd, -1)  # (Hkv, hd, d)
+        if at.rope is not None:
+            R = _rope_at(self.block, row_kwargs_s, hd, x_s.dtype)
+            if R is None:
+                return None
+            k, Jk = k @ R.T, R @ Jk
+        if not (_key_matches(k, k_rec, self.rtol) and _key_matches(v, v_rec, self.rtol)):
+            return None
+        A = self._through_output()  # (d, H hd)
+        d = A.shape[0]
+        p_s = att.p[:, s]  # (H,)
+        # value path: sum_h p_hs A_h W_v,g(h) = sum_g (sum_{h in g} p_hs A_h) W_v,g
+        B = (A.view(d, Hkv, rep, hd) * p_s.view(1, Hkv, rep, 1)).sum(2)  # (d, Hkv, hd)
+        J = B.reshape(d, Hkv * hd) @ at.Wv  # (d, d)
+        # key path: rank H, (A_h c_h) (q_h^T R_s W_k,g(h))
+        c = at.scale * p_s[:, None] * (att.V[:, s] - att.o)  # (H, hd)
+        Ac = torch.einsum("dhi,hi->dh", A.view(d, H, hd), c)  # (d, H)
+        qJk = torch.einsum("gri,gid->grd", att.q.view(Hkv, rep, hd), Jk).reshape(H, -1)  # (H, d)
+        return J_n.right_of(J.addmm_(Ac, qJk))
+
+
 @torch.no_grad()
-def decode_step_jacobian(block: nn.Module, final_norm: nn.Module | None, x: Tensor,
-                         keys: Tensor, values: Tensor, t: int, row_kwargs: dict[str, Any],
-                         recorded: Tensor, rtol: float) -> Tensor | None:
-    """Dense ``J^l_tt`` (d, d) of the decode step at token t, or None if not supported.
+def output_step(block: nn.Module, final_norm: nn.Module | None, x: Tensor, keys: Tensor,
+                values: Tensor, t: int, row_kwargs: dict[str, Any], recorded: Tensor,
+                rtol: float) -> OutputStep | None:
+    """The decode step at token t of a block `supports` knows, or None if not supported.
 
     block/final_norm: the analysed (dtype) copies; x (d,) = x_t; keys/values (1, Hkv, n, hd)
     as the block cached them (after RoPE); row_kwargs: the block's call sliced to row t;
@@ -317,11 +435,10 @@ def decode_step_jacobian(block: nn.Module, final_norm: nn.Module | None, x: Tens
     if n1 is None:
         return None
     a1, J_n1 = n1
-    att = _attend(attn, a1, J_n1, keys[0, :, :t], values[0, :, :t], keys[0, :, t], bias, rtol)
+    att = _attend(attn, a1, keys[0, :, :t], values[0, :, :t], keys[0, :, t], bias, rtol)
     if att is None:
         return None
-    a_val, J_a = att
-    h = x + a_val
+    h = x + att.val
     n2 = norm_jacobian(norm2, h)
     if n2 is None:
         return None
@@ -331,12 +448,20 @@ def decode_step_jacobian(block: nn.Module, final_norm: nn.Module | None, x: Tens
     scale = max(float(recorded.abs().max()), 1e-30)
     if not float((y - recorded).abs().max()) <= rtol * scale:
         return None
-    J_y = torch.addmm(N, N, J_a).add_(J_a)  # (d, d): N + N J_a + J_a, without the identity
+    J_nf = None
     if final_norm is not None:
         nf = norm_jacobian(final_norm, y)
         if nf is None:
             return None
-        J_y.diagonal().add_(1.0)
-        J_y = nf[1].left_of(J_y)  # J_nf (I + J_y)
-        J_y.diagonal().sub_(1.0)
-    return J_y
+        J_nf = nf[1]
+    return OutputStep(block, norm1, attn, att, J_n1, N, J_nf, rtol)
+
+
+@torch.no_grad()
+def decode_step_jacobian(block: nn.Module, final_norm: nn.Module | None, x: Tensor,
+                         keys: Tensor, values: Tensor, t: int, row_kwargs: dict[str, Any],
+                         recorded: Tensor, rtol: float) -> Tensor | None:
+    """Dense ``J^l_tt`` (d, d) of the decode step at token t, or None if not supported
+    (the arguments as `output_step`'s)."""
+    step = output_step(block, final_norm, x, keys, values, t, row_kwargs, recorded, rtol)
+    return None if step is None else step.diagonal()

@@ -92,10 +92,16 @@ P_USER = "user"
 P_FREE = "free"
 
 
-def _leading_block_sums(E: Tensor) -> Tensor:
-    """Sums of E over every leading k x k block at once: E (..., K, K) -> (..., K), entry k-1."""
-    C = E.cumsum(-1).cumsum(-2)  # (..., K, K)
-    return torch.diagonal(C, dim1=-2, dim2=-1)  # (..., K)
+def _leading_block_sums(E: Tensor, ks: Sequence[int]) -> Tensor:
+    """Sums of E (..., K, K) over its leading k x k blocks for each k of ``ks`` -> (..., len(ks)).
+
+    A few k (the usual 10, 30, 50): each block summed on its own (sum k^2 elements; strided
+    reductions, 6x faster than the cumulative sums at P = 2048 pairs of K = 50); many k: one
+    2-D cumulative sum serves them all (K^2 elements, whatever their number)."""
+    if sum(k * k for k in ks) <= 2 * E.shape[-1] ** 2:
+        return torch.stack([E[..., :k, :k].sum((-2, -1)) for k in ks], dim=-1)
+    C = torch.diagonal(E.cumsum(-1).cumsum(-2), dim1=-2, dim2=-1)  # (..., K): entry k-1
+    return C.index_select(-1, torch.tensor([k - 1 for k in ks], device=E.device))
 
 
 class Parts:
@@ -148,12 +154,12 @@ class Parts:
     @functools.cached_property
     def signed_num(self) -> Tensor:
         """``||A_K - S_K||_F`` (..., n_k)."""
-        return self.pick(_leading_block_sums((self.Ak - self.diag_s) ** 2)).sqrt()
+        return _leading_block_sums((self.Ak - self.diag_s) ** 2, self.ks).sqrt()
 
     @functools.cached_property
     def abs_num(self) -> Tensor:
         """``|| |A_K| - S_K ||_F`` (..., n_k) (the released code's element-wise |A|)."""
-        return self.pick(_leading_block_sums((self.Ak.abs() - self.diag_s) ** 2)).sqrt()
+        return _leading_block_sums((self.Ak.abs() - self.diag_s) ** 2, self.ks).sqrt()
 
     @functools.cached_property
     def s2(self) -> Tensor:
@@ -193,7 +199,7 @@ class Parts:
         c = -(a + b) / d
         M, sk = self.overlap.to(f64), self.sk.to(f64)
         cross = self.pick((sk * torch.diagonal(M, dim1=-2, dim2=-1)).cumsum(-1))
-        m2 = self.pick(_leading_block_sums(M * M))  # ||M_K||_F^2
+        m2 = _leading_block_sums(M * M, self.ks)  # ||M_K||_F^2
         s2 = self.pick((sk * sk).cumsum(-1))
         kk = self.kk.to(f64)
         e2 = s2 - 2.0 * tau * cross + tau ** 2 * m2 + a * kk ** 2 + (b + c) * m2
@@ -218,9 +224,9 @@ def _released_trace(P: Parts, p: float) -> Tensor:
 
 
 def _offdiag_ratio(P: Parts, p: float) -> Tensor:
-    total = P.pick(_leading_block_sums(P.Ak * P.Ak))
+    total = _leading_block_sums(P.Ak * P.Ak, P.ks)
     off = P.Ak - torch.diag_embed(torch.diagonal(P.Ak, dim1=-2, dim2=-1))
-    off_sq = P.pick(_leading_block_sums(off * off))  # no cancellation
+    off_sq = _leading_block_sums(off * off, P.ks)  # no cancellation
     return off_sq.sqrt() / total.sqrt()
 
 

@@ -22,18 +22,29 @@ from blockcoupling.store.fingerprint import weights_hash
 from blockcoupling.store.preflight import preflight
 from blockcoupling.store.writer import RunWriter
 
+#: A part (the unit of a run directory's commits) is written once its prompts took this many
+#: seconds to measure (and after the last prompt): a prompt of a large model is its own part,
+#: while the cheap prompts of a small one share a part (each part costs a few tens of ms of
+#: Parquet encoding and file syncs; BENCHMARKS.md, issue 34). A kill loses at most this much.
+PART_SECONDS: float = 5.0
+
 
 def measure_to_dir(model: torch.nn.Module, tokenizer: Any, prompts: Any, out_dir: Any, *,
                    meta: dict[str, Any] | None = None, prompts_spec: str = "", resume: bool = False,
                    progress: bool = True, config: MeasureConfig | None = None,
-                   on_event: EventCallback | None = None, **options: Any) -> Measurement:
-    """Like [`measure`][blockcoupling.engine.measure.measure], but written prompt by prompt into a resumable run directory.
+                   on_event: EventCallback | None = None, part_seconds: float = PART_SECONDS,
+                   **options: Any) -> Measurement:
+    """Like `measure`, but written part by part into a resumable run directory.
 
     ``prompts`` is anything `blockcoupling.engine.inputs.normalise_inputs` accepts:
     text prompts, or ready-made inputs such as ``{"pixel_values": images}`` (their ids are
     derived from their content, so the same inputs resume the same run). The inputs, the
-    options and the model are checked before the directory is created.
+    options and the model are checked before the directory is created. A part holds the
+    prompts measured since the last one, written once they took ``part_seconds`` (0: every
+    prompt its own part) and after the last prompt; prompts measured before an error or an
+    interruption are written before it propagates. The values do not depend on the parts.
     """
+    t_start = time.perf_counter()
     cfg = parse_config(config, **options)
     items, prompts_df, plan, spec, full_meta = _checked(
         model, tokenizer, prompts, cfg, out_dir, meta, prompts_spec, resume, progress)
@@ -42,14 +53,47 @@ def measure_to_dir(model: torch.nn.Module, tokenizer: Any, prompts: Any, out_dir
         if writer.damaged_bases:
             _repair_bases(writer, model, tokenizer, items, cfg, spec, progress)
         done = writer.done_prompt_ids()
-        last: list[Measurement] = []
-        for part in iter_measure(model, tokenizer, items, cfg, skip=done, progress=progress,
-                                 on_event=on_event, spec=spec):
-            writer.write_part(part)
+        setup = time.perf_counter() - t_start  # checks, fingerprint, the directory opened
+        measuring = writing = buffered = 0.0
+        buffer: list[Measurement] = []
+        last: list[Measurement] = []  # the last part: its meta holds the fast-path record
+
+        def flush() -> None:
+            nonlocal writing, buffered
+            if buffer:
+                t = time.perf_counter()
+                writer.write_part(buffer[0] if len(buffer) == 1 else
+                                  Measurement.concat(buffer, config=cfg))
+                writing += time.perf_counter() - t
+                buffer.clear()
+            buffered = 0.0
+
+        parts = iter_measure(model, tokenizer, items, cfg, skip=done, progress=progress,
+                             on_event=on_event, spec=spec)
+        while True:
+            t1 = time.perf_counter()
+            try:
+                part = next(parts, None)
+            except BaseException:
+                flush()  # what was measured before the error or the interruption is kept
+                raise
+            dt = time.perf_counter() - t1
+            measuring += dt
+            if part is None:
+                break
+            buffer.append(part)
             last[:] = [part]
+            buffered += dt
+            if buffered >= part_seconds:
+                flush()
+        flush()
         from blockcoupling.engine.offload import peak_memory
 
+        # where the call's time went (the consolidation in finalize comes after: its caller
+        # times it, e.g. the sweep's unit status)
         return writer.finalize(timings={"seconds": time.perf_counter() - t0,
+                                        "setup_seconds": setup, "measure_seconds": measuring,
+                                        "write_seconds": writing,
                                         "peak_memory": peak_memory()},
                                fast_path=last_fast_path(last))
 

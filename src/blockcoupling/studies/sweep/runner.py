@@ -70,6 +70,7 @@ def run_unit(unit: Unit | Mapping[str, Any], root: str | os.PathLike[str]) -> di
                        host=socket.gethostname(), started=store.now(), message=None)
     out = store.unit_dir(rootp, u.unit_id)
     t0 = time.perf_counter()
+    timings: dict[str, float] = {}
     try:
         if is_run_dir(out) and _complete(out):
             m = open_run(out)
@@ -80,6 +81,7 @@ def run_unit(unit: Unit | Mapping[str, Any], root: str | os.PathLike[str]) -> di
                 raise SweepError(f"an input changed while the sweep ran ({'; '.join(changed)});"
                                  " restore it and resume, or start a new sweep with --out")
             model, tok, prompts = load_unit(u, cfg)
+            t_loaded = time.perf_counter()
             meta = {"model": u.model, "revision": u.revision, "label": u.label, "step": u.step,
                     "unit_id": u.unit_id, "prompt_set": u.prompt_set,
                     **init_meta(u.init, u.init_seed)}
@@ -89,6 +91,8 @@ def run_unit(unit: Unit | Mapping[str, Any], root: str | os.PathLike[str]) -> di
                     lambda: measure_to_dir(model, tok, prompts, out, meta=meta,
                                            prompts_spec=u.prompt_set, resume=True,
                                            progress=False, config=cfg))
+            timings = unit_timings(t_loaded - t0, time.perf_counter() - t_loaded,
+                                   m.meta.get("timings", {}))
     except BlockCouplingError as err:
         return store.write_status(rootp, u, "failed", message=str(err), finished=store.now(),
                                   seconds=time.perf_counter() - t0)
@@ -105,9 +109,20 @@ def run_unit(unit: Unit | Mapping[str, Any], root: str | os.PathLike[str]) -> di
                                   seconds=time.perf_counter() - t0)
     refused = fallback_layers(m.fast_path)
     return store.write_status(rootp, u, "done", message=None, finished=store.now(),
-                              seconds=time.perf_counter() - t0,
+                              seconds=time.perf_counter() - t0, timings=timings,
                               weights_hash=m.meta.get("weights_hash"), n_prompts=len(m.prompts),
                               fast_path_refused=describe(m.meta) if refused else None)
+
+
+def unit_timings(load: float, recorded: float, run: Mapping[str, Any]) -> dict[str, float]:
+    """Where a unit's time went, in seconds: ``load`` (model, tokenizer, prompts), ``setup``
+    (the run's checks, the weights' fingerprint, the directory opened), ``measure`` (the
+    engine), ``write`` (every part written, then the consolidation); from the load time,
+    ``measure_to_dir``'s duration ``recorded`` and the timings its run recorded."""
+    setup = float(run.get("setup_seconds", 0.0))
+    measure = float(run.get("measure_seconds", 0.0))
+    return {"load": load, "setup": setup, "measure": measure,
+            "write": max(0.0, recorded - setup - measure)}
 
 
 def load_unit(u: Unit, cfg: Any) -> tuple[Any, Any, list[Any]]:
