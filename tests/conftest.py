@@ -12,6 +12,10 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))  # tiny_models importable in any import mode
+# a part per prompt (store.record.PART_SECONDS groups the cheap prompts of tiny models into
+# one part): the fault tests interrupt and damage runs part by part, also in child processes;
+# tests of the grouping pass part_seconds themselves
+os.environ.setdefault("BLOCKCOUPLING_PART_SECONDS", "0")
 
 from tiny_models import ALL, tiny_inputs, tiny_model  # noqa: E402
 

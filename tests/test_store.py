@@ -577,3 +577,19 @@ def test_measure_to_dir_groups_cheap_prompts_into_parts_and_keeps_them_on_an_err
     bc.measure_to_dir(model, None, inputs, tmp_path / "cut", resume=True, **opts)
     c = open_run(tmp_path / "cut")
     assert c.meta["status"] == "complete" and c.coupling["value"].equals(a.coupling["value"])
+
+
+def test_the_default_part_time_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """BLOCKCOUPLING_PART_SECONDS sets the default part time (the tests set 0); unset: 5 s; a
+    value that is not a number of seconds is one line."""
+    from blockcoupling.errors import BlockCouplingError
+    from blockcoupling.store.record import PART_SECONDS, PART_SECONDS_ENV, default_part_seconds
+
+    monkeypatch.setenv(PART_SECONDS_ENV, "0")
+    assert default_part_seconds() == 0.0
+    monkeypatch.delenv(PART_SECONDS_ENV)
+    assert default_part_seconds() == PART_SECONDS == 5.0
+    for bad in ("-1", "nan", "soon"):
+        monkeypatch.setenv(PART_SECONDS_ENV, bad)
+        with pytest.raises(BlockCouplingError, match="give a number of seconds"):
+            default_part_seconds()

@@ -26,13 +26,34 @@ from blockcoupling.store.writer import RunWriter
 #: seconds to measure (and after the last prompt): a prompt of a large model is its own part,
 #: while the cheap prompts of a small one share a part (each part costs a few tens of ms of
 #: Parquet encoding and file syncs; BENCHMARKS.md, issue 34). A kill loses at most this much.
+#: The environment variable ``BLOCKCOUPLING_PART_SECONDS`` sets another default (0: a part per
+#: prompt, as the fault tests use it, also in the processes they start).
 PART_SECONDS: float = 5.0
+PART_SECONDS_ENV = "BLOCKCOUPLING_PART_SECONDS"
+
+
+def default_part_seconds() -> float:
+    """``BLOCKCOUPLING_PART_SECONDS`` if set (a number >= 0), else `PART_SECONDS`."""
+    import math
+    import os
+
+    raw = os.environ.get(PART_SECONDS_ENV, "").strip()
+    if not raw:
+        return PART_SECONDS
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not (value >= 0 and not math.isnan(value)):
+        raise BlockCouplingError(f"{PART_SECONDS_ENV}={raw!r}: give a number of seconds >= 0 "
+                                 "(0: a part per prompt), or unset it")
+    return value
 
 
 def measure_to_dir(model: torch.nn.Module, tokenizer: Any, prompts: Any, out_dir: Any, *,
                    meta: dict[str, Any] | None = None, prompts_spec: str = "", resume: bool = False,
                    progress: bool = True, config: MeasureConfig | None = None,
-                   on_event: EventCallback | None = None, part_seconds: float = PART_SECONDS,
+                   on_event: EventCallback | None = None, part_seconds: float | None = None,
                    **options: Any) -> Measurement:
     """Like `measure`, but written part by part into a resumable run directory.
 
@@ -45,6 +66,8 @@ def measure_to_dir(model: torch.nn.Module, tokenizer: Any, prompts: Any, out_dir
     interruption are written before it propagates. The values do not depend on the parts.
     """
     t_start = time.perf_counter()
+    if part_seconds is None:
+        part_seconds = default_part_seconds()
     cfg = parse_config(config, **options)
     items, prompts_df, plan, spec, full_meta = _checked(
         model, tokenizer, prompts, cfg, out_dir, meta, prompts_spec, resume, progress)
