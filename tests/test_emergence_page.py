@@ -100,7 +100,8 @@ def test_sweep_page_steps_plain_models_and_failures(tmp_path: Path) -> None:
     bc.run_sweep(spec, tmp_path / "sweep", executor="local", progress=False)
     page = _report(tmp_path / "sweep", tmp_path / "sw.html")
     figs = _figures(page)
-    assert figs == ["coupling_vs_step", "trajectory_vs_step", "layer_graphs", "depth_heatmaps"]
+    assert figs == ["coupling_vs_step", "trajectory_vs_step", "windowed_lss", "layer_graphs",
+                    "depth_heatmaps"]
     assert "1 failed" in page and "Not drawn" not in page
 
 

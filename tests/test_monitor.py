@@ -100,7 +100,9 @@ def test_monitor_does_not_change_training(tmp_path: Path) -> None:
     r = CliRunner().invoke(app, ["--quiet", "report", str(tmp_path / "mon"), "--out", str(html)])
     assert r.exit_code == 0, r.output
     page = html.read_text()
-    assert page.count("<img") == 4 and "Not drawn" not in page
+    # coupling, trajectory and windowed LSS against the step, the layer graphs, the heatmaps;
+    # no loss was given to this monitor: the page says so instead of drawing an empty panel
+    assert page.count("<img") == 5 and "no training loss was stored" in page
     assert (tmp_path / "em_figures" / "01_coupling_vs_step.svg").is_file()
 
 

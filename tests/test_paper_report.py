@@ -20,6 +20,7 @@ from blockcoupling.report import figures as F
 from blockcoupling.report.html import write_report
 from blockcoupling.report.summaries.mosaics import token_grid_data
 from blockcoupling.report.summaries.profiles import (
+    PROFILE_COLUMNS,
     depth_profiles,
     metric_by_run,
     run_order,
@@ -112,8 +113,10 @@ def test_depth_profiles_and_metrics_by_run_against_pandas(measured) -> None:
         assert row["logit_entropy_n"] == 0  # measured without the lens
     by = metric_by_run([m, m], "lss")
     assert by["median"].tolist() == [pytest.approx(float(m.token_metrics["lss"].median()))] * 2
-    fig = F.plot_depth_profiles(m)
-    assert "--logit-lens" in " ".join(t.get_text() for ax in fig.axes for t in ax.texts)
+    fig = F.plot_depth_profiles(m)  # no empty row: the lens row is left out, the caption says why
+    assert [ax.get_ylabel() for ax in fig.axes][-1] != PROFILE_COLUMNS["logit_entropy"]
+    assert len(fig.axes) == len(PROFILE_COLUMNS) - 1
+    assert "measured without --logit-lens" in F.caption_depth_profiles(m)
     with pytest.raises(BlockCouplingError, match="choose from"):
         metric_by_run(m, "norm")
 

@@ -34,7 +34,9 @@ def test_each_k_is_the_correlation_at_that_k(runs) -> None:
     res = correlate_vary_k(paths, str(scores), [3, 2], n_boot=200, seed=1)
     assert res.ks == [2, 3]
     t = res.table()
-    assert set(t["predictor"]) == {"coupling_mean", "coupling_vs_null_mean"}
+    # raw c_K and both chance-corrected forms (the synthetic runs store coupling_vs_rotated)
+    assert set(t["predictor"]) == {"coupling_mean", "coupling_vs_null_mean",
+                                   "coupling_vs_rotated_mean"}
     from blockcoupling.store import open_run
 
     y = np.array([30.0, 41.0, 44.0, 52.0, 60.0])
@@ -42,8 +44,15 @@ def test_each_k_is_the_correlation_at_that_k(runs) -> None:
         x = np.array([direct_statistic(open_run(p).coupling, k=k) for p in paths])
         row = t[(t["k"] == k) & (t["predictor"] == "coupling_mean")].iloc[0]
         lr = st.linregress(x, y)
-        assert row["r2"] == pytest.approx(lr.rvalue ** 2) and row["p"] == pytest.approx(lr.pvalue)
-        assert row["r2_lo"] <= row["r2"] <= row["r2_hi"]
+        assert row["r2"] == pytest.approx(lr.rvalue ** 2)
+        # 5 models (below 10): the exact permutation p of |Pearson's r| over all 5! orderings
+        # (the share of orderings at least as extreme in either direction), and no bootstrap
+        # interval of R^2
+        exact = st.permutation_test((y,), lambda v, x=x: abs(st.pearsonr(x, v).statistic),
+                                    permutation_type="pairings", n_resamples=np.inf,
+                                    alternative="greater")
+        assert row["p"] == pytest.approx(exact.pvalue)
+        assert np.isnan(row["r2_lo"]) and np.isnan(row["r2_hi"])
     assert "K=2" in res.summary() and "K=3" in res.summary()
 
 

@@ -813,6 +813,7 @@ def test_one_headline_for_one_vit_output(tmp_path: Path) -> None:
     assert st.loc["coupling_vs_null", "mean"] == pytest.approx(m["coupling_vs_null"], abs=1e-12)
     assert m["coupling_vs_null"] == m["coupling_vs_null_cls"] != m["coupling_vs_null_last"]
     want = f"{m['coupling_vs_null']:.4f} ± {m['coupling_vs_null_se']:.4f}"
+    lead = f"{st.loc['coupling_vs_rotated', 'mean']:.4f} ± {st.loc['coupling_vs_rotated', 'se']:.4f}"
     runner = CliRunner()
     args = ["vit-train", "--out", str(unit), "--drop-path", "0.1", "--weight-decay", "0.05",
             "--epochs", "1", "--monitor-every", "0", "--hidden-size", "16", "--depth", "2",
@@ -829,7 +830,8 @@ def test_one_headline_for_one_vit_output(tmp_path: Path) -> None:
     rule = "each prompt's first measured token"
     for name, res in outputs.items():
         assert res.exit_code == 0, (name, res.output)
-        assert f"above chance (coupling_vs_null) {want}" in res.output, (name, res.output)
+        assert f"above chance (coupling_vs_rotated) {lead}" in res.output, (name, res.output)
+        assert f"(coupling_vs_null) {want}" in res.output, (name, res.output)
         assert "K=2, 3 prompts" in res.output, name
         assert rule in res.output and "last measured token" not in res.output, name
     assert f"(coupling_vs_null) {want}" in page and rule in page

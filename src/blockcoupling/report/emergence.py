@@ -277,7 +277,8 @@ def plot_windowed_lss(sweep: Collection, ids: Sequence[str]) -> Figure:
         ax.set_xlabel("layer l (centre of the window)")
         ax.set_ylabel("mean windowed LSS")
         ax.grid(alpha=0.3)
-        ax.legend(fontsize="x-small")
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize="x-small")
     if not drawn:
         raise F.FigureUnavailable("no windowed LSS in the chosen units (measure.trajectory: "
                                   "true, and a window shorter than the model)")

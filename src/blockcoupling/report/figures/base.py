@@ -190,6 +190,10 @@ def layout_problems(fig: Figure) -> list[str]:
     overlap each other. Draws the figure once (its canvas's renderer)."""
     if not isinstance(fig.canvas, FigureCanvasAgg):  # a Figure made without a canvas
         FigureCanvasAgg(fig)
+    # twice: constrained layout with fixed-aspect images and a shared colour bar settles on
+    # its second pass (the first can leave titles outside a figure that the saved file,
+    # drawn again, has inside)
+    fig.canvas.draw()
     fig.canvas.draw()
     renderer = fig.canvas.get_renderer()  # type: ignore[attr-defined]
     page = fig.bbox

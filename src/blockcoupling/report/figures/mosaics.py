@@ -9,7 +9,9 @@ from collections.abc import Sequence
 from matplotlib.figure import Figure
 
 from blockcoupling.report.figures.base import (
+    TITLE_CHARS,
     Runs,
+    clip,
     colormap,
     missing_text,
     panels,
@@ -39,7 +41,7 @@ def plot_token_grid(runs: Runs, kind: str = "self", *, prompt_id: str | None = N
     image = None
     rows, cols = _AXES[kind]
     for ax, pick, lab in zip(axes, picks, labs, strict=True):
-        title = f"{lab}\nlayer {pick.layer}"
+        title = f"{clip(lab, TITLE_CHARS)}\nlayer {pick.layer}"
         if pick.fixed is not None:
             title += f"; {'input' if kind == 'fixed_input' else 'output'} token {pick.fixed}"
         ax.set_title(title, fontsize="medium")

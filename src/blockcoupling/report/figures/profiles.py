@@ -11,8 +11,11 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
 from blockcoupling.report.figures.base import (
+    LEGEND_CHARS,
+    TICK_CHARS,
     FigureUnavailable,
     Runs,
+    clip,
     new_figure,
     tokens_text,
 )
@@ -55,7 +58,7 @@ def plot_depth_profiles(runs: Runs, *, token: int | None = None,
                 continue
             x = p["layer"].to_numpy(dtype=float)
             ax.plot(x, p[f"{col}_median"].to_numpy(dtype=float), marker=".",
-                    color=f"C{i % 10}", label=lab)
+                    color=f"C{i % 10}", label=clip(lab, LEGEND_CHARS))
             ax.fill_between(x, p[f"{col}_q25"].to_numpy(dtype=float),
                             p[f"{col}_q75"].to_numpy(dtype=float), color=f"C{i % 10}",
                             alpha=0.12, linewidth=0)
@@ -120,7 +123,7 @@ def plot_metrics_by_run(runs: Runs, *, metrics: Sequence[str] = RUN_METRICS,
         fin = y[np.isfinite(y) & (y > 0)]
         if fin.size and fin.max() / fin.min() > 100:
             ax.set_yscale("log")
-        ax.set_xticks(x, labs, rotation=35 if len(ms) > 3 else 0,
+        ax.set_xticks(x, [clip(lab, TICK_CHARS) for lab in labs], rotation=35 if len(ms) > 3 else 0,
                       ha="right" if len(ms) > 3 else "center", fontsize="small")
         ax.set_xlabel(f"model ({order_name})", fontsize="small")
         ax.grid(alpha=0.3)
