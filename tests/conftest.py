@@ -88,7 +88,10 @@ def built_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
     tmp = tmp_path_factory.mktemp("site")
     root = tmp / "repo"
     root.mkdir()
-    for name in ("mkdocs.yml", "README.md", "BENCHMARKS.md"):
+    # what the docs hook reads: the pages, the generators, the family matrix and the oldest pins
+    for name in ("mkdocs.yml", "README.md", "BENCHMARKS.md", "constraints-oldest.txt",
+                 "tests/families.py"):
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(here / name, root / name)
     shutil.copytree(here / "docs", root / "docs",
                     ignore=shutil.ignore_patterns("generated", "__pycache__"))

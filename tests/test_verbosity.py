@@ -69,7 +69,9 @@ def unit(i):
         for layer in (1, 2, 3):
             warnings.warn(f"fallback for layer {{layer}}")
     warnings.warn("shared by every unit")
-    print(f"chatter of unit {{i}}", file=sys.stderr)
+    print(f"chatter of unit {{i}}", file=sys.stderr, flush=True)
+    import time
+    time.sleep(3)  # Ray forwards a worker's output asynchronously: let it reach the driver
     return i
 
 got = []
