@@ -50,8 +50,7 @@ def cell_table(runs: pd.DataFrame, variants: Sequence[str],
                                             n_seeds=("seed", "size")).reset_index()
     for c in cols:
         lvl = seed_level(runs, by=keys, value=c, within_se=f"{c}_se")
-        lvl[f"{c}_sd"] = lvl["se"] * np.sqrt(lvl["n_runs"])
-        keep = {"mean": f"{c}_mean", f"{c}_sd": f"{c}_sd", "se": f"{c}_se",
+        keep = {"mean": f"{c}_mean", "sd": f"{c}_sd", "se": f"{c}_se",
                 "ci_low": f"{c}_ci_low", "ci_high": f"{c}_ci_high"}
         if c in variants:
             keep["within_se"] = f"{c}_within_se"
