@@ -32,7 +32,6 @@ from blockcoupling.studies.regression import (
     correlation_density,
     correlation_power,
     correlation_tests,
-    replicate_summary,
     tost_power,
 )
 
@@ -96,14 +95,25 @@ def test_correlation_tests_equal_scipy() -> None:
         correlation_tests([1, 2, 3], [1, 2, 4])
 
 
-def test_replicate_summary_is_the_t_interval_over_runs() -> None:
-    x = np.array([0.081, 0.079, 0.09, np.nan])
-    s = replicate_summary(x)
-    ref = stats.t.interval(0.95, 2, loc=np.nanmean(x), scale=stats.sem(x[:3]))
-    assert (s["n"], s["mean"]) == (3, pytest.approx(np.nanmean(x)))
-    assert s["se"] == pytest.approx(stats.sem(x[:3]))
-    assert [s["ci_low"], s["ci_high"]] == pytest.approx(list(ref))
-    assert math.isnan(replicate_summary([1.0])["se"])
+def test_cells_are_seed_level_t_intervals_over_runs() -> None:
+    """A cell's se and interval are over its runs (seeds), the unit of replication: scipy's
+    sem and t interval; its within_se is what the images alone give (within-model)."""
+    from blockcoupling.studies.generalization.analysis import cell_table
+
+    runs = _table({"a": 0.08, "b": 0.05}, seeds=4, seed=5)
+    cells = cell_table(runs, ["coupling_vs_null"]).set_index("cell")
+    for name, g in runs.groupby("cell"):
+        x = g["coupling_vs_null"].to_numpy()
+        ref = stats.t.interval(0.95, len(x) - 1, loc=x.mean(), scale=stats.sem(x))
+        row = cells.loc[name]
+        assert row["n_seeds"] == 4 and row["coupling_vs_null_mean"] == pytest.approx(x.mean())
+        assert row["coupling_vs_null_se"] == pytest.approx(stats.sem(x))
+        assert row["coupling_vs_null_sd"] == pytest.approx(x.std(ddof=1))
+        assert [row["coupling_vs_null_ci_low"], row["coupling_vs_null_ci_high"]] == \
+            pytest.approx(list(ref))
+        assert row["coupling_vs_null_within_se"] == pytest.approx(
+            math.sqrt((g["coupling_vs_null_se"] ** 2).sum()) / 4)
+        assert row["test_accuracy_se"] == pytest.approx(stats.sem(g["test_accuracy"]))
 
 
 def _table(means: dict[str, float], seeds: int = 3, sd: float = 0.01, seed: int = 0,
@@ -235,6 +245,12 @@ def test_quick_study_end_to_end(tmp_path: Path) -> None:
     assert h["ci_tost"] == pytest.approx([ci.low, ci.high])
     fit = smf.mixedlm(f"{v} ~ test_accuracy", runs, groups=runs["cell"]).fit(reml=True)
     assert doc["tests"]["H1b"]["slope"] == pytest.approx(fit.params["test_accuracy"])
+    cm = pd.DataFrame(doc["cells"])
+    for fixed in ("label_noise", "n_train"):
+        ref = smf.ols(f"{v}_mean ~ test_accuracy_mean + C({fixed})", cm).fit()
+        ex = doc["tests"]["exploratory"][fixed]
+        assert ex["slope"] == pytest.approx(ref.params["test_accuracy_mean"])
+        assert ex["p"] == pytest.approx(ref.pvalues["test_accuracy_mean"])
     for c in doc["positive_control"]["variants"][v]["cells"]:
         x = runs[runs["cell"] == c["cell"]][v]
         assert c["p"] == pytest.approx(stats.ttest_1samp(x, 0.0, alternative="greater").pvalue)

@@ -185,6 +185,7 @@ def test_seed_level_uses_runs_as_the_unit_of_replication() -> None:
     a = runs[runs["config"] == "a"]
     assert out.loc["a", "mean"] == pytest.approx(a["mean"].mean())
     assert out.loc["a", "se"] == pytest.approx(stats.sem(a["mean"]))
+    assert out.loc["a", "sd"] == pytest.approx(stats.tstd(a["mean"]))
     lo, hi = stats.t.interval(0.95, 2, loc=a["mean"].mean(), scale=stats.sem(a["mean"]))
     assert out.loc["a", "ci_low"] == pytest.approx(lo) and out.loc["a", "ci_high"] == \
         pytest.approx(hi)

@@ -455,9 +455,9 @@ def seed_level(runs: pd.DataFrame, *, by: Sequence[str] = ("variant", "k"),
                ci: float = DEFAULT_CI) -> pd.DataFrame:
     """The statistic with runs as the unit of replication: one row per ``by`` group of
     ``runs`` (one row per run, e.g. a statistic table of several trained models with a
-    ``seed`` column). ``mean`` = mean over the group's runs of their ``value``; ``se`` = sd
-    over runs (ddof = 1) / sqrt(n_runs), the between-seed standard error; ``ci_low``,
-    ``ci_high`` = its Student t interval (n_runs - 1 degrees of freedom); ``within_se`` =
+    ``seed`` column). ``mean`` = mean over the group's runs of their ``value``; ``sd`` = their
+    sd (ddof = 1), the seed-to-seed spread; ``se`` = sd / sqrt(n_runs), the between-seed
+    standard error; ``ci_low``, ``ci_high`` = its Student t interval (n_runs - 1 degrees of freedom); ``within_se`` =
     sqrt(sum of the runs' within-model se^2) / n_runs, what the prompts alone would give the
     mean; ``n_runs``, ``seeds`` (sorted, comma-separated) and ``replication`` = "runs
     (seeds)". NaN se and interval for a group of one run."""
@@ -472,13 +472,14 @@ def seed_level(runs: pd.DataFrame, *, by: Sequence[str] = ("variant", "k"),
         x = x[np.isfinite(x)]
         n = int(x.size)
         mean = float(x.mean()) if n else math.nan
-        se = float(x.std(ddof=1) / math.sqrt(n)) if n > 1 else math.nan
+        sd = float(x.std(ddof=1)) if n > 1 else math.nan
+        se = sd / math.sqrt(n) if n > 1 else math.nan
         lo, hi = t_interval(mean, se, n, ci)
         w = (g[within_se].to_numpy(dtype=np.float64) if within_se in g.columns
              else np.full(len(g), np.nan))
         rows.append({**dict(zip(by, key if isinstance(key, tuple) else (key,), strict=True)),
                      "n_runs": n, "seeds": ",".join(str(s) for s in sorted(g[seed].unique())),
-                     "mean": mean, "se": se, "ci_low": lo, "ci_high": hi,
+                     "mean": mean, "sd": sd, "se": se, "ci_low": lo, "ci_high": hi,
                      "within_se": float(np.sqrt(np.nansum(w ** 2)) / len(w)) if len(w)
                      and np.isfinite(w).any() else math.nan,
                      "replication": REPLICATION_SEEDS})

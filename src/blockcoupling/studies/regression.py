@@ -45,7 +45,6 @@ __all__ = [
     "partial_correlation",
     "partial_correlations",
     "regression",
-    "replicate_summary",
     "stats_modules",
     "tost_power",
 ]
@@ -351,24 +350,6 @@ def analyse(table: pd.DataFrame, *, n_boot: int = 2000, seed: int = 0,
     if floor:
         out["floor"] = floor_analysis(table, y, exact_below=SMALL_N)
     return out
-
-
-# ---------------------------------------------------------------------------- replication
-def replicate_summary(values: Sequence[float] | np.ndarray, *, confidence: float = 0.95
-                      ) -> dict[str, Any]:
-    """Mean over independent replicates (training runs: seeds), the unit of replication:
-    ``n, mean, sd`` (ddof 1), ``se = sd / sqrt(n)`` and a t interval with n - 1 degrees of
-    freedom (NaN where n < 2). NaNs are left out."""
-    st, _ = stats_modules()
-    x = np.asarray(values, dtype=float)
-    x = x[np.isfinite(x)]
-    n = int(x.size)
-    mean = float(x.mean()) if n else math.nan
-    sd = float(x.std(ddof=1)) if n > 1 else math.nan
-    se = sd / math.sqrt(n) if n > 1 else math.nan
-    half = float(st.t.isf((1 - confidence) / 2, n - 1)) * se if n > 1 else math.nan
-    return {"n": n, "mean": mean, "sd": sd, "se": se, "ci_low": mean - half,
-            "ci_high": mean + half, "ci_level": confidence}
 
 
 # ---------------------------------------------------------------------------- correlations

@@ -4,8 +4,9 @@ The table has one row per training run (the unit of replication) with its cell (
 training-set size ``n_train`` x ``label_noise``), ``seed``, ``test_accuracy``, and for each
 coupling variant ``v`` of the spec its value ``v`` at the comparison point and ``v_se``, the
 standard error over the measured images *within* that one trained model (not a replication
-se). Every cell statistic is at the seed level (`blockcoupling.studies.regression.
-replicate_summary`: runs as the unit); every test is scipy.stats or statsmodels.
+se). Every cell statistic is at the seed level (`blockcoupling.engine.statistic.
+seed_level`: runs as the unit, a Student t interval); every test is scipy.stats or
+statsmodels.
 """
 
 from __future__ import annotations
@@ -18,14 +19,12 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from blockcoupling.engine.statistic import seed_level
 from blockcoupling.errors import BlockCouplingError
-from blockcoupling.studies.regression import (
-    correlation_tests,
-    replicate_summary,
-    stats_modules,
-)
+from blockcoupling.studies.regression import correlation_tests, stats_modules
 
-__all__ = ["analyse", "cell_table", "comparison_point", "mixed_model", "positive_control"]
+__all__ = ["analyse", "cell_table", "comparison_point", "mixed_model", "positive_control",
+           "within_factor"]
 
 #: the columns every run of the table needs beside its variants
 RUN_COLUMNS = ("cell", "n_train", "label_noise", "seed", "test_accuracy")
@@ -40,24 +39,24 @@ def _check(runs: pd.DataFrame, variants: Sequence[str]) -> None:
 def cell_table(runs: pd.DataFrame, variants: Sequence[str],
                metrics: Sequence[str] = ("test_accuracy", "train_accuracy")) -> pd.DataFrame:
     """One row per cell (size, noise): ``n_seeds`` and, for each metric and variant, the
-    seed-level ``<col>_mean, _sd, _se, _ci_low, _ci_high`` (a t interval over the cell's runs),
-    and for each variant ``<v>_within_se``: the mean of the runs' standard errors over their
-    images (within-model: how precisely one trained model was measured, not how much another
-    seed would change it)."""
+    seed-level ``<col>_mean, _sd, _se, _ci_low, _ci_high`` (``engine.statistic.seed_level``:
+    the runs as the unit, a Student t interval), and for each variant ``<v>_within_se``: what
+    the measured images alone give the cell mean (within-model: how precisely the trained
+    models were measured, not how much other seeds would change them)."""
     _check(runs, variants)
-    rows = []
     cols = [c for c in (*metrics, *variants) if c in runs.columns]
-    for (n, noise), g in runs.groupby(["n_train", "label_noise"], sort=True):
-        row: dict[str, Any] = {"cell": str(g["cell"].iloc[0]), "n_train": int(n),
-                               "label_noise": float(noise), "n_seeds": int(len(g))}
-        for c in cols:
-            s = replicate_summary(g[c].to_numpy(float))
-            row.update({f"{c}_{k}": s[k] for k in ("mean", "sd", "se", "ci_low", "ci_high")})
-        for v in variants:
-            if f"{v}_se" in g:
-                row[f"{v}_within_se"] = float(np.nanmean(g[f"{v}_se"].to_numpy(float)))
-        rows.append(row)
-    return pd.DataFrame(rows)
+    keys = ["n_train", "label_noise"]
+    out = runs.groupby(keys, sort=True).agg(cell=("cell", "first"),
+                                            n_seeds=("seed", "size")).reset_index()
+    for c in cols:
+        lvl = seed_level(runs, by=keys, value=c, within_se=f"{c}_se")
+        keep = {"mean": f"{c}_mean", "sd": f"{c}_sd", "se": f"{c}_se",
+                "ci_low": f"{c}_ci_low", "ci_high": f"{c}_ci_high"}
+        if c in variants:
+            keep["within_se"] = f"{c}_within_se"
+        out = out.merge(lvl[[*keys, *keep]].rename(columns=keep), on=keys)
+    return out[["cell", *keys, "n_seeds", *(c for c in out.columns
+                                            if c not in ("cell", *keys, "n_seeds"))]]
 
 
 def positive_control(runs: pd.DataFrame, variants: Sequence[str], alpha: float = 0.05
@@ -90,7 +89,8 @@ def positive_control(runs: pd.DataFrame, variants: Sequence[str], alpha: float =
             "min_cell_mean": float(np.nanmin([c["mean"] for c in cells])) if cells
             else math.nan,
             "max_p": float(np.nanmax(ps)) if np.isfinite(ps).any() else math.nan,
-            "runs": replicate_summary(runs[v].to_numpy(float)), "cells": cells}
+            "runs": seed_level(runs, by=(), value=v, within_se=f"{v}_se").iloc[0].to_dict(),
+            "cells": cells}
     out["passed"] = bool(out["variants"]) and all(r["passed"] for r in out["variants"].values())
     return out
 
@@ -118,6 +118,29 @@ def mixed_model(runs: pd.DataFrame, variant: str) -> dict[str, Any]:
             "converged": bool(fit.converged),
             "warnings": sorted({str(w.message).splitlines()[0] for w in caught}),
             "method": "statsmodels MixedLM (REML), random intercept per cell; one-sided Wald z"}
+
+
+def within_factor(cells: pd.DataFrame, variant: str) -> dict[str, Any]:
+    """Exploratory (not pre-registered): the cell-level slope of ``variant`` on test accuracy
+    with each manipulated factor held fixed (statsmodels OLS of the cell means with one
+    dummy per level of the factor): ``label_noise`` fixed (the slope from the size
+    manipulation) and ``n_train`` fixed (from the noise manipulation); slope, se, two-sided
+    p, residual df."""
+    import statsmodels.formula.api as smf
+
+    df = cells[["n_train", "label_noise", "test_accuracy_mean", f"{variant}_mean"]].rename(
+        columns={"test_accuracy_mean": "x", f"{variant}_mean": "y"})
+    out: dict[str, Any] = {"note": "exploratory, not pre-registered: OLS of the cell means "
+                                   "with the other factor's levels as fixed effects"}
+    for fixed, moved in (("label_noise", "training-set size"), ("n_train", "label noise")):
+        if df[fixed].nunique() < 2 or len(df) - df[fixed].nunique() - 1 < 1:
+            out[fixed] = {"skipped": f"too few cells to hold {fixed} fixed"}
+            continue
+        fit = smf.ols(f"y ~ x + C({fixed})", df).fit()
+        out[fixed] = {"moved_by": moved, "slope": float(fit.params["x"]),
+                      "slope_stderr": float(fit.bse["x"]), "p": float(fit.pvalues["x"]),
+                      "df": int(fit.df_resid)}
+    return out
 
 
 def comparison_point(final: pd.DataFrame, checkpoints: pd.DataFrame | None,
@@ -173,6 +196,7 @@ def analyse(final: pd.DataFrame, variants: Sequence[str], *, alpha: float = 0.05
     except BlockCouplingError as err:
         tests["H1_E1"] = {"skipped": str(err)}
     tests["H1b"] = mixed_model(table, primary)
+    tests["exploratory"] = within_factor(cells, primary)
     tests["other_variants"] = {}
     for v in variants[1:]:
         try:
@@ -185,6 +209,6 @@ def analyse(final: pd.DataFrame, variants: Sequence[str], *, alpha: float = 0.05
               f"{primary}_between_cell_sd": float(np.std(cells[f"{primary}_mean"], ddof=1))
               if len(cells) > 1 else math.nan,
               f"{primary}_seed_sd": float(np.sqrt(np.nanmean(cells[f"{primary}_sd"] ** 2))),
-              f"{primary}_within_model_se": float(np.nanmean(cells[f"{primary}_within_se"]))
-              if f"{primary}_within_se" in cells else math.nan}
+              f"{primary}_within_model_se": float(np.nanmean(table[f"{primary}_se"]))
+              if f"{primary}_se" in table else math.nan}
     return {**point, "cells": cells, "runs": table, "tests": tests, "spread": spread}

@@ -121,7 +121,7 @@ class GeneralizationSpec:
     train: VitTrainConfig = opt(help="The training config of every run (VitTrainConfig "
                                 "fields; train_limit, label_noise and seed come from the "
                                 "design).", parse=_train, default_factory=lambda: FULL_TRAIN)
-    variants: tuple[str, ...] = opt(("coupling_vs_null", "coupling_vs_rotated"),
+    variants: tuple[str, ...] = opt(("coupling_vs_rotated", "coupling_vs_null"),
                                     "Chance-corrected variants (0 = chance), one per null: the "
                                     "positive control needs each above chance in every cell; "
                                     "the first is the tests' coupling (the others' cell-level "

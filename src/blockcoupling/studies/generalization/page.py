@@ -112,8 +112,9 @@ def write_study_page(result: GeneralizationResult, path: Path) -> Path:
             f"{a['reason']}.") + "</p>" + table_html(pd.DataFrame(control_rows), index=False)),
         Section("cells", "Cells (seed level)", "<p>" + esc(
             "_mean, _se: over the cell's runs (seeds), runs as the unit of replication; "
-            "_within_se: the mean of the runs' standard errors over their measured images, "
-            "within one trained model.") + "</p>" + table_html(result.cells[
+            "_within_se: what the measured images alone give the cell mean (sqrt of the sum "
+            "of its runs' squared standard errors over their images / n), within the trained "
+            "models.") + "</p>" + table_html(result.cells[
                 [c for c in cell_cols if c in result.cells.columns]], index=False)),
         Section("runs", "Runs", "<p>" + esc(
             "One row per training run; <variant>_se is the standard error over its measured "

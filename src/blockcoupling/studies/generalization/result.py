@@ -61,7 +61,10 @@ class GeneralizationResult:
             "se_levels": {"within_model": "<variant>_se of a run: sd over its measured "
                                           "images / sqrt(n), one trained model",
                           "seed_level": "<col>_se of a cell: sd over its runs (seeds) / "
-                                        "sqrt(n), runs as the unit of replication"},
+                                        "sqrt(n), runs as the unit of replication "
+                                        "(engine.statistic.seed_level); <variant>_within_se "
+                                        "of a cell: sqrt(sum of its runs' se^2) / n, what "
+                                        "the images alone give the cell mean"},
             "comparison_point": {"point": a["point"], "reason": a["reason"]},
             "positive_control": a["control"], "positive_control_final": a["control_final"],
             "tests": a["tests"], "spread": a["spread"],

@@ -283,6 +283,17 @@ def _statement(spec: GeneralizationSpec, a: dict[str, Any]) -> list[str]:
             f"{m['slope']:.4g} ± {m['slope_stderr']:.2g}, one-sided p = {m['p_greater']:.3g}"
             f" ({_verdict(m['p_greater'], spec.alpha)}"
             + ("" if m["converged"] else "; the fit did not converge") + ").")
+    ex = tests.get("exploratory", {})
+    held = [(ex[f], what) for f, what in (("label_noise", "label noise held fixed (the "
+                                           "size manipulation)"),
+                                          ("n_train", "training-set size held fixed (the "
+                                           "noise manipulation)")) if "slope" in ex.get(f, {})]
+    if held:
+        lines.append("Exploratory, not pre-registered (OLS of the cell means, the other factor "
+                     "as fixed effects): " + "; ".join(
+                         f"with {what}, slope {e['slope']:.4g} ± {e['slope_stderr']:.2g} "
+                         f"(two-sided p = {e['p']:.2g}, {e['df']} df)" for e, what in held)
+                     + ".")
     for name, o in tests["other_variants"].items():
         if "r" in o:
             lines.append(f"The same over the cells with {name}: r = {o['r']:+.3f}, one-sided "
