@@ -354,3 +354,34 @@ def test_runs_measured_without_a_variant_of_the_spec_are_one_line(tmp_path: Path
     object.__setattr__(spec, "variants", ("coupling_vs_null", "coupling_vs_nothing"))
     with pytest.raises(BlockCouplingError, match="measured without coupling_vs_nothing"):
         final_table(tmp_path / "g", runs, spec)
+
+
+def test_the_shipped_full_run_is_what_the_docs_quote() -> None:
+    """The full design's run of 2026-11-27, shipped in docs/results/generalization: its tests
+    re-derive from the shipped runs.csv with today's code (no number drifts from what was
+    published), and the how-to page and the README quote the study's own statement."""
+    from blockcoupling.studies.generalization import full_spec
+    from blockcoupling.studies.generalization.run import _statement
+
+    root = Path(__file__).resolve().parent.parent
+    shipped = root / "docs" / "results" / "generalization"
+    study = json.loads((shipped / "study.json").read_text())
+    spec = full_spec()
+    assert study["spec"]["train_sizes"] == list(spec.train_sizes)
+    runs = pd.read_csv(shipped / "runs.csv")
+    assert len(runs) == spec.n_runs
+    a = analyse(runs, spec.variants, alpha=spec.alpha, bound=spec.bound)
+    assert a["point"] == "final"
+    h, s = a["tests"]["H1_E1"], study["tests"]["H1_E1"]
+    for key in ("r", "p_greater", "slope", "p_tost", "power"):
+        assert h[key] == pytest.approx(s[key], rel=1e-9, abs=1e-12), key
+    assert a["tests"]["H1b"]["slope"] == pytest.approx(study["tests"]["H1b"]["slope"], rel=1e-6)
+    statement = _statement(spec, a)
+    assert statement == study["statement"]
+    page = " ".join((root / "docs" / "how-to" / "generalization.md").read_text().split())
+    for line in statement:
+        assert " ".join(line.split()) in page, line
+    readme = " ".join((root / "README.md").read_text().split())
+    for piece in (f"r = {h['r']:+.2f}", f"one-sided p = {h['p_greater']:.1e}",
+                  f"power {h['power']:.2f}", f"[{h['ci_tost'][0]:+.2f}, {h['ci_tost'][1]:+.2f}]"):
+        assert piece.replace("e-05", "e-5") in readme, piece
