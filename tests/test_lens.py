@@ -137,3 +137,21 @@ def test_a_stored_trajectory_without_the_column_reads_as_nan(tmp_path) -> None:
     pq.write_table(pa.Table.from_pandas(old.drop(columns=["norm"]), preserve_index=False), sink)
     with pytest.raises(RunDirError, match="no column norm"):
         read_table(sink.getvalue(), "trajectory", Path("t.parquet"), "hint")
+
+
+def test_the_cli_refuses_a_lens_on_a_checkpoint_without_its_head(tmp_path) -> None:
+    """MiniLM's checkpoint has no LM head: AutoModelForCausalLM would initialise one at random
+    and the lens would read noise. One line, even with --allow-missing-weights."""
+    from typer.testing import CliRunner
+
+    from blockcoupling.cli import app
+    from tiny_models import minilm_path
+
+    for extra in ([], ["--allow-missing-weights"]):
+        res = CliRunner().invoke(app, ["measure", "-m", str(minilm_path()), "--prompts",
+                                       "builtin:capital", "--limit", "2", "--logit-lens",
+                                       "--out", str(tmp_path / f"run{len(extra)}"), *extra])
+        assert res.exit_code != 0
+        out = res.output.strip()
+        assert "--logit-lens needs the output head" in out and "Traceback" not in out, out
+        assert not (tmp_path / f"run{len(extra)}").exists()

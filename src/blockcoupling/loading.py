@@ -495,9 +495,27 @@ def _from_pretrained(name: str, src: str, config: Any, kwargs: dict[str, Any],
             model, info = auto.from_pretrained(src, config=config, **kwargs, **extra)
     except Exception as err:  # noqa: BLE001 - transformers, safetensors, torch and OS errors
         raise _load_error(name, config, kwargs, err, head=head) from err
+    if head:
+        _check_head_loaded(model, info, name)
     report = check_load_report(model, info, name, allow_missing_weights=allow_missing_weights)
     setattr(model, _REPORT_ATTR, report)
     return model
+
+
+def _check_head_loaded(model: Any, info: Mapping[str, Any], name: str) -> None:
+    """The logit lens reads the checkpoint's own output head: refuse one that transformers
+    initialised at random (missing weights outside the base model), even where
+    ``--allow-missing-weights`` accepts missing weights of the blocks."""
+    prefix = getattr(model, "base_model_prefix", "") or ""
+    missing = sorted(str(k[0] if isinstance(k, (tuple, list)) else k)
+                     for k in info.get("missing_keys") or ())
+    outside = [k for k in missing if prefix and k.split(".")[0] != prefix]
+    if outside:
+        raise BlockCouplingError(
+            f"--logit-lens needs the output head of {name!r}, but its checkpoint has none "
+            f"({len(outside)} head tensors missing, e.g. {outside[0]}; transformers would "
+            "initialise them at random; an encoder such as BERT has no next-token head): measure it "
+            "without --logit-lens")
 
 
 def _load_error(name: str, config: Any, kwargs: Mapping[str, Any],
