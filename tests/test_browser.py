@@ -111,10 +111,56 @@ def report_pages(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     run_grid(base, root / "grid", drop_paths=(0.0, 0.1), weight_decays=(0.01,),
              executor="local", progress=False)
     pages["vit study"] = write_vit_report(root / "grid", root / "vit.html")
+    pages.update(_paper_command_pages(root, dirs))
     return {k: Path(v) for k, v in pages.items()}
 
 
-REPORT_KINDS = ["run report", "emergence", "correlate", "chance-floor", "cross", "vit study"]
+def _paper_command_pages(root: Path, dirs: list[Path]) -> dict[str, Path]:
+    """The pages of the paper's commands, written by the CLI as a user writes them (perturb,
+    difficulty, correlate --k), and the generalization study's page of the shipped full run."""
+    from blockcoupling.studies.generalization import full_spec
+    from blockcoupling.studies.generalization.analysis import analyse
+    from blockcoupling.studies.generalization.page import write_study_page
+    from blockcoupling.studies.generalization.result import GeneralizationResult
+    from blockcoupling.studies.generalization.run import _statement
+    from test_difficulty import e2h_arc_rows
+    from tiny_runs import cli, save_tiny_lm, write_prompts
+
+    model = save_tiny_lm(root / "lm")
+    pages = {}
+    r = cli("-q", "perturb", "--model", str(model), "--prompts",
+            str(write_prompts(root / "p.txt")), "--out", str(root / "pert"), "--levels",
+            "0.1,1", "--draws", "2")
+    assert r.exit_code == 0, r.output
+    pages["perturb"] = root / "pert" / "perturbation.html"
+    rows = e2h_arc_rows(root / "e2h.jsonl")
+    r = cli("-q", "measure", "--model", str(model), "--prompts", f"hf:e2h-arc@{rows}",
+            "--limit", "6", "--k", "2", "--out", str(root / "e2h_run"))
+    assert r.exit_code == 0, r.output
+    r = cli("-q", "difficulty", str(root / "e2h_run"), "--ratings", f"hf:e2h-arc@{rows}",
+            "--n-boot", "50", "--out", str(root / "difficulty.html"))
+    assert r.exit_code == 0, r.output
+    pages["difficulty"] = root / "difficulty.html"
+    scores = root / "scores.csv"
+    pd.DataFrame({"model": [f"m{i}" for i in range(5)],
+                  "score": [20.0, 30, 41, 45, 62]}).to_csv(scores, index=False)
+    r = cli("-q", "correlate", *map(str, dirs), "--scores", str(scores), "--k", "2,3",
+            "--n-boot", "0", "--out", str(root / "vary_k.html"))
+    assert r.exit_code == 0, r.output
+    pages["correlate --k"] = root / "vary_k.html"
+    shipped = Path(__file__).resolve().parent.parent / "docs" / "results" / "generalization"
+    spec = full_spec()
+    runs = pd.read_csv(shipped / "runs.csv")
+    a = analyse(runs, spec.variants, alpha=spec.alpha, bound=spec.bound)
+    result = GeneralizationResult(spec=spec, runs=a["runs"], final=runs, cells=a["cells"],
+                                  analysis=a, statement=_statement(spec, a),
+                                  reproducibility={})
+    pages["generalization study"] = write_study_page(result, root / "generalization.html")
+    return pages
+
+
+REPORT_KINDS = ["run report", "emergence", "correlate", "chance-floor", "cross", "vit study",
+                "perturb", "difficulty", "correlate --k", "generalization study"]
 
 
 @pytest.mark.parametrize("kind", REPORT_KINDS)
