@@ -114,6 +114,11 @@ def pair_values(J: torch.Tensor, U: torch.Tensor, S: torch.Tensor, V: torch.Tens
     """Every variant for all layer pairs, K in KS, both orientations; J (L, d, d), U/V (L, d, K)."""
     L, d, K = U.shape
     out: Values = {}
+    # what coupling_vs_rotated needs besides: tr(J_a), tr(J_a^2) and the basis's U_b^T V_b
+    # (its leading-block sums and diagonal are the same for either orientation)
+    trace = J.diagonal(dim1=-2, dim2=-1).sum(-1)[:, None].expand(L, L)
+    trace2 = (J * J.mT).sum((-2, -1))[:, None].expand(L, L)
+    overlap = (U.mT @ V)[None].expand(L, L, K, K)
     for orient in ORIENTS:
         right, left = (V, U) if orient == "ujv" else (U, V)
         R = right.permute(1, 0, 2).reshape(d, L * K)  # (d, L*K): every basis side by side
@@ -121,7 +126,7 @@ def pair_values(J: torch.Tensor, U: torch.Tensor, S: torch.Tensor, V: torch.Tens
         A = left.mT[None] @ JR  # (La, Lb, K, K)
         vals = metrics.all_coupling_values(
             A, S[:, None, :].expand(L, L, K), KS, ps=(1,),
-            fro2=fro2[:, None].expand(L, L), d=d)
+            fro2=fro2[:, None].expand(L, L), d=d, trace=trace, trace2=trace2, overlap=overlap)
         for (variant, _p, k), v in vals.items():
             v = v.double().cpu()
             for a in range(L):

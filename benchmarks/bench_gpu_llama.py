@@ -64,6 +64,13 @@ from blockcoupling import measure  # noqa: E402
 from blockcoupling.engine import fastpath, metrics, svd  # noqa: E402
 from blockcoupling.engine.blocks import find_blocks  # noqa: E402
 from blockcoupling.engine.capture import capture  # noqa: E402
+from blockcoupling.engine.names import VARIANTS  # noqa: E402
+from blockcoupling.engine.variants import get as get_variant  # noqa: E402
+
+#: the randomized path keeps the top-K factors and ||J||_F^2 only: the variants they determine
+#: (coupling_vs_rotated also needs tr(J) and tr(J^2); the dense oracle computes it)
+MATRIX_FREE_VARIANTS = tuple(v for v in VARIANTS
+                             if not {"trace", "trace2", "overlap"} & set(get_variant(v).needs))
 
 
 def llama(small: bool, device: str) -> torch.nn.Module:
@@ -140,7 +147,8 @@ def fast_randomized(model: torch.nn.Module, ids: torch.Tensor, device: str
         vals: Values = {}
         for o, Ao in A.items():
             res = metrics.all_coupling_values(Ao, S[:, None, :].expand(L, L, K), KS, ps=(1,),
-                                              fro2=fro2[:, None].expand(L, L), d=d)
+                                              fro2=fro2[:, None].expand(L, L), d=d,
+                                              variants=MATRIX_FREE_VARIANTS)
             for (variant, _p, k), v in res.items():
                 v = v.double().cpu()
                 for i in range(L):

@@ -204,3 +204,20 @@ def test_the_layer_order_is_the_documented_one() -> None:
     design = (SRC.parent / "docs" / "DESIGN.md").read_text(encoding="utf-8")
     assert "  <  ".join(("errors, hashing, lazy", "validate, fields", "loading", "engine", "prompts",
                          "store", "report", "studies", "cli")) in design
+
+
+def test_the_complexity_budgets_named_exceptions_are_the_ones_design_counts() -> None:
+    """ruff's C901 budget (pyproject.toml) is passed by naming a function over it with
+    `# noqa: C901 - why`; DESIGN.md states how many there are, and each says why."""
+    import re
+
+    root = Path(__file__).resolve().parent.parent
+    named = [(p, line) for folder in ("src", "tests", "tools", "benchmarks")
+             for p in sorted((root / folder).rglob("*.py")) if p != Path(__file__).resolve()
+             for line in p.read_text().splitlines() if "noqa: C901" in line]
+    assert all(re.search(r"noqa: C901 - \w", line) for _, line in named), named
+    design = " ".join((root / "docs" / "DESIGN.md").read_text().split())
+    stated = re.search(r"named where it is defined, `# noqa: C901 - why`, so the list is "
+                       r"visible and does not grow silently: today (\d+)", design)
+    assert stated and int(stated.group(1)) == len(named), (stated, len(named))
+    assert 'max-complexity = 15' in (root / "pyproject.toml").read_text()

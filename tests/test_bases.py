@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import collections
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -270,3 +271,44 @@ def test_a_finalize_killed_before_its_commit_is_finished_by_resume(
     for (ka, fa), (kb, fb) in zip(got, want, strict=True):
         assert ka == kb and all(torch.equal(x, y) for x, y in zip(fa, fb, strict=True))
     assert not (tmp_path / "run" / "parts").exists()
+
+
+class _CustomLM(torch.nn.Module):
+    """A module find_blocks does not know: an embedding and a list of residual blocks."""
+
+    def __init__(self, d: int = 8, n: int = 2) -> None:
+        super().__init__()
+        self.emb = torch.nn.Embedding(11, d)
+        self.layers = torch.nn.ModuleList([torch.nn.Linear(d, d) for _ in range(n)])
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: Any = None) -> torch.Tensor:
+        h = self.emb(input_ids)
+        for lin in self.layers:
+            h = h + torch.tanh(lin(h))
+        return h
+
+
+def test_a_custom_modules_jacobian_estimate_uses_its_given_width(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 33: given blocks_path, hidden_size and causal, the size check sees the width it
+    was given (it saw 0 and passed without checking anything); without a width it refuses to
+    store Jacobians unchecked."""
+    from blockcoupling.engine import bases as eb
+
+    torch.manual_seed(0)
+    net = _CustomLM().eval()
+    ids = {"input_ids": torch.randint(0, 11, (1, 6))}
+    kw = dict(blocks_path="layers", causal=False, save_jacobians=True, coupling=("depth",),
+              k=(2,), tokens="-1")
+    bc.measure_to_dir(net, None, ids, tmp_path / "a", hidden_size=8, **kw)
+    err = capsys.readouterr().err
+    n_jac = 2  # one token, two layers
+    assert f"jacobians: {n_jac} Jacobians of d x d = about 512 B" in err, err
+    assert eb.jacobian_bytes(n_jac, 8, torch.float32) == 512
+    monkeypatch.setattr(eb, "JACOBIANS_LIMIT_BYTES", 511)
+    with pytest.raises(BlockCouplingError, match="would store about 512 B"):
+        bc.measure_to_dir(net, None, ids, tmp_path / "b", hidden_size=8, **kw)
+    with pytest.raises(BlockCouplingError, match="cannot be checked before the run"):
+        bc.measure_to_dir(net, None, ids, tmp_path / "c", **kw)
+    assert not (tmp_path / "b").exists() and not (tmp_path / "c").exists()

@@ -267,7 +267,7 @@ def _right_padded_valid(
 # ----------------------------------------------------------------------------- capture
 
 
-def capture(
+def capture(  # noqa: C901 - one branch per input kind and wrapper; split with the one-plan work (issue 33)
     model: nn.Module,
     inputs: Mapping[str, Tensor],
     spec: BlockSpec,

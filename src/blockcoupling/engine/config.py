@@ -334,7 +334,7 @@ class MeasureConfig:
         return parse_config(self, **changes)
 
     # ------------------------------------------------------------------ validation
-    def _validate(self) -> None:
+    def _validate(self) -> None:  # noqa: C901 - one check per option, each its own line of error
         def bad(msg: str) -> None:
             raise BlockCouplingError(msg)
 

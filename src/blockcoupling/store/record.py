@@ -171,16 +171,17 @@ def _checked(model: torch.nn.Module, tokenizer: Any, prompts: Any, cfg: MeasureC
     full_meta.update(meta or {})
     if cfg.save_bases or cfg.save_jacobians:
         lengths = list(plan.lengths) if items[0].is_text else None
-        _check_bases_size(model, items, lengths, cfg, out_dir, progress)
+        _check_bases_size(spec, items, lengths, cfg, out_dir, progress)
     # the writer verifies the stored parts itself: read them twice only for a plan
     check_target(Path(out_dir), cfg, full_meta, prompt_records(prompts_df), resume,
                  verify_parts=dry_run)
     return items, prompts_df, plan, spec, full_meta
 
 
-def _check_bases_size(model: torch.nn.Module, items: list[Any], lengths: list[int] | None,
+def _check_bases_size(spec: Any, items: list[Any], lengths: list[int] | None,
                       cfg: MeasureConfig, out_dir: Any, progress: bool) -> None:
-    """Print the estimated size of the stored bases and Jacobians; refuse Jacobians above
+    """Print the estimated size of the stored bases and Jacobians of a model of ``spec`` (the
+    run's block spec: a custom module's given width and causality); refuse Jacobians above
     the limit (unless ``force_size``) and anything the disk cannot hold."""
     from pathlib import Path
 
@@ -192,7 +193,17 @@ def _check_bases_size(model: torch.nn.Module, items: list[Any], lengths: list[in
         if progress:
             print("bases: size known after the first prompt (ready-made inputs)", file=sys.stderr)
         return
-    n_jac, nbytes, jbytes = stored.estimate(model, lengths, cfg)
+    if not spec.hidden_size:  # a custom module given no hidden_size
+        if cfg.save_jacobians and not cfg.force_size:
+            raise BlockCouplingError(
+                "save_jacobians: their size cannot be checked before the run (the custom "
+                "module's width is not known before it runs); give hidden_size, or force_size "
+                "to store them unchecked")
+        if progress:
+            print("bases: size known after the first prompt (a custom module's width)",
+                  file=sys.stderr)
+        return
+    n_jac, nbytes, jbytes = stored.estimate(spec, lengths, cfg)
     if progress and cfg.save_bases:
         print(f"bases: {n_jac} Jacobians x (U, V of {cfg.k_max} x d, S) = about "
               f"{stored.human(nbytes)} in {out_dir}", file=sys.stderr)
