@@ -47,14 +47,15 @@ def coupling_rows(level: float, rng: np.random.Generator, *, L: int = 4, ks: tup
 
 def write_synthetic_run(root: Path, level: float, *, label: str, model: str, d: int = 24,
                         seed: int = 0, lengths: dict[str, int] | None = None,
-                        revision: str | None = None) -> Path:
+                        revision: str | None = None, headline: str | None = None) -> Path:
     lengths = lengths or {"p0": 3, "p1": 5}
     rng = np.random.default_rng(seed)
     prompts = pd.DataFrame({"prompt_id": list(lengths), "text": [f"text {p}" for p in lengths],
                             "label": ["x"] * len(lengths)})
     cfg = MeasureConfig(k=(2, 3), coupling=("depth",), tokens="all")
     meta = {"model": model, "label": label, "hidden_size": d, "num_layers": 4,
-            **({"revision": revision} if revision else {})}
+            **({"revision": revision} if revision else {}),
+            **({"headline_tokens": headline} if headline else {})}
     part = Measurement(
         coupling=conform("coupling", coupling_rows(level, rng, lengths=lengths)),
         prompts=conform("prompts", [dict(prompt_id=p, text=f"text {p}", n_tokens=n, label="x")
@@ -513,3 +514,30 @@ def test_checkpoints_of_one_run_are_refused_unless_allowed(tmp_path: Path) -> No
     assert coupling["spearman_p"] == pytest.approx(1 / 3) and np.isnan(coupling["r2_ci"]).all()
     assert res.to_dict()["checkpoints_counted_as_models"] == {
         "org/pythia": ["pythia@step0", "pythia@step10", "pythia@step20"]}
+
+
+def test_the_token_rule_is_the_runs_own_and_must_be_shared(tmp_path: Path) -> None:
+    """Issue 33: correlate's token default is the runs' own headline rule (a ViT run's [CLS]
+    is "first"), as sweep-status and show state it, not "last" for every run; runs whose
+    rules differ are refused in one line unless --tokens says which to use."""
+    levels = [0.2, 0.35, 0.5, 0.6, 0.8]
+    scores = pd.DataFrame({"model": [f"m{i}" for i in range(5)],
+                           "score": [20.0, 30, 41, 45, 62]})
+    vit = [write_synthetic_run(tmp_path / f"v{i}", lv, label=f"m{i}", model=f"org/v-{i}",
+                               seed=i, headline="first") for i, lv in enumerate(levels)]
+    from blockcoupling.errors import BlockCouplingError
+
+    own = C.correlate(vit, scores, n_boot=0, k=2)
+    first = C.correlate(vit, scores, n_boot=0, k=2, tokens="first")
+    last = C.correlate(vit, scores, n_boot=0, k=2, tokens="last")
+    col = "coupling_mean"
+    assert own.table[col].tolist() == first.table[col].tolist()
+    assert own.table[col].tolist() != last.table[col].tolist()
+    assert "each prompt's first measured token" in own.statistic.describe()
+    mixed = vit[:3] + [write_synthetic_run(tmp_path / f"l{i}", lv, label=f"m{i}",
+                                           model=f"org/l-{i}", seed=i)
+                       for i, lv in list(enumerate(levels))[3:]]
+    with pytest.raises(BlockCouplingError, match="the runs' own token rules differ: first "
+                                                 r"\(3 runs, e.g. m0\), last \(2 runs"):
+        C.correlate(mixed, scores, n_boot=0, k=2)
+    assert len(C.correlate(mixed, scores, n_boot=0, k=2, tokens="last").table) == 5

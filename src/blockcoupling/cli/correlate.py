@@ -21,7 +21,7 @@ def correlate(
     out: Annotated[Path | None, typer.Option("--out", "-o", help="Write the HTML page (figures inline) here.")] = None,
     k: Annotated[str | None, typer.Option("--k", help="Fixed top-K for every model (default: round(d/10) per model); several values such as 8,16,32 give the correlation at each K in one output (the paper's alignment_vary_k figure).")] = None,
     variant: Annotated[str, typer.Option("--variant", help="Comma-separated coupling variants, each a predictor (default: raw coupling as the paper, coupling_vs_null and, where every run measured it, coupling_vs_rotated: its chance-corrected forms).")] = "",
-    tokens: Annotated[str, typer.Option("--tokens", help="last (each prompt's last measured token, the paper's) or all (the measured tokens averaged within each prompt).")] = "last",
+    tokens: Annotated[str | None, typer.Option("--tokens", help="last (each prompt's last measured token, the paper's), first ([CLS]) or all (the measured tokens averaged within each prompt); default: the runs' own rule (last for language models, [CLS] for ViT runs), which they must share.")] = None,
     diagonal: Annotated[bool, typer.Option("--diagonal", help="Average over every layer pair including l = l' (the paper's literal wording) instead of l != l'.")] = False,
     floor: Annotated[bool, typer.Option("--floor", help="Also report what the measured chance level of raw c_K explains of the scores, and what survives it.")] = False,
     allow_mixed_prompts: Annotated[bool, typer.Option("--allow-mixed-prompts", help="Correlate models measured on different prompt sets (refused by default).")] = False,

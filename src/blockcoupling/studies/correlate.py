@@ -50,6 +50,7 @@ from blockcoupling.studies.model_units import (
     check_prompt_sets,
     load_units,
     model_table,
+    token_rule,
 )
 from blockcoupling.studies.regression import (
     MIN_MODELS,
@@ -209,7 +210,7 @@ DEFAULT_VARIANTS: tuple[str, ...] = ("coupling", "coupling_vs_null", "coupling_v
 def correlate(inputs: Sequence[str | Path] | Sequence[ModelUnit], scores: str | Path | pd.DataFrame,
               *, k: int | None = None,
               variants: Sequence[str] | None = None,
-              p: float | None = 1.0, orientation: str = "ujv", tokens: str = "last",
+              p: float | None = 1.0, orientation: str = "ujv", tokens: str | None = None,
               diagonal: bool = False, floor: bool = False, allow_mixed_prompts: bool = False,
               allow_checkpoints: bool = False, n_boot: int = 2000, seed: int = 0,
               labels: Sequence[str] | None = None,
@@ -224,7 +225,9 @@ def correlate(inputs: Sequence[str | Path] | Sequence[ModelUnit], scores: str | 
     on different prompt sets are refused unless ``allow_mixed_prompts``; checkpoints of one
     training run (`training_runs`) are refused as independent models unless
     ``allow_checkpoints``. Below ``SMALL_N`` (10) models every p-value is an exact
-    permutation p-value and no bootstrap interval is given.
+    permutation p-value and no bootstrap interval is given. ``tokens=None`` takes the runs' own
+    headline token rule (`token_rule`: the last token of an LM, [CLS] of a ViT run), which
+    they must share.
     A model measured at a revision takes only that revision's score unless ``any_revision``
     (`match_scores`).
     """
@@ -236,9 +239,11 @@ def correlate(inputs: Sequence[str | Path] | Sequence[ModelUnit], scores: str | 
     n_boot = whole(n_boot, "--n-boot", minimum=0)  # 0: no bootstrap CI
     seed = whole(seed, "--seed", minimum=0)
     CouplingStatistic(variants=tuple(variants or DEFAULT_VARIANTS), p=p,
-                      orientation=orientation, k=k, tokens=tokens, diagonal=diagonal)  # checks
+                      orientation=orientation, k=k, tokens=tokens or "last",
+                      diagonal=diagonal)  # checks
     units = (list(inputs) if inputs and isinstance(inputs[0], ModelUnit)
              else load_units(inputs, labels))  # type: ignore[arg-type]
+    tokens = token_rule(units, tokens)  # type: ignore[arg-type]
     if variants is None:  # runs measured before coupling_vs_rotated existed: the other two
         variants = [v for v in DEFAULT_VARIANTS if v != "coupling_vs_rotated" or all(
             (cast(ModelUnit, u).coupling["variant"] == v).any() for u in units)]

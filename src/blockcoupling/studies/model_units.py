@@ -29,6 +29,7 @@ __all__ = [
     "load_units",
     "model_table",
     "prompt_set_of",
+    "token_rule",
     "training_runs",
 ]
 
@@ -93,6 +94,9 @@ class ModelUnit:
     #: the training run this model is a checkpoint of (a step or revision of one model or
     #: of one collection entry), None for a model on its own: see `training_runs`
     run: str | None = None
+    #: the run's own token rule for its headline (``engine.statistic.headline_tokens``: a ViT
+    #: run's [CLS] is ``"first"``, everything else ``"last"``)
+    headline_tokens: str = "last"
 
     def match_keys(self, *, any_revision: bool = False) -> list[str]:
         """Names a score row may use for this unit, most specific first. A unit measured at
@@ -128,7 +132,24 @@ def _unit_from_run(path: Path) -> ModelUnit:
                      revision=str(revision) if revision else None,
                      step=int(step) if step is not None else None, source=str(path),
                      keys=(path.name,), prompt_set=prompt_set_of(m.prompts),
-                     run=model if revision or step is not None else None)
+                     run=model if revision or step is not None else None,
+                     headline_tokens=m.headline_tokens)
+
+
+def token_rule(units: Sequence[ModelUnit], tokens: str | None) -> str:
+    """The token rule of a statistic over ``units``: ``tokens`` where given, else the units'
+    own headline rule (`ModelUnit.headline_tokens`), which they must share (an LM's last
+    token and a ViT's [CLS] are not one statistic): one line naming them otherwise."""
+    if tokens is not None:
+        return tokens
+    rules = sorted({u.headline_tokens for u in units})
+    if len(rules) > 1:
+        which = ", ".join(f"{r} ({sum(u.headline_tokens == r for u in units)} runs, e.g. "
+                          f"{next(u.label for u in units if u.headline_tokens == r)})"
+                          for r in rules)
+        raise BlockCouplingError(
+            f"the runs' own token rules differ: {which}; give --tokens to use one for all")
+    return rules[0] if rules else "last"
 
 
 def prompt_set_of(prompts: pd.DataFrame) -> str:
