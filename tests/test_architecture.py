@@ -158,7 +158,7 @@ def test_the_graph_is_read() -> None:
     # the check cannot pass vacuously: known edges of each kind are seen
     assert "blockcoupling.errors" in GRAPH["blockcoupling.engine.measure"]  # module level
     assert "blockcoupling.report.html" in GRAPH["blockcoupling.studies.demo"]  # in a function
-    assert "blockcoupling.studies.sweep.store" in GRAPH["blockcoupling.studies.sweep.read"]
+    assert "blockcoupling.store.collection" in GRAPH["blockcoupling.studies.sweep.read"]
     assert len(MODULES) > 60
 
 

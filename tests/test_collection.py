@@ -20,8 +20,10 @@ import blockcoupling as bc
 from blockcoupling.cli import app
 from blockcoupling.errors import BlockCouplingError
 from blockcoupling.hashing import canonical_hash
-from blockcoupling.studies.sweep import store
-from blockcoupling.studies.sweep.units import _slug, collection_unit_id, unit_id
+from blockcoupling.store import collection as store
+from blockcoupling.store.collection import collection_unit_id
+from blockcoupling.store.collection import slug as _slug
+from blockcoupling.studies.sweep.units import unit_id
 
 WORDS = "the a cat dog sat on mat ran far".split()
 TEXTS = ["the cat sat on the mat", "a dog ran far"]

@@ -1,6 +1,6 @@
 """Collections: one format for every "many runs" kind, read by one reader.
 
-A collection is a directory in the layout of `blockcoupling.studies.sweep.store` whose
+A collection is a directory in the layout of `blockcoupling.store.collection` whose
 manifest records its ``kind``: ``sweep`` (``run_sweep``), ``monitor`` (``CouplingMonitor``)
 or ``vit-grid`` (``studies.vit.grid.run_grid``). Every kind has the same catalogue, unit-id
 rule, lock and status vocabulary, and is read by [`open_collection`][blockcoupling.studies.sweep.read.open_collection] (alias
@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from blockcoupling.errors import BlockCouplingError, RunDirError
-from blockcoupling.studies.sweep import store
+from blockcoupling.store import collection as store
 from blockcoupling.studies.sweep.read import Sweep, open_collection, open_sweep
 
 #: the kinds a spec file may ask for (a monitor is written by training code, not by a spec)

@@ -28,7 +28,8 @@ from blockcoupling.engine.statistic import (
     statistic_table,
 )
 from blockcoupling.errors import BlockCouplingError
-from blockcoupling.studies.sweep import store
+from blockcoupling.store import collection as store
+from blockcoupling.studies import integrity
 
 #: the unit columns put in front of every table read from a sweep
 UNIT_COLUMNS = ("unit_id", "label", "model", "revision", "step", "prompt_set")
@@ -93,13 +94,13 @@ class Sweep:
         it (once per [`Sweep`][blockcoupling.studies.sweep.read.Sweep])."""
         if self._verified:
             return
-        damaged = store.damaged_units(self.root)
+        damaged = integrity.damaged_units(self.root)
         if damaged:
             uid, problem = next(iter(damaged.items()))
             more = f" (and {len(damaged) - 1} other unit(s))" if len(damaged) > 1 else ""
             raise store.UnitDamagedError(
                 f"unit {uid} of {self.root} is damaged{more}: {problem}; "
-                + store.repair_command(self.root, self.manifest.get("kind")))
+                + integrity.repair_command(self.root, self.manifest.get("kind")))
         self._verified = True
 
     def __repr__(self) -> str:
@@ -370,9 +371,9 @@ def sweep_status(path: str | os.PathLike[str]) -> pd.DataFrame:
     if not store.is_locked(root):
         cat["status"] = cat["status"].where(cat["status"] != "running", "interrupted")
         cat["status"] = cat["status"].where(cat["status"] != "pending", "not started")
-    for uid, problem in store.damaged_units(root).items():
+    for uid, problem in integrity.damaged_units(root).items():
         at = cat["unit_id"] == uid
         cat.loc[at, "status"] = "damaged"
-        cat.loc[at, "message"] = f"{problem}; {store.repair_command(root, kind)}"
+        cat.loc[at, "message"] = f"{problem}; {integrity.repair_command(root, kind)}"
     return cat[["unit_id", "label", "revision", "step", "prompt_set", "status", "attempts",
                 "duplicate_of", "message"]]

@@ -26,8 +26,9 @@ from typing import Any
 
 from blockcoupling.engine.fastrecord import FastPathWarning, describe, fallback_layers
 from blockcoupling.errors import BlockCouplingError, RunDirError
+from blockcoupling.store import collection as store
+from blockcoupling.studies import integrity
 from blockcoupling.studies.identity import input_differences, input_hashes
-from blockcoupling.studies.sweep import store
 from blockcoupling.studies.sweep.spec import SweepSpec, load_spec
 from blockcoupling.studies.sweep.units import Unit, expand
 from blockcoupling.verbosity import (
@@ -637,7 +638,7 @@ def _recheck_done(root: Path, units: Sequence[Unit]) -> dict[str, str]:
         finished = _complete(store.unit_dir(root, u.unit_id))
         if not finished and not (rec is not None and rec.get("status") == "done"):
             continue
-        problem = store.unit_problem(root, rec if rec is not None else {"unit": u.to_dict()})
+        problem = integrity.unit_problem(root, rec if rec is not None else {"unit": u.to_dict()})
         if problem is None:
             continue
         store.write_status(root, u, "pending", repaired=problem, weights_hash=None,

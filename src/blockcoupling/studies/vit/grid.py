@@ -1,6 +1,6 @@
 """The drop-path x weight-decay grid: one training run per point, on Ray or in this process.
 
-A grid is a collection of kind ``vit-grid`` (the layout of ``studies/sweep/store.py``)::
+A grid is a collection of kind ``vit-grid`` (the layout of ``store/collection.py``)::
 
     ROOT/sweep.json                the collection manifest: kind vit-grid, the spec (base
                                    config, grid values), unit order, sessions
@@ -221,7 +221,8 @@ def grid_unit(config: VitTrainConfig, axes: Sequence[str] = ()) -> Any:
     `run_name` (with the grid's extra ``axes``), id by the collections' one rule over
     the whole training config, config hash of its final measurement, run directory
     ``coupling/final``."""
-    from blockcoupling.studies.sweep.units import Unit, collection_unit_id
+    from blockcoupling.store.collection import collection_unit_id
+    from blockcoupling.studies.sweep.units import Unit
     from blockcoupling.studies.vit.train import images_config, measured_tokens
 
     label = run_name(config, axes)
@@ -246,7 +247,7 @@ def _grid_manifest(root: Path, base_dict: dict[str, Any], units: list[Any],
                    axes: Sequence[str] = ()) -> dict[str, Any]:
     """The grid's collection manifest (new, or the existing one of the same base config)
     with this run's points added to its spec and order and a new session."""
-    from blockcoupling.studies.sweep import store
+    from blockcoupling.store import collection as store
 
     spec = {KIND: {"base": base_dict, "drop_paths": [], "weight_decays": [], "seeds": [],
                    **{EXTRA_AXES[a][0]: [] for a in axes}}}
@@ -323,7 +324,8 @@ def _run_grid(base: VitTrainConfig, root: str | Path, configs: list[VitTrainConf
               axes: tuple[str, ...], executor: str, address: str | None, num_cpus: int,
               threads: int | None, progress: bool,
               on_run: Callable[[dict[str, Any]], None] | None) -> pd.DataFrame:
-    from blockcoupling.studies.sweep import store
+    from blockcoupling.store import collection as store
+    from blockcoupling.studies import integrity
 
     units = [grid_unit(c, axes) for c in configs]
     rootp = Path(root)
@@ -343,7 +345,7 @@ def _run_grid(base: VitTrainConfig, root: str | Path, configs: list[VitTrainConf
             if rec is None:
                 store.write_status(rootp, u, "pending")
             elif rec.get("status") == "done":
-                problem = store.unit_problem(rootp, rec)
+                problem = integrity.unit_problem(rootp, rec)
                 if problem is None:
                     continue
                 shutil.rmtree(store.unit_dir(rootp, u.unit_id), ignore_errors=True)
@@ -414,8 +416,8 @@ def _run_grid(base: VitTrainConfig, root: str | Path, configs: list[VitTrainConf
 def unit_record(root: Path, unit: Any) -> dict[str, Any]:
     """The status fields of a trained unit that the collection's integrity check compares:
     the final measurement's weights hash and image count."""
+    from blockcoupling.store import collection as store
     from blockcoupling.store.manifest import load_manifest
-    from blockcoupling.studies.sweep import store
 
     m = load_manifest(root / store.run_relpath(unit.to_dict()))
     return {"weights_hash": m.get("weights_hash"),
@@ -442,7 +444,7 @@ def _run_ray(jobs: list[tuple[dict[str, Any], str]], done: Callable[[dict[str, A
 def _run_dirs(root: Path) -> list[tuple[str, Path]]:
     """(name, vit-train folder) of every run: a grid's units by their label (its catalogue
     order), one vit-train output, or the vit-train outputs anywhere under a plain folder."""
-    from blockcoupling.studies.sweep import store
+    from blockcoupling.store import collection as store
 
     if store.is_collection_dir(root):
         manifest = store.load_manifest(root)  # the old layout: the line that converts it
