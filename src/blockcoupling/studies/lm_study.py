@@ -525,7 +525,7 @@ def check_study(out: str | Path, spec: StudySpec, executor: str = "local", *,
     use by another study unless ``locked``, not a study of another spec that has measured
     something). Returns the prompts. Writes nothing."""
     from blockcoupling.store.fileio import lock_holder
-    from blockcoupling.studies.sweep import runner
+    from blockcoupling.studies import executor as runner
     from blockcoupling.studies.tiny_lm import build_tokenizer, corpus_text
 
     if executor not in runner.EXECUTORS:

@@ -11,8 +11,9 @@ of every kind of collection: sweep, monitor, vit-grid).
 """
 
 from blockcoupling.store.collection import KINDS, is_collection_dir, is_sweep_dir
+from blockcoupling.studies.executor import EXECUTORS, SweepError, start_ray
 from blockcoupling.studies.sweep.read import Sweep, open_collection, open_sweep, sweep_status
-from blockcoupling.studies.sweep.runner import EXECUTORS, SweepError, run_sweep, run_unit, start_ray
+from blockcoupling.studies.sweep.runner import run_sweep, run_unit
 from blockcoupling.studies.sweep.spec import ModelSpec, SpecError, SweepSpec, load_spec, parse_spec
 from blockcoupling.studies.sweep.units import Unit, discover_checkpoints, expand, parse_step
 

@@ -313,7 +313,7 @@ def run_grid(base: VitTrainConfig, root: str | Path, *,
     if executor == "local":
         return _run_grid(base, root, configs, axes, executor, address, num_cpus, threads,
                          progress, on_run)
-    from blockcoupling.studies.sweep.runner import ray_session
+    from blockcoupling.studies.executor import ray_session
 
     with ray_session(address, num_cpus=cluster_cpus):  # reached before anything is written
         return _run_grid(base, root, configs, axes, executor, None, num_cpus, threads,
@@ -379,14 +379,8 @@ def _run_grid(base: VitTrainConfig, root: str | Path, configs: list[VitTrainConf
         # absolute: a Ray worker's working directory may be another
         jobs = [(c.to_dict(), str(store.unit_dir(rootp.resolve(), u.unit_id))) for c, u in todo]
         try:
-            if executor == "local":
-                for (cfg, out), (_, u) in zip(jobs, todo, strict=True):
-                    start(u)
-                    done(train_unit(cfg, out, threads))
-            elif jobs:
-                for _, u in todo:
-                    start(u)
-                _run_ray(jobs, done, address=address, num_cpus=num_cpus, threads=threads)
+            _run_jobs(jobs, [u for _, u in todo], start, done, executor=executor,
+                      address=address, num_cpus=num_cpus, threads=threads)
         finally:
             if bar is not None:
                 bar.close()
@@ -424,9 +418,12 @@ def unit_record(root: Path, unit: Any) -> dict[str, Any]:
             "n_prompts": len((m.get("consolidated") or {}).get("prompt_ids") or [])}
 
 
-def _run_ray(jobs: list[tuple[dict[str, Any], str]], done: Callable[[dict[str, Any]], None], *,
-             address: str | None, num_cpus: int, threads: int | None) -> None:
-    from blockcoupling.studies.sweep.runner import died, ray_each
+def _run_jobs(jobs: list[tuple[dict[str, Any], str]], units: list[Any],
+              start: Callable[[Any], None], done: Callable[[dict[str, Any]], None], *,
+              executor: str, address: str | None, num_cpus: int,
+              threads: int | None) -> None:
+    """Every training through the kinds' one task loop (`executor.run_each`)."""
+    from blockcoupling.studies.executor import died, run_each
 
     def on_result(i: int, rec: Any, err: BaseException | None) -> None:
         if err is not None:
@@ -435,9 +432,10 @@ def _run_ray(jobs: list[tuple[dict[str, Any], str]], done: Callable[[dict[str, A
                    "seconds": float("nan")}
         done(rec)
 
-    ray_each(train_unit, [((cfg, out, threads), {"num_cpus": num_cpus, "max_retries": 2,
+    run_each(train_unit, [((cfg, out, threads), {"num_cpus": num_cpus, "max_retries": 2,
                                                  "retry_exceptions": False})
-                          for cfg, out in jobs], on_result, address=address)
+                          for cfg, out in jobs], on_result, executor=executor,
+             address=address, on_submit=lambda i: start(units[i]))
 
 
 # ---------------------------------------------------------------------------- reading
