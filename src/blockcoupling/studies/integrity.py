@@ -9,19 +9,15 @@ from pathlib import Path
 from typing import Any
 
 from blockcoupling.errors import RunDirError
-from blockcoupling.store.collection import all_status, run_relpath, unit_dir
+from blockcoupling.store.collection import DEFAULT_KIND, all_status, run_relpath, unit_dir
 
 
 def repair_command(root: Path, kind: str | None) -> str:
-    """How a damaged unit of the collection in ``root`` is measured again."""
-    if kind == "monitor":
-        return (f"run the training script again with CouplingMonitor(out={str(root)!r}): "
-                "it measures the damaged steps again")
-    if kind == "vit-grid":
-        return (f"run the same vit-grid again with --out {root}: it trains the damaged points "
-                "again")
-    return (f"measure it again with `blockcoupling sweep SPEC --out {root} --resume` (SPEC: "
-            "the spec the sweep was run with)")
+    """How a damaged unit of the collection in ``root`` is measured again (its kind's
+    ``CollectionKind.repair``; a manifest without kind is the format's ``DEFAULT_KIND``)."""
+    from blockcoupling.studies import kinds
+
+    return kinds.get(kind or DEFAULT_KIND, root).repair(root)
 
 
 def unit_problem(root: Path, rec: dict[str, Any]) -> str | None:
@@ -35,12 +31,14 @@ def unit_problem(root: Path, rec: dict[str, Any]) -> str | None:
     unit = rec.get("unit") or {}
     uid = str(unit.get("unit_id"))
     path = root / run_relpath(unit)
-    if unit.get("run"):  # a unit trained into its folder (vit-grid): its sealed record too
-        from blockcoupling.studies.vit.train import metrics_problem
+    if unit.get("run"):  # a unit trained into its folder: its kind's check of that folder
+        from blockcoupling.studies import kinds
 
-        problem = metrics_problem(unit_dir(root, uid))
-        if problem is not None:
-            return problem
+        for name in kinds.names():
+            check = kinds.get(name).unit_check
+            problem = check(unit_dir(root, uid)) if check is not None else None
+            if problem is not None:
+                return problem
     try:
         manifest = verify_complete(path)
         cfg_hash = MeasureConfig.from_dict(dict(manifest["config"])).config_hash()

@@ -10,7 +10,7 @@ Modules: `spec` (the YAML spec), `units` (expansion, unit ids, checkpoints),
 of every kind of collection: sweep, monitor, vit-grid).
 """
 
-from blockcoupling.store.collection import KINDS, is_collection_dir, is_sweep_dir
+from blockcoupling.store.collection import is_collection_dir, is_sweep_dir
 from blockcoupling.studies.executor import EXECUTORS, SweepError, start_ray
 from blockcoupling.studies.sweep.read import Sweep, open_collection, open_sweep, sweep_status
 from blockcoupling.studies.sweep.runner import run_sweep, run_unit
@@ -19,7 +19,6 @@ from blockcoupling.studies.sweep.units import Unit, discover_checkpoints, expand
 
 __all__ = [
     "EXECUTORS",
-    "KINDS",
     "ModelSpec",
     "SpecError",
     "Sweep",

@@ -29,7 +29,7 @@ from blockcoupling.engine.statistic import (
 )
 from blockcoupling.errors import BlockCouplingError
 from blockcoupling.store import collection as store
-from blockcoupling.studies import integrity
+from blockcoupling.studies import integrity, kinds
 
 #: the unit columns put in front of every table read from a sweep
 UNIT_COLUMNS = ("unit_id", "label", "model", "revision", "step", "prompt_set")
@@ -61,6 +61,14 @@ def _sql_str(s: str) -> str:
     return "'" + s.replace("'", "''") + "'"
 
 
+def load_manifest(root: Path) -> dict[str, Any]:
+    """The collection's manifest (`store.collection.load_manifest`), of a kind this library
+    has registered (else one line: `kinds.get`)."""
+    manifest = store.load_manifest(root)
+    kinds.get(manifest["kind"], root / store.MANIFEST)
+    return manifest
+
+
 class Sweep:
     """A collection directory of any kind (sweep, monitor, vit-grid), finished or not.
     Tables hold the rows of the units that are ``done``, with the unit columns ``unit_id,
@@ -68,7 +76,7 @@ class Sweep:
 
     def __init__(self, root: Path) -> None:
         self.root = root
-        self.manifest = store.load_manifest(root)
+        self.manifest = load_manifest(root)
         self.catalogue: pd.DataFrame = store.catalogue(root, self.manifest)
         self._verified = False
 
@@ -363,7 +371,7 @@ def sweep_status(path: str | os.PathLike[str]) -> pd.DataFrame:
     units whose files fail the integrity check as ``damaged`` (message: what is wrong and
     the command that measures them again)."""
     root = Path(path)
-    manifest = store.load_manifest(root)
+    manifest = load_manifest(root)
     kind = manifest.get("kind")
     cat = store.catalogue(root, manifest)
     if cat.empty:
