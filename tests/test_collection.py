@@ -386,3 +386,52 @@ def test_pinned_unit_ids_and_hashes_of_existing_collections(kinds: dict[str, Pat
     for kind, path in kinds.items():  # the manifest's name and format, for every kind
         m = json.loads((path / "sweep.json").read_text())
         assert (m["format"], m["format_version"], m["kind"]) == ("blockcoupling-sweep", 2, kind)
+
+
+def test_a_new_kind_is_a_package_and_one_registration(tmp_path: Path) -> None:
+    """The recipe "add a collection kind" (docs/DESIGN.md), followed once for a trivial kind:
+    one registration, and the reader, ``sweep-status``, ``report`` and the repair line take
+    it; unregistered, its directory is the one unknown-kind line."""
+    from dataclasses import dataclass
+
+    from blockcoupling.studies import kinds
+    from blockcoupling.studies.integrity import repair_command
+
+    @dataclass(frozen=True)
+    class ToyUnit:
+        unit_id: str
+        label: str
+
+        def to_dict(self) -> dict:
+            return {"unit_id": self.unit_id, "label": self.label}
+
+    def page(collection: bc.Sweep, out: Path) -> Path:
+        out.write_text(f"<p>toy page of {len(collection.catalogue)} units</p>")
+        return out
+
+    toy = kinds.register(kinds.CollectionKind(
+        name="toy", page=page, repair=lambda root: f"run the toy again in {root}"))
+    root = tmp_path / "toy"
+    try:
+        units = [ToyUnit(store.collection_unit_id([("toy", 8), (f"n{i}", 8)], ["toy", i]),
+                         f"toy{i}") for i in range(2)]
+        root.mkdir()
+        manifest = store.new_manifest("toy", {"toy": {"n": 2}})
+        manifest["order"] = [u.unit_id for u in units]
+        store.write_json(root / store.MANIFEST, manifest)
+        for u in units:
+            store.write_status(root, u, "pending")
+        c = bc.open_collection(root)
+        assert c.kind == "toy" and c.catalogue["status"].tolist() == ["pending"] * 2
+        assert repair_command(root, "toy") == f"run the toy again in {root}"
+        runner = CliRunner()
+        r = runner.invoke(app, ["sweep-status", str(root)])
+        assert r.exit_code == 0 and "(toy): 2 units" in r.output, r.output
+        r = runner.invoke(app, ["-q", "report", str(root), "--out", str(tmp_path / "t.html")])
+        assert r.exit_code == 0, r.output
+        assert (tmp_path / "t.html").read_text() == "<p>toy page of 2 units</p>"
+        assert kinds.get("toy") is toy
+    finally:
+        kinds.unregister("toy")
+    with pytest.raises(BlockCouplingError, match="unknown collection kind 'toy'"):
+        bc.open_collection(root)
