@@ -217,7 +217,7 @@ READER = "blockcoupling.studies.sweep.read"
 #: (module, kind) still to be moved behind the registry (issue 33): this list only shrinks
 KNOWN_KIND_NAMING = {
     ("blockcoupling.store.collection", "sweep"),  # DEFAULT_KIND: format 1 and kind-less specs
-    ("blockcoupling.cli.sweep", "sweep"), ("blockcoupling.cli.sweep", "vit-grid"),
+    ("blockcoupling.cli.sweep", "sweep"),  # the default kind run by `sweep` itself
     ("blockcoupling.cli.run", "vit-grid"), ("blockcoupling.studies.plans", "sweep"),
     ("blockcoupling.studies.plans", "vit-grid"),
 }

@@ -31,6 +31,13 @@ def _parse(data: Any) -> Any:
     return load_grid_spec(data)
 
 
+def _plan(spec: Any) -> Any:
+    from blockcoupling.studies.plans import plan_grid
+    from blockcoupling.studies.vit.grid import load_grid_spec
+
+    return plan_grid(*load_grid_spec(spec))
+
+
 def _unit_check(folder: Path) -> str | None:
     from blockcoupling.studies.vit.train import metrics_problem
 
@@ -112,6 +119,6 @@ def _upgrade(root: Path) -> bool:
 #: a ViT grid spec's own keys (a spec naming them without ``kind:`` is asked for it)
 GRID_KEYS = ("drop_path", "weight_decay", "train")
 
-KIND = register(CollectionKind(name="vit-grid", page=_page, repair=_repair, parse_spec=_parse,
+KIND = register(CollectionKind(name="vit-grid", page=_page, repair=_repair, parse_spec=_parse, plan=_plan,
                                headline_tokens="first", unit_check=_unit_check,
                                upgrade=_upgrade, spec_keys=GRID_KEYS))
