@@ -73,7 +73,7 @@ def make_checkpoints(root: Path, shape: str, n: int) -> list[Path]:
 
 
 def unit_rows(sweep_dir: Path) -> list[dict[str, Any]]:
-    from blockcoupling.studies.sweep import store
+    from blockcoupling.store import collection as store
 
     return [{"unit": r["unit"]["unit_id"], "status": r["status"], "seconds": r.get("seconds"),
              **{k: round(v, 4) for k, v in (r.get("timings") or {}).items()}}

@@ -20,8 +20,10 @@ import blockcoupling as bc
 from blockcoupling.cli import app
 from blockcoupling.errors import BlockCouplingError
 from blockcoupling.hashing import canonical_hash
-from blockcoupling.studies.sweep import store
-from blockcoupling.studies.sweep.units import _slug, collection_unit_id, unit_id
+from blockcoupling.store import collection as store
+from blockcoupling.store.collection import collection_unit_id
+from blockcoupling.store.collection import slug as _slug
+from blockcoupling.studies.sweep.units import unit_id
 
 WORDS = "the a cat dog sat on mat ran far".split()
 TEXTS = ["the cat sat on the mat", "a dog ran far"]
@@ -344,3 +346,92 @@ def test_a_spec_says_its_kind(tmp_path: Path) -> None:
         parse_spec({"kind": "vit-grid", "models": [{"label": "a", "model": "x"}]})
     with pytest.raises(BlockCouplingError, match="not a ViT grid spec"):
         load_grid_spec({"kind": "sweep", "train": {"epochs": 1}})
+
+
+# Pinned before the collection format moved into ``store/`` (issue 33): the ids and hashes
+# of existing collections, written as literals, so that a move that changed one fails here.
+_SWEEP_CFG = "21b200ab213d7620706c60385537c46057caf4125e2cedb158fd17bef4ee52bf"
+PINNED_SWEEP_IDS = [("pythia-step1000-capital-5cab6fba1696", _SWEEP_CFG),
+                    ("pythia-step1000-two-c5f814f0e13e", _SWEEP_CFG),
+                    ("pythia-main-capital-461a33ab6035", _SWEEP_CFG),
+                    ("pythia-main-two-76b203c1b67b", _SWEEP_CFG)]
+_MON_CFG = "20fbe6c045ce3c5eaf671eaffc5afabfe9e905bb5140f9fa458dadd020ff35cd"
+_VIT_CFG = "eda150226077232073e5882e896495726ccc2a47bce328ad826acb8bb00777de"
+PINNED_KIND_IDS = {
+    "sweep": (["g-main-two"], [_SWEEP_CFG]),
+    "monitor": (["monitor-step0-e3044ea33a45", "monitor-step1-18c060eaf71d"], [_MON_CFG] * 2),
+    "vit-grid": (["dp0-wd0.01-s0-aa1a4c33fa12", "dp0.1-wd0.01-s0-9bba60e294fb",
+                  "dp0-wd0.1-s0-c27fd160e48f", "dp0.1-wd0.1-s0-6043a4c96152"], [_VIT_CFG] * 4)}
+
+
+def test_pinned_unit_ids_and_hashes_of_existing_collections(kinds: dict[str, Path]) -> None:
+    """Unit ids and config hashes of a tiny collection of each kind, and of a hub sweep spec,
+    are the literals the directories were written with (a resume finds its units again)."""
+    from blockcoupling.studies.sweep import expand, parse_spec
+
+    spec = parse_spec({"models": [{"label": "pythia", "model": "EleutherAI/pythia-70m",
+                                   "revisions": ["step1000", "main"]}],
+                       "prompts": ["builtin:capital", {"name": "two", "texts": TEXTS}],
+                       "limit": 2, "measure": MEASURE})
+    got_sweep = [(u.unit_id, u.config_hash) for u in expand(spec)]
+    got_kinds = {}
+    for kind, path in kinds.items():
+        cat = bc.open_collection(path).catalogue
+        ids = cat["unit_id"].tolist()
+        if kind == "sweep":  # the id's hash covers the model's tmp path: pin its readable part
+            ids = [i.rsplit("-", 1)[0] for i in ids]
+        got_kinds[kind] = (ids, cat["config_hash"].tolist())
+    assert got_sweep == PINNED_SWEEP_IDS
+    assert got_kinds == PINNED_KIND_IDS
+    for kind, path in kinds.items():  # the manifest's name and format, for every kind
+        m = json.loads((path / "sweep.json").read_text())
+        assert (m["format"], m["format_version"], m["kind"]) == ("blockcoupling-sweep", 2, kind)
+
+
+def test_a_new_kind_is_a_package_and_one_registration(tmp_path: Path) -> None:
+    """The recipe "add a collection kind" (docs/DESIGN.md), followed once for a trivial kind:
+    one registration, and the reader, ``sweep-status``, ``report`` and the repair line take
+    it; unregistered, its directory is the one unknown-kind line."""
+    from dataclasses import dataclass
+
+    from blockcoupling.studies import kinds
+    from blockcoupling.studies.integrity import repair_command
+
+    @dataclass(frozen=True)
+    class ToyUnit:
+        unit_id: str
+        label: str
+
+        def to_dict(self) -> dict:
+            return {"unit_id": self.unit_id, "label": self.label}
+
+    def page(collection: bc.Sweep, out: Path) -> Path:
+        out.write_text(f"<p>toy page of {len(collection.catalogue)} units</p>")
+        return out
+
+    toy = kinds.register(kinds.CollectionKind(
+        name="toy", page=page, repair=lambda root: f"run the toy again in {root}"))
+    root = tmp_path / "toy"
+    try:
+        units = [ToyUnit(store.collection_unit_id([("toy", 8), (f"n{i}", 8)], ["toy", i]),
+                         f"toy{i}") for i in range(2)]
+        root.mkdir()
+        manifest = store.new_manifest("toy", {"toy": {"n": 2}})
+        manifest["order"] = [u.unit_id for u in units]
+        store.write_json(root / store.MANIFEST, manifest)
+        for u in units:
+            store.write_status(root, u, "pending")
+        c = bc.open_collection(root)
+        assert c.kind == "toy" and c.catalogue["status"].tolist() == ["pending"] * 2
+        assert repair_command(root, "toy") == f"run the toy again in {root}"
+        runner = CliRunner()
+        r = runner.invoke(app, ["sweep-status", str(root)])
+        assert r.exit_code == 0 and "(toy): 2 units" in r.output, r.output
+        r = runner.invoke(app, ["-q", "report", str(root), "--out", str(tmp_path / "t.html")])
+        assert r.exit_code == 0, r.output
+        assert (tmp_path / "t.html").read_text() == "<p>toy page of 2 units</p>"
+        assert kinds.get("toy") is toy
+    finally:
+        kinds.unregister("toy")
+    with pytest.raises(BlockCouplingError, match="unknown collection kind 'toy'"):
+        bc.open_collection(root)

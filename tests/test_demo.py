@@ -518,7 +518,7 @@ def test_monitor_is_optional_and_a_missing_or_outdated_one_retrains(tmp_path: Pa
     after = _state(plain[-1][1])
     assert all(torch.equal(before[n], after[n]) for n in before)
     # an outdated monitor (as if monitor_options had changed since it was cached)
-    from blockcoupling.studies.sweep import store
+    from blockcoupling.store import collection as store
 
     manifest = store.load_manifest(target / tiny_lm.MONITOR_DIR)
     manifest["spec"]["monitor"]["config"]["k"] = [99]

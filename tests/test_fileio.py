@@ -7,13 +7,13 @@ from pathlib import Path
 import pytest
 
 from blockcoupling.errors import RunDirError
+from blockcoupling.store.collection import is_locked, sweep_lock
 from blockcoupling.store.fileio import (
     atomic_path,
     atomic_write_text,
     dir_lock,
     lock_holder,
 )
-from blockcoupling.studies.sweep.store import is_locked, sweep_lock
 
 
 def test_atomic_path_replaces_a_file_or_a_folder_whole(tmp_path: Path) -> None:

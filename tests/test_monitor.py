@@ -384,7 +384,7 @@ def test_interpreter_exit_is_clean(tmp_path: Path) -> None:
                        timeout=300)
     assert r.returncode == 0, r.stderr
     assert "Exception ignored" not in r.stderr and "Traceback" not in r.stderr, r.stderr
-    from blockcoupling.studies.sweep.store import is_locked
+    from blockcoupling.store.collection import is_locked
 
     assert not any(is_locked(tmp_path / d) for d in "abc")
     assert bc.open_sweep(tmp_path / "c").catalogue["step"].tolist() == [0, 1, 2]

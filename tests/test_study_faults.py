@@ -32,7 +32,8 @@ import pytest
 import yaml
 
 import blockcoupling as bc
-from blockcoupling.studies.sweep import expand, load_spec, store, sweep_status
+from blockcoupling.store import collection as store
+from blockcoupling.studies.sweep import expand, load_spec, sweep_status
 from blockcoupling.validate import OptionError, number, whole
 from test_faults import SEED, child, one_error_line
 from tiny_runs import assert_identical_runs, cli, install_probes, save_tiny_lm, write_prompts

@@ -347,7 +347,8 @@ def test_an_edited_grid_record_is_refused_by_readers_and_trained_again(
     plotted as it was. Now: the record is sealed (and holds the saved model's checksum); a
     reader refuses it in one line, ``sweep-status`` shows the point damaged, and the same
     vit-grid command trains it again, into the same numbers."""
-    from blockcoupling.studies.sweep import store, sweep_status
+    from blockcoupling.store import collection as store
+    from blockcoupling.studies.sweep import sweep_status
     from blockcoupling.studies.vit.grid import collect_runs, run_grid
     from blockcoupling.studies.vit.train import VitTrainConfig
 
@@ -405,9 +406,9 @@ def test_a_study_checks_everything_before_it_trains(no_training: None, tmp_path:
     """Before: prompts, their lengths and the executor were checked after training every
     run, and a refused second study on a running one's --out rewrote its prompts.txt. Now:
     every check runs first, and --out is written only under the study's lock."""
+    from blockcoupling.store import collection as store
     from blockcoupling.store.fileio import dir_lock
     from blockcoupling.studies.lm_study import run_study
-    from blockcoupling.studies.sweep import store
 
     out, executor = tmp_path / "out", "local"
     if case == "executor":
@@ -503,8 +504,8 @@ def test_a_study_measures_again_what_was_trained_again(tmp_path: Path) -> None:
     those its sweep units were measured on (another thread count, say), those units are
     measured again, so a run's coupling and its accuracy always come from one training.
     Here the other weights are simulated by the study's record of what it measured."""
+    from blockcoupling.store import collection as store
     from blockcoupling.studies.lm_study import TRAINED_FILE, run_study
-    from blockcoupling.studies.sweep import store
 
     out, cache = tmp_path / "out", tmp_path / "cache"
     spec = _small_spec()
@@ -761,8 +762,8 @@ def test_a_grid_record_from_before_seals_is_read_with_a_warning(tmp_path: Path) 
 
 def test_a_study_of_another_spec_that_measured_nothing_is_replaced(no_training: None,
                                                                    tmp_path: Path) -> None:
+    from blockcoupling.store import collection as store
     from blockcoupling.studies.lm_study import SPEC_FILE, run_study
-    from blockcoupling.studies.sweep import store
 
     out = tmp_path / "out"
     (out / "sweep" / store.STATUS).mkdir(parents=True)

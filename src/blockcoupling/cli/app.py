@@ -6,7 +6,7 @@ import contextlib
 import json
 import signal
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Annotated, Any, TypeVar
 
 import typer
@@ -59,6 +59,19 @@ app = typer.Typer(
 )
 
 STATE = {"verbose": False, "quiet": False}
+
+#: kind -> the command-line run of a spec of that kind given to ``blockcoupling sweep``
+#: (``runner(spec, out, *, executor, address, as_json, cluster_cpus)``), registered by the
+#: kind's own command module (`spec_runner`); the default kind is run by ``sweep`` itself
+SPEC_RUNNERS: dict[str, Callable[..., None]] = {}
+
+
+def spec_runner(kind: str) -> Callable[[Callable[..., None]], Callable[..., None]]:
+    """Register the decorated function as the command-line run of ``kind``'s specs."""
+    def add(fn: Callable[..., None]) -> Callable[..., None]:
+        SPEC_RUNNERS[kind] = fn
+        return fn
+    return add
 
 
 def fail(err: BaseException) -> None:

@@ -29,7 +29,7 @@ def cross(
     with user_errors("cannot read the runs or write the results"):
         selection = dict(k=None if k is None else one_value(k, "--k", int), variant=variant,
                          p=one_value(p, "--p", float), orientation=orientation)
-        from blockcoupling.studies.sweep.store import is_sweep_dir
+        from blockcoupling.store.collection import is_sweep_dir
 
         if len(runs) == 1 and is_sweep_dir(runs[0]):  # per label: checkpoints vs the last
             result = cross_sweep(runs[0])

@@ -159,7 +159,7 @@ def report(
 ) -> None:
     """Write one self-contained HTML report (plus PNG/SVG/PDF figures) from stored runs."""
     from blockcoupling.report.html import write_report_from_dirs
-    from blockcoupling.studies.sweep.store import is_collection_dir
+    from blockcoupling.store.collection import is_collection_dir
 
     with user_errors("cannot write the report"):
         single = len(run_dirs) == 1 and (is_collection_dir(run_dirs[0]) or _is_vit_dir(run_dirs[0]))

@@ -11,6 +11,7 @@ import typer
 from blockcoupling.cli.app import (
     CLUSTER_CPUS_HELP,
     JSON_HELP,
+    SPEC_RUNNERS,
     app,
     deprecated,
     echo_json,
@@ -45,22 +46,19 @@ def sweep(
 
     cluster_cpus = deprecated("--num-cpus", num_cpus, "--cluster-cpus", cluster_cpus)
     if dry_run:
-        from blockcoupling.studies.plans import plan_grid, plan_sweep
+        from blockcoupling.studies import kinds
 
         with user_errors("cannot read the spec"):
-            if _spec_kind(spec) == "vit-grid":
-                from blockcoupling.studies.vit.grid import load_grid_spec
-
-                plan = plan_grid(*load_grid_spec(spec))
-            else:
-                plan = plan_sweep(spec)
+            plan_of = kinds.get(_spec_kind(spec)).plan
+            assert plan_of is not None  # spec kinds have a plan
+            plan = plan_of(spec)
         print_plan(plan, as_json)
         return
     with user_errors("cannot read the spec"):
         kind = _spec_kind(spec)
-    if kind == "vit-grid":
-        _vit_grid(spec, out, executor=executor, address=address, as_json=as_json,
-                  cluster_cpus=cluster_cpus)
+    if kind in SPEC_RUNNERS:  # another kind's spec: its own command module runs it
+        SPEC_RUNNERS[kind](spec, out, executor=executor, address=address, as_json=as_json,
+                           cluster_cpus=cluster_cpus)
         return
 
     with guarded(saved=f"finished units are saved in {out}",
@@ -94,7 +92,7 @@ def sweep(
 def _where(out: Path, bare: bool = False) -> str:
     """`` on the Ray cluster at ADDRESS`` of the sweep's last session ('' without Ray;
     ``bare``: the address alone)."""
-    from blockcoupling.studies.sweep.store import load_manifest
+    from blockcoupling.studies.sweep.read import load_manifest
 
     try:
         address = load_manifest(out)["sessions"][-1].get("address")
@@ -108,33 +106,18 @@ def _where(out: Path, bare: bool = False) -> str:
 def _spec_kind(spec: Path) -> str:
     """The collection kind a spec file states (``kind: sweep`` or ``kind: vit-grid``; a spec
     without ``kind`` is a sweep). Only a spec's own word decides, nothing is guessed."""
+    from blockcoupling.store.collection import DEFAULT_KIND
     from blockcoupling.studies.collection import spec_kind
 
     if not spec.is_file() or spec.suffix.lower() not in (".yaml", ".yml"):
-        return "sweep"  # run_sweep reads it and says what is wrong
+        return DEFAULT_KIND  # run_sweep reads it and says what is wrong
     import yaml
 
     try:
         data = yaml.safe_load(spec.read_text())
     except (yaml.YAMLError, OSError, UnicodeDecodeError):
-        return "sweep"  # run_sweep reports it with its own message
+        return DEFAULT_KIND  # run_sweep reports it with its own message
     return spec_kind(data, str(spec))
-
-
-def _vit_grid(spec: Path, out: Path, *, executor: str, address: str | None,
-              as_json: bool = False, cluster_cpus: int | None = None) -> None:
-    from blockcoupling.studies.vit.grid import load_grid_spec, run_grid
-
-    with guarded(saved=f"finished runs are saved in {out}"):
-        base, kwargs = load_grid_spec(spec)
-        kwargs["executor"] = executor
-        kwargs["cluster_cpus"] = cluster_cpus
-        if address is not None:
-            kwargs["address"] = address
-        runs = run_grid(base, out, progress=not _STATE["quiet"], **kwargs)
-    from blockcoupling.cli.vit import report_grid
-
-    report_grid(runs, out, as_json=as_json)
 
 
 @app.command("sweep-status")
@@ -183,7 +166,7 @@ def sweep_status_cmd(
 
 def _kind(root: Path) -> str:
     """The collection's kind, from its manifest."""
-    from blockcoupling.studies.sweep.store import load_manifest
+    from blockcoupling.studies.sweep.read import load_manifest
 
     return str(load_manifest(root)["kind"])
 

@@ -14,6 +14,7 @@ from blockcoupling.cli.app import (
     echo_json,
     guarded,
     print_plan,
+    spec_runner,
     user_errors,
 )
 from blockcoupling.cli.app import STATE as _STATE
@@ -220,3 +221,18 @@ def vit_figures(
     if not _STATE["quiet"]:
         for p in paths:
             typer.echo(f"wrote {p}")
+
+
+@spec_runner("vit-grid")
+def grid_from_spec(spec: Path, out: Path, *, executor: str, address: str | None,
+              as_json: bool = False, cluster_cpus: int | None = None) -> None:
+    from blockcoupling.studies.vit.grid import load_grid_spec, run_grid
+
+    with guarded(saved=f"finished runs are saved in {out}"):
+        base, kwargs = load_grid_spec(spec)
+        kwargs["executor"] = executor
+        kwargs["cluster_cpus"] = cluster_cpus
+        if address is not None:
+            kwargs["address"] = address
+        runs = run_grid(base, out, progress=not _STATE["quiet"], **kwargs)
+    report_grid(runs, out, as_json=as_json)

@@ -172,7 +172,7 @@ def _ray_for_demo(executor: str) -> Iterator[None]:
     if executor != "ray":
         yield
         return
-    from blockcoupling.studies.sweep.runner import import_ray, start_ray
+    from blockcoupling.studies.executor import import_ray, start_ray
 
     ray = import_ray()
     started = not ray.is_initialized()
@@ -250,7 +250,7 @@ def run_demo(
     """
     from blockcoupling.report.html import write_report
     from blockcoupling.store.record import measure_to_dir
-    from blockcoupling.studies.sweep.runner import EXECUTORS, import_ray
+    from blockcoupling.studies.executor import EXECUTORS, import_ray
 
     if executor not in EXECUTORS:
         raise BlockCouplingError(f"executor {executor!r}: choose ray or local")

@@ -525,7 +525,7 @@ def check_study(out: str | Path, spec: StudySpec, executor: str = "local", *,
     use by another study unless ``locked``, not a study of another spec that has measured
     something). Returns the prompts. Writes nothing."""
     from blockcoupling.store.fileio import lock_holder
-    from blockcoupling.studies.sweep import runner
+    from blockcoupling.studies import executor as runner
     from blockcoupling.studies.tiny_lm import build_tokenizer, corpus_text
 
     if executor not in runner.EXECUTORS:
@@ -580,7 +580,7 @@ def _other_spec(out: Path, spec: StudySpec) -> bool:
 
 def _has_results(out: Path) -> bool:
     """Whether the study's sweep has measured anything (else it can be replaced)."""
-    from blockcoupling.studies.sweep import store
+    from blockcoupling.store import collection as store
 
     root = out / "sweep"
     if not store.is_sweep_dir(root):
@@ -607,7 +607,7 @@ def _remeasure_retrained(root: Path, digests: dict[str, str], previous: dict[str
     different weights): the sweep's resume measures them again."""
     import shutil
 
-    from blockcoupling.studies.sweep import store
+    from blockcoupling.store import collection as store
     from blockcoupling.studies.sweep.units import Unit
 
     changed = {rid for rid, d in digests.items() if previous.get(rid) not in (None, d)}

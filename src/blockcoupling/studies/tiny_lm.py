@@ -639,8 +639,8 @@ def _monitor_is_current(cfg: TinyLMConfig, target: Path) -> bool:
     `tiny_lm_prompts` ask for today, every checkpoint step done (else the cache is
     retrained: the monitor only measures inside the training loop)."""
     from blockcoupling.engine.config import MeasureConfig
+    from blockcoupling.store import collection as store
     from blockcoupling.studies.monitor import prompt_items
-    from blockcoupling.studies.sweep import store
 
     root = target / MONITOR_DIR
     if not store.is_sweep_dir(root):

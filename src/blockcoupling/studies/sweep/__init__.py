@@ -6,19 +6,19 @@ on Ray (default) or in this process, read back as one set of tables.
 >>> s = bc.open_sweep("sweeps/pythia"); s.summary()           # doctest: +SKIP
 
 Modules: `spec` (the YAML spec), `units` (expansion, unit ids, checkpoints),
-`store` (the sweep directory), `runner` (executors), `read` (open_collection, alias open_sweep: the reader
+`blockcoupling.store.collection` (the collection format), `runner` (executors), `read` (open_collection, alias open_sweep: the reader
 of every kind of collection: sweep, monitor, vit-grid).
 """
 
+from blockcoupling.store.collection import is_collection_dir, is_sweep_dir
+from blockcoupling.studies.executor import EXECUTORS, SweepError, start_ray
 from blockcoupling.studies.sweep.read import Sweep, open_collection, open_sweep, sweep_status
-from blockcoupling.studies.sweep.runner import EXECUTORS, SweepError, run_sweep, run_unit, start_ray
+from blockcoupling.studies.sweep.runner import run_sweep, run_unit
 from blockcoupling.studies.sweep.spec import ModelSpec, SpecError, SweepSpec, load_spec, parse_spec
-from blockcoupling.studies.sweep.store import KINDS, is_collection_dir, is_sweep_dir
 from blockcoupling.studies.sweep.units import Unit, discover_checkpoints, expand, parse_step
 
 __all__ = [
     "EXECUTORS",
-    "KINDS",
     "ModelSpec",
     "SpecError",
     "Sweep",

@@ -28,7 +28,8 @@ from blockcoupling.engine.statistic import (
     statistic_table,
 )
 from blockcoupling.errors import BlockCouplingError
-from blockcoupling.studies.sweep import store
+from blockcoupling.store import collection as store
+from blockcoupling.studies import integrity, kinds
 
 #: the unit columns put in front of every table read from a sweep
 UNIT_COLUMNS = ("unit_id", "label", "model", "revision", "step", "prompt_set")
@@ -60,6 +61,14 @@ def _sql_str(s: str) -> str:
     return "'" + s.replace("'", "''") + "'"
 
 
+def load_manifest(root: Path) -> dict[str, Any]:
+    """The collection's manifest (`store.collection.load_manifest`), of a kind this library
+    has registered (else one line: `kinds.get`)."""
+    manifest = store.load_manifest(root)
+    kinds.get(manifest["kind"], root / store.MANIFEST)
+    return manifest
+
+
 class Sweep:
     """A collection directory of any kind (sweep, monitor, vit-grid), finished or not.
     Tables hold the rows of the units that are ``done``, with the unit columns ``unit_id,
@@ -67,7 +76,7 @@ class Sweep:
 
     def __init__(self, root: Path) -> None:
         self.root = root
-        self.manifest = store.load_manifest(root)
+        self.manifest = load_manifest(root)
         self.catalogue: pd.DataFrame = store.catalogue(root, self.manifest)
         self._verified = False
 
@@ -93,13 +102,13 @@ class Sweep:
         it (once per [`Sweep`][blockcoupling.studies.sweep.read.Sweep])."""
         if self._verified:
             return
-        damaged = store.damaged_units(self.root)
+        damaged = integrity.damaged_units(self.root)
         if damaged:
             uid, problem = next(iter(damaged.items()))
             more = f" (and {len(damaged) - 1} other unit(s))" if len(damaged) > 1 else ""
             raise store.UnitDamagedError(
                 f"unit {uid} of {self.root} is damaged{more}: {problem}; "
-                + store.repair_command(self.root, self.manifest.get("kind")))
+                + integrity.repair_command(self.root, self.manifest.get("kind")))
         self._verified = True
 
     def __repr__(self) -> str:
@@ -362,7 +371,7 @@ def sweep_status(path: str | os.PathLike[str]) -> pd.DataFrame:
     units whose files fail the integrity check as ``damaged`` (message: what is wrong and
     the command that measures them again)."""
     root = Path(path)
-    manifest = store.load_manifest(root)
+    manifest = load_manifest(root)
     kind = manifest.get("kind")
     cat = store.catalogue(root, manifest)
     if cat.empty:
@@ -370,9 +379,9 @@ def sweep_status(path: str | os.PathLike[str]) -> pd.DataFrame:
     if not store.is_locked(root):
         cat["status"] = cat["status"].where(cat["status"] != "running", "interrupted")
         cat["status"] = cat["status"].where(cat["status"] != "pending", "not started")
-    for uid, problem in store.damaged_units(root).items():
+    for uid, problem in integrity.damaged_units(root).items():
         at = cat["unit_id"] == uid
         cat.loc[at, "status"] = "damaged"
-        cat.loc[at, "message"] = f"{problem}; {store.repair_command(root, kind)}"
+        cat.loc[at, "message"] = f"{problem}; {integrity.repair_command(root, kind)}"
     return cat[["unit_id", "label", "revision", "step", "prompt_set", "status", "attempts",
                 "duplicate_of", "message"]]

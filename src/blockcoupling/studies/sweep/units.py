@@ -14,13 +14,12 @@ from __future__ import annotations
 import dataclasses
 import glob
 import re
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from blockcoupling.engine.config import MeasureConfig
-from blockcoupling.hashing import canonical_hash
+from blockcoupling.store.collection import collection_unit_id
 from blockcoupling.studies.sweep.spec import ModelSpec, Resources, SpecError, SweepSpec
 
 _STEP_RE = re.compile(r"(?:^|[^a-z])(?:step|checkpoint|ckpt|iter)[-_]?(\d+)$", re.IGNORECASE)
@@ -39,11 +38,6 @@ def parse_step(name: str | None) -> int | None:
 def config_hash(cfg: MeasureConfig) -> str:
     """``cfg.config_hash()``: the stable hash of the fields that change numbers."""
     return cfg.config_hash()
-
-
-def _slug(text: str, width: int = 40) -> str:
-    s = re.sub(r"[^A-Za-z0-9._-]+", "-", text).strip("-.")
-    return s[:width] or "x"
 
 
 @dataclass(frozen=True)
@@ -82,14 +76,6 @@ class Unit:
         out["prompt_texts"] = tuple(out.get("prompt_texts") or ())
         out["inputs"] = dict(out.get("inputs") or {})
         return cls(**out)
-
-
-def collection_unit_id(readable: Sequence[tuple[str, int]], identity: Any) -> str:
-    """The one unit-id rule of every collection kind: the ``readable`` parts (text, width),
-    each made a file-name slug, then ``canonical_hash(identity)`` (12 hex digits) of the
-    kind's identity fields. The hash decides; the rest is for humans."""
-    digest = canonical_hash(identity, digits=12, compact=False, strict=False)
-    return "-".join([*(_slug(text, width) for text, width in readable), digest])
 
 
 def unit_id(*, model: str, revision: str | None, prompt_set: str, limit: int | None,

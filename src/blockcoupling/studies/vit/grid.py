@@ -1,6 +1,6 @@
 """The drop-path x weight-decay grid: one training run per point, on Ray or in this process.
 
-A grid is a collection of kind ``vit-grid`` (the layout of ``studies/sweep/store.py``)::
+A grid is a collection of kind ``vit-grid`` (the layout of ``store/collection.py``)::
 
     ROOT/sweep.json                the collection manifest: kind vit-grid, the spec (base
                                    config, grid values), unit order, sessions
@@ -221,7 +221,8 @@ def grid_unit(config: VitTrainConfig, axes: Sequence[str] = ()) -> Any:
     `run_name` (with the grid's extra ``axes``), id by the collections' one rule over
     the whole training config, config hash of its final measurement, run directory
     ``coupling/final``."""
-    from blockcoupling.studies.sweep.units import Unit, collection_unit_id
+    from blockcoupling.store.collection import collection_unit_id
+    from blockcoupling.studies.sweep.units import Unit
     from blockcoupling.studies.vit.train import images_config, measured_tokens
 
     label = run_name(config, axes)
@@ -246,7 +247,7 @@ def _grid_manifest(root: Path, base_dict: dict[str, Any], units: list[Any],
                    axes: Sequence[str] = ()) -> dict[str, Any]:
     """The grid's collection manifest (new, or the existing one of the same base config)
     with this run's points added to its spec and order and a new session."""
-    from blockcoupling.studies.sweep import store
+    from blockcoupling.store import collection as store
 
     spec = {KIND: {"base": base_dict, "drop_paths": [], "weight_decays": [], "seeds": [],
                    **{EXTRA_AXES[a][0]: [] for a in axes}}}
@@ -312,7 +313,7 @@ def run_grid(base: VitTrainConfig, root: str | Path, *,
     if executor == "local":
         return _run_grid(base, root, configs, axes, executor, address, num_cpus, threads,
                          progress, on_run)
-    from blockcoupling.studies.sweep.runner import ray_session
+    from blockcoupling.studies.executor import ray_session
 
     with ray_session(address, num_cpus=cluster_cpus):  # reached before anything is written
         return _run_grid(base, root, configs, axes, executor, None, num_cpus, threads,
@@ -323,7 +324,8 @@ def _run_grid(base: VitTrainConfig, root: str | Path, configs: list[VitTrainConf
               axes: tuple[str, ...], executor: str, address: str | None, num_cpus: int,
               threads: int | None, progress: bool,
               on_run: Callable[[dict[str, Any]], None] | None) -> pd.DataFrame:
-    from blockcoupling.studies.sweep import store
+    from blockcoupling.store import collection as store
+    from blockcoupling.studies import integrity
 
     units = [grid_unit(c, axes) for c in configs]
     rootp = Path(root)
@@ -343,7 +345,7 @@ def _run_grid(base: VitTrainConfig, root: str | Path, configs: list[VitTrainConf
             if rec is None:
                 store.write_status(rootp, u, "pending")
             elif rec.get("status") == "done":
-                problem = store.unit_problem(rootp, rec)
+                problem = integrity.unit_problem(rootp, rec)
                 if problem is None:
                     continue
                 shutil.rmtree(store.unit_dir(rootp, u.unit_id), ignore_errors=True)
@@ -377,14 +379,8 @@ def _run_grid(base: VitTrainConfig, root: str | Path, configs: list[VitTrainConf
         # absolute: a Ray worker's working directory may be another
         jobs = [(c.to_dict(), str(store.unit_dir(rootp.resolve(), u.unit_id))) for c, u in todo]
         try:
-            if executor == "local":
-                for (cfg, out), (_, u) in zip(jobs, todo, strict=True):
-                    start(u)
-                    done(train_unit(cfg, out, threads))
-            elif jobs:
-                for _, u in todo:
-                    start(u)
-                _run_ray(jobs, done, address=address, num_cpus=num_cpus, threads=threads)
+            _run_jobs(jobs, [u for _, u in todo], start, done, executor=executor,
+                      address=address, num_cpus=num_cpus, threads=threads)
         finally:
             if bar is not None:
                 bar.close()
@@ -414,17 +410,20 @@ def _run_grid(base: VitTrainConfig, root: str | Path, configs: list[VitTrainConf
 def unit_record(root: Path, unit: Any) -> dict[str, Any]:
     """The status fields of a trained unit that the collection's integrity check compares:
     the final measurement's weights hash and image count."""
+    from blockcoupling.store import collection as store
     from blockcoupling.store.manifest import load_manifest
-    from blockcoupling.studies.sweep import store
 
     m = load_manifest(root / store.run_relpath(unit.to_dict()))
     return {"weights_hash": m.get("weights_hash"),
             "n_prompts": len((m.get("consolidated") or {}).get("prompt_ids") or [])}
 
 
-def _run_ray(jobs: list[tuple[dict[str, Any], str]], done: Callable[[dict[str, Any]], None], *,
-             address: str | None, num_cpus: int, threads: int | None) -> None:
-    from blockcoupling.studies.sweep.runner import died, ray_each
+def _run_jobs(jobs: list[tuple[dict[str, Any], str]], units: list[Any],
+              start: Callable[[Any], None], done: Callable[[dict[str, Any]], None], *,
+              executor: str, address: str | None, num_cpus: int,
+              threads: int | None) -> None:
+    """Every training through the kinds' one task loop (`executor.run_each`)."""
+    from blockcoupling.studies.executor import died, run_each
 
     def on_result(i: int, rec: Any, err: BaseException | None) -> None:
         if err is not None:
@@ -433,16 +432,17 @@ def _run_ray(jobs: list[tuple[dict[str, Any], str]], done: Callable[[dict[str, A
                    "seconds": float("nan")}
         done(rec)
 
-    ray_each(train_unit, [((cfg, out, threads), {"num_cpus": num_cpus, "max_retries": 2,
+    run_each(train_unit, [((cfg, out, threads), {"num_cpus": num_cpus, "max_retries": 2,
                                                  "retry_exceptions": False})
-                          for cfg, out in jobs], on_result, address=address)
+                          for cfg, out in jobs], on_result, executor=executor,
+             address=address, on_submit=lambda i: start(units[i]))
 
 
 # ---------------------------------------------------------------------------- reading
 def _run_dirs(root: Path) -> list[tuple[str, Path]]:
     """(name, vit-train folder) of every run: a grid's units by their label (its catalogue
     order), one vit-train output, or the vit-train outputs anywhere under a plain folder."""
-    from blockcoupling.studies.sweep import store
+    from blockcoupling.store import collection as store
 
     if store.is_collection_dir(root):
         manifest = store.load_manifest(root)  # the old layout: the line that converts it

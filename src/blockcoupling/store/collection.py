@@ -20,13 +20,14 @@ Layout of a collection directory ``ROOT`` (every kind)::
     ROOT/.lock                     flock of the writer (``store.fileio.dir_lock``): two
                                    drivers on one directory are refused
 
-Unit ids follow one rule (``units.collection_unit_id``: readable parts, then the
+Unit ids follow one rule (`collection_unit_id`: readable parts, then the
 ``canonical_hash`` of the kind's identity fields). The status files are the source of truth:
 a collection killed at any point is read (and resumed) from them; a unit's rows live only in
 its own run directory, so no unit ever writes rows twice. The manifest keeps the name
 ``sweep.json`` for every kind (the format began with sweeps; format 1 directories are read
 as they are). The ViT grid's old layout (``grid.json`` + ``runs/``) is converted by
-`blockcoupling.studies.collection.upgrade_collection`.
+`blockcoupling.studies.collection.upgrade_collection`. What depends on a kind (the check of a
+trained unit, the repair line) lives in `blockcoupling.studies.collection`.
 """
 
 from __future__ import annotations
@@ -35,21 +36,23 @@ import contextlib
 import datetime as _dt
 import json
 import os
-from collections.abc import Iterator
+import re
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import pandas as pd
 
 from blockcoupling.errors import RunDirError
+from blockcoupling.hashing import canonical_hash
 from blockcoupling.store.fileio import atomic_path, atomic_write_text, dir_lock, lock_holder
-from blockcoupling.studies.sweep.units import Unit
 
 FORMAT_NAME = "blockcoupling-sweep"
 FORMAT_VERSION = 2  # 2: kind vit-grid and the units' ``run``; format 1 is read as it is
 MANIFEST = "sweep.json"
-#: the kinds of collection (the manifest's ``kind``)
-KINDS = ("sweep", "monitor", "vit-grid")
+#: the kind of a manifest that states none (format 1 sweeps) and of a spec without ``kind:``;
+#: the kinds themselves are registered in `blockcoupling.studies.kinds`
+DEFAULT_KIND = "sweep"
 #: the ViT grid's manifest before it became a kind of collection (read: the upgrade line)
 LEGACY_GRID_FILE = "grid.json"
 STATUS = "status"
@@ -61,6 +64,15 @@ STATUSES = ("pending", "running", "done", "failed")
 CATALOGUE_COLUMNS = ("unit_id", "label", "model", "revision", "step", "prompt_set", "limit",
                      "config_hash", "status", "message", "attempts", "weights_hash",
                      "duplicate_of", "n_prompts", "seconds", "run_dir")
+
+
+class CollectionUnit(Protocol):
+    """What the format needs of a unit of any kind: its id and its plain-data record."""
+
+    @property
+    def unit_id(self) -> str: ...
+
+    def to_dict(self) -> dict[str, Any]: ...
 
 
 def now() -> str:
@@ -130,31 +142,33 @@ def load_manifest(root: Path) -> dict[str, Any]:
     if not isinstance(version, int) or version > FORMAT_VERSION:
         raise RunDirError(f"{path} was written by a newer blockcoupling (format "
                           f"{data.get('format_version')}); upgrade blockcoupling to read it")
-    data.setdefault("kind", "sweep")
-    if data["kind"] not in KINDS:
-        raise RunDirError(f"{path}: unknown collection kind {data['kind']!r} (known: "
-                          f"{', '.join(KINDS)}); it was written by another blockcoupling: "
-                          "upgrade blockcoupling to read it")
+    data.setdefault("kind", DEFAULT_KIND)
+    if not isinstance(data["kind"], str) or not data["kind"]:
+        raise RunDirError(f"{path}: its kind {data['kind']!r} is not a name; this directory "
+                          "belongs to something else: choose another path")
     return data
 
 
 def new_manifest(kind: str, spec: dict[str, Any] | None) -> dict[str, Any]:
     from blockcoupling.store.rundir import library_versions
 
-    assert kind in KINDS, kind
     return {"format": FORMAT_NAME, "format_version": FORMAT_VERSION, "kind": kind,
             "created": now(), "spec": spec, "order": [], "sessions": [],
             "versions": library_versions()}
 
 
 @contextlib.contextmanager
-def sweep_lock(root: Path, kind: str = "sweep") -> Iterator[None]:
+def collection_lock(root: Path, kind: str = "sweep") -> Iterator[None]:
     """Hold the collection directory's exclusive lock (refuses a second writer on it): the
     store's one directory lock (``store.fileio.DirLock``), removed when released."""
     busy = (f"{kind} directory {root} is in use by another {kind}{{who}}; wait for it to "
             "finish or stop it, or choose another --out")
     with dir_lock(root, busy=busy):
         yield
+
+
+sweep_lock = collection_lock
+"""The earlier name of `collection_lock`."""
 
 
 def is_locked(root: Path) -> bool:
@@ -182,7 +196,7 @@ def read_status(root: Path, uid: str) -> dict[str, Any] | None:
     return read_json(path) if path.is_file() else None
 
 
-def write_status(root: Path, unit: Unit, status: str, **fields: Any) -> dict[str, Any]:
+def write_status(root: Path, unit: CollectionUnit, status: str, **fields: Any) -> dict[str, Any]:
     """Record ``status`` for ``unit`` (keeping earlier fields such as attempts)."""
     assert status in STATUSES
     (root / STATUS).mkdir(parents=True, exist_ok=True)
@@ -259,69 +273,8 @@ def write_catalogue(root: Path, df: pd.DataFrame | None = None) -> pd.DataFrame:
     return df
 
 
-# ---------------------------------------------------------------------------- integrity
 class UnitDamagedError(RunDirError):
     """A done unit's files are missing, damaged or replaced (the message names the repair)."""
-
-
-def repair_command(root: Path, kind: str | None) -> str:
-    """How a damaged unit of the collection in ``root`` is measured again."""
-    if kind == "monitor":
-        return (f"run the training script again with CouplingMonitor(out={str(root)!r}): "
-                "it measures the damaged steps again")
-    if kind == "vit-grid":
-        return (f"run the same vit-grid again with --out {root}: it trains the damaged points "
-                "again")
-    return (f"measure it again with `blockcoupling sweep SPEC --out {root} --resume` (SPEC: "
-            "the spec the sweep was run with)")
-
-
-def unit_problem(root: Path, rec: dict[str, Any]) -> str | None:
-    """Why the run directory of a ``done`` unit cannot be trusted, or None: the checks of
-    ``store.integrity.verify_complete`` (sealed manifest, checksums of every file, prompt
-    rows) plus the unit's identity (unit id, config hash, weights hash, prompt count) against
-    its status file."""
-    from blockcoupling.engine.config import MeasureConfig
-    from blockcoupling.store.integrity import verify_complete
-
-    unit = rec.get("unit") or {}
-    uid = str(unit.get("unit_id"))
-    path = root / run_relpath(unit)
-    if unit.get("run"):  # a unit trained into its folder (vit-grid): its sealed record too
-        from blockcoupling.studies.vit.train import metrics_problem
-
-        problem = metrics_problem(unit_dir(root, uid))
-        if problem is not None:
-            return problem
-    try:
-        manifest = verify_complete(path)
-        cfg_hash = MeasureConfig.from_dict(dict(manifest["config"])).config_hash()
-    except (RunDirError, TypeError, ValueError) as err:
-        return str(err)
-    meta = manifest.get("meta") or {}
-    if meta.get("unit_id") not in (None, uid):
-        return f"{path} holds unit {meta.get('unit_id')!r} (a copied or replaced directory)"
-    if unit.get("config_hash") and cfg_hash != unit.get("config_hash"):
-        return f"{path} was measured with another configuration (a replaced directory)"
-    weights = rec.get("weights_hash")
-    if weights and manifest.get("weights_hash") != weights:
-        return f"{path} holds other weights than the unit measured (a replaced directory)"
-    n = rec.get("n_prompts")
-    cons = manifest.get("consolidated") or {}
-    if n is not None and len(cons.get("prompt_ids") or []) != int(n):
-        return f"{path} holds {len(cons.get('prompt_ids') or [])} prompts, the status {n}"
-    return None
-
-
-def damaged_units(root: Path) -> dict[str, str]:
-    """unit id -> problem, for every ``done`` unit whose files fail `unit_problem`."""
-    out: dict[str, str] = {}
-    for rec in all_status(root):
-        if rec.get("status") == "done":
-            problem = unit_problem(root, rec)
-            if problem is not None:
-                out[str((rec.get("unit") or {}).get("unit_id"))] = problem
-    return out
 
 
 def rebuilt_manifest(root: Path, kind: str, spec: dict[str, Any] | None,
@@ -343,3 +296,17 @@ def rebuilt_manifest(root: Path, kind: str, spec: dict[str, Any] | None,
     manifest = new_manifest(kind, spec)
     manifest["rebuilt"] = now()
     return manifest
+
+
+# ---------------------------------------------------------------------------- unit ids
+def slug(text: str, width: int = 40) -> str:
+    s = re.sub(r"[^A-Za-z0-9._-]+", "-", text).strip("-.")
+    return s[:width] or "x"
+
+
+def collection_unit_id(readable: Sequence[tuple[str, int]], identity: Any) -> str:
+    """The one unit-id rule of every collection kind: the ``readable`` parts (text, width),
+    each made a file-name slug, then ``canonical_hash(identity)`` (12 hex digits) of the
+    kind's identity fields. The hash decides; the rest is for humans."""
+    digest = canonical_hash(identity, digits=12, compact=False, strict=False)
+    return "-".join([*(slug(text, width) for text, width in readable), digest])

@@ -50,8 +50,10 @@ from blockcoupling.engine.config import MeasureConfig
 from blockcoupling.engine.state import preserved
 from blockcoupling.errors import BlockCouplingError
 from blockcoupling.hashing import canonical_hash
-from blockcoupling.studies.sweep import store
-from blockcoupling.studies.sweep.units import Unit, collection_unit_id, config_hash
+from blockcoupling.store import collection as store
+from blockcoupling.store.collection import collection_unit_id
+from blockcoupling.studies.integrity import unit_problem
+from blockcoupling.studies.sweep.units import Unit, config_hash
 
 
 def prompt_items(prompts: Any, limit: int | None, seed: int) -> tuple[list[Any], str]:
@@ -296,7 +298,7 @@ class CouplingMonitor:
 
         from blockcoupling.store.fingerprint import weights_hash
 
-        problem = store.unit_problem(self.root, rec)
+        problem = unit_problem(self.root, rec)
         if problem is None and rec.get("weights_hash") not in (None, weights_hash(model)):
             if not self.overwrite:
                 raise BlockCouplingError(

@@ -1,0 +1,108 @@
+"""The registry of collection kinds: what a kind of "many runs" directory adds to the one
+collection format (`blockcoupling.store.collection`).
+
+A kind is a package under ``blockcoupling/studies/`` whose module ``kind.py`` makes one call,
+``register(CollectionKind(...))``: its name (the manifest's ``kind``), how a spec file of the
+kind is parsed, planned and run, its report page, its headline token rule, the line that
+repairs a damaged unit, the check of a unit beyond its run directory, and the conversion of
+an old layout. Generic modules (the reader, ``studies/collection.py``, the CLI) ask the
+registry (`get`, `names`, `spec_kinds`) and name no kind. The recipe: docs/DESIGN.md, "Add a
+collection kind"; ``tests/test_architecture.py`` fails when a kind is named outside its own
+package.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import pkgutil
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from blockcoupling.errors import RunDirError
+
+#: a kind package's module that registers it (``blockcoupling.studies.<package>.kind``)
+KIND_MODULE = "kind"
+
+
+@dataclass(frozen=True)
+class CollectionKind:
+    """One kind of collection. Only ``name``, ``page`` and ``repair`` are required; a kind
+    that is not written from a spec file (the monitor: training code writes it) leaves
+    ``parse_spec``/``plan``/``run`` None."""
+
+    name: str
+    #: the page of an opened collection of this kind -> the HTML file written
+    page: Callable[[Any, Path], Path]
+    #: the one line that measures a damaged unit of the collection in ``root`` again
+    repair: Callable[[Path], str]
+    #: a spec mapping (YAML) -> the kind's parsed spec (None: not written from a spec)
+    parse_spec: Callable[[Any], Any] | None = None
+    #: the ``--dry-run`` plan of a parsed spec
+    plan: Callable[..., Any] | None = None
+    #: run a parsed spec into a directory
+    run: Callable[..., Any] | None = None
+    #: the token rule of the headline statistic ("last": the paper's; a ViT's [CLS]: "first")
+    headline_tokens: str = "last"
+    #: why a done unit's folder beyond its run directory cannot be trusted, or None
+    unit_check: Callable[[Path], str | None] | None = None
+    #: convert an old layout in ``root`` (no manifest yet) into this kind; False: not one
+    upgrade: Callable[[Path], bool] | None = None
+    #: keys of a spec file that only this kind has (a spec without ``kind:`` naming them
+    #: gets the line that asks for ``kind: <name>``)
+    spec_keys: tuple[str, ...] = ()
+
+
+_KINDS: dict[str, CollectionKind] = {}
+_loaded = False
+
+
+def register(kind: CollectionKind) -> CollectionKind:
+    """Add ``kind`` (its name must be new, or the same object registered again)."""
+    old = _KINDS.get(kind.name)
+    if old is not None and old is not kind:
+        raise ValueError(f"collection kind {kind.name!r} is registered twice")
+    _KINDS[kind.name] = kind
+    return kind
+
+
+def unregister(name: str) -> None:
+    """Remove a kind (tests that register a kind of their own)."""
+    _KINDS.pop(name, None)
+
+
+def load_kinds() -> None:
+    """Import every kind package's ``kind`` module once (each registers its kind)."""
+    global _loaded
+    if _loaded:
+        return
+    package = __name__.rsplit(".", 1)[0]  # blockcoupling.studies, found by its folder
+    for info in pkgutil.iter_modules([str(Path(__file__).parent)]):
+        name = f"{package}.{info.name}.{KIND_MODULE}"
+        if info.ispkg and importlib.util.find_spec(name) is not None:
+            importlib.import_module(name)
+    _loaded = True
+
+
+def names() -> tuple[str, ...]:
+    """The registered kinds' names, sorted."""
+    load_kinds()
+    return tuple(sorted(_KINDS))
+
+
+def get(name: str, where: str | Path = "collection") -> CollectionKind:
+    """The kind called ``name``, or one `RunDirError` line naming the known kinds."""
+    load_kinds()
+    kind = _KINDS.get(name)
+    if kind is None:
+        raise RunDirError(f"{where}: unknown collection kind {name!r} (known: "
+                          f"{', '.join(sorted(_KINDS))}); it was written by another "
+                          "blockcoupling: upgrade blockcoupling to read it")
+    return kind
+
+
+def spec_kinds() -> tuple[str, ...]:
+    """The kinds a spec file may ask for (those with a spec parser)."""
+    return tuple(n for n in names() if _KINDS[n].parse_spec is not None)

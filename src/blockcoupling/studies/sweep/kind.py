@@ -1,0 +1,41 @@
+"""The sweep's registration as a collection kind (`blockcoupling.studies.kinds`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from blockcoupling.studies.kinds import CollectionKind, register
+
+
+def _page(collection: Any, out: Path) -> Path:
+    from blockcoupling.report.emergence import write_emergence_report
+
+    return Path(write_emergence_report(collection, out))
+
+
+def _repair(root: Path) -> str:
+    return (f"measure it again with `blockcoupling sweep SPEC --out {root} --resume` (SPEC: "
+            "the spec the sweep was run with)")
+
+
+def _parse(data: Any) -> Any:
+    from blockcoupling.studies.sweep.spec import parse_spec
+
+    return parse_spec(data)
+
+
+def _run(spec: Any, out: Any, **options: Any) -> Any:
+    from blockcoupling.studies.sweep.runner import run_sweep
+
+    return run_sweep(spec, out, **options)
+
+
+def _plan(spec: Any) -> Any:
+    from blockcoupling.studies.plans import plan_sweep
+
+    return plan_sweep(spec)
+
+
+KIND = register(CollectionKind(name="sweep", page=_page, repair=_repair, parse_spec=_parse,
+                               plan=_plan, run=_run))
