@@ -28,7 +28,7 @@ def _p_of(variant: str) -> float:
     return 2.0 if variant == "released_norm" else 1.0
 
 
-def _coupling_rows(rng: np.random.Generator, strength: float, kinds: tuple[str, ...],
+def _coupling_rows(rng: np.random.Generator, strength: float, kinds: tuple[str, ...],  # noqa: C901 - a synthetic table with every optional column
                    chance: float) -> list[dict]:
     rows: list[dict] = []
     last = N_TOKENS - 1

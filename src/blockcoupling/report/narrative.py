@@ -203,7 +203,7 @@ def _ranking_text(ov: pd.DataFrame, labs: list[str], idx: list[int], what: str) 
             + " > ".join(f"{labs[i]} ({_f(ov.loc[i, 'lead_mean'])})" for i in order) + ".")
 
 
-def report_summary(runs: Measurement | Sequence[Measurement],
+def report_summary(runs: Measurement | Sequence[Measurement],  # noqa: C901 - one sentence per optional table of a run
                    labels: Sequence[str] | None = None, *, k: int | None = None,
                    p: float | None = 1.0, orientation: str = "ujv") -> ReportSummary:
     """The summary of ``runs`` (see the module docstring)."""

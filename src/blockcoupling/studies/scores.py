@@ -109,7 +109,7 @@ def read_scores(source: str | Path) -> tuple[pd.DataFrame, str]:
                              "'paper' or an lm-evaluation-harness results folder")
 
 
-def match_scores(models: pd.DataFrame, units: Sequence[ModelUnit], scores: pd.DataFrame, *,
+def match_scores(models: pd.DataFrame, units: Sequence[ModelUnit], scores: pd.DataFrame, *,  # noqa: C901 - one branch per score-table shape a user may give
                  any_revision: bool = False) -> tuple[pd.DataFrame, list[dict[str, str]]]:
     """Join each unit's row of ``models`` with its score row; returns (table, excluded).
 

@@ -551,7 +551,7 @@ def spec_matches(root: str | os.PathLike[str],
     return not _resume_differences(manifest, _spec_json(sp), _sweep_inputs(expand(sp)))
 
 
-def _open_manifest(root: Path, *, resume: bool, spec_dict: Any, units: Sequence[Unit],
+def _open_manifest(root: Path, *, resume: bool, spec_dict: Any, units: Sequence[Unit],  # noqa: C901 - resume/refuse cases of a sweep manifest, each a flat if
                    inputs: dict[str, str], check_only: bool = False) -> dict[str, Any]:
     """The manifest a run of the sweep continues (checked against the spec and the inputs'
     content) or starts; a lost or corrupt one is rebuilt from the status files on resume.
@@ -647,7 +647,7 @@ def _recheck_done(root: Path, units: Sequence[Unit]) -> dict[str, str]:
     return repaired
 
 
-def run_sweep(spec: str | os.PathLike[str] | Mapping[str, Any] | SweepSpec,
+def run_sweep(spec: str | os.PathLike[str] | Mapping[str, Any] | SweepSpec,  # noqa: C901 - the sweep's driver loop (resume, progress, retries)
               out: str | os.PathLike[str], *, executor: str = "ray", address: str | None = None,
               resume: bool = False, progress: bool = True, num_cpus: int | None = None,
               retries: int | None = None,

@@ -191,7 +191,7 @@ def parse_measure(data: Any) -> tuple[MeasureConfig, dict[str, Any]]:
     return cfg, plain
 
 
-def _model(entry: Any, i: int, base: Path, spec: Mapping[str, Any]) -> ModelSpec:
+def _model(entry: Any, i: int, base: Path, spec: Mapping[str, Any]) -> ModelSpec:  # noqa: C901 - one check per model-spec key
     ctx = f"models[{i}]"
     if isinstance(entry, str):
         entry = {"model": entry}
@@ -269,7 +269,7 @@ def _model(entry: Any, i: int, base: Path, spec: Mapping[str, Any]) -> ModelSpec
         loading=tuple(loading), init=init, init_seed=init_seed)
 
 
-def parse_spec(data: Any, *, base_dir: str | os.PathLike[str] | None = None) -> SweepSpec:
+def parse_spec(data: Any, *, base_dir: str | os.PathLike[str] | None = None) -> SweepSpec:  # noqa: C901 - one check per sweep-spec key
     """Validate a spec given as a mapping (e.g. ``yaml.safe_load`` of a file)."""
     if isinstance(data, SweepSpec):
         return data

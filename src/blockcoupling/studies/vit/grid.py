@@ -112,7 +112,7 @@ def grid_axes(train_limits: Sequence[int] | None = None,
     return tuple(a for a in EXTRA_AXES if given[a] is not None)
 
 
-def load_grid_spec(source: str | Path | dict[str, Any]
+def load_grid_spec(source: str | Path | dict[str, Any]  # noqa: C901 - one check per grid-spec key
                    ) -> tuple[VitTrainConfig, dict[str, Any]]:
     """A grid from YAML (or a dict): ``drop_path`` and ``weight_decay`` lists (default: the
     paper's), ``seeds`` (default [0]), ``train`` (`VitTrainConfig` fields, shared by
@@ -319,7 +319,7 @@ def run_grid(base: VitTrainConfig, root: str | Path, *,
                          progress, on_run)
 
 
-def _run_grid(base: VitTrainConfig, root: str | Path, configs: list[VitTrainConfig],
+def _run_grid(base: VitTrainConfig, root: str | Path, configs: list[VitTrainConfig],  # noqa: C901 - the grid's driver loop (resume, progress, cells)
               axes: tuple[str, ...], executor: str, address: str | None, num_cpus: int,
               threads: int | None, progress: bool,
               on_run: Callable[[dict[str, Any]], None] | None) -> pd.DataFrame:

@@ -550,7 +550,7 @@ def train_vit(config: VitTrainConfig, out_dir: str | Path, *, progress: bool = T
         torch.set_num_threads(old_threads)
 
 
-def _train(config: VitTrainConfig, out: Path, *, progress: bool, on_epoch: EpochCallback | None,
+def _train(config: VitTrainConfig, out: Path, *, progress: bool, on_epoch: EpochCallback | None,  # noqa: C901 - the training loop (resume, checkpoints, schedule, faults)
            data: ImageData | None) -> Path:
     for foreign in ("manifest.json", "sweep.json", "grid.json"):  # never train into those
         if (out / foreign).exists():
