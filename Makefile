@@ -11,7 +11,7 @@
 #                 and the model-family conformance matrix there (CI runs it after make test)
 #   make test-interop  the real wrappers, each in a small venv of its own (CI runs it too):
 #                 .venv-tl3 (TransformerLens 3.x HookedTransformer), .venv-tl4 (TransformerLens
-#                 4.x TransformerBridge, nnsight, PEFT): tests/test_interop.py, test_wrappers.py
+#                 4.x TransformerBridge, nnsight, PEFT): tests/integrations/test_interop.py, test_wrappers.py
 #
 # torch is installed first and pinned by a constraints file, so no later install can replace it
 # (an unpinned `pip install torch` on Linux pulls the multi-GB CUDA build). Installs are
@@ -24,7 +24,7 @@
 #   PYTHON=python3            the interpreter that creates the venv (3.10 or newer)
 #   VENV=.venv                where the environment lives
 #   DEMO_ARGS=                arguments for `blockcoupling demo`, e.g. --quick
-#   TEST_ARGS=-q              arguments for pytest, e.g. "-q -x tests/test_demo.py", or
+#   TEST_ARGS=-q              arguments for pytest, e.g. "-q -x tests/studies/test_demo.py", or
 #                             "-q -m 'slow or not slow'" for every test (what CI runs), or
 #                             "-q --random-order" to shuffle the order
 
@@ -55,13 +55,13 @@ COMPAT_PY := $(COMPAT_VENV)/bin/python
 COMPAT_KEY := $(KEY)-$(firstword $(shell cat constraints-oldest.txt | cksum))
 COMPAT_TORCH_STAMP := $(COMPAT_VENV)/.stamp-torch-$(firstword $(shell echo '$(TORCH)' | cksum))
 COMPAT_STAMP := $(COMPAT_VENV)/.stamp-compat-$(COMPAT_KEY)
-#: the engine's tests and the conformance matrix (tests/test_families.py)
-COMPAT_TESTS ?= tests/test_blocks.py tests/test_capture.py tests/test_jacobian.py \
-	tests/test_fastpath.py tests/test_structured.py tests/test_measure.py tests/test_normdirs.py \
-	tests/test_state.py tests/test_inputs.py tests/test_engine_api.py tests/test_families.py
+#: the engine's tests and the conformance matrix (tests/engine/test_families.py)
+COMPAT_TESTS ?= tests/engine/test_blocks.py tests/engine/test_capture.py tests/engine/test_jacobian.py \
+	tests/engine/test_fastpath.py tests/engine/test_structured.py tests/engine/test_measure.py tests/engine/test_normdirs.py \
+	tests/engine/test_state.py tests/engine/test_inputs.py tests/engine/test_engine_api.py tests/engine/test_families.py
 
 # the interop tier: TransformerLens 3 and 4 cannot share one environment
-INTEROP_TESTS ?= tests/test_interop.py tests/test_wrappers.py
+INTEROP_TESTS ?= tests/integrations/test_interop.py tests/engine/test_wrappers.py
 INTEROP_TL3 := 'transformer-lens>=3,<4'
 INTEROP_TL4 := 'transformer-lens>=4,<5' 'nnsight>=0.4' 'peft>=0.10'
 

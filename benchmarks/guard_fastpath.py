@@ -2,7 +2,7 @@
 
 Two checks; the script exits 1 naming every failure (``.ci/run`` runs it after the tests):
 
-1. **Taken.** Every causal family of the conformance matrix (tests/families.py) that must take
+1. **Taken.** Every causal family of the conformance matrix (tests/helpers/families.py) that must take
    the decode-step fast path (``generic`` unset), as a tiny random float32 model measured
    depth-wise and token-wise (``fixed_output`` of the last token, with the influence):
    ``meta["fast_path"]`` must say ``True`` at every layer (engine/fastrecord.py) and every
@@ -39,7 +39,7 @@ import transformers as tf
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-sys.path.insert(0, str(HERE.parent / "tests"))
+sys.path.insert(0, str(HERE.parent / "tests" / "helpers"))
 from common import PhaseCPU, emit, machine, save  # noqa: E402
 
 import blockcoupling as bc  # noqa: E402

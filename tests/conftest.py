@@ -11,7 +11,6 @@ from typing import Any
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).parent))  # tiny_models importable in any import mode
 # a part per prompt (store.record.PART_SECONDS groups the cheap prompts of tiny models into
 # one part): the fault tests interrupt and damage runs part by part, also in child processes;
 # tests of the grouping pass part_seconds themselves
@@ -90,7 +89,7 @@ def built_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root.mkdir()
     # what the docs hook reads: the pages, the generators, the family matrix and the oldest pins
     for name in ("mkdocs.yml", "README.md", "BENCHMARKS.md", "constraints-oldest.txt",
-                 "tests/families.py"):
+                 "tests/helpers/families.py"):
         (root / name).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(here / name, root / name)
     shutil.copytree(here / "docs", root / "docs",

@@ -7,7 +7,7 @@ A regression check for changes that must not move a number::
     PYTHONPATH=src python3 tools/compare_runs.py compare /tmp/before /tmp/after
 
 The measurements: tiny random GPT-2, Llama, BERT (text prompts, a word-level tokenizer) and
-ViT (random pixel values) from ``tests/tiny_models.py``; coupling depth, self, fixed_input and
+ViT (random pixel values) from ``tests/helpers/tiny_models.py``; coupling depth, self, fixed_input and
 fixed_output, every variant, both orientations, p = 1, 2, inf, influence on, in float32 and
 (GPT-2) float64. ``compare`` matches prompts by their position in the ``prompts`` table (so a
 change of prompt-id scheme is not a difference), ignores timing columns, and compares the
@@ -27,7 +27,7 @@ import pandas as pd
 import torch
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "tests" / "helpers"))
 
 TABLES = ("coupling", "trajectory", "token_metrics", "spectra", "influence", "prompts", "diagnostics")
 IGNORE = {"diagnostics": ("seconds",)}

@@ -6,7 +6,7 @@
   so the page cannot drift from the commands. Duck-typed: typer 0.29 carries its own copy of
   click's classes.
 * ``families_markdown()``: the model families blockcoupling is checked on, from the list the
-  conformance matrix runs (``tests/families.py``, ``tests/test_families.py``): per family its
+  conformance matrix runs (``tests/helpers/families.py``, ``tests/engine/test_families.py``): per family its
   blocks and final norm, the fast path or the generic path (why), the transformers versions it
   is checked on (the oldest supported, pinned in ``constraints-oldest.txt``, and the version
   this build ran with: the newest pip resolved, in CI).
@@ -158,7 +158,7 @@ def api_markdown() -> str:
         "",
         "Every public name of `blockcoupling` (`import blockcoupling as bc`; `bc.__all__`),",
         "rendered from its docstring. The page is generated from the package's export list",
-        "(`tools/gen_reference.py`); `tests/test_docs.py` fails when a public name has no",
+        "(`tools/gen_reference.py`); `tests/project/test_docs.py` fails when a public name has no",
         "docstring.",
         "",
     ]
@@ -190,7 +190,7 @@ def oldest_supported(package: str = "transformers") -> str:
 
 
 def _families_module() -> Any:
-    spec = importlib.util.spec_from_file_location("bc_families", ROOT / "tests" / "families.py")
+    spec = importlib.util.spec_from_file_location("bc_families", ROOT / "tests" / "helpers" / "families.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses resolve their module by name
@@ -213,14 +213,14 @@ def families_markdown() -> str:
     return "\n".join([
         "# Model families",
         "",
-        "Every family below is measured by the conformance matrix (`tests/test_families.py`, in",
+        "Every family below is measured by the conformance matrix (`tests/engine/test_families.py`, in",
         "the default test-suite) on a tiny random-weight model built from the family's",
         "HuggingFace config: `find_blocks` must find its blocks, final norm and causality;",
         "depth-wise and token-wise (`self`) coupling of every variant must equal an independent",
         "float64 autograd oracle; and every decoder's Jacobians `J^l_tt` must come from the",
         "decode-step fast path at every layer with no fallback warning, unless the table says",
         "why not (the generic path gives the same values, several times slower). Generated from",
-        "the same list (`tests/families.py`) at every docs build.",
+        "the same list (`tests/helpers/families.py`) at every docs build.",
         "",
         f"Checked on transformers {oldest} (the oldest supported: CI runs the engine tests and",
         "this matrix in a second environment pinned by `constraints-oldest.txt`; `make",

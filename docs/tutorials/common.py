@@ -1,6 +1,6 @@
 """What the three tutorials share outside the cells their pages show: where a tutorial writes
 and how it writes its outputs (figures, Markdown tables) for the pages to include. Everything
-a shown cell uses is defined in the cells (tests/test_docs_examples.py checks it).
+a shown cell uses is defined in the cells (tests/project/test_docs_examples.py checks it).
 """
 
 from __future__ import annotations

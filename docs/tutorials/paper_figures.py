@@ -9,7 +9,7 @@ LLM, character-level tiny GPT-2 LMs trained here where it uses training checkpoi
 tiny GPT-2s where it uses a family of models, small local files where it uses datasets), runs
 every command of the page in order in this process (the CLI's own entry point), and copies the
 figures the page shows out of the pages the commands wrote. Run by docs/hooks.py (through
-docs/tutorials/run.py) at every docs build and by tests/test_paper_page.py; ``python
+docs/tutorials/run.py) at every docs build and by tests/report/test_paper_page.py; ``python
 docs/tutorials/paper_figures.py [OUT]``.
 """
 

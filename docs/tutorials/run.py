@@ -1,6 +1,6 @@
 """Run the documentation's tutorials (docs/tutorials/<name>.py) into generated/<name>/.
 
-Called by docs/hooks.py before every ``mkdocs build`` and by tests/test_docs.py. A tutorial is
+Called by docs/hooks.py before every ``mkdocs build`` and by tests/project/test_docs.py. A tutorial is
 run when its outputs are missing or were made by another version of its script (the sha256 of
 ``common.py`` and the script, kept in ``generated/<name>/DONE``), or always with ``fresh``.
 Each runs in its own process, in its output folder (what its cells write to a relative path

@@ -8,7 +8,7 @@ whether it enters a config's identity hash (``hashed``). ``engine/names.py`` (th
 ``engine/metrics.py`` (``coupling_values`` / ``all_coupling_values``),
 ``report/summaries/common.py`` (``HIGHER_IS_COUPLED``) and ``store/schema.py`` (the
 ``variants`` entry of every table's schema) are built from `REGISTRY`;
-``tests/test_variants.py`` fails when a variant is declared in part.
+``tests/engine/test_variants.py`` fails when a variant is declared in part.
 
 **Adding a variant** (docs/DESIGN.md, "Recipe: a coupling variant"): write its formula
 (a function ``(parts, p) -> (..., n_k)`` over every requested K at once) and one

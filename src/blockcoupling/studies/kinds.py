@@ -7,7 +7,7 @@ kind is parsed, planned and run, its report page, its headline token rule, the l
 repairs a damaged unit, the check of a unit beyond its run directory, and the conversion of
 an old layout. Generic modules (the reader, ``studies/collection.py``, the CLI) ask the
 registry (`get`, `names`, `spec_kinds`) and name no kind. The recipe: docs/DESIGN.md, "Add a
-collection kind"; ``tests/test_architecture.py`` fails when a kind is named outside its own
+collection kind"; ``tests/project/test_architecture.py`` fails when a kind is named outside its own
 package.
 """
 

@@ -148,7 +148,7 @@ def _paper_command_pages(root: Path, dirs: list[Path]) -> dict[str, Path]:
             "--n-boot", "0", "--out", str(root / "vary_k.html"))
     assert r.exit_code == 0, r.output
     pages["correlate --k"] = root / "vary_k.html"
-    shipped = Path(__file__).resolve().parent.parent / "docs" / "results" / "generalization"
+    shipped = Path(__file__).resolve().parents[2] / "docs" / "results" / "generalization"
     spec = full_spec()
     runs = pd.read_csv(shipped / "runs.csv")
     a = analyse(runs, spec.variants, alpha=spec.alpha, bound=spec.bound)

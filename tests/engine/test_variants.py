@@ -30,7 +30,7 @@ from blockcoupling.report.summaries.common import HIGHER_IS_COUPLED
 from blockcoupling.store import schema
 
 F64 = torch.float64
-DOCS = Path(__file__).resolve().parents[1] / "docs"
+DOCS = Path(__file__).resolve().parents[2] / "docs"
 
 
 # ---------------------------------------------------------------- one record, every list

@@ -10,7 +10,7 @@ here, or says why not.
   a sweep spec over local checkpoints and a score table. Python blocks share one namespace per
   page; shell blocks run with ``bash -euo pipefail`` and this checkout's CLI.
 * Tutorial pages include their code from the scripts in docs/tutorials/ (run by the docs
-  build, tests/test_docs.py): the cells a page shows, in order, define every name they use
+  build, tests/project/test_docs.py): the cells a page shows, in order, define every name they use
   (no hidden helper), so a copied cell runs.
 """
 
@@ -28,10 +28,10 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 #: pages whose blocks another test runs: docs/paper.md's commands take the page's variables
 #: ($GPT2, $PROMPTS, ...: paper-scale values on a GPU, tiny ones here), expanded and run on
-#: tiny models by tests/test_paper_page.py and the docs build (docs/tutorials/paper_figures.py)
+#: tiny models by tests/report/test_paper_page.py and the docs build (docs/tutorials/paper_figures.py)
 RUN_ELSEWHERE = {ROOT / "docs" / "paper.md"}
 PAGES = [ROOT / "README.md", *sorted(p for p in (ROOT / "docs").rglob("*.md")
                                      if "generated" not in p.parts and p not in RUN_ELSEWHERE)]

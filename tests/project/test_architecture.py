@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-SRC = Path(__file__).resolve().parents[1] / "src"
+SRC = Path(__file__).resolve().parents[2] / "src"
 PACKAGE = "blockcoupling"
 
 #: lowest first; a module may import from its own layer or a lower one only
@@ -105,7 +105,7 @@ def layer_of(module: str) -> str:
         return SAME_LAYER[parts[1]]
     if parts[1] not in LAYERS:
         raise AssertionError(f"{module}: not in any layer of LAYERS; place it in "
-                             "docs/DESIGN.md and in tests/test_architecture.py")
+                             "docs/DESIGN.md and in tests/project/test_architecture.py")
     return parts[1]
 
 
@@ -211,7 +211,7 @@ def test_the_complexity_budgets_named_exceptions_are_the_ones_design_counts() ->
     `# noqa: C901 - why`; DESIGN.md states how many there are, and each says why."""
     import re
 
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parents[2]
     named = [(p, line) for folder in ("src", "tests", "tools", "benchmarks")
              for p in sorted((root / folder).rglob("*.py")) if p != Path(__file__).resolve()
              for line in p.read_text().splitlines() if "noqa: C901" in line]

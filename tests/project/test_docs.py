@@ -16,7 +16,7 @@ import pytest
 
 import blockcoupling as bc
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _gen_reference():

@@ -44,7 +44,7 @@ from tiny_runs import (
 )
 
 SEED = int(os.environ.get("BLOCKCOUPLING_FAULT_SEED", "20261122"))
-TESTS = Path(__file__).resolve().parent
+TESTS = Path(__file__).resolve().parents[1] / "helpers"  # tiny_runs, for the child processes
 SRC = Path(blockcoupling.__file__).resolve().parents[1]
 
 
@@ -104,7 +104,7 @@ def child(point: str, nth: int, sig: str, argv: list[str]) -> subprocess.Complet
 
 def replay(point: str, nth: int, total: int) -> str:
     return (f"kill point: {point} #{nth} of {total} (replay with "
-            f"BLOCKCOUPLING_FAULT_SEED={SEED} pytest tests/test_faults.py -k {point})")
+            f"BLOCKCOUPLING_FAULT_SEED={SEED} pytest tests/project/test_faults.py -k {point})")
 
 
 def one_error_line(output: str) -> str:

@@ -1,4 +1,4 @@
-"""Figures and the HTML report, on synthetic Measurements (tests/fixtures_report.py).
+"""Figures and the HTML report, on synthetic Measurements (tests/helpers/fixtures_report.py).
 
 Every figure is checked against the stored numbers with an independent float64 computation
 written here (plain loops over the table rows), not against the aggregation helpers it uses.

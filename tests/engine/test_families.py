@@ -1,8 +1,8 @@
-"""The conformance matrix: every model family of tests/families.py, on the installed transformers.
+"""The conformance matrix: every model family of tests/helpers/families.py, on the installed transformers.
 
 Per family, a tiny random-weight model built from its HF config: ``find_blocks`` finds its
 blocks, final norm and causality; depth-wise and token-wise (``self``) coupling of every
-variant equal the independent float64 autograd oracle of tests/test_measure.py (dense block
+variant equal the independent float64 autograd oracle of tests/engine/test_measure.py (dense block
 Jacobians by ``torch.autograd.functional.jacobian`` through hooks of its own, numpy SVDs, the
 formulas spelled out) at the engine tests' tolerances; and every decoder's J^l_tt comes from
 the decode-step fast path at every layer, with no fallback warning, unless the family lists

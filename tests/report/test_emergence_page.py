@@ -2,7 +2,7 @@
 and every combination of stored parts: a training loss or none; the chance-corrected
 statistic, raw c_K, both or no depth-wise coupling; trajectory metrics or none; units with
 and without steps; failed units; no unit done. (A real HF Trainer and Lightning run are
-rendered in tests/test_monitor.py.)"""
+rendered in tests/studies/test_monitor.py.)"""
 
 from __future__ import annotations
 

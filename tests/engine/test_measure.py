@@ -174,7 +174,7 @@ def test_every_coupling_kind_matches_oracle(arch: str) -> None:
 def test_fixed_input_at_one_token_uses_jvps_and_matches_oracle(arch: str) -> None:
     """One input token and every output token: the JVP batch path of the dense Jacobians
     (GPT-2 without its fast path, which builds them from the block's structure instead:
-    tests/test_structured.py)."""
+    tests/engine/test_structured.py)."""
     model = tiny_model(arch, dtype=torch.float64)
     inputs = tiny_inputs(arch, n=4)
     Js, _ = oracle_jacobians(model, inputs)

@@ -15,7 +15,7 @@ import pytest
 
 pytestmark = pytest.mark.slow
 
-BENCH = Path(__file__).resolve().parent.parent / "benchmarks"
+BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
 
 
 def _run(tmp_path: Path, script: str, *args: str) -> list[dict]:

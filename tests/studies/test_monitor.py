@@ -363,7 +363,7 @@ def test_interpreter_exit_is_clean(tmp_path: Path) -> None:
 
     script = textwrap.dedent(f"""
         import sys
-        sys.path.insert(0, {str(Path(__file__).parent)!r})
+        sys.path[:0] = [{str(Path(__file__).parent)!r}, {str(Path(__file__).parents[1] / "helpers")!r}]
         import blockcoupling as bc
         from test_monitor import PROMPTS, _model, _tokenizer
         tok = _tokenizer()

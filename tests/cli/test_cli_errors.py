@@ -12,7 +12,7 @@ import typer
 from blockcoupling.cli.app import STATE, guarded, user_errors
 from blockcoupling.errors import BlockCouplingError
 
-CLI = Path(__file__).resolve().parents[1] / "src" / "blockcoupling" / "cli"
+CLI = Path(__file__).resolve().parents[2] / "src" / "blockcoupling" / "cli"
 
 
 def test_user_errors_is_one_line_and_exit_1(capsys: pytest.CaptureFixture[str]) -> None:

@@ -15,7 +15,7 @@ import typer.main
 
 from blockcoupling.cli import app
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 PAGE = ROOT / "docs" / "paper.md"
 
 

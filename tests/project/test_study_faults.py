@@ -106,7 +106,7 @@ def test_sweep_killed_at_a_random_point_resumes_bit_identically(study: dict[str,
     total = study["counts"][point]
     nth = random.Random(f"{SEED}/sweep/{point}").randint(1, total)
     info = (f"kill point: {point} #{nth} of {total} (replay with BLOCKCOUPLING_FAULT_SEED="
-            f"{SEED} pytest tests/test_study_faults.py -k {point})")
+            f"{SEED} pytest tests/project/test_study_faults.py -k {point})")
     print(info)
     out = tmp_path / "sweep"
     res = child(point, nth, "SIGKILL", sweep_args(study, out))
@@ -652,7 +652,7 @@ def test_lm_family_study_killed_at_a_random_point_resumes_bit_identically(
                     else ("part_commit", counts["part_commit"]))
     nth = random.Random(f"{SEED}/lm-family/{phase}").randint(1, total)
     info = (f"kill point: {point} #{nth} of {total} in {phase} (replay with "
-            f"BLOCKCOUPLING_FAULT_SEED={SEED} pytest -m slow tests/test_study_faults.py -k "
+            f"BLOCKCOUPLING_FAULT_SEED={SEED} pytest -m slow tests/project/test_study_faults.py -k "
             f"'lm_family and {phase}')")
     print(info)
     work = base / "work"
