@@ -30,7 +30,7 @@ from typing import Any
 import torch
 
 from blockcoupling.engine import bases as eb
-from blockcoupling.engine.blocks import find_blocks
+from blockcoupling.engine.blocks import BlockSpec
 from blockcoupling.engine.config import MeasureConfig
 from blockcoupling.errors import BlockCouplingError, RunDirError
 from blockcoupling.store.fileio import TMP_PREFIX, fsync_dir
@@ -156,14 +156,15 @@ def consolidate(root: Path, parts: Sequence[Part]) -> dict[str, dict[str, Any]]:
     return out
 
 
-def estimate(model: torch.nn.Module, lengths: Sequence[int], cfg: MeasureConfig
+def estimate(spec: BlockSpec, lengths: Sequence[int], cfg: MeasureConfig
              ) -> tuple[int, int, int]:
     """``(number of Jacobians, bytes of their bases, bytes of the Jacobians)`` a run of
-    prompts of ``lengths`` real tokens stores: one (U, S, V) (and J) per prompt, layer and
-    measured token pair."""
+    prompts of ``lengths`` real tokens stores on a model of ``spec`` (the run's own block
+    spec: its width and causality as the run states them, ``hidden_size``/``causal`` of a
+    custom module included): one (U, S, V) (and J) per prompt, layer and measured token
+    pair."""
     from blockcoupling.engine.plan import prompt_work
 
-    spec = find_blocks(model, cfg.blocks_path)
     n_jac = sum(prompt_work(cfg, spec, int(n), influence=False).n_jacobians for n in lengths)
     return (n_jac, eb.estimate_bytes(n_jac, spec.hidden_size, cfg.k_max, cfg.dtype),
             eb.jacobian_bytes(n_jac, spec.hidden_size, cfg.dtype))

@@ -9,6 +9,7 @@ from typing import Any
 import pandas as pd
 import torch
 
+from blockcoupling.engine.blocks import BlockSpec
 from blockcoupling.engine.causality import model_spec
 from blockcoupling.engine.config import MeasureConfig, parse_config
 from blockcoupling.engine.events import EventCallback
@@ -171,17 +172,18 @@ def _checked(model: torch.nn.Module, tokenizer: Any, prompts: Any, cfg: MeasureC
     full_meta.update(meta or {})
     if cfg.save_bases or cfg.save_jacobians:
         lengths = list(plan.lengths) if items[0].is_text else None
-        _check_bases_size(model, items, lengths, cfg, out_dir, progress)
+        _check_bases_size(spec, items, lengths, cfg, out_dir, progress)
     # the writer verifies the stored parts itself: read them twice only for a plan
     check_target(Path(out_dir), cfg, full_meta, prompt_records(prompts_df), resume,
                  verify_parts=dry_run)
     return items, prompts_df, plan, spec, full_meta
 
 
-def _check_bases_size(model: torch.nn.Module, items: list[Any], lengths: list[int] | None,
+def _check_bases_size(spec: BlockSpec, items: list[Any], lengths: list[int] | None,
                       cfg: MeasureConfig, out_dir: Any, progress: bool) -> None:
     """Print the estimated size of the stored bases and Jacobians; refuse Jacobians above
-    the limit (unless ``force_size``) and anything the disk cannot hold."""
+    the limit (unless ``force_size``) and anything the disk cannot hold. ``spec`` is the run's
+    own block spec (a custom module's stated ``hidden_size`` and ``causal`` included)."""
     from pathlib import Path
 
     from blockcoupling.store import bases as stored
@@ -192,7 +194,7 @@ def _check_bases_size(model: torch.nn.Module, items: list[Any], lengths: list[in
         if progress:
             print("bases: size known after the first prompt (ready-made inputs)", file=sys.stderr)
         return
-    n_jac, nbytes, jbytes = stored.estimate(model, lengths, cfg)
+    n_jac, nbytes, jbytes = stored.estimate(spec, lengths, cfg)
     if progress and cfg.save_bases:
         print(f"bases: {n_jac} Jacobians x (U, V of {cfg.k_max} x d, S) = about "
               f"{stored.human(nbytes)} in {out_dir}", file=sys.stderr)
