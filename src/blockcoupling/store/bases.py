@@ -27,8 +27,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from blockcoupling.engine import bases as eb
 from blockcoupling.engine.blocks import BlockSpec
 from blockcoupling.engine.config import MeasureConfig
