@@ -97,6 +97,7 @@ def test_every_measurement_check_runs_once_per_call(entry: str, custom: bool, tm
                         counted("check_model", MeasureConfig.check_model))
     if custom:
         import torch
+
         from tiny_models import EncoderStack
 
         torch.manual_seed(0)
