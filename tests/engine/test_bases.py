@@ -189,7 +189,8 @@ def test_too_little_disk_is_refused_before_any_file(tmp_path: Path,
     n_tokens = [len(p.split()) for p in PROMPTS]
     n_jac = sum(3 * n for n in n_tokens)  # depth at every token: J_tt per layer and token
     assert f"bases: {n_jac} Jacobians" in capsys.readouterr().err
-    assert sb.estimate(model, n_tokens, bc.MeasureConfig.parse(k=K, tokens="all"))[1] == (
+    spec = bc.find_blocks(model)
+    assert sb.estimate(spec, n_tokens, bc.MeasureConfig.parse(k=K, tokens="all"))[1] == (
         n_jac * (2 * 16 * K + K) * 4)
 
 
@@ -312,3 +313,43 @@ def test_a_custom_modules_jacobian_estimate_uses_its_given_width(
     with pytest.raises(BlockCouplingError, match="cannot be checked before the run"):
         bc.measure_to_dir(net, None, ids, tmp_path / "c", **kw)
     assert not (tmp_path / "b").exists() and not (tmp_path / "c").exists()
+def test_a_custom_modules_jacobian_estimate_uses_its_stated_width_and_causality(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A plain nn.Module found by ``blocks_path`` with ``hidden_size`` and ``causal`` given:
+    the size estimate (and so the --save-jacobians limit and the disk check) counts its
+    real d x d Jacobians, not 0 bytes of a width-0 model (issue 33)."""
+    import blockcoupling.engine.bases as eb
+    import blockcoupling.store.bases as sb
+    from tiny_models import EncoderStack
+
+    class TokenNet(torch.nn.Module):  # token ids in, so the lengths are known before the run
+        def __init__(self) -> None:
+            super().__init__()
+            self.embed = torch.nn.Embedding(11, 8)
+            self.layers = EncoderStack(3).layers
+
+        def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+            x = self.embed(input_ids)
+            for blk in self.layers:
+                x = blk(x)
+            return x
+
+    torch.manual_seed(0)
+    net = TokenNet().double().eval()
+    ids = {"input_ids": torch.randint(0, 11, (1, 4))}
+    opts = dict(blocks_path="layers", hidden_size=8, causal=False, coupling=("depth",), k=2,
+                tokens="all", dtype=torch.float64, save_jacobians=True)
+    n_jac = 3 * 4  # J_tt per layer and token
+    monkeypatch.setattr(eb, "JACOBIANS_LIMIT_BYTES", n_jac * 8 * 8 * 8 - 1)
+    with pytest.raises(BlockCouplingError, match="force-size"):
+        bc.measure_to_dir(net, None, ids, tmp_path / "big", **opts)
+    assert f"jacobians: {n_jac} Jacobians of d x d" in capsys.readouterr().err
+    assert not (tmp_path / "big").exists()
+    Usage = collections.namedtuple("Usage", "total used free")
+    monkeypatch.setattr(sb.shutil, "disk_usage", lambda p: Usage(10**6, 10**6, 100))
+    with pytest.raises(BlockCouplingError, match="need about .* free"):
+        bc.measure_to_dir(net, None, ids, tmp_path / "full", force_size=True, **opts)
+    monkeypatch.undo()
+    m = bc.measure_to_dir(net, None, ids, tmp_path / "run", **opts)
+    assert bc.open_run(tmp_path / "run").jacobian(m.prompts["prompt_id"][0], 1, 0).shape == (8, 8)

@@ -62,3 +62,54 @@ def test_measure_dry_run_prints_the_plan_and_writes_nothing(tmp_path: Path) -> N
     bad = cli("measure", "--model", str(model), "--prompts", str(prompts), "--out", str(out),
               "--k", "99", "--dry-run")  # checked like a real run: K > d
     assert bad.exit_code == 1 and not out.exists()
+
+
+@pytest.mark.parametrize("custom", [False, True])
+@pytest.mark.parametrize("entry", ["measure", "measure_to_dir"])
+def test_every_measurement_check_runs_once_per_call(entry: str, custom: bool, tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """One call normalises its inputs once, finds the blocks once and checks the options
+    against the model once (issue 33), for a transformers model and for a custom module whose
+    width is learnt from the first capture; two prompts in batches of one, so a check made
+    per batch would count twice."""
+    import blockcoupling.engine.blocks as blocks_mod
+    import blockcoupling.engine.causality as causality_mod
+    import blockcoupling.engine.inputs as inputs_mod
+    import blockcoupling.engine.measure as measure_mod
+    import blockcoupling.store.preflight as preflight_mod
+    import blockcoupling.store.record as record_mod
+
+    calls = {"normalise_inputs": 0, "find_blocks": 0, "check_model": 0}
+
+    def counted(name: str, fn: object) -> object:
+        def wrapper(*args: object, **kwargs: object) -> object:
+            calls[name] += 1
+            return fn(*args, **kwargs)  # type: ignore[operator]
+        return wrapper
+
+    originals = {"normalise_inputs": inputs_mod.normalise_inputs,
+                 "find_blocks": blocks_mod.find_blocks}
+    for mod in (inputs_mod, measure_mod, record_mod, preflight_mod, causality_mod, blocks_mod):
+        for name, fn in originals.items():
+            if hasattr(mod, name):
+                monkeypatch.setattr(mod, name, counted(name, fn))
+    monkeypatch.setattr(MeasureConfig, "check_model",
+                        counted("check_model", MeasureConfig.check_model))
+    if custom:
+        import torch
+
+        from tiny_models import EncoderStack
+
+        torch.manual_seed(0)
+        model: torch.nn.Module = EncoderStack(2).eval()
+        inputs: dict = {"x": torch.randn(2, 3, 8)}
+        opts: dict = dict(blocks_path="layers")
+    else:
+        model, inputs, opts = tiny_model("gpt2"), tiny_inputs("gpt2", n=3, batch=2), {}
+    opts.update(coupling="depth", k=2, tokens="0", batch_size=1, progress=False)
+    if entry == "measure":
+        m = bc.measure(model, None, inputs, **opts)
+    else:
+        m = bc.measure_to_dir(model, None, inputs, tmp_path / "run", **opts)
+    assert m.prompts["prompt_id"].nunique() == 2
+    assert calls == {"normalise_inputs": 1, "find_blocks": 1, "check_model": 1}, calls

@@ -96,11 +96,15 @@ def resolve_causal(model: nn.Module, cap: Capture) -> BlockSpec:
 
 
 def model_spec(model: nn.Module, cfg: MeasureConfig, tokenizer: Any = None,
-               items: list[MeasureInput] | None = None) -> BlockSpec:
+               items: list[MeasureInput] | None = None, *, spec: BlockSpec | None = None
+               ) -> BlockSpec:
     """The model's [`BlockSpec`][blockcoupling.engine.blocks.BlockSpec] under ``cfg`` (``blocks_path``, ``causal``,
     ``hidden_size``); where causality is unknown and ``items`` are given, decided from a
-    capture of the first item (the model and the RNGs are left as they were)."""
-    spec = find_blocks(model, cfg.blocks_path, hidden_size=cfg.hidden_size, causal=cfg.causal)
+    capture of the first item (the model and the RNGs are left as they were). ``spec``: the
+    spec already found under ``cfg`` (a plan's), so the blocks are not found again."""
+    if spec is None:
+        spec = find_blocks(model, cfg.blocks_path, hidden_size=cfg.hidden_size,
+                           causal=cfg.causal)
     if spec.causal_source != "unknown" or not items:
         return spec
     with preserved(model):

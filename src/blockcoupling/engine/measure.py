@@ -51,7 +51,7 @@ from blockcoupling.engine.causality import model_spec, resolve_causal
 from blockcoupling.engine.config import MeasureConfig, parse_config
 from blockcoupling.engine.events import EventCallback, MeasureEvent, Phase, ignore
 from blockcoupling.engine.inputs import MeasureInput, make_batch, normalise_inputs
-from blockcoupling.engine.plan import prompt_work
+from blockcoupling.engine.plan import MeasurePlan, prompt_work
 from blockcoupling.engine.results import Measurement, conform
 from blockcoupling.engine.state import preserved
 from blockcoupling.engine.wrappers import as_module, unwrap_model
@@ -458,7 +458,8 @@ class _PromptRun:
 def iter_measure(model: torch.nn.Module, tokenizer: Any, prompts: Any, config: MeasureConfig,
                  *, skip: frozenset[str] | set[str] = frozenset(), progress: bool = True,
                  on_event: EventCallback | None = None,
-                 spec: BlockSpec | None = None) -> Iterator[Measurement]:
+                 spec: BlockSpec | None = None,
+                 plan: MeasurePlan | None = None) -> Iterator[Measurement]:
     """Yield one [`Measurement`][blockcoupling.engine.results.Measurement] part per prompt (for incremental, resumable stores).
 
     The model is measured in eval mode (dropout off); its training flags, attention
@@ -466,29 +467,41 @@ def iter_measure(model: torch.nn.Module, tokenizer: Any, prompts: Any, config: M
     iterator is exhausted, closed or raises (`blockcoupling.engine.state.preserved`).
     ``model`` may be a wrapper (engine/wrappers.py); ``spec`` a spec already found by
     `blockcoupling.engine.causality.model_spec` (else found here, its causality from
-    the first capture where no config says it).
+    the first capture where no config says it). ``plan``: the checked
+    [`MeasurePlan`][blockcoupling.engine.plan.MeasurePlan] of ``prompts``
+    (`blockcoupling.store.preflight.preflight`): its inputs and spec are measured and the
+    checks it made are not made again (``prompts`` and ``spec`` are then ignored).
     """
     model = as_module(model)
+    checked = plan is not None and plan.spec is not None
+    if plan is not None and plan.spec is not None:
+        items, spec = list(plan.items), plan.spec
+    else:
+        items = normalise_inputs(prompts)
     with preserved(model):
         model.eval()
-        yield from _iter_parts(model, tokenizer, prompts, config, skip=skip, progress=progress,
-                               on_event=on_event or ignore, spec=spec)
+        yield from _iter_parts(model, tokenizer, items, config, skip=skip, progress=progress,
+                               on_event=on_event or ignore, spec=spec, checked=checked)
 
 
-def _iter_parts(model: torch.nn.Module, tokenizer: Any, prompts: Any, config: MeasureConfig,
-                *, skip: frozenset[str] | set[str], progress: bool,
-                on_event: EventCallback, spec: BlockSpec | None) -> Iterator[Measurement]:
+def _iter_parts(model: torch.nn.Module, tokenizer: Any, items: list[MeasureInput],
+                config: MeasureConfig, *, skip: frozenset[str] | set[str], progress: bool,
+                on_event: EventCallback, spec: BlockSpec | None, checked: bool = False
+                ) -> Iterator[Measurement]:
+    """The measurement of normalised ``items``; ``checked``: ``spec`` and ``config`` were
+    checked against the model already (a plan's), so they are not checked again."""
     from blockcoupling.progress import bar as progress_bar
 
     cfg = config
     if spec is None:
         spec = model_spec(model, cfg)
-    if spec.hidden_size:  # a custom model's hidden size is known only after the capture
-        cfg.check_model(spec.num_layers, spec.hidden_size)
-    if cfg.analysis_device is not None:
-        from blockcoupling.loading import resolve_device
+    if not checked:
+        if spec.hidden_size:  # a custom model's hidden size is known only after the capture
+            cfg.check_model(spec.num_layers, spec.hidden_size)
+        if cfg.analysis_device is not None:
+            from blockcoupling.loading import resolve_device
 
-        resolve_device(cfg.analysis_device)  # a clear error for an unavailable device
+            resolve_device(cfg.analysis_device)  # a clear error for an unavailable device
     device = _model_device(model)
     hidden_dtype = _model_dtype(model)  # the precision the hidden states carry
     readout = lens.readout(model, spec) if cfg.logit_lens else None
@@ -496,7 +509,6 @@ def _iter_parts(model: torch.nn.Module, tokenizer: Any, prompts: Any, config: Me
     # resumed run measures every prompt in the batch it had in the first run (batch
     # composition changes float32 rounding): a resume is bit-identical. Likewise the prompts
     # that keep their K x K matrices are the first ones of the list, not of this process.
-    items = normalise_inputs(prompts)
     batches = [items[i:i + cfg.batch_size] for i in range(0, len(items), cfg.batch_size)]
     state = _RunState(figure_ids={it.prompt_id for it in items[:cfg.figure_prompts]},
                       on_event=on_event)
@@ -514,8 +526,9 @@ def _iter_parts(model: torch.nn.Module, tokenizer: Any, prompts: Any, config: Me
             on_event(MeasureEvent("capture", time.perf_counter() - t0, prompt_ids=tuple(ids)))
             if cap.spec.causal_source == "unknown":  # a custom module: mask or probe of J
                 cap.spec = resolve_causal(model, cap)
+            if (cap.spec.num_layers, cap.spec.hidden_size) != (spec.num_layers, spec.hidden_size):
+                cfg.check_model(cap.spec.num_layers, cap.spec.hidden_size)  # width learnt here
             spec = cap.spec  # width and causality known from here on
-            cfg.check_model(cap.spec.num_layers, cap.spec.hidden_size)
             t0 = time.perf_counter()
             ent = (lens.lens_entropy(tables.batch_trajectory(cap), readout, device=device,
                                      dtype=hidden_dtype, normed_last=cap.final_norm)
@@ -664,8 +677,11 @@ def measure(model: torch.nn.Module, tokenizer: Any = None, prompts: Any = (), *,
     t0 = time.perf_counter()
     items = normalise_inputs(prompts)
     spec = model_spec(as_module(model), cfg, tokenizer, items)
-    parts = list(iter_measure(model, tokenizer, items, cfg, progress=progress,
-                              on_event=on_event, spec=spec))
+    module = as_module(model)
+    with preserved(module):
+        module.eval()
+        parts = list(_iter_parts(module, tokenizer, items, cfg, skip=frozenset(),
+                                 progress=progress, on_event=on_event or ignore, spec=spec))
     fast = {fastrecord.FAST_PATH_KEY: last_fast_path(parts)} if parts else {}
     meta = build_meta(model, cfg, spec=spec, seconds=time.perf_counter() - t0,
                       peak_memory=offload.peak_memory(), **fast)

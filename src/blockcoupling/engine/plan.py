@@ -94,9 +94,15 @@ class MeasurePlan:
     peak_jacobian_bytes: int  # the largest layer's Jacobians of one prompt, held at once
     estimated_seconds: float
     estimate: str = field(default="")  # how the time was estimated
+    # what `iter_measure` executes (not part of to_dict): the block spec the run measures
+    # (width and causality as stated or resolved) and the normalised inputs
+    spec: BlockSpec | None = field(default=None, repr=False, compare=False)
+    items: list[Any] = field(default_factory=list, repr=False, compare=False)
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        out = asdict(self)
+        del out["spec"], out["items"]
+        return out
 
     def describe(self) -> str:
         gib = self.peak_jacobian_bytes / 2**30
@@ -133,7 +139,7 @@ def duration(s: float) -> str:
 
 
 def plan_measure(cfg: MeasureConfig, spec: BlockSpec, lengths: Sequence[int], *,
-                 model: str = "model") -> MeasurePlan:
+                 model: str = "model", items: Sequence[Any] = ()) -> MeasurePlan:
     """The plan of measuring prompts of ``lengths`` real tokens with ``cfg`` on a model of
     ``spec`` (see the module docstring for the time model)."""
     import torch
@@ -160,4 +166,5 @@ def plan_measure(cfg: MeasureConfig, spec: BlockSpec, lengths: Sequence[int], *,
         prompts=len(lengths), lengths=tuple(int(n) for n in lengths), tokens=int(sum(lengths)), measured_tokens=measured, pairs=kinds,
         jacobians=jac, coupling_rows=rows, analysis_dtype=str(cfg.dtype).replace("torch.", ""),
         peak_jacobian_bytes=peak, estimated_seconds=flops / GFLOPS,
-        estimate=f"stated model: VJP and eigh flops at {GFLOPS / 1e9:.0f} GFLOP/s, not measured")
+        estimate=f"stated model: VJP and eigh flops at {GFLOPS / 1e9:.0f} GFLOP/s, not measured",
+        spec=spec, items=list(items))

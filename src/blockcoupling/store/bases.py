@@ -157,9 +157,10 @@ def consolidate(root: Path, parts: Sequence[Part]) -> dict[str, dict[str, Any]]:
 def estimate(spec: BlockSpec, lengths: Sequence[int], cfg: MeasureConfig
              ) -> tuple[int, int, int]:
     """``(number of Jacobians, bytes of their bases, bytes of the Jacobians)`` a run of
-    prompts of ``lengths`` real tokens stores on a model of ``spec`` (the run's own, with the
-    ``hidden_size`` and ``causal`` it was given): one (U, S, V) (and J) per prompt, layer and
-    measured token pair."""
+    prompts of ``lengths`` real tokens stores on a model of ``spec`` (the run's own block
+    spec: its width and causality as the run states them, ``hidden_size``/``causal`` of a
+    custom module included): one (U, S, V) (and J) per prompt, layer and measured token
+    pair."""
     from blockcoupling.engine.plan import prompt_work
 
     n_jac = sum(prompt_work(cfg, spec, int(n), influence=False).n_jacobians for n in lengths)

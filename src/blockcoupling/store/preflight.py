@@ -14,16 +14,18 @@ import torch
 
 from blockcoupling.engine.blocks import find_blocks
 from blockcoupling.engine.config import MeasureConfig
-from blockcoupling.engine.inputs import normalise_inputs, tokenize
+from blockcoupling.engine.inputs import MeasureInput, tokenize
 from blockcoupling.engine.plan import MeasurePlan, plan_measure
 from blockcoupling.errors import BlockCouplingError
 
 
-def preflight(model: torch.nn.Module, tokenizer: Any, prompts: Any, cfg: MeasureConfig, *,
-              model_name: str = "model") -> MeasurePlan:
+def preflight(model: torch.nn.Module, tokenizer: Any, all_items: list[MeasureInput],
+              cfg: MeasureConfig, *, model_name: str = "model") -> MeasurePlan:
     """Raise [`BlockCouplingError`][blockcoupling.errors.BlockCouplingError] for anything that would stop the run part-way;
     return the `MeasurePlan` of the checked prompts (text
-    prompts by their token counts, ready-made inputs by their real positions)."""
+    prompts by their token counts, ready-made inputs by their real positions), which holds
+    the block spec and ``all_items`` (the inputs as `normalise_inputs` returned them) for
+    `iter_measure` to execute: nothing checked here is checked again."""
     spec = find_blocks(model, cfg.blocks_path, hidden_size=cfg.hidden_size, causal=cfg.causal)
     if spec.hidden_size:  # a custom model's hidden size is known only after its first capture
         cfg.check_model(spec.num_layers, spec.hidden_size)
@@ -33,7 +35,6 @@ def preflight(model: torch.nn.Module, tokenizer: Any, prompts: Any, cfg: Measure
         from blockcoupling.loading import resolve_device
 
         resolve_device(cfg.analysis_device)
-    all_items = normalise_inputs(prompts)
     lengths: list[int] = [_ready_length(it, model) for it in all_items if not it.is_text]
     items = [it for it in all_items if it.is_text]
     special = set(getattr(tokenizer, "all_special_ids", []) or [])
@@ -50,7 +51,7 @@ def preflight(model: torch.nn.Module, tokenizer: Any, prompts: Any, cfg: Measure
                     "the tokenizer's special tokens; give it text the tokenizer knows, or "
                     "remove it"
                 )
-    return plan_measure(cfg, spec, lengths, model=model_name)
+    return plan_measure(cfg, spec, lengths, model=model_name, items=all_items)
 
 
 def _ready_length(item: Any, model: torch.nn.Module) -> int:

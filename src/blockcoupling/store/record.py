@@ -9,6 +9,7 @@ from typing import Any
 import pandas as pd
 import torch
 
+from blockcoupling.engine.blocks import BlockSpec
 from blockcoupling.engine.causality import model_spec
 from blockcoupling.engine.config import MeasureConfig, parse_config
 from blockcoupling.engine.events import EventCallback
@@ -74,7 +75,7 @@ def measure_to_dir(model: torch.nn.Module, tokenizer: Any, prompts: Any, out_dir
     t0 = time.perf_counter()
     with RunWriter(out_dir, config=cfg, meta=full_meta, prompts=prompts_df, resume=resume) as writer:
         if writer.damaged_bases:
-            _repair_bases(writer, model, tokenizer, items, cfg, spec, progress)
+            _repair_bases(writer, model, tokenizer, items, cfg, plan, progress)
         done = writer.done_prompt_ids()
         setup = time.perf_counter() - t_start  # checks, fingerprint, the directory opened
         measuring = writing = buffered = 0.0
@@ -92,7 +93,7 @@ def measure_to_dir(model: torch.nn.Module, tokenizer: Any, prompts: Any, out_dir
             buffered = 0.0
 
         parts = iter_measure(model, tokenizer, items, cfg, skip=done, progress=progress,
-                             on_event=on_event, spec=spec)
+                             on_event=on_event, plan=plan)
         while True:
             t1 = time.perf_counter()
             try:
@@ -122,7 +123,7 @@ def measure_to_dir(model: torch.nn.Module, tokenizer: Any, prompts: Any, out_dir
 
 
 def _repair_bases(writer: RunWriter, model: torch.nn.Module, tokenizer: Any, items: list[Any],
-                  cfg: MeasureConfig, spec: Any, progress: bool) -> None:
+                  cfg: MeasureConfig, plan: MeasurePlan, progress: bool) -> None:
     """Rebuild the damaged consolidated bases files of a resumed run: their prompts are
     measured again (in the batches of the first run) and each file's bytes must equal the
     ones recorded when it was written (``RunWriter.repair_bases``)."""
@@ -135,7 +136,7 @@ def _repair_bases(writer: RunWriter, model: torch.nn.Module, tokenizer: Any, ite
               f"{len(want)} prompt(s) again", file=sys.stderr)
     skip = {it.prompt_id for it in items} - want
     sources = [part.basis_store for part in iter_measure(model, tokenizer, items, cfg, skip=skip,
-                                                         progress=progress, spec=spec)]
+                                                         progress=progress, plan=plan)]
     merged = InMemoryBases.merge(sources)
     for name, ids in list(writer.damaged_bases.items()):
         data = bases_bytes(merged, ids)
@@ -165,7 +166,11 @@ def _checked(model: torch.nn.Module, tokenizer: Any, prompts: Any, cfg: MeasureC
     prompts_df = conform("prompts", [dict(prompt_id=it.prompt_id, text=it.text, n_tokens=0,
                                           label=it.label) for it in items])
     plan = preflight(model, tokenizer, items, cfg, model_name=model_name)  # before any file
-    spec = model_spec(as_module(model), cfg, tokenizer, items)  # causality of custom modules
+    # causality of custom modules (a capture) on the plan's spec; the plan is what runs
+    found = plan.spec
+    spec = plan.spec = model_spec(as_module(model), cfg, tokenizer, items, spec=found)
+    if found is not None and not found.hidden_size and spec.hidden_size:
+        cfg.check_model(spec.num_layers, spec.hidden_size)  # the width that capture learnt
     full_meta = build_meta(model, cfg, spec=spec, prompts_spec=prompts_spec,
                            weights_hash=weights_hash(as_module(model)))
     full_meta.update(meta or {})
@@ -178,11 +183,11 @@ def _checked(model: torch.nn.Module, tokenizer: Any, prompts: Any, cfg: MeasureC
     return items, prompts_df, plan, spec, full_meta
 
 
-def _check_bases_size(spec: Any, items: list[Any], lengths: list[int] | None,
+def _check_bases_size(spec: BlockSpec, items: list[Any], lengths: list[int] | None,
                       cfg: MeasureConfig, out_dir: Any, progress: bool) -> None:
-    """Print the estimated size of the stored bases and Jacobians of a model of ``spec`` (the
-    run's block spec: a custom module's given width and causality); refuse Jacobians above
-    the limit (unless ``force_size``) and anything the disk cannot hold."""
+    """Print the estimated size of the stored bases and Jacobians; refuse Jacobians above
+    the limit (unless ``force_size``) and anything the disk cannot hold. ``spec`` is the run's
+    own block spec (a custom module's stated ``hidden_size`` and ``causal`` included)."""
     from pathlib import Path
 
     from blockcoupling.store import bases as stored
