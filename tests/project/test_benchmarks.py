@@ -44,4 +44,27 @@ def test_bench_depth_smoke_agrees_with_its_oracle(tmp_path: Path) -> None:
 def test_bench_gpu_llama_smoke_runs_on_the_cpu(tmp_path: Path) -> None:
     records = _run(tmp_path, "bench_gpu_llama.py", "--small", "--device", "cpu")
     diffs = _agreements(records)
-    assert diffs and max(diffs) < 1e-3, diffs
+    # the exact routes agree to float32 level; the randomized top-K and the released
+    # algorithm's float32 route are approximations (measured 2e-3 and 1.8e-2 here): the
+    # smoke test checks that every route runs and is compared, not the GPU row's bound
+    assert len(diffs) >= 3 and sorted(diffs)[2] < 1e-5 and max(diffs) < 0.05, diffs
+
+
+def test_the_guard_fails_on_a_forced_fallback(tmp_path: Path) -> None:
+    """Issue 34 item 3, checked by forcing it: with the decode-step fast path refused for every
+    block (as a renamed cache argument did), `benchmarks/guard_fastpath.py` exits 1 and names
+    the families that fell back."""
+    script = tmp_path / "forced.py"
+    script.write_text(
+        "import runpy, sys\n"
+        "import blockcoupling.engine.fastpath as fp\n"
+        "fp.token_branches = lambda *a, **k: None  # every block refuses the fast path\n"
+        f"sys.argv = [{str(BENCH / 'guard_fastpath.py')!r}, '--repeats', '1']\n"
+        f"runpy.run_path({str(BENCH / 'guard_fastpath.py')!r}, run_name='__main__')\n")
+    env = dict(os.environ, BLOCKCOUPLING_BENCH_RESULTS=str(tmp_path), OMP_NUM_THREADS="1",
+               HF_HUB_OFFLINE="1")
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                          env=env, timeout=900, cwd=tmp_path)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 1, out[-3000:]
+    assert "gpt2" in out.lower() and "fast" in out.lower(), out[-3000:]

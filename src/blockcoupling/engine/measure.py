@@ -468,7 +468,7 @@ def iter_measure(model: torch.nn.Module, tokenizer: Any, prompts: Any, config: M
     ``model`` may be a wrapper (engine/wrappers.py); ``spec`` a spec already found by
     `blockcoupling.engine.causality.model_spec` (else found here, its causality from
     the first capture where no config says it). ``plan``: the checked
-    [`MeasurePlan`][blockcoupling.engine.plan.MeasurePlan] of ``prompts``
+    `MeasurePlan` of ``prompts``
     (`blockcoupling.store.preflight.preflight`): its inputs and spec are measured and the
     checks it made are not made again (``prompts`` and ``spec`` are then ignored).
     """
