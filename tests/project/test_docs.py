@@ -86,6 +86,7 @@ def test_cli_reference_lists_every_command() -> None:
 
 
 @pytest.mark.docs
+@pytest.mark.slow  # builds the whole site with fresh tutorials (3-4 min): CI runs it
 def test_site_builds_strictly_and_shows_the_tutorials(built_site: Path) -> None:
     """The whole site from a copy of the checkout (conftest.py's ``built_site``): the hook
     runs the three tutorials (they write their figures and tables), then ``mkdocs build

@@ -49,6 +49,7 @@ SITE_PAGES = {"index.html": 0, "tutorials/above-chance/index.html": 1,
 
 
 @pytest.mark.docs
+@pytest.mark.slow  # the built site (conftest.built_site, 3-4 min): CI runs it
 @pytest.mark.parametrize("page", list(SITE_PAGES))
 def test_site_page_reads_right(page: str, built_site: Path, tmp_path: Path) -> None:
     found = probe(built_site / page, 1400, 900, tmp_path)
