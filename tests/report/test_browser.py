@@ -157,11 +157,21 @@ def _paper_command_pages(root: Path, dirs: list[Path]) -> dict[str, Path]:
                                   analysis=a, statement=_statement(spec, a),
                                   reproducibility={})
     pages["generalization study"] = write_study_page(result, root / "generalization.html")
+    from typer.testing import CliRunner
+
+    from blockcoupling.cli import app
+
+    r = CliRunner().invoke(app, ["-q", "study", "lm-family", "--quick", "--out",
+                                 str(root / "lm_study")],
+                           env={"BLOCKCOUPLING_CACHE": str(root / "lm_cache")})
+    assert r.exit_code == 0, r.output
+    pages["lm-family study"] = root / "lm_study" / "study.html"
     return pages
 
 
 REPORT_KINDS = ["run report", "emergence", "correlate", "chance-floor", "cross", "vit study",
-                "perturb", "difficulty", "correlate --k", "generalization study"]
+                "perturb", "difficulty", "correlate --k", "generalization study",
+                "lm-family study"]
 
 
 @pytest.mark.parametrize("kind", REPORT_KINDS)
