@@ -17,7 +17,6 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-import torch
 from scipy import stats
 
 from blockcoupling.errors import BlockCouplingError
@@ -34,14 +33,7 @@ from blockcoupling.studies.regression import (
     correlation_tests,
     tost_power,
 )
-
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
+from threads import one_torch_thread  # noqa: E402,F401 - autouse: one torch thread
 
 
 def _simulated_r(n: int, rho: float, sims: int, seed: int) -> np.ndarray:

@@ -41,12 +41,7 @@ TINY = dict(preset="tiny", hidden_size=16, depth=2, heads=2, image_size=8, train
             test_limit=32, batch_size=32, k=2, monitor_images=2, final_images=2)
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
+from threads import one_torch_thread  # noqa: E402,F401 - autouse: one torch thread
 
 
 @pytest.fixture(scope="module")
