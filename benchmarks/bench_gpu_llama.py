@@ -41,12 +41,16 @@ per block, and the 80-block total extrapolated (labelled). Then the same model d
 ``accelerate.dispatch_model`` (half the blocks on the GPU, half on the CPU; skipped with a
 record saying so if accelerate is not installed) and measured without ``analysis_device``.
 
-GPU numbers were NOT measured in the session that wrote this script (no GPU was lent to it).
+Items run in the order ``--items`` gives; ``--item-timeout ITEM=SECONDS`` stops one item with a
+record and goes on, and SIGTERM (an outer ``timeout``) still saves the records: a short GPU
+lease gets every item that fits. Measured on one H200 on 2026-11-27: BENCHMARKS.md, "Issue 34
+item 4: the GPU rows".
 """
 
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 import time
 from pathlib import Path
@@ -240,15 +244,21 @@ def llama70_shape(layers: int, small: bool) -> torch.nn.Module:
     torch.manual_seed(0)
     old = torch.get_default_dtype()
     torch.set_default_dtype(torch.bfloat16)
+    # initialised on the GPU where there is one (the CPU's bf16 init of 3.5B values took over
+    # 100 s on the first GPU run), then kept in host memory: the streaming case
+    build_on = "cuda" if torch.cuda.is_available() and not small else "cpu"
     try:
-        model = tf.LlamaForCausalLM(cfg)
+        with torch.device(build_on):
+            model = tf.LlamaForCausalLM(cfg)
     finally:
         torch.set_default_dtype(old)
-    return model.eval()
+    return model.to("cpu").eval()
 
 
 def item7_streaming(device: str, layers: int, small: bool, sink: list[dict[str, Any]]) -> None:
-    model = llama70_shape(layers, small)  # bf16, host memory
+    with phase("build", "cpu") as ph:
+        model = llama70_shape(layers, small)  # bf16, host memory
+    emit({"record": "item7_load", "layers": layers, "phase": ph.as_dict()}, sink)
     block_bytes = sum(p.numel() * p.element_size() for p in model.model.layers[0].parameters())
     ids = torch.randint(0, model.config.vocab_size, (1, 12), generator=torch.Generator().manual_seed(7))
     cuda = torch.device(device).type == "cuda"
@@ -319,6 +329,8 @@ def main() -> None:
     ap.add_argument("--skip-oracle", action="store_true")
     ap.add_argument("--items", type=int, nargs="+", default=[4, 5, 6, 7])
     ap.add_argument("--stream-layers", type=int, default=4)
+    ap.add_argument("--item-timeout", type=_item_budget, action="append", metavar="ITEM=SECONDS",
+                    help="stop that item after SECONDS with a record, and go on (repeatable)")
     args = ap.parse_args()
     device = args.device or ("cpu" if args.small else "cuda")
     sink: list[dict[str, Any]] = []
@@ -334,20 +346,53 @@ def main() -> None:
           "weight_gb": round(weight_bytes / 1e9, 3), "device": device, "load": ph.as_dict(),
           "machine": info}, sink)
     name = "bench_gpu_llama" + ("_small" if args.small else "")
+    budgets = dict(args.item_timeout or [])
+    signal.signal(signal.SIGTERM, _raise_timeout)  # an outer `timeout` still saves the records
     try:
-        if 4 in args.items:
-            item4(model, ids, device, weight_bytes, args, sink)
-        if 5 in args.items:
-            item5_tokenwise(model, device, 32, min(16, model.config.num_hidden_layers), sink)
-        if 6 in args.items:
-            item6_trajectory(model, device, 32, 12, 5, sink)
-        if 7 in args.items:
-            del model
-            if torch.device(device).type == "cuda":
-                torch.cuda.empty_cache()
-            item7_streaming(device, args.stream_layers, args.small, sink)
+        for item in args.items:  # in the order given: the cheap items first on a short lease
+            run = {4: lambda: item4(model, ids, device, weight_bytes, args, sink),
+                   5: lambda: item5_tokenwise(model, device, 32,
+                                              min(16, model.config.num_hidden_layers), sink),
+                   6: lambda: item6_trajectory(model, device, 32, 12, 5, sink),
+                   7: lambda: item7_streaming(device, args.stream_layers, args.small, sink)}[item]
+            if item == 7:  # the 70B-shape model needs the GPU to itself
+                model.to("meta")
+                if torch.device(device).type == "cuda":
+                    torch.cuda.empty_cache()
+            _with_budget(item, budgets.get(item), run, sink)
     finally:
         save(sink, name)
+
+
+class ItemTimeout(Exception):
+    """An item ran past its ``--item-timeout`` (or the process got SIGTERM)."""
+
+
+def _raise_timeout(signum: int, frame: Any) -> None:
+    raise ItemTimeout(signal.Signals(signum).name)
+
+
+def _with_budget(item: int, seconds: int | None, run: Any, sink: list[dict[str, Any]]) -> None:
+    """Run one item; past ``seconds`` it stops with a record saying so and the next item runs
+    (the records it emitted so far are kept). SIGTERM stops the whole run, records saved."""
+    if seconds:
+        signal.signal(signal.SIGALRM, _raise_timeout)
+        signal.alarm(seconds)
+    t0 = time.perf_counter()
+    try:
+        run()
+    except ItemTimeout as e:
+        emit({"record": "item_timeout", "item": item, "signal": str(e),
+              "after_s": round(time.perf_counter() - t0, 1), "budget_s": seconds}, sink)
+        if str(e) == "SIGTERM":
+            raise
+    finally:
+        signal.alarm(0)
+
+
+def _item_budget(text: str) -> tuple[int, int]:
+    item, _, seconds = text.partition("=")
+    return int(item), int(seconds)
 
 
 def item4(model: torch.nn.Module, ids: torch.Tensor, device: str, weight_bytes: int,
@@ -358,10 +403,22 @@ def item4(model: torch.nn.Module, ids: torch.Tensor, device: str, weight_bytes: 
         emit({"record": "oracle", "how": "fast64", "seconds": round(t_or, 2)}, sink)
     rel_total = None
     if not args.skip_released:
-        rel_vals, rel_ph = released_depth(model.model if hasattr(model, "model") else model, ids, ks=KS)
+        body = model.model if hasattr(model, "model") else model
+        attention = "the model's own"
+        try:
+            rel_vals, rel_ph = released_depth(body, ids, ks=KS)
+        except RuntimeError as e:  # e.g. a fused CUDA attention backward that vmap cannot batch
+            from torch.nn.attention import SDPBackend, sdpa_kernel
+
+            emit({"record": "released_retry", "error": str(e).splitlines()[0][:300],
+                  "retry": "sdpa math backend"}, sink)
+            attention = "sdpa math backend"
+            with sdpa_kernel([SDPBackend.MATH]):
+                rel_vals, rel_ph = released_depth(body, ids, ks=KS)
         rel_total = sum(p.seconds for p in rel_ph.values())
         rel_as = {("released_norm", k, o, a, b): v for (k, o, a, b), v in rel_vals.items()}
         emit({"record": "method", "method": "released", "seconds": round(rel_total, 3),
+              "attention": attention,
               "phases": {k: p.as_dict() for k, p in rel_ph.items()},
               "agreement": agreement(rel_as, ref) if ref else None}, sink)
     for name, fn in (("fast_dense", fast_dense), ("fast_randomized", fast_randomized),

@@ -257,12 +257,24 @@ def _count_f64_route(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     return calls
 
 
+def _solver(monkeypatch: pytest.MonkeyPatch, full_eigh: bool) -> None:
+    """``full_eigh``: the Gram routes' eigensolver as on a GPU (the full ``torch.linalg.eigh``,
+    sliced), here on the CPU, so the GPU's algorithm is checked where CI runs."""
+    if full_eigh:
+        from blockcoupling.engine import svd as svd_mod
+
+        top = svd_mod._top_eigh
+        monkeypatch.setattr(svd_mod, "_top_eigh", lambda G, w: top(G, w, subset=False))
+
+
+@pytest.mark.parametrize("full_eigh", [False, True], ids=["cpu-subset", "gpu-full-eigh"])
 def test_mixed_gram_route_resolves_near_degenerate_values_in_float64(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch: pytest.MonkeyPatch, full_eigh: bool) -> None:
     """Six singular values 1e-4 apart inside the top k, and s_k 1e-4 above s_{k+1}: the
     float32 subspace plus the float64 Rayleigh-Ritz step (no float64 eigensolver call) gives
     each singular vector of the float32 matrix to its float32 rounding (angles <= 1e-3; the
     float32 subspace alone: 4e-3, torch's float32 SVD: 9e-3), and J v = s u."""
+    _solver(monkeypatch, full_eigh)
     d, k = 128, 24
     s = torch.linspace(10, 4, d, dtype=F64)
     s[5:11] = s[5] - torch.arange(6, dtype=F64) * 1e-4  # a cluster inside the top k
@@ -282,11 +294,13 @@ def test_mixed_gram_route_resolves_near_degenerate_values_in_float64(
     assert float(pair_res) <= 1e-5 * float(s[0])
 
 
+@pytest.mark.parametrize("full_eigh", [False, True], ids=["cpu-subset", "gpu-full-eigh"])
 def test_mixed_gram_route_falls_back_to_float64_where_its_certificate_fails(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch: pytest.MonkeyPatch, full_eigh: bool) -> None:
     """s_k / s_1 = 3e-3 (above the Gram routes' 1e-3 floor): a float32 Gram cannot hold the
     small eigenvalues to a few roundings of s_1 s_k, the certificate fails, and the float64
     Gram route answers, as exact as the float32 SVD."""
+    _solver(monkeypatch, full_eigh)
     d, k = 64, 8
     s = torch.cat([torch.linspace(1, 0.5, 4, dtype=F64), torch.linspace(4e-3, 1e-4, d - 4, dtype=F64)])
     J32 = _with_spectrum(s, seed=13).float()

@@ -88,9 +88,9 @@ def choose_method(cfg: MeasureConfig, d: int) -> str:
     """``dense`` or ``matrix_free`` for hidden size ``d`` (``cfg.method`` unless ``auto``).
     The choice of each Jacobian is in the ``method`` column of ``diagnostics`` and in the
     ``svd`` events; ``method="dense"`` / ``"matrix_free"`` forces it. Under ``auto`` a
-    ``matrix_free`` choice is overridden per Jacobian on the CPU where the block's structure
-    gives J densely (engine/structured.py: a few GEMMs, cheaper than the products) and a
-    prompt's dense J fit ``STRUCTURED_KEEP_BYTES``."""
+    ``matrix_free`` choice is overridden per Jacobian where the block's structure gives J
+    densely (engine/structured.py: a few GEMMs, cheaper than the products) and a prompt's
+    dense J fit `structured_keep_bytes` of the analysis device."""
     if cfg.method != "auto":
         return cfg.method
     # Dense blocks cost d VJPs per output token and d^2 memory; the matrix-free path costs
@@ -99,10 +99,25 @@ def choose_method(cfg: MeasureConfig, d: int) -> str:
     return "matrix_free" if d >= 2048 and per_op < d else "dense"
 
 
-#: Under ``method="auto"`` on the CPU, a prompt's Jacobians are taken densely from the blocks'
-#: structure (and kept until pass 2) only while they fit this many bytes together; beyond it
-#: (wide models at many tokens) only their top-K factors are kept (matrix-free).
+#: Under ``method="auto"``, a prompt's Jacobians are taken densely from the blocks' structure
+#: (and kept until pass 2) only while they fit this many bytes together (on a GPU also a
+#: quarter of its free memory, `structured_keep_bytes`); beyond it (wide models at many
+#: tokens) only their top-K factors are kept (matrix-free).
 STRUCTURED_KEEP_BYTES: int = 4 << 30
+
+
+def structured_keep_bytes(device: torch.device) -> int:
+    """How many bytes of a prompt's dense structured Jacobians ``auto`` keeps on ``device``:
+    `STRUCTURED_KEEP_BYTES`, on a CUDA device at most a quarter of its free memory (the
+    model's weights and activations share it); 0 (matrix-free) on other accelerators. On the
+    GPU, as on the CPU, the structure's GEMMs and the Gram top-K (engine/svd.py) beat the
+    randomized products (BENCHMARKS.md, the GPU rows)."""
+    if device.type == "cpu":
+        return STRUCTURED_KEEP_BYTES
+    if device.type == "cuda":
+        free, _total = torch.cuda.mem_get_info(device)
+        return min(STRUCTURED_KEEP_BYTES, free // 4)
+    return 0
 
 
 @dataclass
@@ -139,13 +154,13 @@ class _PromptRun:
         self.pairs: dict[str, list[pairs.Pair]] = work.pairs
         self.keys = {la: list(v) for la, v in work.keys.items()}
         # whether only dense J are used where a block's structure gives them: always for
-        # "dense"; for "auto" on the CPU while they fit STRUCTURED_KEEP_BYTES (a few GEMMs beat
+        # "dense"; for "auto" while they fit structured_keep_bytes (a few GEMMs beat
         # ~(K + oversample) * (2 iters + 2) decode-step products, with no residual check)
         n_keys = sum(len(v) for v in self.keys.values())
         itemsize = torch.finfo(cfg.dtype).bits // 8
         self.structured_dense = self.method == "dense" or (
-            cfg.method == "auto" and self._device.type == "cpu"
-            and n_keys * self.d * self.d * itemsize <= STRUCTURED_KEEP_BYTES)
+            cfg.method == "auto"
+            and n_keys * self.d * self.d * itemsize <= structured_keep_bytes(self._device))
         self.measured: dict[Key, _Measured] = {}
         # tr(J^2) costs the matrix-free path one more product of its sketch: only where a
         # requested variant needs it (engine/variants.py, Variant.needs)

@@ -140,12 +140,34 @@ def one_blas_thread() -> contextlib.AbstractContextManager[Any]:
 
 
 def _topk_gram(J: Tensor, k: int) -> tuple[Tensor, Tensor, Tensor] | None:
-    """Top-k SVD of a CPU float32 matrix J (m, n) from the top-k eigenpairs of its Gram matrix
+    """Top-k SVD of a float32 matrix J (m, n) from the top-k eigenpairs of its Gram matrix
     ``J^T J``: the mixed-precision route (`_topk_gram_mixed`) where its certificate holds,
     else the float64 one (`_topk_gram_f64`). None where neither is accurate (then the
     caller uses the full SVD)."""
     got = _topk_gram_mixed(J, k)
     return got if got is not None else _topk_gram_f64(J, k)
+
+
+def _top_eigh(G: Tensor, w: int, subset: bool | None = None) -> tuple[Tensor, Tensor] | None:
+    """The top ``w`` eigenpairs (ascending) of a symmetric G (n, n), on G's device and dtype.
+
+    ``subset`` (default: G is on the CPU): LAPACK's MRRR on that subset of the spectrum
+    (``scipy.linalg.eigh``; G is overwritten); else (a GPU) the full ``torch.linalg.eigh`` of
+    G, sliced: GPU solvers have no subset driver, and a full one is still a fraction of a full
+    SVD's time there (BENCHMARKS.md, the GPU rows). None where the solver did not return w
+    pairs."""
+    n = int(G.shape[-1])
+    if subset if subset is not None else G.device.type == "cpu":
+        import scipy.linalg
+
+        with one_blas_thread():
+            w_, Q_ = scipy.linalg.eigh(G.numpy(), subset_by_index=[n - w, n - 1], driver="evr",
+                                       overwrite_a=True, check_finite=False)
+        vals, Q = torch.from_numpy(w_), torch.from_numpy(Q_)
+    else:
+        vals, Q = torch.linalg.eigh(G)
+        vals, Q = vals[n - w:], Q[:, n - w:]
+    return (vals, Q) if Q.shape == (n, w) else None
 
 
 def _row_blocks(m: int) -> list[slice]:
@@ -158,14 +180,15 @@ def _accurate(U: Tensor, S: Tensor) -> bool:
     if not bool(S[-1] >= _GRAM_MIN_RATIO * S[0]) or not bool(S[0] > 0):
         return False
     k = int(S.shape[0])
-    return bool((U.mT @ U - torch.eye(k, dtype=U.dtype)).abs().max() <= _GRAM_ORTH_TOL)
+    eye = torch.eye(k, dtype=U.dtype, device=U.device)
+    return bool((U.mT @ U - eye).abs().max() <= _GRAM_ORTH_TOL)
 
 
 def _topk_gram_mixed(J: Tensor, k: int) -> tuple[Tensor, Tensor, Tensor] | None:
     """Top-k SVD of a float32 J (m, n): a float32 subspace, float64 Ritz pairs, certified.
 
     1. the top ``w = k + _GRAM_WINDOW`` eigenvectors of the float32 Gram ``J^T J`` (LAPACK
-       MRRR on a subset, ``scipy.linalg.eigh``; float32 halves the tridiagonalisation, which
+       MRRR on a subset on the CPU, `_top_eigh`; float32 halves the tridiagonalisation, which
        is nearly all of an eigensolver's time at these sizes);
     2. Rayleigh-Ritz in float64 on their span W (n, w): ``H = W^T (J^T (J W))`` from float64
        row blocks of J, its eigenpairs (theta, Y), ``V = W Y``, ``S = sqrt(theta)``,
@@ -180,22 +203,18 @@ def _topk_gram_mixed(J: Tensor, k: int) -> tuple[Tensor, Tensor, Tensor] | None:
        BENCHMARKS.md). Else None: a small s_k / s_1 fails it, as squaring the spectrum in
        float32 would lose its digits.
     """
-    import scipy.linalg
-
     m, n = int(J.shape[-2]), int(J.shape[-1])
     w = min(n, int(k) + _GRAM_WINDOW)
     J = J.detach()
     G32 = J.mT @ J  # (n, n) float32, used only to find the subspace
     if not bool(torch.isfinite(G32).all()):  # float32 overflow: the float64 route
         return None
-    with one_blas_thread():
-        _, Q = scipy.linalg.eigh(G32.numpy(), subset_by_index=[n - w, n - 1], driver="evr",
-                                 overwrite_a=True, check_finite=False)  # (n, w), ascending
-    if Q.shape != (n, w):
+    top = _top_eigh(G32, w)  # (n, w), ascending
+    if top is None:
         return None
-    W = torch.linalg.qr(torch.from_numpy(Q).double()).Q  # (n, w), orthonormal in float64
-    JW = torch.empty(m, w, dtype=torch.float64)
-    GW = torch.zeros(n, w, dtype=torch.float64)  # J^T J W
+    W = torch.linalg.qr(top[1].double()).Q  # (n, w), orthonormal in float64
+    JW = torch.empty(m, w, dtype=torch.float64, device=J.device)
+    GW = torch.zeros(n, w, dtype=torch.float64, device=J.device)  # J^T J W
     for c in _row_blocks(m):
         Jc = J[c].double()  # (rows, n)
         torch.mm(Jc, W, out=JW[c])
@@ -217,8 +236,8 @@ def _topk_gram_mixed(J: Tensor, k: int) -> tuple[Tensor, Tensor, Tensor] | None:
 
 
 def _topk_gram_f64(J: Tensor, k: int) -> tuple[Tensor, Tensor, Tensor] | None:
-    """Top-k SVD of a CPU matrix J (m, n) from the top-k eigenpairs of the float64 Gram matrix
-    ``J^T J`` (LAPACK MRRR on a subset of the spectrum, ``scipy.linalg.eigh``), then
+    """Top-k SVD of a matrix J (m, n) from the top-k eigenpairs of the float64 Gram matrix
+    ``J^T J`` (`_top_eigh`: LAPACK MRRR on a subset of the spectrum on the CPU), then
     ``U = J V / S`` in float64 (both from float64 blocks of ``_GRAM_ROWS`` rows of J). None
     where that is not accurate (see ``_GRAM_MIN_RATIO``).
 
@@ -227,20 +246,18 @@ def _topk_gram_f64(J: Tensor, k: int) -> tuple[Tensor, Tensor, Tensor] | None:
     float32 J this is at least as exact as ``torch.linalg.svd`` of it, and 2-3x faster for
     k << n (no bidiagonalisation, eigenvectors only for the k wanted values).
     """
-    import scipy.linalg
-
     m, n = int(J.shape[-2]), int(J.shape[-1])
     J = J.detach()
     rows = _row_blocks(m)
-    G = torch.zeros(n, n, dtype=torch.float64)  # J^T J, from float64 row blocks of J
+    G = torch.zeros(n, n, dtype=torch.float64, device=J.device)  # J^T J, float64 row blocks
     for c in rows:
         Jc = J[c].double()  # (rows, n)
         G.addmm_(Jc.mT, Jc)
-    with one_blas_thread():
-        w, Q = scipy.linalg.eigh(G.numpy(), subset_by_index=[n - k, n - 1], driver="evr",
-                                 overwrite_a=True, check_finite=False)  # ascending; G is ours
-    V = torch.from_numpy(Q[:, ::-1].copy())  # (n, k)
-    S = torch.from_numpy(w[::-1].copy()).clamp_min(0).sqrt()  # (k,)
+    top = _top_eigh(G, k)  # ascending; G is ours
+    if top is None:
+        return None
+    V = top[1].flip(-1).contiguous()  # (n, k)
+    S = top[0].flip(-1).clamp_min(0).sqrt()  # (k,)
     U = torch.cat([J[c].double() @ V for c in rows]) / S  # (m, k)
     if not _accurate(U, S):
         return None
@@ -252,9 +269,10 @@ def topk_svd(J: Tensor, k: int) -> TopK:
 
     Returns U (..., m, k), S (..., k), V (..., n, k), fro2 = ||J||_F^2 (...,) exactly,
     residual None; for a square J also ``trace = tr(J)`` and ``trace2 = tr(J^2)`` (...,)
-    exactly (``sum_ij J_ij J_ji``: O(d^2), no product), for the rotated-basis null. A single float32 CPU matrix with ``4 k <= min(m, n)`` goes the Gram route
-    (`_topk_gram`: float64 ``J^T J`` and its top-k eigenpairs, where accurate);
-    everything else ``torch.linalg.svd``. Raises `BlockCouplingError` if
+    exactly (``sum_ij J_ij J_ji``: O(d^2), no product), for the rotated-basis null. A single
+    float32 matrix with ``4 k <= min(m, n)``, on any device, goes the Gram route
+    (`_topk_gram`: the top-k eigenpairs of ``J^T J``, certified, where accurate); everything
+    else ``torch.linalg.svd``. Raises `BlockCouplingError` if
     k > min(m, n) and `NumericalError` if J holds NaN or infinity.
     """
     if J.ndim < 2:
@@ -266,7 +284,7 @@ def topk_svd(J: Tensor, k: int) -> TopK:
             "the Jacobian contains NaN or infinity; check the model's hidden states and dtype"
         )
     trace, trace2 = _traces(J)
-    if (J.ndim == 2 and J.device.type == "cpu" and J.dtype == torch.float32
+    if (J.ndim == 2 and J.dtype == torch.float32
             and 4 * int(k) <= min(int(J.shape[0]), int(J.shape[1]))):
         got = _topk_gram(J, int(k))
         if got is not None:
