@@ -79,7 +79,8 @@ def kinds(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return {"sweep": root / "sweep", "monitor": root / "monitor", "vit-grid": root / "grid"}
 
 
-@pytest.mark.parametrize("kind,n", [("sweep", 1), ("monitor", 2), ("vit-grid", 4)])
+@pytest.mark.parametrize("kind,n", [("sweep", 1), pytest.param("monitor", 2, marks=pytest.mark.slow),
+                                    pytest.param("vit-grid", 4, marks=pytest.mark.slow)])  # CI: all
 def test_one_reader_status_report_and_correlate_for_every_kind(
         kinds: dict[str, Path], kind: str, n: int, tmp_path: Path) -> None:
     from blockcoupling.studies.model_units import load_units
