@@ -158,7 +158,7 @@ def test_the_graph_is_read() -> None:
     # the check cannot pass vacuously: known edges of each kind are seen
     assert "blockcoupling.errors" in GRAPH["blockcoupling.engine.measure"]  # module level
     assert "blockcoupling.report.html" in GRAPH["blockcoupling.studies.demo"]  # in a function
-    assert "blockcoupling.store.collection" in GRAPH["blockcoupling.studies.sweep.read"]
+    assert "blockcoupling.store.collection" in GRAPH["blockcoupling.studies.read"]
     assert len(MODULES) > 60
 
 
@@ -225,10 +225,10 @@ def test_the_complexity_budgets_named_exceptions_are_the_ones_design_counts() ->
 #: (``studies/kinds.py``) and name no kind, neither by importing its package nor by its name
 GENERIC = ("blockcoupling.store.collection", "blockcoupling.studies.kinds",
            "blockcoupling.studies.collection", "blockcoupling.studies.integrity",
-           "blockcoupling.studies.executor", "blockcoupling.studies.sweep.read",
+           "blockcoupling.studies.executor", "blockcoupling.studies.read",
            "blockcoupling.cli.sweep", "blockcoupling.cli.run", "blockcoupling.studies.plans")
 #: the reader lives in the sweep package (its history); importing it names no kind
-READER = "blockcoupling.studies.sweep.read"
+READER = "blockcoupling.studies.read"
 #: (module, kind) still to be moved behind the registry (issue 33): this list only shrinks
 KNOWN_KIND_NAMING = {
     ("blockcoupling.store.collection", "sweep"),  # DEFAULT_KIND: format 1 and kind-less specs

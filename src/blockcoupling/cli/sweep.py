@@ -92,7 +92,7 @@ def sweep(
 def _where(out: Path, bare: bool = False) -> str:
     """`` on the Ray cluster at ADDRESS`` of the sweep's last session ('' without Ray;
     ``bare``: the address alone)."""
-    from blockcoupling.studies.sweep.read import load_manifest
+    from blockcoupling.studies.read import load_manifest
 
     try:
         address = load_manifest(out)["sessions"][-1].get("address")
@@ -166,7 +166,7 @@ def sweep_status_cmd(
 
 def _kind(root: Path) -> str:
     """The collection's kind, from its manifest."""
-    from blockcoupling.studies.sweep.read import load_manifest
+    from blockcoupling.studies.read import load_manifest
 
     return str(load_manifest(root)["kind"])
 

@@ -32,7 +32,7 @@ def _parse(data: Any) -> Any:
 
 
 def _plan(spec: Any) -> Any:
-    from blockcoupling.studies.plans import plan_grid
+    from blockcoupling.studies.vit.plan import plan_grid
     from blockcoupling.studies.vit.grid import load_grid_spec
 
     return plan_grid(*load_grid_spec(spec))
