@@ -1,7 +1,7 @@
 """Reading a collection (a sweep, a monitor directory, a ViT grid): [`open_collection`][blockcoupling.studies.read.open_collection]
 (alias [`open_sweep`][blockcoupling.studies.read.open_sweep]) -> [`Sweep`][blockcoupling.studies.read.Sweep], tables across units via DuckDB. The one reader of
-every kind: the manifest says the kind (``Sweep.kind``), the units' run directories come from
-the catalogue.
+every kind, naming none: the manifest says the kind (``Sweep.kind``, through the registry
+`blockcoupling.studies.kinds`), the units' run directories come from the catalogue.
 
 Nothing is loaded until asked for: [`Sweep.table`][blockcoupling.studies.read.Sweep.table] runs one DuckDB query over the Parquet
 tables of every finished unit (``read_parquet`` of the files, joined with the catalogue), so
@@ -63,9 +63,10 @@ def _sql_str(s: str) -> str:
 
 def load_manifest(root: Path) -> dict[str, Any]:
     """The collection's manifest (`store.collection.load_manifest`), of a kind this library
-    has registered (else one line: `kinds.get`)."""
+    has registered (else one line: `kinds.get`), with its ``kind`` (`kinds.manifest_kind`:
+    one of format 1 records none)."""
     manifest = store.load_manifest(root)
-    kinds.get(manifest["kind"], root / store.MANIFEST)
+    manifest["kind"] = kinds.get(kinds.manifest_kind(manifest), root / store.MANIFEST).name
     return manifest
 
 
