@@ -74,8 +74,8 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ do
     from blockcoupling.store.record import measure_to_dir
     from blockcoupling.store.rundir import is_run_dir, open_run
     from blockcoupling.studies.cross import CrossCoupling, cross_coupling, cross_sweep
-    from blockcoupling.studies.statistic import coupling_statistic
     from blockcoupling.studies.read import Sweep, open_collection, open_sweep
+    from blockcoupling.studies.statistic import coupling_statistic
 
 
 def __getattr__(name: str) -> Any:

@@ -33,8 +33,8 @@ def _parse(data: Any) -> Any:
 
 
 def _plan(spec: Any) -> Any:
-    from blockcoupling.studies.vit.plan import plan_grid
     from blockcoupling.studies.vit.grid import load_grid_spec
+    from blockcoupling.studies.vit.plan import plan_grid
 
     return plan_grid(*load_grid_spec(spec))
 
