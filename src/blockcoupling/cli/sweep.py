@@ -50,7 +50,8 @@ def sweep(
         kind = kinds.get(_spec_kind(spec))
     if dry_run:
         with user_errors("cannot read the spec"):
-            assert kind.plan is not None  # spec kinds have a plan
+            if kind.plan is None:  # a kind registered without one
+                raise BlockCouplingError(f"a {kind.name} spec has no --dry-run plan")
             plan = kind.plan(spec)
         print_plan(plan, as_json)
         return
@@ -58,11 +59,10 @@ def sweep(
         SPEC_RUNNERS[kind.name](spec, out, executor=executor, address=address, as_json=as_json,
                                 cluster_cpus=cluster_cpus)
         return
-    if kind.run is None:
-        raise BlockCouplingError(f"a {kind.name} spec cannot be run by this blockcoupling")
-
     with guarded(saved=f"finished units are saved in {out}",
                  again="continue with the same command and --resume"):
+        if kind.run is None:  # a kind registered without one (and no command-line run)
+            raise BlockCouplingError(f"a {kind.name} spec cannot be run by `sweep`")
         s = kind.run(spec, out, executor=executor, address=address, resume=resume,
                      progress=not _STATE["quiet"], num_cpus=cluster_cpus, retries=retries,
                      connect_timeout=connect_timeout)

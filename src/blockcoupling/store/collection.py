@@ -25,9 +25,11 @@ Unit ids follow one rule (`collection_unit_id`: readable parts, then the
 a collection killed at any point is read (and resumed) from them; a unit's rows live only in
 its own run directory, so no unit ever writes rows twice. The manifest keeps the name
 ``sweep.json`` for every kind (the format began with sweeps; format 1 directories are read
-as they are). The ViT grid's old layout (``grid.json`` + ``runs/``) is converted by
+as they are: their manifest records no kind, the registry's default kind). The ViT grid's old
+layout (``grid.json`` + ``runs/``) is converted by
 `blockcoupling.studies.collection.upgrade_collection`. What depends on a kind (the check of a
-trained unit, the repair line) lives in `blockcoupling.studies.collection`.
+trained unit, the repair line, which kind is the default) is registered by the kind in
+`blockcoupling.studies.kinds`; this module names none.
 """
 
 from __future__ import annotations
