@@ -225,7 +225,7 @@ def test_k_rules(multi_token: bc.Measurement) -> None:
         "coupling_vs_rotated", "coupling_vs_null", "coupling"]  # the headline's order
     only4 = multi_token.coupling[multi_token.coupling["k"] == 4]
     with pytest.raises(BlockCouplingError, match=r"K = 2; it measured K in \[4\]"):
-        statistic_table(only4, k="d/10", d_model=16)
+        statistic_table(only4, StatisticRule(k="d/10"), d_model=16)
     with pytest.raises(BlockCouplingError, match="measured K in \\[2, 4\\].*--k 7"):
         bc.coupling_statistic(multi_token, k=7)
 
