@@ -211,6 +211,26 @@ def test_statistic_on_a_real_tiny_model_matches_mean_depth_coupling(tmp_path: Pa
         C.model_table(C.load_units([run]), replace(C.CORRELATION_RULE, k=5))
 
 
+def test_k_none_is_the_smallest_measured_k_and_d10_is_stated(runs: list[Path]) -> None:
+    """The correlation's K = round(d/10) is its stated default (``k="d/10"``); ``k=None``
+    means each model's smallest measured K, as everywhere, and models whose smallest K
+    differ are refused (issue 33: one meaning of each default)."""
+    scores = pd.DataFrame({"model": [f"m{i}" for i in range(5)], "score": [1, 3, 2, 5, 4]})
+    units = C.load_units(runs)  # d = 24: round(d/10) = 2 = the smallest measured K
+    paper = C.correlate(units, scores, n_boot=0)
+    smallest = C.correlate(units, scores, n_boot=0, k=None)
+    assert paper.statistic.k == "d/10" and smallest.statistic.k is None
+    assert paper.to_dict()["statistic"]["coupling"]["k_rule"] == "d/10"
+    assert smallest.to_dict()["statistic"]["coupling"]["k_rule"] == "min measured"
+    assert paper.table["coupling_mean"].tolist() == smallest.table["coupling_mean"].tolist()
+    assert "(K per model)" in paper.describe_statistic()
+    assert "the smallest measured K" in smallest.describe_statistic()
+    units[0].coupling = units[0].coupling[units[0].coupling["k"] != 2]  # smallest K: 3
+    with pytest.raises(bc.BlockCouplingError, match=r"smallest measured K differ \(\[2, 3\]\)"):
+        C.correlate(units, scores, n_boot=0, k=None)
+    assert (C.correlate(units, scores, n_boot=0, k=3).table["k"] == 3).all()
+
+
 # ---------------------------------------------------------------------------- score readers
 def test_default_predictors_follow_what_every_run_measured(runs: list[Path]) -> None:
     """coupling_vs_rotated (the headline's lead) is a predictor where every model has it;

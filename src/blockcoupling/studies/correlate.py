@@ -261,7 +261,7 @@ def correlate(inputs: Sequence[str | Path] | Sequence[ModelUnit], scores: str | 
     if variants is None:  # runs measured before coupling_vs_rotated existed: the other two
         variants = [v for v in DEFAULT_VARIANTS if v != "coupling_vs_rotated" or all(
             (cast(ModelUnit, u).coupling["variant"] == v).any() for u in units)]
-    rule = rule.with_variant(variants[0])
+    rule = rule.with_variant(variants[0]) if variants else rule
     if len(units) < MIN_MODELS:
         raise BlockCouplingError(f"the correlation needs at least {MIN_MODELS} models, got "
                                  f"{len(units)}; pass more run directories")

@@ -278,7 +278,13 @@ def model_table(units: Sequence[ModelUnit], rule: StatisticRule = CORRELATION_RU
         row["coupling_chance"] = (float(t.loc["coupling", "chance"])
                                   if "coupling" in t.index else math.nan)
         rows.append(row)
-    return pd.DataFrame(rows)
+    out = pd.DataFrame(rows)
+    if rule.k is None and len(out) and out["k"].nunique() > 1:  # as a collection refuses them
+        raise BlockCouplingError(
+            f"the models' smallest measured K differ ({sorted(int(x) for x in out['k'].unique())}"
+            "); pass one K every model measured (--k), or k='d/10' for the paper's per-model "
+            "rule (the correlation's default)")
+    return out
 
 
 def check_prompt_sets(units: Sequence[ModelUnit], *, allow_mixed: bool = False) -> None:
