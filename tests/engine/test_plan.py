@@ -135,8 +135,9 @@ def test_dry_run_and_the_size_check_read_one_plan(tmp_path: Path, monkeypatch: p
             return fn(*args, **kwargs)  # type: ignore[operator]
         return wrapper
 
+    once = counted("plan_measure", plan_mod.plan_measure)
     for mod in (plan_mod, preflight_mod):
-        monkeypatch.setattr(mod, "plan_measure", counted("plan_measure", plan_mod.plan_measure))
+        monkeypatch.setattr(mod, "plan_measure", once)
     monkeypatch.setattr(plan_mod, "prompt_work", counted("prompt_work", plan_mod.prompt_work))
     model = save_tiny_lm(tmp_path / "model")
     prompts = write_prompts(tmp_path / "prompts.txt", PROMPTS)
