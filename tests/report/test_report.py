@@ -13,6 +13,7 @@ import re
 import subprocess
 import sys
 from collections import defaultdict
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -702,7 +703,7 @@ def test_report_from_dirs_uses_open_run(tmp_path: Path,
 def test_page_skeleton_is_reusable(tmp_path: Path) -> None:
     """Other report pages build on Section / render_page / table_html / figure_html."""
     fig = F.plot_depth_heatmap(make_run(1, label="x", strength=0.5, kinds=("depth",)),
-                               StatisticRule(k=2))
+                               replace(F.REPORT_RULE, k=2))
     body = figure_html(fig, "a caption", title="t", number=1, stem=tmp_path / "f" / "01_x")
     df = pd.DataFrame({"value": [4.547863006591797, float("nan")]}, index=["a", "b"])
     out = write_page(tmp_path / "page.html", "A page", [
@@ -728,7 +729,7 @@ def test_summaries_numbers(runs: list[Measurement]) -> None:
     assert st.q25 == pytest.approx(np.quantile([1, 2, 3, 100], 0.25))
     assert summaries.robust_stats([1e-3, 1.0]).spans_decades(2.0) is True
     # c_null is recovered row by row from coupling and coupling_vs_null (fixture: 0.3)
-    ch = summaries.chance_coupling_rows(runs[1], StatisticRule(k=2))
+    ch = summaries.chance_coupling_rows(runs[1], replace(summaries.REPORT_RULE, k=2))
     assert ch is not None and len(ch) > 0
     np.testing.assert_allclose(ch["chance_coupling"], 0.3, atol=1e-12)
     np.testing.assert_allclose(summaries.edge_strength([-0.2, 0.4, 1.3], "coupling_vs_null"),
