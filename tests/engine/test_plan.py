@@ -113,3 +113,56 @@ def test_every_measurement_check_runs_once_per_call(entry: str, custom: bool, tm
         m = bc.measure_to_dir(model, None, inputs, tmp_path / "run", **opts)
     assert m.prompts["prompt_id"].nunique() == 2
     assert calls == {"normalise_inputs": 1, "find_blocks": 1, "check_model": 1}, calls
+
+
+def test_dry_run_and_the_size_check_read_one_plan(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    """``measure --dry-run`` and the stored-size check read the one `MeasurePlan` of the call
+    (issue 33): one plan and one work list per distinct prompt length per CLI call, and the
+    sizes the dry run prints are the ones the run checks, prints and then stores."""
+    import json
+
+    import blockcoupling.engine.plan as plan_mod
+    import blockcoupling.store.preflight as preflight_mod
+    from blockcoupling.loading import load_model
+    from blockcoupling.store import bases as stored
+
+    calls = {"plan_measure": 0, "prompt_work": 0}
+
+    def counted(name: str, fn: object) -> object:
+        def wrapper(*args: object, **kwargs: object) -> object:
+            calls[name] += 1
+            return fn(*args, **kwargs)  # type: ignore[operator]
+        return wrapper
+
+    once = counted("plan_measure", plan_mod.plan_measure)
+    for mod in (plan_mod, preflight_mod):
+        monkeypatch.setattr(mod, "plan_measure", once)
+    monkeypatch.setattr(plan_mod, "prompt_work", counted("prompt_work", plan_mod.prompt_work))
+    model = save_tiny_lm(tmp_path / "model")
+    prompts = write_prompts(tmp_path / "prompts.txt", PROMPTS)
+    opts = ("--coupling", "depth", "--k", "2", "--tokens", "all", "--save-bases",
+            "--save-jacobians")
+    r = cli("measure", "--model", str(model), "--prompts", str(prompts), "--out",
+            str(tmp_path / "dry"), *opts, "--dry-run", "--json")
+    assert r.exit_code == 0, r.output
+    plan = json.loads(r.stdout)
+    assert calls == {"plan_measure": 1, "prompt_work": len(set(plan["lengths"]))}, calls
+    n_jac = sum(3 * n for n in plan["lengths"])  # J_tt per layer and measured token
+    assert plan["stored_jacobians"] == n_jac and plan["stores"] == ["bases", "jacobians"]
+    assert plan["jacobian_bytes"] == n_jac * 16 * 16 * 4
+    assert plan["bases_bytes"] == n_jac * (2 * 16 * 2 + 2) * 4
+    text = cli("measure", "--model", str(model), "--prompts", str(prompts), "--out",
+               str(tmp_path / "dry"), *opts, "--dry-run")
+    assert f"stored: {n_jac:,} Jacobians, bases about" in text.stdout, text.stdout
+    # the run checks and prints the same numbers, and stores that many Jacobians
+    net, tok = load_model(str(model), device="cpu")
+    capsys.readouterr()
+    m = bc.measure_to_dir(net, tok, PROMPTS, tmp_path / "run", coupling="depth", k=2,
+                          tokens="all", save_bases=True, save_jacobians=True)
+    err = capsys.readouterr().err
+    assert f"bases: {n_jac} Jacobians x (U, V of 2 x d, S) = about " \
+           f"{stored.human(plan['bases_bytes'])}" in err, err
+    assert f"jacobians: {n_jac} Jacobians of d x d = about " \
+           f"{stored.human(plan['jacobian_bytes'])}" in err, err
+    assert len(m.diagnostics) == n_jac

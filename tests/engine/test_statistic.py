@@ -225,7 +225,7 @@ def test_k_rules(multi_token: bc.Measurement) -> None:
         "coupling_vs_rotated", "coupling_vs_null", "coupling"]  # the headline's order
     only4 = multi_token.coupling[multi_token.coupling["k"] == 4]
     with pytest.raises(BlockCouplingError, match=r"K = 2; it measured K in \[4\]"):
-        statistic_table(only4, k="d/10", d_model=16)
+        statistic_table(only4, StatisticRule(k="d/10"), d_model=16)
     with pytest.raises(BlockCouplingError, match="measured K in \\[2, 4\\].*--k 7"):
         bc.coupling_statistic(multi_token, k=7)
 
@@ -410,3 +410,84 @@ def test_chance_floor_bad_input_is_one_line(args: list[str], match: str) -> None
     assert r.exit_code == 1
     lines = r.output.strip().splitlines()
     assert len(lines) == 1 and match in lines[0], r.output
+
+
+def test_one_meaning_of_k_none_and_a_named_resolution(multi_token: bc.Measurement) -> None:
+    """``k=None`` is the smallest measured K wherever a rule is read (issue 33); the paper's
+    per-model K is stated as ``"d/10"`` and `StatisticRule.resolved` turns either into one
+    table's int K. The correlation's rule states "d/10" (its old type read None so)."""
+    from blockcoupling.studies.model_units import CORRELATION_RULE
+
+    rule = StatisticRule()
+    assert rule.resolved(measured_ks=[4, 2], d_model=48).k == 2  # smallest measured
+    assert StatisticRule(k="d/10").resolved(measured_ks=[2, 4, 5], d_model=48).k == 5
+    assert StatisticRule(k=4).resolved(measured_ks=[2, 4]).k == 4
+    with pytest.raises(BlockCouplingError, match=r"measured K in \[2\]"):
+        StatisticRule(k=4).resolved(measured_ks=[2])
+    assert CORRELATION_RULE.k == "d/10" and "round(d/10)" in CORRELATION_RULE.describe()
+    # the rule passed whole gives the numbers the keywords give
+    by_rule = multi_token.statistic(StatisticRule(k=4, p=2.0, tokens="all"),
+                                    variants=("coupling",))
+    by_words = bc.coupling_statistic(multi_token, variant="coupling", k=4, p=2.0, tokens="all")
+    assert by_rule["mean"].tolist() == by_words["mean"].tolist()
+    assert by_rule["k"].tolist() == [4]
+
+
+def test_one_rule_type_in_the_package() -> None:
+    """The statistic's rule is one frozen dataclass: no other class in the package declares
+    the rule's own fields (variant, K, p, orientation) beside each other (issue 33)."""
+    import ast
+    import dataclasses
+
+    src = Path(bc.__file__).resolve().parent
+    found = []
+    for path in sorted(src.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ClassDef):
+                fields = {t.target.id for t in node.body if isinstance(t, ast.AnnAssign)
+                          and isinstance(t.target, ast.Name)}
+                if {"k", "p", "orientation"} <= fields:
+                    found.append(f"{path.relative_to(src)}:{node.name}")
+    assert found == ["engine/statistic.py:StatisticRule"], found
+    assert dataclasses.is_dataclass(StatisticRule)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        StatisticRule().k = 3  # type: ignore[misc]
+
+
+#: where the statistic's rule may still arrive as loose keywords (issue 33): the entry points
+#: that turn them into one `StatisticRule` at once (the library's documented keywords, the
+#: CLI's options), the row selection of a Measurement, the metrics' own orientation argument
+#: and the |A| grids (a display k x k block and an orientation, not the statistic's rule)
+LOOSE_RULE_KEYWORDS = {
+    "cli/correlate.py:correlate", "cli/cross.py:cross",
+    "engine/metrics.py:_check_orientation", "engine/metrics.py:coupling_matrix",
+    "engine/results.py:select", "engine/results.py:coupling_statistic",
+    "engine/results.py:mean_depth_coupling", "engine/results.py:per_prompt_coupling",
+    "engine/results.py:_rule", "engine/results.py:coupling_by_distance",
+    "engine/results.py:depth_matrix",
+    "report/figures/depth.py:plot_coupling_grid", "report/figures/depth.py:caption_coupling_grid",
+    "report/figures/mosaics.py:plot_token_grid", "report/figures/mosaics.py:caption_token_grid",
+    "report/summaries/common.py:check_variant", "report/summaries/mosaics.py:token_grid_data",
+    "report/summaries/tokens.py:coupling_grid_data",
+    "studies/correlate.py:correlate", "studies/cross.py:cross_coupling",
+    "studies/statistic.py:coupling_statistic", "studies/read.py:coupling_statistic",
+    "studies/read.py:summary",
+}
+
+
+def test_the_rule_travels_whole() -> None:
+    """Below its entry points the rule is passed as one value: a new function that takes
+    ``orientation`` (the mark of a rule given as loose keywords) fails here; take a
+    `StatisticRule` instead, or name the new entry point above."""
+    import ast
+
+    src = Path(bc.__file__).resolve().parent
+    loose = set()
+    for path in sorted(src.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                args = {a.arg for a in node.args.args + node.args.kwonlyargs}
+                if "orientation" in args:
+                    loose.add(f"{path.relative_to(src).as_posix()}:{node.name}")
+    assert loose == LOOSE_RULE_KEYWORDS, (sorted(loose - LOOSE_RULE_KEYWORDS),
+                                          sorted(LOOSE_RULE_KEYWORDS - loose))

@@ -13,6 +13,7 @@ import re
 import subprocess
 import sys
 from collections import defaultdict
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -22,6 +23,7 @@ from matplotlib.collections import LineCollection
 from matplotlib.figure import Figure
 
 from blockcoupling.engine.results import Measurement
+from blockcoupling.engine.statistic import StatisticRule
 from blockcoupling.errors import BlockCouplingError
 from blockcoupling.report import figures as F
 from blockcoupling.report import summaries
@@ -40,7 +42,7 @@ from blockcoupling.report.narrative import report_summary
 from browser import CHROMIUM, chromium, probe
 from fixtures_report import KS, N_TOKENS, WINDOW, L, make_checkpoints, make_run, make_runs
 
-SEL = dict(k=2, variant="coupling", p=1.0, orientation="ujv")
+SEL = dict(rule=StatisticRule(k=2, variant="coupling", p=1.0, orientation="ujv"))
 
 
 @pytest.fixture(scope="module")
@@ -90,10 +92,11 @@ def test_depth_heatmap_shows_the_depth_matrix(runs: list[Measurement]) -> None:
 
 
 def test_depth_heatmap_selection_and_caption(runs: list[Measurement]) -> None:
-    fig = F.plot_depth_heatmap(runs[1], k=4, variant="miscoupling", orientation="vju")
+    fig = F.plot_depth_heatmap(runs[1], StatisticRule(k=4, variant="miscoupling", orientation="vju"))
     np.testing.assert_allclose(image_data(fig.axes[0]),
                                depth_oracle(runs[1], 4, "miscoupling", "vju"), atol=1e-12)
-    cap = F.caption_depth_heatmap(runs, k=4, variant="miscoupling", orientation="vju")
+    cap = F.caption_depth_heatmap(runs, StatisticRule(k=4, variant="miscoupling",
+                                                         orientation="vju"))
     for text in ("K=4", "variant=miscoupling", "lower = more coupled", "p=1",
                  "orientation=vju", "token 'last'"):
         assert text in cap, text
@@ -106,7 +109,7 @@ def test_depth_heatmap_selection_and_caption(runs: list[Measurement]) -> None:
     cap = F.caption_depth_heatmap([runs[0], other])
     assert "K=2 (random init), 4 (other K)" in cap
     # default K is each run's smallest K; released_norm has no user p
-    cap = F.caption_depth_heatmap(runs, variant="released_norm")
+    cap = F.caption_depth_heatmap(runs, StatisticRule(variant="released_norm"))
     assert f"K={min(KS)}" in cap and "p=" not in cap
 
 
@@ -126,7 +129,7 @@ def test_unknown_variant_and_missing_depth() -> None:
     with pytest.raises(F.FigureUnavailable, match="no depth coupling rows"):
         F.plot_depth_heatmap(m)
     with pytest.raises(BlockCouplingError, match="variant"):
-        F.plot_depth_heatmap(m, variant="nope")
+        F.plot_depth_heatmap(m, StatisticRule(variant="nope"))
     with pytest.raises(BlockCouplingError, match="labels"):
         F.run_labels([m], ["a", "b"])
 
@@ -256,13 +259,14 @@ def test_layer_graph_edges_on_a_fixed_scale_against_chance(runs: list[Measuremen
     assert widths[1].mean() > 0.3 + 5.0 * 0.2
     assert "chance level" in F.caption_layer_graph(runs, **SEL)
     # without a chance level: the variant's own fixed scale; lower-is-coupled flips it
-    fig = F.plot_layer_graph(runs[1], k=2, variant="miscoupling", against_chance=False)
+    fig = F.plot_layer_graph(runs[1], StatisticRule(k=2, variant="miscoupling"),
+                             against_chance=False)
     coll = next(c for c in fig.axes[0].collections if isinstance(c, LineCollection))
     wm = edge_values(runs[1], "miscoupling")
     np.testing.assert_allclose(coll.get_linewidths(), 0.3 + 5.0 * np.clip(1 - wm, 0, 1),
                                atol=1e-9)
-    assert "not the data's range" in F.caption_layer_graph(runs[1], k=2, variant="miscoupling",
-                                                           against_chance=False)
+    assert "not the data's range" in F.caption_layer_graph(
+        runs[1], StatisticRule(k=2, variant="miscoupling"), against_chance=False)
 
 
 # ---------------------------------------------------------------------- 5. distance
@@ -698,7 +702,8 @@ def test_report_from_dirs_uses_open_run(tmp_path: Path,
 
 def test_page_skeleton_is_reusable(tmp_path: Path) -> None:
     """Other report pages build on Section / render_page / table_html / figure_html."""
-    fig = F.plot_depth_heatmap(make_run(1, label="x", strength=0.5, kinds=("depth",)), k=2)
+    fig = F.plot_depth_heatmap(make_run(1, label="x", strength=0.5, kinds=("depth",)),
+                               replace(F.REPORT_RULE, k=2))
     body = figure_html(fig, "a caption", title="t", number=1, stem=tmp_path / "f" / "01_x")
     df = pd.DataFrame({"value": [4.547863006591797, float("nan")]}, index=["a", "b"])
     out = write_page(tmp_path / "page.html", "A page", [
@@ -724,7 +729,7 @@ def test_summaries_numbers(runs: list[Measurement]) -> None:
     assert st.q25 == pytest.approx(np.quantile([1, 2, 3, 100], 0.25))
     assert summaries.robust_stats([1e-3, 1.0]).spans_decades(2.0) is True
     # c_null is recovered row by row from coupling and coupling_vs_null (fixture: 0.3)
-    ch = summaries.chance_coupling_rows(runs[1], k=2)
+    ch = summaries.chance_coupling_rows(runs[1], replace(summaries.REPORT_RULE, k=2))
     assert ch is not None and len(ch) > 0
     np.testing.assert_allclose(ch["chance_coupling"], 0.3, atol=1e-12)
     np.testing.assert_allclose(summaries.edge_strength([-0.2, 0.4, 1.3], "coupling_vs_null"),

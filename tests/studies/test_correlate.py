@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -184,7 +185,7 @@ def test_statistic_equals_direct_computation_from_the_run_tables(runs: list[Path
                 abs=1e-12)
     # K = round(d / 10): d = 24 -> 2
     units = C.load_units(runs)
-    table = C.model_table(units, C.CouplingStatistic())
+    table = C.model_table(units)
     assert (table["k"] == 2).all()
     m0 = bc.open_run(runs[0])
     assert table.loc[0, "coupling_mean"] == pytest.approx(direct_statistic(m0.coupling, k=2))
@@ -202,12 +203,32 @@ def test_statistic_on_a_real_tiny_model_matches_mean_depth_coupling(tmp_path: Pa
     bc.measure_to_dir(model, tok, ["abc def", "hag bead fed"], run, meta={"label": "tiny"},
                       coupling=("depth",), k=(2,), p=(1,), progress=False)
     m = bc.open_run(run)
-    got = C.model_table(C.load_units([run]), C.CouplingStatistic()).loc[0]
+    got = C.model_table(C.load_units([run])).loc[0]
     assert got["k"] == 2
     assert got["coupling_mean"] == m.mean_depth_coupling(2)
     assert got["coupling_vs_null_mean"] == m.mean_depth_coupling(2, variant="coupling_vs_null")
     with pytest.raises(bc.BlockCouplingError, match="--k"):
-        C.model_table(C.load_units([run]), C.CouplingStatistic(k=5))
+        C.model_table(C.load_units([run]), replace(C.CORRELATION_RULE, k=5))
+
+
+def test_k_none_is_the_smallest_measured_k_and_d10_is_stated(runs: list[Path]) -> None:
+    """The correlation's K = round(d/10) is its stated default (``k="d/10"``); ``k=None``
+    means each model's smallest measured K, as everywhere, and models whose smallest K
+    differ are refused (issue 33: one meaning of each default)."""
+    scores = pd.DataFrame({"model": [f"m{i}" for i in range(5)], "score": [1, 3, 2, 5, 4]})
+    units = C.load_units(runs)  # d = 24: round(d/10) = 2 = the smallest measured K
+    paper = C.correlate(units, scores, n_boot=0)
+    smallest = C.correlate(units, scores, n_boot=0, k=None)
+    assert paper.statistic.k == "d/10" and smallest.statistic.k is None
+    assert paper.to_dict()["statistic"]["coupling"]["k_rule"] == "d/10"
+    assert smallest.to_dict()["statistic"]["coupling"]["k_rule"] == "min measured"
+    assert paper.table["coupling_mean"].tolist() == smallest.table["coupling_mean"].tolist()
+    assert "(K per model)" in paper.describe_statistic()
+    assert "the smallest measured K" in smallest.describe_statistic()
+    units[0].coupling = units[0].coupling[units[0].coupling["k"] != 2]  # smallest K: 3
+    with pytest.raises(bc.BlockCouplingError, match=r"smallest measured K differ \(\[2, 3\]\)"):
+        C.correlate(units, scores, n_boot=0, k=None)
+    assert (C.correlate(units, scores, n_boot=0, k=3).table["k"] == 3).all()
 
 
 # ---------------------------------------------------------------------------- score readers
@@ -217,12 +238,12 @@ def test_default_predictors_follow_what_every_run_measured(runs: list[Path]) -> 
     scores = pd.DataFrame({"model": [f"m{i}" for i in range(5)], "score": [1, 3, 2, 5, 4]})
     units = C.load_units(runs)
     full = C.correlate(units, scores, n_boot=0)
-    assert full.statistic.variants == ("coupling", "coupling_vs_null", "coupling_vs_rotated")
+    assert full.variants == ("coupling", "coupling_vs_null", "coupling_vs_rotated")
     assert "coupling_vs_rotated_mean" in full.overall["predictors"]
     for u in units[:2]:
         u.coupling = u.coupling[u.coupling["variant"] != "coupling_vs_rotated"]
     old = C.correlate(units, scores, n_boot=0)
-    assert old.statistic.variants == ("coupling", "coupling_vs_null")
+    assert old.variants == ("coupling", "coupling_vs_null")
     assert "coupling_vs_rotated_mean" not in old.overall["predictors"]
 
 
@@ -233,7 +254,7 @@ def test_csv_reader_and_matching(runs: list[Path], tmp_path: Path) -> None:
     scores = C.read_scores_csv(csv)
     assert list(scores["score"]) == [10, 20, 25, 30, 41, 99]
     units = C.load_units(runs)
-    table, excluded = C.match_scores(C.model_table(units, C.CouplingStatistic()), units, scores)
+    table, excluded = C.match_scores(C.model_table(units), units, scores)
     assert list(table["label"]) == ["m0", "m1", "m2", "m3", "m4"]  # label, model id, dir name
     assert list(table["score"]) == [10, 20, 25, 30, 41]
     assert table["layers"].tolist() == [4] * 5  # filled from the runs

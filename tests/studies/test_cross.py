@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import blockcoupling as bc
+from blockcoupling.engine.statistic import StatisticRule
 from blockcoupling.errors import BlockCouplingError
 from blockcoupling.studies.cross import cross_coupling, cross_sweep
 from tiny_models import tiny_inputs, tiny_model
@@ -62,13 +63,13 @@ def test_two_checkpoints_give_a_table_and_a_figure(tmp_path: Path) -> None:
                           save_jacobians=True, **OPTS)
         dirs.append(d)
     res = cross_coupling(dirs[0], dirs[1])
-    mat = res.matrix(k=4)
+    mat = res.matrix(StatisticRule(k=4))
     assert mat.shape == (3, 3) and np.isfinite(mat.to_numpy()).all()
     # other weights: the subspaces are not the same
     assert res.angles.query("layer_a == layer_b")["cosine"].min() < 0.99
-    fig = plot_cross_heatmap(res, k=4)
+    fig = plot_cross_heatmap(res, StatisticRule(k=4))
     assert len(fig.axes) >= 1
-    page = write_cross_report(res, tmp_path / "cross.html", k=4)
+    page = write_cross_report(res, tmp_path / "cross.html", StatisticRule(k=4))
     assert "Cross-coupling" in page.read_text()
     # the rotated null uses run B's basis (its U^T V), not run A's own: against the oracle
     from test_measure import oracle_value

@@ -41,6 +41,7 @@ def correlate(
     and log10 parameters. Below 10 models the p-values are exact permutation
     p-values and no bootstrap interval of R^2 is given; checkpoints of one training run are
     refused unless --allow-checkpoints."""
+    from blockcoupling.engine.statistic import PAPER_K
     from blockcoupling.studies.correlate import correlate as run
 
     with user_errors("cannot read the runs or write the results"):
@@ -59,7 +60,7 @@ def correlate(
             _write_and_say(correlate_vary_k(inputs, scores, ks, **options), json_out, out,
                            write_vary_k_html, as_json)
             return
-        result = run(inputs, scores, k=ks[0] if ks else None, **options)
+        result = run(inputs, scores, k=ks[0] if ks else PAPER_K, **options)
         from blockcoupling.report.correlation import write_correlation_html
 
         _write_and_say(result, json_out, out, write_correlation_html, as_json)

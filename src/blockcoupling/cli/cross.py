@@ -27,8 +27,11 @@ def cross(
     from blockcoupling.studies.cross import cross_coupling, cross_sweep
 
     with user_errors("cannot read the runs or write the results"):
-        selection = dict(k=None if k is None else one_value(k, "--k", int), variant=variant,
-                         p=one_value(p, "--p", float), orientation=orientation)
+        from blockcoupling.engine.statistic import StatisticRule
+
+        rule = StatisticRule(k=None if k is None else one_value(k, "--k", int),
+                             variant=variant, p=one_value(p, "--p", float),
+                             orientation=orientation)
         from blockcoupling.store.collection import is_sweep_dir
 
         if len(runs) == 1 and is_sweep_dir(runs[0]):  # per label: checkpoints vs the last
@@ -49,15 +52,15 @@ def cross(
             result = cross_sweep(runs)
         written = []
         if json_out is not None:
-            written.append(result.to_json(json_out, **selection))
+            written.append(result.to_json(json_out, rule))
         if out is not None:
             from blockcoupling.report.cross import write_cross_report
 
-            written.append(write_cross_report(result, out, **selection))
+            written.append(write_cross_report(result, out, rule))
         if as_json:
-            echo_json(result.to_dict(**selection))
+            echo_json(result.to_dict(rule))
             return
-        text = result.summary(**selection)
+        text = result.summary(rule)
     typer.echo(text)  # -q hides progress and chatter, never results
     for path in written:
         typer.echo(f"wrote {path}")

@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from blockcoupling.engine import bases as eb
 from blockcoupling.engine import pairs
 from blockcoupling.engine.blocks import BlockSpec
 from blockcoupling.engine.config import MeasureConfig
@@ -39,6 +40,9 @@ class PromptWork:
     tokens: tuple[int, ...]
     pairs: dict[str, list[pairs.Pair]]
     keys: dict[int, list[tuple[int, int]]]  # layer -> (token_in, token_out) Jacobians
+    #: the Jacobians a run with ``save_bases``/``save_jacobians`` stores: those of the coupling
+    #: pairs and the spectra (the influence's own are not stored)
+    n_stored: int = 0
 
     @property
     def n_jacobians(self) -> int:
@@ -65,11 +69,12 @@ def prompt_work(cfg: MeasureConfig, spec: BlockSpec, n: int, *,
         for la in layers:
             have = set(keys.setdefault(la, []))
             keys[la] = sorted(have | {(t, t) for t in tokens})
+    n_stored = sum(len(v) for v in keys.values())
     if cfg.influence and influence:
         for la, infl in pairs.influence_keys(layers, n=n).items():
             keys[la] = sorted(set(keys.get(la, [])) | set(infl))
     return PromptWork(n=n, layers=layers, tokens=tokens, pairs=by_kind,
-                      keys=dict(sorted(keys.items())))
+                      keys=dict(sorted(keys.items())), n_stored=n_stored)
 
 
 @dataclass
@@ -94,6 +99,13 @@ class MeasurePlan:
     peak_jacobian_bytes: int  # the largest layer's Jacobians of one prompt, held at once
     estimated_seconds: float
     estimate: str = field(default="")  # how the time was estimated
+    # what a run that stores them would store (``store.bases`` checks the size and the disk
+    # against these, ``--dry-run`` prints them): the Jacobians of the coupling pairs and the
+    # spectra, the bytes of their top-K bases (U, V of K x d, S) and of the dense Jacobians
+    stored_jacobians: int = 0
+    bases_bytes: int = 0
+    jacobian_bytes: int = 0
+    stores: tuple[str, ...] = ()  # what the run stores: "bases", "jacobians" (cfg.save_*)
     # what `iter_measure` executes (not part of to_dict): the block spec the run measures
     # (width and causality as stated or resolved) and the normalised inputs
     spec: BlockSpec | None = field(default=None, repr=False, compare=False)
@@ -116,6 +128,10 @@ class MeasurePlan:
             f"  Jacobian blocks {self.jacobians:,} (each a top-K SVD) in {self.analysis_dtype}; "
             f"at most {gib:.3g} GiB of Jacobians held at once",
             f"  estimated time {duration(self.estimated_seconds)} ({self.estimate})",
+            *([f"  stored: {self.stored_jacobians:,} Jacobians, " + ", ".join(
+                f"{what} about {nbytes / 2**30:.3g} GiB" for what, nbytes in
+                (("bases", self.bases_bytes), ("jacobians", self.jacobian_bytes))
+                if what in self.stores)] if self.stores else []),
         ])
 
 
@@ -146,7 +162,7 @@ def plan_measure(cfg: MeasureConfig, spec: BlockSpec, lengths: Sequence[int], *,
 
     d, itemsize = spec.hidden_size, torch.finfo(cfg.dtype).bits // 8
     kinds: dict[str, int] = {kind: 0 for kind in cfg.coupling}
-    jac = peak = measured = rows = 0
+    jac = peak = measured = rows = stored = 0
     flops = 0.0
     n_rows_per_pair = len(cfg.k) * len(cfg.orientations or ORIENTATIONS) * sum(
         len(cfg.p) if v in ("coupling", "miscoupling") else 1 for v in cfg.variants)
@@ -158,6 +174,7 @@ def plan_measure(cfg: MeasureConfig, spec: BlockSpec, lengths: Sequence[int], *,
             kinds[kind] += len(ps)
             rows += len(ps) * n_rows_per_pair
         jac += work.n_jacobians
+        stored += work.n_stored
         peak = max(peak, work.max_per_layer() * d * d * itemsize)
         flops += work.n_jacobians * (2 * d * 24 * n * d * d + d**3)
     return MeasurePlan(
@@ -167,4 +184,8 @@ def plan_measure(cfg: MeasureConfig, spec: BlockSpec, lengths: Sequence[int], *,
         jacobians=jac, coupling_rows=rows, analysis_dtype=str(cfg.dtype).replace("torch.", ""),
         peak_jacobian_bytes=peak, estimated_seconds=flops / GFLOPS,
         estimate=f"stated model: VJP and eigh flops at {GFLOPS / 1e9:.0f} GFLOP/s, not measured",
+        stored_jacobians=stored, bases_bytes=eb.estimate_bytes(stored, d, cfg.k_max, cfg.dtype),
+        jacobian_bytes=eb.jacobian_bytes(stored, d, cfg.dtype),
+        stores=tuple(w for w, on in (("bases", cfg.save_bases), ("jacobians", cfg.save_jacobians))
+                     if on),
         spec=spec, items=list(items))

@@ -12,7 +12,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import pandas as pd
@@ -31,6 +31,7 @@ from blockcoupling.engine.statistic import (
     headline_rule,
     headline_tokens,
     per_prompt_values,
+    rule_and_ks,
     statistic_table,
 )
 from blockcoupling.errors import BlockCouplingError
@@ -249,12 +250,24 @@ class Measurement:
         K with ``mean, se, ci_low, ci_high, n_prompts, k, d_model, chance, replication,
         rule`` (``se`` and the interval are within this model: over prompts). ``variants``
         None: the headline variants this run measured (``engine.statistic``);
-        ``tokens=None``: the run's own rule (`headline_tokens`)."""
-        return statistic_table(self.coupling, variants=variants, k=k, p=p,
-                               orientation=orientation, tokens=tokens or self.headline_tokens,
-                               diagonal=diagonal,
-                               d_model=self.d_model, n_boot=n_boot, seed=seed, ci=ci,
-                               where=str(self.meta.get("model") or "run"), interval=interval)
+        ``tokens=None``: the run's own rule (`headline_tokens`). The keywords are the fields
+        of `StatisticRule` (``k`` may be a list); `statistic` takes the rule whole."""
+        rule, ks = rule_and_ks(k, p=p, orientation=orientation,
+                               tokens=tokens or self.headline_tokens, diagonal=diagonal,
+                               n_boot=n_boot, seed=seed, ci=ci, interval=interval)
+        return self.statistic(rule, variants=variants, ks=ks)
+
+    def statistic(self, rule: StatisticRule, *, variants: Sequence[str] | None = None,
+                  ks: Sequence[int] | None = None) -> pd.DataFrame:
+        """`coupling_statistic` under one `StatisticRule` (`engine.statistic.statistic_table`
+        on this run's ``coupling`` table, its hidden size and its name)."""
+        return statistic_table(self.coupling, rule, variants=variants, ks=ks,
+                               d_model=self.d_model, where=self.where)
+
+    @property
+    def where(self) -> str:
+        """This run's name in error lines (its model, else ``run``)."""
+        return str(self.meta.get("model") or "run")
 
     @property
     def fast_path(self) -> dict[int, bool | str]:
@@ -284,8 +297,8 @@ class Measurement:
         token of the run's rule (`headline_tokens`, the last measured one unless the
         run states another) unless ``tokens`` says; ``diagonal=True`` includes l = l').
         `coupling_statistic` gives it with its standard error and chance level."""
-        row = self.coupling_statistic(variants=(variant,), k=k, p=p, orientation=orientation,
-                                      tokens=tokens, diagonal=diagonal, n_boot=0)
+        row = self.statistic(self._rule(k, variant, p, orientation, tokens, diagonal, n_boot=0),
+                             variants=(variant,))
         return float(row["mean"].iloc[0])
 
     def per_prompt_coupling(self, k: KSpec = None, *, variant: str = "coupling",
@@ -293,13 +306,17 @@ class Measurement:
                             tokens: str | None = None, diagonal: bool = False) -> pd.DataFrame:
         """Per prompt: ``prompt_id, value, chance``, the values the statistic averages
         (``tokens=None``: the run's own rule)."""
-        rule = StatisticRule(variant=variant, k=k, p=p, orientation=orientation,
-                             tokens=tokens or self.headline_tokens, diagonal=diagonal)
-        where = str(self.meta.get("model") or "run")
+        rule = self._rule(k, variant, p, orientation, tokens, diagonal)
         sel = self.coupling[(self.coupling["kind"] == "depth")
                             & (self.coupling["variant"] == variant)]
-        kk = rule.resolve_k(sel["k"].unique(), self.d_model, where)
-        return per_prompt_values(self.coupling, rule, k=kk, where=where)
+        one = rule.resolved(measured_ks=sel["k"].unique(), d_model=self.d_model, where=self.where)
+        return per_prompt_values(self.coupling, one, k=int(cast(int, one.k)), where=self.where)
+
+    def _rule(self, k: KSpec, variant: str, p: float | None, orientation: str,
+              tokens: str | None, diagonal: bool, **more: Any) -> StatisticRule:
+        """The `StatisticRule` of one variant's keywords (``tokens=None``: the run's own)."""
+        return StatisticRule(variant=variant, k=k, p=p, orientation=orientation,
+                             tokens=tokens or self.headline_tokens, diagonal=diagonal, **more)
 
     def coupling_by_distance(self, k: int | None = None, *, variant: str = "coupling",
                              p: float | None = 1.0, orientation: str = "ujv") -> pd.DataFrame:

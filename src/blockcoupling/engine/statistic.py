@@ -44,7 +44,7 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, cast
 
 import numpy as np
@@ -81,6 +81,7 @@ __all__ = [
     "measured_headline_variants",
     "paper_k",
     "per_prompt_values",
+    "rule_and_ks",
     "seed_level",
     "statistic_table",
     "summarise",
@@ -140,7 +141,15 @@ def paper_k(d: int) -> int:
 
 @dataclass(frozen=True)
 class StatisticRule:
-    """Which rows make one value and how they are averaged (module docstring)."""
+    """Which rows make one value and how they are averaged (module docstring): the one rule
+    type of the headline statistic, passed whole from the entry points (``bc.coupling_statistic``,
+    ``Measurement``/``Sweep.coupling_statistic``, ``correlate``) to `statistic_table`.
+
+    ``k`` has one meaning of its default everywhere: ``None`` is **the smallest K the table
+    measured**; ``"d/10"`` (`PAPER_K`) is max(1, round(d/10)) per model, the paper's K for the
+    correlation with benchmark scores (``correlate``'s default rule states it so,
+    ``k="d/10"``, not as None); an int is that K. `resolved` turns either into the int K of
+    one table."""
 
     variant: str = "coupling_vs_rotated"
     k: KSpec = None  # None: the smallest measured K; "d/10": paper_k(d_model); or an int
@@ -242,6 +251,17 @@ class StatisticRule:
                     "n_boot": self.n_boot, "seed": self.seed}),
             "description": self.describe(k),
         }
+
+    def with_variant(self, variant: str) -> StatisticRule:
+        """The same rule for another variant (a table states several under one rule)."""
+        return replace(self, variant=variant)
+
+    def resolved(self, *, measured_ks: Sequence[int], d_model: int | None = None,
+                 where: str = "run") -> StatisticRule:
+        """The rule at the int K it uses on one table that measured ``measured_ks``: None ->
+        the smallest of them, ``"d/10"`` -> `paper_k` of ``d_model`` (per model), an int ->
+        itself; the K must have been measured (else one error line says what to measure)."""
+        return replace(self, k=self.resolve_k(measured_ks, d_model, where))
 
     def resolve_k(self, measured: Sequence[int], d_model: int | None, where: str) -> int:
         """The K this rule uses on a table that measured ``measured``."""
@@ -394,51 +414,61 @@ def summarise(values: np.ndarray, *, n_boot: int = DEFAULT_N_BOOT, seed: int = 0
     return {"n_prompts": n, "mean": mean, "se": se, "ci_low": lo, "ci_high": hi}
 
 
-def statistic_table(coupling: pd.DataFrame, *, variants: Sequence[str] | None = None,
-                    k: KSpec | Sequence[int] = None, p: float | None = 1.0,
-                    orientation: str = "ujv", tokens: str = "last", diagonal: bool = False,
-                    d_model: int | None = None, n_boot: int = DEFAULT_N_BOOT, seed: int = 0,
-                    ci: float = DEFAULT_CI, where: str = "run", interval: str = "t"
-                    ) -> pd.DataFrame:
-    """One model's statistic: one row per requested variant and K (``STATISTIC_COLUMNS``).
+def statistic_table(coupling: pd.DataFrame, rule: StatisticRule | None = None, *,
+                    variants: Sequence[str] | None = None, ks: Sequence[int] | None = None,
+                    d_model: int | None = None, where: str = "run") -> pd.DataFrame:
+    """One model's statistic under ``rule`` (default `StatisticRule()`): one row per
+    requested variant and K (``STATISTIC_COLUMNS``).
 
     ``variants``: None = the headline variants (`HEADLINE_VARIANTS`) the table has
     depth-wise rows of (all of them where it has none, so the error names what to measure);
-    a name or a list: exactly those. ``k``: None (each variant's smallest measured K),
-    ``"d/10"`` (needs ``d_model``), an int or a list of ints. Raises
-    `BlockCouplingError` naming what to measure when the table lacks the rows the rule
+    a name or a list: exactly those (each row is ``rule.with_variant(v)``: the rule's own
+    ``variant`` is not read here). ``ks``: several K at once (each an int), else the
+    rule's ``k`` (None: each variant's smallest measured K; ``"d/10"``: needs ``d_model``).
+    Raises `BlockCouplingError` naming what to measure when the table lacks the rows the rule
     needs."""
+    rule = StatisticRule() if rule is None else rule
     if variants is None:
         variants = measured_headline_variants(coupling)
     if isinstance(variants, str):
         variants = (variants,)
-    ks: list[KSpec] = ([int(x) for x in k] if isinstance(k, list | tuple)
-                       else [cast(KSpec, k)])
+    rules = ([replace(rule, k=int(x)) for x in ks] if ks is not None else [rule])
     rows = []
     for variant in variants:
-        for kspec in ks:
-            rule = StatisticRule(variant=variant, k=kspec, p=p, orientation=orientation,
-                                 tokens=tokens, diagonal=diagonal, n_boot=n_boot, seed=seed,
-                                 ci=ci, interval=interval)
-            sel = _select(coupling, rule, where)
-            kk = rule.resolve_k(sel["k"].unique(), d_model, where)
-            pp = per_prompt_values(coupling, rule, k=kk, where=where)
-            stats = summarise(pp["value"].to_numpy(), n_boot=n_boot, seed=seed, ci=ci,
-                              interval=interval)
+        for each in rules:
+            one = each.with_variant(variant)
+            sel = _select(coupling, one, where)
+            one = one.resolved(measured_ks=sel["k"].unique(), d_model=d_model, where=where)
+            kk = int(cast(int, one.k))
+            pp = per_prompt_values(coupling, one, k=kk, where=where)
+            stats = summarise(pp["value"].to_numpy(), n_boot=one.n_boot, seed=one.seed,
+                              ci=one.ci, interval=one.interval)
             chance = pp["chance"].to_numpy(dtype=np.float64)
             rows.append({
-                "variant": variant, "k": kk, "p": rule.reported_p, "orientation": orientation,
-                "tokens": tokens, "diagonal": bool(diagonal),
+                "variant": variant, "k": kk, "p": one.reported_p, "orientation": one.orientation,
+                "tokens": one.tokens, "diagonal": bool(one.diagonal),
                 "d_model": int(d_model) if d_model else pd.NA, **stats,
                 "chance": float(np.nanmean(chance)) if np.isfinite(chance).any() else math.nan,
                 "replication": REPLICATION_PROMPTS,
-                "rule": rule.describe(kk),
+                "rule": one.describe(kk),
             })
     out = pd.DataFrame(rows, columns=list(STATISTIC_COLUMNS))
     out["k"] = out["k"].astype("int64")
     out["d_model"] = out["d_model"].astype("Int64")
     out["n_prompts"] = out["n_prompts"].astype("int64")
     return out
+
+
+def rule_and_ks(k: KSpec | Sequence[int] = None, **options: Any
+                ) -> tuple[StatisticRule, list[int] | None]:
+    """The rule of an entry point's keywords (``k``, ``p``, ``orientation``, ``tokens``,
+    ``diagonal``, ``n_boot``, ``seed``, ``ci``, ``interval``: `StatisticRule`'s fields), and
+    the list of K where ``k`` is a list (`statistic_table`'s ``ks``): the one place where
+    loose keywords become the rule."""
+    if isinstance(k, list | tuple):
+        ks = [int(x) for x in k]
+        return StatisticRule(k=ks[0] if ks else None, **options), ks
+    return StatisticRule(k=cast(KSpec, k), **options), None
 
 
 def measured_headline_variants(coupling: pd.DataFrame) -> tuple[str, ...]:

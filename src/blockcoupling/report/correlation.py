@@ -32,10 +32,6 @@ if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
 
-class _Described(Protocol):
-    def describe(self) -> str: ...
-
-
 class CorrelationData(Protocol):
     """What the correlation page draws: one row per model in ``table`` (``label``, ``score``
     and one column per predictor), the statistics ``overall`` and per group, the coupling
@@ -43,8 +39,7 @@ class CorrelationData(Protocol):
 
     @property
     def table(self) -> pd.DataFrame: ...
-    @property
-    def statistic(self) -> _Described: ...
+    def describe_statistic(self) -> str: ...
     @property
     def scores_source(self) -> str: ...
     @property
@@ -276,7 +271,7 @@ def write_correlation_html(result: CorrelationData, out: str | Path, *,
 
     notes = getattr(result, "notes", None)
     lead = (paragraphs_html([intro]) if intro else "") + paragraphs_html([
-        f"Coupling statistic: {result.statistic.describe()}.",
+        f"Coupling statistic: {result.describe_statistic()}.",
         f"Width floor: {FLOOR_NOTE}",
         f"Scores: {result.scores_source}. Models: {len(result.table)}. Bootstrap: "
         f"{result.n_boot} resamples, seed {result.seed}. Statistics: scipy.stats (linregress, "

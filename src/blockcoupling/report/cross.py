@@ -7,22 +7,22 @@ Takes what [`blockcoupling.studies.cross.cross_coupling`][blockcoupling.studies.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 import pandas as pd
 from matplotlib.figure import Figure
 
+from blockcoupling.engine.statistic import StatisticRule
 from blockcoupling.report.figures.base import HEATMAP_CMAP, fmt_p, new_figure
 from blockcoupling.report.figures.depth import _layer_ticks
-from blockcoupling.report.summaries import short_name
+from blockcoupling.report.summaries import REPORT_RULE, short_name
 
 
 class CrossResult(Protocol):
     coupling: pd.DataFrame
     angles: pd.DataFrame
 
-    def matrix(self, *, k: int | None = ..., variant: str = ..., p: float | None = ...,
-               orientation: str = ...) -> pd.DataFrame: ...
+    def matrix(self, rule: StatisticRule = ...) -> pd.DataFrame: ...
 
 
 def _names(res: CrossResult) -> tuple[str, str]:
@@ -32,12 +32,13 @@ def _names(res: CrossResult) -> tuple[str, str]:
             ", ".join(short_name(str(x)) for x in df["run_b"].unique()))
 
 
-def plot_cross_heatmap(res: CrossResult, *, k: int | None = None, variant: str = "coupling",
-                       p: float | None = 1.0, orientation: str = "ujv") -> Figure:
-    """Left: mean coupling of run A's J^l (rows) in run B's basis of layer l' (columns).
-    Right: mean principal-angle cosine between the top-K subspaces (U and V averaged)."""
-    mat = res.matrix(k=k, variant=variant, p=p, orientation=orientation)
-    k = int(res.coupling["k"].min()) if k is None else k
+def plot_cross_heatmap(res: CrossResult, rule: StatisticRule = REPORT_RULE) -> Figure:
+    """Left: mean coupling of run A's J^l (rows) in run B's basis of layer l' (columns), the
+    rule's variant, K, p and orientation. Right: mean principal-angle cosine between the
+    top-K subspaces (U and V averaged)."""
+    mat = res.matrix(rule)
+    variant, p, orientation = rule.variant, rule.p, rule.orientation
+    k = int(res.coupling["k"].min()) if rule.k is None else int(rule.k)
     ang = res.angles[res.angles["k"] == k].pivot_table(
         index="layer_a", columns="layer_b", values="cosine", aggfunc="mean")
     name_a, name_b = _names(res)
@@ -56,9 +57,9 @@ def plot_cross_heatmap(res: CrossResult, *, k: int | None = None, variant: str =
     return fig
 
 
-def caption_cross_heatmap(res: CrossResult, *, k: int | None = None, variant: str = "coupling",
-                          p: float | None = 1.0, orientation: str = "ujv") -> str:
+def caption_cross_heatmap(res: CrossResult, rule: StatisticRule = REPORT_RULE) -> str:
     name_a, name_b = _names(res)
+    k, variant, p, orientation = rule.k, rule.variant, rule.p, rule.orientation
     n = res.coupling["prompt_id"].nunique()
     return (f"Cross-coupling: the Jacobians J^l_tt of {name_a} (rows, layer l) in the top-K "
             f"singular vectors of the Jacobians of {name_b} (columns, layer l'), {variant} "
@@ -68,15 +69,17 @@ def caption_cross_heatmap(res: CrossResult, *, k: int | None = None, variant: st
             "averaged; 1 = the same subspace).")
 
 
-def write_cross_report(res: CrossResult, out: str | Path, **selection: Any) -> Path:
-    """A self-contained HTML page: the heatmap figure and the layer x layer table."""
+def write_cross_report(res: CrossResult, out: str | Path,
+                       rule: StatisticRule = REPORT_RULE) -> Path:
+    """A self-contained HTML page: the heatmap figure and the layer x layer table of the
+    rule's variant, K, p and orientation."""
     from blockcoupling.report.page import Section, figure_html, table_html, write_page
 
-    fig = plot_cross_heatmap(res, **selection)
-    mat = res.matrix(**selection)
+    fig = plot_cross_heatmap(res, rule)
+    mat = res.matrix(rule)
     sections = [
         Section("heatmap", "Layer x layer", figure_html(fig, caption_cross_heatmap(
-            res, **selection), number=1)),
+            res, rule), number=1)),
         Section("table", "Mean cross-coupling", table_html(mat.round(4))),
     ]
     name_a, name_b = _names(res)

@@ -27,6 +27,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -36,6 +37,7 @@ from matplotlib import colormaps
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
+from blockcoupling.engine.statistic import StatisticRule
 from blockcoupling.errors import BlockCouplingError
 from blockcoupling.report import figures as F
 
@@ -288,7 +290,7 @@ def plot_windowed_lss(sweep: Collection, ids: Sequence[str]) -> Figure:
 def plot_layer_graphs(sweep: Collection, ids: Sequence[str], *, k: int | None = None) -> Figure:
     """Layer adjacency graphs (paper fig. 1c-e) of the units ``ids``, one scale."""
     runs, labels = _unit_runs(sweep, ids)
-    return F.plot_layer_graph(runs, k=k, labels=labels)
+    return F.plot_layer_graph(runs, replace(F.REPORT_RULE, k=k), labels=labels)
 
 
 def heatmap_variant(runs: Sequence[Any]) -> str:
@@ -304,7 +306,8 @@ def plot_depth_heatmaps(sweep: Collection, ids: Sequence[str], *, k: int | None 
     """L x L depth-wise coupling heatmaps of the units ``ids``, one colour scale
     (`heatmap_variant`)."""
     runs, labels = _unit_runs(sweep, ids)
-    return F.plot_depth_heatmap(runs, k=k, labels=labels, variant=heatmap_variant(runs))
+    return F.plot_depth_heatmap(runs, StatisticRule(variant=heatmap_variant(runs), k=k),
+                                labels=labels)
 
 
 # ====================================================================== HTML

@@ -27,6 +27,7 @@ from matplotlib.figure import Figure
 
 from blockcoupling.engine.config import MeasureConfig
 from blockcoupling.engine.results import Measurement
+from blockcoupling.engine.statistic import StatisticRule
 from blockcoupling.errors import BlockCouplingError
 from blockcoupling.report import figures as F
 from blockcoupling.report.narrative import ReportSummary, report_summary
@@ -41,7 +42,7 @@ from blockcoupling.report.page import (
     table_html,
     write_page,
 )
-from blockcoupling.report.summaries import fmt_number, is_empty, n_layers
+from blockcoupling.report.summaries import REPORT_RULE, fmt_number, is_empty, n_layers
 
 __all__ = ["CSS", "ReportFigure", "Section", "esc", "figure_html", "paragraphs_html",
            "render_page", "report_figures", "table_html", "write_page", "write_report",
@@ -60,23 +61,24 @@ class ReportFigure:
     min_runs: int = 1
 
 
-def report_figures(*, labels: Sequence[str] | None = None, k: int | None = None,
-                   variant: str = "coupling", p: float | None = 1.0,
-                   orientation: str = "ujv",
+def report_figures(rule: StatisticRule = REPORT_RULE, *, labels: Sequence[str] | None = None,
                    order_name: str = "in the order given") -> list[ReportFigure]:
-    """The figures of the report, in order, bound to one coupling selection. The layer graph
-    and the distance plot show the leading chance-corrected variant where every run
-    measured it (``coupling_vs_rotated``, else ``coupling_vs_null``)."""
-    sel: dict[str, Any] = {"k": k, "variant": variant, "p": p, "orientation": orientation,
-                           "labels": labels}
-    grid: dict[str, Any] = {"k": k, "orientation": orientation, "labels": labels}
+    """The figures of the report, in order, bound to one rule (its variant, K, p and
+    orientation select the rows). The layer graph and the distance plot show the leading
+    chance-corrected variant where every run measured it (``coupling_vs_rotated``, else
+    ``coupling_vs_null``); the |A| grids show the rule's K x K block (all of each stored
+    matrix where its K is None) in its orientation."""
+    sel: dict[str, Any] = {"rule": rule, "labels": labels}
+    grid: dict[str, Any] = {"k": rule.k if isinstance(rule.k, int) else None,
+                            "orientation": rule.orientation, "labels": labels}
     lab: dict[str, Any] = {"labels": labels}
 
     def bind(fn: Callable[..., Any], *args: Any, **kw: Any) -> Callable[[list[Measurement]], Any]:
         return lambda ms: fn(ms, *args, **kw)
 
     def chance(fn: Callable[..., Any]) -> Callable[[list[Measurement]], Any]:
-        return lambda ms: fn(ms, **{**sel, "variant": F.layer_graph_variant(ms, variant)})
+        return lambda ms: fn(ms, rule.with_variant(F.layer_graph_variant(ms, rule.variant)),
+                             labels=labels)
 
     out = [
         ReportFigure("depth_heatmap", "Depth-wise coupling (L x L)",
@@ -240,15 +242,15 @@ def summary_html(summary: ReportSummary) -> str:
 def write_report(measurements: Sequence[Measurement], out: Path | str, *,
                  labels: Sequence[str] | None = None,
                  formats: Sequence[str] = ("png", "svg", "pdf"),
-                 k: int | None = None, variant: str = "coupling", p: float | None = 1.0,
-                 orientation: str = "ujv", title: str | None = None,
+                 rule: StatisticRule = REPORT_RULE, title: str | None = None,
                  order_name: str = "in the order given") -> Path:
     """Write the HTML report of ``measurements`` to ``out`` and the figure files to
     ``<out stem>_figures/``; returns the HTML path. ``order_name`` says how the runs were
     ordered (``"by parameter count"``; the caller orders them).
 
-    ``labels`` name the runs (default: meta label, revision or model). ``k``, ``variant``,
-    ``p``, ``orientation`` select the coupling values shown (default: each run's smallest K,
+    ``labels`` name the runs (default: meta label, revision or model). ``rule`` (an
+    ``engine.statistic.StatisticRule``, passed whole) selects the coupling values shown: its
+    variant, K, p and orientation (default `REPORT_RULE`: each run's smallest K,
     ``coupling``, p = 1, ``ujv``). Figures whose data was not measured are left out (listed
     in one line); a report of runs with no data says that nothing was measured."""
     ms = F.as_runs(measurements)
@@ -262,7 +264,7 @@ def write_report(measurements: Sequence[Measurement], out: Path | str, *,
     doc_title = title or "blockcoupling report: " + ", ".join(labs)
     if len(doc_title) > 120:
         doc_title = f"blockcoupling report: {len(ms)} runs"
-    summary = report_summary(ms, labs, k=k, p=p, orientation=orientation)
+    summary = report_summary(ms, labs, rule)
     lead = ("<p>Transformer block coupling (Aubry, Meng, Sugolov, Papyan, ICLR 2025) and "
             "trajectory metrics, drawn from the stored measurements. Layers are numbered from 1 "
             "(layer l = block l), tokens from 0.</p>")
@@ -275,8 +277,7 @@ def write_report(measurements: Sequence[Measurement], out: Path | str, *,
     fig_dir = out.parent / f"{out.stem}_figures"
     hidden: list[str] = []
     number = 0
-    for spec in report_figures(labels=labs, k=k, variant=variant, p=p,
-                               orientation=orientation, order_name=order_name):
+    for spec in report_figures(rule, labels=labs, order_name=order_name):
         if len(ms) < spec.min_runs or all(is_empty(m) for m in ms):
             continue
         try:

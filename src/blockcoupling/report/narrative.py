@@ -20,9 +20,11 @@ import numpy as np
 import pandas as pd
 
 from blockcoupling.engine.results import Measurement
+from blockcoupling.engine.statistic import StatisticRule
 from blockcoupling.report.summaries import (
     CHANCE_BAND,
     EXPODISTANCE_NAN_REASON,
+    REPORT_RULE,
     as_runs,
     config_differences,
     fmt_number,
@@ -204,12 +206,13 @@ def _ranking_text(ov: pd.DataFrame, labs: list[str], idx: list[int], what: str) 
 
 
 def report_summary(runs: Measurement | Sequence[Measurement],  # noqa: C901 - one sentence per optional table of a run
-                   labels: Sequence[str] | None = None, *, k: int | None = None,
-                   p: float | None = 1.0, orientation: str = "ujv") -> ReportSummary:
-    """The summary of ``runs`` (see the module docstring)."""
+                   labels: Sequence[str] | None = None,
+                   rule: StatisticRule = REPORT_RULE) -> ReportSummary:
+    """The summary of ``runs`` (see the module docstring) under ``rule`` (its K, p and
+    orientation; the headline variants are stated, whatever its variant)."""
     ms = as_runs(runs)
     labs = run_labels(ms, labels)
-    ov = run_overview(ms, labs, k=k, p=p, orientation=orientation)
+    ov = run_overview(ms, labs, rule)
     out = ReportSummary(table=headline_table(ov[ov["measured"]]))
     if not ov["measured"].any():
         out.nothing_measured = True
@@ -277,8 +280,7 @@ def report_summary(runs: Measurement | Sequence[Measurement],  # noqa: C901 - on
             out.headline.append(line + ".")
 
     # ------------------------------------------------------------------ comparisons
-    vs = {i: per_prompt_vs_null(ms[i], k=k, p=p, orientation=orientation, variant=lead)
-          for i in range(len(ms))}
+    vs = {i: per_prompt_vs_null(ms[i], rule.with_variant(lead)) for i in range(len(ms))}
     for model, idx in _group_by_model(ov).items():
         idx = [i for i in idx if has_null[i]]
         stepped = [i for i in idx if isinstance(ms[i].meta.get("step"), int | float)

@@ -90,7 +90,7 @@ def write_vary_k_html(result: VaryKData, out: str | Path) -> Path:
 
     first = result.results[result.ks[0]]
     lead = (f"<p>{esc(len(first.table))} models at K = {esc(', '.join(map(str, result.ks)))} "
-            f"(the same K for every model). Statistic: {esc(first.statistic.describe())}. "
+            f"(the same K for every model). Statistic: {esc(first.describe_statistic())}. "
             f"Scores: {esc(first.scores_source)}.</p>")
     sections = [
         Section("scatter", "Score against raw coupling at each K",

@@ -160,12 +160,12 @@ def estimate(spec: BlockSpec, lengths: Sequence[int], cfg: MeasureConfig
     prompts of ``lengths`` real tokens stores on a model of ``spec`` (the run's own block
     spec: its width and causality as the run states them, ``hidden_size``/``causal`` of a
     custom module included): one (U, S, V) (and J) per prompt, layer and measured token
-    pair."""
-    from blockcoupling.engine.plan import prompt_work
+    pair. Read from `plan_measure`'s plan, the one source of these numbers (a run's own
+    check reads its plan's fields)."""
+    from blockcoupling.engine.plan import plan_measure
 
-    n_jac = sum(prompt_work(cfg, spec, int(n), influence=False).n_jacobians for n in lengths)
-    return (n_jac, eb.estimate_bytes(n_jac, spec.hidden_size, cfg.k_max, cfg.dtype),
-            eb.jacobian_bytes(n_jac, spec.hidden_size, cfg.dtype))
+    plan = plan_measure(cfg, spec, [int(n) for n in lengths])
+    return plan.stored_jacobians, plan.bases_bytes, plan.jacobian_bytes
 
 
 def check_jacobian_limit(nbytes: int, force: bool) -> None:

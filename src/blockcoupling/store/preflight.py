@@ -13,9 +13,11 @@ from typing import Any
 import torch
 
 from blockcoupling.engine.blocks import find_blocks
+from blockcoupling.engine.causality import model_spec
 from blockcoupling.engine.config import MeasureConfig
 from blockcoupling.engine.inputs import MeasureInput, tokenize
 from blockcoupling.engine.plan import MeasurePlan, plan_measure
+from blockcoupling.engine.wrappers import as_module
 from blockcoupling.errors import BlockCouplingError
 
 
@@ -24,8 +26,10 @@ def preflight(model: torch.nn.Module, tokenizer: Any, all_items: list[MeasureInp
     """Raise [`BlockCouplingError`][blockcoupling.errors.BlockCouplingError] for anything that would stop the run part-way;
     return the `MeasurePlan` of the checked prompts (text
     prompts by their token counts, ready-made inputs by their real positions), which holds
-    the block spec and ``all_items`` (the inputs as `normalise_inputs` returned them) for
-    `iter_measure` to execute: nothing checked here is checked again."""
+    the block spec (a custom module's causality and width resolved from a capture where no
+    option states them) and ``all_items`` (the inputs as `normalise_inputs` returned them) for
+    `iter_measure` to execute, and the byte estimates the store checks: nothing checked here
+    is checked again, and nothing here is computed twice."""
     spec = find_blocks(model, cfg.blocks_path, hidden_size=cfg.hidden_size, causal=cfg.causal)
     if spec.hidden_size:  # a custom model's hidden size is known only after its first capture
         cfg.check_model(spec.num_layers, spec.hidden_size)
@@ -51,6 +55,12 @@ def preflight(model: torch.nn.Module, tokenizer: Any, all_items: list[MeasureInp
                     "the tokenizer's special tokens; give it text the tokenizer knows, or "
                     "remove it"
                 )
+    # a custom module's causality (and width) from a capture of the first input, where no
+    # option states it: the plan is made once, on the spec the run measures
+    found = spec
+    spec = model_spec(as_module(model), cfg, tokenizer, all_items, spec=found)
+    if not found.hidden_size and spec.hidden_size:
+        cfg.check_model(spec.num_layers, spec.hidden_size)  # the width that capture learnt
     return plan_measure(cfg, spec, lengths, model=model_name, items=all_items)
 
 

@@ -9,8 +9,6 @@ from typing import Any
 import pandas as pd
 import torch
 
-from blockcoupling.engine.blocks import BlockSpec
-from blockcoupling.engine.causality import model_spec
 from blockcoupling.engine.config import MeasureConfig, parse_config
 from blockcoupling.engine.events import EventCallback
 from blockcoupling.engine.inputs import normalise_inputs
@@ -166,39 +164,35 @@ def _checked(model: torch.nn.Module, tokenizer: Any, prompts: Any, cfg: MeasureC
     prompts_df = conform("prompts", [dict(prompt_id=it.prompt_id, text=it.text, n_tokens=0,
                                           label=it.label) for it in items])
     plan = preflight(model, tokenizer, items, cfg, model_name=model_name)  # before any file
-    # causality of custom modules (a capture) on the plan's spec; the plan is what runs
-    found = plan.spec
-    spec = plan.spec = model_spec(as_module(model), cfg, tokenizer, items, spec=found)
-    if found is not None and not found.hidden_size and spec.hidden_size:
-        cfg.check_model(spec.num_layers, spec.hidden_size)  # the width that capture learnt
+    spec = plan.spec  # the spec the run measures (a custom module's causality resolved)
     full_meta = build_meta(model, cfg, spec=spec, prompts_spec=prompts_spec,
                            weights_hash=weights_hash(as_module(model)))
     full_meta.update(meta or {})
     if cfg.save_bases or cfg.save_jacobians:
-        lengths = list(plan.lengths) if items[0].is_text else None
-        _check_bases_size(spec, items, lengths, cfg, out_dir, progress)
+        _check_bases_size(plan, items, cfg, out_dir, progress)
     # the writer verifies the stored parts itself: read them twice only for a plan
     check_target(Path(out_dir), cfg, full_meta, prompt_records(prompts_df), resume,
                  verify_parts=dry_run)
     return items, prompts_df, plan, spec, full_meta
 
 
-def _check_bases_size(spec: BlockSpec, items: list[Any], lengths: list[int] | None,
-                      cfg: MeasureConfig, out_dir: Any, progress: bool) -> None:
+def _check_bases_size(plan: MeasurePlan, items: list[Any], cfg: MeasureConfig, out_dir: Any,
+                      progress: bool) -> None:
     """Print the estimated size of the stored bases and Jacobians; refuse Jacobians above
-    the limit (unless ``force_size``) and anything the disk cannot hold. ``spec`` is the run's
-    own block spec (a custom module's stated ``hidden_size`` and ``causal`` included)."""
+    the limit (unless ``force_size``) and anything the disk cannot hold. The sizes are the
+    plan's (`plan_measure`: one work list, on the run's own block spec, a custom module's
+    stated ``hidden_size`` and ``causal`` included), never computed again here."""
     from pathlib import Path
 
     from blockcoupling.store import bases as stored
 
-    if lengths is None:  # ready-made inputs: token ids give their lengths, images do not
-        lengths = _tensor_lengths(items)
-    if lengths is None:
+    # text prompts and ready-made token ids have known lengths; images are counted after
+    # their first capture
+    if not items[0].is_text and _tensor_lengths(items) is None:
         if progress:
             print("bases: size known after the first prompt (ready-made inputs)", file=sys.stderr)
         return
-    if not spec.hidden_size:  # a custom module given no hidden_size
+    if not plan.hidden_size:  # a custom module given no hidden_size
         if cfg.save_jacobians and not cfg.force_size:
             raise BlockCouplingError(
                 "save_jacobians: their size cannot be checked before the run (the custom "
@@ -208,7 +202,7 @@ def _check_bases_size(spec: BlockSpec, items: list[Any], lengths: list[int] | No
             print("bases: size known after the first prompt (a custom module's width)",
                   file=sys.stderr)
         return
-    n_jac, nbytes, jbytes = stored.estimate(spec, lengths, cfg)
+    n_jac, nbytes, jbytes = plan.stored_jacobians, plan.bases_bytes, plan.jacobian_bytes
     if progress and cfg.save_bases:
         print(f"bases: {n_jac} Jacobians x (U, V of {cfg.k_max} x d, S) = about "
               f"{stored.human(nbytes)} in {out_dir}", file=sys.stderr)

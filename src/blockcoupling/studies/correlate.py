@@ -2,7 +2,7 @@
 
 Three steps, each a plain function:
 
-1. **The coupling statistic per model** (`CouplingStatistic`, `model_table`):
+1. **The coupling statistic per model** (`CORRELATION_RULE`, `model_table`):
    the headline rule of ``engine.statistic`` (mean over prompts of the per-prompt mean over
    layer pairs l != l' at each prompt's last measured token, p = 1, orientation ``ujv``;
    ``docs/conventions.md``) for raw c_K (as the paper), ``coupling_vs_rotated`` and
@@ -33,23 +33,26 @@ are re-exported here.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, cast
 
 import pandas as pd
 
-from blockcoupling.engine.statistic import FLOOR_NOTE
+from blockcoupling.engine.statistic import FLOOR_NOTE, PAPER_K, KSpec, StatisticRule
 from blockcoupling.errors import BlockCouplingError
 from blockcoupling.jsonsafe import jsonable
 from blockcoupling.store.fileio import write_json
 from blockcoupling.studies.model_units import (
-    CouplingStatistic,
+    CORRELATION_RULE,
+    TABLE_VARIANTS,
     ModelUnit,
     check_independent,
     check_prompt_sets,
+    describe_rule,
     load_units,
     model_table,
+    rule_dict,
     token_rule,
 )
 from blockcoupling.studies.regression import (
@@ -77,7 +80,7 @@ __all__ = [
     "OPTIONAL_COLUMNS",
     "PREDICTORS",
     "CorrelationResult",
-    "CouplingStatistic",
+    "CORRELATION_RULE",
     "ModelUnit",
     "analyse",
     "check_independent",
@@ -104,7 +107,8 @@ class CorrelationResult:
     """Everything `correlate` found; ``to_dict()`` is the JSON output."""
 
     table: pd.DataFrame
-    statistic: CouplingStatistic
+    #: the rule of every model's numbers (``engine.statistic``), stated for `variants`
+    statistic: StatisticRule
     scores_source: str
     overall: dict[str, Any]
     groups: dict[str, dict[str, Any]] = field(default_factory=dict)
@@ -113,6 +117,12 @@ class CorrelationResult:
     seed: int = 0
     #: training runs whose checkpoints were counted as models (``allow_checkpoints``)
     checkpoints: dict[str, list[str]] = field(default_factory=dict)
+    #: the variants each model's numbers were made for (the predictors)
+    variants: tuple[str, ...] = TABLE_VARIANTS
+
+    def describe_statistic(self) -> str:
+        """The rule of every model's numbers in words, for all of `variants`."""
+        return describe_rule(self.statistic, self.variants)
 
     def to_dict(self) -> dict[str, Any]:
         cols = [c for c in ("label", "model", "score_model", "revision", "step", "group", "k",
@@ -123,7 +133,7 @@ class CorrelationResult:
                             "log_d_model") if c in self.table.columns]
         models = self.table[cols].astype(object).where(self.table[cols].notna(), None)
         return jsonable({
-            "statistic": self.statistic.to_dict(), "floor_note": FLOOR_NOTE,
+            "statistic": rule_dict(self.statistic, self.variants), "floor_note": FLOOR_NOTE,
             "scores": self.scores_source,
             "n_models": int(len(self.table)), "seed": self.seed, "n_boot": self.n_boot,
             "models": models.to_dict("records"), "excluded": self.excluded,
@@ -147,7 +157,7 @@ class CorrelationResult:
 
     def summary(self) -> str:
         """A few lines for humans."""
-        lines = [f"{len(self.table)} models; statistic: {self.statistic.describe()}"]
+        lines = [f"{len(self.table)} models; statistic: {self.describe_statistic()}"]
         for name, r in self.overall["predictors"].items():
             if "skipped" in r:
                 lines.append(f"  {name:15s} skipped ({r['skipped']})")
@@ -182,11 +192,13 @@ class CorrelationResult:
         return "\n".join(lines)
 
 
-def correlate_table(table: pd.DataFrame, statistic: CouplingStatistic, *, scores_source: str = "",
+def correlate_table(table: pd.DataFrame, statistic: StatisticRule = CORRELATION_RULE, *,
+                    variants: Sequence[str] = TABLE_VARIANTS, scores_source: str = "",
                     excluded: list[dict[str, str]] | None = None, n_boot: int = 2000,
                     seed: int = 0, floor: bool = False,
                     checkpoints: dict[str, list[str]] | None = None) -> CorrelationResult:
-    """The statistics of an already-joined table (one row per model: coupling, score, ...)."""
+    """The statistics of an already-joined table (one row per model: coupling, score, ...),
+    whose numbers were made under ``statistic`` for ``variants``."""
     overall = analyse(table, n_boot=n_boot, seed=seed, floor=floor)
     groups: dict[str, dict[str, Any]] = {}
     if "group" in table.columns:
@@ -200,7 +212,8 @@ def correlate_table(table: pd.DataFrame, statistic: CouplingStatistic, *, scores
                 groups[str(g)] = {"n": int(len(sub)), "skipped": str(err)}
     return CorrelationResult(table=table, statistic=statistic, scores_source=scores_source,
                              overall=overall, groups=groups, excluded=excluded or [],
-                             n_boot=n_boot, seed=seed, checkpoints=checkpoints or {})
+                             n_boot=n_boot, seed=seed, checkpoints=checkpoints or {},
+                             variants=tuple(variants))
 
 
 #: the predictors of ``correlate`` by default (coupling_vs_rotated where every model has it)
@@ -208,7 +221,7 @@ DEFAULT_VARIANTS: tuple[str, ...] = ("coupling", "coupling_vs_null", "coupling_v
 
 
 def correlate(inputs: Sequence[str | Path] | Sequence[ModelUnit], scores: str | Path | pd.DataFrame,
-              *, k: int | None = None,
+              *, k: KSpec = PAPER_K,
               variants: Sequence[str] | None = None,
               p: float | None = 1.0, orientation: str = "ujv", tokens: str | None = None,
               diagonal: bool = False, floor: bool = False, allow_mixed_prompts: bool = False,
@@ -219,7 +232,9 @@ def correlate(inputs: Sequence[str | Path] | Sequence[ModelUnit], scores: str | 
 
     ``scores`` is ``"paper"``, a CSV path, an lm-evaluation-harness folder or a DataFrame with
     the CSV's columns. ``labels`` name the run directories (one each) for the matching. Each
-    model's numbers are the headline statistic (`CouplingStatistic`) of every variant
+    model's numbers are the headline statistic (`CORRELATION_RULE`: ``k`` is ``"d/10"``,
+    round(d/10) per model, the paper's, unless a fixed K is given; ``k=None`` is each
+    model's smallest measured K, as everywhere) of every variant
     in ``variants`` (None: raw ``coupling``, ``coupling_vs_null`` and, where every model
     measured it, ``coupling_vs_rotated``); ``floor`` adds `floor_analysis`; models measured
     on different prompt sets are refused unless ``allow_mixed_prompts``; checkpoints of one
@@ -234,21 +249,19 @@ def correlate(inputs: Sequence[str | Path] | Sequence[ModelUnit], scores: str | 
     from blockcoupling.validate import whole
 
     stats_modules()
-    if k is not None and (isinstance(k, bool) or int(k) != k or k < 1):
-        raise BlockCouplingError(f"--k must be a positive integer, got {k}")
     n_boot = whole(n_boot, "--n-boot", minimum=0)  # 0: no bootstrap CI
     seed = whole(seed, "--seed", minimum=0)
-    CouplingStatistic(variants=tuple(variants or DEFAULT_VARIANTS), p=p,
-                      orientation=orientation, k=k, tokens=tokens or "last",
-                      diagonal=diagonal)  # checks
+    rule = replace(CORRELATION_RULE, k=k, p=p, orientation=orientation,
+                   tokens=tokens or "last", diagonal=diagonal)  # checks, before any run loads
+    for v in variants or DEFAULT_VARIANTS:
+        rule.with_variant(v)
     units = (list(inputs) if inputs and isinstance(inputs[0], ModelUnit)
              else load_units(inputs, labels))  # type: ignore[arg-type]
-    tokens = token_rule(units, tokens)  # type: ignore[arg-type]
+    rule = replace(rule, tokens=token_rule(units, tokens))  # type: ignore[arg-type]
     if variants is None:  # runs measured before coupling_vs_rotated existed: the other two
         variants = [v for v in DEFAULT_VARIANTS if v != "coupling_vs_rotated" or all(
             (cast(ModelUnit, u).coupling["variant"] == v).any() for u in units)]
-    statistic = CouplingStatistic(variants=tuple(variants), p=p, orientation=orientation, k=k,
-                                  tokens=tokens, diagonal=diagonal)
+    rule = rule.with_variant(variants[0]) if variants else rule
     if len(units) < MIN_MODELS:
         raise BlockCouplingError(f"the correlation needs at least {MIN_MODELS} models, got "
                                  f"{len(units)}; pass more run directories")
@@ -259,8 +272,9 @@ def correlate(inputs: Sequence[str | Path] | Sequence[ModelUnit], scores: str | 
         score_df, source = check_score_frame(scores, "score table"), "table given in Python"
     else:
         score_df, source = read_scores(scores)
-    models = model_table(units, statistic)  # type: ignore[arg-type]
+    models = model_table(units, rule, variants)  # type: ignore[arg-type]
     table, excluded = match_scores(models, units, score_df,  # type: ignore[arg-type]
                                    any_revision=any_revision)
-    return correlate_table(table, statistic, scores_source=source, excluded=excluded,
+    return correlate_table(table, rule, variants=variants, scores_source=source,
+                           excluded=excluded,
                            n_boot=n_boot, seed=seed, floor=floor, checkpoints=checkpoints)

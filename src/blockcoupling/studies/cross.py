@@ -29,7 +29,9 @@ import torch
 from blockcoupling.engine import bases as eb
 from blockcoupling.engine import metrics, svd, tables
 from blockcoupling.engine.results import Measurement, conform
+from blockcoupling.engine.statistic import StatisticRule
 from blockcoupling.errors import BlockCouplingError
+from blockcoupling.report.summaries import REPORT_RULE
 
 RunLike = Measurement | str | os.PathLike[str]
 ANGLE_COLUMNS = ("run_a", "run_b", "prompt_id", "layer_a", "layer_b", "token", "k", "side",
@@ -45,11 +47,12 @@ class CrossCoupling:
     coupling: pd.DataFrame
     angles: pd.DataFrame
 
-    def matrix(self, *, k: int | None = None, variant: str = "coupling", p: float | None = 1.0,
-               orientation: str = "ujv") -> pd.DataFrame:
-        """layer_a x layer_b mean over prompts and tokens (rows: run A's layer)."""
+    def matrix(self, rule: StatisticRule = REPORT_RULE) -> pd.DataFrame:
+        """layer_a x layer_b mean over prompts and tokens (rows: run A's layer) of the rule's
+        variant, K (None: the smallest measured), p and orientation."""
         df = self.coupling
-        k = int(df["k"].min()) if k is None else k
+        variant, p, orientation = rule.variant, rule.p, rule.orientation
+        k = int(df["k"].min()) if rule.k is None else int(rule.k)
         sel = (df["k"] == k) & (df["variant"] == variant) & (df["orientation"] == orientation)
         if p is not None and df.loc[sel, "p"].notna().any():
             sel &= df["p"] == float(p)
@@ -67,14 +70,15 @@ class CrossCoupling:
         return self.angles[self.angles["k"] == k].pivot_table(
             index="layer_a", columns="layer_b", values="cosine", aggfunc="mean")
 
-    def summary(self, **selection: Any) -> str:
+    def summary(self, rule: StatisticRule = REPORT_RULE) -> str:
         """A few lines: the runs, and per run pair the mean coupling and cosine of the same
         layer (l = l') and of the others."""
         lines = []
         for (ra, rb), df in self.coupling.groupby(["run_a", "run_b"], sort=False):
             sub = CrossCoupling(df, self.angles[(self.angles["run_a"] == ra)
                                                 & (self.angles["run_b"] == rb)])
-            mat, ang = sub.matrix(**selection), sub.angle_matrix(k=selection.get("k"))
+            mat = sub.matrix(rule)
+            ang = sub.angle_matrix(k=rule.k if isinstance(rule.k, int) else None)
             same = np.diag(mat.to_numpy()).mean()
             off = mat.to_numpy()[~np.eye(len(mat), dtype=bool)].mean() if len(mat) > 1 else np.nan
             lines.append(f"{ra} in the bases of {rb}: same layer {same:.4f}, other layers "
@@ -82,11 +86,11 @@ class CrossCoupling:
                          f"{np.diag(ang.to_numpy()).mean():.4f}")
         return "\n".join(lines)
 
-    def to_dict(self, **selection: Any) -> dict[str, Any]:
+    def to_dict(self, rule: StatisticRule = REPORT_RULE) -> dict[str, Any]:
         """Both tables (records) and the layer x layer matrices (``--json``)."""
         from blockcoupling.store.manifest import jsonable
 
-        mats = {f"{ra} | {rb}": CrossCoupling(df, self.angles).matrix(**selection)
+        mats = {f"{ra} | {rb}": CrossCoupling(df, self.angles).matrix(rule)
                 for (ra, rb), df in self.coupling.groupby(["run_a", "run_b"], sort=False)}
         data = {"matrices": {name: {"layers_a": list(m.index), "layers_b": list(m.columns),
                                     "values": m.to_numpy().tolist()}
@@ -95,14 +99,14 @@ class CrossCoupling:
                 "angles": self.angles.to_dict(orient="records")}
         return dict(jsonable(data))
 
-    def to_json(self, path: str | os.PathLike[str], **selection: Any) -> Path:
+    def to_json(self, path: str | os.PathLike[str], rule: StatisticRule = REPORT_RULE) -> Path:
         """[`to_dict`][blockcoupling.studies.cross.CrossCoupling.to_dict] written to ``path``."""
         import json
 
         from blockcoupling.store.fileio import atomic_write_bytes
 
         out = Path(path)
-        atomic_write_bytes(out, json.dumps(self.to_dict(**selection)).encode())
+        atomic_write_bytes(out, json.dumps(self.to_dict(rule)).encode())
         return out
 
 

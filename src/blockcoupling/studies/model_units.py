@@ -1,6 +1,7 @@
 """The models of the correlation study: what one measured model is (`ModelUnit`), how
 it is read from run and sweep directories (`load_units`), and its row of numbers under
-one rule (`CouplingStatistic`, `model_table`): the headline statistic of
+one rule (`CORRELATION_RULE`, an ``engine.statistic.StatisticRule``, and `model_table`): the
+headline statistic of
 ``engine.statistic`` for raw c_K, ``coupling_vs_null`` and ``coupling_vs_rotated``, each with
 its standard error over prompts (within one model), and the chance level of raw c_K, with K = round(d / 10) per model unless a fixed K is
 given. Models measured on different prompt sets are refused unless told otherwise
@@ -11,7 +12,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -22,59 +23,43 @@ from blockcoupling.errors import BlockCouplingError
 from blockcoupling.hashing import canonical_hash
 
 __all__ = [
-    "CouplingStatistic",
+    "CORRELATION_RULE",
+    "TABLE_VARIANTS",
     "ModelUnit",
     "check_independent",
     "check_prompt_sets",
     "load_units",
     "model_table",
     "prompt_set_of",
+    "rule_dict",
+    "describe_rule",
     "token_rule",
     "training_runs",
 ]
 
 
-@dataclass(frozen=True)
-class CouplingStatistic:
-    """How each model's numbers are made: the headline rule of ``engine.statistic`` for every
-    variant in ``variants`` (default raw ``coupling``, as the paper, and ``coupling_vs_null``;
-    ``correlate`` adds ``coupling_vs_rotated``, which leads the headline, where every model
-    measured it).
+#: the correlation's rule: the headline rule of ``engine.statistic`` at the paper's K for the
+#: correlation with benchmark scores, max(1, round(d / 10)) per model, stated as such
+#: (``k="d/10"``; ``k=None`` would be each model's smallest measured K, as everywhere)
+CORRELATION_RULE = StatisticRule(variant="coupling", k=PAPER_K)
+#: the variants of `model_table` by default: raw ``coupling`` (as the paper) and
+#: ``coupling_vs_null`` (``correlate`` adds ``coupling_vs_rotated``, which leads the headline,
+#: where every model measured it)
+TABLE_VARIANTS: tuple[str, ...] = ("coupling", "coupling_vs_null")
 
-    ``k=None`` means K = max(1, round(d / 10)) per model (the paper's choice for the
-    correlation). ``p`` applies to ``coupling``/``miscoupling``; ``tokens`` and ``diagonal``
-    as in [`blockcoupling.coupling_statistic`][blockcoupling.studies.statistic.coupling_statistic].
-    """
 
-    variants: tuple[str, ...] = ("coupling", "coupling_vs_null")
-    p: float | None = 1.0
-    orientation: str = "ujv"
-    k: int | None = None
-    tokens: str = "last"
-    diagonal: bool = False
+def describe_rule(rule: StatisticRule, variants: Sequence[str]) -> str:
+    """``rule`` in words for every variant of ``variants`` (one line; "K per model" where its
+    K is the per-model ``"d/10"``)."""
+    first = rule.with_variant(variants[0])
+    return (first.describe().replace(f"depth-wise {first.variant}",
+                                     "depth-wise " + " and ".join(variants))
+            + " (K per model)" * (rule.k == PAPER_K))
 
-    def __post_init__(self) -> None:
-        for v in self.variants:  # the rule checks every name once, here, before any run loads
-            StatisticRule(variant=v, k=self.k, p=self.p, orientation=self.orientation,
-                          tokens=self.tokens, diagonal=self.diagonal)
 
-    @property
-    def k_rule(self) -> int | str:
-        return int(self.k) if self.k is not None else PAPER_K
-
-    def describe(self) -> str:
-        rule = StatisticRule(variant=self.variants[0], k=self.k_rule, p=self.p,
-                             orientation=self.orientation, tokens=self.tokens,
-                             diagonal=self.diagonal)
-        return (rule.describe().replace(f"depth-wise {self.variants[0]}",
-                                        "depth-wise " + " and ".join(self.variants))
-                + " (K per model)" * (self.k is None))
-
-    def to_dict(self) -> dict[str, Any]:
-        return {v: StatisticRule(variant=v, k=self.k_rule, p=self.p,
-                                 orientation=self.orientation, tokens=self.tokens,
-                                 diagonal=self.diagonal).to_dict()
-                for v in self.variants}
+def rule_dict(rule: StatisticRule, variants: Sequence[str]) -> dict[str, Any]:
+    """``rule.to_dict()`` of every variant of ``variants`` (JSON outputs)."""
+    return {v: rule.with_variant(v).to_dict() for v in variants}
 
 
 @dataclass
@@ -268,32 +253,38 @@ def check_independent(units: Sequence[ModelUnit], *, allow_checkpoints: bool = F
     return runs
 
 
-def model_table(units: Sequence[ModelUnit], statistic: CouplingStatistic) -> pd.DataFrame:
+def model_table(units: Sequence[ModelUnit], rule: StatisticRule = CORRELATION_RULE,
+                variants: Sequence[str] = TABLE_VARIANTS) -> pd.DataFrame:
     """One row per unit: label, model, revision, step, source, d_model_run, layers_run, k,
-    n_prompts, prompt_set, and per variant ``<variant>_mean`` and ``<variant>_se`` (the
-    headline statistic, ``engine.statistic``), ``coupling_chance`` (the mean chance level of
-    raw c_K, where coupling_vs_null was measured too)."""
+    n_prompts, prompt_set, and per variant of ``variants`` ``<variant>_mean`` and
+    ``<variant>_se`` (the headline statistic under ``rule``, ``engine.statistic``; default
+    the correlation's rule, K = round(d/10) per model), ``coupling_chance`` (the mean chance
+    level of raw c_K, where coupling_vs_null was measured too)."""
     rows = []
     for u in units:
-        if statistic.k is None and u.hidden_size < 1:
+        if rule.k == PAPER_K and u.hidden_size < 1:
             raise BlockCouplingError(f"{u.source or u.label}: hidden size unknown, so K = d/10 "
                                      "cannot be chosen; pass --k")
-        t = statistic_table(u.coupling, variants=statistic.variants, k=statistic.k_rule,
-                            p=statistic.p, orientation=statistic.orientation,
-                            tokens=statistic.tokens, diagonal=statistic.diagonal,
-                            d_model=u.hidden_size or None, n_boot=0,
+        t = statistic_table(u.coupling, replace(rule, n_boot=0), variants=variants,
+                            d_model=u.hidden_size or None,
                             where=u.source or u.label).set_index("variant")
         row: dict[str, Any] = {
             "label": u.label, "model": u.model, "revision": u.revision, "step": u.step,
             "source": u.source, "d_model_run": u.hidden_size, "layers_run": u.num_layers,
             "k": int(t["k"].iloc[0]), "n_prompts": int(t["n_prompts"].min()),
             "prompt_set": u.prompt_set}
-        for v in statistic.variants:
+        for v in variants:
             row[f"{v}_mean"], row[f"{v}_se"] = float(t.loc[v, "mean"]), float(t.loc[v, "se"])
         row["coupling_chance"] = (float(t.loc["coupling", "chance"])
                                   if "coupling" in t.index else math.nan)
         rows.append(row)
-    return pd.DataFrame(rows)
+    out = pd.DataFrame(rows)
+    if rule.k is None and len(out) and out["k"].nunique() > 1:  # as a collection refuses them
+        raise BlockCouplingError(
+            f"the models' smallest measured K differ ({sorted(int(x) for x in out['k'].unique())}"
+            "); pass one K every model measured (--k), or k='d/10' for the paper's per-model "
+            "rule (the correlation's default)")
+    return out
 
 
 def check_prompt_sets(units: Sequence[ModelUnit], *, allow_mixed: bool = False) -> None:

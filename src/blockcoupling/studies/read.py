@@ -25,6 +25,8 @@ from blockcoupling.engine.statistic import (
     HEADLINE_VARIANTS,
     STATISTIC_COLUMNS,
     KSpec,
+    StatisticRule,
+    rule_and_ks,
     statistic_table,
 )
 from blockcoupling.errors import BlockCouplingError
@@ -239,8 +241,20 @@ class Sweep:
         columns, then one row per variant and K. ``k=None`` is the smallest measured K, which
         must be the same for every unit (a sweep with mixed K is refused: pass ``k``) unless
         ``allow_mixed_k`` (each unit's own smallest K, as [`summary`][blockcoupling.studies.read.Sweep.summary] shows them).
-        ``tokens=None`` is the collection's own ([`default_tokens`][blockcoupling.studies.read.Sweep.default_tokens])."""
-        tokens = self.default_tokens if tokens is None else tokens
+        ``tokens=None`` is the collection's own ([`default_tokens`][blockcoupling.studies.read.Sweep.default_tokens]).
+        The keywords are the fields of `StatisticRule`; `statistic` takes the rule whole."""
+        rule, ks = rule_and_ks(k, p=p, orientation=orientation,
+                               tokens=self.default_tokens if tokens is None else tokens,
+                               diagonal=diagonal, n_boot=n_boot, seed=seed, ci=ci,
+                               interval=interval)
+        return self.statistic(rule, variants=variants, ks=ks,
+                              include_duplicates=include_duplicates, allow_mixed_k=allow_mixed_k)
+
+    def statistic(self, rule: StatisticRule, *, variants: Sequence[str] | None = None,
+                  ks: Sequence[int] | None = None, include_duplicates: bool = False,
+                  allow_mixed_k: bool = False) -> pd.DataFrame:
+        """`coupling_statistic` under one `StatisticRule`, passed whole to each unit's
+        `statistic_table`."""
         done = self.done()
         if not include_duplicates:
             done = done[done["duplicate_of"].isna()]
@@ -249,7 +263,7 @@ class Sweep:
         if done.empty:
             return empty
         coupling = self.table("coupling", where=f"kind = 'depth' AND orientation = "
-                                                 f"{_sql_str(orientation)}")
+                                                 f"{_sql_str(rule.orientation)}")
         by_unit = dict(tuple(coupling.groupby("unit_id", sort=False))) if len(coupling) else {}
         frames = []
         for _, unit in done.iterrows():
@@ -260,18 +274,18 @@ class Sweep:
                 raise BlockCouplingError(f"{where}: no depth-wise coupling rows; measure the "
                                          "sweep with coupling: [depth]")
             d = self.unit_meta(uid).get("hidden_size")
-            t = statistic_table(rows, variants=variants, k=k, p=p, orientation=orientation,
-                                tokens=tokens, diagonal=diagonal, d_model=int(d) if d else None,
-                                n_boot=n_boot, seed=seed, ci=ci, where=where,
-                                interval=interval)
+            t = statistic_table(rows, rule, variants=variants, ks=ks,
+                                d_model=int(d) if d else None, where=where)
             front = pd.DataFrame({c: [unit[c]] * len(t) for c in cols})
             frames.append(pd.concat([front, t], axis=1))
         out = pd.concat(frames, ignore_index=True)
-        if k is None and not allow_mixed_k and out.groupby("variant")["k"].nunique().max() > 1:
-            ks = sorted(int(x) for x in out["k"].unique())
+        if (ks is None and rule.k is None and not allow_mixed_k
+                and out.groupby("variant")["k"].nunique().max() > 1):
+            ks_seen = sorted(int(x) for x in out["k"].unique())
             raise BlockCouplingError(
-                f"{self.root}: the units' smallest measured K differ ({ks}); pass one K that "
-                "every unit measured (k=..., --k), or k='d/10' for the paper's per-model rule")
+                f"{self.root}: the units' smallest measured K differ ({ks_seen}); pass one K "
+                "that every unit measured (k=..., --k), or k='d/10' for the paper's per-model "
+                "rule")
         return _unit_types(out)
 
     def unit_meta(self, unit_id: str) -> dict[str, Any]:
@@ -292,6 +306,8 @@ class Sweep:
         measured K; a variant the unit did not measure is NaN),
         mean ``lss`` and median ``expodistance`` (heavy-tailed). Units that duplicate an
         earlier unit's weights are left out unless ``include_duplicates``."""
+        rule = StatisticRule(k=k, p=p, orientation=orientation, diagonal=diagonal, n_boot=0,
+                             tokens=self.default_tokens if tokens is None else tokens)
         cols = list(UNIT_COLUMNS) + ["weights_hash", "duplicate_of", "n_prompts"]
         base = self.done()[cols].copy()
         if not include_duplicates:
@@ -309,11 +325,8 @@ class Sweep:
             if not has_depth:
                 break
             try:
-                t = self.coupling_statistic(variants=(variant,), k=k, p=p,
-                                            orientation=orientation, tokens=tokens,
-                                            diagonal=diagonal, n_boot=0,
-                                            include_duplicates=include_duplicates,
-                                            allow_mixed_k=True)
+                t = self.statistic(rule, variants=(variant,),
+                                   include_duplicates=include_duplicates, allow_mixed_k=True)
             except BlockCouplingError as err:
                 if "was not measured" in str(err):
                     continue

@@ -20,6 +20,8 @@ from blockcoupling.engine.statistic import (
     DEFAULT_CI,
     DEFAULT_N_BOOT,
     KSpec,
+    StatisticRule,
+    rule_and_ks,
 )
 from blockcoupling.errors import BlockCouplingError
 
@@ -64,30 +66,39 @@ def coupling_statistic(source: Measurement | str | os.PathLike[str] | Any, *,
     ``"bootstrap"`` (percentile, ``n_boot`` resamples, ``seed``).
     Columns: the names of the run/unit, then ``variant, k, p, orientation, tokens, diagonal,
     d_model, n_prompts, mean, se, ci_low, ci_high, chance, rule`` (docs/conventions.md)."""
-    opts: dict[str, Any] = dict(variants=_variants(variant), k=k, p=p, orientation=orientation,
-                                tokens=tokens, diagonal=diagonal, n_boot=n_boot, seed=seed,
-                                ci=ci, interval=interval)
-    if isinstance(source, Measurement):
-        return _with_names(source.coupling_statistic(**opts), run_names(source.meta))
-    if hasattr(source, "coupling_statistic") and hasattr(source, "catalogue"):
-        return source.coupling_statistic(**opts, include_duplicates=include_duplicates)
+    def rule(own_tokens: str) -> tuple[StatisticRule, list[int] | None]:
+        # the one rule of this call, at the token rule the source states unless told
+        return rule_and_ks(k, p=p, orientation=orientation, tokens=tokens or own_tokens,
+                           diagonal=diagonal, n_boot=n_boot, seed=seed, ci=ci,
+                           interval=interval)
+
+    variants = _variants(variant)
     if isinstance(source, str | os.PathLike):
         path = Path(source)
         from blockcoupling.store.rundir import is_run_dir, open_run
 
         if is_run_dir(path):
             m = open_run(path)
-            return _with_names(m.coupling_statistic(**opts), run_names(m.meta, path.name))
+            r, ks = rule(m.headline_tokens)
+            return _with_names(m.statistic(r, variants=variants, ks=ks),
+                               run_names(m.meta, path.name))
         from blockcoupling.store.collection import is_collection_dir
         from blockcoupling.studies.read import open_collection
 
-        if is_collection_dir(path):  # any kind: sweep, monitor, vit-grid
-            return open_collection(path).coupling_statistic(
-                **opts, include_duplicates=include_duplicates)
-        raise BlockCouplingError(
-            f"{path} is neither a run directory nor a collection (sweep, monitor or vit-grid "
-            "directory): give the folder `blockcoupling measure --out`, `blockcoupling sweep "
-            "--out` or `blockcoupling vit-grid --out` wrote")
+        if not is_collection_dir(path):
+            raise BlockCouplingError(
+                f"{path} is neither a run directory nor a collection (sweep, monitor or "
+                "vit-grid directory): give the folder `blockcoupling measure --out`, "
+                "`blockcoupling sweep --out` or `blockcoupling vit-grid --out` wrote")
+        source = open_collection(path)  # any kind: sweep, monitor, vit-grid
+    if isinstance(source, Measurement):
+        r, ks = rule(source.headline_tokens)
+        return _with_names(source.statistic(r, variants=variants, ks=ks),
+                           run_names(source.meta))
+    if hasattr(source, "statistic") and hasattr(source, "catalogue"):
+        r, ks = rule(source.default_tokens)
+        return source.statistic(r, variants=variants, ks=ks,
+                                include_duplicates=include_duplicates)
     raise BlockCouplingError(
         f"coupling_statistic takes a Measurement, a run directory, a sweep directory or a "
         f"Sweep, not {type(source).__name__}")

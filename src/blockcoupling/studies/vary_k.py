@@ -66,7 +66,7 @@ class VaryKResult:
         t = self.table()
         first = self.results[self.ks[0]]
         lines = [f"{len(first.table)} models, K = {', '.join(map(str, self.ks))}; statistic: "
-                 f"{first.statistic.describe()}"]
+                 f"{first.describe_statistic()}"]
         for row in t.itertuples(index=False):
             if isinstance(row.skipped, str):
                 lines.append(f"  K={row.k:<4d} {row.predictor:18s} skipped ({row.skipped})")

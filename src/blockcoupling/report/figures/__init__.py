@@ -57,6 +57,7 @@ from blockcoupling.report.figures.trajectory import (
 from blockcoupling.report.summaries import (
     HIGHER_IS_COUPLED,
     P_VARIANTS,
+    REPORT_RULE,
     TOKEN_KINDS,
     GridPick,
     TokenPick,
@@ -82,7 +83,8 @@ depth_heatmap_data = depth_matrices
 __all__ = [
     "caption_depth_profiles", "caption_metrics_by_run", "plot_depth_profiles",
     "plot_metrics_by_run", "caption_token_grid", "plot_token_grid",
-    "DPI", "FORMATS", "HIGHER_IS_COUPLED", "P_VARIANTS", "TOKEN_KINDS", "FigureUnavailable",
+    "DPI", "FORMATS", "HIGHER_IS_COUPLED", "P_VARIANTS", "REPORT_RULE", "TOKEN_KINDS",
+    "FigureUnavailable",
     "GridPick", "Runs", "TokenPick", "across_runs_data", "as_runs",
     "caption_across_runs", "caption_coupling_by_distance", "caption_coupling_grid",
     "caption_depth_heatmap", "caption_layer_graph", "caption_pca_trajectories",

@@ -21,6 +21,7 @@ from matplotlib.figure import Figure
 
 from blockcoupling.engine.names import NULL_VARIANTS
 from blockcoupling.engine.results import Measurement
+from blockcoupling.engine.statistic import StatisticRule
 from blockcoupling.errors import BlockCouplingError
 from blockcoupling.report.summaries import (
     HIGHER_IS_COUPLED,
@@ -88,12 +89,12 @@ def label_list(values: Sequence[Any], labels: Sequence[str]) -> str:
     return ", ".join(f"{v} ({lab})" for v, lab in zip(values, labels, strict=True))
 
 
-def selection_text(ms: Sequence[Measurement], k: int | None, variant: str, p: float | None,
-                   orientation: str, token: int | None,
+def selection_text(ms: Sequence[Measurement], rule: StatisticRule, token: int | None,
                    labels: Sequence[str] | None = None) -> str:
     """'K=2, variant=coupling (higher = more coupled), p=1, orientation=ujv, token 'last'.'"""
     labs = run_labels(ms, labels)
-    k_text = "K=" + label_list([resolve_k(m, k) for m in ms], labs)
+    variant, p, orientation = rule.variant, rule.p, rule.orientation
+    k_text = "K=" + label_list([resolve_k(m, rule.k) for m in ms], labs)
     p_text = f", p={fmt_p(p)}" if variant in P_VARIANTS else ""
     toks = {tokens_text(m, token) for m in ms}
     direction = "higher = more coupled" if HIGHER_IS_COUPLED[variant] else "lower = more coupled"

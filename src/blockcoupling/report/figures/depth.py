@@ -18,7 +18,7 @@ from matplotlib.ticker import MaxNLocator
 
 from blockcoupling.engine.names import NULL_VARIANTS
 from blockcoupling.engine.results import Measurement
-from blockcoupling.engine.statistic import LEAD_VARIANTS
+from blockcoupling.engine.statistic import LEAD_VARIANTS, StatisticRule
 from blockcoupling.report.figures.base import (
     GRID_CMAP,
     HEATMAP_CMAP,
@@ -35,6 +35,7 @@ from blockcoupling.report.figures.base import (
     selection_text,
 )
 from blockcoupling.report.summaries import (
+    REPORT_RULE,
     as_runs,
     coupling_by_distance,
     coupling_grid_data,
@@ -66,8 +67,7 @@ def _layer_ticks(ax: Any, rows: list[Any], cols: list[Any]) -> None:
 
 
 # ====================================================================== L x L heatmap
-def plot_depth_heatmap(runs: Runs, *, k: int | None = None, variant: str = "coupling",
-                       p: float | None = 1.0, orientation: str = "ujv",
+def plot_depth_heatmap(runs: Runs, rule: StatisticRule = REPORT_RULE, *,
                        token: int | None = None,
                        labels: Sequence[str] | None = None) -> Figure:
     """L x L depth-wise coupling heatmaps, one panel per run, one shared colour scale.
@@ -75,9 +75,7 @@ def plot_depth_heatmap(runs: Runs, *, k: int | None = None, variant: str = "coup
     Rows are the measured layer l (side a), columns the basis layer l' (side b); each cell is
     the mean over prompts (and tokens) of ``Measurement.depth_matrix``."""
     ms = as_runs(runs)
-    mats, labs = present(depth_matrices(ms, k=k, variant=variant, p=p,
-                                        orientation=orientation, token=token),
-                         run_labels(ms, labels))
+    mats, labs = present(depth_matrices(ms, rule, token=token), run_labels(ms, labels))
     values = np.concatenate([m.to_numpy().ravel() for m in mats])
     norm = Normalize(float(np.nanmin(values)), float(np.nanmax(values)))
     fig, axes = panels(len(mats), 3.6, 4.0, extra_width=1.0)
@@ -90,20 +88,19 @@ def plot_depth_heatmap(runs: Runs, *, k: int | None = None, variant: str = "coup
         ax.set_xlabel("basis layer l'")
         ax.set_ylabel("measured layer l")
     if image is not None:
-        fig.colorbar(image, ax=list(axes), label=variant, shrink=0.9)
+        fig.colorbar(image, ax=list(axes), label=rule.variant, shrink=0.9)
     return fig
 
 
-def caption_depth_heatmap(runs: Runs, *, k: int | None = None, variant: str = "coupling",
-                          p: float | None = 1.0, orientation: str = "ujv",
+def caption_depth_heatmap(runs: Runs, rule: StatisticRule = REPORT_RULE, *,
                           token: int | None = None,
                           labels: Sequence[str] | None = None) -> str:
     ms = as_runs(runs)
-    mats = depth_matrices(ms, k=k, variant=variant, p=p, orientation=orientation, token=token)
+    mats = depth_matrices(ms, rule, token=token)
     return ("Depth-wise coupling between the block Jacobians J^l_tt of every pair of layers: "
             "rows = measured layer l, columns = basis layer l', mean over prompts; one colour "
             "scale for all panels. "
-            + selection_text(ms, k, variant, p, orientation, token, labels)
+            + selection_text(ms, rule, token, labels)
             + missing_text(mats, run_labels(ms, labels)))
 
 
@@ -181,9 +178,8 @@ def layer_graph_variant(runs: Runs, variant: str = "coupling", against_chance: b
     return variant
 
 
-def plot_layer_graph(runs: Runs, *, k: int | None = None, variant: str = "coupling",
-                     p: float | None = 1.0, orientation: str = "ujv", token: int | None = None,
-                     against_chance: bool = True,
+def plot_layer_graph(runs: Runs, rule: StatisticRule = REPORT_RULE, *,
+                     token: int | None = None, against_chance: bool = True,
                      labels: Sequence[str] | None = None) -> Figure:
     """Layer adjacency graph (paper fig. 1c-e), one panel per run.
 
@@ -195,9 +191,8 @@ def plot_layer_graph(runs: Runs, *, k: int | None = None, variant: str = "coupli
     Edges are drawn in the order of ``layer_graph_weights`` (l < l', lexicographic) as one
     LineCollection per panel."""
     ms = as_runs(runs)
-    variant = layer_graph_variant(ms, variant, against_chance)
-    mats, labs = present(depth_matrices(ms, k=k, variant=variant, p=p,
-                                        orientation=orientation, token=token),
+    variant = layer_graph_variant(ms, rule.variant, against_chance)
+    mats, labs = present(depth_matrices(ms, rule.with_variant(variant), token=token),
                          run_labels(ms, labels))
     weights = [layer_graph_weights(m) for m in mats]
     if not any(weights):
@@ -237,13 +232,13 @@ def plot_layer_graph(runs: Runs, *, k: int | None = None, variant: str = "coupli
     return fig
 
 
-def caption_layer_graph(runs: Runs, *, k: int | None = None, variant: str = "coupling",
-                        p: float | None = 1.0, orientation: str = "ujv", token: int | None = None,
-                        against_chance: bool = True,
+def caption_layer_graph(runs: Runs, rule: StatisticRule = REPORT_RULE, *,
+                        token: int | None = None, against_chance: bool = True,
                         labels: Sequence[str] | None = None) -> str:
     ms = as_runs(runs)
-    variant = layer_graph_variant(ms, variant, against_chance)
-    mats = depth_matrices(ms, k=k, variant=variant, p=p, orientation=orientation, token=token)
+    variant = layer_graph_variant(ms, rule.variant, against_chance)
+    rule = rule.with_variant(variant)
+    mats = depth_matrices(ms, rule, token=token)
     scale = ("a fixed scale from the chance level (thinnest, 0) to perfect coupling "
              "(thickest, 1), so a model at chance looks unstructured"
              if variant in NULL_VARIANTS else
@@ -252,18 +247,18 @@ def caption_layer_graph(runs: Runs, *, k: int | None = None, variant: str = "cou
     return ("Layer adjacency graph: each node is a layer (layer 1 at the top, clockwise); "
             "edge width and opacity grow with the mean depth-wise coupling of the two layers "
             f"(mean of both directions, mean over prompts), on {scale}. "
-            + selection_text(ms, k, variant, p, orientation, token, labels)
+            + selection_text(ms, rule, token, labels)
             + missing_text(mats, run_labels(ms, labels)))
 
 
 # ====================================================================== by distance
-def plot_coupling_by_distance(runs: Runs, *, k: int | None = None, variant: str = "coupling",
-                              p: float | None = 1.0, orientation: str = "ujv",
+def plot_coupling_by_distance(runs: Runs, rule: StatisticRule = REPORT_RULE, *,
                               labels: Sequence[str] | None = None) -> Figure:
     """Locality: mean depth-wise coupling against |l - l'|, one line per run, +- one std."""
     ms = as_runs(runs)
     labs = run_labels(ms, labels)
-    tables = coupling_by_distance(ms, k=k, variant=variant, p=p, orientation=orientation)
+    tables = coupling_by_distance(ms, rule)
+    variant = rule.variant
     fig = new_figure(7.0, 3.8)
     ax = fig.subplots()
     for i, (t, lab) in enumerate(zip(tables, labs, strict=True)):
@@ -284,12 +279,10 @@ def plot_coupling_by_distance(runs: Runs, *, k: int | None = None, variant: str 
     return fig
 
 
-def caption_coupling_by_distance(runs: Runs, *, k: int | None = None,
-                                 variant: str = "coupling", p: float | None = 1.0,
-                                 orientation: str = "ujv",
+def caption_coupling_by_distance(runs: Runs, rule: StatisticRule = REPORT_RULE, *,
                                  labels: Sequence[str] | None = None) -> str:
     ms = as_runs(runs)
-    coupling_by_distance(ms, k=k, variant=variant, p=p, orientation=orientation)
+    coupling_by_distance(ms, rule)
     return ("Locality of coupling: mean depth-wise value over all layer pairs at distance "
             "|l - l'| (0 = the diagonal), over prompts and tokens; the band is +- one standard "
-            "deviation. " + selection_text(ms, k, variant, p, orientation, None, labels))
+            "deviation. " + selection_text(ms, rule, None, labels))

@@ -10,6 +10,7 @@ import numpy as np
 from matplotlib.figure import Figure
 
 from blockcoupling.engine.results import Measurement
+from blockcoupling.engine.statistic import StatisticRule
 from blockcoupling.report.figures.base import (
     TICK_CHARS,
     FigureUnavailable,
@@ -18,7 +19,7 @@ from blockcoupling.report.figures.base import (
     new_figure,
     selection_text,
 )
-from blockcoupling.report.summaries import across_runs_data, as_runs, run_labels
+from blockcoupling.report.summaries import REPORT_RULE, across_runs_data, as_runs, run_labels
 
 __all__ = ["caption_across_runs", "plot_across_runs", "training_runs"]
 
@@ -36,8 +37,7 @@ def training_runs(ms: Sequence[Measurement]) -> list[list[int]]:
     return [[i for _, i in sorted(g)] for g in groups.values() if len(g) > 1]
 
 
-def plot_across_runs(runs: Runs, *, k: int | None = None, variant: str = "coupling",
-                     p: float | None = 1.0, orientation: str = "ujv",
+def plot_across_runs(runs: Runs, rule: StatisticRule = REPORT_RULE, *,
                      labels: Sequence[str] | None = None) -> Figure:
     """Runs in the order given on the x axis: mean off-diagonal depth-wise ``variant`` (+- one
     std), the leading chance-corrected variant (``coupling_vs_rotated``, or
@@ -46,8 +46,8 @@ def plot_across_runs(runs: Runs, *, k: int | None = None, variant: str = "coupli
     axis where expodistance spans decades)."""
     ms = as_runs(runs)
     labs = run_labels(ms, labels)
-    data = across_runs_data(ms, k=k, variant=variant, p=p, orientation=orientation)
-    panels = [("coupling", f"mean off-diagonal {variant}")]
+    data = across_runs_data(ms, rule)
+    panels = [("coupling", f"mean off-diagonal {rule.variant}")]
     if not data["null_median"].isna().all():
         panels.append(("null", f"{data['null_variant'].iloc[0]} (0 = chance)"))
     panels += [("lss", "median LSS"), ("expodistance", "median expodistance")]
@@ -94,11 +94,10 @@ def plot_across_runs(runs: Runs, *, k: int | None = None, variant: str = "coupli
     return fig
 
 
-def caption_across_runs(runs: Runs, *, k: int | None = None, variant: str = "coupling",
-                        p: float | None = 1.0, orientation: str = "ujv",
+def caption_across_runs(runs: Runs, rule: StatisticRule = REPORT_RULE, *,
                         labels: Sequence[str] | None = None) -> str:
     ms = as_runs(runs)
-    data = across_runs_data(ms, k=k, variant=variant, p=p, orientation=orientation)
+    data = across_runs_data(ms, rule)
     null = str(data["null_variant"].iloc[0])
     what = ("the same basis rotated at random" if null == "coupling_vs_rotated" else
             "independent random bases")
@@ -112,4 +111,4 @@ def caption_across_runs(runs: Runs, *, k: int | None = None, variant: str = "cou
             "prompts and tokens with the inter-quartile range) when it was measured; the "
             "median per-token LSS and expodistance (inter-quartile range; expodistance is "
             "heavy-tailed where norms barely grow). " + lines
-            + selection_text(ms, k, variant, p, orientation, None, labels))
+            + selection_text(ms, rule, None, labels))

@@ -11,6 +11,7 @@ import numpy as np
 from matplotlib.colors import Normalize
 from matplotlib.figure import Figure
 
+from blockcoupling.engine.statistic import StatisticRule
 from blockcoupling.report.figures.base import (
     HEATMAP_CMAP,
     TITLE_CHARS,
@@ -26,6 +27,7 @@ from blockcoupling.report.figures.base import (
 from blockcoupling.report.figures.depth import prompt_text
 from blockcoupling.report.summaries import (
     P_VARIANTS,
+    REPORT_RULE,
     as_runs,
     resolve_k,
     run_labels,
@@ -35,10 +37,9 @@ from blockcoupling.report.summaries import (
 __all__ = ["caption_token_heatmap", "plot_token_heatmap"]
 
 
-def plot_token_heatmap(runs: Runs, kind: str = "self", *, prompt_id: str | None = None,
-                       layers: tuple[int, int] | None = None, fixed_token: int | None = None,
-                       k: int | None = None, variant: str = "coupling", p: float | None = 1.0,
-                       orientation: str = "ujv",
+def plot_token_heatmap(runs: Runs, kind: str = "self", rule: StatisticRule = REPORT_RULE, *,
+                       prompt_id: str | None = None, layers: tuple[int, int] | None = None,
+                       fixed_token: int | None = None,
                        labels: Sequence[str] | None = None) -> Figure:
     """Token-wise coupling heatmaps (paper fig. 4), one panel per run.
 
@@ -47,9 +48,8 @@ def plot_token_heatmap(runs: Runs, kind: str = "self", *, prompt_id: str | None 
     J^l'_{s' t} for a fixed output token t (rows s, columns s'). Missing cells (e.g. a causal
     model's t < s) are blank."""
     ms = as_runs(runs)
-    found = token_heatmap_data(ms, kind, prompt_id=prompt_id, layers=layers,
-                               fixed_token=fixed_token, k=k, variant=variant, p=p,
-                               orientation=orientation)
+    found = token_heatmap_data(ms, kind, rule, prompt_id=prompt_id, layers=layers,
+                               fixed_token=fixed_token)
     picks, labs = present(found, run_labels(ms, labels))
     values = np.concatenate([pk.matrix.to_numpy(dtype=float).ravel() for pk in picks])
     norm = Normalize(float(np.nanmin(values)), float(np.nanmax(values)))
@@ -73,21 +73,19 @@ def plot_token_heatmap(runs: Runs, kind: str = "self", *, prompt_id: str | None 
         ax.set_xlabel(col_name)
         ax.set_ylabel(row_name)
     if image is not None:
-        fig.colorbar(image, ax=list(axes), label=variant, shrink=0.9)
+        fig.colorbar(image, ax=list(axes), label=rule.variant, shrink=0.9)
     return fig
 
 
-def caption_token_heatmap(runs: Runs, kind: str = "self", *, prompt_id: str | None = None,
-                          layers: tuple[int, int] | None = None,
-                          fixed_token: int | None = None, k: int | None = None,
-                          variant: str = "coupling", p: float | None = 1.0,
-                          orientation: str = "ujv",
+def caption_token_heatmap(runs: Runs, kind: str = "self", rule: StatisticRule = REPORT_RULE,
+                          *, prompt_id: str | None = None, layers: tuple[int, int] | None = None,
+                          fixed_token: int | None = None,
                           labels: Sequence[str] | None = None) -> str:
     ms = as_runs(runs)
     labs = run_labels(ms, labels)
-    picks = token_heatmap_data(ms, kind, prompt_id=prompt_id, layers=layers,
-                               fixed_token=fixed_token, k=k, variant=variant, p=p,
-                               orientation=orientation)
+    picks = token_heatmap_data(ms, kind, rule, prompt_id=prompt_id, layers=layers,
+                               fixed_token=fixed_token)
+    variant, p, orientation = rule.variant, rule.p, rule.orientation
     what = {
         "self": "Token-wise coupling, same input and output token (kind self): J^l_tt "
                 "(measured, rows t) against J^l'_t't' (basis, columns t').",
@@ -106,7 +104,7 @@ def caption_token_heatmap(runs: Runs, kind: str = "self", *, prompt_id: str | No
             s += f", fixed {'input' if kind == 'fixed_input' else 'output'} token {pick.fixed}"
         parts.append(s)
     p_text = f", p={fmt_p(p)}" if variant in P_VARIANTS else ""
-    k_text = "K=" + label_list([resolve_k(m, k) for m in ms], labs)
+    k_text = "K=" + label_list([resolve_k(m, rule.k) for m in ms], labs)
     has_rows = [bool((m.coupling["kind"] == kind).any()) for m in ms]
     not_measured = [None if pick is None and not rows else 0
                     for pick, rows in zip(picks, has_rows, strict=True)]

@@ -9,8 +9,11 @@ Conventions shared by every function:
 
 - ``runs``: one Measurement or a sequence of them (a trained model next to its random
   initialisation, training checkpoints, different models); results come back in run order.
-- ``k=None`` means each run's smallest measured K; ``p`` applies to the variants that take one
-  (``P_VARIANTS``); ``orientation`` is ``ujv`` or ``vju``.
+- The coupling rows a function selects are given by one ``engine.statistic.StatisticRule``
+  passed whole (``rule``; default `REPORT_RULE`: raw ``coupling``): its variant, its K
+  (``k=None``: each run's smallest measured K, as everywhere), its ``p`` (for the variants
+  that take one, ``P_VARIANTS``) and its orientation (``ujv`` or ``vju``). The |A| grids take
+  a display ``k`` (the leading k x k block of the stored matrices) and an ``orientation``.
 - Where a run lacks the data, per-run lists hold ``None``; where no run has it, the function
   raises `NoData` (a [`BlockCouplingError`][blockcoupling.errors.BlockCouplingError] whose message
   says what to measure).
@@ -32,11 +35,13 @@ from blockcoupling.report.summaries.common import (
     EXPODISTANCE_NAN_REASON,
     HIGHER_IS_COUPLED,
     P_VARIANTS,
+    REPORT_RULE,
     TOKEN_KINDS,
     NoData,
     RobustStats,
     Runs,
     as_runs,
+    at_run_k,
     check_variant,
     config_differences,
     fmt_number,
@@ -121,6 +126,8 @@ __all__ = [
     "pca_data",
     "per_prompt_vs_null",
     "resolve_k",
+    "REPORT_RULE",
+    "at_run_k",
     "robust_stats",
     "run_label",
     "short_name",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -13,6 +13,7 @@ import pandas as pd
 
 from blockcoupling.engine import names
 from blockcoupling.engine.results import TABLES, Measurement
+from blockcoupling.engine.statistic import PAPER_K, StatisticRule, paper_k
 from blockcoupling.errors import BlockCouplingError
 
 Runs = Measurement | Sequence[Measurement]
@@ -124,9 +125,28 @@ def n_layers(m: Measurement) -> int | None:
 
 
 
-def resolve_k(m: Measurement, k: int | None) -> int:
-    """The K a summary uses for run ``m``: ``k`` or the run's smallest measured K."""
-    return int(k) if k is not None else int(min(m.config.k))
+def resolve_k(m: Measurement, k: int | str | None) -> int:
+    """The K a summary uses for run ``m``: ``k``, the run's smallest measured K (None) or
+    round(d/10) of its width (``"d/10"``)."""
+    if k is None:
+        return int(min(m.config.k))
+    if k == PAPER_K:
+        if not m.d_model:
+            raise BlockCouplingError("K = round(d/10) needs the model's hidden size, which "
+                                     "this run does not record; pass a fixed K instead")
+        return paper_k(m.d_model)
+    return int(k)
+
+
+#: the rule a report figure or summary selects its rows by where none is given: raw c_K (the
+#: paper's figures) at each run's smallest measured K, p = 1, orientation ujv (the figures
+#: read the rule's variant, K, p and orientation; which tokens each shows its caption says)
+REPORT_RULE = StatisticRule(variant="coupling")
+
+
+def at_run_k(m: Measurement, rule: StatisticRule) -> StatisticRule:
+    """``rule`` at the K it selects on run ``m`` (`resolve_k`)."""
+    return replace(rule, k=resolve_k(m, rule.k))
 
 
 

@@ -7,11 +7,13 @@ from typing import Any
 
 import pandas as pd
 
+from blockcoupling.engine.statistic import StatisticRule
 from blockcoupling.report.summaries.common import (
+    REPORT_RULE,
     NoData,
     Runs,
     as_runs,
-    check_variant,
+    at_run_k,
     is_empty,
     n_layers,
     n_prompts,
@@ -28,12 +30,11 @@ from blockcoupling.report.summaries.depth import (
 
 
 # ====================================================================== across runs
-def across_runs_data(runs: Runs, *, k: int | None = None, variant: str = "coupling",
-                     p: float | None = 1.0, orientation: str = "ujv") -> pd.DataFrame:
+def across_runs_data(runs: Runs, rule: StatisticRule = REPORT_RULE) -> pd.DataFrame:
     """One row per run (in order) with, over prompts and tokens:
 
     - ``coupling_*``: the depth-wise value of ``variant`` (mean, std, median, q25, q75 of the
-      per-prompt values of the headline rule, ``engine.statistic``);
+      per-prompt values of the headline rule, ``engine.statistic``) of the rule's variant;
     - ``null_*``: the same for the leading chance-corrected variant (``null_variant``:
       ``coupling_vs_rotated``, or ``coupling_vs_null`` where a run predates it; NaN where
       not measured);
@@ -41,17 +42,16 @@ def across_runs_data(runs: Runs, *, k: int | None = None, variant: str = "coupli
       tokens without a value) of the per-token metrics.
 
     Expodistance is heavy-tailed where norms barely grow (post-LN models): read medians."""
-    check_variant(variant, orientation)
     rows = []
     ms = as_runs(runs)
-    lead = lead_of(ms, k=k, p=p, orientation=orientation) or "coupling_vs_null"
+    lead = lead_of(ms, rule) or "coupling_vs_null"
     for m in ms:
         row: dict[str, Any] = {"null_variant": lead}
-        for name, var in (("coupling", variant), ("null", lead)):
+        for name, var in (("coupling", rule.variant), ("null", lead)):
             vals: pd.Series | None = None
-            if depth_rows(m, k, var, p, orientation) is not None:
-                vals = m.per_prompt_coupling(resolve_k(m, k), variant=var, p=p,
-                                             orientation=orientation)["value"]
+            if depth_rows(m, rule.with_variant(var)) is not None:
+                vals = m.per_prompt_coupling(resolve_k(m, rule.k), variant=var, p=rule.p,
+                                             orientation=rule.orientation)["value"]
             st = robust_stats([] if vals is None else vals)
             row[f"{name}_mean"] = st.mean
             row[f"{name}_std"] = float(vals.std(ddof=0)) if vals is not None and len(vals) \
@@ -74,8 +74,8 @@ def across_runs_data(runs: Runs, *, k: int | None = None, variant: str = "coupli
 
 
 
-def run_overview(runs: Runs, labels: Sequence[str] | None = None, *, k: int | None = None,
-                 p: float | None = 1.0, orientation: str = "ujv") -> pd.DataFrame:
+def run_overview(runs: Runs, labels: Sequence[str] | None = None,
+                 rule: StatisticRule = REPORT_RULE) -> pd.DataFrame:
     """One row per run: what was measured and the headline numbers (the report's summary).
 
     Columns: label, model, n_prompts, n_layers, k, measured (False: no table has a row),
@@ -89,23 +89,24 @@ def run_overview(runs: Runs, labels: Sequence[str] | None = None, *, k: int | No
     (rows of token_metrics). NaN where not measured."""
     ms = as_runs(runs)
     labs = run_labels(ms, labels)
-    lead = lead_of(ms, k=k, p=p, orientation=orientation)
+    lead = lead_of(ms, rule)
     rows: list[dict[str, Any]] = []
     for m, lab in zip(ms, labs, strict=True):
-        kk = resolve_k(m, k) if m.config.k else None
+        kk = resolve_k(m, rule.k) if m.config.k else None
         row: dict[str, Any] = {
             "label": lab, "model": str(m.meta.get("model", "")), "n_prompts": n_prompts(m),
             "n_layers": n_layers(m), "k": kk, "measured": not is_empty(m),
             "kinds": ", ".join(sorted(set(m.coupling["kind"].dropna().astype(str)))),
         }
-        row.update(headline_columns(m, kk, p=p, orientation=orientation))
+        row.update(headline_columns(m, rule))
         row["lead"] = lead
         row["lead_mean"] = row.get(f"{lead}_mean", float("nan")) if lead else float("nan")
         row["lead_se"] = row.get(f"{lead}_se", float("nan")) if lead else float("nan")
         rel = None
-        if lead and depth_rows(m, kk, lead, p, orientation) is not None:
-            rel = m.per_prompt_coupling(kk, variant=lead, p=p,
-                                        orientation=orientation)["value"]
+        if lead and kk is not None and depth_rows(m, at_run_k(m, rule).with_variant(lead)
+                                                  ) is not None:
+            rel = m.per_prompt_coupling(kk, variant=lead, p=rule.p,
+                                        orientation=rule.orientation)["value"]
         st = robust_stats([] if rel is None else rel)
         row.update(lead_median=st.median, lead_q25=st.q25, lead_q75=st.q75,
                    lead_min=st.min, lead_max=st.max, lead_n=st.n)

@@ -8,8 +8,10 @@ import numpy as np
 import pandas as pd
 
 from blockcoupling.engine.results import Measurement
+from blockcoupling.engine.statistic import StatisticRule
 from blockcoupling.errors import BlockCouplingError
 from blockcoupling.report.summaries.common import (
+    REPORT_RULE,
     TOKEN_KINDS,
     NoData,
     Runs,
@@ -74,7 +76,9 @@ def grid_mosaic(A: np.ndarray, k: int) -> tuple[np.ndarray, int]:
 
 def coupling_grid_data(runs: Runs, *, prompt_id: str | None = None, k: int | None = None,
                        orientation: str = "ujv") -> list[GridPick | None]:
-    """Per run: the prompt, window and mosaic of the stored coupling matrices A."""
+    """Per run: the prompt, window and mosaic of the stored coupling matrices A (``k``: the
+    leading k x k block of each stored K x K matrix, None = all of it; a display size, not
+    the statistic's K, so not a `StatisticRule`)."""
     check_variant("coupling", orientation)
     picks: list[GridPick | None] = []
     for m in as_runs(runs):
@@ -135,12 +139,11 @@ def token_axes(kind: str) -> tuple[str, str, str | None]:
 
 
 
-def _token_pick(m: Measurement, kind: str, *, prompt_id: str | None,
-                layers: tuple[int, int] | None, fixed_token: int | None, k: int | None,
-                variant: str, p: float | None, orientation: str) -> TokenPick | None:
+def _token_pick(m: Measurement, kind: str, rule: StatisticRule, *, prompt_id: str | None,
+                layers: tuple[int, int] | None, fixed_token: int | None) -> TokenPick | None:
     row, col, fixed_col = token_axes(kind)
     try:
-        df = m.select(kind, resolve_k(m, k), variant, p, orientation)
+        df = m.select(kind, resolve_k(m, rule.k), rule.variant, rule.p, rule.orientation)
     except KeyError:
         return None
     if prompt_id is None:
@@ -174,21 +177,19 @@ def _token_pick(m: Measurement, kind: str, *, prompt_id: str | None,
 
 
 
-def token_heatmap_data(runs: Runs, kind: str = "self", *, prompt_id: str | None = None,
-                       layers: tuple[int, int] | None = None, fixed_token: int | None = None,
-                       k: int | None = None, variant: str = "coupling",
-                       p: float | None = 1.0, orientation: str = "ujv") -> list[TokenPick | None]:
-    """Per run: the prompt, layer pair, fixed token and n x n token-wise matrix.
+def token_heatmap_data(runs: Runs, kind: str = "self", rule: StatisticRule = REPORT_RULE, *,
+                       prompt_id: str | None = None, layers: tuple[int, int] | None = None,
+                       fixed_token: int | None = None) -> list[TokenPick | None]:
+    """Per run: the prompt, layer pair, fixed token and n x n token-wise matrix of the
+    rule's variant, K, p and orientation.
 
     Defaults: the run's first prompt, the middle same-layer pair, for ``fixed_input`` the
     first input token and for ``fixed_output`` the last output token. A run measured at one
     token (an encoder's [CLS] under ``tokens="auto"``) has no token-wise matrix to show
     (None: a 1 x 1 "heatmap" says nothing)."""
-    check_variant(variant, orientation)
     token_axes(kind)
-    picks = [_token_pick(m, kind, prompt_id=prompt_id, layers=layers, fixed_token=fixed_token,
-                         k=k, variant=variant, p=p, orientation=orientation)
-             for m in as_runs(runs)]
+    picks = [_token_pick(m, kind, rule, prompt_id=prompt_id, layers=layers,
+                         fixed_token=fixed_token) for m in as_runs(runs)]
     measured = any(x is not None for x in picks)
     picks = [x if x is not None and min(x.matrix.shape) > 1 else None for x in picks]
     if all(x is None for x in picks):

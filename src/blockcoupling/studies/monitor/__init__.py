@@ -79,7 +79,7 @@ def coupling_scalars(coupling: pd.DataFrame) -> dict[str, float]:
     over prompts): ``coupling/<variant>_k<K>`` and ``..._se`` (sample std over prompts /
     sqrt(n); left out for one prompt), for ``coupling_vs_null`` (chance-corrected) and raw
     ``coupling``, where measured."""
-    from blockcoupling.engine.statistic import HEADLINE_VARIANTS, statistic_table
+    from blockcoupling.engine.statistic import HEADLINE_VARIANTS, StatisticRule, statistic_table
 
     depth = coupling[(coupling["kind"] == "depth") & (coupling["orientation"] == "ujv")]
     out: dict[str, float] = {}
@@ -87,7 +87,7 @@ def coupling_scalars(coupling: pd.DataFrame) -> dict[str, float]:
         ks = sorted(int(k) for k in depth.loc[depth["variant"] == variant, "k"].unique())
         if not ks or depth["layer_a"].nunique() < 2:
             continue
-        for row in statistic_table(coupling, variants=(variant,), k=ks, n_boot=0).itertuples():
+        for row in statistic_table(coupling, StatisticRule(n_boot=0), variants=(variant,), ks=ks).itertuples():
             name = f"coupling/{variant}_k{int(row.k)}"
             out[name] = float(row.mean)
             if math.isfinite(row.se):

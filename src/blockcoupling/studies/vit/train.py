@@ -399,13 +399,13 @@ def token_statistic(m: Any, k: int, token: str) -> dict[str, float]:
     """``COUPLING_METRICS`` of the measurement ``m`` at ``token``: ``cls`` (the rows of
     position 0), ``last`` (each image's last measured position) or ``all`` (every measured
     position, averaged within each image), by ``engine.statistic``'s one rule."""
-    from blockcoupling.engine.statistic import statistic_table
+    from blockcoupling.engine.statistic import StatisticRule, statistic_table
 
     rows = m.coupling
     if token == "cls" and not (rows["token_out_a"] == CLS_TOKEN).any():
         raise BlockCouplingError("this measurement has no [CLS] (position 0) rows")
-    t = statistic_table(rows, k=k, tokens=STATISTIC_TOKENS[token],
-                        d_model=m.d_model, n_boot=0, where="vit").set_index("variant")
+    rule = StatisticRule(k=k, tokens=STATISTIC_TOKENS[token], n_boot=0)
+    t = statistic_table(rows, rule, d_model=m.d_model, where="vit").set_index("variant")
     return {"coupling": float(t.loc["coupling", "mean"]),
             "coupling_se": float(t.loc["coupling", "se"]),
             "coupling_chance": float(t.loc["coupling", "chance"]),
