@@ -6,8 +6,8 @@ A kind is a package under ``blockcoupling/studies/`` whose module ``kind.py`` ma
 kind is parsed, planned and run, its report page, its headline token rule, the line that
 repairs a damaged unit, the check of a unit beyond its run directory, and the conversion of
 an old layout. Generic modules (the reader, ``studies/collection.py``, the CLI) ask the
-registry (`get`, `names`, `spec_kinds`) and name no kind. The recipe: docs/DESIGN.md, "Add a
-collection kind"; ``tests/project/test_architecture.py`` fails when a kind is named outside its own
+registry (`get`, `names`, `spec_kinds`) and name no kind. The recipe: docs/DESIGN.md, "Recipe: add
+a collection kind"; ``tests/project/test_architecture.py`` fails when a kind is named outside its own
 package.
 """
 
