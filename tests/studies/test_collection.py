@@ -390,8 +390,8 @@ def test_pinned_unit_ids_and_hashes_of_existing_collections(kinds: dict[str, Pat
 
 def test_a_new_kind_is_a_package_and_one_registration(tmp_path: Path) -> None:
     """The recipe "add a collection kind" (docs/DESIGN.md), followed once for a trivial kind:
-    one registration, and the reader, ``sweep-status``, ``report`` and the repair line take
-    it; unregistered, its directory is the one unknown-kind line."""
+    one registration, and the reader, ``sweep-status``, ``report``, the repair line and
+    ``sweep SPEC`` take it; unregistered, its directory is the one unknown-kind line."""
     from dataclasses import dataclass
 
     from blockcoupling.studies import kinds
@@ -409,18 +409,26 @@ def test_a_new_kind_is_a_package_and_one_registration(tmp_path: Path) -> None:
         out.write_text(f"<p>toy page of {len(collection.catalogue)} units</p>")
         return out
 
+    def run(spec: dict, out: Path, **options: object) -> Path:
+        """The kind's run of a parsed spec (here: the collection, its units pending)."""
+        units = [ToyUnit(store.collection_unit_id([("toy", 8), (f"n{i}", 8)], ["toy", i]),
+                         f"toy{i}") for i in range(spec["n"])]
+        out.mkdir()
+        manifest = store.new_manifest("toy", spec)
+        manifest["order"] = [u.unit_id for u in units]
+        store.write_json(out / store.MANIFEST, manifest)
+        for u in units:
+            store.write_status(out, u, "pending")
+        ran.append(options)
+        return out
+
+    ran: list[dict] = []
     toy = kinds.register(kinds.CollectionKind(
-        name="toy", page=page, repair=lambda root: f"run the toy again in {root}"))
+        name="toy", page=page, repair=lambda root: f"run the toy again in {root}",
+        parse_spec=lambda data: {"n": int(data["n"])}, run=run))
     root = tmp_path / "toy"
     try:
-        units = [ToyUnit(store.collection_unit_id([("toy", 8), (f"n{i}", 8)], ["toy", i]),
-                         f"toy{i}") for i in range(2)]
-        root.mkdir()
-        manifest = store.new_manifest("toy", {"toy": {"n": 2}})
-        manifest["order"] = [u.unit_id for u in units]
-        store.write_json(root / store.MANIFEST, manifest)
-        for u in units:
-            store.write_status(root, u, "pending")
+        run({"n": 2}, root)
         c = bc.open_collection(root)
         assert c.kind == "toy" and c.catalogue["status"].tolist() == ["pending"] * 2
         assert repair_command(root, "toy") == f"run the toy again in {root}"
@@ -431,6 +439,12 @@ def test_a_new_kind_is_a_package_and_one_registration(tmp_path: Path) -> None:
         assert r.exit_code == 0, r.output
         assert (tmp_path / "t.html").read_text() == "<p>toy page of 2 units</p>"
         assert kinds.get("toy") is toy
+        spec = tmp_path / "toy.yaml"  # `sweep SPEC` runs a spec of the kind with its run
+        spec.write_text("kind: toy\nn: 3\n")
+        r = runner.invoke(app, ["sweep", str(spec), "--out", str(tmp_path / "from-spec"),
+                                "--executor", "local"])
+        assert r.exit_code == 0 and "0 of 3 units done, 0 failed" in r.output, r.output
+        assert ran[-1]["executor"] == "local" and ran[-1]["resume"] is False
     finally:
         kinds.unregister("toy")
     with pytest.raises(BlockCouplingError, match="unknown collection kind 'toy'"):

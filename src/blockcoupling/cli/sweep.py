@@ -15,6 +15,7 @@ from blockcoupling.cli.app import (
     app,
     deprecated,
     echo_json,
+    fail,
     guarded,
     print_plan,
     user_errors,
@@ -60,6 +61,12 @@ def sweep(
         SPEC_RUNNERS[kind](spec, out, executor=executor, address=address, as_json=as_json,
                            cluster_cpus=cluster_cpus)
         return
+    from blockcoupling.store.collection import DEFAULT_KIND
+
+    if kind != DEFAULT_KIND:  # a kind without a command of its own: its registered run
+        _run_kind(kind, spec, out, executor=executor, address=address, resume=resume,
+                  as_json=as_json)
+        return
 
     with guarded(saved=f"finished units are saved in {out}",
                  again="continue with the same command and --resume"):
@@ -85,6 +92,37 @@ def sweep(
             for r in s.duplicates().itertuples():
                 typer.echo(f"  {r.unit_id} has the same weights as {r.duplicate_of} (not "
                            "counted twice in summaries)")
+    if len(failed):
+        raise typer.Exit(1)
+
+
+def _run_kind(kind: str, spec: Path, out: Path, *, executor: str, address: str | None,
+              resume: bool, as_json: bool) -> None:
+    """A spec of a kind that registered no command-line runner (``cli.app.spec_runner``): the
+    kind's own ``run`` (``CollectionKind.run``) on its parsed spec, then the units' status."""
+    import yaml
+
+    from blockcoupling.studies import kinds
+    from blockcoupling.studies.sweep.read import open_collection
+
+    registered = kinds.get(kind)
+    run, parse = registered.run, registered.parse_spec
+    if run is None or parse is None:
+        fail(BlockCouplingError(f"{spec}: a {kind} collection is not run from a spec file"))
+        return
+    with guarded(saved=f"finished units are saved in {out}",
+                 again="continue with the same command and --resume"):
+        run(parse(yaml.safe_load(spec.read_text())), out, executor=executor, address=address,
+            resume=resume, progress=not _STATE["quiet"])
+        cat = open_collection(out).catalogue
+    done, failed = int((cat["status"] == "done").sum()), cat[cat["status"] == "failed"]
+    if as_json:
+        echo_json({"collection_dir": str(out), "kind": kind, "done": done,
+                   "failed": len(failed), "units": cat})
+    else:
+        typer.echo(f"{done} of {len(cat)} units done, {len(failed)} failed; wrote {out}")
+        for r in failed.itertuples():
+            typer.echo(f"  failed {r.unit_id}: {str(r.message).splitlines()[0]}")
     if len(failed):
         raise typer.Exit(1)
 

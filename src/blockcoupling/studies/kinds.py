@@ -42,7 +42,9 @@ class CollectionKind:
     parse_spec: Callable[[Any], Any] | None = None
     #: the ``--dry-run`` plan of a parsed spec
     plan: Callable[..., Any] | None = None
-    #: run a parsed spec into a directory
+    #: run a parsed spec into a directory: ``run(spec, out, *, executor, address, resume,
+    #: progress)``; ``blockcoupling sweep SPEC`` calls it for a kind whose CLI module
+    #: registered no runner of its own (``cli.app.spec_runner``)
     run: Callable[..., Any] | None = None
     #: the token rule of the headline statistic ("last": the paper's; a ViT's [CLS]: "first")
     headline_tokens: str = "last"
