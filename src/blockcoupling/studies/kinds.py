@@ -40,7 +40,8 @@ class CollectionKind:
     repair: Callable[[Path], str]
     #: a spec mapping (YAML) -> the kind's parsed spec (None: not written from a spec)
     parse_spec: Callable[[Any], Any] | None = None
-    #: the ``--dry-run`` plan of a parsed spec
+    #: the ``--dry-run`` plan of a spec (its file's path): an object with ``describe()``
+    #: (the text) and ``to_dict()`` (``--json``)
     plan: Callable[..., Any] | None = None
     #: run a parsed spec into a directory: ``run(spec, out, *, executor, address, resume,
     #: progress)``; ``blockcoupling sweep SPEC`` calls it for a kind whose CLI module
