@@ -39,6 +39,7 @@ _SECTIONS: dict[str, str] = {  # module -> heading of the API page
     "blockcoupling.report.html": "Reports",
     "blockcoupling.studies.monitor": "Training-time monitoring",
     "blockcoupling.studies.sweep": "Sweeps",
+    "blockcoupling.studies.read": "Collections (sweeps, monitors, ViT grids)",
     "blockcoupling.studies.correlate": "Coupling and generalisation",
     "blockcoupling.studies.model_units": "Coupling and generalisation",
     "blockcoupling.studies.scores": "Coupling and generalisation",

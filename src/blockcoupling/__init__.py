@@ -46,7 +46,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "blockcoupling.store.record": ("measure_to_dir",),
     "blockcoupling.store.rundir": ("is_run_dir", "open_run"),
     "blockcoupling.report.html": ("write_report",),
-    "blockcoupling.studies.sweep.read": ("Sweep", "open_collection", "open_sweep"),  # the collections reader
+    "blockcoupling.studies.read": ("Sweep", "open_collection", "open_sweep"),  # the collections reader
     "blockcoupling.studies.statistic": ("coupling_statistic",),  # the headline statistic
     # coupling across runs (stored bases): a reader of run directories, like open_run
     "blockcoupling.studies.cross": ("CrossCoupling", "cross_coupling", "cross_sweep"),
@@ -74,8 +74,8 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ do
     from blockcoupling.store.record import measure_to_dir
     from blockcoupling.store.rundir import is_run_dir, open_run
     from blockcoupling.studies.cross import CrossCoupling, cross_coupling, cross_sweep
+    from blockcoupling.studies.read import Sweep, open_collection, open_sweep
     from blockcoupling.studies.statistic import coupling_statistic
-    from blockcoupling.studies.sweep.read import Sweep, open_collection, open_sweep
 
 
 def __getattr__(name: str) -> Any:

@@ -81,6 +81,7 @@ print("results", sorted(got))
 """
 
 
+@pytest.mark.slow  # a Ray cluster; CI runs every test
 @pytest.mark.parametrize("quiet", [False, True], ids=["normal", "quiet"])
 def test_ray_workers_warn_in_the_drivers_format(quiet: bool, ray_cluster: str,
                                                 tmp_path: Path) -> None:

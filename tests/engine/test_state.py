@@ -45,6 +45,7 @@ def _train(steps: int, measure_between: bool) -> tuple[list[float], dict[str, to
     return losses, {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
+@pytest.mark.slow  # end to end; CI runs every test (-m 'slow or not slow')
 def test_training_with_measurements_between_steps_is_bit_identical() -> None:
     plain_losses, plain_weights = _train(3, measure_between=False)
     losses, weights = _train(3, measure_between=True)

@@ -26,6 +26,8 @@ import yaml
 
 from test_sweep import MEASURE, PROMPTS, _save
 
+pytestmark = pytest.mark.slow  # real Ray clusters (ray start): CI runs every test
+
 pytest.importorskip("ray", reason="ray is not installed: pip install 'blockcoupling[sweep]'")
 
 #: the most a failing connection may take here (the CLI's --connect-timeout is 5 s)

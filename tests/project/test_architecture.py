@@ -158,7 +158,7 @@ def test_the_graph_is_read() -> None:
     # the check cannot pass vacuously: known edges of each kind are seen
     assert "blockcoupling.errors" in GRAPH["blockcoupling.engine.measure"]  # module level
     assert "blockcoupling.report.html" in GRAPH["blockcoupling.studies.demo"]  # in a function
-    assert "blockcoupling.store.collection" in GRAPH["blockcoupling.studies.sweep.read"]
+    assert "blockcoupling.store.collection" in GRAPH["blockcoupling.studies.read"]
     assert len(MODULES) > 60
 
 
@@ -225,17 +225,9 @@ def test_the_complexity_budgets_named_exceptions_are_the_ones_design_counts() ->
 #: (``studies/kinds.py``) and name no kind, neither by importing its package nor by its name
 GENERIC = ("blockcoupling.store.collection", "blockcoupling.studies.kinds",
            "blockcoupling.studies.collection", "blockcoupling.studies.integrity",
-           "blockcoupling.studies.executor", "blockcoupling.studies.sweep.read",
-           "blockcoupling.cli.sweep", "blockcoupling.cli.run", "blockcoupling.studies.plans")
-#: the reader lives in the sweep package (its history); importing it names no kind
-READER = "blockcoupling.studies.sweep.read"
-#: (module, kind) still to be moved behind the registry (issue 33): this list only shrinks
-KNOWN_KIND_NAMING = {
-    ("blockcoupling.store.collection", "sweep"),  # DEFAULT_KIND: format 1 and kind-less specs
-    ("blockcoupling.cli.sweep", "sweep"),  # the default kind run by `sweep` itself
-    ("blockcoupling.cli.run", "vit-grid"), ("blockcoupling.studies.plans", "sweep"),
-    ("blockcoupling.studies.plans", "vit-grid"),
-}
+           "blockcoupling.studies.executor", "blockcoupling.studies.read",
+           "blockcoupling.studies.plans", "blockcoupling.studies.statistic",
+           "blockcoupling.cli.app", "blockcoupling.cli.sweep", "blockcoupling.cli.run")
 
 
 def _kind_packages() -> dict[str, str]:
@@ -246,14 +238,14 @@ def _kind_packages() -> dict[str, str]:
 
 
 def kind_naming(modules: Sequence[str]) -> set[tuple[str, str]]:
-    """(module, kind) for each module of ``modules`` that imports a kind's package (other
-    than the reader) or holds the kind's name as a string."""
+    """(module, kind) for each module of ``modules`` that imports a kind's package or holds
+    the kind's name as a string."""
     found = set()
     for name, package in _kind_packages().items():
         for module in modules:
             if module == package or module.startswith(package + "."):
                 continue
-            imports = {m for m in GRAPH.get(module, ()) if m != READER}
+            imports = set(GRAPH.get(module, ()))
             tree = ast.parse(MODULES[module][0].read_text(encoding="utf-8"))
             if any(m == package or m.startswith(package + ".") for m in imports) or any(
                     isinstance(n, ast.Constant) and n.value == name for n in ast.walk(tree)):
@@ -272,7 +264,8 @@ def test_every_kind_registers_from_its_own_package() -> None:
 
 
 def test_generic_modules_name_no_kind() -> None:
-    """The modules every kind goes through name no kind (the list of those still to move
-    only shrinks); the check sees a kind that is named (it cannot pass vacuously)."""
+    """The modules every kind goes through name no kind, neither by importing its package
+    nor by its name; the check sees a kind that is named (it cannot pass vacuously)."""
     assert kind_naming(["blockcoupling.studies.lm_study"])  # runs a sweep: it names one
-    assert kind_naming(GENERIC) == KNOWN_KIND_NAMING
+    assert kind_naming(["blockcoupling.cli.vit"]) == {("blockcoupling.cli.vit", "vit-grid")}
+    assert kind_naming(GENERIC) == set()

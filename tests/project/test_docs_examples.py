@@ -184,7 +184,12 @@ def _pages_with_runnable_blocks() -> list[str]:
     return sorted({str(b.page.relative_to(ROOT)) for b in RUNNABLE})
 
 
-@pytest.mark.parametrize("page", _pages_with_runnable_blocks())
+#: pages whose examples run end to end for tens of seconds: CI runs them (-m "slow or not slow")
+SLOW_PAGES = {"docs/how-to/sweeps.md", "docs/how-to/measure.md", "docs/how-to/monitor.md"}
+
+
+@pytest.mark.parametrize("page", [pytest.param(p, marks=pytest.mark.slow) if p in SLOW_PAGES else p
+                                  for p in _pages_with_runnable_blocks()])
 def test_page_examples_run(page: str, world: Path, tmp_path: Path,
                            monkeypatch: pytest.MonkeyPatch) -> None:
     """The page's blocks, in order, in a copy of :func:`world`: each must finish."""

@@ -115,7 +115,8 @@ def one_error_line(output: str) -> str:
 
 
 # ---------------------------------------------------------------------------- SIGKILL
-@pytest.mark.parametrize("point", KILL_POINTS)
+@pytest.mark.parametrize("point", [p if p == "part_commit" else pytest.param(p, marks=pytest.mark.slow)
+                                   for p in KILL_POINTS])  # CI: every point (-m "slow or not slow")
 def test_sigkill_at_a_random_point_then_resume_is_bit_identical(setup: Setup, point: str,
                                                                  tmp_path: Path) -> None:
     total = setup.counts[point]

@@ -99,6 +99,7 @@ def copy_ref(study: dict[str, Any], tmp_path: Path) -> Path:
 
 
 # ---------------------------------------------------------------------------- kills
+@pytest.mark.slow  # end to end; CI runs every test (-m 'slow or not slow')
 @pytest.mark.parametrize("point", ["part_commit", "consolidate"])
 def test_sweep_killed_at_a_random_point_resumes_bit_identically(study: dict[str, Any],
                                                                 point: str,

@@ -17,7 +17,7 @@ import torch
 import blockcoupling as bc
 from browser import CHROMIUM, SKIP_REASON, probe, reader_problems
 
-pytestmark = [pytest.mark.browser,
+pytestmark = [pytest.mark.browser, pytest.mark.slow,  # headless chromium: CI runs them
               pytest.mark.skipif(CHROMIUM is None, reason=SKIP_REASON)]
 
 

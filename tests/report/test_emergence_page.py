@@ -58,7 +58,8 @@ def _figures(page: str) -> list[str]:
 
 
 @pytest.mark.parametrize("loss", [False, True], ids=["no-loss", "loss"])
-@pytest.mark.parametrize("config", list(CONFIGS))
+@pytest.mark.parametrize("config", [c if c == "both" else pytest.param(c, marks=pytest.mark.slow)
+                                    for c in CONFIGS])  # CI: every config
 def test_monitor_page_every_part(config: str, loss: bool, monitors: dict[str, Path],
                                  tmp_path: Path) -> None:
     mon = tmp_path / "mon"

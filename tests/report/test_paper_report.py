@@ -141,6 +141,7 @@ def test_sort_values_and_order() -> None:
         sort_values(runs, "size", labs)
 
 
+@pytest.mark.slow  # end to end; CI runs every test (-m 'slow or not slow')
 def test_report_sort_on_the_command_line(tmp_path: Path) -> None:
     """Two tiny LMs of different sizes measured, the report sorted by parameters and by a
     score table: the per-model figure's order follows."""

@@ -768,6 +768,7 @@ def eight_runs_report(runs: list[Measurement], tmp_path_factory: pytest.TempPath
     return write_report(runs + make_checkpoints(6), out, formats=())
 
 
+@pytest.mark.slow  # end to end; CI runs every test (-m 'slow or not slow')
 @pytest.mark.browser
 @pytest.mark.skipif(CHROMIUM is None, reason="headless chromium is not installed "
                                              "(apt-get install chromium)")

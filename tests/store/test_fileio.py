@@ -48,7 +48,7 @@ def test_one_lock_for_run_and_sweep_directories(tmp_path: Path) -> None:
     with sweep_lock(root):
         assert is_locked(root) and lock_holder(root) is not None
         with pytest.raises(RunDirError, match=r"sweep directory .* in use by another sweep \(PID"):
-            with sweep_lock(root):
+            with sweep_lock(root, "sweep"):
                 pass
         with pytest.raises(RunDirError, match="in use by another blockcoupling process"):
             with dir_lock(root):

@@ -79,7 +79,8 @@ def kinds(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return {"sweep": root / "sweep", "monitor": root / "monitor", "vit-grid": root / "grid"}
 
 
-@pytest.mark.parametrize("kind,n", [("sweep", 1), ("monitor", 2), ("vit-grid", 4)])
+@pytest.mark.parametrize("kind,n", [("sweep", 1), pytest.param("monitor", 2, marks=pytest.mark.slow),
+                                    pytest.param("vit-grid", 4, marks=pytest.mark.slow)])  # CI: all
 def test_one_reader_status_report_and_correlate_for_every_kind(
         kinds: dict[str, Path], kind: str, n: int, tmp_path: Path) -> None:
     from blockcoupling.studies.model_units import load_units
@@ -248,8 +249,12 @@ def test_old_grid_layout_is_one_line_then_upgraded(kinds: dict[str, Path],
 
 
 def test_format_one_sweep_is_read_and_resumed(kinds: dict[str, Path], tmp_path: Path) -> None:
-    """A sweep directory written before (format 1, no kind for sweeps) is read as it is,
-    and resumed without measuring anything again."""
+    """A sweep directory written before (format 1, no kind for sweeps) is read as it is (its
+    kind: the registry's default), told apart from the other kinds, and resumed without
+    measuring anything again; ``collection upgrade`` then writes the version and the kind."""
+    from blockcoupling.studies.vit.grid import collect_runs, run_grid
+    from blockcoupling.studies.vit.train import VitTrainConfig
+
     path = tmp_path / "s"
     shutil.copytree(kinds["sweep"], path)
     m = json.loads((path / "sweep.json").read_text())
@@ -258,11 +263,21 @@ def test_format_one_sweep_is_read_and_resumed(kinds: dict[str, Path], tmp_path: 
     (path / "sweep.json").write_text(json.dumps(m))
     c = bc.open_collection(path)
     assert c.kind == "sweep" and c.catalogue["status"].tolist() == ["done"]
+    r = CliRunner().invoke(app, ["sweep-status", str(path)])
+    assert r.exit_code == 0 and f"{path} (sweep): 1 units: 1 done" in r.output, r.output
+    with pytest.raises(bc.BlockCouplingError, match="is a sweep collection, not a ViT grid"):
+        collect_runs(path)
+    with pytest.raises(bc.BlockCouplingError, match="holds a sweep, not a ViT grid"):
+        run_grid(VitTrainConfig(**VIT_TINY), path, drop_paths=(0.0,), weight_decays=(0.01,),
+                 executor="local", progress=False)
     again = bc.run_sweep(_sweep_spec(kinds["sweep"].parent), path, executor="local", resume=True, progress=False)
     assert again.catalogue["attempts"].tolist() == [1]
+    m = json.loads((path / "sweep.json").read_text())  # resumed: still format 1, as it was
+    assert m["format_version"] == 1 and "kind" not in m and len(m["sessions"]) == 2
     r = CliRunner().invoke(app, ["collection", "upgrade", str(path)])
-    assert r.exit_code == 0 and json.loads((path / "sweep.json").read_text())[
-        "format_version"] == store.FORMAT_VERSION
+    m = json.loads((path / "sweep.json").read_text())
+    assert r.exit_code == 0 and (m["format_version"], m["kind"]) == (store.FORMAT_VERSION,
+                                                                      "sweep")
 
 
 def test_unknown_kind_and_non_collections_are_one_line(kinds: dict[str, Path],
@@ -390,8 +405,9 @@ def test_pinned_unit_ids_and_hashes_of_existing_collections(kinds: dict[str, Pat
 
 def test_a_new_kind_is_a_package_and_one_registration(tmp_path: Path) -> None:
     """The recipe "add a collection kind" (docs/DESIGN.md), followed once for a trivial kind:
-    one registration, and the reader, ``sweep-status``, ``report``, the repair line and
-    ``sweep SPEC`` take it; unregistered, its directory is the one unknown-kind line."""
+    one registration, and the reader, ``sweep-status``, ``report`` (of its collection and
+    of a folder of its loose outputs) and the repair line take it; unregistered, its
+    directory is the one unknown-kind line."""
     from dataclasses import dataclass
 
     from blockcoupling.studies import kinds
@@ -409,26 +425,26 @@ def test_a_new_kind_is_a_package_and_one_registration(tmp_path: Path) -> None:
         out.write_text(f"<p>toy page of {len(collection.catalogue)} units</p>")
         return out
 
-    def run(spec: dict, out: Path, **options: object) -> Path:
-        """The kind's run of a parsed spec (here: the collection, its units pending)."""
-        units = [ToyUnit(store.collection_unit_id([("toy", 8), (f"n{i}", 8)], ["toy", i]),
-                         f"toy{i}") for i in range(spec["n"])]
-        out.mkdir()
-        manifest = store.new_manifest("toy", spec)
-        manifest["order"] = [u.unit_id for u in units]
-        store.write_json(out / store.MANIFEST, manifest)
-        for u in units:
-            store.write_status(out, u, "pending")
-        ran.append(options)
+    def folder_page(folder: Path, out: Path) -> Path:
+        out.write_text(f"<p>toy folder {folder.name}</p>")
         return out
 
-    ran: list[dict] = []
     toy = kinds.register(kinds.CollectionKind(
         name="toy", page=page, repair=lambda root: f"run the toy again in {root}",
-        parse_spec=lambda data: {"n": int(data["n"])}, run=run))
+        recognises=lambda folder: (folder / "toy.txt").is_file(), folder_page=folder_page))
     root = tmp_path / "toy"
+    loose = tmp_path / "loose"
+    loose.mkdir()
+    (loose / "toy.txt").write_text("a toy output")
     try:
-        run({"n": 2}, root)
+        units = [ToyUnit(store.collection_unit_id([("toy", 8), (f"n{i}", 8)], ["toy", i]),
+                         f"toy{i}") for i in range(2)]
+        root.mkdir()
+        manifest = store.new_manifest("toy", {"toy": {"n": 2}})
+        manifest["order"] = [u.unit_id for u in units]
+        store.write_json(root / store.MANIFEST, manifest)
+        for u in units:
+            store.write_status(root, u, "pending")
         c = bc.open_collection(root)
         assert c.kind == "toy" and c.catalogue["status"].tolist() == ["pending"] * 2
         assert repair_command(root, "toy") == f"run the toy again in {root}"
@@ -438,14 +454,33 @@ def test_a_new_kind_is_a_package_and_one_registration(tmp_path: Path) -> None:
         r = runner.invoke(app, ["-q", "report", str(root), "--out", str(tmp_path / "t.html")])
         assert r.exit_code == 0, r.output
         assert (tmp_path / "t.html").read_text() == "<p>toy page of 2 units</p>"
+        r = runner.invoke(app, ["-q", "report", str(loose), "--out", str(tmp_path / "f.html")])
+        assert r.exit_code == 0, r.output
+        assert (tmp_path / "f.html").read_text() == "<p>toy folder loose</p>"
         assert kinds.get("toy") is toy
-        spec = tmp_path / "toy.yaml"  # `sweep SPEC` runs a spec of the kind with its run
-        spec.write_text("kind: toy\nn: 3\n")
-        r = runner.invoke(app, ["sweep", str(spec), "--out", str(tmp_path / "from-spec"),
-                                "--executor", "local"])
-        assert r.exit_code == 0 and "0 of 3 units done, 0 failed" in r.output, r.output
-        assert ran[-1]["executor"] == "local" and ran[-1]["resume"] is False
     finally:
         kinds.unregister("toy")
     with pytest.raises(BlockCouplingError, match="unknown collection kind 'toy'"):
         bc.open_collection(root)
+    r = CliRunner().invoke(app, ["report", str(loose), "--out", str(tmp_path / "g.html")])
+    assert r.exit_code == 1 and not (tmp_path / "g.html").exists()  # no kind takes it now
+
+
+def test_one_default_kind_for_kindless_specs_and_format_one() -> None:
+    """The registry, not a generic module, says which kind a spec without ``kind:`` and a
+    manifest of format 1 are: exactly one kind is the default; a second is refused, and so
+    is a kind that recognises loose folders without a page for them."""
+    from blockcoupling.studies import kinds
+    from blockcoupling.studies.collection import spec_kind
+
+    assert kinds.default().name == "sweep" and kinds.default() is kinds.get("sweep")
+    assert kinds.manifest_kind({"format_version": 1}) == "sweep"
+    assert kinds.manifest_kind({"kind": "monitor"}) == "monitor"
+    assert spec_kind({"models": []}) == "sweep" and spec_kind(None) == "sweep"
+    page = lambda c, out: out  # noqa: E731
+    with pytest.raises(ValueError, match="'sweep' is already the default kind"):
+        kinds.register(kinds.CollectionKind(name="toy", page=page, repair=str, default=True))
+    with pytest.raises(ValueError, match="both recognises and folder_page"):
+        kinds.register(kinds.CollectionKind(name="toy", page=page, repair=str,
+                                            recognises=lambda p: True))
+    assert "toy" not in kinds.names()

@@ -423,7 +423,7 @@ def test_run_demo_call_sites(
     measured = reports[0]
     assert measured[2][4:] == tiny
     # ... and the cached monitor directory of its training, copied beside the runs
-    from blockcoupling.studies.sweep.read import open_sweep as real_open_sweep
+    from blockcoupling.studies.read import open_sweep as real_open_sweep
 
     mon = real_open_sweep(tmp_path / "out" / "tinylm-monitor")
     assert sorted(mon.units["step"].tolist()) == [s for s, _ in ckpts]
@@ -453,6 +453,7 @@ def test_monitor_does_not_change_the_demo_training(
     assert units["status"].eq("done").all() and len(units) == len(ckpts)
 
 
+@pytest.mark.slow  # end to end; CI runs every test (-m 'slow or not slow')
 def test_run_demo_end_to_end_quick(tmp_path: Path, ray_cluster: str) -> None:
     """The real thing: MiniLM runs, the tiny LM trained with the monitor and its checkpoints
     measured by a sweep on the (session's) local Ray cluster, the family study, the report."""

@@ -210,6 +210,7 @@ def _without_costs(doc: dict) -> dict:
     return {k: v for k, v in doc.items() if k not in ("seconds",)}
 
 
+@pytest.mark.slow  # end to end; CI runs every test (-m 'slow or not slow')
 @pytest.mark.filterwarnings("ignore::statsmodels.tools.sm_exceptions.ConvergenceWarning")
 def test_quick_study_end_to_end(tmp_path: Path) -> None:
     """``--quick`` (18 tiny runs): study.json's tests equal scipy/statsmodels recomputed from

@@ -28,6 +28,7 @@ def quick(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     return root / "out", cache
 
 
+@pytest.mark.slow  # end to end; CI runs every test (-m 'slow or not slow')
 def test_quick_study_writes_independent_runs_and_emergence(quick: tuple[Path, Path]) -> None:
     out, _ = quick
     data = json.loads((out / "study.json").read_text())
@@ -65,6 +66,7 @@ def test_quick_study_writes_independent_runs_and_emergence(quick: tuple[Path, Pa
     assert row["mean"].item() == first["coupling_vs_null_mean"]
 
 
+@pytest.mark.slow  # end to end; CI runs every test (-m 'slow or not slow')
 def test_tests_equal_scipy_and_statsmodels(quick: tuple[Path, Path]) -> None:
     out, _ = quick
     data = json.loads((out / "study.json").read_text())
@@ -102,6 +104,7 @@ def test_tests_equal_scipy_and_statsmodels(quick: tuple[Path, Path]) -> None:
     assert any("runs as the unit of replication" in line for line in data["statement"])
 
 
+@pytest.mark.slow  # end to end; CI runs every test (-m 'slow or not slow')
 def test_held_out_score_is_reproducible(quick: tuple[Path, Path]) -> None:
     out, cache = quick
     data = json.loads((out / "study.json").read_text())

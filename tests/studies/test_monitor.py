@@ -294,6 +294,7 @@ def _wandb_history(run_dir: Path) -> list[dict]:
     return rows
 
 
+@pytest.mark.slow  # end to end; CI runs every test (-m 'slow or not slow')
 def test_trainer_callback_wandb_offline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """W&B (offline, no network): the scalars at the measured steps, step 0 included, on
     the Trainer's x axis train/global_step, read back from the run's file."""
@@ -354,6 +355,7 @@ def test_log_hook_loss_and_take_over(tmp_path: Path) -> None:
     assert read_training_loss(tmp_path / "m").values.tolist() == [[1, 3.5], [2, 3.25]]
 
 
+@pytest.mark.slow  # end to end; CI runs every test (-m 'slow or not slow')
 def test_interpreter_exit_is_clean(tmp_path: Path) -> None:
     """A script that ends with monitors (and a callback) still open exits without any
     'Exception ignored' line and leaves the directory unlocked."""
@@ -390,6 +392,7 @@ def test_interpreter_exit_is_clean(tmp_path: Path) -> None:
     assert bc.open_sweep(tmp_path / "c").catalogue["step"].tolist() == [0, 1, 2]
 
 
+@pytest.mark.slow  # end to end; CI runs every test (-m 'slow or not slow')
 def test_lightning_callback(tmp_path: Path) -> None:
     """The Lightning callback: the scalars in every logger at exactly the measured steps,
     step 0 included (the CSV and TensorBoard loggers read back), the loss stored, the lock

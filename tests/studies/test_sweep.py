@@ -190,6 +190,7 @@ def _status(root: Path) -> list[dict[str, Any]]:
     return out
 
 
+@pytest.mark.slow  # end to end; CI runs every test (-m 'slow or not slow')
 def test_worker_killed_mid_unit(study: Path, reference: bc.Sweep) -> None:
     out = study / "killed_worker"
     result: dict[str, Any] = {}
@@ -218,6 +219,7 @@ def test_worker_killed_mid_unit(study: Path, reference: bc.Sweep) -> None:
     _assert_same(s, reference, s.catalogue["unit_id"].tolist())
 
 
+@pytest.mark.slow  # end to end; CI runs every test (-m 'slow or not slow')
 def test_driver_killed_and_resumed(study: Path, reference: bc.Sweep, ray_cluster: str) -> None:
     out = study / "killed_driver"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}

@@ -377,6 +377,7 @@ def test_grid_configs_default_to_the_paper() -> None:
         grid_configs(VitTrainConfig(), drop_paths=(0.1, 0.1), weight_decays=(0.05,))
 
 
+@pytest.mark.slow  # end to end; CI runs every test (-m 'slow or not slow')
 def test_small_grid_runs_locally_and_figures(tmp_path: Path) -> None:
     base = VitTrainConfig(epochs=1, **{**TINY, "monitor_images": 1, "final_images": 2})
     seen: list[dict] = []
@@ -460,6 +461,7 @@ def test_small_grid_runs_locally_and_figures(tmp_path: Path) -> None:
     assert (tmp_path / "vit_figures" / "vit_coupling_vs_drop_path.png").exists()
 
 
+@pytest.mark.slow  # end to end; CI runs every test (-m 'slow or not slow')
 def test_grid_on_ray_matches_this_process(tmp_path: Path, ray_cluster: str) -> None:
     """One Ray task per run; a run is a pure function of its config, wherever it runs."""
     base = VitTrainConfig(epochs=1, **{**TINY, "monitor_every": 0, "final_images": 1})
@@ -513,6 +515,7 @@ def test_collect_runs_on_empty_folder(tmp_path: Path) -> None:
 
 
 # ---------------------------------------------------------------------------- CLI
+@pytest.mark.slow  # end to end; CI runs every test (-m 'slow or not slow')
 def test_cli_vit_train_and_figures(tmp_path: Path, trained: Path) -> None:
     from typer.testing import CliRunner
 

@@ -62,7 +62,8 @@ STATE = {"verbose": False, "quiet": False}
 
 #: kind -> the command-line run of a spec of that kind given to ``blockcoupling sweep``
 #: (``runner(spec, out, *, executor, address, as_json, cluster_cpus)``), registered by the
-#: kind's own command module (`spec_runner`); the default kind is run by ``sweep`` itself
+#: kind's own command module (`spec_runner`); a kind without one is run by its registered
+#: ``CollectionKind.run`` and ``sweep`` prints the collection's units
 SPEC_RUNNERS: dict[str, Callable[..., None]] = {}
 
 

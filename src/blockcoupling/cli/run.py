@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -135,23 +136,24 @@ def _check_out(out: Path, resume: bool) -> None:
         )
 
 
-def _is_vit_dir(path: Path) -> bool:
-    """A folder of ``vit-train`` outputs (a ``metrics.json`` of a ViT run in it or below)."""
+def _folder_page(path: Path) -> Callable[[Path, Path], Path] | None:
+    """The page of the folder ``path`` where it holds a collection kind's loose outputs (a
+    folder of ``vit-train`` runs: ``CollectionKind.recognises``, ``folder_page``), else None:
+    a run directory, a collection or a file is none."""
+    from blockcoupling.store.collection import is_collection_dir
     from blockcoupling.store.reader import is_run_dir
 
-    if not path.is_dir() or is_run_dir(path):
-        return False
-    from blockcoupling.studies.vit.grid import collect_runs
+    if not path.is_dir() or is_run_dir(path) or is_collection_dir(path):
+        return None
+    from blockcoupling.studies import kinds
 
-    try:
-        return not collect_runs(path).empty
-    except (OSError, ValueError, KeyError):
-        return False
+    kind = kinds.recognising(path)
+    return kind.folder_page if kind is not None else None
 
 
 @app.command()
 def report(
-    run_dirs: Annotated[list[Path], typer.Argument(help="One or more run directories, one collection (a sweep or monitor directory: the emergence report; a vit-grid: the ViT study page) or one folder of vit-train runs.")],
+    run_dirs: Annotated[list[Path], typer.Argument(help="One or more run directories, one collection (its kind's page: a sweep or monitor directory, the emergence report; a vit-grid, the ViT study page) or one folder of vit-train runs (the ViT study page).")],
     out: Annotated[Path, typer.Option("--out", "-o", help="HTML file to write.")] = Path("report.html"),
     labels: Annotated[str | None, typer.Option(help="Comma-separated labels, one per run.")] = None,
     sort: Annotated[str, typer.Option("--sort", help="Order of the runs on the per-model figures: given, params (parameter count), layers, d_model, or score (with --scores; the paper sorts by size, fig. 37, or by score, fig. 23). Run directories only (a sweep's are SWEEP/units/*).")] = "given",
@@ -162,7 +164,8 @@ def report(
     from blockcoupling.store.collection import is_collection_dir
 
     with user_errors("cannot write the report"):
-        single = len(run_dirs) == 1 and (is_collection_dir(run_dirs[0]) or _is_vit_dir(run_dirs[0]))
+        folder = _folder_page(run_dirs[0]) if len(run_dirs) == 1 else None
+        single = len(run_dirs) == 1 and (is_collection_dir(run_dirs[0]) or folder is not None)
         if sort != "given" and single:
             raise BlockCouplingError(
                 "--sort orders run directories; for a sweep pass its units' run directories "
@@ -173,10 +176,8 @@ def report(
             from blockcoupling.studies.collection import open_collection, write_collection_report
 
             path = write_collection_report(open_collection(run_dirs[0]), out)
-        elif len(run_dirs) == 1 and _is_vit_dir(run_dirs[0]):  # loose vit-train outputs
-            from blockcoupling.studies.vit.report import write_vit_report
-
-            path = write_vit_report(run_dirs[0], out)
+        elif folder is not None:  # a kind's loose outputs (a folder of vit-train runs)
+            path = folder(run_dirs[0], out)
         else:
             path = write_report_from_dirs(run_dirs, out, labels=_csv(labels))
     typer.echo(f"wrote {path}")

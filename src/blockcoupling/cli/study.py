@@ -75,7 +75,7 @@ def generalization(
         design = load_spec(spec) if spec is not None else (quick_spec() if quick else
                                                            full_spec())
         if dry_run:
-            from blockcoupling.studies.plans import plan_generalization
+            from blockcoupling.studies.generalization.plan import plan_generalization
 
             print_plan(plan_generalization(design), as_json)
             return

@@ -15,7 +15,6 @@ from blockcoupling.cli.app import (
     app,
     deprecated,
     echo_json,
-    fail,
     guarded,
     print_plan,
     user_errors,
@@ -41,38 +40,32 @@ def sweep(
 ) -> None:
     """Measure every unit of a sweep (models x revisions/checkpoints x prompt sets) on Ray.
 
-    A spec with `kind: vit-grid` (keys drop_path, weight_decay, train; see vit-grid) runs the
-    drop-path x weight-decay grid instead: one Ray task per training run, finished runs kept."""
-    from blockcoupling.studies.sweep import run_sweep
+    A spec's `kind:` says which collection it makes (none: a sweep); a ViT grid spec (`kind:
+    vit-grid`, keys drop_path, weight_decay, train; see vit-grid) trains the drop-path x
+    weight-decay grid instead: one Ray task per training run, finished runs kept."""
+    from blockcoupling.studies import kinds
 
     cluster_cpus = deprecated("--num-cpus", num_cpus, "--cluster-cpus", cluster_cpus)
+    with user_errors("cannot read the spec"):
+        kind = kinds.get(_spec_kind(spec))
     if dry_run:
-        from blockcoupling.studies import kinds
-
         with user_errors("cannot read the spec"):
-            plan_of = kinds.get(_spec_kind(spec)).plan
-            assert plan_of is not None  # spec kinds have a plan
-            plan = plan_of(spec)
+            if kind.plan is None:  # a kind registered without one
+                raise BlockCouplingError(f"a {kind.name} spec has no --dry-run plan")
+            plan = kind.plan(spec)
         print_plan(plan, as_json)
         return
-    with user_errors("cannot read the spec"):
-        kind = _spec_kind(spec)
-    if kind in SPEC_RUNNERS:  # another kind's spec: its own command module runs it
-        SPEC_RUNNERS[kind](spec, out, executor=executor, address=address, as_json=as_json,
-                           cluster_cpus=cluster_cpus)
+    if kind.name in SPEC_RUNNERS:  # the kind's own command module runs it
+        SPEC_RUNNERS[kind.name](spec, out, executor=executor, address=address, as_json=as_json,
+                                cluster_cpus=cluster_cpus)
         return
-    from blockcoupling.store.collection import DEFAULT_KIND
-
-    if kind != DEFAULT_KIND:  # a kind without a command of its own: its registered run
-        _run_kind(kind, spec, out, executor=executor, address=address, resume=resume,
-                  as_json=as_json)
-        return
-
     with guarded(saved=f"finished units are saved in {out}",
                  again="continue with the same command and --resume"):
-        s = run_sweep(spec, out, executor=executor, address=address, resume=resume,
-                      progress=not _STATE["quiet"], num_cpus=cluster_cpus, retries=retries,
-                      connect_timeout=connect_timeout)
+        if kind.run is None:  # a kind registered without one (and no command-line run)
+            raise BlockCouplingError(f"a {kind.name} spec cannot be run by `sweep`")
+        s = kind.run(spec, out, executor=executor, address=address, resume=resume,
+                     progress=not _STATE["quiet"], num_cpus=cluster_cpus, retries=retries,
+                     connect_timeout=connect_timeout)
     cat = s.catalogue
     failed = cat[cat["status"] == "failed"]
     sessions = s.manifest.get("sessions") or [{}]
@@ -96,41 +89,10 @@ def sweep(
         raise typer.Exit(1)
 
 
-def _run_kind(kind: str, spec: Path, out: Path, *, executor: str, address: str | None,
-              resume: bool, as_json: bool) -> None:
-    """A spec of a kind that registered no command-line runner (``cli.app.spec_runner``): the
-    kind's own ``run`` (``CollectionKind.run``) on its parsed spec, then the units' status."""
-    import yaml
-
-    from blockcoupling.studies import kinds
-    from blockcoupling.studies.sweep.read import open_collection
-
-    registered = kinds.get(kind)
-    run, parse = registered.run, registered.parse_spec
-    if run is None or parse is None:
-        fail(BlockCouplingError(f"{spec}: a {kind} collection is not run from a spec file"))
-        return
-    with guarded(saved=f"finished units are saved in {out}",
-                 again="continue with the same command and --resume"):
-        run(parse(yaml.safe_load(spec.read_text())), out, executor=executor, address=address,
-            resume=resume, progress=not _STATE["quiet"])
-        cat = open_collection(out).catalogue
-    done, failed = int((cat["status"] == "done").sum()), cat[cat["status"] == "failed"]
-    if as_json:
-        echo_json({"collection_dir": str(out), "kind": kind, "done": done,
-                   "failed": len(failed), "units": cat})
-    else:
-        typer.echo(f"{done} of {len(cat)} units done, {len(failed)} failed; wrote {out}")
-        for r in failed.itertuples():
-            typer.echo(f"  failed {r.unit_id}: {str(r.message).splitlines()[0]}")
-    if len(failed):
-        raise typer.Exit(1)
-
-
 def _where(out: Path, bare: bool = False) -> str:
     """`` on the Ray cluster at ADDRESS`` of the sweep's last session ('' without Ray;
     ``bare``: the address alone)."""
-    from blockcoupling.studies.sweep.read import load_manifest
+    from blockcoupling.studies.read import load_manifest
 
     try:
         address = load_manifest(out)["sessions"][-1].get("address")
@@ -142,19 +104,19 @@ def _where(out: Path, bare: bool = False) -> str:
 
 
 def _spec_kind(spec: Path) -> str:
-    """The collection kind a spec file states (``kind: sweep`` or ``kind: vit-grid``; a spec
-    without ``kind`` is a sweep). Only a spec's own word decides, nothing is guessed."""
-    from blockcoupling.store.collection import DEFAULT_KIND
+    """The collection kind a spec file states (its ``kind:``; a spec without one is the
+    registry's default kind). Only a spec's own word decides, nothing is guessed."""
+    from blockcoupling.studies import kinds
     from blockcoupling.studies.collection import spec_kind
 
     if not spec.is_file() or spec.suffix.lower() not in (".yaml", ".yml"):
-        return DEFAULT_KIND  # run_sweep reads it and says what is wrong
+        return kinds.default().name  # its parser reads it and says what is wrong
     import yaml
 
     try:
         data = yaml.safe_load(spec.read_text())
     except (yaml.YAMLError, OSError, UnicodeDecodeError):
-        return DEFAULT_KIND  # run_sweep reports it with its own message
+        return kinds.default().name  # its parser reports it with its own message
     return spec_kind(data, str(spec))
 
 
@@ -165,7 +127,7 @@ def sweep_status_cmd(
 ) -> None:
     """Done / running / failed units of a collection (sweep, monitor, vit-grid), with the
     failures' messages and each done unit's headline statistic."""
-    from blockcoupling.studies.sweep import sweep_status
+    from blockcoupling.studies.read import sweep_status
 
     with user_errors("cannot read the sweep"):
         st = sweep_status(sweep_dir)
@@ -204,7 +166,7 @@ def sweep_status_cmd(
 
 def _kind(root: Path) -> str:
     """The collection's kind, from its manifest."""
-    from blockcoupling.studies.sweep.read import load_manifest
+    from blockcoupling.studies.read import load_manifest
 
     return str(load_manifest(root)["kind"])
 
@@ -235,7 +197,7 @@ def _unit_statistics(sweep_dir: Path, st: Any) -> dict[str, Any]:
     """``statistic`` (the rule) and ``summary`` (each done unit's headline statistic in wide
     form) for ``sweep-status --json``; empty where no unit is done or it cannot be read."""
     from blockcoupling.engine.statistic import StatisticRule, headline_rule
-    from blockcoupling.studies.sweep import open_sweep
+    from blockcoupling.studies.read import open_sweep
 
     if not (st["status"] == "done").any():
         return {}
@@ -253,7 +215,7 @@ def _unit_headlines(sweep_dir: Path) -> tuple[dict[str, str], str]:
     """(unit_id -> the headline statistic of each done unit, the token rule they used);
     empty where it cannot be read: the status lines still print."""
     from blockcoupling.engine.statistic import headline_wide
-    from blockcoupling.studies.sweep import open_sweep
+    from blockcoupling.studies.read import open_sweep
 
     try:
         sw = open_sweep(sweep_dir)

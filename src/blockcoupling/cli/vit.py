@@ -72,7 +72,7 @@ def vit_train(
     with guarded(saved=f"finished epochs are saved in {out}"):
         cfg = _train_config(ctx)
         if dry_run:
-            from blockcoupling.studies.plans import plan_vit_training
+            from blockcoupling.studies.vit.plan import plan_vit_training
 
             print_plan(plan_vit_training([cfg]), as_json)
             return
@@ -153,7 +153,7 @@ def vit_grid(
                           address=address, num_cpus=cpus_per_run, threads=threads,
                           cluster_cpus=cluster_cpus)
         if dry_run:
-            from blockcoupling.studies.plans import plan_grid
+            from blockcoupling.studies.vit.plan import plan_grid
 
             print_plan(plan_grid(base, kwargs), as_json)
             return

@@ -25,9 +25,11 @@ Unit ids follow one rule (`collection_unit_id`: readable parts, then the
 a collection killed at any point is read (and resumed) from them; a unit's rows live only in
 its own run directory, so no unit ever writes rows twice. The manifest keeps the name
 ``sweep.json`` for every kind (the format began with sweeps; format 1 directories are read
-as they are). The ViT grid's old layout (``grid.json`` + ``runs/``) is converted by
+as they are: their manifest records no kind, the registry's default kind). The ViT grid's old
+layout (``grid.json`` + ``runs/``) is converted by
 `blockcoupling.studies.collection.upgrade_collection`. What depends on a kind (the check of a
-trained unit, the repair line) lives in `blockcoupling.studies.collection`.
+trained unit, the repair line, which kind is the default) is registered by the kind in
+`blockcoupling.studies.kinds`; this module names none.
 """
 
 from __future__ import annotations
@@ -50,9 +52,6 @@ from blockcoupling.store.fileio import atomic_path, atomic_write_text, dir_lock,
 FORMAT_NAME = "blockcoupling-sweep"
 FORMAT_VERSION = 2  # 2: kind vit-grid and the units' ``run``; format 1 is read as it is
 MANIFEST = "sweep.json"
-#: the kind of a manifest that states none (format 1 sweeps) and of a spec without ``kind:``;
-#: the kinds themselves are registered in `blockcoupling.studies.kinds`
-DEFAULT_KIND = "sweep"
 #: the ViT grid's manifest before it became a kind of collection (read: the upgrade line)
 LEGACY_GRID_FILE = "grid.json"
 STATUS = "status"
@@ -119,6 +118,9 @@ def upgrade_line(root: Path) -> str:
 
 
 def load_manifest(root: Path) -> dict[str, Any]:
+    """The collection manifest of ``root``, checked (format, version, a ``kind`` that is a
+    name), or one `RunDirError` line. A manifest of format 1 records no ``kind``: it is read
+    as it is, and its kind is the registry's default (`blockcoupling.studies.kinds.manifest_kind`)."""
     if not root.is_dir():
         raise RunDirError(f"no sweep directory at {root}; check the path (a sweep directory is "
                           "created by `blockcoupling sweep SPEC --out DIR` or a CouplingMonitor)")
@@ -142,8 +144,7 @@ def load_manifest(root: Path) -> dict[str, Any]:
     if not isinstance(version, int) or version > FORMAT_VERSION:
         raise RunDirError(f"{path} was written by a newer blockcoupling (format "
                           f"{data.get('format_version')}); upgrade blockcoupling to read it")
-    data.setdefault("kind", DEFAULT_KIND)
-    if not isinstance(data["kind"], str) or not data["kind"]:
+    if "kind" in data and (not isinstance(data["kind"], str) or not data["kind"]):
         raise RunDirError(f"{path}: its kind {data['kind']!r} is not a name; this directory "
                           "belongs to something else: choose another path")
     return data
@@ -158,9 +159,10 @@ def new_manifest(kind: str, spec: dict[str, Any] | None) -> dict[str, Any]:
 
 
 @contextlib.contextmanager
-def collection_lock(root: Path, kind: str = "sweep") -> Iterator[None]:
+def collection_lock(root: Path, kind: str = "collection") -> Iterator[None]:
     """Hold the collection directory's exclusive lock (refuses a second writer on it): the
-    store's one directory lock (``store.fileio.DirLock``), removed when released."""
+    store's one directory lock (``store.fileio.DirLock``), removed when released. ``kind``:
+    the kind of the writer asking, in the refusal's words."""
     busy = (f"{kind} directory {root} is in use by another {kind}{{who}}; wait for it to "
             "finish or stop it, or choose another --out")
     with dir_lock(root, busy=busy):

@@ -17,8 +17,8 @@ from blockcoupling import lazy
 #: be a submodule's (``correlate`` the function is ``blockcoupling.studies.correlate.correlate``).
 _EXPORTS: dict[str, tuple[str, ...]] = {
     "blockcoupling.studies.monitor": ("CouplingCallback", "CouplingMonitor"),
-    "blockcoupling.studies.sweep": ("Sweep", "SweepSpec", "load_spec", "open_collection",
-                                    "open_sweep", "run_sweep", "sweep_status"),
+    "blockcoupling.studies.read": ("Sweep", "open_collection", "open_sweep", "sweep_status"),
+    "blockcoupling.studies.sweep": ("SweepSpec", "load_spec", "run_sweep"),
     # (the function correlate and chance_floor stay in their modules: a package attribute of
     # the same name as a submodule would shadow it, e.g. `from blockcoupling.studies import
     # correlate` would give the function or the module depending on import order)
@@ -35,15 +35,8 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ do
     from blockcoupling.studies.demo import run_demo
     from blockcoupling.studies.lm_study import run_study
     from blockcoupling.studies.monitor import CouplingCallback, CouplingMonitor
-    from blockcoupling.studies.sweep import (
-        Sweep,
-        SweepSpec,
-        load_spec,
-        open_collection,
-        open_sweep,
-        run_sweep,
-        sweep_status,
-    )
+    from blockcoupling.studies.read import Sweep, open_collection, open_sweep, sweep_status
+    from blockcoupling.studies.sweep import SweepSpec, load_spec, run_sweep
     from blockcoupling.studies.vit.grid import run_grid
     from blockcoupling.studies.vit.train import VitTrainConfig, train_vit
 

@@ -3,7 +3,7 @@
 A collection is a directory in the layout of `blockcoupling.store.collection` whose
 manifest records its ``kind``: ``sweep`` (``run_sweep``), ``monitor`` (``CouplingMonitor``)
 or ``vit-grid`` (``studies.vit.grid.run_grid``). Every kind has the same catalogue, unit-id
-rule, lock and status vocabulary, and is read by [`open_collection`][blockcoupling.studies.sweep.read.open_collection] (alias
+rule, lock and status vocabulary, and is read by [`open_collection`][blockcoupling.studies.read.open_collection] (alias
 ``open_sweep``); ``blockcoupling report``, ``sweep-status`` and ``correlate`` take any kind
 through it. This module adds what depends on the kind: the report page
 (`write_collection_report`) and the conversion of old layouts
@@ -20,23 +20,23 @@ from typing import Any
 from blockcoupling.errors import BlockCouplingError, RunDirError
 from blockcoupling.store import collection as store
 from blockcoupling.studies import kinds
-from blockcoupling.studies.sweep.read import Sweep, load_manifest, open_collection, open_sweep
+from blockcoupling.studies.read import Sweep, load_manifest, open_collection, open_sweep
 
 
 def spec_kind(data: Any, where: str = "spec") -> str:
-    """The kind a spec (a parsed YAML mapping) asks for: its ``kind`` (the format's
-    ``DEFAULT_KIND`` when absent), one of the registered kinds with a spec parser. A spec
+    """The kind a spec (a parsed YAML mapping) asks for: its ``kind`` (the registry's
+    default kind when absent), one of the registered kinds with a spec parser. A spec
     without ``kind`` but with another kind's own keys (``CollectionKind.spec_keys``) gets one
     line saying to add it."""
+    default = kinds.default().name
     if not isinstance(data, dict):
-        return store.DEFAULT_KIND  # its parser says what a spec must be
-    kind = data.get("kind", store.DEFAULT_KIND)
+        return default  # its parser says what a spec must be
+    kind = data.get("kind", default)
     known = kinds.spec_kinds()
     if kind not in known:
         raise BlockCouplingError(f"{where}: unknown kind {kind!r}; a spec is kind: "
-                                 f"{store.DEFAULT_KIND} (the default) or "
-                                 + " or ".join(f"kind: {k}" for k in known
-                                               if k != store.DEFAULT_KIND))
+                                 f"{default} (the default) or "
+                                 + " or ".join(f"kind: {k}" for k in known if k != default))
     if "kind" not in data and "models" not in data:
         for other in known:
             if set(kinds.get(other).spec_keys) & set(data):

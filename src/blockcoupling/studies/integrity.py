@@ -9,15 +9,15 @@ from pathlib import Path
 from typing import Any
 
 from blockcoupling.errors import RunDirError
-from blockcoupling.store.collection import DEFAULT_KIND, all_status, run_relpath, unit_dir
+from blockcoupling.store.collection import all_status, run_relpath, unit_dir
 
 
 def repair_command(root: Path, kind: str | None) -> str:
     """How a damaged unit of the collection in ``root`` is measured again (its kind's
-    ``CollectionKind.repair``; a manifest without kind is the format's ``DEFAULT_KIND``)."""
+    ``CollectionKind.repair``; a manifest without kind is the registry's default kind's)."""
     from blockcoupling.studies import kinds
 
-    return kinds.get(kind or DEFAULT_KIND, root).repair(root)
+    return (kinds.get(kind, root) if kind else kinds.default()).repair(root)
 
 
 def unit_problem(root: Path, rec: dict[str, Any]) -> str | None:

@@ -4,10 +4,13 @@ collection format (`blockcoupling.store.collection`).
 A kind is a package under ``blockcoupling/studies/`` whose module ``kind.py`` makes one call,
 ``register(CollectionKind(...))``: its name (the manifest's ``kind``), how a spec file of the
 kind is parsed, planned and run, its report page, its headline token rule, the line that
-repairs a damaged unit, the check of a unit beyond its run directory, and the conversion of
-an old layout. Generic modules (the reader, ``studies/collection.py``, the CLI) ask the
-registry (`get`, `names`, `spec_kinds`) and name no kind. The recipe: docs/DESIGN.md, "Recipe: add
-a collection kind"; ``tests/project/test_architecture.py`` fails when a kind is named outside its own
+repairs a damaged unit, the check of a unit beyond its run directory, the conversion of
+an old layout, and the loose outputs it recognises outside a collection. One kind is the
+``default``: that of a spec without ``kind:`` and of a manifest that records none (format 1,
+written when it was the only kind). Generic modules (the reader, ``studies/collection.py``,
+``studies/plans.py``, the CLI) ask the registry (`get`, `names`, `spec_kinds`, `default`,
+`manifest_kind`, `recognising`) and name no kind. The recipe: docs/DESIGN.md, "Recipe: add a
+collection kind"; ``tests/project/test_architecture.py`` fails when a kind is named outside its own
 package.
 """
 
@@ -16,7 +19,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import pkgutil
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -40,12 +43,12 @@ class CollectionKind:
     repair: Callable[[Path], str]
     #: a spec mapping (YAML) -> the kind's parsed spec (None: not written from a spec)
     parse_spec: Callable[[Any], Any] | None = None
-    #: the ``--dry-run`` plan of a spec (its file's path): an object with ``describe()``
-    #: (the text) and ``to_dict()`` (``--json``)
+    #: the ``--dry-run`` plan (a ``studies.plans.StudyPlan``) of a spec (a file or a mapping)
     plan: Callable[..., Any] | None = None
-    #: run a parsed spec into a directory: ``run(spec, out, *, executor, address, resume,
-    #: progress)``; ``blockcoupling sweep SPEC`` calls it for a kind whose CLI module
-    #: registered no runner of its own (``cli.app.spec_runner``)
+    #: run a spec (a file or a mapping) into a directory: ``run(spec, out, *, executor,
+    #: address, resume, progress, num_cpus, retries, connect_timeout)`` -> the opened
+    #: collection (``blockcoupling sweep`` prints its units); a kind whose command module
+    #: registers its own command-line run (``cli.app.spec_runner``) may leave it None
     run: Callable[..., Any] | None = None
     #: the token rule of the headline statistic ("last": the paper's; a ViT's [CLS]: "first")
     headline_tokens: str = "last"
@@ -56,6 +59,14 @@ class CollectionKind:
     #: keys of a spec file that only this kind has (a spec without ``kind:`` naming them
     #: gets the line that asks for ``kind: <name>``)
     spec_keys: tuple[str, ...] = ()
+    #: the kind of a spec without ``kind:`` and of a manifest that records none (format 1);
+    #: exactly one registered kind is the default
+    default: bool = False
+    #: whether a folder that is no collection holds this kind's loose outputs (a folder of
+    #: ``vit-train`` runs); ``blockcoupling report FOLDER`` then writes ``folder_page``
+    recognises: Callable[[Path], bool] | None = None
+    #: the page of such a folder -> the HTML file written (``folder_page(folder, out)``)
+    folder_page: Callable[[Path, Path], Path] | None = None
 
 
 _KINDS: dict[str, CollectionKind] = {}
@@ -67,6 +78,13 @@ def register(kind: CollectionKind) -> CollectionKind:
     old = _KINDS.get(kind.name)
     if old is not None and old is not kind:
         raise ValueError(f"collection kind {kind.name!r} is registered twice")
+    other = next((k.name for k in _KINDS.values() if k.default and k.name != kind.name), None)
+    if kind.default and other is not None:
+        raise ValueError(f"collection kind {kind.name!r} is a default, but {other!r} is "
+                         "already the default kind")
+    if (kind.recognises is None) != (kind.folder_page is None):
+        raise ValueError(f"collection kind {kind.name!r}: give both recognises and "
+                         "folder_page, or neither")
     _KINDS[kind.name] = kind
     return kind
 
@@ -109,3 +127,30 @@ def get(name: str, where: str | Path = "collection") -> CollectionKind:
 def spec_kinds() -> tuple[str, ...]:
     """The kinds a spec file may ask for (those with a spec parser)."""
     return tuple(n for n in names() if _KINDS[n].parse_spec is not None)
+
+
+def default() -> CollectionKind:
+    """The default kind (``CollectionKind.default``): that of a spec without ``kind:`` and of
+    a manifest that records none."""
+    load_kinds()
+    found = [k for k in _KINDS.values() if k.default]
+    if len(found) != 1:  # a broken installation, not a user's input
+        raise RuntimeError(f"{len(found)} collection kinds are marked default; one must be")
+    return found[0]
+
+
+def manifest_kind(manifest: Mapping[str, Any]) -> str:
+    """The kind a collection manifest (``store.collection.load_manifest``) records; one that
+    records none (format 1, written when there was one kind) is the `default` kind's."""
+    kind = manifest.get("kind")
+    return default().name if kind is None else str(kind)
+
+
+def recognising(path: Path) -> CollectionKind | None:
+    """The kind whose ``recognises`` takes the folder ``path`` (which is no collection) as
+    its loose outputs, or None."""
+    for name in names():
+        recognises = _KINDS[name].recognises
+        if recognises is not None and recognises(path):
+            return _KINDS[name]
+    return None

@@ -1,14 +1,13 @@
 """The plans that ``--dry-run`` prints for the studies and sweeps: validated and costed, nothing
 written.
 
-* `plan_sweep`: every unit of a sweep spec, each with the
-  `MeasurePlan` of its model and prompts (the model and the
-  prompts are loaded and checked as the unit's measurement loads them: ``runner.load_unit``,
-  ``store.record.plan_run``).
-* `plan_vit_training` (``vit-train``, ``vit-grid``, a grid spec given to ``sweep``) and
-  `plan_lm_study` (``study lm-family``): per training run its steps, the checkpoints
-  measured and the MeasurePlan of one checkpoint's measurement, computed on the untrained
-  model of the run's shape with the inputs the study measures.
+`RunPlan` (one training run or one unit) and `StudyPlan` (all of them, with a stated cost
+model) are what every plan is made of. A collection kind's plan lives in its own package
+(``CollectionKind.plan``: ``blockcoupling sweep SPEC --dry-run`` asks the registry); the
+studies' plans beside their code (``study generalization``: its package's ``plan``). Here:
+`plan_lm_study` (``study lm-family``): per training run its steps, the checkpoints measured
+and the MeasurePlan of one checkpoint's measurement, computed on the untrained model of the
+run's shape with the inputs the study measures.
 
 The time estimate is a stated model, not a measurement: training costs ``6 x parameters x
 tokens`` flop per step (forward and backward of a dense transformer), a measurement what
@@ -20,14 +19,12 @@ steps on this machine.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from blockcoupling.engine.plan import GFLOPS, MeasurePlan, duration, span
 
-__all__ = ["RunPlan", "StudyPlan", "plan_generalization", "plan_grid", "plan_lm_study",
-           "plan_sweep", "plan_vit_training"]
+__all__ = ["TRAINING_MODEL", "RunPlan", "StudyPlan", "plan_lm_study"]
 
 #: how the training time is estimated (stated in every plan)
 TRAINING_MODEL = (f"stated model: training 6 x parameters x tokens flop per step, measurement "
@@ -114,96 +111,6 @@ def _measure_line(p: MeasurePlan) -> str:
     return (f"{p.prompts:,} inputs ({p.tokens:,} tokens) on {p.num_layers} blocks of d = "
             f"{p.hidden_size}, {p.jacobians:,} Jacobian blocks, pairs {pairs}, "
             f"{duration(p.estimated_seconds)}")
-
-
-# ---------------------------------------------------------------------------- sweeps
-def plan_sweep(spec: Any) -> StudyPlan:
-    """Every unit of ``spec`` (a YAML path, a mapping or a ``SweepSpec``) with its
-    MeasurePlan; each unit's model and prompts are loaded and checked (one at a time)."""
-    from blockcoupling.store.record import plan_run
-    from blockcoupling.studies.sweep.runner import load_unit
-    from blockcoupling.studies.sweep.spec import load_spec
-    from blockcoupling.studies.sweep.units import expand
-
-    sp = load_spec(spec)
-    runs = []
-    for u in expand(sp):
-        model, tok, prompts = load_unit(u, sp.config)
-        plan = plan_run(model, tok, prompts, config=sp.config,
-                        model_name=f"{u.model}" + (f"@{u.revision}" if u.revision else ""))
-        runs.append(RunPlan(name=u.unit_id, measure=plan))
-        del model
-    return StudyPlan(study=f"the sweep {sp.name or ''}".rstrip(), runs=runs,
-                     estimate=runs[0].measure.estimate if runs else TRAINING_MODEL)
-
-
-# ---------------------------------------------------------------------------- ViT training
-def plan_vit_training(configs: Sequence[Any], axes: Sequence[str] = (),
-                      study: str = "ViT training") -> StudyPlan:
-    """The plan of training each ``VitTrainConfig``: epochs, steps, the epochs measured
-    (``monitor_images`` test images each) and the final measurement (``final_images``);
-    ``axes``: the grid's extra axes (in the runs' names)."""
-    import torch
-
-    from blockcoupling.store.record import plan_run
-    from blockcoupling.studies.vit.grid import run_name
-    from blockcoupling.studies.vit.model import build_vit
-    from blockcoupling.studies.vit.train import (
-        images_config,
-        measured_tokens,
-        model_shape,
-        split_sizes,
-    )
-
-    runs = []
-    for c in configs:
-        shape, size, channels = model_shape(c)
-        model = build_vit(shape, image_size=size, num_channels=channels, num_labels=10,
-                          drop_path=c.drop_path, seed=c.seed)
-        n_train, n_test, _ = split_sizes(c)
-        images = torch.zeros(min(max(c.monitor_images, c.final_images), n_test), channels,
-                             size, size)  # what the run measures: its first test images
-        model_name = f"ViT {c.preset}"
-        steps = c.total_steps(n_train)
-        params = sum(p.numel() for p in model.parameters())
-        tokens_per_image = (size // shape.patch_size) ** 2 + 1
-        runs.append(RunPlan(
-            name=run_name(c, axes), unit="epoch", checkpoints=c.measured_epochs(n_train),
-            steps=steps, parameters=params,
-            training_flops=6.0 * params * tokens_per_image * c.batch_size * steps,
-            measure=plan_run(model, None, {"pixel_values": images[: c.monitor_images]},
-                             config=images_config(c.k, measured_tokens(c.tokens)),
-                             model_name=model_name),
-            final=plan_run(model, None, {"pixel_values": images[: c.final_images]},
-                           config=images_config(c.k, measured_tokens(c.tokens, both=True)),
-                           model_name=model_name)))
-    return StudyPlan(study=study, runs=runs)
-
-
-def plan_grid(base: Any, kwargs: dict[str, Any]) -> StudyPlan:
-    """The plan of a ViT grid (``base`` config and [`run_grid`][blockcoupling.studies.vit.grid.run_grid]'s
-    keyword arguments, e.g. from ``load_grid_spec``): every run's config, checked as the grid
-    checks it."""
-    from blockcoupling.studies.vit.grid import grid_axes, grid_configs
-
-    extra = {k: kwargs.get(k) for k in ("train_limits", "label_noises")}
-    return plan_vit_training(grid_configs(base, kwargs.get("drop_paths", ()),
-                                          kwargs.get("weight_decays", ()),
-                                          kwargs.get("seeds", (0,)), **extra),
-                             grid_axes(**extra))
-
-
-def plan_generalization(spec: Any) -> StudyPlan:
-    """The plan of ``study generalization`` for a ``GeneralizationSpec`` (already checked,
-    its power included): every run's training (its steps, the checkpoints measured) and
-    measurements, with the design and its power as notes."""
-    from blockcoupling.studies.generalization.design import describe_design
-    from blockcoupling.studies.vit.grid import grid_axes
-
-    plan = plan_vit_training(spec.configs(), grid_axes(**spec.grid_axes()),
-                             study="the generalization study")
-    plan.notes += [*describe_design(spec), "runs already trained in --out are reused"]
-    return plan
 
 
 # ---------------------------------------------------------------------------- the LM family

@@ -2,7 +2,7 @@
 
 The rule itself lives in `blockcoupling.engine.statistic` (pure pandas over a
 ``coupling`` table); this module only finds the tables: a [`Measurement`][blockcoupling.engine.results.Measurement], a run
-directory, a collection (sweep, monitor or vit-grid directory) or an open [`Sweep`][blockcoupling.studies.sweep.read.Sweep], and puts each run's or unit's
+directory, a collection (sweep, monitor or vit-grid directory) or an open [`Sweep`][blockcoupling.studies.read.Sweep], and puts each run's or unit's
 names (label, model, revision, step; unit_id for collections) in front of its rows.
 """
 
@@ -78,7 +78,8 @@ def coupling_statistic(source: Measurement | str | os.PathLike[str] | Any, *,
         if is_run_dir(path):
             m = open_run(path)
             return _with_names(m.coupling_statistic(**opts), run_names(m.meta, path.name))
-        from blockcoupling.studies.sweep import is_collection_dir, open_collection
+        from blockcoupling.store.collection import is_collection_dir
+        from blockcoupling.studies.read import open_collection
 
         if is_collection_dir(path):  # any kind: sweep, monitor, vit-grid
             return open_collection(path).coupling_statistic(

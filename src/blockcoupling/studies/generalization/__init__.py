@@ -7,7 +7,8 @@ size x label noise), with a positive control, pre-registered tests and the desig
 - `.analysis`: pure statistics over the runs' table (cells at the seed level, the positive
   control, H1, the equivalence test, the mixed model);
 - `.run`: trains the runs as a ViT grid collection (resumable, Ray or local), reads them,
-  analyses and writes ``study.json`` and ``study.html`` (`.page`).
+  analyses and writes ``study.json`` and ``study.html`` (`.page`);
+- `.plan`: its ``--dry-run`` plan.
 """
 
 from blockcoupling.studies.generalization.design import (

@@ -163,7 +163,7 @@ def final_table(root: Path, runs: pd.DataFrame, spec: GeneralizationSpec) -> pd.
     """One row per run at the end of training: its cell, seed, accuracies, and per variant
     the headline statistic of its final run (the grid's token rule, K of the spec) with its
     within-model se over the images."""
-    from blockcoupling.studies.sweep import open_collection
+    from blockcoupling.studies.read import open_collection
 
     collection = open_collection(root)
     pairs = collection.table("coupling", columns=["unit_id", "variant"]).drop_duplicates()

@@ -52,6 +52,7 @@ from blockcoupling.errors import BlockCouplingError
 from blockcoupling.hashing import canonical_hash
 from blockcoupling.store import collection as store
 from blockcoupling.store.collection import collection_unit_id
+from blockcoupling.studies import kinds
 from blockcoupling.studies.integrity import unit_problem
 from blockcoupling.studies.sweep.units import Unit, config_hash
 
@@ -180,7 +181,7 @@ class CouplingMonitor:
         if earlier is not None and earlier is not self:
             earlier.close()
         stack = contextlib.ExitStack()
-        stack.enter_context(store.sweep_lock(self.root))
+        stack.enter_context(store.sweep_lock(self.root, "monitor"))
         self._lock = stack
         _OPEN[key] = self
 
@@ -199,8 +200,8 @@ class CouplingMonitor:
             manifest = rebuilt
         elif store.is_sweep_dir(self.root):
             manifest = store.load_manifest(self.root)
-            if manifest.get("kind") != "monitor":
-                raise BlockCouplingError(f"{self.root} holds a {manifest.get('kind')}, not a "
+            if (kind := kinds.manifest_kind(manifest)) != "monitor":
+                raise BlockCouplingError(f"{self.root} holds a {kind}, not a "
                                          "monitor directory; choose another out=")
         else:
             others = [p for p in self.root.iterdir() if p.name != store.LOCK]

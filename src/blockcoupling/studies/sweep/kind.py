@@ -32,10 +32,12 @@ def _run(spec: Any, out: Any, **options: Any) -> Any:
 
 
 def _plan(spec: Any) -> Any:
-    from blockcoupling.studies.plans import plan_sweep
+    from blockcoupling.studies.sweep.plan import plan_sweep
 
     return plan_sweep(spec)
 
 
+#: the default kind: a spec without ``kind:`` is a sweep, and so is a manifest of format 1
+#: (which records no kind: sweeps were the only kind then)
 KIND = register(CollectionKind(name="sweep", page=_page, repair=_repair, parse_spec=_parse,
-                               plan=_plan, run=_run))
+                               plan=_plan, run=_run, default=True))

@@ -25,7 +25,7 @@ from typing import Any
 from blockcoupling.engine.fastrecord import FastPathWarning, describe, fallback_layers
 from blockcoupling.errors import BlockCouplingError, RunDirError
 from blockcoupling.store import collection as store
-from blockcoupling.studies import integrity
+from blockcoupling.studies import integrity, kinds
 from blockcoupling.studies.executor import (
     CONNECT_TIMEOUT_S,
     EXECUTORS,
@@ -262,8 +262,8 @@ def _open_manifest(root: Path, *, resume: bool, spec_dict: Any, units: Sequence[
         manifest = store.new_manifest("sweep", spec_dict)
         manifest["inputs"] = inputs
         return manifest
-    if manifest.get("kind") != "sweep":
-        raise SweepError(f"{root} holds a {manifest.get('kind')} directory, not a "
+    if kinds.manifest_kind(manifest) != "sweep":
+        raise SweepError(f"{root} holds a {kinds.manifest_kind(manifest)} directory, not a "
                          "sweep; choose a new --out")
     diffs = _resume_differences(manifest, spec_dict, inputs)
     if (diffs or not resume) and not _holds_results(root):
@@ -328,7 +328,7 @@ def run_sweep(spec: str | os.PathLike[str] | Mapping[str, Any] | SweepSpec,  # n
               retries: int | None = None,
               connect_timeout: float = CONNECT_TIMEOUT_S) -> Any:
     """Run (or with ``resume=True`` continue) a sweep into the directory ``out`` and return
-    [`open_sweep`][blockcoupling.studies.sweep.read.open_sweep] of it.
+    [`open_sweep`][blockcoupling.studies.read.open_sweep] of it.
 
     ``spec``: a YAML file, a mapping of the same form, or a [`SweepSpec`][blockcoupling.studies.sweep.spec.SweepSpec]. ``executor``:
     ``"ray"`` (one task per unit, on the cluster ``ray.init()`` would use: ``address``,
@@ -340,7 +340,7 @@ def run_sweep(spec: str | os.PathLike[str] | Mapping[str, Any] | SweepSpec,  # n
     ``retries``: Ray retries of a unit whose worker died (default: the spec's ``retries``,
     3). Units already done are skipped on resume; failed and unfinished ones run again.
     """
-    from blockcoupling.studies.sweep.read import open_sweep
+    from blockcoupling.studies.read import open_sweep
     from blockcoupling.validate import optional, whole
 
     if executor not in EXECUTORS:
@@ -361,7 +361,7 @@ def run_sweep(spec: str | os.PathLike[str] | Mapping[str, Any] | SweepSpec,  # n
             if (store.read_status(root, u.unit_id) or {}).get("status") != "done"]
     cluster_cm: Any = (ray_session(address, num_cpus=num_cpus, connect_timeout=connect_timeout)
                        if executor == "ray" and left else contextlib.nullcontext())
-    with cluster_cm as cluster, store.sweep_lock(root):  # `out` is created only now
+    with cluster_cm as cluster, store.sweep_lock(root, "sweep"):  # `out` is created only now
         if progress and cluster is not None:
             print(cluster.describe(), file=sys.stderr, flush=True)
         manifest = _open_manifest(root, resume=resume, spec_dict=spec_dict, units=units,

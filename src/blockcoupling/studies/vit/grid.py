@@ -40,6 +40,7 @@ from typing import Any
 import pandas as pd
 
 from blockcoupling.errors import BlockCouplingError
+from blockcoupling.studies import kinds
 from blockcoupling.studies.vit.train import (
     COUPLING_METRICS,
     METRICS_FILE,
@@ -257,8 +258,8 @@ def _grid_manifest(root: Path, base_dict: dict[str, Any], units: list[Any],
             store.read_json(root / store.MANIFEST), dict)
     if readable or (root / store.LEGACY_GRID_FILE).is_file():
         manifest = store.load_manifest(root)  # the old layout: the line that converts it
-        if manifest["kind"] != KIND:
-            raise BlockCouplingError(f"{root} holds a {manifest['kind']}, not a ViT grid; "
+        if (kind := kinds.manifest_kind(manifest)) != KIND:
+            raise BlockCouplingError(f"{root} holds a {kind}, not a ViT grid; "
                                      "choose another --out")
         if ((manifest.get("spec") or {}).get(KIND) or {}).get("base") != base_dict:
             raise BlockCouplingError(
@@ -446,8 +447,8 @@ def _run_dirs(root: Path) -> list[tuple[str, Path]]:
 
     if store.is_collection_dir(root):
         manifest = store.load_manifest(root)  # the old layout: the line that converts it
-        if manifest["kind"] != KIND:
-            raise BlockCouplingError(f"{root} is a {manifest['kind']} collection, not a ViT "
+        if (kind := kinds.manifest_kind(manifest)) != KIND:
+            raise BlockCouplingError(f"{root} is a {kind} collection, not a ViT "
                                      "grid; give a vit-grid --out or vit-train outputs")
         cat = store.catalogue(root, manifest)
         return [(str(r.label), store.unit_dir(root, str(r.unit_id))) for r in cat.itertuples()

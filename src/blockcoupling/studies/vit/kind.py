@@ -1,6 +1,7 @@
 """The ViT grid's registration as a collection kind (`blockcoupling.studies.kinds`): a
 spec with ``kind: vit-grid``, the ViT study page, [CLS] as its headline token, the check of a
-trained unit, and the conversion of the old grid layout (``grid.json`` + ``runs/``)."""
+trained unit, the conversion of the old grid layout (``grid.json`` + ``runs/``), and a folder
+of loose ``vit-train`` outputs (``blockcoupling report FOLDER``: the same page)."""
 
 from __future__ import annotations
 
@@ -32,10 +33,26 @@ def _parse(data: Any) -> Any:
 
 
 def _plan(spec: Any) -> Any:
-    from blockcoupling.studies.plans import plan_grid
     from blockcoupling.studies.vit.grid import load_grid_spec
+    from blockcoupling.studies.vit.plan import plan_grid
 
     return plan_grid(*load_grid_spec(spec))
+
+
+def _recognises(folder: Path) -> bool:
+    """A folder of ``vit-train`` outputs (a ``metrics.json`` of a ViT run in it or below)."""
+    from blockcoupling.studies.vit.grid import collect_runs
+
+    try:
+        return not collect_runs(folder).empty
+    except (OSError, ValueError, KeyError):
+        return False
+
+
+def _folder_page(folder: Path, out: Path) -> Path:
+    from blockcoupling.studies.vit.report import write_vit_report
+
+    return Path(write_vit_report(folder, Path(out)))
 
 
 def _unit_check(folder: Path) -> str | None:
@@ -119,6 +136,7 @@ def _upgrade(root: Path) -> bool:
 #: a ViT grid spec's own keys (a spec naming them without ``kind:`` is asked for it)
 GRID_KEYS = ("drop_path", "weight_decay", "train")
 
-KIND = register(CollectionKind(name="vit-grid", page=_page, repair=_repair, parse_spec=_parse, plan=_plan,
-                               headline_tokens="first", unit_check=_unit_check,
-                               upgrade=_upgrade, spec_keys=GRID_KEYS))
+KIND = register(CollectionKind(name="vit-grid", page=_page, repair=_repair, parse_spec=_parse,
+                               plan=_plan, headline_tokens="first", unit_check=_unit_check,
+                               upgrade=_upgrade, spec_keys=GRID_KEYS, recognises=_recognises,
+                               folder_page=_folder_page))

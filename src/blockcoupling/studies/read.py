@@ -1,12 +1,12 @@
-"""Reading a collection (a sweep, a monitor directory, a ViT grid): [`open_collection`][blockcoupling.studies.sweep.read.open_collection]
-(alias [`open_sweep`][blockcoupling.studies.sweep.read.open_sweep]) -> [`Sweep`][blockcoupling.studies.sweep.read.Sweep], tables across units via DuckDB. The one reader of
-every kind: the manifest says the kind (``Sweep.kind``), the units' run directories come from
-the catalogue.
+"""Reading a collection (a sweep, a monitor directory, a ViT grid): [`open_collection`][blockcoupling.studies.read.open_collection]
+(alias [`open_sweep`][blockcoupling.studies.read.open_sweep]) -> [`Sweep`][blockcoupling.studies.read.Sweep], tables across units via DuckDB. The one reader of
+every kind, naming none: the manifest says the kind (``Sweep.kind``, through the registry
+`blockcoupling.studies.kinds`), the units' run directories come from the catalogue.
 
-Nothing is loaded until asked for: [`Sweep.table`][blockcoupling.studies.sweep.read.Sweep.table] runs one DuckDB query over the Parquet
+Nothing is loaded until asked for: [`Sweep.table`][blockcoupling.studies.read.Sweep.table] runs one DuckDB query over the Parquet
 tables of every finished unit (``read_parquet`` of the files, joined with the catalogue), so
-a filter or a column selection is applied while reading, and [`Sweep.sql`][blockcoupling.studies.sweep.read.Sweep.sql] lets any
-aggregate run without materialising the rows. [`Sweep.summary`][blockcoupling.studies.sweep.read.Sweep.summary] is such an aggregate.
+a filter or a column selection is applied while reading, and [`Sweep.sql`][blockcoupling.studies.read.Sweep.sql] lets any
+aggregate run without materialising the rows. [`Sweep.summary`][blockcoupling.studies.read.Sweep.summary] is such an aggregate.
 """
 
 from __future__ import annotations
@@ -63,9 +63,10 @@ def _sql_str(s: str) -> str:
 
 def load_manifest(root: Path) -> dict[str, Any]:
     """The collection's manifest (`store.collection.load_manifest`), of a kind this library
-    has registered (else one line: `kinds.get`)."""
+    has registered (else one line: `kinds.get`), with its ``kind`` (`kinds.manifest_kind`:
+    one of format 1 records none)."""
     manifest = store.load_manifest(root)
-    kinds.get(manifest["kind"], root / store.MANIFEST)
+    manifest["kind"] = kinds.get(kinds.manifest_kind(manifest), root / store.MANIFEST).name
     return manifest
 
 
@@ -99,7 +100,7 @@ class Sweep:
         checksum of every file, prompt rows counted against the manifest, the unit's
         identity); a `UnitDamagedError` names the
         first damaged unit and the command that measures it again. Every table read calls
-        it (once per [`Sweep`][blockcoupling.studies.sweep.read.Sweep])."""
+        it (once per [`Sweep`][blockcoupling.studies.read.Sweep])."""
         if self._verified:
             return
         damaged = integrity.damaged_units(self.root)
@@ -237,8 +238,8 @@ class Sweep:
         """The headline statistic (``engine.statistic``) of every done unit: the unit
         columns, then one row per variant and K. ``k=None`` is the smallest measured K, which
         must be the same for every unit (a sweep with mixed K is refused: pass ``k``) unless
-        ``allow_mixed_k`` (each unit's own smallest K, as [`summary`][blockcoupling.studies.sweep.read.Sweep.summary] shows them).
-        ``tokens=None`` is the collection's own ([`default_tokens`][blockcoupling.studies.sweep.read.Sweep.default_tokens])."""
+        ``allow_mixed_k`` (each unit's own smallest K, as [`summary`][blockcoupling.studies.read.Sweep.summary] shows them).
+        ``tokens=None`` is the collection's own ([`default_tokens`][blockcoupling.studies.read.Sweep.default_tokens])."""
         tokens = self.default_tokens if tokens is None else tokens
         done = self.done()
         if not include_duplicates:
@@ -340,7 +341,7 @@ class Sweep:
         return out
 
 
-#: the statistic's columns in [`Sweep.summary`][blockcoupling.studies.sweep.read.Sweep.summary] (wide form, chance-corrected first)
+#: the statistic's columns in [`Sweep.summary`][blockcoupling.studies.read.Sweep.summary] (wide form, chance-corrected first)
 SUMMARY_STATISTIC_COLUMNS: tuple[str, ...] = (
     "coupling_vs_rotated_mean", "coupling_vs_rotated_se", "coupling_vs_null_mean",
     "coupling_vs_null_se", "coupling_mean", "coupling_se", "coupling_chance")
@@ -362,7 +363,7 @@ def open_collection(path: str | os.PathLike[str]) -> Sweep:
 
 
 open_sweep = open_collection
-"""The earlier name of [`open_collection`][blockcoupling.studies.sweep.read.open_collection] (kept): opens a collection of any kind."""
+"""The earlier name of [`open_collection`][blockcoupling.studies.read.open_collection] (kept): opens a collection of any kind."""
 
 
 def sweep_status(path: str | os.PathLike[str]) -> pd.DataFrame:

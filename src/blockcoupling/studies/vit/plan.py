@@ -1,0 +1,68 @@
+"""The ViT trainings' ``--dry-run`` plans (``vit-train``, ``vit-grid``, a grid spec given to
+``sweep``: the kind's ``plan``, `blockcoupling.studies.kinds`): per training run its epochs and
+steps, the epochs measured and the MeasurePlan of one measurement and of the final one,
+computed on the untrained model of the run's shape with the images the run measures."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from blockcoupling.studies.plans import RunPlan, StudyPlan
+
+__all__ = ["plan_grid", "plan_vit_training"]
+
+
+def plan_vit_training(configs: Sequence[Any], axes: Sequence[str] = (),
+                      study: str = "ViT training") -> StudyPlan:
+    """The plan of training each ``VitTrainConfig``: epochs, steps, the epochs measured
+    (``monitor_images`` test images each) and the final measurement (``final_images``);
+    ``axes``: the grid's extra axes (in the runs' names)."""
+    import torch
+
+    from blockcoupling.store.record import plan_run
+    from blockcoupling.studies.vit.grid import run_name
+    from blockcoupling.studies.vit.model import build_vit
+    from blockcoupling.studies.vit.train import (
+        images_config,
+        measured_tokens,
+        model_shape,
+        split_sizes,
+    )
+
+    runs = []
+    for c in configs:
+        shape, size, channels = model_shape(c)
+        model = build_vit(shape, image_size=size, num_channels=channels, num_labels=10,
+                          drop_path=c.drop_path, seed=c.seed)
+        n_train, n_test, _ = split_sizes(c)
+        images = torch.zeros(min(max(c.monitor_images, c.final_images), n_test), channels,
+                             size, size)  # what the run measures: its first test images
+        model_name = f"ViT {c.preset}"
+        steps = c.total_steps(n_train)
+        params = sum(p.numel() for p in model.parameters())
+        tokens_per_image = (size // shape.patch_size) ** 2 + 1
+        runs.append(RunPlan(
+            name=run_name(c, axes), unit="epoch", checkpoints=c.measured_epochs(n_train),
+            steps=steps, parameters=params,
+            training_flops=6.0 * params * tokens_per_image * c.batch_size * steps,
+            measure=plan_run(model, None, {"pixel_values": images[: c.monitor_images]},
+                             config=images_config(c.k, measured_tokens(c.tokens)),
+                             model_name=model_name),
+            final=plan_run(model, None, {"pixel_values": images[: c.final_images]},
+                           config=images_config(c.k, measured_tokens(c.tokens, both=True)),
+                           model_name=model_name)))
+    return StudyPlan(study=study, runs=runs)
+
+
+def plan_grid(base: Any, kwargs: dict[str, Any]) -> StudyPlan:
+    """The plan of a ViT grid (``base`` config and [`run_grid`][blockcoupling.studies.vit.grid.run_grid]'s
+    keyword arguments, e.g. from ``load_grid_spec``): every run's config, checked as the grid
+    checks it."""
+    from blockcoupling.studies.vit.grid import grid_axes, grid_configs
+
+    extra = {k: kwargs.get(k) for k in ("train_limits", "label_noises")}
+    return plan_vit_training(grid_configs(base, kwargs.get("drop_paths", ()),
+                                          kwargs.get("weight_decays", ()),
+                                          kwargs.get("seeds", (0,)), **extra),
+                             grid_axes(**extra))
