@@ -2,5 +2,5 @@
 
 Pure mathematics at the bottom (``metrics``, ``svd``, ``trajectory``, ``spectra``, ``pairs``),
 model access above it (``blocks``, ``capture``, ``jacobian``, ``fastpath``), the orchestration on
-top (``measure``). Contracts in ``docs/DESIGN.md``.
+top (``measure``). Each module's contract is its docstring; the map: ``docs/DESIGN.md``.
 """

@@ -10,7 +10,7 @@ whether it enters a config's identity hash (``hashed``). ``engine/names.py`` (th
 ``variants`` entry of every table's schema) are built from `REGISTRY`;
 ``tests/engine/test_variants.py`` fails when a variant is declared in part.
 
-**Adding a variant** (docs/DESIGN.md, "Recipe: a coupling variant"): write its formula
+**Adding a variant** (docs/DESIGN.md, "Recipe: add a coupling variant"): write its formula
 (a function ``(parts, p) -> (..., n_k)`` over every requested K at once) and one
 ``Variant(...)`` entry in `REGISTRY` here, with ``hashed=False`` (every earlier config
 identity stays where it was); a quantity the engine does not yet provide is one more field

@@ -5,7 +5,7 @@ identity), `fileio` (atomic writes, checksums, lock, OS errors),
 `tables` (Parquet/npz bytes), `integrity`
 (verified contents), `writer` (``RunWriter``),
 `reader` (``open_run``) and `fingerprint`
-(``weights_hash``). See docs/DESIGN.md, "store".
+(``weights_hash``). The map of the store: docs/DESIGN.md, "The map".
 """
 
 from __future__ import annotations

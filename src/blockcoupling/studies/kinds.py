@@ -9,7 +9,7 @@ an old layout, and the loose outputs it recognises outside a collection. One kin
 ``default``: that of a spec without ``kind:`` and of a manifest that records none (format 1,
 written when it was the only kind). Generic modules (the reader, ``studies/collection.py``,
 ``studies/plans.py``, the CLI) ask the registry (`get`, `names`, `spec_kinds`, `default`,
-`manifest_kind`, `recognising`) and name no kind. The recipe: docs/DESIGN.md, "Add a
+`manifest_kind`, `recognising`) and name no kind. The recipe: docs/DESIGN.md, "Recipe: add a
 collection kind"; ``tests/project/test_architecture.py`` fails when a kind is named outside its own
 package.
 """
