@@ -332,6 +332,8 @@ def main() -> None:
     ap.add_argument("--item-timeout", type=_item_budget, action="append", metavar="ITEM=SECONDS",
                     help="stop that item after SECONDS with a record, and go on (repeatable)")
     args = ap.parse_args()
+    if 7 in args.items and args.items[-1] != 7:  # item 7 frees the 8B model for the 70B shape
+        ap.error("item 7 must come last in --items (it releases the model the others measure)")
     device = args.device or ("cpu" if args.small else "cuda")
     sink: list[dict[str, Any]] = []
     info = machine()
