@@ -16,7 +16,10 @@ same matrices, per K:
 For each: seconds per call of ``topk_svd`` with the route forced (CPU: ``time.process_time``
 of this process, one thread, so a shared machine's load does not enter; CUDA: wall clock
 between synchronisations), the route each took, the certificate's ratio at each check, and
-the largest |s_i - s_i(float64 SVD of the same float32 J)| / s_1.
+the largest |s_i - s_i(float64 SVD of the same float32 J)| / s_1. And the ecosystem's
+alternative, not used by the package: ``torch.lobpcg`` (largest K + window eigenpairs of the
+float32 Gram, ``--lobpcg-iters`` iterations from the same seeded Gaussian start) followed by
+the same float64 Rayleigh-Ritz step and certificate: seconds and the certificate's ratio.
 
     OMP_NUM_THREADS=1 python benchmarks/bench_gram_iter.py                # CPU, d = 768
     python benchmarks/bench_gram_iter.py --device cuda                     # + d = 4096
@@ -97,6 +100,23 @@ def timed(fn: Callable[[], Any], device: str, repeats: int) -> tuple[Any, float]
     return out, statistics.median(times)
 
 
+def lobpcg(J: torch.Tensor, k: int, niter: int) -> tuple[bool, float]:
+    """torch.lobpcg on the float32 Gram, then the package's float64 Rayleigh-Ritz step and
+    certificate (`svd._ritz64`): (certified, the certificate's ratio)."""
+    n = int(J.shape[-1])
+    w = min(n, k + svd_mod._GRAM_WINDOW)
+    G = J.mT @ J
+    gen = torch.Generator(device=J.device)
+    gen.manual_seed(0)
+    X0 = torch.randn(n, w, generator=gen, dtype=J.dtype, device=J.device)
+    try:
+        _vals, X = torch.lobpcg(G, k=w, X=X0, niter=niter, tol=1e-7, largest=True)
+    except Exception:  # its own failures (e.g. a singular Gram block) count as not certified
+        return False, float("inf")
+    got, ratio = svd_mod._ritz64(J, torch.linalg.qr(X.double()).Q, k)
+    return got is not None, float(ratio)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -104,6 +124,7 @@ def main() -> None:
     ap.add_argument("--ks", type=int, nargs="+", default=[10, 50, 77])
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--llama-d", type=int, default=None)
+    ap.add_argument("--lobpcg-iters", type=int, nargs="*", default=[20, 40])
     args = ap.parse_args()
     cuda = torch.device(args.device).type == "cuda"
     llama_d = args.llama_d or (4096 if cuda else 768)
@@ -148,6 +169,11 @@ def main() -> None:
                                        "max_ds_rel": err}
                     rec["iter_over_eigh"] = round(rec["iter"]["seconds"]
                                                   / rec["eigh"]["seconds"], 3)
+                    for niter in args.lobpcg_iters:
+                        (ok, ratio), sec = timed(lambda J=J, k=k, it=niter: lobpcg(J, k, it),
+                                                 args.device, 1)
+                        rec[f"lobpcg{niter}"] = {"seconds": round(sec, 5), "certified": ok,
+                                                 "ratio": round(ratio, 3)}
                     emit(rec, sink)
     finally:
         svd_mod._iterate_first, svd_mod._ritz64 = rule, ritz
