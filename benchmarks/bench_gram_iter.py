@@ -28,6 +28,7 @@ the same float64 Rayleigh-Ritz step and certificate: seconds and the certificate
 from __future__ import annotations
 
 import argparse
+import signal
 import statistics
 import sys
 import time
@@ -143,6 +144,8 @@ def main() -> None:
         return got
 
     svd_mod._ritz64 = counted
+    # an outer `timeout` (SIGTERM) still saves the records measured so far
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(f"stopped by signal {signum}"))
     try:
         for name, Js in matrices(args.device, llama_d).items():
             for i, J in enumerate(Js):
@@ -177,7 +180,7 @@ def main() -> None:
                     emit(rec, sink)
     finally:
         svd_mod._iterate_first, svd_mod._ritz64 = rule, ritz
-    save(sink, "bench_gram_iter" + ("_cuda" if cuda else ""))
+        save(sink, "bench_gram_iter" + ("_cuda" if cuda else ""))
 
 
 if __name__ == "__main__":
