@@ -404,6 +404,15 @@ def test_iterated_route_falls_back_to_the_full_eigh_on_a_plateau(
     assert float(pair_res) <= 1e-5 * float(s[0])
 
 
+def test_iterated_route_stops_at_once_without_a_bound(monkeypatch: pytest.MonkeyPatch) -> None:
+    """s_k = 0 exactly (the zero matrix): the certificate has no bound to reach, so the
+    iteration stops at its first check, and the full SVD answers with zeros."""
+    ratios = _iterated(monkeypatch)
+    t = topk_svd(torch.zeros(64, 64), 6)
+    assert t.route == "svd" and float(t.S.abs().max()) == 0.0
+    assert ratios == [float("inf")] * 2  # the iteration's one check, then the eigh window's
+
+
 def test_the_iteration_rule_is_for_gpus_and_small_k() -> None:
     """`_iterate_first`: never on the CPU; on another device while the block is <= 1/8 of d."""
     from blockcoupling.engine.svd import _iterate_first

@@ -309,6 +309,8 @@ def _iterated_subspace(J: Tensor, G32: Tensor, k: int
         got, ratio = _ritz64(J, torch.linalg.qr(X.double()).Q, k)
         if got is not None or ratio <= 1:  # certified, or certified but not `_accurate`
             return got
+        if ratio == float("inf"):  # s_k = 0: no bound to reach
+            return None
         checks_left = (_ITER_MAX - it) // _ITER_CHECK
         rate = ratio / last  # per check
         if checks_left == 0 or (rate < 1 and ratio * rate**checks_left > 1) or rate >= 1:
