@@ -114,7 +114,7 @@ def lobpcg(J: torch.Tensor, k: int, niter: int) -> tuple[bool, float]:
         _vals, X = torch.lobpcg(G, k=w, X=X0, niter=niter, tol=1e-7, largest=True)
     except Exception:  # its own failures (e.g. a singular Gram block) count as not certified
         return False, float("inf")
-    got, ratio = svd_mod._ritz64(J, torch.linalg.qr(X.double()).Q, k)
+    got, ratio, _decay = svd_mod._ritz64(J, torch.linalg.qr(X.double()).Q, k)
     return got is not None, float(ratio)
 
 

@@ -241,10 +241,15 @@ def _topk_gram_mixed(J: Tensor, k: int) -> tuple[tuple[Tensor, Tensor, Tensor], 
     return (cert[0], "gram-eigh") if cert[0] is not None else None
 
 
-def _ritz64(J: Tensor, W: Tensor, k: int) -> tuple[tuple[Tensor, Tensor, Tensor] | None, float]:
+Ritz = tuple[tuple[Tensor, Tensor, Tensor] | None, float, float]
+
+
+def _ritz64(J: Tensor, W: Tensor, k: int) -> Ritz:
     """Steps 2-3 of `_topk_gram_mixed` on an orthonormal float64 basis W (n, w), w >= k:
     the certified top-k triplets of J (m, n) in J's dtype (None where the certificate or
-    `_accurate` fails) and the certificate's ratio ``2 ||R||_2 / bound`` (<= 1: it holds)."""
+    `_accurate` fails), the certificate's ratio ``2 ||R||_2 / bound`` (<= 1: it holds), and
+    ``theta_w / theta_k``, the smallest Ritz value over the k-th (the Ritz estimate of the
+    rate at which subspace iteration on span(W) converges to the k-th eigenvector)."""
     m, n = int(J.shape[-2]), int(J.shape[-1])
     w = int(W.shape[-1])
     JW = torch.empty(m, w, dtype=torch.float64, device=J.device)
@@ -255,6 +260,7 @@ def _ritz64(J: Tensor, W: Tensor, k: int) -> tuple[tuple[Tensor, Tensor, Tensor]
         GW.addmm_(Jc.mT, JW[c])
     H = W.mT @ GW  # (w, w)
     theta, Y = torch.linalg.eigh((H + H.mT) / 2)  # ascending
+    decay = float(theta[0].clamp_min(0) / theta[-k]) if bool(theta[-k] > 0) else 1.0
     theta, Y = theta[-k:].flip(0), Y[:, -k:].flip(1)  # (k,), (w, k)
     V = W @ Y  # (n, k)
     S = theta.clamp_min(0).sqrt()
@@ -264,11 +270,11 @@ def _ritz64(J: Tensor, W: Tensor, k: int) -> tuple[tuple[Tensor, Tensor, Tensor]
     bound = _GRAM_BACKWARD_ULPS * eps32 * float((theta[0] * theta[-1]).clamp_min(0).sqrt())
     ratio = 2 * r2 / bound if bound > 0 else float("inf")
     if not ratio <= 1:
-        return None, ratio
+        return None, ratio, decay
     U = (JW @ Y) / S  # (m, k)
     if not _accurate(U, S):
-        return None, ratio
-    return (U.to(J.dtype), S.to(J.dtype), V.to(J.dtype)), ratio
+        return None, ratio, decay
+    return (U.to(J.dtype), S.to(J.dtype), V.to(J.dtype)), ratio, decay
 
 
 def _iter_width(n: int, k: int) -> int:
@@ -294,8 +300,9 @@ def _iterated_subspace(J: Tensor, G32: Tensor, k: int
     the certificate of `_topk_gram_mixed` on span(X) (`_ritz64`). The angle of the i-th
     eigenvector to span(X) shrinks like ``(lambda_{p+1} / lambda_i)^q``, so a decaying
     spectrum is certified in a few products and a flat one never: None (the caller then
-    decomposes the whole Gram) as soon as the certificate's ratio, at the rate it fell since
-    the last check, would not reach 1 within the products left."""
+    decomposes the whole Gram) as soon as the certificate's ratio would not reach 1 within
+    the products left, at the rate the Ritz values predict (``(theta_p / theta_k)`` per
+    product, `_ritz64`) or, from the second check on, at the rate it fell since the last."""
     n = int(G32.shape[-1])
     p = _iter_width(n, k)
     gen = torch.Generator(device=G32.device)
@@ -306,14 +313,15 @@ def _iterated_subspace(J: Tensor, G32: Tensor, k: int
         X = torch.linalg.qr(G32 @ X).Q  # (n, p)
         if it % _ITER_CHECK and it != _ITER_MAX:
             continue
-        got, ratio = _ritz64(J, torch.linalg.qr(X.double()).Q, k)
+        got, ratio, decay = _ritz64(J, torch.linalg.qr(X.double()).Q, k)
         if got is not None or ratio <= 1:  # certified, or certified but not `_accurate`
             return got
         if ratio == float("inf"):  # s_k = 0: no bound to reach
             return None
         checks_left = (_ITER_MAX - it) // _ITER_CHECK
-        rate = ratio / last  # per check
-        if checks_left == 0 or (rate < 1 and ratio * rate**checks_left > 1) or rate >= 1:
+        rate = ratio / last  # per check, observed (0 at the first check)
+        if (checks_left == 0 or ratio * decay ** (_ITER_MAX - it) > 1
+                or ratio * rate**checks_left > 1):
             return None
         last = ratio
     return None
