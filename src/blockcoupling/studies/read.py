@@ -29,7 +29,7 @@ from blockcoupling.engine.statistic import (
     rule_and_ks,
     statistic_table,
 )
-from blockcoupling.errors import BlockCouplingError
+from blockcoupling.errors import BlockCouplingError, require
 from blockcoupling.store import collection as store
 from blockcoupling.studies import integrity, kinds
 
@@ -51,12 +51,7 @@ def unit_columns_in(files: list[str], table: str) -> list[str]:
 
 
 def _duckdb() -> Any:
-    try:
-        import duckdb
-    except ImportError as err:
-        raise BlockCouplingError("reading a sweep needs duckdb: pip install "
-                                 "'blockcoupling[sweep]'") from err
-    return duckdb
+    return require("duckdb", what="reading a sweep", install="'blockcoupling[sweep]'")
 
 
 def _sql_str(s: str) -> str:
