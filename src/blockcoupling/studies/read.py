@@ -80,12 +80,10 @@ class Sweep:
 
     @property
     def default_tokens(self) -> str:
-        """The token rule of this collection's headline, as its manifest states it
-        (``headline_tokens``: a ViT grid writes its ``--tokens``, [CLS] = ``"first"``), else
-        ``"last"`` (the paper's)."""
-        from blockcoupling.engine.statistic import headline_tokens
-
-        return headline_tokens(self.manifest)
+        """The token rule of this collection's headline (`kinds.collection_tokens`): as its
+        manifest states it (``headline_tokens``: a ViT grid writes its ``--tokens``), else
+        its kind's ([CLS] = ``"first"`` for a ViT grid), else the paper's last token."""
+        return kinds.collection_tokens(self.manifest)
 
     @property
     def kind(self) -> str:
