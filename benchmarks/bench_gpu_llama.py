@@ -24,6 +24,18 @@ Oracle: float64 dense J_tt from the verified fast path (one block at a time, on 
 
 ``measure_dense``: the same call with ``method="dense"`` (the dense J_tt assembled from the
 block's structure by GEMMs, engine/structured.py, then the exact top-K).
+``measure_split``: the ``measure`` call again, instrumented: every ``svd.topk_svd`` call timed
+between CUDA synchronisations (the eigensolve: Gram, subspace, float64 Rayleigh-Ritz,
+certificate) with the route it took (``TopK.route``: ``gram-iter`` subspace iteration,
+``gram-eigh`` the whole Gram's eigh, ``gram-f64``, ``svd``), and the ``on_event`` phases:
+``jacobian_s`` = the "prompt" events less the eigensolve, "coupling" and "tables" (the
+Jacobian work: fast-path replays and their first-prompt checks, the dense J), ``rest_s`` =
+the call less both (capture, trajectory, the coupling GEMMs, tables).
+``measure_eigh``: ``measure_split`` with the subspace iteration switched off (every Gram
+decomposed whole, the code before it): the before/after of the top-K in the same run.
+``--iterate-anywhere`` tries the iterated route first for every Gram top-K, on any device and
+at any width (`engine/svd._iterate_first` forced), so a CPU dry run (``--small``, d = 256)
+goes through it too.
 
 Item 5 (token-wise, 32-token prompt, layer 16 with itself): ``measure(..., coupling=("self",),
 tokens="all", layers=(16,))`` (every token pair) and ``measure(..., coupling=("fixed_output",),
@@ -31,7 +43,8 @@ tokens="last", layers=(16,))`` (the last token's map, every input token pair).
 
 Item 6 (trajectory only, 32 prompts of 12 tokens): ``measure(..., coupling=(), spectra=False,
 batch_size=32)`` against a plain ``model(ids)`` forward under ``torch.no_grad`` (medians of 5,
-interleaved).
+interleaved), with the ``capture`` and ``trajectory`` phases of each call (``on_event``) and
+the device the trajectory tables ran on (engine/tables.py, ``_trajectory_device``).
 
 Item 7 (larger than the GPU): a random Llama with the Llama-3-70B block shape (d = 8192, MLP
 28672, 64 heads, 8 kv heads) and ``--stream-layers`` blocks (default 4) kept in bf16 in host
@@ -66,6 +79,7 @@ from released import released_depth  # noqa: E402
 
 from blockcoupling import measure  # noqa: E402
 from blockcoupling.engine import fastpath, metrics, svd  # noqa: E402
+from blockcoupling.engine import tables as tables_mod  # noqa: E402
 from blockcoupling.engine.blocks import find_blocks  # noqa: E402
 from blockcoupling.engine.capture import capture  # noqa: E402
 from blockcoupling.engine.names import VARIANTS  # noqa: E402
@@ -188,6 +202,55 @@ def user_measure_dense(model: torch.nn.Module, ids: torch.Tensor, device: str
                   "methods": {str(k): int(v) for k, v in m.diagnostics["method"].value_counts().items()}}
 
 
+def user_measure_split(model: torch.nn.Module, ids: torch.Tensor, device: str,
+                       iterate: bool | None = None) -> tuple[Values, dict[str, Any]]:
+    """`user_measure`, with its time split into eigensolve / Jacobians / rest and the routes
+    of the top-K (module docstring); ``iterate=False``: the subspace iteration off."""
+    from collections import Counter
+
+    phases: Counter[str] = Counter()
+    routes: Counter[str] = Counter()
+    eig = [0.0]
+    topk, rule = svd.topk_svd, svd._iterate_first
+
+    def timed(J: torch.Tensor, k: int) -> svd.TopK:
+        _sync(device)
+        t0 = time.perf_counter()
+        top = topk(J, k)
+        _sync(device)
+        eig[0] += time.perf_counter() - t0
+        routes[str(top.route)] += 1
+        return top
+
+    svd.topk_svd = timed
+    if iterate is False:
+        svd._iterate_first = lambda n, k, dev: False
+    try:
+        with phase("measure", device) as ph:
+            m = measure(model, None, {"input_ids": ids}, coupling=("depth",), k=KS,
+                        final_norm=True, progress=False,
+                        on_event=lambda ev: phases.update({ev.phase: ev.seconds}))
+            _sync(device)
+    finally:
+        svd.topk_svd, svd._iterate_first = topk, rule
+    vals: Values = {}
+    for r in m.coupling.itertuples(index=False):
+        vals[(str(r.variant), int(r.k), str(r.orientation), int(r.layer_a), int(r.layer_b))] = float(r.value)
+    jac = phases["prompt"] - eig[0] - phases["coupling"] - phases["tables"]
+    split = {"total_s": round(ph.seconds, 3), "eigensolve_s": round(eig[0], 3),
+             "jacobian_s": round(jac, 3), "rest_s": round(ph.seconds - eig[0] - jac, 3),
+             "routes": dict(routes), "events_s": {k: round(v, 3) for k, v in phases.items()},
+             "note": "each top-K timed between CUDA synchronisations (adds a few ms)"}
+    return vals, {"measure": ph.as_dict(), "split": split,
+                  "methods": {str(k): int(v) for k, v in m.diagnostics["method"].value_counts().items()}}
+
+
+def user_measure_eigh(model: torch.nn.Module, ids: torch.Tensor, device: str
+                      ) -> tuple[Values, dict[str, Any]]:
+    """`user_measure_split` with the subspace iteration off (the whole Gram's eigh)."""
+    return user_measure_split(model, ids, device, iterate=False)
+
+
 def _sync(device: str) -> None:
     if torch.device(device).type == "cuda":
         torch.cuda.synchronize()
@@ -213,23 +276,39 @@ def item6_trajectory(model: torch.nn.Module, device: str, B: int, n: int, repeat
                      sink: list[dict[str, Any]]) -> None:
     ids = torch.randint(0, model.config.vocab_size, (B, n),
                         generator=torch.Generator().manual_seed(6)).to(device)
-    plain, traj = [], []
-    for _ in range(repeats):
-        _sync(device)
-        t0 = time.perf_counter()
-        with torch.no_grad():
-            model(ids)
-        _sync(device)
-        plain.append(time.perf_counter() - t0)
-        t0 = time.perf_counter()
-        measure(model, None, {"input_ids": ids}, coupling=(), trajectory=True, spectra=False,
-                batch_size=B, progress=False)
-        _sync(device)
-        traj.append(time.perf_counter() - t0)
+    plain, traj, split = [], [], []
+    where: list[str] = []
+    pick = tables_mod._trajectory_device
+
+    def seen(cap: Any, n_tokens: int) -> Any:
+        got = pick(cap, n_tokens)
+        where.append("model device" if got is not None else "cpu")
+        return got
+
+    tables_mod._trajectory_device = seen
+    try:
+        for _ in range(repeats):
+            _sync(device)
+            t0 = time.perf_counter()
+            with torch.no_grad():
+                model(ids)
+            _sync(device)
+            plain.append(time.perf_counter() - t0)
+            t0 = time.perf_counter()
+            ev: dict[str, float] = {}
+            measure(model, None, {"input_ids": ids}, coupling=(), trajectory=True, spectra=False,
+                    batch_size=B, progress=False,
+                    on_event=lambda e, ev=ev: ev.update({e.phase: round(e.seconds, 4)}))
+            _sync(device)
+            traj.append(time.perf_counter() - t0)
+            split.append(ev)
+    finally:
+        tables_mod._trajectory_device = pick
     import statistics
 
     emit({"record": "item6", "B": B, "n_tokens": n, "plain_s": [round(x, 4) for x in plain],
-          "trajectory_s": [round(x, 4) for x in traj],
+          "trajectory_s": [round(x, 4) for x in traj], "phases_s": split,
+          "tables_on": sorted(set(where)),
           "ratio_of_medians": round(statistics.median(traj) / statistics.median(plain), 3)}, sink)
 
 
@@ -331,7 +410,11 @@ def main() -> None:
     ap.add_argument("--stream-layers", type=int, default=4)
     ap.add_argument("--item-timeout", type=_item_budget, action="append", metavar="ITEM=SECONDS",
                     help="stop that item after SECONDS with a record, and go on (repeatable)")
+    ap.add_argument("--iterate-anywhere", action="store_true",
+                    help="try the iterated top-K first everywhere (a CPU dry run of that route)")
     args = ap.parse_args()
+    if args.iterate_anywhere:
+        svd._iterate_first = lambda n, k, dev: True
     if 7 in args.items and args.items[-1] != 7:  # item 7 frees the 8B model for the 70B shape
         ap.error("item 7 must come last in --items (it releases the model the others measure)")
     device = args.device or ("cpu" if args.small else "cuda")
@@ -346,6 +429,10 @@ def main() -> None:
           "d": model.config.hidden_size, "layers": model.config.num_hidden_layers,
           "n_tokens": args.tokens, "ks": list(KS), "weights": "bf16",
           "weight_gb": round(weight_bytes / 1e9, 3), "device": device, "load": ph.as_dict(),
+          "topk_iterates_first": svd._iterate_first(model.config.hidden_size, max(KS),
+                                              torch.device(device)),
+          "topk_iter": {"oversample": svd._ITER_OVERSAMPLE, "max_products": svd._ITER_MAX,
+                        "check_every": svd._ITER_CHECK, "window": svd._GRAM_WINDOW},
           "machine": info}, sink)
     name = "bench_gpu_llama" + ("_small" if args.small else "")
     budgets = dict(args.item_timeout or [])
@@ -424,7 +511,8 @@ def item4(model: torch.nn.Module, ids: torch.Tensor, device: str, weight_bytes: 
               "phases": {k: p.as_dict() for k, p in rel_ph.items()},
               "agreement": agreement(rel_as, ref) if ref else None}, sink)
     for name, fn in (("fast_dense", fast_dense), ("fast_randomized", fast_randomized),
-                     ("measure", user_measure), ("measure_dense", user_measure_dense)):
+                     ("measure", user_measure), ("measure_dense", user_measure_dense),
+                     ("measure_split", user_measure_split), ("measure_eigh", user_measure_eigh)):
         vals, phs = fn(model, ids, device)
         timed = [p for p in phs.values() if isinstance(p, dict) and "seconds" in p]
         total = sum(p["seconds"] for p in timed)

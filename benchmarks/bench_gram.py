@@ -90,7 +90,7 @@ def main() -> None:
         mixed = svd_mod._topk_gram_mixed(J32, K)
         f64 = svd_mod._topk_gram_f64(J32, K)
         assert mixed is not None and f64 is not None
-        (_, Sm, Vm), (_, Sf, Vf) = mixed, f64
+        (_, Sm, Vm), (_, Sf, Vf) = mixed[0], f64
         Vm64, Vf64 = Vm.double(), Vf.double()
         Sm64 = Sm.double()
         R = Jd.T @ (Jd @ Vm64) - Vm64 * Sm64**2

@@ -185,7 +185,24 @@ def test_fixed_input_at_one_token_uses_jvps_and_matches_oracle(arch: str) -> Non
     assert check_coupling_table(m.coupling, Js) == len(m.coupling) > 0
 
 
-def test_trajectory_spectra_influence_match_oracle() -> None:
+def _trajectory_on(monkeypatch: pytest.MonkeyPatch, where: str) -> None:
+    """``where="states"``: the trajectory tables from the capture's own states, the path a
+    GPU takes (engine/tables.py, `_trajectory_device`), here on the CPU."""
+    from blockcoupling.engine import tables
+
+    if where == "states":
+        monkeypatch.setattr(tables, "_trajectory_device",
+                            lambda cap, n_tokens: cap.device_states())
+
+
+TRAJECTORY_ON = pytest.mark.parametrize("where", ["boundaries", "states"],
+                                        ids=["cpu-boundaries", "gpu-states"])
+
+
+@TRAJECTORY_ON
+def test_trajectory_spectra_influence_match_oracle(monkeypatch: pytest.MonkeyPatch,
+                                                   where: str) -> None:
+    _trajectory_on(monkeypatch, where)
     model = tiny_model("gpt_neox", dtype=torch.float64)
     inputs = tiny_inputs("gpt_neox", n=5)
     Js, X = oracle_jacobians(model, inputs)
@@ -232,6 +249,87 @@ def test_trajectory_spectra_influence_match_oracle() -> None:
     cos = v @ X[L, t] / (np.linalg.norm(v) * np.linalg.norm(X[L, t]))
     got = m.token_metrics.query(f"token == {t}")["linearisation_cosine"].item()
     assert got == pytest.approx(cos, rel=1e-9)
+
+
+@pytest.mark.parametrize("final_norm", [False, True])
+def test_trajectory_tables_from_the_states_equal_those_from_the_boundaries(
+        monkeypatch: pytest.MonkeyPatch, final_norm: bool) -> None:
+    """A float32 model analysed in float64, prompts of lengths 5, 3, 5, 2 right-padded in
+    one batch: the tables computed from the capture's states (a GPU's path) are the tables
+    computed from the CPU boundaries, bit for bit; and each prompt's PCA (fitted in one
+    batched SVD per length) is numpy's on that prompt's real tokens alone."""
+    model = tiny_model("gpt2")
+    ids = tiny_inputs("gpt2", n=5, batch=4)["input_ids"]
+    mask = torch.ones_like(ids)
+    for b, n in enumerate((5, 3, 5, 2)):
+        mask[b, n:] = 0
+    kw = dict(coupling=(), spectra=False, dtype=torch.float64, final_norm=final_norm,
+              progress=False)
+    inputs = {"input_ids": ids, "attention_mask": mask}
+    ref = bc.measure(model, None, inputs, **kw)
+    _trajectory_on(monkeypatch, "states")
+    got = bc.measure(model, None, inputs, **kw)
+    pd.testing.assert_frame_equal(got.trajectory, ref.trajectory)
+    pd.testing.assert_frame_equal(got.token_metrics, ref.token_metrics)
+    assert list(got.prompts["n_tokens"]) == [5, 3, 5, 2]
+    from blockcoupling.engine.capture import capture
+
+    cap = capture(model, inputs, find_blocks(model), final_norm=final_norm,
+                  boundary_dtype=torch.float64)
+    for b, (pid, n) in enumerate(zip(got.prompts["prompt_id"], (5, 3, 5, 2), strict=True)):
+        X = cap.boundaries[:, b, :n].numpy()  # (L+1, n, d): the real tokens only
+        L = X.shape[0] - 1
+        rows = got.trajectory[got.trajectory["prompt_id"] == pid].sort_values(["layer", "token"])
+        pca = rows[["pca_x", "pca_y"]].to_numpy().reshape(L + 1, n, 2)
+        mu = X[L].mean(0)
+        _, sv, Vt = np.linalg.svd(X[L] - mu)
+        for c in range(2):
+            if n < 3 and c == 1:  # two tokens span one direction: undefined, NaN
+                assert np.isnan(pca[..., c]).all()
+                continue
+            ref = (X - mu) @ Vt[c]
+            sign = np.sign(ref[L][np.argmax(np.abs(ref[L]))])
+            np.testing.assert_allclose(pca[..., c], sign * ref, atol=1e-9)
+
+
+@pytest.mark.parametrize("arch", ["gpt2", "llama"])
+def test_float32_depth_coupling_on_the_gpus_top_k_route(monkeypatch: pytest.MonkeyPatch,
+                                                        arch: str) -> None:
+    """A float32 model (d = 128, two prompts): the depth-wise coupling with the Gram top-K's
+    GPU route (subspace iteration first, engine/svd.py) forced on the CPU takes that route
+    for every Jacobian and is within 1e-6 of the same measurement in float64, as the CPU's
+    route is."""
+    import collections
+
+    import transformers as tf
+
+    from blockcoupling.engine import svd
+
+    torch.manual_seed(0)
+    cfg = (tf.GPT2Config(n_layer=3, n_embd=128, n_head=4, vocab_size=100, n_positions=32,
+                         bos_token_id=0, eos_token_id=0)
+           if arch == "gpt2" else
+           tf.LlamaConfig(num_hidden_layers=3, hidden_size=128, intermediate_size=256,
+                          num_attention_heads=4, num_key_value_heads=2, vocab_size=100))
+    model = tf.AutoModel.from_config(cfg).eval()
+    inputs = {"input_ids": torch.randint(0, 100, (2, 6), generator=torch.Generator().manual_seed(0))}
+    kw = dict(coupling=("depth",), k=(4, 8), progress=False)
+    ref = bc.measure(model, None, inputs, dtype=torch.float64, **kw).coupling["value"]
+    routes: collections.Counter[str] = collections.Counter()
+    topk = svd.topk_svd
+
+    def counted(J: torch.Tensor, k: int) -> svd.TopK:
+        top = topk(J, k)
+        routes[str(top.route)] += 1
+        return top
+
+    monkeypatch.setattr(svd, "topk_svd", counted)
+    for iterate, route in ((False, "gram-eigh"), (True, "gram-iter")):
+        monkeypatch.setattr(svd, "_iterate_first", lambda n, k, device, it=iterate: it)
+        routes.clear()
+        got = bc.measure(model, None, inputs, **kw).coupling["value"]
+        assert routes == {route: 6}, routes
+        np.testing.assert_allclose(got.to_numpy(), ref.to_numpy(), atol=1e-6)
 
 
 def test_matrix_free_agrees_with_dense_within_tolerance() -> None:

@@ -257,24 +257,33 @@ def _count_f64_route(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     return calls
 
 
-def _solver(monkeypatch: pytest.MonkeyPatch, full_eigh: bool) -> None:
-    """``full_eigh``: the Gram routes' eigensolver as on a GPU (the full ``torch.linalg.eigh``,
-    sliced), here on the CPU, so the GPU's algorithm is checked where CI runs."""
-    if full_eigh:
-        from blockcoupling.engine import svd as svd_mod
+#: the Gram routes' solvers: the CPU's (subset MRRR), and the GPU's (the full
+#: ``torch.linalg.eigh``, sliced; and subspace iteration first, its fallback that eigh)
+SOLVERS = pytest.mark.parametrize("solver", ["cpu", "gpu-eigh", "gpu-iter"],
+                                  ids=["cpu-subset", "gpu-full-eigh", "gpu-iterated"])
 
+
+def _solver(monkeypatch: pytest.MonkeyPatch, solver: str) -> None:
+    """The Gram routes' eigensolvers as on a GPU (`SOLVERS`), here on the CPU, so the GPU's
+    algorithm is checked where CI runs."""
+    from blockcoupling.engine import svd as svd_mod
+
+    if solver != "cpu":
         top = svd_mod._top_eigh
         monkeypatch.setattr(svd_mod, "_top_eigh", lambda G, w: top(G, w, subset=False))
+    monkeypatch.setattr(svd_mod, "_iterate_first", lambda n, k, device: solver == "gpu-iter")
 
 
-@pytest.mark.parametrize("full_eigh", [False, True], ids=["cpu-subset", "gpu-full-eigh"])
+@SOLVERS
 def test_mixed_gram_route_resolves_near_degenerate_values_in_float64(
-        monkeypatch: pytest.MonkeyPatch, full_eigh: bool) -> None:
+        monkeypatch: pytest.MonkeyPatch, solver: str) -> None:
     """Six singular values 1e-4 apart inside the top k, and s_k 1e-4 above s_{k+1}: the
     float32 subspace plus the float64 Rayleigh-Ritz step (no float64 eigensolver call) gives
     each singular vector of the float32 matrix to its float32 rounding (angles <= 1e-3; the
-    float32 subspace alone: 4e-3, torch's float32 SVD: 9e-3), and J v = s u."""
-    _solver(monkeypatch, full_eigh)
+    float32 subspace alone: 4e-3, torch's float32 SVD: 9e-3), and J v = s u. The spectrum is
+    the same whichever subspace the route found (on the GPU's iterated route: 24 products
+    of the Gram, s_{p+1} / s_k = 0.74 for its block of p = 72)."""
+    _solver(monkeypatch, solver)
     d, k = 128, 24
     s = torch.linspace(10, 4, d, dtype=F64)
     s[5:11] = s[5] - torch.arange(6, dtype=F64) * 1e-4  # a cluster inside the top k
@@ -284,6 +293,7 @@ def test_mixed_gram_route_resolves_near_degenerate_values_in_float64(
     calls = _count_f64_route(monkeypatch)
     t = topk_svd(J32, k)
     assert calls == []  # the certificate held
+    assert t.route == ("gram-iter" if solver == "gpu-iter" else "gram-eigh")
     U64, S64, Vh64 = torch.linalg.svd(J32.double())
     for got, ref in ((t.V, Vh64[:k].mT), (t.U, U64[:, :k])):
         cos = (got.double() * ref).sum(0).abs().clamp(max=1)
@@ -294,19 +304,19 @@ def test_mixed_gram_route_resolves_near_degenerate_values_in_float64(
     assert float(pair_res) <= 1e-5 * float(s[0])
 
 
-@pytest.mark.parametrize("full_eigh", [False, True], ids=["cpu-subset", "gpu-full-eigh"])
+@SOLVERS
 def test_mixed_gram_route_falls_back_to_float64_where_its_certificate_fails(
-        monkeypatch: pytest.MonkeyPatch, full_eigh: bool) -> None:
+        monkeypatch: pytest.MonkeyPatch, solver: str) -> None:
     """s_k / s_1 = 3e-3 (above the Gram routes' 1e-3 floor): a float32 Gram cannot hold the
     small eigenvalues to a few roundings of s_1 s_k, the certificate fails, and the float64
     Gram route answers, as exact as the float32 SVD."""
-    _solver(monkeypatch, full_eigh)
+    _solver(monkeypatch, solver)
     d, k = 64, 8
     s = torch.cat([torch.linspace(1, 0.5, 4, dtype=F64), torch.linspace(4e-3, 1e-4, d - 4, dtype=F64)])
     J32 = _with_spectrum(s, seed=13).float()
     calls = _count_f64_route(monkeypatch)
     t = topk_svd(J32, k)
-    assert calls == [k]
+    assert calls == [k] and t.route == "gram-f64"
     U32, S32, Vh32 = torch.linalg.svd(J32)
     ref = _subspace_errors(TopK(U=U32[:, :k], S=S32[:k], V=Vh32[:k].mT), J32, k)
     got = _subspace_errors(t, J32, k)
@@ -323,6 +333,95 @@ def test_gram_route_falls_back_where_the_tail_is_tiny() -> None:
     t = topk_svd(J32, k)
     S32 = torch.linalg.svd(J32).S[:k]
     assert torch.equal(t.S, S32)  # the very same computation as torch.linalg.svd
+    assert t.route == "svd"
+
+
+def _iterated(monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    """The GPU's iterated route on the CPU; returns the certificate's ratio at each check."""
+    from blockcoupling.engine import svd as svd_mod
+
+    _solver(monkeypatch, "gpu-iter")
+    ratios: list[float] = []
+    ritz = svd_mod._ritz64
+
+    def counted(J: torch.Tensor, W: torch.Tensor, k: int) -> object:
+        got = ritz(J, W, k)
+        ratios.append(got[1])
+        return got
+
+    monkeypatch.setattr(svd_mod, "_ritz64", counted)
+    return ratios
+
+
+@pytest.mark.parametrize("k", [10, 24])
+def test_iterated_route_certifies_a_decaying_spectrum(monkeypatch: pytest.MonkeyPatch,
+                                                      k: int) -> None:
+    """A decaying spectrum (s_i = 10 / sqrt(i)): subspace iteration on the Gram is certified
+    within its budget of products, no eigensolver of the whole Gram runs, and the triplets
+    are as exact as the float32 SVD's against the float64 SVD of the same float32 matrix."""
+    from blockcoupling.engine import svd as svd_mod
+
+    ratios = _iterated(monkeypatch)
+    eighs: list[int] = []
+    monkeypatch.setattr(svd_mod, "_top_eigh", lambda G, w: eighs.append(w))
+    d = 512
+    s = 10 / torch.arange(1, d + 1, dtype=F64).sqrt()
+    J32 = _with_spectrum(s, seed=17).float()
+    t = topk_svd(J32, k)
+    assert t.route == "gram-iter" and eighs == [] and ratios[-1] <= 1
+    assert 1 <= len(ratios) <= svd_mod._ITER_MAX // svd_mod._ITER_CHECK
+    U32, S32, Vh32 = torch.linalg.svd(J32)
+    ref = _subspace_errors(TopK(U=U32[:, :k], S=S32[:k], V=Vh32[:k].mT), J32, k)
+    got = _subspace_errors(t, J32, k)
+    for g, r in zip(got, ref, strict=True):
+        assert g <= max(2 * r, 1e-6), (got, ref)
+
+
+def test_iterated_route_falls_back_to_the_full_eigh_on_a_plateau(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The hard case: four separated values, then a plateau of near-degenerate ones (8e-4
+    apart, s_5 = 2 down to s_256 = 1.8) far beyond the iteration's block (p = 60), so that
+    s_{p+1} / s_k = 0.98 and no affordable number of products separates the top k. The
+    certificate fails (its ratio is in the thousands), the iteration gives up at its first
+    check (at the rate its Ritz values predict, the ratio would not reach 1 within its
+    budget), and the eigh of the whole Gram answers, certified, with the float64 SVD's
+    values."""
+    from blockcoupling.engine import svd as svd_mod
+
+    ratios = _iterated(monkeypatch)
+    d, k = 256, 12
+    s = torch.cat([torch.tensor([8.0, 6.0, 5.0, 4.0], dtype=F64),
+                   torch.linspace(2.0, 1.8, d - 4, dtype=F64)])
+    J32 = _with_spectrum(s, seed=19).float()
+    calls = _count_f64_route(monkeypatch)
+    t = topk_svd(J32, k)
+    assert t.route == "gram-eigh" and calls == []
+    assert len(ratios) == 2 and ratios[0] > 100 and ratios[1] <= 1
+    assert svd_mod._ITER_CHECK < svd_mod._ITER_MAX  # gave up early
+    S64 = torch.linalg.svdvals(J32.double())[:k]
+    assert float((t.S.double() - S64).abs().max()) <= 1e-5
+    Jd = J32.double()
+    pair_res = (Jd @ t.V.double() - t.U.double() * t.S.double()).norm(dim=0).max()
+    assert float(pair_res) <= 1e-5 * float(s[0])
+
+
+def test_iterated_route_stops_at_once_without_a_bound(monkeypatch: pytest.MonkeyPatch) -> None:
+    """s_k = 0 exactly (the zero matrix): the certificate has no bound to reach, so the
+    iteration stops at its first check, and the full SVD answers with zeros."""
+    ratios = _iterated(monkeypatch)
+    t = topk_svd(torch.zeros(64, 64), 6)
+    assert t.route == "svd" and float(t.S.abs().max()) == 0.0
+    assert ratios == [float("inf")] * 2  # the iteration's one check, then the eigh window's
+
+
+def test_the_iteration_rule_is_for_gpus_and_small_k() -> None:
+    """`_iterate_first`: never on the CPU; on another device while the block is <= 1/8 of d."""
+    from blockcoupling.engine.svd import _iterate_first
+
+    assert not _iterate_first(4096, 50, torch.device("cpu"))
+    assert _iterate_first(4096, 50, torch.device("cuda"))
+    assert not _iterate_first(768, 77, torch.device("cuda"))
+    assert topk_svd(_rand(3, 64, 64).float(), 4).route in ("gram-eigh", "gram-f64")
 
 
 def test_exact_accepts_huge_finite_entries_and_refuses_inf() -> None:

@@ -17,6 +17,7 @@ from blockcoupling.engine.trajectory import (
     line_shape_scores,
     norms,
     pca_projection,
+    pca_projections,
     step_norms,
     windowed_lss,
 )
@@ -191,6 +192,19 @@ def test_pca_against_numpy_svd(seed: int, n: int, d: int) -> None:
     last = P[L].numpy()
     np.testing.assert_allclose(last.mean(0), 0.0, atol=1e-10)
     assert last[:, 0].var() >= last[:, 1].var() - 1e-12
+
+
+@pytest.mark.parametrize("n", [1, 2, 5])
+def test_batched_pca_is_the_pca_of_each(n: int) -> None:
+    """`pca_projections` on a stack: each trajectory's own `pca_projection` (NaN included)."""
+    X = _rand(5, 3, 4, n, 6)
+    got = pca_projections(X)
+    assert got.shape == (3, 4, n, 2)
+    for i in range(3):
+        torch.testing.assert_close(got[i], pca_projection(X[i]), equal_nan=True, rtol=1e-12,
+                                   atol=1e-12)
+    with pytest.raises(BlockCouplingError, match="P, L"):
+        pca_projections(X[0])
 
 
 def test_pca_degenerate_token_counts() -> None:

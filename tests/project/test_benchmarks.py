@@ -42,12 +42,35 @@ def test_bench_depth_smoke_agrees_with_its_oracle(tmp_path: Path) -> None:
 
 
 def test_bench_gpu_llama_smoke_runs_on_the_cpu(tmp_path: Path) -> None:
-    records = _run(tmp_path, "bench_gpu_llama.py", "--small", "--device", "cpu")
+    records = _run(tmp_path, "bench_gpu_llama.py", "--small", "--device", "cpu",
+                   "--iterate-anywhere")
     diffs = _agreements(records)
     # the exact routes agree to float32 level; the randomized top-K and the released
     # algorithm's float32 route are approximations (measured 2e-3 and 1.8e-2 here): the
     # smoke test checks that every route runs and is compared, not the GPU row's bound
     assert len(diffs) >= 3 and sorted(diffs)[2] < 1e-5 and max(diffs) < 0.05, diffs
+    # what the next GPU run reads: the top-K's routes and its time split, with the
+    # iteration on (forced here) and off, and where item 6's tables ran
+    split = {r["method"]: r["phases"]["split"] for r in records
+             if r.get("record") == "method" and "split" in r.get("phases", {})}
+    assert set(split) == {"measure_split", "measure_eigh"}, split
+    assert "gram-iter" in split["measure_split"]["routes"], split
+    assert set(split["measure_eigh"]["routes"]) == {"gram-eigh"}, split
+    for s in split.values():
+        assert s["eigensolve_s"] > 0 and s["jacobian_s"] > 0 and s["rest_s"] > 0, s
+    assert [r["tables_on"] for r in records if r.get("record") == "item6"] == [["cpu"]]
+
+
+def test_bench_gram_iter_smoke_compares_both_routes(tmp_path: Path) -> None:
+    records = _run(tmp_path, "bench_gram_iter.py", "--ks", "10", "--repeats", "1",
+                   "--llama-d", "256", "--lobpcg-iters", "5")
+    rows = [r for r in records if r.get("record") == "topk"]
+    assert {r["matrix"] for r in rows} == {"gpt2", "llama", "decay"}, rows
+    for r in rows:
+        assert r["eigh"]["route"] != "gram-iter", r  # forced off
+        assert r["eigh"]["max_ds_rel"] < 1e-6 and r["iter"]["max_ds_rel"] < 1e-6, r
+    # the decaying spectrum is where the iteration is certified
+    assert any(r["iter"]["route"] == "gram-iter" for r in rows if r["matrix"] == "decay"), rows
 
 
 def test_the_guard_fails_on_a_forced_fallback(tmp_path: Path) -> None:

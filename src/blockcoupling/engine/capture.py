@@ -123,6 +123,19 @@ class Capture:
     def n_layers(self) -> int:
         return int(self.boundaries.shape[0]) - 1
 
+    def device_states(self) -> list[Tensor] | None:
+        """x^0 .. x^L as the forward left them, (B, n, d) each in the model's dtype on the
+        model's device: the very tensors ``boundaries`` was copied from (the block calls'
+        input and outputs, the final norm's output). None where the capture kept no calls
+        or they lie on more than one device (a device map)."""
+        if self.calls is None or (self.final_norm and self.final_output is None):
+            return None
+        states = [self.calls[0].input] + [c.output for c in self.calls]
+        if self.final_norm:
+            assert self.final_output is not None
+            states[-1] = self.final_output
+        return states if len({s.device for s in states}) == 1 else None
+
 
 @contextlib.contextmanager
 def replay_context() -> Iterator[None]:

@@ -34,7 +34,8 @@ class TopK:
     (None for the exact SVD); fro2 (...,) ``||J||_F^2``, trace (...,) ``tr(J)`` and trace2
     (...,) ``tr(J^2)`` (exact for `topk_svd` of a square J, unbiased Gaussian
     (Hutchinson) estimates from the sketch's vectors for `randomized_topk_svd`; None
-    where not computed); n_iter the number of subspace iterations used (None for exact).
+    where not computed); n_iter the number of subspace iterations used (None for exact);
+    route: which of `ROUTES` `topk_svd` took (None for `randomized_topk_svd`).
     """
 
     U: Tensor
@@ -45,6 +46,7 @@ class TopK:
     n_iter: int | None = None
     trace: Tensor | None = None
     trace2: Tensor | None = None
+    route: str | None = None
 
     @property
     def k(self) -> int:
@@ -106,6 +108,15 @@ _GRAM_ROWS: int = 256
 _GRAM_WINDOW: int = 16
 #: The backward error `_topk_gram_mixed` accepts, in float32 epsilons of s_1 s_k.
 _GRAM_BACKWARD_ULPS: float = 32.0
+#: `_iterated_subspace`: columns of its block beyond k + ``_GRAM_WINDOW``; the most Gram
+#: products (n x n x p GEMMs) it spends; the certificate checked every that many products;
+#: used (`_iterate_first`) only while n >= ``_ITER_MAX_WIDTH_RATIO`` x the block's width.
+_ITER_OVERSAMPLE: int = 32
+_ITER_MAX: int = 24
+_ITER_CHECK: int = 4
+_ITER_MAX_WIDTH_RATIO: int = 8
+#: The routes of `topk_svd`, recorded in ``TopK.route``.
+ROUTES: tuple[str, ...] = ("gram-iter", "gram-eigh", "gram-f64", "svd")
 
 
 _SCIPY_BLAS: list[Any] = []  # [threadpoolctl controller of scipy's BLAS] once looked up
@@ -139,13 +150,17 @@ def one_blas_thread() -> contextlib.AbstractContextManager[Any]:
         contextlib.nullcontext())
 
 
-def _topk_gram(J: Tensor, k: int) -> tuple[Tensor, Tensor, Tensor] | None:
+def _topk_gram(J: Tensor, k: int) -> tuple[tuple[Tensor, Tensor, Tensor], str] | None:
     """Top-k SVD of a float32 matrix J (m, n) from the top-k eigenpairs of its Gram matrix
-    ``J^T J``: the mixed-precision route (`_topk_gram_mixed`) where its certificate holds,
-    else the float64 one (`_topk_gram_f64`). None where neither is accurate (then the
-    caller uses the full SVD)."""
+    ``J^T J``, and the route taken: the mixed-precision route (`_topk_gram_mixed`, routes
+    ``"gram-iter"`` and ``"gram-eigh"``) where its certificate holds, else the float64 one
+    (`_topk_gram_f64`, ``"gram-f64"``). None where neither is accurate (then the caller uses
+    the full SVD)."""
     got = _topk_gram_mixed(J, k)
-    return got if got is not None else _topk_gram_f64(J, k)
+    if got is not None:
+        return got
+    f64 = _topk_gram_f64(J, k)
+    return (f64, "gram-f64") if f64 is not None else None
 
 
 def _top_eigh(G: Tensor, w: int, subset: bool | None = None) -> tuple[Tensor, Tensor] | None:
@@ -184,14 +199,18 @@ def _accurate(U: Tensor, S: Tensor) -> bool:
     return bool((U.mT @ U - eye).abs().max() <= _GRAM_ORTH_TOL)
 
 
-def _topk_gram_mixed(J: Tensor, k: int) -> tuple[Tensor, Tensor, Tensor] | None:
+def _topk_gram_mixed(J: Tensor, k: int) -> tuple[tuple[Tensor, Tensor, Tensor], str] | None:
     """Top-k SVD of a float32 J (m, n): a float32 subspace, float64 Ritz pairs, certified.
 
-    1. the top ``w = k + _GRAM_WINDOW`` eigenvectors of the float32 Gram ``J^T J`` (LAPACK
-       MRRR on a subset on the CPU, `_top_eigh`; float32 halves the tridiagonalisation, which
-       is nearly all of an eigensolver's time at these sizes);
-    2. Rayleigh-Ritz in float64 on their span W (n, w): ``H = W^T (J^T (J W))`` from float64
-       row blocks of J, its eigenpairs (theta, Y), ``V = W Y``, ``S = sqrt(theta)``,
+    1. a float32 subspace that holds the top k eigenvectors of the float32 Gram ``J^T J``:
+       where `_iterate_first` says so (a GPU, k << n), block subspace iteration on the Gram
+       (`_iterated_subspace`, route ``"gram-iter"``), certified every ``_ITER_CHECK``
+       products; else, or where that certificate does not hold, the top
+       ``w = k + _GRAM_WINDOW`` eigenvectors of the Gram (LAPACK MRRR on a subset on the CPU,
+       the full ``torch.linalg.eigh`` elsewhere, `_top_eigh`; route ``"gram-eigh"``; float32
+       halves the tridiagonalisation, which is nearly all of an eigensolver's time);
+    2. Rayleigh-Ritz in float64 on that span W (`_ritz64`): ``H = W^T (J^T (J W))`` from
+       float64 row blocks of J, its eigenpairs (theta, Y), ``V = W Y``, ``S = sqrt(theta)``,
        ``U = (J W) Y / S``. The window resolves the near-degenerate neighbours of s_k, whose
        mixing float32 cannot settle, exactly in float64;
     3. the certificate: with ``R = J^T J V - V diag(theta)`` and V orthonormal, the pairs
@@ -202,17 +221,37 @@ def _topk_gram_mixed(J: Tensor, k: int) -> tuple[Tensor, Tensor, Tensor] | None:
        on GPT-2-small-shaped random blocks, ``||R||_2`` 4e-7 s_1^2 with s_k / s_1 = 0.8-0.9;
        BENCHMARKS.md). Else None: a small s_k / s_1 fails it, as squaring the spectrum in
        float32 would lose its digits.
+
+    Returns the triplets and the route that gave them.
     """
-    m, n = int(J.shape[-2]), int(J.shape[-1])
+    n = int(J.shape[-1])
     w = min(n, int(k) + _GRAM_WINDOW)
     J = J.detach()
     G32 = J.mT @ J  # (n, n) float32, used only to find the subspace
     if not bool(torch.isfinite(G32).all()):  # float32 overflow: the float64 route
         return None
+    if _iterate_first(n, int(k), G32.device):
+        got = _iterated_subspace(J, G32, int(k))
+        if got is not None:
+            return got, "gram-iter"
     top = _top_eigh(G32, w)  # (n, w), ascending
     if top is None:
         return None
-    W = torch.linalg.qr(top[1].double()).Q  # (n, w), orthonormal in float64
+    cert = _ritz64(J, torch.linalg.qr(top[1].double()).Q, int(k))
+    return (cert[0], "gram-eigh") if cert[0] is not None else None
+
+
+Ritz = tuple[tuple[Tensor, Tensor, Tensor] | None, float, float]
+
+
+def _ritz64(J: Tensor, W: Tensor, k: int) -> Ritz:
+    """Steps 2-3 of `_topk_gram_mixed` on an orthonormal float64 basis W (n, w), w >= k:
+    the certified top-k triplets of J (m, n) in J's dtype (None where the certificate or
+    `_accurate` fails), the certificate's ratio ``2 ||R||_2 / bound`` (<= 1: it holds), and
+    ``theta_w / theta_k``, the smallest Ritz value over the k-th (the Ritz estimate of the
+    rate at which subspace iteration on span(W) converges to the k-th eigenvector)."""
+    m, n = int(J.shape[-2]), int(J.shape[-1])
+    w = int(W.shape[-1])
     JW = torch.empty(m, w, dtype=torch.float64, device=J.device)
     GW = torch.zeros(n, w, dtype=torch.float64, device=J.device)  # J^T J W
     for c in _row_blocks(m):
@@ -221,18 +260,71 @@ def _topk_gram_mixed(J: Tensor, k: int) -> tuple[Tensor, Tensor, Tensor] | None:
         GW.addmm_(Jc.mT, JW[c])
     H = W.mT @ GW  # (w, w)
     theta, Y = torch.linalg.eigh((H + H.mT) / 2)  # ascending
+    decay = float(theta[0].clamp_min(0) / theta[-k]) if bool(theta[-k] > 0) else 1.0
     theta, Y = theta[-k:].flip(0), Y[:, -k:].flip(1)  # (k,), (w, k)
     V = W @ Y  # (n, k)
     S = theta.clamp_min(0).sqrt()
     R = GW @ Y - V * theta  # (n, k)
     r2 = float(torch.linalg.eigvalsh(R.mT @ R)[-1].clamp_min(0).sqrt())  # ||R||_2
     eps32 = float(torch.finfo(torch.float32).eps)
-    if not (2 * r2 <= _GRAM_BACKWARD_ULPS * eps32 * float((theta[0] * theta[-1]).clamp_min(0).sqrt())):
-        return None
+    bound = _GRAM_BACKWARD_ULPS * eps32 * float((theta[0] * theta[-1]).clamp_min(0).sqrt())
+    ratio = 2 * r2 / bound if bound > 0 else float("inf")
+    if not ratio <= 1:
+        return None, ratio, decay
     U = (JW @ Y) / S  # (m, k)
     if not _accurate(U, S):
-        return None
-    return U.to(J.dtype), S.to(J.dtype), V.to(J.dtype)
+        return None, ratio, decay
+    return (U.to(J.dtype), S.to(J.dtype), V.to(J.dtype)), ratio, decay
+
+
+def _iter_width(n: int, k: int) -> int:
+    """Columns of `_iterated_subspace`'s block: k, the window, the oversampling."""
+    return min(n, int(k) + _GRAM_WINDOW + _ITER_OVERSAMPLE)
+
+
+def _iterate_first(n: int, k: int, device: torch.device) -> bool:
+    """THE rule for the Gram route's subspace: iterate first (`_iterated_subspace`) on a
+    non-CPU device while the block is at most ``1 / _ITER_MAX_WIDTH_RATIO`` of the
+    dimension; on the CPU LAPACK's subset MRRR is faster at every size measured
+    (BENCHMARKS.md, "the iterated top-K"), and a GPU has no subset driver (its full eigh
+    took 0.10 s per 4096 x 4096 Gram on an H200)."""
+    return device.type != "cpu" and _ITER_MAX_WIDTH_RATIO * _iter_width(n, k) <= n
+
+
+def _iterated_subspace(J: Tensor, G32: Tensor, k: int
+                       ) -> tuple[Tensor, Tensor, Tensor] | None:
+    """The certified top-k triplets of J from block subspace iteration on its float32 Gram
+    G32 (n, n) (Halko, Martinsson & Tropp 2011, alg. 4.4, on a symmetric matrix): a seeded
+    Gaussian block X (n, p), ``p = _iter_width(n, k)``, then ``X = qr(G32 X).Q`` at most
+    ``_ITER_MAX`` times; every ``_ITER_CHECK`` products the float64 Rayleigh-Ritz step and
+    the certificate of `_topk_gram_mixed` on span(X) (`_ritz64`). The angle of the i-th
+    eigenvector to span(X) shrinks like ``(lambda_{p+1} / lambda_i)^q``, so a decaying
+    spectrum is certified in a few products and a flat one never: None (the caller then
+    decomposes the whole Gram) as soon as the certificate's ratio would not reach 1 within
+    the products left, at the rate the Ritz values predict (``(theta_p / theta_k)`` per
+    product, `_ritz64`) or, from the second check on, at the rate it fell since the last."""
+    n = int(G32.shape[-1])
+    p = _iter_width(n, k)
+    gen = torch.Generator(device=G32.device)
+    gen.manual_seed(0)
+    X = torch.randn(n, p, generator=gen, dtype=G32.dtype, device=G32.device)
+    last = float("inf")
+    for it in range(1, _ITER_MAX + 1):
+        X = torch.linalg.qr(G32 @ X).Q  # (n, p)
+        if it % _ITER_CHECK and it != _ITER_MAX:
+            continue
+        got, ratio, decay = _ritz64(J, torch.linalg.qr(X.double()).Q, k)
+        if got is not None or ratio <= 1:  # certified, or certified but not `_accurate`
+            return got
+        if ratio == float("inf"):  # s_k = 0: no bound to reach
+            return None
+        checks_left = (_ITER_MAX - it) // _ITER_CHECK
+        rate = ratio / last  # per check, observed (0 at the first check)
+        if (checks_left == 0 or ratio * decay ** (_ITER_MAX - it) > 1
+                or ratio * rate**checks_left > 1):
+            return None
+        last = ratio
+    return None
 
 
 def _topk_gram_f64(J: Tensor, k: int) -> tuple[Tensor, Tensor, Tensor] | None:
@@ -272,7 +364,7 @@ def topk_svd(J: Tensor, k: int) -> TopK:
     exactly (``sum_ij J_ij J_ji``: O(d^2), no product), for the rotated-basis null. A single
     float32 matrix with ``4 k <= min(m, n)``, on any device, goes the Gram route
     (`_topk_gram`: the top-k eigenpairs of ``J^T J``, certified, where accurate); everything
-    else ``torch.linalg.svd``. Raises `BlockCouplingError` if
+    else ``torch.linalg.svd``. ``route`` says which (`ROUTES`). Raises `BlockCouplingError` if
     k > min(m, n) and `NumericalError` if J holds NaN or infinity.
     """
     if J.ndim < 2:
@@ -288,9 +380,9 @@ def topk_svd(J: Tensor, k: int) -> TopK:
             and 4 * int(k) <= min(int(J.shape[0]), int(J.shape[1]))):
         got = _topk_gram(J, int(k))
         if got is not None:
-            U, S, V = got
+            (U, S, V), route = got
             return TopK(U=U, S=S, V=V, residual=None, fro2=fro2, n_iter=None, trace=trace,
-                        trace2=trace2)
+                        trace2=trace2, route=route)
     U, S, Vh = torch.linalg.svd(J, full_matrices=False)  # (..., m, r), (..., r), (..., r, n)
     return TopK(
         U=U[..., :k],
@@ -301,6 +393,7 @@ def topk_svd(J: Tensor, k: int) -> TopK:
         n_iter=None,
         trace=trace,
         trace2=trace2,
+        route="svd",
     )
 
 

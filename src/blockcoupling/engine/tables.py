@@ -167,9 +167,36 @@ def figure_arrays(prompt_id: str, A_store: CouplingStore, cfg: MeasureConfig,
 
 
 # ---------------------------------------------------------------------------- trajectories
+#: The trajectory tables run on the model's GPU while their batch (L+1, N, d) is at most this
+#: fraction of its free memory (their temporaries are a few times that); else on the CPU.
+DEVICE_TRAJECTORY_FRACTION: float = 1 / 8
+
+
+def _trajectory_device(cap: Capture, n_tokens: int) -> list[Tensor] | None:
+    """THE rule for where the trajectory tables are computed: the capture's own states
+    (`Capture.device_states`) where they lie on one CUDA device with room for the batch
+    (`DEVICE_TRAJECTORY_FRACTION`); None: the CPU copy ``cap.boundaries``. On a GPU the
+    tables' elementwise work around a millisecond forward cost 20x the forward on the CPU
+    (BENCHMARKS.md, issue 34 item 4, item 6)."""
+    states = cap.device_states()
+    if states is None or states[0].device.type != "cuda":
+        return None
+    size = cap.n_layers + 1
+    nbytes = size * n_tokens * int(states[0].shape[-1]) * cap.boundaries.element_size()
+    free, _total = torch.cuda.mem_get_info(states[0].device)
+    return states if nbytes <= DEVICE_TRAJECTORY_FRACTION * free else None
+
+
 def batch_trajectory(cap: Capture) -> Tensor:
-    """The real tokens of a captured batch side by side: (L+1, N, d), N = sum of lengths."""
-    return torch.cat([cap.boundaries[:, b, :n] for b, n in enumerate(cap.lengths)], dim=1)
+    """The real tokens of a captured batch side by side: (L+1, N, d), N = sum of lengths, in
+    the boundaries' dtype; on the model's GPU where `_trajectory_device` says so (the same
+    values: the boundaries are exact copies of those states), else on the CPU."""
+    parts = list(enumerate(cap.lengths))
+    states = _trajectory_device(cap, sum(cap.lengths))
+    if states is not None:
+        return torch.stack([torch.cat([s[b, :n] for b, n in parts]).to(cap.boundaries.dtype)
+                            for s in states])
+    return torch.cat([cap.boundaries[:, b, :n] for b, n in parts], dim=1)
 
 
 def trajectory_tables(cap: Capture, prompt_ids: Sequence[str], window: int,
@@ -183,40 +210,48 @@ def trajectory_tables(cap: Capture, prompt_ids: Sequence[str], window: int,
 
     Every metric but the PCA is per token, so they are computed once for all the batch's real
     tokens side by side, (L+1, N, d) with N = sum of the prompts' lengths (padding never
-    enters); the PCA is fitted per prompt on its last layer. ``entropy`` (L+1, N): the logit
-    lens of the same tokens (engine/lens.py), the ``logit_entropy`` column (else NaN)."""
+    enters), on the device `batch_trajectory` gives (the model's GPU where the batch fits);
+    only the per-row results, (L+1, N) and (N,), come to the CPU, in one copy. The PCA is
+    fitted per prompt on its last layer, one batched SVD per prompt length.
+    ``entropy`` (L+1, N): the logit lens of the same tokens (engine/lens.py), the
+    ``logit_entropy`` column (else NaN)."""
     lengths = cap.lengths
     # in the boundaries' precision: float32, or float64 when the analysis asks for it
     X = batch_trajectory(cap)
     Lp1, N = X.shape[0], X.shape[1]  # X: (L+1, N, d)
-    norms = trajectory.norms(X).numpy()  # (L+1, N)
-    steps = torch.cat([torch.full((1, N), float("nan"), dtype=X.dtype),
-                       trajectory.step_norms(X)]).numpy()  # (L+1, N), NaN at layer 0
-    lss_t, wl_t = trajectory.line_shape_scores(X, width=window)
-    lss, wl = lss_t.numpy(), wl_t.numpy()  # (N,), (L+1, N)
+    lss, wl = trajectory.line_shape_scores(X, width=window)  # (N,), (L+1, N)
     # norms that only change by rounding have no growth rate: NaN, not a ratio of noise
     eps = torch.finfo(X.dtype).eps
     if hidden_dtype is not None and hidden_dtype.is_floating_point:
         eps = max(eps, torch.finfo(hidden_dtype).eps)
-    ed = trajectory.expodistance(X, resolution=8 * eps).numpy()
-    cv = trajectory.equidistance_cv(X).numpy()
-    ent = (entropy.numpy() if entropy is not None
-           else np.full((Lp1, N), np.nan))  # (L+1, N)
+    starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(int)
+    pca = torch.empty(Lp1, N, 2, dtype=X.dtype, device=X.device)
+    for n in sorted(set(lengths)):  # prompts of one length: one batched PCA
+        group = [int(a) for a, m in zip(starts, lengths, strict=True) if m == n]
+        proj = trajectory.pca_projections(torch.stack([X[:, a:a + n] for a in group]))
+        for a, p in zip(group, proj, strict=True):
+            pca[:, a:a + n] = p  # (L+1, n, 2)
+    per_row = {  # (L+1, N) or (N,): the only tensors copied to the CPU
+        "norm": trajectory.norms(X),
+        "step_norm": torch.cat([torch.full((1, N), float("nan"), dtype=X.dtype, device=X.device),
+                                trajectory.step_norms(X)]),  # NaN at layer 0
+        "lss_window": wl, "pca_x": pca[..., 0], "pca_y": pca[..., 1],
+        "lss": lss, "expodistance": trajectory.expodistance(X, resolution=8 * eps),
+        "equidistance_cv": trajectory.equidistance_cv(X)}
+    host = {k: v.cpu().numpy() for k, v in per_row.items()}
+    host["logit_entropy"] = (entropy.numpy() if entropy is not None
+                             else np.full((Lp1, N), np.nan))  # (L+1, N)
     # one DataFrame per table for the whole batch (pandas construction and typing are the
     # expensive part), then a row slice per prompt
     cols: dict[str, list[np.ndarray]] = {c: [] for c in (
         "token", "layer", "norm", "step_norm", "pca_x", "pca_y", "lss_window", "logit_entropy")}
-    start = 0
-    for n in lengths:
-        sl = slice(start, start + n)
-        pca = trajectory.pca_projection(X[:, sl]).numpy()  # (L+1, n, 2)
+    for a, n in zip(starts, lengths, strict=True):
+        sl = slice(int(a), int(a) + n)
         layer_idx, tok_idx = np.meshgrid(np.arange(Lp1), np.arange(n), indexing="ij")
-        for name, arr in (("token", tok_idx), ("layer", layer_idx), ("norm", norms[:, sl]),
-                          ("step_norm", steps[:, sl]), ("pca_x", pca[..., 0]),
-                          ("pca_y", pca[..., 1]), ("lss_window", wl[:, sl]),
-                          ("logit_entropy", ent[:, sl])):
-            cols[name].append(arr.ravel())
-        start += n
+        cols["token"].append(tok_idx.ravel())
+        cols["layer"].append(layer_idx.ravel())
+        for name in ("norm", "step_norm", "pca_x", "pca_y", "lss_window", "logit_entropy"):
+            cols[name].append(host[name][:, sl].ravel())
     ids = np.asarray(prompt_ids, dtype=object)
     traj = conform("trajectory", pd.DataFrame({
         "prompt_id": np.repeat(ids, [Lp1 * n for n in lengths]),
@@ -225,7 +260,8 @@ def trajectory_tables(cap: Capture, prompt_ids: Sequence[str], window: int,
     tokm = conform("token_metrics", pd.DataFrame({
         "prompt_id": np.repeat(ids, lengths),
         "token": np.concatenate([np.arange(n) for n in lengths]),
-        "lss": lss, "expodistance": ed, "equidistance_cv": cv, "linearisation_cosine": np.nan,
+        "lss": host["lss"], "expodistance": host["expodistance"],
+        "equidistance_cv": host["equidistance_cv"], "linearisation_cosine": np.nan,
     }))
     return traj, tokm
 
@@ -259,6 +295,6 @@ def trajectory_part(cap: Capture, items: Sequence[MeasureInput], cfg: MeasureCon
     return Measurement(trajectory=traj, token_metrics=tokm, prompts=prompts_df, config=cfg)
 
 
-__all__ = ["FIGURE_TOKENS", "batch_trajectory", "coupling_rows", "figure_arrays",
+__all__ = ["DEVICE_TRAJECTORY_FRACTION", "FIGURE_TOKENS", "batch_trajectory", "coupling_rows", "figure_arrays",
            "token_figure_arrays", "split_by_prompt", "trajectory_part",
            "trajectory_tables"]

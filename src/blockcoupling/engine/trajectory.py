@@ -182,27 +182,35 @@ def pca_projection(X: Tensor, n_components: int = 2) -> Tensor:
     is undefined and its column is NaN: with n = 1 every column is NaN, with n = 2 the second.
     """
     _check_X(X)
+    return pca_projections(X[None], n_components)[0]
+
+
+def pca_projections(X: Tensor, n_components: int = 2) -> Tensor:
+    """`pca_projection` of P trajectories of the same length at once (one batched SVD, e.g.
+    the prompts of a batch on a GPU): X (P, L+1, n, d) -> (P, L+1, n, c), each its own PCA."""
+    if X.ndim != 4:
+        raise BlockCouplingError(f"a stack of trajectories must have shape (P, L+1, n, d), "
+                                 f"got {tuple(X.shape)}")
     c = int(n_components)
     if c < 1:
         raise BlockCouplingError(f"n_components must be at least 1, got {n_components}")
-    XL = X[-1]  # (n, d)
-    n, d = XL.shape
-    mu = XL.mean(0)  # (d,)
-    U, S, Vh = torch.linalg.svd(XL - mu, full_matrices=False)  # (n, r), (r,), (r, d)
-    r = S.shape[0]
-    W = torch.zeros(d, c, dtype=X.dtype, device=X.device)  # (d, c)
-    valid = torch.zeros(c, dtype=torch.bool, device=X.device)
+    XL = X[:, -1]  # (P, n, d)
+    P_, n, d = XL.shape
+    mu = XL.mean(-2, keepdim=True)  # (P, 1, d)
+    U, S, Vh = torch.linalg.svd(XL - mu, full_matrices=False)  # (P, n, r), (P, r), (P, r, d)
+    r = S.shape[-1]
+    W = torch.zeros(P_, d, c, dtype=X.dtype, device=X.device)  # (P, d, c)
+    valid = torch.zeros(P_, c, dtype=torch.bool, device=X.device)
     m = min(c, r)
     if m > 0:
-        W[:, :m] = Vh[:m].mT
+        W[..., :m] = Vh[:, :m].mT
         eps = torch.finfo(X.dtype).eps
-        smax = S[0] if r > 0 else torch.zeros((), dtype=X.dtype, device=X.device)
-        valid[:m] = S[:m] > max(n, d) * eps * smax
+        valid[:, :m] = S[:, :m] > max(n, d) * eps * S[:, :1]
         # sign: the largest |score| of the last layer is positive
-        scores = U[:, :m] * S[:m]  # (n, m)
-        idx = scores.abs().argmax(0)  # (m,)
-        sign = torch.sign(scores[idx, torch.arange(m, device=X.device)])
+        scores = U[..., :m] * S[:, None, :m]  # (P, n, m)
+        idx = scores.abs().argmax(-2, keepdim=True)  # (P, 1, m)
+        sign = torch.sign(scores.gather(-2, idx))  # (P, 1, m)
         sign = torch.where(sign == 0, torch.ones_like(sign), sign)
-        W[:, :m] = W[:, :m] * sign
-    P = (X - mu) @ W  # (L+1, n, c)
-    return torch.where(valid, P, torch.full_like(P, float("nan")))
+        W[..., :m] = W[..., :m] * sign
+    proj = (X - mu[:, None]) @ W[:, None]  # (P, L+1, n, c)
+    return torch.where(valid[:, None, None, :], proj, torch.full_like(proj, float("nan")))
