@@ -33,6 +33,9 @@ Jacobian work: fast-path replays and their first-prompt checks, the dense J), ``
 the call less both (capture, trajectory, the coupling GEMMs, tables).
 ``measure_eigh``: ``measure_split`` with the subspace iteration switched off (every Gram
 decomposed whole, the code before it): the before/after of the top-K in the same run.
+``measure_profile``: the ``measure`` call once under ``torch.profiler``, the 15 operators with
+the most self device time (where the Jacobian phase's 1.93 s goes; profiler overhead
+included, so read the shares).
 ``--iterate-anywhere`` tries the iterated route first for every Gram top-K, on any device and
 at any width (`engine/svd._iterate_first` forced), so a CPU dry run (``--small``, d = 256)
 goes through it too.
@@ -249,6 +252,28 @@ def user_measure_eigh(model: torch.nn.Module, ids: torch.Tensor, device: str
                       ) -> tuple[Values, dict[str, Any]]:
     """`user_measure_split` with the subspace iteration off (the whole Gram's eigh)."""
     return user_measure_split(model, ids, device, iterate=False)
+
+
+def user_measure_profile(model: torch.nn.Module, ids: torch.Tensor, device: str
+                         ) -> tuple[Values, dict[str, Any]]:
+    """`user_measure` once under ``torch.profiler``: the 15 operators with the most self
+    device time (CPU time on the CPU), so the next run says where the Jacobian phase goes
+    (its GEMMs are about 24 TFLOP per prompt at this shape, 0.36 s at an H200's FP32 peak,
+    against 1.93 s measured). The profiler's overhead inflates the total: read the shares."""
+    from torch.profiler import ProfilerActivity, profile
+
+    cuda = torch.device(device).type == "cuda"
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with profile(activities=acts) as prof:
+        vals, info = user_measure(model, ids, device)
+        _sync(device)
+    key = "self_device_time_total" if cuda else "self_cpu_time_total"
+    rows = sorted(prof.key_averages(), key=lambda e: getattr(e, key, 0.0), reverse=True)
+    total = sum(getattr(e, key, 0.0) for e in prof.key_averages()) or 1.0
+    info["profile"] = {"by": key, "total_ms": round(total / 1e3, 1), "top": [
+        {"op": e.key, "calls": int(e.count), "ms": round(getattr(e, key, 0.0) / 1e3, 2),
+         "share": round(getattr(e, key, 0.0) / total, 4)} for e in rows[:15]]}
+    return vals, info
 
 
 def _sync(device: str) -> None:
@@ -512,7 +537,8 @@ def item4(model: torch.nn.Module, ids: torch.Tensor, device: str, weight_bytes: 
               "agreement": agreement(rel_as, ref) if ref else None}, sink)
     for name, fn in (("fast_dense", fast_dense), ("fast_randomized", fast_randomized),
                      ("measure", user_measure), ("measure_dense", user_measure_dense),
-                     ("measure_split", user_measure_split), ("measure_eigh", user_measure_eigh)):
+                     ("measure_split", user_measure_split), ("measure_eigh", user_measure_eigh),
+                     ("measure_profile", user_measure_profile)):
         vals, phs = fn(model, ids, device)
         timed = [p for p in phs.values() if isinstance(p, dict) and "seconds" in p]
         total = sum(p["seconds"] for p in timed)
