@@ -300,10 +300,11 @@ class ModelSource:
                 f"{name('init')} random builds the model in memory; {name('device_map')} and "
                 f"{name('quantize')} apply to checkpoints only (drop them)")
 
-    def meta(self) -> dict[str, Any]:
-        """What a run's meta records of its model: ``model``, ``revision``, and the weights'
-        origin (`init_meta`)."""
-        return {"model": self.model, "revision": self.revision,
+    def meta(self, **extra: Any) -> dict[str, Any]:
+        """What a run's meta records of its model: ``model``, ``revision``, the caller's
+        ``extra`` keys (``prompts_spec``, a unit's label...), then the weights' origin
+        (`init_meta`)."""
+        return {"model": self.model, "revision": self.revision, **extra,
                 **init_meta(self.init, self.init_seed)}
 
     def load(self, *, require_tokenizer: bool = False, progress: bool = True,
