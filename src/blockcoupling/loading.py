@@ -14,7 +14,7 @@ import os
 import re
 import threading
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
@@ -251,7 +251,7 @@ class ModelSource:
     hub) when it is loaded (`load`)."""
 
     model: str | None = opt(None, "Hub id or local model folder.",
-                            check=(validate.text, {"example": "gpt2"}))
+                            check=(validate.text, {"example": "gpt2 (a hub id) or ./model (a folder)"}))
     revision: str | None = opt(None, "Model revision (branch, tag, commit, e.g. step1000).",
                                cli=True, check=(validate.text, {"example": "step1000"}))
     dtype: str = opt("auto", "Model weight dtype: auto, float32, bfloat16, float16.", cli=True,
@@ -290,6 +290,10 @@ class ModelSource:
     def __post_init__(self) -> None:
         """The values' checks; a message names the option as the CLI writes it
         (``--init-seed``) or, inside `fields.key_names`, as a spec's key."""
+        for f in fields(self):  # a field whose default is not None takes no None either
+            if getattr(self, f.name) is None and f.default is not None:
+                check, bounds = f.metadata["check"]
+                check(None, option_name(f.name, prefix="--"), **bounds)
         check_fields(self, prefix="--")
         if self.init == "random" and (self.device_map is not None
                                       or self.quantize not in (None, "none")):

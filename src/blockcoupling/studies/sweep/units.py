@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from blockcoupling.engine.config import MeasureConfig
+from blockcoupling.loading import ModelSource
 from blockcoupling.store.collection import collection_unit_id
 from blockcoupling.studies.sweep.spec import ModelSpec, Resources, SpecError, SweepSpec
 
@@ -68,6 +69,12 @@ class Unit:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+    def source(self) -> ModelSource:
+        """The unit's model, as `ModelSource.load` loads it."""
+        return ModelSource(model=self.model, revision=self.revision, dtype=self.dtype,
+                           device=self.device, trust_remote_code=self.trust_remote_code,
+                           init=self.init, init_seed=self.init_seed, **self.loading)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Unit:
