@@ -263,6 +263,30 @@ def test_every_kind_registers_from_its_own_package() -> None:
     assert with_kind_py == set(packages.values()), "a kind.py that registers nothing"
 
 
+def cross_kind_imports(graph: dict[str, dict[str, int]]) -> set[tuple[str, str]]:
+    """(module, imported module) for each module of a kind's package that imports another
+    kind's package: what every kind shares lives in the store or in a generic module of
+    ``studies/`` (``store.collection.UnitRecord``, ``collection_unit_id``)."""
+    packages = set(_kind_packages().values())
+
+    def owner(module: str) -> str | None:
+        return next((p for p in packages if module == p or module.startswith(p + ".")), None)
+
+    return {(module, target) for module, edges in graph.items() if owner(module)
+            for target in edges if owner(target) not in (None, owner(module))}
+
+
+def test_no_kind_package_imports_another_kinds_package() -> None:
+    """A kind's package (sweep, monitor, vit) imports no other kind's package; the check
+    sees such an import when there is one (the monitor once took its units from the
+    sweep's ``units.py``)."""
+    assert cross_kind_imports(GRAPH) == set()
+    planted = {**GRAPH, "blockcoupling.studies.monitor": {
+        **GRAPH["blockcoupling.studies.monitor"], "blockcoupling.studies.sweep.units": 1}}
+    assert cross_kind_imports(planted) == {("blockcoupling.studies.monitor",
+                                            "blockcoupling.studies.sweep.units")}
+
+
 def test_generic_modules_name_no_kind() -> None:
     """The modules every kind goes through name no kind, neither by importing its package
     nor by its name; the check sees a kind that is named (it cannot pass vacuously)."""

@@ -462,7 +462,7 @@ def test_error_unknown_hf_lists_names() -> None:
 
 
 def test_error_datasets_not_installed(no_datasets: None) -> None:
-    with pytest.raises(BlockCouplingError, match=r"pip install blockcoupling\[datasets\]"):
+    with pytest.raises(BlockCouplingError, match=r"pip install 'blockcoupling\[datasets\]'"):
         load_prompts("hf:arc")
 
 

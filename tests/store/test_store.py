@@ -593,3 +593,51 @@ def test_the_default_part_time_comes_from_the_environment(monkeypatch: pytest.Mo
         monkeypatch.setenv(PART_SECONDS_ENV, bad)
         with pytest.raises(BlockCouplingError, match="give a number of seconds"):
             default_part_seconds()
+
+
+def test_a_run_begun_before_a_variant_existed_resumes_with_its_own_variants(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 33: a variant added by the recipe (docs/DESIGN.md, "Recipe: add a coupling
+    variant": ``hashed=False``) is on by default from then on; a partial run begun before it
+    (its recorded variants lack it: ``coupling_vs_rotated`` was added so) resumes with the
+    variants its recorded config asked for, to the run an uninterrupted measurement of those
+    gives (the new variant for the remaining prompts only would be a wrong table), and one
+    line says so. A difference in a variant that is part of the identity is refused as
+    before."""
+    import blockcoupling as bc
+    import blockcoupling.store.record as record
+    from blockcoupling.engine.names import VARIANTS
+    from blockcoupling.engine.variants import REGISTRY
+    from tiny_models import tiny_inputs, tiny_model
+
+    before = tuple(v for v in VARIANTS if REGISTRY[v].hashed)  # the default before them
+    added = [v for v in VARIANTS if v not in before]
+    assert added == ["coupling_vs_rotated"]
+    model, inputs = tiny_model("gpt2"), tiny_inputs("gpt2", n=4, batch=4)
+    opts = dict(coupling=("depth",), k=(2,), batch_size=1, progress=False)
+    whole = bc.measure_to_dir(model, None, inputs, tmp_path / "whole", variants=before,
+                              part_seconds=0.0, **opts)
+    real = record.iter_measure
+
+    def interrupted(*args: object, **kw: object):  # type: ignore[no-untyped-def]
+        for i, part in enumerate(real(*args, **kw)):  # type: ignore[arg-type]
+            if i == 2:
+                raise KeyboardInterrupt
+            yield part
+
+    monkeypatch.setattr(record, "iter_measure", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        bc.measure_to_dir(model, None, inputs, tmp_path / "cut", variants=before,
+                          part_seconds=0.0, **opts)
+    monkeypatch.undo()
+    with pytest.raises(RunDirError, match="variants: run has"):  # an identity variant missing
+        bc.measure_to_dir(model, None, inputs, tmp_path / "cut", resume=True,
+                          variants=before[1:], **opts)
+    with pytest.warns(UserWarning, match=r"cut: resumed with the variants it began with.*"
+                      r"coupling_vs_rotated is not measured in this run.*new --out"):
+        cut = bc.measure_to_dir(model, None, inputs, tmp_path / "cut", resume=True,
+                                part_seconds=0.0, **opts)  # the default: every variant now
+    assert cut.meta["status"] == "complete"
+    assert tuple(cut.config.variants) == before
+    assert set(cut.coupling["variant"]) == set(before)
+    pd.testing.assert_frame_equal(cut.coupling, whole.coupling)

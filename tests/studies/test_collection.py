@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 import pytest
@@ -404,22 +405,77 @@ def test_pinned_unit_ids_and_hashes_of_existing_collections(kinds: dict[str, Pat
 
 
 def test_a_new_kind_is_a_package_and_one_registration(tmp_path: Path) -> None:
-    """The recipe "add a collection kind" (docs/DESIGN.md), followed once for a trivial kind:
-    one registration, and the reader, ``sweep-status``, ``report`` (of its collection and
-    of a folder of its loose outputs) and the repair line take it; unregistered, its
-    directory is the one unknown-kind line."""
-    from dataclasses import dataclass
+    """The recipe "add a collection kind" (docs/DESIGN.md), followed once for a trivial kind
+    written from a spec file (two tiny GPT-2 units, measured by its own ``run`` on
+    ``studies.executor.run_each``): one registration, and ``blockcoupling sweep SPEC``
+    (``--dry-run``: its plan; a run, then ``--resume``, which measures nothing again), the
+    reader, ``sweep-status``, ``report`` (of its collection and of a folder of its loose
+    outputs) and the repair line take it; unregistered, its directory is the one
+    unknown-kind line."""
+    import yaml
 
+    from blockcoupling.engine.config import MeasureConfig
+    from blockcoupling.store.record import plan_run
     from blockcoupling.studies import kinds
+    from blockcoupling.studies.executor import run_each
     from blockcoupling.studies.integrity import repair_command
+    from blockcoupling.studies.plans import RunPlan, StudyPlan
 
-    @dataclass(frozen=True)
-    class ToyUnit:
-        unit_id: str
-        label: str
+    measured: list[str] = []
 
-        def to_dict(self) -> dict:
-            return {"unit_id": self.unit_id, "label": self.label}
+    def parse_spec(data: Any) -> dict:
+        if not isinstance(data, dict) or not isinstance(data.get("n"), int):
+            raise BlockCouplingError("a toy spec is {kind: toy, n: <number of units>}")
+        return {"n": data["n"]}
+
+    def toy_units(spec: Any) -> list[store.UnitRecord]:
+        data = parse_spec(yaml.safe_load(Path(spec).read_text()) if isinstance(spec, Path)
+                          else spec)
+        cfg = MeasureConfig.parse(**MEASURE)
+        return [store.UnitRecord(
+            unit_id=store.collection_unit_id([("toy", 8), (f"n{i}", 8)], ["toy", i]),
+            label=f"toy{i}", model=f"toy-gpt2-{i}", revision=None, step=None,
+            prompt_set="inline:two", limit=None, config=cfg.to_dict(),
+            config_hash=cfg.config_hash()) for i in range(data["n"])]
+
+    def measure_unit(unit: dict, root: str) -> Any:  # what a Ray worker runs
+        u = store.UnitRecord.from_dict(unit)
+        measured.append(u.unit_id)
+        return bc.measure_to_dir(_gpt2(int(u.label[3:])), _tokenizer(), TEXTS,
+                                 store.unit_dir(Path(root), u.unit_id),
+                                 config=MeasureConfig.from_dict(u.config), resume=True,
+                                 meta={"unit_id": u.unit_id, "label": u.label,
+                                       "model": u.model}, progress=False)
+
+    def plan(spec: Any) -> StudyPlan:
+        return StudyPlan(study="toy", runs=[RunPlan(name=u.label, measure=plan_run(
+            _gpt2(0), _tokenizer(), TEXTS, config=MeasureConfig.from_dict(u.config)))
+            for u in toy_units(spec)])
+
+    def run(spec: Any, out: Path, *, executor: str, address: str | None, resume: bool,
+            num_cpus: int | None, **_: Any) -> bc.Sweep:
+        units, root = toy_units(spec), Path(out)
+        root.mkdir(parents=True, exist_ok=True)
+        with store.collection_lock(root, "toy"):
+            manifest = (store.load_manifest(root) if resume and store.is_collection_dir(root)
+                        else store.new_manifest("toy", {"toy": {"n": len(units)}}))
+            manifest["order"] = [u.unit_id for u in units]
+            manifest["sessions"].append({"started": store.now(), "executor": executor})
+            store.write_json(root / store.MANIFEST, manifest)
+            todo = [u for u in units
+                    if (store.read_status(root, u.unit_id) or {}).get("status") != "done"]
+            for u in todo:
+                store.write_status(root, u, "pending")
+
+            def done(i: int, m: Any, err: BaseException | None) -> None:
+                assert err is None
+                store.write_status(root, todo[i], "done", weights_hash=m.meta["weights_hash"],
+                                   n_prompts=len(m.prompts))
+
+            run_each(measure_unit, [((u.to_dict(), str(root)), {}) for u in todo], done,
+                     executor=executor, address=address, num_cpus=num_cpus)
+            store.write_catalogue(root)
+        return bc.open_collection(root)
 
     def page(collection: bc.Sweep, out: Path) -> Path:
         out.write_text(f"<p>toy page of {len(collection.catalogue)} units</p>")
@@ -431,26 +487,40 @@ def test_a_new_kind_is_a_package_and_one_registration(tmp_path: Path) -> None:
 
     toy = kinds.register(kinds.CollectionKind(
         name="toy", page=page, repair=lambda root: f"run the toy again in {root}",
+        parse_spec=parse_spec, plan=plan, run=run,
         recognises=lambda folder: (folder / "toy.txt").is_file(), folder_page=folder_page))
     root = tmp_path / "toy"
+    spec = tmp_path / "toy.yaml"
+    spec.write_text("kind: toy\nn: 2\n")
     loose = tmp_path / "loose"
     loose.mkdir()
     (loose / "toy.txt").write_text("a toy output")
+    runner = CliRunner()
     try:
-        units = [ToyUnit(store.collection_unit_id([("toy", 8), (f"n{i}", 8)], ["toy", i]),
-                         f"toy{i}") for i in range(2)]
-        root.mkdir()
-        manifest = store.new_manifest("toy", {"toy": {"n": 2}})
-        manifest["order"] = [u.unit_id for u in units]
-        store.write_json(root / store.MANIFEST, manifest)
-        for u in units:
-            store.write_status(root, u, "pending")
+        r = runner.invoke(app, ["sweep", str(spec), "--out", str(root), "--dry-run"])
+        assert r.exit_code == 0 and "toy0" in r.output and "toy1" in r.output, r.output
+        assert not root.exists() and measured == []  # a plan writes and measures nothing
+        r = runner.invoke(app, ["sweep", str(spec), "--out", str(root), "--executor", "local"])
+        assert r.exit_code == 0 and "2 of 2 units done, 0 failed" in r.output, r.output
+        assert len(measured) == 2
         c = bc.open_collection(root)
-        assert c.kind == "toy" and c.catalogue["status"].tolist() == ["pending"] * 2
+        assert c.kind == "toy" and c.catalogue["status"].tolist() == ["done"] * 2
+        lines = []
+        for uid in c.catalogue["unit_id"]:  # the reader's statistic is each unit's run's
+            mine = bc.coupling_statistic(c.open_unit(str(uid)), n_boot=0)
+            theirs = c.coupling_statistic(n_boot=0)
+            theirs = theirs[theirs["unit_id"] == uid]
+            assert theirs["mean"].tolist() == mine["mean"].tolist()
+            lead = mine.set_index("variant").loc["coupling_vs_null"]
+            lines.append(f"K=2, 2 prompts: above chance (coupling_vs_null) {lead['mean']:.4f} "
+                         f"± {lead['se']:.4f}")
+        r = runner.invoke(app, ["sweep", str(spec), "--out", str(root), "--executor", "local",
+                                "--resume"])
+        assert r.exit_code == 0 and "2 of 2 units done" in r.output and len(measured) == 2
         assert repair_command(root, "toy") == f"run the toy again in {root}"
-        runner = CliRunner()
         r = runner.invoke(app, ["sweep-status", str(root)])
-        assert r.exit_code == 0 and "(toy): 2 units" in r.output, r.output
+        assert r.exit_code == 0 and "(toy): 2 units: 2 done" in r.output, r.output
+        assert all(line in r.output for line in lines), (lines, r.output)
         r = runner.invoke(app, ["-q", "report", str(root), "--out", str(tmp_path / "t.html")])
         assert r.exit_code == 0, r.output
         assert (tmp_path / "t.html").read_text() == "<p>toy page of 2 units</p>"
@@ -464,6 +534,8 @@ def test_a_new_kind_is_a_package_and_one_registration(tmp_path: Path) -> None:
         bc.open_collection(root)
     r = CliRunner().invoke(app, ["report", str(loose), "--out", str(tmp_path / "g.html")])
     assert r.exit_code == 1 and not (tmp_path / "g.html").exists()  # no kind takes it now
+    r = CliRunner().invoke(app, ["sweep", str(spec), "--out", str(tmp_path / "x")])
+    assert r.exit_code != 0 and "unknown kind 'toy'" in r.output, r.output
 
 
 def test_one_default_kind_for_kindless_specs_and_format_one() -> None:

@@ -841,6 +841,63 @@ def test_one_headline_for_one_vit_output(tmp_path: Path) -> None:
     assert open_collection(tmp_path / "g").default_tokens == "first"
 
 
+def test_a_vit_grid_has_one_token_rule_in_sweep_status_and_correlate(tmp_path: Path) -> None:
+    """Issue 33: a collection's token rule (its manifest's, else its kind's: a ViT grid's
+    [CLS]) is the one default of every command that reads it: ``sweep-status`` and
+    ``correlate`` state the same rule and the same per-model numbers, as the grid wrote it
+    ([CLS], "first"), with the manifest's statement removed (the kind's rule), and with the
+    manifest stating another rule (the collection's, not the runs' own)."""
+    from typer.testing import CliRunner
+
+    from blockcoupling.cli import app
+    from blockcoupling.store import collection as store
+    from blockcoupling.studies import kinds
+
+    base = VitTrainConfig(epochs=1, monitor_every=0, **{**TINY, "final_images": 3})
+    root = tmp_path / "g"
+    run_grid(base, root, drop_paths=(0.0, 0.1, 0.2), weight_decays=(0.05,), executor="local",
+             progress=False)
+    labels = [run_name(base.replace(drop_path=d, weight_decay=0.05)) for d in (0.0, 0.1, 0.2)]
+    scores = tmp_path / "scores.csv"
+    pd.DataFrame({"model": labels, "score": [0.1, 0.5, 0.3]}).to_csv(scores, index=False)
+    runner = CliRunner()
+    variants = ("coupling", "coupling_vs_null", "coupling_vs_rotated")
+
+    def both() -> tuple[str, dict[str, dict[str, float]]]:
+        status = runner.invoke(app, ["sweep-status", str(root), "--json"])
+        corr = runner.invoke(app, ["correlate", str(root), "--scores", str(scores), "--json",
+                                   "--n-boot", "0"])
+        assert status.exit_code == 0 and corr.exit_code == 0, (status.output, corr.output)
+        st, co = json.loads(status.output), json.loads(corr.output)
+        rules = {st["statistic"]["tokens"], *(r["tokens"] for r in co["statistic"].values())}
+        assert len(rules) == 1, rules  # one rule, stated by both
+        by_label = {r["label"]: r for r in st["summary"]}
+        numbers = {}
+        for row in co["models"]:
+            mine = by_label[row["label"]]
+            assert row["k"] == mine["k"]
+            for v in variants:
+                assert row[f"{v}_mean"] == pytest.approx(mine[f"{v}_mean"], rel=1e-12), v
+                assert row[f"{v}_se"] == pytest.approx(mine[f"{v}_se"], rel=1e-12), v
+            numbers[row["label"]] = {v: row[f"{v}_mean"] for v in variants}
+        assert sorted(numbers) == sorted(labels)
+        return rules.pop(), numbers
+
+    written, cls = both()
+    assert written == "first" == kinds.get("vit-grid").headline_tokens
+    from blockcoupling.studies.vit.grid import headline_tokens  # the grid's --tokens default
+
+    assert headline_tokens({}) == kinds.get("vit-grid").headline_tokens
+    manifest = store.load_manifest(root)
+    del manifest["headline_tokens"]  # a grid whose manifest states none: its kind's rule
+    store.write_json(root / store.MANIFEST, manifest)
+    assert both() == ("first", cls)
+    manifest["headline_tokens"] = "last"  # the collection's own statement wins everywhere
+    store.write_json(root / store.MANIFEST, manifest)
+    stated, last = both()
+    assert stated == "last" and last != cls  # the rules give other numbers: the test can fail
+
+
 def test_conditional_accuracy_fits_match_scipy_and_draw_fig12() -> None:
     from scipy import stats
 

@@ -144,7 +144,7 @@ def sweep_status_cmd(
     typer.echo(f"{sweep_dir} ({_kind(sweep_dir)}): {len(st)} units: "
                + ", ".join(f"{n} {s}" for s, n in counts.items()))
     headlines, tokens = (_unit_headlines(sweep_dir) if (st["status"] == "done").any()
-                         else ({}, "last"))
+                         else ({}, None))
     for r in st.itertuples():
         step = "" if r.step is None or str(r.step) == "<NA>" else f" step {r.step}"
         line = f"  {r.status:<12s} {r.unit_id}{step}"
@@ -157,10 +157,10 @@ def sweep_status_cmd(
         typer.echo(line)
         if r.unit_id in headlines:
             typer.echo(f"      depth-wise coupling, {headlines[r.unit_id]}")
-    if headlines:
+    if headlines and tokens is not None:
         from blockcoupling.engine.statistic import headline_rule
 
-        rule = headline_rule(tokens=tokens)  # the collection's own token rule, as stated
+        rule = headline_rule(tokens=tokens)  # the collection's token rule (its kind's)
         typer.echo(f"  (rule: {rule})")
 
 
@@ -211,9 +211,9 @@ def _unit_statistics(sweep_dir: Path, st: Any) -> dict[str, Any]:
             | {"description": headline_rule(tokens=tokens)}, "summary": jsonable(summ)}
 
 
-def _unit_headlines(sweep_dir: Path) -> tuple[dict[str, str], str]:
-    """(unit_id -> the headline statistic of each done unit, the token rule they used);
-    empty where it cannot be read: the status lines still print."""
+def _unit_headlines(sweep_dir: Path) -> tuple[dict[str, str], str | None]:
+    """(unit_id -> the headline statistic of each done unit, the token rule they used:
+    ``Sweep.default_tokens``); empty where it cannot be read: the status lines still print."""
     from blockcoupling.engine.statistic import headline_wide
     from blockcoupling.studies.read import open_sweep
 
@@ -221,6 +221,6 @@ def _unit_headlines(sweep_dir: Path) -> tuple[dict[str, str], str]:
         sw = open_sweep(sweep_dir)
         summ = sw.summary(include_duplicates=True)
     except (BlockCouplingError, ImportError, OSError):
-        return {}, "last"
+        return {}, None
     return ({str(r["unit_id"]): headline_wide(r) for _, r in summ.iterrows()
              if r.notna().get("k", False)}, sw.default_tokens)

@@ -61,6 +61,7 @@ from blockcoupling.engine.names import (
 from blockcoupling.errors import BlockCouplingError
 
 __all__ = [
+    "DEFAULT_TOKENS",
     "HEADLINE_TOKENS_KEY",
     "HEADLINE_VARIANTS",
     "LEAD_VARIANTS",
@@ -91,6 +92,11 @@ __all__ = [
 
 #: how the measured tokens of a prompt enter its value
 TOKEN_RULES: tuple[str, ...] = ("last", "first", "all")
+#: the token rule of the statistic where nothing states another (the paper's: each prompt's
+#: last measured token); the one default of every rule, run and collection kind: a run's
+#: ``meta`` or a collection's kind (``studies.kinds.CollectionKind.headline_tokens``, a
+#: ViT grid's [CLS] = ``"first"``) states its own, which its readers take (`headline_tokens`)
+DEFAULT_TOKENS = "last"
 #: the variants a headline states: first the one that leads (against the rotated-basis null:
 #: an isotropic Jacobian cannot pass for coupling there; docs/conventions.md, "Which null
 #: leads the headline"), then the one against independent bases beside it, then raw c_K
@@ -155,7 +161,7 @@ class StatisticRule:
     k: KSpec = None  # None: the smallest measured K; "d/10": paper_k(d_model); or an int
     p: float | None = 1.0
     orientation: str = "ujv"
-    tokens: str = "last"
+    tokens: str = DEFAULT_TOKENS
     diagonal: bool = False
     n_boot: int = DEFAULT_N_BOOT  # resamples of interval="bootstrap" (0: no interval)
     seed: int = 0
@@ -554,14 +560,15 @@ SE_WORDS = "± = one standard error over prompts, within one model"
 
 
 #: the key under which a run's ``meta`` (or a collection's manifest) states the token rule of
-#: its headline (a ViT's [CLS]: ``"first"``); absent: ``"last"``, the paper's
+#: its headline (a ViT's [CLS]: ``"first"``); absent: ``default``
 HEADLINE_TOKENS_KEY = "headline_tokens"
 
 
-def headline_tokens(record: Mapping[str, Any] | None) -> str:
+def headline_tokens(record: Mapping[str, Any] | None, default: str = DEFAULT_TOKENS) -> str:
     """The token rule of the headline of a run (its ``meta``) or a collection (its manifest):
-    the rule it states under `HEADLINE_TOKENS_KEY`, else ``"last"`` (the paper's)."""
-    tokens = str((record or {}).get(HEADLINE_TOKENS_KEY) or "last")
+    the rule it states under `HEADLINE_TOKENS_KEY`, else ``default`` (`DEFAULT_TOKENS`, the
+    paper's; a collection's: its kind's rule, ``studies.kinds.collection_tokens``)."""
+    tokens = str((record or {}).get(HEADLINE_TOKENS_KEY) or default)
     if tokens not in TOKEN_RULES:
         raise BlockCouplingError(f"the stated headline token rule {tokens!r} is not one of "
                                  f"{', '.join(TOKEN_RULES)}; the record is damaged")
@@ -569,7 +576,7 @@ def headline_tokens(record: Mapping[str, Any] | None) -> str:
 
 
 def headline_rule(variants: Sequence[str] = HEADLINE_VARIANTS, k: int | None = None,
-                  tokens: str = "last") -> str:
+                  tokens: str = DEFAULT_TOKENS) -> str:
     """The rule of `headline` lines (no interval is printed there), for the one
     ``(rule: ...)`` line under them; ``k=None``: "K as on each line"; ``tokens``: the token
     rule the lines used."""

@@ -11,7 +11,7 @@ from typing import Any
 
 import pandas as pd
 
-from blockcoupling.errors import BlockCouplingError
+from blockcoupling.errors import BlockCouplingError, require
 from blockcoupling.prompts.prompt import (
     Prompt,
 )
@@ -203,13 +203,9 @@ def _rows_from_local(path: Path) -> list[dict[str, Any]]:
 
 def _rows_from_hub(ds: HFDataset, split: str) -> Any:
     """The split of a hub dataset (a ``datasets.Dataset``: indexable rows)."""
-    try:
-        from datasets import load_dataset
-    except ImportError:
-        raise BlockCouplingError(
-            "hf: prompt sets need the 'datasets' package: pip install blockcoupling[datasets] "
-            "(or pass a local file of rows: hf:NAME@/path/to/rows.jsonl)"
-        ) from None
+    load_dataset = require("datasets", what="an hf: prompt set", install="'blockcoupling[datasets]'",
+                           alternative="or pass a local file of rows: hf:NAME@/path/to/rows.jsonl"
+                           ).load_dataset
     try:
         return load_dataset(ds.path, ds.config, split=split)
     except Exception as exc:  # network, unknown split, missing config: all user-fixable

@@ -35,13 +35,15 @@ trained unit, the repair line, which kind is the default) is registered by the k
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import datetime as _dt
 import json
 import os
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import pandas as pd
 
@@ -72,6 +74,46 @@ class CollectionUnit(Protocol):
     def unit_id(self) -> str: ...
 
     def to_dict(self) -> dict[str, Any]: ...
+
+
+_R = TypeVar("_R", bound="UnitRecord")
+
+
+@dataclass(frozen=True)
+class UnitRecord:
+    """A unit of any kind as plain data (it travels to Ray workers as is): what the status
+    file and the catalogue record of it (``CATALOGUE_COLUMNS``). A kind uses it as it is (the
+    monitor, the ViT grid) or extends it (the sweep's ``Unit`` adds how its model is loaded);
+    its id comes from `collection_unit_id`, its ``config_hash`` from the measurement config's
+    ``config_hash()``."""
+
+    unit_id: str
+    label: str
+    model: str                # what was measured: a hub id, a local folder, a label
+    revision: str | None      # hub revision (None: the default branch or a local folder)
+    step: int | None          # training step, None if unknown
+    prompt_set: str
+    limit: int | None
+    config: dict[str, Any]    # MeasureConfig.to_dict()
+    config_hash: str
+    inputs: dict[str, str] = dataclasses.field(default_factory=dict)  # local input -> content hash
+    run: str = ""  # the unit's run directory inside units/<unit_id>/ ("": that folder itself;
+    #                a unit trained into its folder names its run, e.g. "coupling/final")
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls: type[_R], data: Mapping[str, Any]) -> _R:
+        """The record of a status file's ``unit`` (keys of other kinds or versions ignored;
+        JSON lists back into the fields' tuples)."""
+        names = {f.name: f for f in dataclasses.fields(cls)}
+        out = {k: v for k, v in data.items() if k in names}
+        for name, f in names.items():
+            if name in out and isinstance(out[name], list) and str(f.type).startswith("tuple"):
+                out[name] = tuple(out[name])
+        out["inputs"] = dict(out.get("inputs") or {})
+        return cls(**out)
 
 
 def now() -> str:

@@ -67,7 +67,7 @@ def measure_to_dir(model: torch.nn.Module, tokenizer: Any, prompts: Any, out_dir
     t_start = time.perf_counter()
     if part_seconds is None:
         part_seconds = default_part_seconds()
-    cfg = parse_config(config, **options)
+    cfg = _resumed(out_dir, parse_config(config, **options), resume)
     items, prompts_df, plan, spec, full_meta = _checked(
         model, tokenizer, prompts, cfg, out_dir, meta, prompts_spec, resume, progress)
     t0 = time.perf_counter()
@@ -118,6 +118,20 @@ def measure_to_dir(model: torch.nn.Module, tokenizer: Any, prompts: Any, out_dir
                                         "write_seconds": writing,
                                         "peak_memory": peak_memory()},
                                fast_path=last_fast_path(last))
+
+
+def _resumed(out_dir: Any, cfg: MeasureConfig, resume: bool) -> MeasureConfig:
+    """``cfg``, or the variants a resumed run began with (`writer.resume_config`: a variant
+    added since is not measured for its remaining prompts), said in a warning."""
+    import warnings
+    from pathlib import Path
+
+    from blockcoupling.store.writer import resume_config
+
+    cfg, line = resume_config(Path(out_dir), cfg, resume)
+    if line is not None:
+        warnings.warn(line, UserWarning, stacklevel=3)
+    return cfg
 
 
 def _repair_bases(writer: RunWriter, model: torch.nn.Module, tokenizer: Any, items: list[Any],
@@ -240,6 +254,7 @@ def plan_run(model: torch.nn.Module, tokenizer: Any, prompts: Any, *,
     made, the output directory's included: what the run would refuse is refused."""
     cfg = parse_config(config, **options)
     if out_dir is not None:
+        cfg = _resumed(out_dir, cfg, resume)
         return _checked(model, tokenizer, prompts, cfg, out_dir, meta, prompts_spec, resume,
                         progress=False, model_name=model_name, dry_run=True)[2]
     items = normalise_inputs(prompts)

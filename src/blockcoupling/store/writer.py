@@ -153,6 +153,30 @@ def check_target(root: Path, config: MeasureConfig, meta: Mapping[str, Any],
     return manifest
 
 
+def resume_config(root: Path, config: MeasureConfig, resume: bool) -> tuple[MeasureConfig, str | None]:
+    """The config a run in ``root`` is resumed with, and the line that says why it is not
+    ``config``: a stored run whose variants differ from ``config``'s only in variants that
+    are no part of the identity (``Variant.hashed=False``: a variant added after the run
+    began is on by default now) keeps the variants its recorded config asked for, so every
+    prompt of it has the same tables. Anything else (no run with results there, another
+    difference) is ``config`` unchanged, and `check_target` refuses what differs."""
+    entries = _entries(root)
+    if not resume or not entries or _holds_no_results(root, entries):
+        return config, None
+    try:
+        old = list((load_manifest(root).get("config") or {}).get("variants") or ())
+        theirs = config.replace(variants=tuple(old)) if old else config
+    except BlockCouplingError:
+        return config, None  # damaged or of another version: check_target says it
+    if list(config.variants) == old or theirs.config_hash() != config.config_hash():
+        return config, None
+    added = [v for v in config.variants if v not in old]
+    more = (f"; {', '.join(added)} {'is' if len(added) == 1 else 'are'} not measured in this "
+            "run: measure into a new --out for it" if added else "")
+    return theirs, (f"{root}: resumed with the variants it began with ({', '.join(old)})"
+                    + more)
+
+
 class RunWriter:
     """Writes a run directory part by part; a context manager holding the directory's lock.
 

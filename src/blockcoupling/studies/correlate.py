@@ -39,7 +39,13 @@ from typing import Any, cast
 
 import pandas as pd
 
-from blockcoupling.engine.statistic import FLOOR_NOTE, PAPER_K, KSpec, StatisticRule
+from blockcoupling.engine.statistic import (
+    DEFAULT_TOKENS,
+    FLOOR_NOTE,
+    PAPER_K,
+    KSpec,
+    StatisticRule,
+)
 from blockcoupling.errors import BlockCouplingError
 from blockcoupling.jsonsafe import jsonable
 from blockcoupling.store.fileio import write_json
@@ -252,7 +258,7 @@ def correlate(inputs: Sequence[str | Path] | Sequence[ModelUnit], scores: str | 
     n_boot = whole(n_boot, "--n-boot", minimum=0)  # 0: no bootstrap CI
     seed = whole(seed, "--seed", minimum=0)
     rule = replace(CORRELATION_RULE, k=k, p=p, orientation=orientation,
-                   tokens=tokens or "last", diagonal=diagonal)  # checks, before any run loads
+                   tokens=tokens or DEFAULT_TOKENS, diagonal=diagonal)  # checked early
     for v in variants or DEFAULT_VARIANTS:
         rule.with_variant(v)
     units = (list(inputs) if inputs and isinstance(inputs[0], ModelUnit)

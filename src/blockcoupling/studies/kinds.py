@@ -9,7 +9,7 @@ an old layout, and the loose outputs it recognises outside a collection. One kin
 ``default``: that of a spec without ``kind:`` and of a manifest that records none (format 1,
 written when it was the only kind). Generic modules (the reader, ``studies/collection.py``,
 ``studies/plans.py``, the CLI) ask the registry (`get`, `names`, `spec_kinds`, `default`,
-`manifest_kind`, `recognising`) and name no kind. The recipe: docs/DESIGN.md, "Recipe: add a
+`manifest_kind`, `collection_tokens`, `recognising`) and name no kind. The recipe: docs/DESIGN.md, "Recipe: add a
 collection kind"; ``tests/project/test_architecture.py`` fails when a kind is named outside its own
 package.
 """
@@ -50,8 +50,12 @@ class CollectionKind:
     #: collection (``blockcoupling sweep`` prints its units); a kind whose command module
     #: registers its own command-line run (``cli.app.spec_runner``) may leave it None
     run: Callable[..., Any] | None = None
-    #: the token rule of the headline statistic ("last": the paper's; a ViT's [CLS]: "first")
-    headline_tokens: str = "last"
+    #: the token rule of the headline statistic of a collection of this kind whose manifest
+    #: states none (a ViT's [CLS]: "first"; None: the statistic's own default,
+    #: ``engine.statistic.DEFAULT_TOKENS``, the paper's last token); every reader of a
+    #: collection (sweep-status, report, correlate, coupling_statistic) takes it through
+    #: `collection_tokens`
+    headline_tokens: str | None = None
     #: why a done unit's folder beyond its run directory cannot be trusted, or None
     unit_check: Callable[[Path], str | None] | None = None
     #: convert an old layout in ``root`` (no manifest yet) into this kind; False: not one
@@ -144,6 +148,17 @@ def manifest_kind(manifest: Mapping[str, Any]) -> str:
     records none (format 1, written when there was one kind) is the `default` kind's."""
     kind = manifest.get("kind")
     return default().name if kind is None else str(kind)
+
+
+def collection_tokens(manifest: Mapping[str, Any]) -> str:
+    """The token rule of a collection's headline statistic: the rule its manifest states
+    (``headline_tokens``: a ViT grid writes its ``--tokens``), else its kind's
+    (`CollectionKind.headline_tokens`), else the statistic's default. The one token default
+    of every command that reads a collection."""
+    from blockcoupling.engine.statistic import DEFAULT_TOKENS, headline_tokens
+
+    own = get(manifest_kind(manifest)).headline_tokens
+    return headline_tokens(manifest, default=own or DEFAULT_TOKENS)
 
 
 def recognising(path: Path) -> CollectionKind | None:

@@ -18,7 +18,12 @@ from typing import Any
 
 import pandas as pd
 
-from blockcoupling.engine.statistic import PAPER_K, StatisticRule, statistic_table
+from blockcoupling.engine.statistic import (
+    DEFAULT_TOKENS,
+    PAPER_K,
+    StatisticRule,
+    statistic_table,
+)
 from blockcoupling.errors import BlockCouplingError
 from blockcoupling.hashing import canonical_hash
 
@@ -79,9 +84,10 @@ class ModelUnit:
     #: the training run this model is a checkpoint of (a step or revision of one model or
     #: of one collection entry), None for a model on its own: see `training_runs`
     run: str | None = None
-    #: the run's own token rule for its headline (``engine.statistic.headline_tokens``: a ViT
-    #: run's [CLS] is ``"first"``, everything else ``"last"``)
-    headline_tokens: str = "last"
+    #: the token rule of its headline: a run's own (``engine.statistic.headline_tokens`` of
+    #: its meta: a ViT run's [CLS] is ``"first"``), a collection unit's its collection's
+    #: (``Sweep.default_tokens``: the rule of its kind), else ``DEFAULT_TOKENS``
+    headline_tokens: str = DEFAULT_TOKENS
 
     def match_keys(self, *, any_revision: bool = False) -> list[str]:
         """Names a score row may use for this unit, most specific first. A unit measured at
@@ -134,7 +140,7 @@ def token_rule(units: Sequence[ModelUnit], tokens: str | None) -> str:
                           for r in rules)
         raise BlockCouplingError(
             f"the runs' own token rules differ: {which}; give --tokens to use one for all")
-    return rules[0] if rules else "last"
+    return rules[0] if rules else DEFAULT_TOKENS
 
 
 def prompt_set_of(prompts: pd.DataFrame) -> str:
@@ -154,7 +160,9 @@ def _sweep_reader() -> Any:
 
 
 def _units_from_sweep(sweep: Any, path: Path) -> list[ModelUnit]:
-    """One unit per done unit of a sweep directory, named by the sweep's catalogue."""
+    """One unit per done unit of a collection, named by its catalogue; each takes the
+    collection's token rule (``Sweep.default_tokens``, its kind's), the one ``sweep-status``
+    and ``report`` state for it."""
     sw = sweep.open_collection(path)
     sw.verify()  # a damaged unit: named, with the resume that measures it again
     rows = sw.done().to_dict("records")
@@ -163,6 +171,7 @@ def _units_from_sweep(sweep: Any, path: Path) -> list[ModelUnit]:
     units = []
     for row, label in zip(rows, labels, strict=True):
         unit = _unit_from_run(Path(sw.run_dir(row["unit_id"])))
+        unit.headline_tokens = sw.default_tokens
         for name in ("model", "revision"):
             if isinstance(row.get(name), str) and row[name]:
                 setattr(unit, name, row[name])

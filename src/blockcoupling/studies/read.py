@@ -29,7 +29,7 @@ from blockcoupling.engine.statistic import (
     rule_and_ks,
     statistic_table,
 )
-from blockcoupling.errors import BlockCouplingError
+from blockcoupling.errors import BlockCouplingError, require
 from blockcoupling.store import collection as store
 from blockcoupling.studies import integrity, kinds
 
@@ -51,12 +51,7 @@ def unit_columns_in(files: list[str], table: str) -> list[str]:
 
 
 def _duckdb() -> Any:
-    try:
-        import duckdb
-    except ImportError as err:
-        raise BlockCouplingError("reading a sweep needs duckdb: pip install "
-                                 "'blockcoupling[sweep]'") from err
-    return duckdb
+    return require("duckdb", what="reading a sweep", install="'blockcoupling[sweep]'")
 
 
 def _sql_str(s: str) -> str:
@@ -85,12 +80,10 @@ class Sweep:
 
     @property
     def default_tokens(self) -> str:
-        """The token rule of this collection's headline, as its manifest states it
-        (``headline_tokens``: a ViT grid writes its ``--tokens``, [CLS] = ``"first"``), else
-        ``"last"`` (the paper's)."""
-        from blockcoupling.engine.statistic import headline_tokens
-
-        return headline_tokens(self.manifest)
+        """The token rule of this collection's headline (`kinds.collection_tokens`): as its
+        manifest states it (``headline_tokens``: a ViT grid writes its ``--tokens``), else
+        its kind's ([CLS] = ``"first"`` for a ViT grid), else the paper's last token."""
+        return kinds.collection_tokens(self.manifest)
 
     @property
     def kind(self) -> str:

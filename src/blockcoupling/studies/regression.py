@@ -28,7 +28,7 @@ import numpy as np
 import pandas as pd
 
 from blockcoupling.engine.statistic import FLOOR_NOTE
-from blockcoupling.errors import BlockCouplingError
+from blockcoupling.errors import BlockCouplingError, require
 
 __all__ = [
     "CONTROLS",
@@ -68,14 +68,8 @@ MAX_DEGENERATE = 0.01
 
 def stats_modules() -> tuple[Any, Any]:
     """scipy.stats and statsmodels.api, or a clear error naming the extra to install."""
-    try:
-        import scipy.stats as st
-        import statsmodels.api as sm
-    except ImportError as err:
-        raise BlockCouplingError(
-            f"the correlation study needs scipy and statsmodels ({err.name} is missing): "
-            "pip install 'blockcoupling[study]'"
-        ) from None
+    st, sm = (require(m, what="the correlation study", install="'blockcoupling[study]'")
+              for m in ("scipy.stats", "statsmodels.api"))
     return st, sm
 
 

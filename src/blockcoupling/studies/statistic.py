@@ -61,7 +61,8 @@ def coupling_statistic(source: Measurement | str | os.PathLike[str] | Any, *,
     ``coupling``); ``k``: None (the smallest measured K, the same for
     every unit of a collection), ``"d/10"`` (round(d/10) per model, the paper's), an int or a
     list; ``tokens``: ``"last"`` (the paper's), ``"first"`` or ``"all"`` (None: the rule
-    the run or the collection states, e.g. a ViT training's [CLS], else ``"last"``);
+    the run states, e.g. a ViT training's [CLS], or the collection's, its kind's: a ViT
+    grid's [CLS]; else ``"last"``);
     ``diagonal=True`` includes l = l'; ``interval``: ``"t"`` (Student t, the default) or
     ``"bootstrap"`` (percentile, ``n_boot`` resamples, ``seed``).
     Columns: the names of the run/unit, then ``variant, k, p, orientation, tokens, diagonal,

@@ -10,7 +10,7 @@ from __future__ import annotations
 import io
 import math
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -42,8 +42,9 @@ HEATMAP_CMAP = "viridis"
 GRID_CMAP = "magma"
 
 __all__ = ["DPI", "FORMATS", "FigureLayoutWarning", "FigureUnavailable", "Runs", "colormap",
-           "clip", "fmt_p", "label_list", "layout_problems", "missing_text", "new_figure",
-           "panels", "png_bytes", "present", "rendered_png", "save_figure", "selection_text", "tokens_text"]
+           "clip", "fit_run_ticks", "fmt_p", "label_list", "layout_problems", "missing_text", "new_figure",
+           "panels", "png_bytes", "present", "rendered_png", "run_ticks", "save_figure", "selection_text",
+           "tokens_text"]
 
 
 class FigureLayoutWarning(UserWarning):
@@ -224,9 +225,43 @@ def layout_problems(fig: Figure) -> list[str]:
     return problems
 
 
+#: the angles a row of run labels may be turned by, tried in order until neighbours clear
+TICK_ANGLES: tuple[int, ...] = (0, 30, 45, 60, 90)
+_RUN_TICKS = "run-ticks"  # the gid that marks an x axis whose labels name runs
+
+
+def run_ticks(ax: Any, positions: Iterable[float], labels: Sequence[str]) -> None:
+    """X tick labels that name runs, small; their angle is chosen from the drawn figure by
+    `fit_run_ticks` (call it once the figure is complete)."""
+    ax.set_xticks(list(positions), list(labels), fontsize="small")
+    ax.xaxis.set_gid(_RUN_TICKS)
+
+
+def fit_run_ticks(fig: Figure) -> None:
+    """Turn each row of run labels (`run_ticks`) by the smallest of `TICK_ANGLES` at which
+    neighbouring labels do not collide by the layout check's own rule (`layout_problems`),
+    drawing the figure once per angle tried; 90 degrees where none clears."""
+    pending = [ax for ax in fig.axes if ax.xaxis.get_gid() == _RUN_TICKS]
+    if not isinstance(fig.canvas, FigureCanvasAgg):
+        FigureCanvasAgg(fig)
+    for angle in TICK_ANGLES:
+        if not pending:
+            return
+        for ax in pending:
+            for t in ax.get_xticklabels():
+                t.set(rotation=angle, ha="right" if angle % 90 else "center",
+                      rotation_mode="anchor" if angle % 90 else "default")
+        fig.canvas.draw()
+        renderer = fig.canvas.get_renderer()  # type: ignore[attr-defined]
+        pending = [ax for ax in pending if _ticks_collide(
+            [(t, t.get_window_extent(renderer)) for t in ax.get_xticklabels()
+             if t.get_visible() and t.get_text().strip()], fig.dpi)]
+
+
 def _ticks_collide(ticks: list[tuple[Any, Any]], dpi: float) -> bool:
     """Whether neighbouring x tick labels overlap: their boxes when upright; when turned by
-    an angle a, their anchors closer than a line of text (font size / sin a) apart."""
+    an angle a, their anchors closer than their lines of text (font size x lines / sin a)
+    apart."""
     upright = [b for t, b in ticks if t.get_rotation() % 180 == 0]
     upright.sort(key=lambda b: b.x0)
     if any(_overlap(a, c) for a, c in zip(upright, upright[1:], strict=False)):
@@ -234,7 +269,8 @@ def _ticks_collide(ticks: list[tuple[Any, Any]], dpi: float) -> bool:
     turned = sorted((t.get_transform().transform(t.get_position())[0], t) for t, _ in ticks
                     if t.get_rotation() % 180 != 0)
     for (x1, t), (x2, _) in zip(turned, turned[1:], strict=False):
-        line = t.get_fontsize() * dpi / 72 / abs(math.sin(math.radians(t.get_rotation())))
+        lines = t.get_text().count("\n") + 1
+        line = lines * t.get_fontsize() * dpi / 72 / abs(math.sin(math.radians(t.get_rotation())))
         if x2 - x1 < 0.9 * line:
             return True
     return False

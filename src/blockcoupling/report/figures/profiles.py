@@ -16,7 +16,9 @@ from blockcoupling.report.figures.base import (
     FigureUnavailable,
     Runs,
     clip,
+    fit_run_ticks,
     new_figure,
+    run_ticks,
     tokens_text,
 )
 from blockcoupling.report.summaries import as_runs, run_labels
@@ -123,10 +125,10 @@ def plot_metrics_by_run(runs: Runs, *, metrics: Sequence[str] = RUN_METRICS,
         fin = y[np.isfinite(y) & (y > 0)]
         if fin.size and fin.max() / fin.min() > 100:
             ax.set_yscale("log")
-        ax.set_xticks(x, [clip(lab, TICK_CHARS) for lab in labs], rotation=35 if len(ms) > 3 else 0,
-                      ha="right" if len(ms) > 3 else "center", fontsize="small")
+        run_ticks(ax, x, [clip(lab, TICK_CHARS) for lab in labs])
         ax.set_xlabel(f"model ({order_name})", fontsize="small")
         ax.grid(alpha=0.3)
+    fit_run_ticks(fig)
     return fig
 
 

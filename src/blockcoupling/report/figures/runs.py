@@ -16,7 +16,9 @@ from blockcoupling.report.figures.base import (
     FigureUnavailable,
     Runs,
     clip,
+    fit_run_ticks,
     new_figure,
+    run_ticks,
     selection_text,
 )
 from blockcoupling.report.summaries import REPORT_RULE, across_runs_data, as_runs, run_labels
@@ -64,7 +66,6 @@ def plot_across_runs(runs: Runs, rule: StatisticRule = REPORT_RULE, *,
     x = np.arange(len(ms), dtype=float)
     joined = training_runs(ms)
     ticks = [clip(lab, TICK_CHARS) for lab in labs]
-    tilt = many or max(map(len, ticks)) > 12
     for ax, (col, name) in zip(axes, panels, strict=True):
         ax.set_title(name, fontsize="medium")
         if col != "coupling":  # median with the inter-quartile range
@@ -87,10 +88,10 @@ def plot_across_runs(runs: Runs, rule: StatisticRule = REPORT_RULE, *,
             finite = finite[np.isfinite(finite)]
             if finite.size and finite.min() > 0 and finite.max() / finite.min() > 100:
                 ax.set_yscale("log")
-        ax.set_xticks(x, ticks, rotation=35 if tilt else 0, ha="right" if tilt else "center",
-                      fontsize="small")
+        run_ticks(ax, x, ticks)
         ax.set_xlim(-0.5, len(ms) - 0.5)
         ax.grid(alpha=0.3)
+    fit_run_ticks(fig)
     return fig
 
 

@@ -20,10 +20,12 @@ from blockcoupling.report.figures.base import (
     Runs,
     clip,
     colormap,
+    fit_run_ticks,
     missing_text,
     new_figure,
     panels,
     present,
+    run_ticks,
     tokens_text,
 )
 from blockcoupling.report.figures.depth import prompt_text
@@ -117,11 +119,9 @@ def _box(ax: Any, vals: list[np.ndarray], labs: list[str], nans: list[int], col:
     st = robust_stats(np.concatenate(vals))
     if st.spans_decades():
         ax.set_yscale("log")
-    names = [clip(lab, TICK_CHARS) if not n else f"{clip(lab, TICK_CHARS)}\n({n} NaN)"
+    names = [clip(lab, TICK_CHARS) if not n else f"{clip(lab, TICK_CHARS)} ({n} NaN)"
              for lab, n in zip(labs, nans, strict=True)]
-    tilt = len(labs) > 3 or max(map(len, names)) > 10
-    ax.set_xticks(range(1, len(labs) + 1), names, rotation=30 if tilt else 0,
-                  ha="right" if tilt else "center", fontsize="small")
+    run_ticks(ax, range(1, len(labs) + 1), names)
     ax.set_xlim(0.4, len(labs) + 0.6)
     ax.set_ylabel(f"per-token {col}" + (" (log scale)" if st.spans_decades() else ""))
     ax.grid(alpha=0.3, axis="y")
@@ -208,6 +208,7 @@ def plot_trajectory_metrics(runs: Runs, *, token: int | None = None,
     handles, names = axes[0].get_legend_handles_labels()
     if handles:
         fig.legend(handles, names, loc="outside right upper", fontsize="small")
+    fit_run_ticks(fig)
     return fig
 
 

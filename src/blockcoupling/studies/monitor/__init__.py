@@ -51,10 +51,9 @@ from blockcoupling.engine.state import preserved
 from blockcoupling.errors import BlockCouplingError
 from blockcoupling.hashing import canonical_hash
 from blockcoupling.store import collection as store
-from blockcoupling.store.collection import collection_unit_id
+from blockcoupling.store.collection import UnitRecord, collection_unit_id
 from blockcoupling.studies import kinds
 from blockcoupling.studies.integrity import unit_problem
-from blockcoupling.studies.sweep.units import Unit, config_hash
 
 
 def prompt_items(prompts: Any, limit: int | None, seed: int) -> tuple[list[Any], str]:
@@ -162,7 +161,7 @@ class CouplingMonitor:
         self.root = Path(out)
         self.log = log
         self.last_scalars: dict[str, float] = {}
-        self._hash = config_hash(self.config)
+        self._hash = self.config.config_hash()
         self._lock: contextlib.ExitStack | None = None
         self.open()
         try:
@@ -215,7 +214,7 @@ class CouplingMonitor:
     def should_measure(self, step: int) -> bool:
         return int(step) in self.steps or (self.every is not None and int(step) % self.every == 0)
 
-    def unit(self, step: int) -> Unit:
+    def unit(self, step: int) -> UnitRecord:
         """The unit of one measured step (its id is stable across re-runs)."""
         identity = ([self.label, int(step), self.prompt_set, self._hash]
                     + ([sorted(self._inputs.items())] if self._inputs else []))
@@ -223,10 +222,10 @@ class CouplingMonitor:
         earlier = f"{self.label}-step{int(step)}-{uid.rsplit('-', 1)[1]}"  # before the rule:
         if earlier != uid and store.status_path(self.root, earlier).is_file():  # label as is
             uid = earlier  # a directory written then keeps its ids (its steps are not redone)
-        return Unit(unit_id=uid, label=self.label,
-                    model=self.label, revision=None, step=int(step),
-                    prompt_set=self.prompt_set, limit=None, config=self.config.to_dict(),
-                    config_hash=self._hash, inputs=dict(self._inputs))
+        return UnitRecord(unit_id=uid, label=self.label, model=self.label, revision=None,
+                          step=int(step), prompt_set=self.prompt_set, limit=None,
+                          config=self.config.to_dict(), config_hash=self._hash,
+                          inputs=dict(self._inputs))
 
     def record_loss(self, step: int, loss: float) -> None:
         """Store the training loss at ``step`` beside the coupling (``OUT/training_loss.jsonl``)."""

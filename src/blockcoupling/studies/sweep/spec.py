@@ -29,7 +29,7 @@ from typing import Any
 
 from blockcoupling import validate
 from blockcoupling.engine.config import MeasureConfig
-from blockcoupling.errors import BlockCouplingError
+from blockcoupling.errors import BlockCouplingError, require
 from blockcoupling.fields import check_fields, from_mapping, key_names, opt
 from blockcoupling.loading import ModelSource
 
@@ -340,10 +340,8 @@ def load_spec(source: str | os.PathLike[str] | Mapping[str, Any] | SweepSpec) ->
     if not path.is_file():
         raise SpecError(f"sweep spec {str(path)!r} not found; give a YAML file (see "
                         "docs/how-to/sweeps.md)")
-    try:
-        import yaml
-    except ImportError as err:  # pragma: no cover - pyyaml comes with transformers
-        raise SpecError("reading a YAML spec needs pyyaml: pip install 'blockcoupling[sweep]'") from err
+    yaml = require("yaml", what="reading a YAML spec", package="pyyaml",
+                   install="'blockcoupling[sweep]'", error=SpecError)
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
     except yaml.YAMLError as err:

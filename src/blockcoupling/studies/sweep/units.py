@@ -20,7 +20,7 @@ from typing import Any
 
 from blockcoupling.engine.config import MeasureConfig
 from blockcoupling.loading import ModelSource
-from blockcoupling.store.collection import collection_unit_id
+from blockcoupling.store.collection import UnitRecord, collection_unit_id
 from blockcoupling.studies.sweep.spec import ModelSpec, Resources, SpecError, SweepSpec
 
 _STEP_RE = re.compile(r"(?:^|[^a-z])(?:step|checkpoint|ckpt|iter)[-_]?(\d+)$", re.IGNORECASE)
@@ -42,18 +42,11 @@ def config_hash(cfg: MeasureConfig) -> str:
 
 
 @dataclass(frozen=True)
-class Unit:
-    """One measurement of a sweep (plain data: it travels to Ray workers as is)."""
+class Unit(UnitRecord):
+    """One measurement of a sweep: the collection's `UnitRecord` (id, names, config, hash,
+    local inputs) and how its model is loaded (plain data: it travels to Ray workers as
+    is)."""
 
-    unit_id: str
-    label: str
-    model: str                # what load_model receives: hub id or local folder
-    revision: str | None      # hub revision (None: the default branch or a local folder)
-    step: int | None          # training step (from stepN / checkpoint-N), None if unknown
-    prompt_set: str
-    limit: int | None
-    config: dict[str, Any]    # MeasureConfig.to_dict()
-    config_hash: str
     dtype: str = "auto"
     device: str = "auto"
     num_cpus: float = 1.0
@@ -61,28 +54,14 @@ class Unit:
     trust_remote_code: bool = False
     prompt_texts: tuple[str, ...] = ()   # an inline prompt set's texts (prompt_set inline:NAME)
     loading: dict[str, Any] = dataclasses.field(default_factory=dict)  # device_map, quantize, ...
-    inputs: dict[str, str] = dataclasses.field(default_factory=dict)  # local input -> content hash
-    run: str = ""  # the unit's run directory inside units/<unit_id>/ ("": that folder itself;
-    #                a ViT grid's training run: "coupling/final")
     init: str = "pretrained"  # or "random": the model's config with seeded random weights
     init_seed: int = 0
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
 
     def source(self) -> ModelSource:
         """The unit's model, as `ModelSource.load` loads it."""
         return ModelSource(model=self.model, revision=self.revision, dtype=self.dtype,
                            device=self.device, trust_remote_code=self.trust_remote_code,
                            init=self.init, init_seed=self.init_seed, **self.loading)
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> Unit:
-        names = {f.name for f in dataclasses.fields(cls)}
-        out = {k: v for k, v in data.items() if k in names}
-        out["prompt_texts"] = tuple(out.get("prompt_texts") or ())
-        out["inputs"] = dict(out.get("inputs") or {})
-        return cls(**out)
 
 
 def unit_id(*, model: str, revision: str | None, prompt_set: str, limit: int | None,

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from blockcoupling.errors import BlockCouplingError
+from blockcoupling.errors import BlockCouplingError, require
 
 DATASETS = ("digits", "cifar10")
 DEFAULT_IMAGE_SIZE = {"digits": 16, "cifar10": 32}
@@ -82,14 +82,11 @@ def _subset(x: Tensor, y: Tensor, limit: int | None) -> tuple[Tensor, Tensor]:
 
 def load_digits(image_size: int = 16) -> ImageData:
     """scikit-learn's digits, 80/20 stratified split (seed 0), upscaled to ``image_size``."""
-    try:
-        from sklearn.datasets import load_digits as _sk_digits
-        from sklearn.model_selection import train_test_split
-    except ImportError as err:  # pragma: no cover - scikit-learn is in the vit extra
-        raise BlockCouplingError(
-            "the digits data set needs scikit-learn: pip install 'blockcoupling[vit]'"
-        ) from err
-    bunch = _sk_digits()
+    sk_datasets = require("sklearn.datasets", what="the digits data set", package="scikit-learn",
+                          install="'blockcoupling[vit]'")
+    from sklearn.model_selection import train_test_split
+
+    bunch = sk_datasets.load_digits()
     images = bunch.images.astype(np.float32) / 16.0  # (N, 8, 8) in [0, 1]
     labels = bunch.target.astype(np.int64)
     tr_x, te_x, tr_y, te_y = train_test_split(images, labels, test_size=0.2, random_state=0,
@@ -169,13 +166,9 @@ def load_image_folder(root: str | Path, image_size: int | None = None,
 
 def load_cifar10_hub(image_size: int | None = None) -> ImageData:
     """CIFAR-10 through Hugging Face ``datasets`` (network or its local cache)."""
-    try:
-        import datasets
-    except ImportError as err:  # pragma: no cover - datasets is an optional extra
-        raise BlockCouplingError(
-            "CIFAR-10 needs the datasets package (pip install 'blockcoupling[datasets]') or "
-            "a local folder (--data-dir DIR with DIR/train/<class>/*.png, DIR/test/...)"
-        ) from err
+    datasets = require("datasets", what="CIFAR-10", install="'blockcoupling[datasets]'",
+                       alternative="or give a local folder: --data-dir DIR with "
+                                   "DIR/train/<class>/*.png, DIR/test/...")
     try:
         ds = datasets.load_dataset("cifar10")
     except Exception as err:  # noqa: BLE001 - offline/missing cache: many exception types

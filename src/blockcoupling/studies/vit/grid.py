@@ -218,21 +218,20 @@ FINAL_RUN = "coupling/final"
 
 
 def grid_unit(config: VitTrainConfig, axes: Sequence[str] = ()) -> Any:
-    """The collection unit of one grid point (``studies.sweep.units.Unit``): label
+    """The collection unit of one grid point (``store.collection.UnitRecord``): label
     `run_name` (with the grid's extra ``axes``), id by the collections' one rule over
     the whole training config, config hash of its final measurement, run directory
     ``coupling/final``."""
-    from blockcoupling.store.collection import collection_unit_id
-    from blockcoupling.studies.sweep.units import Unit
+    from blockcoupling.store.collection import UnitRecord, collection_unit_id
     from blockcoupling.studies.vit.train import images_config, measured_tokens
 
     label = run_name(config, axes)
     final = images_config(config.k, measured_tokens(config.tokens, both=True))
-    return Unit(unit_id=collection_unit_id([(label, 48)], [KIND, config.key()]), label=label,
-                model=f"vit:{config.preset}", revision=None, step=None,
-                prompt_set=f"{config.dataset}:test", limit=config.final_images,
-                config=json.loads(json.dumps(config.to_dict(), default=str)),
-                config_hash=final.config_hash(), run=FINAL_RUN)
+    return UnitRecord(unit_id=collection_unit_id([(label, 48)], [KIND, config.key()]),
+                      label=label, model=f"vit:{config.preset}", revision=None, step=None,
+                      prompt_set=f"{config.dataset}:test", limit=config.final_images,
+                      config=json.loads(json.dumps(config.to_dict(), default=str)),
+                      config_hash=final.config_hash(), run=FINAL_RUN)
 
 
 def headline_tokens(base_dict: dict[str, Any]) -> str:
