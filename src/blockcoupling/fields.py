@@ -24,18 +24,20 @@ a bad value is one line naming the key and where it was), the validation
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
 import inspect
 import types
 import typing
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from blockcoupling import validate
 from blockcoupling.errors import BlockCouplingError
 
-__all__ = ["OptionSpec", "check_fields", "cli_options", "from_mapping", "identity", "opt",
-           "option_parameters", "parse_given"]
+__all__ = ["OptionSpec", "check_fields", "cli_options", "from_mapping", "identity", "key_names",
+           "opt", "option_name", "option_parameters", "parse_given"]
 
 _MISSING: Any = dataclasses.MISSING
 
@@ -56,20 +58,44 @@ def _fields(cls: Any) -> tuple[dataclasses.Field[Any], ...]:
     return dataclasses.fields(cls)
 
 
+#: set inside `key_names`: the prefix that names a field as a YAML key (``"models[0]."``)
+_KEY_PREFIX: contextvars.ContextVar[str | None] = contextvars.ContextVar("key_prefix",
+                                                                         default=None)
+
+
+@contextlib.contextmanager
+def key_names(prefix: str) -> Iterator[None]:
+    """Inside: `check_fields` and `option_name` name a field as a YAML key, ``prefix`` +
+    the field (``models[0].init_seed``), whatever naming the record asks for (a record
+    that a CLI and a YAML file both make names its options as the one that made it)."""
+    token = _KEY_PREFIX.set(prefix)
+    try:
+        yield
+    finally:
+        _KEY_PREFIX.reset(token)
+
+
+def option_name(name: str, *, prefix: str = "", dashes: bool = True) -> str:
+    """How a message names the field ``name``: ``prefix`` + the field with dashes
+    (``--init-seed``) or as is (``dashes=False``); inside `key_names`, as its YAML key."""
+    keyed = _KEY_PREFIX.get()
+    if keyed is not None:
+        return keyed + name
+    return prefix + (name.replace("_", "-") if dashes else name)
+
+
 def check_fields(record: Any, *, prefix: str = "", dashes: bool = True) -> None:
     """Apply every field's ``check`` (None passes); whole numbers written as floats
     (``5.0``) become ints. The message names the option with dashes (``train-limit``, a CLI
-    flag) or, ``dashes=False``, as the field (``num_cpus``, a YAML key)."""
+    flag) or, ``dashes=False``, as the field (``num_cpus``, a YAML key), after ``prefix``
+    (`option_name`: inside `key_names`, as a YAML key)."""
     for f in _fields(record):
         rule = f.metadata.get("check")
         if rule is None:
             continue
         fn, bounds = rule
-        try:
-            value = validate.optional(fn, getattr(record, f.name),
-                                      f.name.replace("_", "-") if dashes else f.name, **bounds)
-        except validate.OptionError as err:
-            raise validate.OptionError(f"{prefix}{err}") from err
+        value = validate.optional(fn, getattr(record, f.name),
+                                  option_name(f.name, prefix=prefix, dashes=dashes), **bounds)
         if fn is validate.whole:
             object.__setattr__(record, f.name, value)
 

@@ -14,13 +14,16 @@ import os
 import re
 import threading
 from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
 import torch
 
+from blockcoupling import validate
 from blockcoupling.errors import BlockCouplingError
+from blockcoupling.fields import OptionSpec, check_fields, cli_options, opt, option_name
 from blockcoupling.progress import interactive
 
 MODEL_DTYPES = {
@@ -212,16 +215,6 @@ def quantization_config(quantize: str | None) -> Any:
                                  bnb_4bit_compute_dtype=torch.float32)
 
 
-def check_init(init: Any, seed: Any = 0, *, names: tuple[str, str] = ("--init", "--init-seed")
-               ) -> None:
-    """One line for an init / init seed the loader cannot honour (``names``: how the caller
-    calls the two options, e.g. a sweep spec's keys)."""
-    from blockcoupling import validate
-
-    validate.init_name(init, names[0])
-    validate.whole(seed, names[1], minimum=0)
-
-
 def init_meta(init: str = "pretrained", seed: int = 0) -> dict[str, Any]:
     """What a run's meta records of its weights' origin: ``init`` (``pretrained`` or
     ``random``) and, for random weights, ``init_seed`` (both part of the resume identity)."""
@@ -243,6 +236,125 @@ def random_init(config: Any, seed: int = 0, *, head: bool = False,
     return model.eval()
 
 
+@dataclass(frozen=True)
+class ModelSource:
+    """Where a model comes from and how it is loaded, as one record: the hub id or folder,
+    its revision, dtype and device, remote code, accelerate's dispatch, quantization, missing
+    weights and a seeded random init.
+
+    Each field is declared once with `blockcoupling.fields.opt`: the loading options of
+    ``measure`` and ``perturb`` (`source_options`), a sweep spec's model keys (top-level
+    defaults, per-model values) and a sweep unit's model all are this record, so a new
+    loading option is one field here. Its values are checked when it is made (types, dtype,
+    device, init and seed, a random init without dispatch or quantization); what needs the
+    machine (accelerate, a quantization backend, a writable offload folder, the device, the
+    hub) when it is loaded (`load`)."""
+
+    model: str | None = opt(None, "Hub id or local model folder.",
+                            check=(validate.text, {"example": "gpt2 (a hub id) or ./model (a folder)"}))
+    revision: str | None = opt(None, "Model revision (branch, tag, commit, e.g. step1000).",
+                               cli=True, check=(validate.text, {"example": "step1000"}))
+    dtype: str = opt("auto", "Model weight dtype: auto, float32, bfloat16, float16.", cli=True,
+                     check=(validate.dtype_name, {}))
+    device: str = opt("auto", "Where the model runs: auto, cpu, cuda, cuda:N.", cli=True,
+                      check=(validate.device_name, {}))
+    trust_remote_code: bool = opt(
+        False, "Run the model repository's own Python code (transformers trust_remote_code); "
+        "only for repositories you trust.", cli=True, check=(validate.flag, {}))
+    device_map: str | None = opt(
+        None, "Dispatch the model with accelerate (auto, balanced, sequential): blocks on "
+        "several devices, some offloaded; measured one block at a time.", cli=True,
+        check=(validate.text, {"example": "auto"}))
+    max_memory: str | None = opt(
+        None, "With --device-map: memory per device, e.g. 0=20GiB,cpu=60GiB.", cli=True,
+        check=(validate.text, {"example": "0=20GiB,cpu=60GiB"}))
+    offload_folder: str | None = opt(
+        None, "With --device-map: folder for blocks offloaded to disk.", cli=True,
+        check=(validate.text, {"example": "offload"}))
+    quantize: str | None = opt(
+        None, "Load the weights in 8 or 4 bits: bnb-8bit, bnb-4bit (bitsandbytes), "
+        "torchao-int8; each block is dequantized to the analysis dtype.", cli=True,
+        check=(validate.text, {"example": "bnb-8bit"}))
+    allow_missing_weights: bool = opt(
+        False, "Measure a checkpoint that lacks weights its config describes (or holds block "
+        "weights it does not describe): those are initialised under a fixed seed and listed "
+        "in the run's meta. Without it such a checkpoint is refused.", cli=True,
+        check=(validate.flag, {}))
+    init: str = opt(
+        "pretrained", "pretrained (the checkpoint's weights) or random: the same config with "
+        "seeded random weights (the untrained baseline of the paper's figures 3, 4 and 23; "
+        "recorded in the run's meta and identity).", cli=True, check=(validate.init_name, {}))
+    init_seed: int = opt(0, "Seed of --init random.", cli=True,
+                         check=(validate.whole, {"minimum": 0}))
+
+    def __post_init__(self) -> None:
+        """The values' checks; a message names the option as the CLI writes it
+        (``--init-seed``) or, inside `fields.key_names`, as a spec's key."""
+        for f in fields(self):  # a field whose default is not None takes no None either
+            if getattr(self, f.name) is None and f.default is not None:
+                check, bounds = f.metadata["check"]
+                check(None, option_name(f.name, prefix="--"), **bounds)
+        check_fields(self, prefix="--")
+        if self.init == "random" and (self.device_map is not None
+                                      or self.quantize not in (None, "none")):
+            def name(f: str) -> str:
+                return option_name(f, prefix="--")
+
+            raise validate.OptionError(
+                f"{name('init')} random builds the model in memory; {name('device_map')} and "
+                f"{name('quantize')} apply to checkpoints only (drop them)")
+
+    def meta(self, **extra: Any) -> dict[str, Any]:
+        """What a run's meta records of its model: ``model``, ``revision``, the caller's
+        ``extra`` keys (``prompts_spec``, a unit's label...), then the weights' origin
+        (`init_meta`)."""
+        return {"model": self.model, "revision": self.revision, **extra,
+                **init_meta(self.init, self.init_seed)}
+
+    def load(self, *, require_tokenizer: bool = False, progress: bool = True,
+             head: bool = False) -> tuple[Any, Any]:
+        """``(model, tokenizer)``: see `load_model` for what each option does and what is
+        refused."""
+        if not self.model:
+            raise BlockCouplingError("give the model: a hub id or a local model folder")
+        dispatch = self._dispatch()
+        with quiet_transformers(progress):
+            return _load(self.model, revision=self.revision, dtype=self.dtype,
+                         device=self.device, trust_remote_code=self.trust_remote_code,
+                         require_tokenizer=require_tokenizer, dispatch=dispatch,
+                         allow_missing_weights=self.allow_missing_weights, head=head,
+                         init=self.init, init_seed=self.init_seed)
+
+    def _dispatch(self) -> dict[str, Any]:
+        """``from_pretrained``'s keywords of accelerate's dispatch and of quantization,
+        checked against this machine (accelerate and the backend installed, the offload
+        folder writable) before any weight is read."""
+        dispatch: dict[str, Any] = {}
+        if self.device_map is not None:
+            import importlib.util
+
+            if importlib.util.find_spec("accelerate") is None:
+                raise BlockCouplingError(
+                    "--device-map needs the package accelerate: pip install accelerate")
+            dispatch.update(device_map=self.device_map,
+                            max_memory=parse_max_memory(self.max_memory),
+                            offload_folder=self.offload_folder)
+            if self.offload_folder is not None:
+                _writable_folder(Path(self.offload_folder).expanduser(), "--offload-folder")
+        elif self.max_memory is not None or self.offload_folder is not None:
+            raise BlockCouplingError("--max-memory and --offload-folder apply with --device-map")
+        qc = quantization_config(self.quantize)
+        if qc is not None:
+            dispatch["quantization_config"] = qc
+        return dispatch
+
+
+def source_options(*, exclude: tuple[str, ...] = ()) -> list[OptionSpec]:
+    """The CLI options of `ModelSource` (``--model`` is the command's own, with ``-m``),
+    less ``exclude``: a command that loads a model takes these."""
+    return cli_options(ModelSource, exclude=exclude)
+
+
 def load_model(name: str, *, revision: str | None = None, dtype: str = "auto",
                device: str = "auto", trust_remote_code: bool = False,
                require_tokenizer: bool = False, progress: bool = True,
@@ -250,7 +362,8 @@ def load_model(name: str, *, revision: str | None = None, dtype: str = "auto",
                offload_folder: str | None = None, quantize: str | None = None,
                allow_missing_weights: bool = False, head: bool = False,
                init: str = "pretrained", init_seed: int = 0) -> tuple[Any, Any]:
-    """``(model, tokenizer)`` for a hub id or a local folder, in eval mode on ``device``.
+    """``(model, tokenizer)`` for a hub id or a local folder, in eval mode on ``device``:
+    ``ModelSource(model=name, ...).load(...)`` (`ModelSource`).
 
     ``head``: the causal LM with its unembedding (``AutoModelForCausalLM``, for the logit
     lens) instead of the base model. ``init="random"``: the same config with seeded random
@@ -274,31 +387,12 @@ def load_model(name: str, *, revision: str | None = None, dtype: str = "auto",
     unless ``allow_missing_weights`` (then they are initialised under a fixed seed and listed
     in the run's ``meta["loading"]``); a loading error names its cause (the config, the
     architecture or the weights)."""
-    dispatch: dict[str, Any] = {}
-    if device_map is not None:
-        import importlib.util
-
-        if importlib.util.find_spec("accelerate") is None:
-            raise BlockCouplingError(
-                "--device-map needs the package accelerate: pip install accelerate")
-        dispatch.update(device_map=device_map, max_memory=parse_max_memory(max_memory),
-                        offload_folder=offload_folder)
-        if offload_folder is not None:
-            _writable_folder(Path(offload_folder).expanduser(), "--offload-folder")
-    elif max_memory is not None or offload_folder is not None:
-        raise BlockCouplingError("--max-memory and --offload-folder apply with --device-map")
-    check_init(init, init_seed)
-    if init == "random" and (device_map is not None or quantize not in (None, "none")):
-        raise BlockCouplingError("--init random builds the model in memory; --device-map and "
-                                 "--quantize apply to checkpoints only (drop them)")
-    qc = quantization_config(quantize)
-    if qc is not None:
-        dispatch["quantization_config"] = qc
-    with quiet_transformers(progress):
-        return _load(name, revision=revision, dtype=dtype, device=device,
-                     trust_remote_code=trust_remote_code, require_tokenizer=require_tokenizer,
-                     dispatch=dispatch, allow_missing_weights=allow_missing_weights,
-                     head=head, init=init, init_seed=init_seed)
+    source = ModelSource(model=name, revision=revision, dtype=dtype, device=device,
+                         trust_remote_code=trust_remote_code, device_map=device_map,
+                         max_memory=max_memory, offload_folder=offload_folder,
+                         quantize=quantize, allow_missing_weights=allow_missing_weights,
+                         init=init, init_seed=init_seed)
+    return source.load(require_tokenizer=require_tokenizer, progress=progress, head=head)
 
 
 def _load(name: str, *, revision: str | None, dtype: str, device: str, trust_remote_code: bool,
@@ -307,8 +401,6 @@ def _load(name: str, *, revision: str | None, dtype: str, device: str, trust_rem
           init: str = "pretrained", init_seed: int = 0) -> tuple[Any, Any]:
     from transformers import AutoConfig, AutoTokenizer
 
-    if dtype not in MODEL_DTYPES:
-        raise BlockCouplingError(f"--dtype {dtype!r}: choose one of {', '.join(MODEL_DTYPES)}")
     path = Path(name).expanduser()
     if _looks_like_path(name) and not path.exists():
         raise BlockCouplingError(f"model path {name!r} does not exist; give a local folder "

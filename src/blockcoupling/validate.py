@@ -105,6 +105,21 @@ def device_name(value: Any, name: str = "device") -> str:
     return value
 
 
+def flag(value: Any, name: str) -> bool:
+    """A switch: ``True`` or ``False`` (not ``"yes"``, not 1)."""
+    if not isinstance(value, bool):
+        raise OptionError(f"{name} must be true or false, not {value!r}")
+    return value
+
+
+def text(value: Any, name: str, *, example: str = "") -> str:
+    """A string (``example``: one the message shows)."""
+    if not isinstance(value, str):
+        such = f" such as {example}" if example else ""
+        raise OptionError(f"{name} must be a string{such}, not {value!r}")
+    return value
+
+
 def one_value(raw: Any, flag: str, parse: Callable[[str], T]) -> T:
     """The one value of a list option in a command that uses one: ``--k``, ``--p`` and
     ``--variant`` take comma-separated lists in every command (``measure --k 10,30``), and a

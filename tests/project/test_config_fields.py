@@ -75,6 +75,56 @@ def test_cli_options_come_from_the_fields() -> None:
     assert opts["n"].flag == "--n" and "[default: 3]" in opts["n"].help
 
 
+def test_key_names_name_a_check_as_the_specs_key() -> None:
+    """One check, named as the CLI's flag or, inside ``key_names``, as a spec's key."""
+    from blockcoupling.fields import key_names
+    from blockcoupling.loading import ModelSource
+
+    with pytest.raises(BlockCouplingError, match=r"^--init-seed must be a whole number >= 0"):
+        ModelSource(model="m", init_seed=-1)
+    with key_names("models[3]."), pytest.raises(
+            BlockCouplingError, match=r"^models\[3\]\.init_seed must be a whole number >= 0"):
+        ModelSource(model="m", init_seed=-1)
+    with pytest.raises(BlockCouplingError, match=r"^--dtype None: choose one of"):
+        ModelSource(model="m", dtype=None)  # type: ignore[arg-type]
+
+
+def test_model_loading_options_are_declared_once() -> None:
+    """``ModelSource``'s fields are the loading options of ``measure`` (``perturb``: all but
+    accelerate's dispatch and quantization), the loading keys of a sweep spec's model entry
+    and top level, and what a unit loads: a new field is a new option everywhere."""
+    import dataclasses
+
+    import typer
+
+    from blockcoupling.cli import app
+    from blockcoupling.cli.paper import _DISPATCH_OPTIONS
+    from blockcoupling.loading import ModelSource
+    from blockcoupling.studies.sweep.spec import LOADING_KEYS, MODEL_KEYS, TOP_KEYS
+    from blockcoupling.studies.sweep.units import Unit
+
+    names = [f.name for f in dataclasses.fields(ModelSource)]
+    group = typer.main.get_command(app)
+    for command, left_out in (("measure", ()), ("perturb", _DISPATCH_OPTIONS)):
+        cmd = group.commands[command]  # type: ignore[attr-defined]
+        params = cmd.get_params(cmd.make_context(command, ["--help"], resilient_parsing=True))
+        generated = {p.name.partition("__")[2] for p in params
+                     if p.name.startswith("source__")}
+        assert generated == set(names) - {"model", *left_out}, command
+        own = {p.name for p in params if "__" not in p.name}
+        assert own & set(names) == {"model"}, command  # --model (-m) only: none restated
+    assert set(LOADING_KEYS) == set(names) - {"model", "revision"}  # revisions: several
+    assert set(LOADING_KEYS) <= set(TOP_KEYS)  # top-level defaults of every model
+    assert set(MODEL_KEYS) >= set(names) - {"revision"}
+    unit = Unit(unit_id="u", label="a", model="org/a", revision="r", step=None, prompt_set="p",
+                limit=None, config={}, config_hash="h", dtype="float16", init="random",
+                init_seed=2, loading={"allow_missing_weights": True})
+    assert unit.source() == ModelSource(model="org/a", revision="r", dtype="float16",
+                                        init="random", init_seed=2, allow_missing_weights=True)
+    assert unit.source().meta(label="a") == {"model": "org/a", "revision": "r", "label": "a",
+                                             "init": "random", "init_seed": 2}
+
+
 # ---------------------------------------------------------------- options beside config=
 def test_options_beside_config_apply_in_every_entry_point(tmp_path: Path) -> None:
     """``measure(config=cfg, k=2)`` measures K = 2: the same rule in measure, measure_to_dir,

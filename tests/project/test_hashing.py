@@ -47,4 +47,9 @@ def test_stored_hashes_are_unchanged() -> None:
                    label="Lé", step=5, prompt_texts=("a", "ß")) == "L-step5-x-899d0f2089da"
     assert VitTrainConfig().key() == "748982d1a605"  # issue 19: tokens, regularisers, lr_scaling
     assert TinyLMConfig().cache_key() == "4fa28df2f9da7ad5"
+    # the quick demo model and one with every field added later (cached checkpoints' names)
+    assert TinyLMConfig.quick().cache_key() == "90d3cc437bc3a67e"
+    assert TinyLMConfig(max_steps=64, checkpoints=(0, 1, 2, 4, 8, 16, 32, 64), plateau_tol=0.05,
+                        min_steps=4, val_windows=0, train_chars=1000,
+                        lr_schedule="constant").cache_key() == "85058d9100a0c697"
     assert prompt_items(["é one", "two"], None, 0)[1] == "prompts:cba1847c229e"

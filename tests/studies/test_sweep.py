@@ -329,3 +329,46 @@ def test_cli_errors(tmp_path: Path) -> None:
     assert r.exit_code == 1 and "executor" in r.output
     r = runner.invoke(app, ["sweep-status", str(tmp_path)])
     assert r.exit_code == 1 and "not a sweep directory" in r.output
+
+
+def test_stored_spec_and_units_of_the_loading_options_are_pinned(tmp_path: Path) -> None:
+    """A spec with every loading option, top-level defaults and per-model overrides: its
+    stored form (``sweep.json``'s spec), its unit ids and a unit's record are the literals
+    written before the options moved onto ``ModelSource`` (old sweeps resume unchanged)."""
+    spec = bc.load_spec({
+        "models": [{"label": "a", "model": "org/a", "revisions": ["step1", "main"],
+                    "dtype": "float16", "quantize": "bnb-8bit", "trust_remote_code": True,
+                    "resources": {"num_gpus": 1}},
+                   {"label": "b", "model": "org/b", "init": "random", "init_seed": 3,
+                    "device": "cpu", "allow_missing_weights": True},
+                   {"label": "c", "model": "org/c", "device_map": "auto",
+                    "max_memory": "0=1GiB,cpu=2GiB"}],
+        "prompts": ["builtin:capital"], "limit": 2, "dtype": "bfloat16",
+        "offload_folder": "/tmp/off", "allow_missing_weights": False,
+        "resources": {"num_cpus": 2}, "measure": {"k": [3]}})
+    common = {"checkpoints": None, "trust_remote_code": False}
+    assert json.loads(json.dumps(spec.to_dict()["models"])) == [
+        {"label": "a", "model": "org/a", "revisions": ["step1", "main"], "checkpoints": None,
+         "dtype": "float16", "device": "auto", "resources": {"num_cpus": 2, "num_gpus": 1},
+         "trust_remote_code": True,
+         "loading": [["offload_folder", "/tmp/off"], ["quantize", "bnb-8bit"]]},
+        {"label": "b", "model": "org/b", "revisions": [], **common, "dtype": "bfloat16",
+         "device": "cpu", "resources": {"num_cpus": 2, "num_gpus": 0.0},
+         "loading": [["offload_folder", "/tmp/off"], ["allow_missing_weights", True]],
+         "init": "random", "init_seed": 3},
+        {"label": "c", "model": "org/c", "revisions": [], **common, "dtype": "bfloat16",
+         "device": "auto", "resources": {"num_cpus": 2, "num_gpus": 0.0},
+         "loading": [["device_map", "auto"], ["max_memory", "0=1GiB,cpu=2GiB"],
+                     ["offload_folder", "/tmp/off"]]}]
+    units = expand(spec)
+    assert [u.unit_id for u in units] == [
+        "a-step1-capital-910628a3de8a", "a-main-capital-7d15b71db2d9",
+        "b-main-capital-3c4b08568b77", "c-main-capital-a54e8a24f419"]
+    record = {k: v for k, v in units[1].to_dict().items() if k not in ("config", "config_hash")}
+    assert record == {
+        "unit_id": "a-main-capital-7d15b71db2d9", "label": "a", "model": "org/a",
+        "revision": "main", "step": None, "prompt_set": "builtin:capital", "limit": 2,
+        "dtype": "float16", "device": "auto", "num_cpus": 2, "num_gpus": 1,
+        "trust_remote_code": True, "prompt_texts": (),
+        "loading": {"offload_folder": "/tmp/off", "quantize": "bnb-8bit"}, "inputs": {},
+        "run": "", "init": "pretrained", "init_seed": 0}

@@ -93,14 +93,14 @@ def test_constant_schedule_and_unchanged_cache_key() -> None:
 
 
 @pytest.mark.parametrize("kw, match", [
-    (dict(plateau_tol=0.0), "plateau_tol must be in"),
-    (dict(plateau_tol=1.5), "plateau_tol must be in"),
+    (dict(plateau_tol=0.0), "plateau_tol must be a finite number > 0 and < 1"),
+    (dict(plateau_tol=1.5), "plateau_tol must be a finite number > 0 and < 1"),
     (dict(checkpoints=(0, 4, 8, 16)), "powers of two"),
     (dict(max_steps=24, checkpoints=(0, 1, 2, 4, 8, 16, 24)), "must be a power of two"),
     (dict(min_steps=1), "min_steps=1 must be in 2..max_steps"),
     (dict(min_steps=32), "min_steps=32 must be in 2..max_steps"),
     (dict(lr_schedule="linear"), "lr_schedule must be cosine or constant"),
-    (dict(train_chars=0), "train_chars a positive"),
+    (dict(train_chars=0), "train_chars must be a whole number >= 1"),
 ])
 def test_bad_values_are_one_clear_error(kw: dict, match: str) -> None:
     args = {**BASE, "max_steps": 16, "min_steps": 4, "plateau_tol": 0.02,

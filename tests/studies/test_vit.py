@@ -486,7 +486,7 @@ def test_grid_spec_yaml(tmp_path: Path) -> None:
                   "executor": "local"}
     base, kw = load_grid_spec({"train": {"epochs": 1}})
     assert kw["drop_paths"] == list(PAPER_DROP_PATH) and kw["seeds"] == [0]
-    for bad, msg in [({"dropout": [0.1]}, "unknown grid spec key"),
+    for bad, msg in [({"dropout": [0.1]}, "grid spec: unknown key .dropout."),
                      ({"train": {"drop_path": 0.1}}, "set by the grid"),
                      ({"train": {"lr_max": 1}}, "unknown training option"),
                      ({"train": {"augment": "randaugment"}}, "RandAugment is not"),

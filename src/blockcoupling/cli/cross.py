@@ -42,9 +42,9 @@ def cross(
         elif len(runs) == 2:
             model = tok = None
             if model_a is not None:
-                from blockcoupling.loading import load_model
+                from blockcoupling.loading import ModelSource
 
-                model, tok = load_model(model_a, device="cpu", progress=False)
+                model, tok = ModelSource(model=model_a, device="cpu").load(progress=False)
             result = cross_coupling(runs[0], runs[1], model_a=model, tokenizer_a=tok)
         else:
             if model_a is not None:

@@ -5,13 +5,14 @@ Easy2Hard difficulty and prompt length)."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
 from blockcoupling.cli.app import JSON_HELP, app, echo_json, guarded, one_value, user_errors
 from blockcoupling.cli.app import STATE as _STATE
 from blockcoupling.cli.correlate import _write_and_say
+from blockcoupling.cli.options import given_options, record_command
 from blockcoupling.errors import BlockCouplingError
 
 
@@ -24,8 +25,19 @@ def _floats(raw: str, flag: str) -> list[float]:
                                  "0.01,0.1,1") from None
 
 
-@app.command()
+#: the loading options perturb leaves out: it runs the whole model on one device
+_DISPATCH_OPTIONS = ("device_map", "max_memory", "offload_folder", "quantize")
+
+
+def _source_options() -> list[Any]:
+    from blockcoupling.loading import source_options
+
+    return source_options(exclude=_DISPATCH_OPTIONS)
+
+
+@app.command(cls=record_command(source=_source_options))
 def perturb(
+    ctx: typer.Context,
     model: Annotated[str, typer.Option("--model", "-m", help="Hub id or local model folder.")],
     prompts: Annotated[str, typer.Option("--prompts", help="File (.txt/.jsonl/.csv), builtin:NAME, hf:DATASET or protocol:paper[@DIR].")],
     out: Annotated[Path, typer.Option("--out", "-o", help="Folder to write (resumable: run the same command again to continue).")],
@@ -35,17 +47,11 @@ def perturb(
     seed: Annotated[int, typer.Option("--seed", help="Seed of the directions and of the prompt subset.")] = 0,
     limit: Annotated[int | None, typer.Option(help="Use at most this many prompts (seeded subset).")] = None,
     batch_size: Annotated[int, typer.Option("--batch-size", help="Perturbed copies per forward pass.")] = 16,
-    revision: Annotated[str | None, typer.Option(help="Model revision.")] = None,
-    dtype: Annotated[str, typer.Option(help="Model weight dtype: auto, float32, bfloat16, float16.")] = "auto",
-    device: Annotated[str, typer.Option(help="Where the model runs: auto, cpu, cuda, cuda:N.")] = "auto",
-    init: Annotated[str, typer.Option("--init", help="pretrained, or random: the same config with seeded random weights (the untrained baseline).")] = "pretrained",
-    init_seed: Annotated[int, typer.Option("--init-seed", help="Seed of --init random.")] = 0,
-    trust_remote_code: Annotated[bool, typer.Option("--trust-remote-code/--no-trust-remote-code", help="Run the model repository's own Python code.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help=JSON_HELP)] = False,
 ) -> None:
     """Perturb a token's embedding (the input of block 1) with noise of several sizes and
     compare its trajectory with the true one, layer by layer (the paper's fig. 34)."""
-    from blockcoupling.loading import init_meta, load_model
+    from blockcoupling.loading import ModelSource
     from blockcoupling.prompts.sources import load_prompts
     from blockcoupling.studies.perturbation import PAGE, run_perturbation
 
@@ -53,11 +59,9 @@ def perturb(
                  again="continue with the same command"):
         lv = _floats(levels, "--levels")
         items = load_prompts(prompts, limit=limit, seed=seed)
-        net, tok = load_model(model, revision=revision, dtype=dtype, device=device,
-                              trust_remote_code=trust_remote_code, require_tokenizer=True,
-                              progress=not _STATE["quiet"], init=init, init_seed=init_seed)
-        meta = {"model": model, "revision": revision, "prompts_spec": prompts,
-                **init_meta(init, init_seed)}
+        source = ModelSource(model=model, **given_options(ctx, "source"))
+        net, tok = source.load(require_tokenizer=True, progress=not _STATE["quiet"])
+        meta = source.meta(prompts_spec=prompts)
         result = run_perturbation(net, tok, items, out, levels=lv, draws=draws, seed=seed,
                                   token=token, batch_size=batch_size, meta=meta,
                                   progress=not _STATE["quiet"])

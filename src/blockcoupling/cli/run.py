@@ -24,27 +24,16 @@ def measure(
     model: Annotated[str, typer.Option("--model", "-m", help="Hub id or local model folder.")],
     prompts: Annotated[str, typer.Option("--prompts", help="File (.txt/.jsonl/.csv), builtin:NAME, hf:DATASET or protocol:paper[@DIR].")],
     out: Annotated[Path, typer.Option("--out", "-o", help="Run directory to write.")],
-    revision: Annotated[str | None, typer.Option(help="Model revision (branch, tag, commit, e.g. step1000).")] = None,
-    dtype: Annotated[str, typer.Option(help="Model weight dtype: auto, float32, bfloat16, float16.")] = "auto",
-    device: Annotated[str, typer.Option(help="Where the model runs: auto, cpu, cuda, cuda:N.")] = "auto",
     limit: Annotated[int | None, typer.Option(help="Use at most this many prompts (seeded subset).")] = None,
     prompt_column: Annotated[str | None, typer.Option(help="Text column of a .csv/.jsonl prompt file.")] = None,
     split: Annotated[str | None, typer.Option(help="Dataset split for hf: prompts.")] = None,
     resume: Annotated[bool, typer.Option("--resume/--no-resume", help="Continue an interrupted run in --out.")] = False,
-    trust_remote_code: Annotated[bool, typer.Option("--trust-remote-code/--no-trust-remote-code", help="Run the model repository's own Python code (transformers trust_remote_code); only for repositories you trust.")] = False,
-    device_map: Annotated[str | None, typer.Option("--device-map", help="Dispatch the model with accelerate (auto, balanced, sequential): blocks on several devices, some offloaded; measured one block at a time.")] = None,
-    max_memory: Annotated[str | None, typer.Option("--max-memory", help="With --device-map: memory per device, e.g. 0=20GiB,cpu=60GiB.")] = None,
-    offload_folder: Annotated[str | None, typer.Option("--offload-folder", help="With --device-map: folder for blocks offloaded to disk.")] = None,
-    quantize: Annotated[str | None, typer.Option("--quantize", help="Load the weights in 8 or 4 bits: bnb-8bit, bnb-4bit (bitsandbytes), torchao-int8; each block is dequantized to the analysis dtype.")] = None,
-    allow_missing_weights: Annotated[bool, typer.Option("--allow-missing-weights", help="Measure a checkpoint that lacks weights its config describes (or holds block weights it does not describe): those are initialised under a fixed seed and listed in the run's meta. Without it such a checkpoint is refused.")] = False,
-    init: Annotated[str, typer.Option("--init", help="pretrained (the checkpoint's weights) or random: the same config with seeded random weights (the untrained baseline of the paper's figures 3, 4 and 23; recorded in the run's meta and identity).")] = "pretrained",
-    init_seed: Annotated[int, typer.Option("--init-seed", help="Seed of --init random.")] = 0,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Check everything and print the plan (prompts, tokens, pairs, Jacobians, memory, an estimated time); write nothing.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help=JSON_HELP)] = False,
 ) -> None:
     """Measure a model on a prompt set and write a resumable run directory."""
     from blockcoupling.engine.config import parse_config
-    from blockcoupling.loading import init_meta, load_model
+    from blockcoupling.loading import ModelSource
     from blockcoupling.prompts.sources import load_prompts
     from blockcoupling.store.record import measure_to_dir
 
@@ -53,15 +42,11 @@ def measure(
         _check_out(out, resume)
         # the raw strings of the MeasureConfig options that were given go to the one parser
         cfg = parse_config(None, **given_options(ctx))
+        source = ModelSource(model=model, **given_options(ctx, "source"))
         items = load_prompts(prompts, limit=limit, seed=cfg.seed, column=prompt_column, split=split)
-        net, tok = load_model(model, revision=revision, dtype=dtype, device=device,
-                              trust_remote_code=trust_remote_code, require_tokenizer=True,
-                              progress=not _STATE["quiet"], device_map=device_map,
-                              max_memory=max_memory, offload_folder=offload_folder,
-                              quantize=quantize, allow_missing_weights=allow_missing_weights,
-                              head=cfg.logit_lens, init=init, init_seed=init_seed)
-        meta = {"model": model, "revision": revision, "prompts_spec": prompts,
-                **init_meta(init, init_seed)}
+        net, tok = source.load(require_tokenizer=True, progress=not _STATE["quiet"],
+                               head=cfg.logit_lens)
+        meta = source.meta(prompts_spec=prompts)
         if dry_run:
             from blockcoupling.store.record import plan_run
 
@@ -109,7 +94,13 @@ def _measure_options() -> list[Any]:
     return measure_options()
 
 
-app.command(cls=record_command(_measure_options))(measure)
+def _source_options() -> list[Any]:
+    from blockcoupling.loading import source_options
+
+    return source_options()
+
+
+app.command(cls=record_command(_measure_options, source=_source_options))(measure)
 
 
 def _check_out(out: Path, resume: bool) -> None:

@@ -34,7 +34,9 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.nn.functional as F
 
+from blockcoupling import validate
 from blockcoupling.errors import BlockCouplingError
+from blockcoupling.fields import check_fields, identity, opt
 from blockcoupling.hashing import canonical_hash
 from blockcoupling.loading import save_model
 
@@ -71,6 +73,14 @@ def _k_values(d: int, quick: bool) -> tuple[int, ...]:
 # ----------------------------------------------------------------------------------------------
 # Configuration
 # ----------------------------------------------------------------------------------------------
+_AT_LEAST_1 = (validate.whole, {"minimum": 1})
+LR_SCHEDULES = ("cosine", "constant")
+
+
+def _schedule(value: Any, name: str) -> str:
+    if value not in LR_SCHEDULES:
+        raise validate.OptionError(f"{name} must be cosine or constant, not {value!r}")
+    return str(value)
 
 
 @dataclass(frozen=True)
@@ -99,37 +109,46 @@ class TinyLMConfig:
     (a data size). The three fields left at their defaults leave the cache key as it was.
     """
 
-    n_layer: int = 6
-    n_embd: int = 128
-    n_head: int = 4
-    block_size: int = 64  # context length of the model and of each training window
-    batch_size: int = 16
-    max_steps: int = 400
-    checkpoints: tuple[int, ...] = (0, 25, 50, 100, 200, 400)
-    lr: float = 3e-3
-    min_lr_ratio: float = 0.1
-    warmup_steps: int = 20
-    weight_decay: float = 0.1  # on matrices only (not on biases, norms)
-    beta1: float = 0.9
-    beta2: float = 0.95
-    grad_clip: float = 1.0
-    val_every: int = 10  # every val_every-th pydoc topic (sorted by key) is held out
-    val_windows: int = 16  # held-out windows used for the validation loss; 0: the whole split
-    seed: int = 0
-    lr_schedule: str = "cosine"  # or "constant" (after the warm-up)
-    plateau_tol: float | None = None  # stop at a plateau of the held-out loss (see above)
-    min_steps: int = 0  # the earliest step the plateau rule may stop at
-    train_chars: int | None = None  # the first N characters of the training split only
+    n_layer: int = opt(6, "Blocks.", check=_AT_LEAST_1)
+    n_embd: int = opt(128, "Width d of the residual stream.", check=_AT_LEAST_1)
+    n_head: int = opt(4, "Attention heads (n_embd is a multiple of it).", check=_AT_LEAST_1)
+    block_size: int = opt(64, "Context length of the model and of each training window.",
+                          check=_AT_LEAST_1)
+    batch_size: int = opt(16, "Training windows per step.", check=_AT_LEAST_1)
+    max_steps: int = opt(400, "Training steps (with plateau_tol: the cap, a power of two).",
+                         check=(validate.whole, {"minimum": 0}))
+    checkpoints: tuple[int, ...] = opt((0, 25, 50, 100, 200, 400),
+                                       "Steps saved: increasing, distinct, within 0..max_steps.")
+    lr: float = opt(3e-3, "Peak learning rate (AdamW).")
+    min_lr_ratio: float = opt(0.1, "The cosine's end, relative to lr.")
+    warmup_steps: int = opt(20, "Steps of the linear warm-up.")
+    weight_decay: float = opt(0.1, "AdamW weight decay, on matrices only (not biases, norms).")
+    beta1: float = opt(0.9, "AdamW beta1.")
+    beta2: float = opt(0.95, "AdamW beta2.")
+    grad_clip: float = opt(1.0, "Gradient norm clip.")
+    val_every: int = opt(10, "Every val_every-th pydoc topic (sorted by key) is held out.",
+                         check=_AT_LEAST_1)
+    val_windows: int = opt(16, "Held-out windows of the validation loss; 0: the whole split.",
+                           check=(validate.whole, {"minimum": 0}))
+    seed: int = opt(0, "Seed of the initialisation and the batches.")
+    lr_schedule: str = opt("cosine", "After the warm-up: cosine (to min_lr_ratio * lr) or "
+                           "constant.", check=(_schedule, {}), hashed="if_changed")
+    plateau_tol: float | None = opt(None, "Stop at a plateau of the held-out loss (see above).",
+                                    check=(validate.number, {"above": 0, "below": 1}),
+                                    hashed="if_changed")
+    min_steps: int = opt(0, "The earliest step the plateau rule may stop at.",
+                         hashed="if_changed")
+    train_chars: int | None = opt(None, "The first N characters of the training split only.",
+                                  check=_AT_LEAST_1, hashed="if_changed")
 
     def __post_init__(self) -> None:
+        """The fields' own checks (`blockcoupling.fields`), then the rules between them."""
+        check_fields(self, prefix="TinyLMConfig: ", dashes=False)
         if self.n_embd % self.n_head:
             raise BlockCouplingError(
                 f"TinyLMConfig: n_embd={self.n_embd} must be a multiple of n_head={self.n_head}"
             )
-        for name in ("n_layer", "n_embd", "n_head", "block_size", "batch_size", "val_every"):
-            if getattr(self, name) < 1:
-                raise BlockCouplingError(f"TinyLMConfig: {name} must be at least 1")
-        if self.max_steps < 0 or not self.checkpoints:
+        if not self.checkpoints:
             raise BlockCouplingError("TinyLMConfig: give max_steps >= 0 and at least one checkpoint")
         if list(self.checkpoints) != sorted(set(self.checkpoints)) or not all(
             0 <= s <= self.max_steps for s in self.checkpoints
@@ -138,16 +157,7 @@ class TinyLMConfig:
                 f"TinyLMConfig: checkpoints={self.checkpoints} must be increasing, distinct and "
                 f"within 0..max_steps={self.max_steps}"
             )
-        if self.lr_schedule not in ("cosine", "constant"):
-            raise BlockCouplingError(f"TinyLMConfig: lr_schedule must be cosine or constant, "
-                                     f"not {self.lr_schedule!r}")
-        if self.val_windows < 0 or (self.train_chars is not None and self.train_chars < 1):
-            raise BlockCouplingError("TinyLMConfig: val_windows must be >= 0 and train_chars "
-                                     "a positive number of characters")
         if self.plateau_tol is not None:
-            if not 0.0 < self.plateau_tol < 1.0:
-                raise BlockCouplingError(f"TinyLMConfig: plateau_tol must be in (0, 1), not "
-                                         f"{self.plateau_tol!r}")
             if tuple(self.checkpoints) != doubling_checkpoints(self.max_steps):
                 raise BlockCouplingError(
                     "TinyLMConfig: with plateau_tol the checkpoints must be step 0 and the powers "
@@ -171,21 +181,16 @@ class TinyLMConfig:
         return d
 
     def cache_key(self) -> str:
-        """16 hex digits of the SHA-256 of the config, the corpus and the cache format."""
-        config = {k: v for k, v in self.to_dict().items()
-                  if k not in _LATER_FIELDS or v != _LATER_FIELDS[k]}  # old keys unchanged
+        """16 hex digits of the SHA-256 of the config, the corpus and the cache format. The
+        fields added after caches were made (``hashed="if_changed"``) enter only where they
+        differ from their defaults, so a config that does not use them keeps its key (and
+        its cache)."""
         payload = {
-            "config": config,
+            "config": identity(self, self.to_dict()),
             "corpus_sha256": corpus_sha256(),
             "format": CACHE_FORMAT,
         }
         return canonical_hash(payload, digits=16, compact=False, strict=False)
-
-
-#: Fields added after caches were made, with their defaults: left out of the cache key when at
-#: the default, so a config that does not use them keeps its key (and its cache).
-_LATER_FIELDS: dict[str, Any] = {"lr_schedule": "cosine", "plateau_tol": None, "min_steps": 0,
-                                 "train_chars": None}
 
 
 def doubling_checkpoints(max_steps: int) -> tuple[int, ...]:

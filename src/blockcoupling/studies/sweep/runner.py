@@ -48,7 +48,6 @@ def run_unit(unit: Unit | Mapping[str, Any], root: str | os.PathLike[str]) -> di
     """Measure one unit into ``root/units/<unit_id>`` and record its status; returns the
     status record. Never raises for a failing unit (it is recorded as ``failed``)."""
     from blockcoupling.engine.config import MeasureConfig
-    from blockcoupling.loading import init_meta
     from blockcoupling.store.record import measure_to_dir
     from blockcoupling.store.rundir import is_run_dir, open_run
 
@@ -71,9 +70,8 @@ def run_unit(unit: Unit | Mapping[str, Any], root: str | os.PathLike[str]) -> di
                                  " restore it and resume, or start a new sweep with --out")
             model, tok, prompts = load_unit(u, cfg)
             t_loaded = time.perf_counter()
-            meta = {"model": u.model, "revision": u.revision, "label": u.label, "step": u.step,
-                    "unit_id": u.unit_id, "prompt_set": u.prompt_set,
-                    **init_meta(u.init, u.init_seed)}
+            meta = u.source().meta(label=u.label, step=u.step, unit_id=u.unit_id,
+                                   prompt_set=u.prompt_set)
             with warnings.catch_warnings():  # said once for the sweep, by the driver
                 warnings.simplefilter("ignore", FastPathWarning)
                 m = _measure_waiting_for_lock(
@@ -117,7 +115,6 @@ def unit_timings(load: float, recorded: float, run: Mapping[str, Any]) -> dict[s
 def load_unit(u: Unit, cfg: Any) -> tuple[Any, Any, list[Any]]:
     """(model, tokenizer, prompts) of a unit, as its measurement (and ``sweep --dry-run``'s
     plan) loads them."""
-    from blockcoupling.loading import load_model
     from blockcoupling.prompts.sources import Prompt, load_prompts
 
     prompts: list[str] | list[Prompt]
@@ -125,14 +122,7 @@ def load_unit(u: Unit, cfg: Any) -> tuple[Any, Any, list[Any]]:
         prompts = list(u.prompt_texts)[: u.limit] if u.limit else list(u.prompt_texts)
     else:
         prompts = load_prompts(u.prompt_set, limit=u.limit, seed=cfg.seed)
-    model, tok = load_model(u.model, revision=u.revision, dtype=u.dtype, device=u.device,
-                            trust_remote_code=u.trust_remote_code,
-                            device_map=u.loading.get("device_map"),
-                            max_memory=u.loading.get("max_memory"),
-                            offload_folder=u.loading.get("offload_folder"),
-                            quantize=u.loading.get("quantize"),
-                            allow_missing_weights=bool(u.loading.get("allow_missing_weights")),
-                            head=bool(cfg.logit_lens), init=u.init, init_seed=u.init_seed)
+    model, tok = u.source().load(head=bool(cfg.logit_lens))
     return model, tok, list(prompts)
 
 

@@ -30,16 +30,20 @@ from typing import Any
 from blockcoupling import validate
 from blockcoupling.engine.config import MeasureConfig
 from blockcoupling.errors import BlockCouplingError, require
-from blockcoupling.fields import check_fields, from_mapping, opt
+from blockcoupling.fields import check_fields, from_mapping, key_names, opt
+from blockcoupling.loading import ModelSource
 
-# how a model is loaded beyond dtype/device (loading.load_model): accelerate dispatch, offload
-# and quantization; top-level defaults, per-model overrides
-LOADING_KEYS = ("device_map", "max_memory", "offload_folder", "quantize",
-                "allow_missing_weights")
-TOP_KEYS = ("kind", "models", "prompts", "limit", "seed", "measure", "resources", "dtype",
-            "device", "retries", "name", *LOADING_KEYS)
-MODEL_KEYS = ("label", "model", "revisions", "steps", "checkpoints", "dtype", "device",
-              "resources", "trust_remote_code", "init", "init_seed", *LOADING_KEYS)
+#: a model entry's loading keys, top-level defaults and per-model values: every field of
+#: `ModelSource` but the model (its own key) and the revision (``revisions:`` and ``steps:``
+#: name several)
+LOADING_KEYS = tuple(f.name for f in dataclasses.fields(ModelSource)
+                     if f.name not in ("model", "revision"))
+#: the loading keys a `ModelSpec` (and a unit) stores as its own fields, as before
+#: `ModelSource` existed; the others are stored in ``loading`` where not at their defaults
+_OWN_KEYS = ("dtype", "device", "trust_remote_code", "init", "init_seed")
+TOP_KEYS = ("kind", "models", "prompts", "limit", "seed", "measure", "resources", "retries",
+            "name", *LOADING_KEYS)
+MODEL_KEYS = ("label", "model", "revisions", "steps", "checkpoints", "resources", *LOADING_KEYS)
 # MeasureConfig fields a spec may not set: the sweep chooses them itself.
 _MEASURE_FORBIDDEN: tuple[str, ...] = ("extra",)
 
@@ -72,7 +76,9 @@ RESOURCE_KEYS = tuple(f.name for f in dataclasses.fields(Resources))
 
 @dataclass(frozen=True)
 class ModelSpec:
-    """One entry of ``models:``: a model and the revisions or checkpoints to measure."""
+    """One entry of ``models:``: a model and the revisions or checkpoints to measure, loaded
+    as its `ModelSource` says (stored in the form sweeps had before that record: the loading
+    options of `_OWN_KEYS` as fields, the others in ``loading``)."""
 
     label: str
     model: str | None = None             # hub id or local folder (None: checkpoints only)
@@ -82,9 +88,19 @@ class ModelSpec:
     device: str = "auto"
     resources: Resources = field(default_factory=Resources)
     trust_remote_code: bool = False
-    loading: tuple[tuple[str, Any], ...] = ()  # LOADING_KEYS given: (key, value)
+    loading: tuple[tuple[str, Any], ...] = ()  # the other loading options set: (key, value)
     init: str = "pretrained"             # or "random": the same config, seeded random weights
     init_seed: int = 0                   # the seed of init: random
+
+
+def stored_loading(source: ModelSource) -> dict[str, Any]:
+    """``source``'s loading options as a `ModelSpec` and a unit store them: the fields of
+    `_OWN_KEYS`, and ``loading``: the other options that differ from their defaults, in the
+    record's order (an option added later leaves every earlier spec and unit id as it was)."""
+    defaults = {f.name: f.default for f in dataclasses.fields(ModelSource)}
+    loading = tuple((k, getattr(source, k)) for k in LOADING_KEYS if k not in _OWN_KEYS
+                    and getattr(source, k) != defaults[k])
+    return {**{k: getattr(source, k) for k in _OWN_KEYS}, "loading": loading}
 
 
 @dataclass(frozen=True)
@@ -191,28 +207,24 @@ def parse_measure(data: Any) -> tuple[MeasureConfig, dict[str, Any]]:
     return cfg, plain
 
 
-def _model(entry: Any, i: int, base: Path, spec: Mapping[str, Any]) -> ModelSpec:  # noqa: C901 - the model entry's options; to ModelSource (issue 33 item 4)
+def _model(entry: Any, i: int, base: Path, spec: Mapping[str, Any]) -> ModelSpec:
     ctx = f"models[{i}]"
     if isinstance(entry, str):
         entry = {"model": entry}
     if not isinstance(entry, Mapping):
         raise SpecError(f"{ctx} must be a mapping with label and model (or checkpoints)")
     _check_keys(entry, MODEL_KEYS, ctx)
-    model = entry.get("model")
-    if model is not None and not isinstance(model, str):
-        raise SpecError(f"{ctx}.model must be a hub id or a local folder, not {model!r}")
-    ckpt = entry.get("checkpoints")
+    given = {k: v for k, v in (*spec.items(), *entry.items()) if k in LOADING_KEYS}
+    try:
+        with key_names(f"{ctx}."):  # top-level defaults, then the entry's own values
+            source = from_mapping(ModelSource, {"model": entry.get("model"), **given})
+    except BlockCouplingError as err:
+        raise SpecError(str(err)) from err
+    model, ckpt = source.model, entry.get("checkpoints")
     if model is None and ckpt is None:
         raise SpecError(f"{ctx} needs model: (a hub id or folder) or checkpoints: (a glob of "
                         "local checkpoint folders)")
-    revisions = _str_list(entry.get("revisions", []), "revisions", ctx)
-    if "steps" in entry:  # Pythia shorthand: steps: [0, 1000] -> revisions step0, step1000
-        steps = entry["steps"]
-        if not isinstance(steps, Sequence) or isinstance(steps, str) or not all(
-                isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in steps):
-            raise SpecError(f"{ctx}.steps must be a list of whole numbers >= 0 (Pythia-style "
-                            "revisions stepN)")
-        revisions += tuple(f"step{s}" for s in steps)
+    revisions = _revisions(entry, ctx)
     if ckpt is not None and (revisions or model is not None):
         raise SpecError(f"{ctx}: give either model (+ revisions) or checkpoints, not both; "
                         "use two entries of models:")
@@ -228,66 +240,32 @@ def _model(entry: Any, i: int, base: Path, spec: Mapping[str, Any]) -> ModelSpec
         label = Path(str(ckpt if isinstance(ckpt, str) else ckpt[0])).parent.name
     if not isinstance(label, str) or not label.strip():
         raise SpecError(f"{ctx}.label must be a non-empty string")
-    dtype = entry.get("dtype", spec.get("dtype", "auto"))
-    device = entry.get("device", spec.get("device", "auto"))
-    try:
-        validate.dtype_name(dtype, f"{ctx}.dtype")
-        validate.device_name(device, f"{ctx}.device")
-    except validate.OptionError as err:
-        raise SpecError(str(err)) from err
-    loading: list[tuple[str, Any]] = []
-    for key in LOADING_KEYS:
-        v = entry.get(key, spec.get(key))
-        if key == "allow_missing_weights":
-            if v is not None and not isinstance(v, bool):
-                raise SpecError(f"{ctx}.{key} must be true or false, not {v!r}")
-            if v:
-                loading.append((key, v))
-            continue
-        if v is not None and not isinstance(v, str):
-            raise SpecError(f"{ctx}.{key} must be a string such as "
-                            f"{'0=20GiB,cpu=60GiB' if key == 'max_memory' else 'auto'}, not {v!r}")
-        if v is not None:
-            loading.append((key, v))
-    trc = entry.get("trust_remote_code", False)
-    if not isinstance(trc, bool):
-        raise SpecError(f"{ctx}.trust_remote_code must be true or false")
-    init, init_seed = entry.get("init", "pretrained"), entry.get("init_seed", 0)
-    try:
-        validate.init_name(init, f"{ctx}.init")
-        validate.whole(init_seed, f"{ctx}.init_seed", minimum=0)
-    except validate.OptionError as err:
-        raise SpecError(str(err)) from err
-    if init == "random" and (dict(loading).get("device_map") or dict(loading).get("quantize")):
-        raise SpecError(f"{ctx}: init: random builds the model in memory; device_map and "
-                        "quantize apply to checkpoints only (drop them)")
     default_res = _resources(spec.get("resources"), "", Resources())
     return ModelSpec(
         label=label.strip(), model=_resolve(model, base) if model else None,
-        revisions=revisions, checkpoints=ckpt, dtype=dtype, device=device,
-        resources=_resources(entry.get("resources"), ctx, default_res), trust_remote_code=trc,
-        loading=tuple(loading), init=init, init_seed=init_seed)
+        revisions=revisions, checkpoints=ckpt,
+        resources=_resources(entry.get("resources"), ctx, default_res),
+        **stored_loading(source))
 
 
-def parse_spec(data: Any, *, base_dir: str | os.PathLike[str] | None = None) -> SweepSpec:  # noqa: C901 - the spec's top-level keys; to fields (issue 33 item 4)
-    """Validate a spec given as a mapping (e.g. ``yaml.safe_load`` of a file)."""
-    if isinstance(data, SweepSpec):
-        return data
-    if not isinstance(data, Mapping):
-        raise SpecError("a sweep spec is a mapping with at least models: and prompts:")
-    _check_keys(data, TOP_KEYS, "")
-    if data.get("kind", "sweep") != "sweep":
-        raise SpecError(f"kind: {data['kind']!r} is not a sweep spec; a {data['kind']} spec runs "
-                        "with its own command (kind: vit-grid: blockcoupling vit-grid --spec)")
-    base = Path(base_dir if base_dir is not None else data.get("base_dir", ".")).resolve()
-    models_raw = data.get("models")
-    if not isinstance(models_raw, Sequence) or isinstance(models_raw, str) or not models_raw:
-        raise SpecError("models: give a list of models, e.g. [{label: a, model: gpt2}]")
-    models = tuple(_model(e, i, base, data) for i, e in enumerate(models_raw))
-    labels = [m.label for m in models]
-    dup = sorted({x for x in labels if labels.count(x) > 1})
-    if dup:
-        raise SpecError(f"model label {dup[0]!r} is used twice; give each entry its own label")
+def _revisions(entry: Mapping[str, Any], ctx: str) -> tuple[str, ...]:
+    """``revisions:`` and ``steps:`` (Pythia shorthand: ``steps: [0, 1000]`` -> revisions
+    step0, step1000) of a model entry."""
+    revisions = _str_list(entry.get("revisions", []), "revisions", ctx)
+    if "steps" in entry:
+        steps = entry["steps"]
+        if not isinstance(steps, Sequence) or isinstance(steps, str) or not all(
+                isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in steps):
+            raise SpecError(f"{ctx}.steps must be a list of whole numbers >= 0 (Pythia-style "
+                            "revisions stepN)")
+        revisions += tuple(f"step{s}" for s in steps)
+    return revisions
+
+
+def _prompts(data: Mapping[str, Any], base: Path
+             ) -> tuple[tuple[str, ...], dict[str, tuple[str, ...]]]:
+    """``prompts:`` -> (the prompt specs, inline ones as ``inline:NAME``; the inline sets'
+    texts by name)."""
     if "prompts" not in data:
         raise SpecError("prompts: give one or more prompt sets, e.g. [builtin:capital]")
     raw = data["prompts"]
@@ -316,16 +294,36 @@ def parse_spec(data: Any, *, base_dir: str | os.PathLike[str] | None = None) -> 
     prompts = tuple(prompts_l)
     if len(set(prompts)) != len(prompts):
         raise SpecError("prompts: a prompt set is listed twice; list each once")
+    return prompts, inline
+
+
+def parse_spec(data: Any, *, base_dir: str | os.PathLike[str] | None = None) -> SweepSpec:
+    """Validate a spec given as a mapping (e.g. ``yaml.safe_load`` of a file)."""
+    if isinstance(data, SweepSpec):
+        return data
+    if not isinstance(data, Mapping):
+        raise SpecError("a sweep spec is a mapping with at least models: and prompts:")
+    _check_keys(data, TOP_KEYS, "")
+    if data.get("kind", "sweep") != "sweep":
+        raise SpecError(f"kind: {data['kind']!r} is not a sweep spec; a {data['kind']} spec runs "
+                        "with its own command (kind: vit-grid: blockcoupling vit-grid --spec)")
+    base = Path(base_dir if base_dir is not None else data.get("base_dir", ".")).resolve()
+    models_raw = data.get("models")
+    if not isinstance(models_raw, Sequence) or isinstance(models_raw, str) or not models_raw:
+        raise SpecError("models: give a list of models, e.g. [{label: a, model: gpt2}]")
+    models = tuple(_model(e, i, base, data) for i, e in enumerate(models_raw))
+    labels = [m.label for m in models]
+    dup = sorted({x for x in labels if labels.count(x) > 1})
+    if dup:
+        raise SpecError(f"model label {dup[0]!r} is used twice; give each entry its own label")
+    prompts, inline = _prompts(data, base)
     seed = data.get("seed", 0)
     measure = data.get("measure") or {}
-    if not isinstance(measure, Mapping):
-        raise SpecError("measure must be a mapping of MeasureConfig fields, e.g. "
-                        "{coupling: [depth], k: [10], tokens: last}")
-    measure = dict(measure)
-    if "seed" in measure and "seed" in data and measure["seed"] != seed:
-        raise SpecError("seed is given twice (top level and under measure:) with different "
-                        "values; give it once")
-    measure.setdefault("seed", seed)
+    if isinstance(measure, Mapping):  # else parse_measure says what to write
+        if "seed" in measure and "seed" in data and measure["seed"] != seed:
+            raise SpecError("seed is given twice (top level and under measure:) with "
+                            "different values; give it once")
+        measure = {"seed": seed, **measure}
     cfg, plain = parse_measure(measure)
     return SweepSpec(models=models, prompts=prompts, config=cfg, measure=plain,
                      limit=data.get("limit"), seed=seed, retries=data.get("retries", 3),

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from blockcoupling.engine.config import MeasureConfig
+from blockcoupling.loading import ModelSource
 from blockcoupling.store.collection import UnitRecord, collection_unit_id
 from blockcoupling.studies.sweep.spec import ModelSpec, Resources, SpecError, SweepSpec
 
@@ -55,6 +56,12 @@ class Unit(UnitRecord):
     loading: dict[str, Any] = dataclasses.field(default_factory=dict)  # device_map, quantize, ...
     init: str = "pretrained"  # or "random": the model's config with seeded random weights
     init_seed: int = 0
+
+    def source(self) -> ModelSource:
+        """The unit's model, as `ModelSource.load` loads it."""
+        return ModelSource(model=self.model, revision=self.revision, dtype=self.dtype,
+                           device=self.device, trust_remote_code=self.trust_remote_code,
+                           init=self.init, init_seed=self.init_seed, **self.loading)
 
 
 def unit_id(*, model: str, revision: str | None, prompt_set: str, limit: int | None,

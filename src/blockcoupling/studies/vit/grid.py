@@ -33,13 +33,16 @@ import shutil
 import time
 import traceback
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from itertools import product
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
+from blockcoupling import validate
 from blockcoupling.errors import BlockCouplingError
+from blockcoupling.fields import check_fields, from_mapping, opt
 from blockcoupling.studies import kinds
 from blockcoupling.studies.vit.train import (
     COUPLING_METRICS,
@@ -60,6 +63,7 @@ GRID_FORMAT = "blockcoupling-vit-grid"
 EXECUTORS = ("ray", "local")
 
 
+KIND = "vit-grid"
 #: the optional axes of a grid beyond drop-path, weight decay and seed: the config field,
 #: the key of its value list (in a grid spec's manifest and ``run_grid``'s keywords) and the
 #: prefix of its value in a run's name. A grid names an axis only when it varies it, so the
@@ -113,12 +117,83 @@ def grid_axes(train_limits: Sequence[int] | None = None,
     return tuple(a for a in EXTRA_AXES if given[a] is not None)
 
 
-def load_grid_spec(source: str | Path | dict[str, Any]  # noqa: C901 - the grid spec's keys; to fields (issue 33 item 4)
+def _axis(check: Callable[..., Any], **bounds: Any) -> Callable[[str, Any], tuple[Any, ...]]:
+    """A grid axis's parser: one value or a list, each checked (`validate.whole` or
+    `validate.number` within ``bounds``), at least one."""
+    def parse(key: str, value: Any) -> tuple[Any, ...]:
+        values = value if isinstance(value, list) else [value]
+        if not values:
+            raise BlockCouplingError(f"{key}: give at least one value")
+        return tuple(check(v, key, **bounds) for v in values)
+
+    return parse
+
+
+def _train(key: str, value: Any) -> dict[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise BlockCouplingError(f"{key}: give a mapping of training options, e.g. "
+                                 "{dataset: digits, epochs: 5}")
+    return dict(value)
+
+
+@dataclass(frozen=True)
+class GridSpec:
+    """A ViT grid spec's keys (`load_grid_spec`), each declared once with
+    `blockcoupling.fields.opt`: its parser and check, its one-line errors."""
+
+    kind: str = opt(KIND, "The collection kind: vit-grid.")
+    drop_path: tuple[float, ...] = opt(PAPER_DROP_PATH, "Drop-path rates (the paper's).",
+                                       parse=_axis(validate.number, minimum=0, below=1))
+    weight_decay: tuple[float, ...] = opt(PAPER_WEIGHT_DECAY, "Weight decays (the paper's).",
+                                          parse=_axis(validate.number, minimum=0))
+    seeds: tuple[int, ...] = opt((0,), "Seeds.", parse=_axis(validate.whole, minimum=0))
+    train: dict[str, Any] = opt(default_factory=dict, help="VitTrainConfig fields shared by "
+                                "every run.", parse=_train)
+    train_limit: tuple[int, ...] | None = opt(None, "Extra axis: training-set sizes.",
+                                              parse=_axis(validate.whole, minimum=1))
+    label_noise: tuple[float, ...] | None = opt(None, "Extra axis: label-noise rates.",
+                                                parse=_axis(validate.number, minimum=0,
+                                                            below=1))
+    executor: str | None = opt(None, "ray or local.", check=(validate.text, {}))
+    address: str | None = opt(None, "The Ray cluster's address.", check=(validate.text, {}))
+    cpus_per_run: int | None = opt(None, "CPUs of each run's Ray task.",
+                                   check=(validate.whole, {"minimum": 1}))
+    threads: int | None = opt(None, "Torch threads of each run.",
+                              check=(validate.whole, {"minimum": 1}))
+
+    def __post_init__(self) -> None:
+        if self.kind != KIND:
+            raise BlockCouplingError(f"kind: {self.kind!r} is not a ViT grid spec (kind: {KIND})")
+        check_fields(self, dashes=False)
+        axes = ("drop_path", "weight_decay", "seed",
+                *(a for a in EXTRA_AXES if getattr(self, a) is not None))
+        for key in axes:
+            if key in self.train:
+                raise BlockCouplingError(f"train.{key} is set by the grid; give it at the top "
+                                         "level")
+
+    def run_grid_kwargs(self) -> dict[str, Any]:
+        """The keyword arguments of `run_grid` (the keys given; the axes always)."""
+        out: dict[str, Any] = {"drop_paths": list(self.drop_path),
+                               "weight_decays": list(self.weight_decay), "seeds": list(self.seeds)}
+        for axis, (name, _) in EXTRA_AXES.items():
+            if getattr(self, axis) is not None:
+                out[name] = list(getattr(self, axis))
+        for key, name in (("executor", "executor"), ("address", "address"),
+                          ("cpus_per_run", "num_cpus"), ("threads", "threads")):
+            if getattr(self, key) is not None:
+                out[name] = getattr(self, key)
+        return out
+
+
+def load_grid_spec(source: str | Path | dict[str, Any]
                    ) -> tuple[VitTrainConfig, dict[str, Any]]:
     """A grid from YAML (or a dict): ``drop_path`` and ``weight_decay`` lists (default: the
     paper's), ``seeds`` (default [0]), ``train`` (`VitTrainConfig` fields, shared by
     every run), optionally the extra axes ``train_limit`` and ``label_noise`` (lists), and
-    ``executor``, ``address``, ``cpus_per_run``, ``threads``.
+    ``executor``, ``address``, ``cpus_per_run``, ``threads`` (the keys of `GridSpec`).
     Returns the base config and the keyword arguments of `run_grid`::
 
         drop_path: [0, 0.1, 0.3]
@@ -141,50 +216,10 @@ def load_grid_spec(source: str | Path | dict[str, Any]  # noqa: C901 - the grid 
             raise BlockCouplingError(f"grid spec {path} is not valid YAML: {err}") from err
     if not isinstance(data, dict):
         raise BlockCouplingError("a grid spec is a mapping with drop_path, weight_decay, train")
-    allowed = {"kind", "drop_path", "weight_decay", "seeds", "train", "executor", "address",
-               "cpus_per_run", "threads", *EXTRA_AXES}
-    unknown = sorted(set(data) - allowed)
-    if unknown:
-        raise BlockCouplingError(f"unknown grid spec key(s) {unknown}; known: {sorted(allowed)}")
-    if data.get("kind", KIND) != KIND:
+    if data.get("kind", KIND) != KIND:  # before the other keys: another kind's spec
         raise BlockCouplingError(f"kind: {data['kind']!r} is not a ViT grid spec (kind: {KIND})")
-    train = data.get("train") or {}
-    if not isinstance(train, dict):
-        raise BlockCouplingError("train: give a mapping of training options, e.g. "
-                                 "{dataset: digits, epochs: 5}")
-    train = dict(train)
-    for key in ("drop_path", "weight_decay", "seed", *(a for a in EXTRA_AXES if a in data)):
-        if key in train:
-            raise BlockCouplingError(f"train.{key} is set by the grid; give it at the top level")
-    base = VitTrainConfig.from_dict(train)
-
-    from blockcoupling.validate import number, whole
-
-    def listed(key: str, default: Sequence[Any], check: Any, **bounds: Any) -> list[Any]:
-        value = data.get(key, list(default))
-        value = value if isinstance(value, list) else [value]
-        if not value:
-            raise BlockCouplingError(f"{key}: give at least one value")
-        return [check(v, key, **bounds) for v in value]
-
-    kwargs: dict[str, Any] = {
-        "drop_paths": listed("drop_path", PAPER_DROP_PATH, number, minimum=0, below=1),
-        "weight_decays": listed("weight_decay", PAPER_WEIGHT_DECAY, number, minimum=0),
-        "seeds": listed("seeds", (0,), whole, minimum=0),
-    }
-    if "train_limit" in data:
-        kwargs["train_limits"] = listed("train_limit", (), whole, minimum=1)
-    if "label_noise" in data:
-        kwargs["label_noises"] = listed("label_noise", (), number, minimum=0, below=1)
-    for key, name in (("executor", "executor"), ("address", "address")):
-        if key in data:
-            if not isinstance(data[key], str):
-                raise BlockCouplingError(f"{key} must be a string, not {data[key]!r}")
-            kwargs[name] = data[key]
-    for key, name in (("cpus_per_run", "num_cpus"), ("threads", "threads")):
-        if key in data:
-            kwargs[name] = whole(data[key], key, minimum=1)
-    return base, kwargs
+    spec: GridSpec = from_mapping(GridSpec, data, "grid spec")
+    return VitTrainConfig.from_dict(spec.train), spec.run_grid_kwargs()
 
 
 def train_unit(config: dict[str, Any], out_dir: str, threads: int | None = 1) -> dict[str, Any]:
@@ -212,7 +247,6 @@ def train_unit(config: dict[str, Any], out_dir: str, threads: int | None = 1) ->
                 "seconds": time.perf_counter() - t0}
 
 
-KIND = "vit-grid"
 #: a grid unit's run directory inside its vit-train folder (the final measurement)
 FINAL_RUN = "coupling/final"
 
