@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import math
 import numbers
-import re
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -20,7 +19,6 @@ from blockcoupling.errors import BlockCouplingError
 #: model dtypes ``load_model`` accepts (``loading.MODEL_DTYPES``), without importing torch
 DTYPES = ("auto", "float32", "float16", "bfloat16", "float64")
 T = TypeVar("T")
-_DEVICE_RE = re.compile(r"^(auto|cpu|mps|cuda(:\d+)?)$")
 
 
 class OptionError(BlockCouplingError):
@@ -98,11 +96,20 @@ def init_name(value: Any, name: str = "--init") -> str:
 
 
 def device_name(value: Any, name: str = "device") -> str:
-    """A device name: ``auto``, ``cpu``, ``mps``, ``cuda`` or ``cuda:N`` (its presence is
-    checked when the model is loaded)."""
-    if not isinstance(value, str) or not _DEVICE_RE.match(value):
-        raise OptionError(f"{name} {value!r}: choose auto, cpu, cuda, cuda:N or mps")
-    return value
+    """``auto``, or a device that torch can name (``cpu``, ``cuda``, ``cuda:N``, ``mps``,
+    ``xpu``, ...); whether it is present is checked when the model is loaded."""
+    if value == "auto":
+        return "auto"
+    if isinstance(value, str):
+        import torch
+
+        try:
+            torch.device(value)
+            return value
+        except (RuntimeError, ValueError):
+            pass
+    raise OptionError(f"{name} {value!r}: choose auto, cpu, cuda, cuda:N, mps or another "
+                      "device torch knows")
 
 
 def flag(value: Any, name: str) -> bool:

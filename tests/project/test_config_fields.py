@@ -213,3 +213,21 @@ def test_lm_family_dry_run_prints_runs_steps_and_checkpoints(tmp_path: Path) -> 
     assert "measured at steps 0, 1, 2, 4, 8, 16 (6 checkpoints)" in r.output
     assert "estimated time at most" in r.output  # the runs stop at their plateau, not the cap
     assert not out.exists()
+
+
+@pytest.mark.parametrize("device", ["auto", "cpu", "cuda", "cuda:1", "mps", "xpu", "xpu:0"])
+def test_any_device_torch_names_is_a_valid_model_device(device: str) -> None:
+    """The model's device is checked as a name torch knows (an Intel GPU's ``xpu`` too), not
+    against a fixed list; its presence is checked when the model loads."""
+    from blockcoupling.loading import ModelSource
+
+    assert ModelSource(model="gpt2", device=device).device == device
+
+
+@pytest.mark.parametrize("device", ["tpu:7", "gpu", "", 3])
+def test_a_device_torch_cannot_name_is_one_line(device: object) -> None:
+    from blockcoupling.errors import BlockCouplingError
+    from blockcoupling.loading import ModelSource
+
+    with pytest.raises(BlockCouplingError, match="choose auto, cpu, cuda"):
+        ModelSource(model="gpt2", device=device)  # type: ignore[arg-type]
