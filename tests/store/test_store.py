@@ -545,7 +545,6 @@ def test_measure_to_dir_groups_cheap_prompts_into_parts_and_keeps_them_on_an_err
     own part at 0, one part for all at infinity, the same values either way; prompts measured
     before an interruption are written before it propagates, and a resume adds the rest."""
     import blockcoupling as bc
-    import blockcoupling.store.record as record
     import blockcoupling.store.writer as writer
     from tiny_models import tiny_inputs, tiny_model
 
@@ -560,15 +559,7 @@ def test_measure_to_dir_groups_cheap_prompts_into_parts_and_keeps_them_on_an_err
     a, b = open_run(tmp_path / "p4"), open_run(tmp_path / "p1")
     assert len(a.coupling) > 0 and a.coupling["value"].equals(b.coupling["value"])
 
-    real = record.iter_measure
-
-    def interrupted(*args: object, **kw: object):  # type: ignore[no-untyped-def]
-        for i, part in enumerate(real(*args, **kw)):  # type: ignore[arg-type]
-            if i == 2:
-                raise KeyboardInterrupt
-            yield part
-
-    monkeypatch.setattr(record, "iter_measure", interrupted)
+    _interrupt_after_two_parts(monkeypatch)
     with pytest.raises(KeyboardInterrupt):
         bc.measure_to_dir(model, None, inputs, tmp_path / "cut", part_seconds=float("inf"),
                           **opts)
@@ -605,7 +596,6 @@ def test_a_run_begun_before_a_variant_existed_resumes_with_its_own_variants(
     line says so. A difference in a variant that is part of the identity is refused as
     before."""
     import blockcoupling as bc
-    import blockcoupling.store.record as record
     from blockcoupling.engine.names import VARIANTS
     from blockcoupling.engine.variants import REGISTRY
     from tiny_models import tiny_inputs, tiny_model
@@ -617,15 +607,7 @@ def test_a_run_begun_before_a_variant_existed_resumes_with_its_own_variants(
     opts = dict(coupling=("depth",), k=(2,), batch_size=1, progress=False)
     whole = bc.measure_to_dir(model, None, inputs, tmp_path / "whole", variants=before,
                               part_seconds=0.0, **opts)
-    real = record.iter_measure
-
-    def interrupted(*args: object, **kw: object):  # type: ignore[no-untyped-def]
-        for i, part in enumerate(real(*args, **kw)):  # type: ignore[arg-type]
-            if i == 2:
-                raise KeyboardInterrupt
-            yield part
-
-    monkeypatch.setattr(record, "iter_measure", interrupted)
+    _interrupt_after_two_parts(monkeypatch)
     with pytest.raises(KeyboardInterrupt):
         bc.measure_to_dir(model, None, inputs, tmp_path / "cut", variants=before,
                           part_seconds=0.0, **opts)
@@ -641,3 +623,19 @@ def test_a_run_begun_before_a_variant_existed_resumes_with_its_own_variants(
     assert tuple(cut.config.variants) == before
     assert set(cut.coupling["variant"]) == set(before)
     pd.testing.assert_frame_equal(cut.coupling, whole.coupling)
+
+
+def _interrupt_after_two_parts(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Make `measure_to_dir` stop with a KeyboardInterrupt after its second part (a Ctrl-C
+    between parts), until ``monkeypatch.undo()``."""
+    import blockcoupling.store.record as record
+
+    real = record.iter_measure
+
+    def interrupted(*args: object, **kw: object):  # type: ignore[no-untyped-def]
+        for i, part in enumerate(real(*args, **kw)):  # type: ignore[arg-type]
+            if i == 2:
+                raise KeyboardInterrupt
+            yield part
+
+    monkeypatch.setattr(record, "iter_measure", interrupted)
