@@ -65,7 +65,8 @@ floor: the block's three big GEMMs timed alone at this shape in float32 (`gemm_f
 the number of blocks. On the CPU in process CPU seconds (run it with ``OMP_NUM_THREADS=1``), on
 a GPU in synchronised wall seconds. ``--shape mid`` (d = 1024, MLP 3584, 16 heads, 4 kv heads,
 4 blocks; ``--layers``) keeps the Llama-3-8B ratios at a width one CPU core measures in
-seconds; ``--weights f32`` builds the model in float32 instead of bf16:
+seconds; ``--shape host`` (d = 128, 32 blocks) leaves the host's work per block, which a GPU pays too;
+``--weights f32`` builds the model in float32 instead of bf16:
 
     OMP_NUM_THREADS=1 python benchmarks/bench_gpu_llama.py --shape mid --items 8
     python benchmarks/bench_gpu_llama.py --items 8                 # the 8B shape on cuda
@@ -112,6 +113,9 @@ SHAPES: dict[str, tuple[int, int, int, int, int]] = {
     "8b": (4096, 14336, 32, 8, 32),  # Llama-3-8B
     "mid": (1024, 3584, 16, 4, 4),  # the Llama-3-8B ratios at a width one CPU core measures in seconds
     "small": (256, 512, 8, 2, 4),  # the CPU smoke test
+    # the 8B block count and head layout at a width where compute is nearly nothing: what is
+    # left is the host's work per block (Python, operator dispatch), which a GPU also pays
+    "host": (128, 448, 16, 4, 32),
 }
 
 
@@ -481,8 +485,12 @@ def item8_jacobian_phase(model: torch.nn.Module, device: str, n: int, prompts: i
     ``topk_s``; each against the floor (L x the block's GEMMs). Seconds are `_clock`'s; the
     call is repeated ``repeats`` times (each call checks every layer again on its first
     prompt) and each number is the median over the repeats, the minimum beside it. Then one
-    more call of one prompt under ``torch.profiler``: the operators with the most
-    self time."""
+    more call of one prompt under ``torch.profiler``: the operators with the most self time,
+    and per block the operator events and the host-device synchronisations
+    (``aten::_local_scalar_dense``: a ``float()`` / ``bool()`` of a tensor) of the call; and
+    the "jacobians" phase of `fast_dense` on one prompt (the 1.93 s row of the H200 run:
+    capture, then per block the decode step with the build check, forward-mode products
+    included, and the dense J)."""
     from blockcoupling.engine import measure as measure_mod
     from blockcoupling.engine import structured
 
@@ -549,6 +557,9 @@ def item8_jacobian_phase(model: torch.nn.Module, device: str, n: int, prompts: i
     key = "self_device_time_total" if cuda else "self_cpu_time_total"
     ops = sorted(prof.key_averages(), key=lambda e: getattr(e, key, 0.0), reverse=True)
     total = sum(getattr(e, key, 0.0) for e in ops) or 1.0
+    n_layers = model.config.num_hidden_layers
+    counts = {e.key: int(e.count) for e in ops}
+    _, fd = fast_dense(model, ids[:1], device)
     emit({"record": "item8", "shape": {"d": model.config.hidden_size,
                                        "mlp": model.config.intermediate_size,
                                        "heads": model.config.num_attention_heads,
@@ -559,6 +570,11 @@ def item8_jacobian_phase(model: torch.nn.Module, device: str, n: int, prompts: i
           "clock": "wall, synchronised" if cuda else "process CPU seconds",
           "floor": floor, "per_prompt": rows, "later_prompts_median": summary,
           "measure_calls": calls,
+          "fast_dense_jacobians_s": round(fd["jacobians"]["seconds" if cuda else "cpu_seconds"], 4),
+          "per_block_one_prompt_call": {
+              "aten_op_events": round(sum(c for k, c in counts.items() if k.startswith("aten::"))
+                                      / n_layers, 1),
+              "syncs": round(counts.get("aten::_local_scalar_dense", 0) / n_layers, 1)},
           "profile_one_prompt": {"by": key, "total_ms": round(total / 1e3, 1), "top": [
               {"op": e.key, "calls": int(e.count), "ms": round(getattr(e, key, 0.0) / 1e3, 2),
                "share": round(getattr(e, key, 0.0) / total, 4)} for e in ops[:12]]}}, sink)
