@@ -27,9 +27,10 @@ recording pass below; the first one whose cache receives exactly one ``update`` 
    recorded call sliced to row t: ``attention_mask[..., t:t+1, :t+1]``, ``position_ids[...,
    t:t+1]``, ``cache_position[t:t+1]``, ``position_embeddings[..., t:t+1, :]``.
 3. At build time ``J_fast v`` and ``J_fast^T u`` are compared with the generic path
-   (`blockcoupling.engine.jacobian.jacobian_operator` on
-   `blockcoupling.engine.capture.residual_branch`) for random v, u; on any mismatch or
-   failure the builder returns ``None`` and the caller uses the generic path.
+   (`blockcoupling.engine.jacobian.jacobian_operator` on the residual branch of the same
+   dtype copy of the block, `blockcoupling.engine.capture.replay_branch`, checked as
+   `residual_branch` checks it) for random v, u; on any mismatch or failure the builder
+   returns ``None`` and the caller uses the generic path.
 
 Dense ``J^l_tt``: for block types `blockcoupling.engine.structured` knows (GPT-2,
 Llama) it is assembled from the block's weights by a few GEMMs (about half the flops of the
