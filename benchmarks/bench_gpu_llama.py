@@ -57,6 +57,20 @@ per block, and the 80-block total extrapolated (labelled). Then the same model d
 ``accelerate.dispatch_model`` (half the blocks on the GPU, half on the CPU; skipped with a
 record saying so if accelerate is not installed) and measured without ``analysis_device``.
 
+Item 8 (the Jacobian phase against its GEMM floor, any device; issue 34 item 4): the depth-wise
+``measure()`` call above on ``--prompts`` prompts (default 3) of ``--tokens`` tokens, timed
+prompt by prompt (`item8_jacobian_phase`): the Jacobian phase (pass 1 less its top-K), the
+structured dense J alone and the first prompt's one-time build check, each against the
+floor: the block's three big GEMMs timed alone at this shape in float32 (`gemm_floor`) times
+the number of blocks. On the CPU in process CPU seconds (run it with ``OMP_NUM_THREADS=1``), on
+a GPU in synchronised wall seconds. ``--shape mid`` (d = 1024, MLP 3584, 16 heads, 4 kv heads,
+4 blocks; ``--layers``) keeps the Llama-3-8B ratios at a width one CPU core measures in
+seconds; ``--shape host`` (d = 128, 32 blocks) leaves the host's work per block, which a GPU pays too;
+``--weights f32`` builds the model in float32 instead of bf16:
+
+    OMP_NUM_THREADS=1 python benchmarks/bench_gpu_llama.py --shape mid --items 8
+    python benchmarks/bench_gpu_llama.py --items 8                 # the 8B shape on cuda
+
 Items run in the order ``--items`` gives; ``--item-timeout ITEM=SECONDS`` stops one item with a
 record and goes on, and SIGTERM (an outer ``timeout``) still saves the records: a short GPU
 lease gets every item that fits. Measured on one H200 on 2026-11-27: BENCHMARKS.md, "Issue 34
@@ -94,17 +108,30 @@ MATRIX_FREE_VARIANTS = tuple(v for v in VARIANTS
                              if not {"trace", "trace2", "overlap"} & set(get_variant(v).needs))
 
 
-def llama(small: bool, device: str) -> torch.nn.Module:
-    if small:
-        cfg = tf.LlamaConfig(hidden_size=256, intermediate_size=512, num_hidden_layers=4,
-                             num_attention_heads=8, num_key_value_heads=2, vocab_size=1000)
-    else:  # Llama-3-8B shape
-        cfg = tf.LlamaConfig(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
-                             num_attention_heads=32, num_key_value_heads=8, vocab_size=128256,
-                             max_position_embeddings=8192, rope_theta=500000.0)
+#: ``--shape``: the model's width, MLP width, heads, kv heads and default number of layers
+SHAPES: dict[str, tuple[int, int, int, int, int]] = {
+    "8b": (4096, 14336, 32, 8, 32),  # Llama-3-8B
+    "mid": (1024, 3584, 16, 4, 4),  # the Llama-3-8B ratios at a width one CPU core measures in seconds
+    "small": (256, 512, 8, 2, 4),  # the CPU smoke test
+    # the 8B block count and head layout at a width where compute is nearly nothing: what is
+    # left is the host's work per block (Python, operator dispatch), which a GPU also pays
+    "host": (128, 448, 16, 4, 32),
+}
+
+
+def llama(small: bool, device: str, shape: str | None = None, layers: int | None = None,
+          weights: torch.dtype = torch.bfloat16) -> torch.nn.Module:
+    """A random ``LlamaForCausalLM`` of ``shape`` (`SHAPES`; default "small" or "8b" by
+    ``small``) with ``layers`` blocks (default the shape's), weights in ``weights``."""
+    d, width, heads, kv, n_layers = SHAPES[shape or ("small" if small else "8b")]
+    extra: dict[str, Any] = ({"vocab_size": 128256, "max_position_embeddings": 8192,
+                              "rope_theta": 500000.0} if d == 4096 else {"vocab_size": 1000})
+    cfg = tf.LlamaConfig(hidden_size=d, intermediate_size=width,
+                         num_hidden_layers=layers or n_layers, num_attention_heads=heads,
+                         num_key_value_heads=kv, **extra)
     torch.manual_seed(0)
     with torch.device(device):
-        model = tf.LlamaForCausalLM(cfg).to(torch.bfloat16)
+        model = tf.LlamaForCausalLM(cfg).to(weights)
     return model.eval()
 
 
@@ -409,6 +436,151 @@ def item7_streaming(device: str, layers: int, small: bool, sink: list[dict[str, 
           "methods": {str(k): int(v) for k, v in m.diagnostics["method"].value_counts().items()}}, sink)
 
 
+def _clock(device: str) -> float:
+    """Seconds for item 8: CPU seconds of this process on the CPU (run it on one thread: robust
+    to a shared machine), wall seconds after a synchronisation on a GPU."""
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize()
+        return time.perf_counter()
+    return time.process_time()
+
+
+def gemm_floor(model: torch.nn.Module, device: str, repeats: int = 3) -> dict[str, Any]:
+    """The GEMMs of one block's structured dense J (engine/structured.py, module docstring) at
+    this model's shape, in float32, each timed alone in this process (best of ``repeats``):
+    ``W_o J_o`` (d x H hd x d), the gated MLP's ``W_d [diag(.) W_g + diag(.) W_u]`` (d x I x d)
+    and ``N J_a`` (d x d x d). The norm, rotary and per-head products are O(d^2 hd) or smaller
+    and are not counted."""
+    c = model.config
+    d, width, heads = c.hidden_size, c.intermediate_size, c.num_attention_heads
+    hd = getattr(c, "head_dim", None) or d // heads
+    sizes = {"W_o J_o": (d, heads * hd, d), "W_d [.] (MLP)": (d, width, d), "N J_a": (d, d, d)}
+    out: dict[str, Any] = {}
+    for name, (m, k, n) in sizes.items():
+        A = torch.randn(m, k, device=device)
+        B = torch.randn(k, n, device=device)
+        C = torch.empty(m, n, device=device)
+        torch.mm(A, B, out=C)  # warm-up
+        best = float("inf")
+        for _ in range(repeats):
+            t0 = _clock(device)
+            torch.mm(A, B, out=C)
+            best = min(best, _clock(device) - t0)
+        out[name] = {"m_k_n": [m, k, n], "gflop": round(2 * m * k * n / 1e9, 2),
+                     "seconds": round(best, 5), "gflops_per_s": round(2 * m * k * n / best / 1e9, 1)}
+    per_block = sum(v["seconds"] for v in out.values())
+    return {"gemms": out, "gflop_per_block": round(sum(v["gflop"] for v in out.values()), 2),
+            "seconds_per_block": round(per_block, 5),
+            "seconds_per_prompt": round(per_block * c.num_hidden_layers, 4)}
+
+
+def item8_jacobian_phase(model: torch.nn.Module, device: str, n: int, prompts: int,
+                         repeats: int, sink: list[dict[str, Any]]) -> None:
+    """The Jacobian phase of ``measure()`` (depth-wise, last token, the defaults) against its
+    GEMM floor (`gemm_floor`), prompt by prompt: the first prompt includes the one-time
+    build check of every layer (`fastpath._verify`), the later ones are what every further
+    prompt costs. Per prompt: ``jacobian_s`` = pass 1 less its top-K (the blocks' dtype
+    copies and replays, the check, the dense J, the diagnostics rows), ``dense_j_s`` = the
+    structured J alone (`structured.decode_step_jacobian`), ``check_s`` = the build check,
+    ``topk_s``; each against the floor (L x the block's GEMMs). Seconds are `_clock`'s; the
+    call is repeated ``repeats`` times (each call checks every layer again on its first
+    prompt) and each number is the median over the repeats, the minimum beside it. Then one
+    more call of one prompt under ``torch.profiler``: the operators with the most self time,
+    and per block the operator events and the host-device synchronisations
+    (``aten::_local_scalar_dense``: a ``float()`` / ``bool()`` of a tensor) of the call; and
+    the "jacobians" phase of `fast_dense` on one prompt (the 1.93 s row of the H200 run:
+    capture, then per block the decode step with the build check, forward-mode products
+    included, and the dense J)."""
+    from blockcoupling.engine import measure as measure_mod
+    from blockcoupling.engine import structured
+
+    floor = gemm_floor(model, device)
+    emit({"record": "item8_floor", "floor": floor}, sink)  # kept if the item runs out of time
+    ids = torch.randint(0, model.config.vocab_size, (prompts, n),
+                        generator=torch.Generator().manual_seed(8)).to(device)
+    per: list[dict[str, float]] = []
+    originals: list[tuple[Any, str, Any]] = []
+
+    def timed(owner: Any, name: str, key: str, new_prompt: bool = False) -> None:
+        fn = getattr(owner, name)
+        originals.append((owner, name, fn))
+
+        def wrapper(*a: Any, **k: Any) -> Any:
+            if new_prompt:
+                per.append({"pass1_s": 0.0, "topk_s": 0.0, "dense_j_s": 0.0, "check_s": 0.0})
+            t0 = _clock(device)
+            try:
+                return fn(*a, **k)
+            finally:
+                per[-1][key] += _clock(device) - t0
+
+        setattr(owner, name, wrapper)
+
+    timed(measure_mod._PromptRun, "pass1", "pass1_s", new_prompt=True)
+    timed(svd, "topk_svd", "topk_s")
+    timed(structured, "decode_step_jacobian", "dense_j_s")
+    timed(fastpath, "_verify", "check_s")
+    calls = []
+    try:
+        for _ in range(repeats):
+            with phase("measure", device) as ph:
+                measure(model, None, {"input_ids": ids}, coupling=("depth",), k=KS,
+                        final_norm=True, progress=False)
+            calls.append(ph.as_dict())
+    finally:
+        for owner, name, fn in reversed(originals):
+            setattr(owner, name, fn)
+    f = floor["seconds_per_prompt"]
+    for p in per:
+        p["jacobian_s"] = p["pass1_s"] - p["topk_s"]
+        p["check_less_dense_j_s"] = p["check_s"] - (p["dense_j_s"] if p["check_s"] else 0.0)
+
+    def stats(values: list[float]) -> dict[str, float]:
+        v = sorted(values)
+        return {"median": round(v[len(v) // 2], 4), "min": round(v[0], 4),
+                "median_over_floor": round(v[len(v) // 2] / f, 2)}
+
+    rows = []
+    for i in range(prompts):
+        got = per[i::prompts]  # prompt i of every repeat
+        rows.append({"prompt": i, **{k: stats([p[k] for p in got]) for k in got[0]}})
+    later = [p for j, p in enumerate(per) if j % prompts]  # every prompt after the first
+    summary = {k: stats([p[k] for p in later]) for k in ("jacobian_s", "dense_j_s")
+               } if later else {}
+    from torch.profiler import ProfilerActivity, profile
+
+    cuda = torch.device(device).type == "cuda"
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with profile(activities=acts) as prof:
+        measure(model, None, {"input_ids": ids[:1]}, coupling=("depth",), k=KS,
+                final_norm=True, progress=False)
+        _sync(device)
+    key = "self_device_time_total" if cuda else "self_cpu_time_total"
+    ops = sorted(prof.key_averages(), key=lambda e: getattr(e, key, 0.0), reverse=True)
+    total = sum(getattr(e, key, 0.0) for e in ops) or 1.0
+    n_layers = model.config.num_hidden_layers
+    counts = {e.key: int(e.count) for e in ops}
+    _, fd = fast_dense(model, ids[:1], device)
+    emit({"record": "item8", "shape": {"d": model.config.hidden_size,
+                                       "mlp": model.config.intermediate_size,
+                                       "heads": model.config.num_attention_heads,
+                                       "kv_heads": model.config.num_key_value_heads,
+                                       "layers": model.config.num_hidden_layers},
+          "weights": str(next(model.parameters()).dtype).removeprefix("torch."),
+          "n_tokens": n, "prompts": prompts, "repeats": repeats,
+          "clock": "wall, synchronised" if cuda else "process CPU seconds",
+          "floor": floor, "per_prompt": rows, "later_prompts_median": summary,
+          "measure_calls": calls,
+          "fast_dense_jacobians_s": round(fd["jacobians"]["seconds" if cuda else "cpu_seconds"], 4),
+          "per_block_one_prompt_call": {
+              "aten_op_events": round(sum(c for k, c in counts.items() if k.startswith("aten::"))
+                                      / n_layers, 1),
+              "syncs": round(counts.get("aten::_local_scalar_dense", 0) / n_layers, 1)},
+          "profile_one_prompt": {"by": key, "total_ms": round(total / 1e3, 1), "top": [
+              {"op": e.key, "calls": int(e.count), "ms": round(getattr(e, key, 0.0) / 1e3, 2),
+               "share": round(getattr(e, key, 0.0) / total, 4)} for e in ops[:12]]}}, sink)
+
+
 def oracle(model: torch.nn.Module, ids: torch.Tensor) -> tuple[Values, float]:
     t0 = time.perf_counter()
     spec = find_blocks(model)
@@ -427,6 +599,12 @@ def oracle(model: torch.nn.Module, ids: torch.Tensor) -> tuple[Values, float]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--small", action="store_true", help="tiny Llama on the CPU (smoke test)")
+    ap.add_argument("--shape", choices=sorted(SHAPES), default=None,
+                    help="the model's shape (default: small with --small, else 8b)")
+    ap.add_argument("--layers", type=int, default=None, help="blocks (default: the shape's)")
+    ap.add_argument("--weights", choices=("bf16", "f32"), default="bf16")
+    ap.add_argument("--prompts", type=int, default=3, help="item 8: prompts in the call")
+    ap.add_argument("--repeats", type=int, default=3, help="item 8: calls (medians)")
     ap.add_argument("--device", default=None)
     ap.add_argument("--tokens", type=int, default=12)
     ap.add_argument("--skip-released", action="store_true")
@@ -442,24 +620,26 @@ def main() -> None:
         svd._iterate_first = lambda n, k, dev: True
     if 7 in args.items and args.items[-1] != 7:  # item 7 frees the 8B model for the 70B shape
         ap.error("item 7 must come last in --items (it releases the model the others measure)")
-    device = args.device or ("cpu" if args.small else "cuda")
+    shape = args.shape or ("small" if args.small else "8b")
+    device = args.device or ("cuda" if shape == "8b" else "cpu")
     sink: list[dict[str, Any]] = []
     info = machine()
     with phase("load", device) as ph:
-        model = llama(args.small, device)
+        model = llama(args.small, device, shape, args.layers,
+                      torch.bfloat16 if args.weights == "bf16" else torch.float32)
     weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     ids = torch.randint(0, model.config.vocab_size, (1, args.tokens),
                         generator=torch.Generator().manual_seed(0)).to(device)
-    emit({"record": "config", "model": "llama-random" + ("-small" if args.small else "-8b-shape"),
+    emit({"record": "config", "model": f"llama-random-{shape}-shape",
           "d": model.config.hidden_size, "layers": model.config.num_hidden_layers,
-          "n_tokens": args.tokens, "ks": list(KS), "weights": "bf16",
+          "n_tokens": args.tokens, "ks": list(KS), "weights": args.weights,
           "weight_gb": round(weight_bytes / 1e9, 3), "device": device, "load": ph.as_dict(),
           "topk_iterates_first": svd._iterate_first(model.config.hidden_size, max(KS),
                                               torch.device(device)),
           "topk_iter": {"oversample": svd._ITER_OVERSAMPLE, "max_products": svd._ITER_MAX,
                         "check_every": svd._ITER_CHECK, "window": svd._GRAM_WINDOW},
           "machine": info}, sink)
-    name = "bench_gpu_llama" + ("_small" if args.small else "")
+    name = "bench_gpu_llama" + ("" if shape == "8b" else f"_{shape}")
     budgets = dict(args.item_timeout or [])
     signal.signal(signal.SIGTERM, _raise_timeout)  # an outer `timeout` still saves the records
     try:
@@ -468,7 +648,9 @@ def main() -> None:
                    5: lambda: item5_tokenwise(model, device, 32,
                                               min(16, model.config.num_hidden_layers), sink),
                    6: lambda: item6_trajectory(model, device, 32, 12, 5, sink),
-                   7: lambda: item7_streaming(device, args.stream_layers, args.small, sink)}[item]
+                   7: lambda: item7_streaming(device, args.stream_layers, args.small, sink),
+                   8: lambda: item8_jacobian_phase(model, device, args.tokens, args.prompts,
+                                                   args.repeats, sink)}[item]
             if item == 7:  # the 70B-shape model needs the GPU to itself
                 model.to("meta")
                 if torch.device(device).type == "cuda":

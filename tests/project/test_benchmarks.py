@@ -61,6 +61,20 @@ def test_bench_gpu_llama_smoke_runs_on_the_cpu(tmp_path: Path) -> None:
     assert [r["tables_on"] for r in records if r.get("record") == "item6"] == [["cpu"]]
 
 
+def test_bench_gpu_llama_item8_splits_the_jacobian_phase(tmp_path: Path) -> None:
+    """Item 8 (the Jacobian phase against its GEMM floor): the floor is counted and timed, and
+    the build check runs on the first prompt of a call only, not on every prompt."""
+    records = _run(tmp_path, "bench_gpu_llama.py", "--small", "--items", "8", "--repeats", "1",
+                   "--prompts", "2")
+    (rec,) = [r for r in records if r.get("record") == "item8"]
+    assert rec["floor"]["seconds_per_prompt"] > 0 and rec["floor"]["gflop_per_block"] > 0, rec
+    first, later = rec["per_prompt"]
+    assert first["check_s"]["median"] > 0 and later["check_s"]["median"] == 0, rec
+    for p in (first, later):
+        assert 0 < p["dense_j_s"]["median"] <= p["jacobian_s"]["median"], p
+    assert rec["per_block_one_prompt_call"]["syncs"] > 0 and rec["fast_dense_jacobians_s"] > 0
+
+
 def test_bench_gram_iter_smoke_compares_both_routes(tmp_path: Path) -> None:
     records = _run(tmp_path, "bench_gram_iter.py", "--ks", "10", "--repeats", "1",
                    "--llama-d", "256", "--lobpcg-iters", "5")

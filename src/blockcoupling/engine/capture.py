@@ -555,8 +555,21 @@ def residual_branch(
     [`ReplayError`][blockcoupling.errors.ReplayError].
     """
     rp = prepare_replay(model, cap, layer, prompt, dtype=dtype, device=device)
-    block, norm, args, kwargs, where, x = rp.block, rp.norm, rp.args, rp.kwargs, rp.where, rp.x
-    use_norm = norm is not None
+    f = replay_branch(rp)
+    if check:
+        with torch.no_grad():
+            got = f(rp.x) + rp.x  # (n, d)
+        check_replay(cap, layer, prompt, rp, got, rtol)
+    return f, rp.x
+
+
+def replay_branch(rp: BlockReplay) -> Callable[[Tensor], Tensor]:
+    """``f(h) = F(h) - h`` (n, d) -> (n, d) of a prepared replay (`prepare_replay`): the block
+    (then the folded final norm) called with its recorded call, ``h`` in place of its hidden
+    states. Pure; works under ``torch.func`` transforms. `residual_branch` is this, checked;
+    the fast path's build-time check calls it on the replay it already holds (one dtype copy
+    of the block per layer, not two)."""
+    block, norm, args, kwargs, where = rp.block, rp.norm, rp.args, rp.kwargs, rp.where
 
     def f(h: Tensor) -> Tensor:  # (n, d) -> (n, d)
         h3 = h.unsqueeze(0)  # (1, n, d)
@@ -572,21 +585,25 @@ def residual_branch(
                 out = first_output(norm(out))
         return out.squeeze(0) - h
 
-    if check:
-        recorded = (cap.final_output if use_norm
-                    else check_call_index(cap, layer, prompt)[layer - 1].output)
-        assert recorded is not None
-        ref_out = recorded[prompt].detach().to(rp.device, dtype)  # (n, d)
-        with torch.no_grad():
-            got = f(x) + x  # (n, d)
-        real = cap.valid[prompt].to(rp.device)  # (n,)
-        rel = relative_error(got, ref_out, real) if bool(real.any()) else 0.0
-        tol = rtol if rtol is not None else replay_tolerance(cap, dtype)
-        if not rel <= tol:  # also catches NaN
-            raise ReplayError(
-                f"replaying block {layer} (prompt {prompt}) did not reproduce its recorded output: "
-                f"max relative error {rel:.3g} > {tol:.3g}. The block depends on something "
-                "outside its recorded call (global state, randomness, a cache); make the model "
-                "deterministic (model.eval()) or pass blocks_path= of other modules."
-            )
-    return f, x
+    return f
+
+
+def check_replay(cap: Capture, layer: int, prompt: int, rp: BlockReplay, got: Tensor,
+                 rtol: float | None = None) -> None:
+    """Raise `ReplayError` unless ``got`` (n, d), the replay's ``F(x)``, is the recorded
+    output at the real positions (relative max error, tolerance ``rtol`` or `REPLAY_RTOL`)."""
+    dtype = rp.x.dtype
+    recorded = (cap.final_output if rp.norm is not None
+                else check_call_index(cap, layer, prompt)[layer - 1].output)
+    assert recorded is not None
+    ref_out = recorded[prompt].detach().to(rp.device, dtype)  # (n, d)
+    real = cap.valid[prompt].to(rp.device)  # (n,)
+    rel = relative_error(got, ref_out, real) if bool(real.any()) else 0.0
+    tol = rtol if rtol is not None else replay_tolerance(cap, dtype)
+    if not rel <= tol:  # also catches NaN
+        raise ReplayError(
+            f"replaying block {layer} (prompt {prompt}) did not reproduce its recorded output: "
+            f"max relative error {rel:.3g} > {tol:.3g}. The block depends on something "
+            "outside its recorded call (global state, randomness, a cache); make the model "
+            "deterministic (model.eval()) or pass blocks_path= of other modules."
+        )

@@ -27,9 +27,10 @@ recording pass below; the first one whose cache receives exactly one ``update`` 
    recorded call sliced to row t: ``attention_mask[..., t:t+1, :t+1]``, ``position_ids[...,
    t:t+1]``, ``cache_position[t:t+1]``, ``position_embeddings[..., t:t+1, :]``.
 3. At build time ``J_fast v`` and ``J_fast^T u`` are compared with the generic path
-   (`blockcoupling.engine.jacobian.jacobian_operator` on
-   `blockcoupling.engine.capture.residual_branch`) for random v, u; on any mismatch or
-   failure the builder returns ``None`` and the caller uses the generic path.
+   (`blockcoupling.engine.jacobian.jacobian_operator` on the residual branch of the same
+   dtype copy of the block, `blockcoupling.engine.capture.replay_branch`, checked as
+   `residual_branch` checks it) for random v, u; on any mismatch or failure the builder
+   returns ``None`` and the caller uses the generic path.
 
 Dense ``J^l_tt``: for block types `blockcoupling.engine.structured` knows (GPT-2,
 Llama) it is assembled from the block's weights by a few GEMMs (about half the flops of the
@@ -69,14 +70,16 @@ from blockcoupling.engine import structured
 from blockcoupling.engine.blocks import get_blocks
 from blockcoupling.engine.capture import (
     CACHE_NAMES,
+    BlockReplay,
     Capture,
     check_call_index,
+    check_replay,
     first_output,
     prepare_replay,
     relative_error,
+    replay_branch,
     replay_context,
     replay_tolerance,
-    residual_branch,
 )
 from blockcoupling.engine.fastrecord import FastPathWarning
 from blockcoupling.engine.jacobian import (
@@ -441,7 +444,8 @@ def token_branches(
                           "using the generic path (slower).", FastPathWarning, stacklevel=3)
 
     try:
-        built = _build(model, cap, layer, prompt, toks, dtype, chunk_size, memory_bytes, device)
+        rp, built = _build(model, cap, layer, prompt, toks, dtype, chunk_size, memory_bytes,
+                           device)
     except _Refused as err:
         refuse(str(err))
         return None
@@ -451,7 +455,7 @@ def token_branches(
         refuse(f"could not be built: {type(err).__name__}: {err}")
         return None
     if verify:
-        bad_msg = _verify(model, cap, layer, prompt, built, dtype, n_check, seed, device,
+        bad_msg = _verify(model, cap, layer, prompt, rp, built, n_check, seed,
                           forward=verify_forward)
         if bad_msg is not None:
             refuse(f"disagrees with the generic Jacobian: {bad_msg}")
@@ -568,7 +572,7 @@ def token_jacobians(
         return None
     if out is None or not verify:
         return out
-    bad = _verify_cross(model, cap, layer, prompt, out, dtype, n_check, seed, device)
+    bad = _verify_cross(cap, layer, prompt, got.rp, out, n_check, seed)
     if bad is not None:
         _STRUCTURED_OFF.add(block_ref)
         warnings.warn(f"structured token Jacobians of layer {layer} ({cap.spec.arch}) "
@@ -602,17 +606,17 @@ def _cross_from(got: _Recorded, pairs: Sequence[tuple[int, int]], rtol: float
     return out
 
 
-def _verify_cross(model: nn.Module, cap: Capture, layer: int, prompt: int,
-                  Js: dict[tuple[int, int], Tensor], dtype: torch.dtype, n_check: int,
-                  seed: int, device: torch.device | str | None) -> str | None:
+def _verify_cross(cap: Capture, layer: int, prompt: int, rp: BlockReplay,
+                  Js: dict[tuple[int, int], Tensor], n_check: int, seed: int) -> str | None:
     """None if every ``J_{s t}`` matches the generic path on ``n_check`` random vectors, else
     a description. Grouped as the generic path would compute them: per output token t one
     pullback of the vectors placed at t gives ``J_{s t}^T V`` for every s; per input token s
     one pushforward gives ``J_{s t} V`` for every t; whichever needs fewer passes (one each
-    for ``fixed_output`` and ``fixed_input`` at one token)."""
-    f, x = residual_branch(model, cap, layer, prompt, dtype=dtype, device=device)
+    for ``fixed_output`` and ``fixed_input`` at one token). The generic path is the replay
+    ``rp`` that built them (`capture.replay_branch`), checked against the recorded output."""
+    f, x, _ = _checked_branch(cap, layer, prompt, rp)
     n, d = x.shape
-    tol = VERIFY_RTOL.get(dtype, 5e-2)
+    tol = VERIFY_RTOL.get(x.dtype, 5e-2)
     gen = torch.Generator().manual_seed(int(seed))
     by_out: dict[int, list[int]] = {}
     by_in: dict[int, list[int]] = {}
@@ -645,7 +649,10 @@ def _verify_cross(model: nn.Module, cap: Capture, layer: int, prompt: int,
 
 def _build(model: nn.Module, cap: Capture, layer: int, prompt: int, tokens: list[int],
            dtype: torch.dtype, chunk_size: int | None, memory_bytes: int,
-           device: torch.device | str | None = None) -> dict[int, TokenBranch]:
+           device: torch.device | str | None = None
+           ) -> tuple[BlockReplay, dict[int, TokenBranch]]:
+    """The decode-step operators of ``tokens``, and the replay (the block's dtype copy) they
+    were built from, which the build-time check reuses."""
     got = _replay_recorded(model, cap, layer, prompt, dtype, device)
     rp, keys, values = got.rp, got.keys, got.values
     block, norm, x = rp.block, rp.norm, rp.x
@@ -669,7 +676,7 @@ def _build(model: nn.Module, cap: Capture, layer: int, prompt: int, tokens: list
                                       rp.recorded[t], rtol)
         out_map[t] = TokenBranch(g=g, x=x[t].clone(), layer=layer, token=t, chunk_size=chunk,
                                  dense_fn=dense_fn)
-    return out_map
+    return rp, out_map
 
 
 def _structured_fn(block: nn.Module, norm: nn.Module | None, x: Tensor, keys: Tensor,
@@ -696,9 +703,21 @@ def _make_g(block: nn.Module, norm: nn.Module | None, row_kwargs: dict[str, Any]
     return g
 
 
-def _verify(model: nn.Module, cap: Capture, layer: int, prompt: int,
-            built: dict[int, TokenBranch], dtype: torch.dtype, n_check: int, seed: int,
-            device: torch.device | str | None = None, forward: bool = True) -> str | None:
+def _checked_branch(cap: Capture, layer: int, prompt: int, rp: BlockReplay
+                    ) -> tuple[Callable[[Tensor], Tensor], Tensor, Tensor]:
+    """The generic residual branch ``f`` of the replay ``rp``, its input x and ``f(x)``
+    (n, d), with ``f(x) + x`` checked against the recorded output: `capture.residual_branch`
+    without a second dtype copy of the block (a mismatch raises `ReplayError` as there)."""
+    f = replay_branch(rp)
+    with torch.no_grad():
+        fx = f(rp.x)
+    check_replay(cap, layer, prompt, rp, fx + rp.x)
+    return f, rp.x, fx
+
+
+def _verify(model: nn.Module, cap: Capture, layer: int, prompt: int, rp: BlockReplay,
+            built: dict[int, TokenBranch], n_check: int, seed: int,
+            forward: bool = True) -> str | None:
     """None if every token's operator matches the generic path; else a description.
 
     Per token, on ``n_check`` random vectors V: the decode step's value and its pullback
@@ -706,9 +725,10 @@ def _verify(model: nn.Module, cap: Capture, layer: int, prompt: int,
     ``J^T V`` (for an explicit matrix one direction suffices: any wrong entry changes it for
     random V); and the decode step's forward-mode ``J V`` unless ``forward=False`` and the
     structured J passed (the dense J then serves every product, and forward mode through the
-    decode step is never used)."""
-    f, x = residual_branch(model, cap, layer, prompt, dtype=dtype, device=device)
-    tol = VERIFY_RTOL.get(dtype, 5e-2)
+    decode step is never used). The generic path is the replay ``rp`` the operators were
+    built from (`_checked_branch`: its ``f(x)`` is computed once for every token)."""
+    f, x, fx_all = _checked_branch(cap, layer, prompt, rp)
+    tol = VERIFY_RTOL.get(x.dtype, 5e-2)
     gen = torch.Generator().manual_seed(int(seed))
     for t, tb in built.items():
         try:
@@ -717,10 +737,7 @@ def _verify(model: nn.Module, cap: Capture, layer: int, prompt: int,
             JtV = op.rmatmat(V)
             structured_ok = (tb.dense_fn is not None
                              and _verify_structured(model, cap, layer, tb, V, JtV, tol))
-            gx = tb.value()
-            with replay_context(), torch.no_grad():
-                fx = f(x)[t]
-            errs = [_rel(gx, fx), _rel(tb.rmatmat(V), JtV)]
+            errs = [_rel(tb.value(), fx_all[t]), _rel(tb.rmatmat(V), JtV)]
             if forward or not structured_ok:
                 errs.append(_rel(tb.matmat(V), op.matmat(V)))
         except (TypeError, ValueError, RuntimeError, AttributeError, IndexError) as err:

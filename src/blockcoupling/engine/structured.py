@@ -217,11 +217,11 @@ def _attention_jacobian(at: _Attention, att: _Attended, J_n: NormJacobian) -> Te
     C = at.scale * V.mT @ Pm @ K  # (H, hd, hd)
     pt = p[:, -1]  # (H,)
     ck = at.scale * pt[:, None] * (V[:, -1] - o)  # (H, hd)
-    if rep > 1:  # grouped-query attention: each kv head serves rep query heads
-        Jk, Jv = Jk.repeat_interleave(rep, dim=0), Jv.repeat_interleave(rep, dim=0)  # (H, hd, d)
-    qJk = torch.einsum("hi,hid->hd", q, Jk)  # (H, d)
+    # grouped-query attention: each kv head g serves the query heads g*rep..g*rep+rep-1 (W_k
+    # repeated as the einsum over heads needs it; W_v broadcast over them, not repeated)
+    qJk = torch.einsum("hi,hid->hd", q, Jk.repeat_interleave(rep, dim=0) if rep > 1 else Jk)
     Jo = torch.baddbmm(ck[:, :, None] * qJk[:, None, :], C, Jq)  # (H, hd, d)
-    Jo.add_(pt[:, None, None] * Jv)
+    Jo.view(Hkv, rep, hd, -1).add_(pt.view(Hkv, rep, 1, 1) * Jv[:, None])
     return J_n.right_of(at.Wo @ Jo.reshape(H * hd, -1))  # (d, d)
 
 
