@@ -36,14 +36,31 @@ MODEL_DTYPES = {
 
 
 def resolve_device(device: str = "auto") -> torch.device:
+    """The torch device of a ``--device`` name (``auto``: the GPU if one is visible, else the
+    CPU); a device this machine does not have (no CUDA GPU, an ``xpu`` or ``mps`` torch was
+    not built for or that is absent, an index past the last device) is one error line."""
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise BlockCouplingError(f"--device {device}: no CUDA GPU is visible; use --device cpu")
     try:
-        return torch.device(device)
+        dev = torch.device(device)
     except RuntimeError as err:
         raise BlockCouplingError(f"--device {device!r} is not a device torch knows (auto, cpu, cuda, cuda:1)") from err
+    if dev.type == "meta":
+        raise BlockCouplingError("--device meta holds no weights and measures nothing; "
+                                 "use --device cpu or a GPU")
+    backend = torch.backends.mps if dev.type == "mps" else getattr(torch, dev.type, None)
+    available = getattr(backend, "is_available", None)
+    if dev.type != "cpu" and available is not None:  # a backend torch can ask about
+        count = getattr(getattr(torch, dev.type, None), "device_count", None)
+        present = bool(available())
+        if present and dev.index is not None and count is not None:
+            present = dev.index < int(count())
+        if not present:
+            raise BlockCouplingError(f"--device {device}: no such {dev.type} device is "
+                                     "visible to this torch; use --device cpu (or auto)")
+    return dev
 
 
 # Files that make a folder's tokenizer loadable (any one of them).
@@ -254,9 +271,12 @@ class ModelSource:
                             check=(validate.text, {"example": "gpt2 (a hub id) or ./model (a folder)"}))
     revision: str | None = opt(None, "Model revision (branch, tag, commit, e.g. step1000).",
                                cli=True, check=(validate.text, {"example": "step1000"}))
-    dtype: str = opt("auto", "Model weight dtype: auto, float32, bfloat16, float16.", cli=True,
+    dtype: str = opt("auto", "Model weight dtype: auto, float32, bfloat16, float16, float64.",
+                     cli=True,
                      check=(validate.dtype_name, {}))
-    device: str = opt("auto", "Where the model runs: auto, cpu, cuda, cuda:N.", cli=True,
+    device: str = opt("auto", "Where the model runs: auto (a CUDA GPU if one is visible, else "
+                      "the CPU), cpu, cuda, cuda:N, or another device torch knows (mps, xpu).",
+                      cli=True,
                       check=(validate.device_name, {}))
     trust_remote_code: bool = opt(
         False, "Run the model repository's own Python code (transformers trust_remote_code); "
