@@ -471,7 +471,7 @@ def render_default(name: str, value: Any) -> str:
     if v is None:
         return {"causal": "auto", "layers": "all"}.get(name, "none")
     if isinstance(v, list):
-        return ",".join(str(x) for x in v) if v else "none"
+        return ",".join(f"{x:g}" if isinstance(x, float) else str(x) for x in v) if v else "none"
     return str(v)
 
 
