@@ -22,7 +22,7 @@ from urllib.parse import urlparse
 import torch
 
 from blockcoupling import validate
-from blockcoupling.errors import BlockCouplingError
+from blockcoupling.errors import BlockCouplingError, require
 from blockcoupling.fields import OptionSpec, check_fields, cli_options, opt, option_name
 from blockcoupling.progress import interactive
 
@@ -176,6 +176,9 @@ def _looks_like_path(name: str) -> bool:
 #: ``--quantize`` choices: the transformers quantization config each loads with, and the
 #: package it needs
 QUANTIZE = {"bnb-8bit": "bitsandbytes", "bnb-4bit": "bitsandbytes", "torchao-int8": "torchao"}
+#: the ``pip install`` of each package a loading option needs (the extra, where one has it)
+INSTALL = {"bitsandbytes": "bitsandbytes", "torchao": "'blockcoupling[quant]'",
+           "accelerate": "'blockcoupling[offload]'"}
 
 
 def _writable_folder(path: Path, flag: str) -> None:
@@ -214,13 +217,9 @@ def quantization_config(quantize: str | None) -> Any:
     if quantize not in QUANTIZE:
         raise BlockCouplingError(
             f"--quantize {quantize!r}: choose none, {', '.join(QUANTIZE)}")
-    import importlib.util
-
     package = QUANTIZE[quantize]
-    if importlib.util.find_spec(package) is None:
-        raise BlockCouplingError(
-            f"--quantize {quantize} needs the package {package}, which is not installed: "
-            f"pip install {package} (or measure without --quantize)")
+    require(package, what=f"--quantize {quantize}", install=INSTALL[package],
+            alternative="or measure without --quantize")
     import transformers as tf
 
     if package == "torchao":
@@ -351,11 +350,8 @@ class ModelSource:
         folder writable) before any weight is read."""
         dispatch: dict[str, Any] = {}
         if self.device_map is not None:
-            import importlib.util
-
-            if importlib.util.find_spec("accelerate") is None:
-                raise BlockCouplingError(
-                    "--device-map needs the package accelerate: pip install accelerate")
+            require("accelerate", what="--device-map", install=INSTALL["accelerate"],
+                    alternative="or measure without --device-map")
             dispatch.update(device_map=self.device_map,
                             max_memory=parse_max_memory(self.max_memory),
                             offload_folder=self.offload_folder)
