@@ -266,3 +266,14 @@ def test_every_default_measure_shows_parses_back_to_that_default() -> None:
     for name, found in shown.items():
         assert getattr(MeasureConfig.parse(**{name: found.group(1)}), name) == \
             getattr(default, name), name
+
+
+def test_a_parsed_number_option_is_named_by_its_type_in_the_help() -> None:
+    """``--batch-size`` and ``--seed`` take a raw string for their parser but are named
+    ``<int>`` in ``measure --help``, as ``perturb``'s own ``--batch-size``/``--seed`` are
+    (they read ``<str>``); ``--causal`` (true, false or auto) stays a string."""
+    from blockcoupling.engine.config import measure_options
+
+    metavar = {o.name: o.metavar for o in measure_options()}
+    assert metavar["batch_size"] == metavar["seed"] == metavar["hidden_size"] == "<int>"
+    assert metavar["causal"] is None and metavar["k"] is None
