@@ -168,6 +168,7 @@ class OptionSpec:
     help: str
     annotation: Any      # bool | None (a --x/--no-x flag), str | None (raw, parsed), int | None ...
     is_flag: bool
+    metavar: str | None = None  # how the help names the value (``<int>`` for a parsed int)
 
 
 def _plain_type(tp: Any) -> Any:
@@ -200,13 +201,17 @@ def cli_options(cls: Any, *, exclude: tuple[str, ...] = (),
         help_ = (help_overrides or {}).get(f.name, f.metadata.get("help", ""))
         plain = _plain_type(hints[f.name])
         is_flag = plain is bool and f.metadata.get("parse") is None or isinstance(f.default, bool)
+        metavar = None
         if f.metadata.get("parse") is not None and not is_flag:
+            # a raw string for the field's parser; the help names the field's own type
+            metavar = f"<{plain.__name__}>" if plain in (int, float) else None
             plain = str
         default = f.default if f.default is not _MISSING else None
         if not is_flag and (default is not None or render is not None):
             shown = render(f.name, default) if render else str(default)
             help_ = f"{help_} [default: {shown}]"
-        out.append(OptionSpec(f.name, flag, help_, bool if is_flag else plain, is_flag))
+        out.append(OptionSpec(f.name, flag, help_, bool if is_flag else plain, is_flag,
+                              metavar))
     return out
 
 
@@ -222,7 +227,7 @@ def option_parameters(options: list[OptionSpec]) -> list[inspect.Parameter]:
         if o.is_flag:
             info = typer.Option(f"{o.flag}/--no-{o.flag.removeprefix('--')}", help=o.help)
         else:
-            info = typer.Option(o.flag, help=o.help)
+            info = typer.Option(o.flag, help=o.help, metavar=o.metavar)
         params.append(inspect.Parameter(o.name, inspect.Parameter.KEYWORD_ONLY, default=None,
                                         annotation=Annotated[o.annotation | None, info]))
     return params

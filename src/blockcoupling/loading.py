@@ -22,7 +22,7 @@ from urllib.parse import urlparse
 import torch
 
 from blockcoupling import validate
-from blockcoupling.errors import BlockCouplingError
+from blockcoupling.errors import BlockCouplingError, require
 from blockcoupling.fields import OptionSpec, check_fields, cli_options, opt, option_name
 from blockcoupling.progress import interactive
 
@@ -36,14 +36,31 @@ MODEL_DTYPES = {
 
 
 def resolve_device(device: str = "auto") -> torch.device:
+    """The torch device of a ``--device`` name (``auto``: the GPU if one is visible, else the
+    CPU); a device this machine does not have (no CUDA GPU, an ``xpu`` or ``mps`` torch was
+    not built for or that is absent, an index past the last device) is one error line."""
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise BlockCouplingError(f"--device {device}: no CUDA GPU is visible; use --device cpu")
     try:
-        return torch.device(device)
+        dev = torch.device(device)
     except RuntimeError as err:
         raise BlockCouplingError(f"--device {device!r} is not a device torch knows (auto, cpu, cuda, cuda:1)") from err
+    if dev.type == "meta":
+        raise BlockCouplingError("--device meta holds no weights and measures nothing; "
+                                 "use --device cpu or a GPU")
+    backend = torch.backends.mps if dev.type == "mps" else getattr(torch, dev.type, None)
+    available = getattr(backend, "is_available", None)
+    if dev.type != "cpu" and available is not None:  # a backend torch can ask about
+        count = getattr(getattr(torch, dev.type, None), "device_count", None)
+        present = bool(available())
+        if present and dev.index is not None and count is not None:
+            present = dev.index < int(count())
+        if not present:
+            raise BlockCouplingError(f"--device {device}: no such {dev.type} device is "
+                                     "visible to this torch; use --device cpu (or auto)")
+    return dev
 
 
 # Files that make a folder's tokenizer loadable (any one of them).
@@ -159,6 +176,9 @@ def _looks_like_path(name: str) -> bool:
 #: ``--quantize`` choices: the transformers quantization config each loads with, and the
 #: package it needs
 QUANTIZE = {"bnb-8bit": "bitsandbytes", "bnb-4bit": "bitsandbytes", "torchao-int8": "torchao"}
+#: the ``pip install`` of each package a loading option needs (the extra, where one has it)
+INSTALL = {"bitsandbytes": "bitsandbytes", "torchao": "'blockcoupling[quant]'",
+           "accelerate": "'blockcoupling[offload]'"}
 
 
 def _writable_folder(path: Path, flag: str) -> None:
@@ -197,13 +217,9 @@ def quantization_config(quantize: str | None) -> Any:
     if quantize not in QUANTIZE:
         raise BlockCouplingError(
             f"--quantize {quantize!r}: choose none, {', '.join(QUANTIZE)}")
-    import importlib.util
-
     package = QUANTIZE[quantize]
-    if importlib.util.find_spec(package) is None:
-        raise BlockCouplingError(
-            f"--quantize {quantize} needs the package {package}, which is not installed: "
-            f"pip install {package} (or measure without --quantize)")
+    require(package, what=f"--quantize {quantize}", install=INSTALL[package],
+            alternative="or measure without --quantize")
     import transformers as tf
 
     if package == "torchao":
@@ -254,9 +270,12 @@ class ModelSource:
                             check=(validate.text, {"example": "gpt2 (a hub id) or ./model (a folder)"}))
     revision: str | None = opt(None, "Model revision (branch, tag, commit, e.g. step1000).",
                                cli=True, check=(validate.text, {"example": "step1000"}))
-    dtype: str = opt("auto", "Model weight dtype: auto, float32, bfloat16, float16.", cli=True,
+    dtype: str = opt("auto", "Model weight dtype: auto, float32, bfloat16, float16, float64.",
+                     cli=True,
                      check=(validate.dtype_name, {}))
-    device: str = opt("auto", "Where the model runs: auto, cpu, cuda, cuda:N.", cli=True,
+    device: str = opt("auto", "Where the model runs: auto (a CUDA GPU if one is visible, else "
+                      "the CPU), cpu, cuda, cuda:N, or another device torch knows (mps, xpu).",
+                      cli=True,
                       check=(validate.device_name, {}))
     trust_remote_code: bool = opt(
         False, "Run the model repository's own Python code (transformers trust_remote_code); "
@@ -331,11 +350,8 @@ class ModelSource:
         folder writable) before any weight is read."""
         dispatch: dict[str, Any] = {}
         if self.device_map is not None:
-            import importlib.util
-
-            if importlib.util.find_spec("accelerate") is None:
-                raise BlockCouplingError(
-                    "--device-map needs the package accelerate: pip install accelerate")
+            require("accelerate", what="--device-map", install=INSTALL["accelerate"],
+                    alternative="or measure without --device-map")
             dispatch.update(device_map=self.device_map,
                             max_memory=parse_max_memory(self.max_memory),
                             offload_folder=self.offload_folder)

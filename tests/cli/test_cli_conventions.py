@@ -97,20 +97,45 @@ def _commands(group: click.Command | None = None, prefix: str = "") -> list[tupl
     for name in group.list_commands(ctx):  # type: ignore[attr-defined]
         cmd = group.get_command(ctx, name)  # type: ignore[attr-defined]
         out.append((prefix + name, cmd))
-        if isinstance(cmd, click.Group):
+        if hasattr(cmd, "list_commands"):  # a group (typer's own click: not click.Group)
             out += _commands(cmd, f"{prefix}{name} ")
     return out
+
+
+def _is_option(param: object) -> bool:
+    """An option of a command (typer ships its own click: ``click.Option`` is not its base)."""
+    return getattr(param, "param_type_name", None) == "option"
 
 
 def test_every_option_has_help_without_markup() -> None:
     for name, cmd in _commands():
         ctx = click.Context(cmd, info_name=name)
         for param in cmd.get_params(ctx):
-            if isinstance(param, click.Option) and not param.hidden:
+            if _is_option(param) and not param.hidden:
                 assert (param.help or "").strip(), f"{name} {param.opts[0]} has no help"
         text = cmd.get_help(ctx)
         for markup in ("``", ":func:", ":class:", "[bold", "\b"):
             assert markup not in text, f"{name} --help shows {markup!r}"
+
+
+#: options that mean one thing in every command that has them: one help text (vit-grid's
+#: and study generalization's --address had said "default: start a local one", while they
+#: reach RAY_ADDRESS or a running cluster first, as sweep's said); the loading options of
+#: measure and perturb are ModelSource's
+SHARED_MEANING = ("--address", "--cluster-cpus", "--json", "--revision", "--dtype", "--device",
+                  "--trust-remote-code", "--allow-missing-weights", "--init", "--init-seed")
+
+
+def test_an_option_that_means_one_thing_has_one_help() -> None:
+    helps: dict[str, dict[str, str]] = {}
+    for name, cmd in _commands():
+        for param in cmd.get_params(click.Context(cmd, info_name=name)):
+            if _is_option(param) and param.opts[0] in SHARED_MEANING:
+                helps.setdefault(param.opts[0], {})[name] = " ".join((param.help or "").split())
+    assert {"sweep", "vit-grid", "study generalization"} <= set(helps["--address"])
+    assert {"measure", "perturb"} <= set(helps["--init-seed"])
+    for flag, by_command in helps.items():
+        assert len(set(by_command.values())) == 1, (flag, by_command)
 
 
 def test_measure_progress_in_a_log_file_is_plain_lines(tiny: Path, tmp_path: Path) -> None:

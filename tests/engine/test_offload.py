@@ -4,6 +4,7 @@ time and give the numbers of the same model held in memory."""
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -133,12 +134,18 @@ def test_cli_quantize_torchao_and_a_backend_that_is_not_installed(tmp_path: Path
         res = cli("measure", *common, "--out", str(tmp_path / "q"), "--quantize", "torchao-int8")
         assert res.exit_code == 0, res.output
         assert bc.open_run(tmp_path / "q").meta["quantization"] == "torchao"
-    real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec",
-                        lambda name, *a: None if name == "bitsandbytes" else real(name, *a))
+    monkeypatch.setitem(sys.modules, "bitsandbytes", None)  # not installed: import fails
     res = cli("measure", *common, "--out", str(tmp_path / "bnb"), "--quantize", "bnb-4bit")
     assert res.exit_code == 1 and "pip install bitsandbytes" in res.output
     assert len(res.output.strip().splitlines()) == 1 and not (tmp_path / "bnb").exists()
+    # errors.require: what needs the package, then the extra that installs it
+    for package, given, named, extra in (
+            ("torchao", ["--quantize", "torchao-int8"], "--quantize torchao-int8", "quant"),
+            ("accelerate", ["--device-map", "auto"], "--device-map", "offload")):
+        monkeypatch.setitem(sys.modules, package, None)
+        res = cli("measure", *common, "--out", str(tmp_path / package), *given)
+        assert res.exit_code == 1, res.output
+        assert f"{named} needs {package}: pip install 'blockcoupling[{extra}]'" in res.output
     with pytest.raises(BlockCouplingError, match="choose none"):
         from blockcoupling.loading import quantization_config
 

@@ -231,3 +231,49 @@ def test_a_device_torch_cannot_name_is_one_line(device: object) -> None:
 
     with pytest.raises(BlockCouplingError, match="choose auto, cpu, cuda"):
         ModelSource(model="gpt2", device=device)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("device", ["xpu", "xpu:0", "mps", "cuda:99", "meta"])
+def test_a_device_this_machine_lacks_is_one_line_when_the_model_loads(device: str) -> None:
+    """A name torch knows but this machine does not have (an ``xpu`` on a CPU-only torch
+    raised torch's AssertionError from ``model.to``) is refused by `resolve_device`, which
+    every load calls, with one line; the CPU is always there."""
+    import torch
+
+    from blockcoupling.errors import BlockCouplingError
+    from blockcoupling.loading import resolve_device
+
+    present = {"xpu": torch.xpu.is_available(), "mps": torch.backends.mps.is_available(),
+               "cuda": torch.cuda.device_count() > 99, "meta": False}
+    if present[device.split(":")[0]]:
+        pytest.skip(f"{device} exists on this machine")
+    with pytest.raises(BlockCouplingError, match=f"--device {device}.*(visible|no weights)"):
+        resolve_device(device)
+    assert resolve_device("cpu:0") == torch.device("cpu:0")
+
+
+def test_every_default_measure_shows_parses_back_to_that_default() -> None:
+    """``[default: X]`` in ``measure --help`` is a value the option takes and that means the
+    default (``--layers`` showed ``none``, which it refuses)."""
+    import re
+
+    from blockcoupling.engine.config import MeasureConfig, measure_options
+
+    default = MeasureConfig()
+    shown = {o.name: re.search(r"\[default: (.*)\]$", o.help) for o in measure_options()
+             if not o.is_flag}
+    assert shown and all(shown.values())
+    for name, found in shown.items():
+        assert getattr(MeasureConfig.parse(**{name: found.group(1)}), name) == \
+            getattr(default, name), name
+
+
+def test_a_parsed_number_option_is_named_by_its_type_in_the_help() -> None:
+    """``--batch-size`` and ``--seed`` take a raw string for their parser but are named
+    ``<int>`` in ``measure --help``, as ``perturb``'s own ``--batch-size``/``--seed`` are
+    (they read ``<str>``); ``--causal`` (true, false or auto) stays a string."""
+    from blockcoupling.engine.config import measure_options
+
+    metavar = {o.name: o.metavar for o in measure_options()}
+    assert metavar["batch_size"] == metavar["seed"] == metavar["hidden_size"] == "<int>"
+    assert metavar["causal"] is None and metavar["k"] is None

@@ -305,6 +305,13 @@ def test_units_and_steps(study: Path) -> None:
     ({"models": [{"model": "gpt2", "steps": [-1]}], "prompts": "builtin:capital"}, "steps"),
     ({"models": ["gpt2"], "prompts": [{"name": "x", "texts": []}]}, r"prompts\[0\].texts"),
     ({"models": ["gpt2"], "prompts": [{"name": "x", "text": ["a"]}]}, "unknown key 'text'"),
+    # a loading key is named where it is written: a top-level default as itself, an entry's
+    # own value under its entry
+    ({"device": "gpu", "models": [{"model": "a", "device": "cpu"}, "b"],
+      "prompts": "builtin:capital"}, r"^device 'gpu'"),
+    ({"init_seed": -2, "models": ["gpt2"], "prompts": "builtin:capital"}, r"^init_seed must"),
+    ({"device": "cpu", "models": [{"model": "a", "device": "gpu"}],
+      "prompts": "builtin:capital"}, r"^models\[0\]\.device 'gpu'"),
 ])
 def test_spec_errors(spec: dict[str, Any], match: str) -> None:
     with pytest.raises(SpecError, match=match):

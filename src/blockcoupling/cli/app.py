@@ -16,7 +16,7 @@ from blockcoupling.errors import BlockCouplingError
 from blockcoupling.jsonsafe import jsonable
 from blockcoupling.validate import one_value
 
-__all__ = ["JSON_HELP", "STATE", "app", "deprecated", "echo_json", "fail", "guarded",
+__all__ = ["ADDRESS_HELP", "JSON_HELP", "STATE", "app", "deprecated", "echo_json", "fail", "guarded",
            "one_value", "print_plan", "user_errors"]
 
 T = TypeVar("T")
@@ -24,6 +24,11 @@ T = TypeVar("T")
 #: are --cpus-per-run (vit-grid) or the spec's resources (sweep)
 CLUSTER_CPUS_HELP = ("CPUs of the local Ray cluster started when there is none to connect to "
                      "(default: all); an existing cluster keeps its own.")
+#: the Ray cluster of every command that runs on Ray (sweep, vit-grid, study generalization):
+#: one rule, ``executor.connect_ray``
+ADDRESS_HELP = ("Ray cluster to use: host:port, or ray://head:10001 (Ray Client). Default: as "
+                "ray.init() does, RAY_ADDRESS, else the cluster `ray start` left on this node, "
+                "else a new local one.")
 #: the options of every command, accepted before or after the command's name
 GLOBAL_FLAGS = ("-q", "--quiet", "-v", "--verbose")
 

@@ -8,6 +8,7 @@ from typing import Annotated
 import typer
 
 from blockcoupling.cli.app import (
+    ADDRESS_HELP,
     CLUSTER_CPUS_HELP,
     JSON_HELP,
     app,
@@ -60,7 +61,7 @@ def generalization(
     quick: Annotated[bool, typer.Option("--quick", help="The test-suite's tiny version (18 runs of a 16-wide ViT, under a minute; a smoke test without power).")] = False,
     spec: Annotated[Path | None, typer.Option("--spec", help="A YAML design (train_sizes, label_noises, seeds, train: {...}, variants, alpha, bound, power); default: the full design.")] = None,
     executor: Annotated[str, typer.Option("--executor", help="How the runs train: local (one after the other in this process) or ray (one task per run, one CPU and one torch thread each).")] = "local",
-    address: Annotated[str | None, typer.Option(help="Ray cluster address (default: start a local one).")] = None,
+    address: Annotated[str | None, typer.Option(help=ADDRESS_HELP)] = None,
     cluster_cpus: Annotated[int | None, typer.Option(help=CLUSTER_CPUS_HELP)] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Check the design (its power included) and print its plan (runs, steps, measured checkpoints, the measurement of each, an estimated time); train and write nothing.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help=JSON_HELP)] = False,

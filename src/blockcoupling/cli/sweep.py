@@ -9,6 +9,7 @@ from typing import Annotated, Any
 import typer
 
 from blockcoupling.cli.app import (
+    ADDRESS_HELP,
     CLUSTER_CPUS_HELP,
     JSON_HELP,
     SPEC_RUNNERS,
@@ -28,7 +29,7 @@ from blockcoupling.jsonsafe import jsonable
 def sweep(
     spec: Annotated[Path, typer.Argument(help="The sweep spec (YAML): models, prompts, measure.")],
     out: Annotated[Path, typer.Option("--out", "-o", help="Sweep directory to write.")],
-    address: Annotated[str | None, typer.Option(help="Ray cluster to use: host:port, or ray://head:10001 (Ray Client). Default: as ray.init() does, RAY_ADDRESS, else the cluster `ray start` left on this node, else a new local one.")] = None,
+    address: Annotated[str | None, typer.Option(help=ADDRESS_HELP)] = None,
     resume: Annotated[bool, typer.Option("--resume", help="Continue the sweep in --out (after a crash or a kill).")] = False,
     executor: Annotated[str, typer.Option(help="ray (default) or local (one unit after the other in this process, for debugging).")] = "ray",
     cluster_cpus: Annotated[int | None, typer.Option(help=CLUSTER_CPUS_HELP)] = None,

@@ -8,6 +8,7 @@ from typing import Annotated, Any
 import typer
 
 from blockcoupling.cli.app import (
+    ADDRESS_HELP,
     CLUSTER_CPUS_HELP,
     JSON_HELP,
     app,
@@ -130,7 +131,7 @@ def vit_grid(
     weight_decays: Annotated[str, typer.Option("--weight-decay", help="Comma-separated decays (default: the paper's 8).")] = "0.005,0.01,0.02,0.04,0.06,0.08,0.1,0.2",
     seeds: Annotated[str, typer.Option(help="Comma-separated seeds.")] = "0",
     executor: Annotated[str, typer.Option(help="ray (one task per run) or local.")] = "ray",
-    address: Annotated[str | None, typer.Option(help="Ray cluster address (default: start a local one).")] = None,
+    address: Annotated[str | None, typer.Option(help=ADDRESS_HELP)] = None,
     cpus_per_run: Annotated[int, typer.Option(help="CPUs of each run's Ray task.")] = 1,
     cluster_cpus: Annotated[int | None, typer.Option(help=CLUSTER_CPUS_HELP)] = None,
     threads: Annotated[int, typer.Option(help="torch threads per run.")] = 1,

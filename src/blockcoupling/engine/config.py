@@ -469,9 +469,9 @@ def render_default(name: str, value: Any) -> str:
     """A field's default as the CLI string that parses back to it (``10,30,50``, ``inf``)."""
     v = _jsonable(name, value)
     if v is None:
-        return "auto" if name == "causal" else "none"
+        return {"causal": "auto", "layers": "all"}.get(name, "none")
     if isinstance(v, list):
-        return ",".join(str(x) for x in v) if v else "none"
+        return ",".join(f"{x:g}" if isinstance(x, float) else str(x) for x in v) if v else "none"
     return str(v)
 
 

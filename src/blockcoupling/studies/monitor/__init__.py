@@ -76,8 +76,8 @@ def coupling_scalars(coupling: pd.DataFrame) -> dict[str, float]:
     """One scalar per headline statistic and measured K of a ``coupling`` table, by the
     library's rule (engine/statistic.py: depth-wise, each prompt's last token, l != l', mean
     over prompts): ``coupling/<variant>_k<K>`` and ``..._se`` (sample std over prompts /
-    sqrt(n); left out for one prompt), for ``coupling_vs_null`` (chance-corrected) and raw
-    ``coupling``, where measured."""
+    sqrt(n); left out for one prompt), for each of `HEADLINE_VARIANTS` measured
+    (``coupling_vs_rotated``, ``coupling_vs_null``: chance-corrected; raw ``coupling``)."""
     from blockcoupling.engine.statistic import HEADLINE_VARIANTS, StatisticRule, statistic_table
 
     depth = coupling[(coupling["kind"] == "depth") & (coupling["orientation"] == "ujv")]

@@ -216,6 +216,9 @@ def _model(entry: Any, i: int, base: Path, spec: Mapping[str, Any]) -> ModelSpec
     _check_keys(entry, MODEL_KEYS, ctx)
     given = {k: v for k, v in (*spec.items(), *entry.items()) if k in LOADING_KEYS}
     try:
+        with key_names(""):  # a top-level default this entry takes: named where it is written
+            for key in [k for k in given if k not in entry]:
+                from_mapping(ModelSource, {key: given[key]})
         with key_names(f"{ctx}."):  # top-level defaults, then the entry's own values
             source = from_mapping(ModelSource, {"model": entry.get("model"), **given})
     except BlockCouplingError as err:
