@@ -211,7 +211,7 @@ def trajectory_tables(cap: Capture, prompt_ids: Sequence[str], window: int,
     Every metric but the PCA is per token, so they are computed once for all the batch's real
     tokens side by side, (L+1, N, d) with N = sum of the prompts' lengths (padding never
     enters), on the device `batch_trajectory` gives (the model's GPU where the batch fits);
-    only the per-row results, (L+1, N) and (N,), come to the CPU, in one copy. The PCA is
+    only the per-row results, (L+1, N) and (N,), come to the CPU (eight small copies, no (L+1, N, d) one). The PCA is
     fitted per prompt on its last layer, one batched SVD per prompt length.
     ``entropy`` (L+1, N): the logit lens of the same tokens (engine/lens.py), the
     ``logit_entropy`` column (else NaN)."""
