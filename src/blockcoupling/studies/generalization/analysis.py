@@ -23,8 +23,8 @@ from blockcoupling.engine.statistic import seed_level
 from blockcoupling.errors import BlockCouplingError
 from blockcoupling.studies.regression import correlation_tests, stats_modules
 
-__all__ = ["analyse", "cell_table", "comparison_point", "mixed_model", "positive_control",
-           "within_factor"]
+__all__ = ["analyse", "cell_table", "comparison_point", "control_contrast", "factor_effects",
+           "factor_slope", "mixed_model", "positive_control", "within_between", "within_factor"]
 
 #: the columns every run of the table needs beside its variants
 RUN_COLUMNS = ("cell", "n_train", "label_noise", "seed", "test_accuracy")
@@ -143,6 +143,147 @@ def within_factor(cells: pd.DataFrame, variant: str) -> dict[str, Any]:
     return out
 
 
+def _one_sided(z: float, alternative: str) -> float:
+    st, _ = stats_modules()
+    return float(st.norm.sf(z) if alternative == "greater" else st.norm.cdf(z))
+
+
+def within_between(runs: pd.DataFrame, variant: str, bound: float, alpha: float = 0.05
+                   ) -> dict[str, Any]:
+    """W1 and EW: the Mundlak split of the mixed model over runs, ``variant ~ (accuracy -
+    cell mean) + cell mean`` with a random intercept per cell (statsmodels MixedLM, REML):
+    the within coefficient (seed to seed inside a cell, one-sided Wald p), the between
+    coefficient (across cell means); beside it the fixed-effects OLS slope (cell dummies;
+    the same estimate in a balanced design) with its t-test, the pooled within-cell
+    correlation, and the TOST of the within slope against +-``bound`` (both one-sided t-tests
+    of the fixed-effects slope)."""
+    st, _ = stats_modules()
+    import statsmodels.formula.api as smf
+
+    df = runs[["cell", "test_accuracy", variant]].dropna().rename(
+        columns={variant: "y", "test_accuracy": "x"})
+    if len(df) - df["cell"].nunique() < 3 or df["cell"].nunique() < 2:
+        return {"skipped": f"{len(df)} run(s) in {df['cell'].nunique()} cell(s)"}
+    df["x_between"] = df.groupby("cell")["x"].transform("mean")
+    df["x_within"] = df["x"] - df["x_between"]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        fit = smf.mixedlm("y ~ x_within + x_between", df, groups=df["cell"]).fit(reml=True)
+    out: dict[str, Any] = {"n_runs": int(len(df)), "n_cells": int(df["cell"].nunique()),
+                           "converged": bool(fit.converged),
+                           "warnings": sorted({str(w.message).splitlines()[0]
+                                               for w in caught})}
+    for part in ("within", "between"):
+        b, se = float(fit.params[f"x_{part}"]), float(fit.bse[f"x_{part}"])
+        z = b / se if se > 0 else math.nan
+        out[part] = {"slope": b, "slope_stderr": se, "z": z,
+                     "p_greater": _one_sided(z, "greater")}
+    fe = smf.ols("y ~ x + C(cell)", df).fit()
+    b, se, dof = float(fe.params["x"]), float(fe.bse["x"]), float(fe.df_resid)
+    yw = df["y"] - df.groupby("cell")["y"].transform("mean")
+    r = float(np.corrcoef(df["x_within"], yw)[0, 1])
+    p_low = float(st.t.sf((b + bound) / se, dof))
+    p_high = float(st.t.cdf((b - bound) / se, dof))
+    out["fixed_effects"] = {
+        "slope": b, "slope_stderr": se, "df": int(dof), "p_greater": float(st.t.sf(b / se, dof)),
+        "ci95": [b - st.t.ppf(0.975, dof) * se, b + st.t.ppf(0.975, dof) * se],
+        "within_r": r}
+    out["equivalence"] = {"bound": bound, "p_tost": max(p_low, p_high),
+                          "equivalent": bool(max(p_low, p_high) < alpha),
+                          "ci_tost": [b - st.t.ppf(1 - alpha, dof) * se,
+                                      b + st.t.ppf(1 - alpha, dof) * se],
+                          "ci_tost_level": 1 - 2 * alpha}
+    out["method"] = ("statsmodels MixedLM (REML), random intercept per cell, the Mundlak "
+                     "split (accuracy - cell mean, cell mean); one-sided Wald z. Beside it: "
+                     "OLS with cell dummies (t with n - cells - 1 df) and its TOST")
+    return out
+
+
+def factor_slope(cells: pd.DataFrame, y: str, factor: str, fixed: str | None = None,
+                 alternative: str = "two-sided") -> dict[str, Any]:
+    """The OLS slope over cell means of ``y`` on ``factor`` (``ln_size`` = ln(n_train), or
+    ``label_noise``), with the levels of ``fixed`` as fixed effects (statsmodels OLS): slope,
+    se, df, the p of ``alternative``, a 95 % interval."""
+    st, _ = stats_modules()
+    import statsmodels.formula.api as smf
+
+    df = cells.assign(ln_size=np.log(cells["n_train"].astype(float)))
+    formula = f"Q('{y}') ~ {factor}" + (f" + C({fixed})" if fixed else "")
+    n_par = 2 + (df[fixed].nunique() - 1 if fixed else 0)
+    if len(df) - n_par < 1 or df[factor].nunique() < 2:
+        return {"skipped": f"{len(df)} cell(s) for {n_par} coefficients"}
+    fit = smf.ols(formula, df).fit()
+    b, se, dof = float(fit.params[factor]), float(fit.bse[factor]), int(fit.df_resid)
+    t = b / se if se > 0 else math.nan
+    p = {"greater": st.t.sf(t, dof), "less": st.t.cdf(t, dof),
+         "two-sided": 2 * st.t.sf(abs(t), dof)}[alternative]
+    q = float(st.t.ppf(0.975, dof))
+    return {"slope": b, "slope_stderr": se, "df": dof, "alternative": alternative,
+            "p": float(p), "ci95": [b - q * se, b + q * se], "n_cells": int(len(df)),
+            "fixed": fixed}
+
+
+def factor_effects(cells: pd.DataFrame, variant: str) -> dict[str, Any]:
+    """S1 (size with clean labels), S2 (size, noise levels fixed), N1 (noise, size levels
+    fixed): each factor's own slope on the cell means of ``variant`` (one-sided in the
+    claim's direction) and of test accuracy (two-sided); per noise level the size slopes
+    (exploratory); and accuracy's slope once both factors are known (exploratory: what
+    accuracy adds to the manipulated factors)."""
+    y, acc = f"{variant}_mean", "test_accuracy_mean"
+    clean = cells[cells["label_noise"] == 0.0]
+    many = cells["label_noise"].nunique() > 1
+    out: dict[str, Any] = {
+        "S1": {"coupling": factor_slope(clean, y, "ln_size", alternative="greater"),
+               "accuracy": factor_slope(clean, acc, "ln_size")} if len(clean)
+        else {"skipped": "no clean-label cells"},
+        "S2": {"coupling": factor_slope(cells, y, "ln_size", "label_noise" if many else None,
+                                        alternative="greater"),
+               "accuracy": factor_slope(cells, acc, "ln_size",
+                                        "label_noise" if many else None)},
+        "N1": {"coupling": factor_slope(cells, y, "label_noise", "n_train", alternative="less"),
+               "accuracy": factor_slope(cells, acc, "label_noise", "n_train")} if many
+        else {"skipped": "one label-noise level"}}
+    out["size_by_noise"] = {f"{float(e):g}": {"coupling": factor_slope(g, y, "ln_size"),
+                                              "accuracy": factor_slope(g, acc, "ln_size")}
+                            for e, g in cells.groupby("label_noise")}
+    import statsmodels.formula.api as smf
+
+    if many and len(cells) - cells["n_train"].nunique() - cells["label_noise"].nunique() > 1:
+        fit = smf.ols(f"Q('{y}') ~ Q('{acc}') + C(n_train) + C(label_noise)", cells).fit()
+        key = f"Q('{acc}')"
+        out["accuracy_beyond_factors"] = {
+            "slope": float(fit.params[key]), "slope_stderr": float(fit.bse[key]),
+            "p": float(fit.pvalues[key]), "df": int(fit.df_resid),
+            "note": "exploratory: OLS of the cell means on accuracy with both factors' "
+                    "levels as fixed effects"}
+    return out
+
+
+def control_contrast(control: pd.DataFrame, design_cell: pd.DataFrame, variant: str,
+                     direction: str) -> dict[str, Any]:
+    """PC: the design's cell (its drop-path rate) minus the control's runs (the contrast
+    rate), at the same data and seeds: Welch's t-test of ``variant`` (``direction``:
+    greater or less) and of test accuracy (two-sided), with both arms' seed-level means."""
+    st, _ = stats_modules()
+
+    def arm(t: pd.DataFrame, c: str) -> dict[str, Any]:
+        x = t[c].to_numpy(float)
+        return {"mean": float(x.mean()), "sd": float(x.std(ddof=1)) if len(x) > 1 else
+                math.nan, "n": int(len(x))}
+
+    out: dict[str, Any] = {"method": "scipy.stats.ttest_ind(design, control, equal_var=False)"}
+    for c, alt in ((variant, direction), ("test_accuracy", "two-sided")):
+        a, b = design_cell[c].to_numpy(float), control[c].to_numpy(float)
+        if len(a) < 2 or len(b) < 2:
+            out[c] = {"skipped": f"{len(a)} and {len(b)} runs"}
+            continue
+        t = st.ttest_ind(a, b, equal_var=False, alternative=alt)
+        out[c] = {"design": arm(design_cell, c), "control": arm(control, c),
+                  "difference": float(a.mean() - b.mean()), "t": float(t.statistic),
+                  "df": float(t.df), "p": float(t.pvalue), "alternative": alt}
+    return out
+
+
 def comparison_point(final: pd.DataFrame, checkpoints: pd.DataFrame | None,
                      variants: Sequence[str], alpha: float) -> dict[str, Any]:
     """Where the tests compare: ``final`` when the positive control passes there; otherwise
@@ -178,11 +319,17 @@ def comparison_point(final: pd.DataFrame, checkpoints: pd.DataFrame | None,
 
 
 def analyse(final: pd.DataFrame, variants: Sequence[str], *, alpha: float = 0.05,
-            bound: float = 0.5, checkpoints: pd.DataFrame | None = None) -> dict[str, Any]:
+            bound: float = 0.5, checkpoints: pd.DataFrame | None = None,
+            within_bound: float = 0.057, control: pd.DataFrame | None = None,
+            control_direction: str = "greater") -> dict[str, Any]:
     """Every statistic of the study: the comparison point and its positive control, the
-    cells at the seed level, H1 and E1 over the cells (`blockcoupling.studies.
-    regression.correlation_tests` of the cell-mean coupling of ``variants[0]`` on the
-    cell-mean test accuracy; the other variants beside it) and H1b (`mixed_model`)."""
+    cells at the seed level, W1 and EW within cells (`within_between`, equivalence bound
+    ``within_bound``), each factor's effect (`factor_effects`), H1 and E1 over the cells
+    (`blockcoupling.studies.regression.correlation_tests` of the cell-mean coupling of
+    ``variants[0]`` on the cell-mean test accuracy; the other variants beside it), H1b
+    (`mixed_model`), and with ``control`` (the contrast runs at the control cell, the
+    largest size with clean labels) PC (`control_contrast` against the design's runs there,
+    at the end of training)."""
     _check(final, variants)
     point = comparison_point(final, checkpoints, variants, alpha)
     table = point.pop("table")
@@ -196,7 +343,20 @@ def analyse(final: pd.DataFrame, variants: Sequence[str], *, alpha: float = 0.05
     except BlockCouplingError as err:
         tests["H1_E1"] = {"skipped": str(err)}
     tests["H1b"] = mixed_model(table, primary)
+    tests["W1_EW"] = within_between(table, primary, within_bound, alpha)
+    tests["factors"] = factor_effects(cells, primary)
+    if control is not None and len(control):
+        n = int(control["n_train"].iloc[0])
+        mine = final[(final["n_train"] == n) & (final["label_noise"] == 0.0)]
+        tests["PC"] = control_contrast(control, mine, primary, control_direction)
     tests["exploratory"] = within_factor(cells, primary)
+    if "train_accuracy_mean" in cells:
+        try:
+            tests["exploratory"]["train_accuracy"] = correlation_tests(
+                cells["train_accuracy_mean"].to_numpy(float),
+                cells[f"{primary}_mean"].to_numpy(float), bound=bound, alpha=alpha)
+        except BlockCouplingError as err:
+            tests["exploratory"]["train_accuracy"] = {"skipped": str(err)}
     tests["other_variants"] = {}
     for v in variants[1:]:
         try:

@@ -49,19 +49,75 @@ MIN_SEEDS = 3
 #: the training fields the design sets per run (not in ``train``)
 _DESIGN_FIELDS = ("train_limit", "label_noise", "seed")
 
+#: The planning values of the power simulations, fixed before this design's data: from the
+#: design's first run (2026-11-27, nested subsets shared by the seeds; docs/results/
+#: generalization before the rerun) and the ViT how-to's 2 x 2 grid (the control's effect).
+PLANNING: dict[str, float] = {
+    # the across-cell slope of coupling_vs_rotated on test accuracy (H1's OLS slope): what
+    # "coupling tracks accuracy" predicts per unit of accuracy; W1's effect, EW's bound
+    "across_slope": 0.057,
+    # the seed-to-seed sd within a cell: test accuracy and coupling_vs_rotated
+    "within_accuracy_sd": 0.046, "within_coupling_sd": 0.0070,
+    # clean labels: the cell-mean accuracy slope per ln(training images), and the residual
+    # sd of cell-mean coupling around its line in ln(size)
+    "size_accuracy_slope": 0.099, "size_coupling_resid_sd": 0.0080,
+    # all cells: the residual sd of cell-mean coupling given ln(size) and noise levels, and
+    # given noise and size levels; the accuracy slope per unit of label noise
+    "pooled_coupling_resid_sd": 0.0091, "noise_coupling_resid_sd": 0.0061,
+    "pooled_size_accuracy_slope": 0.115, "noise_accuracy_slope": -0.640,
+    # the control: coupling at drop-path 0.1 minus 0 (full digits, 230 steps, one seed:
+    # coupling_vs_null [CLS] 0.090 - 0.043), and its seed sd
+    "control_difference": 0.047,
+}
+
 HYPOTHESES: dict[str, str] = {
+    "W1": "Primary, within cells: across the seeds of a cell (same data distribution, a fresh "
+          "training subset and initialisation per seed), coupling above chance rises with "
+          "test accuracy: the within coefficient of the Mundlak split of the mixed model "
+          "(statsmodels MixedLM, REML: coupling ~ accuracy - cell mean + cell mean, random "
+          "intercept per cell) > 0, one-sided Wald test p < alpha; the fixed-effects OLS slope "
+          "(cell dummies) is reported beside it (the same estimate in a balanced design).",
+    "EW": "Equivalence within cells: the within slope lies within +-across_slope (the slope "
+          "per unit of accuracy that 'coupling tracks accuracy' predicts, PLANNING): both "
+          "one-sided t-tests of the fixed-effects slope (TOST) p < alpha.",
+    "S1": "The key contrast, training-set size with clean labels: over the clean cells' means, "
+          "the OLS slope of coupling on ln(training images) > 0 (one-sided: more data raises "
+          "accuracy, and the claim predicts coupling rises with it); S1a, the same slope of "
+          "test accuracy (two-sided): the manipulation check.",
+    "S2": "Size over all cells, label noise held fixed (noise levels as fixed effects): the "
+          "slope of cell-mean coupling on ln(size) > 0 (one-sided); of accuracy, two-sided.",
+    "N1": "Label noise, size held fixed (size levels as fixed effects): the slope of cell-mean "
+          "coupling on the noise fraction < 0 (one-sided, the claim's direction); of "
+          "accuracy, two-sided.",
+    "PC": "Positive control of the assay: at fixed data (the largest training-set size, clean "
+          "labels, the same seeds), coupling differs between the design's drop-path rate and "
+          "control_drop_path in the known direction (more drop-path, more coupling): Welch's "
+          "one-sided t-test over the seeds, p < alpha. Test accuracy's difference is reported "
+          "beside it (two-sided).",
     "H1": "Across the cells of the design (training-set size x label noise, one fixed "
           "architecture), the cell-mean coupling above chance at the comparison point rises "
           "with the cell-mean test accuracy: Pearson r > 0, one-sided p < alpha (the cell is "
-          "the unit; its seeds are averaged). The paper's claim at toy scale.",
+          "the unit; its seeds are averaged). The paper's claim at toy scale; it mixes both "
+          "manipulations (S1, S2, N1 separate them).",
     "E1": "Equivalence: the cell-level correlation lies within (-bound, +bound), the smallest "
           "effect of interest: both one-sided tests on Fisher's z (TOST) p < alpha.",
     "H1b": "Across runs with a random intercept per cell (statsmodels MixedLM, REML): the "
-           "slope of coupling above chance on test accuracy > 0, one-sided Wald test.",
-    "C": "Positive control: in every cell, coupling above chance under each null (each "
-         "variant of the spec) at the comparison point: the seed-level one-sided t-test of "
-         "mean > 0, p < alpha. Where it fails at the end, the tests are made at the latest "
+           "slope of coupling above chance on test accuracy > 0, one-sided Wald test (it "
+           "mixes the between-cell and within-cell slopes: W1 splits them).",
+    "C": "Positive control of coupling: in every cell, coupling above chance under each null "
+         "(each variant of the spec) at the comparison point: the seed-level one-sided t-test "
+         "of mean > 0, p < alpha. Where it fails at the end, the tests are made at the latest "
          "monitored checkpoint (matched steps) where it holds, and the study says so.",
+}
+#: the tests whose power is simulated (`design_powers`), each with the effect it is stated for
+POWER_EFFECTS: dict[str, str] = {
+    "W1": "a within-cell slope equal to PLANNING across_slope (0.057 per unit accuracy)",
+    "EW_at_0": "a within-cell slope of 0 (power to show equivalence)",
+    "S1": "the clean-label size slope the claim predicts: size_accuracy_slope x across_slope",
+    "S2": "the pooled size slope the claim predicts: pooled_size_accuracy_slope x "
+          "across_slope",
+    "N1": "the noise slope the claim predicts: noise_accuracy_slope x across_slope",
+    "PC": "the control's known difference, PLANNING control_difference",
 }
 
 
@@ -100,10 +156,11 @@ def _train(name: str, value: Any) -> VitTrainConfig:
 #: the full design's training config (every run): the tiny ViT (width 64, 4 blocks, 16 x 16
 #: digits: 16 patches + [CLS]), drop-path 0.1, weight decay 0.05, 230 AdamW steps (10 epochs
 #: of the whole split), warm-up 1/10 of the steps, K = 10 at [CLS], 32 final test images,
-#: 4 monitored images every 46 steps
+#: 4 monitored images every 46 steps; each seed draws its own training subset
 FULL_TRAIN = VitTrainConfig(dataset="digits", preset="tiny", drop_path=0.1, weight_decay=0.05,
                             steps=230, epochs=10, warmup_epochs=1.0, k=10, tokens="cls",
-                            final_images=32, monitor_images=4, monitor_every=46)
+                            final_images=32, monitor_images=4, monitor_every=46,
+                            subset_per_seed=True)
 
 
 @dataclass(frozen=True)
@@ -121,6 +178,12 @@ class GeneralizationSpec:
     train: VitTrainConfig = opt(help="The training config of every run (VitTrainConfig "
                                 "fields; train_limit, label_noise and seed come from the "
                                 "design).", parse=_train, default_factory=lambda: FULL_TRAIN)
+    control_drop_path: float = opt(0.0, "The positive control of the assay: the same "
+                                   "pipeline at fixed data (the largest training-set size, "
+                                   "clean labels, the same seeds) with this drop-path rate "
+                                   "beside the design's own (train.drop_path): a contrast "
+                                   "known to move coupling.", check=(number, {"minimum": 0.0,
+                                                                                "below": 1.0}))
     variants: tuple[str, ...] = opt(("coupling_vs_rotated", "coupling_vs_null"),
                                     "Chance-corrected variants (0 = chance), one per null: the "
                                     "positive control needs each above chance in every cell; "
@@ -168,6 +231,10 @@ class GeneralizationSpec:
                                          f"(0 = chance); choose from {', '.join(chance)}")
         if not self.variants:
             raise BlockCouplingError("variants: give at least one chance-corrected variant")
+        if self.control_drop_path == self.train.drop_path:
+            raise BlockCouplingError(
+                f"control_drop_path {self.control_drop_path:g} is the design's own drop-path "
+                "rate (train.drop_path); the control contrasts another rate with it")
         achieved = design_power(self)
         if achieved < self.power:
             need = next(n for n in range(4, 10_000) if _power(n, self) >= self.power)
@@ -197,6 +264,17 @@ class GeneralizationSpec:
         """The ViT grid's extra axes of this design (``run_grid``'s keywords)."""
         return {"train_limits": self.train_sizes, "label_noises": self.label_noises}
 
+    def control_cell(self) -> tuple[int, float]:
+        """The control's fixed data: (the largest training-set size, clean labels)."""
+        return max(self.train_sizes), 0.0
+
+    def control_axes(self) -> dict[str, tuple[Any, ...]]:
+        """``run_grid``'s keywords of the control's extra runs (the contrast rate at the
+        control cell; its other arm is the design's own cell)."""
+        n, noise = self.control_cell()
+        return {"drop_paths": (self.control_drop_path,), "train_limits": (n,),
+                "label_noises": (noise,)}
+
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["train"] = self.train.to_dict()
@@ -216,6 +294,74 @@ def design_power(spec: GeneralizationSpec) -> float:
         raise BlockCouplingError(f"the design has {spec.n_cells} cells; the cell-level tests "
                                  "need at least 4 (more train_sizes or label_noises)")
     return _power(spec.n_cells, spec)
+
+
+def control_direction(spec: GeneralizationSpec) -> str:
+    """PC's alternative for the design's runs minus the control's: more drop-path, more
+    coupling (``greater`` when the design's rate is the higher one)."""
+    return "greater" if spec.train.drop_path > spec.control_drop_path else "less"
+
+
+def factor_design(spec: GeneralizationSpec, factor: str, fixed: str | None = None,
+                  cells: Any = None) -> Any:
+    """The OLS design matrix of a factor test over cell means: the intercept, the factor
+    (``ln_size`` = ln(training images), or ``label_noise``) in column 1, and the levels of
+    ``fixed`` (``n_train`` or ``label_noise``) as dummies (the first level dropped).
+    ``cells``: a table with ``n_train`` and ``label_noise`` (default: every cell of the
+    spec)."""
+    import numpy as np
+    import pandas as pd
+
+    if cells is None:
+        cells = pd.DataFrame([(n, e) for n in spec.train_sizes for e in spec.label_noises],
+                             columns=["n_train", "label_noise"])
+    x = np.log(cells["n_train"].to_numpy(float)) if factor == "ln_size" else \
+        cells[factor].to_numpy(float)
+    cols = [np.ones(len(cells)), x]
+    if fixed is not None:
+        levels = sorted(cells[fixed].unique())
+        cols += [(cells[fixed].to_numpy() == lv).astype(float) for lv in levels[1:]]
+    return np.column_stack(cols)
+
+
+def design_powers(spec: GeneralizationSpec, reps: int = 2000, seed: int = 0
+                  ) -> dict[str, dict[str, Any]]:
+    """The power of each pre-registered test beside H1 (whose power is exact:
+    `design_power`), by simulation (`blockcoupling.studies.power`) from `PLANNING` at the
+    effect `POWER_EFFECTS` names; a test the design cannot make is ``{"skipped": why}``."""
+    import math
+
+    import pandas as pd
+
+    from blockcoupling.studies import power as pw
+
+    P, a, seeds = PLANNING, spec.alpha, len(spec.seeds)
+    slope = P["across_slope"]
+    resid = math.sqrt(max(P["within_coupling_sd"] ** 2
+                          - (slope * P["within_accuracy_sd"]) ** 2, 0.0))
+    out: dict[str, dict[str, Any]] = {
+        "W1": pw.within_power(spec.n_cells, seeds, slope, P["within_accuracy_sd"], resid,
+                              alpha=a, reps=reps, seed=seed),
+        "EW_at_0": pw.tost_slope_power(spec.n_cells, seeds, slope, P["within_accuracy_sd"],
+                                       P["within_coupling_sd"], alpha=a, reps=reps, seed=seed),
+        "PC": pw.welch_power(seeds, seeds, P["control_difference"], P["within_coupling_sd"],
+                             alpha=a, reps=reps, seed=seed)}
+    clean = pd.DataFrame({"n_train": spec.train_sizes, "label_noise": 0.0})
+    out["S1"] = (pw.slope_power(factor_design(spec, "ln_size", cells=clean),
+                                P["size_accuracy_slope"] * slope, P["size_coupling_resid_sd"],
+                                alpha=a, reps=reps, seed=seed)
+                 if 0.0 in spec.label_noises else {"skipped": "no clean-label cells"})
+    many = len(spec.label_noises) > 1
+    out["S2"] = pw.slope_power(factor_design(spec, "ln_size", "label_noise" if many else None),
+                               P["pooled_size_accuracy_slope"] * slope,
+                               P["pooled_coupling_resid_sd"], alpha=a, reps=reps, seed=seed)
+    out["N1"] = (pw.slope_power(factor_design(spec, "label_noise", "n_train"),
+                                P["noise_accuracy_slope"] * slope, P["noise_coupling_resid_sd"],
+                                alpha=a, alternative="less", reps=reps, seed=seed)
+                 if many else {"skipped": "one label-noise level"})
+    for name, res in out.items():
+        res["effect"] = POWER_EFFECTS[name]
+    return out
 
 
 def architecture(spec: GeneralizationSpec) -> str:
@@ -265,7 +411,7 @@ def quick_spec() -> GeneralizationSpec:
                            image_size=8, batch_size=32, drop_path=0.1, weight_decay=0.05,
                            steps=96, epochs=4, lr=2e-3, k=2, tokens="cls", test_limit=64,
                            eval_train_limit=64, final_images=4, monitor_images=2,
-                           monitor_every=48)
+                           monitor_every=48, subset_per_seed=True)
     return GeneralizationSpec(train_sizes=(48, 96, 192), label_noises=(0.0, 0.4),
                               seeds=(0, 1, 2), train=train, power=0.25,
                               note="--quick: a smoke test (6 cells, power 0.28)")
@@ -281,15 +427,21 @@ def parse_spec(data: Mapping[str, Any]) -> GeneralizationSpec:
     return from_mapping(GeneralizationSpec, data, "generalization spec")
 
 
-def load_spec(path: str | Path) -> GeneralizationSpec:
-    """`parse_spec` of a YAML file."""
+def read_yaml(path: str | Path, what: str = "study spec") -> Any:
+    """The YAML mapping of a spec file (an empty file: ``{}``); one line when it cannot be
+    read or parsed."""
     import yaml
 
     p = Path(path)
     try:
         data = yaml.safe_load(p.read_text(encoding="utf-8"))
     except OSError as err:
-        raise BlockCouplingError(f"cannot read the study spec {p}: {err.strerror}") from None
+        raise BlockCouplingError(f"cannot read the {what} {p}: {err.strerror}") from None
     except (yaml.YAMLError, UnicodeDecodeError) as err:
         raise BlockCouplingError(f"{p} is not valid YAML: {str(err).splitlines()[0]}") from None
-    return parse_spec(data if data is not None else {})
+    return data if data is not None else {}
+
+
+def load_spec(path: str | Path) -> GeneralizationSpec:
+    """`parse_spec` of a YAML file."""
+    return parse_spec(read_yaml(path, "study spec"))

@@ -11,6 +11,7 @@ import pandas as pd
 
 from blockcoupling.studies.generalization.design import (
     HYPOTHESES,
+    PLANNING,
     GeneralizationSpec,
     architecture,
     describe_design,
@@ -31,6 +32,8 @@ class GeneralizationResult:
     analysis: dict[str, Any]
     statement: list[str]
     reproducibility: dict[str, Any]
+    powers: dict[str, Any] = field(default_factory=dict)
+    control: pd.DataFrame | None = None
     seconds: dict[str, float] = field(default_factory=dict)
     out: Path | None = None
 
@@ -49,6 +52,7 @@ class GeneralizationResult:
             "design": {"cells": self.spec.n_cells, "runs": self.spec.n_runs,
                        "architecture": architecture(self.spec), "description":
                        describe_design(self.spec),
+                       "power_simulated": self.powers, "planning": PLANNING,
                        "power": {"H1": design_power(self.spec),
                                  "E1_at_0": tost_power(self.spec.n_cells, self.spec.bound,
                                                        self.spec.alpha),
@@ -69,6 +73,7 @@ class GeneralizationResult:
             "positive_control": a["control"], "positive_control_final": a["control_final"],
             "tests": a["tests"], "spread": a["spread"],
             "cells": self.cells.to_dict("records"), "runs": self.runs.to_dict("records"),
+            "control_runs": None if self.control is None else self.control.to_dict("records"),
             "final": self.final.to_dict("records") if a["point"] != "final" else None,
             "statement": self.statement, "reproducibility": self.reproducibility,
             "seconds": self.seconds, "seconds_note": (

@@ -30,9 +30,13 @@ import pandas as pd
 from blockcoupling.errors import BlockCouplingError
 from blockcoupling.studies.generalization.analysis import analyse, positive_control
 from blockcoupling.studies.generalization.design import (
+    PLANNING,
+    POWER_EFFECTS,
     GeneralizationSpec,
+    control_direction,
     describe_design,
     design_power,
+    design_powers,
     full_spec,
     quick_spec,
 )
@@ -41,6 +45,7 @@ from blockcoupling.studies.generalization.result import GeneralizationResult
 __all__ = ["run_study"]
 
 GRID = "grid"
+CONTROL = "control"
 
 
 def _say(progress: bool, line: str) -> None:
@@ -94,6 +99,12 @@ def run_study(out: str | Path, spec: GeneralizationSpec | None = None, *, quick:
                     executor=executor, address=address, num_cpus=1, threads=1,
                     progress=False, on_run=on_run, cluster_cpus=cluster_cpus,
                     **spec.grid_axes())
+    _say(progress, f"training the positive control's {len(spec.seeds)} runs (drop-path "
+                   f"{spec.control_drop_path:g} at the control cell) into {out / CONTROL}")
+    control_runs = run_grid(spec.train, out / CONTROL, weight_decays=(spec.train.weight_decay,),
+                            seeds=spec.seeds, executor=executor, address=address, num_cpus=1,
+                            threads=1, progress=False, on_run=on_run, cluster_cpus=cluster_cpus,
+                            **spec.control_axes())
     if done[0] < spec.n_runs:
         _say(progress, f"{spec.n_runs - done[0]} of {spec.n_runs} runs were already trained "
                        f"in {out / GRID}: reused")
@@ -109,19 +120,25 @@ def run_study(out: str | Path, spec: GeneralizationSpec | None = None, *, quick:
             + f"; run the study again to retry them (`blockcoupling sweep-status {out / GRID}`)")
     _say(progress, "reading the runs' measurements")
     final = final_table(out / GRID, runs, spec)
+    control = final_table(out / CONTROL, control_runs[control_runs["status"] == "complete"],
+                          spec)
     checkpoints = None
     if not positive_control(final, spec.variants, spec.alpha)["passed"]:
         _say(progress, "the positive control fails at the end of training: reading the "
                        "monitored checkpoints (matched steps)")
         checkpoints = checkpoint_table(runs, spec)
     analysis = analyse(final, spec.variants, alpha=spec.alpha, bound=spec.bound,
-                       checkpoints=checkpoints)
-    statement = _statement(spec, analysis)
+                       checkpoints=checkpoints, within_bound=PLANNING["across_slope"],
+                       control=control, control_direction=control_direction(spec))
+    _say(progress, "simulating each test's power")
+    powers = design_powers(spec)
+    statement = _statement(spec, analysis, powers)
     seconds["total"] = time.perf_counter() - t0
     seconds["cpu_driver"] = time.process_time() - cpu0
     seconds["cpu_runs"] = float(np.nansum([_run_cpu(p) for p in runs["path"]]))
     result = GeneralizationResult(spec=spec, runs=analysis["runs"], final=final,
-                                  cells=analysis["cells"], analysis=analysis,
+                                  cells=analysis["cells"], analysis=analysis, powers=powers,
+                                  control=control,
                                   statement=statement, reproducibility=_versions(),
                                   seconds=seconds, out=out)
     write_outputs(result, out)
@@ -129,13 +146,16 @@ def run_study(out: str | Path, spec: GeneralizationSpec | None = None, *, quick:
 
 
 def write_outputs(result: GeneralizationResult, out: Path) -> None:
-    """``study.json``, ``runs.csv``, ``cells.csv`` and ``study.html`` into ``out``."""
+    """``study.json``, ``runs.csv``, ``cells.csv``, ``control.csv`` and ``study.html`` into
+    ``out``."""
     from blockcoupling.store.fileio import write_json
     from blockcoupling.studies.generalization.page import write_study_page
 
     write_json(out / "study.json", result.to_dict())
     result.runs.to_csv(out / "runs.csv", index=False)
     result.cells.to_csv(out / "cells.csv", index=False)
+    if result.control is not None:
+        result.control.to_csv(out / "control.csv", index=False)
     write_study_page(result, out / "study.html")
 
 
@@ -229,7 +249,59 @@ def _verdict(p: float, alpha: float) -> str:
     return "supported" if p < alpha else "not supported"
 
 
-def _statement(spec: GeneralizationSpec, a: dict[str, Any]) -> list[str]:
+def _p(p: float) -> str:
+    return f"{p:.2g}"
+
+
+def _pow(powers: dict[str, Any], name: str) -> str:
+    r = powers.get(name, {})
+    return f"power {r['power']:.2f}" if "power" in r else "power not computed"
+
+
+def _slope(e: dict[str, Any], unit: str) -> str:
+    return (f"{e['slope']:+.4g} ± {e['slope_stderr']:.2g} {unit} (95 % CI {e['ci95'][0]:+.3g} "
+            f"to {e['ci95'][1]:+.3g}, {e['alternative']} p = {_p(e['p'])}, {e['df']} df)")
+
+
+def _factor_lines(spec: GeneralizationSpec, a: dict[str, Any], powers: dict[str, Any]
+                  ) -> list[str]:
+    v = spec.variants[0]
+    f = a["tests"]["factors"]
+    lines = []
+    for name, what, unit in (("S1", "training-set size with clean labels (the key contrast; "
+                              "over the clean cells' means)", "per ln(images)"),
+                             ("S2", "training-set size over all cells (noise levels held "
+                              "fixed)", "per ln(images)"),
+                             ("N1", "label noise (size levels held fixed)",
+                              "per unit of noise")):
+        e = f.get(name, {})
+        if "coupling" not in e or "slope" not in e["coupling"]:
+            lines.append(f"{name} ({what}): not computable ({e.get('skipped', 'skipped')}).")
+            continue
+        c, acc = e["coupling"], e["accuracy"]
+        verdict = _verdict(c["p"], spec.alpha)
+        lines.append(
+            f"{name}, {what}: accuracy {_slope(acc, unit)}; {v} {_slope(c, unit)}: "
+            f"{verdict} ({_pow(powers, name)} to detect the slope coupling would have if it "
+            f"tracked accuracy, {POWER_EFFECTS[name].split(': ')[-1]}).")
+    by = f.get("size_by_noise", {})
+    parts = [f"noise {100 * float(e):g} %: {v} {g['coupling']['slope']:+.4g} ± "
+             f"{g['coupling']['slope_stderr']:.2g}, accuracy {g['accuracy']['slope']:+.3g}"
+             for e, g in by.items() if "slope" in g.get("coupling", {})]
+    if parts:
+        lines.append("Size slopes per ln(images) at each noise level (exploratory): "
+                     + "; ".join(parts) + ".")
+    beyond = f.get("accuracy_beyond_factors")
+    if beyond:
+        lines.append(f"Accuracy beyond both factors (exploratory: cell means on accuracy with "
+                     f"both factors' levels as fixed effects): slope {beyond['slope']:+.4g} ± "
+                     f"{beyond['slope_stderr']:.2g} (two-sided p = {_p(beyond['p'])}, "
+                     f"{beyond['df']} df).")
+    return lines
+
+
+def _statement(spec: GeneralizationSpec, a: dict[str, Any], powers: dict[str, Any]
+               ) -> list[str]:
     """The study's result in words, whatever it is."""
     from blockcoupling.studies.regression import tost_power
 
@@ -247,12 +319,13 @@ def _statement(spec: GeneralizationSpec, a: dict[str, Any]) -> list[str]:
         f"within-model se over one run's images is {sp[f'{v}_within_model_se']:.4f}, not a "
         "replication se).")
     where = "at the end of training" if a["point"] == "final" else f"at step {a['point']}"
+
     def control(ctrl: dict[str, Any], where: str) -> str:
         parts = [f"{name}: {c['cells_passing']} of {c['n_cells']} cells above chance (lowest "
                  f"cell mean {c['min_cell_mean']:.4f}, largest one-sided p {c['max_p']:.2g});"
                  f" over all runs {c['runs']['mean']:.4f} ± {c['runs']['se']:.4f} "
                  "(seed-level se)" for name, c in ctrl["variants"].items()]
-        return (f"Positive control {where} ({'passed' if ctrl['passed'] else 'FAILED'}): "
+        return (f"Positive control C {where} ({'passed' if ctrl['passed'] else 'FAILED'}): "
                 + "; ".join(parts) + ".")
 
     if a["point"] != "final":
@@ -260,54 +333,83 @@ def _statement(spec: GeneralizationSpec, a: dict[str, Any]) -> list[str]:
     lines.append(control(a["control"], where))
     if a["point"] != "final" or not a["control"]["passed"]:
         lines.append(f"Comparison point: {a['reason']}.")
+    pc = tests.get("PC")
+    if pc and "difference" in pc.get(v, {}):
+        c, acc_c = pc[v], pc["test_accuracy"]
+        n_c, _ = spec.control_cell()
+        lines.append(
+            f"PC, the positive control of the assay (drop-path {spec.train.drop_path:g} vs "
+            f"{spec.control_drop_path:g} at {n_c} clean images, {c['design']['n']} vs "
+            f"{c['control']['n']} seeds): {v} {c['design']['mean']:.4f} vs "
+            f"{c['control']['mean']:.4f}, difference {c['difference']:+.4f} (Welch t = "
+            f"{c['t']:.2f}, {c['df']:.1f} df, one-sided p = {_p(c['p'])}): "
+            f"{'detected' if c['p'] < spec.alpha else 'NOT detected'} ({_pow(powers, 'PC')} "
+            f"at the planned difference {PLANNING['control_difference']:g}); test accuracy "
+            f"{acc_c['design']['mean']:.3f} vs {acc_c['control']['mean']:.3f} (difference "
+            f"{acc_c['difference']:+.3f}, two-sided p = {_p(acc_c['p'])}).")
+    w = tests["W1_EW"]
+    if "within" in w:
+        wi, fe, eq = w["within"], w["fixed_effects"], w["equivalence"]
+        inside = "inside" if eq["equivalent"] else "not inside"
+        lines.append(
+            f"W1, the primary test (within cells: seed to seed, {w['n_runs']} runs in "
+            f"{w['n_cells']} cells, Mundlak split of the mixed model): within slope "
+            f"{wi['slope']:+.4g} ± {wi['slope_stderr']:.2g} per unit of accuracy, one-sided "
+            f"p = {_p(wi['p_greater'])}: {_verdict(wi['p_greater'], spec.alpha)} "
+            f"({_pow(powers, 'W1')} at a within slope of {PLANNING['across_slope']:g}, the "
+            f"across-cell slope of the first run); pooled within-cell r = "
+            f"{fe['within_r']:+.3f}; between-cell slope {w['between']['slope']:+.4g} ± "
+            f"{w['between']['slope_stderr']:.2g}. EW (equivalence within "
+            f"±{eq['bound']:g}): the {100 * eq['ci_tost_level']:.0f} % interval of the within "
+            f"slope, [{eq['ci_tost'][0]:+.4f}, {eq['ci_tost'][1]:+.4f}], is {inside} the "
+            f"bounds (p = {_p(eq['p_tost'])}; {_pow(powers, 'EW_at_0')} at a slope of 0).")
+    else:
+        lines.append(f"W1 not computable: {w['skipped']}.")
+    lines += _factor_lines(spec, a, powers)
     h = tests["H1_E1"]
     if "r" in h:
         lines.append(
-            f"H1 ({v} rises with test accuracy across the {h['n']} cells, one-sided): "
+            f"H1 (across the {h['n']} cells, {v} rises with test accuracy, one-sided): "
             f"{_verdict(h['p_greater'], spec.alpha)}: r = {h['r']:+.3f}, one-sided p = "
             f"{h['p_greater']:.3g}; slope {h['slope']:.4g} ± {h['slope_stderr']:.2g} per "
-            "unit of accuracy.")
+            f"unit of accuracy (power {design_power(spec):.2f} at r = {spec.bound:g}, exact).")
         inside = "inside" if h["equivalent"] else "not inside"
         lines.append(
             f"E1 (equivalence within ±{h['bound']:g}, TOST): the {100 * h['ci_tost_level']:.0f} "
             f"% interval of r, [{h['ci_tost'][0]:+.3f}, {h['ci_tost'][1]:+.3f}], is {inside} "
-            f"the bounds (p = {h['p_tost']:.3g}): "
-            + ("a correlation as large as the smallest effect of interest is ruled out."
-               if h["equivalent"] else "an effect of that size is not ruled out."))
+            f"the bounds (p = {h['p_tost']:.3g}; power "
+            f"{tost_power(spec.n_cells, spec.bound, spec.alpha):.2f} at r = 0).")
     else:
         lines.append(f"H1 and E1 not computable: {h['skipped']}.")
     m = tests["H1b"]
     if "slope" in m:
         lines.append(
-            f"H1b (over the {m['n_runs']} runs, random intercept per cell): slope "
-            f"{m['slope']:.4g} ± {m['slope_stderr']:.2g}, one-sided p = {m['p_greater']:.3g}"
+            f"H1b (over the {m['n_runs']} runs, random intercept per cell; it mixes the "
+            f"between- and within-cell slopes): slope {m['slope']:.4g} ± "
+            f"{m['slope_stderr']:.2g}, one-sided p = {m['p_greater']:.3g}"
             f" ({_verdict(m['p_greater'], spec.alpha)}"
             + ("" if m["converged"] else "; the fit did not converge") + ").")
-    ex = tests.get("exploratory", {})
-    held = [(ex[f], what) for f, what in (("label_noise", "label noise held fixed (the "
-                                           "size manipulation)"),
-                                          ("n_train", "training-set size held fixed (the "
-                                           "noise manipulation)")) if "slope" in ex.get(f, {})]
-    if held:
-        lines.append("Exploratory, not pre-registered (OLS of the cell means, the other factor "
-                     "as fixed effects): " + "; ".join(
-                         f"with {what}, slope {e['slope']:.4g} ± {e['slope_stderr']:.2g} "
-                         f"(two-sided p = {e['p']:.2g}, {e['df']} df)" for e, what in held)
-                     + ".")
+    tr = tests.get("exploratory", {}).get("train_accuracy", {})
+    if "r" in tr:
+        lines.append(f"Exploratory: across the cells {v} correlates with the training "
+                     f"accuracy on the (noisy) training labels r = {tr['r']:+.3f}, with the "
+                     f"test accuracy r = {h.get('r', math.nan):+.3f}.")
     for name, o in tests["other_variants"].items():
         if "r" in o:
             lines.append(f"The same over the cells with {name}: r = {o['r']:+.3f}, one-sided "
                          f"p = {o['p_greater']:.3g}.")
     lines.append(
-        f"Power: {design_power(spec):.2f} to detect a cell-level correlation of {spec.bound:g} "
-        f"(alpha {spec.alpha:g}, one-sided; exact, for bivariate-normal cell means); "
-        f"{tost_power(spec.n_cells, spec.bound, spec.alpha):.2f} to show equivalence when the "
-        "correlation is 0.")
+        "Power: H1 and E1 exact (bivariate-normal cell means); every other test by "
+        f"simulation ({powers['W1']['reps']} data sets each) from planning values fixed "
+        "before this run (design.PLANNING, from the first run of 2026-11-27).")
     lines.append(
         "What this cannot show: anything about LLMs or the paper's models (a tiny ViT on "
-        f"{spec.train.dataset} for {spec.train.steps} steps); why coupling and accuracy move "
-        "together where they do (both respond to the same data manipulation: a correlation "
-        "across cells is not causation, and size and noise are the only causes varied); "
-        f"correlations below {spec.bound:g} (the design's power is stated for "
-        f"{spec.bound:g}); other architectures, widths or K (held fixed by design).")
+        f"{spec.train.dataset} for {spec.train.steps} steps); a cause (the factors are "
+        "manipulated, coupling and accuracy are both outcomes: a relation between them "
+        "here is a correlation; the intervention study manipulates coupling itself); "
+        f"correlations below {spec.bound:g} across cells and within slopes below the "
+        "planned one (the power is stated for those); other architectures, widths or K "
+        "(held fixed by design). Confounds named: every cell of a seed starts from the same "
+        "initialisation; label noise changes what the training accuracy measures (fit to "
+        "wrong labels).")
     return lines

@@ -71,13 +71,31 @@ def _resize(x: Tensor, size: int) -> Tensor:
                                            align_corners=False)
 
 
-def _subset(x: Tensor, y: Tensor, limit: int | None) -> tuple[Tensor, Tensor]:
-    """The first ``limit`` examples of a fixed, seeded permutation (class mix preserved)."""
-    if limit is None or limit >= len(y):
-        return x, y
-    g = torch.Generator().manual_seed(1234)
-    idx = torch.randperm(len(y), generator=g)[:limit]
-    return x[idx], y[idx]
+#: the seed of the permutation every run shares when its subset is not drawn per seed
+SHARED_SUBSET_SEED = 1234
+
+
+def subset_indices(n: int, limit: int | None, seed: int | None = None) -> Tensor | None:
+    """The indices of a subset of ``limit`` of ``n`` examples: the first ``limit`` of a seeded
+    permutation. ``seed`` None: the one fixed permutation (``SHARED_SUBSET_SEED``) that every
+    run shares, so smaller subsets are prefixes of larger ones and runs of different seeds
+    hold the same images; a ``seed``: a permutation of its own for each (seed, limit), seeded
+    by ``numpy.random.SeedSequence([29, seed, limit])`` (a stream apart from the label
+    noise's and the training's), so each seed and size draws its subset independently. None
+    when the limit keeps every example."""
+    if limit is None or limit >= n:
+        return None
+    base = SHARED_SUBSET_SEED if seed is None else int(
+        np.random.SeedSequence([29, int(seed), int(limit)]).generate_state(1)[0])
+    g = torch.Generator().manual_seed(base)
+    return torch.randperm(n, generator=g)[:limit]
+
+
+def _subset(x: Tensor, y: Tensor, limit: int | None, seed: int | None = None
+            ) -> tuple[Tensor, Tensor]:
+    """`subset_indices` applied to ``x`` and ``y``."""
+    idx = subset_indices(len(y), limit, seed)
+    return (x, y) if idx is None else (x[idx], y[idx])
 
 
 def load_digits(image_size: int = 16) -> ImageData:
@@ -213,8 +231,11 @@ def noisy_labels(labels: Tensor, rate: float, n_classes: int, seed: int) -> Tens
 
 def load_image_data(name: str, *, image_size: int | None = None,
                     data_dir: str | Path | None = None, train_limit: int | None = None,
-                    test_limit: int | None = None) -> ImageData:
-    """The data set ``name`` (``digits`` or ``cifar10``), optionally subsampled (seeded)."""
+                    test_limit: int | None = None, subset_seed: int | None = None
+                    ) -> ImageData:
+    """The data set ``name`` (``digits`` or ``cifar10``), optionally subsampled (seeded:
+    the training subset by ``subset_seed``, or the shared permutation when None; the test
+    subset always by the shared one, `subset_indices`)."""
     if name not in DATASETS:
         raise BlockCouplingError(f"unknown data set {name!r}; choose {' or '.join(DATASETS)}")
     size = image_size or DEFAULT_IMAGE_SIZE[name]
@@ -226,11 +247,11 @@ def load_image_data(name: str, *, image_size: int | None = None,
         data = load_image_folder(data_dir, size, name="cifar10")
     else:
         data = load_cifar10_hub(size)
-    tr_x, tr_y = _subset(data.train_x, data.train_y, train_limit)
+    tr_x, tr_y = _subset(data.train_x, data.train_y, train_limit, subset_seed)
     te_x, te_y = _subset(data.test_x, data.test_y, test_limit)
     data.train_x, data.train_y, data.test_x, data.test_y = tr_x, tr_y, te_x, te_y
     return data
 
 
-__all__ = ["DATASETS", "DEFAULT_IMAGE_SIZE", "ImageData", "load_digits", "load_image_data",
-           "load_image_folder", "noisy_labels"]
+__all__ = ["DATASETS", "DEFAULT_IMAGE_SIZE", "SHARED_SUBSET_SEED", "ImageData", "load_digits",
+           "load_image_data", "load_image_folder", "noisy_labels", "subset_indices"]

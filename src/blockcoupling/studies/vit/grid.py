@@ -69,7 +69,8 @@ KIND = "vit-grid"
 #: prefix of its value in a run's name. A grid names an axis only when it varies it, so the
 #: names (and unit ids) of the drop-path x weight-decay grids stay as they were.
 EXTRA_AXES: dict[str, tuple[str, str]] = {"train_limit": ("train_limits", "n"),
-                                          "label_noise": ("label_noises", "noise")}
+                                          "label_noise": ("label_noises", "noise"),
+                                          "coupling_term": ("coupling_terms", "ct")}
 
 
 def run_name(config: VitTrainConfig, axes: Sequence[str] = ()) -> str:
@@ -83,15 +84,18 @@ def run_name(config: VitTrainConfig, axes: Sequence[str] = ()) -> str:
 def grid_configs(base: VitTrainConfig, drop_paths: Sequence[float] = PAPER_DROP_PATH,
                  weight_decays: Sequence[float] = PAPER_WEIGHT_DECAY,
                  seeds: Sequence[int] = (0,), *, train_limits: Sequence[int] | None = None,
-                 label_noises: Sequence[float] | None = None) -> list[VitTrainConfig]:
+                 label_noises: Sequence[float] | None = None,
+                 coupling_terms: Sequence[float] | None = None) -> list[VitTrainConfig]:
     """One config per (weight decay, drop-path rate, seed), weight decay outermost; with
-    ``train_limits`` / ``label_noises`` (extra axes, `EXTRA_AXES`) one per their
-    values too, those outermost (training-set size, then label noise)."""
+    ``train_limits`` / ``label_noises`` / ``coupling_terms`` (extra axes, `EXTRA_AXES`) one
+    per their values too, those outermost (training-set size, label noise, then the
+    coupling term's strength)."""
     if not drop_paths or not weight_decays or not seeds:
         raise BlockCouplingError("the grid needs at least one drop-path rate, weight decay and seed")
     from blockcoupling.validate import number, whole
 
-    for name, values in (("train_limit", train_limits), ("label_noise", label_noises)):
+    for name, values in (("train_limit", train_limits), ("label_noise", label_noises),
+                         ("coupling_term", coupling_terms)):
         if values is not None and not len(values):
             raise BlockCouplingError(f"{name}: give at least one value")
     out = [base.replace(drop_path=number(dp, "drop-path"), weight_decay=number(wd, "weight-decay"),
@@ -99,10 +103,14 @@ def grid_configs(base: VitTrainConfig, drop_paths: Sequence[float] = PAPER_DROP_
                         **({"train_limit": whole(tl, "train-limit", minimum=1)}
                            if train_limits is not None else {}),
                         **({"label_noise": number(ln, "label-noise", minimum=0, below=1)}
-                           if label_noises is not None else {}))
-           for tl, ln, wd, dp, s in product(train_limits or (None,), label_noises or (None,),
-                                            weight_decays, drop_paths, seeds)]
-    axes = grid_axes(train_limits, label_noises)
+                           if label_noises is not None else {}),
+                        **({"coupling_term": number(ct, "coupling-term")}
+                           if coupling_terms is not None else {}))
+           for tl, ln, ct, wd, dp, s in product(train_limits or (None,),
+                                                label_noises or (None,),
+                                                coupling_terms or (None,),
+                                                weight_decays, drop_paths, seeds)]
+    axes = grid_axes(train_limits, label_noises, coupling_terms)
     names = [run_name(c, axes) for c in out]
     if len(set(names)) != len(names):
         raise BlockCouplingError("the grid repeats a point (" + ", ".join(
@@ -111,9 +119,11 @@ def grid_configs(base: VitTrainConfig, drop_paths: Sequence[float] = PAPER_DROP_
 
 
 def grid_axes(train_limits: Sequence[int] | None = None,
-              label_noises: Sequence[float] | None = None) -> tuple[str, ...]:
+              label_noises: Sequence[float] | None = None,
+              coupling_terms: Sequence[float] | None = None) -> tuple[str, ...]:
     """The extra axes a grid varies (`EXTRA_AXES` order)."""
-    given = {"train_limit": train_limits, "label_noise": label_noises}
+    given = {"train_limit": train_limits, "label_noise": label_noises,
+             "coupling_term": coupling_terms}
     return tuple(a for a in EXTRA_AXES if given[a] is not None)
 
 
@@ -156,6 +166,8 @@ class GridSpec:
     label_noise: tuple[float, ...] | None = opt(None, "Extra axis: label-noise rates.",
                                                 parse=_axis(validate.number, minimum=0,
                                                             below=1))
+    coupling_term: tuple[float, ...] | None = opt(None, "Extra axis: strengths of the coupling "
+                                                  "term.", parse=_axis(validate.number))
     executor: str | None = opt(None, "ray or local.", check=(validate.text, {}))
     address: str | None = opt(None, "The Ray cluster's address.", check=(validate.text, {}))
     cpus_per_run: int | None = opt(None, "CPUs of each run's Ray task.",
@@ -276,6 +288,18 @@ def headline_tokens(base_dict: dict[str, Any]) -> str:
     return STATISTIC_TOKENS[str(base_dict.get("tokens", "cls"))]
 
 
+def _same_base(old: Any, new: dict[str, Any]) -> bool:
+    """Whether a grid's stored base config is ``new``: the same identity
+    (`VitTrainConfig.key`), so a base written before a training option existed (its
+    field absent, its default meant) is the same base."""
+    if not isinstance(old, dict):
+        return False
+    try:
+        return VitTrainConfig.from_dict(old).key() == VitTrainConfig.from_dict(new).key()
+    except (BlockCouplingError, TypeError):
+        return False
+
+
 def _grid_manifest(root: Path, base_dict: dict[str, Any], units: list[Any],
                    configs: list[VitTrainConfig], executor: str,
                    axes: Sequence[str] = ()) -> dict[str, Any]:
@@ -294,7 +318,7 @@ def _grid_manifest(root: Path, base_dict: dict[str, Any], units: list[Any],
         if (kind := kinds.manifest_kind(manifest)) != KIND:
             raise BlockCouplingError(f"{root} holds a {kind}, not a ViT grid; "
                                      "choose another --out")
-        if ((manifest.get("spec") or {}).get(KIND) or {}).get("base") != base_dict:
+        if not _same_base(((manifest.get("spec") or {}).get(KIND) or {}).get("base"), base_dict):
             raise BlockCouplingError(
                 f"{root} holds a grid with another base config; choose another --out (or run "
                 "the same options again to continue it)")
@@ -321,6 +345,7 @@ def run_grid(base: VitTrainConfig, root: str | Path, *,
              weight_decays: Sequence[float] = PAPER_WEIGHT_DECAY, seeds: Sequence[int] = (0,),
              train_limits: Sequence[int] | None = None,
              label_noises: Sequence[float] | None = None,
+             coupling_terms: Sequence[float] | None = None,
              executor: str = "ray", address: str | None = None, num_cpus: int = 1,
              threads: int | None = 1, progress: bool = True,
              on_run: Callable[[dict[str, Any]], None] | None = None,
@@ -342,8 +367,9 @@ def run_grid(base: VitTrainConfig, root: str | Path, *,
     num_cpus = whole(num_cpus, "cpus-per-run", minimum=1)
     threads = optional(whole, threads, "threads", minimum=1)
     configs = grid_configs(base, drop_paths, weight_decays, seeds, train_limits=train_limits,
-                           label_noises=label_noises)  # checked before Ray starts
-    axes = grid_axes(train_limits, label_noises)
+                           label_noises=label_noises,
+                           coupling_terms=coupling_terms)  # checked before Ray starts
+    axes = grid_axes(train_limits, label_noises, coupling_terms)
     if executor == "local":
         return _run_grid(base, root, configs, axes, executor, address, num_cpus, threads,
                          progress, on_run)

@@ -136,8 +136,23 @@ class VitTrainConfig:
                                "DIR/test/<class>/*.png.", cli=True)
     train_limit: int | None = opt(None, "Use a seeded subset of the training split.", cli=True,
                                   check=(_W, {"minimum": 1}))
+    subset_per_seed: bool = opt(False, "Draw the --train-limit subset with the run's --seed (a "
+                                "fresh subset per seed and size) instead of the one fixed "
+                                "permutation every run shares (then seeds hold the same images "
+                                "and smaller subsets are prefixes of larger ones).", cli=True,
+                                hashed="if_changed")
     test_limit: int | None = opt(None, "Use a seeded subset of the test split.", cli=True,
                                  check=(_W, {"minimum": 1}))
+    coupling_term: float | None = opt(
+        None, "Add -strength x the blocks' depth-wise traceless alignment at the headline token "
+        "(engine.surrogate, a differentiable estimate of coupling from Jacobian-vector "
+        "products) to the training loss: > 0 raises coupling, < 0 lowers it, 0 records it "
+        "each epoch without adding it.", cli=True, hashed="if_set", check=(_N, {}))
+    coupling_term_images: int = opt(4, "Images of each batch the coupling term is estimated "
+                                    "on.", check=(_W, {"minimum": 1}), hashed="if_changed")
+    coupling_term_directions: int = opt(8, "Random directions of the coupling term's "
+                                        "estimate (Jacobian-vector products per block).",
+                                        check=(_W, {"minimum": 1}), hashed="if_changed")
     eval_train_limit: int | None = opt(5000, "Clean (eval-mode) train accuracy on this many.",
                                        check=(_W, {"minimum": 1}))
     monitor_images: int = opt(4, "Test images measured during training.", cli=True,
@@ -580,7 +595,8 @@ def _train(config: VitTrainConfig, out: Path, *, progress: bool, on_epoch: Epoch
         t0 = time.perf_counter()
         data = load_image_data(config.dataset, image_size=config.image_size,
                                data_dir=config.data_dir, train_limit=config.train_limit,
-                               test_limit=config.test_limit)
+                               test_limit=config.test_limit,
+                               subset_seed=config.seed if config.subset_per_seed else None)
         data_seconds = time.perf_counter() - t0
     else:
         data_seconds = 0.0
@@ -618,6 +634,12 @@ def _train(config: VitTrainConfig, out: Path, *, progress: bool, on_epoch: Epoch
             history = ckpt["history"]
             start_epoch = int(ckpt["epoch"]) + 1
 
+    term = None
+    if config.coupling_term is not None:
+        from blockcoupling.studies.vit.coupling_term import CouplingTerm
+
+        term = CouplingTerm(model, config.coupling_term, config.coupling_term_images,
+                            config.coupling_term_directions, config.tokens, config.seed)
     mon_x = data.test_x[: config.monitor_images]
     mon_labels = [data.classes[int(y)] for y in data.test_y[: config.monitor_images]]
     eval_tr = slice(0, config.eval_train_limit)
@@ -651,6 +673,8 @@ def _train(config: VitTrainConfig, out: Path, *, progress: bool, on_epoch: Epoch
                    test_accuracy=te_acc, seconds_train=0.0, cpu_seconds_train=0.0)
         row.update(coupling_row(0) if config.monitor_every > 0 else
                    {**NO_COUPLING, "seconds_measure": 0.0, "cpu_seconds_measure": 0.0})
+        if term is not None:
+            row.update(term.record(mon_x), train_ce=math.nan, coupling_term=math.nan)
         record(0, row)
 
     bar = _progress(range(start_epoch, n_epochs + 1), progress, f"train {out.name}")
@@ -662,7 +686,7 @@ def _train(config: VitTrainConfig, out: Path, *, progress: bool, on_epoch: Epoch
         model.train()
         t0, c0 = time.perf_counter(), time.process_time()
         perm = torch.randperm(n_train, generator=g)
-        objective_sum, seen = 0.0, 0
+        objective_sum, seen, ce_sum, term_sum = 0.0, 0, 0.0, 0.0
         for i in range(steps_per_epoch):
             step = (epoch - 1) * steps_per_epoch + i
             if step >= total_steps:  # --steps: the last epoch stops early
@@ -673,6 +697,12 @@ def _train(config: VitTrainConfig, out: Path, *, progress: bool, on_epoch: Epoch
             idx = perm[i * config.batch_size:(i + 1) * config.batch_size]
             x, y = data.train_x[idx], data.train_y[idx]
             loss = train_loss(model, config, x, y, len(data.classes), g, rng)
+            if term is not None:
+                ce_sum += loss.item() * len(y)
+                added, value = term.loss(x, step)
+                term_sum += value * len(y)
+                if added is not None:
+                    loss = loss + added
             if not torch.isfinite(loss):
                 raise BlockCouplingError(
                     f"the training loss became {float(loss)} at epoch {epoch}, step {i}; "
@@ -692,6 +722,9 @@ def _train(config: VitTrainConfig, out: Path, *, progress: bool, on_epoch: Epoch
                "train_accuracy": tr_acc, "test_loss": te_loss, "test_accuracy": te_acc,
                "seconds_train": seconds_train, "cpu_seconds_train": cpu_seconds_train,
                "seconds_eval": time.perf_counter() - t0 - seconds_train}
+        if term is not None:  # the objective's parts, the exact alignment, the weight norm
+            row.update(train_ce=ce_sum / max(seen, 1), coupling_term=term_sum / max(seen, 1),
+                       **term.record(mon_x))
         row.update(coupling_row(epoch) if monitored(epoch) else
                    {**NO_COUPLING, "seconds_measure": 0.0, "cpu_seconds_measure": 0.0})
         if epoch < n_epochs:  # the checkpoint first: a finished epoch is never lost
@@ -708,6 +741,8 @@ def _train(config: VitTrainConfig, out: Path, *, progress: bool, on_epoch: Epoch
                                              for y in data.test_y[: config.final_images]],
                            tokens=config.tokens, both=True)
     final_seconds = time.perf_counter() - t0
+    if term is not None:  # the exact alignment of the final images and the weight norm
+        final.update(term.record(data.test_x[: config.final_images]))
     metrics = _metrics_doc(config, data, shape, history, "complete", data_seconds)
     metrics["data"]["content"] = data_content
     metrics["final"] = {**{k: history[-1][k] for k in ("train_loss", "train_accuracy",
