@@ -25,8 +25,13 @@ import torch
 
 import blockcoupling as bc
 from blockcoupling.errors import BlockCouplingError
-from test_bad_input import assert_user_error
-from tiny_runs import assert_identical_runs, cli, save_tiny_lm, write_prompts
+from tests.helpers.tiny_runs import (
+    assert_identical_runs,
+    assert_user_error,
+    cli,
+    save_tiny_lm,
+    write_prompts,
+)
 
 # ---------------------------------------------------------------------------- fixtures
 
@@ -127,7 +132,7 @@ def test_a_complete_checkpoint_reports_nothing_missing_and_a_head_is_not_block_w
 def test_load_report_rules() -> None:
     """The rules on transformers' report, as any version returns it (sets, lists, tuples)."""
     from blockcoupling.loading import check_load_report
-    from tiny_models import tiny_model
+    from tests.helpers.tiny_models import tiny_model
 
     model = tiny_model("gpt2")
     ok = check_load_report(model, {"missing_keys": ["pooler.dense.weight"],
@@ -536,7 +541,7 @@ def test_cross_compares_prompt_texts_not_ids(tmp_path: Path) -> None:
     ids) were cross-coupled with exit 0. Now: the texts are compared by their sha256."""
     from blockcoupling.studies.cross import cross_coupling
     from blockcoupling.studies.tiny_lm import build_tokenizer
-    from tiny_models import tiny_model
+    from tests.helpers.tiny_models import tiny_model
 
     model, tok = tiny_model("gpt2"), build_tokenizer("abcdefgh ")
     opts = dict(coupling=("depth",), k=(2,), progress=False, save_bases=True,
