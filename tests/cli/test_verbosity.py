@@ -60,7 +60,7 @@ import sys, warnings
 from blockcoupling.verbosity import set_verbosity, warning_line
 set_verbosity(quiet={quiet}, terminal=False)
 warnings.showwarning = warning_line
-from blockcoupling.studies.executor import ray_each
+from blockcoupling.runs.executor import ray_each
 
 def unit(i):
     import sys, warnings

@@ -470,8 +470,8 @@ LOOSE_RULE_KEYWORDS = {
     "report/summaries/common.py:check_variant", "report/summaries/mosaics.py:token_grid_data",
     "report/summaries/tokens.py:coupling_grid_data",
     "studies/correlate.py:correlate", "studies/cross.py:cross_coupling",
-    "studies/statistic.py:coupling_statistic", "studies/read.py:coupling_statistic",
-    "studies/read.py:summary",
+    "runs/statistic.py:coupling_statistic", "runs/read.py:coupling_statistic",
+    "runs/read.py:summary",
 }
 
 

@@ -67,8 +67,8 @@ def report_pages(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """One page of each kind, on the one report template (report/page.py)."""
     from blockcoupling.report.correlation import write_chance_floor_html, write_correlation_html
     from blockcoupling.report.cross import write_cross_report
+    from blockcoupling.runs.collection import write_collection_report
     from blockcoupling.studies.chance_floor import chance_floor
-    from blockcoupling.studies.collection import write_collection_report
     from blockcoupling.studies.correlate import correlate
     from blockcoupling.studies.cross import cross_coupling
     from blockcoupling.studies.vit.grid import run_grid

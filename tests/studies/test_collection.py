@@ -408,7 +408,7 @@ def test_pinned_unit_ids_and_hashes_of_existing_collections(kinds: dict[str, Pat
 def test_a_new_kind_is_a_package_and_one_registration(tmp_path: Path) -> None:
     """The recipe "add a collection kind" (docs/DESIGN.md), followed once for a trivial kind
     written from a spec file (two tiny GPT-2 units, measured by its own ``run`` on
-    ``studies.executor.run_each``): one registration, and ``blockcoupling sweep SPEC``
+    ``runs.executor.run_each``): one registration, and ``blockcoupling sweep SPEC``
     (``--dry-run``: its plan; a run, then ``--resume``, which measures nothing again), the
     reader, ``sweep-status``, ``report`` (of its collection and of a folder of its loose
     outputs) and the repair line take it; unregistered, its directory is the one
@@ -416,11 +416,11 @@ def test_a_new_kind_is_a_package_and_one_registration(tmp_path: Path) -> None:
     import yaml
 
     from blockcoupling.engine.config import MeasureConfig
+    from blockcoupling.runs import kinds
+    from blockcoupling.runs.executor import run_each
+    from blockcoupling.runs.integrity import repair_command
+    from blockcoupling.runs.plans import RunPlan, StudyPlan
     from blockcoupling.store.record import plan_run
-    from blockcoupling.studies import kinds
-    from blockcoupling.studies.executor import run_each
-    from blockcoupling.studies.integrity import repair_command
-    from blockcoupling.studies.plans import RunPlan, StudyPlan
 
     measured: list[str] = []
 
@@ -543,8 +543,8 @@ def test_one_default_kind_for_kindless_specs_and_format_one() -> None:
     """The registry, not a generic module, says which kind a spec without ``kind:`` and a
     manifest of format 1 are: exactly one kind is the default; a second is refused, and so
     is a kind that recognises loose folders without a page for them."""
-    from blockcoupling.studies import kinds
-    from blockcoupling.studies.collection import spec_kind
+    from blockcoupling.runs import kinds
+    from blockcoupling.runs.collection import spec_kind
 
     assert kinds.default().name == "sweep" and kinds.default() is kinds.get("sweep")
     assert kinds.manifest_kind({"format_version": 1}) == "sweep"

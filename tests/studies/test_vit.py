@@ -850,8 +850,8 @@ def test_a_vit_grid_has_one_token_rule_in_sweep_status_and_correlate(tmp_path: P
     from typer.testing import CliRunner
 
     from blockcoupling.cli import app
+    from blockcoupling.runs import kinds
     from blockcoupling.store import collection as store
-    from blockcoupling.studies import kinds
 
     base = VitTrainConfig(epochs=1, monitor_every=0, **{**TINY, "final_images": 3})
     root = tmp_path / "g"

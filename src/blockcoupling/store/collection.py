@@ -27,9 +27,9 @@ its own run directory, so no unit ever writes rows twice. The manifest keeps the
 ``sweep.json`` for every kind (the format began with sweeps; format 1 directories are read
 as they are: their manifest records no kind, the registry's default kind). The ViT grid's old
 layout (``grid.json`` + ``runs/``) is converted by
-`blockcoupling.studies.collection.upgrade_collection`. What depends on a kind (the check of a
+`blockcoupling.runs.collection.upgrade_collection`. What depends on a kind (the check of a
 trained unit, the repair line, which kind is the default) is registered by the kind in
-`blockcoupling.studies.kinds`; this module names none.
+`blockcoupling.runs.kinds`; this module names none.
 """
 
 from __future__ import annotations
@@ -163,7 +163,7 @@ def upgrade_line(root: Path) -> str:
 def load_manifest(root: Path) -> dict[str, Any]:
     """The collection manifest of ``root``, checked (format, version, a ``kind`` that is a
     name), or one `RunDirError` line. A manifest of format 1 records no ``kind``: it is read
-    as it is, and its kind is the registry's default (`blockcoupling.studies.kinds.manifest_kind`)."""
+    as it is, and its kind is the registry's default (`blockcoupling.runs.kinds.manifest_kind`)."""
     if not root.is_dir():
         raise RunDirError(f"no sweep directory at {root}; check the path (a sweep directory is "
                           "created by `blockcoupling sweep SPEC --out DIR` or a CouplingMonitor)")

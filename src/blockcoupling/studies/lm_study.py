@@ -58,6 +58,7 @@ import torch
 from blockcoupling.engine.statistic import seed_level
 from blockcoupling.errors import BlockCouplingError
 from blockcoupling.fields import check_fields, from_mapping, opt
+from blockcoupling.runs.plans import RunPlan, StudyPlan
 from blockcoupling.studies.tiny_lm import (
     TinyLMConfig,
     doubling_checkpoints,
@@ -71,7 +72,7 @@ from blockcoupling.validate import OptionError, number, whole
 
 __all__ = ["StudyResult", "StudyRun", "StudySpec", "check_study", "evaluate_checkpoint",
            "family_prompts",
-           "full_spec", "load_study_spec", "parse_study_spec", "quick_spec",
+           "full_spec", "load_study_spec", "parse_study_spec", "plan_lm_study", "quick_spec",
            "end_point", "run_study", "stopping_rule"]
 
 HYPOTHESES = {
@@ -524,8 +525,8 @@ def check_study(out: str | Path, spec: StudySpec, executor: str = "local", *,
     models' context), and ``out`` (a folder, writable, not another folder's contents, not in
     use by another study unless ``locked``, not a study of another spec that has measured
     something). Returns the prompts. Writes nothing."""
+    from blockcoupling.runs import executor as runner
     from blockcoupling.store.fileio import lock_holder
-    from blockcoupling.studies import executor as runner
     from blockcoupling.studies.tiny_lm import build_tokenizer, corpus_text
 
     if executor not in runner.EXECUTORS:
@@ -853,3 +854,41 @@ def write_study_page(result: StudyResult, path: Path) -> Path:
     ]
     return write_page(path, "Tiny-LM family: coupling and generalisation", sections,
                       lead="blockcoupling study lm-family")
+
+
+def plan_lm_study(spec: StudySpec) -> StudyPlan:
+    """The plan of ``study lm-family`` for a ``StudySpec``: per run its training steps (a cap),
+    the checkpoints (step 0 and the powers of two to the cap) and the measurement of each (the study's sweep), on the untrained
+    model of the run's shape and the held-out prompts."""
+    import dataclasses
+
+    from transformers import GPT2LMHeadModel
+
+    from blockcoupling.engine.config import parse_config
+    from blockcoupling.store.record import plan_run
+    from blockcoupling.studies.tiny_lm import build_tokenizer, corpus_text, gpt2_config
+
+    tok = build_tokenizer(corpus_text())
+    cfg = parse_config(None, **study_measure(spec))
+    prompts = family_prompts(tiny_config(spec, spec.runs[0]), n=spec.n_prompts,
+                             length=spec.prompt_length)
+    runs = []
+    shapes: dict[tuple[int, int], tuple[int, Any]] = {}  # runs of one shape: one plan
+    for run in spec.runs:
+        tc = tiny_config(spec, run)
+        if (run.n_layer, run.n_embd) not in shapes:
+            with torch.device("meta"):  # the shape only: no weights are allocated
+                model = GPT2LMHeadModel(gpt2_config(tc, len(tok), tok.pad_token_id))
+            shapes[run.n_layer, run.n_embd] = (
+                sum(p.numel() for p in model.parameters()),
+                plan_run(model, tok, prompts, config=cfg, model_name=run.run_id))
+        params, plan = shapes[run.n_layer, run.n_embd]
+        runs.append(RunPlan(
+            name=run.run_id, checkpoints=tuple(tc.checkpoints), steps=tc.max_steps,
+            parameters=params,
+            training_flops=6.0 * params * tc.batch_size * tc.block_size * tc.max_steps,
+            measure=dataclasses.replace(plan, model=run.run_id)))
+    notes = ["steps and checkpoints are caps: each run stops at its held-out plateau",
+             f"each checkpoint is also scored on held-out text; K = {spec.k}, "
+             f"{len(prompts)} prompts of {spec.prompt_length} characters"]
+    return StudyPlan(study="the LM family study", runs=runs, notes=notes, capped=True)

@@ -558,7 +558,7 @@ def _train(config: VitTrainConfig, out: Path, *, progress: bool, on_epoch: Epoch
                                      f"({foreign}), not a training; choose another --out")
     data_content = None
     if config.data_dir is not None and Path(config.data_dir).is_dir():
-        from blockcoupling.studies.identity import content_hash
+        from blockcoupling.runs.identity import content_hash
 
         data_content = content_hash(Path(config.data_dir))  # a resume must see the same images
     if (out / METRICS_FILE).exists():
