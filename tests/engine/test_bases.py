@@ -185,6 +185,18 @@ def test_too_little_disk_is_refused_before_any_file(tmp_path: Path,
         bc.measure_to_dir(model, tok, PROMPTS, tmp_path / "run", save_bases=True, k=K,
                           tokens="all")
     assert not (tmp_path / "run").exists()
+    # enough for the bases, not for the margin: the refusal states both, and the free bytes
+    need = sb.estimate(bc.find_blocks(model), [len(p.split()) for p in PROMPTS],
+                       bc.MeasureConfig.parse(k=K, tokens="all"))[1]
+    free = need + sb.DISK_MARGIN // 2
+    monkeypatch.setattr(sb.shutil, "disk_usage", lambda p: Usage(10**9, 10**9, free))
+    with pytest.raises(BlockCouplingError) as err:
+        bc.measure_to_dir(model, tok, PROMPTS, tmp_path / "run", save_bases=True, k=K,
+                          tokens="all")
+    msg = str(err.value)
+    for n in (need, sb.DISK_MARGIN, need + sb.DISK_MARGIN, free, sb.DISK_MARGIN // 2):
+        assert f"({n:,} bytes)" in msg or f"{n:,} bytes" in msg, (n, msg)
+    assert "margin" in msg and "\n" not in msg
     # the estimate printed first: prompts x layers x token pairs x (2 d K + K) x 4 bytes
     n_tokens = [len(p.split()) for p in PROMPTS]
     n_jac = sum(3 * n for n in n_tokens)  # depth at every token: J_tt per layer and token

@@ -390,7 +390,7 @@ def test_corrupt_manifest(tmp_path: Path) -> None:
     write_run(root, [["p0"]])
     text = (root / "manifest.json").read_text()
     (root / "manifest.json").write_text(text[: len(text) // 2])
-    with pytest.raises(RunDirError, match="manifest.json is corrupt.*new --out"):
+    with pytest.raises(RunDirError, match="manifest.json is not valid JSON.*new --out"):
         open_run(root)
     with pytest.raises(RunDirError, match="corrupt"):
         RunWriter(root, config=CONFIG, meta=META, prompts=PROMPTS, resume=True)

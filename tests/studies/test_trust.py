@@ -525,9 +525,12 @@ def test_a_study_measures_again_what_was_trained_again(tmp_path: Path) -> None:
     assert again == first
     assert not [r for r in store.all_status(out / "sweep") if r.get("repaired")]
     # the sweep's units of run a-s0 were measured on other weights: measured again
+    from blockcoupling.store.verified import SEAL, write_sealed
+
     trained = json.loads((out / TRAINED_FILE).read_text())
     trained["a-s0"] = "0" * 16
-    (out / TRAINED_FILE).write_text(json.dumps(trained))
+    trained.pop(SEAL)
+    write_sealed(out / TRAINED_FILE, trained)  # as the study writes it
     third = run_study(out, spec, cache_dir=cache, progress=False).to_dict()
     third.pop("seconds")
     assert third == first
@@ -779,5 +782,6 @@ def test_a_study_of_another_spec_that_measured_nothing_is_replaced(no_training: 
     with pytest.raises(AssertionError, match="trained before"):  # it went on to train
         run_study(out, spec, progress=False, cache_dir=tmp_path / "cache")
     assert not (out / "sweep").exists()
-    assert json.loads((out / SPEC_FILE).read_text()) == json.loads(json.dumps(spec.to_dict()))
+    written = json.loads((out / SPEC_FILE).read_text())
+    assert written.pop("digest") and written == json.loads(json.dumps(spec.to_dict()))
     assert not (out / ".lock").exists()

@@ -568,15 +568,40 @@ def check_study(out: str | Path, spec: StudySpec, executor: str = "local", *,
     return prompts
 
 
+def _repair(out: Path) -> str:
+    """What a reader of a damaged study record is told."""
+    return (f"Delete it and run the same `blockcoupling study lm-family --out {out}` command "
+            "again: the record is written anew (checkpoints whose weights are not known are "
+            "measured again)")
+
+
 def _other_spec(out: Path, spec: StudySpec) -> bool:
-    """Whether ``out`` records a study spec other than ``spec``."""
-    try:
-        data = json.loads((out / SPEC_FILE).read_text(encoding="utf-8"))
-    except FileNotFoundError:
+    """Whether ``out`` records a study spec other than ``spec`` (one line if the record is
+    damaged: ``store.verified.load_sealed``)."""
+    from blockcoupling.store.verified import SEAL, load_sealed
+
+    path = out / SPEC_FILE
+    if not path.exists():
         return False
-    except (OSError, ValueError):
-        return True
+    data = dict(load_sealed(path, _repair(out)))
+    data.pop(SEAL, None)
     return bool(data != json.loads(json.dumps(spec.to_dict())))
+
+
+def _trained(out: Path) -> dict[str, str] | None:
+    """The study's record of the checkpoints its sweep measured (run id -> cache digest),
+    verified; None when it has none but its sweep measured something (a record lost, or a
+    study of an older blockcoupling): then every measured checkpoint is measured again."""
+    from blockcoupling.store.verified import SEAL, load_sealed
+
+    path = out / TRAINED_FILE
+    if not path.exists():
+        return {} if not _has_results(out) else None
+    data = dict(load_sealed(path, _repair(out)))
+    data.pop(SEAL, None)
+    if not all(isinstance(k, str) and isinstance(v, str) for k, v in data.items()):
+        raise BlockCouplingError(f"{path} is not a record of trained runs. {_repair(out)}")
+    return data
 
 
 def _has_results(out: Path) -> bool:
@@ -601,8 +626,8 @@ def _start_afresh(out: Path) -> None:
             path.unlink()
 
 
-def _remeasure_retrained(root: Path, digests: dict[str, str], previous: dict[str, str],
-                         progress: bool) -> None:
+def _remeasure_retrained(root: Path, digests: dict[str, str],
+                         previous: dict[str, str] | None, progress: bool) -> None:
     """Mark again as pending the sweep units of runs whose checkpoints now hold other
     weights than those their units were measured on (a damaged cache trained again into
     different weights): the sweep's resume measures them again."""
@@ -611,7 +636,8 @@ def _remeasure_retrained(root: Path, digests: dict[str, str], previous: dict[str
     from blockcoupling.store import collection as store
     from blockcoupling.studies.sweep.units import Unit
 
-    changed = {rid for rid, d in digests.items() if previous.get(rid) not in (None, d)}
+    changed = (set(digests) if previous is None  # no record: everything measured is redone
+               else {rid for rid, d in digests.items() if previous.get(rid) not in (None, d)})
     if not changed or not store.is_sweep_dir(root):
         return
     for rec in store.all_status(root):
@@ -633,7 +659,8 @@ def run_study(out: str | Path, spec: StudySpec | None = None, *, quick: bool = F
 
     Everything that can be checked without training is checked first (`check_study`);
     ``out`` is written only while this study holds its lock."""
-    from blockcoupling.store.fileio import dir_lock, write_json
+    from blockcoupling.store.fileio import dir_lock
+    from blockcoupling.store.verified import write_sealed
 
     spec = spec if spec is not None else (quick_spec() if quick else full_spec())
     out = Path(out)
@@ -642,7 +669,7 @@ def run_study(out: str | Path, spec: StudySpec | None = None, *, quick: bool = F
         prompts = check_study(out, spec, executor, locked=True)
         if _other_spec(out, spec):  # of another spec, with nothing measured: replaced
             _start_afresh(out)
-        write_json(out / SPEC_FILE, spec.to_dict())
+        write_sealed(out / SPEC_FILE, spec.to_dict())
         return _run_study(out, spec, prompts, cache_dir, progress, executor)
 
 
@@ -650,6 +677,7 @@ def _run_study(out: Path, spec: StudySpec, prompts: list[str], cache_dir: str | 
                progress: bool, executor: str) -> StudyResult:
     """`run_study` once its checks passed and its lock is held."""
     from blockcoupling.store.fileio import atomic_write_text, write_json
+    from blockcoupling.store.verified import write_sealed
     from blockcoupling.studies.sweep import is_sweep_dir, open_sweep, run_sweep
     from blockcoupling.studies.sweep.runner import spec_matches
     from blockcoupling.studies.tiny_lm import cache_digest
@@ -696,13 +724,8 @@ def _run_study(out: Path, spec: StudySpec, prompts: list[str], cache_dir: str | 
         import shutil
 
         shutil.rmtree(root)  # nothing measured there: replaced
-    try:
-        previous = json.loads((out / TRAINED_FILE).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        previous = {}
-    _remeasure_retrained(root, digests, previous if isinstance(previous, dict) else {},
-                         progress)
-    write_json(out / TRAINED_FILE, digests)
+    _remeasure_retrained(root, digests, _trained(out), progress)
+    write_sealed(out / TRAINED_FILE, digests)
     t1 = time.perf_counter()
     run_sweep(sweep_spec, root, executor=executor, resume=is_sweep_dir(root), progress=progress)
     seconds["measure"] = time.perf_counter() - t1
