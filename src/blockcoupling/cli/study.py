@@ -18,6 +18,11 @@ from blockcoupling.cli.app import (
 )
 from blockcoupling.cli.app import STATE as _STATE
 
+TRAIN_EXECUTOR_HELP = ("How the runs train: local (one after the other in this process) or ray "
+                       "(one task per run, one CPU and one torch thread each).")
+STUDY_DRY_RUN_HELP = ("Check the design and print its plan (runs, steps, measured checkpoints, "
+                      "the measurement of each, an estimated time); train and write nothing.")
+
 study_app = typer.Typer(help="Built-in studies that test the paper's claims end to end.",
                         no_args_is_help=True)
 app.add_typer(study_app, name="study")
@@ -64,7 +69,7 @@ def generalization(
     out: Annotated[Path, typer.Option("--out", "-o", help="Output folder (study.json, study.html, runs.csv, cells.csv, grid/).")],
     quick: Annotated[bool, typer.Option("--quick", help="The test-suite's tiny version (18 runs of a 16-wide ViT, under a minute; a smoke test without power).")] = False,
     spec: Annotated[Path | None, typer.Option("--spec", help="A YAML design (train_sizes, label_noises, seeds, train: {...}, variants, alpha, bound, power); default: the full design.")] = None,
-    executor: Annotated[str, typer.Option("--executor", help="How the runs train: local (one after the other in this process) or ray (one task per run, one CPU and one torch thread each).")] = "local",
+    executor: Annotated[str, typer.Option("--executor", help=TRAIN_EXECUTOR_HELP)] = "local",
     address: Annotated[str | None, typer.Option(help=ADDRESS_HELP)] = None,
     cluster_cpus: Annotated[int | None, typer.Option(help=CLUSTER_CPUS_HELP)] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Check the design (its power included) and print its plan (runs, steps, measured checkpoints, the measurement of each, an estimated time); train and write nothing.")] = False,
@@ -83,6 +88,42 @@ def generalization(
             from blockcoupling.studies.generalization.plan import plan_generalization
 
             print_plan(plan_generalization(design), as_json)
+            return
+        result = run_study(out, design, executor=executor, address=address,
+                           cluster_cpus=cluster_cpus, progress=not _STATE["quiet"])
+    if as_json:
+        echo_json(result.to_dict())
+    else:
+        typer.echo(result.summary())
+        typer.echo(f"wrote {out / 'study.json'} and {out / 'study.html'}")
+
+
+@study_app.command("intervention")
+def intervention(
+    out: Annotated[Path, typer.Option("--out", "-o", help="Output folder (study.json, study.html, runs.csv, arms.csv, grid/).")],
+    quick: Annotated[bool, typer.Option("--quick", help="The test-suite's tiny version (9 runs of a 16-wide ViT, about a minute; a smoke test without power).")] = False,
+    spec: Annotated[Path | None, typer.Option("--spec", help="A YAML design (strengths, seeds, train: {...}, variant, alpha, bound); default: the full design.")] = None,
+    executor: Annotated[str, typer.Option("--executor", help=TRAIN_EXECUTOR_HELP)] = "local",
+    address: Annotated[str | None, typer.Option(help=ADDRESS_HELP)] = None,
+    cluster_cpus: Annotated[int | None, typer.Option(help=CLUSTER_CPUS_HELP)] = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help=STUDY_DRY_RUN_HELP)] = False,
+    as_json: Annotated[bool, typer.Option("--json", help=JSON_HELP)] = False,
+) -> None:
+    """Train ViTs of one architecture with a loss term that raises or lowers their depth-wise
+    coupling (several strengths each way and 0, seeds), measure the coupling reached and the
+    test accuracy, and test whether changing coupling changes accuracy (a manipulation check,
+    paired one-sided tests, equivalence tests, the power of each)."""
+    from blockcoupling.studies.intervention import full_spec, load_spec, quick_spec
+    from blockcoupling.studies.intervention.run import run_study
+
+    with guarded(saved=f"finished runs are kept in {out / 'grid'}; run the same command "
+                       "again to continue"):
+        design = load_spec(spec) if spec is not None else (quick_spec() if quick else
+                                                           full_spec())
+        if dry_run:
+            from blockcoupling.studies.intervention.plan import plan_intervention
+
+            print_plan(plan_intervention(design), as_json)
             return
         result = run_study(out, design, executor=executor, address=address,
                            cluster_cpus=cluster_cpus, progress=not _STATE["quiet"])

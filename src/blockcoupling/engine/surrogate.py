@@ -63,6 +63,9 @@ def block_products(branches: Sequence[Callable[[Tensor], Tensor]], inputs: Seque
     products carry the graph to the parameters), ``frame`` Q (d, m). Returns (B, L, d, m)."""
     if len(branches) != len(inputs) or not branches:
         raise BlockCouplingError("give one input per block branch (at least one block)")
+    n = inputs[0].shape[-2]
+    if not -n <= token < n:
+        raise BlockCouplingError(f"token {token} is outside the {n} positions of the input")
     out = []
     with replay_context():  # the SDPA math backend: forward-mode AD through attention
         for f, x in zip(branches, inputs, strict=True):

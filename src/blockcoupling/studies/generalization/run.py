@@ -53,7 +53,8 @@ def _say(progress: bool, line: str) -> None:
         print(f"[study] {line}", flush=True)
 
 
-def _versions() -> dict[str, Any]:
+def versions() -> dict[str, Any]:
+    """The library versions and the thread rule of a study's runs (its reproducibility)."""
     from importlib.metadata import version
 
     import torch
@@ -135,11 +136,11 @@ def run_study(out: str | Path, spec: GeneralizationSpec | None = None, *, quick:
     statement = _statement(spec, analysis, powers)
     seconds["total"] = time.perf_counter() - t0
     seconds["cpu_driver"] = time.process_time() - cpu0
-    seconds["cpu_runs"] = float(np.nansum([_run_cpu(p) for p in runs["path"]]))
+    seconds["cpu_runs"] = float(np.nansum([run_cpu(p) for p in runs["path"]]))
     result = GeneralizationResult(spec=spec, runs=analysis["runs"], final=final,
                                   cells=analysis["cells"], analysis=analysis, powers=powers,
                                   control=control,
-                                  statement=statement, reproducibility=_versions(),
+                                  statement=statement, reproducibility=versions(),
                                   seconds=seconds, out=out)
     write_outputs(result, out)
     return result
@@ -166,7 +167,8 @@ def _run_names(spec: GeneralizationSpec) -> list[str]:
     return [run_name(c, axes) for c in spec.configs()]
 
 
-def _run_cpu(path: str) -> float:
+def run_cpu(path: str) -> float:
+    """The CPU seconds a ViT run's ``metrics.json`` records (NaN when unreadable)."""
     from blockcoupling.studies.vit.train import read_metrics
 
     try:

@@ -218,7 +218,7 @@ def quick_spec() -> InterventionSpec:
     train = VitTrainConfig(dataset="digits", preset="tiny", hidden_size=16, depth=2, heads=2,
                            image_size=8, batch_size=32, drop_path=0.1, weight_decay=0.05,
                            steps=60, epochs=2, lr=2e-3, k=2, tokens="cls", train_limit=256,
-                           test_limit=64, eval_train_limit=64, final_images=4,
+                           eval_train_limit=64, final_images=4,
                            monitor_images=2, monitor_every=0, coupling_term_images=2,
                            coupling_term_directions=4)
     return InterventionSpec(strengths=(-1.0, 0.0, 1.0), seeds=(0, 1, 2), train=train,

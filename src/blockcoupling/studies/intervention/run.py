@@ -1,0 +1,190 @@
+"""Running ``study intervention``: train the arms, read them, test, write.
+
+Output folder ``OUT``::
+
+    OUT/grid/          the runs: a ViT grid collection (kind vit-grid, extra axis
+                       coupling_term), one ``vit-train`` output per run under
+                       ``grid/units/<id>/`` (``metrics.json``: per epoch the training
+                       cross-entropy, the term's estimate, the exact alignment, the weight
+                       norm; ``coupling/final``: the engine's measurement)
+    OUT/study.json     the design, the hypotheses, every run, the arms at the seed level, the
+                       manipulation check, the tests, the power, the statement, the costs
+    OUT/runs.csv, OUT/arms.csv, OUT/study.html
+
+Resumable as every ViT grid: a finished run is reused, an interrupted one resumes.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from blockcoupling.errors import BlockCouplingError
+from blockcoupling.studies.intervention.analysis import analyse
+from blockcoupling.studies.intervention.design import (
+    InterventionSpec,
+    describe_design,
+    design_powers,
+    full_spec,
+    quick_spec,
+)
+
+__all__ = ["InterventionResult", "read_runs", "run_study"]
+
+GRID = "grid"
+#: the variants read from every run (the design's first)
+READ_VARIANTS = ("coupling_vs_rotated", "coupling_vs_null", "coupling")
+
+
+def _say(progress: bool, line: str) -> None:
+    if progress:
+        print(f"[study] {line}", flush=True)
+
+
+def read_runs(root: Path, runs: pd.DataFrame, spec: InterventionSpec) -> pd.DataFrame:
+    """One row per run at the end of training: strength, seed, accuracies and losses, the
+    engine's statistic per variant (K of the spec, the grid's token rule) with its
+    within-model se, the last epoch's training cross-entropy and term estimate, the final
+    exact alignment and weight norm, and the trajectory metrics of the headline token
+    averaged over the final images."""
+    from blockcoupling.runs.read import open_collection
+    from blockcoupling.studies.vit.train import read_metrics
+
+    variants = tuple(dict.fromkeys((spec.variant, *READ_VARIANTS)))
+    stat = open_collection(root).coupling_statistic(variants=variants, k=spec.train.k,
+                                                    n_boot=0, include_duplicates=True)
+    wide = stat.pivot_table(index="label", columns="variant", values=["mean", "se"],
+                            aggfunc="first")
+    rows = []
+    for r in runs.itertuples():
+        m = read_metrics(r.path)
+        last, final = m["epochs"][-1], m.get("final") or {}
+        row: dict[str, Any] = {
+            "name": r.name, "strength": float(m["config"].get("coupling_term") or 0.0),
+            "seed": int(r.seed), "test_accuracy": float(r.test_accuracy),
+            "train_accuracy": float(r.train_accuracy), "test_loss": float(r.test_loss),
+            "train_loss": float(r.train_loss), "train_ce": last.get("train_ce", math.nan),
+            "coupling_term": last.get("coupling_term", math.nan),
+            "alignment": final.get("alignment", math.nan),
+            "weight_norm": final.get("weight_norm", math.nan), "path": r.path,
+            "run_dir": str(Path(r.path) / "coupling" / "final")}
+        for v in variants:
+            row[v] = float(wide.loc[r.name, ("mean", v)])
+            row[f"{v}_se"] = float(wide.loc[r.name, ("se", v)])
+        row.update(_trajectory(Path(row["run_dir"]), spec.train.tokens))
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def _trajectory(run_dir: Path, tokens: str) -> dict[str, float]:
+    """LSS, expodistance and equidistance CV of the headline token, mean over the images."""
+    t = pd.read_parquet(run_dir / "token_metrics.parquet")
+    pos = t.groupby("prompt_id")["token"].transform("min" if tokens == "cls" else "max")
+    at = t[t["token"] == pos]
+    return {c: float(at[c].mean()) for c in ("lss", "expodistance", "equidistance_cv")}
+
+
+class InterventionResult:
+    """What `run_study` found (``study.json`` is `to_dict`)."""
+
+    def __init__(self, spec: InterventionSpec, runs: pd.DataFrame, analysis: dict[str, Any],
+                 powers: dict[str, Any], statement: list[str], seconds: dict[str, float],
+                 reproducibility: dict[str, Any]) -> None:
+        self.spec, self.runs, self.analysis, self.powers = spec, runs, analysis, powers
+        self.statement, self.seconds, self.reproducibility = statement, seconds, reproducibility
+
+    def to_dict(self) -> dict[str, Any]:
+        from blockcoupling.engine.statistic import StatisticRule
+        from blockcoupling.jsonsafe import jsonable
+        from blockcoupling.studies.intervention.design import HYPOTHESES, PLANNING
+        from blockcoupling.studies.vit.train import STATISTIC_TOKENS
+
+        t = self.spec.train
+        rule = StatisticRule(variant=self.spec.variant, k=t.k, n_boot=0,
+                             tokens=STATISTIC_TOKENS[t.tokens]).to_dict(t.k)
+        a = self.analysis
+        return jsonable({
+            "study": "intervention", "hypotheses": HYPOTHESES, "spec": self.spec.to_dict(),
+            "design": {"runs": self.spec.n_runs, "arms": list(self.spec.arms),
+                       "seeds": list(self.spec.seeds), "description":
+                       describe_design(self.spec), "planning": PLANNING,
+                       "power": self.powers},
+            "statistic": rule, "surrogate": _SURROGATE,
+            "arms": a["arms"].to_dict("records"), "manipulation_check": a["tests"]["H1"],
+            "tests": a["tests"], "runs": self.runs.to_dict("records"),
+            "statement": self.statement, "reproducibility": self.reproducibility,
+            "seconds": self.seconds})
+
+    def summary(self) -> str:
+        return "\n".join(self.statement)
+
+
+_SURROGATE = (
+    "The term added to the loss: -strength x the mean over block pairs l != l' (and over 4 "
+    "images of the batch) of the traceless alignment <T^l, T^l'>_F / (||T^l||_F ||T^l'||_F), "
+    "T^l = J^l - tr(J^l)/d I, J^l the block's Jacobian at [CLS] (engine.surrogate), estimated "
+    "from Jacobian-vector products on 8 Haar-random orthonormal directions per step; "
+    "'alignment' is its exact value (all d directions) on the final images.")
+
+
+def run_study(out: str | Path, spec: InterventionSpec | None = None, *, quick: bool = False,
+              executor: str = "local", address: str | None = None,
+              cluster_cpus: int | None = None, progress: bool = True) -> InterventionResult:
+    """Train (or reuse) every run of ``spec`` into ``out/grid``, read them, run the tests and
+    write ``study.json``, ``runs.csv``, ``arms.csv`` and ``study.html`` into ``out``."""
+    from blockcoupling.studies.generalization.run import run_cpu, versions
+    from blockcoupling.studies.intervention.page import write_study_page
+    from blockcoupling.studies.intervention.statement import statement
+    from blockcoupling.studies.vit.grid import run_grid
+
+    spec = spec if spec is not None else (quick_spec() if quick else full_spec())
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise BlockCouplingError(f"--out {out} is a file; give a folder for the study")
+    t0 = time.perf_counter()
+    for line in describe_design(spec):
+        _say(progress, line)
+    out.mkdir(parents=True, exist_ok=True)
+    done = [0]
+
+    def on_run(rec: dict[str, Any]) -> None:
+        done[0] += 1
+        what = "reused" if rec.get("skipped") else rec["status"]
+        msg = f": {rec['message']}" if rec.get("message") else ""
+        _say(progress, f"run {done[0]} of {spec.n_runs} {what}: {rec['name']} "
+                       f"({rec['seconds']:.0f} s){msg}")
+
+    runs = run_grid(spec.train, out / GRID, drop_paths=(spec.train.drop_path,),
+                    weight_decays=(spec.train.weight_decay,), seeds=spec.seeds,
+                    executor=executor, address=address, num_cpus=1, threads=1,
+                    progress=False, on_run=on_run, cluster_cpus=cluster_cpus,
+                    **spec.grid_axes())
+    seconds = {"train": time.perf_counter() - t0}
+    failed = runs[runs["status"] != "complete"]
+    if len(failed) or len(runs) < spec.n_runs:
+        raise BlockCouplingError(
+            f"{len(failed) or spec.n_runs - len(runs)} of {spec.n_runs} runs did not finish; "
+            f"run the study again to retry them (`blockcoupling sweep-status {out / GRID}`)")
+    _say(progress, "reading the runs' measurements")
+    table = read_runs(out / GRID, runs, spec)
+    analysis = analyse(table, spec.variant, alpha=spec.alpha, bound=spec.bound,
+                       variants=READ_VARIANTS)
+    _say(progress, "simulating each test's power")
+    powers = design_powers(spec)
+    result = InterventionResult(spec, table, analysis, powers,
+                                statement(spec, analysis, powers), seconds, versions())
+    seconds["total"] = time.perf_counter() - t0
+    seconds["cpu_runs"] = float(np.nansum([run_cpu(p) for p in table["path"]]))
+    from blockcoupling.store.fileio import write_json
+
+    write_json(out / "study.json", result.to_dict())
+    table.to_csv(out / "runs.csv", index=False)
+    analysis["arms"].to_csv(out / "arms.csv", index=False)
+    write_study_page(result, out / "study.html")
+    return result
+
