@@ -7,6 +7,7 @@ model id, ``model@revision``, run folder name (`match_scores`, by ``studies.join
 
 from __future__ import annotations
 
+import os
 import warnings
 from collections.abc import Sequence
 from importlib import resources
@@ -121,6 +122,9 @@ def read_lmeval_dir(path: str | Path) -> pd.DataFrame:
 
 def read_scores(source: str | Path) -> tuple[pd.DataFrame, str]:
     """``(scores, description)`` from ``"paper"``, a CSV file or an lm-eval results folder."""
+    if not isinstance(source, str | os.PathLike):
+        raise BlockCouplingError(f"--scores: give a CSV file, 'paper', an lm-evaluation-harness "
+                                 f"results folder or a DataFrame, not a {type(source).__name__}")
     if str(source) == "paper":
         return paper_scores(), "paper: Table 1 of Aubry et al. (arXiv 2407.07810 v1), shipped"
     path = Path(source)
