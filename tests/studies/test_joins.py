@@ -15,9 +15,8 @@ import pytest
 
 from blockcoupling.errors import BlockCouplingError
 from blockcoupling.studies import joins
-from test_correlate import write_synthetic_run
-from test_difficulty import e2h_arc_rows
-from tiny_runs import cli, save_tiny_lm
+from tests.helpers.synthetic_runs import write_synthetic_run
+from tests.helpers.tiny_runs import cli, e2h_arc_rows, save_tiny_lm
 
 SRC = Path(__file__).resolve().parents[2] / "src" / "blockcoupling"
 LEVELS = [0.2, 0.35, 0.5, 0.6, 0.8]
