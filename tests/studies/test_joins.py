@@ -163,6 +163,12 @@ def test_tables_join_on_every_key_once() -> None:
         joins.join_on(left, pd.concat([right, pd.DataFrame({"run": ["c"], "step": [3],
                                                              "y": [0.0]})]),
                       ["run", "step"], names=("L", "R"), what="redo")
+    more = pd.concat([right, pd.DataFrame({"run": ["c"], "step": [3], "y": [0.0]})])
+    assert joins.join_on(left, more, ["run", "step"], names=("L", "R"), what="redo",
+                         right_may_have_more=True)["y"].tolist() == [10.0, 20.0]
+    with pytest.raises(BlockCouplingError, match=r"only L has \('b', 2\)"):
+        joins.join_on(left, more.iloc[1:], ["run", "step"], names=("L", "R"), what="redo",
+                      right_may_have_more=True)
     with pytest.raises(BlockCouplingError, match=r"L lists \('a', 1\) twice"):
         joins.join_on(pd.concat([left, left.iloc[[0]]]), right, ["run", "step"],
                       names=("L", "R"), what="redo")
@@ -371,7 +377,7 @@ COMBINING = {
     "difficulty": ("studies.difficulty",),
     "cross": ("studies.cross",),
     "study lm-family": ("studies.lm_study",),
-    "study generalization": ("studies.generalization.analysis",),
+    "study generalization": ("studies.generalization.analysis", "studies.generalization.run"),
 }
 #: the commands that join nothing across files or runs, and why
 NOT_COMBINING = {

@@ -400,10 +400,12 @@ def canonical_order(items: Iterable[Any], key: Any) -> list[Any]:
 
 
 def join_on(left: pd.DataFrame, right: pd.DataFrame, on: Sequence[str], *,
-            names: tuple[str, str], what: str) -> pd.DataFrame:
-    """``left`` with ``right``'s columns on the key columns ``on``: each key once on each
-    side and on both sides, else one line naming the keys (``names`` name the two tables,
-    ``what`` what to do)."""
+            names: tuple[str, str], what: str, right_may_have_more: bool = False
+            ) -> pd.DataFrame:
+    """``left`` with ``right``'s columns on the key columns ``on``, in ``left``'s order: each
+    key once on each side and on both sides (``right_may_have_more``: every key of ``left``
+    in ``right``), else one line naming the keys (``names`` name the two tables, ``what``
+    what to do)."""
     on = list(on)
     for name, df in zip(names, (left, right), strict=True):
         dup = df[df.duplicated(on, keep=False)]
@@ -412,7 +414,8 @@ def join_on(left: pd.DataFrame, right: pd.DataFrame, on: Sequence[str], *,
             raise BlockCouplingError(f"{name} lists {_show(shown)} twice; {what}")
     keys_l = set(left[on].itertuples(index=False, name=None))
     keys_r = set(right[on].itertuples(index=False, name=None))
-    for name, extra in ((names[0], keys_l - keys_r), (names[1], keys_r - keys_l)):
+    for name, extra in ((names[0], keys_l - keys_r),
+                        (names[1], set() if right_may_have_more else keys_r - keys_l)):
         if extra:
             shown = [str(k) for k in sorted(extra, key=str)]
             raise BlockCouplingError(f"only {name} has {_show(shown)} ({', '.join(on)}); {what}")
