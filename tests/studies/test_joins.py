@@ -16,7 +16,7 @@ import pytest
 from blockcoupling.errors import BlockCouplingError
 from blockcoupling.studies import joins
 from tests.helpers.synthetic_runs import write_synthetic_run
-from tests.helpers.tiny_runs import cli, e2h_arc_rows, save_tiny_lm
+from tests.helpers.tiny_runs import cli, measure_rated
 
 SRC = Path(__file__).resolve().parents[2] / "src" / "blockcoupling"
 LEVELS = [0.2, 0.35, 0.5, 0.6, 0.8]
@@ -320,13 +320,7 @@ def test_chance_floor_is_the_same_for_rows_in_any_order(tmp_path: Path) -> None:
 # ----------------------------------------------------------------------------- difficulty
 @pytest.fixture(scope="module")
 def rated(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    root = tmp_path_factory.mktemp("rated")
-    rows = e2h_arc_rows(root / "e2h_arc.jsonl")
-    model = save_tiny_lm(root / "m")
-    r = cli("-q", "measure", "--model", str(model), "--prompts", f"hf:e2h-arc@{rows}",
-            "--limit", "6", "--k", "2", "--out", str(root / "run"))
-    assert r.exit_code == 0, r.output
-    return root / "run", rows
+    return measure_rated(tmp_path_factory.mktemp("rated"))
 
 
 def test_difficulty_joins_ratings_by_the_prompt_text(rated: tuple[Path, Path],

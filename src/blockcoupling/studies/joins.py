@@ -96,6 +96,20 @@ def _show(items: Sequence[str], n: int = 3) -> str:
     return ", ".join(items[:n]) + (", ..." if len(items) > n else "")
 
 
+def _groups(pairs: Iterable[tuple[Any, str]]) -> dict[Any, list[str]]:
+    """``key -> the items of that key`` (in the order given): who shares a key."""
+    out: dict[Any, list[str]] = {}
+    for key, item in pairs:
+        out.setdefault(key, []).append(item)
+    return out
+
+
+def _first_shared(pairs: Iterable[tuple[Any, str]]) -> tuple[Any, list[str]] | None:
+    """The first key (in sorted order) that two or more items share, with its items."""
+    shared = sorted((key, items) for key, items in _groups(pairs).items() if len(items) > 1)
+    return shared[0] if shared else None
+
+
 def _by_key(prompts: pd.DataFrame, where: str) -> dict[str, str]:
     """``prompt_key -> prompt_id``; one line where two prompts of one table are one text."""
     out: dict[str, str] = {}
@@ -233,9 +247,7 @@ def common_tokens(measured: Mapping[str, MeasuredTokens], tokens: str) -> str:
     shared = frozenset.intersection(*(m.roles for m in measured.values()))
     if shared:
         return _describe_roles(shared)
-    groups: dict[str, list[str]] = {}
-    for label, m in measured.items():
-        groups.setdefault(m.describe(), []).append(label)
+    groups = _groups((m.describe(), label) for label, m in measured.items())
     listed = "; ".join(f"{what}: {_show(labels)}" for what, labels in
                        sorted(groups.items(), key=lambda g: (-len(g[1]), g[0])))
     raise BlockCouplingError(
@@ -251,9 +263,7 @@ def name_key(name: object) -> str:
 
 def check_unique_names(names: Sequence[object], where: str) -> None:
     """One line where two rows name one model (`name_key`)."""
-    seen: dict[str, list[str]] = {}
-    for name in names:
-        seen.setdefault(name_key(name), []).append(str(name).strip())
+    seen = _groups((name_key(name), str(name).strip()) for name in names)
     dup = sorted(" = ".join(sorted(set(v))) for v in seen.values() if len(v) > 1)
     if dup:
         raise BlockCouplingError(f"{where}: model(s) listed twice: {', '.join(dup)} (names "
@@ -300,13 +310,9 @@ def match_names(keys: Mapping[str, tuple[Sequence[str], Sequence[str]]],
             if hits:
                 break
         chosen[item] = next(iter(hits)) if hits else None
-    owners: dict[int, list[str]] = {}
-    for item, row in chosen.items():
-        if row is not None:
-            owners.setdefault(row, []).append(item)
-    clash = sorted((r, items) for r, items in owners.items() if len(items) > 1)
+    clash = _first_shared((row, item) for item, row in chosen.items() if row is not None)
     if clash:
-        row, items = clash[0]
+        row, items = clash
         raise BlockCouplingError(
             f"runs {', '.join(items)} all match the score row {str(rows[row][0])!r}; give "
             "each run its own label and put the labels in the score table's 'model' column")
@@ -331,13 +337,9 @@ def loaded(meta: Mapping[str, Any], declared: object, *, where: str) -> str | No
 def check_distinct_weights(weights: Mapping[str, str | None]) -> None:
     """One line where two runs (label -> the weights hash their meta records) measured the
     same weights: one model counted twice."""
-    seen: dict[str, list[str]] = {}
-    for label, h in weights.items():
-        if h:
-            seen.setdefault(str(h), []).append(label)
-    twice = sorted((labels, h) for h, labels in seen.items() if len(labels) > 1)
+    twice = _first_shared((str(h), label) for label, h in weights.items() if h)
     if twice:
-        labels, h = twice[0]
+        h, labels = twice
         raise BlockCouplingError(
             f"runs {', '.join(labels)} measured the same weights (weights hash {h[:12]}): one "
             "model counted as several; pass each model once")
@@ -364,9 +366,7 @@ class JoinedModel(Protocol):
 def check_prompt_sets(prompt_sets: Mapping[str, str], *, allow_mixed: bool = False) -> None:
     """Refuse models (label -> `prompt_set_key`) measured on different prompt contents (their
     means are not comparable) unless ``allow_mixed``."""
-    sets: dict[str, list[str]] = {}
-    for label, key in prompt_sets.items():
-        sets.setdefault(key, []).append(label)
+    sets = _groups((key, label) for label, key in prompt_sets.items())
     if len(sets) > 1 and not allow_mixed:
         listed = "; ".join(f"{key[:10]}: {_show(labs)}" for key, labs in sorted(sets.items()))
         raise BlockCouplingError(
