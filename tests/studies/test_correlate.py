@@ -177,12 +177,13 @@ def test_default_predictors_follow_what_every_run_measured(runs: list[Path]) -> 
     scores = pd.DataFrame({"model": [f"m{i}" for i in range(5)], "score": [1, 3, 2, 5, 4]})
     units = C.load_units(runs)
     full = C.correlate(units, scores, n_boot=0)
-    assert full.variants == ("coupling", "coupling_vs_null", "coupling_vs_rotated")
-    assert "coupling_vs_rotated_mean" in full.overall["predictors"]
+    assert full.variants == ("coupling_vs_rotated", "coupling_vs_null", "coupling")
+    assert list(full.overall["predictors"])[0] == "coupling_vs_rotated_mean"  # the lead first
+    assert full.statistic.variant == "coupling_vs_rotated"
     for u in units[:2]:
         u.coupling = u.coupling[u.coupling["variant"] != "coupling_vs_rotated"]
     old = C.correlate(units, scores, n_boot=0)
-    assert old.variants == ("coupling", "coupling_vs_null")
+    assert old.variants == ("coupling_vs_null", "coupling")
     assert "coupling_vs_rotated_mean" not in old.overall["predictors"]
 
 

@@ -56,7 +56,15 @@ def test_join_and_regressions_match_a_direct_computation(run) -> None:
         assert fit["slope"] == pytest.approx(lr.slope) and fit["p"] == pytest.approx(lr.pvalue)
         assert fit["spearman_rho"] == pytest.approx(
             st.spearmanr(t[name], t["coupling"]).statistic)
-    assert set(res.fits) == {"coupling", "coupling_vs_null"}
+    # fig. 10 leads with coupling_vs_rotated, drawn with its chance line (0); raw c_K last
+    assert list(res.fits) == ["coupling_vs_rotated", "coupling_vs_null", "coupling"]
+    from blockcoupling.report.difficulty import plot_difficulty
+
+    fig = plot_difficulty(res.table, res.fits)
+    assert fig.axes[0].get_ylabel() == "per-prompt coupling_vs_rotated"
+    assert any(list(line.get_ydata()) == [0.0, 0.0] for line in fig.axes[0].get_lines())
+    raw = plot_difficulty(res.table, res.fits, "coupling")
+    assert not any(list(line.get_ydata()) == [0.0, 0.0] for line in raw.axes[0].get_lines())
 
 
 def test_cli_page_json_and_bad_input(run, tmp_path: Path) -> None:
@@ -67,7 +75,10 @@ def test_cli_page_json_and_bad_input(run, tmp_path: Path) -> None:
     assert "coupling ~ rating" in r.output
     data = json.loads((tmp_path / "d.json").read_text())
     assert data["n_prompts"] == 6 and "rating" in data["fits"]["coupling"]
-    assert "against its Easy2Hard difficulty rating" in (tmp_path / "d.html").read_text()
+    page = (tmp_path / "d.html").read_text()
+    assert "against its Easy2Hard difficulty rating" in page and "chance level (0)" in page
+    assert page.index("coupling_vs_rotated against difficulty") < page.index(
+        "coupling against difficulty")
     r = cli("difficulty", str(run_dir), "--ratings", "hf:arc@" + str(rows))
     assert r.exit_code == 1 and "has no difficulty ratings; give one of hf:e2h-arc" in r.output
     other = tmp_path / "other.jsonl"

@@ -100,6 +100,13 @@ def vit_train(
         typer.echo(f"wrote {path}")
 
 
+def _side(f: dict[str, Any], token: str) -> str:
+    """The leading variant at one token of a final measurement (``coupling_vs_null`` for a
+    run trained before ``metrics.json`` carried ``coupling_vs_rotated``)."""
+    v = "coupling_vs_rotated" if f"coupling_vs_rotated_{token}" in f else "coupling_vs_null"
+    return f"{v} {f[f'{v}_{token}']:.4f} ± {f[f'{v}_se_{token}']:.4f}"
+
+
 def vit_headline(path: Path, m: dict[str, Any]) -> str:
     """What ``vit-train`` states of a finished output: accuracies, the headline of its final
     run as ``show`` states it (the run's own token rule), [CLS] and the last patch side by
@@ -115,9 +122,8 @@ def vit_headline(path: Path, m: dict[str, Any]) -> str:
                                                          tokens=tokens)
     return (f"test accuracy {f['test_accuracy']:.3f}, train accuracy {f['train_accuracy']:.3f}"
             f"; final measurement ({f['images']} test images), depth-wise coupling, "
-            f"{headline(stat)}\n  [CLS] coupling_vs_null {f['coupling_vs_null_cls']:.4f} ± "
-            f"{f['coupling_vs_null_se_cls']:.4f}, last patch {f['coupling_vs_null_last']:.4f} "
-            f"± {f['coupling_vs_null_se_last']:.4f}\n  (rule: "
+            f"{headline(stat)}\n  [CLS] {_side(f, 'cls')}, last patch {_side(f, 'last')}"
+            "\n  (rule: "
             f"{headline_rule(tokens=tokens)}; ± is one standard error over "
             "the images, within this trained model)")
 
@@ -174,7 +180,10 @@ def _seed_level(runs: Any) -> Any:
     if runs.empty or "seed" not in runs or runs.groupby(keys)["seed"].nunique().max() < 2:
         return None
     parts = []
-    for col, se in (("coupling_vs_null", "coupling_vs_null_se"), ("test_accuracy", None)):
+    for col, se in (("coupling_vs_rotated", "coupling_vs_rotated_se"),
+                    ("coupling_vs_null", "coupling_vs_null_se"), ("test_accuracy", None)):
+        if col not in runs or runs[col].isna().all():
+            continue
         t = seed_level(runs, by=keys, value=col, within_se=se or "")
         parts.append(t.assign(value=col)[[*keys, "value", "n_runs", "mean", "se", "ci_low",
                                           "ci_high", "within_se"]])
@@ -192,9 +201,10 @@ def report_grid(runs: Any, out: Path, *, as_json: bool = False) -> None:
                    "failed": len(failed), "runs": runs,
                    **({"seed_level": seeds} if seeds is not None else {})})
     else:  # -q hides progress and chatter, never results
-        cols = ["name", "test_accuracy", "coupling_vs_null", "coupling_vs_null_se", "coupling",
-                "coupling_chance", "coupling_vs_null_cls", "coupling_vs_null_last"]
-        typer.echo(runs[cols].rename(columns={"coupling_vs_null_se": "se (within model)"})
+        cols = ["name", "test_accuracy", "coupling_vs_rotated", "coupling_vs_rotated_se",
+                "coupling_vs_null", "coupling", "coupling_chance", "coupling_vs_rotated_cls",
+                "coupling_vs_rotated_last"]
+        typer.echo(runs[cols].rename(columns={"coupling_vs_rotated_se": "se (within model)"})
                    .to_string(index=False, float_format=lambda v: f"{v:.4f}"))
         seeds = _seed_level(runs[runs["status"] == "complete"])
         if seeds is not None:

@@ -20,9 +20,12 @@ _X = {"rating": "difficulty rating (Easy2Hard-Bench)", "n_tokens": "prompt lengt
 
 
 def plot_difficulty(table: pd.DataFrame, fits: Mapping[str, Mapping[str, Any]],
-                    variant: str = "coupling") -> Figure:
-    """Two panels: each prompt's ``variant`` against its difficulty rating and against its
-    length, with the least-squares line, R^2, p and Spearman's rho in the title."""
+                    variant: str | None = None) -> Figure:
+    """Two panels: each prompt's ``variant`` (default: the first of ``fits``, the leading
+    variant) against its difficulty rating and against its length, with the least-squares
+    line, R^2, p and Spearman's rho in the title; a chance-corrected variant (``coupling_vs_*``)
+    with its chance line at 0."""
+    variant = variant or next(iter(fits))
     fig = new_figure(10.0, 3.9)
     axes = fig.subplots(1, 2)
     for ax, name in zip(axes, ("rating", "n_tokens"), strict=True):
@@ -37,6 +40,8 @@ def plot_difficulty(table: pd.DataFrame, fits: Mapping[str, Mapping[str, Any]],
                          f"(n={r['n']})", fontsize="small")
         elif "skipped" in r:
             ax.set_title(f"no fit: {r['skipped']}", fontsize="x-small")
+        if variant.startswith("coupling_vs_"):
+            ax.axhline(0.0, color="0.5", lw=0.8, ls=":", label="chance (0)")
         ax.set_xlabel(_X[name])
         ax.set_ylabel(f"per-prompt {variant}")
         ax.grid(alpha=0.3)
@@ -53,7 +58,9 @@ def write_difficulty_html(result: Any, out: str | Path) -> Path:
         caption = (f"Each prompt's depth-wise {variant} (K={result.k}; mean over layer pairs "
                    "l != l' at its last measured token) against its Easy2Hard difficulty rating "
                    "(left) and its length in tokens (right), the least-squares line dashed; "
-                   "the paper's fig. 10. The prompt is the unit of the regression.")
+                   "the paper's fig. 10. The prompt is the unit of the regression."
+                   + (" Dotted: the chance level (0) of this chance-corrected variant."
+                      if variant.startswith("coupling_vs_") else ""))
         sections.append(Section(f"fig-{variant}", f"{variant} against difficulty and length",
                                 figure_html(plot_difficulty(result.table, result.fits, variant),
                                             caption, number=i)))

@@ -228,8 +228,9 @@ def correlate_table(table: pd.DataFrame, statistic: StatisticRule = CORRELATION_
                              variants=tuple(variants))
 
 
-#: the predictors of ``correlate`` by default (coupling_vs_rotated where every model has it)
-DEFAULT_VARIANTS: tuple[str, ...] = ("coupling", "coupling_vs_null", "coupling_vs_rotated")
+#: the predictors of ``correlate`` by default, the leading variant first (coupling_vs_rotated
+#: where every model has it), raw c_K (the paper's) last
+DEFAULT_VARIANTS: tuple[str, ...] = ("coupling_vs_rotated", "coupling_vs_null", "coupling")
 
 
 def correlate(inputs: Sequence[str | Path] | Sequence[ModelUnit], scores: str | Path | pd.DataFrame,

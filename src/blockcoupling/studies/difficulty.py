@@ -63,8 +63,12 @@ class DifficultyResult:
         return "\n".join(lines)
 
 
+#: the variants fig. 10 is drawn for, the leading variant first (those the run measured)
+DIFFICULTY_VARIANTS: tuple[str, ...] = ("coupling_vs_rotated", "coupling_vs_null", "coupling")
+
+
 def difficulty_table(m: Any, ratings: pd.DataFrame, *, k: int | None = None,
-                     variants: Sequence[str] = ("coupling", "coupling_vs_null"),
+                     variants: Sequence[str] = DIFFICULTY_VARIANTS,
                      source: str = "the ratings") -> pd.DataFrame:
     """One row per measured prompt, in prompt-id order: ``prompt_id``, ``n_tokens``, the
     per-prompt value of each variant measured (columns named by the variant) and ``rating``
@@ -97,7 +101,7 @@ def difficulty_table(m: Any, ratings: pd.DataFrame, *, k: int | None = None,
 
 def difficulty_study(run: str | Path | Any, ratings: str | None = None, *,
                      k: int | None = None,
-                     variants: Sequence[str] = ("coupling", "coupling_vs_null"),
+                     variants: Sequence[str] = DIFFICULTY_VARIANTS,
                      n_boot: int = 2000, seed: int = 0) -> DifficultyResult:
     """The join and its regressions for one run (a run directory or a Measurement);
     ``ratings`` defaults to the run's own prompt set (its meta ``prompts_spec``)."""
@@ -128,4 +132,5 @@ def difficulty_study(run: str | Path | Any, ratings: str | None = None, *,
     return DifficultyResult(table, fits, kk, str(spec))
 
 
-__all__ = ["PREDICTORS", "DifficultyResult", "difficulty_study", "difficulty_table"]
+__all__ = ["DIFFICULTY_VARIANTS", "PREDICTORS", "DifficultyResult", "difficulty_study",
+           "difficulty_table"]

@@ -182,32 +182,39 @@ def _cell(n: int, noise: float) -> str:
     return f"n{int(n)}-noise{float(noise):g}"
 
 
-def final_table(root: Path, runs: pd.DataFrame, spec: GeneralizationSpec) -> pd.DataFrame:
-    """One row per run at the end of training: its cell, seed, accuracies, and per variant
-    the headline statistic of its final run (the grid's token rule, K of the spec) with its
-    within-model se over the images."""
+def run_statistics(root: Path, runs: pd.DataFrame, variants: tuple[str, ...], k: int
+                   ) -> pd.DataFrame:
+    """The headline statistic of each run of the grid ``root`` (its final run, the grid's
+    token rule, K = ``k``) per variant: ``runs``' order, columns ``mean_<v>`` and ``se_<v>``
+    (the within-model se over the images), joined by the run's name (`joins.join_on`)."""
     from blockcoupling.runs.read import open_collection
 
     collection = open_collection(root)
     pairs = collection.table("coupling", columns=["unit_id", "variant"]).drop_duplicates()
     n_units = pairs["unit_id"].nunique()
     per_variant = pairs.groupby("variant")["unit_id"].nunique()
-    missing = [v for v in spec.variants if per_variant.get(v, 0) < n_units]
+    missing = [v for v in variants if per_variant.get(v, 0) < n_units]
     if missing:
         raise BlockCouplingError(
             f"the runs in {root} were measured without {', '.join(missing)} (trained before "
             "this version measured it); give a new --out to train and measure them again")
-    stat = collection.coupling_statistic(variants=spec.variants, k=spec.train.k, n_boot=0,
+    stat = collection.coupling_statistic(variants=variants, k=k, n_boot=0,
                                          include_duplicates=True)
     wide = stat.pivot_table(index="label", columns="variant", values=["mean", "se"],
                             aggfunc="first")
     measured = pd.DataFrame({"name": wide.index.astype(str),
                              **{f"{q}_{v}": wide[(q, v)].to_numpy()
-                                for v in spec.variants for q in ("mean", "se")}})
-    values = joins.join_on(runs[["name"]].astype(str), measured, ["name"],
-                           names=("the grid's runs", f"the coupling measured in {root}"),
-                           what="resume the study (--out as before) to measure them",
-                           right_may_have_more=True)
+                                for v in variants for q in ("mean", "se")}})
+    return joins.join_on(runs[["name"]].astype(str), measured, ["name"],
+                         names=("the grid's runs", f"the coupling measured in {root}"),
+                         what="resume the study (--out as before) to measure them",
+                         right_may_have_more=True)
+
+
+def final_table(root: Path, runs: pd.DataFrame, spec: GeneralizationSpec) -> pd.DataFrame:
+    """One row per run at the end of training: its cell, seed, accuracies, and per variant
+    the headline statistic of its final run (`run_statistics`)."""
+    values = run_statistics(root, runs, spec.variants, spec.train.k)
     rows = []
     for r, value in zip(runs.itertuples(), values.to_dict("records"), strict=True):
         row = {"name": r.name, "cell": _cell(r.n_train, r.label_noise),

@@ -52,16 +52,13 @@ def read_runs(root: Path, runs: pd.DataFrame, spec: InterventionSpec) -> pd.Data
     within-model se, the last epoch's training cross-entropy and term estimate, the final
     exact alignment and weight norm, and the trajectory metrics of the headline token
     averaged over the final images."""
-    from blockcoupling.runs.read import open_collection
+    from blockcoupling.studies.generalization.run import run_statistics
     from blockcoupling.studies.vit.train import read_metrics
 
     variants = tuple(dict.fromkeys((spec.variant, *READ_VARIANTS)))
-    stat = open_collection(root).coupling_statistic(variants=variants, k=spec.train.k,
-                                                    n_boot=0, include_duplicates=True)
-    wide = stat.pivot_table(index="label", columns="variant", values=["mean", "se"],
-                            aggfunc="first")
+    values = run_statistics(root, runs, variants, spec.train.k)
     rows = []
-    for r in runs.itertuples():
+    for r, value in zip(runs.itertuples(), values.to_dict("records"), strict=True):
         m = read_metrics(r.path)
         last, final = m["epochs"][-1], m.get("final") or {}
         row: dict[str, Any] = {
@@ -74,8 +71,8 @@ def read_runs(root: Path, runs: pd.DataFrame, spec: InterventionSpec) -> pd.Data
             "weight_norm": final.get("weight_norm", math.nan), "path": r.path,
             "run_dir": str(Path(r.path) / "coupling" / "final")}
         for v in variants:
-            row[v] = float(wide.loc[r.name, ("mean", v)])
-            row[f"{v}_se"] = float(wide.loc[r.name, ("se", v)])
+            row[v] = float(value[f"mean_{v}"])
+            row[f"{v}_se"] = float(value[f"se_{v}"])
         row.update(_trajectory(Path(row["run_dir"]), spec.train.tokens))
         rows.append(row)
     return pd.DataFrame(rows)
@@ -164,6 +161,9 @@ def run_study(out: str | Path, spec: InterventionSpec | None = None, *, quick: b
                     executor=executor, address=address, num_cpus=1, threads=1,
                     progress=False, on_run=on_run, cluster_cpus=cluster_cpus,
                     **spec.grid_axes())
+    if done[0] < spec.n_runs:
+        _say(progress, f"{spec.n_runs - done[0]} of {spec.n_runs} runs were already trained "
+                       f"in {out / GRID}: reused")
     seconds = {"train": time.perf_counter() - t0}
     failed = runs[runs["status"] != "complete"]
     if len(failed) or len(runs) < spec.n_runs:

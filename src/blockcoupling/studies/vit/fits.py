@@ -7,7 +7,8 @@ every run, and test accuracy against coupling).
 
 Each fit is ordinary least squares (``studies.regression.regression``, i.e.
 ``scipy.stats.linregress``: slope, its stderr, R^2, two-sided p) over the runs' values of
-``column`` (default ``coupling_vs_null``), one point per run (seeds are separate points),
+``column`` (default: the leading variant ``coupling_vs_rotated``, or ``coupling_vs_null`` for
+runs trained before ``metrics.json`` carried it: `leading_column`), one point per run (seeds are separate points),
 with each point's standard error (``<column>_se``, the statistic's se over the images) kept
 for the error bars. The se is not used as a weight. A fit of fewer than 3 runs has no test:
 with 2 distinct x it reports the line through the points (slope, intercept) and NaN R^2, p;
@@ -60,7 +61,16 @@ def _accuracy_points(df: pd.DataFrame, column: str) -> list[dict[str, Any]]:
             for n, x, e, y in zip(df["name"], df[column], se, df["test_accuracy"], strict=True)]
 
 
-def conditional_fits(runs: pd.DataFrame, column: str = "coupling_vs_null") -> dict[str, Any]:
+def leading_column(runs: pd.DataFrame) -> str:
+    """The column every ViT fit and figure leads with: ``coupling_vs_rotated`` (the headline's
+    leading variant) where every finished run has it, else ``coupling_vs_null``."""
+    done = runs[runs["status"] == "complete"] if "status" in runs else runs
+    if "coupling_vs_rotated" in done and len(done) and done["coupling_vs_rotated"].notna().all():
+        return "coupling_vs_rotated"
+    return "coupling_vs_null"
+
+
+def conditional_fits(runs: pd.DataFrame, column: str | None = None) -> dict[str, Any]:
     """The fits of the finished runs (``collect_runs``): ``pooled`` (coupling ~ drop_path,
     coupling ~ log10 weight_decay, test_accuracy ~ coupling), ``by_weight_decay`` (one fit of
     coupling ~ drop_path per weight decay) and ``by_drop_path`` (coupling ~ log10 weight
@@ -68,6 +78,7 @@ def conditional_fits(runs: pd.DataFrame, column: str = "coupling_vs_null") -> di
     accuracy fits, ``accuracy_by_drop_path`` and ``accuracy_by_weight_decay`` (test_accuracy ~
     coupling among the runs of one drop-path rate, of one weight decay), each with its
     points (x = coupling, x_se, y = test accuracy)."""
+    column = column or leading_column(runs)
     df = runs[runs["status"] == "complete"].dropna(subset=[column]).copy()
     df["log10_weight_decay"] = np.log10(df["weight_decay"].clip(lower=1e-12))
 
@@ -108,4 +119,4 @@ def fits_table(fits: dict[str, Any]) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-__all__ = ["FIT_KEYS", "conditional_fits", "fits_table", "line_fit"]
+__all__ = ["FIT_KEYS", "conditional_fits", "fits_table", "leading_column", "line_fit"]

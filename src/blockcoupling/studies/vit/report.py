@@ -34,6 +34,7 @@ from matplotlib.figure import Figure
 
 from blockcoupling.report.figures import FigureUnavailable, save_figure
 from blockcoupling.report.figures.base import new_figure as _new_figure
+from blockcoupling.studies.vit.fits import leading_column
 
 _CMAP = "viridis"
 
@@ -112,8 +113,12 @@ def plot_coupling_vs_accuracy(runs: pd.DataFrame, *, column: str = "coupling") -
 
 
 def plot_coupling_epochs(epochs: pd.DataFrame) -> Figure:
-    """Coupling and test accuracy against epoch, one line per run (colour = drop-path rate)."""
-    df = _finite(epochs, "coupling")
+    """Coupling (the leading variant ``coupling_vs_rotated`` where every measured epoch has
+    it, else raw c_K as older runs recorded) and test accuracy against epoch, one line per
+    run (colour = drop-path rate)."""
+    column = "coupling_vs_rotated" if "coupling_vs_rotated" in epochs and _finite(
+        epochs, "coupling")["coupling_vs_rotated"].notna().all() else "coupling"
+    df = _finite(epochs, column)
     if df.empty:
         raise FigureUnavailable("no coupling was measured during training (monitor_every=0?)")
     fig = _new_figure(8.6, 3.4)
@@ -122,7 +127,7 @@ def plot_coupling_epochs(epochs: pd.DataFrame) -> Figure:
     for _, g in df.groupby("name"):
         g = g.sort_values("epoch")
         colour = colormaps[_CMAP](norm(float(g["drop_path"].iloc[0])))
-        ax_c.plot(g["epoch"], g["coupling"], "o-", ms=3, color=colour, lw=1)
+        ax_c.plot(g["epoch"], g[column], "o-", ms=3, color=colour, lw=1)
     for _, g in epochs.groupby("name"):
         g = g.sort_values("epoch")
         colour = colormaps[_CMAP](norm(float(g["drop_path"].iloc[0])))
@@ -132,7 +137,10 @@ def plot_coupling_epochs(epochs: pd.DataFrame) -> Figure:
     for ax in (ax_c, ax_a):
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax_c.set_xlabel("epoch")
-    ax_c.set_ylabel("mean depth-wise coupling (CLS)")
+    ax_c.set_ylabel(f"{column} (CLS)" if column != "coupling" else
+                    "mean depth-wise coupling (CLS)")
+    if column != "coupling":
+        ax_c.axhline(0.0, color="0.5", lw=0.8, ls=":")  # chance
     ax_a.set_xlabel("epoch")
     ax_a.set_ylabel("test accuracy")
     for ax in (ax_c, ax_a):
@@ -213,8 +221,10 @@ def plot_accuracy_fits(fits: dict[str, Any], fixed: str = "weight_decay") -> Fig
 
 
 FIGURES = {
-    "vit_coupling_vs_drop_path": lambda runs, epochs: plot_coupling_vs_drop_path(runs),
-    "vit_coupling_vs_accuracy": lambda runs, epochs: plot_coupling_vs_accuracy(runs),
+    "vit_coupling_vs_drop_path": lambda runs, epochs: plot_coupling_vs_drop_path(
+        runs, column=leading_column(runs)),
+    "vit_coupling_vs_accuracy": lambda runs, epochs: plot_coupling_vs_accuracy(
+        runs, column=leading_column(runs)),
     "vit_coupling_epochs": lambda runs, epochs: plot_coupling_epochs(epochs),
 }
 FITS_FILE = "fits.json"
@@ -263,29 +273,35 @@ def write_vit_figures(root: str | Path, out: str | Path, *,
 
 _CAPTIONS = {
     "vit_coupling_vs_drop_path": ("Coupling against the stochastic-depth rate",
-                                  "Final mean depth-wise coupling at [CLS] of each run against its "
+                                  "Final coupling above chance at [CLS] (the leading variant) of "
+                                  "each run against its "
                                   "drop-path rate, one line per weight decay (paper figs. 6, 11)."),
     "vit_coupling_vs_accuracy": ("Coupling against test accuracy",
-                                 "Final coupling against test accuracy, colour = drop-path rate, "
+                                 "Final coupling above chance (the leading variant) against test "
+                                 "accuracy, colour = drop-path rate, "
                                  "with the least-squares line and its R^2 and p (paper fig. 12)."),
     "vit_coupling_epochs": ("Coupling across epochs",
                             "Coupling on the fixed monitor images at every measured epoch "
                             "(epoch 0 = initialisation), one line per run."),
     "vit_conditional_fits": ("Conditional fits",
-                             "coupling_vs_null against the drop-path rate at each fixed weight "
+                             "Coupling above chance (the leading variant, coupling_vs_rotated; "
+                             "coupling_vs_null for runs trained before it was recorded: "
+                             "fits.json's column) against the drop-path rate at each fixed weight "
                              "decay (left) and against log10 weight decay at each fixed "
                              "drop-path rate (right): one point per run with the statistic's "
                              "se, OLS lines; the table above gives slope, R^2 and p."),
     "vit_accuracy_by_weight_decay": (
         "Accuracy against coupling at a fixed weight decay (paper fig. 12)",
-        "Test accuracy against the final coupling_vs_null, one panel per weight decay (the "
+        "Test accuracy against the final coupling above chance (fits.json's column, "
+        "coupling_vs_rotated first), one panel per weight decay (the "
         "runs of that decay: one per drop-path rate and seed), one point per run with the "
         "statistic's se over its images as a horizontal bar, the OLS line, n, R^2 and p "
         "(scipy.stats.linregress; the table above: accuracy_by_weight_decay)."),
     "vit_accuracy_by_drop_path": (
         "Accuracy against coupling at a fixed drop-path rate",
         "The paper's conditional claim (coupling correlates with accuracy when the "
-        "stochastic-depth rate is fixed): test accuracy against the final coupling_vs_null, "
+        "stochastic-depth rate is fixed): test accuracy against the final coupling above "
+        "chance (fits.json's column), "
         "one panel per drop-path rate (its runs over the weight decays and seeds), OLS line, "
         "n, R^2 and p (the table above: accuracy_by_drop_path)."),
 }

@@ -401,9 +401,11 @@ def record_images(model: torch.nn.Module, pixel_values: Tensor, run_dir: Path, k
 
 
 #: the coupling metrics of a ViT epoch or final measurement (the headline statistic over the
-#: images, ``engine.statistic``): raw c_K, its se and chance level, and coupling_vs_null
-COUPLING_METRICS: tuple[str, ...] = ("coupling", "coupling_se", "coupling_chance",
-                                     "coupling_vs_null", "coupling_vs_null_se")
+#: images, ``engine.statistic``): the leading variant ``coupling_vs_rotated`` first (with its
+#: se), then ``coupling_vs_null``, then raw c_K with its se and chance level
+COUPLING_METRICS: tuple[str, ...] = ("coupling_vs_rotated", "coupling_vs_rotated_se",
+                                     "coupling_vs_null", "coupling_vs_null_se", "coupling",
+                                     "coupling_se", "coupling_chance")
 NO_COUPLING: dict[str, float] = dict.fromkeys(COUPLING_METRICS, float("nan"))
 #: the same at [CLS] and at the last patch (the final measurement measures both)
 TOKEN_METRICS: tuple[str, ...] = tuple(f"{c}_{t}" for t in ("cls", "last")
@@ -421,11 +423,12 @@ def token_statistic(m: Any, k: int, token: str) -> dict[str, float]:
         raise BlockCouplingError("this measurement has no [CLS] (position 0) rows")
     rule = StatisticRule(k=k, tokens=STATISTIC_TOKENS[token], n_boot=0)
     t = statistic_table(rows, rule, d_model=m.d_model, where="vit").set_index("variant")
-    return {"coupling": float(t.loc["coupling", "mean"]),
-            "coupling_se": float(t.loc["coupling", "se"]),
-            "coupling_chance": float(t.loc["coupling", "chance"]),
-            "coupling_vs_null": float(t.loc["coupling_vs_null", "mean"]),
-            "coupling_vs_null_se": float(t.loc["coupling_vs_null", "se"])}
+    out = {}
+    for v in ("coupling_vs_rotated", "coupling_vs_null", "coupling"):
+        out[v] = float(t.loc[v, "mean"]) if v in t.index else float("nan")
+        out[f"{v}_se"] = float(t.loc[v, "se"]) if v in t.index else float("nan")
+    out["coupling_chance"] = float(t.loc["coupling", "chance"])
+    return {c: out[c] for c in COUPLING_METRICS}
 
 
 def measure_images(model: torch.nn.Module, pixel_values: Tensor, run_dir: Path, k: int,
