@@ -114,3 +114,22 @@ def test_page_with_no_unit_done(tmp_path: Path) -> None:
     page = _report(tmp_path / "m", tmp_path / "none.html")
     assert _figures(page) == ["loss_vs_step"]
     assert "no unit of the sweep is done" in page and "1 failed" in page
+
+
+def test_the_loss_twin_axis_leads_with_coupling_vs_rotated() -> None:
+    """The monitor's loss figure draws the leading variant on its twin axis where the units
+    measured it, coupling_vs_null for units measured before it existed, raw c_K last."""
+    import pandas as pd
+
+    from blockcoupling.report.emergence import headline_column, plot_loss_vs_step
+
+    summ = pd.DataFrame({"label": ["a", "a"], "step": [1, 2], "coupling_mean": [0.7, 0.8],
+                         "coupling_vs_null_mean": [0.1, 0.2], "coupling_vs_null_se": [0.01] * 2,
+                         "coupling_vs_rotated_mean": [0.05, 0.15],
+                         "coupling_vs_rotated_se": [0.01] * 2})
+    assert headline_column(summ)[0] == "coupling_vs_rotated"
+    assert headline_column(summ.drop(columns=["coupling_vs_rotated_mean"]))[0] == \
+        "coupling_vs_null"
+    assert headline_column(summ[["label", "step", "coupling_mean"]])[0] == "coupling"
+    fig = plot_loss_vs_step(pd.DataFrame({"step": [1, 2], "loss": [2.0, 1.0]}), summ)
+    assert fig.axes[1].get_ylabel() == "coupling above chance (coupling_vs_rotated)"

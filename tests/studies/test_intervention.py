@@ -156,3 +156,20 @@ def test_quick_study_end_to_end(tmp_path: Path) -> None:
     assert again.exit_code == 0 and "reused" in again.output
     redo = json.loads((out / "study.json").read_text())
     assert redo["statement"] == doc["statement"]
+
+
+def test_a_grid_written_before_a_training_option_existed_continues() -> None:
+    """A grid's stored base config without a field added later (its default meant) is the
+    same base (its identity, VitTrainConfig.key), so the grid continues; another value of a
+    field that was set is another base."""
+    from blockcoupling.studies.vit.grid import _same_base
+    from blockcoupling.studies.vit.train import VitTrainConfig
+
+    new = VitTrainConfig(steps=30).to_dict()
+    old = {k: v for k, v in new.items()
+           if k not in ("coupling_term", "coupling_term_images", "coupling_term_directions",
+                        "subset_per_seed")}
+    assert _same_base(old, new)
+    assert not _same_base({**old, "drop_path": 0.3}, new)
+    assert not _same_base(new, {**new, "subset_per_seed": True})
+    assert not _same_base(None, new) and not _same_base({"bogus": 1}, new)

@@ -71,7 +71,7 @@ def block_products(branches: Sequence[Callable[[Tensor], Tensor]], inputs: Seque
         for f, x in zip(branches, inputs, strict=True):
             tangents = x.new_zeros((frame.shape[1], *x.shape))
             tangents[:, :, token, :] = frame.T.to(x.dtype)[:, None, :]
-            _, jq = vmap(lambda t, f=f, x=x: jvp(f, (x,), (t,)))(tangents)  # (m, B, n, d)
+            jq = vmap(lambda t, f=f, x=x: jvp(f, (x,), (t,))[1])(tangents)  # (m, B, n, d)
             out.append(jq[:, :, token, :].permute(1, 2, 0))  # (B, d, m)
     return torch.stack(out, 1)
 

@@ -37,7 +37,7 @@ from matplotlib import colormaps
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from blockcoupling.engine.statistic import StatisticRule
+from blockcoupling.engine.statistic import LEAD_VARIANTS, StatisticRule
 from blockcoupling.errors import BlockCouplingError
 from blockcoupling.report import figures as F
 
@@ -78,10 +78,12 @@ def read_training_loss(root: str | os.PathLike[str]) -> pd.DataFrame:
 
 
 def headline_column(summ: pd.DataFrame) -> tuple[str, str]:
-    """The summary column of the headline statistic and its axis label: the chance-corrected
-    ``coupling_vs_null`` where any unit measured it, else raw c_K (``coupling``)."""
-    if "coupling_vs_null_mean" in summ.columns and summ["coupling_vs_null_mean"].notna().any():
-        return "coupling_vs_null", "coupling above chance (coupling_vs_null)"
+    """The summary column of the headline statistic and its axis label: the leading variant
+    ``coupling_vs_rotated`` where any unit measured it, else ``coupling_vs_null``, else raw
+    c_K (``coupling``, units measured before either existed)."""
+    for v in LEAD_VARIANTS:
+        if f"{v}_mean" in summ.columns and summ[f"{v}_mean"].notna().any():
+            return v, f"coupling above chance ({v})"
     return "coupling", "raw c_K (mean depth-wise coupling)"
 
 

@@ -47,6 +47,7 @@ import pandas as pd
 from blockcoupling.engine.statistic import (
     DEFAULT_TOKENS,
     FLOOR_NOTE,
+    HEADLINE_VARIANTS,
     PAPER_K,
     KSpec,
     StatisticRule,
@@ -230,7 +231,7 @@ def correlate_table(table: pd.DataFrame, statistic: StatisticRule = CORRELATION_
 
 #: the predictors of ``correlate`` by default, the leading variant first (coupling_vs_rotated
 #: where every model has it), raw c_K (the paper's) last
-DEFAULT_VARIANTS: tuple[str, ...] = ("coupling_vs_rotated", "coupling_vs_null", "coupling")
+DEFAULT_VARIANTS: tuple[str, ...] = HEADLINE_VARIANTS
 
 
 def correlate(inputs: Sequence[str | Path] | Sequence[ModelUnit], scores: str | Path | pd.DataFrame,

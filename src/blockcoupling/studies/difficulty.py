@@ -22,6 +22,7 @@ from typing import Any
 
 import pandas as pd
 
+from blockcoupling.engine.statistic import HEADLINE_VARIANTS
 from blockcoupling.errors import BlockCouplingError
 from blockcoupling.jsonsafe import jsonable
 from blockcoupling.store.fileio import write_json
@@ -64,7 +65,7 @@ class DifficultyResult:
 
 
 #: the variants fig. 10 is drawn for, the leading variant first (those the run measured)
-DIFFICULTY_VARIANTS: tuple[str, ...] = ("coupling_vs_rotated", "coupling_vs_null", "coupling")
+DIFFICULTY_VARIANTS: tuple[str, ...] = HEADLINE_VARIANTS
 
 
 def difficulty_table(m: Any, ratings: pd.DataFrame, *, k: int | None = None,

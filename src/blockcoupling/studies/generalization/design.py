@@ -364,7 +364,8 @@ def design_powers(spec: GeneralizationSpec, reps: int = 2000, seed: int = 0
     return out
 
 
-def architecture(spec: GeneralizationSpec) -> str:
+def architecture(spec: Any) -> str:
+    """The architecture a study's training config (``spec.train``) trains, in words."""
     from blockcoupling.studies.vit.train import model_shape
 
     shape, size, _ = model_shape(spec.train)

@@ -13,7 +13,7 @@ from matplotlib.figure import Figure
 from blockcoupling.report.figures.base import new_figure
 
 if TYPE_CHECKING:
-    from blockcoupling.studies.intervention.run import InterventionResult
+    from blockcoupling.studies.intervention.result import InterventionResult
 
 __all__ = ["plot_arms", "write_study_page"]
 

@@ -43,7 +43,9 @@ class CouplingTerm:
         self.model = model
         self.blocks = get_blocks(model, find_blocks(model))
         self.strength, self.images, self.seed = float(strength), int(images), int(seed)
-        self.d = int(model.config.hidden_size)
+        config: Any = model.config
+        self.d = int(config.hidden_size)
+        self.patches = int(config.image_size // config.patch_size) ** 2
         self.directions = min(int(directions), self.d)
         self.token = 0 if tokens == "cls" else -1
 
@@ -53,9 +55,7 @@ class CouplingTerm:
         def forward() -> None:
             self.model(pixel_values=x)
 
-        token = self.token
-        if token < 0:  # the last position: the patches + [CLS]
-            token = int(self.model.config.image_size // self.model.config.patch_size) ** 2
+        token = self.token if self.token >= 0 else self.patches  # last: the patches + [CLS]
         return mean_offdiagonal(depth_alignment(self.model, self.blocks, forward, token, frame))
 
     def loss(self, x: Tensor, step: int) -> tuple[Tensor | None, float]:

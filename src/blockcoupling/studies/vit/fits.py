@@ -64,10 +64,11 @@ def _accuracy_points(df: pd.DataFrame, column: str) -> list[dict[str, Any]]:
 def leading_column(runs: pd.DataFrame) -> str:
     """The column every ViT fit and figure leads with: ``coupling_vs_rotated`` (the headline's
     leading variant) where every finished run has it, else ``coupling_vs_null``."""
+    from blockcoupling.engine.statistic import LEAD_VARIANTS
+
     done = runs[runs["status"] == "complete"] if "status" in runs else runs
-    if "coupling_vs_rotated" in done and len(done) and done["coupling_vs_rotated"].notna().all():
-        return "coupling_vs_rotated"
-    return "coupling_vs_null"
+    return next((v for v in LEAD_VARIANTS if v in done and len(done)
+                 and done[v].notna().all()), LEAD_VARIANTS[-1])
 
 
 def conditional_fits(runs: pd.DataFrame, column: str | None = None) -> dict[str, Any]:

@@ -423,8 +423,10 @@ def token_statistic(m: Any, k: int, token: str) -> dict[str, float]:
         raise BlockCouplingError("this measurement has no [CLS] (position 0) rows")
     rule = StatisticRule(k=k, tokens=STATISTIC_TOKENS[token], n_boot=0)
     t = statistic_table(rows, rule, d_model=m.d_model, where="vit").set_index("variant")
+    from blockcoupling.engine.statistic import HEADLINE_VARIANTS
+
     out = {}
-    for v in ("coupling_vs_rotated", "coupling_vs_null", "coupling"):
+    for v in HEADLINE_VARIANTS:
         out[v] = float(t.loc[v, "mean"]) if v in t.index else float("nan")
         out[f"{v}_se"] = float(t.loc[v, "se"]) if v in t.index else float("nan")
     out["coupling_chance"] = float(t.loc["coupling", "chance"])
