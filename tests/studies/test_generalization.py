@@ -262,13 +262,13 @@ def test_design_powers_are_stated_for_every_test() -> None:
     design's within test is powered at the planned slope (the number the docs quote)."""
     from blockcoupling.studies.generalization.design import (
         HYPOTHESES,
-        POWER_EFFECTS,
         design_powers,
         full_spec,
+        power_effects,
     )
 
     p = design_powers(full_spec(), reps=300)
-    assert set(p) == set(POWER_EFFECTS) and {"W1", "S1", "S2", "N1", "PC"} <= set(HYPOTHESES)
+    assert set(p) == set(power_effects()) and {"W1", "S1", "S2", "N1", "PC"} <= set(HYPOTHESES)
     assert all(0.0 <= r["power"] <= 1.0 and r["effect"] and r["model"] for r in p.values())
     assert p["W1"]["power"] > 0.7 and p["PC"]["power"] > 0.95
 
@@ -329,7 +329,8 @@ def test_cli_refuses_an_underpowered_design_before_any_training(tmp_path: Path) 
     res = CliRunner().invoke(app, ["study", "generalization", "--out", str(out), "--quick",
                                    "--dry-run"])
     assert res.exit_code == 0, res.output
-    assert "18 training runs" in res.output and "power of H1" in res.output
+    assert "21 training runs" in res.output and "power of H1" in res.output  # 18 + 3 control
+    assert "W1 " in res.output and "power by simulation" in res.output
     assert not out.exists()
 
 

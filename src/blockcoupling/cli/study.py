@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -67,7 +67,7 @@ def lm_family(
 @study_app.command("generalization")
 def generalization(
     out: Annotated[Path, typer.Option("--out", "-o", help="Output folder (study.json, study.html, runs.csv, cells.csv, grid/).")],
-    quick: Annotated[bool, typer.Option("--quick", help="The test-suite's tiny version (18 runs of a 16-wide ViT, under a minute; a smoke test without power).")] = False,
+    quick: Annotated[bool, typer.Option("--quick", help="The test-suite's tiny version (18 runs of a 16-wide ViT and 3 control runs, about a minute; a smoke test without power).")] = False,
     spec: Annotated[Path | None, typer.Option("--spec", help="A YAML design (train_sizes, label_noises, seeds, train: {...}, variants, alpha, bound, power); default: the full design.")] = None,
     executor: Annotated[str, typer.Option("--executor", help=TRAIN_EXECUTOR_HELP)] = "local",
     address: Annotated[str | None, typer.Option(help=ADDRESS_HELP)] = None,
@@ -76,21 +76,32 @@ def generalization(
     as_json: Annotated[bool, typer.Option("--json", help=JSON_HELP)] = False,
 ) -> None:
     """Train ViTs of one architecture with generalisation moved by the data (training-set size
-    x label noise, seeds per cell), and test whether coupling above chance tracks test
-    accuracy (a positive control, one-sided tests, an equivalence test, the design's power)."""
-    from blockcoupling.studies.generalization import full_spec, load_spec, quick_spec, run_study
+    x label noise, seeds per cell, a fresh training subset per seed), and test whether
+    coupling above chance tracks test accuracy within cells (seed to seed: the primary test)
+    and across them, each factor's own effect on both, with positive controls (coupling above
+    chance; a drop-path contrast the assay must detect) and the power of each test."""
+    from blockcoupling.studies import generalization as g
+    from blockcoupling.studies.generalization.plan import plan_generalization
 
+    _run_design_study(out, spec, quick, g.load_spec, g.quick_spec, g.full_spec,
+                      plan_generalization, g.run_study, executor=executor, address=address,
+                      cluster_cpus=cluster_cpus, dry_run=dry_run, as_json=as_json)
+
+
+def _run_design_study(out: Path, spec: Path | None, quick: bool, load: Any, quick_spec: Any,
+                      full_spec: Any, plan: Any, run: Any, *, executor: str,
+                      address: str | None, cluster_cpus: int | None, dry_run: bool,
+                      as_json: bool) -> None:
+    """A built-in study trained as one ViT grid (generalization, intervention): its design
+    (``--spec``, ``--quick`` or the full one), its ``--dry-run`` plan, or its run and result."""
     with guarded(saved=f"finished runs are kept in {out / 'grid'}; run the same command "
                        "again to continue"):
-        design = load_spec(spec) if spec is not None else (quick_spec() if quick else
-                                                           full_spec())
+        design = load(spec) if spec is not None else (quick_spec() if quick else full_spec())
         if dry_run:
-            from blockcoupling.studies.generalization.plan import plan_generalization
-
-            print_plan(plan_generalization(design), as_json)
+            print_plan(plan(design), as_json)
             return
-        result = run_study(out, design, executor=executor, address=address,
-                           cluster_cpus=cluster_cpus, progress=not _STATE["quiet"])
+        result = run(out, design, executor=executor, address=address,
+                     cluster_cpus=cluster_cpus, progress=not _STATE["quiet"])
     if as_json:
         echo_json(result.to_dict())
     else:
@@ -113,22 +124,10 @@ def intervention(
     coupling (several strengths each way and 0, seeds), measure the coupling reached and the
     test accuracy, and test whether changing coupling changes accuracy (a manipulation check,
     paired one-sided tests, equivalence tests, the power of each)."""
-    from blockcoupling.studies.intervention import full_spec, load_spec, quick_spec
+    from blockcoupling.studies import intervention as i
+    from blockcoupling.studies.intervention.plan import plan_intervention
     from blockcoupling.studies.intervention.run import run_study
 
-    with guarded(saved=f"finished runs are kept in {out / 'grid'}; run the same command "
-                       "again to continue"):
-        design = load_spec(spec) if spec is not None else (quick_spec() if quick else
-                                                           full_spec())
-        if dry_run:
-            from blockcoupling.studies.intervention.plan import plan_intervention
-
-            print_plan(plan_intervention(design), as_json)
-            return
-        result = run_study(out, design, executor=executor, address=address,
-                           cluster_cpus=cluster_cpus, progress=not _STATE["quiet"])
-    if as_json:
-        echo_json(result.to_dict())
-    else:
-        typer.echo(result.summary())
-        typer.echo(f"wrote {out / 'study.json'} and {out / 'study.html'}")
+    _run_design_study(out, spec, quick, i.load_spec, i.quick_spec, i.full_spec,
+                      plan_intervention, run_study, executor=executor, address=address,
+                      cluster_cpus=cluster_cpus, dry_run=dry_run, as_json=as_json)

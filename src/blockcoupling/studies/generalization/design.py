@@ -27,7 +27,7 @@ and H1b over runs with a random intercept per cell (statsmodels MixedLM). The de
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -109,16 +109,24 @@ HYPOTHESES: dict[str, str] = {
          "of mean > 0, p < alpha. Where it fails at the end, the tests are made at the latest "
          "monitored checkpoint (matched steps) where it holds, and the study says so.",
 }
-#: the tests whose power is simulated (`design_powers`), each with the effect it is stated for
-POWER_EFFECTS: dict[str, str] = {
-    "W1": "a within-cell slope equal to PLANNING across_slope (0.057 per unit accuracy)",
-    "EW_at_0": "a within-cell slope of 0 (power to show equivalence)",
-    "S1": "the clean-label size slope the claim predicts: size_accuracy_slope x across_slope",
-    "S2": "the pooled size slope the claim predicts: pooled_size_accuracy_slope x "
-          "across_slope",
-    "N1": "the noise slope the claim predicts: noise_accuracy_slope x across_slope",
-    "PC": "the control's known difference, PLANNING control_difference",
-}
+def power_effects() -> dict[str, str]:
+    """The effect each simulated power (`design_powers`) is stated for, from `PLANNING`."""
+    P = PLANNING
+    b = P["across_slope"]
+    return {
+        "W1": f"a within-cell slope of {b:g} per unit of accuracy (the first run's across-cell "
+              "slope)",
+        "EW_at_0": "a within-cell slope of 0",
+        "S1": f"a slope of {P['size_accuracy_slope'] * b:+.4f} per ln(images), what coupling "
+              f"would show if it tracked accuracy (accuracy's {P['size_accuracy_slope']:g} x "
+              f"{b:g})",
+        "S2": f"a slope of {P['pooled_size_accuracy_slope'] * b:+.4f} per ln(images) "
+              f"(accuracy's {P['pooled_size_accuracy_slope']:g} x {b:g})",
+        "N1": f"a slope of {P['noise_accuracy_slope'] * b:+.4f} per unit of noise (accuracy's "
+              f"{P['noise_accuracy_slope']:g} x {b:g})",
+        "PC": f"a difference of {P['control_difference']:g} (drop-path 0.1 vs 0 at 230 steps "
+              "on the whole split, one seed)",
+    }
 
 
 def _fractions(name: str, value: Any) -> tuple[float, ...]:
@@ -140,17 +148,27 @@ def _strs(name: str, value: Any) -> tuple[str, ...]:
     return parse_strs(name, value)
 
 
-def _train(name: str, value: Any) -> VitTrainConfig:
-    if isinstance(value, VitTrainConfig):
-        return value
-    if not isinstance(value, Mapping):
-        raise BlockCouplingError(f"{name}: give a mapping of training options (VitTrainConfig "
-                                 "fields), e.g. {dataset: digits, steps: 230}")
-    given = [k for k in _DESIGN_FIELDS if k in value]
-    if given:
-        raise BlockCouplingError(f"{name}.{given[0]} is set by the design (train_sizes, "
-                                 "label_noises, seeds); give it at the top level")
-    return VitTrainConfig.from_dict({**asdict(FULL_TRAIN), **dict(value)})
+def train_parser(base: Callable[[], VitTrainConfig], design_fields: tuple[str, ...],
+                 axes: str) -> Callable[[str, Any], VitTrainConfig]:
+    """A study spec's ``train`` parser: a mapping of `VitTrainConfig` fields on top of
+    ``base()``; a field the design sets (``design_fields``, from its ``axes``) is one line."""
+    def parse(name: str, value: Any) -> VitTrainConfig:
+        if isinstance(value, VitTrainConfig):
+            return value
+        if not isinstance(value, Mapping):
+            raise BlockCouplingError(f"{name}: give a mapping of training options "
+                                     "(VitTrainConfig fields), e.g. {dataset: digits, steps: "
+                                     "230}")
+        given = [k for k in design_fields if k in value]
+        if given:
+            raise BlockCouplingError(f"{name}.{given[0]} is set by the design ({axes}); give "
+                                     "it at the top level")
+        return VitTrainConfig.from_dict({**asdict(base()), **dict(value)})
+
+    return parse
+
+
+_train = train_parser(lambda: FULL_TRAIN, _DESIGN_FIELDS, "train_sizes, label_noises, seeds")
 
 
 #: the full design's training config (every run): the tiny ViT (width 64, 4 blocks, 16 x 16
@@ -268,6 +286,14 @@ class GeneralizationSpec:
         """The control's fixed data: (the largest training-set size, clean labels)."""
         return max(self.train_sizes), 0.0
 
+    def control_configs(self) -> list[VitTrainConfig]:
+        """The positive control's extra runs (`control_axes`), in the grid's order."""
+        from blockcoupling.studies.vit.grid import grid_configs
+
+        axes = self.control_axes()
+        return grid_configs(self.train, axes.pop("drop_paths"), (self.train.weight_decay,),
+                            self.seeds, **axes)
+
     def control_axes(self) -> dict[str, tuple[Any, ...]]:
         """``run_grid``'s keywords of the control's extra runs (the contrast rate at the
         control cell; its other arm is the design's own cell)."""
@@ -328,7 +354,7 @@ def design_powers(spec: GeneralizationSpec, reps: int = 2000, seed: int = 0
                   ) -> dict[str, dict[str, Any]]:
     """The power of each pre-registered test beside H1 (whose power is exact:
     `design_power`), by simulation (`blockcoupling.studies.power`) from `PLANNING` at the
-    effect `POWER_EFFECTS` names; a test the design cannot make is ``{"skipped": why}``."""
+    effect `power_effects` names; a test the design cannot make is ``{"skipped": why}``."""
     import math
 
     import pandas as pd
@@ -359,8 +385,9 @@ def design_powers(spec: GeneralizationSpec, reps: int = 2000, seed: int = 0
                                 P["noise_accuracy_slope"] * slope, P["noise_coupling_resid_sd"],
                                 alpha=a, alternative="less", reps=reps, seed=seed)
                  if many else {"skipped": "one label-noise level"})
+    effects = power_effects()
     for name, res in out.items():
-        res["effect"] = POWER_EFFECTS[name]
+        res["effect"] = effects[name]
     return out
 
 

@@ -13,11 +13,15 @@ def plan_generalization(spec: Any) -> StudyPlan:
     """The plan of ``study generalization`` for a ``GeneralizationSpec`` (already checked,
     its power included): every run's training (its steps, the checkpoints measured) and
     measurements, with the design and its power as notes."""
-    from blockcoupling.studies.generalization.design import describe_design
+    from blockcoupling.studies.generalization.design import describe_design, design_powers
     from blockcoupling.studies.vit.grid import grid_axes
     from blockcoupling.studies.vit.plan import plan_vit_training
 
-    plan = plan_vit_training(spec.configs(), grid_axes(**spec.grid_axes()),
-                             study="the generalization study")
-    plan.notes += [*describe_design(spec), "runs already trained in --out are reused"]
+    plan = plan_vit_training([*spec.configs(), *spec.control_configs()],
+                             grid_axes(**spec.grid_axes()), study="the generalization study")
+    powers = design_powers(spec, reps=1000)
+    plan.notes += [*describe_design(spec), "power by simulation (1,000 data sets each): "
+                   + "; ".join(f"{k} {r['power']:.2f} at {r['effect']}" for k, r in
+                               powers.items() if "power" in r),
+                   "runs already trained in --out are reused"]
     return plan

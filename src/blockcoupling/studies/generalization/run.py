@@ -21,6 +21,7 @@ from __future__ import annotations
 import math
 import platform
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +33,6 @@ from blockcoupling.studies import joins
 from blockcoupling.studies.generalization.analysis import analyse, positive_control
 from blockcoupling.studies.generalization.design import (
     PLANNING,
-    POWER_EFFECTS,
     GeneralizationSpec,
     control_direction,
     describe_design,
@@ -49,7 +49,8 @@ GRID = "grid"
 CONTROL = "control"
 
 
-def _say(progress: bool, line: str) -> None:
+def say(progress: bool, line: str) -> None:
+    """A study's progress line (``[study] ...``) when ``progress``."""
     if progress:
         print(f"[study] {line}", flush=True)
 
@@ -68,6 +69,22 @@ def versions() -> dict[str, Any]:
                     "thread count and versions)"}
 
 
+def run_reporter(progress: bool, n_runs: int
+                 ) -> tuple[list[int], Callable[[dict[str, Any]], None]]:
+    """(the count of runs reported, the grid's ``on_run`` that prints each: "run i of n
+    done|failed|reused: name (seconds)")."""
+    done = [0]
+
+    def on_run(rec: dict[str, Any]) -> None:
+        done[0] += 1
+        what = "reused" if rec.get("skipped") else rec["status"]
+        msg = f": {rec['message']}" if rec.get("message") else ""
+        say(progress, f"run {done[0]} of {n_runs} {what}: {rec['name']} "
+                       f"({rec['seconds']:.0f} s){msg}")
+
+    return done, on_run
+
+
 def run_study(out: str | Path, spec: GeneralizationSpec | None = None, *, quick: bool = False,
               executor: str = "local", address: str | None = None,
               cluster_cpus: int | None = None, progress: bool = True) -> GeneralizationResult:
@@ -83,33 +100,26 @@ def run_study(out: str | Path, spec: GeneralizationSpec | None = None, *, quick:
         raise BlockCouplingError(f"--out {out} is a file; give a folder for the study")
     t0, cpu0 = time.perf_counter(), time.process_time()
     for line in describe_design(spec):
-        _say(progress, line)
+        say(progress, line)
     out.mkdir(parents=True, exist_ok=True)
-    done = [0]
-
-    def on_run(rec: dict[str, Any]) -> None:
-        done[0] += 1
-        what = "reused" if rec.get("skipped") else rec["status"]
-        msg = f": {rec['message']}" if rec.get("message") else ""
-        _say(progress, f"run {done[0]} of {spec.n_runs} {what}: {rec['name']} "
-                       f"({rec['seconds']:.0f} s){msg}")
-
-    _say(progress, f"training into {out / GRID} ({executor}); a finished run is reused, an "
+    done, on_run = run_reporter(progress, spec.n_runs)
+    say(progress, f"training into {out / GRID} ({executor}); a finished run is reused, an "
                    "interrupted one resumed")
     runs = run_grid(spec.train, out / GRID, drop_paths=(spec.train.drop_path,),
                     weight_decays=(spec.train.weight_decay,), seeds=spec.seeds,
                     executor=executor, address=address, num_cpus=1, threads=1,
                     progress=False, on_run=on_run, cluster_cpus=cluster_cpus,
                     **spec.grid_axes())
-    _say(progress, f"training the positive control's {len(spec.seeds)} runs (drop-path "
+    if done[0] < spec.n_runs:
+        say(progress, f"{spec.n_runs - done[0]} of {spec.n_runs} runs were already trained "
+                       f"in {out / GRID}: reused")
+    say(progress, f"training the positive control's {len(spec.seeds)} runs (drop-path "
                    f"{spec.control_drop_path:g} at the control cell) into {out / CONTROL}")
+    _, on_control = run_reporter(progress, len(spec.seeds))
     control_runs = run_grid(spec.train, out / CONTROL, weight_decays=(spec.train.weight_decay,),
                             seeds=spec.seeds, executor=executor, address=address, num_cpus=1,
-                            threads=1, progress=False, on_run=on_run, cluster_cpus=cluster_cpus,
-                            **spec.control_axes())
-    if done[0] < spec.n_runs:
-        _say(progress, f"{spec.n_runs - done[0]} of {spec.n_runs} runs were already trained "
-                       f"in {out / GRID}: reused")
+                            threads=1, progress=False, on_run=on_control,
+                            cluster_cpus=cluster_cpus, **spec.control_axes())
     seconds = {"train": time.perf_counter() - t0}
     names = _run_names(spec)
     runs = runs[runs["name"].isin(names)]
@@ -120,19 +130,19 @@ def run_study(out: str | Path, spec: GeneralizationSpec | None = None, *, quick:
             f"{len(failed) or len(names) - len(runs)} of {len(names)} runs did not finish"
             + (f", e.g. {first['name']}: {first['message']}" if first is not None else "")
             + f"; run the study again to retry them (`blockcoupling sweep-status {out / GRID}`)")
-    _say(progress, "reading the runs' measurements")
+    say(progress, "reading the runs' measurements")
     final = final_table(out / GRID, runs, spec)
     control = final_table(out / CONTROL, control_runs[control_runs["status"] == "complete"],
                           spec)
     checkpoints = None
     if not positive_control(final, spec.variants, spec.alpha)["passed"]:
-        _say(progress, "the positive control fails at the end of training: reading the "
+        say(progress, "the positive control fails at the end of training: reading the "
                        "monitored checkpoints (matched steps)")
         checkpoints = checkpoint_table(runs, spec)
     analysis = analyse(final, spec.variants, alpha=spec.alpha, bound=spec.bound,
                        checkpoints=checkpoints, within_bound=PLANNING["across_slope"],
                        control=control, control_direction=control_direction(spec))
-    _say(progress, "simulating each test's power")
+    say(progress, "simulating each test's power")
     powers = design_powers(spec)
     statement = _statement(spec, analysis, powers)
     seconds["total"] = time.perf_counter() - t0
@@ -299,8 +309,8 @@ def _factor_lines(spec: GeneralizationSpec, a: dict[str, Any], powers: dict[str,
         verdict = _verdict(c["p"], spec.alpha)
         lines.append(
             f"{name}, {what}: accuracy {_slope(acc, unit)}; {v} {_slope(c, unit)}: "
-            f"{verdict} ({_pow(powers, name)} to detect the slope coupling would have if it "
-            f"tracked accuracy, {POWER_EFFECTS[name].split(': ')[-1]}).")
+            f"{verdict} ({_pow(powers, name)} to detect "
+            f"{powers.get(name, {}).get('effect', 'the planned slope')}).")
     by = f.get("size_by_noise", {})
     parts = [f"noise {100 * float(e):g} %: {v} {g['coupling']['slope']:+.4g} ± "
              f"{g['coupling']['slope_stderr']:.2g}, accuracy {g['accuracy']['slope']:+.3g}"

@@ -33,6 +33,7 @@ from typing import Any
 
 from blockcoupling.errors import BlockCouplingError
 from blockcoupling.fields import check_fields, from_mapping, opt
+from blockcoupling.studies.generalization.design import train_parser
 from blockcoupling.studies.vit.train import VitTrainConfig
 from blockcoupling.validate import number
 
@@ -85,17 +86,7 @@ def _ints(name: str, value: Any) -> tuple[int, ...]:
     return parse_ints(name, value)
 
 
-def _train(name: str, value: Any) -> VitTrainConfig:
-    if isinstance(value, VitTrainConfig):
-        return value
-    if not isinstance(value, Mapping):
-        raise BlockCouplingError(f"{name}: give a mapping of training options (VitTrainConfig "
-                                 "fields), e.g. {steps: 230}")
-    given = [k for k in _DESIGN_FIELDS if k in value]
-    if given:
-        raise BlockCouplingError(f"{name}.{given[0]} is set by the design (strengths, seeds); "
-                                 "give it at the top level")
-    return VitTrainConfig.from_dict({**asdict(FULL_TRAIN), **dict(value)})
+_train = train_parser(lambda: FULL_TRAIN, _DESIGN_FIELDS, "strengths, seeds")
 
 
 @dataclass(frozen=True)

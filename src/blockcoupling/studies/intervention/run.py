@@ -42,11 +42,6 @@ GRID = "grid"
 READ_VARIANTS = ("coupling_vs_rotated", "coupling_vs_null", "coupling")
 
 
-def _say(progress: bool, line: str) -> None:
-    if progress:
-        print(f"[study] {line}", flush=True)
-
-
 def read_runs(root: Path, runs: pd.DataFrame, spec: InterventionSpec) -> pd.DataFrame:
     """One row per run at the end of training: strength, seed, accuracies and losses, the
     engine's statistic per variant (K of the spec, the grid's token rule) with its
@@ -92,7 +87,7 @@ def run_study(out: str | Path, spec: InterventionSpec | None = None, *, quick: b
               cluster_cpus: int | None = None, progress: bool = True) -> InterventionResult:
     """Train (or reuse) every run of ``spec`` into ``out/grid``, read them, run the tests and
     write ``study.json``, ``runs.csv``, ``arms.csv`` and ``study.html`` into ``out``."""
-    from blockcoupling.studies.generalization.run import run_cpu, versions
+    from blockcoupling.studies.generalization.run import run_cpu, run_reporter, say, versions
     from blockcoupling.studies.intervention.page import write_study_page
     from blockcoupling.studies.intervention.statement import statement
     from blockcoupling.studies.vit.grid import run_grid
@@ -103,24 +98,16 @@ def run_study(out: str | Path, spec: InterventionSpec | None = None, *, quick: b
         raise BlockCouplingError(f"--out {out} is a file; give a folder for the study")
     t0 = time.perf_counter()
     for line in describe_design(spec):
-        _say(progress, line)
+        say(progress, line)
     out.mkdir(parents=True, exist_ok=True)
-    done = [0]
-
-    def on_run(rec: dict[str, Any]) -> None:
-        done[0] += 1
-        what = "reused" if rec.get("skipped") else rec["status"]
-        msg = f": {rec['message']}" if rec.get("message") else ""
-        _say(progress, f"run {done[0]} of {spec.n_runs} {what}: {rec['name']} "
-                       f"({rec['seconds']:.0f} s){msg}")
-
+    done, on_run = run_reporter(progress, spec.n_runs)
     runs = run_grid(spec.train, out / GRID, drop_paths=(spec.train.drop_path,),
                     weight_decays=(spec.train.weight_decay,), seeds=spec.seeds,
                     executor=executor, address=address, num_cpus=1, threads=1,
                     progress=False, on_run=on_run, cluster_cpus=cluster_cpus,
                     **spec.grid_axes())
     if done[0] < spec.n_runs:
-        _say(progress, f"{spec.n_runs - done[0]} of {spec.n_runs} runs were already trained "
+        say(progress, f"{spec.n_runs - done[0]} of {spec.n_runs} runs were already trained "
                        f"in {out / GRID}: reused")
     seconds = {"train": time.perf_counter() - t0}
     failed = runs[runs["status"] != "complete"]
@@ -128,11 +115,11 @@ def run_study(out: str | Path, spec: InterventionSpec | None = None, *, quick: b
         raise BlockCouplingError(
             f"{len(failed) or spec.n_runs - len(runs)} of {spec.n_runs} runs did not finish; "
             f"run the study again to retry them (`blockcoupling sweep-status {out / GRID}`)")
-    _say(progress, "reading the runs' measurements")
+    say(progress, "reading the runs' measurements")
     table = read_runs(out / GRID, runs, spec)
     analysis = analyse(table, spec.variant, alpha=spec.alpha, bound=spec.bound,
                        variants=READ_VARIANTS)
-    _say(progress, "simulating each test's power")
+    say(progress, "simulating each test's power")
     powers = design_powers(spec)
     result = InterventionResult(spec, table, analysis, powers,
                                 statement(spec, analysis, powers), seconds, versions())
