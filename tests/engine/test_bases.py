@@ -15,8 +15,8 @@ import blockcoupling as bc
 from blockcoupling.engine.inputs import normalise_inputs
 from blockcoupling.errors import BlockCouplingError, RunDirError
 from blockcoupling.store.writer import RunWriter
-from test_measure import oracle_jacobians
-from tiny_models import tiny_inputs, tiny_model
+from tests.helpers.oracles import oracle_jacobians
+from tests.helpers.tiny_models import tiny_inputs, tiny_model
 
 K = 4
 
@@ -174,7 +174,7 @@ def test_too_little_disk_is_refused_before_any_file(tmp_path: Path,
                                                    monkeypatch: pytest.MonkeyPatch,
                                                    capsys: pytest.CaptureFixture[str]) -> None:
     import blockcoupling.store.bases as sb
-    from tiny_runs import PROMPTS, save_tiny_lm
+    from tests.helpers.tiny_runs import PROMPTS, save_tiny_lm
 
     folder = save_tiny_lm(tmp_path / "lm")
     model, tok = __import__("blockcoupling.loading", fromlist=["load_model"]).load_model(
@@ -209,7 +209,7 @@ def test_too_little_disk_is_refused_before_any_file(tmp_path: Path,
 def test_cli_save_bases_and_too_little_disk(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
                                             ) -> None:
     import blockcoupling.store.bases as sb
-    from tiny_runs import PROMPTS, cli, save_tiny_lm, write_prompts
+    from tests.helpers.tiny_runs import PROMPTS, cli, save_tiny_lm, write_prompts
 
     folder = save_tiny_lm(tmp_path / "lm")
     prompts = write_prompts(tmp_path / "p.txt", PROMPTS[:2])
@@ -333,7 +333,7 @@ def test_a_custom_modules_jacobian_estimate_uses_its_stated_width_and_causality(
     real d x d Jacobians, not 0 bytes of a width-0 model (issue 33)."""
     import blockcoupling.engine.bases as eb
     import blockcoupling.store.bases as sb
-    from tiny_models import EncoderStack
+    from tests.helpers.tiny_models import EncoderStack
 
     class TokenNet(torch.nn.Module):  # token ids in, so the lengths are known before the run
         def __init__(self) -> None:

@@ -59,6 +59,7 @@ from blockcoupling.engine.statistic import seed_level
 from blockcoupling.errors import BlockCouplingError
 from blockcoupling.fields import check_fields, from_mapping, opt
 from blockcoupling.runs.plans import RunPlan, StudyPlan
+from blockcoupling.studies import joins
 from blockcoupling.studies.tiny_lm import (
     TinyLMConfig,
     check_checkpoint,
@@ -367,8 +368,10 @@ def _tests(models: pd.DataFrame, emergence: pd.DataFrame, alpha: float) -> dict[
             entry["partial"] = {"controlling_for": controls, "skipped": str(err)}
         out["predictors"][x] = entry
     first = emergence[emergence["step"] == 0].set_index("run_id")["coupling_vs_null_mean"]
-    last = emergence.merge(models[["run_id", "step"]], on=["run_id", "step"]).set_index(
-        "run_id")["coupling_vs_null_mean"]  # each run's end point
+    ends = set(zip(models["run_id"], models["step"], strict=True))  # each run's end point
+    last = emergence[[key in ends for key in zip(emergence["run_id"], emergence["step"],
+                                                  strict=True)]].set_index(
+        "run_id")["coupling_vs_null_mean"]
     pair = pd.concat([first.rename("init"), last.rename("final")], axis=1).dropna()
     h2: dict[str, Any] = {"n": int(len(pair)), "alternative": "final > init"}
     if len(pair) >= 2:
@@ -740,7 +743,9 @@ def _run_study(out: Path, spec: StudySpec, prompts: list[str], cache_dir: str | 
         "coupling_mean": wide[("mean", "coupling")].to_numpy(),
         "coupling_se": wide[("se", "coupling")].to_numpy(),
         "coupling_chance": wide[("chance", "coupling")].to_numpy()})
-    em = em.merge(scores[["run_id", "step", "accuracy", "loss"]], on=["run_id", "step"])
+    em = joins.join_on(em, scores[["run_id", "step", "accuracy", "loss"]], ["run_id", "step"],
+                       names=("the measured checkpoints", "the trained checkpoints' scores"),
+                       what=f"the study in {out} is inconsistent: run it again with a new --out")
     order = {r.run_id: i for i, r in enumerate(spec.runs)}
     em = em.sort_values(["run_id", "step"], key=lambda c: c.map(order) if c.name == "run_id"
                         else c).reset_index(drop=True)
