@@ -27,7 +27,7 @@ import pytest
 
 import blockcoupling as bc
 from blockcoupling.errors import BlockCouplingError
-from tiny_runs import PROMPTS, cli, install_probes, save_tiny_lm, write_prompts
+from tests.helpers.tiny_runs import PROMPTS, cli, install_probes, save_tiny_lm, write_prompts
 
 #: every way a stored file is damaged; the last three only for JSON files
 FAULTS = ("truncated", "flipped", "deleted", "empty", "a folder", "unreadable")
