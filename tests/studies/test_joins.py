@@ -450,7 +450,11 @@ def _reaches_joins(module: str) -> bool:
 def test_every_command_is_classified() -> None:
     """A new command is either a join of inputs (then it goes through studies.joins and has
     a planted mismatch) or says why it joins nothing."""
-    assert _commands() == set(COMBINING) | set(NOT_COMBINING)
+    new = _commands() - set(COMBINING) - set(NOT_COMBINING)
+    assert not new, (f"commands {sorted(new)}: add each to COMBINING (it joins inputs of several "
+                     "files or runs: through studies.joins, with a planted mismatch in PLANTED) "
+                     "or to NOT_COMBINING with the reason it joins nothing")
+    assert _commands() == set(COMBINING) | set(NOT_COMBINING), "a listed command is gone"
     assert set(PLANTED) == set(COMBINING)
     here = Path(__file__).read_text(encoding="utf-8")
     for test in PLANTED.values():
