@@ -62,6 +62,7 @@ from blockcoupling.runs.plans import RunPlan, StudyPlan
 from blockcoupling.studies import joins
 from blockcoupling.studies.tiny_lm import (
     TinyLMConfig,
+    check_checkpoint,
     doubling_checkpoints,
     held_out_scores,
     held_out_text,
@@ -248,15 +249,9 @@ def parse_study_spec(data: Mapping[str, Any]) -> StudySpec:
 
 def load_study_spec(path: str | Path) -> StudySpec:
     """`parse_study_spec` of a YAML file."""
-    import yaml
+    from blockcoupling.store.verified import load_yaml
 
-    p = Path(path)
-    try:
-        data = yaml.safe_load(p.read_text(encoding="utf-8"))
-    except OSError as err:
-        raise BlockCouplingError(f"cannot read the study spec {p}: {err.strerror}") from None
-    except (yaml.YAMLError, UnicodeDecodeError) as err:
-        raise BlockCouplingError(f"{p} is not valid YAML: {str(err).splitlines()[0]}") from None
+    data = load_yaml(Path(path), "study spec")
     return parse_study_spec(data)
 
 
@@ -313,6 +308,7 @@ def evaluate_checkpoint(path: str | Path, cfg: TinyLMConfig) -> dict[str, float]
     (tested equal)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    check_checkpoint(path)
     model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True).eval()
     tok = AutoTokenizer.from_pretrained(path, local_files_only=True)
     ids = torch.tensor(tok.backend_tokenizer.encode(held_out_text(cfg),
