@@ -276,7 +276,7 @@ KINDS = (
          COLLECTION_REPAIR, json=True),
     Kind("collection unit table", "monitor", "units/*step1*/coupling.parquet", _api(_summary),
          COLLECTION_REPAIR),
-    Kind("training-loss log", "monitor", "training_loss.jsonl", _api(_loss), r"Delete that line"),
+    Kind("training-loss log", "monitor", "training_loss.jsonl", _api(_loss), r"Delete .*\.seal"),
     Kind("tiny-LM training log", "lmcache", "*/training.json", _api(_training_log),
          r"run the same command again", json=True),
     Kind("tiny-LM checksums", "lmcache", "*/checksums.json", _api(_training_log),
