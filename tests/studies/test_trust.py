@@ -430,7 +430,8 @@ def test_a_study_checks_everything_before_it_trains(no_training: None, tmp_path:
         (out / "study-spec.json").write_text(json.dumps({"runs": []}))
         (out / "sweep" / store.STATUS).mkdir(parents=True)
         (out / "sweep" / store.MANIFEST).write_text("{}")
-        (out / "sweep" / store.STATUS / "u.json").write_text(json.dumps({"status": "done"}))
+        (out / "sweep" / store.STATUS / "u.json").write_text(
+            json.dumps({"unit": {"unit_id": "u"}, "status": "done"}))
     before = sorted(p.name for p in out.iterdir()) if out.is_dir() else None
     match = {"executor": "executor", "out is a file": "is a file|--out",
              "out holds other files": "other files", "out in use": "in use",
@@ -783,7 +784,8 @@ def test_a_study_of_another_spec_that_measured_nothing_is_replaced(no_training: 
     out = tmp_path / "out"
     (out / "sweep" / store.STATUS).mkdir(parents=True)
     (out / "sweep" / store.MANIFEST).write_text("{}")
-    (out / "sweep" / store.STATUS / "u.json").write_text(json.dumps({"status": "failed"}))
+    (out / "sweep" / store.STATUS / "u.json").write_text(
+        json.dumps({"unit": {"unit_id": "u"}, "status": "failed"}))
     (out / SPEC_FILE).write_text(json.dumps({"runs": []}))
     spec = _small_spec()
     with pytest.raises(AssertionError, match="trained before"):  # it went on to train
