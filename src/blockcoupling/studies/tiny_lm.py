@@ -19,7 +19,6 @@ import errno
 import functools
 import hashlib
 import json
-import math
 import os
 import re
 import shutil
@@ -39,6 +38,7 @@ from blockcoupling.errors import BlockCouplingError
 from blockcoupling.fields import check_fields, identity, opt
 from blockcoupling.hashing import canonical_hash
 from blockcoupling.loading import save_model
+from blockcoupling.studies.schedule import lr_at
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase, PreTrainedTokenizerFast
@@ -313,15 +313,9 @@ def checkpoint_name(step: int) -> str:
 
 
 def _lr_at(cfg: TinyLMConfig, step: int) -> float:
-    """Linear warm-up then cosine decay to ``min_lr_ratio * lr`` (step is 0-based)."""
-    if cfg.warmup_steps and step < cfg.warmup_steps:
-        return cfg.lr * (step + 1) / cfg.warmup_steps
-    if cfg.lr_schedule == "constant":
-        return cfg.lr
-    span = max(cfg.max_steps - cfg.warmup_steps, 1)
-    t = min((step - cfg.warmup_steps) / span, 1.0)
-    lo = cfg.min_lr_ratio * cfg.lr
-    return lo + 0.5 * (cfg.lr - lo) * (1.0 + math.cos(math.pi * t))
+    """Linear warm-up, then constant or cosine decay to ``min_lr_ratio * lr`` (``lr_at``)."""
+    floor = cfg.lr if cfg.lr_schedule == "constant" else cfg.min_lr_ratio * cfg.lr
+    return lr_at(step, cfg.max_steps, cfg.warmup_steps, cfg.lr, floor)
 
 
 def gpt2_config(cfg: TinyLMConfig, vocab_size: int, pad_id: int) -> Any:

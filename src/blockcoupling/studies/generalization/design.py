@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from blockcoupling.errors import BlockCouplingError
-from blockcoupling.fields import check_fields, from_mapping, opt
+from blockcoupling.fields import check_fields, from_mapping, opt, read_yaml
 from blockcoupling.studies.vit.train import SPLIT_SIZES, VitTrainConfig
 from blockcoupling.validate import number
 
@@ -283,13 +283,5 @@ def parse_spec(data: Mapping[str, Any]) -> GeneralizationSpec:
 
 def load_spec(path: str | Path) -> GeneralizationSpec:
     """`parse_spec` of a YAML file."""
-    import yaml
-
-    p = Path(path)
-    try:
-        data = yaml.safe_load(p.read_text(encoding="utf-8"))
-    except OSError as err:
-        raise BlockCouplingError(f"cannot read the study spec {p}: {err.strerror}") from None
-    except (yaml.YAMLError, UnicodeDecodeError) as err:
-        raise BlockCouplingError(f"{p} is not valid YAML: {str(err).splitlines()[0]}") from None
+    data = read_yaml(path, "study spec")
     return parse_spec(data if data is not None else {})
