@@ -300,8 +300,8 @@ def write_report(measurements: Sequence[Measurement], out: Path | str, *,
 
 def write_report_from_dirs(run_dirs: Sequence[Path | str], out: Path | str,
                            **options: Any) -> Path:
-    """Open each run directory with [`blockcoupling.store.rundir.open_run`][blockcoupling.store.reader.open_run] and write the
+    """Open each run directory with [`open_run`][blockcoupling.store.reader.open_run] and write the
     report (options as for [`write_report`][blockcoupling.report.html.write_report])."""
-    from blockcoupling.store.rundir import open_run
+    from blockcoupling.store.reader import open_run
 
     return write_report([open_run(Path(d)) for d in run_dirs], out, **options)
