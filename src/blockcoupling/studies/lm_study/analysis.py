@@ -41,8 +41,10 @@ def hypothesis_tests(models: pd.DataFrame, emergence: pd.DataFrame, alpha: float
             entry["partial"] = {"controlling_for": controls, "skipped": str(err)}
         out["predictors"][x] = entry
     first = emergence[emergence["step"] == 0].set_index("run_id")["coupling_vs_null_mean"]
-    last = emergence.merge(models[["run_id", "step"]], on=["run_id", "step"]).set_index(
-        "run_id")["coupling_vs_null_mean"]  # each run's end point
+    ends = set(zip(models["run_id"], models["step"], strict=True))  # each run's end point
+    last = emergence[[key in ends for key in zip(emergence["run_id"], emergence["step"],
+                                                  strict=True)]].set_index(
+        "run_id")["coupling_vs_null_mean"]
     pair = pd.concat([first.rename("init"), last.rename("final")], axis=1).dropna()
     h2: dict[str, Any] = {"n": int(len(pair)), "alternative": "final > init"}
     if len(pair) >= 2:

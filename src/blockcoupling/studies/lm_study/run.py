@@ -15,6 +15,7 @@ import torch
 
 from blockcoupling.engine.statistic import seed_level
 from blockcoupling.errors import BlockCouplingError
+from blockcoupling.studies import joins
 from blockcoupling.studies.lm_study.analysis import hypothesis_tests, statement_lines
 from blockcoupling.studies.lm_study.design import (
     StudySpec,
@@ -296,7 +297,9 @@ def _run_study(out: Path, spec: StudySpec, prompts: list[str], cache_dir: str | 
         "coupling_mean": wide[("mean", "coupling")].to_numpy(),
         "coupling_se": wide[("se", "coupling")].to_numpy(),
         "coupling_chance": wide[("chance", "coupling")].to_numpy()})
-    em = em.merge(scores[["run_id", "step", "accuracy", "loss"]], on=["run_id", "step"])
+    em = joins.join_on(em, scores[["run_id", "step", "accuracy", "loss"]], ["run_id", "step"],
+                       names=("the measured checkpoints", "the trained checkpoints' scores"),
+                       what=f"the study in {out} is inconsistent: run it again with a new --out")
     order = {r.run_id: i for i, r in enumerate(spec.runs)}
     em = em.sort_values(["run_id", "step"], key=lambda c: c.map(order) if c.name == "run_id"
                         else c).reset_index(drop=True)
