@@ -292,6 +292,6 @@ def test_no_kind_package_imports_another_kinds_package() -> None:
 def test_generic_modules_name_no_kind() -> None:
     """The modules every kind goes through name no kind, neither by importing its package
     nor by its name; the check sees a kind that is named (it cannot pass vacuously)."""
-    assert kind_naming(["blockcoupling.studies.lm_study"])  # runs a sweep: it names one
+    assert kind_naming(["blockcoupling.studies.lm_study.run"])  # runs a sweep: it names one
     assert kind_naming(["blockcoupling.cli.vit"]) == {("blockcoupling.cli.vit", "vit-grid")}
     assert kind_naming(GENERIC) == set()

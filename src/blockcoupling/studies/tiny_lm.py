@@ -422,20 +422,8 @@ def _train_and_save(cfg: TinyLMConfig, target: Path, progress: bool,
 
     from blockcoupling.studies.monitor import CouplingMonitor
 
-    docs = corpus_documents()
-    tokenizer = build_tokenizer("\n\n\n".join(docs))
-    tokenizer.model_max_length = cfg.block_size
-    train_text = "\n\n\n".join(d for i, d in enumerate(docs) if i % cfg.val_every != cfg.val_every - 1)
-    val_text = held_out_text(cfg)
-    train_ids, val_ids = _encode(tokenizer, train_text), _encode(tokenizer, val_text)  # (N,), (M,)
-    if cfg.train_chars is not None:
-        train_ids = train_ids[: cfg.train_chars]  # one character is one token
+    tokenizer, train_ids, val_ids = _training_data(cfg)
     span = cfg.block_size + 1
-    if len(train_ids) <= span or len(val_ids) <= span:
-        raise BlockCouplingError(
-            f"TinyLMConfig: block_size={cfg.block_size} is too long for the corpus (or "
-            "train_chars too small); lower it"
-        )
     val_chunk = validation_chunk(cfg, val_ids)  # (W, span)
 
     config = gpt2_config(cfg, len(tokenizer), tokenizer.pad_token_id)
@@ -457,11 +445,10 @@ def _train_and_save(cfg: TinyLMConfig, target: Path, progress: bool,
         torch.manual_seed(cfg.seed)
         model = GPT2LMHeadModel(config)
         log["n_params"] = sum(p.numel() for p in model.parameters())
-        decay = [p for p in model.parameters() if p.dim() >= 2]
-        no_decay = [p for p in model.parameters() if p.dim() < 2]
         opt = torch.optim.AdamW(
-            [{"params": decay, "weight_decay": cfg.weight_decay},
-             {"params": no_decay, "weight_decay": 0.0}],
+            [{"params": [p for p in model.parameters() if p.dim() >= 2],
+              "weight_decay": cfg.weight_decay},
+             {"params": [p for p in model.parameters() if p.dim() < 2], "weight_decay": 0.0}],
             lr=cfg.lr, betas=(cfg.beta1, cfg.beta2),
         )
         mon = None
@@ -484,21 +471,9 @@ def _train_and_save(cfg: TinyLMConfig, target: Path, progress: bool,
                 t_mon = time.perf_counter()
                 mon.step(model, step)
                 monitor_s += time.perf_counter() - t_mon
-            if step in cfg.checkpoints:
-                model.eval()
-                val = held_out_scores(model, val_chunk)
-                model.train()
-                path = target / checkpoint_name(step)
-                save_model(model, path, tokenizer)
-                log["checkpoints"][str(step)] = {
-                    "val_loss": val["val_loss"], "val_accuracy": val["accuracy"],
-                    "train_loss": None if step == 0 else last_loss,
-                }
-                if cfg.plateau_tol is not None and step >= cfg.min_steps:
-                    losses = {int(k): v["val_loss"] for k, v in log["checkpoints"].items()}
-                    log["plateau"] = plateau_check(losses, step, cfg.plateau_tol)
-                    if log["plateau"]["reached"]:
-                        break
+            if step in cfg.checkpoints and _checkpoint(cfg, model, tokenizer, step, target,
+                                                       val_chunk, last_loss, log):
+                break  # the held-out loss plateaued
             if step == cfg.max_steps:
                 break
             for group in opt.param_groups:
@@ -524,6 +499,46 @@ def _train_and_save(cfg: TinyLMConfig, target: Path, progress: bool,
     log["final_train_loss"] = sum(tail) / len(tail) if tail else None
     log["final_val_loss"] = log["checkpoints"][str(step)]["val_loss"]
     return log
+
+
+def _training_data(cfg: TinyLMConfig
+                   ) -> tuple[PreTrainedTokenizerFast, torch.Tensor, torch.Tensor]:
+    """The character tokenizer of the corpus and the token ids (N,), (M,) of the training
+    split (its first ``train_chars`` characters) and of the held-out split."""
+    docs = corpus_documents()
+    tokenizer = build_tokenizer("\n\n\n".join(docs))
+    tokenizer.model_max_length = cfg.block_size
+    train_text = "\n\n\n".join(d for i, d in enumerate(docs) if i % cfg.val_every != cfg.val_every - 1)
+    train_ids = _encode(tokenizer, train_text)
+    val_ids = _encode(tokenizer, held_out_text(cfg))
+    if cfg.train_chars is not None:
+        train_ids = train_ids[: cfg.train_chars]  # one character is one token
+    if len(train_ids) <= cfg.block_size + 1 or len(val_ids) <= cfg.block_size + 1:
+        raise BlockCouplingError(
+            f"TinyLMConfig: block_size={cfg.block_size} is too long for the corpus (or "
+            "train_chars too small); lower it"
+        )
+    return tokenizer, train_ids, val_ids
+
+
+def _checkpoint(cfg: TinyLMConfig, model: torch.nn.Module, tokenizer: Any, step: int,
+                target: Path, val_chunk: torch.Tensor, last_loss: float,
+                log: dict[str, Any]) -> bool:
+    """Score the model on the held-out windows, save it as checkpoint ``step`` and log both;
+    whether the plateau rule stops training here (`plateau_check`, from ``min_steps`` on)."""
+    model.eval()
+    val = held_out_scores(model, val_chunk)
+    model.train()
+    save_model(model, target / checkpoint_name(step), tokenizer)
+    log["checkpoints"][str(step)] = {
+        "val_loss": val["val_loss"], "val_accuracy": val["accuracy"],
+        "train_loss": None if step == 0 else last_loss,
+    }
+    if cfg.plateau_tol is None or step < cfg.min_steps:
+        return False
+    losses = {int(k): v["val_loss"] for k, v in log["checkpoints"].items()}
+    log["plateau"] = plateau_check(losses, step, cfg.plateau_tol)
+    return bool(log["plateau"]["reached"])
 
 
 def tiny_lm_dir(cfg: TinyLMConfig, cache_dir: str | Path | None = None) -> Path:

@@ -90,11 +90,9 @@ def run_study(out: str | Path, spec: GeneralizationSpec | None = None, *, quick:
 
     _say(progress, f"training into {out / GRID} ({executor}); a finished run is reused, an "
                    "interrupted one resumed")
-    runs = run_grid(spec.train, out / GRID, drop_paths=(spec.train.drop_path,),
-                    weight_decays=(spec.train.weight_decay,), seeds=spec.seeds,
-                    executor=executor, address=address, num_cpus=1, threads=1,
-                    progress=False, on_run=on_run, cluster_cpus=cluster_cpus,
-                    **spec.grid_axes())
+    runs = run_grid(spec.train, out / GRID, **spec.grid(), executor=executor, address=address,
+                    num_cpus=1, threads=1, progress=False, on_run=on_run,
+                    cluster_cpus=cluster_cpus)
     if done[0] < spec.n_runs:
         _say(progress, f"{spec.n_runs - done[0]} of {spec.n_runs} runs were already trained "
                        f"in {out / GRID}: reused")
@@ -143,7 +141,7 @@ def write_outputs(result: GeneralizationResult, out: Path) -> None:
 def _run_names(spec: GeneralizationSpec) -> list[str]:
     from blockcoupling.studies.vit.grid import grid_axes, run_name
 
-    axes = grid_axes(**spec.grid_axes())
+    axes = grid_axes(spec.train_sizes, spec.label_noises)
     return [run_name(c, axes) for c in spec.configs()]
 
 

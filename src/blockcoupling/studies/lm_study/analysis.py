@@ -5,10 +5,13 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
+from blockcoupling.engine.statistic import seed_level
 from blockcoupling.errors import BlockCouplingError
-from blockcoupling.studies.lm_study.design import StudySpec
+from blockcoupling.studies import joins
+from blockcoupling.studies.lm_study.design import StudySpec, end_point
 
 
 def _one_sided(p_two: float, stat: float) -> float:
@@ -122,3 +125,71 @@ def statement_lines(models: pd.DataFrame, tests: dict[str, Any], spec: StudySpec
         f"(width, depth and training length vary together), or small effects ({len(models)} "
         "runs give a test of low power).")
     return lines
+
+
+def emergence_table(stat: pd.DataFrame, scores: pd.DataFrame, spec: StudySpec, *,
+                    where: str) -> pd.DataFrame:
+    """One row per measured checkpoint (``run_id``, ``step``): coupling above chance and raw
+    c_K with their standard errors and chance level (from the sweep's statistic ``stat``),
+    the held-out accuracy and loss beside (``scores``), runs in the spec's order."""
+    wide = stat.pivot_table(index=["label", "step"], columns="variant",
+                            values=["mean", "se", "chance"], aggfunc="first")
+    em = pd.DataFrame({
+        "run_id": [str(i[0]) for i in wide.index], "step": [int(i[1]) for i in wide.index],
+        "coupling_vs_null_mean": wide[("mean", "coupling_vs_null")].to_numpy(),
+        "coupling_vs_null_se": wide[("se", "coupling_vs_null")].to_numpy(),
+        "coupling_mean": wide[("mean", "coupling")].to_numpy(),
+        "coupling_se": wide[("se", "coupling")].to_numpy(),
+        "coupling_chance": wide[("chance", "coupling")].to_numpy()})
+    em = joins.join_on(em, scores[["run_id", "step", "accuracy", "loss"]], ["run_id", "step"],
+                       names=("the measured checkpoints", "the trained checkpoints' scores"),
+                       what=f"{where} is inconsistent: run it again with a new --out")
+    order = {r.run_id: i for i, r in enumerate(spec.runs)}
+    return em.sort_values(["run_id", "step"], key=lambda c: c.map(order) if c.name == "run_id"
+                          else c).reset_index(drop=True)
+
+
+def models_table(spec: StudySpec, em: pd.DataFrame, scores: pd.DataFrame,
+                 logs: dict[str, Any]) -> pd.DataFrame:
+    """One row per run at its end point (`end_point`): its shape, data, parameters and
+    training tokens, the coupling and held-out scores there, and where it stopped."""
+    models = []
+    for run in spec.runs:
+        g = em[em["run_id"] == run.run_id]
+        log = logs[run.run_id]
+        end = end_point(dict(zip(g["step"], g["loss"], strict=True)), spec.plateau_tol)
+        last = g[g["step"] == end].iloc[0]
+        srow = scores[(scores["run_id"] == run.run_id) & (scores["step"] == end)].iloc[0]
+        plat = log["plateau"]
+        models.append({
+            "run_id": run.run_id, "name": run.name, "seed": run.seed, "step": end,
+            "n_layer": run.n_layer, "d_model": run.n_embd, "batch_size": run.batch_size,
+            "data_chars": int(log["n_train_tokens"]),  # the training split it drew from
+            "params": int(srow["n_params"]), "train_tokens": int(srow["train_tokens"]),
+            **{c: float(last[c]) for c in ("coupling_vs_null_mean", "coupling_vs_null_se",
+                                           "coupling_mean", "coupling_se", "coupling_chance",
+                                           "accuracy", "loss")},
+            "stop_step": int(log["end_step"]), "plateau_reached": plat["reached"],
+            "plateau": plat})
+    mt = pd.DataFrame(models)
+    mt["log_params"] = np.log10(mt["params"])
+    mt["log_d_model"] = np.log10(mt["d_model"])
+    mt["log_train_tokens"] = np.log10(mt["train_tokens"])
+    return mt
+
+
+def noise_floor(mt: pd.DataFrame) -> dict[str, Any]:
+    """The seeds of the first configuration trained more than once: the sd of their final
+    coupling above chance and accuracy, and the runs as the unit of replication
+    (``engine.statistic.seed_level``); {} where no configuration has several seeds."""
+    multi = mt.groupby("name").filter(lambda g: len(g) > 1)
+    if not len(multi):
+        return {}
+    name = multi["name"].iloc[0]
+    g = mt[mt["name"] == name]
+    return {"config": name, "n_seeds": int(len(g)),
+            "coupling_vs_null_sd": float(g["coupling_vs_null_mean"].std(ddof=1)),
+            "accuracy_sd": float(g["accuracy"].std(ddof=1)),
+            "seed_level": seed_level(g, by=("name",), value="coupling_vs_null_mean",
+                                     within_se="coupling_vs_null_se"
+                                     ).iloc[0].drop("name").to_dict()}

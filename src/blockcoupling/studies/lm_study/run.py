@@ -9,17 +9,19 @@ import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pandas as pd
 import torch
 
-from blockcoupling.engine.statistic import seed_level
 from blockcoupling.errors import BlockCouplingError
-from blockcoupling.studies import joins
-from blockcoupling.studies.lm_study.analysis import hypothesis_tests, statement_lines
+from blockcoupling.studies.lm_study.analysis import (
+    emergence_table,
+    hypothesis_tests,
+    models_table,
+    noise_floor,
+    statement_lines,
+)
 from blockcoupling.studies.lm_study.design import (
     StudySpec,
-    end_point,
     family_prompts,
     full_spec,
     quick_spec,
@@ -229,15 +231,37 @@ def run_study(out: str | Path, spec: StudySpec | None = None, *, quick: bool = F
 def _run_study(out: Path, spec: StudySpec, prompts: list[str], cache_dir: str | Path | None,
                progress: bool, executor: str) -> StudyResult:
     """`run_study` once its checks passed and its lock is held."""
-    from blockcoupling.store.fileio import atomic_write_text, write_json
-    from blockcoupling.store.verified import write_sealed
-    from blockcoupling.studies.sweep import is_sweep_dir, open_sweep, run_sweep
-    from blockcoupling.studies.sweep.runner import spec_matches
-    from blockcoupling.studies.tiny_lm import cache_digest
+    from blockcoupling.store.fileio import write_json
 
     t0 = time.perf_counter()
     cpu0 = time.process_time()
-    seconds: dict[str, float] = {}
+    scores, paths, logs, digests = _train(spec, cache_dir, progress)
+    seconds = {"train_and_score": time.perf_counter() - t0}
+    t1 = time.perf_counter()
+    stat = _measure(out, spec, prompts, paths, digests, executor, progress)
+    seconds["measure"] = time.perf_counter() - t1
+    em = emergence_table(stat, scores, spec, where=f"the study in {out}")
+    mt = models_table(spec, em, scores, logs)
+    tests = hypothesis_tests(mt, em, spec.alpha)
+    noise = noise_floor(mt)
+    statement = statement_lines(mt, tests, spec, noise)
+    seconds["total"] = time.perf_counter() - t0
+    seconds["cpu_total"] = time.process_time() - cpu0
+    result = StudyResult(spec=spec, models=mt, emergence=em, tests=tests, statement=statement,
+                         noise_floor=noise, reproducibility=versions(), seconds=seconds,
+                         out=out)
+    write_json(out / "study.json", result.to_dict())
+    write_study_page(result, out / "study.html")
+    return result
+
+
+def _train(spec: StudySpec, cache_dir: str | Path | None, progress: bool
+           ) -> tuple[pd.DataFrame, dict[str, list[str]], dict[str, Any], dict[str, str]]:
+    """Train (or reuse the cached) runs: every checkpoint's held-out scores (taken in the
+    training loop, on the whole held-out split), and per run its checkpoints' paths, its
+    training log and its cache digest."""
+    from blockcoupling.studies.tiny_lm import cache_digest
+
     rows, paths, logs, digests = [], {}, {}, {}
     for run in spec.runs:
         cfg = tiny_config(spec, run)
@@ -254,13 +278,23 @@ def _run_study(out: Path, spec: StudySpec, prompts: list[str], cache_dir: str | 
                   f"the last doubling; plateau {'reached' if plat['reached'] else 'NOT reached'})"
                   f", {log['seconds']:.0f} s", flush=True)
         paths[run.run_id] = [str(p) for _, p in ckpts]
-        for step, _ in ckpts:  # scored in the training loop, on the whole held-out split
+        for step, _ in ckpts:
             ev = log["checkpoints"][str(step)]
             rows.append({"run_id": run.run_id, "step": step, "accuracy": ev["val_accuracy"],
                          "loss": ev["val_loss"], "n_params": int(log["n_params"]),
                          "train_tokens": step * run.batch_size * spec.block_size})
-    seconds["train_and_score"] = time.perf_counter() - t0
-    scores = pd.DataFrame(rows)
+    return pd.DataFrame(rows), paths, logs, digests
+
+
+def _measure(out: Path, spec: StudySpec, prompts: list[str], paths: dict[str, list[str]],
+             digests: dict[str, str], executor: str, progress: bool) -> pd.DataFrame:
+    """Measure every checkpoint as one sweep in ``out/sweep`` (resumed; a run trained again
+    into other weights measured again); the headline statistic per checkpoint."""
+    from blockcoupling.store.fileio import atomic_write_text
+    from blockcoupling.store.verified import write_sealed
+    from blockcoupling.studies.sweep import is_sweep_dir, open_sweep, run_sweep
+    from blockcoupling.studies.sweep.runner import spec_matches
+
     text = "\n".join(prompts) + "\n"
     prompt_file = out / "prompts.txt"
     if not prompt_file.is_file() or prompt_file.read_text(encoding="utf-8") != text:
@@ -279,71 +313,10 @@ def _run_study(out: Path, spec: StudySpec, prompts: list[str], cache_dir: str | 
         shutil.rmtree(root)  # nothing measured there: replaced
     _remeasure_retrained(root, digests, _trained(out), progress)
     write_sealed(out / TRAINED_FILE, digests)
-    t1 = time.perf_counter()
     run_sweep(sweep_spec, root, executor=executor, resume=is_sweep_dir(root), progress=progress)
-    seconds["measure"] = time.perf_counter() - t1
     sw = open_sweep(root)
     failed = sw.units[sw.units["status"] != "done"]
     if len(failed):
         raise BlockCouplingError(f"{len(failed)} checkpoint(s) could not be measured, e.g. "
                                  f"{failed.iloc[0]['unit_id']}: {failed.iloc[0]['message']}")
-    stat = sw.coupling_statistic(k=spec.k, n_boot=0, include_duplicates=True)
-    wide = stat.pivot_table(index=["label", "step"], columns="variant",
-                            values=["mean", "se", "chance"], aggfunc="first")
-    em = pd.DataFrame({
-        "run_id": [str(i[0]) for i in wide.index], "step": [int(i[1]) for i in wide.index],
-        "coupling_vs_null_mean": wide[("mean", "coupling_vs_null")].to_numpy(),
-        "coupling_vs_null_se": wide[("se", "coupling_vs_null")].to_numpy(),
-        "coupling_mean": wide[("mean", "coupling")].to_numpy(),
-        "coupling_se": wide[("se", "coupling")].to_numpy(),
-        "coupling_chance": wide[("chance", "coupling")].to_numpy()})
-    em = joins.join_on(em, scores[["run_id", "step", "accuracy", "loss"]], ["run_id", "step"],
-                       names=("the measured checkpoints", "the trained checkpoints' scores"),
-                       what=f"the study in {out} is inconsistent: run it again with a new --out")
-    order = {r.run_id: i for i, r in enumerate(spec.runs)}
-    em = em.sort_values(["run_id", "step"], key=lambda c: c.map(order) if c.name == "run_id"
-                        else c).reset_index(drop=True)
-    models = []
-    for run in spec.runs:
-        g = em[em["run_id"] == run.run_id]
-        log = logs[run.run_id]
-        end = end_point(dict(zip(g["step"], g["loss"], strict=True)), spec.plateau_tol)
-        last = g[g["step"] == end].iloc[0]
-        srow = scores[(scores["run_id"] == run.run_id) & (scores["step"] == end)].iloc[0]
-        plat = log["plateau"]
-        models.append({
-            "run_id": run.run_id, "name": run.name, "seed": run.seed, "step": end,
-            "n_layer": run.n_layer, "d_model": run.n_embd, "batch_size": run.batch_size,
-            "data_chars": int(log["n_train_tokens"]),  # the training split it drew from
-            "params": int(srow["n_params"]), "train_tokens": int(srow["train_tokens"]),
-            **{c: float(last[c]) for c in ("coupling_vs_null_mean", "coupling_vs_null_se",
-                                           "coupling_mean", "coupling_se", "coupling_chance",
-                                           "accuracy", "loss")},
-            "stop_step": int(log["end_step"]), "plateau_reached": plat["reached"],
-            "plateau": plat})
-    mt = pd.DataFrame(models)
-    mt["log_params"] = np.log10(mt["params"])
-    mt["log_d_model"] = np.log10(mt["d_model"])
-    mt["log_train_tokens"] = np.log10(mt["train_tokens"])
-    tests = hypothesis_tests(mt, em, spec.alpha)
-    noise: dict[str, Any] = {}
-    multi = mt.groupby("name").filter(lambda g: len(g) > 1)
-    if len(multi):
-        name = multi["name"].iloc[0]
-        g = mt[mt["name"] == name]
-        noise = {"config": name, "n_seeds": int(len(g)),
-                 "coupling_vs_null_sd": float(g["coupling_vs_null_mean"].std(ddof=1)),
-                 "accuracy_sd": float(g["accuracy"].std(ddof=1)),
-                 # the runs as the unit of replication (engine.statistic.seed_level)
-                 "seed_level": seed_level(g, by=("name",), value="coupling_vs_null_mean",
-                                          within_se="coupling_vs_null_se"
-                                          ).iloc[0].drop("name").to_dict()}
-    statement = statement_lines(mt, tests, spec, noise)
-    seconds["total"] = time.perf_counter() - t0
-    seconds["cpu_total"] = time.process_time() - cpu0
-    result = StudyResult(spec=spec, models=mt, emergence=em, tests=tests, statement=statement,
-                         noise_floor=noise, reproducibility=versions(), seconds=seconds,
-                         out=out)
-    write_json(out / "study.json", result.to_dict())
-    write_study_page(result, out / "study.html")
-    return result
+    return sw.coupling_statistic(k=spec.k, n_boot=0, include_duplicates=True)
