@@ -31,7 +31,6 @@ import inspect
 import types
 import typing
 from collections.abc import Callable, Iterator, Mapping
-from pathlib import Path
 from typing import Any
 
 from blockcoupling import validate
@@ -130,25 +129,6 @@ def from_mapping(cls: Any, data: Any, where: str = "", *, base: Any = None,
         raise type(err)(f"{pre}{err}") from err
     except TypeError as err:  # a missing required field
         raise BlockCouplingError(f"{pre}{err}; known keys: {', '.join(names)}") from err
-
-
-def read_yaml(path: str | Path, what: str, *,
-              error: type[BlockCouplingError] = BlockCouplingError) -> Any:
-    """The YAML document of the file ``path`` (the spec files' one reader); an unreadable file
-    or bad YAML (with its line and column) is one line naming ``what`` and the file."""
-    import yaml
-
-    p = Path(path)
-    try:
-        return yaml.safe_load(p.read_text(encoding="utf-8"))
-    except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
-        raise error(f"{what} {p}: not valid YAML{where}: {problem}") from None
-    except (OSError, UnicodeDecodeError) as err:
-        why = getattr(err, "strerror", None) or str(err)
-        raise error(f"cannot read the {what} {p}: {why}") from None
 
 
 def parse_given(cls: Any, values: Mapping[str, Any]) -> dict[str, Any]:

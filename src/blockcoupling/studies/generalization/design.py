@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from blockcoupling.errors import BlockCouplingError
-from blockcoupling.fields import check_fields, from_mapping, opt, read_yaml
+from blockcoupling.fields import check_fields, from_mapping, opt
 from blockcoupling.studies.vit.train import SPLIT_SIZES, VitTrainConfig
 from blockcoupling.validate import number
 
@@ -285,5 +285,7 @@ def parse_spec(data: Mapping[str, Any]) -> GeneralizationSpec:
 
 def load_spec(path: str | Path) -> GeneralizationSpec:
     """`parse_spec` of a YAML file."""
-    data = read_yaml(path, "study spec")
+    from blockcoupling.store.verified import load_yaml
+
+    data = load_yaml(Path(path), "study spec")
     return parse_spec(data if data is not None else {})

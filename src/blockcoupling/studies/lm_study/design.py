@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from blockcoupling.errors import BlockCouplingError
-from blockcoupling.fields import check_fields, from_mapping, opt, read_yaml
+from blockcoupling.fields import check_fields, from_mapping, opt
 from blockcoupling.studies.tiny_lm import (
     TinyLMConfig,
     doubling_checkpoints,
@@ -191,7 +191,9 @@ def parse_study_spec(data: Mapping[str, Any]) -> StudySpec:
 
 def load_study_spec(path: str | Path) -> StudySpec:
     """`parse_study_spec` of a YAML file."""
-    return parse_study_spec(read_yaml(path, "study spec"))
+    from blockcoupling.store.verified import load_yaml
+
+    return parse_study_spec(load_yaml(Path(path), "study spec"))
 
 
 def full_spec() -> StudySpec:

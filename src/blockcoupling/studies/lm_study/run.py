@@ -32,6 +32,7 @@ from blockcoupling.studies.lm_study.page import write_study_page
 from blockcoupling.studies.lm_study.result import StudyResult, versions
 from blockcoupling.studies.tiny_lm import (
     TinyLMConfig,
+    check_checkpoint,
     held_out_scores,
     held_out_text,
     train_tiny_lm,
@@ -48,6 +49,7 @@ def evaluate_checkpoint(path: str | Path, cfg: TinyLMConfig) -> dict[str, float]
     (tested equal)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    check_checkpoint(path)
     model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True).eval()
     tok = AutoTokenizer.from_pretrained(path, local_files_only=True)
     ids = torch.tensor(tok.backend_tokenizer.encode(held_out_text(cfg),

@@ -30,8 +30,9 @@ from typing import Any
 from blockcoupling import validate
 from blockcoupling.engine.config import MeasureConfig
 from blockcoupling.errors import BlockCouplingError
-from blockcoupling.fields import check_fields, from_mapping, key_names, opt, read_yaml
+from blockcoupling.fields import check_fields, from_mapping, key_names, opt
 from blockcoupling.loading import ModelSource
+from blockcoupling.store.verified import load_yaml
 
 #: a model entry's loading keys, top-level defaults and per-model values: every field of
 #: `ModelSource` but the model (its own key) and the revision (``revisions:`` and ``steps:``
@@ -343,7 +344,7 @@ def load_spec(source: str | os.PathLike[str] | Mapping[str, Any] | SweepSpec) ->
     if not path.is_file():
         raise SpecError(f"sweep spec {str(path)!r} not found; give a YAML file (see "
                         "docs/how-to/sweeps.md)")
-    data = read_yaml(path, "sweep spec", error=SpecError)
+    data = load_yaml(path, "sweep spec", error=SpecError)
     try:
         return parse_spec(data, base_dir=path.parent)
     except SpecError as err:

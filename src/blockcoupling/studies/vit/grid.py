@@ -42,7 +42,7 @@ import pandas as pd
 
 from blockcoupling import validate
 from blockcoupling.errors import BlockCouplingError
-from blockcoupling.fields import check_fields, from_mapping, opt, read_yaml
+from blockcoupling.fields import check_fields, from_mapping, opt
 from blockcoupling.runs import kinds
 from blockcoupling.studies.vit.train import (
     COUPLING_METRICS,
@@ -205,10 +205,9 @@ def load_grid_spec(source: str | Path | dict[str, Any]
     if isinstance(source, dict):
         data = source
     else:
-        path = Path(source)
-        if not path.is_file():
-            raise BlockCouplingError(f"grid spec {path} does not exist")
-        data = read_yaml(path, "grid spec") or {}
+        from blockcoupling.store.verified import load_yaml
+
+        data = load_yaml(Path(source), "grid spec") or {}
     if not isinstance(data, dict):
         raise BlockCouplingError("a grid spec is a mapping with drop_path, weight_decay, train")
     if data.get("kind", KIND) != KIND:  # before the other keys: another kind's spec
