@@ -310,30 +310,17 @@ def capture(
     _ensure_attn_implementation(model)
     _ensure_experts_implementation(model)
     blocks = get_blocks(model, spec)
-    L = len(blocks)
     ref = _first_float_param(model)
     model_dtype = ref.dtype if ref is not None else torch.float32
     norm = get_module(model, spec.final_norm_path) if final_norm and spec.final_norm_path else None
     raw_calls, outputs, norm_out = _record(model, blocks, norm, _call_inputs(model, inputs,
                                                                               model_dtype))
-    for i in range(L):
-        if len(raw_calls[i]) != 1 or len(outputs[i]) != 1:
-            raise ArchitectureError(
-                f"block {i + 1} of '{spec.blocks_path}' was called {len(raw_calls[i])} times in "
-                "one forward pass (expected once). Pass blocks_path= of a list of blocks that "
-                "are each applied once."
-            )
+    calls = _block_calls(raw_calls, outputs, spec)
     if final_norm and len(norm_out) != 1:
         raise ArchitectureError(
             f"the final norm '{spec.final_norm_path}' was called {len(norm_out)} times "
             "(expected once). Use final_norm=False."
         )
-    calls: list[BlockCall] = []
-    for (args, kwargs), (out,) in zip((c[0] for c in raw_calls), outputs, strict=True):
-        where = _hidden_location(args, kwargs)
-        x_in = args[where] if isinstance(where, int) else kwargs[where]
-        calls.append(BlockCall(args=args, kwargs=kwargs, hidden=where, input=x_in.detach(),
-                               output=out))
     states = _checked_states(calls, norm_out[0] if final_norm else None)
     x0 = states[0]
     boundaries = torch.stack([s.to("cpu", boundary_dtype) for s in states])  # (L+1, B, n, d)
@@ -404,6 +391,26 @@ def _record(model: nn.Module, blocks: Sequence[nn.Module], norm: nn.Module | Non
         for h in handles:
             h.remove()
     return raw_calls, outputs, norm_out
+
+
+def _block_calls(raw_calls: list[list[tuple[tuple[Any, ...], dict[str, Any]]]],
+                 outputs: list[list[Tensor]], spec: BlockSpec) -> list[BlockCall]:
+    """Each block's one recorded call (where its hidden states went in, its input and
+    output); an ArchitectureError where a block was not called exactly once."""
+    calls: list[BlockCall] = []
+    for i, (called, out) in enumerate(zip(raw_calls, outputs, strict=True)):
+        if len(called) != 1 or len(out) != 1:
+            raise ArchitectureError(
+                f"block {i + 1} of '{spec.blocks_path}' was called {len(called)} times in "
+                "one forward pass (expected once). Pass blocks_path= of a list of blocks that "
+                "are each applied once."
+            )
+        args, kwargs = called[0]
+        where = _hidden_location(args, kwargs)
+        x_in = args[where] if isinstance(where, int) else kwargs[where]
+        calls.append(BlockCall(args=args, kwargs=kwargs, hidden=where, input=x_in.detach(),
+                               output=out[0]))
+    return calls
 
 
 def _checked_states(calls: list[BlockCall], final: Tensor | None) -> list[Tensor]:

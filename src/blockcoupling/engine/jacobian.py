@@ -270,16 +270,5 @@ class JacobianOperator:
         return self.rmatmat(u[:, None])[:, 0]
 
 
-def jacobian_operator(
-    f: Fn,
-    x: Tensor,
-    token_in: int,
-    token_out: int,
-    *,
-    chunk_size: int | None = None,
-    memory_bytes: int = DEFAULT_MEMORY_BYTES,
-) -> JacobianOperator:
-    """Matrix-free operator for ``J_{token_in token_out}`` of ``f`` at ``x``."""
-    return JacobianOperator(
-        f, x, token_in, token_out, chunk_size=chunk_size, memory_bytes=memory_bytes
-    )
+#: the matrix-free operator for ``J_{token_in token_out}`` of ``f`` at ``x``
+jacobian_operator = JacobianOperator

@@ -409,63 +409,39 @@ def monitor_options(cfg: TinyLMConfig) -> dict[str, Any]:
 
 def _train_and_save(cfg: TinyLMConfig, target: Path, progress: bool,
                     monitor: bool = True) -> dict[str, Any]:
-    """Train the tiny LM from scratch and save every checkpoint under ``target``.
-
-    Writes ``target/step-NNNNNN/`` (model + tokenizer, loadable with ``from_pretrained``) for
-    each step in ``cfg.checkpoints`` and returns the training log (also saved by the caller).
-    With ``monitor`` (the default), a `CouplingMonitor` measures the
-    model at each checkpoint step, inside the training loop, into ``target/monitor`` (a
-    monitor directory: ``open_sweep`` and ``blockcoupling report`` read it). The monitor does
-    not change training: the weights and losses are bit-identical without it (tested).
-    """
+    """Train the tiny LM from scratch, save ``target/step-NNNNNN/`` (model + tokenizer) at each
+    step of ``cfg.checkpoints``, return the log (``train_loss`` per step, before the update;
+    ``checkpoints``: step -> held-out scores). ``monitor``: a `CouplingMonitor` measures
+    each checkpoint in the loop into ``target/monitor`` (training is the same without it)."""
     from transformers import GPT2LMHeadModel
 
+    from blockcoupling.progress import bar as progress_bar
     from blockcoupling.studies.monitor import CouplingMonitor
 
     tokenizer, train_ids, val_ids = _training_data(cfg)
-    span = cfg.block_size + 1
     val_chunk = validation_chunk(cfg, val_ids)  # (W, span)
-
-    config = gpt2_config(cfg, len(tokenizer), tokenizer.pad_token_id)
     log: dict[str, Any] = {
-        "config": cfg.to_dict(),
-        "cache_key": cfg.cache_key(),
-        "corpus_sha256": corpus_sha256(),
-        "torch": torch.__version__,
-        "threads": torch.get_num_threads(),
-        "n_train_tokens": len(train_ids),
-        "n_val_tokens": len(val_ids),
-        "vocab_size": len(tokenizer),
-        "train_loss": [],  # one per optimiser step (loss of the batch before the update)
-        "checkpoints": {},  # step -> {"val_loss": ..., "train_loss": ...}
-    }
+        "config": cfg.to_dict(), "cache_key": cfg.cache_key(), "corpus_sha256": corpus_sha256(),
+        "torch": torch.__version__, "threads": torch.get_num_threads(),
+        "n_train_tokens": len(train_ids), "n_val_tokens": len(val_ids),
+        "vocab_size": len(tokenizer), "train_loss": [], "checkpoints": {}}
     data_gen = torch.Generator().manual_seed(cfg.seed + 1)  # fixed data order
 
     with torch.random.fork_rng(devices=[]), _deterministic(), contextlib.ExitStack() as stack:
         torch.manual_seed(cfg.seed)
-        model = GPT2LMHeadModel(config)
+        model = GPT2LMHeadModel(gpt2_config(cfg, len(tokenizer), tokenizer.pad_token_id))
         log["n_params"] = sum(p.numel() for p in model.parameters())
-        opt = torch.optim.AdamW(
+        opt = torch.optim.AdamW(  # weight decay on the matrices only
             [{"params": [p for p in model.parameters() if p.dim() >= 2],
               "weight_decay": cfg.weight_decay},
              {"params": [p for p in model.parameters() if p.dim() < 2], "weight_decay": 0.0}],
-            lr=cfg.lr, betas=(cfg.beta1, cfg.beta2),
-        )
-        mon = None
-        if monitor:
-            mon = CouplingMonitor(tokenizer, tiny_lm_prompts(cfg), every=None,
-                                  steps=cfg.checkpoints, out=target / MONITOR_DIR,
-                                  label="tiny LM", **monitor_options(cfg))
-            stack.callback(mon.close)  # released however training ends
-        bar = None
-        if progress:
-            from blockcoupling.progress import bar as progress_bar
-
-            bar = progress_bar(total=cfg.max_steps, desc="training tiny LM", unit="step",
-                               leave=False)
-        t0 = time.perf_counter()
-        monitor_s = 0.0
-        last_loss = float("nan")
+            lr=cfg.lr, betas=(cfg.beta1, cfg.beta2))
+        mon = stack.enter_context(CouplingMonitor(  # released however training ends
+            tokenizer, tiny_lm_prompts(cfg), every=None, steps=cfg.checkpoints,
+            out=target / MONITOR_DIR, label="tiny LM", **monitor_options(cfg))) if monitor else None
+        bar = stack.enter_context(progress_bar(total=cfg.max_steps, desc="training tiny LM",
+                                               unit="step", leave=False, enabled=progress))
+        t0, monitor_s, last_loss = time.perf_counter(), 0.0, float("nan")
         for step in range(cfg.max_steps + 1):
             if mon is not None:  # measures the checkpoint steps only (steps=cfg.checkpoints)
                 t_mon = time.perf_counter()
@@ -476,25 +452,21 @@ def _train_and_save(cfg: TinyLMConfig, target: Path, progress: bool,
                 break  # the held-out loss plateaued
             if step == cfg.max_steps:
                 break
-            for group in opt.param_groups:
-                group["lr"] = _lr_at(cfg, step)
-            starts = torch.randint(0, len(train_ids) - span, (cfg.batch_size,), generator=data_gen)
-            loss = _lm_loss(model, _windows(train_ids, starts, span))
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-            opt.step()
-            last_loss = float(loss.detach())
+            last_loss = _train_step(cfg, model, opt, step, train_ids, data_gen)
             log["train_loss"].append(last_loss)
-            if bar is not None:
-                bar.update(1)
-                bar.set_postfix(loss=f"{last_loss:.3f}")
-        if bar is not None:
-            bar.close()
-    log["seconds"] = time.perf_counter() - t0
-    log["monitor_seconds"] = monitor_s if monitor else None
-    log["end_step"] = step  # max_steps, or where the plateau rule stopped
-    # Final training loss: mean over the last 10 % of steps (a single batch is noisy).
+            bar.update(1)
+            bar.set_postfix(loss=f"{last_loss:.3f}")
+    return _ended(log, step, time.perf_counter() - t0, monitor_s if monitor else None)
+
+
+def _ended(log: dict[str, Any], step: int, seconds: float,
+           monitor_seconds: float | None) -> dict[str, Any]:
+    """``log`` with the training's seconds (and the monitor's), where it ended (``max_steps``,
+    or where the plateau rule stopped), the mean training loss over its last 10 % of steps
+    (one batch is noisy) and the held-out loss there."""
+    log["seconds"] = seconds
+    log["monitor_seconds"] = monitor_seconds
+    log["end_step"] = step
     tail = log["train_loss"][-max(1, step // 10):]
     log["final_train_loss"] = sum(tail) / len(tail) if tail else None
     log["final_val_loss"] = log["checkpoints"][str(step)]["val_loss"]
@@ -519,6 +491,22 @@ def _training_data(cfg: TinyLMConfig
             "train_chars too small); lower it"
         )
     return tokenizer, train_ids, val_ids
+
+
+def _train_step(cfg: TinyLMConfig, model: torch.nn.Module, opt: torch.optim.Optimizer,
+                step: int, train_ids: torch.Tensor, data_gen: torch.Generator) -> float:
+    """One optimiser step at the schedule's learning rate on ``batch_size`` windows of the
+    training split drawn from ``data_gen`` (the fixed data order); the batch's loss."""
+    for group in opt.param_groups:
+        group["lr"] = _lr_at(cfg, step)
+    span = cfg.block_size + 1
+    starts = torch.randint(0, len(train_ids) - span, (cfg.batch_size,), generator=data_gen)
+    loss = _lm_loss(model, _windows(train_ids, starts, span))
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+    opt.step()
+    return float(loss.detach())
 
 
 def _checkpoint(cfg: TinyLMConfig, model: torch.nn.Module, tokenizer: Any, step: int,

@@ -352,6 +352,7 @@ def _run_grid(base: VitTrainConfig, root: str | Path, configs: list[VitTrainConf
               axes: tuple[str, ...], executor: str, address: str | None, num_cpus: int,
               threads: int | None, progress: bool,
               on_run: Callable[[dict[str, Any]], None] | None) -> pd.DataFrame:
+    from blockcoupling.progress import bar as progress_bar
     from blockcoupling.store import collection as store
 
     units = [grid_unit(c, axes) for c in configs]
@@ -380,22 +381,16 @@ def _run_grid(base: VitTrainConfig, root: str | Path, configs: list[VitTrainConf
             store.write_catalogue(rootp)
             if on_run is not None:
                 on_run({**rec, "name": u.label, "unit_id": u.unit_id})
-            if bar is not None:
-                bar.update(1)
+            bar.update(1)
 
-        bar = None
-        if progress:
-            from blockcoupling.progress import bar as progress_bar
-
-            bar = progress_bar(total=len(todo), desc="vit grid", unit="run")
+        bar = progress_bar(total=len(todo), desc="vit grid", unit="run", enabled=progress)
         # absolute: a Ray worker's working directory may be another
         jobs = [(c.to_dict(), str(store.unit_dir(rootp.resolve(), u.unit_id))) for c, u in todo]
         try:
             _run_jobs(jobs, [u for _, u in todo], start, done, executor=executor,
                       address=address, num_cpus=num_cpus, threads=threads)
         finally:
-            if bar is not None:
-                bar.close()
+            bar.close()
             manifest["sessions"][-1]["finished"] = store.now()
             store.write_json(rootp / store.MANIFEST, manifest)
             store.write_catalogue(rootp)
