@@ -235,6 +235,47 @@ def _verdict(p: float, alpha: float) -> str:
     return "supported" if p < alpha else "not supported"
 
 
+def _control(ctrl: dict[str, Any], where: str) -> str:
+    """The positive control ``where`` in words, per variant."""
+    parts = [f"{name}: {c['cells_passing']} of {c['n_cells']} cells above chance (lowest "
+             f"cell mean {c['min_cell_mean']:.4f}, largest one-sided p {c['max_p']:.2g});"
+             f" over all runs {c['runs']['mean']:.4f} ± {c['runs']['se']:.4f} "
+             "(seed-level se)" for name, c in ctrl["variants"].items()]
+    return (f"Positive control {where} ({'passed' if ctrl['passed'] else 'FAILED'}): "
+            + "; ".join(parts) + ".")
+
+
+def _h1_lines(h: dict[str, Any], v: str, alpha: float) -> list[str]:
+    """H1 (one-sided correlation over the cells) and E1 (its equivalence test) in words."""
+    if "r" not in h:
+        return [f"H1 and E1 not computable: {h['skipped']}."]
+    inside = "inside" if h["equivalent"] else "not inside"
+    return [
+        f"H1 ({v} rises with test accuracy across the {h['n']} cells, one-sided): "
+        f"{_verdict(h['p_greater'], alpha)}: r = {h['r']:+.3f}, one-sided p = "
+        f"{h['p_greater']:.3g}; slope {h['slope']:.4g} ± {h['slope_stderr']:.2g} per "
+        "unit of accuracy.",
+        f"E1 (equivalence within ±{h['bound']:g}, TOST): the {100 * h['ci_tost_level']:.0f} "
+        f"% interval of r, [{h['ci_tost'][0]:+.3f}, {h['ci_tost'][1]:+.3f}], is {inside} "
+        f"the bounds (p = {h['p_tost']:.3g}): "
+        + ("a correlation as large as the smallest effect of interest is ruled out."
+           if h["equivalent"] else "an effect of that size is not ruled out.")]
+
+
+def _exploratory_lines(ex: dict[str, Any]) -> list[str]:
+    """The exploratory fits (each manipulation with the other factor held fixed) in words."""
+    held = [(ex[f], what) for f, what in (("label_noise", "label noise held fixed (the "
+                                           "size manipulation)"),
+                                          ("n_train", "training-set size held fixed (the "
+                                           "noise manipulation)")) if "slope" in ex.get(f, {})]
+    if not held:
+        return []
+    return ["Exploratory, not pre-registered (OLS of the cell means, the other factor as fixed "
+            "effects): " + "; ".join(f"with {what}, slope {e['slope']:.4g} ± "
+                                     f"{e['slope_stderr']:.2g} (two-sided p = {e['p']:.2g}, "
+                                     f"{e['df']} df)" for e, what in held) + "."]
+
+
 def _statement(spec: GeneralizationSpec, a: dict[str, Any]) -> list[str]:
     """The study's result in words, whatever it is."""
     from blockcoupling.studies.regression import tost_power
@@ -253,35 +294,12 @@ def _statement(spec: GeneralizationSpec, a: dict[str, Any]) -> list[str]:
         f"within-model se over one run's images is {sp[f'{v}_within_model_se']:.4f}, not a "
         "replication se).")
     where = "at the end of training" if a["point"] == "final" else f"at step {a['point']}"
-    def control(ctrl: dict[str, Any], where: str) -> str:
-        parts = [f"{name}: {c['cells_passing']} of {c['n_cells']} cells above chance (lowest "
-                 f"cell mean {c['min_cell_mean']:.4f}, largest one-sided p {c['max_p']:.2g});"
-                 f" over all runs {c['runs']['mean']:.4f} ± {c['runs']['se']:.4f} "
-                 "(seed-level se)" for name, c in ctrl["variants"].items()]
-        return (f"Positive control {where} ({'passed' if ctrl['passed'] else 'FAILED'}): "
-                + "; ".join(parts) + ".")
-
     if a["point"] != "final":
-        lines.append(control(a["control_final"], "at the end of training"))
-    lines.append(control(a["control"], where))
+        lines.append(_control(a["control_final"], "at the end of training"))
+    lines.append(_control(a["control"], where))
     if a["point"] != "final" or not a["control"]["passed"]:
         lines.append(f"Comparison point: {a['reason']}.")
-    h = tests["H1_E1"]
-    if "r" in h:
-        lines.append(
-            f"H1 ({v} rises with test accuracy across the {h['n']} cells, one-sided): "
-            f"{_verdict(h['p_greater'], spec.alpha)}: r = {h['r']:+.3f}, one-sided p = "
-            f"{h['p_greater']:.3g}; slope {h['slope']:.4g} ± {h['slope_stderr']:.2g} per "
-            "unit of accuracy.")
-        inside = "inside" if h["equivalent"] else "not inside"
-        lines.append(
-            f"E1 (equivalence within ±{h['bound']:g}, TOST): the {100 * h['ci_tost_level']:.0f} "
-            f"% interval of r, [{h['ci_tost'][0]:+.3f}, {h['ci_tost'][1]:+.3f}], is {inside} "
-            f"the bounds (p = {h['p_tost']:.3g}): "
-            + ("a correlation as large as the smallest effect of interest is ruled out."
-               if h["equivalent"] else "an effect of that size is not ruled out."))
-    else:
-        lines.append(f"H1 and E1 not computable: {h['skipped']}.")
+    lines += _h1_lines(tests["H1_E1"], v, spec.alpha)
     m = tests["H1b"]
     if "slope" in m:
         lines.append(
@@ -289,17 +307,7 @@ def _statement(spec: GeneralizationSpec, a: dict[str, Any]) -> list[str]:
             f"{m['slope']:.4g} ± {m['slope_stderr']:.2g}, one-sided p = {m['p_greater']:.3g}"
             f" ({_verdict(m['p_greater'], spec.alpha)}"
             + ("" if m["converged"] else "; the fit did not converge") + ").")
-    ex = tests.get("exploratory", {})
-    held = [(ex[f], what) for f, what in (("label_noise", "label noise held fixed (the "
-                                           "size manipulation)"),
-                                          ("n_train", "training-set size held fixed (the "
-                                           "noise manipulation)")) if "slope" in ex.get(f, {})]
-    if held:
-        lines.append("Exploratory, not pre-registered (OLS of the cell means, the other factor "
-                     "as fixed effects): " + "; ".join(
-                         f"with {what}, slope {e['slope']:.4g} ± {e['slope_stderr']:.2g} "
-                         f"(two-sided p = {e['p']:.2g}, {e['df']} df)" for e, what in held)
-                     + ".")
+    lines += _exploratory_lines(tests.get("exploratory", {}))
     for name, o in tests["other_variants"].items():
         if "r" in o:
             lines.append(f"The same over the cells with {name}: r = {o['r']:+.3f}, one-sided "

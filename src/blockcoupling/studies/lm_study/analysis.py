@@ -64,7 +64,9 @@ def hypothesis_tests(models: pd.DataFrame, emergence: pd.DataFrame, alpha: float
 
 
 def statement_lines(models: pd.DataFrame, tests: dict[str, Any], spec: StudySpec,
-               noise: dict[str, Any]) -> list[str]:
+                    noise: dict[str, Any]) -> list[str]:
+    """What the study found, in words: H1, raw c_K, H2, the noise floor, the stopping steps,
+    and what the study cannot show."""
     a = spec.alpha
     lines = []
     h1 = tests["predictors"]["coupling_vs_null_mean"]
@@ -78,10 +80,9 @@ def statement_lines(models: pd.DataFrame, tests: dict[str, Any], spec: StudySpec
             f"points per unit of coupling_vs_null, R^2 = {h1['r2']:.3f}, one-sided "
             f"p = {h1['p_one_sided']:.3g}.")
         pc = h1["partial"]
-        lines.append(
-            "Given log10 parameters, log10 d_model and log10 training tokens: " +
-            (f"partial r = {pc['r']:+.3f}, one-sided p = {pc['p_one_sided']:.3g} "
-             f"({pc['df']} df)." if "r" in pc else f"not computable ({pc['skipped']})."))
+        lines.append("Given log10 parameters, log10 d_model and log10 training tokens: " + (
+            f"partial r = {pc['r']:+.3f}, one-sided p = {pc['p_one_sided']:.3g} ({pc['df']} df)."
+            if "r" in pc else f"not computable ({pc['skipped']})."))
     raw = tests["predictors"]["coupling_mean"]
     if "r2" in raw:
         lines.append(f"Raw c_K (one K for every run) against accuracy: slope "
@@ -95,18 +96,7 @@ def statement_lines(models: pd.DataFrame, tests: dict[str, Any], spec: StudySpec
             f"{verdict}: mean difference {h2['mean_difference']:+.4f}, paired t one-sided "
             f"p = {h2['p_t']:.3g}" + (f", Wilcoxon one-sided p = {h2['p_wilcoxon']:.3g}."
                                       if "p_wilcoxon" in h2 else "."))
-    if noise:
-        lines.append(
-            f"Noise floor ({noise['config']}, {noise['n_seeds']} seeds): sd of the final "
-            f"coupling_vs_null {noise['coupling_vs_null_sd']:.4f}, of the accuracy "
-            f"{noise['accuracy_sd']:.2f} points.")
-        sl = noise.get("seed_level")
-        if sl:
-            lines.append(
-                f"Seed level ({noise['config']}, runs as the unit of replication): final "
-                f"coupling_vs_null {sl['mean']:.4f}, se over seeds {sl['se']:.4f} (95 % t "
-                f"interval {sl['ci_low']:.4f} to {sl['ci_high']:.4f}, {sl['n_runs'] - 1} df), "
-                f"against a within-model se over prompts of {sl['within_se']:.4f}.")
+    lines += _noise_lines(noise)
     flat = [r for r in models.itertuples() if not r.plateau_reached]
     rule = (f"the held-out loss improving by less than {100 * spec.plateau_tol:g} % over the "
             f"last doubling of steps, checked at powers of two from step {spec.min_steps}")
@@ -119,11 +109,27 @@ def statement_lines(models: pd.DataFrame, tests: dict[str, Any], spec: StudySpec
                      + f". Stopping steps: {ends}.")
     else:
         lines.append(f"Every run trained until its plateau ({rule}); stopping steps: {ends}.")
-    lines.append(
-        "What this cannot show: anything about LLMs (these are character-level models of "
-        "thousands to a few hundred thousand parameters trained for minutes), causation "
-        f"(width, depth and training length vary together), or small effects ({len(models)} "
-        "runs give a test of low power).")
+    return [*lines, "What this cannot show: anything about LLMs (these are character-level "
+            "models of thousands to a few hundred thousand parameters trained for minutes), "
+            "causation (width, depth and training length vary together), or small effects "
+            f"({len(models)} runs give a test of low power)."]
+
+
+def _noise_lines(noise: dict[str, Any]) -> list[str]:
+    """The noise floor in words: the sd over seeds of one configuration, and its seed-level
+    statistic beside the within-model standard error."""
+    if not noise:
+        return []
+    lines = [f"Noise floor ({noise['config']}, {noise['n_seeds']} seeds): sd of the final "
+             f"coupling_vs_null {noise['coupling_vs_null_sd']:.4f}, of the accuracy "
+             f"{noise['accuracy_sd']:.2f} points."]
+    sl = noise.get("seed_level")
+    if sl:
+        lines.append(
+            f"Seed level ({noise['config']}, runs as the unit of replication): final "
+            f"coupling_vs_null {sl['mean']:.4f}, se over seeds {sl['se']:.4f} (95 % t "
+            f"interval {sl['ci_low']:.4f} to {sl['ci_high']:.4f}, {sl['n_runs'] - 1} df), "
+            f"against a within-model se over prompts of {sl['within_se']:.4f}.")
     return lines
 
 
