@@ -69,43 +69,14 @@ def run_study(out: str | Path, spec: GeneralizationSpec | None = None, *, quick:
     write ``study.json``, ``study.html``, ``runs.csv`` and ``cells.csv`` into ``out``.
     ``executor``: ``local`` (one run after the other in this process) or ``ray`` (one task
     per run, one CPU and one torch thread each)."""
-    from blockcoupling.studies.vit.grid import run_grid
-
     spec = spec if spec is not None else (quick_spec() if quick else full_spec())
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise BlockCouplingError(f"--out {out} is a file; give a folder for the study")
     t0, cpu0 = time.perf_counter(), time.process_time()
-    for line in describe_design(spec):
-        _say(progress, line)
-    out.mkdir(parents=True, exist_ok=True)
-    done = [0]
-
-    def on_run(rec: dict[str, Any]) -> None:
-        done[0] += 1
-        what = "reused" if rec.get("skipped") else rec["status"]
-        msg = f": {rec['message']}" if rec.get("message") else ""
-        _say(progress, f"run {done[0]} of {spec.n_runs} {what}: {rec['name']} "
-                       f"({rec['seconds']:.0f} s){msg}")
-
-    _say(progress, f"training into {out / GRID} ({executor}); a finished run is reused, an "
-                   "interrupted one resumed")
-    runs = run_grid(spec.train, out / GRID, **spec.grid(), executor=executor, address=address,
-                    num_cpus=1, threads=1, progress=False, on_run=on_run,
-                    cluster_cpus=cluster_cpus)
-    if done[0] < spec.n_runs:
-        _say(progress, f"{spec.n_runs - done[0]} of {spec.n_runs} runs were already trained "
-                       f"in {out / GRID}: reused")
+    runs = _train(spec, out, executor, address, cluster_cpus, progress)
     seconds = {"train": time.perf_counter() - t0}
-    names = _run_names(spec)
-    runs = runs[runs["name"].isin(names)]
-    failed = runs[runs["status"] != "complete"]
-    if len(failed) or len(runs) < len(names):
-        first = failed.iloc[0] if len(failed) else None
-        raise BlockCouplingError(
-            f"{len(failed) or len(names) - len(runs)} of {len(names)} runs did not finish"
-            + (f", e.g. {first['name']}: {first['message']}" if first is not None else "")
-            + f"; run the study again to retry them (`blockcoupling sweep-status {out / GRID}`)")
+    runs = _finished(runs, spec, out)
     _say(progress, "reading the runs' measurements")
     final = final_table(out / GRID, runs, spec)
     checkpoints = None
@@ -136,6 +107,50 @@ def write_outputs(result: GeneralizationResult, out: Path) -> None:
     result.runs.to_csv(out / "runs.csv", index=False)
     result.cells.to_csv(out / "cells.csv", index=False)
     write_study_page(result, out / "study.html")
+
+
+def _train(spec: GeneralizationSpec, out: Path, executor: str, address: str | None,
+           cluster_cpus: int | None, progress: bool) -> pd.DataFrame:
+    """Train (or reuse) the design's runs as one ViT grid in ``out/grid``, saying so run by
+    run; the grid's runs table."""
+    from blockcoupling.studies.vit.grid import run_grid
+
+    for line in describe_design(spec):
+        _say(progress, line)
+    out.mkdir(parents=True, exist_ok=True)
+    done = [0]
+
+    def on_run(rec: dict[str, Any]) -> None:
+        done[0] += 1
+        what = "reused" if rec.get("skipped") else rec["status"]
+        msg = f": {rec['message']}" if rec.get("message") else ""
+        _say(progress, f"run {done[0]} of {spec.n_runs} {what}: {rec['name']} "
+                       f"({rec['seconds']:.0f} s){msg}")
+
+    _say(progress, f"training into {out / GRID} ({executor}); a finished run is reused, an "
+                   "interrupted one resumed")
+    runs = run_grid(spec.train, out / GRID, **spec.grid(), executor=executor, address=address,
+                    num_cpus=1, threads=1, progress=False, on_run=on_run,
+                    cluster_cpus=cluster_cpus)
+    if done[0] < spec.n_runs:
+        _say(progress, f"{spec.n_runs - done[0]} of {spec.n_runs} runs were already trained "
+                       f"in {out / GRID}: reused")
+    return runs
+
+
+def _finished(runs: pd.DataFrame, spec: GeneralizationSpec, out: Path) -> pd.DataFrame:
+    """The design's runs of the grid's table, every one finished; else one line saying how
+    many did not and how to retry them."""
+    names = _run_names(spec)
+    runs = runs[runs["name"].isin(names)]
+    failed = runs[runs["status"] != "complete"]
+    if len(failed) or len(runs) < len(names):
+        first = failed.iloc[0] if len(failed) else None
+        raise BlockCouplingError(
+            f"{len(failed) or len(names) - len(runs)} of {len(names)} runs did not finish"
+            + (f", e.g. {first['name']}: {first['message']}" if first is not None else "")
+            + f"; run the study again to retry them (`blockcoupling sweep-status {out / GRID}`)")
+    return runs
 
 
 def _run_names(spec: GeneralizationSpec) -> list[str]:
