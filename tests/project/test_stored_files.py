@@ -138,7 +138,8 @@ def _tiny_lm(art: Artefacts, cache: Path) -> Path:
 
 def _study_records(art: Artefacts, out: Path) -> Path:
     from blockcoupling.store.verified import write_sealed
-    from blockcoupling.studies.lm_study import SPEC_FILE, TRAINED_FILE, quick_spec
+    from blockcoupling.studies.lm_study import quick_spec
+    from blockcoupling.studies.lm_study.run import SPEC_FILE, TRAINED_FILE
 
     write_sealed(out / SPEC_FILE, quick_spec().to_dict())
     write_sealed(out / TRAINED_FILE, {"a-s0": "0" * 16})
@@ -218,13 +219,14 @@ def _checkpoint(built: Artefacts, root: Path) -> Any:
 
 
 def _spec_check(built: Artefacts, root: Path) -> Any:
-    from blockcoupling.studies.lm_study import _other_spec, quick_spec
+    from blockcoupling.studies.lm_study import quick_spec
+    from blockcoupling.studies.lm_study.run import _other_spec
 
     return _other_spec(root, quick_spec())
 
 
 def _trained(built: Artefacts, root: Path) -> Any:
-    from blockcoupling.studies.lm_study import _trained as trained
+    from blockcoupling.studies.lm_study.run import _trained as trained
 
     return trained(root)
 
@@ -423,8 +425,8 @@ READS: dict[tuple[str, str], str] = {
                                           "trainings' verified records",
     ("studies/vit/kind.py", "loads"): "a, an older format: the same",
     ("studies/tiny_lm.py", "from_pretrained"): "a: after check_checkpoint (the cache's ledger)",
-    ("studies/lm_study.py", "from_pretrained"): "a: after check_checkpoint (the cache's ledger)",
-    ("studies/lm_study.py", "read_text"): "a: prompts.txt compared with what it must hold, "
+    ("studies/lm_study/run.py", "from_pretrained"): "a: after check_checkpoint (the cache's ledger)",
+    ("studies/lm_study/run.py", "read_text"): "a: prompts.txt compared with what it must hold, "
                                           "rewritten when it differs (never trusted)",
     ("studies/demo.py", "from_pretrained"): "c: the MiniLM of an installed package",
     ("runs/executor.py", "open"): "a worker's stderr captured to a temporary file",

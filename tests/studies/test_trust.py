@@ -396,12 +396,12 @@ def _small_spec(**over: Any) -> Any:
 @pytest.fixture
 def no_training(monkeypatch: pytest.MonkeyPatch) -> None:
     """Any training is a failure of the test: the study must refuse before it."""
-    from blockcoupling.studies import lm_study
+    from blockcoupling.studies.lm_study import run
 
     def train(*a: Any, **k: Any) -> None:
         raise AssertionError("the study trained before its checks")
 
-    monkeypatch.setattr(lm_study, "train_tiny_lm", train)
+    monkeypatch.setattr(run, "train_tiny_lm", train)
 
 
 @pytest.mark.parametrize("case", ["executor", "out is a file", "out holds other files",
@@ -511,7 +511,7 @@ def test_a_study_measures_again_what_was_trained_again(tmp_path: Path) -> None:
     measured again, so a run's coupling and its accuracy always come from one training.
     Here the other weights are simulated by the study's record of what it measured."""
     from blockcoupling.store import collection as store
-    from blockcoupling.studies.lm_study import TRAINED_FILE, run_study
+    from blockcoupling.studies.lm_study.run import TRAINED_FILE, run_study
 
     out, cache = tmp_path / "out", tmp_path / "cache"
     spec = _small_spec()
@@ -779,7 +779,7 @@ def test_a_grid_record_from_before_seals_is_read_with_a_warning(tmp_path: Path) 
 def test_a_study_of_another_spec_that_measured_nothing_is_replaced(no_training: None,
                                                                    tmp_path: Path) -> None:
     from blockcoupling.store import collection as store
-    from blockcoupling.studies.lm_study import SPEC_FILE, run_study
+    from blockcoupling.studies.lm_study.run import SPEC_FILE, run_study
 
     out = tmp_path / "out"
     (out / "sweep" / store.STATUS).mkdir(parents=True)

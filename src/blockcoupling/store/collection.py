@@ -202,7 +202,7 @@ def load_manifest(root: Path) -> dict[str, Any]:
 
 
 def new_manifest(kind: str, spec: dict[str, Any] | None) -> dict[str, Any]:
-    from blockcoupling.store.rundir import library_versions
+    from blockcoupling.store.fingerprint import library_versions
 
     return {"format": FORMAT_NAME, "format_version": FORMAT_VERSION, "kind": kind,
             "created": now(), "spec": spec, "order": [], "sessions": [],
