@@ -175,23 +175,46 @@ def test_tables_join_on_every_key_once() -> None:
 
 
 # --------------------------------------------------------------- correlate and its K sweep
-def test_correlate_is_the_same_for_inputs_in_any_order(runs: list[Path], scores: pd.DataFrame,
-                                                       tmp_path: Path) -> None:
+def _correlate_outputs(runs: list[Path], scores: pd.DataFrame, tmp_path: Path,
+                       runs_of: list[list[str]]) -> None:
+    """``correlate --json`` (each option list of ``runs_of``) on the runs and the score rows in
+    two other orders: one output per option list."""
     outs = []
-    for seed in range(3):
+    for seed in range(2):
         order = list(runs)
         random.Random(seed).shuffle(order)
         csv = _shuffled_csv(scores, tmp_path / f"s{seed}.csv", seed)
-        for extra in ([], ["--k", "2,3"]):
-            r = cli("correlate", *map(str, order), "--scores", str(csv), "--n-boot", "300",
-                    "--json", *extra)
+        for i, extra in enumerate(runs_of):
+            r = cli("correlate", *map(str, order), "--scores", str(csv), "--json", *extra)
             assert r.exit_code == 0, r.output
-            outs.append((bool(extra), r.output.replace(str(csv), "CSV")))
-    for extra in (False, True):
-        same = {out for e, out in outs if e == extra}
+            outs.append((i, r.output.replace(str(csv), "CSV")))
+    for i in range(len(runs_of)):
+        same = {out for j, out in outs if j == i}
         assert len(same) == 1, "another order of the runs or the score rows changed the JSON"
     data = json.loads(outs[0][1])
-    assert [m["label"] for m in data["models"]] == [f"m{i}" for i in range(5)]
+    assert [m["label"] for m in data["models"]] == sorted(scores["model"])
+
+
+def test_correlate_is_the_same_for_inputs_in_any_order(runs: list[Path], scores: pd.DataFrame,
+                                                       tmp_path: Path) -> None:
+    _correlate_outputs(runs, scores, tmp_path, [["--n-boot", "0"], ["--k", "2,3", "--n-boot",
+                                                                    "0"]])
+
+
+@pytest.mark.slow  # 11 models and their bootstrap
+def test_correlate_bootstrap_is_the_same_for_inputs_in_any_order(tmp_path: Path) -> None:
+    """From 10 models the bootstrap interval of R^2 is computed, resampling rows by their
+    position: the models are in one order, whatever the inputs'."""
+    n = 11
+    runs = [write_synthetic_run(tmp_path / f"run{i}", 0.2 + 0.05 * i, label=f"m{i:02d}",
+                                model=f"org/model-{i}", seed=i) for i in range(n)]
+    scores = pd.DataFrame({"model": [f"m{i:02d}" for i in range(n)],
+                           "score": [20.0 + 3 * i + (i % 3) for i in range(n)]})
+    _correlate_outputs(runs, scores, tmp_path, [["--n-boot", "50"]])
+    r = cli("correlate", *map(str, runs), "--scores", str(tmp_path / "s0.csv"), "--json",
+            "--n-boot", "50")
+    r2_ci = json.loads(r.output)["predictors"]["coupling_mean"]["r2_ci"]
+    assert r2_ci[0] is not None and r2_ci[0] < r2_ci[1]  # the bootstrap ran
 
 
 def test_a_run_measured_at_other_tokens_is_refused(runs: list[Path], scores: pd.DataFrame,
@@ -370,7 +393,7 @@ COMBINING = {
     "chance-floor": ("studies.chance_floor", "studies.scores"),
     "difficulty": ("studies.difficulty",),
     "cross": ("studies.cross",),
-    "study lm-family": ("studies.lm_study",),
+    "study lm-family": ("studies.lm_study.run", "studies.lm_study.analysis"),
     "study generalization": ("studies.generalization.analysis", "studies.generalization.run"),
 }
 #: the commands that join nothing across files or runs, and why
@@ -450,7 +473,11 @@ def _reaches_joins(module: str) -> bool:
 def test_every_command_is_classified() -> None:
     """A new command is either a join of inputs (then it goes through studies.joins and has
     a planted mismatch) or says why it joins nothing."""
-    assert _commands() == set(COMBINING) | set(NOT_COMBINING)
+    new = _commands() - set(COMBINING) - set(NOT_COMBINING)
+    assert not new, (f"commands {sorted(new)}: add each to COMBINING (it joins inputs of several "
+                     "files or runs: through studies.joins, with a planted mismatch in PLANTED) "
+                     "or to NOT_COMBINING with the reason it joins nothing")
+    assert _commands() == set(COMBINING) | set(NOT_COMBINING), "a listed command is gone"
     assert set(PLANTED) == set(COMBINING)
     here = Path(__file__).read_text(encoding="utf-8")
     for test in PLANTED.values():

@@ -188,17 +188,24 @@ def _rows_from_local(path: Path) -> list[dict[str, Any]]:
             f"{path}: hf:...@FILE needs a .jsonl, .json or .parquet file of dataset rows"
         )
     try:
-        import datasets  # noqa: F401
-    except ImportError:
-        if suffix == ".parquet":
-            return pd.read_parquet(path).to_dict("records")
-        return pd.read_json(
-            path, lines=suffix == ".jsonl", dtype=False, convert_dates=False
-        ).to_dict("records")
-    from datasets import load_dataset
+        try:
+            import datasets  # noqa: F401
+        except ImportError:
+            if suffix == ".parquet":
+                return pd.read_parquet(path).to_dict("records")
+            return pd.read_json(
+                path, lines=suffix == ".jsonl", dtype=False, convert_dates=False
+            ).to_dict("records")
+        from datasets import load_dataset
 
-    builder = "parquet" if suffix == ".parquet" else "json"
-    return [dict(r) for r in load_dataset(builder, data_files=str(path), split="train")]
+        builder = "parquet" if suffix == ".parquet" else "json"
+        return [dict(r) for r in load_dataset(builder, data_files=str(path), split="train")]
+    except (OSError, ValueError, RecursionError, ArithmeticError, TypeError) as exc:
+        # pyarrow's and pandas' errors of a damaged or foreign file are of these kinds
+        raise BlockCouplingError(
+            f"{path}: not a readable {suffix} file of dataset rows ({type(exc).__name__}: "
+            f"{str(exc)[:200]}); give one row per record as the hub dataset has them"
+        ) from None
 
 
 def _rows_from_hub(ds: HFDataset, split: str) -> Any:

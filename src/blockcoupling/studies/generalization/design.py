@@ -168,9 +168,6 @@ def train_parser(base: Callable[[], VitTrainConfig], design_fields: tuple[str, .
     return parse
 
 
-_train = train_parser(lambda: FULL_TRAIN, _DESIGN_FIELDS, "train_sizes, label_noises, seeds")
-
-
 #: the full design's training config (every run): the tiny ViT (width 64, 4 blocks, 16 x 16
 #: digits: 16 patches + [CLS]), drop-path 0.1, weight decay 0.05, 230 AdamW steps (10 epochs
 #: of the whole split), warm-up 1/10 of the steps, K = 10 at [CLS], 32 final test images,
@@ -179,6 +176,7 @@ FULL_TRAIN = VitTrainConfig(dataset="digits", preset="tiny", drop_path=0.1, weig
                             steps=230, epochs=10, warmup_epochs=1.0, k=10, tokens="cls",
                             final_images=32, monitor_images=4, monitor_every=46,
                             subset_per_seed=True)
+_train = train_parser(lambda: FULL_TRAIN, _DESIGN_FIELDS, "train_sizes, label_noises, seeds")
 
 
 @dataclass(frozen=True)
@@ -275,31 +273,33 @@ class GeneralizationSpec:
         """Every run's training config, in the grid's order (size, noise, seed)."""
         from blockcoupling.studies.vit.grid import grid_configs
 
-        return grid_configs(self.train, (self.train.drop_path,), (self.train.weight_decay,),
-                            self.seeds, **self.grid_axes())
+        return grid_configs(self.train, **self.grid())
 
-    def grid_axes(self) -> dict[str, tuple[Any, ...]]:
-        """The ViT grid's extra axes of this design (``run_grid``'s keywords)."""
-        return {"train_limits": self.train_sizes, "label_noises": self.label_noises}
+    def grid(self) -> dict[str, Any]:
+        """The design's runs as one ViT grid on ``train``: the keywords of ``run_grid`` (what
+        the study trains) and of ``vit.plan.plan_grid`` (what ``--dry-run`` plans)."""
+        return {"drop_paths": (self.train.drop_path,), "weight_decays": (self.train.weight_decay,),
+                "seeds": self.seeds, "train_limits": self.train_sizes,
+                "label_noises": self.label_noises}
 
     def control_cell(self) -> tuple[int, float]:
         """The control's fixed data: (the largest training-set size, clean labels)."""
         return max(self.train_sizes), 0.0
 
+    def control_grid(self) -> dict[str, Any]:
+        """The positive control's extra runs as one ViT grid on ``train`` (``run_grid``'s
+        keywords): the contrast rate at the control cell, the same seeds (its other arm is
+        the design's own cell)."""
+        n, noise = self.control_cell()
+        return {"drop_paths": (self.control_drop_path,),
+                "weight_decays": (self.train.weight_decay,), "seeds": self.seeds,
+                "train_limits": (n,), "label_noises": (noise,)}
+
     def control_configs(self) -> list[VitTrainConfig]:
-        """The positive control's extra runs (`control_axes`), in the grid's order."""
+        """The positive control's runs' training configs (`control_grid`)."""
         from blockcoupling.studies.vit.grid import grid_configs
 
-        axes = self.control_axes()
-        return grid_configs(self.train, axes.pop("drop_paths"), (self.train.weight_decay,),
-                            self.seeds, **axes)
-
-    def control_axes(self) -> dict[str, tuple[Any, ...]]:
-        """``run_grid``'s keywords of the control's extra runs (the contrast rate at the
-        control cell; its other arm is the design's own cell)."""
-        n, noise = self.control_cell()
-        return {"drop_paths": (self.control_drop_path,), "train_limits": (n,),
-                "label_noises": (noise,)}
+        return grid_configs(self.train, **self.control_grid())
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -455,21 +455,9 @@ def parse_spec(data: Mapping[str, Any]) -> GeneralizationSpec:
     return from_mapping(GeneralizationSpec, data, "generalization spec")
 
 
-def read_yaml(path: str | Path, what: str = "study spec") -> Any:
-    """The YAML mapping of a spec file (an empty file: ``{}``); one line when it cannot be
-    read or parsed."""
-    import yaml
-
-    p = Path(path)
-    try:
-        data = yaml.safe_load(p.read_text(encoding="utf-8"))
-    except OSError as err:
-        raise BlockCouplingError(f"cannot read the {what} {p}: {err.strerror}") from None
-    except (yaml.YAMLError, UnicodeDecodeError) as err:
-        raise BlockCouplingError(f"{p} is not valid YAML: {str(err).splitlines()[0]}") from None
-    return data if data is not None else {}
-
-
 def load_spec(path: str | Path) -> GeneralizationSpec:
     """`parse_spec` of a YAML file."""
-    return parse_spec(read_yaml(path, "study spec"))
+    from blockcoupling.store.verified import load_yaml
+
+    data = load_yaml(Path(path), "study spec")
+    return parse_spec(data if data is not None else {})

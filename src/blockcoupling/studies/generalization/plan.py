@@ -17,8 +17,10 @@ def plan_generalization(spec: Any) -> StudyPlan:
     from blockcoupling.studies.vit.grid import grid_axes
     from blockcoupling.studies.vit.plan import plan_vit_training
 
+    # what run_study trains: the design's grid and the positive control's
     plan = plan_vit_training([*spec.configs(), *spec.control_configs()],
-                             grid_axes(**spec.grid_axes()), study="the generalization study")
+                             grid_axes(spec.train_sizes, spec.label_noises),
+                             study="the generalization study")
     powers = design_powers(spec, reps=1000)
     plan.notes += [*describe_design(spec), "power by simulation (1,000 data sets each): "
                    + "; ".join(f"{k} {r['power']:.2f} at {r['effect']}" for k, r in

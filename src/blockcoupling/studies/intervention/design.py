@@ -138,15 +138,17 @@ class InterventionSpec:
     def n_runs(self) -> int:
         return len(self.strengths) * len(self.seeds)
 
-    def grid_axes(self) -> dict[str, tuple[Any, ...]]:
-        """``run_grid``'s keywords of the design's extra axis."""
-        return {"coupling_terms": self.arms}
+    def grid(self) -> dict[str, Any]:
+        """The design's runs as one ViT grid on ``train``: the keywords of ``run_grid`` (what
+        the study trains) and of ``vit.plan.plan_grid`` (what ``--dry-run`` plans)."""
+        return {"drop_paths": (self.train.drop_path,), "weight_decays": (self.train.weight_decay,),
+                "seeds": self.seeds, "coupling_terms": self.arms}
 
     def configs(self) -> list[VitTrainConfig]:
+        """Every run's training config, in the grid's order (strength, seed)."""
         from blockcoupling.studies.vit.grid import grid_configs
 
-        return grid_configs(self.train, (self.train.drop_path,), (self.train.weight_decay,),
-                            self.seeds, **self.grid_axes())
+        return grid_configs(self.train, **self.grid())
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -227,6 +229,7 @@ def parse_spec(data: Mapping[str, Any]) -> InterventionSpec:
 
 def load_spec(path: str | Path) -> InterventionSpec:
     """`parse_spec` of a YAML file."""
-    from blockcoupling.studies.generalization.design import read_yaml
+    from blockcoupling.store.verified import load_yaml
 
-    return parse_spec(read_yaml(path, "study spec"))
+    data = load_yaml(Path(path), "study spec")
+    return parse_spec(data if data is not None else {})

@@ -13,11 +13,9 @@ def plan_intervention(spec: Any) -> StudyPlan:
     """The plan of ``study intervention`` for an ``InterventionSpec``: every run's training
     and measurements, with the design and the power of each test as notes."""
     from blockcoupling.studies.intervention.design import describe_design, design_powers
-    from blockcoupling.studies.vit.grid import grid_axes
-    from blockcoupling.studies.vit.plan import plan_vit_training
+    from blockcoupling.studies.vit.plan import plan_grid
 
-    plan = plan_vit_training(spec.configs(), grid_axes(**spec.grid_axes()),
-                             study="the intervention study")
+    plan = plan_grid(spec.train, spec.grid(), "the intervention study")  # what run_study trains
     powers = design_powers(spec, reps=1000)
     plan.notes += [*describe_design(spec), "power by simulation (1,000 data sets each): "
                    + "; ".join(f"{k} {r['power']:.2f} at {r['effect']}"

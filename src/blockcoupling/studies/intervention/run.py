@@ -101,11 +101,9 @@ def run_study(out: str | Path, spec: InterventionSpec | None = None, *, quick: b
         say(progress, line)
     out.mkdir(parents=True, exist_ok=True)
     done, on_run = run_reporter(progress, spec.n_runs)
-    runs = run_grid(spec.train, out / GRID, drop_paths=(spec.train.drop_path,),
-                    weight_decays=(spec.train.weight_decay,), seeds=spec.seeds,
-                    executor=executor, address=address, num_cpus=1, threads=1,
-                    progress=False, on_run=on_run, cluster_cpus=cluster_cpus,
-                    **spec.grid_axes())
+    runs = run_grid(spec.train, out / GRID, **spec.grid(), executor=executor, address=address,
+                    num_cpus=1, threads=1, progress=False, on_run=on_run,
+                    cluster_cpus=cluster_cpus)
     if done[0] < spec.n_runs:
         say(progress, f"{spec.n_runs - done[0]} of {spec.n_runs} runs were already trained "
                        f"in {out / GRID}: reused")
