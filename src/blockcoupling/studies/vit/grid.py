@@ -205,15 +205,9 @@ def load_grid_spec(source: str | Path | dict[str, Any]
     if isinstance(source, dict):
         data = source
     else:
-        import yaml
+        from blockcoupling.store.verified import load_yaml
 
-        path = Path(source)
-        if not path.is_file():
-            raise BlockCouplingError(f"grid spec {path} does not exist")
-        try:
-            data = yaml.safe_load(path.read_text()) or {}
-        except yaml.YAMLError as err:
-            raise BlockCouplingError(f"grid spec {path} is not valid YAML: {err}") from err
+        data = load_yaml(Path(source), "grid spec") or {}
     if not isinstance(data, dict):
         raise BlockCouplingError("a grid spec is a mapping with drop_path, weight_decay, train")
     if data.get("kind", KIND) != KIND:  # before the other keys: another kind's spec
