@@ -252,10 +252,11 @@ def field_docs(cls: Any) -> list[FieldDoc]:
     out = []
     for f in _fields(cls):
         tp = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", str(f.type))
+        default: str | None = None  # required
         if f.default_factory is not _MISSING:
-            default = _written(f.default_factory())
-        else:
-            default = None if f.default is _MISSING else _written(f.default)
+            default = _written(f.default_factory())  # type: ignore[operator]
+        elif f.default is not _MISSING:
+            default = _written(f.default)
         out.append(FieldDoc(f.name, tp.replace(" | ", " or "), default,
                             str(f.metadata.get("help", "")),
                             _flag(f) if f.metadata.get("cli") else None))
