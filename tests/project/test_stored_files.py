@@ -383,6 +383,21 @@ def test_every_stored_file_fault_is_one_line_naming_the_file_and_its_repair(
     assert re.search(kind.repair, line), f"the line names no repair ({kind.repair}): {line}"
 
 
+def test_a_status_file_copied_under_another_name_is_one_line(built: Artefacts,
+                                                            tmp_path: Path) -> None:
+    """Before: a status file copied to another name (sealed, so its content was intact)
+    listed its unit twice, and ``sweep-status`` ended in a traceback."""
+    root = tmp_path / "monitor"
+    shutil.copytree(built["monitor"], root)
+    first = sorted((root / "status").glob("*.json"))[0]
+    copy = root / "status" / "zz-copy.json"
+    shutil.copy(first, copy)
+    line = _outcome(cli("sweep-status", str(root)))
+    assert line is not None and str(copy) in line and "--resume" in line, line
+    with pytest.raises(BlockCouplingError, match="copied or renamed"):
+        bc.open_sweep(root).summary()
+
+
 # ---------------------------------------------------------------------------- every read
 #: every call in src/ that reads a file, by module and call, with what it reads: (a) a file
 #: blockcoupling wrote, read through ``store/verified.py`` against its recorded checksum;
