@@ -268,7 +268,7 @@ def test_format_one_sweep_is_read_and_resumed(kinds: dict[str, Path], tmp_path: 
     assert r.exit_code == 0 and f"{path} (sweep): 1 units: 1 done" in r.output, r.output
     with pytest.raises(bc.BlockCouplingError, match="is a sweep collection, not a ViT grid"):
         collect_runs(path)
-    with pytest.raises(bc.BlockCouplingError, match="holds a sweep, not a ViT grid"):
+    with pytest.raises(bc.BlockCouplingError, match="holds a sweep, not a vit-grid"):
         run_grid(VitTrainConfig(**VIT_TINY), path, drop_paths=(0.0,), weight_decays=(0.01,),
                  executor="local", progress=False)
     again = bc.run_sweep(_sweep_spec(kinds["sweep"].parent), path, executor="local", resume=True, progress=False)
@@ -301,7 +301,7 @@ def test_unknown_kind_and_non_collections_are_one_line(kinds: dict[str, Path],
     from blockcoupling.studies.vit.grid import collect_runs, run_grid
     from blockcoupling.studies.vit.train import VitTrainConfig
 
-    with pytest.raises(bc.BlockCouplingError, match="holds a monitor, not a ViT grid"):
+    with pytest.raises(bc.BlockCouplingError, match="holds a monitor, not a vit-grid"):
         run_grid(VitTrainConfig(**VIT_TINY), kinds["monitor"], drop_paths=(0.0,),
                  weight_decays=(0.01,), executor="local", progress=False)
     with pytest.raises(bc.BlockCouplingError, match="is a sweep collection, not a ViT grid"):

@@ -93,7 +93,7 @@ def run_study(out: str | Path, spec: GeneralizationSpec | None = None, *, quick:
                     weight_decays=(spec.train.weight_decay,), seeds=spec.seeds,
                     executor=executor, address=address, num_cpus=1, threads=1,
                     progress=False, on_run=on_run, cluster_cpus=cluster_cpus,
-                    **spec.grid_axes())
+                    train_limits=spec.train_sizes, label_noises=spec.label_noises)
     if done[0] < spec.n_runs:
         _say(progress, f"{spec.n_runs - done[0]} of {spec.n_runs} runs were already trained "
                        f"in {out / GRID}: reused")
