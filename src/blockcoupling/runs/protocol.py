@@ -40,8 +40,8 @@ from blockcoupling.errors import BlockCouplingError, RunDirError
 from blockcoupling.runs import integrity, kinds
 from blockcoupling.runs.executor import (
     CONNECT_TIMEOUT_S,
-    EXECUTORS,
     ExecutorError,
+    check_executor,
     died,
     import_ray,
     ray_session,
@@ -79,6 +79,9 @@ def spec_differences(old: Any, new: Any, prefix: str = "") -> list[str]:
         for k in sorted(set(old) | set(new)):
             out += spec_differences(old.get(k), new.get(k), f"{prefix}{k}.")
         return out
+    if isinstance(old, list) and isinstance(new, list) and len(old) == len(new):
+        return [d for i, (a, b) in enumerate(zip(old, new, strict=True))
+                for d in spec_differences(a, b, f"{prefix}{i}.")]
     return [] if old == new else [f"{prefix.rstrip('.')}: stored {old!r}, now {new!r}"]
 
 
@@ -302,12 +305,9 @@ def run_collection(root: str | os.PathLike[str], *, kind: str, spec: Any,  # noq
     after each unit."""
     from blockcoupling.validate import optional, whole
 
-    if executor not in EXECUTORS:
-        raise ExecutorError(f"executor {executor!r}: choose ray or local")
+    check_executor(executor)
     retries = whole(RETRIES if retries is None else retries, "retries", minimum=0)
     cluster_cpus = optional(whole, cluster_cpus, "cluster-cpus", minimum=1)
-    if executor == "ray":
-        import_ray()
     root = Path(root)
     spec = spec_json(spec)
     ids = {u.unit_id for u in units}

@@ -110,9 +110,9 @@ def decide(root: Path, layout: Layout, *, differences: Callable[[], list[str] | 
         return REPLACE  # nothing of value: the corrected command starts afresh
     if diffs:
         raise RunDirError(
-            f"{root} holds a {layout.what} of other settings ({'; '.join(diffs[:3])}"
-            f"{'; ...' if len(diffs) > 3 else ''}); continue it with the same settings, or "
-            f"choose a new {layout.flag}")
+            f"cannot resume {root}: it holds a {layout.what} of another spec or other "
+            f"settings ({'; '.join(diffs[:3])}{'; ...' if len(diffs) > 3 else ''}); run it "
+            f"with the same ones, or choose a new {layout.flag}")
     if layout.resume_flag is not None and not resume:
         lost = f" whose {layout.record} is lost" if diffs is None else ""
         what = describe() if describe is not None else ""

@@ -42,7 +42,6 @@ version (tiny runs, seconds each).
 from __future__ import annotations
 
 import json
-import os
 import platform
 import re
 import time
@@ -59,6 +58,7 @@ from blockcoupling.engine.statistic import seed_level
 from blockcoupling.errors import BlockCouplingError
 from blockcoupling.fields import check_fields, from_mapping, opt
 from blockcoupling.runs.plans import RunPlan, StudyPlan
+from blockcoupling.store.folder import Layout, decide, open_folder
 from blockcoupling.studies.tiny_lm import (
     TinyLMConfig,
     doubling_checkpoints,
@@ -508,31 +508,49 @@ SPEC_FILE = "study-spec.json"
 #: per run, the content of the checkpoints its sweep units were measured on
 #: (``tiny_lm.cache_digest``): a run trained again into other weights is measured again
 TRAINED_FILE = "trained.json"
-#: what a study's output folder may hold (anything else: another folder, refused)
-STUDY_FILES = ("study.json", "study.html", "prompts.txt", "sweep", SPEC_FILE, TRAINED_FILE,
-               ".lock")
+#: a study's output folder in the run protocol's words (`blockcoupling.store.folder`): what
+#: it may hold (anything else: another's folder, refused); running it again continues it
+LAYOUT = Layout(what="lm-family study", record=SPEC_FILE,
+                files=("study.json", "study.html", "prompts.txt", "sweep", SPEC_FILE,
+                       TRAINED_FILE), resume_flag=None)
 
 
-def _busy(out: Path) -> str:
-    return (f"study folder {out} is in use by another study{{who}}; wait for it to finish or "
-            "stop it, or choose another --out")
+def _identity(out: Path, spec: StudySpec) -> dict[str, Any]:
+    """How the protocol reads a study folder's identity: the spec it records against this
+    one (a lost record is written again: the study's sweep checks its own spec), and
+    whether its sweep has measured anything."""
+    from blockcoupling.runs.protocol import spec_differences
+    from blockcoupling.store import collection as store
+
+    def differences() -> list[str] | None:
+        try:
+            stored = json.loads((out / SPEC_FILE).read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError):
+            return [f"{SPEC_FILE}: unreadable"]
+        return spec_differences(stored, json.loads(json.dumps(spec.to_dict())))
+
+    def has_results() -> bool:
+        root = out / "sweep"
+        return store.is_sweep_dir(root) and any(r.get("status") == "done"
+                                                for r in store.all_status(root))
+
+    return {"differences": differences, "has_results": has_results}
 
 
 def check_study(out: str | Path, spec: StudySpec, executor: str = "local", *,
                 locked: bool = False) -> list[str]:
     """Every check of ``study lm-family`` that needs no training, run before any (and by
     ``--dry-run``): the executor, the held-out prompts (enough of them, each within the
-    models' context), and ``out`` (a folder, writable, not another folder's contents, not in
-    use by another study unless ``locked``, not a study of another spec that has measured
-    something). Returns the prompts. Writes nothing."""
-    from blockcoupling.runs import executor as runner
-    from blockcoupling.store.fileio import lock_holder
+    models' context), and ``out`` by the run protocol (`store.folder.decide`: a folder,
+    writable, not another folder's contents, not in use by another study unless
+    ``locked``, not a study of another spec that has measured something). Returns the
+    prompts. Writes nothing."""
+    from blockcoupling.runs.executor import check_executor
     from blockcoupling.studies.tiny_lm import build_tokenizer, corpus_text
 
-    if executor not in runner.EXECUTORS:
-        raise BlockCouplingError(f"--executor {executor!r}: choose local or ray")
-    if executor == "ray":
-        runner.import_ray()  # installed (the cluster is reached when the sweep starts)
+    check_executor(executor)  # (the cluster is reached when the sweep starts)
     prompts = family_prompts(tiny_config(spec, spec.runs[0]), n=spec.n_prompts,
                              length=spec.prompt_length)
     if len(prompts) < spec.n_prompts:
@@ -544,61 +562,8 @@ def check_study(out: str | Path, spec: StudySpec, executor: str = "local", *,
         if not 1 <= n <= spec.block_size:
             raise BlockCouplingError(f"a held-out prompt is {n} tokens, outside the models' "
                                      f"context of 1 to {spec.block_size}: lower prompt_length")
-    out = Path(out)
-    parent = out
-    while not parent.exists():
-        parent = parent.parent
-    if not parent.is_dir():
-        raise BlockCouplingError(f"--out {out}: {parent} is a file; choose another --out")
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise BlockCouplingError(f"--out {out}: {parent} is not writable; choose a --out in a "
-                                 "folder you can write to")
-    if not out.is_dir():
-        return prompts
-    if not locked and lock_holder(out) is not None:
-        raise BlockCouplingError(_busy(out).replace("{who}", f" (PID {lock_holder(out)})"))
-    other = sorted(p.name for p in out.iterdir() if p.name not in STUDY_FILES)
-    if other:
-        raise BlockCouplingError(f"--out {out} holds other files ({other[0]}, ...); choose a "
-                                 "new or empty --out for the study")
-    if _other_spec(out, spec) and _has_results(out):
-        raise BlockCouplingError(
-            f"{out} holds a study of another spec that has measured checkpoints; give another "
-            "--out, or delete it to start this one there")
+    decide(Path(out), LAYOUT, resume=True, locked=locked, **_identity(Path(out), spec))
     return prompts
-
-
-def _other_spec(out: Path, spec: StudySpec) -> bool:
-    """Whether ``out`` records a study spec other than ``spec``."""
-    try:
-        data = json.loads((out / SPEC_FILE).read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        return False
-    except (OSError, ValueError):
-        return True
-    return bool(data != json.loads(json.dumps(spec.to_dict())))
-
-
-def _has_results(out: Path) -> bool:
-    """Whether the study's sweep has measured anything (else it can be replaced)."""
-    from blockcoupling.store import collection as store
-
-    root = out / "sweep"
-    if not store.is_sweep_dir(root):
-        return False
-    return any(r.get("status") == "done" for r in store.all_status(root))
-
-
-def _start_afresh(out: Path) -> None:
-    """Remove a study of another spec that measured nothing (its sweep, prompts, records)."""
-    import shutil
-
-    for name in ("sweep", "prompts.txt", "study.json", "study.html", SPEC_FILE, TRAINED_FILE):
-        path = out / name
-        if path.is_dir():
-            shutil.rmtree(path)
-        elif path.exists():
-            path.unlink()
 
 
 def _remeasure_retrained(root: Path, digests: dict[str, str], previous: dict[str, str],
@@ -633,16 +598,13 @@ def run_study(out: str | Path, spec: StudySpec | None = None, *, quick: bool = F
 
     Everything that can be checked without training is checked first (`check_study`);
     ``out`` is written only while this study holds its lock."""
-    from blockcoupling.store.fileio import dir_lock, write_json
+    from blockcoupling.store.fileio import write_json
 
     spec = spec if spec is not None else (quick_spec() if quick else full_spec())
     out = Path(out)
-    check_study(out, spec, executor)  # before the folder is made, before any training
-    with dir_lock(out, busy=_busy(out)):
-        prompts = check_study(out, spec, executor, locked=True)
-        if _other_spec(out, spec):  # of another spec, with nothing measured: replaced
-            _start_afresh(out)
-        write_json(out / SPEC_FILE, spec.to_dict())
+    prompts = check_study(out, spec, executor)  # before the folder is made, before training
+    with open_folder(out, LAYOUT, resume=True, **_identity(out, spec)):
+        write_json(out / SPEC_FILE, spec.to_dict())  # (another spec, nothing measured: replaced)
         return _run_study(out, spec, prompts, cache_dir, progress, executor)
 
 
@@ -690,7 +652,7 @@ def _run_study(out: Path, spec: StudySpec, prompts: list[str], cache_dir: str | 
                   "measure": study_measure(spec)}
     root = out / "sweep"
     if is_sweep_dir(root) and not spec_matches(root, sweep_spec):
-        if _has_results(out):
+        if _identity(out, spec)["has_results"]():
             raise BlockCouplingError(f"{root} holds a sweep of another study spec; give another "
                                      "--out or delete it")
         import shutil

@@ -21,7 +21,7 @@ from typing import Any
 from blockcoupling.engine.fastrecord import FastPathWarning, describe, fallback_layers
 from blockcoupling.errors import RunDirError
 from blockcoupling.runs import protocol
-from blockcoupling.runs.executor import CONNECT_TIMEOUT_S
+from blockcoupling.runs.executor import CONNECT_TIMEOUT_S, check_executor
 from blockcoupling.store import collection as store
 from blockcoupling.studies.sweep.spec import SweepSpec, load_spec
 from blockcoupling.studies.sweep.units import Unit, expand
@@ -131,6 +131,7 @@ def run_sweep(spec: str | os.PathLike[str] | Mapping[str, Any] | SweepSpec,
     ``retries``: Ray retries of a unit whose worker died (default: the spec's ``retries``,
     3). Units already done are skipped on resume; failed and unfinished ones run again.
     """
+    check_executor(executor)  # before the spec is read
     sp = load_spec(spec)
     units = expand(sp)
     refused: list[str] = []  # units whose fast path was refused somewhere: said once

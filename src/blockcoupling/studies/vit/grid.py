@@ -40,7 +40,7 @@ from blockcoupling import validate
 from blockcoupling.errors import BlockCouplingError
 from blockcoupling.fields import check_fields, from_mapping, opt
 from blockcoupling.runs import kinds
-from blockcoupling.runs.executor import CONNECT_TIMEOUT_S
+from blockcoupling.runs.executor import CONNECT_TIMEOUT_S, EXECUTORS
 from blockcoupling.studies.vit.train import (
     COUPLING_METRICS,
     METRICS_FILE,
@@ -57,7 +57,6 @@ PAPER_WEIGHT_DECAY: tuple[float, ...] = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.
 #: the old layout's grid record (``blockcoupling collection upgrade`` converts it)
 GRID_FILE = "grid.json"
 GRID_FORMAT = "blockcoupling-vit-grid"
-EXECUTORS = ("ray", "local")
 
 
 KIND = "vit-grid"
@@ -311,11 +310,11 @@ def run_grid(base: VitTrainConfig, root: str | Path, *,
     base config is refused. ``retries``: Ray retries of a run whose worker died.
     """
     from blockcoupling.runs import protocol
+    from blockcoupling.runs.executor import check_executor
     from blockcoupling.store import collection as store
     from blockcoupling.validate import optional, whole
 
-    if executor not in EXECUTORS:
-        raise BlockCouplingError(f"executor {executor!r}: choose ray or local")
+    check_executor(executor)
     num_cpus = whole(num_cpus, "cpus-per-run", minimum=1)
     threads = optional(whole, threads, "threads", minimum=1)
     configs = grid_configs(base, drop_paths, weight_decays, seeds, train_limits=train_limits,
