@@ -66,7 +66,7 @@ def sweep(
         if kind.run is None:  # a kind registered without one (and no command-line run)
             raise BlockCouplingError(f"a {kind.name} spec cannot be run by `sweep`")
         s = kind.run(spec, out, executor=executor or "ray", address=address, resume=resume,
-                     progress=not _STATE["quiet"], num_cpus=cluster_cpus, retries=retries,
+                     progress=not _STATE["quiet"], cluster_cpus=cluster_cpus, retries=retries,
                      connect_timeout=connect_timeout)
     cat = s.catalogue
     failed = cat[cat["status"] == "failed"]
