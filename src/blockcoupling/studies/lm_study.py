@@ -516,27 +516,36 @@ LAYOUT = Layout(what="lm-family study", record=SPEC_FILE,
 
 
 def _identity(out: Path, spec: StudySpec) -> dict[str, Any]:
-    """How the protocol reads a study folder's identity: the spec it records against this
-    one (a lost record is written again: the study's sweep checks its own spec), and
+    """How the protocol reads a study folder's identity: the spec it records (sealed)
+    against this one (a lost record is written again: the study's sweep checks its own
+    spec; a damaged one is replaced where nothing was measured, else one line), and
     whether its sweep has measured anything."""
     from blockcoupling.runs.protocol import spec_differences
-    from blockcoupling.store import collection as store
+    from blockcoupling.store.verified import SEAL, load_sealed
 
     def differences() -> list[str] | None:
-        try:
-            stored = json.loads((out / SPEC_FILE).read_text(encoding="utf-8"))
-        except FileNotFoundError:
+        path = out / SPEC_FILE
+        if not path.exists():
             return None
-        except (OSError, ValueError):
-            return [f"{SPEC_FILE}: unreadable"]
+        try:
+            stored = dict(load_sealed(path, _repair(out)))
+        except BlockCouplingError:
+            if _has_results(out):
+                raise
+            return [f"{SPEC_FILE}: damaged"]
+        stored.pop(SEAL, None)
         return spec_differences(stored, json.loads(json.dumps(spec.to_dict())))
 
-    def has_results() -> bool:
-        root = out / "sweep"
-        return store.is_sweep_dir(root) and any(r.get("status") == "done"
-                                                for r in store.all_status(root))
+    return {"differences": differences, "has_results": lambda: _has_results(out)}
 
-    return {"differences": differences, "has_results": has_results}
+
+def _has_results(out: Path) -> bool:
+    """Whether the study's sweep has measured anything (else it can be replaced)."""
+    from blockcoupling.store import collection as store
+
+    root = out / "sweep"
+    return store.is_sweep_dir(root) and any(r.get("status") == "done"
+                                            for r in store.all_status(root))
 
 
 def check_study(out: str | Path, spec: StudySpec, executor: str = "local", *,
@@ -566,8 +575,31 @@ def check_study(out: str | Path, spec: StudySpec, executor: str = "local", *,
     return prompts
 
 
-def _remeasure_retrained(root: Path, digests: dict[str, str], previous: dict[str, str],
-                         progress: bool) -> None:
+def _repair(out: Path) -> str:
+    """What a reader of a damaged study record is told."""
+    return (f"Delete it and run the same `blockcoupling study lm-family --out {out}` command "
+            "again: the record is written anew (checkpoints whose weights are not known are "
+            "measured again)")
+
+
+def _trained(out: Path) -> dict[str, str] | None:
+    """The study's record of the checkpoints its sweep measured (run id -> cache digest),
+    verified; None when it has none but its sweep measured something (a record lost, or a
+    study of an older blockcoupling): then every measured checkpoint is measured again."""
+    from blockcoupling.store.verified import SEAL, load_sealed
+
+    path = out / TRAINED_FILE
+    if not path.exists():
+        return {} if not _has_results(out) else None
+    data = dict(load_sealed(path, _repair(out)))
+    data.pop(SEAL, None)
+    if not all(isinstance(k, str) and isinstance(v, str) for k, v in data.items()):
+        raise BlockCouplingError(f"{path} is not a record of trained runs. {_repair(out)}")
+    return data
+
+
+def _remeasure_retrained(root: Path, digests: dict[str, str],
+                         previous: dict[str, str] | None, progress: bool) -> None:
     """Mark again as pending the sweep units of runs whose checkpoints now hold other
     weights than those their units were measured on (a damaged cache trained again into
     different weights): the sweep's resume measures them again."""
@@ -576,7 +608,8 @@ def _remeasure_retrained(root: Path, digests: dict[str, str], previous: dict[str
     from blockcoupling.store import collection as store
     from blockcoupling.studies.sweep.units import Unit
 
-    changed = {rid for rid, d in digests.items() if previous.get(rid) not in (None, d)}
+    changed = (set(digests) if previous is None  # no record: everything measured is redone
+               else {rid for rid, d in digests.items() if previous.get(rid) not in (None, d)})
     if not changed or not store.is_sweep_dir(root):
         return
     for rec in store.all_status(root):
@@ -598,13 +631,13 @@ def run_study(out: str | Path, spec: StudySpec | None = None, *, quick: bool = F
 
     Everything that can be checked without training is checked first (`check_study`);
     ``out`` is written only while this study holds its lock."""
-    from blockcoupling.store.fileio import write_json
+    from blockcoupling.store.verified import write_sealed
 
     spec = spec if spec is not None else (quick_spec() if quick else full_spec())
     out = Path(out)
     prompts = check_study(out, spec, executor)  # before the folder is made, before training
     with open_folder(out, LAYOUT, resume=True, **_identity(out, spec)):
-        write_json(out / SPEC_FILE, spec.to_dict())  # (another spec, nothing measured: replaced)
+        write_sealed(out / SPEC_FILE, spec.to_dict())  # (another spec, nothing measured: replaced)
         return _run_study(out, spec, prompts, cache_dir, progress, executor)
 
 
@@ -612,6 +645,7 @@ def _run_study(out: Path, spec: StudySpec, prompts: list[str], cache_dir: str | 
                progress: bool, executor: str) -> StudyResult:
     """`run_study` once its checks passed and its lock is held."""
     from blockcoupling.store.fileio import atomic_write_text, write_json
+    from blockcoupling.store.verified import write_sealed
     from blockcoupling.studies.sweep import is_sweep_dir, open_sweep, run_sweep
     from blockcoupling.studies.sweep.runner import spec_matches
     from blockcoupling.studies.tiny_lm import cache_digest
@@ -652,19 +686,14 @@ def _run_study(out: Path, spec: StudySpec, prompts: list[str], cache_dir: str | 
                   "measure": study_measure(spec)}
     root = out / "sweep"
     if is_sweep_dir(root) and not spec_matches(root, sweep_spec):
-        if _identity(out, spec)["has_results"]():
+        if _has_results(out):
             raise BlockCouplingError(f"{root} holds a sweep of another study spec; give another "
                                      "--out or delete it")
         import shutil
 
         shutil.rmtree(root)  # nothing measured there: replaced
-    try:
-        previous = json.loads((out / TRAINED_FILE).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        previous = {}
-    _remeasure_retrained(root, digests, previous if isinstance(previous, dict) else {},
-                         progress)
-    write_json(out / TRAINED_FILE, digests)
+    _remeasure_retrained(root, digests, _trained(out), progress)
+    write_sealed(out / TRAINED_FILE, digests)
     t1 = time.perf_counter()
     run_sweep(sweep_spec, root, executor=executor, resume=is_sweep_dir(root), progress=progress)
     seconds["measure"] = time.perf_counter() - t1

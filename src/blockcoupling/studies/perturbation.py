@@ -3,20 +3,18 @@
 
 ``run_perturbation`` measures prompt after prompt with `engine.perturb.perturbation_rows`
 (the rule is stated there and in ``OUT/perturbation.json``), each prompt's rows written
-atomically to ``OUT/parts/<index>.parquet``, then its checksum into the sealed record
-``OUT/perturbation.json`` (the commit). A killed run continues with the same command (the
-settings, the model's weights hash and the prompts must match: otherwise one error line).
-When every prompt is done: ``OUT/perturbation.parquet`` (every row), ``OUT/summary.csv``
-(``report.perturb.perturbation_summary``), their checksums in the record, and
-``OUT/perturbation.html`` (the figure). The folder is opened, written and read by the run
-protocol (``store.folder``; docs/DESIGN.md, "Recipe: add a command"): the worked example of
-a command that is not a collection.
+to ``OUT/parts/<index>.parquet`` and its checksum to the folder's ledger
+(``OUT/checksums.json``, `store.verified.Ledger`: one commit). A killed run continues with
+the same command (the settings, the model's weights hash and the prompts must match:
+otherwise one error line). When every prompt is done: ``OUT/perturbation.parquet`` (every
+row), ``OUT/summary.csv`` (``report.perturb.perturbation_summary``) and
+``OUT/perturbation.html`` (the figure), each recorded in the ledger. The folder is opened,
+written and read by the run protocol (``store.folder``; docs/DESIGN.md, "Recipe: add a
+command"): the worked example of a command that is not a collection.
 """
 
 from __future__ import annotations
 
-import io
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +24,7 @@ import pandas as pd
 
 from blockcoupling.errors import BlockCouplingError
 from blockcoupling.store.folder import Layout
+from blockcoupling.store.verified import LEDGER, Ledger, parquet_bytes
 
 SETTINGS = "perturbation.json"
 PARTS = "parts"
@@ -68,37 +67,16 @@ IDENTITY = ("levels", "draws", "seed", "token", "weights_hash", "prompts")
 #: a perturbation folder in the run protocol's words: what it may hold; running the same
 #: command again continues it (no ``--resume``)
 LAYOUT = Layout(what="perturbation run", record=SETTINGS,
-                files=(SETTINGS, PARTS, TABLE, SUMMARY, PAGE), resume_flag=None)
+                files=(SETTINGS, PARTS, TABLE, SUMMARY, PAGE, LEDGER), resume_flag=None)
 
 
-def _again(out: Path) -> str:
-    return (f"delete {out} (or choose a new --out) and run the same command again: its "
-            "prompts are measured again")
+def _ledger(out: Path) -> Ledger:
+    """The folder's ledger: every file the command wrote, with its checksum."""
+    return Ledger(out, f"Run the same blockcoupling perturb command again into {out} (a "
+                       "damaged part is measured again), or delete the folder to start afresh.")
 
 
-def _record(out: Path) -> dict[str, Any]:
-    """The folder's record (``perturbation.json``), its seal checked, or one line."""
-    from blockcoupling.store.integrity import seal_problem
-
-    path = out / SETTINGS
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError) as err:
-        raise BlockCouplingError(f"{path} is unreadable ({err}); {_again(out)}") from err
-    problem = seal_problem(data)
-    if problem is not None:
-        raise BlockCouplingError(f"{path} cannot be trusted: {problem}; {_again(out)}")
-    return dict(data)
-
-
-def _write_record(out: Path, record: dict[str, Any]) -> None:
-    from blockcoupling.store.fileio import atomic_write_text
-    from blockcoupling.store.integrity import sealed_text
-
-    atomic_write_text(out / SETTINGS, sealed_text(record) + "\n")
-
-
-def _stored_parts(out: Path) -> list[Path]:
+def _parts(out: Path) -> list[Path]:
     folder = out / PARTS
     return sorted(p for p in folder.iterdir() if p.is_file()) if folder.is_dir() else []
 
@@ -108,11 +86,11 @@ def _differences(out: Path, settings: dict[str, Any]) -> list[str]:
     ``differences``): each identity key, one line; a record that cannot be trusted is one
     line when nothing was measured (the folder is then replaced), else a refusal."""
     try:
-        stored = _record(out)
+        stored = _ledger(out).json(SETTINGS)
     except BlockCouplingError:
-        if _stored_parts(out):
+        if _parts(out):
             raise
-        return [f"{SETTINGS}: unreadable"]
+        return [f"{SETTINGS}: damaged"]
     return [f"{k}: stored {stored.get(k)!r}, now {settings[k]!r}" for k in IDENTITY
             if stored.get(k) != settings[k]]
 
@@ -126,8 +104,7 @@ def _checked_inputs(model: Any, tokenizer: Any, items: list[Any], token: int) ->
 
     for it in items:
         batch = make_batch(tokenizer, [it], model, torch.device("cpu"))
-        mask = batch.get("attention_mask")
-        ids = batch.get("input_ids")
+        mask, ids = batch.get("attention_mask"), batch.get("input_ids")
         n = int(mask.sum()) if mask is not None else int(ids.shape[-1]) if ids is not None \
             else None
         if n is not None and not -n <= token < n:
@@ -144,9 +121,9 @@ def run_perturbation(model: Any, tokenizer: Any, prompts: Any, out: str | Path, 
     """Run (or continue) the experiment on ``prompts`` into ``out`` by the run protocol
     (`blockcoupling.store.folder.open_folder`): every input checked before the folder is
     opened; a folder of other settings with results refused, one without results replaced;
-    each prompt's part recorded with its checksum in the sealed ``perturbation.json`` and
-    verified when read (a damaged part is measured again); the table and summary rebuilt
-    from the parts."""
+    every file written through the folder's ledger (`store.verified.Ledger`) and read back
+    verified (a damaged part is measured again); the table and summary rebuilt from the
+    parts."""
     import sys
 
     import torch
@@ -160,9 +137,9 @@ def run_perturbation(model: Any, tokenizer: Any, prompts: Any, out: str | Path, 
     from blockcoupling.hashing import canonical_hash
     from blockcoupling.progress import bar
     from blockcoupling.report.perturb import perturbation_summary, write_perturbation_html
-    from blockcoupling.store.fileio import atomic_write_bytes, disk_errors, sha256_bytes
+    from blockcoupling.store.fileio import disk_errors
     from blockcoupling.store.fingerprint import weights_hash
-    from blockcoupling.store.folder import open_folder
+    from blockcoupling.store.folder import CONTINUE, open_folder
     from blockcoupling.validate import whole
 
     levels = check_levels(levels, draws)
@@ -180,18 +157,16 @@ def run_perturbation(model: Any, tokenizer: Any, prompts: Any, out: str | Path, 
         "prompts": canonical_hash([[it.prompt_id, it.text] for it in items]),
         "n_prompts": len(items)}
     with open_folder(out, LAYOUT, resume=True, differences=lambda: _differences(out, settings),
-                     has_results=lambda: bool(_stored_parts(out))) as state, disk_errors(out):
-        record = _record(out) if state == "continue" else {**settings, "parts": {}}
-        record.pop("files", None)  # the table is written again below
-        _write_record(out, record)
-        parts = out / PARTS
-        parts.mkdir(exist_ok=True)
-        names = [f"{i:05d}.parquet" for i in range(len(items))]
-        todo = [(i, it) for i, it in enumerate(items) if _part(out, record, names[i]) is None]
-        damaged = [names[i] for i, _ in todo if names[i] in record["parts"]]
+                     has_results=lambda: bool(_parts(out))) as state, disk_errors(out):
+        ledger = _ledger(out)
+        if state != CONTINUE:
+            ledger.write_json(SETTINGS, settings)
+        names = [f"{PARTS}/{i:05d}.parquet" for i in range(len(items))]
+        todo = [(i, it) for i, it in enumerate(items) if ledger.check([names[i]]) is not None]
+        damaged = [names[i] for i, _ in todo if (out / names[i]).exists()]
         if damaged and progress:
-            print(f"perturbation: {len(damaged)} stored part(s) damaged ({damaged[0]}, ...); "
-                  "their prompts are measured again", file=sys.stderr)
+            print(f"perturbation: {len(damaged)} stored part(s) damaged or unrecorded "
+                  f"({damaged[0]}, ...); their prompts are measured again", file=sys.stderr)
         device = next((p.device for p in model.parameters()), torch.device("cpu"))
         with preserved(model):
             model.eval()
@@ -200,60 +175,29 @@ def run_perturbation(model: Any, tokenizer: Any, prompts: Any, out: str | Path, 
                 rows = perturbation_rows(model, inputs, spec, it.prompt_id, levels=levels,
                                          draws=draws, seed=seed, token=token,
                                          batch_size=batch_size)
-                sink = io.BytesIO()
-                rows.to_parquet(sink, index=False)
-                atomic_write_bytes(parts / names[i], sink.getvalue())
-                record["parts"][names[i]] = sha256_bytes(sink.getvalue())
-                _write_record(out, record)  # the commit point of the part
-        rows = pd.concat([pd.read_parquet(io.BytesIO(_part(out, record, n) or b""))
-                          for n in names], ignore_index=True)
+                ledger.write(names[i], parquet_bytes(rows))  # the part's commit
+        rows = pd.concat([ledger.parquet(n) for n in names], ignore_index=True)
         summary = perturbation_summary(rows)
-        files = {TABLE: _parquet(rows), SUMMARY: summary.to_csv(index=False).encode()}
-        for name, data in files.items():
-            atomic_write_bytes(out / name, data)
-        record["files"] = {name: sha256_bytes(data) for name, data in files.items()}
-        _write_record(out, record)
+        ledger.write(TABLE, parquet_bytes(rows))
+        ledger.write(SUMMARY, summary.to_csv(index=False).encode())
         write_perturbation_html(rows, settings, out / PAGE)
+        ledger.record([PAGE])
     return PerturbationResult(rows, summary, settings, out)
 
 
-def _part(out: Path, record: dict[str, Any], name: str) -> bytes | None:
-    """A part's bytes, if recorded and matching its checksum (else None: measured again)."""
-    from blockcoupling.store.fileio import sha256_bytes
-
-    want = record["parts"].get(name)
-    try:
-        data = (out / PARTS / name).read_bytes()
-    except OSError:
-        return None
-    return data if want is not None and sha256_bytes(data) == want else None
-
-
-def _parquet(rows: pd.DataFrame) -> bytes:
-    sink = io.BytesIO()
-    rows.to_parquet(sink, index=False)
-    return sink.getvalue()
-
-
 def read_perturbation(out: str | Path) -> PerturbationResult:
-    """A finished experiment folder, read back and verified: its sealed record, and its
-    table against the checksum recorded when it was written."""
+    """A finished experiment folder, read back verified (its ledger: the settings and the
+    table against the checksums recorded when they were written)."""
     from blockcoupling.report.perturb import perturbation_summary
-    from blockcoupling.store.integrity import verified_bytes
 
-    out = Path(out)
-    record = _record(out)
-    files = record.get("files") or {}
-    if TABLE not in files:
+    ledger = _ledger(Path(out))
+    if not ledger.has(TABLE):
         raise BlockCouplingError(f"{out} holds no finished perturbation run ({TABLE} not "
                                  "recorded); run the same blockcoupling perturb command "
                                  "again to finish it")
-    data = verified_bytes(out / TABLE, files[TABLE],
-                          "Run the same blockcoupling perturb command again: it is rebuilt "
-                          "from the stored parts.")
-    rows = pd.read_parquet(io.BytesIO(data))
-    settings = {k: v for k, v in record.items() if k not in ("parts", "files", "digest")}
-    return PerturbationResult(rows, perturbation_summary(rows), settings, out)
+    rows = ledger.parquet(TABLE)
+    return PerturbationResult(rows, perturbation_summary(rows), ledger.json(SETTINGS),
+                              Path(out))
 
 
 __all__ = ["PAGE", "RULE", "SETTINGS", "SUMMARY", "TABLE", "PerturbationResult",

@@ -440,8 +440,8 @@ def measure_images(model: torch.nn.Module, pixel_values: Tensor, run_dir: Path, 
 
 # ---------------------------------------------------------------------------- I/O
 def _write_json(path: Path, data: dict[str, Any]) -> None:
-    """``metrics.json`` sealed (``store.integrity.sealed_text``): an edit is detected."""
-    from blockcoupling.store.integrity import sealed_text
+    """``metrics.json`` sealed (``store.verified.sealed_text``): an edit is detected."""
+    from blockcoupling.store.verified import sealed_text
 
     atomic_write_text(path, sealed_text(data))
 
@@ -456,7 +456,7 @@ def metrics_problem(out_dir: str | Path) -> str | None:
     a metrics file, edited, or a finished training whose saved model no longer matches the
     checksum recorded with it), or None. A record written before records were sealed is
     accepted (None) and reported by `read_metrics` as unverified."""
-    from blockcoupling.store.integrity import seal_problem
+    from blockcoupling.store.verified import seal_problem
 
     path = Path(out_dir) / METRICS_FILE
     try:
