@@ -281,7 +281,7 @@ def _waiting_for_lock(fn: Callable[[], Any]) -> Any:
 
 
 # ============================================================================ the driver
-def run_collection(root: str | os.PathLike[str], *, kind: str, spec: Any,  # noqa: C901 - the protocol's steps in order, each a call; split, they would pass a dozen values on
+def run_collection(root: str | os.PathLike[str], *, kind: str, spec: Any,
                    units: Sequence[store.CollectionUnit], work: Work, args: tuple[Any, ...] = (),
                    resume: bool = False, executor: str = "ray", address: str | None = None,
                    cluster_cpus: int | None = None, retries: int | None = None,

@@ -128,12 +128,14 @@ def open_folder(root: Path, layout: Layout, *, differences: Callable[[], list[st
                 has_results: Callable[[], bool], resume: bool = False,
                 describe: Callable[[], str] | None = None) -> Iterator[str]:
     """`decide` (nothing written), then the folder made and locked, `decide` again under
-    the lock, a folder to `REPLACE` (or a `NEW` one's leftovers) emptied; yields the decision while the lock is held."""
+    the lock, a folder to `REPLACE` (or a `NEW` one's leftovers) emptied; yields the decision
+    while the lock is held. A folder it made that is still empty at the end is removed."""
     def again(locked: bool) -> str:
         return decide(root, layout, differences=differences, has_results=has_results,
                       resume=resume, locked=locked, describe=describe)
 
     again(locked=False)
+    made = [p for p in (root, *root.parents) if not p.exists()]  # the folders made here
     with disk_errors(root):
         root.mkdir(parents=True, exist_ok=True)
         lock = DirLock(root, busy=layout.busy(root))
@@ -145,6 +147,9 @@ def open_folder(root: Path, layout: Layout, *, differences: Callable[[], list[st
         yield state
     finally:
         lock.release()
+        for folder in made:  # a body that failed before writing leaves no empty folder behind
+            with contextlib.suppress(OSError):
+                folder.rmdir()
 
 
 def clear(root: Path) -> None:
