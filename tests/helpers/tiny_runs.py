@@ -75,6 +75,16 @@ def cli(*args: str) -> object:
     return CliRunner().invoke(app, list(args), catch_exceptions=True)
 
 
+def measure_rated(root: Path) -> tuple[Path, Path]:
+    """(run, rows): a tiny LM measured on 6 of the 8 `e2h_arc_rows` (``hf:e2h-arc@rows``)."""
+    rows = e2h_arc_rows(root / "e2h_arc.jsonl")
+    model = save_tiny_lm(root / "m")
+    r = cli("-q", "measure", "--model", str(model), "--prompts", f"hf:e2h-arc@{rows}",
+            "--limit", "6", "--k", "2", "--out", str(root / "run"))
+    assert r.exit_code == 0, r.output  # type: ignore[attr-defined]
+    return root / "run", rows
+
+
 def assert_user_error(r: object, *expected: str, code: int = 1) -> str:
     """Exit ``code``, no traceback; for code 1 exactly one line ``error: ...`` holding every
     ``expected`` piece (case-insensitive)."""

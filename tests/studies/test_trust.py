@@ -396,12 +396,12 @@ def _small_spec(**over: Any) -> Any:
 @pytest.fixture
 def no_training(monkeypatch: pytest.MonkeyPatch) -> None:
     """Any training is a failure of the test: the study must refuse before it."""
-    from blockcoupling.studies import lm_study
+    from blockcoupling.studies.lm_study import run
 
     def train(*a: Any, **k: Any) -> None:
         raise AssertionError("the study trained before its checks")
 
-    monkeypatch.setattr(lm_study, "train_tiny_lm", train)
+    monkeypatch.setattr(run, "train_tiny_lm", train)
 
 
 @pytest.mark.parametrize("case", ["executor", "out is a file", "out holds other files",
@@ -430,7 +430,8 @@ def test_a_study_checks_everything_before_it_trains(no_training: None, tmp_path:
         (out / "study-spec.json").write_text(json.dumps({"runs": []}))
         (out / "sweep" / store.STATUS).mkdir(parents=True)
         (out / "sweep" / store.MANIFEST).write_text("{}")
-        (out / "sweep" / store.STATUS / "u.json").write_text(json.dumps({"status": "done"}))
+        (out / "sweep" / store.STATUS / "u.json").write_text(
+            json.dumps({"unit": {"unit_id": "u"}, "status": "done"}))
     before = sorted(p.name for p in out.iterdir()) if out.is_dir() else None
     match = {"executor": "executor", "out is a file": "is a file|--out",
              "out holds other files": "other files", "out in use": "in use",
@@ -510,7 +511,7 @@ def test_a_study_measures_again_what_was_trained_again(tmp_path: Path) -> None:
     measured again, so a run's coupling and its accuracy always come from one training.
     Here the other weights are simulated by the study's record of what it measured."""
     from blockcoupling.store import collection as store
-    from blockcoupling.studies.lm_study import TRAINED_FILE, run_study
+    from blockcoupling.studies.lm_study.run import TRAINED_FILE, run_study
 
     out, cache = tmp_path / "out", tmp_path / "cache"
     spec = _small_spec()
@@ -553,9 +554,16 @@ def test_cross_compares_prompt_texts_not_ids(tmp_path: Path) -> None:
                       **opts)
     bc.measure_to_dir(model, tok, [("p:1", "abc def"), ("p:2", "bad fed")], tmp_path / "b",
                       **opts)
-    with pytest.raises(BlockCouplingError, match="'p:2' is another text in run B"):
+    with pytest.raises(BlockCouplingError, match="only in run A: p:2; only in run B: p:2"):
         cross_coupling(tmp_path / "a", tmp_path / "b")
-    assert len(cross_coupling(tmp_path / "a", tmp_path / "a").coupling) > 0
+    own = cross_coupling(tmp_path / "a", tmp_path / "a").coupling
+    assert len(own) > 0
+    # issue 40: joined by the text, not the id: the same texts under other ids, in another
+    # order, are the same prompts (run A's ids name the rows)
+    bc.measure_to_dir(model, tok, [("q:2", "fed cab"), ("q:1", "abc def")], tmp_path / "c",
+                      **opts)
+    other = cross_coupling(tmp_path / "a", tmp_path / "c").coupling
+    pd.testing.assert_frame_equal(other.drop(columns="run_b"), own.drop(columns="run_b"))
 
 
 def _units(revisions: list[str | None], label: str | None = None) -> list[Any]:
@@ -771,12 +779,13 @@ def test_a_grid_record_from_before_seals_is_read_with_a_warning(tmp_path: Path) 
 def test_a_study_of_another_spec_that_measured_nothing_is_replaced(no_training: None,
                                                                    tmp_path: Path) -> None:
     from blockcoupling.store import collection as store
-    from blockcoupling.studies.lm_study import SPEC_FILE, run_study
+    from blockcoupling.studies.lm_study.run import SPEC_FILE, run_study
 
     out = tmp_path / "out"
     (out / "sweep" / store.STATUS).mkdir(parents=True)
     (out / "sweep" / store.MANIFEST).write_text("{}")
-    (out / "sweep" / store.STATUS / "u.json").write_text(json.dumps({"status": "failed"}))
+    (out / "sweep" / store.STATUS / "u.json").write_text(
+        json.dumps({"unit": {"unit_id": "u"}, "status": "failed"}))
     (out / SPEC_FILE).write_text(json.dumps({"runs": []}))
     spec = _small_spec()
     with pytest.raises(AssertionError, match="trained before"):  # it went on to train

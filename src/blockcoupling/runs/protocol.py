@@ -187,7 +187,8 @@ def recheck_done(root: Path, units: Sequence[store.CollectionUnit]) -> dict[str,
     for u in units:
         rec = store.read_status(root, u.unit_id)
         run = root / store.run_relpath(u.to_dict())
-        if not is_complete(run) and not (rec is not None and rec.get("status") == "done"):
+        if not is_complete(run, damaged=True) and not (rec is not None
+                                                      and rec.get("status") == "done"):
             continue
         problem = integrity.unit_problem(root, rec if rec is not None else {"unit": u.to_dict()})
         if problem is None:
@@ -199,12 +200,15 @@ def recheck_done(root: Path, units: Sequence[store.CollectionUnit]) -> dict[str,
     return repaired
 
 
-def is_complete(run_dir: Path) -> bool:
-    """Whether a run directory's manifest says it is finished (not verified)."""
+def is_complete(run_dir: Path, *, damaged: bool = False) -> bool:
+    """Whether ``run_dir`` holds a finished run (its manifest verified); a manifest that
+    fails its check counts as finished with ``damaged`` (to be checked and measured again)."""
+    from blockcoupling.store.manifest import MANIFEST, load_manifest
+
     try:
-        return json.loads((run_dir / "manifest.json").read_text()).get("status") == "complete"
-    except (OSError, ValueError, AttributeError):
-        return False
+        return load_manifest(run_dir).get("status") == "complete"
+    except RunDirError:
+        return damaged and (run_dir / MANIFEST).exists()
 
 
 # ============================================================================ one unit
@@ -389,4 +393,5 @@ def run_collection(root: str | os.PathLike[str], *, kind: str, spec: Any,
 
 
 __all__ = ["RETRIES", "check_collection", "collection_folder", "collection_identity",
-           "differences", "has_results", "is_complete", "recheck_done", "run_collection", "run_record", "unit_task"]
+           "differences", "has_results", "is_complete", "recheck_done", "run_collection",
+           "run_record", "unit_task"]

@@ -36,8 +36,8 @@ def measure_unit(u: Unit, out: Path) -> dict[str, Any]:
     status fields of a sweep unit: where its time went and whether its fast path was
     refused."""
     from blockcoupling.engine.config import MeasureConfig
+    from blockcoupling.store.reader import is_run_dir, open_run
     from blockcoupling.store.record import measure_to_dir
-    from blockcoupling.store.rundir import is_run_dir, open_run
 
     if is_run_dir(out) and protocol.is_complete(out):
         open_run(out)  # verified: its status then records it

@@ -201,15 +201,9 @@ def load_grid_spec(source: str | Path | dict[str, Any]
     if isinstance(source, dict):
         data = source
     else:
-        import yaml
+        from blockcoupling.store.verified import load_yaml
 
-        path = Path(source)
-        if not path.is_file():
-            raise BlockCouplingError(f"grid spec {path} does not exist")
-        try:
-            data = yaml.safe_load(path.read_text()) or {}
-        except yaml.YAMLError as err:
-            raise BlockCouplingError(f"grid spec {path} is not valid YAML: {err}") from err
+        data = load_yaml(Path(source), "grid spec") or {}
     if not isinstance(data, dict):
         raise BlockCouplingError("a grid spec is a mapping with drop_path, weight_decay, train")
     if data.get("kind", KIND) != KIND:  # before the other keys: another kind's spec
@@ -311,7 +305,6 @@ def run_grid(base: VitTrainConfig, root: str | Path, *,
     """
     from blockcoupling.runs import protocol
     from blockcoupling.runs.executor import check_executor
-    from blockcoupling.store import collection as store
     from blockcoupling.validate import optional, whole
 
     check_executor(executor)
@@ -341,6 +334,14 @@ def run_grid(base: VitTrainConfig, root: str | Path, *,
         connect_timeout=connect_timeout,
         same=_same_base(base_dict), update=_add_points(base_dict, configs, axes),
         resources=lambda u: {"num_cpus": num_cpus}, on_done=done)
+    return _grid_runs(rootp, units)
+
+
+def _grid_runs(rootp: Path, units: list[Any]) -> pd.DataFrame:
+    """The grid's runs table (`collect_runs`), with the runs that failed before writing
+    their ``metrics.json`` added from their status."""
+    from blockcoupling.store import collection as store
+
     runs = collect_runs(rootp)
     runs["message"] = None
     missing = []

@@ -67,6 +67,7 @@ def _upgrade(root: Path) -> bool:
     if not (root / store.LEGACY_GRID_FILE).is_file():
         return False
     from blockcoupling.runs.protocol import run_record
+    from blockcoupling.store.verified import load_json
     from blockcoupling.studies.vit.grid import KIND, grid_unit, headline_tokens
     from blockcoupling.studies.vit.train import METRICS_FILE, VitTrainConfig, is_trained
 
@@ -81,12 +82,12 @@ def _upgrade(root: Path) -> bool:
     folders = [*sorted((root / "runs").glob(f"*/{METRICS_FILE}")),
                *sorted((root / store.UNITS).glob(f"*/{METRICS_FILE}"))]
     for metrics in folders:
+        again = f"Move that run's folder out of {root} and run the upgrade again."
+        record = load_json(metrics, again)  # a record of an older blockcoupling: unsealed
         try:
-            cfg = VitTrainConfig.from_dict(json.loads(metrics.read_text(encoding="utf-8"))
-                                           ["config"])
-        except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError) as err:
-            raise RunDirError(f"cannot read {metrics} ({err}); move that run's folder out of "
-                              f"{root} and run the upgrade again") from err
+            cfg = VitTrainConfig.from_dict(record["config"])
+        except (ValueError, KeyError, TypeError) as err:
+            raise RunDirError(f"{metrics} holds no training config ({err}). {again}") from err
         u = grid_unit(cfg)
         found[u.unit_id] = (u, cfg, metrics.parent)
     if base_dict is None and found:
@@ -140,4 +141,4 @@ GRID_KEYS = ("drop_path", "weight_decay", "train")
 KIND = register(CollectionKind(name="vit-grid", page=_page, repair=_repair, parse_spec=_parse,
                                plan=_plan, headline_tokens="first", unit_check=_unit_check,
                                upgrade=_upgrade, spec_keys=GRID_KEYS, recognises=_recognises,
-                               folder_page=_folder_page))
+                               folder_page=_folder_page, package=__package__ or ""))
