@@ -191,12 +191,15 @@ def _remeasure_retrained(root: Path, digests: dict[str, str],
 
 def run_study(out: str | Path, spec: StudySpec | None = None, *, quick: bool = False,
               cache_dir: str | Path | None = None, progress: bool = True,
-              executor: str = "local") -> StudyResult:
+              executor: str = "local", replace: bool = False) -> StudyResult:
     """Train (or reuse the cached) runs, score and measure every checkpoint (a sweep in
     ``out/sweep``), test the hypotheses and write ``out/study.json`` and ``out/study.html``.
 
     Everything that can be checked without training is checked first (`check_study`);
-    ``out`` is written only while this study holds its lock."""
+    ``out`` is written only while this study holds its lock. A sweep in ``out/sweep`` of
+    other checkpoints (another checkpoint cache, e.g. ``BLOCKCOUPLING_CACHE`` changed) that
+    measured something is refused, unless ``replace``: then it is measured afresh (for a
+    caller that owns ``out``, the demo)."""
     from blockcoupling.store.verified import write_sealed
 
     spec = spec if spec is not None else (quick_spec() if quick else full_spec())
@@ -204,11 +207,11 @@ def run_study(out: str | Path, spec: StudySpec | None = None, *, quick: bool = F
     prompts = check_study(out, spec, executor)  # before the folder is made, before training
     with open_folder(out, LAYOUT, resume=True, **_identity(out, spec)):
         write_sealed(out / SPEC_FILE, spec.to_dict())  # (another spec, nothing measured: replaced)
-        return _run_study(out, spec, prompts, cache_dir, progress, executor)
+        return _run_study(out, spec, prompts, cache_dir, progress, executor, replace)
 
 
 def _run_study(out: Path, spec: StudySpec, prompts: list[str], cache_dir: str | Path | None,
-               progress: bool, executor: str) -> StudyResult:
+               progress: bool, executor: str, replace: bool = False) -> StudyResult:
     """`run_study` once its checks passed and its lock is held."""
     from blockcoupling.store.fileio import write_json
 
@@ -217,7 +220,7 @@ def _run_study(out: Path, spec: StudySpec, prompts: list[str], cache_dir: str | 
     scores, paths, logs, digests = _train(spec, cache_dir, progress)
     seconds = {"train_and_score": time.perf_counter() - t0}
     t1 = time.perf_counter()
-    stat = _measure(out, spec, prompts, paths, digests, executor, progress)
+    stat = _measure(out, spec, prompts, paths, digests, executor, progress, replace)
     seconds["measure"] = time.perf_counter() - t1
     em = emergence_table(stat, scores, spec, where=f"the study in {out}")
     mt = models_table(spec, em, scores, logs)
@@ -266,9 +269,11 @@ def _train(spec: StudySpec, cache_dir: str | Path | None, progress: bool
 
 
 def _measure(out: Path, spec: StudySpec, prompts: list[str], paths: dict[str, list[str]],
-             digests: dict[str, str], executor: str, progress: bool) -> pd.DataFrame:
+             digests: dict[str, str], executor: str, progress: bool, replace: bool = False
+             ) -> pd.DataFrame:
     """Measure every checkpoint as one sweep in ``out/sweep`` (resumed; a run trained again
-    into other weights measured again); the headline statistic per checkpoint."""
+    into other weights measured again; a sweep of other checkpoints refused, or measured
+    afresh with ``replace``); the headline statistic per checkpoint."""
     from blockcoupling.store.fileio import atomic_write_text
     from blockcoupling.store.verified import write_sealed
     from blockcoupling.studies.sweep import is_sweep_dir, open_sweep, run_sweep
@@ -284,12 +289,13 @@ def _measure(out: Path, spec: StudySpec, prompts: list[str], paths: dict[str, li
                   "measure": study_measure(spec)}
     root = out / "sweep"
     if is_sweep_dir(root) and not spec_matches(root, sweep_spec):
-        if _has_results(out):
-            raise BlockCouplingError(f"{root} holds a sweep of another study spec; give another "
-                                     "--out or delete it")
+        if _has_results(out) and not replace:
+            raise BlockCouplingError(f"{root} holds a sweep of other checkpoints (another "
+                                     "study spec or checkpoint cache); give another --out or "
+                                     "delete it")
         import shutil
 
-        shutil.rmtree(root)  # nothing measured there: replaced
+        shutil.rmtree(root)  # nothing measured there, or the caller owns it: replaced
     _remeasure_retrained(root, digests, _trained(out), progress)
     write_sealed(out / TRAINED_FILE, digests)
     run_sweep(sweep_spec, root, executor=executor, resume=is_sweep_dir(root), progress=progress)
