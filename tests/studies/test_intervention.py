@@ -159,17 +159,24 @@ def test_quick_study_end_to_end(tmp_path: Path) -> None:
 
 
 def test_a_grid_written_before_a_training_option_existed_continues() -> None:
-    """A grid's stored base config without a field added later (its default meant) is the
-    same base (its identity, VitTrainConfig.key), so the grid continues; another value of a
-    field that was set is another base."""
+    """A grid's stored base config without a field added later (its default meant), or
+    stored with its first point's values, is the same base (its identity with what the
+    points set left out), so the grid continues; another value of a shared option is
+    another base."""
     from blockcoupling.studies.vit.grid import _same_base
     from blockcoupling.studies.vit.train import VitTrainConfig
 
-    new = VitTrainConfig(steps=30).to_dict()
-    old = {k: v for k, v in new.items()
+    new = VitTrainConfig(steps=30, drop_path=0.0, weight_decay=0.0).to_dict()
+    old = {k: v for k, v in VitTrainConfig(steps=30, drop_path=0.1, seed=2).to_dict().items()
            if k not in ("coupling_term", "coupling_term_images", "coupling_term_directions",
                         "subset_per_seed")}
-    assert _same_base(old, new)
-    assert not _same_base({**old, "drop_path": 0.3}, new)
-    assert not _same_base(new, {**new, "subset_per_seed": True})
-    assert not _same_base(None, new) and not _same_base({"bogus": 1}, new)
+
+    def same(stored: object, base: dict, axes: tuple[str, ...] = ()) -> bool:
+        return _same_base(base, axes)({"spec": {"vit-grid": {"base": stored}}}) == []
+
+    assert same(old, new)
+    assert not same({**old, "steps": 31}, new)
+    assert not same(new, {**new, "subset_per_seed": True})
+    assert same({**old, "train_limit": 90}, new, ("train_limit",))
+    assert not same({**old, "train_limit": 90}, new)
+    assert not same(None, new) and not same({"bogus": 1}, new)

@@ -11,6 +11,7 @@ from blockcoupling.cli.app import (
     ADDRESS_HELP,
     CLUSTER_CPUS_HELP,
     JSON_HELP,
+    Group,
     app,
     echo_json,
     guarded,
@@ -23,7 +24,7 @@ TRAIN_EXECUTOR_HELP = ("How the runs train: local (one after the other in this p
 STUDY_DRY_RUN_HELP = ("Check the design and print its plan (runs, steps, measured checkpoints, "
                       "the measurement of each, an estimated time); train and write nothing.")
 
-study_app = typer.Typer(help="Built-in studies that test the paper's claims end to end.",
+study_app = typer.Typer(cls=Group, help="Built-in studies that test the paper's claims end to end.",
                         no_args_is_help=True)
 app.add_typer(study_app, name="study")
 

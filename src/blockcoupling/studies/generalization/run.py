@@ -31,6 +31,7 @@ import numpy as np
 import pandas as pd
 
 from blockcoupling.errors import BlockCouplingError
+from blockcoupling.store.folder import Layout
 from blockcoupling.studies import joins
 from blockcoupling.studies.generalization.analysis import analyse, positive_control
 from blockcoupling.studies.generalization.design import (
@@ -49,6 +50,11 @@ __all__ = ["run_cpu", "run_reporter", "run_statistics", "run_study", "say", "ver
 
 GRID = "grid"
 CONTROL = "control"
+#: a study's folder in the run protocol's words: its grids and what the study writes from them
+LAYOUT = Layout(what="generalization study", record=GRID,
+                files=(GRID, CONTROL, "study.json", "study.html", "runs.csv", "cells.csv",
+                       "control.csv"),
+                resume_flag=None)
 
 
 def say(progress: bool, line: str) -> None:
@@ -78,10 +84,22 @@ def run_study(out: str | Path, spec: GeneralizationSpec | None = None, *, quick:
     write ``study.json``, ``study.html``, ``runs.csv`` and ``cells.csv`` into ``out``.
     ``executor``: ``local`` (one run after the other in this process) or ``ray`` (one task
     per run, one CPU and one torch thread each)."""
+    from blockcoupling.runs.executor import check_executor
+    from blockcoupling.runs.protocol import has_results
+    from blockcoupling.store.folder import open_folder
+
     spec = spec if spec is not None else (quick_spec() if quick else full_spec())
     out = Path(out)
-    if out.exists() and not out.is_dir():
-        raise BlockCouplingError(f"--out {out} is a file; give a folder for the study")
+    check_executor(executor)
+    # the study's folder by the run protocol; its identity is its grid's (its base config)
+    with open_folder(out, LAYOUT, resume=True, differences=lambda: [],
+                     has_results=lambda: has_results(out / GRID)):
+        return _run_study(out, spec, executor, address, cluster_cpus, progress)
+
+
+def _run_study(out: Path, spec: GeneralizationSpec, executor: str, address: str | None,
+               cluster_cpus: int | None, progress: bool) -> GeneralizationResult:
+    """`run_study` once its folder is open and locked."""
     t0, cpu0 = time.perf_counter(), time.process_time()
     trained = _train(spec, out, executor, address, cluster_cpus, progress)
     seconds = {"train": time.perf_counter() - t0}

@@ -25,6 +25,7 @@ import numpy as np
 import pandas as pd
 
 from blockcoupling.errors import BlockCouplingError
+from blockcoupling.store.folder import Layout
 from blockcoupling.studies.intervention.analysis import analyse
 from blockcoupling.studies.intervention.design import (
     InterventionSpec,
@@ -38,6 +39,10 @@ from blockcoupling.studies.intervention.result import InterventionResult
 __all__ = ["read_runs", "run_study"]
 
 GRID = "grid"
+#: the study's folder in the run protocol's words: its grid and what the study writes from it
+LAYOUT = Layout(what="intervention study", record=GRID,
+                files=(GRID, "study.json", "study.html", "runs.csv", "arms.csv"),
+                resume_flag=None)
 #: the variants read from every run (the design's first)
 READ_VARIANTS = ("coupling_vs_rotated", "coupling_vs_null", "coupling")
 
@@ -86,27 +91,39 @@ def run_study(out: str | Path, spec: InterventionSpec | None = None, *, quick: b
               executor: str = "local", address: str | None = None,
               cluster_cpus: int | None = None, progress: bool = True) -> InterventionResult:
     """Train (or reuse) every run of ``spec`` into ``out/grid``, read them, run the tests and
-    write ``study.json``, ``runs.csv``, ``arms.csv`` and ``study.html`` into ``out``."""
+    write ``study.json``, ``runs.csv``, ``arms.csv`` and ``study.html`` into ``out``; the
+    folder is opened and locked by the run protocol (``store.folder.open_folder``)."""
+    from blockcoupling.runs.executor import check_executor
+    from blockcoupling.runs.protocol import has_results
+    from blockcoupling.store.folder import open_folder
+
+    spec = spec if spec is not None else (quick_spec() if quick else full_spec())
+    out = Path(out)
+    check_executor(executor)
+    with open_folder(out, LAYOUT, resume=True, differences=lambda: [],
+                     has_results=lambda: has_results(out / GRID)):
+        return _run_study(out, spec, executor, address, cluster_cpus, progress)
+
+
+def _run_study(out: Path, spec: InterventionSpec, executor: str, address: str | None,
+               cluster_cpus: int | None, progress: bool) -> InterventionResult:
+    """`run_study` once its folder is open and locked."""
+    from blockcoupling.store.fileio import write_json
     from blockcoupling.studies.generalization.run import run_cpu, run_reporter, say, versions
     from blockcoupling.studies.intervention.page import write_study_page
     from blockcoupling.studies.intervention.statement import statement
     from blockcoupling.studies.vit.grid import run_grid
 
-    spec = spec if spec is not None else (quick_spec() if quick else full_spec())
-    out = Path(out)
-    if out.exists() and not out.is_dir():
-        raise BlockCouplingError(f"--out {out} is a file; give a folder for the study")
     t0 = time.perf_counter()
     for line in describe_design(spec):
         say(progress, line)
-    out.mkdir(parents=True, exist_ok=True)
     done, on_run = run_reporter(progress, spec.n_runs)
     runs = run_grid(spec.train, out / GRID, **spec.grid(), executor=executor, address=address,
                     num_cpus=1, threads=1, progress=False, on_run=on_run,
                     cluster_cpus=cluster_cpus)
     if done[0] < spec.n_runs:
         say(progress, f"{spec.n_runs - done[0]} of {spec.n_runs} runs were already trained "
-                       f"in {out / GRID}: reused")
+                      f"in {out / GRID}: reused")
     seconds = {"train": time.perf_counter() - t0}
     failed = runs[runs["status"] != "complete"]
     if len(failed) or len(runs) < spec.n_runs:
@@ -123,11 +140,8 @@ def run_study(out: str | Path, spec: InterventionSpec | None = None, *, quick: b
                                 statement(spec, analysis, powers), seconds, versions())
     seconds["total"] = time.perf_counter() - t0
     seconds["cpu_runs"] = float(np.nansum([run_cpu(p) for p in table["path"]]))
-    from blockcoupling.store.fileio import write_json
-
     write_json(out / "study.json", result.to_dict())
     table.to_csv(out / "runs.csv", index=False)
     analysis["arms"].to_csv(out / "arms.csv", index=False)
     write_study_page(result, out / "study.html")
     return result
-
