@@ -83,7 +83,7 @@ def test_sweep_json_sweep_status_json_and_the_deprecated_alias(tiny: Path) -> No
 
 def test_list_options_take_one_value_where_one_is_used(tmp_path: Path) -> None:
     r = cli("vit-train", "--out", str(tmp_path / "v"), "--k", "10,30")
-    assert r.exit_code == 1
+    assert r.exit_code == 2
     assert r.output.strip().splitlines() == [
         "error: --k 10,30: this command uses one value (e.g. --k 10); lists are for measure"]
     assert not (tmp_path / "v").exists()

@@ -215,39 +215,65 @@ def test_lm_family_dry_run_prints_runs_steps_and_checkpoints(tmp_path: Path) -> 
     assert not out.exists()
 
 
-@pytest.mark.parametrize("device", ["auto", "cpu", "cuda", "cuda:1", "mps", "xpu", "xpu:0"])
-def test_any_device_torch_names_is_a_valid_model_device(device: str) -> None:
-    """The model's device is checked as a name torch knows (an Intel GPU's ``xpu`` too), not
-    against a fixed list; its presence is checked when the model loads."""
-    from blockcoupling.loading import ModelSource
+def _built(kind: str) -> bool:
+    """Whether this torch was built for device type ``kind`` (the oracle: torch's own
+    build flags; other types have no backend in a stock build)."""
+    import torch
 
-    assert ModelSource(model="gpt2", device=device).device == device
+    return {"cpu": True, "cuda": torch.backends.cuda.is_built(),
+            "mps": torch.backends.mps.is_built(),
+            "xpu": bool(getattr(torch.xpu, "_is_compiled", lambda: False)())}.get(kind, False)
+
+
+@pytest.mark.parametrize("device", ["auto", "cpu", "cpu:0", "cuda", "cuda:1", "cuda:7", "mps",
+                                    "xpu", "xpu:0", "hip", "xla", "ipu", "hpu", "meta"])
+def test_every_device_name_is_checked_against_this_build(device: str) -> None:
+    """A device name is accepted where this torch was built for its type (``cuda`` on a CUDA
+    or ROCm build, ``mps``, ``xpu``), whatever machine it runs on (a spec may name the GPU of
+    its Ray workers); one a stock build lacks (``hip``, ``xla``, ``cuda`` on a CPU build:
+    a traceback from ``model.to`` before) is one line naming what this build has, for the
+    model's device and the analysis device alike."""
+    from blockcoupling.engine.config import MeasureConfig
+    from blockcoupling.loading import ModelSource
+    from blockcoupling.validate import OptionError
+
+    kind = device.split(":")[0]
+    if device == "auto" or (kind != "meta" and _built(kind)):
+        assert ModelSource(model="gpt2", device=device).device == device
+        if device != "auto":
+            assert MeasureConfig.parse(analysis_device=device).analysis_device == device
+        return
+    for make in (lambda: ModelSource(model="gpt2", device=device),
+                 lambda: MeasureConfig.parse(analysis_device=device)):
+        with pytest.raises(OptionError, match=r"(built without|no weights).*choose auto, cpu"):
+            make()
 
 
 @pytest.mark.parametrize("device", ["tpu:7", "gpu", "", 3])
 def test_a_device_torch_cannot_name_is_one_line(device: object) -> None:
-    from blockcoupling.errors import BlockCouplingError
     from blockcoupling.loading import ModelSource
+    from blockcoupling.validate import OptionError
 
-    with pytest.raises(BlockCouplingError, match="choose auto, cpu, cuda"):
+    with pytest.raises(OptionError, match="is not a device name; choose auto, cpu"):
         ModelSource(model="gpt2", device=device)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("device", ["xpu", "xpu:0", "mps", "cuda:99", "meta"])
 def test_a_device_this_machine_lacks_is_one_line_when_the_model_loads(device: str) -> None:
-    """A name torch knows but this machine does not have (an ``xpu`` on a CPU-only torch
-    raised torch's AssertionError from ``model.to``) is refused by `resolve_device`, which
-    every load calls, with one line; the CPU is always there."""
+    """A name this torch was built for but this machine does not have (no such GPU, an index
+    past the last) is refused by `resolve_device`, which every load calls, with one line;
+    the CPU is always there."""
     import torch
 
-    from blockcoupling.errors import BlockCouplingError
     from blockcoupling.loading import resolve_device
+    from blockcoupling.validate import OptionError
 
     present = {"xpu": torch.xpu.is_available(), "mps": torch.backends.mps.is_available(),
                "cuda": torch.cuda.device_count() > 99, "meta": False}
     if present[device.split(":")[0]]:
         pytest.skip(f"{device} exists on this machine")
-    with pytest.raises(BlockCouplingError, match=f"--device {device}.*(visible|no weights)"):
+    with pytest.raises(OptionError, match=f"^--device {device}.*(built without|visible|"
+                                          "this machine has|no weights)"):
         resolve_device(device)
     assert resolve_device("cpu:0") == torch.device("cpu:0")
 

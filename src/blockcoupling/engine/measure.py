@@ -516,7 +516,7 @@ def _iter_parts(model: torch.nn.Module, tokenizer: Any, items: list[MeasureInput
         if cfg.analysis_device is not None:
             from blockcoupling.loading import resolve_device
 
-            resolve_device(cfg.analysis_device)  # a clear error for an unavailable device
+            resolve_device(cfg.analysis_device, "--analysis-device")  # one line if absent
     device = _model_device(model)
     hidden_dtype = _model_dtype(model)  # the precision the hidden states carry
     readout = lens.readout(model, spec) if cfg.logit_lens else None

@@ -48,8 +48,9 @@ MODEL_KEYS = ("label", "model", "revisions", "steps", "checkpoints", "resources"
 _MEASURE_FORBIDDEN: tuple[str, ...] = ("extra",)
 
 
-class SpecError(BlockCouplingError):
-    """The sweep specification is invalid (the message names the key and the fix)."""
+class SpecError(validate.OptionError):
+    """The sweep specification is invalid (the message names the key and the fix): refused
+    as an option is (the command line's exit 2), before anything is written."""
 
 
 def _checked(record: Any, prefix: str = "") -> None:
@@ -113,8 +114,7 @@ class SweepSpec:
     measure: dict[str, Any]              # the user's measure: mapping, as given (normalised)
     limit: int | None = opt(None, "Prompts per set (a seeded subset).",
                             check=(validate.whole, {"minimum": 1}))
-    seed: int = opt(0, "Seed of the prompt subsets and randomized SVDs.",
-                    check=(validate.whole, {"minimum": 0}))
+    seed: int = opt(0, "Seed of the prompt subsets and randomized SVDs.", check=validate.SEED)
     retries: int = opt(3, "Ray retries of a unit whose worker died.",
                        check=(validate.whole, {"minimum": 0}))
     name: str = opt("", "The sweep's name.")
@@ -218,7 +218,7 @@ def _model(entry: Any, i: int, base: Path, spec: Mapping[str, Any]) -> ModelSpec
     try:
         with key_names(""):  # a top-level default this entry takes: named where it is written
             for key in [k for k in given if k not in entry]:
-                from_mapping(ModelSource, {key: given[key]})
+                from_mapping(ModelSource, {key: given[key]}, given_rules=False)
         with key_names(f"{ctx}."):  # top-level defaults, then the entry's own values
             source = from_mapping(ModelSource, {"model": entry.get("model"), **given})
     except BlockCouplingError as err:
