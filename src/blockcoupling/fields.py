@@ -13,9 +13,10 @@ dataclass whose fields are made with `opt`. The field's metadata says
   ``__post_init__``; to each item of a tuple) and, on the command line, by click as the
   option is parsed (`check_value`); the message names the option;
 * ``requires``: ``(other field, value)``: the field may be given only where ``other`` has
-  that value (``init_seed`` needs ``init="random"``): a rule between options, checked
-  where the options given are known (`check_given`: the command line, `from_mapping` of a
-  spec), never dropped without a word;
+  that value (``init_seed`` needs ``init="random"``; `GIVEN`: any value but None,
+  ``max_memory`` needs a ``device_map``): a rule between options, checked where the
+  options given are known (`check_given`: the command line, `from_mapping` of a spec, a
+  record's own fields that differ from their defaults), never dropped without a word;
 * ``hashed``: whether the field enters the record's identity (`identity`): ``True``,
   ``False``, ``"if_set"`` (only when not ``None``: a field added later keeps every earlier
   hash) or ``"if_changed"`` (only when it differs from its default: a switch added later,
@@ -42,11 +43,22 @@ from typing import Any
 from blockcoupling import validate
 from blockcoupling.errors import BlockCouplingError
 
-__all__ = ["OptionSpec", "check_fields", "check_given", "check_value", "cli_options",
+__all__ = ["GIVEN", "OptionSpec", "changed", "check_fields", "check_given", "check_value", "cli_options",
            "from_mapping", "from_options", "identity", "key_names", "opt", "option_name",
            "parse_given"]
 
 _MISSING: Any = dataclasses.MISSING
+
+
+class _Given:
+    """`GIVEN`: the value of a ``requires`` that any value but None meets."""
+
+    def __repr__(self) -> str:
+        return "GIVEN"
+
+
+#: ``requires=(field, GIVEN)``: the field may be given only where ``field`` is given too
+GIVEN: Any = _Given()
 
 
 def opt(default: Any = _MISSING, help: str = "", *, parse: Callable[[str, Any], Any] | None = None,
@@ -143,24 +155,38 @@ def check_given(cls: Any, given: Mapping[str, Any], values: Mapping[str, Any], *
         if need is None or f.name not in given:
             continue
         other, wanted = need
-        if values.get(other) != wanted:
+        met = values.get(other) is not None if wanted is GIVEN else values.get(other) == wanted
+        if not met:
             def name(field: str) -> str:
                 return option_name(field, prefix=prefix, dashes=dashes)
 
             is_key = _KEY_PREFIX.get() is not None or not dashes  # a spec's key: "init: random"
-            need_ = f"{name(other)}{': ' if is_key else ' '}{wanted}"
+            need_ = name(other) if wanted is GIVEN else \
+                f"{name(other)}{': ' if is_key else ' '}{wanted}"
             raise validate.OptionError(f"{name(f.name)} applies with {need_} only; give "
                                        f"{need_} too, or drop {name(f.name)}")
 
 
+def changed(record: Any) -> dict[str, Any]:
+    """The fields of ``record`` that differ from their defaults (what a record made in
+    Python was given, for `check_given`)."""
+    out = {}
+    for f in _fields(record):
+        factory: Any = f.default_factory
+        default = f.default if f.default is not _MISSING else (
+            factory() if factory is not _MISSING else _MISSING)
+        if getattr(record, f.name) != default:
+            out[f.name] = getattr(record, f.name)
+    return out
+
+
 def from_mapping(cls: Any, data: Any, where: str = "", *, base: Any = None,
-                 parse: bool = True, skip: tuple[str, ...] = (), given_rules: bool = True) -> Any:
+                 parse: bool = True, skip: tuple[str, ...] = ()) -> Any:
     """A record of ``cls`` from a mapping (a YAML section, keyword values), on top of
     ``base`` (default: the field defaults). Unknown keys, a value its field's parser refuses,
     and a record that does not validate are one [`BlockCouplingError`][blockcoupling.errors.BlockCouplingError] line that names
     the key and ``where`` it was (``"measure"``, ``"runs[2]"``); ``parse=False`` takes the
-    values as typed; ``given_rules=False`` leaves the rules between the keys given
-    (`check_given`) to a later call with all of them."""
+    values as typed; the rules between the keys given are checked (`check_given`)."""
     pre = f"{where}: " if where else ""
     if not isinstance(data, Mapping):
         raise validate.OptionError(f"{pre}give a mapping of {_names(cls, skip)}, not {data!r}")
@@ -177,9 +203,8 @@ def from_mapping(cls: Any, data: Any, where: str = "", *, base: Any = None,
     try:
         values = parse_given(cls, data) if parse else dict(data)
         record = dataclasses.replace(base, **values) if base is not None else cls(**values)
-        if given_rules:
-            check_given(cls, data, {f.name: getattr(record, f.name) for f in _fields(cls)},
-                        dashes=False)
+        check_given(cls, data, {f.name: getattr(record, f.name) for f in _fields(cls)},
+                    dashes=False)
         return record
     except BlockCouplingError as err:  # a spec's key: refused as an option is
         kind = type(err) if isinstance(err, validate.OptionError) else validate.OptionError
@@ -243,6 +268,8 @@ class OptionSpec:
     check: Callable[[Any], Any] | None = None
     #: the field's range rule (``(fn, bounds)``), for what reads the options (tests, docs)
     rule: tuple[Callable[..., Any], dict[str, Any]] | None = None
+    #: ``(other field, value)``: the option applies only where that field has that value
+    requires: tuple[str, Any] | None = None
 
 
 def _plain_type(tp: Any) -> Any:
@@ -286,5 +313,6 @@ def cli_options(cls: Any, *, exclude: tuple[str, ...] = (),
             help_ = f"{help_} [default: {shown}]"
         check = None if is_flag else functools.partial(check_value, cls, f.name, label=flag)
         out.append(OptionSpec(f.name, flag, help_, bool if is_flag else plain, is_flag,
-                              metavar, check, f.metadata.get("check")))
+                              metavar, check, f.metadata.get("check"),
+                              f.metadata.get("requires")))
     return out

@@ -23,7 +23,16 @@ import torch
 
 from blockcoupling import validate
 from blockcoupling.errors import BlockCouplingError, require
-from blockcoupling.fields import OptionSpec, check_fields, cli_options, opt, option_name
+from blockcoupling.fields import (
+    GIVEN,
+    OptionSpec,
+    changed,
+    check_fields,
+    check_given,
+    cli_options,
+    opt,
+    option_name,
+)
 from blockcoupling.progress import interactive
 
 MODEL_DTYPES = {
@@ -290,10 +299,10 @@ class ModelSource:
         check=validate.rule(_device_map))
     max_memory: str | None = opt(
         None, "With --device-map: memory per device, e.g. 0=20GiB,cpu=60GiB.", cli=True,
-        check=validate.rule(_max_memory))
+        check=validate.rule(_max_memory), requires=("device_map", GIVEN))
     offload_folder: str | None = opt(
         None, "With --device-map: folder for blocks offloaded to disk.", cli=True,
-        check=(validate.text, {"example": "offload"}))
+        check=(validate.text, {"example": "offload"}), requires=("device_map", GIVEN))
     quantize: str | None = opt(
         None, "Load the weights in 8 or 4 bits: bnb-8bit, bnb-4bit (bitsandbytes), "
         "torchao-int8; each block is dequantized to the analysis dtype.", cli=True,
@@ -327,11 +336,9 @@ class ModelSource:
             raise validate.OptionError(
                 f"{name('init')} random builds the model in memory; {name('device_map')} and "
                 f"{name('quantize')} apply to checkpoints only (drop them)")
-        if self.device_map is None and (self.max_memory is not None
-                                        or self.offload_folder is not None):
-            given = name("max_memory" if self.max_memory is not None else "offload_folder")
-            raise validate.OptionError(f"{given} applies with {name('device_map')} only; give "
-                                       f"{name('device_map')} auto too, or drop {given}")
+        # the rules between options (``requires``) on what was set: a command line and a
+        # spec check them on what was given (an explicit --init-seed 0 too)
+        check_given(type(self), changed(self), vars(self), prefix="--")
 
     def meta(self, **extra: Any) -> dict[str, Any]:
         """What a run's meta records of its model: ``model``, ``revision``, the caller's

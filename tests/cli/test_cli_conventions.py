@@ -181,3 +181,157 @@ def test_json_flag_and_the_older_json_file_form(tmp_path: Path) -> None:
     r = cli("chance-floor", "--scores", "paper", "--json", str(tmp_path / "floor.json"))
     assert r.exit_code == 0 and f"wrote {tmp_path / 'floor.json'}" in r.output, r.output
     assert json.loads((tmp_path / "floor.json").read_text()) == doc
+
+
+# ---------------------------------------------------------------- every option, checked as parsed
+#: what each command needs to reach its options; nothing named here is read: every option
+#: is checked as it is parsed, before the command's body runs
+_NEEDS: dict[str, list[str]] = {
+    "correlate": ["RUN", "--scores", "paper"], "chance-floor": ["--scores", "paper"],
+    "cross": ["RUN", "RUN2"], "difficulty": ["RUN"], "show": ["RUN"], "models": [],
+    "perturb": ["--model", "M", "--prompts", "p.txt", "--out", "OUT"],
+    "measure": ["--model", "M", "--prompts", "p.txt", "--out", "OUT"],
+    "report": ["RUN", "--out", "OUT/r.html"], "demo": ["--out", "OUT"],
+    "sweep": ["spec.yaml", "--out", "OUT"], "sweep-status": ["OUT"],
+    "vit-train": ["--out", "OUT"], "vit-grid": ["--out", "OUT"],
+    "vit-figures": ["OUT", "--out", "OUT/f"], "study lm-family": ["--out", "OUT"],
+    "study generalization": ["--out", "OUT"], "collection upgrade": ["OUT"],
+}
+#: options that take any text (a name, a path, an address): nothing to refuse as they are
+#: parsed; what they name is checked when it is read, in one line (tests/cli/test_bad_input.py)
+_FREE_TEXT = {"--model", "--prompts", "--out", "--json-out", "--scores", "--labels",
+              "--prompt-column", "--split", "--revision", "--blocks", "--offload-folder",
+              "--cache-dir", "--address", "--spec", "--runs", "--ratings", "--model-a",
+              "--data-dir"}
+
+
+@pytest.fixture(scope="module")
+def parse() -> object:
+    """The CLI run in this process, its click commands built once (building them is most of
+    an invocation's time: the option test runs hundreds)."""
+    from unittest import mock
+
+    from typer.testing import CliRunner
+
+    group = typer.main.get_command(app)
+
+    def run(*args: str) -> object:
+        with mock.patch("typer.testing._get_command", lambda _: group):
+            return CliRunner().invoke(app, list(args), catch_exceptions=True)
+
+    return run
+
+
+def _rule_of(param: object) -> object:
+    """The `validate.Rule` an option is checked by as it is parsed (None: none)."""
+    callback = getattr(param, "callback", None)
+    callback = getattr(callback, "__wrapped__", callback)
+    resolve = getattr(callback, "resolve", None)
+    return resolve() if resolve is not None else None
+
+
+def _bad_values(rule: object) -> list[str]:
+    """Values ``rule`` refuses: one of the wrong type, and each bound crossed."""
+    from blockcoupling import validate
+
+    out = ["not-a-value"]
+    if rule is None:
+        return out
+    fn, bounds = rule  # type: ignore[misc]
+    if fn in (validate.whole, validate.number):
+        out += ["nan"] + (["1.5"] if fn is validate.whole else [])
+        for key, step in (("minimum", -1), ("maximum", 1), ("above", 0), ("below", 0)):
+            if bounds.get(key) is not None:
+                out.append(f"{bounds[key] + step:g}" if fn is validate.number
+                           else str(bounds[key] + step))
+    if fn is validate.device_name:
+        out += ["hip", "xla", "tpu:7"]
+    return out
+
+
+def _value_options(cmd: object, name: str) -> list[object]:
+    return [p for p in cmd.get_params(click.Context(cmd, info_name=name))  # type: ignore[attr-defined]
+            if _is_option(p) and not getattr(p, "is_flag", False) and p.opts[0] != "--help"]
+
+
+def test_every_command_is_enumerated() -> None:
+    assert {name for name, cmd in _commands() if not hasattr(cmd, "list_commands")} == \
+        set(_NEEDS)
+
+
+@pytest.mark.parametrize("command", sorted(_NEEDS))
+def test_every_option_refuses_bad_values_as_it_is_parsed(
+        command: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, parse: object) -> None:
+    """Every option of every command (sub-commands too) that takes a value: a value of the
+    wrong type and each bound of its declared rule crossed are refused in one line naming
+    the option, exit 2, as the options are parsed: nothing is loaded, nothing is written.
+    An option that takes a value is either checked by a rule (its record field's, or the
+    `validate.Rule` its command declares) or listed as free text."""
+    monkeypatch.chdir(tmp_path)
+    cmd = dict(_commands())[command]
+    unchecked = []
+    for param in _value_options(cmd, command):
+        flag = param.opts[0]  # type: ignore[attr-defined]
+        rule = _rule_of(param)
+        from blockcoupling import validate
+
+        if flag in _FREE_TEXT or (rule is not None and rule[0] is validate.text):  # type: ignore[index]
+            continue
+        if rule is None:
+            annotation = getattr(getattr(param, "type_descriptor", None), "annotation", None)
+            if annotation in (int, float, int | None, float | None):
+                unchecked.append(flag)  # a number without a declared range
+        for bad in _bad_values(rule):
+            r = parse(*command.split(), *_NEEDS[command], flag, bad)  # type: ignore[operator]
+            lines = r.output.strip().splitlines()  # type: ignore[attr-defined]
+            where = f"{command} {flag} {bad}: {r.output!r}"  # type: ignore[attr-defined]
+            assert r.exit_code == 2, where  # type: ignore[attr-defined]
+            assert len(lines) == 1 and lines[0].startswith("error: ") and flag in lines[0], where
+            assert list(tmp_path.iterdir()) == [], f"{where} wrote {list(tmp_path.iterdir())}"
+    assert unchecked == [], f"{command}: numbers without a declared rule: {unchecked}"
+
+
+def test_every_rule_between_options_is_refused_in_one_line(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, parse: object) -> None:
+    """The rules between options, declared once: a field's ``requires`` (``--init-seed``
+    needs ``--init random``) and a command's ``exclusive`` options (``--spec`` or
+    ``--quick``): breaking one is one line naming both, exit 2, nothing written; never a
+    silent drop."""
+    from blockcoupling import validate
+
+    monkeypatch.chdir(tmp_path)
+
+    def value(param: object) -> list[str]:
+        """The option given with a value it accepts alone (its default, else 3)."""
+        flag = param.opts[0]  # type: ignore[attr-defined]
+        default = getattr(param, "default", None)
+        return [flag] if getattr(param, "is_flag", False) else \
+            [flag, "3" if default is None else str(default)]
+
+    seen = []
+    for name, cmd in _commands():
+        params = {p.name: p for p in cmd.get_params(click.Context(cmd, info_name=name))}
+        for p in params.values():
+            requires = getattr(getattr(p.callback, "__wrapped__", p.callback), "requires", None)
+            if requires:
+                r = parse(*name.split(), *_NEEDS[name], *value(p))  # type: ignore[operator]
+                flag = p.opts[0]
+                assert r.exit_code == 2 and f"{flag} applies with --{requires[0]} " \
+                    f"{requires[1]} only" in r.output, (name, flag, r.output)
+                seen.append((name, flag))
+        for a, others in getattr(cmd, "exclusive", {}).items():
+            for b in others:
+                group = [p for k, p in params.items() if k.startswith(f"{b}__")
+                         and (_rule_of(p) or (None,))[0] is validate.whole]  # takes 3
+                pb = params.get(b) or group[0]
+                r = parse(*name.split(), *_NEEDS[name], *value(params[a]),  # type: ignore[operator]
+                          *value(pb))
+                lines = r.output.strip().splitlines()
+                assert r.exit_code == 2 and len(lines) == 1, (name, a, b, r.output)
+                assert params[a].opts[0] in lines[0] and pb.opts[0] in lines[0], lines
+                seen.append((name, f"{a} x {b}"))
+        assert list(tmp_path.iterdir()) == [], name
+    for expected in [("measure", "--init-seed"), ("perturb", "--init-seed"),
+                     ("study generalization", "spec x quick"), ("study lm-family", "runs x quick"),
+                     ("vit-grid", "spec x config")]:
+        assert expected in seen, (expected, seen)

@@ -78,15 +78,18 @@ def checked(rule: Any) -> Callable[..., Any]:
     return _callback(lambda value, flag: resolve()(value, flag), resolve)
 
 
-def checked_field(where: Callable[[], tuple[Any, str]]) -> Callable[..., Any]:
+def checked_field(where: Callable[[], tuple[Any, str]], *, listed: bool = False
+                  ) -> Callable[..., Any]:
     """The click callback of a command's own option that is a record's field (``where()``:
     ``(record class, field name)``, imported when first used): the field's parser and rule
-    (`fields.check_value`) on the value as it is parsed, named by the option's flag."""
+    (`fields.check_value`) on the value as it is parsed, named by the option's flag;
+    ``listed``: the option takes comma-separated values of the field, each checked."""
     def check_one(value: Any, flag: str) -> Any:
         from blockcoupling.fields import check_value
 
         cls, name = where()
-        return check_value(cls, name, value, flag)
+        items = [v.strip() for v in str(value).split(",") if v.strip()] if listed else [value]
+        return [check_value(cls, name, v, flag) for v in items]
 
     def resolve() -> Any:
         import dataclasses
@@ -104,7 +107,9 @@ def _field_callback(option: Any) -> Callable[..., Any]:
     def check_one(value: Any, flag: str) -> Any:
         return option.check(value) if option.check is not None else value
 
-    return _callback(check_one, lambda: option.rule)
+    check = _callback(check_one, lambda: option.rule)
+    check.requires = option.requires  # type: ignore[attr-defined]
+    return check
 
 
 def option_parameters(options: list[Any]) -> list[inspect.Parameter]:
@@ -168,6 +173,8 @@ def record_command(load: Callable[[], list[Any]] | Record | None = None, *,
 
     class RecordCommand(base):  # type: ignore[misc, valid-type]
         _added = False
+        #: the rules between the command's options (read by the option test)
+        exclusive = rules
 
         def _load(self) -> None:
             if self._added or not loads:

@@ -11,7 +11,7 @@ import typer
 
 from blockcoupling.cli.app import JSON_HELP, app, echo_json, guarded, one_value, user_errors
 from blockcoupling.cli.app import STATE as _STATE
-from blockcoupling.cli.correlate import _write_and_say
+from blockcoupling.cli.correlate import _write_and_say, statistic_option
 from blockcoupling.cli.options import Record, checked, given_record, record_command
 from blockcoupling.cli.run import source_record
 from blockcoupling.validate import COUNT, N_BOOT, SEED
@@ -74,7 +74,7 @@ def perturb(
 def difficulty(
     run_dir: Annotated[Path, typer.Argument(help="A run directory measured on a rated prompt set (hf:e2h-arc, hf:e2h-gsm8k, hf:e2h-winogrande).")],
     ratings: Annotated[str | None, typer.Option("--ratings", help="The rated set: hf:e2h-arc, hf:e2h-gsm8k or hf:e2h-winogrande (from the hub, or @/path/to/rows.jsonl|.parquet); default: the run's own prompt set.")] = None,
-    k: Annotated[str | None, typer.Option("--k", help="Top-K (default: the run's smallest).")] = None,
+    k: Annotated[str | None, typer.Option("--k", help="Top-K (default: the run's smallest).", callback=statistic_option("k"))] = None,
     out: Annotated[Path | None, typer.Option("--out", "-o", help="Write the HTML page here.")] = None,
     json_out: Annotated[Path | None, typer.Option("--json-out", help="Write the table and the fits as JSON here.")] = None,
     n_boot: Annotated[int, typer.Option("--n-boot", help="Bootstrap resamples for the CI of R^2 (0: no interval).", callback=checked(N_BOOT))] = 2000,

@@ -158,12 +158,19 @@ def _folder_page(path: Path) -> Callable[[Path, Path], Path] | None:
     return kind.folder_page if kind is not None else None
 
 
+def _sort_rule() -> Any:
+    from blockcoupling.report.summaries.profiles import SORT_KEYS
+    from blockcoupling.validate import choice, rule
+
+    return rule(choice, choices=tuple(SORT_KEYS))
+
+
 @app.command()
 def report(
     run_dirs: Annotated[list[Path], typer.Argument(help="One or more run directories, one collection (its kind's page: a sweep or monitor directory, the emergence report; a vit-grid, the ViT study page) or one folder of vit-train runs (the ViT study page).")],
     out: Annotated[Path, typer.Option("--out", "-o", help="HTML file to write.")] = Path("report.html"),
     labels: Annotated[str | None, typer.Option(help="Comma-separated labels, one per run.")] = None,
-    sort: Annotated[str, typer.Option("--sort", help="Order of the runs on the per-model figures: given, params (parameter count), layers, d_model, or score (with --scores; the paper sorts by size, fig. 37, or by score, fig. 23). Run directories only (a sweep's are SWEEP/units/*).")] = "given",
+    sort: Annotated[str, typer.Option("--sort", help="Order of the runs on the per-model figures: given, params (parameter count), layers, d_model, or score (with --scores; the paper sorts by size, fig. 37, or by score, fig. 23). Run directories only (a sweep's are SWEEP/units/*).", callback=checked(_sort_rule))] = "given",
     scores: Annotated[str | None, typer.Option("--scores", help="With --sort score: paper, a CSV (model, score) or an lm-evaluation-harness folder, matched to the runs as correlate does.")] = None,
 ) -> None:
     """Write one self-contained HTML report (plus PNG/SVG/PDF figures) from stored runs."""

@@ -30,7 +30,7 @@ from typing import Any
 from blockcoupling import validate
 from blockcoupling.engine.config import MeasureConfig
 from blockcoupling.errors import BlockCouplingError, require
-from blockcoupling.fields import check_fields, from_mapping, key_names, opt
+from blockcoupling.fields import check_fields, check_value, from_mapping, key_names, opt
 from blockcoupling.loading import ModelSource
 
 #: a model entry's loading keys, top-level defaults and per-model values: every field of
@@ -217,8 +217,8 @@ def _model(entry: Any, i: int, base: Path, spec: Mapping[str, Any]) -> ModelSpec
     given = {k: v for k, v in (*spec.items(), *entry.items()) if k in LOADING_KEYS}
     try:
         with key_names(""):  # a top-level default this entry takes: named where it is written
-            for key in [k for k in given if k not in entry]:
-                from_mapping(ModelSource, {key: given[key]}, given_rules=False)
+            for key in [k for k in given if k not in entry]:  # the key's own rule
+                check_value(ModelSource, key, given[key], key)
         with key_names(f"{ctx}."):  # top-level defaults, then the entry's own values
             source = from_mapping(ModelSource, {"model": entry.get("model"), **given})
     except BlockCouplingError as err:

@@ -77,7 +77,8 @@ def _preset(value: Any, name: str) -> str:
 
 def _augment(value: Any, name: str) -> Any:
     """An augmentation of `AUGMENTS` (True/False: the older on/off form)."""
-    return value if isinstance(value, bool) else validate.choice(value, name, choices=AUGMENTS)
+    return value if isinstance(value, bool) else validate.choice(
+        value, name, choices=AUGMENTS, hint="tensor crops and flips; RandAugment is not available")
 
 
 @dataclass(frozen=True)
