@@ -222,6 +222,10 @@ def parse() -> object:
     return run
 
 
+#: a value each option that requires another accepts alone
+_ACCEPTED = {"--max-memory": "cpu=1GiB", "--offload-folder": "offload"}
+
+
 def _rule_of(param: object) -> object:
     """The `validate.Rule` an option is checked by as it is parsed (None: none)."""
     callback = getattr(param, "callback", None)
@@ -298,6 +302,7 @@ def test_every_rule_between_options_is_refused_in_one_line(
     ``--quick``): breaking one is one line naming both, exit 2, nothing written; never a
     silent drop."""
     from blockcoupling import validate
+    from blockcoupling.fields import GIVEN
 
     monkeypatch.chdir(tmp_path)
 
@@ -314,10 +319,12 @@ def test_every_rule_between_options_is_refused_in_one_line(
         for p in params.values():
             requires = getattr(getattr(p.callback, "__wrapped__", p.callback), "requires", None)
             if requires:
-                r = parse(*name.split(), *_NEEDS[name], *value(p))  # type: ignore[operator]
-                flag = p.opts[0]
-                assert r.exit_code == 2 and f"{flag} applies with --{requires[0]} " \
-                    f"{requires[1]} only" in r.output, (name, flag, r.output)
+                flag, other = p.opts[0], "--" + requires[0].replace("_", "-")
+                alone = [flag, _ACCEPTED.get(flag, "3")]
+                r = parse(*name.split(), *_NEEDS[name], *alone)  # type: ignore[operator]
+                need = other if requires[1] is GIVEN else f"{other} {requires[1]}"
+                assert r.exit_code == 2 and r.output.startswith(
+                    f"error: {flag} applies with {need} only"), (name, flag, r.output)
                 seen.append((name, flag))
         for a, others in getattr(cmd, "exclusive", {}).items():
             for b in others:
@@ -332,6 +339,7 @@ def test_every_rule_between_options_is_refused_in_one_line(
                 seen.append((name, f"{a} x {b}"))
         assert list(tmp_path.iterdir()) == [], name
     for expected in [("measure", "--init-seed"), ("perturb", "--init-seed"),
+                     ("measure", "--max-memory"), ("measure", "--offload-folder"),
                      ("study generalization", "spec x quick"), ("study lm-family", "runs x quick"),
                      ("vit-grid", "spec x config")]:
         assert expected in seen, (expected, seen)

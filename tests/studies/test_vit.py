@@ -490,7 +490,7 @@ def test_grid_spec_yaml(tmp_path: Path) -> None:
                      ({"train": {"drop_path": 0.1}}, "set by the grid"),
                      ({"train": {"lr_max": 1}}, "unknown training option"),
                      ({"train": {"augment": "randaugment"}}, "RandAugment is not"),
-                     ({"train": {"label_smoothing": -0.1}}, "label-smoothing"),
+                     ({"train": {"label_smoothing": -0.1}}, "train.label_smoothing must be a finite number >= 0"),
                      ({"drop_path": ["x"]}, "drop_path must be a finite number")]:
         with pytest.raises(BlockCouplingError, match=msg):
             load_grid_spec(bad)
@@ -612,7 +612,7 @@ def test_regulariser_options_and_the_paper_recipe() -> None:
     for bad, msg in [(dict(augment="randaugment"), "not RandAugment|RandAugment is not"),
                      (dict(label_smoothing=1.0), "label-smoothing"),
                      (dict(random_erasing=1.5), "random-erasing"), (dict(cutmix=-1), "cutmix"),
-                     (dict(lr_scaling="sqrt"), "lr scaling"), (dict(tokens="first"), "token")]:
+                     (dict(lr_scaling="sqrt"), "lr-scaling .sqrt.: choose from none, linear"), (dict(tokens="first"), "token")]:
         with pytest.raises(BlockCouplingError, match=msg):
             VitTrainConfig(**bad)
     paper = VitTrainConfig.from_dict({"preset": "paper", "drop_path": 0.2})
