@@ -33,7 +33,7 @@ from blockcoupling.studies.regression import (
     correlation_tests,
     tost_power,
 )
-from threads import one_torch_thread  # noqa: E402,F401 - autouse: one torch thread
+from tests.helpers.threads import one_torch_thread  # noqa: E402,F401 - autouse: one torch thread
 
 
 def _simulated_r(n: int, rho: float, sims: int, seed: int) -> np.ndarray:

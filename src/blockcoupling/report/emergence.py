@@ -1,7 +1,7 @@
 """Emergence figures from a sweep (or a training monitor): coupling across training.
 
 As in the paper (fig. 1b-e), from any `Collection` of runs (a
-[`Sweep`][blockcoupling.studies.read.Sweep]: a sweep or monitor collection opened by
+[`Sweep`][blockcoupling.runs.read.Sweep]: a sweep or monitor collection opened by
 ``open_collection``;
 the report layer imports nothing from the studies):
 

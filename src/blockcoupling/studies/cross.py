@@ -276,7 +276,7 @@ class _Top:
 
 def sweep_runs(root: str | os.PathLike[str]) -> list[tuple[str, list[tuple[str, Path]]]]:
     """A sweep directory's finished units per label, in step order: [(label, [(name, dir)])]."""
-    from blockcoupling.studies.read import open_sweep
+    from blockcoupling.runs.read import open_sweep
 
     sw = open_sweep(root)
     done = sw.done().sort_values(["label", "step"], na_position="last", kind="stable")

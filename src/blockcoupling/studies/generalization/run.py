@@ -163,7 +163,7 @@ def final_table(root: Path, runs: pd.DataFrame, spec: GeneralizationSpec) -> pd.
     """One row per run at the end of training: its cell, seed, accuracies, and per variant
     the headline statistic of its final run (the grid's token rule, K of the spec) with its
     within-model se over the images."""
-    from blockcoupling.studies.read import open_collection
+    from blockcoupling.runs.read import open_collection
 
     collection = open_collection(root)
     pairs = collection.table("coupling", columns=["unit_id", "variant"]).drop_duplicates()
@@ -196,7 +196,7 @@ def checkpoint_table(runs: pd.DataFrame, spec: GeneralizationSpec) -> pd.DataFra
     """One row per run and monitored step mark (``monitor_every`` steps apart): the run's
     coupling (per variant, on the monitored images) and test accuracy at the end of the epoch
     in which the mark falls, i.e. at matched progress across training-set sizes."""
-    from blockcoupling.studies.statistic import coupling_statistic
+    from blockcoupling.runs.statistic import coupling_statistic
     from blockcoupling.studies.vit.train import STATISTIC_TOKENS, read_metrics
 
     t = spec.train

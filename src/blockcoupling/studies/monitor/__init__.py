@@ -50,10 +50,10 @@ from blockcoupling.engine.config import MeasureConfig
 from blockcoupling.engine.state import preserved
 from blockcoupling.errors import BlockCouplingError
 from blockcoupling.hashing import canonical_hash
+from blockcoupling.runs import kinds
+from blockcoupling.runs.integrity import unit_problem
 from blockcoupling.store import collection as store
 from blockcoupling.store.collection import UnitRecord, collection_unit_id
-from blockcoupling.studies import kinds
-from blockcoupling.studies.integrity import unit_problem
 
 
 def prompt_items(prompts: Any, limit: int | None, seed: int) -> tuple[list[Any], str]:
@@ -151,7 +151,7 @@ class CouplingMonitor:
         base = config if config is not None else MeasureConfig()
         self.config = base.replace(**options) if options else base
         self.prompts, self.prompt_set = prompt_items(prompts, limit, self.config.seed)
-        from blockcoupling.studies.identity import input_hashes, local_inputs
+        from blockcoupling.runs.identity import input_hashes, local_inputs
 
         # a prompt file counts by its content: an edited file gives other units
         self._inputs = input_hashes(local_inputs(self.prompt_set)) \

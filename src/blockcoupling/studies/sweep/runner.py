@@ -24,9 +24,8 @@ from typing import Any
 
 from blockcoupling.engine.fastrecord import FastPathWarning, describe, fallback_layers
 from blockcoupling.errors import BlockCouplingError, RunDirError
-from blockcoupling.store import collection as store
-from blockcoupling.studies import integrity, kinds
-from blockcoupling.studies.executor import (
+from blockcoupling.runs import integrity, kinds
+from blockcoupling.runs.executor import (
     CONNECT_TIMEOUT_S,
     EXECUTORS,
     SweepError,
@@ -35,7 +34,8 @@ from blockcoupling.studies.executor import (
     ray_session,
     run_each,
 )
-from blockcoupling.studies.identity import input_differences, input_hashes
+from blockcoupling.runs.identity import input_differences, input_hashes
+from blockcoupling.store import collection as store
 from blockcoupling.studies.sweep.spec import SweepSpec, load_spec
 from blockcoupling.studies.sweep.units import Unit, expand
 
@@ -318,7 +318,7 @@ def run_sweep(spec: str | os.PathLike[str] | Mapping[str, Any] | SweepSpec,  # n
               retries: int | None = None,
               connect_timeout: float = CONNECT_TIMEOUT_S) -> Any:
     """Run (or with ``resume=True`` continue) a sweep into the directory ``out`` and return
-    [`open_sweep`][blockcoupling.studies.read.open_sweep] of it.
+    [`open_sweep`][blockcoupling.runs.read.open_sweep] of it.
 
     ``spec``: a YAML file, a mapping of the same form, or a [`SweepSpec`][blockcoupling.studies.sweep.spec.SweepSpec]. ``executor``:
     ``"ray"`` (one task per unit, on the cluster ``ray.init()`` would use: ``address``,
@@ -330,7 +330,7 @@ def run_sweep(spec: str | os.PathLike[str] | Mapping[str, Any] | SweepSpec,  # n
     ``retries``: Ray retries of a unit whose worker died (default: the spec's ``retries``,
     3). Units already done are skipped on resume; failed and unfinished ones run again.
     """
-    from blockcoupling.studies.read import open_sweep
+    from blockcoupling.runs.read import open_sweep
     from blockcoupling.validate import optional, whole
 
     if executor not in EXECUTORS:

@@ -43,7 +43,7 @@ import pandas as pd
 from blockcoupling import validate
 from blockcoupling.errors import BlockCouplingError
 from blockcoupling.fields import check_fields, from_mapping, key_names, opt, parse_given
-from blockcoupling.studies import kinds
+from blockcoupling.runs import kinds
 from blockcoupling.studies.vit.train import (
     COUPLING_METRICS,
     METRICS_FILE,
@@ -369,7 +369,7 @@ def run_grid(base: VitTrainConfig, root: str | Path, *,
     if executor == "local":
         return _run_grid(base, root, configs, axes, executor, address, num_cpus, threads,
                          progress, on_run)
-    from blockcoupling.studies.executor import ray_session
+    from blockcoupling.runs.executor import ray_session
 
     with ray_session(address, num_cpus=cluster_cpus):  # reached before anything is written
         return _run_grid(base, root, configs, axes, executor, None, num_cpus, threads,
@@ -380,8 +380,8 @@ def _run_grid(base: VitTrainConfig, root: str | Path, configs: list[VitTrainConf
               axes: tuple[str, ...], executor: str, address: str | None, num_cpus: int,
               threads: int | None, progress: bool,
               on_run: Callable[[dict[str, Any]], None] | None) -> pd.DataFrame:
+    from blockcoupling.runs import integrity
     from blockcoupling.store import collection as store
-    from blockcoupling.studies import integrity
 
     units = [grid_unit(c, axes) for c in configs]
     rootp = Path(root)
@@ -479,7 +479,7 @@ def _run_jobs(jobs: list[tuple[dict[str, Any], str]], units: list[Any],
               executor: str, address: str | None, num_cpus: int,
               threads: int | None) -> None:
     """Every training through the kinds' one task loop (`executor.run_each`)."""
-    from blockcoupling.studies.executor import died, run_each
+    from blockcoupling.runs.executor import died, run_each
 
     def on_result(i: int, rec: Any, err: BaseException | None) -> None:
         if err is not None:

@@ -1,4 +1,4 @@
-"""The ViT grid's registration as a collection kind (`blockcoupling.studies.kinds`): a
+"""The ViT grid's registration as a collection kind (`blockcoupling.runs.kinds`): a
 spec with ``kind: vit-grid``, the ViT study page, [CLS] as its headline token, the check of a
 trained unit, the conversion of the old grid layout (``grid.json`` + ``runs/``), and a folder
 of loose ``vit-train`` outputs (``blockcoupling report FOLDER``: the same page)."""
@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from blockcoupling.errors import RunDirError
+from blockcoupling.runs.kinds import CollectionKind, register
 from blockcoupling.store import collection as store
-from blockcoupling.studies.kinds import CollectionKind, register
 
 
 def _page(collection: Any, out: Path) -> Path:

@@ -447,8 +447,8 @@ def measure_images(model: torch.nn.Module, pixel_values: Tensor, run_dir: Path, 
 
 # ---------------------------------------------------------------------------- I/O
 def _write_json(path: Path, data: dict[str, Any]) -> None:
-    """``metrics.json`` sealed (``store.integrity.sealed_text``): an edit is detected."""
-    from blockcoupling.store.integrity import sealed_text
+    """``metrics.json`` sealed (``store.verified.sealed_text``): an edit is detected."""
+    from blockcoupling.store.verified import sealed_text
 
     atomic_write_text(path, sealed_text(data))
 
@@ -463,7 +463,7 @@ def metrics_problem(out_dir: str | Path) -> str | None:
     a metrics file, edited, or a finished training whose saved model no longer matches the
     checksum recorded with it), or None. A record written before records were sealed is
     accepted (None) and reported by `read_metrics` as unverified."""
-    from blockcoupling.store.integrity import seal_problem
+    from blockcoupling.store.verified import seal_problem
 
     path = Path(out_dir) / METRICS_FILE
     try:
@@ -565,7 +565,7 @@ def _train(config: VitTrainConfig, out: Path, *, progress: bool, on_epoch: Epoch
                                      f"({foreign}), not a training; choose another --out")
     data_content = None
     if config.data_dir is not None and Path(config.data_dir).is_dir():
-        from blockcoupling.studies.identity import content_hash
+        from blockcoupling.runs.identity import content_hash
 
         data_content = content_hash(Path(config.data_dir))  # a resume must see the same images
     if (out / METRICS_FILE).exists():
