@@ -1,10 +1,11 @@
 """Checks of numeric and named options, in one place for the CLI, YAML specs and the Python API.
 
-Every study option (a sweep spec's ``limit``/``seed``/``retries``/resources, a ViT training's
-rates and sizes, a monitor's ``every``/``steps``, dtypes and devices) is checked here when it
-is parsed, before anything is written: a value of the wrong type, ``nan``/``inf``, or out of
-range is a `OptionError` naming the option and what it accepts, never a silent
-default, a slice or a traceback.
+Every option's rule is one of these, declared once where the option is declared (a record's
+field: ``fields.opt(check=SEED)``; a command's own option: ``cli.options.checked(COUNT)``)
+and applied when the option is parsed, before anything is written: a value of the wrong
+type, ``nan``/``inf``, out of range or not among the choices is an `OptionError` naming the
+option and what it accepts, never a silent default, a slice or a traceback. Every device
+name is checked here against this torch's build (`device_name`).
 """
 
 from __future__ import annotations
@@ -213,6 +214,8 @@ COUNT0 = rule(whole, minimum=0)
 SEED = rule(whole, minimum=0, maximum=SEED_MAX)
 #: bootstrap resamples (0: no bootstrap interval)
 N_BOOT = rule(whole, minimum=0)
+#: Ray retries of a unit whose worker died (a spec's ``retries``, ``sweep --retries``)
+RETRIES = rule(whole, minimum=0)
 #: where a collection's units or a study's runs run
 EXECUTOR = rule(choice, choices=("ray", "local"))
 

@@ -21,20 +21,10 @@ from blockcoupling.cli.app import (
     user_errors,
 )
 from blockcoupling.cli.app import STATE as _STATE
-from blockcoupling.cli.options import checked, checked_field
+from blockcoupling.cli.options import checked
 from blockcoupling.errors import BlockCouplingError
 from blockcoupling.jsonsafe import jsonable
-from blockcoupling.validate import COUNT, EXECUTOR, number, rule
-
-
-def _spec_field(name: str) -> Any:
-    """The check of a sweep option that is a sweep spec's key (`SweepSpec`)."""
-    def where() -> tuple[Any, str]:
-        from blockcoupling.studies.sweep.spec import SweepSpec
-
-        return SweepSpec, name
-
-    return checked_field(where)
+from blockcoupling.validate import COUNT, EXECUTOR, RETRIES, number, rule
 
 
 @app.command()
@@ -46,7 +36,7 @@ def sweep(
     executor: Annotated[str, typer.Option(help="ray (default) or local (one unit after the other in this process, for debugging).", callback=checked(EXECUTOR))] = "ray",
     cluster_cpus: Annotated[int | None, typer.Option(help=CLUSTER_CPUS_HELP, callback=checked(COUNT))] = None,
     num_cpus: Annotated[int | None, typer.Option(hidden=True, help="Deprecated: --cluster-cpus.", callback=checked(COUNT))] = None,
-    retries: Annotated[int | None, typer.Option(help="Ray retries of a unit whose worker died (default: the spec's retries, 3).", callback=_spec_field("retries"))] = None,
+    retries: Annotated[int | None, typer.Option(help="Ray retries of a unit whose worker died (default: the spec's retries, 3).", callback=checked(RETRIES))] = None,
     connect_timeout: Annotated[float, typer.Option(help="Seconds to reach an existing Ray cluster before giving up (one error line, nothing written).", callback=checked(rule(number, above=0)))] = 60.0,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Check the spec, load every unit's model and prompts, and print each unit's plan (prompts, tokens, pairs, Jacobians, memory, an estimated time); write nothing, start no Ray.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help=JSON_HELP)] = False,

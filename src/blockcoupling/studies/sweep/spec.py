@@ -115,8 +115,7 @@ class SweepSpec:
     limit: int | None = opt(None, "Prompts per set (a seeded subset).",
                             check=(validate.whole, {"minimum": 1}))
     seed: int = opt(0, "Seed of the prompt subsets and randomized SVDs.", check=validate.SEED)
-    retries: int = opt(3, "Ray retries of a unit whose worker died.",
-                       check=(validate.whole, {"minimum": 0}))
+    retries: int = opt(3, "Ray retries of a unit whose worker died.", check=validate.RETRIES)
     name: str = opt("", "The sweep's name.")
     base_dir: str = "."                  # where relative paths are resolved
     inline_prompts: dict[str, tuple[str, ...]] = field(default_factory=dict)  # name -> texts
