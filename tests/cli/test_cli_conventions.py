@@ -23,12 +23,14 @@ from tests.helpers.tiny_runs import cli, save_tiny_lm, write_prompts
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A tiny GPT-2 folder, two prompts and a finished run of it (`measure`, in-process)."""
+    """A tiny GPT-2 folder, two prompts and a finished run of it (`measure`, in-process;
+    its bases and Jacobians stored, for ``cross``)."""
     root = tmp_path_factory.mktemp("conventions")
     save_tiny_lm(root / "lm")
     write_prompts(root / "prompts.txt", ["the cat sat on the mat", "a dog ran far"])
     r = cli("-q", "measure", "-m", str(root / "lm"), "--prompts", str(root / "prompts.txt"),
-            "--out", str(root / "run"), "--k", "2", "--batch-size", "1")
+            "--out", str(root / "run"), "--k", "2", "--batch-size", "1", "--save-bases",
+            "--save-jacobians")
     assert r.exit_code == 0, r.output
     return root
 
@@ -343,3 +345,83 @@ def test_every_rule_between_options_is_refused_in_one_line(
                      ("study generalization", "spec x quick"), ("study lm-family", "runs x quick"),
                      ("vit-grid", "spec x config")]:
         assert expected in seen, (expected, seen)
+
+
+# ---------------------------------------------------------------- one JSON dialect
+def _strict(text: str) -> object:
+    """JSON as every reader parses it: ``NaN``/``Infinity`` refused, and no missing value
+    written as a string (``"nan"``: cross --json wrote them so)."""
+    def refuse(constant: str) -> None:
+        raise AssertionError(f"{constant} in JSON output")
+
+    doc = json.loads(text, parse_constant=refuse)
+    stack = [doc]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, dict):
+            stack += list(node.values())
+        elif isinstance(node, list):
+            stack += node
+        assert node not in ("nan", "NaN", "inf", "-inf"), "a missing value written as a string"
+    return doc
+
+
+@pytest.mark.slow  # about 30 s: a sweep, a perturbation, a correlation, a rated run
+def test_every_command_that_writes_json_writes_one_dialect(tiny: Path, tmp_path: Path) -> None:
+    """Every command with ``--json`` (printed) or ``--json-out`` (a file): strict JSON, a
+    missing value null, and a ``--json-out`` into folders that do not exist yet made as
+    every other output is (it failed naming a temporary file)."""
+    pytest.importorskip("statsmodels", reason="correlate needs blockcoupling[study]")
+    from tests.helpers.synthetic_runs import write_synthetic_run
+    from tests.helpers.tiny_runs import e2h_arc_rows
+
+    runs = [write_synthetic_run(tmp_path / f"r{i}", 0.2 + 0.1 * i, label=f"m{i}",
+                                model=f"org/m{i}", seed=i) for i in range(5)]
+    scores = tmp_path / "scores.csv"
+    scores.write_text("model,score\n" + "".join(f"m{i},{20 + 9 * i}\n" for i in range(5)))
+    rows = e2h_arc_rows(tmp_path / "e2h.jsonl")
+    rated = tmp_path / "rated"
+    assert cli("-q", "measure", "-m", str(tiny / "lm"), "--prompts", f"hf:e2h-arc@{rows}",
+               "--limit", "6", "--k", "2", "--out", str(rated)).exit_code == 0
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(yaml.safe_dump({"models": [{"label": "lm", "model": str(tiny / "lm")}],
+                                    "prompts": [str(tiny / "prompts.txt")],
+                                    "measure": {"k": [2], "coupling": ["depth"]}}))
+    measure = ["-m", str(tiny / "lm"), "--prompts", str(tiny / "prompts.txt"), "--k", "2"]
+    run, lm = str(tiny / "run"), str(tiny / "lm")
+    commands: dict[str, list[list[str]]] = {
+        "correlate": [[*map(str, runs), "--scores", str(scores), "--n-boot", "0"]],
+        "chance-floor": [["--scores", "paper"]],
+        "cross": [[run, run]],
+        "perturb": [["-m", lm, "--prompts", str(tiny / "prompts.txt"), "--levels", "0.1",
+                     "--draws", "2", "--out", str(tmp_path / "perturb")]],
+        "difficulty": [[str(rated), "--ratings", f"hf:e2h-arc@{rows}", "--n-boot", "0"]],
+        "measure": [[*measure, "--out", str(tmp_path / "m"), "--dry-run"]],  # a run: as show
+        "show": [[run]], "models": [[]],
+        "sweep": [[str(spec), "--out", str(tmp_path / "s"), "--executor", "local"]],
+        "sweep-status": [[str(tmp_path / "s")]],
+        "collection upgrade": [[str(tmp_path / "s")]],
+        "vit-train": [["--out", str(tmp_path / "v"), "--dry-run"]],
+        "vit-grid": [["--out", str(tmp_path / "g"), "--drop-path", "0", "--weight-decay",
+                      "0.1", "--dry-run"]],
+        "study lm-family": [["--out", str(tmp_path / "l"), "--quick", "--dry-run"]],
+        "study generalization": [["--out", str(tmp_path / "e"), "--quick", "--dry-run"]],
+    }
+    writing = {name for name, cmd in _commands() for p in cmd.get_params(
+        click.Context(cmd, info_name=name)) if _is_option(p) and p.opts[0] in ("--json",
+                                                                                "--json-out")}
+    assert writing == set(commands)  # every command that writes JSON is tried
+    for name, cmd in _commands():
+        if name not in commands:
+            continue
+        flags = {p.opts[0] for p in cmd.get_params(click.Context(cmd, info_name=name))
+                 if _is_option(p)}
+        for args in commands[name]:
+            r = cli("-q", *name.split(), *args, "--json")  # stdout and stderr: no progress
+            assert r.exit_code == 0, (name, r.output)
+            _strict(r.output[r.output.index("{") if name == "sweep" else 0:])
+        if "--json-out" in flags:
+            out = tmp_path / "new" / name / "x.json"
+            r = cli("-q", *name.split(), *commands[name][0], "--json-out", str(out))
+            assert r.exit_code == 0 and f"wrote {out}" in r.output, (name, r.output)
+            _strict(out.read_text())
