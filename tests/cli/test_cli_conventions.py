@@ -209,19 +209,10 @@ _FREE_TEXT = {"--model", "--prompts", "--out", "--json-out", "--scores", "--labe
 
 @pytest.fixture(scope="module")
 def parse() -> object:
-    """The CLI run in this process, its click commands built once (building them is most of
-    an invocation's time: the option test runs hundreds)."""
-    from unittest import mock
+    """The CLI run in this process, its click commands built once."""
+    from tests.helpers.tiny_runs import cli_parser
 
-    from typer.testing import CliRunner
-
-    group = typer.main.get_command(app)
-
-    def run(*args: str) -> object:
-        with mock.patch("typer.testing._get_command", lambda _: group):
-            return CliRunner().invoke(app, list(args), catch_exceptions=True)
-
-    return run
+    return cli_parser()
 
 
 #: a value each option that requires another accepts alone

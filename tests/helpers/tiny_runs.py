@@ -75,6 +75,22 @@ def cli(*args: str) -> object:
     return CliRunner().invoke(app, list(args), catch_exceptions=True)
 
 
+def cli_parser() -> Callable[..., object]:
+    """`cli` with the click commands built once (building them is most of an invocation's
+    time; the tests that feed every option and every spec key run hundreds)."""
+    from unittest import mock
+
+    import typer
+
+    group = typer.main.get_command(app)
+
+    def run(*args: str) -> object:
+        with mock.patch("typer.testing._get_command", lambda _: group):
+            return CliRunner().invoke(app, list(args), catch_exceptions=True)
+
+    return run
+
+
 def assert_user_error(r: object, *expected: str, code: int = 1) -> str:
     """Exit ``code`` (1: a user error; 2: bad usage, an option or a spec key refused), no
     traceback, exactly one line ``error: ...`` holding every ``expected`` piece

@@ -200,7 +200,9 @@ def parse_opt_float(name: str, value: Any) -> float | None:
 def parse_opt_str(name: str, value: Any) -> str | None:
     if value is None or (isinstance(value, str) and value.strip().lower() in ("", "none")):
         return None
-    return str(value).strip()
+    if not isinstance(value, str):  # a mapping or a list is not a name (never its str())
+        raise _bad(name, value, "give a name (text) or none")
+    return value.strip()
 
 
 def parse_opt_bool(name: str, value: Any) -> bool | None:

@@ -136,7 +136,8 @@ class GeneralizationSpec:
     power: float = opt(0.8, "The stated power of the primary test (H1) to detect a "
                        "correlation of `bound`: a design below it is refused before training.",
                        check=(number, {"minimum": 0.0, "below": 1.0}))
-    note: str = opt("", "What this spec is for (printed with the plan).")
+    note: str = opt("", "What this spec is for (printed with the plan).",
+                    check=validate.rule(validate.text))
 
     def __post_init__(self) -> None:
         from blockcoupling.engine.names import VARIANTS

@@ -75,6 +75,20 @@ def _preset(value: Any, name: str) -> str:
     return str(validate.choice(value, name, choices=(*PRESETS, *RECIPES)))
 
 
+def _folder(value: Any, name: str) -> Any:
+    """A folder path (text or a ``Path``)."""
+    if not isinstance(value, (str, Path)):
+        raise validate.OptionError(f"{name} must be a folder path, not {value!r}")
+    return value
+
+
+def _notes(value: Any, name: str) -> Any:
+    """Free-form notes: a mapping."""
+    if not isinstance(value, dict):
+        raise validate.OptionError(f"{name} must be a mapping of notes, not {value!r}")
+    return value
+
+
 def _augment(value: Any, name: str) -> Any:
     """An augmentation of `AUGMENTS` (True/False: the older on/off form)."""
     return value if isinstance(value, bool) else validate.choice(
@@ -149,7 +163,8 @@ class VitTrainConfig:
     seed: int = opt(0, "Seed of the initialisation, order and augmentation.", cli=True,
                     check=validate.SEED)
     data_dir: str | None = opt(None, "CIFAR-10 folder: DIR/train/<class>/*.png, "
-                               "DIR/test/<class>/*.png.", cli=True)
+                               "DIR/test/<class>/*.png.", cli=True,
+                               check=validate.rule(_folder))
     train_limit: int | None = opt(None, "Use a seeded subset of the training split.", cli=True,
                                   check=(_W, {"minimum": 1}))
     test_limit: int | None = opt(None, "Use a seeded subset of the test split.", cli=True,
@@ -166,7 +181,7 @@ class VitTrainConfig:
                  "in every command; here a list of one).", cli=True, parse=_one_k,
                  check=(_W, {"minimum": 1}))
     extra: dict[str, Any] = opt(help="Free-form notes (part of the key).",
-                                default_factory=dict)
+                                default_factory=dict, check=validate.rule(_notes))
 
     def __post_init__(self) -> None:
         def bad(msg: str) -> None:
@@ -177,8 +192,6 @@ class VitTrainConfig:
             object.__setattr__(self, "label_noise", None)  # no noise: the default's identity
         if isinstance(self.augment, bool):  # the older on/off form
             object.__setattr__(self, "augment", "crop-flip" if self.augment else "none")
-        if self.data_dir is not None and not isinstance(self.data_dir, (str, Path)):
-            bad(f"data-dir must be a folder path, not {self.data_dir!r}")
         if self.min_lr > self.lr:
             bad(f"learning rates lr={self.lr}, min_lr={self.min_lr}: need min_lr <= lr")
         resolve_shape(self.preset, hidden_size=self.hidden_size, depth=self.depth,
