@@ -37,19 +37,28 @@ def coupling_rows(level: float, rng: np.random.Generator, *, L: int = 4, ks: tup
 
 def write_synthetic_run(root: Path, level: float, *, label: str, model: str, d: int = 24,
                         seed: int = 0, lengths: dict[str, int] | None = None,
-                        revision: str | None = None, headline: str | None = None) -> Path:
+                        revision: str | None = None, headline: str | None = None,
+                        token: int | None = None, text: str = "text {}",
+                        weights_hash: str | None = None) -> Path:
+    """A run of every token of each prompt (``token``: that position only, as ``--tokens
+    TOKEN`` measures); ``text`` makes each prompt's text of its id."""
     lengths = lengths or {"p0": 3, "p1": 5}
     rng = np.random.default_rng(seed)
-    prompts = pd.DataFrame({"prompt_id": list(lengths), "text": [f"text {p}" for p in lengths],
+    prompts = pd.DataFrame({"prompt_id": list(lengths),
+                            "text": [text.format(p) for p in lengths],
                             "label": ["x"] * len(lengths)})
-    cfg = MeasureConfig(k=(2, 3), coupling=("depth",), tokens="all")
+    cfg = MeasureConfig(k=(2, 3), coupling=("depth",), tokens="all" if token is None else
+                        (token,))
     meta = {"model": model, "label": label, "hidden_size": d, "num_layers": 4,
             **({"revision": revision} if revision else {}),
-            **({"headline_tokens": headline} if headline else {})}
+            **({"headline_tokens": headline} if headline else {}),
+            **({"weights_hash": weights_hash} if weights_hash else {})}
+    rows = [r for r in coupling_rows(level, rng, lengths=lengths)
+            if token is None or r["kind"] != "depth" or r["token_out_a"] == token]
     part = Measurement(
-        coupling=conform("coupling", coupling_rows(level, rng, lengths=lengths)),
-        prompts=conform("prompts", [dict(prompt_id=p, text=f"text {p}", n_tokens=n, label="x")
-                                    for p, n in lengths.items()]),
+        coupling=conform("coupling", rows),
+        prompts=conform("prompts", [dict(prompt_id=p, text=text.format(p), n_tokens=n,
+                                         label="x") for p, n in lengths.items()]),
         config=cfg, meta=meta)
     with RunWriter(root, config=cfg, meta=meta, prompts=prompts) as w:
         w.write_part(part)

@@ -91,6 +91,16 @@ def cli_parser() -> Callable[..., object]:
     return run
 
 
+def measure_rated(root: Path) -> tuple[Path, Path]:
+    """(run, rows): a tiny LM measured on 6 of the 8 `e2h_arc_rows` (``hf:e2h-arc@rows``)."""
+    rows = e2h_arc_rows(root / "e2h_arc.jsonl")
+    model = save_tiny_lm(root / "m")
+    r = cli("-q", "measure", "--model", str(model), "--prompts", f"hf:e2h-arc@{rows}",
+            "--limit", "6", "--k", "2", "--out", str(root / "run"))
+    assert r.exit_code == 0, r.output  # type: ignore[attr-defined]
+    return root / "run", rows
+
+
 def assert_user_error(r: object, *expected: str, code: int = 1) -> str:
     """Exit ``code`` (1: a user error; 2: bad usage, an option or a spec key refused), no
     traceback, exactly one line ``error: ...`` holding every ``expected`` piece

@@ -140,3 +140,45 @@ def test_a_folder_without_a_ledger_is_refused_or_read_as_its_legacy_says(tmp_pat
         warnings.simplefilter("always")
         Ledger(tmp_path, HINT, legacy="warn").json("s.json")
     assert any("unverified" in str(w.message) for w in seen)
+
+
+def test_sealed_blob_round_trip_damage_and_legacy(tmp_path: Path) -> None:
+    from blockcoupling.store.verified import load_sealed_bytes, sealed_bytes
+
+    path = tmp_path / "ckpt.pt"
+    path.write_bytes(sealed_bytes(b"payload \x00\x01 bytes"))
+    assert load_sealed_bytes(path, HINT) == b"payload \x00\x01 bytes"
+    path.write_bytes(path.read_bytes()[:-3])
+    with pytest.raises(RunDirError, match="checksum does not match") as err:
+        load_sealed_bytes(path, HINT)
+    _one_line(err, path)
+    path.write_bytes(b"PK\x03\x04 an older checkpoint")
+    assert load_sealed_bytes(path, HINT) == b"PK\x03\x04 an older checkpoint"
+    with pytest.raises(RunDirError, match="no checksum"):
+        load_sealed_bytes(path, HINT, legacy="refuse")
+
+
+def test_sealed_log_numbers_lines_and_refuses_any_change(tmp_path: Path) -> None:
+    from blockcoupling.store.verified import SealedLog
+
+    path = tmp_path / "loss.jsonl"
+    log = SealedLog(path, HINT)
+    for step in range(4):
+        log.append({"step": step, "loss": 1.0 / (step + 1)})
+    assert SealedLog(path, HINT).read() == [{"step": s, "loss": 1.0 / (s + 1)} for s in range(4)]
+    lines = path.read_text().splitlines(keepends=True)
+    for changed in (lines[:1] + lines[2:],  # a line deleted
+                    [lines[1], lines[0], *lines[2:]],  # two lines swapped
+                    [lines[0].replace("1.0", "2.0"), *lines[1:]],  # a value edited
+                    [*lines[:-1], lines[-1][:20]]):  # cut short
+        path.write_text("".join(changed))
+        with pytest.raises(RunDirError) as err:
+            SealedLog(path, HINT).read()
+        assert "\n" not in str(err.value) and str(path) in str(err.value)
+        assert str(err.value).endswith(HINT)
+    path.write_text("".join(lines[:2]) + lines[2][:15])  # an append killed half-way
+    with pytest.warns(UserWarning, match="cut short"):
+        SealedLog(path, HINT).append({"step": 9, "loss": 0.5})
+    assert [r["step"] for r in SealedLog(path, HINT).read()] == [0, 1, 9]
+    path.write_text('{"step": 1, "loss": 2.0}\n')  # written before logs were sealed
+    assert SealedLog(path, HINT).read() == [{"step": 1, "loss": 2.0}]

@@ -190,8 +190,9 @@ def test_csv_reader_and_matching(runs: list[Path], tmp_path: Path) -> None:
     csv = tmp_path / "scores.csv"
     csv.write_text("model,score,params_b,group\nm0,10,1,a\norg/model-1,20,2,a\nm2,25,,b\n"
                    "run3,30,4,b\nm4,41,5,b\nunused,99,1,a\n")
-    scores = C.read_scores_csv(csv)
-    assert list(scores["score"]) == [10, 20, 25, 30, 41, 99]
+    scores = C.read_scores_csv(csv)  # in one order (by model), whatever the file's
+    assert list(scores["model"]) == ["m0", "m2", "m4", "org/model-1", "run3", "unused"]
+    assert list(scores["score"]) == [10, 25, 41, 20, 30, 99]
     units = C.load_units(runs)
     table, excluded = C.match_scores(C.model_table(units), units, scores)
     assert list(table["label"]) == ["m0", "m1", "m2", "m3", "m4"]  # label, model id, dir name
@@ -234,11 +235,12 @@ def test_paper_scores_match_runs_by_hub_id_or_alias(tmp_path: Path) -> None:
     dirs = [write_synthetic_run(tmp_path / f"r{i}", 0.1 * (i + 1), label=m, model=m, seed=i)
             for i, m in enumerate(ids)]
     res = C.correlate(dirs, "paper", n_boot=0)
-    assert list(res.table["score_model"]) == ["openai-community/gpt2",
-                                              "openai-community/gpt2-medium",
-                                              "openai-community/gpt2-large"]
+    assert list(res.table["label"]) == ["GPT-2 774M", "gpt2", "openai-community/gpt2-medium"]
+    assert list(res.table["score_model"]) == ["openai-community/gpt2-large",
+                                              "openai-community/gpt2",
+                                              "openai-community/gpt2-medium"]
     assert res.excluded[0]["label"] == "meta-llama/Meta-Llama-3-70B"  # no score printed
-    assert list(res.table["score"]) == [28.53, 29.87, 32.07]
+    assert list(res.table["score"]) == [32.07, 28.53, 29.87]
 
 
 def write_lmeval(root: Path) -> None:

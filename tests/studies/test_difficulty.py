@@ -17,18 +17,12 @@ from blockcoupling.errors import BlockCouplingError
 from blockcoupling.prompts.sources import load_prompts, load_ratings
 from blockcoupling.store import open_run
 from blockcoupling.studies.difficulty import difficulty_study
-from tests.helpers.tiny_runs import RATINGS, cli, e2h_arc_rows, save_tiny_lm
+from tests.helpers.tiny_runs import RATINGS, cli, measure_rated, save_tiny_lm
 
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    root = tmp_path_factory.mktemp("e2h")
-    rows = e2h_arc_rows(root / "e2h_arc.jsonl")
-    model = save_tiny_lm(root / "m")
-    r = cli("-q", "measure", "--model", str(model), "--prompts", f"hf:e2h-arc@{rows}",
-            "--limit", "6", "--k", "2", "--out", str(root / "run"))
-    assert r.exit_code == 0, r.output
-    return root / "run", rows
+    return measure_rated(tmp_path_factory.mktemp("e2h"))
 
 
 def test_ratings_join_the_prompts_by_id(run) -> None:

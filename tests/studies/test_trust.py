@@ -553,9 +553,16 @@ def test_cross_compares_prompt_texts_not_ids(tmp_path: Path) -> None:
                       **opts)
     bc.measure_to_dir(model, tok, [("p:1", "abc def"), ("p:2", "bad fed")], tmp_path / "b",
                       **opts)
-    with pytest.raises(BlockCouplingError, match="'p:2' is another text in run B"):
+    with pytest.raises(BlockCouplingError, match="only in run A: p:2; only in run B: p:2"):
         cross_coupling(tmp_path / "a", tmp_path / "b")
-    assert len(cross_coupling(tmp_path / "a", tmp_path / "a").coupling) > 0
+    own = cross_coupling(tmp_path / "a", tmp_path / "a").coupling
+    assert len(own) > 0
+    # issue 40: joined by the text, not the id: the same texts under other ids, in another
+    # order, are the same prompts (run A's ids name the rows)
+    bc.measure_to_dir(model, tok, [("q:2", "fed cab"), ("q:1", "abc def")], tmp_path / "c",
+                      **opts)
+    other = cross_coupling(tmp_path / "a", tmp_path / "c").coupling
+    pd.testing.assert_frame_equal(other.drop(columns="run_b"), own.drop(columns="run_b"))
 
 
 def _units(revisions: list[str | None], label: str | None = None) -> list[Any]:

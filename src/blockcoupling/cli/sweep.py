@@ -114,11 +114,12 @@ def _spec_kind(spec: Path) -> str:
 
     if not spec.is_file() or spec.suffix.lower() not in (".yaml", ".yml"):
         return kinds.default().name  # its parser reads it and says what is wrong
-    import yaml
+    from blockcoupling.errors import BlockCouplingError
+    from blockcoupling.store.verified import load_yaml
 
     try:
-        data = yaml.safe_load(spec.read_text())
-    except (yaml.YAMLError, OSError, UnicodeDecodeError):
+        data = load_yaml(spec, "spec")
+    except BlockCouplingError:
         return kinds.default().name  # its parser reports it with its own message
     return spec_kind(data, str(spec))
 

@@ -126,20 +126,30 @@ def write_json(path: Path, data: Any) -> None:
     write_sealed(path, data)
 
 
+def manifest_fix(root: Path) -> str:
+    """How a collection's lost or damaged manifest is rebuilt (from its status files)."""
+    return ("Resume it (`blockcoupling sweep SPEC --out "
+            f"{root} --resume` with the spec it was run with, the same "
+            "CouplingMonitor(out=...) or the same vit-grid command): the manifest is "
+            "rebuilt from the status files")
+
+
 def read_json(path: Path) -> Any:
     """A collection manifest or status file, verified (``store.verified.load_sealed``; one
     written before they were sealed is read as it is), or one line naming its repair."""
     root = path.parent.parent if path.parent.name == STATUS else path.parent
     if path.name == MANIFEST:
-        fix = ("Resume it (`blockcoupling sweep SPEC --out "
-               f"{root} --resume` with the spec it was run with, the same "
-               "CouplingMonitor(out=...) or the same vit-grid command): the manifest is "
-               "rebuilt from the status files")
+        fix = manifest_fix(root)
     else:
-        fix = (f"Delete {path} and resume the collection with --resume (the same "
-               "`blockcoupling sweep SPEC --out DIR --resume`, CouplingMonitor or vit-grid "
-               "command): the unit is then checked and measured again where needed")
+        fix = f"Delete {path} and r{status_fix(root)[1:]}"
     return load_sealed(path, fix)
+
+
+def status_fix(root: Path) -> str:
+    """How a unit whose status file is damaged or lost is checked again."""
+    return (f"Resume the collection with --resume (the same `blockcoupling sweep SPEC --out "
+            f"{root} --resume`, CouplingMonitor or vit-grid command): the unit is then checked "
+            "and measured again where needed")
 
 
 def is_collection_dir(path: str | os.PathLike[str]) -> bool:
@@ -172,10 +182,8 @@ def load_manifest(root: Path) -> dict[str, Any]:
         raise RunDirError(upgrade_line(root))
     if not path.exists():
         if (root / STATUS).is_dir() and any((root / STATUS).glob("*.json")):
-            raise RunDirError(
-                f"{root} has lost its manifest {MANIFEST}; resume it (`blockcoupling sweep SPEC "
-                f"--out {root} --resume` with the spec it was run with, or the same "
-                "CouplingMonitor(out=...)): the manifest is rebuilt from the status files")
+            raise RunDirError(f"{path} is missing: {root} has lost its manifest. "
+                              f"{manifest_fix(root)}")
         raise RunDirError(f"{root} is not a sweep directory (it has no {MANIFEST}); give the "
                           "--out directory of a sweep, a monitor or a vit-grid")
     data = read_json(path)
@@ -264,6 +272,10 @@ def catalogue(root: Path, manifest: dict[str, Any] | None = None) -> pd.DataFram
     earlier unit's."""
     manifest = manifest if manifest is not None else load_manifest(root)
     order = {uid: i for i, uid in enumerate(manifest.get("order", []))}
+    for uid in order:  # a unit begun (its folder made after its status) has its status file
+        if not status_path(root, uid).exists() and unit_dir(root, uid).exists():
+            raise RunDirError(f"{status_path(root, uid)} is missing: the status of a unit of "
+                              f"{root} was lost. {status_fix(root)}")
     rows = []
     for rec in all_status(root):
         u = rec.get("unit") or {}

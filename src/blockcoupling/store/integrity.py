@@ -25,7 +25,14 @@ from blockcoupling.engine.results import TABLES
 from blockcoupling.errors import RunDirError
 from blockcoupling.store.fileio import commit_temp, sha256_bytes, temp_candidates
 from blockcoupling.store.manifest import ARRAYS, MANIFEST, PART_META, PARTS
-from blockcoupling.store.verified import digest_of, load_json
+from blockcoupling.store.verified import (  # noqa: F401 - their earlier home, kept importable
+    SEAL,
+    digest_of,
+    load_json,
+    seal_problem,
+    sealed_text,
+    verified_bytes,
+)
 
 TABLE_FILES: tuple[str, ...] = tuple(f"{name}.parquet" for name in TABLES)
 DATA_FILES: tuple[str, ...] = (*TABLE_FILES, ARRAYS)
@@ -91,7 +98,7 @@ def read_part(part: Path) -> Part:
         if not isinstance(files, dict):
             raise ValueError("files is not a mapping")
     except (OSError, ValueError, KeyError, TypeError) as err:
-        raise RunDirError(f"part {part} is damaged ({PART_META}: {err}). {part_hint(part)}") from err
+        raise RunDirError(f"{path} is damaged ({err}). {part_hint(part)}") from err
     return Part(part, ids, files)
 
 
@@ -184,7 +191,7 @@ def repair_hint(root: Path, damaged: Mapping[str, str]) -> str:
     """One line naming damaged bases files and the command that rebuilds them."""
     name, why = next(iter(damaged.items()))
     more = f" and {len(damaged) - 1} more" if len(damaged) > 1 else ""
-    return (f"the stored bases of {root} are damaged: {name} is {why}{more}; run the same "
+    return (f"the stored bases of {root} are damaged: {root / name} is {why}{more}; run the same "
             "`blockcoupling measure` command with --resume: their prompts are measured again "
             "and the files rebuilt")
 

@@ -76,6 +76,12 @@ def load_manifest(root: Path) -> dict[str, Any]:
     if not root.is_dir():
         raise RunDirError(f"{root} is a file, not a run directory; give the directory of a run")
     path = root / MANIFEST
+    if not path.exists() and ((root / PARTS).is_dir() or any(root.glob("*.parquet"))):
+        raise RunDirError(
+            f"{path} is missing: the record of the run in {root} is lost (its tables are "
+            "there, but not what was measured). Restore it from a backup, or re-run the "
+            "measurement into a new --out."
+        )
     if not path.exists():
         raise RunDirError(
             f"{root} is not a blockcoupling run directory (it has no {MANIFEST}); give the "

@@ -24,6 +24,7 @@ kind was checksummed (no checksum recorded) is read as it is where the caller sa
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import warnings
@@ -49,6 +50,10 @@ MAX_DEPTH = 64
 #: the ledger of a folder: the sealed checksums of the files written into it
 LEDGER = "checksums.json"
 LEDGER_FORMAT = "blockcoupling-checksums"
+
+#: what a file whose bytes do not match their recorded checksum is
+ALTERED = ("is damaged or was altered (truncated, edited or replaced): its checksum does not "
+           "match the one recorded when it was written")
 
 Legacy = Literal["accept", "warn", "refuse"]
 _TYPE_WORDS = {dict: "a JSON object", list: "a JSON list", str: "a string", float: "a number",
@@ -93,8 +98,7 @@ def verified_bytes(path: Path, expected: str | None, hint: str) -> bytes:
                 return alt
     if data is None:
         raise stored_error(path, "is missing", hint)
-    raise stored_error(path, "is damaged or was altered (truncated, edited or replaced): its "
-                       "checksum does not match the one recorded when it was written", hint)
+    raise stored_error(path, ALTERED, hint)
 
 
 # ---------------------------------------------------------------------------- JSON
@@ -204,6 +208,168 @@ def load_sealed(path: Path, hint: str, *, legacy: Legacy = "accept") -> dict[str
     if problem is not None:
         raise stored_error(path, "was changed after blockcoupling wrote it (its checksum does "
                            "not match its content)", hint)
+    return data
+
+
+# ---------------------------------------------------------------------------- sealed blobs
+#: the first line of a sealed blob: this prefix, then the payload's ``sha256:<hex>``
+BLOB_MAGIC = b"blockcoupling-sealed "
+
+
+def sealed_bytes(payload: bytes) -> bytes:
+    """``payload`` with its checksum in a first line (`BLOB_MAGIC`), for a binary file that
+    carries its own checksum (a training checkpoint: `load_sealed_bytes`)."""
+    return BLOB_MAGIC + sha256_bytes(payload).encode() + b"\n" + payload
+
+
+def load_sealed_bytes(path: Path, hint: str, *, legacy: Legacy = "accept") -> bytes:
+    """The payload of a sealed blob (`sealed_bytes`), verified, or one line. A file without
+    the first line (written before its kind was sealed): ``legacy`` as in `load_sealed`."""
+    data = verified_bytes(path, None, hint)
+    if not data.startswith(BLOB_MAGIC):
+        if legacy == "refuse" or not data:
+            raise stored_error(path, "has no checksum (written by an older blockcoupling, "
+                               "or not by blockcoupling)", hint)
+        if legacy == "warn":
+            warnings.warn(f"{path} has no checksum (written by an older blockcoupling): read "
+                          "unverified", UserWarning, stacklevel=2)
+        return data
+    head, _, payload = data.partition(b"\n")
+    if head[len(BLOB_MAGIC):] != sha256_bytes(payload).encode():
+        raise stored_error(path, ALTERED, hint)
+    return payload
+
+
+# ---------------------------------------------------------------------------- sealed logs
+class SealedLog:
+    """A JSON-lines log appended to record by record (a training's losses), each line sealed
+    with its position: ``{..., "n": <line index>, "digest": ...}``, and its length sealed in
+    ``<name>.seal`` whenever the writer `mark`s it (at each measured step and at the end).
+    `read` refuses an edited, moved, deleted or cut line, and a log shorter than its seal
+    says, in one line naming it; a line without a seal (written before logs were sealed) is
+    read as it is. `append` first drops a last line cut short by a kill during an earlier
+    append (with a warning) and numbers the new one."""
+
+    def __init__(self, path: Path, hint: str) -> None:
+        self.path = Path(path)
+        self.seal_path = self.path.with_name(self.path.name + ".seal")
+        self.hint = hint
+        self._n: int | None = None
+        self._last: str | None = None
+
+    def _open(self) -> None:
+        """Count the lines written before (dropping a line cut short) and keep the last seal."""
+        try:
+            data = self.path.read_bytes()
+        except FileNotFoundError:
+            data = b""
+        if data and not data.endswith(b"\n"):  # an append killed half-way
+            keep = data[: data.rfind(b"\n") + 1]
+            warnings.warn(f"{self.path}: its last line was cut short (an interrupted write); "
+                          "it is dropped", UserWarning, stacklevel=4)
+            with open(self.path, "r+b") as fh:
+                fh.truncate(len(keep))
+            data = keep
+        lines = [ln for ln in data.split(b"\n") if ln.strip()]
+        self._n = len(lines)
+        self._last = None
+        if lines:
+            with contextlib.suppress(ValueError, RecursionError):
+                last = json.loads(lines[-1])
+                self._last = last.get(SEAL) if isinstance(last, dict) else None
+
+    def append(self, record: Mapping[str, Any]) -> None:
+        """Append ``record`` (a mapping without ``n`` and ``digest``) as the next line."""
+        from blockcoupling.jsonsafe import jsonable
+
+        if self._n is None:
+            self._open()
+        plain = {**jsonable(dict(record)), "n": self._n}
+        plain[SEAL] = digest_of(plain)
+        with open(self.path, "a", encoding="utf-8") as fh:
+            fh.write(json.dumps(plain, allow_nan=False) + "\n")
+        self._n = (self._n or 0) + 1
+        self._last = plain[SEAL]
+
+    def mark(self) -> None:
+        """Seal the log's length as it is now (its ``.seal``): a log cut afterwards at a line
+        boundary is refused by `read`."""
+        if self._n is None:
+            if not self.path.exists():
+                return
+            self._open()
+        write_sealed(self.seal_path, {"format": "blockcoupling-log-length", "lines": self._n,
+                                      "last": self._last})
+
+    def read(self) -> list[dict[str, Any]]:
+        """Every record, verified (``n`` and ``digest`` removed); [] when there is no log."""
+        sealed = load_sealed(self.seal_path, self.hint) if self.seal_path.exists() else None
+        if not self.path.exists() and sealed is None:
+            return []
+        data = verified_bytes(self.path, None, self.hint)
+        if data and not data.endswith(b"\n"):
+            raise stored_error(self.path, "ends in a line cut short (an interrupted write, or "
+                               "the file was truncated); delete that last line", self.hint)
+        out = []
+        lines = [ln for ln in data.split(b"\n") if ln.strip()]
+        for i, line in enumerate(lines):
+            where = Path(f"{self.path} line {i + 1}")
+            rec = parse_json(line, where, self.hint)
+            if SEAL in rec and (rec.get("n") != i or seal_problem(rec) is not None):
+                raise stored_error(where, "was changed, moved or cut after it was written "
+                                   "(its checksum or position does not match)", self.hint)
+            out.append(rec)
+        if sealed is not None:
+            n = sealed.get("lines")
+            if not isinstance(n, int) or len(out) < n or (
+                    n and out[n - 1].get(SEAL) != sealed.get("last")):
+                raise stored_error(self.path, f"holds {len(out)} lines where {n} were sealed "
+                                   f"in {self.seal_path.name} (lines were cut or replaced)",
+                                   self.hint)
+        for rec in out:
+            rec.pop(SEAL, None)
+            rec.pop("n", None)
+        return out
+
+
+# ---------------------------------------------------------------------------- user files
+def load_yaml(path: Path, what: str, *, error: type[Exception] | None = None) -> Any:
+    """A YAML file a user wrote (a spec): no checksum, but the same one-line errors as a
+    stored file's: ``<what> <path>`` missing, a folder, unreadable, not UTF-8, not valid YAML
+    (with its line and column) or nested deeper than `MAX_DEPTH`. ``error``: the
+    BlockCouplingError subclass raised (default `BlockCouplingError`). An empty file is
+    None."""
+    from blockcoupling.errors import BlockCouplingError, require
+
+    kind: Any = error or BlockCouplingError
+    yaml = require("yaml", what="reading a YAML spec", package="pyyaml",
+                   install="'blockcoupling[sweep]'", error=kind)
+    path = Path(path)
+    try:
+        text = path.read_bytes().decode("utf-8")
+    except FileNotFoundError:
+        raise kind(f"{what} {path} does not exist; check the path") from None
+    except IsADirectoryError:
+        raise kind(f"{what} {path} is a folder; give the YAML file") from None
+    except OSError as err:
+        raise kind(f"cannot read the {what} {path} ({err.strerror or err}); check the path "
+                   "and its permissions") from err
+    except UnicodeDecodeError as err:
+        raise kind(f"{what} {path} is not valid YAML: not UTF-8 text ({err.reason} at byte "
+                   f"{err.start})") from None
+    try:
+        data = yaml.safe_load(text)
+        too_deep = json_depth_exceeds(data)
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+        raise kind(f"{what} {path} is not valid YAML{where}: {problem}") from None
+    except RecursionError:  # the parser's own limit
+        too_deep = True
+    if too_deep:
+        raise kind(f"{what} {path} is nested deeper than {MAX_DEPTH} levels; give a plain "
+                   "spec")
     return data
 
 
@@ -385,7 +551,8 @@ class Ledger:
         return None
 
 
-__all__ = ["LEDGER", "MAX_DEPTH", "SEAL", "Ledger", "digest_of", "json_depth_exceeds",
-           "load_json", "load_parquet", "load_sealed", "parquet_bytes", "parse_json",
-           "parse_parquet", "seal_problem", "sealed_text", "stored_error", "verified_bytes",
-           "write_sealed"]
+__all__ = ["ALTERED", "BLOB_MAGIC", "LEDGER", "MAX_DEPTH", "SEAL", "Ledger", "SealedLog",
+           "digest_of",
+           "json_depth_exceeds", "load_json", "load_parquet", "load_sealed", "load_sealed_bytes", "load_yaml",
+           "parquet_bytes", "parse_json", "parse_parquet", "seal_problem", "sealed_bytes",
+           "sealed_text", "stored_error", "verified_bytes", "write_sealed"]

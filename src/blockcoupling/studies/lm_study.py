@@ -59,8 +59,10 @@ from blockcoupling.engine.statistic import seed_level
 from blockcoupling.errors import BlockCouplingError
 from blockcoupling.fields import check_fields, from_mapping, opt
 from blockcoupling.runs.plans import RunPlan, StudyPlan
+from blockcoupling.studies import joins
 from blockcoupling.studies.tiny_lm import (
     TinyLMConfig,
+    check_checkpoint,
     doubling_checkpoints,
     held_out_scores,
     held_out_text,
@@ -247,15 +249,9 @@ def parse_study_spec(data: Mapping[str, Any]) -> StudySpec:
 
 def load_study_spec(path: str | Path) -> StudySpec:
     """`parse_study_spec` of a YAML file."""
-    import yaml
+    from blockcoupling.store.verified import load_yaml
 
-    p = Path(path)
-    try:
-        data = yaml.safe_load(p.read_text(encoding="utf-8"))
-    except OSError as err:
-        raise OptionError(f"cannot read the study spec {p}: {err.strerror}") from None
-    except (yaml.YAMLError, UnicodeDecodeError) as err:
-        raise OptionError(f"{p} is not valid YAML: {str(err).splitlines()[0]}") from None
+    data = load_yaml(Path(path), "study spec", error=OptionError)
     return parse_study_spec(data)
 
 
@@ -312,6 +308,7 @@ def evaluate_checkpoint(path: str | Path, cfg: TinyLMConfig) -> dict[str, float]
     (tested equal)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    check_checkpoint(path)
     model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True).eval()
     tok = AutoTokenizer.from_pretrained(path, local_files_only=True)
     ids = torch.tensor(tok.backend_tokenizer.encode(held_out_text(cfg),
@@ -371,8 +368,10 @@ def _tests(models: pd.DataFrame, emergence: pd.DataFrame, alpha: float) -> dict[
             entry["partial"] = {"controlling_for": controls, "skipped": str(err)}
         out["predictors"][x] = entry
     first = emergence[emergence["step"] == 0].set_index("run_id")["coupling_vs_null_mean"]
-    last = emergence.merge(models[["run_id", "step"]], on=["run_id", "step"]).set_index(
-        "run_id")["coupling_vs_null_mean"]  # each run's end point
+    ends = set(zip(models["run_id"], models["step"], strict=True))  # each run's end point
+    last = emergence[[key in ends for key in zip(emergence["run_id"], emergence["step"],
+                                                  strict=True)]].set_index(
+        "run_id")["coupling_vs_null_mean"]
     pair = pd.concat([first.rename("init"), last.rename("final")], axis=1).dropna()
     h2: dict[str, Any] = {"n": int(len(pair)), "alternative": "final > init"}
     if len(pair) >= 2:
@@ -744,7 +743,9 @@ def _run_study(out: Path, spec: StudySpec, prompts: list[str], cache_dir: str | 
         "coupling_mean": wide[("mean", "coupling")].to_numpy(),
         "coupling_se": wide[("se", "coupling")].to_numpy(),
         "coupling_chance": wide[("chance", "coupling")].to_numpy()})
-    em = em.merge(scores[["run_id", "step", "accuracy", "loss"]], on=["run_id", "step"])
+    em = joins.join_on(em, scores[["run_id", "step", "accuracy", "loss"]], ["run_id", "step"],
+                       names=("the measured checkpoints", "the trained checkpoints' scores"),
+                       what=f"the study in {out} is inconsistent: run it again with a new --out")
     order = {r.run_id: i for i, r in enumerate(spec.runs)}
     em = em.sort_values(["run_id", "step"], key=lambda c: c.map(order) if c.name == "run_id"
                         else c).reset_index(drop=True)

@@ -596,7 +596,8 @@ def _checksums(target: Path) -> tuple[dict[str, str] | None, str | None]:
     ledger = _ledger(target)
     if not ledger.exists():
         if (target / "training.json").is_file():
-            return None, "it has no checksums (written by an older blockcoupling)"
+            return None, (f"{ledger.path} is missing: it has no checksums (written by an "
+                          "older blockcoupling, or deleted)")
         return None, "its training did not finish"
     problem = ledger.problem()
     if problem is not None:
@@ -755,10 +756,28 @@ def monitor_dir(cfg: TinyLMConfig, cache_dir: str | Path | None = None) -> Path:
     return tiny_lm_dir(cfg, cache_dir) / MONITOR_DIR
 
 
+def check_checkpoint(path: str | Path) -> None:
+    """Verify a checkpoint folder of a tiny-LM cache against the cache's checksums (one line
+    naming a missing or altered file and the command that trains it again); a folder outside
+    a cache (no checksums beside it) is the caller's own model."""
+    folder = Path(path)
+    ledger = _ledger(folder.parent)
+    if not ledger.exists():
+        return
+    mine = [n for n in ledger.entries() if n.startswith(f"{folder.name}/")]
+    if not mine:
+        raise BlockCouplingError(f"{folder} is not a checkpoint of the tiny-LM cache "
+                                 f"{folder.parent}. {_CACHE_HINT}")
+    for name in mine:
+        ledger.read(name)
+
+
 def load_checkpoint(path: str | Path) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """A trained tiny-LM checkpoint as a base ``GPT2Model`` (no LM head) in eval mode, and its
-    tokenizer."""
+    tokenizer, checked first (`check_checkpoint`)."""
     from transformers import AutoModel, AutoTokenizer
+
+    check_checkpoint(path)
 
     model = AutoModel.from_pretrained(path, local_files_only=True).eval()
     tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
@@ -774,6 +793,7 @@ __all__ = [
     "build_tokenizer",
     "cache_digest",
     "cache_problem",
+    "check_checkpoint",
     "checkpoint_name",
     "corpus_documents",
     "corpus_sha256",

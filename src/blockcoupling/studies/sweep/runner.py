@@ -126,11 +126,15 @@ def load_unit(u: Unit, cfg: Any) -> tuple[Any, Any, list[Any]]:
     return model, tok, list(prompts)
 
 
-def _complete(run_dir: Path) -> bool:
+def _complete(run_dir: Path, *, damaged: bool = False) -> bool:
+    """Whether ``run_dir`` holds a finished run (its manifest verified); a manifest that
+    fails its check counts as finished with ``damaged`` (to be checked and measured again)."""
+    from blockcoupling.store.manifest import MANIFEST, load_manifest
+
     try:
-        return json.loads((run_dir / "manifest.json").read_text()).get("status") == "complete"
-    except (OSError, ValueError):
-        return False
+        return load_manifest(run_dir).get("status") == "complete"
+    except RunDirError:
+        return damaged and (run_dir / MANIFEST).exists()
 
 
 def _measure_waiting_for_lock(fn: Callable[[], Any]) -> Any:
@@ -299,7 +303,7 @@ def _recheck_done(root: Path, units: Sequence[Unit]) -> dict[str, str]:
     repaired: dict[str, str] = {}
     for u in units:
         rec = store.read_status(root, u.unit_id)
-        finished = _complete(store.unit_dir(root, u.unit_id))
+        finished = _complete(store.unit_dir(root, u.unit_id), damaged=True)
         if not finished and not (rec is not None and rec.get("status") == "done"):
             continue
         problem = integrity.unit_problem(root, rec if rec is not None else {"unit": u.to_dict()})

@@ -225,15 +225,9 @@ def load_grid_spec(source: str | Path | dict[str, Any]
     if isinstance(source, dict):
         data = source
     else:
-        import yaml
+        from blockcoupling.store.verified import load_yaml
 
-        path = Path(source)
-        if not path.is_file():
-            raise validate.OptionError(f"grid spec {path} does not exist")
-        try:
-            data = yaml.safe_load(path.read_text()) or {}
-        except yaml.YAMLError as err:
-            raise validate.OptionError(f"grid spec {path} is not valid YAML: {err}") from err
+        data = load_yaml(Path(source), "grid spec", error=validate.OptionError) or {}
     if not isinstance(data, dict):
         raise validate.OptionError("a grid spec is a mapping with drop_path, weight_decay, "
                                    "train")
