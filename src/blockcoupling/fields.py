@@ -106,10 +106,10 @@ def option_name(name: str, *, prefix: str = "", dashes: bool = True) -> str:
 
 
 def _apply(rule: tuple[Callable[..., Any], dict[str, Any]], value: Any, name: str) -> Any:
-    """``rule`` applied to ``value`` (to each item of a tuple: ``k=(10, 30)``)."""
+    """``rule`` applied to ``value`` (to each item of a tuple or a list: ``k=(10, 30)``)."""
     fn, bounds = rule
-    if isinstance(value, tuple):
-        return tuple(validate.optional(fn, v, name, **bounds) for v in value)
+    if isinstance(value, (tuple, list)):
+        return type(value)(validate.optional(fn, v, name, **bounds) for v in value)
     return validate.optional(fn, value, name, **bounds)
 
 

@@ -250,6 +250,15 @@ def _odd_window(value: Any, name: str) -> int:
     return width
 
 
+def _analysis_device(value: Any, name: str) -> str:
+    """Where the Jacobian work runs: a device this torch has (`validate.device_name`); not
+    ``auto`` (leave the option out: the work then runs with each block)."""
+    if value == "auto":
+        raise OptionError(f"{name} auto: leave it out (the analysis then runs with each "
+                          "block) or name a device such as cpu or cuda")
+    return validate.device_name(value, name)
+
+
 def _choose(choices: Iterable[Any], hint: str = "") -> validate.Rule:
     return validate.rule(validate.choice, choices=tuple(choices), hint=hint)
 
@@ -296,7 +305,7 @@ class MeasureConfig:
     analysis_device: str | None = _opt(
         None, "Where the Jacobian work runs (default: with each block). A model that does not "
         "fit the GPU: --device cpu --analysis-device cuda streams one block at a time.",
-        parse_opt_str, cli="analysis-device", check=validate.rule(validate.device_name))
+        parse_opt_str, cli="analysis-device", check=validate.rule(_analysis_device))
     trajectory: bool = _opt(True, "Trajectory metrics.", parse_bool)
     spectra: bool = _opt(True, "Singular-value spectra of J^l_tt (--no-spectra: no Jacobian "
                          "work when no coupling kind needs it either).", parse_bool,

@@ -138,8 +138,8 @@ def _k_rule(value: Any, name: str) -> Any:
         return value
     if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 1:
         raise validate.OptionError(
-            f"{name}: K must be a positive integer, {PAPER_K!r} (round(d/10) per model) or "
-            f"None (the smallest measured K), not {value!r}")
+            f"{name}: K must be a positive integer or {PAPER_K} (round(d/10) per model), not "
+            f"{value!r}")
     return value
 
 

@@ -62,6 +62,14 @@ def _checked(record: Any, prefix: str = "") -> None:
         raise SpecError(str(err)) from err
 
 
+def _checked_key(rule: validate.Rule, value: Any, key: str) -> None:
+    """One key's rule, a failure as a `SpecError`."""
+    try:
+        rule(value, key)
+    except validate.OptionError as err:
+        raise SpecError(str(err)) from err
+
+
 @dataclass(frozen=True)
 class Resources:
     """What one unit asks the executor for (Ray: the task's ``num_cpus`` / ``num_gpus``)."""
@@ -321,6 +329,7 @@ def parse_spec(data: Any, *, base_dir: str | os.PathLike[str] | None = None) -> 
         raise SpecError(f"model label {dup[0]!r} is used twice; give each entry its own label")
     prompts, inline = _prompts(data, base)
     seed = data.get("seed", 0)
+    _checked_key(validate.SEED, seed, "seed")  # named where it is written, not as measure's
     measure = data.get("measure") or {}
     if isinstance(measure, Mapping):  # else parse_measure says what to write
         if "seed" in measure and "seed" in data and measure["seed"] != seed:
