@@ -138,7 +138,8 @@ def _tiny_lm(art: Artefacts, cache: Path) -> Path:
 
 def _study_records(art: Artefacts, out: Path) -> Path:
     from blockcoupling.store.verified import write_sealed
-    from blockcoupling.studies.lm_study import SPEC_FILE, TRAINED_FILE, quick_spec
+    from blockcoupling.studies.lm_study import quick_spec
+    from blockcoupling.studies.lm_study.run import SPEC_FILE, TRAINED_FILE
 
     write_sealed(out / SPEC_FILE, quick_spec().to_dict())
     write_sealed(out / TRAINED_FILE, {"a-s0": "0" * 16})
@@ -218,13 +219,14 @@ def _checkpoint(built: Artefacts, root: Path) -> Any:
 
 
 def _spec_check(built: Artefacts, root: Path) -> Any:
-    from blockcoupling.studies.lm_study import _other_spec, quick_spec
+    from blockcoupling.studies.lm_study import quick_spec
+    from blockcoupling.studies.lm_study.run import _other_spec
 
     return _other_spec(root, quick_spec())
 
 
 def _trained(built: Artefacts, root: Path) -> Any:
-    from blockcoupling.studies.lm_study import _trained as trained
+    from blockcoupling.studies.lm_study.run import _trained as trained
 
     return trained(root)
 
@@ -276,7 +278,7 @@ KINDS = (
          COLLECTION_REPAIR, json=True),
     Kind("collection unit table", "monitor", "units/*step1*/coupling.parquet", _api(_summary),
          COLLECTION_REPAIR),
-    Kind("training-loss log", "monitor", "training_loss.jsonl", _api(_loss), r"Delete that line"),
+    Kind("training-loss log", "monitor", "training_loss.jsonl", _api(_loss), r"Delete .*\.seal"),
     Kind("tiny-LM training log", "lmcache", "*/training.json", _api(_training_log),
          r"run the same command again", json=True),
     Kind("tiny-LM checksums", "lmcache", "*/checksums.json", _api(_training_log),
@@ -381,6 +383,21 @@ def test_every_stored_file_fault_is_one_line_naming_the_file_and_its_repair(
     assert re.search(kind.repair, line), f"the line names no repair ({kind.repair}): {line}"
 
 
+def test_a_status_file_copied_under_another_name_is_one_line(built: Artefacts,
+                                                            tmp_path: Path) -> None:
+    """Before: a status file copied to another name (sealed, so its content was intact)
+    listed its unit twice, and ``sweep-status`` ended in a traceback."""
+    root = tmp_path / "monitor"
+    shutil.copytree(built["monitor"], root)
+    first = sorted((root / "status").glob("*.json"))[0]
+    copy = root / "status" / "zz-copy.json"
+    shutil.copy(first, copy)
+    line = _outcome(cli("sweep-status", str(root)))
+    assert line is not None and str(copy) in line and "--resume" in line, line
+    with pytest.raises(BlockCouplingError, match="copied or renamed"):
+        bc.open_sweep(root).summary()
+
+
 # ---------------------------------------------------------------------------- every read
 #: every call in src/ that reads a file, by module and call, with what it reads: (a) a file
 #: blockcoupling wrote, read through ``store/verified.py`` against its recorded checksum;
@@ -408,8 +425,8 @@ READS: dict[tuple[str, str], str] = {
                                           "trainings' verified records",
     ("studies/vit/kind.py", "loads"): "a, an older format: the same",
     ("studies/tiny_lm.py", "from_pretrained"): "a: after check_checkpoint (the cache's ledger)",
-    ("studies/lm_study.py", "from_pretrained"): "a: after check_checkpoint (the cache's ledger)",
-    ("studies/lm_study.py", "read_text"): "a: prompts.txt compared with what it must hold, "
+    ("studies/lm_study/run.py", "from_pretrained"): "a: after check_checkpoint (the cache's ledger)",
+    ("studies/lm_study/run.py", "read_text"): "a: prompts.txt compared with what it must hold, "
                                           "rewritten when it differs (never trusted)",
     ("studies/demo.py", "from_pretrained"): "c: the MiniLM of an installed package",
     ("runs/executor.py", "open"): "a worker's stderr captured to a temporary file",

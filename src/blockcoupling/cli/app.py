@@ -9,14 +9,14 @@ from collections.abc import Callable, Iterator
 from typing import Annotated, Any, TypeVar
 
 import typer
-from typer.core import TyperCommand, TyperGroup
+from typer.core import TyperArgument, TyperCommand, TyperGroup
 
 from blockcoupling.errors import BlockCouplingError
 from blockcoupling.jsonsafe import dumps
 from blockcoupling.validate import OptionError, one_value
 
-__all__ = ["ADDRESS_HELP", "JSON_HELP", "STATE", "app", "deprecated", "echo_json", "fail", "guarded",
-           "one_value", "print_plan", "user_errors"]
+__all__ = ["ADDRESS_HELP", "JSON_HELP", "STATE", "Group", "app", "deprecated", "echo_json", "fail",
+           "guarded", "one_value", "plain_arguments", "print_plan", "user_errors"]
 
 T = TypeVar("T")
 #: CPUs of a local Ray cluster started by the command (sweep, vit-grid); a Ray task's own CPUs
@@ -61,9 +61,44 @@ def _usage_in_one_line() -> Iterator[None]:
         raise UsageLine(err.format_message() + where, ctx) from None
 
 
-class _Group(TyperGroup):
+class _PlainArgument(TyperArgument):
+    """A positional argument as a user reads it: its name in capitals (``RUN_DIRS...``,
+    ``SPEC``; optional ones in brackets), without typer's ``{run_dirs}`` placeholder in the
+    usage line nor the Python type (``<list[Path]>``) in the help; a missing one is named
+    the same way."""
+
+    def _label(self) -> str:
+        return (self.metavar or self.name or "").upper()
+
+    def _usage_display_name(self) -> str:
+        label = self._label() if self.required else f"[{self._label()}]"
+        return label + ("..." if self.nargs != 1 else "")
+
+    def _rich_display_name(self) -> str:
+        return self._label() + ("..." if self.nargs != 1 else "")
+
+    def display_type_rich(self, ctx: Any) -> str | None:
+        return None
+
+    @property
+    def display_name_raw(self) -> str:
+        return self._label()
+
+
+def plain_arguments(command: Any) -> Any:
+    """``command`` with its positional arguments shown as `_PlainArgument` (in place; an
+    argument has no state of its own beyond typer's, so its class is swapped)."""
+    for param in getattr(command, "params", None) or ():
+        if type(param) is TyperArgument:
+            param.__class__ = _PlainArgument
+    return command
+
+
+class Group(TyperGroup):
     """The command group: ``-q`` / ``-v`` given after a command (``blockcoupling measure ...
-    -q``) are taken as the global flags, as if given before it; a usage error is one line."""
+    -q``) are taken as the global flags, as if given before it; the commands' arguments read
+    as `_PlainArgument` (sub-groups too: give them ``cls=Group``); a usage error is one
+    line (`UsageLine`)."""
 
     def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
         end = args.index("--") if "--" in args else len(args)
@@ -76,6 +111,9 @@ class _Group(TyperGroup):
         with _usage_in_one_line():  # the command's own parsing, and a group's under it
             return super().invoke(ctx)
 
+    def get_command(self, ctx: Any, cmd_name: str) -> Any:
+        return plain_arguments(super().get_command(ctx, cmd_name))
+
 
 def _global_flags(arg: str) -> bool:
     """Whether ``arg`` is global flags only: ``-q``, ``--verbose``, or short ones combined as
@@ -86,7 +124,7 @@ def _global_flags(arg: str) -> bool:
 
 
 app = typer.Typer(
-    cls=_Group,
+    cls=Group,
     add_completion=True,  # --install-completion / --show-completion (bash, zsh, fish, ...)
     no_args_is_help=True,
     help="Measure transformer block coupling, trajectories and spectra (Aubry et al., ICLR 2025).",

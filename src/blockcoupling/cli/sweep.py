@@ -13,6 +13,7 @@ from blockcoupling.cli.app import (
     CLUSTER_CPUS_HELP,
     JSON_HELP,
     SPEC_RUNNERS,
+    Group,
     app,
     deprecated,
     echo_json,
@@ -175,7 +176,7 @@ def _kind(root: Path) -> str:
     return str(load_manifest(root)["kind"])
 
 
-collection_app = typer.Typer(help="Collections (sweep, monitor, vit-grid directories): one "
+collection_app = typer.Typer(cls=Group, help="Collections (sweep, monitor, vit-grid directories): one "
                              "format, read by open_collection.", no_args_is_help=True)
 app.add_typer(collection_app, name="collection")
 

@@ -14,10 +14,13 @@ on those prompts; restrict ``layers=`` and ``k=`` (and use few prompts) to keep 
 Each measured step also gives scalars for experiment trackers (`coupling_scalars`):
 ``coupling/<statistic>_k<K>`` (``coupling_vs_null``: chance-corrected; ``coupling``: raw)
 and ``..._se`` (std over prompts / sqrt(n)). ``CouplingMonitor(log=fn)`` calls
-``fn(scalars, step)``; [`CouplingCallback`][blockcoupling.studies.monitor.CouplingCallback] writes them into the Trainer's logs, so
-``report_to`` (TensorBoard, W&B, MLflow, ...) and ``trainer.state.log_history`` carry them;
+``fn(scalars, step)``; [`CouplingCallback`][blockcoupling.studies.monitor.CouplingCallback] gives them to the ``report_to``
+integrations (TensorBoard, W&B, MLflow, ...) by its own log call;
 ``studies/monitor_lightning.py`` gives them to every Lightning logger. Trackers get a
-measured step's scalars at that step and at no other (step 0 included). The training loss
+measured step's scalars at that step and at no other (step 0 included). What the trainer
+logs itself is not changed: the callback never calls the Trainer's ``log`` nor sets its
+``control``, so the logged loss (averaged over the Trainer's logging window), its logging
+steps and ``trainer.state.log_history`` are those of a run without the monitor. The training loss
 (``step(..., loss=)``; the callback takes it from the Trainer's logs) is stored beside the
 coupling in ``OUT/training_loss.jsonl`` and drawn on the emergence page.
 
@@ -31,6 +34,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import copy
 import glob
 import json
 import math
@@ -359,13 +363,15 @@ class CouplingCallback(TrainerCallback):
     when ``at_start`` (the initialisation, as Pythia's step0). Arguments as
     [`CouplingMonitor`][blockcoupling.studies.monitor.CouplingMonitor].
 
-    A measured step is also a logging step: its `coupling_scalars` go into the
-    Trainer's logs at that step and only there (``trainer.state.log_history`` and every
-    ``report_to`` integration: TensorBoard, W&B, MLflow, ...; the callback moves itself first
-    among the Trainer's callbacks so that they see them). The step-0 scalars are measured
-    before training and logged when the integrations are ready (before the first step). The
-    Trainer's ``loss`` is stored beside the coupling. The monitor is closed at the end of
-    training (and opened again if training resumes)."""
+    A measured step's `coupling_scalars` go to every ``report_to`` integration
+    (TensorBoard, W&B, MLflow, ...) at that step and only there, by the callback's own
+    ``on_log`` call to the other callbacks: the Trainer's logging is untouched (its
+    loss-averaging window, its logging steps and ``trainer.state.log_history`` are those of a
+    run without the callback; the scalars are in the monitor's directory,
+    ``bc.open_collection(out).summary()``). The step-0 scalars are measured before training
+    and logged when the integrations are ready (before the first step). The Trainer's
+    ``loss`` is stored beside the coupling. The monitor is closed at the end of training (and
+    opened again if training resumes)."""
 
     def __init__(self, tokenizer: Any, prompts: Any, *, every: int | None = 500,
                  steps: Sequence[int] = (), out: str | os.PathLike[str] = "runs/monitor",
@@ -373,15 +379,8 @@ class CouplingCallback(TrainerCallback):
         self.at_start = at_start
         self.monitor = CouplingMonitor(tokenizer, prompts, every=every, steps=steps, out=out,
                                        **kwargs)
-        self._pending: dict[str, float] = {}
         self._start: dict[str, float] = {}  # the step-0 scalars, for the integrations
         self._emitting = False
-
-    def on_init_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        handler = _callback_handler(self)
-        if handler is not None and handler.callbacks[0] is not self:
-            handler.callbacks.remove(self)
-            handler.callbacks.insert(0, self)  # before report_to's callbacks read the logs
 
     def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None,
                        **kwargs: Any) -> None:
@@ -390,20 +389,27 @@ class CouplingCallback(TrainerCallback):
         if self.at_start and model is not None and state.is_world_process_zero:
             if self.monitor.step(model, state.global_step, force=True) is not None:
                 self._start = dict(self.monitor.last_scalars)
-                state.log_history.append({**self._start, "step": state.global_step})
 
-    def _log_start(self, args: Any, state: Any, control: Any) -> None:
-        """The step-0 scalars to the other callbacks' ``on_log`` (the integrations), once
-        every callback's ``on_train_begin`` has run (they set their writers up there)."""
-        start, self._start = self._start, {}
+    def _emit(self, args: Any, state: Any, control: Any, scalars: dict[str, float]) -> None:
+        """``scalars`` to the other callbacks' ``on_log`` (the ``report_to`` integrations) at
+        ``state.global_step``: the monitor's own log call. The Trainer's ``log`` is not
+        called and ``control`` is not touched, so its loss-averaging window, its
+        ``log_history`` and its logging steps stay what they are without the monitor."""
         handler = _callback_handler(self)
-        if not start or handler is None:
+        if not scalars or handler is None:
             return
         self._emitting = True
         try:
-            handler.call_event("on_log", args, state, control, logs=dict(start))
+            # a copy of control: what the integrations' on_log return does not steer training
+            handler.call_event("on_log", args, state, copy.deepcopy(control), logs=dict(scalars))
         finally:
             self._emitting = False
+
+    def _log_start(self, args: Any, state: Any, control: Any) -> None:
+        """The step-0 scalars to the integrations, once every callback's ``on_train_begin``
+        has run (they set their writers up there)."""
+        start, self._start = self._start, {}
+        self._emit(args, state, control, start)
 
     def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if self._start:
@@ -413,8 +419,7 @@ class CouplingCallback(TrainerCallback):
                     **kwargs: Any) -> None:
         if model is not None and state.is_world_process_zero:
             if self.monitor.step(model, state.global_step) is not None:
-                self._pending = dict(self.monitor.last_scalars)
-                control.should_log = True
+                self._emit(args, state, control, dict(self.monitor.last_scalars))
 
     def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None,
                **kwargs: Any) -> None:
@@ -422,12 +427,6 @@ class CouplingCallback(TrainerCallback):
             return
         if isinstance(logs.get("loss"), (int, float)):
             self.monitor.record_loss(state.global_step, float(logs["loss"]))
-        if self._pending:
-            logs.update(self._pending)  # seen by the callbacks after this one (report_to)
-            last = state.log_history[-1] if state.log_history else None
-            if last is not None and last.get("step") == state.global_step:
-                last.update(self._pending)  # the Trainer appended a copy before on_log
-            self._pending = {}
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if self._start:  # no step was taken: the step-0 scalars still reach the trackers
