@@ -31,11 +31,12 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from blockcoupling import validate
 from blockcoupling.errors import BlockCouplingError
 from blockcoupling.fields import check_fields, from_mapping, opt
 from blockcoupling.studies.generalization.design import train_parser
 from blockcoupling.studies.vit.train import VitTrainConfig
-from blockcoupling.validate import number
+from blockcoupling.validate import OptionError, number
 
 __all__ = ["FULL_TRAIN", "HYPOTHESES", "PLANNING", "InterventionSpec", "describe_design",
            "design_powers", "full_spec", "load_spec", "parse_spec", "quick_spec"]
@@ -96,7 +97,8 @@ class InterventionSpec:
     strengths: tuple[float, ...] = opt((-1.0, -0.1, 0.0, 0.1, 1.0), "Strengths of the "
                                        "coupling term (> 0 raises coupling, < 0 lowers it); "
                                        "0 and at least one of each sign.", parse=_floats)
-    seeds: tuple[int, ...] = opt(tuple(range(8)), "Seeds per arm (at least 3).", parse=_ints)
+    seeds: tuple[int, ...] = opt(tuple(range(8)), "Seeds per arm (at least 3).", parse=_ints,
+                                 check=validate.SEED)
     train: VitTrainConfig = opt(help="The training config of every run (VitTrainConfig "
                                 "fields; coupling_term and seed come from the design).",
                                 parse=_train, default_factory=lambda: FULL_TRAIN)
@@ -222,7 +224,7 @@ def parse_spec(data: Mapping[str, Any]) -> InterventionSpec:
     """An `InterventionSpec` from a mapping (YAML): any of its fields; ``train`` on top of
     the full design's. Unknown keys and bad values: one line naming the key."""
     if not isinstance(data, Mapping):
-        raise BlockCouplingError("intervention spec: give a mapping of strengths, seeds, "
+        raise OptionError("intervention spec: give a mapping of strengths, seeds, "
                                  "train, ...")
     return from_mapping(InterventionSpec, data, "intervention spec")
 
@@ -231,5 +233,5 @@ def load_spec(path: str | Path) -> InterventionSpec:
     """`parse_spec` of a YAML file."""
     from blockcoupling.store.verified import load_yaml
 
-    data = load_yaml(Path(path), "study spec")
+    data = load_yaml(Path(path), "study spec", error=OptionError)
     return parse_spec(data if data is not None else {})
