@@ -296,20 +296,7 @@ def capture(
     cast to the model's dtype). Raises [`NumericalError`][blockcoupling.errors.NumericalError] if a block output is not
     finite and [`ArchitectureError`][blockcoupling.errors.ArchitectureError] if a block is not called exactly once.
     """
-    if model.training:
-        warnings.warn(
-            "the model was in training mode; calling model.eval() so that dropout is off.",
-            stacklevel=2,
-        )
-        model.eval()
-    if final_norm and spec.final_norm_path is None:
-        raise ArchitectureError(
-            f"final_norm=True, but the {spec.arch} model has no final norm "
-            "(BERT-style encoders have none). Use final_norm=False or pass final_norm_path "
-            "to find_blocks."
-        )
-    _ensure_attn_implementation(model)
-    _ensure_experts_implementation(model)
+    _prepare(model, spec, final_norm)
     blocks = get_blocks(model, spec)
     ref = _first_float_param(model)
     model_dtype = ref.dtype if ref is not None else torch.float32
@@ -339,6 +326,26 @@ def capture(
         final_output=norm_out[0] if (final_norm and keep_calls) else None,
         model_dtype=model_dtype,
     )
+
+
+def _prepare(model: nn.Module, spec: BlockSpec, final_norm: bool) -> None:
+    """The model ready for a capture: in eval mode (dropout off; a warning where it was
+    training), an attention and experts implementation that replays; a final norm where
+    one is asked for, else an ArchitectureError."""
+    if model.training:
+        warnings.warn(
+            "the model was in training mode; calling model.eval() so that dropout is off.",
+            stacklevel=3,
+        )
+        model.eval()
+    if final_norm and spec.final_norm_path is None:
+        raise ArchitectureError(
+            f"final_norm=True, but the {spec.arch} model has no final norm "
+            "(BERT-style encoders have none). Use final_norm=False or pass final_norm_path "
+            "to find_blocks."
+        )
+    _ensure_attn_implementation(model)
+    _ensure_experts_implementation(model)
 
 
 def _call_inputs(model: nn.Module, inputs: Mapping[str, Tensor],

@@ -268,13 +268,10 @@ def run_demo(
     the end when ``progress`` is on.
     """
     from blockcoupling.report.html import write_report
-    from blockcoupling.runs.executor import EXECUTORS, import_ray
+    from blockcoupling.runs.executor import check_executor
     from blockcoupling.store.record import measure_to_dir
 
-    if executor not in EXECUTORS:
-        raise BlockCouplingError(f"executor {executor!r}: choose ray or local")
-    if executor == "ray":
-        import_ray()  # a missing ray is said before anything runs
+    check_executor(executor)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     measurements: list[Any] = []

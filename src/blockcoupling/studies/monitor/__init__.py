@@ -54,7 +54,6 @@ from blockcoupling.engine.config import MeasureConfig
 from blockcoupling.engine.state import preserved
 from blockcoupling.errors import BlockCouplingError
 from blockcoupling.hashing import canonical_hash
-from blockcoupling.runs import kinds
 from blockcoupling.runs.integrity import unit_problem
 from blockcoupling.store import collection as store
 from blockcoupling.store.collection import UnitRecord, collection_unit_id
@@ -106,14 +105,6 @@ _OPEN: weakref.WeakValueDictionary[str, CouplingMonitor] = weakref.WeakValueDict
 def _close_open_monitors() -> None:
     for mon in list(_OPEN.values()):
         mon.close()
-
-
-def _readable(root: Path) -> bool:
-    try:
-        store.load_manifest(root)
-    except BlockCouplingError:
-        return False
-    return True
 
 
 class CouplingMonitor:
@@ -169,52 +160,40 @@ class CouplingMonitor:
         self._lock: contextlib.ExitStack | None = None
         self._loss: Any = None  # the training-loss log, opened at the first loss
         self.open()
-        try:
-            self._init_manifest()
-        except BaseException:
-            self.close()
-            raise
 
     def open(self) -> None:
-        """Take the directory's lock (again, after [`close`][blockcoupling.studies.monitor.CouplingMonitor.close]); an open monitor of this
-        process on the same ``out`` is closed first."""
+        """Open ``out`` by the run protocol of every collection (`blockcoupling.runs.protocol`:
+        no other writer, no other kind, a lost manifest rebuilt from this monitor's status
+        files) and hold its lock until [`close`][blockcoupling.studies.monitor.CouplingMonitor.close] (again after a close); an open monitor of
+        this process on the same ``out`` is closed first. Each opening is a session of the
+        manifest."""
+        from blockcoupling.runs.protocol import collection_folder
+
         if self._lock is not None:
             return
         key = str(self.root.resolve())
         earlier = _OPEN.get(key)
         if earlier is not None and earlier is not self:
             earlier.close()
-        stack = contextlib.ExitStack()
-        stack.enter_context(store.sweep_lock(self.root, "monitor"))
-        self._lock = stack
-        _OPEN[key] = self
-
-    def _init_manifest(self) -> None:
         spec = {"monitor": {"label": self.label, "every": self.every,
                             "steps": sorted(self.steps), "prompt_set": self.prompt_set,
                             "config": json.loads(json.dumps(self.config.to_dict(),
                                                             default=str))}}
-        rebuilt = None
-        if not store.is_sweep_dir(self.root) or not _readable(self.root):
-            slug = self.unit(0).unit_id.rsplit("-step0-", 1)[0]  # the rule's slug of the label
-            mine = {p.stem for label in {slug, self.label}
-                    for p in (self.root / store.STATUS).glob(f"{glob.escape(label)}-step*.json")}
-            rebuilt = store.rebuilt_manifest(self.root, "monitor", spec, mine)
-        if rebuilt is not None:  # lost or corrupt: rebuilt from the status files
-            manifest = rebuilt
-        elif store.is_sweep_dir(self.root):
-            manifest = store.load_manifest(self.root)
-            if (kind := kinds.manifest_kind(manifest)) != "monitor":
-                raise BlockCouplingError(f"{self.root} holds a {kind}, not a "
-                                         "monitor directory; choose another out=")
-        else:
-            others = [p for p in self.root.iterdir() if p.name != store.LOCK]
-            if others:
-                raise BlockCouplingError(f"{self.root} is not empty and is not a monitor "
-                                         "directory; choose another out=")
-            manifest = store.new_manifest("monitor", spec)
-        manifest["sessions"].append({"started": store.now(), "executor": "monitor", **spec})
-        store.write_json(self.root / store.MANIFEST, manifest)
+        slug = self.unit(0).unit_id.rsplit("-step0-", 1)[0]  # the rule's slug of the label
+        mine = {p.stem for label in {slug, self.label}
+                for p in (self.root / store.STATUS).glob(f"{glob.escape(label)}-step*.json")}
+        stack = contextlib.ExitStack()
+        _, manifest = stack.enter_context(collection_folder(
+            self.root, "monitor", spec, unit_ids=mine, resume=True, same=lambda m: [],
+            flag="out="))  # any monitor adds its units: other prompts or options are others
+        try:
+            manifest["sessions"].append({"started": store.now(), "executor": "monitor", **spec})
+            store.write_json(self.root / store.MANIFEST, manifest)
+        except BaseException:
+            stack.close()
+            raise
+        self._lock = stack
+        _OPEN[key] = self
 
     def should_measure(self, step: int) -> bool:
         return int(step) in self.steps or (self.every is not None and int(step) % self.every == 0)
