@@ -254,7 +254,7 @@ def test_weight_decay_only_on_matrices() -> None:
 
 def test_config_validation() -> None:
     for bad, msg in [(dict(drop_path=1.5), "drop-path"), (dict(epochs=0), "epochs"),
-                     (dict(dataset="svhn"), "unknown data set"),
+                     (dict(dataset="svhn"), "dataset 'svhn': choose from digits, cifar10"),
                      (dict(weight_decay=-1), "weight-decay"), (dict(k=0), "k must")]:
         with pytest.raises(BlockCouplingError, match=msg):
             VitTrainConfig(**bad)
@@ -518,7 +518,7 @@ def test_grid_spec_yaml(tmp_path: Path) -> None:
                      ({"train": {"drop_path": 0.1}}, "set by the grid"),
                      ({"train": {"lr_max": 1}}, "unknown training option"),
                      ({"train": {"augment": "randaugment"}}, "RandAugment is not"),
-                     ({"train": {"label_smoothing": -0.1}}, "label-smoothing"),
+                     ({"train": {"label_smoothing": -0.1}}, "train.label_smoothing must be a finite number >= 0"),
                      ({"drop_path": ["x"]}, "drop_path must be a finite number")]:
         with pytest.raises(BlockCouplingError, match=msg):
             load_grid_spec(bad)
@@ -649,7 +649,7 @@ def test_regulariser_options_and_the_paper_recipe() -> None:
     for bad, msg in [(dict(augment="randaugment"), "not RandAugment|RandAugment is not"),
                      (dict(label_smoothing=1.0), "label-smoothing"),
                      (dict(random_erasing=1.5), "random-erasing"), (dict(cutmix=-1), "cutmix"),
-                     (dict(lr_scaling="sqrt"), "lr scaling"), (dict(tokens="first"), "token")]:
+                     (dict(lr_scaling="sqrt"), "lr-scaling .sqrt.: choose from none, linear"), (dict(tokens="first"), "token")]:
         with pytest.raises(BlockCouplingError, match=msg):
             VitTrainConfig(**bad)
     paper = VitTrainConfig.from_dict({"preset": "paper", "drop_path": 0.2})
@@ -687,11 +687,11 @@ def test_cli_tokens_last_regularisers_and_estimate(tmp_path: Path) -> None:
     assert m["regularisers"]["lr"] == pytest.approx(5e-4 * 32 / 512)
     rep = m["reproducibility"]
     assert rep["torch_threads"] == 1 and rep["seed"] == 0 and rep["torch"] == torch.__version__
-    # bad values: one line, exit 1, nothing written
+    # bad values: one line, exit 2 (refused as the options are parsed), nothing written
     for bad in (["--augment", "randaugment"], ["--label-smoothing", "2"], ["--tokens", "x"],
                 ["--lr-scaling", "sqrt"], ["--preset", "paper2"]):
         res = runner.invoke(app, [*args, "--out", str(tmp_path / "bad"), *bad])
-        assert res.exit_code == 1 and res.output.strip().startswith("error:"), res.output
+        assert res.exit_code == 2 and res.output.strip().startswith("error:"), res.output
         assert len(res.output.strip().splitlines()) == 1 and not (tmp_path / "bad").exists()
     res = runner.invoke(app, [*args, "--out", str(tmp_path / "est"), "--estimate"])
     assert res.exit_code == 0 and "estimated (not run)" in res.output, res.output
