@@ -35,7 +35,7 @@ _SECTIONS: dict[str, str] = {  # module -> heading of the API page
     "blockcoupling.prompts.sources": "Prompts",
     "blockcoupling.runs.statistic": "The headline statistic",
     "blockcoupling.store.record": "Run directories",
-    "blockcoupling.store.rundir": "Run directories",
+    "blockcoupling.store.reader": "Run directories",
     "blockcoupling.report.html": "Reports",
     "blockcoupling.studies.monitor": "Training-time monitoring",
     "blockcoupling.studies.sweep": "Sweeps",

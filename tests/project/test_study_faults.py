@@ -603,7 +603,7 @@ def _study_child(argv: list[str], env: dict[str, str], point: str | None = None,
             if point == {point!r} and seen[point] == {nth}:
                 os.kill(os.getpid(), signal.SIGKILL)
         install_probes(trip)
-        from blockcoupling.studies import lm_study
+        from blockcoupling.studies.lm_study import run as lm_study
         train = lm_study.train_tiny_lm
         def trained(*a, **k):
             out = train(*a, **k)

@@ -700,8 +700,7 @@ def test_runs_table_formats_numbers(tmp_path: Path) -> None:
 
 def test_report_from_dirs_uses_open_run(tmp_path: Path,
                                         monkeypatch: pytest.MonkeyPatch) -> None:
-    import sys
-    import types
+    from blockcoupling.store import reader
 
     runs = []
     for seed in (0, 1):  # trajectories only: two figures, quick to draw
@@ -709,14 +708,12 @@ def test_report_from_dirs_uses_open_run(tmp_path: Path,
         m.coupling, m.spectra = m.coupling.iloc[0:0], m.spectra.iloc[0:0]
         runs.append(m)
     opened: list[Path] = []
-    fake = types.ModuleType("blockcoupling.store.rundir")
 
     def open_run(path: Path) -> Measurement:
         opened.append(path)
         return runs[len(opened) - 1]
 
-    fake.open_run = open_run  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "blockcoupling.store.rundir", fake)
+    monkeypatch.setattr(reader, "open_run", open_run)
     out = write_report_from_dirs([tmp_path / "a", tmp_path / "b"], tmp_path / "r.html",
                                  formats=(), labels=["before", "after"])
     assert opened == [tmp_path / "a", tmp_path / "b"]

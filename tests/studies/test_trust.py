@@ -396,12 +396,12 @@ def _small_spec(**over: Any) -> Any:
 @pytest.fixture
 def no_training(monkeypatch: pytest.MonkeyPatch) -> None:
     """Any training is a failure of the test: the study must refuse before it."""
-    from blockcoupling.studies import lm_study
+    from blockcoupling.studies.lm_study import run
 
     def train(*a: Any, **k: Any) -> None:
         raise AssertionError("the study trained before its checks")
 
-    monkeypatch.setattr(lm_study, "train_tiny_lm", train)
+    monkeypatch.setattr(run, "train_tiny_lm", train)
 
 
 @pytest.mark.parametrize("case", ["executor", "out is a file", "out holds other files",
@@ -430,7 +430,8 @@ def test_a_study_checks_everything_before_it_trains(no_training: None, tmp_path:
         (out / "study-spec.json").write_text(json.dumps({"runs": []}))
         (out / "sweep" / store.STATUS).mkdir(parents=True)
         (out / "sweep" / store.MANIFEST).write_text("{}")
-        (out / "sweep" / store.STATUS / "u.json").write_text(json.dumps({"status": "done"}))
+        (out / "sweep" / store.STATUS / "u.json").write_text(
+            json.dumps({"unit": {"unit_id": "u"}, "status": "done"}))
     before = sorted(p.name for p in out.iterdir()) if out.is_dir() else None
     match = {"executor": "executor", "out is a file": "is a file|--out",
              "out holds other files": "other files", "out in use": "in use",
@@ -510,7 +511,7 @@ def test_a_study_measures_again_what_was_trained_again(tmp_path: Path) -> None:
     measured again, so a run's coupling and its accuracy always come from one training.
     Here the other weights are simulated by the study's record of what it measured."""
     from blockcoupling.store import collection as store
-    from blockcoupling.studies.lm_study import TRAINED_FILE, run_study
+    from blockcoupling.studies.lm_study.run import TRAINED_FILE, run_study
 
     out, cache = tmp_path / "out", tmp_path / "cache"
     spec = _small_spec()
@@ -778,12 +779,13 @@ def test_a_grid_record_from_before_seals_is_read_with_a_warning(tmp_path: Path) 
 def test_a_study_of_another_spec_that_measured_nothing_is_replaced(no_training: None,
                                                                    tmp_path: Path) -> None:
     from blockcoupling.store import collection as store
-    from blockcoupling.studies.lm_study import SPEC_FILE, run_study
+    from blockcoupling.studies.lm_study.run import SPEC_FILE, run_study
 
     out = tmp_path / "out"
     (out / "sweep" / store.STATUS).mkdir(parents=True)
     (out / "sweep" / store.MANIFEST).write_text("{}")
-    (out / "sweep" / store.STATUS / "u.json").write_text(json.dumps({"status": "failed"}))
+    (out / "sweep" / store.STATUS / "u.json").write_text(
+        json.dumps({"unit": {"unit_id": "u"}, "status": "failed"}))
     (out / SPEC_FILE).write_text(json.dumps({"runs": []}))
     spec = _small_spec()
     with pytest.raises(AssertionError, match="trained before"):  # it went on to train

@@ -323,9 +323,6 @@ class TokenBranch:
     def _check(self, M: Tensor, name: str) -> Tensor:
         return as_columns(M, self.d, self.device, self.dtype, name)
 
-    def _rows(self, m: int) -> Tensor:
-        return self.x.expand(m, self.d).contiguous()  # (m, d)
-
     def value(self) -> Tensor:
         """``g(x)`` (d,): the residual branch at token t (equals the recorded F(x)_t - x_t)."""
         with replay_context(), torch.no_grad():

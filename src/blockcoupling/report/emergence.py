@@ -65,14 +65,16 @@ class Collection(Protocol):
 LOSS_FILE = "training_loss.jsonl"
 
 
-#: what a reader of a damaged loss log is told
-LOSS_REPAIR = ("Delete that line (its step's loss is then not drawn) or the whole file (no loss "
-               "is drawn); the coupling, stored in the units, is not affected")
+def loss_repair(root: Path) -> str:
+    """What a reader of a damaged loss log is told (no command rebuilds it)."""
+    return (f"Delete {root / LOSS_FILE} and {root / LOSS_FILE}.seal, or restore them from a "
+            "backup: the page then draws no training loss (the coupling, stored in the units, "
+            "is kept)")
 
 
 def loss_log(root: Path) -> SealedLog:
     """The training-loss log of a monitor directory (``store.verified.SealedLog``)."""
-    return SealedLog(root / LOSS_FILE, LOSS_REPAIR)
+    return SealedLog(root / LOSS_FILE, loss_repair(root))
 
 
 def read_training_loss(root: str | os.PathLike[str]) -> pd.DataFrame:
@@ -85,7 +87,7 @@ def read_training_loss(root: str | os.PathLike[str]) -> pd.DataFrame:
         if not isinstance(step, int) or isinstance(step, bool) or not (
                 loss is None or isinstance(loss, (int, float)) and not isinstance(loss, bool)):
             raise RunDirError(f"{path} line {i + 1} is not a training loss record (step, loss). "
-                              + LOSS_REPAIR)
+                              + loss_repair(Path(root)))
     if not rows:
         return pd.DataFrame({"step": pd.Series(dtype="int64"), "loss": pd.Series(dtype="float64")})
     df = pd.DataFrame(rows, columns=["step", "loss"]).astype({"step": "int64",
@@ -433,7 +435,7 @@ def write_emergence_report(sweep: Collection, out: str | os.PathLike[str],
                       sections, lead=lead)
 
 
-__all__ = ["Collection", "LOSS_FILE", "LOSS_REPAIR", "loss_log", "chosen_checkpoints", "headline_column", "heatmap_variant",
+__all__ = ["Collection", "LOSS_FILE", "loss_log", "loss_repair", "chosen_checkpoints", "headline_column", "heatmap_variant",
            "plot_coupling_vs_step", "plot_depth_heatmaps", "plot_layer_graphs",
            "plot_loss_vs_step", "plot_trajectory_vs_step", "plot_windowed_lss",
            "read_training_loss", "windowed_lss_by_layer", "write_emergence_report"]

@@ -17,7 +17,7 @@ lazily (``import blockcoupling.runs`` imports no torch, pandas or ray).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from blockcoupling import lazy
 
@@ -29,7 +29,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "blockcoupling.runs.plans": ("RunPlan", "StudyPlan"),
     "blockcoupling.runs.statistic": ("coupling_statistic",),
 }
-_WHERE: dict[str, str] = {name: mod for mod, names in _EXPORTS.items() for name in names}
+__getattr__, __dir__ = lazy.hooks(globals(), __name__, _EXPORTS)
 
 if TYPE_CHECKING:
     from blockcoupling.runs.collection import upgrade_collection, write_collection_report
@@ -38,14 +38,6 @@ if TYPE_CHECKING:
     from blockcoupling.runs.plans import RunPlan, StudyPlan
     from blockcoupling.runs.read import Sweep, open_collection, open_sweep, sweep_status
     from blockcoupling.runs.statistic import coupling_statistic
-
-
-def __getattr__(name: str) -> Any:
-    return lazy.resolve(globals(), __name__, _WHERE, name)
-
-
-def __dir__() -> list[str]:
-    return lazy.listing(globals(), __all__)
 
 
 __all__ = [

@@ -75,6 +75,9 @@ class CollectionKind:
     recognises: Callable[[Path], bool] | None = None
     #: the page of such a folder -> the HTML file written (``folder_page(folder, out)``)
     folder_page: Callable[[Path, Path], Path] | None = None
+    #: the package the kind lives in (its ``kind.py`` passes ``package=__package__``): the
+    #: architecture test holds the kind's name and imports to it
+    package: str = ""
 
 
 _KINDS: dict[str, CollectionKind] = {}

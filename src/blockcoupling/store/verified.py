@@ -307,11 +307,11 @@ class SealedLog:
         if not self.path.exists() and sealed is None:
             return []
         data = verified_bytes(self.path, None, self.hint)
-        if data and not data.endswith(b"\n"):
-            raise stored_error(self.path, "ends in a line cut short (an interrupted write, or "
-                               "the file was truncated); delete that last line", self.hint)
-        out = []
         lines = [ln for ln in data.split(b"\n") if ln.strip()]
+        if data and not data.endswith(b"\n"):
+            raise stored_error(Path(f"{self.path} line {len(lines)}"), "is cut short (an "
+                               "interrupted write, or the file was truncated)", self.hint)
+        out = []
         for i, line in enumerate(lines):
             where = Path(f"{self.path} line {i + 1}")
             rec = parse_json(line, where, self.hint)

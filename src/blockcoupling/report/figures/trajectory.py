@@ -21,6 +21,7 @@ from blockcoupling.report.figures.base import (
     clip,
     colormap,
     fit_run_ticks,
+    median_band,
     missing_text,
     new_figure,
     panels,
@@ -182,12 +183,7 @@ def plot_trajectory_metrics(runs: Runs, *, token: int | None = None,
                 if sm.empty or sm[col].isna().all() or (col == "lss_window" and lab in covered):
                     continue
                 sm = sm.dropna(subset=[col])  # windowed LSS is undefined near the ends
-                x = sm["layer"].to_numpy(dtype=float)
-                ax.plot(x, sm[f"{col}_median"].to_numpy(dtype=float), marker=".",
-                        color=f"C{i % 10}", label=clip(lab, LEGEND_CHARS))
-                ax.fill_between(x, sm[f"{col}_q25"].to_numpy(dtype=float),
-                                sm[f"{col}_q75"].to_numpy(dtype=float), color=f"C{i % 10}",
-                                alpha=0.12, linewidth=0)
+                median_band(ax, sm, col, i, lab)
             if col == "lss_window" and covered:
                 ax.text(0.02, 0.98, "window covers the whole model (not drawn):\n"
                         + ", ".join(clip(c, LEGEND_CHARS) for c in covered),

@@ -40,4 +40,4 @@ def _plan(spec: Any) -> Any:
 #: the default kind: a spec without ``kind:`` is a sweep, and so is a manifest of format 1
 #: (which records no kind: sweeps were the only kind then)
 KIND = register(CollectionKind(name="sweep", page=_page, repair=_repair, parse_spec=_parse,
-                               plan=_plan, run=_run, default=True))
+                               plan=_plan, run=_run, default=True, package=__package__ or ""))

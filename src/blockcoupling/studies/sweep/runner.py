@@ -48,8 +48,8 @@ def run_unit(unit: Unit | Mapping[str, Any], root: str | os.PathLike[str]) -> di
     """Measure one unit into ``root/units/<unit_id>`` and record its status; returns the
     status record. Never raises for a failing unit (it is recorded as ``failed``)."""
     from blockcoupling.engine.config import MeasureConfig
+    from blockcoupling.store.reader import is_run_dir, open_run
     from blockcoupling.store.record import measure_to_dir
-    from blockcoupling.store.rundir import is_run_dir, open_run
 
     u = unit if isinstance(unit, Unit) else Unit.from_dict(dict(unit))
     rootp = Path(root)
@@ -220,7 +220,7 @@ def spec_matches(root: str | os.PathLike[str],
     return not _resume_differences(manifest, _spec_json(sp), _sweep_inputs(expand(sp)))
 
 
-def _open_manifest(root: Path, *, resume: bool, spec_dict: Any, units: Sequence[Unit],  # noqa: C901 - old and new manifests; moves with the collection format (issue 33 item 1)
+def _open_manifest(root: Path, *, resume: bool, spec_dict: Any, units: Sequence[Unit],
                    inputs: dict[str, str], check_only: bool = False) -> dict[str, Any]:
     """The manifest a run of the sweep continues (checked against the spec and the inputs'
     content) or starts; a lost or corrupt one is rebuilt from the status files on resume.
@@ -228,24 +228,9 @@ def _open_manifest(root: Path, *, resume: bool, spec_dict: Any, units: Sequence[
     cluster is reached)."""
     if root.exists() and not root.is_dir():
         raise SweepError(f"--out {root} is a file; give a directory for the sweep")
-    ids = {u.unit_id for u in units}
-    manifest: dict[str, Any] | None = None
-    if store.is_sweep_dir(root):
-        try:
-            manifest = store.load_manifest(root)
-        except RunDirError:
-            if not resume:
-                raise
-            manifest = store.rebuilt_manifest(root, "sweep", spec_dict, ids)
-            if manifest is None:
-                raise
-            manifest["inputs"] = inputs
-            return manifest
-    elif resume:
-        manifest = store.rebuilt_manifest(root, "sweep", spec_dict, ids)
-        if manifest is not None:
-            manifest["inputs"] = inputs
-            return manifest
+    manifest, rebuilt = _stored_manifest(root, resume, spec_dict, {u.unit_id for u in units})
+    if rebuilt:
+        return _with_inputs(manifest, inputs)
     if manifest is None:
         others = [p for p in root.iterdir() if p.name != store.LOCK] if root.is_dir() else []
         if others:
@@ -253,9 +238,7 @@ def _open_manifest(root: Path, *, resume: bool, spec_dict: Any, units: Sequence[
                     "--resume (it rebuilds the manifest)" if (root / store.STATUS).is_dir()
                     else "is not empty and holds no sweep; choose a new --out")
             raise SweepError(f"{root} {what}")
-        manifest = store.new_manifest("sweep", spec_dict)
-        manifest["inputs"] = inputs
-        return manifest
+        return _with_inputs(store.new_manifest("sweep", spec_dict), inputs)
     if kinds.manifest_kind(manifest) != "sweep":
         raise SweepError(f"{root} holds a {kinds.manifest_kind(manifest)} directory, not a "
                          "sweep; choose a new --out")
@@ -271,9 +254,7 @@ def _open_manifest(root: Path, *, resume: bool, spec_dict: Any, units: Sequence[
         for name in (store.STATUS, store.UNITS):
             shutil.rmtree(root / name, ignore_errors=True)
         (root / store.CATALOGUE).unlink(missing_ok=True)
-        manifest = store.new_manifest("sweep", spec_dict)
-        manifest["inputs"] = inputs
-        return manifest
+        return _with_inputs(store.new_manifest("sweep", spec_dict), inputs)
     if not resume:
         raise SweepError(f"{root} already holds a sweep; continue it with --resume, or "
                          "choose a new --out")
@@ -281,6 +262,29 @@ def _open_manifest(root: Path, *, resume: bool, spec_dict: Any, units: Sequence[
         raise SweepError(f"cannot resume {root}: the spec differs from the sweep's, or a file "
                          "it reads changed (" + "; ".join(diffs[:3]) + "); resume with the "
                          "original spec and files, or choose a new --out")
+    return manifest
+
+
+def _stored_manifest(root: Path, resume: bool, spec_dict: Any, ids: set[str]
+                     ) -> tuple[dict[str, Any] | None, bool]:
+    """The sweep's manifest in ``root`` (None: there is none) and whether it was rebuilt from
+    the status files (only on ``resume``, where it is lost or cannot be read)."""
+    if store.is_sweep_dir(root):
+        try:
+            return store.load_manifest(root), False
+        except RunDirError:
+            rebuilt = store.rebuilt_manifest(root, "sweep", spec_dict, ids) if resume else None
+            if rebuilt is None:
+                raise
+            return rebuilt, True
+    rebuilt = store.rebuilt_manifest(root, "sweep", spec_dict, ids) if resume else None
+    return rebuilt, rebuilt is not None
+
+
+def _with_inputs(manifest: dict[str, Any] | None, inputs: dict[str, str]) -> dict[str, Any]:
+    """``manifest`` recording the content of the sweep's local inputs."""
+    assert manifest is not None
+    manifest["inputs"] = inputs
     return manifest
 
 
@@ -316,7 +320,7 @@ def _recheck_done(root: Path, units: Sequence[Unit]) -> dict[str, str]:
     return repaired
 
 
-def run_sweep(spec: str | os.PathLike[str] | Mapping[str, Any] | SweepSpec,  # noqa: C901 - local and Ray executors; moves with the executor module (issue 33 item 1)
+def run_sweep(spec: str | os.PathLike[str] | Mapping[str, Any] | SweepSpec,
               out: str | os.PathLike[str], *, executor: str = "ray", address: str | None = None,
               resume: bool = False, progress: bool = True, num_cpus: int | None = None,
               retries: int | None = None,

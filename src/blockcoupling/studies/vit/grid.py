@@ -348,11 +348,11 @@ def run_grid(base: VitTrainConfig, root: str | Path, *,
                          progress, on_run)
 
 
-def _run_grid(base: VitTrainConfig, root: str | Path, configs: list[VitTrainConfig],  # noqa: C901 - local and Ray executors; moves with the executor module (issue 33 item 1)
+def _run_grid(base: VitTrainConfig, root: str | Path, configs: list[VitTrainConfig],
               axes: tuple[str, ...], executor: str, address: str | None, num_cpus: int,
               threads: int | None, progress: bool,
               on_run: Callable[[dict[str, Any]], None] | None) -> pd.DataFrame:
-    from blockcoupling.runs import integrity
+    from blockcoupling.progress import bar as progress_bar
     from blockcoupling.store import collection as store
 
     units = [grid_unit(c, axes) for c in configs]
@@ -366,22 +366,7 @@ def _run_grid(base: VitTrainConfig, root: str | Path, configs: list[VitTrainConf
         manifest = _grid_manifest(rootp, base_dict, units, configs, executor, axes)
         store.write_json(rootp / store.MANIFEST, manifest)
         by_id = {u.unit_id: u for u in units}
-        todo = []  # done units that pass the collection's integrity check are not run again
-        repaired: dict[str, str] = {}
-        for c, u in zip(configs, units, strict=True):
-            rec = store.read_status(rootp, u.unit_id)
-            if rec is None:
-                store.write_status(rootp, u, "pending")
-            elif rec.get("status") == "done":
-                problem = integrity.unit_problem(rootp, rec)
-                if problem is None:
-                    continue
-                shutil.rmtree(store.unit_dir(rootp, u.unit_id), ignore_errors=True)
-                store.write_status(rootp, u, "pending", repaired=problem, weights_hash=None)
-                repaired[u.unit_id] = problem  # damaged: trained again
-            todo.append((c, u))
-        if repaired:
-            manifest["sessions"][-1]["repaired"] = repaired
+        todo = _to_train(rootp, configs, units, manifest)
 
         def start(u: Any) -> None:
             rec = store.read_status(rootp, u.unit_id) or {}
@@ -396,25 +381,53 @@ def _run_grid(base: VitTrainConfig, root: str | Path, configs: list[VitTrainConf
             store.write_catalogue(rootp)
             if on_run is not None:
                 on_run({**rec, "name": u.label, "unit_id": u.unit_id})
-            if bar is not None:
-                bar.update(1)
+            bar.update(1)
 
-        bar = None
-        if progress:
-            from blockcoupling.progress import bar as progress_bar
-
-            bar = progress_bar(total=len(todo), desc="vit grid", unit="run")
+        bar = progress_bar(total=len(todo), desc="vit grid", unit="run", enabled=progress)
         # absolute: a Ray worker's working directory may be another
         jobs = [(c.to_dict(), str(store.unit_dir(rootp.resolve(), u.unit_id))) for c, u in todo]
         try:
             _run_jobs(jobs, [u for _, u in todo], start, done, executor=executor,
                       address=address, num_cpus=num_cpus, threads=threads)
         finally:
-            if bar is not None:
-                bar.close()
+            bar.close()
             manifest["sessions"][-1]["finished"] = store.now()
             store.write_json(rootp / store.MANIFEST, manifest)
             store.write_catalogue(rootp)
+    return _grid_runs(rootp, units)
+
+
+def _to_train(root: Path, configs: list[VitTrainConfig], units: list[Any],
+              manifest: dict[str, Any]) -> list[tuple[VitTrainConfig, Any]]:
+    """The (config, unit) pairs to train: new, unfinished, and done units that fail the
+    collection's integrity check (their folder removed, the problem recorded in the
+    session as ``repaired``: they are trained again)."""
+    from blockcoupling.runs import integrity
+    from blockcoupling.store import collection as store
+
+    todo, repaired = [], {}
+    for c, u in zip(configs, units, strict=True):
+        rec = store.read_status(root, u.unit_id)
+        if rec is None:
+            store.write_status(root, u, "pending")
+        elif rec.get("status") == "done":
+            problem = integrity.unit_problem(root, rec)
+            if problem is None:
+                continue
+            shutil.rmtree(store.unit_dir(root, u.unit_id), ignore_errors=True)
+            store.write_status(root, u, "pending", repaired=problem, weights_hash=None)
+            repaired[u.unit_id] = problem
+        todo.append((c, u))
+    if repaired:
+        manifest["sessions"][-1]["repaired"] = repaired
+    return todo
+
+
+def _grid_runs(rootp: Path, units: list[Any]) -> pd.DataFrame:
+    """The grid's runs table (`collect_runs`), with the runs that failed before writing
+    their ``metrics.json`` added from their status."""
+    from blockcoupling.store import collection as store
+
     runs = collect_runs(rootp)
     runs["message"] = None
     missing = []

@@ -140,4 +140,4 @@ GRID_KEYS = ("drop_path", "weight_decay", "train")
 KIND = register(CollectionKind(name="vit-grid", page=_page, repair=_repair, parse_spec=_parse,
                                plan=_plan, headline_tokens="first", unit_check=_unit_check,
                                upgrade=_upgrade, spec_keys=GRID_KEYS, recognises=_recognises,
-                               folder_page=_folder_page))
+                               folder_page=_folder_page, package=__package__ or ""))

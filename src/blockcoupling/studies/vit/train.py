@@ -40,6 +40,7 @@ from blockcoupling.errors import BlockCouplingError
 from blockcoupling.fields import check_fields, identity, opt, parse_given
 from blockcoupling.hashing import canonical_hash
 from blockcoupling.store.fileio import atomic_path
+from blockcoupling.studies.schedule import lr_at
 from blockcoupling.studies.vit.augment import (
     AUGMENTS,
     crop_flip,
@@ -283,15 +284,6 @@ RECIPES: dict[str, dict[str, Any]] = {
 
 
 # ---------------------------------------------------------------------------- schedule
-def lr_at(step: int, total_steps: int, warmup_steps: int, lr: float, min_lr: float) -> float:
-    """Linear warm-up from lr/warmup_steps to lr, then cosine from lr down to min_lr."""
-    if warmup_steps > 0 and step < warmup_steps:
-        return lr * (step + 1) / warmup_steps
-    span = max(total_steps - warmup_steps, 1)
-    progress = min(max(step - warmup_steps, 0) / span, 1.0)
-    return min_lr + 0.5 * (lr - min_lr) * (1.0 + math.cos(math.pi * progress))
-
-
 def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict[str, Any]]:
     """Decay on weight matrices only: not on biases, norms, [CLS] and position embeddings."""
     decay, no_decay = [], []
