@@ -164,6 +164,15 @@ def snapshot(path: Path) -> dict[str, str] | None:
     return out
 
 
+def without_costs(d: Any) -> Any:
+    """``d`` without its wall-clock entries (every key naming seconds), at any depth."""
+    if isinstance(d, dict):
+        return {k: without_costs(v) for k, v in d.items() if "seconds" not in k}
+    if isinstance(d, list):
+        return [without_costs(v) for v in d]
+    return d
+
+
 def tail(text: str, n: int = 700) -> str:
     """The end of a command's output, for a failure's message."""
     return text if len(text) <= n else "..." + text[-n:]
@@ -277,6 +286,7 @@ def fx(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     assert_ok(cli("-q", "sweep", str(b / "spec.yaml"), "-o", str(b / "sweep"), "--executor",
                   "local"))
     assert_ok(cli("-q", "vit-train", "-o", str(b / "vits" / "v0"), *vit_args()))
+    assert_ok(cli("-q", *_vit_grid()({}, b / "grid")))
     return {"b": b, "lm": lm, "prompts": prompts, "rows": rows, "spec": spec,
             "replaces": replaces[0]}
 
@@ -1072,10 +1082,7 @@ def test_vit_train_killed_mid_write_resumes_bit_identically(fx: dict[str, Any],
     assert_ok(cli(*argv))
     got = json.loads((out / "metrics.json").read_text())
     want = json.loads((fx["b"] / "vits" / "v0" / "metrics.json").read_text())
-    for d in (got, want):
-        for key in ("seconds", "wall_seconds", "created", "finished"):
-            d.pop(key, None)
-    assert got.get("final") == want.get("final")
+    assert without_costs(got.get("final")) == without_costs(want.get("final"))
 
 
 # ---------------------------------------------------------------------------- a second writer
@@ -1153,7 +1160,16 @@ def _vit_other(*extra: str) -> Callable[[dict[str, Any], Path], tuple[Path, list
     return case
 
 
+def _grid_other(*extra: str) -> Callable[[dict[str, Any], Path], tuple[Path, list[str]]]:
+    def case(fx: dict[str, Any], tmp: Path) -> tuple[Path, list[str]]:
+        out = copy(fx["b"] / "grid", tmp / "grid")
+        return out, [*_vit_grid()(fx, out), *extra]
+    return case
+
+
 CHANGED: dict[str, Callable[[dict[str, Any], Path], tuple[Path, list[str]]]] = {
+    "vit-grid:other-training-options": _grid_other("--epochs", "2"),
+    "vit-grid:other-lr": _grid_other("--lr", "0.001"),
     "perturb:other-levels": _perturb_other("--levels", "0.2,1"),
     "perturb:other-model": _perturb_other(model=1),
     "perturb:other-token": _perturb_other("--token", "0"),
@@ -1242,8 +1258,10 @@ def test_json_is_one_dialect(cid: str, fx: dict[str, Any], tmp_path: Path) -> No
     strict_json(r.stdout)
 
 
-def test_vit_figures_fits_json_is_one_dialect(fx: dict[str, Any], tmp_path: Path) -> None:
-    assert_ok(cli("vit-figures", str(fx["b"] / "vits"), "-o", str(tmp_path / "f")))
+@pytest.mark.parametrize("root", ["vits", "grid"])
+def test_vit_figures_fits_json_is_one_dialect(root: str, fx: dict[str, Any],
+                                              tmp_path: Path) -> None:
+    assert_ok(cli("vit-figures", str(fx["b"] / root), "-o", str(tmp_path / "f")))
     strict_json((tmp_path / "f" / "fits.json").read_text())
 
 
@@ -1382,3 +1400,186 @@ def test_a_folder_another_command_wrote_is_named_as_such(cid: str, fx: dict[str,
     before = snapshot(folder)
     line = assert_refused(cli(*argv), unchanged={folder: before, tmp_path / "out": None})
     assert "backup" not in line.lower() and "lost" not in line.lower(), line
+
+
+# ---------------------------------------------------------------------------- collection upgrade
+@pytest.mark.parametrize("cid", cases([("collection-upgrade:current-sweep",),
+                                       ("collection-upgrade:current-grid",)]))
+def test_upgrading_a_current_collection_changes_nothing(cid: str, fx: dict[str, Any],
+                                                        tmp_path: Path) -> None:
+    """Safe to run again: a collection of the current format is left as it is (exit 0, or
+    one line that says so), twice."""
+    out = copy(fx["b"] / cid.rpartition("-")[2], tmp_path / "c")
+    before = snapshot(out)
+    for _ in range(2):
+        r = cli("collection", "upgrade", str(out))
+        if r.exit_code == 0:
+            assert_ok(r)
+        else:
+            assert_refused(r)
+        assert snapshot(out) == before, tail(r.output)
+
+
+# ---------------------------------------------------------------------------- a full disk mid-run
+def _enospc_at(nth: int) -> Callable[[], int]:
+    """os.fsync raising ENOSPC at its ``nth`` call from now on; returns how many calls came."""
+    import errno
+
+    real = os.fsync
+    seen = [0]
+
+    def fsync(fd: int) -> None:
+        seen[0] += 1
+        if seen[0] == nth:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        real(fd)
+
+    os.fsync = fsync  # type: ignore[assignment]
+
+    def undo() -> int:
+        os.fsync = real  # type: ignore[assignment]
+        return seen[0]
+    return undo
+
+
+def _full_perturb(fx: dict[str, Any], tmp: Path) -> tuple[list[str], Callable[[], None]]:
+    out = tmp / "pert"
+    return (["-q", "perturb", *perturb_args(fx["lm"][0], fx["prompts"], out)],
+            _pert_same(out, fx["b"] / "pert"))
+
+
+def _full_sweep(fx: dict[str, Any], tmp: Path) -> tuple[list[str], Callable[[], None]]:
+    import blockcoupling as bc
+
+    out = tmp / "sweep"
+
+    def same() -> None:
+        pd.testing.assert_frame_equal(bc.open_sweep(out).summary(),
+                                      bc.open_sweep(fx["b"] / "sweep").summary(),
+                                      check_exact=True)
+    return ["-q", "sweep", str(fx["b"] / "spec.yaml"), "-o", str(out), "--executor",
+            "local"], same
+
+
+def _full_vit(fx: dict[str, Any], tmp: Path) -> tuple[list[str], Callable[[], None]]:
+    out = tmp / "v"
+
+    def same() -> None:
+        got = json.loads((out / "metrics.json").read_text())
+        want = json.loads((fx["b"] / "vits" / "v0" / "metrics.json").read_text())
+        assert without_costs(got.get("final")) == without_costs(want.get("final"))
+    return ["-q", "vit-train", "-o", str(out), *vit_args()], same
+
+
+DISK_FULL: dict[str, Callable[[dict[str, Any], Path], tuple[list[str], Callable[[], None]]]] = {
+    "perturb:disk-full-mid-run": _full_perturb,
+    "sweep:disk-full-mid-run": _full_sweep,
+    "vit-train:disk-full-mid-run": _full_vit,
+}
+
+
+@pytest.mark.parametrize("cid", cases([(c,) for c in DISK_FULL]))
+def test_disk_full_mid_run_is_one_line_and_the_same_command_finishes(
+        cid: str, fx: dict[str, Any], tmp_path: Path) -> None:
+    """ENOSPC at the third file synced: one line that says what to do (no temporary file
+    named), then the same command (with --resume where the line says so) gives the
+    uninterrupted run's numbers."""
+    argv, same = DISK_FULL[cid](fx, tmp_path)
+    undo = _enospc_at(3)
+    try:
+        r = cli(*argv)
+    finally:
+        calls = undo()
+    assert calls >= 3, f"only {calls} fsync calls: no fault injected"
+    line = assert_refused(r)
+    assert "space" in line.lower(), line
+    r = cli(*argv)
+    if r.exit_code == 1 and "--resume" in r.output:
+        r = cli(*argv, "--resume")
+    assert_ok(r)
+    same()
+
+
+# ---------------------------------------------------------------------------- the studies' folders (slow: a quick study each)
+def _study_record(out: Path) -> dict[str, Any]:
+    return without_costs(json.loads((out / "study.json").read_text()))
+
+
+@pytest.fixture(scope="module")
+def studies(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """``study generalization --quick`` and ``study lm-family --quick``, each run once (the
+    tiny-LM cache of the latter in its own folder)."""
+    base = tmp_path_factory.mktemp("studies")
+    assert_ok(cli("-q", "study", "generalization", "--quick", "-o", str(base / "gen")))
+    os.environ["BLOCKCOUPLING_CACHE"] = str(base / "cache")
+    try:
+        assert_ok(cli("-q", "study", "lm-family", "--quick", "-o", str(base / "lm")))
+    finally:
+        os.environ.pop("BLOCKCOUPLING_CACHE")
+    return {"generalization": base / "gen", "lm-family": base / "lm", "cache": base / "cache"}
+
+
+def _study_argv(kind: str, out: Path, *extra: str) -> list[str]:
+    return ["-q", "study", kind, "--quick", "-o", str(out), *extra]
+
+
+def _other_design(kind: str, tmp: Path) -> list[str]:
+    """The quick design with one value changed, as a spec file."""
+    if kind == "generalization":
+        from blockcoupling.studies.generalization import quick_spec as g_quick
+
+        data = json.loads(json.dumps(g_quick().to_dict(), default=list))
+        data["alpha"] = 0.1
+        flag = "--spec"
+    else:
+        from blockcoupling.studies.lm_study import quick_spec
+
+        data = json.loads(json.dumps(quick_spec().to_dict(), default=list))
+        data["alpha"] = 0.1
+        flag = "--runs"
+    path = tmp / "other.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return [flag, str(path)]
+
+
+STUDY = [f"{kind}:{what}" for kind in ("generalization", "lm-family")
+         for what in ("other-design-in-used-folder", "folder-in-use", "study-json-truncated",
+                      "study-json-number-edited")]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("cid", cases([(c,) for c in STUDY]))
+def test_a_used_study_folder(cid: str, studies: dict[str, Path], tmp_path: Path,
+                             hold_lock: Callable[[Path], None],
+                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """Another design into a used study folder or a second writer: one line, nothing changed.
+    The study's record truncated or a number edited, then the same command: the record of
+    the uninterrupted study (rebuilt from the runs), or one line."""
+    kind, _, what = cid.partition(":")
+    monkeypatch.setenv("BLOCKCOUPLING_CACHE", str(studies["cache"]))
+    out = copy(studies[kind], tmp_path / "study")
+    want = _study_record(studies[kind])
+    if what == "other-design-in-used-folder":
+        argv = ["-q", "study", kind, "-o", str(out), *_other_design(kind, tmp_path)]
+        before = snapshot(out)
+        assert_refused(cli(*argv), unchanged={out: before})
+        return
+    if what == "folder-in-use":
+        hold_lock(out)
+        before = snapshot(out)
+        assert_refused(cli(*_study_argv(kind, out)), unchanged={out: before})
+        return
+    if what == "study-json-truncated":
+        truncate(out / "study.json")
+    else:
+        text = (out / "study.json").read_text()
+        doc = json.loads(text)
+        doc["tests"] = {**doc.get("tests", {}), "edited": 0.123456789}
+        (out / "study.json").write_text(json.dumps(doc))
+    before = snapshot(out)
+    r = cli(*_study_argv(kind, out))
+    if r.exit_code == 0 and r.exception is None:
+        assert_ok(r)
+        assert _study_record(out) == want
+    else:
+        assert_refused(r, unchanged={out: before})
