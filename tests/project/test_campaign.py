@@ -101,6 +101,7 @@ BAD: dict[str, str] = {
     "lm-family:quick-with-runs": "options: --quick with --runs, one dropped without a word",
     "generalization:executor=bogus": "options: --dry-run accepts what the run refuses",
     "generalization:cluster-cpus=0": "options: --dry-run accepts what the run refuses",
+    "generalization:out-is-a-file": "options: --dry-run accepts an --out that is a file",
     # protocol: the folder, its lock, resume
     "perturb:token=99": "protocol: refused after perturbation.json and parts/ are written",
     "perturb:token=-99": "protocol: refused after perturbation.json and parts/ are written",
@@ -131,6 +132,11 @@ BAD: dict[str, str] = {
     # joins: results that depend on the order of the inputs
     "perturb:prompt-file-reversed": "joins: the summary's means differ in the last bit "
                                     "with the prompt file's order",
+    "measure:a-prompt-listed-twice": "joins: exit 0, one text measured as two prompts (the "
+                                     "mean and its se over prompts count it twice)",
+    "perturb:a-prompt-listed-twice": "joins: exit 0, one text counted as two prompts",
+    "vit-figures:a-training-copied": "joins: exit 0, a copied training folder counted as a "
+                                     "second run in the fits",
     # JSON dialect
     "cross:json-out-and-page-into-new-folders": "JSON dialect: --json-out into a new folder "
                                                 "fails naming a temporary file",
@@ -597,6 +603,9 @@ OPTIONS: dict[str, Argv] = {
     "generalization:spec=missing": _generalization("--spec", "MISSING"),
     "generalization:spec-seeds=-1": _generalization("--spec", "GSEEDS"),
     "generalization:spec-train_sizes=2^64": _generalization("--spec", "GBIG"),
+    "generalization:out-is-a-file": lambda fx, o: _generalization("--quick")(
+        fx, fx["b"] / "p.txt"),
+    "lm-family:out-is-a-file": lambda fx, o: _lm_family("--quick")(fx, fx["b"] / "p.txt"),
 }
 
 
@@ -1558,16 +1567,23 @@ def test_a_used_study_folder(cid: str, studies: dict[str, Path], tmp_path: Path,
     kind, _, what = cid.partition(":")
     monkeypatch.setenv("BLOCKCOUPLING_CACHE", str(studies["cache"]))
     out = copy(studies[kind], tmp_path / "study")
-    want = _study_record(studies[kind])
+    want = json.loads(json.dumps(_study_record(studies[kind])).replace(str(studies[kind]),
+                                                                       str(out)))
     if what == "other-design-in-used-folder":
         argv = ["-q", "study", kind, "-o", str(out), *_other_design(kind, tmp_path)]
         before = snapshot(out)
         assert_refused(cli(*argv), unchanged={out: before})
         return
-    if what == "folder-in-use":
-        hold_lock(out)
+    if what == "folder-in-use":  # the study folder and its collection, as a writer holds them
+        for folder in (out, *[p.parent for p in out.glob("*/sweep.json")]):
+            hold_lock(folder)
         before = snapshot(out)
-        assert_refused(cli(*_study_argv(kind, out)), unchanged={out: before})
+        r = cli(*_study_argv(kind, out))
+        if r.exit_code == 0 and r.exception is None:  # nothing to do: the same record
+            assert_ok(r)
+            assert _study_record(out) == want
+        else:
+            assert_refused(r, unchanged={out: before})
         return
     if what == "study-json-truncated":
         truncate(out / "study.json")
@@ -1583,3 +1599,123 @@ def test_a_used_study_folder(cid: str, studies: dict[str, Path], tmp_path: Path,
         assert _study_record(out) == want
     else:
         assert_refused(r, unchanged={out: before})
+
+
+# ---------------------------------------------------------------------------- one thing given twice
+def _prompts_twice(fx: dict[str, Any], tmp: Path) -> Path:
+    return write_prompts(tmp / "twice.txt", [PROMPTS[0], PROMPTS[2], PROMPTS[0]])
+
+
+def _measure_twice(fx: dict[str, Any], tmp: Path) -> None:
+    from blockcoupling.store import open_run
+
+    r = cli("-q", *_measure()(fx, tmp / "run")[:-2], "--prompts", str(_prompts_twice(fx, tmp)),
+            "-o", str(tmp / "run"))
+    if r.exit_code == 0:
+        assert_ok(r)
+        texts = open_run(tmp / "run").prompts["text"]
+        assert not texts.duplicated().any(), "a prompt listed twice counted as two prompts"
+    else:
+        assert_refused(r, unchanged={tmp / "run": None})
+
+
+def _perturb_twice(fx: dict[str, Any], tmp: Path) -> None:
+    out = tmp / "pert"
+    r = cli("-q", "perturb", *perturb_args(fx["lm"][0], _prompts_twice(fx, tmp), out))
+    if r.exit_code == 0:
+        assert_ok(r)
+        n = pd.read_parquet(out / "perturbation.parquet")["prompt_id"].nunique()
+        assert n == 2, f"a prompt listed twice counted as two: {n} prompts"
+    else:
+        assert_refused(r, unchanged={out: None})
+
+
+def _levels_twice(fx: dict[str, Any], tmp: Path) -> None:
+    once, twice = tmp / "once", tmp / "twice"
+    assert_ok(cli("-q", "perturb", *perturb_args(fx["lm"][0], fx["prompts"], once,
+                                                 "--levels", "0.1")))
+    r = cli("-q", "perturb", *perturb_args(fx["lm"][0], fx["prompts"], twice,
+                                           "--levels", "0.1,0.1"))
+    if r.exit_code == 0:
+        assert_ok(r)
+        assert (twice / "summary.csv").read_text() == (once / "summary.csv").read_text()
+    else:
+        assert_refused(r, unchanged={twice: None})
+
+
+def _vit_run_copied(fx: dict[str, Any], tmp: Path) -> None:
+    root = copy(fx["b"] / "vits", tmp / "vits")
+    copy(root / "v0", root / "v0-copy")
+    r = cli("vit-figures", str(root), "-o", str(tmp / "figs"))
+    if r.exit_code == 0:
+        assert_ok(r)
+        n = len(pd.read_csv(tmp / "figs" / "vit_runs.csv"))
+        assert n == 1, f"one training counted as {n} runs"
+    else:
+        assert_refused(r, unchanged={tmp / "figs": None})
+
+
+def _correlate_refuses(argv: Callable[[dict[str, Any], Path], list[str]]
+                       ) -> Callable[[dict[str, Any], Path], None]:
+    def case(fx: dict[str, Any], tmp: Path) -> None:
+        assert_refused(cli(*argv(fx, tmp)), unchanged={tmp / "out": None})
+    return case
+
+
+def _scores_args(fx: dict[str, Any]) -> list[str]:
+    return ["--scores", str(fx["b"] / "scores.csv"), "--labels", "a,b,c", "--k", "2"]
+
+
+def _copied_run(fx: dict[str, Any], tmp: Path) -> list[str]:
+    c = copy(fx["b"] / "run0", tmp / "run0-copy")
+    return ["correlate", str(fx["b"] / "run0"), str(c), str(fx["b"] / "run1"),
+            *_scores_args(fx)]
+
+
+def _token0_run(fx: dict[str, Any], tmp: Path) -> list[str]:
+    assert_ok(cli("-q", *_measure("--tokens", "0")(fx, tmp / "tok0")))
+    return ["correlate", str(tmp / "tok0"), str(fx["b"] / "run1"), str(fx["b"] / "run2"),
+            *_scores_args(fx)]
+
+
+def _one_model_twice_in_a_sweep(fx: dict[str, Any], tmp: Path) -> list[str]:
+    spec = json.loads(json.dumps(fx["spec"]))
+    spec["models"][1]["model"] = spec["models"][0]["model"]
+    (tmp / "spec.yaml").write_text(yaml.safe_dump(spec))
+    assert_ok(cli("-q", "sweep", str(tmp / "spec.yaml"), "-o", str(tmp / "s"), "--executor",
+                  "local"))
+    (tmp / "s.csv").write_text("model,score\na,10\nb,20\n")
+    return ["correlate", str(tmp / "s"), "--scores", str(tmp / "s.csv"), "--k", "2"]
+
+
+def _ratings_text_edited(fx: dict[str, Any], tmp: Path) -> None:
+    rows = fx["rows"].read_text().splitlines()
+    first = json.loads(rows[0])
+    first["question"] = "what is the capital of france"
+    (tmp / "e2h.jsonl").write_text("\n".join([json.dumps(first), *rows[1:]]) + "\n")
+    assert_refused(cli("difficulty", str(fx["b"] / "rated"), "--ratings",
+                       f"hf:e2h-arc@{tmp / 'e2h.jsonl'}", "--json-out", str(tmp / "out" / "d.json")),
+                   unchanged={tmp / "out": None})
+
+
+TWICE: dict[str, Callable[[dict[str, Any], Path], None]] = {
+    "measure:a-prompt-listed-twice": _measure_twice,
+    "perturb:a-prompt-listed-twice": _perturb_twice,
+    "perturb:a-level-listed-twice": _levels_twice,
+    "vit-figures:a-training-copied": _vit_run_copied,
+    "correlate:the-same-run-twice": _correlate_refuses(lambda fx, t: [
+        "correlate", str(fx["b"] / "run0"), str(fx["b"] / "run0"), str(fx["b"] / "run1"),
+        *_scores_args(fx)]),
+    "correlate:a-copied-run-under-another-label": _correlate_refuses(_copied_run),
+    "correlate:a-run-measured-at-token-0": _correlate_refuses(_token0_run),
+    "correlate:a-sweep-with-one-model-twice": _correlate_refuses(_one_model_twice_in_a_sweep),
+    "difficulty:a-rated-prompt-edited": _ratings_text_edited,
+}
+
+
+@pytest.mark.parametrize("cid", cases([(c,) for c in TWICE]))
+def test_one_thing_given_twice_or_changed_is_never_counted_twice(cid: str, fx: dict[str, Any],
+                                                                 tmp_path: Path) -> None:
+    """Joins by content: a prompt, a level, a training or a model given twice is counted
+    once or refused; a rated prompt whose text changed is not joined to the measured one."""
+    TWICE[cid](fx, tmp_path)
