@@ -219,10 +219,9 @@ def _checkpoint(built: Artefacts, root: Path) -> Any:
 
 
 def _spec_check(built: Artefacts, root: Path) -> Any:
-    from blockcoupling.studies.lm_study import quick_spec
-    from blockcoupling.studies.lm_study.run import _other_spec
+    from blockcoupling.studies.lm_study.run import _stored_spec
 
-    return _other_spec(root, quick_spec())
+    return _stored_spec(root)
 
 
 def _trained(built: Artefacts, root: Path) -> Any:
@@ -412,7 +411,7 @@ READS: dict[tuple[str, str], str] = {
     ("store/tables.py", "read_table"): "a: bytes the caller verified",
     ("store/tables.py", "load"): "a: np.load of bytes the caller verified (no pickles)",
     ("store/collection.py", "read_json"): "a: collection records (store.verified.load_sealed)",
-    ("studies/vit/grid.py", "read_json"): "a: the same (store.collection.read_json)",
+    ("runs/protocol.py", "read_json"): "a: the same (store.collection.read_json)",
     ("store/fileio.py", "open"): "the writer's lock and fsync (no content trusted)",
     ("store/fileio.py", "pread"): "the PID in a lock file, for a message",
     ("store/bases.py", "open"): "fsync of a copied file",
@@ -440,9 +439,6 @@ READS: dict[tuple[str, str], str] = {
     ("studies/scores.py", "read_csv"): "b: a score CSV",
     ("studies/lmeval.py", "*"): "b: lm-evaluation-harness results",
     ("studies/vit/data.py", "open"): "b: the images of an image folder",
-    # the perturbation folder moves onto the run protocol and its sealed record (issue 40
-    # item 1, wt/protocol); until then its reads are listed here
-    ("studies/perturbation.py", "*"): "a: to be read through the run protocol",
 }
 _READ_CALLS = {"read_text", "read_bytes", "open", "load", "loads", "read_parquet", "read_table",
                "read_metadata", "read_csv", "read_json", "safe_load", "load_file", "safe_open",

@@ -660,6 +660,12 @@ def test_report_of_missing_figures_leaves_them_out(tmp_path: Path) -> None:
     assert "Skipped" not in text and 'class="note"' not in text
     assert text.count("<img") == 3  # PCA, trajectory metrics, depth profiles
     assert "<h2>1. Token trajectories (PCA)</h2>" in text
+    # no coupling measured (a logit-lens or trajectory-only run): the summary describes
+    # what its table holds, not the depth-wise coupling it does not have
+    summary = re.search(r'<div class="summary">.*?</div>', text, re.S).group(0)
+    assert "No depth-wise coupling was measured" in summary
+    assert "above chance" not in summary and "m/m_rot" not in summary
+    assert "<th>K</th>" not in summary and "LSS median" in summary
     not_shown = re.search(r'id="not-shown".*?</section>', text, re.S).group(0)
     assert "Depth-wise coupling" in not_shown and "Across runs" not in not_shown
     files = sorted(p.name for p in (tmp_path / "only_figures").iterdir())

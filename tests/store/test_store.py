@@ -219,7 +219,7 @@ def test_resume_with_a_different_config_is_refused(tmp_path: Path) -> None:
 def test_existing_directory_without_resume_is_refused(tmp_path: Path) -> None:
     root = tmp_path / "run"
     write_run(root, [["p0"]], finalize=False)
-    with pytest.raises(RunDirError, match="use --resume to continue it or choose a new --out"):
+    with pytest.raises(RunDirError, match="continue it with --resume, or choose a new --out"):
         RunWriter(root, config=CONFIG, meta=META, prompts=PROMPTS)
     (tmp_path / "empty").mkdir()
     with RunWriter(tmp_path / "empty", config=CONFIG, meta=META, prompts=PROMPTS) as w:

@@ -539,6 +539,25 @@ def test_a_study_measures_again_what_was_trained_again(tmp_path: Path) -> None:
     assert redone == {"a-s0"}
 
 
+@pytest.mark.slow
+def test_another_checkpoint_cache_is_refused_or_replaced(tmp_path: Path) -> None:
+    """The same study into the same folder from another checkpoint cache (its sweep names
+    other checkpoint paths): refused in one line that says why, or, with ``replace`` (the
+    demo, which owns its folder; ``BLOCKCOUPLING_CACHE`` changed with ``demo_run/``
+    present), measured afresh with the same numbers."""
+    from blockcoupling.studies.lm_study import run_study
+
+    out, spec = tmp_path / "out", _small_spec()
+    first = run_study(out, spec, cache_dir=tmp_path / "a", progress=False).to_dict()
+    with pytest.raises(BlockCouplingError, match="sweep of other checkpoints .*checkpoint "
+                       "cache.*another --out"):
+        run_study(out, spec, cache_dir=tmp_path / "b", progress=False)
+    again = run_study(out, spec, cache_dir=tmp_path / "b", progress=False, replace=True).to_dict()
+    for rec in (first, again):
+        rec.pop("seconds")
+    assert again == first
+
+
 # ---------------------------------------------------------------------------- item 3: identity
 def test_cross_compares_prompt_texts_not_ids(tmp_path: Path) -> None:
     """Before: two runs of different prompt files with the same file stem (the same prompt

@@ -56,7 +56,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from blockcoupling.engine import offload
 from blockcoupling.engine.blocks import BlockSpec, get_blocks, get_module
-from blockcoupling.engine.wrappers import forward_inputs
+from blockcoupling.engine.wrappers import forward_inputs, without_bridges
 from blockcoupling.errors import ArchitectureError, BlockCouplingError, NumericalError, ReplayError
 
 __all__ = [
@@ -73,7 +73,8 @@ __all__ = [
 #: (<= 4.5x ``past_key_value`` / ``layer_past``, then ``past_key_values``, 5.24 ``cache``):
 #: stripped from recorded calls here; tried by the fast path after the parameters annotated
 #: ``Cache`` (engine/fastpath.py)
-CACHE_NAMES: tuple[str, ...] = ("cache", "past_key_values", "past_key_value", "layer_past")
+CACHE_NAMES: tuple[str, ...] = ("cache", "past_key_values", "past_key_value", "layer_past",
+                                 "past_kv_cache_entry")  # the last: TransformerLens 3's blocks
 _WARNED_ATTN: set[str] = set()
 
 #: Relative replay tolerance (max abs error / max abs recorded output, real positions) by
@@ -295,20 +296,7 @@ def capture(
     cast to the model's dtype). Raises [`NumericalError`][blockcoupling.errors.NumericalError] if a block output is not
     finite and [`ArchitectureError`][blockcoupling.errors.ArchitectureError] if a block is not called exactly once.
     """
-    if model.training:
-        warnings.warn(
-            "the model was in training mode; calling model.eval() so that dropout is off.",
-            stacklevel=2,
-        )
-        model.eval()
-    if final_norm and spec.final_norm_path is None:
-        raise ArchitectureError(
-            f"final_norm=True, but the {spec.arch} model has no final norm "
-            "(BERT-style encoders have none). Use final_norm=False or pass final_norm_path "
-            "to find_blocks."
-        )
-    _ensure_attn_implementation(model)
-    _ensure_experts_implementation(model)
+    _prepare(model, spec, final_norm)
     blocks = get_blocks(model, spec)
     ref = _first_float_param(model)
     model_dtype = ref.dtype if ref is not None else torch.float32
@@ -338,6 +326,26 @@ def capture(
         final_output=norm_out[0] if (final_norm and keep_calls) else None,
         model_dtype=model_dtype,
     )
+
+
+def _prepare(model: nn.Module, spec: BlockSpec, final_norm: bool) -> None:
+    """The model ready for a capture: in eval mode (dropout off; a warning where it was
+    training), an attention and experts implementation that replays; a final norm where
+    one is asked for, else an ArchitectureError."""
+    if model.training:
+        warnings.warn(
+            "the model was in training mode; calling model.eval() so that dropout is off.",
+            stacklevel=3,
+        )
+        model.eval()
+    if final_norm and spec.final_norm_path is None:
+        raise ArchitectureError(
+            f"final_norm=True, but the {spec.arch} model has no final norm "
+            "(BERT-style encoders have none). Use final_norm=False or pass final_norm_path "
+            "to find_blocks."
+        )
+    _ensure_attn_implementation(model)
+    _ensure_experts_implementation(model)
 
 
 def _call_inputs(model: nn.Module, inputs: Mapping[str, Tensor],
@@ -505,9 +513,13 @@ def check_call_index(cap: Capture, layer: int, prompt: int) -> list[BlockCall]:
 
 def prepare_replay(model: nn.Module, cap: Capture, layer: int, prompt: int, *,
                    dtype: torch.dtype = torch.float32,
-                   device: torch.device | str | None = None) -> BlockReplay:
+                   device: torch.device | str | None = None,
+                   original: bool = False) -> BlockReplay:
     """Block ``layer``'s recorded call for ``prompt``, cast to ``dtype`` and moved to ``device``
-    (default: where the block's weights are). Validates the layer, the prompt and eval mode."""
+    (default: where the block's weights are). Validates the layer, the prompt and eval mode.
+    ``original``: the block (and final norm) without a wrapper's envelopes
+    (`wrappers.without_bridges`: TransformerLens 4's bridge components), for the fast path,
+    which checks the result against the recorded output."""
     calls = check_call_index(cap, layer, prompt)
     L, B = len(calls), cap.batch_size
     spec = cap.spec
@@ -518,6 +530,9 @@ def prepare_replay(model: nn.Module, cap: Capture, layer: int, prompt: int, *,
         offload.materialize(get_module(model, spec.final_norm_path))
         if (use_norm and spec.final_norm_path) else None
     )
+    if original:
+        block_orig = without_bridges(block_orig)
+        norm_orig = without_bridges(norm_orig) if norm_orig is not None else None
     for mod in (block_orig, norm_orig):
         if mod is not None and mod.training:
             raise BlockCouplingError(

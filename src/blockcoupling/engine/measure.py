@@ -538,15 +538,7 @@ def _iter_parts(model: torch.nn.Module, tokenizer: Any, items: list[MeasureInput
     from blockcoupling.progress import bar as progress_bar
 
     cfg = config
-    if spec is None:
-        spec = model_spec(model, cfg)
-    if not checked:
-        if spec.hidden_size:  # a custom model's hidden size is known only after the capture
-            cfg.check_model(spec.num_layers, spec.hidden_size)
-        if cfg.analysis_device is not None:
-            from blockcoupling.loading import resolve_device
-
-            resolve_device(cfg.analysis_device)  # a clear error for an unavailable device
+    spec = _checked_spec(model, cfg, spec, checked)
     device = _model_device(model)
     hidden_dtype = _model_dtype(model)  # the precision the hidden states carry
     readout = lens.readout(model, spec) if cfg.logit_lens else None
@@ -563,25 +555,9 @@ def _iter_parts(model: torch.nn.Module, tokenizer: Any, items: list[MeasureInput
     try:
         for batch_items in batches:
             ids = [it.prompt_id for it in batch_items]
-            t0 = time.perf_counter()
-            inputs = make_batch(tokenizer, batch_items, model, device)
-            # boundaries keep the precision of the analysis (float64 when asked for)
-            cap = capture(model, inputs, spec, final_norm=cfg.final_norm,
-                          boundary_dtype=torch.promote_types(cfg.dtype, torch.float32))
-            on_event(MeasureEvent("capture", time.perf_counter() - t0, prompt_ids=tuple(ids)))
-            if cap.spec.causal_source == "unknown":  # a custom module: mask or probe of J
-                cap.spec = resolve_causal(model, cap)
-            if (cap.spec.num_layers, cap.spec.hidden_size) != (spec.num_layers, spec.hidden_size):
-                cfg.check_model(cap.spec.num_layers, cap.spec.hidden_size)  # width learnt here
+            cap = _capture_batch(model, tokenizer, batch_items, cfg, spec, device, on_event)
             spec = cap.spec  # width and causality known from here on
-            t0 = time.perf_counter()
-            ent = (lens.lens_entropy(tables.batch_trajectory(cap), readout, device=device,
-                                     dtype=hidden_dtype, normed_last=cap.final_norm)
-                   if readout is not None else None)
-            batch_tables = (tables.trajectory_tables(cap, ids, cfg.lss_window, hidden_dtype,
-                                                     entropy=ent)
-                            if cfg.trajectory else None)
-            on_event(MeasureEvent("trajectory", time.perf_counter() - t0, prompt_ids=tuple(ids)))
+            batch_tables = _trajectories(cap, ids, cfg, readout, device, hidden_dtype, on_event)
             if not (cfg.coupling or cfg.spectra or cfg.influence):
                 # no Jacobian work: the whole batch is one part (one table build, one write)
                 part = tables.trajectory_part(cap, batch_items, cfg, batch_tables)
@@ -599,6 +575,56 @@ def _iter_parts(model: torch.nn.Module, tokenizer: Any, items: list[MeasureInput
                 bar.update(1)
     finally:
         bar.close()
+
+
+def _checked_spec(model: torch.nn.Module, cfg: MeasureConfig, spec: BlockSpec | None,
+                  checked: bool) -> BlockSpec:
+    """The model's spec (found where not given); unless ``checked`` (a plan's), ``cfg``
+    checked against its width and the analysis device against what is available."""
+    if spec is None:
+        spec = model_spec(model, cfg)
+    if not checked:
+        if spec.hidden_size:  # a custom model's hidden size is known only after the capture
+            cfg.check_model(spec.num_layers, spec.hidden_size)
+        if cfg.analysis_device is not None:
+            from blockcoupling.loading import resolve_device
+
+            resolve_device(cfg.analysis_device)  # a clear error for an unavailable device
+    return spec
+
+
+def _trajectories(cap: Capture, ids: list[str], cfg: MeasureConfig, readout: Any,
+                  device: torch.device, hidden_dtype: torch.dtype | None,
+                  on_event: EventCallback) -> tuple[pd.DataFrame, pd.DataFrame] | None:
+    """The batch's trajectory and token-metric tables (the logit lens's entropy with them
+    where asked for); None without ``cfg.trajectory``."""
+    t0 = time.perf_counter()
+    ent = (lens.lens_entropy(tables.batch_trajectory(cap), readout, device=device,
+                             dtype=hidden_dtype, normed_last=cap.final_norm)
+           if readout is not None else None)
+    out = (tables.trajectory_tables(cap, ids, cfg.lss_window, hidden_dtype, entropy=ent)
+           if cfg.trajectory else None)
+    on_event(MeasureEvent("trajectory", time.perf_counter() - t0, prompt_ids=tuple(ids)))
+    return out
+
+
+def _capture_batch(model: torch.nn.Module, tokenizer: Any, items: list[MeasureInput],
+                   cfg: MeasureConfig, spec: BlockSpec, device: torch.device,
+                   on_event: EventCallback) -> Capture:
+    """One batch's capture, its boundaries in the precision of the analysis (float64 when
+    asked for); a custom module's causality (its mask, or a probe of J) and width resolved
+    from it, the width checked against ``cfg``."""
+    t0 = time.perf_counter()
+    inputs = make_batch(tokenizer, items, model, device)
+    cap = capture(model, inputs, spec, final_norm=cfg.final_norm,
+                  boundary_dtype=torch.promote_types(cfg.dtype, torch.float32))
+    on_event(MeasureEvent("capture", time.perf_counter() - t0,
+                          prompt_ids=tuple(it.prompt_id for it in items)))
+    if cap.spec.causal_source == "unknown":
+        cap.spec = resolve_causal(model, cap)
+    if (cap.spec.num_layers, cap.spec.hidden_size) != (spec.num_layers, spec.hidden_size):
+        cfg.check_model(cap.spec.num_layers, cap.spec.hidden_size)  # width learnt here
+    return cap
 
 
 def _without_prompts(part: Measurement, skip: frozenset[str] | set[str]) -> Measurement:

@@ -221,14 +221,20 @@ def summary_html(summary: ReportSummary) -> str:
         return f'<p class="nothing">{esc(" ".join(summary.measured))}</p>'
     parts = [paragraphs_html(summary.measured)]
     if summary.table is not None and len(summary.table.columns):
-        parts.append("<h3>Headline numbers</h3><p class=\"muted\">Depth-wise coupling above "
-                     "chance = coupling_vs_rotated = 1 - m/m_rot (against the same basis "
-                     "rotated at random; coupling_vs_null = 1 - m/m_null, against "
-                     "independent random bases, for runs measured before it existed), mean "
-                     "over layer pairs l != l' per prompt and token: 0 = the chance level, "
-                     "1 = perfect coupling; ± = one standard error over prompts, within one "
-                     "model; coupling_vs_null, raw c_K and the chance level c_K of the same "
-                     "pairs beside it.</p>" + table_html(summary.table))
+        coupled = any(str(c).startswith(("above chance", "raw c_K"))
+                      for c in summary.table.columns)
+        what = ("Depth-wise coupling above chance = coupling_vs_rotated = 1 - m/m_rot "
+                "(against the same basis rotated at random; coupling_vs_null = 1 - m/m_null, "
+                "against independent random bases, for runs measured before it existed), "
+                "mean over layer pairs l != l' per prompt and token: 0 = the chance level, "
+                "1 = perfect coupling; ± = one standard error over prompts, within one model; "
+                "coupling_vs_null, raw c_K and the chance level c_K of the same pairs beside "
+                "it." if coupled else
+                "No depth-wise coupling was measured in these runs (no coupling kind, or "
+                "token-wise kinds only): the table holds what was measured, the hidden-state "
+                "trajectory metrics over prompts and tokens.")
+        parts.append(f'<h3>Headline numbers</h3><p class="muted">{esc(what)}</p>'
+                     + table_html(summary.table))
     for title, lines in ((("In words" if summary.table is not None else "Headline numbers"),
                           summary.headline),
                          ("Comparisons", summary.comparisons),

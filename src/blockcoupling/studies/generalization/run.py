@@ -28,6 +28,7 @@ import numpy as np
 import pandas as pd
 
 from blockcoupling.errors import BlockCouplingError
+from blockcoupling.store.folder import Layout
 from blockcoupling.studies import joins
 from blockcoupling.studies.generalization.analysis import analyse, positive_control
 from blockcoupling.studies.generalization.design import (
@@ -42,6 +43,10 @@ from blockcoupling.studies.generalization.result import GeneralizationResult
 __all__ = ["run_study"]
 
 GRID = "grid"
+#: a study's folder in the run protocol's words: its grid and what the study writes from it
+LAYOUT = Layout(what="generalization study", record=GRID,
+                files=(GRID, "study.json", "study.html", "runs.csv", "cells.csv"),
+                resume_flag=None)
 
 
 def _say(progress: bool, line: str) -> None:
@@ -69,10 +74,22 @@ def run_study(out: str | Path, spec: GeneralizationSpec | None = None, *, quick:
     write ``study.json``, ``study.html``, ``runs.csv`` and ``cells.csv`` into ``out``.
     ``executor``: ``local`` (one run after the other in this process) or ``ray`` (one task
     per run, one CPU and one torch thread each)."""
+    from blockcoupling.runs.executor import check_executor
+    from blockcoupling.runs.protocol import has_results
+    from blockcoupling.store.folder import open_folder
+
     spec = spec if spec is not None else (quick_spec() if quick else full_spec())
     out = Path(out)
-    if out.exists() and not out.is_dir():
-        raise BlockCouplingError(f"--out {out} is a file; give a folder for the study")
+    check_executor(executor)
+    # the study's folder by the run protocol; its identity is its grid's (its base config)
+    with open_folder(out, LAYOUT, resume=True, differences=lambda: [],
+                     has_results=lambda: has_results(out / GRID)):
+        return _run_study(out, spec, executor, address, cluster_cpus, progress)
+
+
+def _run_study(out: Path, spec: GeneralizationSpec, executor: str, address: str | None,
+               cluster_cpus: int | None, progress: bool) -> GeneralizationResult:
+    """`run_study` once its folder is open and locked."""
     t0, cpu0 = time.perf_counter(), time.process_time()
     runs = _train(spec, out, executor, address, cluster_cpus, progress)
     seconds = {"train": time.perf_counter() - t0}
@@ -117,7 +134,6 @@ def _train(spec: GeneralizationSpec, out: Path, executor: str, address: str | No
 
     for line in describe_design(spec):
         _say(progress, line)
-    out.mkdir(parents=True, exist_ok=True)
     done = [0]
 
     def on_run(rec: dict[str, Any]) -> None:

@@ -4,7 +4,6 @@ one sweep, evaluates them, tests and writes ``study.json`` and ``study.html``.""
 from __future__ import annotations
 
 import json
-import os
 import time
 from pathlib import Path
 from typing import Any
@@ -13,6 +12,7 @@ import pandas as pd
 import torch
 
 from blockcoupling.errors import BlockCouplingError
+from blockcoupling.store.folder import Layout, decide, open_folder
 from blockcoupling.studies.lm_study.analysis import (
     emergence_table,
     hypothesis_tests,
@@ -65,31 +65,58 @@ SPEC_FILE = "study-spec.json"
 #: per run, the content of the checkpoints its sweep units were measured on
 #: (``tiny_lm.cache_digest``): a run trained again into other weights is measured again
 TRAINED_FILE = "trained.json"
-#: what a study's output folder may hold (anything else: another folder, refused)
-STUDY_FILES = ("study.json", "study.html", "prompts.txt", "sweep", SPEC_FILE, TRAINED_FILE,
-               ".lock")
+#: a study's output folder in the run protocol's words (`blockcoupling.store.folder`): what
+#: it may hold (anything else: another's folder, refused); running it again continues it
+LAYOUT = Layout(what="lm-family study", record=SPEC_FILE,
+                files=("study.json", "study.html", "prompts.txt", "sweep", SPEC_FILE,
+                       TRAINED_FILE), resume_flag=None)
 
 
-def _busy(out: Path) -> str:
-    return (f"study folder {out} is in use by another study{{who}}; wait for it to finish or "
-            "stop it, or choose another --out")
+def _identity(out: Path, spec: StudySpec) -> dict[str, Any]:
+    """How the protocol reads a study folder's identity: the spec it records (sealed)
+    against this one (a lost record is written again: the study's sweep checks its own
+    spec; a damaged one is replaced where nothing was measured, else one line), and
+    whether its sweep has measured anything."""
+    from blockcoupling.runs.protocol import spec_differences
+
+    def differences() -> list[str] | None:
+        try:
+            stored = _stored_spec(out)
+        except BlockCouplingError:
+            if _has_results(out):
+                raise
+            return [f"{SPEC_FILE}: damaged"]
+        return None if stored is None else spec_differences(
+            stored, json.loads(json.dumps(spec.to_dict())))
+
+    return {"differences": differences, "has_results": lambda: _has_results(out)}
+
+
+def _stored_spec(out: Path) -> dict[str, Any] | None:
+    """The spec a study folder records (``study-spec.json``, sealed), None where it records
+    none; one line (``store.verified.load_sealed``) where the record is damaged."""
+    from blockcoupling.store.verified import SEAL, load_sealed
+
+    path = out / SPEC_FILE
+    if not path.exists():
+        return None
+    stored = dict(load_sealed(path, _repair(out)))
+    stored.pop(SEAL, None)
+    return stored
 
 
 def check_study(out: str | Path, spec: StudySpec, executor: str = "local", *,
                 locked: bool = False) -> list[str]:
     """Every check of ``study lm-family`` that needs no training, run before any (and by
     ``--dry-run``): the executor, the held-out prompts (enough of them, each within the
-    models' context), and ``out`` (a folder, writable, not another folder's contents, not in
-    use by another study unless ``locked``, not a study of another spec that has measured
-    something). Returns the prompts. Writes nothing."""
-    from blockcoupling.runs import executor as runner
-    from blockcoupling.store.fileio import lock_holder
+    models' context), and ``out`` by the run protocol (`store.folder.decide`: a folder,
+    writable, not another folder's contents, not in use by another study unless
+    ``locked``, not a study of another spec that has measured something). Returns the
+    prompts. Writes nothing."""
+    from blockcoupling.runs.executor import check_executor
     from blockcoupling.studies.tiny_lm import build_tokenizer, corpus_text
 
-    if executor not in runner.EXECUTORS:
-        raise BlockCouplingError(f"--executor {executor!r}: choose local or ray")
-    if executor == "ray":
-        runner.import_ray()  # installed (the cluster is reached when the sweep starts)
+    check_executor(executor)  # (the cluster is reached when the sweep starts)
     prompts = family_prompts(tiny_config(spec, spec.runs[0]), n=spec.n_prompts,
                              length=spec.prompt_length)
     if len(prompts) < spec.n_prompts:
@@ -101,27 +128,7 @@ def check_study(out: str | Path, spec: StudySpec, executor: str = "local", *,
         if not 1 <= n <= spec.block_size:
             raise BlockCouplingError(f"a held-out prompt is {n} tokens, outside the models' "
                                      f"context of 1 to {spec.block_size}: lower prompt_length")
-    out = Path(out)
-    parent = out
-    while not parent.exists():
-        parent = parent.parent
-    if not parent.is_dir():
-        raise BlockCouplingError(f"--out {out}: {parent} is a file; choose another --out")
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise BlockCouplingError(f"--out {out}: {parent} is not writable; choose a --out in a "
-                                 "folder you can write to")
-    if not out.is_dir():
-        return prompts
-    if not locked and lock_holder(out) is not None:
-        raise BlockCouplingError(_busy(out).replace("{who}", f" (PID {lock_holder(out)})"))
-    other = sorted(p.name for p in out.iterdir() if p.name not in STUDY_FILES)
-    if other:
-        raise BlockCouplingError(f"--out {out} holds other files ({other[0]}, ...); choose a "
-                                 "new or empty --out for the study")
-    if _other_spec(out, spec) and _has_results(out):
-        raise BlockCouplingError(
-            f"{out} holds a study of another spec that has measured checkpoints; give another "
-            "--out, or delete it to start this one there")
+    decide(Path(out), LAYOUT, resume=True, locked=locked, **_identity(Path(out), spec))
     return prompts
 
 
@@ -130,19 +137,6 @@ def _repair(out: Path) -> str:
     return (f"Delete it and run the same `blockcoupling study lm-family --out {out}` command "
             "again: the record is written anew (checkpoints whose weights are not known are "
             "measured again)")
-
-
-def _other_spec(out: Path, spec: StudySpec) -> bool:
-    """Whether ``out`` records a study spec other than ``spec`` (one line if the record is
-    damaged: ``store.verified.load_sealed``)."""
-    from blockcoupling.store.verified import SEAL, load_sealed
-
-    path = out / SPEC_FILE
-    if not path.exists():
-        return False
-    data = dict(load_sealed(path, _repair(out)))
-    data.pop(SEAL, None)
-    return bool(data != json.loads(json.dumps(spec.to_dict())))
 
 
 def _trained(out: Path) -> dict[str, str] | None:
@@ -166,21 +160,8 @@ def _has_results(out: Path) -> bool:
     from blockcoupling.store import collection as store
 
     root = out / "sweep"
-    if not store.is_sweep_dir(root):
-        return False
-    return any(r.get("status") == "done" for r in store.all_status(root))
-
-
-def _start_afresh(out: Path) -> None:
-    """Remove a study of another spec that measured nothing (its sweep, prompts, records)."""
-    import shutil
-
-    for name in ("sweep", "prompts.txt", "study.json", "study.html", SPEC_FILE, TRAINED_FILE):
-        path = out / name
-        if path.is_dir():
-            shutil.rmtree(path)
-        elif path.exists():
-            path.unlink()
+    return store.is_sweep_dir(root) and any(r.get("status") == "done"
+                                            for r in store.all_status(root))
 
 
 def _remeasure_retrained(root: Path, digests: dict[str, str],
@@ -210,28 +191,27 @@ def _remeasure_retrained(root: Path, digests: dict[str, str],
 
 def run_study(out: str | Path, spec: StudySpec | None = None, *, quick: bool = False,
               cache_dir: str | Path | None = None, progress: bool = True,
-              executor: str = "local") -> StudyResult:
+              executor: str = "local", replace: bool = False) -> StudyResult:
     """Train (or reuse the cached) runs, score and measure every checkpoint (a sweep in
     ``out/sweep``), test the hypotheses and write ``out/study.json`` and ``out/study.html``.
 
     Everything that can be checked without training is checked first (`check_study`);
-    ``out`` is written only while this study holds its lock."""
-    from blockcoupling.store.fileio import dir_lock
+    ``out`` is written only while this study holds its lock. A sweep in ``out/sweep`` of
+    other checkpoints (another checkpoint cache, e.g. ``BLOCKCOUPLING_CACHE`` changed) that
+    measured something is refused, unless ``replace``: then it is measured afresh (for a
+    caller that owns ``out``, the demo)."""
     from blockcoupling.store.verified import write_sealed
 
     spec = spec if spec is not None else (quick_spec() if quick else full_spec())
     out = Path(out)
-    check_study(out, spec, executor)  # before the folder is made, before any training
-    with dir_lock(out, busy=_busy(out)):
-        prompts = check_study(out, spec, executor, locked=True)
-        if _other_spec(out, spec):  # of another spec, with nothing measured: replaced
-            _start_afresh(out)
-        write_sealed(out / SPEC_FILE, spec.to_dict())
-        return _run_study(out, spec, prompts, cache_dir, progress, executor)
+    prompts = check_study(out, spec, executor)  # before the folder is made, before training
+    with open_folder(out, LAYOUT, resume=True, **_identity(out, spec)):
+        write_sealed(out / SPEC_FILE, spec.to_dict())  # (another spec, nothing measured: replaced)
+        return _run_study(out, spec, prompts, cache_dir, progress, executor, replace)
 
 
 def _run_study(out: Path, spec: StudySpec, prompts: list[str], cache_dir: str | Path | None,
-               progress: bool, executor: str) -> StudyResult:
+               progress: bool, executor: str, replace: bool = False) -> StudyResult:
     """`run_study` once its checks passed and its lock is held."""
     from blockcoupling.store.fileio import write_json
 
@@ -240,7 +220,7 @@ def _run_study(out: Path, spec: StudySpec, prompts: list[str], cache_dir: str | 
     scores, paths, logs, digests = _train(spec, cache_dir, progress)
     seconds = {"train_and_score": time.perf_counter() - t0}
     t1 = time.perf_counter()
-    stat = _measure(out, spec, prompts, paths, digests, executor, progress)
+    stat = _measure(out, spec, prompts, paths, digests, executor, progress, replace)
     seconds["measure"] = time.perf_counter() - t1
     em = emergence_table(stat, scores, spec, where=f"the study in {out}")
     mt = models_table(spec, em, scores, logs)
@@ -289,9 +269,11 @@ def _train(spec: StudySpec, cache_dir: str | Path | None, progress: bool
 
 
 def _measure(out: Path, spec: StudySpec, prompts: list[str], paths: dict[str, list[str]],
-             digests: dict[str, str], executor: str, progress: bool) -> pd.DataFrame:
+             digests: dict[str, str], executor: str, progress: bool, replace: bool = False
+             ) -> pd.DataFrame:
     """Measure every checkpoint as one sweep in ``out/sweep`` (resumed; a run trained again
-    into other weights measured again); the headline statistic per checkpoint."""
+    into other weights measured again; a sweep of other checkpoints refused, or measured
+    afresh with ``replace``); the headline statistic per checkpoint."""
     from blockcoupling.store.fileio import atomic_write_text
     from blockcoupling.store.verified import write_sealed
     from blockcoupling.studies.sweep import is_sweep_dir, open_sweep, run_sweep
@@ -307,12 +289,13 @@ def _measure(out: Path, spec: StudySpec, prompts: list[str], paths: dict[str, li
                   "measure": study_measure(spec)}
     root = out / "sweep"
     if is_sweep_dir(root) and not spec_matches(root, sweep_spec):
-        if _has_results(out):
-            raise BlockCouplingError(f"{root} holds a sweep of another study spec; give another "
-                                     "--out or delete it")
+        if _has_results(out) and not replace:
+            raise BlockCouplingError(f"{root} holds a sweep of other checkpoints (another "
+                                     "study spec or checkpoint cache); give another --out or "
+                                     "delete it")
         import shutil
 
-        shutil.rmtree(root)  # nothing measured there: replaced
+        shutil.rmtree(root)  # nothing measured there, or the caller owns it: replaced
     _remeasure_retrained(root, digests, _trained(out), progress)
     write_sealed(out / TRAINED_FILE, digests)
     run_sweep(sweep_spec, root, executor=executor, resume=is_sweep_dir(root), progress=progress)

@@ -25,10 +25,10 @@ def _parse(data: Any) -> Any:
     return parse_spec(data)
 
 
-def _run(spec: Any, out: Any, **options: Any) -> Any:
+def _run(spec: Any, out: Any, *, cluster_cpus: int | None = None, **options: Any) -> Any:
     from blockcoupling.studies.sweep.runner import run_sweep
 
-    return run_sweep(spec, out, **options)
+    return run_sweep(spec, out, num_cpus=cluster_cpus, **options)
 
 
 def _plan(spec: Any) -> Any:
