@@ -58,51 +58,9 @@ BIG = str(2**64)  # above every 64-bit integer
 #: the cases still BAD on main: case id -> "class: what happens" (xfail, strict)
 BAD: dict[str, str] = {
     # options: ranges, types and cross-option rules not checked where declared
-    "measure:seed=2^64": "options: a traceback (Overflow when unpacking long long)",
-    "measure:init-seed-without-init-random": "options: --init-seed dropped without a word",
-    "measure:device=hip": "options: a traceback (PyTorch is not linked with support for hip)",
-    "measure:device=xla": "options: a traceback (PyTorch is not linked with support for xla)",
-    "measure:analysis-device=xla": "options: a traceback (not linked with support for xla)",
-    "measure:dry-run+seed=2^64": "options: --dry-run accepts what the run refuses (exit 0)",
-    "measure:dry-run+device=hip": "options: a traceback under --dry-run",
-    "measure:dry-run+init-seed-without-init-random": "options: --dry-run exit 0, option dropped",
-    "perturb:seed=-1": "options: accepted, exit 0",
-    "perturb:seed=2^64": "options: a traceback (Overflow when unpacking long long)",
-    "perturb:init-seed-without-init-random": "options: --init-seed dropped without a word",
-    "perturb:device=hip": "options: a traceback (not linked with support for hip)",
-    "perturb:device=xla": "options: a traceback (not linked with support for xla)",
-    "difficulty:n-boot=-5": "options: accepted, exit 0",
-    "difficulty:seed=-1": "options: accepted, exit 0 (the bootstrap never runs below 10)",
-    "difficulty:seed=2^64": "options: accepted, exit 0",
-    "correlate:seed=2^64": "options: accepted, exit 0 (no bootstrap below 10 models)",
-    "sweep:quantize=8bit": "options: passes the spec check, the unit fails later naming "
-                           "--quantize; the folder is written",
-    "sweep:max_memory-without-device_map": "options: the unit fails later naming CLI flags",
-    "sweep:device=hip": "options: the unit fails later, 'unexpected error (please report it)'",
-    "sweep:device=xla": "options: the unit fails later, 'unexpected error (please report it)'",
-    "sweep:init_seed-without-init-random": "options: init_seed dropped without a word, exit 0",
-    "sweep:init_seed=2^64": "options: the unit fails later as 'weight files damaged'",
-    "sweep:seed=2^64": "options: every unit fails later, 'unexpected error'",
-    "sweep:measure.device=hip": "options: every unit fails later, 'unexpected error'",
-    "sweep:connect-timeout=nan": "options: accepted with --executor local, exit 0",
-    "sweep:connect-timeout=-1": "options: accepted with --executor local, exit 0",
-    "sweep:dry-run+executor=bogus": "options: --dry-run accepts what the run refuses",
-    "vit-train:seed=2^64": "options: a traceback (Overflow when unpacking long long)",
-    "vit-train:threads=0": "options: accepted, trains, exit 0",
-    "vit-train:threads=-1": "options: accepted, trains, exit 0",
     "vit-train:hidden-size=2^64": "options: a traceback (torch.zeros overflow)",
-    "vit-train:dry-run+threads=0": "options: --dry-run exit 0",
-    "vit-grid:seeds=2^64": "options: the run fails after the grid folder is written",
-    "vit-grid:dry-run+threads=0": "options: --dry-run exit 0",
-    "vit-grid:dry-run+executor=bogus": "options: --dry-run accepts what the run refuses",
-    "vit-grid:spec-with-drop-path": "options: --spec silently replaces the options given with it",
-    "lm-family:quick-with-runs": "options: --quick with --runs, one dropped without a word",
-    "generalization:executor=bogus": "options: --dry-run accepts what the run refuses",
-    "generalization:cluster-cpus=0": "options: --dry-run accepts what the run refuses",
     "generalization:out-is-a-file": "options: --dry-run accepts an --out that is a file",
     # protocol: the folder, its lock, resume
-    "sweep:device-this-build-lacks": "protocol/options: a half-done sweep refuses the "
-                                     "corrected spec, also with --resume",
     "test_perturb_killed_mid_write_resumes_bit_identically": "protocol: the resume leaves the "
                                                              "killed write's parts/.tmp-* file",
     # reader: stored files read unverified
@@ -122,11 +80,6 @@ BAD: dict[str, str] = {
     "perturb:a-prompt-listed-twice": "joins: exit 0, one text counted as two prompts",
     "vit-figures:a-training-copied": "joins: exit 0, a copied training folder counted as a "
                                      "second run in the fits",
-    # JSON dialect
-    "cross:json-out-and-page-into-new-folders": "JSON dialect: --json-out into a new folder "
-                                                "fails naming a temporary file",
-    "cross:json": "JSON dialect: p written as the string 'nan'",
-    "cross:json-three-runs": "JSON dialect: p written as the string 'nan'",
 }
 
 
