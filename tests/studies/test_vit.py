@@ -587,7 +587,7 @@ def test_cli_vit_train_and_figures(tmp_path: Path, trained: Path) -> None:
     assert res.exit_code == 0, res.output
     res = runner.invoke(app, ["sweep", str(spec), "--out", str(tmp_path / "g4"), "--retries",
                               "-1"])
-    assert res.exit_code == 1 and "retries" in res.output and not (tmp_path / "g4").exists()
+    assert res.exit_code == 2 and "retries" in res.output and not (tmp_path / "g4").exists()
     g2, g3 = collect_runs(tmp_path / "g2"), collect_runs(tmp_path / "g3")
     assert g3["status"].tolist() == ["complete"]
     assert g3["coupling"].tolist() == g2["coupling"].tolist()
