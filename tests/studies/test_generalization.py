@@ -482,29 +482,96 @@ def test_runs_measured_without_a_variant_of_the_spec_are_one_line(tmp_path: Path
         final_table(tmp_path / "g", runs, spec)
 
 
-def test_the_shipped_full_run_is_what_the_docs_quote() -> None:
-    """The full design's run of 2026-11-27, shipped in docs/results/generalization: its tests
-    re-derive from the shipped runs.csv with today's code (no number drifts from what was
-    published), and the how-to page and the README quote the study's own statement."""
-    from blockcoupling.studies.generalization import full_spec
+def _shipped() -> tuple[Path, dict, pd.DataFrame, pd.DataFrame]:
     root = Path(__file__).resolve().parents[2]
     shipped = root / "docs" / "results" / "generalization"
-    study = json.loads((shipped / "study.json").read_text())
+    return (root, json.loads((shipped / "study.json").read_text()),
+            pd.read_csv(shipped / "runs.csv"), pd.read_csv(shipped / "control.csv"))
+
+
+def test_the_shipped_full_run_is_what_the_docs_quote() -> None:
+    """The full design's rerun of 2026-11-29, shipped in docs/results/generalization: its tests
+    re-derive from the shipped runs.csv and control.csv with today's code (no number drifts
+    from what was published), and the how-to page quotes the study's own statement."""
+    from blockcoupling.studies.generalization import full_spec
+    root, study, runs, control = _shipped()
     spec = full_spec()
     assert study["spec"]["train_sizes"] == list(spec.train_sizes)
-    runs = pd.read_csv(shipped / "runs.csv")
-    assert len(runs) == spec.n_runs
-    a = analyse(runs, spec.variants, alpha=spec.alpha, bound=spec.bound)
+    assert len(runs) == spec.n_runs and len(control) == len(spec.seeds)
+    a = analyse(runs, spec.variants, alpha=spec.alpha, bound=spec.bound, control=control)
     assert a["point"] == "final"
     h, s = a["tests"]["H1_E1"], study["tests"]["H1_E1"]
     for key in ("r", "p_greater", "slope", "p_tost", "power"):
         assert h[key] == pytest.approx(s[key], rel=1e-9, abs=1e-12), key
     assert a["tests"]["H1b"]["slope"] == pytest.approx(study["tests"]["H1b"]["slope"], rel=1e-6)
-    statement = study["statement"]  # the rerun's statement is re-derived once it is shipped
+    for key in ("slope", "slope_stderr", "p_greater"):
+        assert a["tests"]["W1_EW"]["within"][key] == pytest.approx(
+            study["tests"]["W1_EW"]["within"][key], rel=1e-6), key
+    for name in ("S1", "S2", "N1"):
+        assert a["tests"]["factors"][name]["coupling"]["slope"] == pytest.approx(
+            study["tests"]["factors"][name]["coupling"]["slope"], rel=1e-9), name
+    assert a["tests"]["PC"]["coupling_vs_rotated"]["p"] == pytest.approx(
+        study["tests"]["PC"]["coupling_vs_rotated"]["p"], rel=1e-9)
     page = " ".join((root / "docs" / "how-to" / "generalization.md").read_text().split())
-    for line in statement:
+    for line in study["statement"]:
         assert " ".join(line.split()) in page, line
+
+
+def test_the_readme_and_how_to_claims_re_derive_from_the_shipped_tables() -> None:
+    """Every number the README's bullet and the how-to's reading quote, computed from the
+    shipped runs.csv and control.csv with scipy and statsmodels directly (not the study's
+    code): the assay's control (Welch), the within-cell slope (MixedLM of the Mundlak split),
+    the across-cell r, the size and noise slopes (OLS with the other factor's levels as fixed
+    effects), accuracy beyond both factors, the fit to the noisy labels; the powers are the
+    study's own (stated, simulated before the data)."""
+    import statsmodels.formula.api as smf
+
+    root, study, runs, control = _shipped()
+    v = "coupling_vs_rotated"
+    design = runs[(runs["n_train"] == runs["n_train"].max()) & (runs["label_noise"] == 0.0)]
+    pc = stats.ttest_ind(design[v], control[v], equal_var=False, alternative="greater")
+    pc_diff = design[v].mean() - control[v].mean()
+    r = runs.assign(acc_mean=runs.groupby("cell")["test_accuracy"].transform("mean"))
+    r = r.assign(acc_within=r["test_accuracy"] - r["acc_mean"])
+    fit = smf.mixedlm(f"{v} ~ acc_within + acc_mean", r, groups=r["cell"]).fit(reml=True)
+    w_slope, w_se = fit.params["acc_within"], fit.bse["acc_within"]
+    w_p = stats.norm.sf(w_slope / w_se)
+    cells = runs.groupby("cell").agg(acc=("test_accuracy", "mean"), c=(v, "mean"),
+                                     tr=("train_accuracy", "mean"), n=("n_train", "first"),
+                                     noise=("label_noise", "first")).reset_index()
+    cells["ln_n"] = np.log(cells["n"])
+    across = stats.pearsonr(cells["acc"], cells["c"], alternative="greater")
+    s2c = smf.ols("c ~ ln_n + C(noise)", cells).fit()
+    s2a = smf.ols("acc ~ ln_n + C(noise)", cells).fit()
+    n1c = smf.ols("c ~ noise + C(n)", cells).fit()
+    beyond = smf.ols("c ~ acc + C(n) + C(noise)", cells).fit()
+    fit_noisy = stats.pearsonr(cells["tr"], cells["c"]).statistic
+    sim, exact = study["design"]["power_simulated"], study["design"]["power"]
     readme = " ".join((root / "README.md").read_text().split())
-    for piece in (f"r = {h['r']:+.2f}", f"one-sided p = {h['p_greater']:.1e}",
-                  f"power {h['power']:.2f}", f"[{h['ci_tost'][0]:+.2f}, {h['ci_tost'][1]:+.2f}]"):
-        assert piece.replace("e-05", "e-5") in readme, piece
+    how_to = " ".join((root / "docs" / "how-to" / "generalization.md").read_text().split())
+    quoted = {
+        readme: [f"drop-path 0.1 vs 0: {pc_diff:+.3f}", f"one-sided p = {pc.pvalue:.3f}",
+                 f"slope {w_slope:+.3f} ± {w_se:.3f} per unit", f"one-sided p = {w_p:.4f}",
+                 f"p = {w_p:.4f}, power {sim['W1']['power']:.2f})",
+                 f"cells r = {across.statistic:+.2f}",
+                 f"power {exact['H1']:.2f} at r = 0.5",
+                 f"power {sim['S2']['power']:.2f} for the slope that tracking accuracy predicts",
+                 f"one-sided p = {across.pvalue:.1e}".replace("e-03", "e-3"),
+                 f"accuracy ({s2a.params['ln_n']:+.2f} per ln images, p = "
+                 f"{s2a.pvalues['ln_n']:.1e}".replace("e-06", "e-6"),
+                 f"not coupling ({s2c.params['ln_n']:+.4f} ± {s2c.bse['ln_n']:.4f}, p = "
+                 f"{stats.t.sf(s2c.tvalues['ln_n'], s2c.df_resid):.2f}"],
+        how_to: [f"(r = {across.statistic:+.2f})",
+                 f"{s2a.params['ln_n']:.2f} per ln(images)",
+                 f"(+{s2c.params['ln_n']:.4f} ± {s2c.bse['ln_n']:.4f} per ln(images)",
+                 f"accuracy adds nothing (p = {beyond.pvalues['acc']:.2f})",
+                 f"(r = {fit_noisy:+.2f})"],
+    }
+    for text, pieces in quoted.items():
+        for piece in pieces:
+            assert piece in text, piece
+    assert n1c.params["noise"] < 0 and stats.t.cdf(n1c.tvalues["noise"], n1c.df_resid) < 0.05
+    assert s2a.params["ln_n"] > 0  # the size manipulation moves accuracy (its check)
+    ws = study["tests"]["W1_EW"]["within"]
+    assert ws["slope"] == pytest.approx(w_slope, rel=1e-4)
+    assert ws["p_greater"] == pytest.approx(w_p, rel=1e-3)

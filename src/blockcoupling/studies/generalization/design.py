@@ -4,10 +4,11 @@
 the same for every run), does coupling above chance rise with generalisation (test accuracy)?
 
 **Manipulation**: generalisation is moved by the data, not by the model: the training-set
-size (``train_sizes``, nested seeded subsets of the training split, `blockcoupling.
-studies.vit.data.load_image_data`) crossed with label noise (``label_noises``: that fraction
-of the training labels replaced by another class; the test labels stay clean), each cell
-trained from ``seeds`` (initialisation, order and noise draw). Every run takes the same number
+size (``train_sizes``, a fresh subset of the training split per seed and size:
+``subset_per_seed``, `blockcoupling.studies.vit.data.load_image_data`) crossed with label
+noise (``label_noises``: that fraction of the training labels replaced by another class; the
+test labels stay clean), each cell trained from ``seeds`` (subset, initialisation, order and
+noise draw). Every run takes the same number
 of optimiser steps (``VitTrainConfig.steps``), so the optimisation budget does not vary with
 the data size. The default is the tiny ViT on scikit-learn's digits (offline).
 
@@ -16,12 +17,17 @@ positive control (every cell above chance under every null in ``variants``) is c
 and where it fails at the monitored checkpoint of matched steps where it holds (the latest
 one; ``monitor_every`` counts steps), and the study says so.
 
-**Tests** (one-sided as the paper's claim; ``HYPOTHESES``): the cell is the unit of the
-primary test (its seeds are averaged: cell means are independent), H1 Pearson r > 0 over the
-cells, the equivalence test E1 (TOST against ``bound``, the smallest correlation of interest),
-and H1b over runs with a random intercept per cell (statsmodels MixedLM). The design's power
-(exact, `blockcoupling.studies.regression.correlation_power`) must reach the stated
-``power``, checked before any training.
+**Tests** (``HYPOTHESES``, one-sided in the claim's direction): the primary test W1 is
+within cells, seed to seed (the Mundlak split of a mixed model over the runs), with its
+equivalence test EW; each manipulated factor's own effect on coupling and on accuracy (S1
+training-set size with clean labels, the key contrast; S2 size with the noise levels held
+fixed; N1 label noise with the sizes held fixed); PC, the assay's positive control (a
+drop-path contrast at fixed data, trained beside the design); C, coupling above chance in
+every cell; and, beside them, H1 across cells (Pearson r > 0 over the cell means, the cell
+the unit), its equivalence test E1 (TOST against ``bound``) and H1b over runs with a random
+intercept per cell (statsmodels MixedLM). H1's power is exact
+(`blockcoupling.studies.regression.correlation_power`) and must reach the stated ``power``
+before any training; every other test's power is simulated from `PLANNING`.
 """
 
 from __future__ import annotations

@@ -438,10 +438,11 @@ def _run_dirs(root: Path) -> list[tuple[str, Path]]:
 def collect_runs(root: str | Path) -> pd.DataFrame:
     """One row per ``vit-train`` output under ``root``: its grid point (and its training
     images ``n_train`` and ``label_noise``), status, final
-    accuracies and losses, final coupling (``COUPLING_METRICS``: raw ``coupling`` with its se
-    and chance level, ``coupling_vs_null`` with its se, on ``final_images`` test images, at
-    the run's ``tokens``), the same at [CLS] and at the last patch (``TOKEN_METRICS``, e.g.
-    ``coupling_vs_null_cls``, ``coupling_vs_null_last``) and the last monitored coupling
+    accuracies and losses, final coupling (``COUPLING_METRICS``: the leading variant
+    ``coupling_vs_rotated`` first, then ``coupling_vs_null``, each with its se, then raw
+    ``coupling`` with its se and chance level, on ``final_images`` test images, at the run's
+    ``tokens``), the same at [CLS] and at the last patch (``TOKEN_METRICS``, e.g.
+    ``coupling_vs_rotated_cls``, ``coupling_vs_null_last``) and the last monitored raw c_K
     (``coupling_monitor``)."""
     rows = []
     for name, d in _run_dirs(Path(root)):
