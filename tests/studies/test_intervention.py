@@ -180,3 +180,55 @@ def test_a_grid_written_before_a_training_option_existed_continues() -> None:
     assert same({**old, "train_limit": 90}, new, ("train_limit",))
     assert not same({**old, "train_limit": 90}, new)
     assert not same(None, new) and not same({"bogus": 1}, new)
+
+
+def test_the_shipped_full_run_is_what_the_docs_quote() -> None:
+    """The full design's run of 2026-11-29, shipped in docs/results/intervention: the study's
+    own tests re-derive from the shipped runs.csv with today's code; every number the README
+    quotes is computed here from the same table with scipy directly (paired t-tests, their
+    intervals, TOST as two one-sided paired t-tests, Spearman); the how-to page quotes the
+    study's statement."""
+    from blockcoupling.studies.intervention import full_spec
+
+    root = Path(__file__).resolve().parents[2]
+    shipped = root / "docs" / "results" / "intervention"
+    study = json.loads((shipped / "study.json").read_text())
+    runs = pd.read_csv(shipped / "runs.csv")
+    spec = full_spec()
+    assert len(runs) == spec.n_runs and sorted(runs["strength"].unique()) == list(spec.arms)
+    v = spec.variant
+    a = analyse(runs, v, alpha=spec.alpha, bound=spec.bound)
+    for key in ("H2_E2", "H3_E3"):
+        for k in ("difference", "p", "p_tost"):
+            assert a["tests"][key][k] == pytest.approx(study["tests"][key][k], rel=1e-9), k
+
+    def arm(k: float, c: str) -> np.ndarray:
+        return runs[runs["strength"] == k].sort_values("seed")[c].to_numpy()
+
+    means = {k: arm(k, v).mean() for k in spec.arms}
+    steps = [stats.ttest_rel(arm(hi, v), arm(lo, v), alternative="greater").pvalue
+             for lo, hi in zip(spec.arms[:-1], spec.arms[1:], strict=True)]
+    quoted = [f"moves from {means[-1.0]:+.2f} to {means[1.0]:+.2f}",
+              f"it is {means[0.0]:.2f} without the term"]
+    assert max(steps) < 1e-8  # "monotone at every step, paired p < 1e-8"
+    power = study["design"]["power"]
+    for name, k, alt in (("H2", 1.0, "greater"), ("H3", -1.0, "less")):
+        d = arm(k, "test_accuracy") - arm(0.0, "test_accuracy")
+        t = stats.ttest_rel(arm(k, "test_accuracy"), arm(0.0, "test_accuracy"),
+                            alternative=alt)
+        ci = stats.ttest_1samp(d, 0.0).confidence_interval(0.95)
+        tost = max(stats.ttest_1samp(d, -spec.bound, alternative="greater").pvalue,
+                   stats.ttest_1samp(d, spec.bound, alternative="less").pvalue)
+        assert tost < spec.alpha and t.pvalue > spec.alpha  # the stated verdicts
+        quoted += [f"{d.mean():+.3f} (95 % CI {ci.low:+.3f} to {ci.high:+.3f})",
+                   f"{t.pvalue:.2f}", f"{tost:.2g}", f"power {power[name]['power']:.2f}"]
+    readme = " ".join((root / "README.md").read_text().split())
+    bullet = readme[readme.index("**Changing coupling does not change accuracy"):]
+    bullet = bullet[:bullet.index("docs/how-to/intervention.md")]
+    for piece in quoted:
+        assert piece in bullet, piece
+    page = " ".join((root / "docs" / "how-to" / "intervention.md").read_text().split())
+    for line in study["statement"]:
+        assert " ".join(line.split()) in page, line
+    rho = stats.spearmanr(runs["strength"], runs[v])
+    assert study["tests"]["H1"]["spearman"]["rho"] == pytest.approx(rho.statistic)
