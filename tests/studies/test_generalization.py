@@ -353,7 +353,7 @@ def test_quick_study_end_to_end(tmp_path: Path) -> None:
     out = tmp_path / "study"
     res = CliRunner().invoke(app, ["study", "generalization", "--quick", "--out", str(out)])
     assert res.exit_code == 0, res.output
-    assert "[study] run 18 of 18 done" in res.output and "Power: 0.28" in res.output
+    assert "[study] run 18 of 18 done" in res.output and "power 0.28 at r = 0.5" in res.output
     doc = json.loads((out / "study.json").read_text())
     assert doc["design"]["cells"] == 6 and len(doc["runs"]) == 18
     assert doc["design"]["power"]["H1"] == pytest.approx(correlation_power(6, 0.5))

@@ -400,7 +400,9 @@ def test_coupling_figures_draw_the_chance_level() -> None:
     assert chance(plot_coupling_vs_drop_path(runs).axes[0]) == pytest.approx(0.68)
     assert chance(plot_coupling_vs_drop_path(runs, column="coupling_vs_rotated").axes[0]) == 0
     assert chance(plot_coupling_vs_accuracy(runs).axes[0], vertical=True) == pytest.approx(0.68)
-    assert chance(plot_coupling_epochs(epochs).axes[0]) == pytest.approx(0.68)
+    assert chance(plot_coupling_epochs(epochs).axes[0]) == 0  # the leading variant, recorded
+    older = epochs.drop(columns="coupling_vs_rotated")  # runs trained before it was recorded
+    assert chance(plot_coupling_epochs(older).axes[0]) == pytest.approx(0.68)
     assert chance_level(runs.drop(columns="coupling_chance"), "coupling") is None
     assert chance_level(runs, "coupling_vs_null_cls") == 0.0
 
@@ -456,20 +458,22 @@ def test_small_grid_runs_locally_and_figures(tmp_path: Path) -> None:
             "vit_conditional_fits.png"} <= names
     # the conditional fits: at each weight decay the line through its 2 drop-path points
     fits = json.loads((tmp_path / "fig" / "fits.json").read_text())
+    lead = fits["column"]
+    assert lead == "coupling_vs_rotated"  # the leading variant, which these runs recorded
     assert [f["weight_decay"] for f in fits["by_weight_decay"]] == [0.01, 0.1]
     for f in fits["by_weight_decay"]:
         sub = runs[runs["weight_decay"] == f["weight_decay"]].sort_values("drop_path")
-        y = sub["coupling_vs_null"].to_numpy()
+        y = sub[lead].to_numpy()
         assert f["n"] == 2 and f["slope"] == pytest.approx((y[1] - y[0]) / 0.1)
         assert f["p"] is None and "no R^2" in f["note"]  # NaN is written as null
         assert [q["se"] for q in f["points"]] == pytest.approx(
-            sub["coupling_vs_null_se"].tolist())
+            sub[f"{lead}_se"].tolist())
     for f in fits["by_drop_path"]:
         sub = runs[runs["drop_path"] == f["drop_path"]].sort_values("weight_decay")
-        y = sub["coupling_vs_null"].to_numpy()
+        y = sub[lead].to_numpy()
         assert f["slope"] == pytest.approx((y[1] - y[0]) / 1.0)  # log10 0.1 - log10 0.01
     pooled = fits["pooled"]["drop_path"]
-    ref = stats.linregress(runs["drop_path"], runs["coupling_vs_null"])
+    ref = stats.linregress(runs["drop_path"], runs[lead])
     assert pooled["n"] == 4 and pooled["slope"] == pytest.approx(ref.slope)
     assert pooled["r2"] == pytest.approx(ref.rvalue**2) and pooled["p"] == pytest.approx(ref.pvalue)
     assert len(pd.read_csv(tmp_path / "fig" / "vit_runs.csv")) == 4

@@ -181,7 +181,7 @@ class VitTrainConfig:
                                 "fresh subset per seed and size) instead of the one fixed "
                                 "permutation every run shares (then seeds hold the same images "
                                 "and smaller subsets are prefixes of larger ones).", cli=True,
-                                hashed="if_changed")
+                                hashed="if_changed", check=(validate.flag, {}))
     test_limit: int | None = opt(None, "Use a seeded subset of the test split.", cli=True,
                                  check=(_W, {"minimum": 1}))
     coupling_term: float | None = opt(
