@@ -80,6 +80,11 @@ BAD: dict[str, str] = {
     "perturb:a-prompt-listed-twice": "joins: exit 0, one text counted as two prompts",
     "vit-figures:a-training-copied": "joins: exit 0, a copied training folder counted as a "
                                      "second run in the fits",
+    # JSON dialect: the one JSON writer
+    "correlate:json-out-is-a-folder": "JSON dialect: --json-out an existing folder fails "
+                                      "naming the writer's temporary file (.tmp-NAME-PID)",
+    "chance-floor:json-out-is-a-folder": "JSON dialect: the same, naming a temporary file",
+    "cross:json-out-is-a-folder": "JSON dialect: the same, naming a temporary file",
 }
 
 
@@ -719,7 +724,60 @@ def _sweep_order(fx: dict[str, Any], tmp: Path) -> None:
                                   want.sort_values(key).reset_index(drop=True), check_exact=True)
 
 
+def _windows_file(src: Path, dst: Path, *, bom: bool = True) -> Path:
+    """``src`` as a Windows editor saves it: CRLF line ends, and a UTF-8 byte-order mark."""
+    text = src.read_text().replace("\n", "\r\n")
+    dst.write_bytes((b"\xef\xbb\xbf" if bom else b"") + text.encode())
+    return dst
+
+
+def _measure_windows(fx: dict[str, Any], tmp: Path) -> None:
+    args = ["-q", "measure", "-m", str(fx["lm"][0]), "--k", "2,4", "--coupling", "depth"]
+    win = _windows_file(fx["prompts"], tmp / "p.txt")
+    r = cli(*args, "--prompts", str(win), "-o", str(tmp / "win"))
+    if r.exit_code != 0:
+        assert_refused(r, unchanged={tmp / "win": None})
+        return
+    pd.testing.assert_frame_equal(by_text(tmp / "win"), by_text(fx["b"] / "run0"),
+                                  check_exact=True)
+
+
+def _correlate_windows(fx: dict[str, Any], tmp: Path) -> None:
+    r = [str(fx["b"] / f"run{i}") for i in range(3)]
+    args = ["--labels", "a,b,c", "--k", "2"]
+    want = json_of("correlate", *r, "--scores", str(fx["b"] / "scores.csv"), *args)
+    got = json_of("correlate", *r, "--scores", str(_windows_file(fx["b"] / "scores.csv",
+                                                                 tmp / "s.csv")), *args)
+    for d in (got, want):
+        d.pop("scores")
+    assert got == want
+
+
+def _difficulty_windows(fx: dict[str, Any], tmp: Path) -> None:
+    run = str(fx["b"] / "rated")
+    want = json_of("difficulty", run, "--ratings", f"hf:e2h-arc@{fx['rows']}")
+    win = _windows_file(fx["rows"], tmp / "e2h_arc.jsonl", bom=False)
+    got = json_of("difficulty", run, "--ratings", f"hf:e2h-arc@{win}")
+    for d in (got, want):
+        d.pop("ratings")
+    assert got == want
+
+
+def _measure_jsonl_bom(fx: dict[str, Any], tmp: Path) -> None:
+    path = tmp / "p.jsonl"
+    path.write_bytes(b"\xef\xbb\xbf" + "".join(json.dumps({"text": p}) + "\n"
+                                                for p in PROMPTS).encode())
+    assert_ok(cli("-q", "measure", "-m", str(fx["lm"][0]), "--k", "2,4", "--coupling", "depth",
+                  "--prompts", str(path), "-o", str(tmp / "j")))
+    pd.testing.assert_frame_equal(by_text(tmp / "j"), by_text(fx["b"] / "run0"),
+                                  check_exact=True)
+
+
 ORDER: dict[str, Callable[[dict[str, Any], Path], None]] = {
+    "measure:jsonl-prompt-file-with-a-bom": _measure_jsonl_bom,
+    "measure:prompt-file-saved-on-windows": _measure_windows,
+    "correlate:score-file-saved-on-windows": _correlate_windows,
+    "difficulty:ratings-file-with-crlf": _difficulty_windows,
     "measure:prompt-file-reversed": _measure_order,
     "perturb:prompt-file-reversed": _perturb_order,
     "difficulty:ratings-file-shuffled": _difficulty_order,
@@ -1660,3 +1718,137 @@ def test_one_thing_given_twice_or_changed_is_never_counted_twice(cid: str, fx: d
     """Joins by content: a prompt, a level, a training or a model given twice is counted
     once or refused; a rated prompt whose text changed is not joined to the measured one."""
     TWICE[cid](fx, tmp_path)
+
+
+def _k_twice(fx: dict[str, Any], tmp: Path) -> None:
+    r = [str(fx["b"] / f"run{i}") for i in range(3)]
+    res = cli("correlate", *r, "--scores", str(fx["b"] / "scores.csv"), "--labels", "a,b,c",
+              "--k", "2,2,4", "--json")
+    if res.exit_code == 0:
+        assert_ok(res)
+        data = json.loads(res.stdout)
+        assert data.get("ks") == [2, 4], data.get("ks")
+    else:
+        assert_refused(res)
+
+
+def _floor_model_twice(fx: dict[str, Any], tmp: Path) -> None:
+    path = _write(tmp / "s.csv", "model,score,d_model\nm1,10,64\nm2,20,128\nm3,30,256\n"
+                                 "m1,12,64\nm4,25,512\n")
+    assert_refused(cli("chance-floor", "--scores", str(path)))
+
+
+def _rated_twice(fx: dict[str, Any], tmp: Path) -> None:
+    rows = fx["rows"].read_text().splitlines()
+    again = json.loads(rows[0])
+    again["rating"] = 0.99
+    path = _write(tmp / "e2h.jsonl", "\n".join([*rows, json.dumps(again)]) + "\n")
+    assert_refused(cli("difficulty", str(fx["b"] / "rated"), "--ratings", f"hf:e2h-arc@{path}"))
+
+
+def _cross_run_twice(fx: dict[str, Any], tmp: Path) -> None:
+    r = [str(fx["b"] / f"run{i}") for i in range(3)]
+    res = cli("cross", r[0], r[0], r[2], "--json")
+    if res.exit_code == 0:
+        assert_ok(res)
+        pairs = {(c["run_a"], c["run_b"]) for c in json.loads(res.stdout)["coupling"]}
+        assert len(pairs) == 1, f"one run counted twice: {sorted(pairs)}"
+    else:
+        assert_refused(res)
+
+
+def _grid_rate_twice(fx: dict[str, Any], tmp: Path) -> None:
+    res = cli(*_vit_grid("--dry-run", "--drop-path", "0,0", "--json")(fx, tmp / "g"))
+    if res.exit_code == 0:
+        assert_ok(res)
+        plan = json.loads(res.stdout)
+        runs = plan.get("runs", plan.get("units"))
+        assert runs is not None and len(runs) == 1, f"{len(runs or [])} runs for one rate"
+    else:
+        assert_refused(res, unchanged={tmp / "g": None})
+
+
+TWICE.update({
+    "correlate:a-k-listed-twice": _k_twice,
+    "chance-floor:a-model-listed-twice": _floor_model_twice,
+    "difficulty:a-prompt-rated-twice": _rated_twice,
+    "cross:a-run-listed-twice": _cross_run_twice,
+    "vit-grid:a-rate-listed-twice": _grid_rate_twice,
+})
+
+
+# ---------------------------------------------------------------------------- into a folder of another kind
+def _into(kind: str) -> Callable[[dict[str, Any], Path], Path]:
+    return lambda fx, t: copy(fx["b"] / kind, t / kind)
+
+
+INTO_OTHER: dict[str, tuple[str, Callable[[dict[str, Any], Path], list[str]]]] = {
+    "measure:resume-into-a-perturbation-folder": (
+        "pert", lambda fx, o: [*_measure("--resume")(fx, o)]),
+    "measure:into-a-sweep-folder": ("sweep", lambda fx, o: _measure()(fx, o)),
+    "perturb:into-a-run-folder": ("run0", lambda fx, o: _perturb()(fx, o)),
+    "perturb:into-a-sweep-folder": ("sweep", lambda fx, o: _perturb()(fx, o)),
+    "sweep:resume-into-a-run-folder": ("run0", lambda fx, o: [
+        *_sweep(_nothing)(fx, o), "--resume"]),
+    "sweep:into-a-vit-grid": ("grid", lambda fx, o: _sweep(_nothing)(fx, o)),
+    "vit-train:into-a-sweep-folder": ("sweep", lambda fx, o: _vit_train()(fx, o)),
+    "vit-train:into-a-run-folder": ("run0", lambda fx, o: _vit_train()(fx, o)),
+    "vit-grid:into-a-sweep-folder": ("sweep", lambda fx, o: _vit_grid()(fx, o)),
+    "vit-grid:into-a-perturbation-folder": ("pert", lambda fx, o: _vit_grid()(fx, o)),
+}
+
+
+@pytest.mark.parametrize("cid", cases([(c,) for c in INTO_OTHER]))
+def test_writing_into_a_folder_of_another_kind_is_refused(cid: str, fx: dict[str, Any],
+                                                          tmp_path: Path) -> None:
+    """A folder another command made (a run, a perturbation, a sweep, a grid) given as
+    --out: one line, the folder unchanged."""
+    kind, argv = INTO_OTHER[cid]
+    out = copy(fx["b"] / kind, tmp_path / kind)
+    spec_dir = tmp_path / "spec"
+    spec_dir.mkdir()
+    before = snapshot(out)
+    args = argv(fx, out)
+    assert_refused(cli(*args), unchanged={out: before})
+
+
+# ---------------------------------------------------------------------------- output paths that cannot be written
+def _a_folder(fx: dict[str, Any], t: Path) -> str:
+    (t / "taken").mkdir(exist_ok=True)
+    return str(t / "taken")
+
+
+def _under_a_file(fx: dict[str, Any], t: Path) -> str:
+    return str(_write(t / "afile", "x") / "out.json")
+
+
+OUT_PATHS: dict[str, Callable[[dict[str, Any], Path], list[str]]] = {
+    "correlate:json-out-is-a-folder": lambda fx, t: [*_json_out("correlate")(fx, t)[:-4],
+                                                     "--json-out", _a_folder(fx, t)],
+    "chance-floor:json-out-is-a-folder": lambda fx, t: ["chance-floor", "--scores", "paper",
+                                                        "--json-out", _a_folder(fx, t)],
+    "cross:json-out-is-a-folder": lambda fx, t: ["cross", str(fx["b"] / "run0"),
+                                                 str(fx["b"] / "run1"), "--json-out",
+                                                 _a_folder(fx, t)],
+    "chance-floor:json-out-under-a-file": lambda fx, t: ["chance-floor", "--scores", "paper",
+                                                         "--json-out", _under_a_file(fx, t)],
+    "difficulty:page-is-a-folder": lambda fx, t: ["difficulty", str(fx["b"] / "rated"), "-o",
+                                                  _a_folder(fx, t)],
+    "cross:page-under-a-file": lambda fx, t: ["cross", str(fx["b"] / "run0"),
+                                              str(fx["b"] / "run1"), "-o", _under_a_file(fx, t)],
+    "report:out-is-a-folder": lambda fx, t: ["report", str(fx["b"] / "run0"), "-o",
+                                             _a_folder(fx, t)],
+    "vit-figures:out-is-a-file": lambda fx, t: ["vit-figures", str(fx["b"] / "vits"), "-o",
+                                                str(_write(t / "afile", "x"))],
+    "perturb:out-is-a-file": lambda fx, t: _perturb()(fx, _write(t / "afile", "x")),
+    "measure:out-under-a-file": lambda fx, t: _measure()(fx, _write(t / "afile", "x") / "run"),
+}
+
+
+@pytest.mark.parametrize("cid", cases([(c,) for c in OUT_PATHS]))
+def test_an_output_path_that_cannot_be_written_is_one_line(cid: str, fx: dict[str, Any],
+                                                           tmp_path: Path) -> None:
+    argv = OUT_PATHS[cid](fx, tmp_path)
+    before = snapshot(tmp_path)
+    line = assert_refused(cli(*argv), unchanged={tmp_path: before})
+    assert ".tmp" not in line
