@@ -3,32 +3,20 @@ monitor, a ViT training grid): manifest, lock, one status file per unit, the cat
 
 Layout of a collection directory ``ROOT`` (every kind)::
 
-    ROOT/sweep.json                the collection manifest: format + version, ``kind`` (sweep |
-                                   monitor | vit-grid), the spec, the unit order, and one entry
-                                   per session (executor, Ray version and address, library
-                                   versions, start and end)
-    ROOT/status/<unit_id>.json     the unit (label, model, revision, step, prompt set, config
-                                   hash, ``run``), its status (pending | running | done |
-                                   failed), message, attempts, weights hash, seconds; written
+    ROOT/sweep.json                the manifest: format + version, ``kind``, the spec, the unit
+                                   order, one entry per session (executor, versions, times)
+    ROOT/status/<unit_id>.json     the unit, its status (pending | running | done | failed),
+                                   message, attempts, weights hash, seconds; written
                                    atomically by whoever runs the unit
-    ROOT/units/<unit_id>/          the unit's folder: a run directory (``measure_to_dir``,
-                                   resumable), or for a vit-grid unit a ``vit-train`` output
-                                   whose run directory is ``units/<unit_id>/<run>``
-                                   (``coupling/final``)
-    ROOT/catalogue.parquet         one row per unit (derived from the status files; rewritten
-                                   as units finish) for DuckDB / pyarrow users
-    ROOT/.lock                     flock of the writer (``store.fileio.dir_lock``): two
-                                   drivers on one directory are refused
+    ROOT/units/<unit_id>/          the unit's folder (a run directory, or a ``vit-train``
+                                   output holding one)
+    ROOT/catalogue.parquet         one row per unit, derived from the status files
+    ROOT/.lock                     the writer's lock (``store.fileio.DirLock``)
 
-Unit ids follow one rule (`collection_unit_id`: readable parts, then the
-``canonical_hash`` of the kind's identity fields). The status files are the source of truth:
-a collection killed at any point is read (and resumed) from them; a unit's rows live only in
-its own run directory, so no unit ever writes rows twice. The manifest keeps the name
-``sweep.json`` for every kind (the format began with sweeps; format 1 directories are read
-as they are: their manifest records no kind, the registry's default kind). The ViT grid's old
-layout (``grid.json`` + ``runs/``) is converted by
-`blockcoupling.runs.collection.upgrade_collection`. What depends on a kind (the check of a
-trained unit, the repair line, which kind is the default) is registered by the kind in
+The status files are the source of truth: a collection killed at any point is read and
+resumed from them, and a unit's rows live only in its own run directory. Unit ids follow one
+rule (`collection_unit_id`). The manifest keeps the name ``sweep.json`` for every kind
+(format 1 records no kind: the registry's default). What depends on a kind is registered in
 `blockcoupling.runs.kinds`; this module names none.
 """
 

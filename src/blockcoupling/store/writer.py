@@ -1,22 +1,13 @@
 """``RunWriter``: a run directory written part by part, safe against a kill at any point.
 
-Write protocol (each step durable before the next):
-
-1. **open**: take the lock (``RUN/.lock``), write a sealed manifest (``status: running``).
-   A directory that holds no results yet (a run that failed before its first part) is
-   replaced, so a failed or crashed start never blocks the corrected command.
-2. **part**: the part's files and its sealed ``part.json`` (checksums of every file) go into
-   ``parts/.tmp-part-N-PID``, which one ``os.replace`` renames to ``parts/part-N``: the commit.
-   A kill loses at most the part being written.
-3. **finalize**: the consolidated tables and ``arrays.npz`` are written to temporary names,
-   the manifest naming their checksums (``status: complete``) is committed, then the files are
-   renamed into place and the merged parts and the lock file are deleted. A kill before the
-   commit leaves the parts; after it, the temporary files, which the next reader verifies and
-   the next writer renames (integrity.roll_forward).
-
-Resume checks the directory as a reader does (seals, checksums, duplicates), refuses other
-settings (everything but ``RUNTIME_KEYS``) with the list of differences, and reports the
-prompts already stored through `RunWriter.done_prompt_ids`.
+Each step is durable before the next: **open** (the lock, a sealed manifest ``status:
+running``; a directory that holds no results yet is replaced), **part** (its files and sealed
+``part.json`` in ``parts/.tmp-part-N-PID``, committed by one ``os.replace`` to
+``parts/part-N``: a kill loses at most that part), **finalize** (consolidated files under
+temporary names, the manifest naming their checksums committed, then the renames;
+`blockcoupling.store.integrity` rolls a killed finalize forward). Resume checks the directory
+as a reader does and refuses other settings (all but ``RUNTIME_KEYS``) with the list of
+differences; `RunWriter.done_prompt_ids` are the prompts already stored.
 """
 
 from __future__ import annotations
