@@ -1,12 +1,10 @@
-"""Reading a collection (a sweep, a monitor directory, a ViT grid): [`open_collection`][blockcoupling.runs.read.open_collection]
-(alias [`open_sweep`][blockcoupling.runs.read.open_sweep]) -> [`Sweep`][blockcoupling.runs.read.Sweep], tables across units via DuckDB. The one reader of
-every kind, naming none: the manifest says the kind (``Sweep.kind``, through the registry
-`blockcoupling.runs.kinds`), the units' run directories come from the catalogue.
-
-Nothing is loaded until asked for: [`Sweep.table`][blockcoupling.runs.read.Sweep.table] runs one DuckDB query over the Parquet
-tables of every finished unit (``read_parquet`` of the files, joined with the catalogue), so
-a filter or a column selection is applied while reading, and [`Sweep.sql`][blockcoupling.runs.read.Sweep.sql] lets any
-aggregate run without materialising the rows. [`Sweep.summary`][blockcoupling.runs.read.Sweep.summary] is such an aggregate.
+"""Reading a collection of any kind (a sweep, a monitor directory, a ViT grid):
+[`open_collection`][blockcoupling.runs.read.open_collection] (alias
+[`open_sweep`][blockcoupling.runs.read.open_sweep]) -> [`Sweep`][blockcoupling.runs.read.Sweep],
+naming no kind (the manifest says it, through `blockcoupling.runs.kinds`). Nothing is loaded
+until asked for: [`Sweep.table`][blockcoupling.runs.read.Sweep.table] is one DuckDB query over
+the Parquet tables of every finished unit joined with the catalogue, and
+[`Sweep.sql`][blockcoupling.runs.read.Sweep.sql] runs any aggregate without materialising rows.
 """
 
 from __future__ import annotations
