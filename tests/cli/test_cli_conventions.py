@@ -63,11 +63,16 @@ def test_sweep_json_sweep_status_json_and_the_deprecated_alias(tiny: Path) -> No
                                     "prompts": [str(tiny / "prompts.txt")],
                                     "measure": {"k": [2], "coupling": ["depth"],
                                                 "batch_size": 1}}))
-    r = cli("sweep", str(spec), "--out", str(tiny / "s"), "--executor", "local", "--json",
-            "--num-cpus", "1")
+    r = cli("sweep", str(spec), "--out", str(tiny / "s"), "--dry-run", "--num-cpus", "1")
     assert r.exit_code == 0, r.output
     assert "--num-cpus is deprecated; use --cluster-cpus" in r.output
-    doc = json.loads(r.output[r.output.index("{"):])
+    r = cli("sweep", str(spec), "--out", str(tiny / "s"), "--executor", "local", "--json",
+            "--num-cpus", "1")  # a Ray cluster's size: nothing to --executor local
+    assert r.exit_code == 2 and r.output.startswith("error: --num-cpus applies with --executor "
+                                                    "ray only"), r.output
+    r = cli("sweep", str(spec), "--out", str(tiny / "s"), "--executor", "local", "--json")
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.output[r.output.index("{"):])  # after the progress lines (stderr)
     assert doc["done"] == 1 and doc["failed"] == 0 and doc["ray_address"] is None
     r = cli("sweep-status", str(tiny / "s"), "--json")
     assert r.exit_code == 0, r.output
@@ -320,9 +325,9 @@ def test_every_option_refuses_bad_values_as_it_is_parsed(
 def test_every_rule_between_options_is_refused_in_one_line(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, parse: object) -> None:
     """The rules between options, declared once: a field's ``requires`` (``--init-seed``
-    needs ``--init random``) and a command's ``exclusive`` options (``--spec`` or
-    ``--quick``): breaking one is one line naming both, exit 2, nothing written; never a
-    silent drop."""
+    needs ``--init random``), a command's ``exclusive`` options (``--spec`` or ``--quick``)
+    and its ``requires`` (``--address`` needs ``--executor ray``): breaking one is one line
+    naming both, exit 2, nothing written; never a silent drop."""
     from blockcoupling import validate
     from blockcoupling.fields import GIVEN
 
@@ -359,8 +364,21 @@ def test_every_rule_between_options_is_refused_in_one_line(
                 assert r.exit_code == 2 and len(lines) == 1, (name, a, b, r.output)
                 assert params[a].opts[0] in lines[0] and pb.opts[0] in lines[0], lines
                 seen.append((name, f"{a} x {b}"))
+        for a, (other, wanted) in getattr(cmd, "requires", {}).items():
+            choices = _rule_of(params[other])[1]["choices"]  # type: ignore[index]
+            another = next(c for c in choices if c != wanted)
+            r = parse(*name.split(), *_NEEDS[name], *value(params[a]),  # type: ignore[operator]
+                      params[other].opts[0], another)
+            lines = r.output.strip().splitlines()
+            flag = params[a].opts[0]
+            assert r.exit_code == 2 and len(lines) == 1, (name, a, r.output)
+            assert lines[0].startswith(f"error: {flag} applies with {params[other].opts[0]} "
+                                       f"{wanted} only"), lines
+            seen.append((name, f"{a} needs {other}"))
         assert list(tmp_path.iterdir()) == [], name
     for expected in [("measure", "--init-seed"), ("perturb", "--init-seed"),
+                     ("sweep", "address needs executor"), ("vit-train", "dry_run x estimate"),
+                     ("study generalization", "address needs executor"),
                      ("measure", "--max-memory"), ("measure", "--offload-folder"),
                      ("study generalization", "spec x quick"), ("study lm-family", "runs x quick"),
                      ("vit-grid", "spec x config")]:

@@ -124,6 +124,8 @@ def test_cli_writes_resumes_and_refuses_other_settings(tmp_path: Path) -> None:
     assert rows["prompt_id"].nunique() == 4 and (out / "perturbation.html").is_file()
     settings = json.loads((out / "perturbation.json").read_text())
     assert settings["levels"] == [0.1, 1.0] and "uniformly random unit direction" in settings["rule"]
+    page = (out / "perturbation.html").read_text()  # the model by its folder's name, as
+    assert "<p>Model m;" in page and str(model) not in page  # every page names a local one
     # a killed run: one prompt's part gone; the same command measures it again, equal rows
     (out / "parts" / "00002.parquet").unlink()
     (out / "perturbation.parquet").unlink()

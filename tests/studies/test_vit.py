@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -373,6 +374,37 @@ def test_grid_configs_default_to_the_paper() -> None:
         grid_configs(VitTrainConfig(), drop_paths=(0.1, 0.1), weight_decays=(0.05,))
 
 
+def test_coupling_figures_draw_the_chance_level() -> None:
+    """Every ViT coupling figure draws the chance level of the coupling it plots: the runs'
+    c_null for raw c_K (as the figure of the study page shows raw c_K for older runs), 0 for
+    a chance-corrected variant; none is invented where no chance level was recorded."""
+    from blockcoupling.studies.vit.report import (
+        chance_level,
+        plot_coupling_epochs,
+        plot_coupling_vs_accuracy,
+        plot_coupling_vs_drop_path,
+    )
+
+    runs = pd.DataFrame({"drop_path": [0.0, 0.1, 0.0, 0.1], "weight_decay": [0.01, 0.01, 0.1, 0.1],
+                         "coupling": [0.71, 0.74, 0.72, 0.76], "coupling_chance": [0.68] * 4,
+                         "coupling_vs_rotated": [0.05, 0.09, 0.06, 0.1],
+                         "test_accuracy": [0.8, 0.85, 0.82, 0.9]})
+    epochs = runs.assign(name=["a", "b", "c", "d"], epoch=1)
+
+    def chance(ax: Any, vertical: bool = False) -> float:
+        [line] = [ln for ln in ax.get_lines() if ln.get_label().startswith("chance")]
+        data = line.get_xdata() if vertical else line.get_ydata()
+        assert len(set(map(float, data))) == 1
+        return float(data[0])
+
+    assert chance(plot_coupling_vs_drop_path(runs).axes[0]) == pytest.approx(0.68)
+    assert chance(plot_coupling_vs_drop_path(runs, column="coupling_vs_rotated").axes[0]) == 0
+    assert chance(plot_coupling_vs_accuracy(runs).axes[0], vertical=True) == pytest.approx(0.68)
+    assert chance(plot_coupling_epochs(epochs).axes[0]) == pytest.approx(0.68)
+    assert chance_level(runs.drop(columns="coupling_chance"), "coupling") is None
+    assert chance_level(runs, "coupling_vs_null_cls") == 0.0
+
+
 @pytest.mark.slow  # end to end; CI runs every test (-m 'slow or not slow')
 def test_small_grid_runs_locally_and_figures(tmp_path: Path) -> None:
     base = VitTrainConfig(epochs=1, **{**TINY_VIT, "monitor_images": 1, "final_images": 2})
@@ -555,7 +587,7 @@ def test_cli_vit_train_and_figures(tmp_path: Path, trained: Path) -> None:
     assert res.exit_code == 0, res.output
     res = runner.invoke(app, ["sweep", str(spec), "--out", str(tmp_path / "g4"), "--retries",
                               "-1"])
-    assert res.exit_code == 1 and "retries" in res.output and not (tmp_path / "g4").exists()
+    assert res.exit_code == 2 and "retries" in res.output and not (tmp_path / "g4").exists()
     g2, g3 = collect_runs(tmp_path / "g2"), collect_runs(tmp_path / "g3")
     assert g3["status"].tolist() == ["complete"]
     assert g3["coupling"].tolist() == g2["coupling"].tolist()

@@ -159,22 +159,28 @@ def _flag(ctx: Any, name: str, given: Mapping[str, dict[str, Any]]) -> str:
 
 def record_command(load: Callable[[], list[Any]] | Record | None = None, *,
                    exclusive: Mapping[str, tuple[str, ...]] | None = None,
+                   requires: Mapping[str, tuple[str, Any]] | None = None,
                    base: type[TyperCommand] = TyperCommand,
                    **groups: Callable[[], list[Any]] | Record) -> type[TyperCommand]:
     """A command class (on ``base``) that adds the options of ``load`` (the group
     ``config``) and of each of ``groups`` (group name -> its options: a loader of
     ``fields.OptionSpec`` or a `Record`, e.g. ``source=`` a `ModelSource`'s) to the
     command's own, in that order. ``exclusive``: parameter -> the parameters (or groups) it
-    excludes (``{"spec": ("quick",)}``: a design file or the built-in quick one, not both),
-    a rule between options declared with the command, never a silent drop."""
+    excludes (``{"spec": ("quick",)}``: a design file or the built-in quick one, not both);
+    ``requires``: parameter -> ``(other, value)``, the parameter applies only where the
+    other has that value or none was given (``{"address": ("executor", "ray")}``: a Ray
+    cluster's address means nothing to ``--executor local``). Rules between options declared
+    with the command, never a silent drop."""
     loads = {group: g if isinstance(g, Record) else Record(g) for group, g in
              (dict(groups) | ({"config": load} if load is not None else {})).items()}
     rules = dict(exclusive or {})
+    needs = dict(requires or {})
 
     class RecordCommand(base):  # type: ignore[misc, valid-type]
         _added = False
         #: the rules between the command's options (read by the option test)
         exclusive = rules
+        requires = needs
 
         def _load(self) -> None:
             if self._added or not loads:
@@ -210,6 +216,12 @@ def record_command(load: Callable[[], list[Any]] | Record | None = None, *,
                     raise UsageLine(f"{_flag(ctx, name, given)} and "
                                     f"{_flag(ctx, clash[0], given)} exclude each other: give "
                                     "one of them", ctx)
+            for name, (other, wanted) in needs.items():
+                value = ctx.params.get(other)
+                if _given(ctx, name, given) and value is not None and value != wanted:
+                    flag, by = _flag(ctx, name, given), _flag(ctx, other, given)
+                    raise UsageLine(f"{flag} applies with {by} {wanted} only (not {by} "
+                                    f"{value}); give {by} {wanted}, or drop {flag}", ctx)
             ctx.meta[_KEY] = given
             records = {}
             for group, rec in loads.items():

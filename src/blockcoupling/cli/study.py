@@ -62,7 +62,9 @@ def lm_family(
         typer.echo(f"wrote {out / 'study.json'} and {out / 'study.html'}")
 
 
-@study_app.command("generalization", cls=record_command(exclusive={"spec": ("quick",)}))
+@study_app.command("generalization", cls=record_command(
+    exclusive={"spec": ("quick",)},
+    requires={k: ("executor", "ray") for k in ("address", "cluster_cpus")}))
 def generalization(
     out: Annotated[Path, typer.Option("--out", "-o", help="Output folder (study.json, study.html, runs.csv, cells.csv, grid/).")],
     quick: Annotated[bool, typer.Option("--quick", help="The test-suite's tiny version (18 runs of a 16-wide ViT, under a minute; a smoke test without power).")] = False,

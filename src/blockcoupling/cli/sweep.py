@@ -22,13 +22,17 @@ from blockcoupling.cli.app import (
     user_errors,
 )
 from blockcoupling.cli.app import STATE as _STATE
-from blockcoupling.cli.options import checked
+from blockcoupling.cli.options import checked, record_command
 from blockcoupling.errors import BlockCouplingError
 from blockcoupling.jsonsafe import jsonable
 from blockcoupling.validate import COUNT, EXECUTOR, RETRIES, number, rule
 
+#: the options of a Ray cluster: nothing to --executor local
+RAY_ONLY = {name: ("executor", "ray") for name in ("address", "cluster_cpus", "num_cpus",
+                                                  "retries", "connect_timeout")}
 
-@app.command()
+
+@app.command(cls=record_command(requires=RAY_ONLY))
 def sweep(
     spec: Annotated[Path, typer.Argument(help="The sweep spec (YAML): models, prompts, measure.")],
     out: Annotated[Path, typer.Option("--out", "-o", help="Sweep directory to write.")],

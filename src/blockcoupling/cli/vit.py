@@ -68,7 +68,8 @@ def _grid_field(name: str) -> Callable[..., Any]:
     return checked_field(where)
 
 
-@app.command("vit-train", cls=record_command(Record(_train_options, _train_config)))
+@app.command("vit-train", cls=record_command(Record(_train_options, _train_config),
+                                             exclusive={"dry_run": ("estimate",)}))
 def vit_train(
     ctx: typer.Context,
     out: Annotated[Path, typer.Option("--out", "-o", help="Output folder (model/, metrics.json, coupling/).")],
@@ -139,8 +140,9 @@ def vit_headline(path: Path, m: dict[str, Any]) -> str:
 _SPEC_STATES = ("drop_paths", "weight_decays", "seeds", "cpus_per_run", "threads", "config")
 
 
-@app.command("vit-grid", cls=record_command(Record(_grid_options),
-                                            exclusive={"spec": _SPEC_STATES}))
+@app.command("vit-grid", cls=record_command(
+    Record(_grid_options), exclusive={"spec": _SPEC_STATES},
+    requires={k: ("executor", "ray") for k in ("address", "cpus_per_run", "cluster_cpus")}))
 def vit_grid(
     ctx: typer.Context,
     out: Annotated[Path, typer.Option("--out", "-o", help="Grid folder: a vit-grid collection (sweep.json, status/, units/<id>/).")],
