@@ -10,6 +10,7 @@ checksums match it: they are read as they are, and the next writer renames them
 
 from __future__ import annotations
 
+import io
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -198,8 +199,6 @@ def verify_complete(root: Path) -> dict[str, Any]:
     such as a sweep's DuckDB views, read the file itself); the ``prompts`` table has one row
     per consolidated prompt. RunDirError (what is wrong, no advice: the caller knows the
     repair) otherwise. Used by collections (sweeps, monitors) for each unit they read."""
-    import io
-
     import pyarrow.parquet as pq
 
     from blockcoupling.store.manifest import load_manifest

@@ -11,6 +11,7 @@ worked example of a command that is not a collection (docs/DESIGN.md, "Recipe: a
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -120,8 +121,6 @@ def run_perturbation(model: Any, tokenizer: Any, prompts: Any, out: str | Path, 
     every file written through the folder's ledger (`store.verified.Ledger`) and read back
     verified (a damaged part is measured again); the table and summary rebuilt from the
     parts."""
-    import sys
-
     import torch
 
     from blockcoupling.engine.causality import model_spec
