@@ -56,6 +56,16 @@ def _sql_str(s: str) -> str:
     return "'" + s.replace("'", "''") + "'"
 
 
+def _rows(con: Any, query: str, what: str) -> pd.DataFrame:
+    """The query's rows; a DuckDB error (a bad ``where``, an unknown column) is one line."""
+    try:
+        return con.execute(query).df()
+    except Exception as err:
+        if type(err).__module__.startswith("duckdb"):
+            raise BlockCouplingError(f"{what}: {str(err).splitlines()[0]}") from err
+        raise
+
+
 def load_manifest(root: Path) -> dict[str, Any]:
     """The collection's manifest (`store.collection.load_manifest`), of a kind this library
     has registered (else one line: `kinds.get`), with its ``kind`` (`kinds.manifest_kind`:
@@ -175,11 +185,7 @@ class Sweep:
         and ``_row``, which order the rows as the catalogue and the files do)."""
         con = self._connection()
         try:
-            return con.execute(query).df()
-        except Exception as err:
-            if type(err).__module__.startswith("duckdb"):
-                raise BlockCouplingError(f"query failed: {str(err).splitlines()[0]}") from err
-            raise
+            return _rows(con, query, "query failed")
         finally:
             con.close()
 
@@ -202,13 +208,7 @@ class Sweep:
                 "* EXCLUDE (_unit_order, _row)"
             q = (f"SELECT {sel} FROM {name}" + (f" WHERE {where}" if where else "")
                  + " ORDER BY _unit_order, _row")
-            try:
-                df = con.execute(q).df()
-            except Exception as err:
-                if type(err).__module__.startswith("duckdb"):
-                    raise BlockCouplingError(f"reading {name}: {str(err).splitlines()[0]}"
-                                             ) from err
-                raise
+            df = _rows(con, q, f"reading {name}")
         finally:
             con.close()
         return _unit_types(df)

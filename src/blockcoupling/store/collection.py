@@ -53,6 +53,9 @@ STATUSES = ("pending", "running", "done", "failed")
 CATALOGUE_COLUMNS = ("unit_id", "label", "model", "revision", "step", "prompt_set", "limit",
                      "config_hash", "status", "message", "attempts", "weights_hash",
                      "duplicate_of", "n_prompts", "seconds", "run_dir")
+_UNIT_FIELDS = ("unit_id", "label", "model", "revision", "step", "prompt_set", "limit",
+                "config_hash")  # a catalogue row's fields from the status file's unit record
+_STATUS_FIELDS = ("status", "message", "weights_hash", "n_prompts", "seconds")
 
 
 class CollectionUnit(Protocol):
@@ -284,16 +287,9 @@ def catalogue(root: Path, manifest: dict[str, Any] | None = None) -> pd.DataFram
         uid = u.get("unit_id")
         if not uid:
             continue
-        rows.append({
-            "unit_id": uid, "label": u.get("label"), "model": u.get("model"),
-            "revision": u.get("revision"), "step": u.get("step"),
-            "prompt_set": u.get("prompt_set"), "limit": u.get("limit"),
-            "config_hash": u.get("config_hash"), "status": rec.get("status"),
-            "message": rec.get("message"), "attempts": rec.get("attempts", 0),
-            "weights_hash": rec.get("weights_hash"), "duplicate_of": None,
-            "n_prompts": rec.get("n_prompts"), "seconds": rec.get("seconds"),
-            "run_dir": run_relpath(u),
-        })
+        rows.append({**{c: u.get(c) for c in _UNIT_FIELDS},
+                     **{c: rec.get(c) for c in _STATUS_FIELDS},
+                     "attempts": rec.get("attempts", 0), "run_dir": run_relpath(u)})
     df = pd.DataFrame(rows, columns=list(CATALOGUE_COLUMNS))
     if df.empty:
         return df
@@ -306,18 +302,10 @@ def catalogue(root: Path, manifest: dict[str, Any] | None = None) -> pd.DataFram
     df["attempts"] = df["attempts"].fillna(0).astype("int64")
     df["n_prompts"] = df["n_prompts"].astype("Int64")
     df["seconds"] = df["seconds"].astype("float64")
-    first: dict[tuple[str, str, str], str] = {}
-    dup: list[str | None] = []
-    for r in df.itertuples():
-        key = (r.weights_hash, r.prompt_set, r.config_hash)
-        if r.status != "done" or not r.weights_hash:
-            dup.append(None)
-        elif key in first:
-            dup.append(first[key])
-        else:
-            first[key] = r.unit_id
-            dup.append(None)
-    df["duplicate_of"] = pd.Series(dup, dtype="object")
+    done = df[(df["status"] == "done") & df["weights_hash"].fillna("").astype(bool)]
+    first = done.groupby(["weights_hash", "prompt_set", "config_hash"], sort=False,
+                         dropna=False)["unit_id"].transform("first")
+    df["duplicate_of"] = first.where(first != done["unit_id"]).reindex(df.index)
     for col in ("unit_id", "label", "model", "revision", "prompt_set", "config_hash", "status",
                 "message", "weights_hash", "duplicate_of", "run_dir"):
         df[col] = df[col].astype("string")

@@ -98,6 +98,12 @@ def _verify_parts(contents: RunContents) -> None:
         stored.verify_part(part)
 
 
+def _payload(m: Measurement, run_meta: Any) -> dict[str, bytes]:
+    """The files of a part or of the consolidated run: one Parquet file per table, the arrays."""
+    return {**{f"{name}.parquet": table_bytes(name, m.table(name), run_meta) for name in TABLES},
+            ARRAYS: arrays_bytes(m.arrays)}
+
+
 #: a run directory in the run protocol's words (`blockcoupling.store.folder`)
 RUN = Layout(what="run directory", record=MANIFEST)
 
@@ -197,7 +203,6 @@ class RunWriter:
         if state in (NEW, REPLACE):  # new, empty, or a run that failed before its first result
             self.manifest = new_manifest(new_config, meta, records)
             write_manifest(self.root, self.manifest)
-            self._contents = RunContents()
             self._done: set[str] = set()
             return
         manifest = load_manifest(self.root)
@@ -209,7 +214,6 @@ class RunWriter:
         stored_bases = bases_entries(manifest)
         self.damaged_bases = {name: list(stored_bases[name].get("prompt_ids") or [])
                               for name in damaged_files(self.root, manifest)}
-        self._contents = contents
         self._done = contents.done
         manifest["config"] = new_config  # only runtime keys can differ
         manifest["status"] = "running"
@@ -278,10 +282,7 @@ class RunWriter:
                 f"prompt(s) {', '.join(again[:5])} are already written to {self.root}; skip "
                 "the prompts in done_prompt_ids()"
             )
-        run_meta = self.manifest.get("meta")
-        payload = {f"{name}.parquet": table_bytes(name, part.table(name), run_meta)
-                   for name in TABLES}
-        payload[ARRAYS] = arrays_bytes(part.arrays)
+        payload = _payload(part, self.manifest.get("meta"))
         basis = stored.bases_bytes(part.basis_store, ids)
         if basis is not None:
             payload[stored.BASES_FILE] = basis
@@ -318,10 +319,7 @@ class RunWriter:
         with disk_errors(self.root):
             contents = scan(self.root, manifest)
             meas = read_measurement(self.root, manifest, contents)
-            run_meta = manifest.get("meta")
-            payload = {f"{name}.parquet": table_bytes(name, meas.table(name), run_meta)
-                       for name in TABLES}
-            payload[ARRAYS] = arrays_bytes(meas.arrays)
+            payload = _payload(meas, manifest.get("meta"))
             temps = {name: write_temp(self.root / name, data) for name, data in payload.items()}
             merged = list((manifest.get("consolidated") or {}).get("parts", []))
             merged += [p.path.name for p in contents.parts]
