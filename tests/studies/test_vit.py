@@ -559,14 +559,14 @@ def test_cli_vit_train_and_figures(tmp_path: Path, trained: Path) -> None:
     res = runner.invoke(app, args)
     assert res.exit_code == 0 and "test accuracy" in res.output
     res = runner.invoke(app, ["vit-train", "--out", str(tmp_path / "x"), "--drop-path", "2"])
-    assert res.exit_code == 1 and res.output.strip().startswith("error:")
+    assert res.exit_code == 2 and res.output.strip().startswith("error:")  # an option error
     res = runner.invoke(app, ["vit-figures", str(trained), "--out", str(tmp_path / "f")])
     assert res.exit_code == 0, res.output
     assert (tmp_path / "f" / "vit_coupling_epochs.png").exists()
     res = runner.invoke(app, ["vit-figures", str(tmp_path / "empty"), "--out", str(tmp_path)])
     assert res.exit_code == 1 and "error:" in res.output
     res = runner.invoke(app, ["vit-grid", "--out", str(tmp_path / "g"), "--executor", "dask"])
-    assert res.exit_code == 1 and "choose ray or local" in res.output
+    assert res.exit_code == 2 and "choose from ray, local" in res.output
     spec = tmp_path / "grid.yaml"
     spec.write_text("kind: vit-grid\ndrop_path: [0.1]\nweight_decay: [0.05]\nexecutor: local\n"
                     "train:\n" + "".join(
