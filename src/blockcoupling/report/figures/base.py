@@ -142,6 +142,34 @@ def colormap(name: str) -> Colormap:
     return colormaps[name]  # a copy: safe to modify
 
 
+def matrix_ticks(ax: Any, rows: list[Any], cols: list[Any]) -> None:
+    """Row and column names of a heatmap as ticks, at most about 12 a side."""
+    step = max(1, math.ceil(len(cols) / 12))
+    ax.set_xticks(range(0, len(cols), step), [str(c) for c in cols[::step]])
+    ax.set_yticks(range(0, len(rows), step), [str(r) for r in rows[::step]])
+
+
+def fixed_text(kind: str, fixed: int | None, lead: str = "; ") -> str:
+    """'; input token 3' (fixed_input) or '; output token 5' (fixed_output); '' when None."""
+    if fixed is None:
+        return ""
+    return f"{lead}{'input' if kind == 'fixed_input' else 'output'} token {fixed}"
+
+
+def mosaic_panel(ax: Any, pick: Any, names: Sequence[Any], **font: Any) -> Any:
+    """Draw ``pick.mosaic`` (cells of ``pick.k`` with ``pick.gap`` between them, each in 0..1,
+    NaN in the gaps) with one tick per cell named by ``names``; returns the image."""
+    image = ax.imshow(pick.mosaic, cmap=colormap(GRID_CMAP).with_extremes(bad="white"),
+                      vmin=0.0, vmax=1.0, interpolation="nearest")
+    centres = [i * (pick.k + pick.gap) + (pick.k - 1) / 2 for i in range(len(names))]
+    ax.set_xticks(centres, [str(x) for x in names], **font)
+    ax.set_yticks(centres, [str(x) for x in names], **font)
+    ax.tick_params(length=0)
+    for side in ax.spines.values():
+        side.set_visible(False)
+    return image
+
+
 def save_figure(fig: Figure, stem: Path, formats: Sequence[str] = FORMATS) -> list[Path]:
     """Write ``fig`` as ``stem.<fmt>`` for each format; returns the paths written."""
     paths = []

@@ -20,15 +20,15 @@ from blockcoupling.engine.names import NULL_VARIANTS
 from blockcoupling.engine.results import Measurement
 from blockcoupling.engine.statistic import LEAD_VARIANTS, StatisticRule
 from blockcoupling.report.figures.base import (
-    GRID_CMAP,
     HEATMAP_CMAP,
     LEGEND_CHARS,
     TITLE_CHARS,
     FigureUnavailable,
     Runs,
     clip,
-    colormap,
+    matrix_ticks,
     missing_text,
+    mosaic_panel,
     new_figure,
     panels,
     present,
@@ -60,12 +60,6 @@ def prompt_text(m: Measurement, prompt_id: str) -> str:
     return f' ("{text[:77] + "..." if len(text) > 80 else text}")'
 
 
-def _layer_ticks(ax: Any, rows: list[Any], cols: list[Any]) -> None:
-    step = max(1, math.ceil(len(cols) / 12))
-    ax.set_xticks(range(0, len(cols), step), [str(c) for c in cols[::step]])
-    ax.set_yticks(range(0, len(rows), step), [str(r) for r in rows[::step]])
-
-
 # ====================================================================== L x L heatmap
 def plot_depth_heatmap(runs: Runs, rule: StatisticRule = REPORT_RULE, *,
                        token: int | None = None,
@@ -84,7 +78,7 @@ def plot_depth_heatmap(runs: Runs, rule: StatisticRule = REPORT_RULE, *,
         ax.set_title(clip(lab, TITLE_CHARS))
         image = ax.imshow(mat.to_numpy(dtype=float), cmap=HEATMAP_CMAP, norm=norm,
                           origin="upper", interpolation="nearest")
-        _layer_ticks(ax, list(mat.index), list(mat.columns))
+        matrix_ticks(ax, list(mat.index), list(mat.columns))
         ax.set_xlabel("basis layer l'")
         ax.set_ylabel("measured layer l")
     if image is not None:
@@ -120,15 +114,7 @@ def plot_coupling_grid(runs: Runs, *, prompt_id: str | None = None, k: int | Non
     image = None
     for ax, pick, lab in zip(axes, picks, labs, strict=True):
         ax.set_title(clip(lab, TITLE_CHARS))
-        image = ax.imshow(pick.mosaic, cmap=colormap(GRID_CMAP).with_extremes(bad="white"),
-                          vmin=0.0, vmax=1.0, interpolation="nearest")
-        centres = [i * (pick.k + pick.gap) + (pick.k - 1) / 2 for i in range(len(pick.layers))]
-        names = [str(x) for x in pick.layers]
-        ax.set_xticks(centres, names)
-        ax.set_yticks(centres, names)
-        ax.tick_params(length=0)
-        for side in ax.spines.values():
-            side.set_visible(False)
+        image = mosaic_panel(ax, pick, pick.layers)
         ax.set_xlabel("basis layer l'")
         ax.set_ylabel("measured layer l")
     if image is not None:

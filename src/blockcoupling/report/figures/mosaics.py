@@ -12,8 +12,9 @@ from blockcoupling.report.figures.base import (
     TITLE_CHARS,
     Runs,
     clip,
-    colormap,
+    fixed_text,
     missing_text,
+    mosaic_panel,
     panels,
     present,
 )
@@ -41,19 +42,9 @@ def plot_token_grid(runs: Runs, kind: str = "self", *, prompt_id: str | None = N
     image = None
     rows, cols = _AXES[kind]
     for ax, pick, lab in zip(axes, picks, labs, strict=True):
-        title = f"{clip(lab, TITLE_CHARS)}\nlayer {pick.layer}"
-        if pick.fixed is not None:
-            title += f"; {'input' if kind == 'fixed_input' else 'output'} token {pick.fixed}"
-        ax.set_title(title, fontsize="medium")
-        image = ax.imshow(pick.mosaic, cmap=colormap("magma").with_extremes(bad="white"),
-                          vmin=0.0, vmax=1.0, interpolation="nearest")
-        centres = [i * (pick.k + pick.gap) + (pick.k - 1) / 2 for i in range(len(pick.tokens))]
-        names = [str(t) for t in pick.tokens]
-        ax.set_xticks(centres, names, fontsize="small")
-        ax.set_yticks(centres, names, fontsize="small")
-        ax.tick_params(length=0)
-        for side in ax.spines.values():
-            side.set_visible(False)
+        ax.set_title(f"{clip(lab, TITLE_CHARS)}\nlayer {pick.layer}"
+                     f"{fixed_text(kind, pick.fixed)}", fontsize="medium")
+        image = mosaic_panel(ax, pick, pick.tokens, fontsize="small")
         ax.set_xlabel(cols, fontsize="small")
         ax.set_ylabel(rows, fontsize="small")
     if image is not None:

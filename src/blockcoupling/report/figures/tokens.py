@@ -4,7 +4,6 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 
 import numpy as np
@@ -18,8 +17,10 @@ from blockcoupling.report.figures.base import (
     Runs,
     clip,
     colormap,
+    fixed_text,
     fmt_p,
     label_list,
+    matrix_ticks,
     missing_text,
     panels,
     present,
@@ -59,17 +60,12 @@ def plot_token_heatmap(runs: Runs, kind: str = "self", rule: StatisticRule = REP
     fig, axes = panels(len(picks), 3.6, 4.4, extra_width=1.0)  # room for two-line titles
     image = None
     for ax, pick, lab in zip(axes, picks, labs, strict=True):
-        title = f"{clip(lab, TITLE_CHARS)}\nlayers {pick.layer_a}, {pick.layer_b}"
-        if pick.fixed is not None:
-            title += f"; {'input' if kind == 'fixed_input' else 'output'} token {pick.fixed}"
-        ax.set_title(title, fontsize="medium")
+        ax.set_title(f"{clip(lab, TITLE_CHARS)}\nlayers {pick.layer_a}, {pick.layer_b}"
+                     f"{fixed_text(kind, pick.fixed)}", fontsize="medium")
         image = ax.imshow(pick.matrix.to_numpy(dtype=float),
                           cmap=colormap(HEATMAP_CMAP).with_extremes(bad="0.92"), norm=norm,
                           interpolation="nearest")
-        rows, cols = list(pick.matrix.index), list(pick.matrix.columns)
-        step = max(1, math.ceil(len(cols) / 12))
-        ax.set_xticks(range(0, len(cols), step), [str(c) for c in cols[::step]])
-        ax.set_yticks(range(0, len(rows), step), [str(r) for r in rows[::step]])
+        matrix_ticks(ax, list(pick.matrix.index), list(pick.matrix.columns))
         ax.set_xlabel(col_name)
         ax.set_ylabel(row_name)
     if image is not None:
@@ -98,11 +94,9 @@ def caption_token_heatmap(runs: Runs, kind: str = "self", rule: StatisticRule = 
     for m, pick, lab in zip(ms, picks, labs, strict=True):
         if pick is None:
             continue
-        s = (f"{lab}: prompt {pick.prompt_id}{prompt_text(m, pick.prompt_id)}, "
-             f"layers l={pick.layer_a}, l'={pick.layer_b}")
-        if pick.fixed is not None:
-            s += f", fixed {'input' if kind == 'fixed_input' else 'output'} token {pick.fixed}"
-        parts.append(s)
+        parts.append(f"{lab}: prompt {pick.prompt_id}{prompt_text(m, pick.prompt_id)}, "
+                     f"layers l={pick.layer_a}, l'={pick.layer_b}"
+                     + fixed_text(kind, pick.fixed, ", fixed "))
     p_text = f", p={fmt_p(p)}" if variant in P_VARIANTS else ""
     k_text = "K=" + label_list([resolve_k(m, rule.k) for m in ms], labs)
     has_rows = [bool((m.coupling["kind"] == kind).any()) for m in ms]
