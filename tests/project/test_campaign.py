@@ -59,7 +59,6 @@ BIG = str(2**64)  # above every 64-bit integer
 #: the cases still BAD on main: case id -> "class: what happens" (xfail, strict)
 BAD: dict[str, str] = {
     # options: ranges, types and cross-option rules not checked where declared
-    "vit-train:hidden-size=2^64": "options: a traceback (torch.zeros overflow)",
     "generalization:out-is-a-file": "options: --dry-run accepts an --out that is a file",
     # protocol: the folder, its lock, resume
     "test_perturb_killed_mid_write_resumes_bit_identically": "protocol: the resume leaves the "
@@ -67,28 +66,9 @@ BAD: dict[str, str] = {
     "test_collection_upgrade_killed_midway_then_again": "protocol: a kill at the last move "
                                                         "leaves .tmp-catalogue.parquet-PID; "
                                                         "the rerun never removes it",
-    # reader: stored files read unverified
-    "show:a-perturbation-folder": "reader: 'manifest.json is missing ... lost ... restore it "
-                                  "from a backup' for a folder perturb wrote",
-    "show:a-sweep-folder": "reader: 'the record of the run is lost ... restore it from a "
-                           "backup' for a sweep folder",
-    "cross:perturbation-folders": "reader: 'record of the run is lost ... backup' for a "
-                                  "perturbation folder",
-    "difficulty:a-perturbation-folder": "reader: 'record of the run is lost ... backup'",
-    "report:a-perturbation-folder": "reader: 'record of the run is lost ... backup'",
     # joins: results that depend on the order of the inputs
     "perturb:prompt-file-reversed": "joins: the summary's means differ in the last bit "
                                     "with the prompt file's order",
-    "measure:a-prompt-listed-twice": "joins: exit 0, one text measured as two prompts (the "
-                                     "mean and its se over prompts count it twice)",
-    "perturb:a-prompt-listed-twice": "joins: exit 0, one text counted as two prompts",
-    "vit-figures:a-training-copied": "joins: exit 0, a copied training folder counted as a "
-                                     "second run in the fits",
-    # JSON dialect: the one JSON writer
-    "correlate:json-out-is-a-folder": "JSON dialect: --json-out an existing folder fails "
-                                      "naming the writer's temporary file (.tmp-NAME-PID)",
-    "chance-floor:json-out-is-a-folder": "JSON dialect: the same, naming a temporary file",
-    "cross:json-out-is-a-folder": "JSON dialect: the same, naming a temporary file",
 }
 
 
