@@ -456,7 +456,7 @@ def collect_runs(root: str | Path) -> pd.DataFrame:
 def collect_epochs(root: str | Path) -> pd.DataFrame:
     """One row per (run, epoch): the metrics.json epoch records with the run's grid point."""
     frames = []
-    for name, d, m in _trainings(Path(root)):
+    for name, _d, m in _trainings(Path(root)):
         df = pd.DataFrame(m.get("epochs", []))
         if df.empty:
             continue
