@@ -84,7 +84,8 @@ def calibrate(name: str, layers: int | None, steps: int, sink: list[dict[str, An
     target = _target()
     for step in range(steps):
         table = tuple(zip(xs, w, strict=True))
-        model = spectrum.realistic_(spectrum.build(name, "flat", layers=layers), 0, table)
+        model = spectrum.realistic_(spectrum.build(name, "flat", layers=layers, vocab_size=1000),
+                                    0, table)
         ids = torch.randint(0, model.config.vocab_size, (1, 12),
                             generator=torch.Generator().manual_seed(0))
         rec = summarise(name, "trained", spectrum.jacobians(model, {"input_ids": ids}, [5, 11]),
@@ -189,7 +190,7 @@ def vit(folder: str, init: bool) -> list[tuple[int, int, torch.Tensor]]:
 
 
 def random_model(name: str, kind: str, layers: int | None) -> list[tuple[int, int, torch.Tensor]]:
-    model = spectrum.build(name, kind, layers=layers)
+    model = spectrum.build(name, kind, layers=layers, vocab_size=1000)
     ids = torch.randint(0, model.config.vocab_size, (1, 12),
                         generator=torch.Generator().manual_seed(0))
     return spectrum.jacobians(model, {"input_ids": ids}, [5, 11])
@@ -199,8 +200,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--trained", nargs="*", default=None,
                     help="minilm minilm-init tiny-lm tiny-lm-init vit:<dir> vit-init:<dir>")
-    ap.add_argument("--random", nargs="*", default=[], choices=["gpt2", "llama-mid", "llama-8b",
-                                                              "gpt2-small", "llama-small"])
+    ap.add_argument("--random", nargs="*", default=[], choices=spectrum.MODELS)
     ap.add_argument("--random-layers", type=int, default=None)
     ap.add_argument("--spectra", nargs="+", default=list(spectrum.SPECTRA),
                     choices=spectrum.SPECTRA)

@@ -164,38 +164,56 @@ def realistic_(model: torch.nn.Module, seed: int = 0,
     return model
 
 
+#: Llama shapes (``llama-<shape>`` in `build`): width, MLP width, heads, kv heads, layers
+LLAMA_SHAPES: dict[str, tuple[int, int, int, int, int]] = {
+    "8b": (4096, 14336, 32, 8, 32),  # Llama-3-8B
+    "1b": (2048, 8192, 32, 8, 16),  # Llama-3.2-1B
+    "mid": (1024, 3584, 16, 4, 4),  # the Llama-3-8B ratios at a width one CPU core measures in seconds
+    "small": (256, 512, 8, 2, 4),  # the CPU smoke tests
+    # the 8B block count and head layout at a width where compute is nearly nothing: what is
+    # left is the host's work per block (Python, operator dispatch), which a GPU also pays
+    "host": (128, 448, 16, 4, 32),
+}
+#: `build`'s names
+MODELS: tuple[str, ...] = ("gpt2", "gpt2-small", *(f"llama-{s}" for s in LLAMA_SHAPES))
+
+
+def llama_config(shape: str, layers: int | None = None, vocab_size: int | None = None) -> Any:
+    """The ``LlamaConfig`` of `LLAMA_SHAPES`' ``shape`` with ``layers`` blocks (default the
+    shape's); at d = 4096 Llama-3's vocabulary (128,256), context and rope base, else a
+    vocabulary of 1,000 (``vocab_size`` overrides either)."""
+    import transformers as tf
+
+    d, width, heads, kv, n_layers = LLAMA_SHAPES[shape]
+    extra: dict[str, Any] = ({"vocab_size": 128256, "max_position_embeddings": 8192,
+                              "rope_theta": 500000.0} if d == 4096 else {"vocab_size": 1000})
+    if vocab_size is not None:
+        extra["vocab_size"] = vocab_size
+    return tf.LlamaConfig(hidden_size=d, intermediate_size=width,
+                          num_hidden_layers=layers or n_layers, num_attention_heads=heads,
+                          num_key_value_heads=kv, **extra)
+
+
 def build(name: str, spectrum: str, device: str | torch.device = "cpu",
           layers: int | None = None, weights: torch.dtype = torch.float32,
-          vocab_size: int = 1000, seed: int = 0) -> torch.nn.Module:
-    """A random benchmark model, ``spectrum`` flat (the default initialisation) or trained
-    (`realistic_`): ``gpt2`` (GPT-2-small, d = 768, 12 layers), ``llama-mid`` (d = 1024, MLP
-    3584, 16 heads, 4 kv heads, 4 layers: the Llama-3-8B ratios), ``llama-8b`` (d = 4096, MLP
-    14336, 32 heads, 8 kv heads, 32 layers), ``llama-small`` (d = 256, 4 layers, the smoke
-    tests'), ``gpt2-small`` (d = 256, 4 layers)."""
+          vocab_size: int | None = None, seed: int = 0) -> torch.nn.Module:
+    """A random benchmark model (`MODELS`), ``spectrum`` flat (the default initialisation)
+    or trained (`realistic_`, applied in float32 on ``device``, then the weights are cast to
+    ``weights``): ``gpt2`` (GPT-2-small, d = 768, 12 layers), ``gpt2-small`` (d = 256, 4
+    layers), ``llama-<shape>`` (`llama_config`). ``vocab_size``: default 1,000 (Llama-3's at
+    d = 4096)."""
     import transformers as tf
 
     if spectrum not in SPECTRA:
         raise SystemExit(f"--spectrum must be one of {', '.join(SPECTRA)}, not {spectrum!r}")
-    cfgs: dict[str, Any] = {
-        "gpt2": lambda: tf.GPT2Config(n_layer=layers or 12, vocab_size=vocab_size),
-        "gpt2-small": lambda: tf.GPT2Config(n_layer=layers or 4, n_embd=256, n_head=4,
-                                            vocab_size=vocab_size),
-        "llama-mid": lambda: tf.LlamaConfig(hidden_size=1024, intermediate_size=3584,
-                                            num_hidden_layers=layers or 4,
-                                            num_attention_heads=16, num_key_value_heads=4,
-                                            vocab_size=vocab_size),
-        "llama-8b": lambda: tf.LlamaConfig(hidden_size=4096, intermediate_size=14336,
-                                           num_hidden_layers=layers or 32,
-                                           num_attention_heads=32, num_key_value_heads=8,
-                                           vocab_size=vocab_size, max_position_embeddings=8192,
-                                           rope_theta=500000.0),
-        "llama-small": lambda: tf.LlamaConfig(hidden_size=256, intermediate_size=512,
-                                              num_hidden_layers=layers or 4,
-                                              num_attention_heads=8, num_key_value_heads=2,
-                                              vocab_size=vocab_size),
-    }
-    cfg = cfgs[name]()
-    cls = tf.GPT2LMHeadModel if name.startswith("gpt2") else tf.LlamaForCausalLM
+    if name.startswith("gpt2"):
+        small = {"n_embd": 256, "n_head": 4} if name == "gpt2-small" else {}
+        cfg = tf.GPT2Config(n_layer=layers or (4 if small else 12),
+                            vocab_size=vocab_size or 1000, **small)
+        cls: Any = tf.GPT2LMHeadModel
+    else:
+        cfg = llama_config(name.removeprefix("llama-"), layers, vocab_size)
+        cls = tf.LlamaForCausalLM
     torch.manual_seed(seed)
     with torch.device(device):
         model = cls(cfg)
