@@ -39,11 +39,11 @@ import transformers as tf
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-sys.path.insert(0, str(HERE.parent / "tests" / "helpers"))
+sys.path.insert(0, str(HERE.parent))  # the test helpers: tests.helpers.families
 from common import PhaseCPU, emit, machine, save  # noqa: E402
 
 import blockcoupling as bc  # noqa: E402
-from families import FAMILIES, Family  # noqa: E402
+from tests.helpers.families import FAMILIES, Family  # noqa: E402
 
 KINDS: dict[str, dict[str, Any]] = {
     "depth": dict(coupling=("depth",), tokens="last"),

@@ -16,24 +16,7 @@ import torch
 # tests of the grouping pass part_seconds themselves
 os.environ.setdefault("BLOCKCOUPLING_PART_SECONDS", "0")
 
-from tiny_models import ALL, tiny_inputs, tiny_model  # noqa: E402
-
-
-def call_block_oracle(
-    block: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], hidden: int | str
-) -> Callable[[torch.Tensor], torch.Tensor]:
-    """Straightforward oracle: ``h (1, n, d) -> block(h, recorded call)[0] - h``."""
-
-    def g(h: torch.Tensor) -> torch.Tensor:
-        if isinstance(hidden, int):
-            a = args[:hidden] + (h,) + args[hidden + 1 :]
-            out = block(*a, **kwargs)
-        else:
-            out = block(*args, **{**kwargs, hidden: h})
-        out = out[0] if isinstance(out, tuple) else out
-        return out - h
-
-    return g
+from tests.helpers.tiny_models import ALL, tiny_inputs, tiny_model  # noqa: E402
 
 
 @pytest.fixture(scope="session")

@@ -27,7 +27,7 @@ import pandas as pd
 import torch
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests" / "helpers"))
+sys.path.insert(0, str(ROOT))  # the test helpers: tests.helpers.tiny_models
 
 TABLES = ("coupling", "trajectory", "token_metrics", "spectra", "influence", "prompts", "diagnostics")
 IGNORE = {"diagnostics": ("seconds",)}
@@ -63,7 +63,7 @@ def cases() -> dict[str, tuple[str, dict[str, Any]]]:
 
 def run_case(arch: str, opts: dict[str, Any]) -> Any:
     import blockcoupling as bc
-    from tiny_models import tiny_model
+    from tests.helpers.tiny_models import tiny_model
 
     model = tiny_model(arch)
     if arch == "vit":

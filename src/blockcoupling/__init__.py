@@ -46,8 +46,8 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "blockcoupling.store.record": ("measure_to_dir",),
     "blockcoupling.store.rundir": ("is_run_dir", "open_run"),
     "blockcoupling.report.html": ("write_report",),
-    "blockcoupling.studies.read": ("Sweep", "open_collection", "open_sweep"),  # the collections reader
-    "blockcoupling.studies.statistic": ("coupling_statistic",),  # the headline statistic
+    "blockcoupling.runs.read": ("Sweep", "open_collection", "open_sweep"),  # the collections reader
+    "blockcoupling.runs.statistic": ("coupling_statistic",),  # the headline statistic
     # coupling across runs (stored bases): a reader of run directories, like open_run
     "blockcoupling.studies.cross": ("CrossCoupling", "cross_coupling", "cross_sweep"),
 }
@@ -71,11 +71,11 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ do
     from blockcoupling.engine.results import SCHEMAS, Measurement
     from blockcoupling.prompts.sources import BUILTIN_SETS, Prompt, load_prompts
     from blockcoupling.report.html import write_report
+    from blockcoupling.runs.read import Sweep, open_collection, open_sweep
+    from blockcoupling.runs.statistic import coupling_statistic
     from blockcoupling.store.record import measure_to_dir
     from blockcoupling.store.rundir import is_run_dir, open_run
     from blockcoupling.studies.cross import CrossCoupling, cross_coupling, cross_sweep
-    from blockcoupling.studies.read import Sweep, open_collection, open_sweep
-    from blockcoupling.studies.statistic import coupling_statistic
 
 
 def __getattr__(name: str) -> Any:

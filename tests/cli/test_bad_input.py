@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tiny_runs import cli, save_tiny_lm, write_prompts
+from tests.helpers.tiny_runs import assert_user_error, cli, save_tiny_lm, write_prompts
 
 
 @pytest.fixture(scope="module")
@@ -56,23 +56,6 @@ def measure_args(files: dict[str, Path], out: Path, *extra: str, model: str = "m
     p = files[prompts] if prompts in files else prompts
     return ["--quiet", "measure", "--model", str(m), "--prompts", str(p), "--out", str(out),
             "--k", "2", "--coupling", "depth", *extra]
-
-
-def assert_user_error(r: object, *expected: str, code: int = 1) -> str:
-    """Exit ``code``, no traceback; for code 1 exactly one line ``error: ...`` holding every
-    ``expected`` piece (case-insensitive)."""
-    output = r.output  # type: ignore[attr-defined]
-    assert "Traceback" not in output, output
-    exc = r.exception  # type: ignore[attr-defined]
-    assert exc is None or isinstance(exc, SystemExit), repr(exc)
-    assert r.exit_code == code, output  # type: ignore[attr-defined]
-    lines = [ln for ln in output.strip().splitlines() if ln.strip()]
-    if code == 1:
-        assert len(lines) == 1 and lines[0].startswith("error: "), output
-    text = output.lower()
-    for piece in expected:
-        assert piece.lower() in text, (piece, output)
-    return output
 
 
 def assert_corrected_command_works(files: dict[str, Path], out: Path) -> None:

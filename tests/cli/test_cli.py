@@ -15,24 +15,9 @@ from typer.testing import CliRunner
 
 import blockcoupling as bc
 from blockcoupling.cli import app
-from tiny_models import tiny_model
+from tests.helpers.tiny_runs import save_tiny_lm
 
 runner = CliRunner()
-
-
-def save_tiny_lm(path: Path, arch: str = "gpt2") -> Path:
-    """A tiny random GPT-2 with a word-level tokenizer, saved like a hub model folder."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    words = "the a cat dog sat on mat ran far what is capital of france".split()
-    vocab = {w: i for i, w in enumerate(["[PAD]", "[UNK]", *words])}
-    tk = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
-    tk.pre_tokenizer = pre_tokenizers.Whitespace()
-    tok = PreTrainedTokenizerFast(tokenizer_object=tk, pad_token="[PAD]", unk_token="[UNK]")
-    tiny_model(arch).save_pretrained(path)
-    tok.save_pretrained(path)
-    return path
 
 
 @pytest.fixture(scope="module")

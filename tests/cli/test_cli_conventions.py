@@ -18,7 +18,7 @@ import yaml
 
 import blockcoupling
 from blockcoupling.cli import app
-from tiny_runs import cli, save_tiny_lm, write_prompts
+from tests.helpers.tiny_runs import cli, save_tiny_lm, write_prompts
 
 
 @pytest.fixture(scope="module")

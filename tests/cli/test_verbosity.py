@@ -31,7 +31,7 @@ def test_per_layer_warnings_are_said_once_for_their_layers() -> None:
 def test_measure_says_a_per_layer_fallback_once(monkeypatch: pytest.MonkeyPatch) -> None:
     """A fast path that fails on every layer of a 3-block model: one warning, not three."""
     from blockcoupling.engine import fastpath
-    from tiny_models import tiny_inputs, tiny_model
+    from tests.helpers.tiny_models import tiny_inputs, tiny_model
 
     def fails(model, cap, layer, *args, **kwargs):  # type: ignore[no-untyped-def]
         warnings.warn(f"fast path for layer {layer} (gpt2) could not be built (ValueError: "
@@ -60,7 +60,7 @@ import sys, warnings
 from blockcoupling.verbosity import set_verbosity, warning_line
 set_verbosity(quiet={quiet}, terminal=False)
 warnings.showwarning = warning_line
-from blockcoupling.studies.executor import ray_each
+from blockcoupling.runs.executor import ray_each
 
 def unit(i):
     import sys, warnings

@@ -15,8 +15,8 @@ import blockcoupling as bc
 from blockcoupling.engine.inputs import normalise_inputs
 from blockcoupling.errors import BlockCouplingError, RunDirError
 from blockcoupling.store.writer import RunWriter
-from test_measure import oracle_jacobians
-from tiny_models import tiny_inputs, tiny_model
+from tests.helpers.oracles import oracle_jacobians
+from tests.helpers.tiny_models import tiny_inputs, tiny_model
 
 K = 4
 
@@ -174,7 +174,7 @@ def test_too_little_disk_is_refused_before_any_file(tmp_path: Path,
                                                    monkeypatch: pytest.MonkeyPatch,
                                                    capsys: pytest.CaptureFixture[str]) -> None:
     import blockcoupling.store.bases as sb
-    from tiny_runs import PROMPTS, save_tiny_lm
+    from tests.helpers.tiny_runs import PROMPTS, save_tiny_lm
 
     folder = save_tiny_lm(tmp_path / "lm")
     model, tok = __import__("blockcoupling.loading", fromlist=["load_model"]).load_model(
@@ -185,6 +185,18 @@ def test_too_little_disk_is_refused_before_any_file(tmp_path: Path,
         bc.measure_to_dir(model, tok, PROMPTS, tmp_path / "run", save_bases=True, k=K,
                           tokens="all")
     assert not (tmp_path / "run").exists()
+    # enough for the bases, not for the margin: the refusal states both, and the free bytes
+    need = sb.estimate(bc.find_blocks(model), [len(p.split()) for p in PROMPTS],
+                       bc.MeasureConfig.parse(k=K, tokens="all"))[1]
+    free = need + sb.DISK_MARGIN // 2
+    monkeypatch.setattr(sb.shutil, "disk_usage", lambda p: Usage(10**9, 10**9, free))
+    with pytest.raises(BlockCouplingError) as err:
+        bc.measure_to_dir(model, tok, PROMPTS, tmp_path / "run", save_bases=True, k=K,
+                          tokens="all")
+    msg = str(err.value)
+    for n in (need, sb.DISK_MARGIN, need + sb.DISK_MARGIN, free, sb.DISK_MARGIN // 2):
+        assert f"({n:,} bytes)" in msg or f"{n:,} bytes" in msg, (n, msg)
+    assert "margin" in msg and "\n" not in msg
     # the estimate printed first: prompts x layers x token pairs x (2 d K + K) x 4 bytes
     n_tokens = [len(p.split()) for p in PROMPTS]
     n_jac = sum(3 * n for n in n_tokens)  # depth at every token: J_tt per layer and token
@@ -197,7 +209,7 @@ def test_too_little_disk_is_refused_before_any_file(tmp_path: Path,
 def test_cli_save_bases_and_too_little_disk(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
                                             ) -> None:
     import blockcoupling.store.bases as sb
-    from tiny_runs import PROMPTS, cli, save_tiny_lm, write_prompts
+    from tests.helpers.tiny_runs import PROMPTS, cli, save_tiny_lm, write_prompts
 
     folder = save_tiny_lm(tmp_path / "lm")
     prompts = write_prompts(tmp_path / "p.txt", PROMPTS[:2])
@@ -321,7 +333,7 @@ def test_a_custom_modules_jacobian_estimate_uses_its_stated_width_and_causality(
     real d x d Jacobians, not 0 bytes of a width-0 model (issue 33)."""
     import blockcoupling.engine.bases as eb
     import blockcoupling.store.bases as sb
-    from tiny_models import EncoderStack
+    from tests.helpers.tiny_models import EncoderStack
 
     class TokenNet(torch.nn.Module):  # token ids in, so the lengths are known before the run
         def __init__(self) -> None:

@@ -15,7 +15,7 @@ from blockcoupling.engine.blocks import (
     get_module,
 )
 from blockcoupling.errors import ArchitectureError
-from tiny_models import ALL, CAUSAL, D, minilm_path, tiny_model
+from tests.helpers.tiny_models import ALL, CAUSAL, D, minilm_path, tiny_model
 
 FINAL_NORM = {
     "gpt2": "ln_f",

@@ -11,7 +11,7 @@ from torch import nn
 from blockcoupling.engine.blocks import find_blocks, get_blocks, get_module
 from blockcoupling.engine.capture import capture, residual_branch
 from blockcoupling.errors import ArchitectureError, BlockCouplingError, NumericalError, ReplayError
-from tiny_models import ALL, D, tiny_inputs, tiny_model
+from tests.helpers.tiny_models import ALL, D, tiny_inputs, tiny_model
 
 
 def _hooks(model: nn.Module, spec) -> list[tuple[int, ...]]:

@@ -10,7 +10,7 @@ import torch
 import blockcoupling as bc
 from blockcoupling.engine import metrics, spectra
 from blockcoupling.engine.events import PHASES, MeasureEvent
-from tiny_models import tiny_model
+from tests.helpers.tiny_models import tiny_model
 
 IDS = {"input_ids": torch.tensor([[3, 1, 4, 1, 5, 9]])}
 

@@ -23,8 +23,8 @@ import transformers
 import blockcoupling as bc
 from blockcoupling.engine import fastrecord
 from blockcoupling.engine.blocks import SUPPORTED_ARCHITECTURES, find_blocks
-from families import FAMILIES, Family, family_ids
-from test_measure import check_coupling_table, oracle_jacobians
+from tests.helpers.families import FAMILIES, Family, family_ids
+from tests.helpers.oracles import check_coupling_table, oracle_jacobians
 
 F64 = torch.float64
 

@@ -29,7 +29,7 @@ from blockcoupling.engine.fastrecord import FastPathWarning
 from blockcoupling.engine.jacobian import jacobian_blocks
 from blockcoupling.engine.svd import randomized_topk_svd
 from blockcoupling.errors import BlockCouplingError
-from tiny_models import CAUSAL, ENCODERS, minilm_path, tiny_inputs, tiny_model
+from tests.helpers.tiny_models import CAUSAL, ENCODERS, minilm_path, tiny_inputs, tiny_model
 
 F64 = torch.float64
 # RMSNorm of the Llama family computes in float32 internally, even in a float64 model.

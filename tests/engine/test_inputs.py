@@ -12,7 +12,7 @@ import torch
 
 import blockcoupling as bc
 from blockcoupling.engine.inputs import content_id, normalise_inputs
-from tiny_models import tiny_model
+from tests.helpers.tiny_models import tiny_model
 
 OPTS = dict(k=(2,), coupling=("depth",), batch_size=1, progress=False)
 

@@ -22,8 +22,8 @@ from blockcoupling.engine.jacobian import (
     jacobian_operator,
 )
 from blockcoupling.errors import BlockCouplingError, NumericalError
-from conftest import call_block_oracle
-from tiny_models import ALL, CAUSAL, ENCODERS, minilm_path, tiny_inputs, tiny_model
+from tests.helpers.oracles import call_block_oracle
+from tests.helpers.tiny_models import ALL, CAUSAL, ENCODERS, minilm_path, tiny_inputs, tiny_model
 
 
 def _oracle_blocks(model, cap, layer: int, *, forward: bool = False, norm=None) -> torch.Tensor:

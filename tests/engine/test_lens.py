@@ -16,7 +16,7 @@ from scipy.stats import entropy as scipy_entropy
 import blockcoupling as bc
 from blockcoupling.engine import lens
 from blockcoupling.errors import BlockCouplingError
-from tiny_models import CAUSAL, VOCAB, tiny_model
+from tests.helpers.tiny_models import CAUSAL, VOCAB, tiny_model
 
 ARCHS = ("gpt2", "llama", "gemma2", "gpt_neox")  # learned positions, RMSNorm, soft-capping
 
@@ -145,7 +145,7 @@ def test_the_cli_refuses_a_lens_on_a_checkpoint_without_its_head(tmp_path) -> No
     from typer.testing import CliRunner
 
     from blockcoupling.cli import app
-    from tiny_models import minilm_path
+    from tests.helpers.tiny_models import minilm_path
 
     for extra in ([], ["--allow-missing-weights"]):
         res = CliRunner().invoke(app, ["measure", "-m", str(minilm_path()), "--prompts",

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from blockcoupling.engine import normdirs
 from blockcoupling.engine.svd import DenseOperator
 from blockcoupling.errors import BlockCouplingError
-from tiny_models import tiny_inputs, tiny_model
+from tests.helpers.tiny_models import tiny_inputs, tiny_model
 
 
 def _block_out(block: torch.nn.Module, h: torch.Tensor) -> torch.Tensor:

@@ -13,7 +13,7 @@ import torch
 
 import blockcoupling as bc
 from blockcoupling.errors import BlockCouplingError
-from tiny_models import tiny_inputs, tiny_model
+from tests.helpers.tiny_models import tiny_inputs, tiny_model
 
 OPTS = dict(k=(2, 4), tokens="0,-1", progress=False)
 
@@ -73,7 +73,7 @@ def test_post_ln_norm_directions_of_offloaded_blocks(tmp_path: Path) -> None:
 
 def test_cli_device_map_auto_with_max_memory_offloads_and_measures(tmp_path: Path) -> None:
     pytest.importorskip("accelerate", reason="device_map needs accelerate")
-    from tiny_runs import PROMPTS, cli, save_tiny_lm, write_prompts
+    from tests.helpers.tiny_runs import PROMPTS, cli, save_tiny_lm, write_prompts
 
     folder = save_tiny_lm(tmp_path / "lm")
     prompts = write_prompts(tmp_path / "p.txt", PROMPTS[:2])
@@ -125,7 +125,7 @@ def test_cli_quantize_torchao_and_a_backend_that_is_not_installed(tmp_path: Path
                                                                   ) -> None:
     import importlib.util
 
-    from tiny_runs import PROMPTS, cli, save_tiny_lm, write_prompts
+    from tests.helpers.tiny_runs import PROMPTS, cli, save_tiny_lm, write_prompts
 
     folder = save_tiny_lm(tmp_path / "lm", head=True)  # a Llama: nn.Linear layers
     prompts = write_prompts(tmp_path / "p.txt", PROMPTS[:1])

@@ -12,8 +12,8 @@ from blockcoupling.engine.blocks import find_blocks
 from blockcoupling.engine.config import MeasureConfig
 from blockcoupling.engine.plan import plan_measure
 from blockcoupling.store.record import plan_run
-from tiny_models import tiny_inputs, tiny_model
-from tiny_runs import PROMPTS, cli, save_tiny_lm, write_prompts
+from tests.helpers.tiny_models import tiny_inputs, tiny_model
+from tests.helpers.tiny_runs import PROMPTS, cli, save_tiny_lm, write_prompts
 
 
 @pytest.mark.parametrize("arch, kinds, tokens", [
@@ -98,7 +98,7 @@ def test_every_measurement_check_runs_once_per_call(entry: str, custom: bool, tm
     if custom:
         import torch
 
-        from tiny_models import EncoderStack
+        from tests.helpers.tiny_models import EncoderStack
 
         torch.manual_seed(0)
         model: torch.nn.Module = EncoderStack(2).eval()

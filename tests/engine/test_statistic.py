@@ -15,7 +15,7 @@ import torch
 import blockcoupling as bc
 from blockcoupling.engine.statistic import StatisticRule, paper_k, statistic_table, summarise
 from blockcoupling.errors import BlockCouplingError
-from tiny_models import tiny_inputs, tiny_model
+from tests.helpers.tiny_models import tiny_inputs, tiny_model
 
 
 @pytest.fixture(scope="module")
@@ -265,7 +265,7 @@ def test_missing_variant_says_what_to_measure() -> None:
 def three_models(tmp_path_factory: pytest.TempPathFactory) -> dict:
     """Three tiny GPT-2s (3 blocks, d = 16) saved as hub folders, each measured into a run
     directory with 3 tokens per prompt, and the same three measured by a local sweep."""
-    from tiny_runs import PROMPTS, save_tiny_lm, write_prompts
+    from tests.helpers.tiny_runs import PROMPTS, save_tiny_lm, write_prompts
 
     root = tmp_path_factory.mktemp("three")
     prompts = write_prompts(root / "prompts.txt", PROMPTS)
@@ -470,8 +470,8 @@ LOOSE_RULE_KEYWORDS = {
     "report/summaries/common.py:check_variant", "report/summaries/mosaics.py:token_grid_data",
     "report/summaries/tokens.py:coupling_grid_data",
     "studies/correlate.py:correlate", "studies/cross.py:cross_coupling",
-    "studies/statistic.py:coupling_statistic", "studies/read.py:coupling_statistic",
-    "studies/read.py:summary",
+    "runs/statistic.py:coupling_statistic", "runs/read.py:coupling_statistic",
+    "runs/read.py:summary",
 }
 
 

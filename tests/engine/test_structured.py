@@ -13,7 +13,7 @@ from blockcoupling.engine import fastpath, structured
 from blockcoupling.engine.blocks import find_blocks
 from blockcoupling.engine.capture import Capture, capture, residual_branch
 from blockcoupling.engine.jacobian import jacobian_blocks
-from tiny_models import tiny_inputs, tiny_model
+from tests.helpers.tiny_models import tiny_inputs, tiny_model
 
 F64 = torch.float64
 STRUCTURED = ("gpt2", "llama", "mistral", "qwen2")

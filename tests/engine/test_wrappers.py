@@ -23,7 +23,7 @@ from blockcoupling.engine.blocks import find_blocks
 from blockcoupling.engine.causality import is_causal_mask
 from blockcoupling.engine.wrappers import forward_inputs, unwrap_model
 from blockcoupling.errors import ArchitectureError
-from tiny_models import EncoderStack
+from tests.helpers.tiny_models import EncoderStack
 
 D, H, L, V = 16, 2, 3, 64
 KEYS = ["prompt_id", "kind", "layer_a", "layer_b", "token_in_a", "token_out_a", "token_in_b",
@@ -237,7 +237,7 @@ def test_bridge_like_and_nnsight_like_wrappers_are_unwrapped() -> None:
 
 def test_real_nnsight_language_model() -> None:
     nnsight = pytest.importorskip("nnsight", reason="nnsight is an optional test dependency")
-    from tiny_models import minilm_path
+    from tests.helpers.tiny_models import minilm_path
 
     g = tf.GPT2LMHeadModel(tf.GPT2Config(n_layer=L, n_embd=D, n_head=H, vocab_size=V,
                                          n_positions=32)).eval()

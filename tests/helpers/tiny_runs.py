@@ -3,6 +3,7 @@ run in-process, and run directories compared bit for bit."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from pathlib import Path
 
@@ -18,6 +19,10 @@ WORDS = "the a cat dog sat on mat ran far what is capital of france".split()
 PROMPTS = ["the cat sat on the mat", "what is the capital of france", "a dog ran far",
            "the dog sat on a mat"]
 
+# the ViT study's tiny settings (width 16, 2 blocks, 8x8 images: 4 patches + [CLS])
+TINY_VIT = dict(preset="tiny", hidden_size=16, depth=2, heads=2, image_size=8, train_limit=96,
+            test_limit=32, batch_size=32, k=2, monitor_images=2, final_images=2)
+
 
 def save_tiny_lm(path: Path, *, tokenizer: bool = True, head: bool = False) -> Path:
     """A tiny random GPT-2 (3 blocks, d=16, context 32) with a word-level tokenizer, saved as
@@ -25,7 +30,7 @@ def save_tiny_lm(path: Path, *, tokenizer: bool = True, head: bool = False) -> P
     import transformers as tf
     from tokenizers import Tokenizer, models, pre_tokenizers
 
-    from tiny_models import tiny_model
+    from tests.helpers.tiny_models import tiny_model
 
     if head:
         cfg = tf.LlamaConfig(num_hidden_layers=2, hidden_size=16, intermediate_size=32,
@@ -43,6 +48,23 @@ def save_tiny_lm(path: Path, *, tokenizer: bool = True, head: bool = False) -> P
     return path
 
 
+RATINGS = [0.12, 0.85, 0.4, 0.63, 0.27, 0.91, 0.05, 0.5]
+
+
+def e2h_arc_rows(path: Path) -> Path:
+    """Rows shaped like Easy2Hard-Bench's E2H-ARC (its dataset card's columns)."""
+    rng = np.random.default_rng(0)
+    rows = []
+    for i, r in enumerate(RATINGS):
+        q = " ".join(rng.choice(WORDS, size=3 + i % 5))
+        rows.append({"rating": r, "rating_std": 0.1, "rating_quantile": r, "id": f"Mercury_{i}",
+                     "question": q, "choices": {"label": ["A", "B"], "text": ["cat", "dog"]},
+                     "answerKey": "A", "model_avg_acc": 1 - r, "unnorm_rating": 3 * r,
+                     "unnorm_rating_std": 0.3})
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    return path
+
+
 def write_prompts(path: Path, prompts: list[str] = PROMPTS) -> Path:
     path.write_text("".join(p + "\n" for p in prompts), encoding="utf-8")
     return path
@@ -51,6 +73,33 @@ def write_prompts(path: Path, prompts: list[str] = PROMPTS) -> Path:
 def cli(*args: str) -> object:
     """Run the CLI in this process; exceptions are caught (a traceback would show in output)."""
     return CliRunner().invoke(app, list(args), catch_exceptions=True)
+
+
+def measure_rated(root: Path) -> tuple[Path, Path]:
+    """(run, rows): a tiny LM measured on 6 of the 8 `e2h_arc_rows` (``hf:e2h-arc@rows``)."""
+    rows = e2h_arc_rows(root / "e2h_arc.jsonl")
+    model = save_tiny_lm(root / "m")
+    r = cli("-q", "measure", "--model", str(model), "--prompts", f"hf:e2h-arc@{rows}",
+            "--limit", "6", "--k", "2", "--out", str(root / "run"))
+    assert r.exit_code == 0, r.output  # type: ignore[attr-defined]
+    return root / "run", rows
+
+
+def assert_user_error(r: object, *expected: str, code: int = 1) -> str:
+    """Exit ``code``, no traceback; for code 1 exactly one line ``error: ...`` holding every
+    ``expected`` piece (case-insensitive)."""
+    output = r.output  # type: ignore[attr-defined]
+    assert "Traceback" not in output, output
+    exc = r.exception  # type: ignore[attr-defined]
+    assert exc is None or isinstance(exc, SystemExit), repr(exc)
+    assert r.exit_code == code, output  # type: ignore[attr-defined]
+    lines = [ln for ln in output.strip().splitlines() if ln.strip()]
+    if code == 1:
+        assert len(lines) == 1 and lines[0].startswith("error: "), output
+    text = output.lower()
+    for piece in expected:
+        assert piece.lower() in text, (piece, output)
+    return output
 
 
 TIMINGS = {"diagnostics": ["seconds"]}  # wall-clock columns: the only ones that may differ

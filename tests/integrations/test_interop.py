@@ -35,7 +35,7 @@ def _major(package: str) -> int | None:
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from test_cli import save_tiny_lm
+    from tests.helpers.tiny_runs import save_tiny_lm
 
     return save_tiny_lm(tmp_path_factory.mktemp("interop") / "tiny-gpt2")
 

@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 import yaml
 
-from test_sweep import MEASURE, PROMPTS, _save
+from tests.helpers.sweeps import MEASURE, PROMPTS, save_model
 
 pytestmark = pytest.mark.slow  # real Ray clusters (ray start): CI runs every test
 
@@ -109,7 +109,7 @@ def cluster() -> Iterator[Cluster]:
 def spec(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A one-unit sweep: a tiny GPT-2 on two prompts."""
     root = tmp_path_factory.mktemp("raystudy")
-    _save(root / "gpt2", "gpt2", 0)
+    save_model(root / "gpt2", "gpt2", 0)
     (root / "prompts.txt").write_text("\n".join(PROMPTS[:2]) + "\n")
     path = root / "spec.yaml"
     path.write_text(yaml.safe_dump({"models": [{"label": "gpt2", "model": "gpt2"}],

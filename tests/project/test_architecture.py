@@ -2,7 +2,7 @@
 
 The layer order is the one docs/DESIGN.md states (lowest first):
 
-    errors, hashing, lazy < validate, fields < loading < engine < prompts < store < report < studies < cli < blockcoupling
+    errors, hashing, lazy < validate, fields < loading < engine < prompts < store < report < runs < studies < cli < blockcoupling
 
 Every import counts: at module level, inside functions and under ``if TYPE_CHECKING:``
 (parsed with ``ast``, nothing is imported), plus ``importlib.import_module("literal")``.
@@ -20,8 +20,8 @@ SRC = Path(__file__).resolve().parents[2] / "src"
 PACKAGE = "blockcoupling"
 
 #: lowest first; a module may import from its own layer or a lower one only
-LAYERS = ("errors", "validate", "loading", "engine", "prompts", "store", "report", "studies", "cli",
-          PACKAGE)
+LAYERS = ("errors", "validate", "loading", "engine", "prompts", "store", "report", "runs", "studies",
+          "cli", PACKAGE)
 #: modules that share a layer with another (the bottom: they import nothing of the package)
 SAME_LAYER = {"fields": "validate", "hashing": "errors", "jsonsafe": "errors", "lazy": "errors", "progress": "errors",
               "verbosity": "errors"}
@@ -158,7 +158,7 @@ def test_the_graph_is_read() -> None:
     # the check cannot pass vacuously: known edges of each kind are seen
     assert "blockcoupling.errors" in GRAPH["blockcoupling.engine.measure"]  # module level
     assert "blockcoupling.report.html" in GRAPH["blockcoupling.studies.demo"]  # in a function
-    assert "blockcoupling.store.collection" in GRAPH["blockcoupling.studies.read"]
+    assert "blockcoupling.store.collection" in GRAPH["blockcoupling.runs.read"]
     assert len(MODULES) > 60
 
 
@@ -196,14 +196,14 @@ def test_no_module_imports_from_a_higher_layer() -> None:
 
 @pytest.mark.parametrize("module", sorted(m for m in MODULES if layer_of(m) == "report"))
 def test_report_imports_no_study(module: str) -> None:
-    studies = [t for t in GRAPH[module] if layer_of(t) in ("studies", "cli", PACKAGE)]
+    studies = [t for t in GRAPH[module] if layer_of(t) in ("runs", "studies", "cli", PACKAGE)]
     assert studies == [], f"{module} imports {studies}: report/ must not know the studies"
 
 
 def test_the_layer_order_is_the_documented_one() -> None:
     design = (SRC.parent / "docs" / "DESIGN.md").read_text(encoding="utf-8")
     assert "  <  ".join(("errors, hashing, lazy", "validate, fields", "loading", "engine", "prompts",
-                         "store", "report", "studies", "cli")) in design
+                         "store", "report", "runs", "studies", "cli")) in design
 
 
 def test_the_complexity_budgets_named_exceptions_are_the_ones_design_counts() -> None:
@@ -221,18 +221,19 @@ def test_the_complexity_budgets_named_exceptions_are_the_ones_design_counts() ->
                        r"visible and does not grow silently: today (\d+)", design)
     assert stated and int(stated.group(1)) == len(named), (stated, len(named))
     assert 'max-complexity = 15' in (root / "pyproject.toml").read_text()
-#: the modules every collection kind goes through: they dispatch through the kind registry
-#: (``studies/kinds.py``) and name no kind, neither by importing its package nor by its name
-GENERIC = ("blockcoupling.store.collection", "blockcoupling.studies.kinds",
-           "blockcoupling.studies.collection", "blockcoupling.studies.integrity",
-           "blockcoupling.studies.executor", "blockcoupling.studies.read",
-           "blockcoupling.studies.plans", "blockcoupling.studies.statistic",
+
+
+#: the modules every collection kind goes through: every module of ``runs/`` (the generic
+#: machinery) and the format and commands above and below it; they dispatch through the kind
+#: registry (``runs/kinds.py``) and name no kind, neither by importing its package nor by
+#: its name
+GENERIC = ("blockcoupling.store.collection", *(m for m in MODULES if layer_of(m) == "runs"),
            "blockcoupling.cli.app", "blockcoupling.cli.sweep", "blockcoupling.cli.run")
 
 
 def _kind_packages() -> dict[str, str]:
     """kind name -> the package that registers it (``<package>/kind.py``)."""
-    from blockcoupling.studies import kinds
+    from blockcoupling.runs import kinds
 
     return {name: kinds.get(name).page.__module__.rsplit(".", 1)[0] for name in kinds.names()}
 

@@ -15,7 +15,7 @@ from blockcoupling.engine.config import MeasureConfig
 from blockcoupling.errors import BlockCouplingError
 from blockcoupling.fields import check_fields, cli_options, from_mapping, identity, opt
 from blockcoupling.validate import number, whole
-from tiny_models import tiny_inputs, tiny_model
+from tests.helpers.tiny_models import tiny_inputs, tiny_model
 
 
 # ---------------------------------------------------------------- identities that must not move
@@ -152,7 +152,7 @@ def test_sweep_dry_run_prints_each_units_plan_and_writes_nothing(tmp_path: Path)
 
     import yaml
 
-    from tiny_runs import PROMPTS, cli, save_tiny_lm, write_prompts
+    from tests.helpers.tiny_runs import PROMPTS, cli, save_tiny_lm, write_prompts
 
     save_tiny_lm(tmp_path / "model")
     write_prompts(tmp_path / "prompts.txt", PROMPTS)
@@ -179,7 +179,7 @@ def test_sweep_dry_run_prints_each_units_plan_and_writes_nothing(tmp_path: Path)
 def test_vit_dry_runs_print_the_training_plan_and_write_nothing(tmp_path: Path) -> None:
     import yaml
 
-    from tiny_runs import cli
+    from tests.helpers.tiny_runs import cli
 
     out = tmp_path / "v"
     r = cli("vit-train", "--out", str(out), "--epochs", "3", "--monitor-every", "2",
@@ -202,7 +202,7 @@ def test_vit_dry_runs_print_the_training_plan_and_write_nothing(tmp_path: Path) 
 
 def test_lm_family_dry_run_prints_runs_steps_and_checkpoints(tmp_path: Path) -> None:
     from blockcoupling.studies.lm_study import quick_spec
-    from tiny_runs import cli
+    from tests.helpers.tiny_runs import cli
 
     out = tmp_path / "study"
     r = cli("study", "lm-family", "--out", str(out), "--quick", "--dry-run")

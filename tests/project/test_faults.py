@@ -21,18 +21,16 @@ import random
 import shutil
 import signal
 import subprocess
-import sys
-import textwrap
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-import blockcoupling
 from blockcoupling.errors import RunDirError
 from blockcoupling.store import open_run
-from tiny_runs import (
+from tests.helpers.faults import SEED, child, one_error_line
+from tests.helpers.tiny_runs import (
     KILL_POINTS,
     POINTS,
     assert_clean_finished,
@@ -42,10 +40,6 @@ from tiny_runs import (
     save_tiny_lm,
     write_prompts,
 )
-
-SEED = int(os.environ.get("BLOCKCOUPLING_FAULT_SEED", "20261122"))
-TESTS = Path(__file__).resolve().parents[1] / "helpers"  # tiny_runs, for the child processes
-SRC = Path(blockcoupling.__file__).resolve().parents[1]
 
 
 @dataclass
@@ -75,43 +69,9 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> Setup:
     return Setup(base, args, base / "ref", counts)
 
 
-def child(point: str, nth: int, sig: str, argv: list[str]) -> subprocess.CompletedProcess[str]:
-    """Run the CLI in a new process that sends itself ``sig`` at the ``nth`` ``point``."""
-    code = textwrap.dedent(f"""
-        import os, signal, sys
-        sys.path[:0] = [{str(TESTS)!r}, {str(SRC)!r}]
-        from tiny_runs import install_probes
-        seen = 0
-        def trip(point):
-            global seen
-            if point == {point!r}:
-                seen += 1
-                if seen == {nth}:
-                    os.kill(os.getpid(), signal.{sig})
-        install_probes(trip)
-        from blockcoupling.cli import main
-        sys.argv = ["blockcoupling", *{argv!r}]
-        main()
-    """)
-    import torch
-
-    # the same number of threads as this process: a matmul's reduction order, hence its
-    # float32 rounding, depends on it (bit-identity holds for the same machine and threads)
-    env = {**os.environ, "OMP_NUM_THREADS": str(torch.get_num_threads()), "HF_HUB_OFFLINE": "1"}
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=300, env=env)
-
-
 def replay(point: str, nth: int, total: int) -> str:
     return (f"kill point: {point} #{nth} of {total} (replay with "
             f"BLOCKCOUPLING_FAULT_SEED={SEED} pytest tests/project/test_faults.py -k {point})")
-
-
-def one_error_line(output: str) -> str:
-    lines = [ln for ln in output.strip().splitlines() if ln.strip()]
-    assert "Traceback" not in output, output
-    assert len(lines) == 1 and lines[0].startswith("error: "), output
-    return lines[0]
 
 
 # ---------------------------------------------------------------------------- SIGKILL

@@ -16,7 +16,7 @@ from blockcoupling.loading import load_model, random_init
 from blockcoupling.store import open_run
 from blockcoupling.studies.sweep.spec import SpecError, parse_spec
 from blockcoupling.studies.sweep.units import expand, unit_id
-from tiny_runs import cli, save_tiny_lm, write_prompts
+from tests.helpers.tiny_runs import cli, save_tiny_lm, write_prompts
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,7 @@ import torch
 import blockcoupling as bc
 import blockcoupling.studies as studies
 from blockcoupling.engine.config import MeasureConfig
-from tiny_models import tiny_inputs, tiny_model
+from tests.helpers.tiny_models import tiny_inputs, tiny_model
 
 STUDY_NAMES = ("CouplingCallback", "CouplingMonitor", "SweepSpec", "load_spec", "run_sweep",
                "CorrelationResult", "paper_scores", "VitTrainConfig", "train_vit")

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import random
 import re
 import shutil
@@ -35,8 +34,15 @@ import blockcoupling as bc
 from blockcoupling.store import collection as store
 from blockcoupling.studies.sweep import expand, load_spec, sweep_status
 from blockcoupling.validate import OptionError, number, whole
-from test_faults import SEED, child, one_error_line
-from tiny_runs import assert_identical_runs, cli, install_probes, save_tiny_lm, write_prompts
+from tests.helpers import child_env
+from tests.helpers.faults import SEED, child, one_error_line
+from tests.helpers.tiny_runs import (
+    assert_identical_runs,
+    cli,
+    install_probes,
+    save_tiny_lm,
+    write_prompts,
+)
 
 MEASURE = {"k": [2], "coupling": ["depth"], "variants": ["coupling", "coupling_vs_null"],
            "orientations": ["ujv"], "batch_size": 1, "trajectory": False}
@@ -45,7 +51,7 @@ TABLES = ("coupling", "prompts", "spectra")
 
 def _checkpoints(base: Path) -> Path:
     """runs/checkpoint-0 and runs/checkpoint-10: tiny GPT-2s with different weights."""
-    from tiny_models import tiny_model
+    from tests.helpers.tiny_models import tiny_model
 
     first = save_tiny_lm(base / "runs" / "checkpoint-0")
     second = base / "runs" / "checkpoint-10"
@@ -364,7 +370,7 @@ def test_monitor_refuses_a_new_trainings_weights_unless_overwrite(study: dict[st
     import transformers as tf
 
     from blockcoupling.studies.monitor import CouplingMonitor
-    from tiny_models import tiny_model
+    from tests.helpers.tiny_models import tiny_model
 
     tok = tf.AutoTokenizer.from_pretrained(study["base"] / "runs" / "checkpoint-0")
     opts = {k: v for k, v in MEASURE.items() if k != "batch_size"}
@@ -500,7 +506,7 @@ def test_monitor_rebuilds_a_lost_manifest(study: dict[str, Any], tmp_path: Path)
     import transformers as tf
 
     from blockcoupling.studies.monitor import CouplingMonitor
-    from tiny_models import tiny_model
+    from tests.helpers.tiny_models import tiny_model
 
     tok = tf.AutoTokenizer.from_pretrained(study["base"] / "runs" / "checkpoint-0")
     opts = {k: v for k, v in MEASURE.items() if k != "batch_size"}
@@ -588,12 +594,9 @@ def _study_child(argv: list[str], env: dict[str, str], point: str | None = None,
     """``blockcoupling`` in a new process on one thread that SIGKILLs itself at the ``nth``
     ``point`` (with ``counts``, it writes how often each point occurred, and the block calls
     up to the end of the last training as ``trained``, to that JSON file at its end)."""
-    from test_faults import SRC, TESTS
-
     code = textwrap.dedent(f"""
         import atexit, json, os, signal, sys
-        sys.path[:0] = [{str(TESTS)!r}, {str(SRC)!r}]
-        from tiny_runs import install_probes
+        from tests.helpers.tiny_runs import install_probes
         seen = {{}}
         def trip(point):
             seen[point] = seen.get(point, 0) + 1
@@ -615,7 +618,7 @@ def _study_child(argv: list[str], env: dict[str, str], point: str | None = None,
     """)
     # one thread: with two, torch's CPU kernels gave another last bit in some processes (a
     # padded forward pass: 7 of 30; docs/how-to/faults.md), which is not a resume's doing
-    full_env = {**os.environ, **env, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    full_env = child_env(**env, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1")
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=600, env=full_env)
 

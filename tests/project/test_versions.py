@@ -9,20 +9,19 @@ bounds and the README must say the same.
 from __future__ import annotations
 
 import re
-import sys
 from pathlib import Path
 
 import pytest
 
+from tests.helpers import load_script
+
 tomllib = pytest.importorskip("tomllib")  # Python 3.11+
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "tools"))
 
 
 def _pins() -> dict[str, str]:
-    from gen_reference import oldest_supported
-
-    return {"transformers": oldest_supported("transformers")}
+    gen_reference = load_script(ROOT / "tools" / "gen_reference.py")
+    return {"transformers": gen_reference.oldest_supported("transformers")}
 
 
 def test_pyproject_lower_bounds_are_the_oldest_tested() -> None:

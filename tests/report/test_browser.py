@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import blockcoupling as bc
-from browser import CHROMIUM, SKIP_REASON, probe, reader_problems
+from tests.helpers.browser import CHROMIUM, SKIP_REASON, probe, reader_problems
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow,  # headless chromium: CI runs them
               pytest.mark.skipif(CHROMIUM is None, reason=SKIP_REASON)]
@@ -67,24 +67,24 @@ def report_pages(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """One page of each kind, on the one report template (report/page.py)."""
     from blockcoupling.report.correlation import write_chance_floor_html, write_correlation_html
     from blockcoupling.report.cross import write_cross_report
+    from blockcoupling.runs.collection import write_collection_report
     from blockcoupling.studies.chance_floor import chance_floor
-    from blockcoupling.studies.collection import write_collection_report
     from blockcoupling.studies.correlate import correlate
     from blockcoupling.studies.cross import cross_coupling
     from blockcoupling.studies.vit.grid import run_grid
     from blockcoupling.studies.vit.report import write_vit_report
     from blockcoupling.studies.vit.train import VitTrainConfig
-    from fixtures_report import make_checkpoints, make_runs
-    from test_correlate import write_synthetic_run
-    from test_monitor import PROMPTS, _model, _tokenizer
-    from test_vit import TINY
-    from tiny_models import tiny_inputs, tiny_model
+    from tests.helpers.fixtures_report import make_checkpoints, make_runs
+    from tests.helpers.monitored import PROMPTS, dropout_gpt2, word_tokenizer
+    from tests.helpers.synthetic_runs import write_synthetic_run
+    from tests.helpers.tiny_models import tiny_inputs, tiny_model
+    from tests.helpers.tiny_runs import TINY_VIT
 
     root = tmp_path_factory.mktemp("pages")
     pages = {"run report": bc.write_report(make_runs() + make_checkpoints(3),
                                            root / "run.html", formats=())}
-    model = _model(1).eval()
-    with bc.CouplingMonitor(_tokenizer(), PROMPTS, every=2, out=root / "monitor", k=(2,),
+    model = dropout_gpt2(1).eval()
+    with bc.CouplingMonitor(word_tokenizer(), PROMPTS, every=2, out=root / "monitor", k=(2,),
                             orientations=("ujv",)) as mon:
         for step in range(5):
             with torch.no_grad():
@@ -108,7 +108,7 @@ def report_pages(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
                           tokens="0,-1", progress=False)
     pages["cross"] = write_cross_report(cross_coupling(root / "ckpt0", root / "ckpt1"),
                                         root / "cross.html")
-    base = VitTrainConfig(epochs=1, **{**TINY, "monitor_images": 1, "final_images": 2})
+    base = VitTrainConfig(epochs=1, **{**TINY_VIT, "monitor_images": 1, "final_images": 2})
     run_grid(base, root / "grid", drop_paths=(0.0, 0.1), weight_decays=(0.01,),
              executor="local", progress=False)
     pages["vit study"] = write_vit_report(root / "grid", root / "vit.html")
@@ -124,8 +124,7 @@ def _paper_command_pages(root: Path, dirs: list[Path]) -> dict[str, Path]:
     from blockcoupling.studies.generalization.page import write_study_page
     from blockcoupling.studies.generalization.result import GeneralizationResult
     from blockcoupling.studies.generalization.run import _statement
-    from test_difficulty import e2h_arc_rows
-    from tiny_runs import cli, save_tiny_lm, write_prompts
+    from tests.helpers.tiny_runs import cli, e2h_arc_rows, save_tiny_lm, write_prompts
 
     model = save_tiny_lm(root / "lm")
     pages = {}

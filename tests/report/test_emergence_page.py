@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 import blockcoupling as bc
 from blockcoupling.cli import app
 from blockcoupling.report.emergence import LOSS_FILE
-from test_monitor import PROMPTS, _model, _tokenizer
+from tests.helpers.monitored import PROMPTS, dropout_gpt2, word_tokenizer
 
 #: measurement configurations of the monitors (each measured at steps 0, 2, 4)
 CONFIGS = {
@@ -32,9 +32,9 @@ CONFIGS = {
 @pytest.fixture(scope="module")
 def monitors(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("monitors")
-    tok, out = _tokenizer(), {}
+    tok, out = word_tokenizer(), {}
     for name, options in CONFIGS.items():
-        model = _model(1).eval()
+        model = dropout_gpt2(1).eval()
         with bc.CouplingMonitor(tok, PROMPTS, every=2, out=root / name, k=(2,),
                                 orientations=("ujv",), **options) as mon:
             for step in range(5):
@@ -83,13 +83,13 @@ def test_monitor_page_every_part(config: str, loss: bool, monitors: dict[str, Pa
 
 def test_sweep_page_steps_plain_models_and_failures(tmp_path: Path) -> None:
     """A sweep (not a monitor): checkpoints with steps, a model without steps, a failed unit."""
-    from test_sweep import MEASURE, _save
-    from test_sweep import PROMPTS as SWEEP_PROMPTS
+    from tests.helpers.sweeps import MEASURE, save_model
+    from tests.helpers.sweeps import PROMPTS as SWEEP_PROMPTS
 
-    _save(tmp_path / "models" / "plain", "gpt2", 0)
+    save_model(tmp_path / "models" / "plain", "gpt2", 0)
     for step, seed in ((0, 1), (10, 2), (100, 3)):
-        _save(tmp_path / "runs" / f"checkpoint-{step}", "gpt2", seed)
-    broken = _save(tmp_path / "broken" / "checkpoint-5", "gpt2", 4)
+        save_model(tmp_path / "runs" / f"checkpoint-{step}", "gpt2", seed)
+    broken = save_model(tmp_path / "broken" / "checkpoint-5", "gpt2", 4)
     for f in broken.glob("*.safetensors"):
         f.unlink()
     (tmp_path / "prompts.txt").write_text("\n".join(SWEEP_PROMPTS[:2]) + "\n")
@@ -108,9 +108,9 @@ def test_sweep_page_steps_plain_models_and_failures(tmp_path: Path) -> None:
 
 def test_page_with_no_unit_done(tmp_path: Path) -> None:
     """Every measured step failed: the page lists the units and says what was not drawn."""
-    with bc.CouplingMonitor(_tokenizer(), PROMPTS, every=1, out=tmp_path / "m", k=(64,),
+    with bc.CouplingMonitor(word_tokenizer(), PROMPTS, every=1, out=tmp_path / "m", k=(64,),
                             on_error="warn") as mon, pytest.warns(UserWarning, match="hidden"):
-        mon.step(_model().eval(), 1, loss=2.5)
+        mon.step(dropout_gpt2().eval(), 1, loss=2.5)
     page = _report(tmp_path / "m", tmp_path / "none.html")
     assert _figures(page) == ["loss_vs_step"]
     assert "no unit of the sweep is done" in page and "1 failed" in page

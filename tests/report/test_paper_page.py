@@ -5,30 +5,20 @@ shipped models (docs/tutorials/paper_figures.py, the script the docs build runs)
 
 from __future__ import annotations
 
-import importlib.util
 import re
-import sys
 from pathlib import Path
 
 import pytest
 import typer.main
 
 from blockcoupling.cli import app
+from tests.helpers import load_script
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGE = ROOT / "docs" / "paper.md"
 
 
-def _script():
-    sys.path.insert(0, str(ROOT / "docs" / "tutorials"))
-    spec = importlib.util.spec_from_file_location("paper_figures",
-                                                  ROOT / "docs" / "tutorials" / "paper_figures.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-P = _script()
+P = load_script(ROOT / "docs" / "tutorials" / "paper_figures.py")
 
 
 def _usage_errors() -> tuple[type[Exception], ...]:

@@ -26,9 +26,9 @@ from blockcoupling.report.summaries.profiles import (
     run_order,
     sort_values,
 )
-from test_measure import oracle_jacobians
-from tiny_models import tiny_inputs, tiny_model
-from tiny_runs import cli, save_tiny_lm, write_prompts
+from tests.helpers.oracles import oracle_jacobians
+from tests.helpers.tiny_models import tiny_inputs, tiny_model
+from tests.helpers.tiny_runs import cli, save_tiny_lm, write_prompts
 
 KINDS = ("self", "fixed_input", "fixed_output")
 

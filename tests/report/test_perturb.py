@@ -17,8 +17,8 @@ from blockcoupling.engine import perturb
 from blockcoupling.engine.blocks import find_blocks, get_module
 from blockcoupling.errors import BlockCouplingError
 from blockcoupling.report.perturb import perturbation_summary
-from tiny_models import VOCAB, tiny_model
-from tiny_runs import cli, save_tiny_lm, write_prompts
+from tests.helpers.tiny_models import VOCAB, tiny_model
+from tests.helpers.tiny_runs import cli, save_tiny_lm, write_prompts
 
 
 def _oracle_states(model: torch.nn.Module, ids: torch.Tensor, t: int,

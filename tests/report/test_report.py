@@ -39,8 +39,16 @@ from blockcoupling.report.html import (
     write_report_from_dirs,
 )
 from blockcoupling.report.narrative import report_summary
-from browser import CHROMIUM, chromium, probe
-from fixtures_report import KS, N_TOKENS, WINDOW, L, make_checkpoints, make_run, make_runs
+from tests.helpers.browser import CHROMIUM, chromium, probe
+from tests.helpers.fixtures_report import (
+    KS,
+    N_TOKENS,
+    WINDOW,
+    L,
+    make_checkpoints,
+    make_run,
+    make_runs,
+)
 
 SEL = dict(rule=StatisticRule(k=2, variant="coupling", p=1.0, orientation="ujv"))
 

@@ -11,7 +11,6 @@ import subprocess
 import sys
 import tempfile
 import textwrap
-import zlib
 from pathlib import Path
 
 import numpy as np
@@ -24,62 +23,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from blockcoupling.engine.config import MeasureConfig
-from blockcoupling.engine.results import SCHEMAS, TABLES, Measurement, conform
+from blockcoupling.engine.results import SCHEMAS, TABLES, Measurement
 from blockcoupling.errors import RunDirError
 from blockcoupling.store.rundir import RunWriter, is_run_dir, open_run, weights_hash
-
-TESTS = Path(__file__).resolve().parent
-PROMPT_IDS = [f"p{i}" for i in range(8)]
-PROMPTS = pd.DataFrame({
-    "prompt_id": PROMPT_IDS,
-    "text": [f"prompt number {i} with ü and \"quotes\"" for i in range(8)],
-    "label": ["a", "b", None, "a", "b", None, "a", "b"],
-})
-CONFIG = MeasureConfig(k=(2,), coupling=("depth",), p=(1.0,), batch_size=2)
-META = {"model": "tiny/gpt2", "revision": "abc123", "weights_hash": "sha256-full:00",
-        "device": "cpu", "note": [1, 2]}
-L = 3  # layers of the synthetic measurement
-
-
-def make_part(ids: list[str]) -> Measurement:
-    """A deterministic synthetic measurement of ``ids`` (values depend only on the prompt)."""
-    rows: dict[str, list[dict]] = {name: [] for name in TABLES}
-    arrays = {}
-    for pid in ids:
-        rng = np.random.default_rng(zlib.crc32(pid.encode()))
-        i = PROMPT_IDS.index(pid)
-        for a in range(1, L + 1):
-            for b in range(1, L + 1):
-                for variant, p in (("coupling", 1.0), ("released_norm", np.nan)):
-                    rows["coupling"].append(dict(
-                        prompt_id=pid, kind="depth", layer_a=a, layer_b=b, token_in_a=4,
-                        token_out_a=4, token_in_b=4, token_out_b=4, k=2, variant=variant,
-                        p=p, orientation="ujv", value=rng.standard_normal()))
-        for tok in range(2):
-            for layer in range(L + 1):
-                rows["trajectory"].append(dict(
-                    prompt_id=pid, token=tok, layer=layer, norm=rng.random(),
-                    step_norm=np.nan if layer == 0 else rng.random(), pca_x=rng.random(),
-                    pca_y=rng.random(), lss_window=rng.random()))
-            rows["token_metrics"].append(dict(
-                prompt_id=pid, token=tok, lss=rng.random(), expodistance=rng.random(),
-                equidistance_cv=rng.random(), linearisation_cosine=np.nan))
-        for layer in range(1, L + 1):
-            for r in (1, 2):
-                rows["spectra"].append(dict(prompt_id=pid, layer=layer, token_in=4, token_out=4,
-                                            rank=r, singular_value=rng.random()))
-            rows["influence"].append(dict(prompt_id=pid, layer=layer, token_in=4, token_out=4,
-                                          metric="top_singular", value=rng.random()))
-            rows["diagnostics"].append(dict(prompt_id=pid, layer=layer, token_in=4, token_out=4,
-                                            method="dense", residual=rng.random(),
-                                            seconds=0.25))
-        rec = PROMPTS.iloc[i]
-        rows["prompts"].append(dict(prompt_id=pid, text=rec["text"], n_tokens=5 + i,
-                                    label=rec["label"]))
-        arrays[f"A/{pid}/ujv"] = rng.standard_normal((L, L, 2, 2))
-        arrays[f"A/{pid}/vju"] = rng.standard_normal((L, L, 2, 2)).astype(np.float32)
-    tables = {name: conform(name, pd.DataFrame(r) if r else []) for name, r in rows.items()}
-    return Measurement(**tables, arrays=arrays, config=CONFIG, meta=dict(META))
+from tests.helpers import child_env
+from tests.helpers.store_parts import CONFIG, META, PROMPT_IDS, PROMPTS, make_part
 
 
 def reference(ids: list[str] = PROMPT_IDS) -> Measurement:
@@ -286,8 +234,7 @@ def child_code(root: Path, *, kill_at: tuple[str, ...] = (), sleep: float = 0.0,
     strings, i.e. in the middle of writing a part or the consolidated tables."""
     return textwrap.dedent(f"""
         import os, signal, sys, time
-        sys.path.insert(0, {str(TESTS)!r})
-        import test_store as t
+        import tests.helpers.store_parts as t
         from blockcoupling.store import rundir as store
         real_fsync = os.fsync
         def fsync(fd):
@@ -310,7 +257,7 @@ def child_code(root: Path, *, kill_at: tuple[str, ...] = (), sleep: float = 0.0,
 
 
 def run_child(code: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env = child_env(OMP_NUM_THREADS="1")
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=120, env=env)
 
@@ -325,7 +272,7 @@ def finish_in_process(root: Path) -> Measurement:
 
 def test_sigkill_from_outside_then_resume_equals_uninterrupted_run(tmp_path: Path) -> None:
     root = tmp_path / "run"
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env = child_env(OMP_NUM_THREADS="1")
     proc = subprocess.Popen([sys.executable, "-c", child_code(root, sleep=0.05)],
                             stdout=subprocess.PIPE, text=True, env=env)
     written = 0
@@ -395,9 +342,7 @@ def test_parts_left_over_after_finalize_are_not_counted_twice(tmp_path: Path) ->
 def test_second_process_is_refused_while_a_writer_holds_the_lock(tmp_path: Path) -> None:
     root = tmp_path / "run"
     code = textwrap.dedent(f"""
-        import sys
-        sys.path.insert(0, {str(TESTS)!r})
-        import test_store as t
+        import tests.helpers.store_parts as t
         from blockcoupling.errors import RunDirError
         from blockcoupling.store.rundir import RunWriter
         try:
@@ -445,7 +390,7 @@ def test_corrupt_manifest(tmp_path: Path) -> None:
     write_run(root, [["p0"]])
     text = (root / "manifest.json").read_text()
     (root / "manifest.json").write_text(text[: len(text) // 2])
-    with pytest.raises(RunDirError, match="manifest.json is corrupt.*new --out"):
+    with pytest.raises(RunDirError, match="manifest.json is not valid JSON.*new --out"):
         open_run(root)
     with pytest.raises(RunDirError, match="corrupt"):
         RunWriter(root, config=CONFIG, meta=META, prompts=PROMPTS, resume=True)
@@ -546,7 +491,7 @@ def test_measure_to_dir_groups_cheap_prompts_into_parts_and_keeps_them_on_an_err
     before an interruption are written before it propagates, and a resume adds the rest."""
     import blockcoupling as bc
     import blockcoupling.store.writer as writer
-    from tiny_models import tiny_inputs, tiny_model
+    from tests.helpers.tiny_models import tiny_inputs, tiny_model
 
     model, inputs = tiny_model("gpt2"), tiny_inputs("gpt2", n=4, batch=4)
     opts = dict(coupling=("depth",), k=(2,), batch_size=1, progress=False)
@@ -598,7 +543,7 @@ def test_a_run_begun_before_a_variant_existed_resumes_with_its_own_variants(
     import blockcoupling as bc
     from blockcoupling.engine.names import VARIANTS
     from blockcoupling.engine.variants import REGISTRY
-    from tiny_models import tiny_inputs, tiny_model
+    from tests.helpers.tiny_models import tiny_inputs, tiny_model
 
     before = tuple(v for v in VARIANTS if REGISTRY[v].hashed)  # the default before them
     added = [v for v in VARIANTS if v not in before]

@@ -260,7 +260,7 @@ def test_format_one_sweep_is_read_and_resumed(kinds: dict[str, Path], tmp_path: 
     shutil.copytree(kinds["sweep"], path)
     m = json.loads((path / "sweep.json").read_text())
     m["format_version"] = 1
-    del m["kind"]
+    del m["kind"], m["digest"]  # as written before manifests were sealed
     (path / "sweep.json").write_text(json.dumps(m))
     c = bc.open_collection(path)
     assert c.kind == "sweep" and c.catalogue["status"].tolist() == ["done"]
@@ -287,6 +287,7 @@ def test_unknown_kind_and_non_collections_are_one_line(kinds: dict[str, Path],
     shutil.copytree(kinds["monitor"], path)
     m = json.loads((path / "sweep.json").read_text())
     m["kind"] = "zoo"
+    del m["digest"]  # written so, unsealed (a sealed record edited by hand is named as such)
     (path / "sweep.json").write_text(json.dumps(m))
     with pytest.raises(bc.RunDirError, match="unknown collection kind 'zoo'"):
         bc.open_collection(path)
@@ -327,7 +328,7 @@ def test_grid_takes_the_collection_lock_and_rebuilds_a_lost_manifest(
     part = path / "units" / victim / "coupling" / "final" / "coupling.parquet"
     part.write_bytes(part.read_bytes()[:-8])
     r = CliRunner().invoke(app, ["sweep-status", str(path)])
-    assert r.exit_code == 1 and "is unreadable or corrupt" in _one_line(r.output)
+    assert r.exit_code == 1 and "is not valid JSON" in _one_line(r.output)
     runs = run_grid(VitTrainConfig(**VIT_TINY), path, **args)
     assert set(runs["status"]) == {"complete"}
     c = bc.open_collection(path)
@@ -407,7 +408,7 @@ def test_pinned_unit_ids_and_hashes_of_existing_collections(kinds: dict[str, Pat
 def test_a_new_kind_is_a_package_and_one_registration(tmp_path: Path) -> None:
     """The recipe "add a collection kind" (docs/DESIGN.md), followed once for a trivial kind
     written from a spec file (two tiny GPT-2 units, measured by its own ``run`` on
-    ``studies.executor.run_each``): one registration, and ``blockcoupling sweep SPEC``
+    ``runs.executor.run_each``): one registration, and ``blockcoupling sweep SPEC``
     (``--dry-run``: its plan; a run, then ``--resume``, which measures nothing again), the
     reader, ``sweep-status``, ``report`` (of its collection and of a folder of its loose
     outputs) and the repair line take it; unregistered, its directory is the one
@@ -415,11 +416,11 @@ def test_a_new_kind_is_a_package_and_one_registration(tmp_path: Path) -> None:
     import yaml
 
     from blockcoupling.engine.config import MeasureConfig
+    from blockcoupling.runs import kinds
+    from blockcoupling.runs.executor import run_each
+    from blockcoupling.runs.integrity import repair_command
+    from blockcoupling.runs.plans import RunPlan, StudyPlan
     from blockcoupling.store.record import plan_run
-    from blockcoupling.studies import kinds
-    from blockcoupling.studies.executor import run_each
-    from blockcoupling.studies.integrity import repair_command
-    from blockcoupling.studies.plans import RunPlan, StudyPlan
 
     measured: list[str] = []
 
@@ -542,8 +543,8 @@ def test_one_default_kind_for_kindless_specs_and_format_one() -> None:
     """The registry, not a generic module, says which kind a spec without ``kind:`` and a
     manifest of format 1 are: exactly one kind is the default; a second is refused, and so
     is a kind that recognises loose folders without a page for them."""
-    from blockcoupling.studies import kinds
-    from blockcoupling.studies.collection import spec_kind
+    from blockcoupling.runs import kinds
+    from blockcoupling.runs.collection import spec_kind
 
     assert kinds.default().name == "sweep" and kinds.default() is kinds.get("sweep")
     assert kinds.manifest_kind({"format_version": 1}) == "sweep"

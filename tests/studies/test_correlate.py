@@ -16,74 +16,13 @@ from typer.testing import CliRunner
 
 import blockcoupling as bc
 from blockcoupling.cli import app
-from blockcoupling.engine.config import MeasureConfig
-from blockcoupling.engine.results import Measurement, conform
-from blockcoupling.store.rundir import RunWriter
 from blockcoupling.studies import correlate as C
+from tests.helpers.synthetic_runs import direct_statistic, write_synthetic_run
 
 runner = CliRunner()
 
 
 # ---------------------------------------------------------------------------- synthetic runs
-def coupling_rows(level: float, rng: np.random.Generator, *, L: int = 4, ks: tuple[int, ...] = (2, 3),
-                  lengths: dict[str, int] | None = None) -> list[dict]:
-    """Depth rows at every token of prompts of different lengths, for several K, variants,
-    orientations; plus some self rows (which the statistic must ignore)."""
-    lengths = lengths or {"p0": 3, "p1": 5}
-    rows = []
-    for pid, n in lengths.items():
-        for t, (la, lb), k, (variant, p), orient in itertools.product(
-                range(n), itertools.product(range(1, L + 1), repeat=2), ks,
-                (("coupling", 1.0), ("coupling", 2.0), ("coupling_vs_null", 1.0),
-                 ("coupling_vs_rotated", np.nan), ("offdiag_ratio", np.nan)), ("ujv", "vju")):
-            value = 1.0 if la == lb else level + 0.1 * rng.standard_normal()
-            rows.append(dict(prompt_id=pid, kind="depth", layer_a=la, layer_b=lb,
-                             token_in_a=t, token_out_a=t, token_in_b=t, token_out_b=t, k=k,
-                             variant=variant, p=p, orientation=orient, value=value))
-        rows.append(dict(prompt_id=pid, kind="self", layer_a=1, layer_b=1, token_in_a=0,
-                         token_out_a=0, token_in_b=n - 1, token_out_b=n - 1, k=2,
-                         variant="coupling", p=1.0, orientation="ujv", value=-5.0))
-    return rows
-
-
-def write_synthetic_run(root: Path, level: float, *, label: str, model: str, d: int = 24,
-                        seed: int = 0, lengths: dict[str, int] | None = None,
-                        revision: str | None = None, headline: str | None = None) -> Path:
-    lengths = lengths or {"p0": 3, "p1": 5}
-    rng = np.random.default_rng(seed)
-    prompts = pd.DataFrame({"prompt_id": list(lengths), "text": [f"text {p}" for p in lengths],
-                            "label": ["x"] * len(lengths)})
-    cfg = MeasureConfig(k=(2, 3), coupling=("depth",), tokens="all")
-    meta = {"model": model, "label": label, "hidden_size": d, "num_layers": 4,
-            **({"revision": revision} if revision else {}),
-            **({"headline_tokens": headline} if headline else {})}
-    part = Measurement(
-        coupling=conform("coupling", coupling_rows(level, rng, lengths=lengths)),
-        prompts=conform("prompts", [dict(prompt_id=p, text=f"text {p}", n_tokens=n, label="x")
-                                    for p, n in lengths.items()]),
-        config=cfg, meta=meta)
-    with RunWriter(root, config=cfg, meta=meta, prompts=prompts) as w:
-        w.write_part(part)
-        w.finalize()
-    return root
-
-
-def direct_statistic(coupling: pd.DataFrame, *, k: int, variant: str = "coupling", p: float = 1.0,
-                     orientation: str = "ujv") -> float:
-    """Plain loops: per prompt, mean over l != l' at its last token; then mean over prompts."""
-    per_prompt: dict[str, list[float]] = {}
-    last: dict[str, int] = {}
-    for r in coupling.itertuples():
-        if r.kind == "depth":
-            last[r.prompt_id] = max(last.get(r.prompt_id, -1), r.token_out_a)
-    for r in coupling.itertuples():
-        if (r.kind == "depth" and r.k == k and r.variant == variant and r.orientation == orientation
-                and (np.isnan(r.p) or r.p == p) and r.layer_a != r.layer_b
-                and r.token_out_a == last[r.prompt_id]):
-            per_prompt.setdefault(r.prompt_id, []).append(r.value)
-    return float(np.mean([np.mean(v) for v in per_prompt.values()]))
-
-
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
     root = tmp_path_factory.mktemp("runs")
@@ -195,7 +134,7 @@ def test_statistic_equals_direct_computation_from_the_run_tables(runs: list[Path
 
 def test_statistic_on_a_real_tiny_model_matches_mean_depth_coupling(tmp_path: Path) -> None:
     from blockcoupling.studies.demo import build_tokenizer
-    from tiny_models import tiny_model
+    from tests.helpers.tiny_models import tiny_model
 
     model = tiny_model("gpt2")  # d = 16 -> K = 2
     tok = build_tokenizer("abcdefgh ")
@@ -251,8 +190,9 @@ def test_csv_reader_and_matching(runs: list[Path], tmp_path: Path) -> None:
     csv = tmp_path / "scores.csv"
     csv.write_text("model,score,params_b,group\nm0,10,1,a\norg/model-1,20,2,a\nm2,25,,b\n"
                    "run3,30,4,b\nm4,41,5,b\nunused,99,1,a\n")
-    scores = C.read_scores_csv(csv)
-    assert list(scores["score"]) == [10, 20, 25, 30, 41, 99]
+    scores = C.read_scores_csv(csv)  # in one order (by model), whatever the file's
+    assert list(scores["model"]) == ["m0", "m2", "m4", "org/model-1", "run3", "unused"]
+    assert list(scores["score"]) == [10, 25, 41, 20, 30, 99]
     units = C.load_units(runs)
     table, excluded = C.match_scores(C.model_table(units), units, scores)
     assert list(table["label"]) == ["m0", "m1", "m2", "m3", "m4"]  # label, model id, dir name
@@ -295,11 +235,12 @@ def test_paper_scores_match_runs_by_hub_id_or_alias(tmp_path: Path) -> None:
     dirs = [write_synthetic_run(tmp_path / f"r{i}", 0.1 * (i + 1), label=m, model=m, seed=i)
             for i, m in enumerate(ids)]
     res = C.correlate(dirs, "paper", n_boot=0)
-    assert list(res.table["score_model"]) == ["openai-community/gpt2",
-                                              "openai-community/gpt2-medium",
-                                              "openai-community/gpt2-large"]
+    assert list(res.table["label"]) == ["GPT-2 774M", "gpt2", "openai-community/gpt2-medium"]
+    assert list(res.table["score_model"]) == ["openai-community/gpt2-large",
+                                              "openai-community/gpt2",
+                                              "openai-community/gpt2-medium"]
     assert res.excluded[0]["label"] == "meta-llama/Meta-Llama-3-70B"  # no score printed
-    assert list(res.table["score"]) == [28.53, 29.87, 32.07]
+    assert list(res.table["score"]) == [32.07, 28.53, 29.87]
 
 
 def write_lmeval(root: Path) -> None:

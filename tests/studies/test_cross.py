@@ -14,7 +14,7 @@ import blockcoupling as bc
 from blockcoupling.engine.statistic import StatisticRule
 from blockcoupling.errors import BlockCouplingError
 from blockcoupling.studies.cross import cross_coupling, cross_sweep
-from tiny_models import tiny_inputs, tiny_model
+from tests.helpers.tiny_models import tiny_inputs, tiny_model
 
 OPTS = dict(coupling=("depth",), k=(2, 4), tokens="0,-1", dtype=torch.float64, progress=False)
 KEYS = ["prompt_id", "layer_a", "layer_b", "token_out_a", "k", "variant", "p", "orientation"]
@@ -72,7 +72,7 @@ def test_two_checkpoints_give_a_table_and_a_figure(tmp_path: Path) -> None:
     page = write_cross_report(res, tmp_path / "cross.html", StatisticRule(k=4))
     assert "Cross-coupling" in page.read_text()
     # the rotated null uses run B's basis (its U^T V), not run A's own: against the oracle
-    from test_measure import oracle_value
+    from tests.helpers.oracles import oracle_value
 
     a, b = bc.open_run(dirs[0]), bc.open_run(dirs[1])
     rows = res.coupling.query("variant == 'coupling_vs_rotated' and layer_a != layer_b")
@@ -107,7 +107,7 @@ def test_runs_that_differ_are_refused_with_one_line(tmp_path: Path) -> None:
 def test_cli_cross_writes_json_and_page_and_refuses_bad_input(tmp_path: Path) -> None:
     import json
 
-    from tiny_runs import PROMPTS, cli, save_tiny_lm, write_prompts
+    from tests.helpers.tiny_runs import PROMPTS, cli, save_tiny_lm, write_prompts
 
     folder = save_tiny_lm(tmp_path / "lm")
     prompts = write_prompts(tmp_path / "p.txt", PROMPTS[:2])
@@ -131,7 +131,7 @@ def test_cli_cross_writes_json_and_page_and_refuses_bad_input(tmp_path: Path) ->
 
 
 def test_a_sweep_directory_compares_every_checkpoint_with_the_last(tmp_path: Path) -> None:
-    from tiny_runs import PROMPTS, cli, save_tiny_lm
+    from tests.helpers.tiny_runs import PROMPTS, cli, save_tiny_lm
 
     for step, seed in ((0, 0), (10, 1), (20, 2)):
         folder = save_tiny_lm(tmp_path / "train" / f"checkpoint-{step}")

@@ -423,7 +423,7 @@ def test_run_demo_call_sites(
     measured = reports[0]
     assert measured[2][4:] == tiny
     # ... and the cached monitor directory of its training, copied beside the runs
-    from blockcoupling.studies.read import open_sweep as real_open_sweep
+    from blockcoupling.runs.read import open_sweep as real_open_sweep
 
     mon = real_open_sweep(tmp_path / "out" / "tinylm-monitor")
     assert sorted(mon.units["step"].tolist()) == [s for s, _ in ckpts]

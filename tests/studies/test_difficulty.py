@@ -17,34 +17,12 @@ from blockcoupling.errors import BlockCouplingError
 from blockcoupling.prompts.sources import load_prompts, load_ratings
 from blockcoupling.store import open_run
 from blockcoupling.studies.difficulty import difficulty_study
-from tiny_runs import WORDS, cli, save_tiny_lm
-
-RATINGS = [0.12, 0.85, 0.4, 0.63, 0.27, 0.91, 0.05, 0.5]
-
-
-def e2h_arc_rows(path: Path) -> Path:
-    """Rows shaped like Easy2Hard-Bench's E2H-ARC (its dataset card's columns)."""
-    rng = np.random.default_rng(0)
-    rows = []
-    for i, r in enumerate(RATINGS):
-        q = " ".join(rng.choice(WORDS, size=3 + i % 5))
-        rows.append({"rating": r, "rating_std": 0.1, "rating_quantile": r, "id": f"Mercury_{i}",
-                     "question": q, "choices": {"label": ["A", "B"], "text": ["cat", "dog"]},
-                     "answerKey": "A", "model_avg_acc": 1 - r, "unnorm_rating": 3 * r,
-                     "unnorm_rating_std": 0.3})
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
-    return path
+from tests.helpers.tiny_runs import RATINGS, cli, measure_rated, save_tiny_lm
 
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    root = tmp_path_factory.mktemp("e2h")
-    rows = e2h_arc_rows(root / "e2h_arc.jsonl")
-    model = save_tiny_lm(root / "m")
-    r = cli("-q", "measure", "--model", str(model), "--prompts", f"hf:e2h-arc@{rows}",
-            "--limit", "6", "--k", "2", "--out", str(root / "run"))
-    assert r.exit_code == 0, r.output
-    return root / "run", rows
+    return measure_rated(tmp_path_factory.mktemp("e2h"))
 
 
 def test_ratings_join_the_prompts_by_id(run) -> None:

@@ -33,7 +33,7 @@ from blockcoupling.studies.regression import (
     correlation_tests,
     tost_power,
 )
-from threads import one_torch_thread  # noqa: E402,F401 - autouse: one torch thread
+from tests.helpers.threads import one_torch_thread  # noqa: E402,F401 - autouse: one torch thread
 
 
 def _simulated_r(n: int, rho: float, sims: int, seed: int) -> np.ndarray:
@@ -344,6 +344,10 @@ def test_runs_measured_without_a_variant_of_the_spec_are_one_line(tmp_path: Path
     spec = quick_spec()
     table = final_table(tmp_path / "g", runs, spec)
     assert table["coupling_vs_null"].notna().all()
+    # issue 40: a run the collection measured nothing for is one line (was a KeyError)
+    extra = pd.concat([runs, runs.assign(name="never-measured")], ignore_index=True)
+    with pytest.raises(BlockCouplingError, match=r"only the grid's runs has \('never-measured',"):
+        final_table(tmp_path / "g", extra, spec)
     object.__setattr__(spec, "variants", ("coupling_vs_null", "coupling_vs_nothing"))
     with pytest.raises(BlockCouplingError, match="measured without coupling_vs_nothing"):
         final_table(tmp_path / "g", runs, spec)

@@ -11,35 +11,12 @@ import torch
 import transformers as tf
 
 import blockcoupling as bc
-
-PROMPTS = ["the cat sat on the mat", "a dog ran far away"]
-VOCAB = 64
-
-
-def _model(seed: int = 0) -> tf.GPT2LMHeadModel:
-    torch.manual_seed(seed)
-    cfg = tf.GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=VOCAB, n_positions=32,
-                        resid_pdrop=0.2, embd_pdrop=0.2, attn_pdrop=0.2)  # dropout: uses the RNG
-    return tf.GPT2LMHeadModel(cfg)
-
-
-class _Tok:
-    """A minimal tokenizer: characters -> ids (enough for measure)."""
-
-    pad_token_id = 0
-    padding_side = "right"
-
-    def __call__(self, texts: list[str], return_tensors: str = "pt", padding: bool = True,
-                 **_: object) -> dict[str, torch.Tensor]:
-        ids = [[1 + (ord(c) % (VOCAB - 1)) for c in t][:16] for t in texts]
-        n = max(map(len, ids))
-        mask = [[1] * len(x) + [0] * (n - len(x)) for x in ids]
-        ids = [x + [0] * (n - len(x)) for x in ids]
-        return {"input_ids": torch.tensor(ids), "attention_mask": torch.tensor(mask)}
+from tests.helpers import child_env
+from tests.helpers.monitored import PROMPTS, VOCAB, dropout_gpt2, word_tokenizer
 
 
 def _train(monitor: bc.CouplingMonitor | None, steps: int = 6) -> tuple[list[float], dict]:
-    model = _model()
+    model = dropout_gpt2()
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     torch.manual_seed(1234)
@@ -58,21 +35,9 @@ def _train(monitor: bc.CouplingMonitor | None, steps: int = 6) -> tuple[list[flo
     return losses, {k: v.clone() for k, v in model.state_dict().items()}
 
 
-def _tokenizer() -> object:
-    try:
-        from tokenizers import Tokenizer, models, pre_tokenizers
-    except ImportError:  # pragma: no cover
-        return _Tok()
-    words = "the a cat dog sat on mat ran far away".split()
-    vocab = {w: i for i, w in enumerate(["[PAD]", "[UNK]", *words])}
-    tk = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
-    tk.pre_tokenizer = pre_tokenizers.Whitespace()
-    return tf.PreTrainedTokenizerFast(tokenizer_object=tk, pad_token="[PAD]", unk_token="[UNK]")
-
-
 def test_monitor_does_not_change_training(tmp_path: Path) -> None:
     base_losses, base_state = _train(None)
-    mon = bc.CouplingMonitor(_tokenizer(), PROMPTS, every=3, out=tmp_path / "mon", k=(2,),
+    mon = bc.CouplingMonitor(word_tokenizer(), PROMPTS, every=3, out=tmp_path / "mon", k=(2,),
                              variants=("coupling", "coupling_vs_null"), orientations=("ujv",))
     losses, state = _train(mon)
     mon.close()
@@ -107,7 +72,7 @@ def test_monitor_does_not_change_training(tmp_path: Path) -> None:
 
 
 def test_monitor_numbers_are_measure_numbers_and_resume_skips(tmp_path: Path) -> None:
-    model, tok = _model(3).eval(), _tokenizer()
+    model, tok = dropout_gpt2(3).eval(), word_tokenizer()
     with bc.CouplingMonitor(tok, PROMPTS, every=None, steps=[5], out=tmp_path / "m",
                             k=(2,), orientations=("ujv",)) as mon:
         assert mon.step(model, 4) is None  # not due
@@ -129,7 +94,7 @@ def test_monitor_numbers_are_measure_numbers_and_resume_skips(tmp_path: Path) ->
 
 
 def test_monitor_errors(tmp_path: Path) -> None:
-    tok = _tokenizer()
+    tok = word_tokenizer()
     with pytest.raises(bc.BlockCouplingError, match="every"):
         bc.CouplingMonitor(tok, PROMPTS, every=0, out=tmp_path / "a")
     with pytest.raises(bc.BlockCouplingError, match="nothing would be measured"):
@@ -139,7 +104,7 @@ def test_monitor_errors(tmp_path: Path) -> None:
     with pytest.raises(bc.BlockCouplingError, match="not empty"):
         bc.CouplingMonitor(tok, PROMPTS, every=1, out=tmp_path / "c")
     # a failing measurement (K larger than d) raises, or warns with on_error="warn"
-    model = _model()
+    model = dropout_gpt2()
     with bc.CouplingMonitor(tok, PROMPTS, every=1, out=tmp_path / "d", k=(64,)) as mon, \
             pytest.raises(bc.BlockCouplingError, match="hidden size"):
         mon.step(model, 1)
@@ -155,8 +120,8 @@ def test_callback_events(tmp_path: Path) -> None:
     every 2 optimizer steps, only on the main process."""
     from transformers import TrainerControl, TrainerState
 
-    model = _model().eval()
-    cb = bc.CouplingCallback(_tokenizer(), PROMPTS, every=2, out=tmp_path / "cb", k=(2,),
+    model = dropout_gpt2().eval()
+    cb = bc.CouplingCallback(word_tokenizer(), PROMPTS, every=2, out=tmp_path / "cb", k=(2,),
                              orientations=("ujv",))
     state, control = TrainerState(), TrainerControl()
     cb.on_train_begin(None, state, control, model=model)
@@ -184,7 +149,7 @@ def _hf_train(tmp_path: Path, callbacks: list, report_to: list[str], steps: int 
                                 per_device_train_batch_size=4, logging_steps=1,
                                 save_strategy="no", report_to=report_to, seed=7,
                                 use_cpu=True, disable_tqdm=True, dataloader_num_workers=0)
-    trainer = tf.Trainer(model=_model(), args=args, train_dataset=_trainer_data(),
+    trainer = tf.Trainer(model=dropout_gpt2(), args=args, train_dataset=_trainer_data(),
                          callbacks=callbacks)
     trainer.train()
     losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
@@ -227,7 +192,7 @@ def test_trainer_callback(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> No
 
     monkeypatch.setenv("TENSORBOARD_LOGGING_DIR", str(tmp_path / "tb0"))
     base_losses, base_state, _ = _hf_train(tmp_path, [], ["tensorboard"])
-    cb = bc.CouplingCallback(_tokenizer(), PROMPTS, every=2, out=tmp_path / "cb", k=(2,),
+    cb = bc.CouplingCallback(word_tokenizer(), PROMPTS, every=2, out=tmp_path / "cb", k=(2,),
                              orientations=("ujv",))
     monkeypatch.setenv("TENSORBOARD_LOGGING_DIR", str(tmp_path / "tb1"))
     losses, state, history = _hf_train(tmp_path, [cb], ["tensorboard"])
@@ -305,7 +270,7 @@ def test_trainer_callback_wandb_offline(tmp_path: Path, monkeypatch: pytest.Monk
                        "WANDB_SILENT": "true", "WANDB_PROJECT": "bc-test",
                        "WANDB_ERROR_REPORTING": "false", "WANDB_DISABLE_GIT": "true"}.items():
         monkeypatch.setenv(key, value)
-    cb = bc.CouplingCallback(_tokenizer(), PROMPTS, every=2, out=tmp_path / "cb", k=(2,),
+    cb = bc.CouplingCallback(word_tokenizer(), PROMPTS, every=2, out=tmp_path / "cb", k=(2,),
                              orientations=("ujv",))
     _hf_train(tmp_path, [cb], ["wandb"])
     run_dir = Path(wandb.run.dir).parent if wandb.run is not None else None
@@ -332,7 +297,7 @@ def _oracle_mean(cp: pd.DataFrame, variant: str) -> float:
 def test_log_hook_loss_and_take_over(tmp_path: Path) -> None:
     """log=fn gets the scalars per measured step; loss= is stored; a monitor created again
     on the same out in this process takes over the lock."""
-    model, tok = _model(3).eval(), _tokenizer()
+    model, tok = dropout_gpt2(3).eval(), word_tokenizer()
     seen: list[tuple[dict, int]] = []
     mon = bc.CouplingMonitor(tok, PROMPTS, every=2, out=tmp_path / "m", k=(2,),
                              orientations=("ujv",), log=lambda d, s: seen.append((d, s)))
@@ -364,13 +329,11 @@ def test_interpreter_exit_is_clean(tmp_path: Path) -> None:
     import textwrap
 
     script = textwrap.dedent(f"""
-        import sys
-        sys.path[:0] = [{str(Path(__file__).parent)!r}, {str(Path(__file__).parents[1] / "helpers")!r}]
         import blockcoupling as bc
-        from test_monitor import PROMPTS, _model, _tokenizer
-        tok = _tokenizer()
+        from tests.helpers.monitored import PROMPTS, dropout_gpt2, word_tokenizer
+        tok = word_tokenizer()
         mon = bc.CouplingMonitor(tok, PROMPTS, every=1, out={str(tmp_path / "a")!r}, k=(2,))
-        mon.step(_model().eval(), 1)
+        mon.step(dropout_gpt2().eval(), 1)
         cb = bc.CouplingCallback(tok, PROMPTS, every=1, out={str(tmp_path / "b")!r}, k=(2,))
         cb2 = bc.CouplingCallback(tok, PROMPTS, every=1, out={str(tmp_path / "b")!r}, k=(2,))
         # a training script: a Trainer run with the callback, nothing closed by hand
@@ -380,10 +343,10 @@ def test_interpreter_exit_is_clean(tmp_path: Path) -> None:
                                     per_device_train_batch_size=2, report_to=[],
                                     save_strategy="no", use_cpu=True, disable_tqdm=True)
         cb3 = bc.CouplingCallback(tok, PROMPTS, every=1, out={str(tmp_path / "c")!r}, k=(2,))
-        tf.Trainer(model=_model(), args=args, train_dataset=data, callbacks=[cb3]).train()
+        tf.Trainer(model=dropout_gpt2(), args=args, train_dataset=data, callbacks=[cb3]).train()
     """)
     r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                       timeout=300)
+                       timeout=300, env=child_env())
     assert r.returncode == 0, r.stderr
     assert "Exception ignored" not in r.stderr and "Traceback" not in r.stderr, r.stderr
     from blockcoupling.store.collection import is_locked
@@ -407,7 +370,7 @@ def test_lightning_callback(tmp_path: Path) -> None:
     class Module(L.LightningModule):
         def __init__(self) -> None:
             super().__init__()
-            self.model = _model()
+            self.model = dropout_gpt2()
 
         def training_step(self, batch: torch.Tensor, idx: int) -> torch.Tensor:
             loss = self.model(input_ids=batch, labels=batch).loss
@@ -430,7 +393,7 @@ def test_lightning_callback(tmp_path: Path) -> None:
         return module, {k: v.clone() for k, v in module.state_dict().items()}
 
     _, base = fit([], tmp_path / "logs0")
-    cb = CouplingLightningCallback(_tokenizer(), PROMPTS, every=2, out=tmp_path / "pl",
+    cb = CouplingLightningCallback(word_tokenizer(), PROMPTS, every=2, out=tmp_path / "pl",
                                    model_attr="model", k=(2,), orientations=("ujv",))
     module, state = fit([cb], tmp_path / "logs1")
     for key in base:

@@ -16,39 +16,12 @@ from typing import Any
 
 import pandas as pd
 import pytest
-import torch
-import transformers as tf
 from typer.testing import CliRunner
 
 import blockcoupling as bc
 from blockcoupling.cli import app
 from blockcoupling.studies.sweep import SpecError, expand, parse_step, sweep_status
-
-WORDS = "the a cat dog sat on mat ran far what is capital of france".split()
-PROMPTS = ["the cat sat on the mat", "what is the capital of france", "a dog ran far",
-           "the dog sat", "the cat ran on the mat", "a cat sat far"]
-MEASURE = {"k": [2], "coupling": ["depth"], "variants": ["coupling", "coupling_vs_null"],
-           "orientations": ["ujv"], "batch_size": 1}
-TABLES = ("coupling", "trajectory", "token_metrics", "spectra", "prompts")
-
-
-def _save(path: Path, arch: str, seed: int) -> Path:
-    """A tiny random model (2 layers, d = 32) with a word-level tokenizer, saved like a hub
-    folder."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
-
-    vocab = {w: i for i, w in enumerate(["[PAD]", "[UNK]", *WORDS])}
-    tk = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
-    tk.pre_tokenizer = pre_tokenizers.Whitespace()
-    tok = tf.PreTrainedTokenizerFast(tokenizer_object=tk, pad_token="[PAD]", unk_token="[UNK]")
-    cfg = (tf.GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=64, n_positions=32)
-           if arch == "gpt2" else
-           tf.GPTNeoXConfig(num_hidden_layers=2, hidden_size=32, intermediate_size=64,
-                            num_attention_heads=2, vocab_size=64, max_position_embeddings=32))
-    torch.manual_seed(seed)
-    tf.AutoModel.from_config(cfg).save_pretrained(path)
-    tok.save_pretrained(path)
-    return path
+from tests.helpers.sweeps import MEASURE, PROMPTS, TABLES, save_model
 
 
 @pytest.fixture(scope="module")
@@ -56,11 +29,11 @@ def study(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """study.yaml beside its models: a GPT-2, a Pythia-like GPT-NeoX run with checkpoints
     0, 10, 20 (20 has the same weights as 10) and a broken checkpoint (no weights)."""
     root = tmp_path_factory.mktemp("study")
-    _save(root / "models" / "gpt2", "gpt2", 0)
+    save_model(root / "models" / "gpt2", "gpt2", 0)
     for step, seed in ((0, 1), (10, 2)):
-        _save(root / "runs" / "train" / f"checkpoint-{step}", "gpt_neox", seed)
+        save_model(root / "runs" / "train" / f"checkpoint-{step}", "gpt_neox", seed)
     shutil.copytree(root / "runs/train/checkpoint-10", root / "runs/train/checkpoint-20")
-    broken = _save(root / "runs" / "broken" / "checkpoint-5", "gpt2", 3)
+    broken = save_model(root / "runs" / "broken" / "checkpoint-5", "gpt2", 3)
     for f in broken.glob("*.safetensors"):
         f.unlink()
     (root / "prompts.txt").write_text("\n".join(PROMPTS) + "\n")

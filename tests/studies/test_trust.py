@@ -25,8 +25,13 @@ import torch
 
 import blockcoupling as bc
 from blockcoupling.errors import BlockCouplingError
-from test_bad_input import assert_user_error
-from tiny_runs import assert_identical_runs, cli, save_tiny_lm, write_prompts
+from tests.helpers.tiny_runs import (
+    assert_identical_runs,
+    assert_user_error,
+    cli,
+    save_tiny_lm,
+    write_prompts,
+)
 
 # ---------------------------------------------------------------------------- fixtures
 
@@ -127,7 +132,7 @@ def test_a_complete_checkpoint_reports_nothing_missing_and_a_head_is_not_block_w
 def test_load_report_rules() -> None:
     """The rules on transformers' report, as any version returns it (sets, lists, tuples)."""
     from blockcoupling.loading import check_load_report
-    from tiny_models import tiny_model
+    from tests.helpers.tiny_models import tiny_model
 
     model = tiny_model("gpt2")
     ok = check_load_report(model, {"missing_keys": ["pooler.dense.weight"],
@@ -520,9 +525,12 @@ def test_a_study_measures_again_what_was_trained_again(tmp_path: Path) -> None:
     assert again == first
     assert not [r for r in store.all_status(out / "sweep") if r.get("repaired")]
     # the sweep's units of run a-s0 were measured on other weights: measured again
+    from blockcoupling.store.verified import SEAL, write_sealed
+
     trained = json.loads((out / TRAINED_FILE).read_text())
     trained["a-s0"] = "0" * 16
-    (out / TRAINED_FILE).write_text(json.dumps(trained))
+    trained.pop(SEAL)
+    write_sealed(out / TRAINED_FILE, trained)  # as the study writes it
     third = run_study(out, spec, cache_dir=cache, progress=False).to_dict()
     third.pop("seconds")
     assert third == first
@@ -536,7 +544,7 @@ def test_cross_compares_prompt_texts_not_ids(tmp_path: Path) -> None:
     ids) were cross-coupled with exit 0. Now: the texts are compared by their sha256."""
     from blockcoupling.studies.cross import cross_coupling
     from blockcoupling.studies.tiny_lm import build_tokenizer
-    from tiny_models import tiny_model
+    from tests.helpers.tiny_models import tiny_model
 
     model, tok = tiny_model("gpt2"), build_tokenizer("abcdefgh ")
     opts = dict(coupling=("depth",), k=(2,), progress=False, save_bases=True,
@@ -545,9 +553,16 @@ def test_cross_compares_prompt_texts_not_ids(tmp_path: Path) -> None:
                       **opts)
     bc.measure_to_dir(model, tok, [("p:1", "abc def"), ("p:2", "bad fed")], tmp_path / "b",
                       **opts)
-    with pytest.raises(BlockCouplingError, match="'p:2' is another text in run B"):
+    with pytest.raises(BlockCouplingError, match="only in run A: p:2; only in run B: p:2"):
         cross_coupling(tmp_path / "a", tmp_path / "b")
-    assert len(cross_coupling(tmp_path / "a", tmp_path / "a").coupling) > 0
+    own = cross_coupling(tmp_path / "a", tmp_path / "a").coupling
+    assert len(own) > 0
+    # issue 40: joined by the text, not the id: the same texts under other ids, in another
+    # order, are the same prompts (run A's ids name the rows)
+    bc.measure_to_dir(model, tok, [("q:2", "fed cab"), ("q:1", "abc def")], tmp_path / "c",
+                      **opts)
+    other = cross_coupling(tmp_path / "a", tmp_path / "c").coupling
+    pd.testing.assert_frame_equal(other.drop(columns="run_b"), own.drop(columns="run_b"))
 
 
 def _units(revisions: list[str | None], label: str | None = None) -> list[Any]:
@@ -774,5 +789,6 @@ def test_a_study_of_another_spec_that_measured_nothing_is_replaced(no_training: 
     with pytest.raises(AssertionError, match="trained before"):  # it went on to train
         run_study(out, spec, progress=False, cache_dir=tmp_path / "cache")
     assert not (out / "sweep").exists()
-    assert json.loads((out / SPEC_FILE).read_text()) == json.loads(json.dumps(spec.to_dict()))
+    written = json.loads((out / SPEC_FILE).read_text())
+    assert written.pop("digest") and written == json.loads(json.dumps(spec.to_dict()))
     assert not (out / ".lock").exists()

@@ -13,8 +13,8 @@ import pytest
 import scipy.stats as st
 
 from blockcoupling.studies.vary_k import correlate_vary_k
-from test_correlate import direct_statistic, write_synthetic_run
-from tiny_runs import cli
+from tests.helpers.synthetic_runs import direct_statistic, write_synthetic_run
+from tests.helpers.tiny_runs import cli
 
 
 @pytest.fixture(scope="module")

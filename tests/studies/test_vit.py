@@ -36,19 +36,15 @@ from blockcoupling.studies.vit.train import (
     read_metrics,
     train_vit,
 )
-
-TINY = dict(preset="tiny", hidden_size=16, depth=2, heads=2, image_size=8, train_limit=96,
-            test_limit=32, batch_size=32, k=2, monitor_images=2, final_images=2)
-
-
-from threads import one_torch_thread  # noqa: E402,F401 - autouse: one torch thread
+from tests.helpers.threads import one_torch_thread  # noqa: F401 - autouse: one torch thread
+from tests.helpers.tiny_runs import TINY_VIT
 
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """One tiny 2-epoch training shared by the tests that read a finished output."""
     out = tmp_path_factory.mktemp("vit") / "run"
-    train_vit(VitTrainConfig(epochs=2, drop_path=0.1, **TINY), out, progress=False)
+    train_vit(VitTrainConfig(epochs=2, drop_path=0.1, **TINY_VIT), out, progress=False)
     return out
 
 
@@ -221,7 +217,7 @@ def test_default_token_is_cls_for_a_vit_and_last_for_others() -> None:
     pd.testing.assert_frame_equal(auto.coupling, cls.coupling)
     assert set(bc.measure(vit, None, x, tokens="last", **kw).coupling["token_out_a"]) == {4}
 
-    from tiny_models import EncoderStack
+    from tests.helpers.tiny_models import EncoderStack
 
     net = EncoderStack(2).eval()  # blocks by blocks_path: no [CLS]
     m = bc.measure(net, None, {"x": torch.randn(1, 5, 8)}, blocks_path="layers", **kw)
@@ -325,7 +321,7 @@ def test_training_writes_model_metrics_and_coupling(trained: Path) -> None:
 def test_finished_training_is_skipped_and_other_configs_refused(trained: Path) -> None:
     before = (trained / "metrics.json").read_text()
     calls: list[dict] = []
-    cfg = VitTrainConfig(epochs=2, drop_path=0.1, **TINY)
+    cfg = VitTrainConfig(epochs=2, drop_path=0.1, **TINY_VIT)
     assert train_vit(cfg, trained, progress=False, on_epoch=calls.append) == trained
     assert calls == [] and (trained / "metrics.json").read_text() == before
     with pytest.raises(BlockCouplingError, match="another config"):
@@ -333,7 +329,7 @@ def test_finished_training_is_skipped_and_other_configs_refused(trained: Path) -
 
 
 def test_interrupted_training_resumes_to_the_same_result(tmp_path: Path) -> None:
-    cfg = VitTrainConfig(epochs=2, drop_path=0.2, monitor_every=0, mixup=0.8, augment=True, **TINY)
+    cfg = VitTrainConfig(epochs=2, drop_path=0.2, monitor_every=0, mixup=0.8, augment=True, **TINY_VIT)
     train_vit(cfg, tmp_path / "straight", progress=False)
 
     def stop(row: dict) -> None:
@@ -379,7 +375,7 @@ def test_grid_configs_default_to_the_paper() -> None:
 
 @pytest.mark.slow  # end to end; CI runs every test (-m 'slow or not slow')
 def test_small_grid_runs_locally_and_figures(tmp_path: Path) -> None:
-    base = VitTrainConfig(epochs=1, **{**TINY, "monitor_images": 1, "final_images": 2})
+    base = VitTrainConfig(epochs=1, **{**TINY_VIT, "monitor_images": 1, "final_images": 2})
     seen: list[dict] = []
     runs = run_grid(base, tmp_path / "grid", drop_paths=(0.0, 0.1), weight_decays=(0.01, 0.1),
                     executor="local", progress=False, on_run=seen.append)
@@ -464,7 +460,7 @@ def test_small_grid_runs_locally_and_figures(tmp_path: Path) -> None:
 @pytest.mark.slow  # end to end; CI runs every test (-m 'slow or not slow')
 def test_grid_on_ray_matches_this_process(tmp_path: Path, ray_cluster: str) -> None:
     """One Ray task per run; a run is a pure function of its config, wherever it runs."""
-    base = VitTrainConfig(epochs=1, **{**TINY, "monitor_every": 0, "final_images": 1})
+    base = VitTrainConfig(epochs=1, **{**TINY_VIT, "monitor_every": 0, "final_images": 1})
     kw = dict(drop_paths=(0.0, 0.2), weight_decays=(0.01,), progress=False)
     on_ray = run_grid(base, tmp_path / "ray", executor="ray", address=ray_cluster, **kw)
     here = run_grid(base, tmp_path / "local", executor="local", **kw)
@@ -499,7 +495,7 @@ def test_grid_spec_yaml(tmp_path: Path) -> None:
 
 
 def test_grid_records_failed_runs(tmp_path: Path) -> None:
-    base = VitTrainConfig(epochs=1, **{**TINY, "k": 17})  # K larger than the width 16
+    base = VitTrainConfig(epochs=1, **{**TINY_VIT, "k": 17})  # K larger than the width 16
     runs = run_grid(base, tmp_path / "g", drop_paths=(0.0,), weight_decays=(0.01,),
                     executor="local", progress=False)
     assert runs["status"].tolist() == ["failed"] and "exceeds" in runs["message"].iloc[0]
@@ -542,7 +538,7 @@ def test_cli_vit_train_and_figures(tmp_path: Path, trained: Path) -> None:
     spec = tmp_path / "grid.yaml"
     spec.write_text("kind: vit-grid\ndrop_path: [0.1]\nweight_decay: [0.05]\nexecutor: local\n"
                     "train:\n" + "".join(
-        f"  {k}: {v}\n" for k, v in {**TINY, "epochs": 1, "monitor_every": 0,
+        f"  {k}: {v}\n" for k, v in {**TINY_VIT, "epochs": 1, "monitor_every": 0,
                                      "final_images": 1}.items()))
     res = runner.invoke(app, ["-q", "vit-grid", "--spec", str(spec), "--out", str(tmp_path / "g2")])
     assert res.exit_code == 0, res.output
@@ -621,7 +617,7 @@ def test_regulariser_options_and_the_paper_recipe() -> None:
     assert VitTrainConfig.from_options(preset="paper", epochs=None, dataset=None) == \
         VitTrainConfig.from_dict({"preset": "paper"})
     # the estimate: a measured step time scaled to the epochs (nothing trained, no data read)
-    tiny = VitTrainConfig(epochs=7, **{**TINY, "train_limit": 100, "batch_size": 32})
+    tiny = VitTrainConfig(epochs=7, **{**TINY_VIT, "train_limit": 100, "batch_size": 32})
     e = estimate_cost(tiny, steps=1)
     assert e["steps_per_epoch"] == 4 and e["seconds_per_step"] > 0
     assert e["seconds_total"] == pytest.approx(e["seconds_per_epoch"] * 7)
@@ -713,7 +709,7 @@ def test_label_noise_changes_exactly_that_fraction_to_other_classes() -> None:
 
 def test_steps_train_exactly_that_many_steps_and_monitor_at_matched_steps(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    cfg = VitTrainConfig(steps=7, epochs=2, monitor_every=3, **{**TINY, "train_limit": 64})
+    cfg = VitTrainConfig(steps=7, epochs=2, monitor_every=3, **{**TINY_VIT, "train_limit": 64})
     # 64 images, batch 32: 2 steps per epoch -> 4 epochs, the last one of 1 step
     assert (cfg.steps_per_epoch(64), cfg.total_steps(64), cfg.epochs_for(64)) == (2, 7, 4)
     assert cfg.warmup_steps(64) == round(7 * 1.0 / 2)  # the fraction warmup_epochs/epochs
@@ -740,7 +736,7 @@ def test_steps_train_exactly_that_many_steps_and_monitor_at_matched_steps(
 
 
 def test_label_noise_training_records_it_and_keeps_the_test_labels(tmp_path: Path) -> None:
-    cfg = VitTrainConfig(epochs=1, label_noise=0.25, monitor_every=0, **TINY)
+    cfg = VitTrainConfig(epochs=1, label_noise=0.25, monitor_every=0, **TINY_VIT)
     data = load_image_data("digits", image_size=8, train_limit=96, test_limit=32)
     before = data.train_y.clone()
     train_vit(cfg, tmp_path, progress=False, data=data)
@@ -769,7 +765,7 @@ def test_grid_ids_are_unchanged_and_extra_axes_name_the_runs(tmp_path: Path) -> 
     assert {c.label_noise for c in configs} == {None, 0.4}
     with pytest.raises(BlockCouplingError, match="repeats a point"):
         grid_configs(VitTrainConfig(), (0.1,), (0.05,), (0,), train_limits=(90, 90))
-    base = VitTrainConfig(epochs=1, monitor_every=0, **{**TINY, "final_images": 1})
+    base = VitTrainConfig(epochs=1, monitor_every=0, **{**TINY_VIT, "final_images": 1})
     runs = run_grid(base, tmp_path / "g", drop_paths=(0.1,), weight_decays=(0.05,),
                     train_limits=(48, 96), label_noises=(0.0, 0.5), executor="local",
                     progress=False)
@@ -799,7 +795,7 @@ def test_one_headline_for_one_vit_output(tmp_path: Path) -> None:
     from blockcoupling.cli import app
     from blockcoupling.studies.sweep import open_collection
 
-    base = VitTrainConfig(epochs=1, monitor_every=0, **{**TINY, "final_images": 3})
+    base = VitTrainConfig(epochs=1, monitor_every=0, **{**TINY_VIT, "final_images": 3})
     run_grid(base, tmp_path / "g", drop_paths=(0.1,), weight_decays=(0.05,), executor="local",
              progress=False)
     unit = next(p for p in (tmp_path / "g" / "units").iterdir())
@@ -850,10 +846,10 @@ def test_a_vit_grid_has_one_token_rule_in_sweep_status_and_correlate(tmp_path: P
     from typer.testing import CliRunner
 
     from blockcoupling.cli import app
+    from blockcoupling.runs import kinds
     from blockcoupling.store import collection as store
-    from blockcoupling.studies import kinds
 
-    base = VitTrainConfig(epochs=1, monitor_every=0, **{**TINY, "final_images": 3})
+    base = VitTrainConfig(epochs=1, monitor_every=0, **{**TINY_VIT, "final_images": 3})
     root = tmp_path / "g"
     run_grid(base, root, drop_paths=(0.0, 0.1, 0.2), weight_decays=(0.05,), executor="local",
              progress=False)

@@ -136,7 +136,7 @@ def _folder_page(path: Path) -> Callable[[Path, Path], Path] | None:
 
     if not path.is_dir() or is_run_dir(path) or is_collection_dir(path):
         return None
-    from blockcoupling.studies import kinds
+    from blockcoupling.runs import kinds
 
     kind = kinds.recognising(path)
     return kind.folder_page if kind is not None else None
@@ -164,7 +164,7 @@ def report(
         if sort != "given" or scores is not None:
             path = _sorted_report(run_dirs, out, _csv(labels), sort, scores)
         elif len(run_dirs) == 1 and is_collection_dir(run_dirs[0]):  # its manifest says the kind
-            from blockcoupling.studies.collection import open_collection, write_collection_report
+            from blockcoupling.runs.collection import open_collection, write_collection_report
 
             path = write_collection_report(open_collection(run_dirs[0]), out)
         elif folder is not None:  # a kind's loose outputs (a folder of vit-train runs)

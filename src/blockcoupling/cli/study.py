@@ -39,8 +39,12 @@ def lm_family(
     with guarded(saved=f"trained checkpoints are cached and measured units kept in {out}"):
         spec = load_study_spec(runs) if runs is not None else None
         if dry_run:  # every check of the real run (--out included), then the plan
-            from blockcoupling.studies.lm_study import check_study, full_spec, quick_spec
-            from blockcoupling.studies.plans import plan_lm_study
+            from blockcoupling.studies.lm_study import (
+                check_study,
+                full_spec,
+                plan_lm_study,
+                quick_spec,
+            )
 
             spec = spec or (quick_spec() if quick else full_spec())
             check_study(out, spec, executor)

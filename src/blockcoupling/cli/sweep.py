@@ -44,7 +44,7 @@ def sweep(
     A spec's `kind:` says which collection it makes (none: a sweep); a ViT grid spec (`kind:
     vit-grid`, keys drop_path, weight_decay, train; see vit-grid) trains the drop-path x
     weight-decay grid instead: one Ray task per training run, finished runs kept."""
-    from blockcoupling.studies import kinds
+    from blockcoupling.runs import kinds
 
     cluster_cpus = deprecated("--num-cpus", num_cpus, "--cluster-cpus", cluster_cpus)
     with user_errors("cannot read the spec"):
@@ -93,7 +93,7 @@ def sweep(
 def _where(out: Path, bare: bool = False) -> str:
     """`` on the Ray cluster at ADDRESS`` of the sweep's last session ('' without Ray;
     ``bare``: the address alone)."""
-    from blockcoupling.studies.read import load_manifest
+    from blockcoupling.runs.read import load_manifest
 
     try:
         address = load_manifest(out)["sessions"][-1].get("address")
@@ -107,16 +107,17 @@ def _where(out: Path, bare: bool = False) -> str:
 def _spec_kind(spec: Path) -> str:
     """The collection kind a spec file states (its ``kind:``; a spec without one is the
     registry's default kind). Only a spec's own word decides, nothing is guessed."""
-    from blockcoupling.studies import kinds
-    from blockcoupling.studies.collection import spec_kind
+    from blockcoupling.runs import kinds
+    from blockcoupling.runs.collection import spec_kind
 
     if not spec.is_file() or spec.suffix.lower() not in (".yaml", ".yml"):
         return kinds.default().name  # its parser reads it and says what is wrong
-    import yaml
+    from blockcoupling.errors import BlockCouplingError
+    from blockcoupling.store.verified import load_yaml
 
     try:
-        data = yaml.safe_load(spec.read_text())
-    except (yaml.YAMLError, OSError, UnicodeDecodeError):
+        data = load_yaml(spec, "spec")
+    except BlockCouplingError:
         return kinds.default().name  # its parser reports it with its own message
     return spec_kind(data, str(spec))
 
@@ -128,7 +129,7 @@ def sweep_status_cmd(
 ) -> None:
     """Done / running / failed units of a collection (sweep, monitor, vit-grid), with the
     failures' messages and each done unit's headline statistic."""
-    from blockcoupling.studies.read import sweep_status
+    from blockcoupling.runs.read import sweep_status
 
     with user_errors("cannot read the sweep"):
         st = sweep_status(sweep_dir)
@@ -167,7 +168,7 @@ def sweep_status_cmd(
 
 def _kind(root: Path) -> str:
     """The collection's kind, from its manifest."""
-    from blockcoupling.studies.read import load_manifest
+    from blockcoupling.runs.read import load_manifest
 
     return str(load_manifest(root)["kind"])
 
@@ -184,7 +185,7 @@ def collection_upgrade(
 ) -> None:
     """Convert a directory to the current collection format in place (trained runs and
     measured units are kept, moved not copied); safe to run again."""
-    from blockcoupling.studies.collection import upgrade_collection
+    from blockcoupling.runs.collection import upgrade_collection
 
     with user_errors("cannot upgrade the collection"):
         c = upgrade_collection(root)
@@ -198,7 +199,7 @@ def _unit_statistics(sweep_dir: Path, st: Any) -> dict[str, Any]:
     """``statistic`` (the rule) and ``summary`` (each done unit's headline statistic in wide
     form) for ``sweep-status --json``; empty where no unit is done or it cannot be read."""
     from blockcoupling.engine.statistic import StatisticRule, headline_rule
-    from blockcoupling.studies.read import open_sweep
+    from blockcoupling.runs.read import open_sweep
 
     if not (st["status"] == "done").any():
         return {}
@@ -216,7 +217,7 @@ def _unit_headlines(sweep_dir: Path) -> tuple[dict[str, str], str | None]:
     """(unit_id -> the headline statistic of each done unit, the token rule they used:
     ``Sweep.default_tokens``); empty where it cannot be read: the status lines still print."""
     from blockcoupling.engine.statistic import headline_wide
-    from blockcoupling.studies.read import open_sweep
+    from blockcoupling.runs.read import open_sweep
 
     try:
         sw = open_sweep(sweep_dir)

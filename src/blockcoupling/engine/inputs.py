@@ -22,6 +22,7 @@ right-padded; tensors: stacked, token ids right-padded with ``attention_mask`` 0
 from __future__ import annotations
 
 import hashlib
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -56,6 +57,17 @@ def content_id(index: int, row: Mapping[str, Tensor]) -> str:
         h.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
         h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
     return f"input-{index:05d}-{h.hexdigest()[:10]}"
+
+
+#: the form of `content_id`: the position, then the first hex digits of the content's sha256
+_CONTENT_ID = re.compile(r"input-\d{5,}-([0-9a-f]{10})")
+
+
+def content_of_id(prompt_id: str) -> str | None:
+    """The content hash a `content_id` carries (None for any other id): what identifies a
+    ready-made input across runs, whatever its position."""
+    match = _CONTENT_ID.fullmatch(prompt_id)
+    return match.group(1) if match else None
 
 
 def _describe(row: Mapping[str, Tensor]) -> str:
@@ -220,5 +232,5 @@ def make_batch(tokenizer: Any, items: Sequence[MeasureInput], model: torch.nn.Mo
     return stack_tensors(items, model, device)
 
 
-__all__ = ["MeasureInput", "content_id", "make_batch", "normalise_inputs", "split_tensor_inputs",
+__all__ = ["MeasureInput", "content_id", "content_of_id", "make_batch", "normalise_inputs", "split_tensor_inputs",
            "tokenize"]

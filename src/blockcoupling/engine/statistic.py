@@ -94,7 +94,7 @@ __all__ = [
 TOKEN_RULES: tuple[str, ...] = ("last", "first", "all")
 #: the token rule of the statistic where nothing states another (the paper's: each prompt's
 #: last measured token); the one default of every rule, run and collection kind: a run's
-#: ``meta`` or a collection's kind (``studies.kinds.CollectionKind.headline_tokens``, a
+#: ``meta`` or a collection's kind (``runs.kinds.CollectionKind.headline_tokens``, a
 #: ViT grid's [CLS] = ``"first"``) states its own, which its readers take (`headline_tokens`)
 DEFAULT_TOKENS = "last"
 #: the variants a headline states: first the one that leads (against the rotated-basis null:
@@ -567,7 +567,7 @@ HEADLINE_TOKENS_KEY = "headline_tokens"
 def headline_tokens(record: Mapping[str, Any] | None, default: str = DEFAULT_TOKENS) -> str:
     """The token rule of the headline of a run (its ``meta``) or a collection (its manifest):
     the rule it states under `HEADLINE_TOKENS_KEY`, else ``default`` (`DEFAULT_TOKENS`, the
-    paper's; a collection's: its kind's rule, ``studies.kinds.collection_tokens``)."""
+    paper's; a collection's: its kind's rule, ``runs.kinds.collection_tokens``)."""
     tokens = str((record or {}).get(HEADLINE_TOKENS_KEY) or default)
     if tokens not in TOKEN_RULES:
         raise BlockCouplingError(f"the stated headline token rule {tokens!r} is not one of "

@@ -188,17 +188,24 @@ def _rows_from_local(path: Path) -> list[dict[str, Any]]:
             f"{path}: hf:...@FILE needs a .jsonl, .json or .parquet file of dataset rows"
         )
     try:
-        import datasets  # noqa: F401
-    except ImportError:
-        if suffix == ".parquet":
-            return pd.read_parquet(path).to_dict("records")
-        return pd.read_json(
-            path, lines=suffix == ".jsonl", dtype=False, convert_dates=False
-        ).to_dict("records")
-    from datasets import load_dataset
+        try:
+            import datasets  # noqa: F401
+        except ImportError:
+            if suffix == ".parquet":
+                return pd.read_parquet(path).to_dict("records")
+            return pd.read_json(
+                path, lines=suffix == ".jsonl", dtype=False, convert_dates=False
+            ).to_dict("records")
+        from datasets import load_dataset
 
-    builder = "parquet" if suffix == ".parquet" else "json"
-    return [dict(r) for r in load_dataset(builder, data_files=str(path), split="train")]
+        builder = "parquet" if suffix == ".parquet" else "json"
+        return [dict(r) for r in load_dataset(builder, data_files=str(path), split="train")]
+    except (OSError, ValueError, RecursionError, ArithmeticError, TypeError) as exc:
+        # pyarrow's and pandas' errors of a damaged or foreign file are of these kinds
+        raise BlockCouplingError(
+            f"{path}: not a readable {suffix} file of dataset rows ({type(exc).__name__}: "
+            f"{str(exc)[:200]}); give one row per record as the hub dataset has them"
+        ) from None
 
 
 def _rows_from_hub(ds: HFDataset, split: str) -> Any:
@@ -241,41 +248,49 @@ def _dataset_rows(spec: str, split: str | None) -> tuple[str, HFDataset, Any]:
 
 
 def load_ratings(spec: str, split: str | None = None) -> pd.DataFrame:
-    """``prompt_id``, ``rating`` of every row of an ``hf:`` set with difficulty ratings
-    (``hf:e2h-arc``, ``hf:e2h-gsm8k``, ``hf:e2h-winogrande``, or the same ``@FILE``); the ids
-    are those `load_hf` gives the prompts (``<name>-<row index>``), so they join a run's
-    per-prompt values whatever subset it measured. A row without a numeric rating is NaN."""
+    """``prompt_id``, ``text``, ``rating`` of every row of an ``hf:`` set with difficulty
+    ratings (``hf:e2h-arc``, ``hf:e2h-gsm8k``, ``hf:e2h-winogrande``, or the same ``@FILE``):
+    ``text`` is the prompt `load_hf` makes of the row, by which a run's per-prompt values are
+    joined (``studies.joins``: the same file in another order gives every prompt its own
+    rating); the ids are those `load_hf` gives (``<name>-<row index>``). A row without a
+    numeric rating is NaN."""
     name, ds, rows = _dataset_rows(spec, split)
     if ds.rating is None:
         rated = ", ".join(f"hf:{n}" for n, d in HF_DATASETS.items() if d.rating)
         raise BlockCouplingError(f"{spec!r} has no difficulty ratings; give one of {rated} "
                                  "(or the same with @/path/to/rows.jsonl)")
-    values = []
+    values, texts = [], []
     for i in range(len(rows)):
         row = rows[i]
         if ds.rating not in row:
             raise BlockCouplingError(f"{spec!r}, row {i}: no {ds.rating!r} column; hf:{name} "
                                      f"expects rows in the format of {ds.path} ({ds.config})")
+        texts.append(_format(ds, row, spec, name, i))
         try:
             values.append(float(row[ds.rating]))
         except (TypeError, ValueError):
             values.append(float("nan"))
     return pd.DataFrame({"prompt_id": [f"{name}-{i:04d}" for i in range(len(rows))],
-                         "rating": pd.Series(values, dtype="float64")})
+                         "text": texts, "rating": pd.Series(values, dtype="float64")})
+
+
+def _format(ds: HFDataset, row: Mapping[str, Any], spec: str, name: str, i: int) -> str:
+    """The prompt of one row (its dataset's formatter); a missing field is one line."""
+    try:
+        return ds.formatter(row)
+    except KeyError as exc:
+        what = f"missing field {exc.args[0]!r}"
+    except (TypeError, AttributeError, IndexError, ValueError) as exc:
+        what = f"a field of the wrong type ({exc})"
+    raise BlockCouplingError(f"{spec!r}, row {i}: {what}; hf:{name} expects rows in the format "
+                             f"of {ds.path}")
 
 
 def load_hf(spec: str, limit: int | None, seed: int, split: str | None) -> list[Prompt]:
     name, ds, rows = _dataset_rows(spec, split)
     prompts = []
     for i in uniform_subset(len(rows), limit, seed):
-        row = rows[i]
-        try:
-            text = ds.formatter(row)
-        except KeyError as exc:
-            raise BlockCouplingError(
-                f"{spec!r}, row {i}: missing field {exc.args[0]!r}; hf:{name} expects rows in "
-                f"the format of {ds.path}"
-            ) from None
+        text = _format(ds, rows[i], spec, name, i)
         pid = f"{name}-{i:04d}"
         if not text.strip():
             raise BlockCouplingError(f"{spec!r}, row {i} ({pid}): the formatted prompt is empty")

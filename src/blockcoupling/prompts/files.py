@@ -95,6 +95,11 @@ def _load_jsonl(path: Path, column: str | None) -> list[Prompt]:
                 f"{path}, line {lineno}: not valid JSON ({exc.msg}); a .jsonl file needs "
                 "one JSON object per line"
             ) from None
+        except RecursionError:
+            raise BlockCouplingError(
+                f"{path}, line {lineno}: nested too deeply to be a prompt record; a .jsonl "
+                "file needs one flat JSON object per line"
+            ) from None
         if not isinstance(row, dict):
             raise BlockCouplingError(
                 f"{path}, line {lineno}: expected a JSON object like "

@@ -1,7 +1,7 @@
 """Emergence figures from a sweep (or a training monitor): coupling across training.
 
 As in the paper (fig. 1b-e), from any `Collection` of runs (a
-[`Sweep`][blockcoupling.studies.read.Sweep]: a sweep or monitor collection opened by
+[`Sweep`][blockcoupling.runs.read.Sweep]: a sweep or monitor collection opened by
 ``open_collection``;
 the report layer imports nothing from the studies):
 
@@ -24,7 +24,6 @@ sweep or monitor (a vit-grid gets the ViT study's page).
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Sequence
 from dataclasses import replace
@@ -38,8 +37,9 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from blockcoupling.engine.statistic import StatisticRule
-from blockcoupling.errors import BlockCouplingError
+from blockcoupling.errors import BlockCouplingError, RunDirError
 from blockcoupling.report import figures as F
+from blockcoupling.store.verified import SealedLog
 
 
 class Collection(Protocol):
@@ -65,15 +65,33 @@ class Collection(Protocol):
 LOSS_FILE = "training_loss.jsonl"
 
 
+def loss_repair(root: Path) -> str:
+    """What a reader of a damaged loss log is told (no command rebuilds it)."""
+    return (f"Delete {root / LOSS_FILE} and {root / LOSS_FILE}.seal, or restore them from a "
+            "backup: the page then draws no training loss (the coupling, stored in the units, "
+            "is kept)")
+
+
+def loss_log(root: Path) -> SealedLog:
+    """The training-loss log of a monitor directory (``store.verified.SealedLog``)."""
+    return SealedLog(root / LOSS_FILE, loss_repair(root))
+
+
 def read_training_loss(root: str | os.PathLike[str]) -> pd.DataFrame:
     """``step``, ``loss`` from ``ROOT/training_loss.jsonl`` (the last value of each step;
     empty when there is none)."""
     path = Path(root) / LOSS_FILE
-    if not path.is_file():
+    rows = loss_log(Path(root)).read()
+    for i, row in enumerate(rows):
+        step, loss = row.get("step"), row.get("loss")
+        if not isinstance(step, int) or isinstance(step, bool) or not (
+                loss is None or isinstance(loss, (int, float)) and not isinstance(loss, bool)):
+            raise RunDirError(f"{path} line {i + 1} is not a training loss record (step, loss). "
+                              + loss_repair(Path(root)))
+    if not rows:
         return pd.DataFrame({"step": pd.Series(dtype="int64"), "loss": pd.Series(dtype="float64")})
-    rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()
-            if line.strip()]
-    df = pd.DataFrame(rows, columns=["step", "loss"])
+    df = pd.DataFrame(rows, columns=["step", "loss"]).astype({"step": "int64",
+                                                              "loss": "float64"})
     return df.drop_duplicates("step", keep="last").sort_values("step").reset_index(drop=True)
 
 
@@ -417,7 +435,7 @@ def write_emergence_report(sweep: Collection, out: str | os.PathLike[str],
                       sections, lead=lead)
 
 
-__all__ = ["Collection", "LOSS_FILE", "chosen_checkpoints", "headline_column", "heatmap_variant",
+__all__ = ["Collection", "LOSS_FILE", "loss_log", "loss_repair", "chosen_checkpoints", "headline_column", "heatmap_variant",
            "plot_coupling_vs_step", "plot_depth_heatmaps", "plot_layer_graphs",
            "plot_loss_vs_step", "plot_trajectory_vs_step", "plot_windowed_lss",
            "read_training_loss", "windowed_lss_by_layer", "write_emergence_report"]

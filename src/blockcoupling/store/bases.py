@@ -38,8 +38,8 @@ from blockcoupling.store.integrity import (
     damaged_files,
     part_hint,
     repair_hint,
-    verified_bytes,
 )
+from blockcoupling.store.verified import verified_bytes
 
 BASES_FILE = "bases.safetensors"  # in a part directory
 BASES_DIR = "bases"  # consolidated: bases/part-N.safetensors
@@ -185,18 +185,25 @@ def human(nbytes: float) -> str:
     return f"{nbytes:.1f} TiB"
 
 
+def _bytes(n: int) -> str:
+    return f"{human(n)} ({n:,} bytes)" if n >= 1024 else f"{n:,} bytes"
+
+
 def check_disk(out_dir: Path, nbytes: int, what: str) -> None:
-    """Refuse a run whose stored ``what`` (``nbytes``) would not fit the free disk at
-    ``out_dir`` (before anything is written)."""
+    """Refuse a run whose stored ``what`` (``nbytes``) plus `DISK_MARGIN` would not fit the
+    free disk at ``out_dir`` (before anything is written); the refusal states the bytes
+    needed, the margin, the free bytes and how much more must be freed."""
     parent = Path(out_dir).absolute()
     while not parent.exists():
         parent = parent.parent
     free = shutil.disk_usage(parent).free
     if nbytes + DISK_MARGIN > free:
         raise BlockCouplingError(
-            f"{what} need about {human(nbytes)} but {parent} has {human(free)} free; free "
-            "disk space, choose another --out, or store less (fewer prompts, layers or "
-            "tokens, a smaller k)")
+            f"{what} need about {_bytes(nbytes)}, and {_bytes(DISK_MARGIN)} more is kept free "
+            f"as a margin (the tables, the manifest, file-system slack): {_bytes(nbytes + DISK_MARGIN)} "
+            f"in all, but {parent} has {_bytes(free)} free; free disk space (at least "
+            f"{_bytes(nbytes + DISK_MARGIN - free)} more), choose another --out, or store "
+            "less (fewer prompts, layers or tokens, a smaller k)")
 
 
 __all__ = ["BASES_DIR", "BASES_FILE", "StoredBases", "bases_bytes", "check_disk", "consolidate",

@@ -27,9 +27,9 @@ its own run directory, so no unit ever writes rows twice. The manifest keeps the
 ``sweep.json`` for every kind (the format began with sweeps; format 1 directories are read
 as they are: their manifest records no kind, the registry's default kind). The ViT grid's old
 layout (``grid.json`` + ``runs/``) is converted by
-`blockcoupling.studies.collection.upgrade_collection`. What depends on a kind (the check of a
+`blockcoupling.runs.collection.upgrade_collection`. What depends on a kind (the check of a
 trained unit, the repair line, which kind is the default) is registered by the kind in
-`blockcoupling.studies.kinds`; this module names none.
+`blockcoupling.runs.kinds`; this module names none.
 """
 
 from __future__ import annotations
@@ -37,7 +37,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import datetime as _dt
-import json
 import os
 import re
 from collections.abc import Iterator, Mapping, Sequence
@@ -49,7 +48,8 @@ import pandas as pd
 
 from blockcoupling.errors import RunDirError
 from blockcoupling.hashing import canonical_hash
-from blockcoupling.store.fileio import atomic_path, atomic_write_text, dir_lock, lock_holder
+from blockcoupling.store.fileio import atomic_path, dir_lock, lock_holder
+from blockcoupling.store.verified import load_sealed, write_sealed
 
 FORMAT_NAME = "blockcoupling-sweep"
 FORMAT_VERSION = 2  # 2: kind vit-grid and the units' ``run``; format 1 is read as it is
@@ -121,24 +121,35 @@ def now() -> str:
 
 
 def write_json(path: Path, data: Any) -> None:
-    """Atomic JSON write (``store.fileio.atomic_write_text``)."""
-    atomic_write_text(path, json.dumps(data, indent=2, default=str) + "\n")
+    """Atomic, sealed JSON write of a manifest or a status file
+    (``store.verified.write_sealed``: an edit is detected when it is read)."""
+    write_sealed(path, data)
+
+
+def manifest_fix(root: Path) -> str:
+    """How a collection's lost or damaged manifest is rebuilt (from its status files)."""
+    return ("Resume it (`blockcoupling sweep SPEC --out "
+            f"{root} --resume` with the spec it was run with, the same "
+            "CouplingMonitor(out=...) or the same vit-grid command): the manifest is "
+            "rebuilt from the status files")
 
 
 def read_json(path: Path) -> Any:
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-        root = path.parent.parent if path.parent.name == STATUS else path.parent
-        if path.name == MANIFEST:
-            fix = ("resume it (`blockcoupling sweep SPEC --out "
-                   f"{root} --resume` with the spec it was run with, the same "
-                   "CouplingMonitor(out=...) or the same vit-grid command): the manifest is "
-                   "rebuilt from the status files")
-        else:
-            fix = (f"delete {path} and resume the sweep with --resume: the unit is then "
-                   "checked and measured again where needed")
-        raise RunDirError(f"{path} is unreadable or corrupt ({err}); {fix}") from err
+    """A collection manifest or status file, verified (``store.verified.load_sealed``; one
+    written before they were sealed is read as it is), or one line naming its repair."""
+    root = path.parent.parent if path.parent.name == STATUS else path.parent
+    if path.name == MANIFEST:
+        fix = manifest_fix(root)
+    else:
+        fix = f"Delete {path} and r{status_fix(root)[1:]}"
+    return load_sealed(path, fix)
+
+
+def status_fix(root: Path) -> str:
+    """How a unit whose status file is damaged or lost is checked again."""
+    return (f"Resume the collection with --resume (the same `blockcoupling sweep SPEC --out "
+            f"{root} --resume`, CouplingMonitor or vit-grid command): the unit is then checked "
+            "and measured again where needed")
 
 
 def is_collection_dir(path: str | os.PathLike[str]) -> bool:
@@ -162,19 +173,17 @@ def upgrade_line(root: Path) -> str:
 def load_manifest(root: Path) -> dict[str, Any]:
     """The collection manifest of ``root``, checked (format, version, a ``kind`` that is a
     name), or one `RunDirError` line. A manifest of format 1 records no ``kind``: it is read
-    as it is, and its kind is the registry's default (`blockcoupling.studies.kinds.manifest_kind`)."""
+    as it is, and its kind is the registry's default (`blockcoupling.runs.kinds.manifest_kind`)."""
     if not root.is_dir():
         raise RunDirError(f"no sweep directory at {root}; check the path (a sweep directory is "
                           "created by `blockcoupling sweep SPEC --out DIR` or a CouplingMonitor)")
     path = root / MANIFEST
-    if not path.is_file() and (root / LEGACY_GRID_FILE).is_file():
+    if not path.exists() and (root / LEGACY_GRID_FILE).is_file():
         raise RunDirError(upgrade_line(root))
-    if not path.is_file():
+    if not path.exists():
         if (root / STATUS).is_dir() and any((root / STATUS).glob("*.json")):
-            raise RunDirError(
-                f"{root} has lost its manifest {MANIFEST}; resume it (`blockcoupling sweep SPEC "
-                f"--out {root} --resume` with the spec it was run with, or the same "
-                "CouplingMonitor(out=...)): the manifest is rebuilt from the status files")
+            raise RunDirError(f"{path} is missing: {root} has lost its manifest. "
+                              f"{manifest_fix(root)}")
         raise RunDirError(f"{root} is not a sweep directory (it has no {MANIFEST}); give the "
                           "--out directory of a sweep, a monitor or a vit-grid")
     data = read_json(path)
@@ -263,6 +272,10 @@ def catalogue(root: Path, manifest: dict[str, Any] | None = None) -> pd.DataFram
     earlier unit's."""
     manifest = manifest if manifest is not None else load_manifest(root)
     order = {uid: i for i, uid in enumerate(manifest.get("order", []))}
+    for uid in order:  # a unit begun (its folder made after its status) has its status file
+        if not status_path(root, uid).exists() and unit_dir(root, uid).exists():
+            raise RunDirError(f"{status_path(root, uid)} is missing: the status of a unit of "
+                              f"{root} was lost. {status_fix(root)}")
     rows = []
     for rec in all_status(root):
         u = rec.get("unit") or {}

@@ -24,7 +24,15 @@ from typing import Any
 from blockcoupling.engine.results import TABLES
 from blockcoupling.errors import RunDirError
 from blockcoupling.store.fileio import commit_temp, sha256_bytes, temp_candidates
-from blockcoupling.store.manifest import ARRAYS, MANIFEST, PART_META, PARTS, digest_of
+from blockcoupling.store.manifest import ARRAYS, MANIFEST, PART_META, PARTS
+from blockcoupling.store.verified import (  # noqa: F401 - their earlier home, kept importable
+    SEAL,
+    digest_of,
+    load_json,
+    seal_problem,
+    sealed_text,
+    verified_bytes,
+)
 
 TABLE_FILES: tuple[str, ...] = tuple(f"{name}.parquet" for name in TABLES)
 DATA_FILES: tuple[str, ...] = (*TABLE_FILES, ARRAYS)
@@ -78,8 +86,8 @@ def part_meta_bytes(prompt_ids: list[str], files: Mapping[str, bytes], written: 
 
 def read_part(part: Path) -> Part:
     path = part / PART_META
+    data = load_json(path, part_hint(part))
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
         ids, files = data["prompt_ids"], data.get("files")
         if not isinstance(ids, list) or not all(isinstance(i, str) for i in ids) or not ids:
             raise ValueError("prompt_ids is not a list of prompt ids")
@@ -90,7 +98,7 @@ def read_part(part: Path) -> Part:
         if not isinstance(files, dict):
             raise ValueError("files is not a mapping")
     except (OSError, ValueError, KeyError, TypeError) as err:
-        raise RunDirError(f"part {part} is damaged ({PART_META}: {err}). {part_hint(part)}") from err
+        raise RunDirError(f"{path} is damaged ({err}). {part_hint(part)}") from err
     return Part(part, ids, files)
 
 
@@ -140,63 +148,6 @@ def scan(root: Path, manifest: Mapping[str, Any]) -> RunContents:
     return out
 
 
-# ---------------------------------------------------------------------------- sealed records
-#: where a sealed JSON record keeps its seal
-SEAL = "digest"
-
-
-def sealed_text(data: Mapping[str, Any]) -> str:
-    """``data`` as indented JSON with its seal (``digest``: sha256 of the canonical JSON of the
-    rest, NaN read as null), for a record that readers check with `seal_problem` (a
-    training's ``metrics.json``, a training cache's ``checksums.json``)."""
-    from blockcoupling.jsonsafe import jsonable
-
-    plain = json.loads(json.dumps(data, default=str))
-    plain.pop(SEAL, None)
-    plain[SEAL] = digest_of(jsonable(plain))
-    return json.dumps(plain, indent=2, default=str)
-
-
-def seal_problem(data: Any) -> str | None:
-    """Why a record read from JSON cannot be trusted (None: its seal matches). A record
-    without a seal (written before records were sealed) is reported as such."""
-    from blockcoupling.jsonsafe import jsonable
-
-    if not isinstance(data, dict):
-        return "it is not a JSON object"
-    if SEAL not in data:
-        return "it has no checksum (written by an older blockcoupling)"
-    if data[SEAL] != digest_of(jsonable(data)):
-        return "it was changed after it was written (its checksum does not match)"
-    return None
-
-
-def verified_bytes(path: Path, expected: str | None, hint: str) -> bytes:
-    """The bytes of ``path``, checked against ``expected`` ("sha256:<hex>"; None: unchecked,
-    format 1). A missing or mismatching file is served from a matching temporary sibling
-    (a consolidation killed after its commit), else RunDirError with ``hint``."""
-    data: bytes | None = None
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        pass
-    except OSError as err:
-        raise RunDirError(f"cannot read {path} ({err.strerror}). {hint}") from err
-    if data is not None and (expected is None or sha256_bytes(data) == expected):
-        return data
-    if expected is not None:
-        for tmp in temp_candidates(path):
-            alt = tmp.read_bytes()
-            if sha256_bytes(alt) == expected:
-                return alt
-    if data is None:
-        raise RunDirError(f"{path} is missing; the run directory is incomplete. {hint}")
-    raise RunDirError(
-        f"{path} is damaged or was altered: its checksum does not match the one recorded when "
-        f"it was written. {hint}"
-    )
-
-
 def roll_forward(root: Path, files: Mapping[str, str]) -> None:
     """Finish a consolidation killed after its commit: rename matching temporary files."""
     for name, expected in files.items():
@@ -240,7 +191,7 @@ def repair_hint(root: Path, damaged: Mapping[str, str]) -> str:
     """One line naming damaged bases files and the command that rebuilds them."""
     name, why = next(iter(damaged.items()))
     more = f" and {len(damaged) - 1} more" if len(damaged) > 1 else ""
-    return (f"the stored bases of {root} are damaged: {name} is {why}{more}; run the same "
+    return (f"the stored bases of {root} are damaged: {root / name} is {why}{more}; run the same "
             "`blockcoupling measure` command with --resume: their prompts are measured again "
             "and the files rebuilt")
 

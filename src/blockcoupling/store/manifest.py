@@ -20,10 +20,10 @@ import pandas as pd
 
 from blockcoupling.engine.config import MeasureConfig
 from blockcoupling.errors import BlockCouplingError, RunDirError
-from blockcoupling.hashing import canonical_hash
 from blockcoupling.jsonsafe import jsonable as _jsonable
 from blockcoupling.store.fileio import atomic_write_bytes
 from blockcoupling.store.fingerprint import library_versions
+from blockcoupling.store.verified import digest_of, load_json
 
 FORMAT_NAME = "blockcoupling-run"
 FORMAT_VERSION = 2  # 2: sealed manifest, checksummed parts and consolidated files
@@ -54,12 +54,6 @@ def jsonable(obj: Any) -> Any:
 
 
 # ---------------------------------------------------------------------------- seal
-def digest_of(data: Mapping[str, Any]) -> str:
-    """sha256 of the canonical JSON of ``data`` without its ``digest`` entry."""
-    body = {k: v for k, v in data.items() if k != "digest"}
-    return "sha256:" + canonical_hash(body, ascii=False)
-
-
 def sealed_json_bytes(data: Mapping[str, Any]) -> bytes:
     """``data`` (made JSON-safe) with its ``digest``, as indented UTF-8 JSON."""
     plain = jsonable(data)
@@ -82,20 +76,21 @@ def load_manifest(root: Path) -> dict[str, Any]:
     if not root.is_dir():
         raise RunDirError(f"{root} is a file, not a run directory; give the directory of a run")
     path = root / MANIFEST
-    if not path.is_file():
+    if not path.exists() and ((root / PARTS).is_dir() or any(root.glob("*.parquet"))):
+        raise RunDirError(
+            f"{path} is missing: the record of the run in {root} is lost (its tables are "
+            "there, but not what was measured). Restore it from a backup, or re-run the "
+            "measurement into a new --out."
+        )
+    if not path.exists():
         raise RunDirError(
             f"{root} is not a blockcoupling run directory (it has no {MANIFEST}); give the "
             "--out directory of a run, or choose a new --out to start one"
         )
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise RunDirError(
-            f"{path} is corrupt ({err}); the run cannot be read or resumed. Restore it from a "
-            "backup, or re-run the measurement into a new --out."
-        ) from err
-    if not isinstance(data, dict) or data.get("format") != FORMAT_NAME:
-        found = data.get("format") if isinstance(data, dict) else type(data).__name__
+    data = load_json(path, "The run cannot be read or resumed: restore the manifest from a "
+                     "backup, or re-run the measurement into a new --out.")
+    if data.get("format") != FORMAT_NAME:
+        found = data.get("format")
         raise RunDirError(
             f"{path} is not a blockcoupling run manifest (format {found!r}, expected "
             f"{FORMAT_NAME!r}); this directory belongs to something else: choose another path"

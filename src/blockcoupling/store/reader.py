@@ -25,7 +25,6 @@ from blockcoupling.store.integrity import (
     consolidated_hint,
     part_hint,
     scan,
-    verified_bytes,
 )
 from blockcoupling.store.manifest import (
     ARRAYS,
@@ -34,6 +33,7 @@ from blockcoupling.store.manifest import (
     meta_from_manifest,
 )
 from blockcoupling.store.tables import order_rows, read_arrays, read_table, to_frame
+from blockcoupling.store.verified import verified_bytes
 
 
 def read_measurement(root: Path, manifest: Mapping[str, Any],

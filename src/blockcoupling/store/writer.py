@@ -55,7 +55,6 @@ from blockcoupling.store.integrity import (
     part_meta_bytes,
     roll_forward,
     scan,
-    verified_bytes,
 )
 from blockcoupling.store.manifest import (
     ARRAYS,
@@ -74,6 +73,7 @@ from blockcoupling.store.manifest import (
 from blockcoupling.store.reader import read_measurement
 from blockcoupling.store.schema import SCHEMA_FILE, schema_markdown
 from blockcoupling.store.tables import arrays_bytes, part_prompt_ids, table_bytes
+from blockcoupling.store.verified import verified_bytes
 
 
 def _entries(root: Path) -> list[Path]:

@@ -17,7 +17,7 @@ from blockcoupling import lazy
 #: be a submodule's (``correlate`` the function is ``blockcoupling.studies.correlate.correlate``).
 _EXPORTS: dict[str, tuple[str, ...]] = {
     "blockcoupling.studies.monitor": ("CouplingCallback", "CouplingMonitor"),
-    "blockcoupling.studies.read": ("Sweep", "open_collection", "open_sweep", "sweep_status"),
+    "blockcoupling.runs.read": ("Sweep", "open_collection", "open_sweep", "sweep_status"),
     "blockcoupling.studies.sweep": ("SweepSpec", "load_spec", "run_sweep"),
     # (the function correlate and chance_floor stay in their modules: a package attribute of
     # the same name as a submodule would shadow it, e.g. `from blockcoupling.studies import
@@ -31,11 +31,11 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
 _WHERE: dict[str, str] = {name: mod for mod, names in _EXPORTS.items() for name in names}
 
 if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ does the work
+    from blockcoupling.runs.read import Sweep, open_collection, open_sweep, sweep_status
     from blockcoupling.studies.correlate import CorrelationResult, paper_scores
     from blockcoupling.studies.demo import run_demo
     from blockcoupling.studies.lm_study import run_study
     from blockcoupling.studies.monitor import CouplingCallback, CouplingMonitor
-    from blockcoupling.studies.read import Sweep, open_collection, open_sweep, sweep_status
     from blockcoupling.studies.sweep import SweepSpec, load_spec, run_sweep
     from blockcoupling.studies.vit.grid import run_grid
     from blockcoupling.studies.vit.train import VitTrainConfig, train_vit

@@ -24,7 +24,7 @@ from blockcoupling.errors import BlockCouplingError
 from blockcoupling.jsonsafe import jsonable
 from blockcoupling.store.fileio import write_json
 from blockcoupling.studies.regression import MIN_MODELS, regression
-from blockcoupling.studies.scores import read_scores
+from blockcoupling.studies.scores import check_score_frame, read_scores
 
 __all__ = ["ChanceFloorResult", "chance_floor", "parse_k_rule"]
 
@@ -134,10 +134,13 @@ def chance_floor(scores: str | Path | pd.DataFrame, *,
                  k_rule: str | int = PAPER_K) -> ChanceFloorResult:
     """Regress the scores on the width floor of raw c_K (``n, slope, R^2, p``), over all rows
     and per ``group`` where the table has one (the paper's table: base / fine-tuned).
-    Rows without a score or a d_model are listed in ``excluded``."""
+    Rows without a score or a d_model are listed in ``excluded``. The table is read as
+    `correlate` reads it (``scores.check_score_frame``: one row per model by
+    ``studies.joins``'s name rule, in one order), so its rows in another order give the same
+    result."""
     rule = parse_k_rule(k_rule)
-    if isinstance(scores, pd.DataFrame):
-        df, source = scores.copy(), "table given in Python"
+    if isinstance(scores, pd.DataFrame):  # checked and ordered as a file is
+        df, source = check_score_frame(scores, "score table"), "table given in Python"
     else:
         df, source = read_scores(scores)
     if "d_model" not in df.columns:

@@ -14,7 +14,12 @@ Three steps, each a plain function:
    layers, d_model, train_tokens_t, group``), ``"paper"`` (the paper's Table 1 shipped as
    package data with a hub id for every row, [`paper_scores`][blockcoupling.studies.scores.paper_scores]), or an lm-evaluation-harness
    output folder (`read_lmeval_dir`). Models are matched to runs by label, model id,
-   ``model@revision`` or run folder name (`match_scores`).
+   ``model@revision`` or run folder name (`match_scores`). Every join of the study is
+   ``studies.joins``'s (``docs/conventions.md``, "Joins by content"): the models must have
+   measured one prompt content and their values sit at the same token positions (what each
+   run measured, not what it declares), two runs of the same weights are one model, and the
+   models are in one order (by label), so the runs and the score rows in another order give
+   bit-identical results.
 3. **The statistics** (`regression`, `exponential_fit`, `partial_correlation`,
    `analyse`): for coupling and every other predictor present, n, slope, intercept, R^2,
    p, Pearson r with a seeded percentile-bootstrap 95% CI of R^2, Spearman rho and p
@@ -49,6 +54,7 @@ from blockcoupling.engine.statistic import (
 from blockcoupling.errors import BlockCouplingError
 from blockcoupling.jsonsafe import jsonable
 from blockcoupling.store.fileio import write_json
+from blockcoupling.studies import joins
 from blockcoupling.studies.model_units import (
     CORRELATION_RULE,
     TABLE_VARIANTS,
@@ -271,7 +277,8 @@ def correlate(inputs: Sequence[str | Path] | Sequence[ModelUnit], scores: str | 
     if len(units) < MIN_MODELS:
         raise BlockCouplingError(f"the correlation needs at least {MIN_MODELS} models, got "
                                  f"{len(units)}; pass more run directories")
-    check_prompt_sets(units, allow_mixed=allow_mixed_prompts)  # type: ignore[arg-type]
+    units = joins.check_models(units, tokens=rule.tokens,  # type: ignore[arg-type]
+                               allow_mixed_prompts=allow_mixed_prompts)
     checkpoints = check_independent(units,  # type: ignore[arg-type]
                                     allow_checkpoints=allow_checkpoints)
     if isinstance(scores, pd.DataFrame):

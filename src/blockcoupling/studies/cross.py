@@ -11,7 +11,10 @@ What it needs: run B's bases (``save_bases``) and run A's Jacobians themselves
 (``save_jacobians``; a top-K truncation of J_A would change the coupling). Where run A did
 not store them, pass ``model_a`` (and its tokenizer): A's prompts are measured again in
 memory with A's own settings and ``save_jacobians`` (its weights hash is checked against
-the run's). ``cross_coupling(run, run)`` is the run's own depth-wise coupling.
+the run's). ``cross_coupling(run, run)`` is the run's own depth-wise coupling. The two runs'
+prompts are joined by their text (``studies.joins.match_prompts``), never by their ids: one
+id of another text in the two runs is refused, and the same texts under other ids are
+compared.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from blockcoupling.engine.results import Measurement, conform
 from blockcoupling.engine.statistic import StatisticRule
 from blockcoupling.errors import BlockCouplingError
 from blockcoupling.report.summaries import REPORT_RULE
+from blockcoupling.studies import joins
 
 RunLike = Measurement | str | os.PathLike[str]
 ANGLE_COLUMNS = ("run_a", "run_b", "prompt_id", "layer_a", "layer_b", "token", "k", "side",
@@ -141,11 +145,9 @@ def _with_jacobians(a: Measurement, model: Any, tokenizer: Any, inputs: Any) -> 
     from blockcoupling.engine.measure import measure
     from blockcoupling.store.fingerprint import weights_hash
 
-    want = a.meta.get("weights_hash")
-    if want and weights_hash(model) != want:
-        raise BlockCouplingError(
-            "model_a is not the model run A measured (its weights hash differs); pass the "
-            "model run A was measured with")
+    joins.same_weights(a.meta.get("weights_hash"), weights_hash(model),
+                       what="model_a is not the model run A measured; pass the model run A "
+                       "was measured with")
     if inputs is None and tokenizer is None:
         raise BlockCouplingError(
             "measuring run A again needs its prompts: pass tokenizer_a (text prompts) or "
@@ -154,43 +156,20 @@ def _with_jacobians(a: Measurement, model: Any, tokenizer: Any, inputs: Any) -> 
         a.prompts["prompt_id"].astype(str), a.prompts["text"].astype(str), strict=True))
     cfg = a.config.replace(save_jacobians=True, save_bases=True)
     again = measure(model, tokenizer, prompts, config=cfg, progress=False)
-    if list(again.prompts["prompt_id"]) != list(a.prompts["prompt_id"]):
-        raise BlockCouplingError("inputs_a are not the inputs run A measured (other prompt ids)")
+    joins.match_prompts(again.prompts, a.prompts, names=("inputs_a", "run A"))
     again.meta = a.meta
     return again
 
 
-def _prompt_hashes(m: Measurement) -> dict[str, str]:
-    """prompt id -> sha256 of its text (ready-made inputs carry their content in their id)."""
-    from blockcoupling.hashing import canonical_hash
-
-    return {str(pid): canonical_hash(None if pd.isna(text) else str(text))
-            for pid, text in zip(m.prompts["prompt_id"], m.prompts["text"], strict=True)}
-
-
 def _check_grid(a: Measurement, b: Measurement, ka: dict[str, list[eb.BasisKey]],
-                kb: dict[str, list[eb.BasisKey]]) -> None:
-    """Same prompts (ids and texts, by their sha256), layers and tokens; else one line
-    saying what differs."""
-    pa, pb = list(ka), list(kb)
-    if set(pa) != set(pb):
-        only_a, only_b = sorted(set(pa) - set(pb)), sorted(set(pb) - set(pa))
-        raise BlockCouplingError(
-            "the runs measured other prompts"
-            + (f"; only in run A: {', '.join(only_a[:3])}" if only_a else "")
-            + (f"; only in run B: {', '.join(only_b[:3])}" if only_b else "")
-            + ": cross-coupling compares the same prompts")
-    texts_a, texts_b = _prompt_hashes(a), _prompt_hashes(b)
-    for pid in pa:
-        if texts_a.get(pid) != texts_b.get(pid):
-            raise BlockCouplingError(
-                f"prompt {pid!r} is another text in run B than in run A (sha256 "
-                f"{str(texts_a.get(pid))[:12]} vs {str(texts_b.get(pid))[:12]}): the runs "
-                "measured other prompts under the same ids (e.g. two prompt files of one "
-                "name); measure both on the same prompts")
-    for pid in pa:
-        grid_a = {(k[1], k[2]) for k in ka[pid]}
-        grid_b = {(k[1], k[2]) for k in kb[pid]}
+                kb: dict[str, list[eb.BasisKey]]) -> dict[str, str]:
+    """Run A's prompt ids -> run B's of the same text (``joins.match_prompts``: the prompts
+    are joined by their content, not their ids), each pair measured at the same layers and
+    tokens; else one line saying what differs."""
+    pairs = joins.match_prompts(a.prompts, b.prompts)
+    for pid, qid in pairs.items():
+        grid_a = {(k[1], k[2]) for k in ka.get(pid, [])}
+        grid_b = {(k[1], k[2]) for k in kb.get(qid, [])}
         if grid_a != grid_b:
             def show(g: set[tuple[int, int]]) -> str:
                 return (f"layers {sorted({x[0] for x in g}) or '-'}, tokens "
@@ -201,6 +180,7 @@ def _check_grid(a: Measurement, b: Measurement, ka: dict[str, list[eb.BasisKey]]
     da, db = a.meta.get("hidden_size"), b.meta.get("hidden_size")
     if da is not None and db is not None and da != db:
         raise BlockCouplingError(f"hidden sizes differ (run A d={da}, run B d={db})")
+    return pairs
 
 
 def cross_coupling(run_a: RunLike, run_b: RunLike, *, k: int | Sequence[int] | None = None,
@@ -221,7 +201,7 @@ def cross_coupling(run_a: RunLike, run_b: RunLike, *, k: int | Sequence[int] | N
                                  "(CLI: --save-bases)")
     a = _with_jacobians(a, model_a, tokenizer_a, inputs_a)
     ka = _diagonal_keys(a, (eb.JACOBIAN,))
-    _check_grid(a, b, ka, kb)
+    pairs = _check_grid(a, b, ka, kb)
     kmax_b = min(int(b.basis_store.load(keys[0])["U"].shape[-1])  # type: ignore[union-attr]
                  for keys in kb.values() if keys)
     ks = tuple(a.config.k) if k is None else tuple(np.atleast_1d(k).tolist())
@@ -233,11 +213,11 @@ def cross_coupling(run_a: RunLike, run_b: RunLike, *, k: int | Sequence[int] | N
     frames, angles = [], []
     for pid, keys in ka.items():
         jac = {key: eb.factors(a.basis_store, key, (eb.JACOBIAN,))[0] for key in keys}
-        bas = {key: eb.factors(b.basis_store, key, eb.PARTS) for key in kb[pid]}
+        bas = {key: eb.factors(b.basis_store, key, eb.PARTS) for key in kb[pairs[pid]]}
         tops = {key[1:]: svd.topk_svd(J, max(ks)) for key, J in jac.items()}
         A_store: dict[tuple[str, Any, Any, str], torch.Tensor] = {}
         for key_a, J in jac.items():
-            same_t = [kb_ for kb_ in kb[pid] if kb_[2:] == key_a[2:]]
+            same_t = [kb_ for kb_ in kb[pairs[pid]] if kb_[2:] == key_a[2:]]
             Ub = torch.stack([bas[x][0] for x in same_t]).to(J.dtype)  # (P, d, Kb)
             Vb = torch.stack([bas[x][2] for x in same_t]).to(J.dtype)  # (P, d, Kb)
             for orient in cfg.orientations:
@@ -254,7 +234,7 @@ def cross_coupling(run_a: RunLike, run_b: RunLike, *, k: int | Sequence[int] | N
                             "token": key_a[2], "k": kk, "side": side,
                             "rank": np.arange(1, kk + 1), "cosine": cos.numpy()}))
         # the bases are run B's: their U^T V (for the rotated null) from B's stored factors
-        overlaps = {x[1:]: bas[x][0].mT.double() @ bas[x][2].double() for x in kb[pid]}
+        overlaps = {x[1:]: bas[x][0].mT.double() @ bas[x][2].double() for x in kb[pairs[pid]]}
         frames.append(tables.coupling_rows(pid, A_store, {t: _Top(v) for t, v in tops.items()},
                                            cfg, int(next(iter(jac.values())).shape[-1]),
                                            overlaps=overlaps))
@@ -278,7 +258,7 @@ class _Top:
 
 def sweep_runs(root: str | os.PathLike[str]) -> list[tuple[str, list[tuple[str, Path]]]]:
     """A sweep directory's finished units per label, in step order: [(label, [(name, dir)])]."""
-    from blockcoupling.studies.read import open_sweep
+    from blockcoupling.runs.read import open_sweep
 
     sw = open_sweep(root)
     done = sw.done().sort_values(["label", "step"], na_position="last", kind="stable")

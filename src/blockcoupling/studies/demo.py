@@ -167,7 +167,7 @@ def _ray_for_demo(executor: str) -> Iterator[None]:
     if executor != "ray":
         yield
         return
-    from blockcoupling.studies.executor import import_ray, start_ray
+    from blockcoupling.runs.executor import import_ray, start_ray
 
     ray = import_ray()
     started = not ray.is_initialized()
@@ -244,8 +244,8 @@ def run_demo(
     the end when ``progress`` is on.
     """
     from blockcoupling.report.html import write_report
+    from blockcoupling.runs.executor import EXECUTORS, import_ray
     from blockcoupling.store.record import measure_to_dir
-    from blockcoupling.studies.executor import EXECUTORS, import_ray
 
     if executor not in EXECUTORS:
         raise BlockCouplingError(f"executor {executor!r}: choose ray or local")

@@ -4,10 +4,13 @@
 The join: each prompt's coupling by the headline rule (``Measurement.per_prompt_coupling``: the
 mean over layer pairs l != l' at the prompt's last measured token, K, p = 1, ``ujv``), its
 difficulty rating (``prompts.benchmarks.load_ratings``: Easy2Hard-Bench's ``rating`` column,
-rows matched by prompt id) and its length in tokens (the run's ``prompts`` table). Then, for
-the rating and for the length, the least-squares line, Pearson r with a bootstrap CI of R^2
-and Spearman's rho (``studies.regression.regression``). The prompt is the unit: n is the
-number of prompts with a rating; a prompt the rating table does not have is one error.
+rows matched to the measured prompts by their text, ``studies.joins.attach_to_prompts``: the
+rows file in another order gives every prompt its own rating) and its length in tokens (the
+run's ``prompts`` table). Then, for the rating and for the length, the least-squares line,
+Pearson r with a bootstrap CI of R^2 and Spearman's rho (``studies.regression.regression``).
+The prompt is the unit: n is the number of prompts with a rating; a prompt the rating table
+does not have, a text rated twice with two ratings, or values read at other positions in
+different prompts (``joins.measured_tokens``) is one error. The rows are in prompt-id order.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import pandas as pd
 from blockcoupling.errors import BlockCouplingError
 from blockcoupling.jsonsafe import jsonable
 from blockcoupling.store.fileio import write_json
+from blockcoupling.studies import joins
 
 #: the predictors of the per-prompt coupling, as the table names them
 PREDICTORS = ("rating", "n_tokens")
@@ -60,29 +64,35 @@ class DifficultyResult:
 
 
 def difficulty_table(m: Any, ratings: pd.DataFrame, *, k: int | None = None,
-                     variants: Sequence[str] = ("coupling", "coupling_vs_null")) -> pd.DataFrame:
-    """One row per measured prompt: ``prompt_id``, ``n_tokens``, ``rating`` and the
-    per-prompt value of each variant measured (columns named by the variant)."""
+                     variants: Sequence[str] = ("coupling", "coupling_vs_null"),
+                     source: str = "the ratings") -> pd.DataFrame:
+    """One row per measured prompt, in prompt-id order: ``prompt_id``, ``n_tokens``, the
+    per-prompt value of each variant measured (columns named by the variant) and ``rating``
+    (the row of the prompt's text in ``ratings``: ``text``, ``rating``)."""
     k = int(k) if k is not None else int(min(m.config.k))
-    out = m.prompts[["prompt_id", "n_tokens"]].copy()
+    prompts = joins.canonical_order(m.prompts.itertuples(index=False),
+                                    key=lambda r: str(r.prompt_id))
+    out = pd.DataFrame(prompts, columns=m.prompts.columns)[["prompt_id", "text", "n_tokens"]]
     out["prompt_id"] = out["prompt_id"].astype(str)
     present = set(m.coupling.loc[m.coupling["kind"] == "depth", "variant"])
     got = [v for v in variants if v in present]
     if not got:
         raise BlockCouplingError(f"the run has no depth-wise {' or '.join(variants)} rows; "
                                  "measure with --coupling depth")
-    for v in got:
-        pp = m.per_prompt_coupling(k, variant=v)[["prompt_id", "value"]]
-        pp = pp.assign(prompt_id=pp["prompt_id"].astype(str)).rename(columns={"value": v})
-        out = out.merge(pp, on="prompt_id", how="left")
-    r = ratings.assign(prompt_id=ratings["prompt_id"].astype(str))
-    unknown = sorted(set(out["prompt_id"]) - set(r["prompt_id"]))
-    if unknown:
+    tokens = joins.measured_tokens(m.coupling, m.prompts, m.headline_tokens, where="the run")
+    if not tokens.roles:
         raise BlockCouplingError(
-            f"{len(unknown)} measured prompt(s) have no rating ({', '.join(unknown[:4])}"
-            f"{' ...' if len(unknown) > 4 else ''}); measure the rated set itself "
-            "(--prompts hf:e2h-arc ...) and give the same set to --ratings")
-    return out.merge(r[["prompt_id", "rating"]], on="prompt_id", how="left")
+            f"the run's per-prompt values sit at {tokens.describe()}, not at one position of "
+            "every prompt, so they are not one quantity; measure it at one token (--tokens)")
+    for v in got:
+        pp = m.per_prompt_coupling(k, variant=v)
+        out[v] = pd.Series(pp["value"].to_numpy(), index=pp["prompt_id"].astype(str)
+                           ).reindex(out["prompt_id"]).to_numpy()
+    out["rating"] = joins.attach_to_prompts(
+        out, ratings, "rating", source=source,
+        fix="measure the rated set itself (--prompts hf:e2h-arc ...) and give the same set "
+            "to --ratings")
+    return out.drop(columns="text")
 
 
 def difficulty_study(run: str | Path | Any, ratings: str | None = None, *,
@@ -104,7 +114,8 @@ def difficulty_study(run: str | Path | Any, ratings: str | None = None, *,
             "give the ratings with --ratings hf:e2h-arc (or hf:e2h-gsm8k, hf:e2h-winogrande, "
             "each also as @/path/to/rows.jsonl): the run's prompts "
             f"({spec or 'not recorded'}) carry no difficulty ratings")
-    table = difficulty_table(run, load_ratings(str(spec)), k=k, variants=variants)
+    table = difficulty_table(run, load_ratings(str(spec)), k=k, variants=variants,
+                             source=str(spec))
     kk = int(k) if k is not None else int(min(run.config.k))
     fits: dict[str, dict[str, Any]] = {}
     for v in [c for c in variants if c in table.columns]:

@@ -58,8 +58,11 @@ import torch
 from blockcoupling.engine.statistic import seed_level
 from blockcoupling.errors import BlockCouplingError
 from blockcoupling.fields import check_fields, from_mapping, opt
+from blockcoupling.runs.plans import RunPlan, StudyPlan
+from blockcoupling.studies import joins
 from blockcoupling.studies.tiny_lm import (
     TinyLMConfig,
+    check_checkpoint,
     doubling_checkpoints,
     held_out_scores,
     held_out_text,
@@ -71,7 +74,7 @@ from blockcoupling.validate import OptionError, number, whole
 
 __all__ = ["StudyResult", "StudyRun", "StudySpec", "check_study", "evaluate_checkpoint",
            "family_prompts",
-           "full_spec", "load_study_spec", "parse_study_spec", "quick_spec",
+           "full_spec", "load_study_spec", "parse_study_spec", "plan_lm_study", "quick_spec",
            "end_point", "run_study", "stopping_rule"]
 
 HYPOTHESES = {
@@ -246,15 +249,9 @@ def parse_study_spec(data: Mapping[str, Any]) -> StudySpec:
 
 def load_study_spec(path: str | Path) -> StudySpec:
     """`parse_study_spec` of a YAML file."""
-    import yaml
+    from blockcoupling.store.verified import load_yaml
 
-    p = Path(path)
-    try:
-        data = yaml.safe_load(p.read_text(encoding="utf-8"))
-    except OSError as err:
-        raise BlockCouplingError(f"cannot read the study spec {p}: {err.strerror}") from None
-    except (yaml.YAMLError, UnicodeDecodeError) as err:
-        raise BlockCouplingError(f"{p} is not valid YAML: {str(err).splitlines()[0]}") from None
+    data = load_yaml(Path(path), "study spec")
     return parse_study_spec(data)
 
 
@@ -311,6 +308,7 @@ def evaluate_checkpoint(path: str | Path, cfg: TinyLMConfig) -> dict[str, float]
     (tested equal)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    check_checkpoint(path)
     model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True).eval()
     tok = AutoTokenizer.from_pretrained(path, local_files_only=True)
     ids = torch.tensor(tok.backend_tokenizer.encode(held_out_text(cfg),
@@ -370,8 +368,10 @@ def _tests(models: pd.DataFrame, emergence: pd.DataFrame, alpha: float) -> dict[
             entry["partial"] = {"controlling_for": controls, "skipped": str(err)}
         out["predictors"][x] = entry
     first = emergence[emergence["step"] == 0].set_index("run_id")["coupling_vs_null_mean"]
-    last = emergence.merge(models[["run_id", "step"]], on=["run_id", "step"]).set_index(
-        "run_id")["coupling_vs_null_mean"]  # each run's end point
+    ends = set(zip(models["run_id"], models["step"], strict=True))  # each run's end point
+    last = emergence[[key in ends for key in zip(emergence["run_id"], emergence["step"],
+                                                  strict=True)]].set_index(
+        "run_id")["coupling_vs_null_mean"]
     pair = pd.concat([first.rename("init"), last.rename("final")], axis=1).dropna()
     h2: dict[str, Any] = {"n": int(len(pair)), "alternative": "final > init"}
     if len(pair) >= 2:
@@ -524,8 +524,8 @@ def check_study(out: str | Path, spec: StudySpec, executor: str = "local", *,
     models' context), and ``out`` (a folder, writable, not another folder's contents, not in
     use by another study unless ``locked``, not a study of another spec that has measured
     something). Returns the prompts. Writes nothing."""
+    from blockcoupling.runs import executor as runner
     from blockcoupling.store.fileio import lock_holder
-    from blockcoupling.studies import executor as runner
     from blockcoupling.studies.tiny_lm import build_tokenizer, corpus_text
 
     if executor not in runner.EXECUTORS:
@@ -567,15 +567,40 @@ def check_study(out: str | Path, spec: StudySpec, executor: str = "local", *,
     return prompts
 
 
+def _repair(out: Path) -> str:
+    """What a reader of a damaged study record is told."""
+    return (f"Delete it and run the same `blockcoupling study lm-family --out {out}` command "
+            "again: the record is written anew (checkpoints whose weights are not known are "
+            "measured again)")
+
+
 def _other_spec(out: Path, spec: StudySpec) -> bool:
-    """Whether ``out`` records a study spec other than ``spec``."""
-    try:
-        data = json.loads((out / SPEC_FILE).read_text(encoding="utf-8"))
-    except FileNotFoundError:
+    """Whether ``out`` records a study spec other than ``spec`` (one line if the record is
+    damaged: ``store.verified.load_sealed``)."""
+    from blockcoupling.store.verified import SEAL, load_sealed
+
+    path = out / SPEC_FILE
+    if not path.exists():
         return False
-    except (OSError, ValueError):
-        return True
+    data = dict(load_sealed(path, _repair(out)))
+    data.pop(SEAL, None)
     return bool(data != json.loads(json.dumps(spec.to_dict())))
+
+
+def _trained(out: Path) -> dict[str, str] | None:
+    """The study's record of the checkpoints its sweep measured (run id -> cache digest),
+    verified; None when it has none but its sweep measured something (a record lost, or a
+    study of an older blockcoupling): then every measured checkpoint is measured again."""
+    from blockcoupling.store.verified import SEAL, load_sealed
+
+    path = out / TRAINED_FILE
+    if not path.exists():
+        return {} if not _has_results(out) else None
+    data = dict(load_sealed(path, _repair(out)))
+    data.pop(SEAL, None)
+    if not all(isinstance(k, str) and isinstance(v, str) for k, v in data.items()):
+        raise BlockCouplingError(f"{path} is not a record of trained runs. {_repair(out)}")
+    return data
 
 
 def _has_results(out: Path) -> bool:
@@ -600,8 +625,8 @@ def _start_afresh(out: Path) -> None:
             path.unlink()
 
 
-def _remeasure_retrained(root: Path, digests: dict[str, str], previous: dict[str, str],
-                         progress: bool) -> None:
+def _remeasure_retrained(root: Path, digests: dict[str, str],
+                         previous: dict[str, str] | None, progress: bool) -> None:
     """Mark again as pending the sweep units of runs whose checkpoints now hold other
     weights than those their units were measured on (a damaged cache trained again into
     different weights): the sweep's resume measures them again."""
@@ -610,7 +635,8 @@ def _remeasure_retrained(root: Path, digests: dict[str, str], previous: dict[str
     from blockcoupling.store import collection as store
     from blockcoupling.studies.sweep.units import Unit
 
-    changed = {rid for rid, d in digests.items() if previous.get(rid) not in (None, d)}
+    changed = (set(digests) if previous is None  # no record: everything measured is redone
+               else {rid for rid, d in digests.items() if previous.get(rid) not in (None, d)})
     if not changed or not store.is_sweep_dir(root):
         return
     for rec in store.all_status(root):
@@ -632,7 +658,8 @@ def run_study(out: str | Path, spec: StudySpec | None = None, *, quick: bool = F
 
     Everything that can be checked without training is checked first (`check_study`);
     ``out`` is written only while this study holds its lock."""
-    from blockcoupling.store.fileio import dir_lock, write_json
+    from blockcoupling.store.fileio import dir_lock
+    from blockcoupling.store.verified import write_sealed
 
     spec = spec if spec is not None else (quick_spec() if quick else full_spec())
     out = Path(out)
@@ -641,7 +668,7 @@ def run_study(out: str | Path, spec: StudySpec | None = None, *, quick: bool = F
         prompts = check_study(out, spec, executor, locked=True)
         if _other_spec(out, spec):  # of another spec, with nothing measured: replaced
             _start_afresh(out)
-        write_json(out / SPEC_FILE, spec.to_dict())
+        write_sealed(out / SPEC_FILE, spec.to_dict())
         return _run_study(out, spec, prompts, cache_dir, progress, executor)
 
 
@@ -649,6 +676,7 @@ def _run_study(out: Path, spec: StudySpec, prompts: list[str], cache_dir: str | 
                progress: bool, executor: str) -> StudyResult:
     """`run_study` once its checks passed and its lock is held."""
     from blockcoupling.store.fileio import atomic_write_text, write_json
+    from blockcoupling.store.verified import write_sealed
     from blockcoupling.studies.sweep import is_sweep_dir, open_sweep, run_sweep
     from blockcoupling.studies.sweep.runner import spec_matches
     from blockcoupling.studies.tiny_lm import cache_digest
@@ -695,13 +723,8 @@ def _run_study(out: Path, spec: StudySpec, prompts: list[str], cache_dir: str | 
         import shutil
 
         shutil.rmtree(root)  # nothing measured there: replaced
-    try:
-        previous = json.loads((out / TRAINED_FILE).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        previous = {}
-    _remeasure_retrained(root, digests, previous if isinstance(previous, dict) else {},
-                         progress)
-    write_json(out / TRAINED_FILE, digests)
+    _remeasure_retrained(root, digests, _trained(out), progress)
+    write_sealed(out / TRAINED_FILE, digests)
     t1 = time.perf_counter()
     run_sweep(sweep_spec, root, executor=executor, resume=is_sweep_dir(root), progress=progress)
     seconds["measure"] = time.perf_counter() - t1
@@ -720,7 +743,9 @@ def _run_study(out: Path, spec: StudySpec, prompts: list[str], cache_dir: str | 
         "coupling_mean": wide[("mean", "coupling")].to_numpy(),
         "coupling_se": wide[("se", "coupling")].to_numpy(),
         "coupling_chance": wide[("chance", "coupling")].to_numpy()})
-    em = em.merge(scores[["run_id", "step", "accuracy", "loss"]], on=["run_id", "step"])
+    em = joins.join_on(em, scores[["run_id", "step", "accuracy", "loss"]], ["run_id", "step"],
+                       names=("the measured checkpoints", "the trained checkpoints' scores"),
+                       what=f"the study in {out} is inconsistent: run it again with a new --out")
     order = {r.run_id: i for i, r in enumerate(spec.runs)}
     em = em.sort_values(["run_id", "step"], key=lambda c: c.map(order) if c.name == "run_id"
                         else c).reset_index(drop=True)
@@ -830,3 +855,41 @@ def write_study_page(result: StudyResult, path: Path) -> Path:
     ]
     return write_page(path, "Tiny-LM family: coupling and generalisation", sections,
                       lead="blockcoupling study lm-family")
+
+
+def plan_lm_study(spec: StudySpec) -> StudyPlan:
+    """The plan of ``study lm-family`` for a ``StudySpec``: per run its training steps (a cap),
+    the checkpoints (step 0 and the powers of two to the cap) and the measurement of each (the study's sweep), on the untrained
+    model of the run's shape and the held-out prompts."""
+    import dataclasses
+
+    from transformers import GPT2LMHeadModel
+
+    from blockcoupling.engine.config import parse_config
+    from blockcoupling.store.record import plan_run
+    from blockcoupling.studies.tiny_lm import build_tokenizer, corpus_text, gpt2_config
+
+    tok = build_tokenizer(corpus_text())
+    cfg = parse_config(None, **study_measure(spec))
+    prompts = family_prompts(tiny_config(spec, spec.runs[0]), n=spec.n_prompts,
+                             length=spec.prompt_length)
+    runs = []
+    shapes: dict[tuple[int, int], tuple[int, Any]] = {}  # runs of one shape: one plan
+    for run in spec.runs:
+        tc = tiny_config(spec, run)
+        if (run.n_layer, run.n_embd) not in shapes:
+            with torch.device("meta"):  # the shape only: no weights are allocated
+                model = GPT2LMHeadModel(gpt2_config(tc, len(tok), tok.pad_token_id))
+            shapes[run.n_layer, run.n_embd] = (
+                sum(p.numel() for p in model.parameters()),
+                plan_run(model, tok, prompts, config=cfg, model_name=run.run_id))
+        params, plan = shapes[run.n_layer, run.n_embd]
+        runs.append(RunPlan(
+            name=run.run_id, checkpoints=tuple(tc.checkpoints), steps=tc.max_steps,
+            parameters=params,
+            training_flops=6.0 * params * tc.batch_size * tc.block_size * tc.max_steps,
+            measure=dataclasses.replace(plan, model=run.run_id)))
+    notes = ["steps and checkpoints are caps: each run stops at its held-out plateau",
+             f"each checkpoint is also scored on held-out text; K = {spec.k}, "
+             f"{len(prompts)} prompts of {spec.prompt_length} characters"]
+    return StudyPlan(study="the LM family study", runs=runs, notes=notes, capped=True)

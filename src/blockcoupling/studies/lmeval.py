@@ -105,12 +105,23 @@ def _model_args(config: Mapping[str, Any]) -> dict[str, str]:
 
 def _identity(data: Mapping[str, Any], config: Mapping[str, Any], f: Path
               ) -> tuple[str, str | None]:
-    args = _model_args(config)
-    model = data.get("model_name") or args.get("pretrained")
+    """(model, revision) a results file names: the model identity its score is joined by
+    (``studies.joins.match_names``); a field of the wrong type is one line naming it."""
+    args = config.get("model_args")
+    if args is not None and not isinstance(args, str | Mapping):
+        raise LmEvalError(f"{f}: config.model_args is a {type(args).__name__}, not a string "
+                          "or an object; is this an lm-evaluation-harness results file?")
+    for where, value in (("model_name", data.get("model_name")),
+                         ("config.model_revision", config.get("model_revision"))):
+        if value is not None and not isinstance(value, str):
+            raise LmEvalError(f"{f}: {where} is a {type(value).__name__}, not a string; is "
+                              "this an lm-evaluation-harness results file?")
+    parsed = _model_args(config)
+    model = data.get("model_name") or parsed.get("pretrained")
     if not isinstance(model, str) or not model.strip():
         raise LmEvalError(f"{f}: cannot tell the model (no model_name and no pretrained= in "
                           "config.model_args)")
-    revision = config.get("model_revision") or args.get("revision")
+    revision = config.get("model_revision") or parsed.get("revision")
     revision = str(revision).strip() if revision not in (None, "") else None
     return model.strip(), None if revision in (None, "main") else revision
 
@@ -142,6 +153,11 @@ def _load(f: Path, named_results: bool) -> dict[str, Any] | None:
         if not named_results:
             return None
         raise LmEvalError(f"{f}: not a readable JSON file ({err})") from None
+    except RecursionError:  # nested deeper than the parser follows: never a results file
+        if not named_results:
+            return None
+        raise LmEvalError(f"{f}: nested too deeply to be an lm-evaluation-harness results "
+                          "file; pass the harness's own output") from None
     if not isinstance(data, dict) or not isinstance(data.get("results"), dict):
         if not named_results:
             return None
@@ -235,7 +251,11 @@ def read_lmeval(path: str | Path) -> pd.DataFrame:
         row["other"].update(other)
         row["notes"] += notes
         n = config.get("model_num_parameters")
-        if isinstance(n, int | float) and not isinstance(n, bool) and n > 0:
+        if n is not None and not (isinstance(n, int | float) and not isinstance(n, bool)
+                                  and math.isfinite(n) and n >= 0):
+            raise LmEvalError(f"{f}: config.model_num_parameters is {n!r}, not a number of "
+                              "parameters; fix or remove it")
+        if n:
             row["params"] = float(n)
     out = []
     for (model, revision), row in rows.items():

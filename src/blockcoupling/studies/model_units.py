@@ -4,8 +4,9 @@ one rule (`CORRELATION_RULE`, an ``engine.statistic.StatisticRule``, and `model_
 headline statistic of
 ``engine.statistic`` for raw c_K, ``coupling_vs_null`` and ``coupling_vs_rotated``, each with
 its standard error over prompts (within one model), and the chance level of raw c_K, with K = round(d / 10) per model unless a fixed K is
-given. Models measured on different prompt sets are refused unless told otherwise
-(`check_prompt_sets`).
+given. How models are joined (one prompt content, the same measured tokens, distinct
+weights, the revision each loaded) is ``studies.joins``'s rule (`check_prompt_sets` and
+`token_rule` are its checks as the correlation states them).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from blockcoupling.engine.statistic import (
     statistic_table,
 )
 from blockcoupling.errors import BlockCouplingError
-from blockcoupling.hashing import canonical_hash
+from blockcoupling.studies import joins
 
 __all__ = [
     "CORRELATION_RULE",
@@ -80,7 +81,7 @@ class ModelUnit:
     step: int | None = None
     source: str = ""
     keys: tuple[str, ...] = ()  # extra names a score table may use (e.g. the run folder name)
-    prompt_set: str = ""  # sha256 of the measured prompts' ids and texts
+    prompt_set: str = ""  # the measured prompts' content (``joins.prompt_set_key``)
     #: the training run this model is a checkpoint of (a step or revision of one model or
     #: of one collection entry), None for a model on its own: see `training_runs`
     run: str | None = None
@@ -88,43 +89,49 @@ class ModelUnit:
     #: its meta: a ViT run's [CLS] is ``"first"``), a collection unit's its collection's
     #: (``Sweep.default_tokens``: the rule of its kind), else ``DEFAULT_TOKENS``
     headline_tokens: str = DEFAULT_TOKENS
+    #: its prompts table (``prompt_id``, ``text``, ``n_tokens``): what it measured, for the
+    #: join by content (``joins.check_models``); None for a unit built without it
+    prompts: pd.DataFrame | None = None
+    #: the weights hash its run records (``store.fingerprint.weights_hash``): what it loaded
+    weights_hash: str | None = None
 
-    def match_keys(self, *, any_revision: bool = False) -> list[str]:
-        """Names a score row may use for this unit, most specific first. A unit measured at
-        a revision is named with it (``model@revision``): its bare model id (a score of
-        another revision, e.g. the main branch's) is a name only with ``any_revision``, last,
-        and so is a label that is just that model id or its last part."""
+    def match_keys(self, *, any_revision: bool = False) -> tuple[list[str], list[str]]:
+        """The names a score row may use for this unit (``joins.match_names``): its exact
+        names (label, ``model@revision`` or model id, run folder name, collection unit id) and
+        its fallbacks, tried only where no row lists an exact name. A unit measured at a
+        revision is named with it (``model@revision``): its bare model id (a score of another
+        revision, e.g. the main branch's) is a fallback only with ``any_revision``, last, and
+        a label that is just that model id or its last part names nothing."""
         bare = {self.model, self.model.rsplit("/", 1)[-1]} if self.revision else set()
         keys = [self.label if self.label not in bare else "",
                 f"{self.model}@{self.revision}" if self.revision else "",
                 self.model if not self.revision else "",
                 *(k for k in self.keys if k not in bare)]
-        if self.revision and any_revision:
-            keys.append(self.model)
-        out: list[str] = []
-        for key in keys:
-            if key and key not in out:
-                out.append(key)
-        return out
+        exact = list(dict.fromkeys(k for k in keys if k))
+        return exact, exact + ([self.model] if self.revision and any_revision else [])
 
 
-def _unit_from_run(path: Path) -> ModelUnit:
+def _unit_from_run(path: Path, declared_revision: object = None) -> ModelUnit:
+    """The unit of one run directory; its revision is the one the run loaded
+    (``joins.loaded``, checked against ``declared_revision``, a catalogue's)."""
     from blockcoupling.store.rundir import open_run
 
     m = open_run(path)
     meta = m.meta
     model = str(meta.get("model") or path.name)
-    revision = meta.get("revision")
+    revision = joins.loaded(meta, declared_revision, where=str(path))
     label = str(meta.get("label") or (f"{model}@{revision}" if revision else model))
     step = meta.get("step")
+    weights = meta.get("weights_hash")
     return ModelUnit(label=label, model=model, coupling=m.coupling,
                      hidden_size=int(meta.get("hidden_size") or 0),
                      num_layers=int(meta.get("num_layers") or 0),
-                     revision=str(revision) if revision else None,
+                     revision=revision,
                      step=int(step) if step is not None else None, source=str(path),
                      keys=(path.name,), prompt_set=prompt_set_of(m.prompts),
                      run=model if revision or step is not None else None,
-                     headline_tokens=m.headline_tokens)
+                     headline_tokens=m.headline_tokens, prompts=m.prompts,
+                     weights_hash=str(weights) if weights else None)
 
 
 def token_rule(units: Sequence[ModelUnit], tokens: str | None) -> str:
@@ -144,10 +151,8 @@ def token_rule(units: Sequence[ModelUnit], tokens: str | None) -> str:
 
 
 def prompt_set_of(prompts: pd.DataFrame) -> str:
-    """A run's prompt set: sha256 of its prompts' ids and texts, in id order."""
-    rows = sorted(zip(prompts["prompt_id"].astype(str), prompts["text"].astype(str),
-                      strict=True))
-    return canonical_hash(rows, compact=False)
+    """A run's prompt set by its content (``joins.prompt_set_key``)."""
+    return joins.prompt_set_key(prompts)
 
 
 def _sweep_reader() -> Any:
@@ -170,14 +175,13 @@ def _units_from_sweep(sweep: Any, path: Path) -> list[ModelUnit]:
     prompt_sets = {str(r.get("prompt_set")) for r in rows}
     units = []
     for row, label in zip(rows, labels, strict=True):
-        unit = _unit_from_run(Path(sw.run_dir(row["unit_id"])))
+        unit = _unit_from_run(Path(sw.run_dir(row["unit_id"])), row.get("revision"))
         unit.headline_tokens = sw.default_tokens
-        for name in ("model", "revision"):
-            if isinstance(row.get(name), str) and row[name]:
-                setattr(unit, name, row[name])
+        if isinstance(row.get("model"), str) and row["model"]:
+            unit.model = row["model"]  # the name the collection gives it (a score table's)
         step = row.get("step")
         unit.step = int(step) if step is not None and not pd.isna(step) else None
-        checkpoint = unit.step is not None or bool(row.get("revision"))
+        checkpoint = unit.step is not None or bool(unit.revision)
         unit.run = f"{label or unit.model} in {path}" if checkpoint else None
         if label and labels.count(label) > 1:  # checkpoints of one model: name each one
             label += (f"-step{unit.step}" if unit.step is not None
@@ -297,14 +301,6 @@ def model_table(units: Sequence[ModelUnit], rule: StatisticRule = CORRELATION_RU
 
 
 def check_prompt_sets(units: Sequence[ModelUnit], *, allow_mixed: bool = False) -> None:
-    """Refuse models measured on different prompt sets (their means are not comparable)
-    unless ``allow_mixed``."""
-    sets: dict[str, list[str]] = {}
-    for u in units:
-        sets.setdefault(u.prompt_set, []).append(u.label)
-    if len(sets) > 1 and not allow_mixed:
-        listed = "; ".join(f"{key[:10]}: {', '.join(labs[:3])}{', ...' if len(labs) > 3 else ''}"
-                           for key, labs in sets.items())
-        raise BlockCouplingError(
-            f"the models were measured on {len(sets)} different prompt sets ({listed}); measure "
-            "them on one prompt set, or pass --allow-mixed-prompts to correlate them anyway")
+    """Refuse models measured on different prompt contents (their means are not comparable)
+    unless ``allow_mixed`` (``joins.check_prompt_sets``)."""
+    joins.check_prompt_sets({u.label: u.prompt_set for u in units}, allow_mixed=allow_mixed)

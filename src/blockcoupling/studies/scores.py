@@ -1,12 +1,13 @@
 """The scores of the correlation study: a CSV, the paper's Table 1 shipped with the package,
 or lm-evaluation-harness results (`read_scores`), checked into one table
-(`check_score_frame`: ``model``, ``score`` and the optional `OPTIONAL_COLUMNS`),
-and matched to the measured models by label, model id, ``model@revision`` or run folder name
-(`match_scores`).
+(`check_score_frame`: ``model``, ``score`` and the optional `OPTIONAL_COLUMNS`, one row per
+model, in one order), and matched to the measured models by the identity a row names: label,
+model id, ``model@revision``, run folder name (`match_scores`, by ``studies.joins``'s rule).
 """
 
 from __future__ import annotations
 
+import os
 import warnings
 from collections.abc import Sequence
 from importlib import resources
@@ -16,6 +17,7 @@ import numpy as np
 import pandas as pd
 
 from blockcoupling.errors import BlockCouplingError
+from blockcoupling.studies import joins
 from blockcoupling.studies.model_units import ModelUnit
 
 __all__ = [
@@ -30,9 +32,19 @@ __all__ = [
 
 #: Optional columns of a score table.
 OPTIONAL_COLUMNS: tuple[str, ...] = ("params_b", "layers", "d_model", "train_tokens_t", "group")
+#: columns that must be positive and finite where given (their logarithms are predictors)
+POSITIVE_COLUMNS: tuple[str, ...] = ("params_b", "train_tokens_t")
 
 
 def check_score_frame(df: pd.DataFrame, where: str) -> pd.DataFrame:
+    """A score table checked: ``model`` and ``score`` present, one row per model
+    (``joins.check_unique_names``), numbers where numbers belong (a blank, or a score that is
+    NaN or infinite, is kept: `match_scores` lists its model as excluded), ``params_b`` and
+    ``train_tokens_t`` positive; the rows in one order (``joins.canonical_order`` by model),
+    so a file in another order is the same table."""
+    if not isinstance(df, pd.DataFrame):
+        raise BlockCouplingError(f"{where}: a score table is a DataFrame with columns 'model' "
+                                 f"and 'score', not a {type(df).__name__}")
     missing = [c for c in ("model", "score") if c not in df.columns]
     if missing:
         raise BlockCouplingError(
@@ -41,24 +53,36 @@ def check_score_frame(df: pd.DataFrame, where: str) -> pd.DataFrame:
             f"'score', optionally {', '.join(OPTIONAL_COLUMNS)}"
         )
     df = df.copy()
+    if df["model"].isna().any() or not df["model"].map(
+            lambda v: isinstance(v, str | int) and not isinstance(v, bool)).all():
+        raise BlockCouplingError(f"{where}: a row has an empty 'model' or one that is not a "
+                                 "name; give every row its model's name")
     df["model"] = df["model"].astype(str).str.strip()
-    if (df["model"] == "").any() or df["model"].isna().any():
+    if (df["model"] == "").any():
         raise BlockCouplingError(f"{where}: a row has an empty 'model'")
-    dup = sorted(df.loc[df["model"].duplicated(), "model"].unique())
-    if dup:
-        raise BlockCouplingError(f"{where}: model(s) listed twice: {', '.join(dup)}")
+    joins.check_unique_names(list(df["model"]), where)
     for col in ("score", "params_b", "layers", "d_model", "train_tokens_t"):
         if col in df.columns:
-            num = pd.to_numeric(df[col], errors="coerce")
+            num = pd.to_numeric(df[col].map(lambda v: None if isinstance(v, bool) else v),
+                                errors="coerce")
             bad = df.loc[num.isna() & df[col].notna() & (df[col].astype(str).str.strip() != ""),
                          "model"]
             if len(bad):
                 raise BlockCouplingError(f"{where}: column {col!r} is not a number for "
                                          f"{', '.join(map(str, bad))}")
             df[col] = num.astype(float)
+            if col in POSITIVE_COLUMNS:
+                given = df[col].notna()
+                bad = df.loc[given & ~(np.isfinite(df[col]) & (df[col] > 0)), "model"]
+                if len(bad):
+                    raise BlockCouplingError(
+                        f"{where}: column {col!r} is not a positive finite number for "
+                        f"{', '.join(map(str, bad))}; give it, or leave it blank")
     if "group" in df.columns:
         df["group"] = df["group"].astype("string")
-    return df
+    order = joins.canonical_order(range(len(df)), key=lambda i: (
+        joins.name_key(df["model"].iloc[i]), df["model"].iloc[i]))
+    return df.iloc[order].reset_index(drop=True)
 
 
 def read_scores_csv(path: str | Path) -> pd.DataFrame:
@@ -98,6 +122,9 @@ def read_lmeval_dir(path: str | Path) -> pd.DataFrame:
 
 def read_scores(source: str | Path) -> tuple[pd.DataFrame, str]:
     """``(scores, description)`` from ``"paper"``, a CSV file or an lm-eval results folder."""
+    if not isinstance(source, str | os.PathLike):
+        raise BlockCouplingError(f"--scores: give a CSV file, 'paper', an lm-evaluation-harness "
+                                 f"results folder or a DataFrame, not a {type(source).__name__}")
     if str(source) == "paper":
         return paper_scores(), "paper: Table 1 of Aubry et al. (arXiv 2407.07810 v1), shipped"
     path = Path(source)
@@ -109,48 +136,36 @@ def read_scores(source: str | Path) -> tuple[pd.DataFrame, str]:
                              "'paper' or an lm-evaluation-harness results folder")
 
 
-def match_scores(models: pd.DataFrame, units: Sequence[ModelUnit], scores: pd.DataFrame, *,  # noqa: C901 - one branch per way a score table names its models
+def match_scores(models: pd.DataFrame, units: Sequence[ModelUnit], scores: pd.DataFrame, *,
                  any_revision: bool = False) -> tuple[pd.DataFrame, list[dict[str, str]]]:
     """Join each unit's row of ``models`` with its score row; returns (table, excluded).
 
-    A unit matches the score row whose ``model`` (or ``name`` / ``aliases`` for the paper
-    table) equals, case-insensitively, one of `ModelUnit.match_keys` (label first), or
-    whose hub id ends in ``/<key>`` when that is unique. A unit measured at a revision matches
-    only a row of that revision (``model@revision``) or its own label, unless
-    ``any_revision`` (then the bare model id last, with a warning naming the row taken).
-    Units with no matching row raise (all listed); units whose row has no score are excluded
-    and returned with the reason.
+    The join is ``joins.match_names``: a unit matches the score row whose ``model`` (or
+    ``name`` / ``aliases`` for the paper table) is, compared without case and blanks, one of
+    its exact names (`ModelUnit.match_keys`: label, ``model@revision`` or model id, folder
+    name), else its fallbacks (a hub id ending in ``/<name>``; with ``any_revision`` the bare
+    model id of a unit measured at a revision, with a warning naming the row taken). A unit
+    two rows name, a name two rows list or a row two units take is one line; units with no
+    matching row raise (all listed); units whose row has no finite score are excluded and
+    returned with the reason.
 
     ``d_model`` and ``layers`` are the measured model's (``d_model_run``, ``layers_run``);
     the score table's values fill only what a run does not know, and where they differ from
     the measured shape a warning says so (the score table's values are kept as
     ``d_model_scores`` / ``layers_scores``).
     """
-    index: dict[str, set[int]] = {}
-    for i, row in scores.reset_index(drop=True).iterrows():
-        names = [row["model"]]
-        if "name" in scores.columns and isinstance(row.get("name"), str):
-            names.append(row["name"])
-        if "aliases" in scores.columns and isinstance(row.get("aliases"), str):
-            names += [a for a in row["aliases"].split("|") if a.strip()]
-        for name in names:
-            index.setdefault(str(name).strip().lower(), set()).add(int(i))
-        tail = str(row["model"]).rsplit("/", 1)[-1].strip().lower()
-        index.setdefault("*/" + tail, set()).add(int(i))
     scores = scores.reset_index(drop=True)
-    chosen: list[int | None] = []
-    for u in units:
-        hit: int | None = None
-        for key in u.match_keys(any_revision=any_revision):
-            key = key.strip().lower()
-            for cand in (key, "*/" + key.rsplit("/", 1)[-1]):
-                rows = index.get(cand, set())
-                if len(rows) == 1:
-                    hit = next(iter(rows))
-                    break
-            if hit is not None:
-                break
-        chosen.append(hit)
+    names: list[list[str]] = []
+    for _, row in scores.iterrows():
+        row_names = [str(row["model"])]
+        if "name" in scores.columns and isinstance(row.get("name"), str):
+            row_names.append(row["name"])
+        if "aliases" in scores.columns and isinstance(row.get("aliases"), str):
+            row_names += [a for a in row["aliases"].split("|") if a.strip()]
+        names.append(row_names)
+    picked = joins.match_names({u.label: u.match_keys(any_revision=any_revision)
+                                for u in units}, names)
+    chosen = [picked[u.label] for u in units]
     unmatched = [u for u, c in zip(units, chosen, strict=True) if c is None]
     if unmatched:
         listed = "; ".join(f"{u.label}" + (f" (model {u.model})" if u.model != u.label else "")
@@ -164,16 +179,6 @@ def match_scores(models: pd.DataFrame, units: Sequence[ModelUnit], scores: pd.Da
             f"no score for {len(unmatched)} run(s): {listed}. Add rows whose 'model' is the run's "
             f"label or model id (score table has {len(scores)} models: {known}"
             f"{', ...' if len(scores) > 8 else ''}){hint}"
-        )
-    owners: dict[int, list[str]] = {}
-    for u, c in zip(units, chosen, strict=True):
-        owners.setdefault(int(c), []).append(u.label)  # type: ignore[arg-type]
-    clash = {c: labs for c, labs in owners.items() if len(labs) > 1}
-    if clash:
-        c, labs = next(iter(clash.items()))
-        raise BlockCouplingError(
-            f"runs {', '.join(labs)} all match the score row {scores.loc[c, 'model']!r}; give "
-            "each run its own label and put the labels in the score table's 'model' column"
         )
     extra = [c for c in scores.columns if c != "model"]
     right = scores.loc[[int(c) for c in chosen], extra].reset_index(drop=True)  # type: ignore[arg-type]

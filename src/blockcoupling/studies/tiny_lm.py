@@ -538,12 +538,16 @@ def tiny_lm_dir(cfg: TinyLMConfig, cache_dir: str | Path | None = None) -> Path:
     return root / cfg.cache_key()
 
 
+#: what a reader of a damaged cache is told
+_CACHE_HINT = "Run the same command again: it trains that run again into its cache."
+
+
 def training_log(cfg: TinyLMConfig, cache_dir: str | Path | None = None) -> dict[str, Any]:
     """The saved training log (losses, timings) of a trained config, verified against the
     cache's checksums (`cache_problem`); raises if not trained or damaged."""
     target = tiny_lm_dir(cfg, cache_dir)
     path = target / "training.json"
-    if not path.is_file():
+    if not path.is_file() and not _ledger(target).exists():
         raise BlockCouplingError(
             f"No trained tiny LM at {path.parent}; run train_tiny_lm(cfg) (or `blockcoupling demo`) first"
         )
@@ -551,14 +555,21 @@ def training_log(cfg: TinyLMConfig, cache_dir: str | Path | None = None) -> dict
     if problem is not None:
         raise BlockCouplingError(f"the tiny-LM cache {target} is damaged ({problem}); run the "
                                  "same command again: it trains that run again")
-    data: dict[str, Any] = json.loads(path.read_text())
+    data: dict[str, Any] = _ledger(target).json("training.json")
     return data
 
 
-#: the sealed list of a training cache's files and their sha256, written last (it marks the
-#: cache complete); the monitor's collection (``monitor/``) is verified as a collection
+#: the sealed list of a training cache's files and their sha256 (``store.verified.Ledger``),
+#: written last (it marks the cache complete); the monitor's collection (``monitor/``) is
+#: verified as a collection
 CHECKSUMS = "checksums.json"
 _CHECKSUMS_FORMAT = "blockcoupling-tiny-lm-cache"
+
+
+def _ledger(folder: Path) -> Any:
+    from blockcoupling.store.verified import Ledger
+
+    return Ledger(folder, _CACHE_HINT, fmt=_CHECKSUMS_FORMAT, name=CHECKSUMS)
 
 
 def _cache_files(folder: Path) -> list[Path]:
@@ -568,61 +579,38 @@ def _cache_files(folder: Path) -> list[Path]:
 
 
 def _write_checksums(folder: Path) -> None:
-    """Seal the cache in ``folder``: every file's sha256 (``store.integrity.sealed_text``)."""
-    from blockcoupling.store.fileio import atomic_write_text, sha256_bytes
-    from blockcoupling.store.integrity import sealed_text
-
-    files = {p.relative_to(folder).as_posix(): sha256_bytes(p.read_bytes())
-             for p in _cache_files(folder)}
-    atomic_write_text(folder / CHECKSUMS, sealed_text({"format": _CHECKSUMS_FORMAT,
-                                                       "files": files}))
+    """Seal the cache in ``folder``: every file's sha256 (its `CHECKSUMS` ledger)."""
+    _ledger(folder).seal(p.relative_to(folder).as_posix() for p in _cache_files(folder))
 
 
 def _checksums(target: Path) -> tuple[dict[str, str] | None, str | None]:
     """(file -> sha256, None) of a sealed cache, or (None, why it cannot be trusted)."""
-    from blockcoupling.store.integrity import seal_problem
-
-    try:
-        data = json.loads((target / CHECKSUMS).read_text(encoding="utf-8"))
-    except FileNotFoundError:
+    ledger = _ledger(target)
+    if not ledger.exists():
         if (target / "training.json").is_file():
-            return None, "it has no checksums (written by an older blockcoupling)"
+            return None, (f"{ledger.path} is missing: it has no checksums (written by an "
+                          "older blockcoupling, or deleted)")
         return None, "its training did not finish"
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-        return None, f"{CHECKSUMS} is unreadable ({err})"
-    problem = seal_problem(data)
-    if problem is None and (data.get("format") != _CHECKSUMS_FORMAT
-                            or not isinstance(data.get("files"), dict)):
-        problem = "it is not a list of checksums"
+    problem = ledger.problem()
     if problem is not None:
-        return None, f"{CHECKSUMS}: {problem}"
-    return dict(data["files"]), None
+        return None, problem
+    return ledger.entries(), None
 
 
 def cache_problem(target: Path, only: tuple[str, ...] | None = None) -> str | None:
     """Why the training cache in ``target`` cannot be reused, or None: its checksums are
     missing, unsealed or edited, or a file is missing, altered or not listed (``only``: check
     just these files). A cache written before checksums has none: trained again."""
-    from blockcoupling.store.fileio import sha256_bytes
-
     files, problem = _checksums(target)
     if files is None:
         return problem
-    names = list(only) if only is not None else sorted(files)
-    for name in names:
-        if name not in files:
-            return f"{name} is not in its checksums"
-        try:
-            data = (target / name).read_bytes()
-        except OSError:
-            return f"{name} is missing"
-        if sha256_bytes(data) != files[name]:
-            return f"{name} was changed after it was written (its checksum does not match)"
-    if only is None:
-        extra = [p.relative_to(target).as_posix() for p in _cache_files(target)
-                 if p.relative_to(target).as_posix() not in files]
-        if extra:
-            return f"{extra[0]} was added after the training"
+    problem = _ledger(target).check(only)
+    if problem is not None or only is not None:
+        return problem
+    extra = [p.relative_to(target).as_posix() for p in _cache_files(target)
+             if p.relative_to(target).as_posix() not in files]
+    if extra:
+        return f"{extra[0]} was added after the training"
     return None
 
 
@@ -703,7 +691,7 @@ def train_tiny_lm(
             _train_into(cfg, target, progress, monitor, complete)
         except OSError as err:
             raise BlockCouplingError(_cache_write_error(err, target)) from err
-    end = json.loads((target / "training.json").read_text()).get("end_step", cfg.max_steps)
+    end = _ledger(target).json("training.json").get("end_step", cfg.max_steps)
     out = [(s, target / checkpoint_name(s)) for s in cfg.checkpoints if s <= end]
     missing = [str(p) for _, p in out if not (p / "config.json").is_file()]
     if missing:
@@ -760,10 +748,28 @@ def monitor_dir(cfg: TinyLMConfig, cache_dir: str | Path | None = None) -> Path:
     return tiny_lm_dir(cfg, cache_dir) / MONITOR_DIR
 
 
+def check_checkpoint(path: str | Path) -> None:
+    """Verify a checkpoint folder of a tiny-LM cache against the cache's checksums (one line
+    naming a missing or altered file and the command that trains it again); a folder outside
+    a cache (no checksums beside it) is the caller's own model."""
+    folder = Path(path)
+    ledger = _ledger(folder.parent)
+    if not ledger.exists():
+        return
+    mine = [n for n in ledger.entries() if n.startswith(f"{folder.name}/")]
+    if not mine:
+        raise BlockCouplingError(f"{folder} is not a checkpoint of the tiny-LM cache "
+                                 f"{folder.parent}. {_CACHE_HINT}")
+    for name in mine:
+        ledger.read(name)
+
+
 def load_checkpoint(path: str | Path) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """A trained tiny-LM checkpoint as a base ``GPT2Model`` (no LM head) in eval mode, and its
-    tokenizer."""
+    tokenizer, checked first (`check_checkpoint`)."""
     from transformers import AutoModel, AutoTokenizer
+
+    check_checkpoint(path)
 
     model = AutoModel.from_pretrained(path, local_files_only=True).eval()
     tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
@@ -779,6 +785,7 @@ __all__ = [
     "build_tokenizer",
     "cache_digest",
     "cache_problem",
+    "check_checkpoint",
     "checkpoint_name",
     "corpus_documents",
     "corpus_sha256",

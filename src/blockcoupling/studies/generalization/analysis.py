@@ -21,6 +21,7 @@ import pandas as pd
 
 from blockcoupling.engine.statistic import seed_level
 from blockcoupling.errors import BlockCouplingError
+from blockcoupling.studies import joins
 from blockcoupling.studies.regression import correlation_tests, stats_modules
 
 __all__ = ["analyse", "cell_table", "comparison_point", "mixed_model", "positive_control",
@@ -54,7 +55,9 @@ def cell_table(runs: pd.DataFrame, variants: Sequence[str],
                 "ci_low": f"{c}_ci_low", "ci_high": f"{c}_ci_high"}
         if c in variants:
             keep["within_se"] = f"{c}_within_se"
-        out = out.merge(lvl[[*keys, *keep]].rename(columns=keep), on=keys)
+        out = joins.join_on(out, lvl[[*keys, *keep]].rename(columns=keep), keys,
+                            names=("the cells", f"the seed level of {c}"),
+                            what="the runs table is inconsistent")
     return out[["cell", *keys, "n_seeds", *(c for c in out.columns
                                             if c not in ("cell", *keys, "n_seeds"))]]
 

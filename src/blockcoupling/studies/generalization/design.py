@@ -283,13 +283,7 @@ def parse_spec(data: Mapping[str, Any]) -> GeneralizationSpec:
 
 def load_spec(path: str | Path) -> GeneralizationSpec:
     """`parse_spec` of a YAML file."""
-    import yaml
+    from blockcoupling.store.verified import load_yaml
 
-    p = Path(path)
-    try:
-        data = yaml.safe_load(p.read_text(encoding="utf-8"))
-    except OSError as err:
-        raise BlockCouplingError(f"cannot read the study spec {p}: {err.strerror}") from None
-    except (yaml.YAMLError, UnicodeDecodeError) as err:
-        raise BlockCouplingError(f"{p} is not valid YAML: {str(err).splitlines()[0]}") from None
+    data = load_yaml(Path(path), "study spec")
     return parse_spec(data if data is not None else {})

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from blockcoupling.studies.plans import StudyPlan
+from blockcoupling.runs.plans import StudyPlan
 
 __all__ = ["plan_generalization"]
 

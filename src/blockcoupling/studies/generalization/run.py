@@ -28,6 +28,7 @@ import numpy as np
 import pandas as pd
 
 from blockcoupling.errors import BlockCouplingError
+from blockcoupling.studies import joins
 from blockcoupling.studies.generalization.analysis import analyse, positive_control
 from blockcoupling.studies.generalization.design import (
     GeneralizationSpec,
@@ -163,7 +164,7 @@ def final_table(root: Path, runs: pd.DataFrame, spec: GeneralizationSpec) -> pd.
     """One row per run at the end of training: its cell, seed, accuracies, and per variant
     the headline statistic of its final run (the grid's token rule, K of the spec) with its
     within-model se over the images."""
-    from blockcoupling.studies.read import open_collection
+    from blockcoupling.runs.read import open_collection
 
     collection = open_collection(root)
     pairs = collection.table("coupling", columns=["unit_id", "variant"]).drop_duplicates()
@@ -178,16 +179,23 @@ def final_table(root: Path, runs: pd.DataFrame, spec: GeneralizationSpec) -> pd.
                                          include_duplicates=True)
     wide = stat.pivot_table(index="label", columns="variant", values=["mean", "se"],
                             aggfunc="first")
+    measured = pd.DataFrame({"name": wide.index.astype(str),
+                             **{f"{q}_{v}": wide[(q, v)].to_numpy()
+                                for v in spec.variants for q in ("mean", "se")}})
+    values = joins.join_on(runs[["name"]].astype(str), measured, ["name"],
+                           names=("the grid's runs", f"the coupling measured in {root}"),
+                           what="resume the study (--out as before) to measure them",
+                           right_may_have_more=True)
     rows = []
-    for r in runs.itertuples():
+    for r, value in zip(runs.itertuples(), values.to_dict("records"), strict=True):
         row = {"name": r.name, "cell": _cell(r.n_train, r.label_noise),
                "n_train": int(r.n_train), "label_noise": float(r.label_noise),
                "seed": int(r.seed), "test_accuracy": float(r.test_accuracy),
                "train_accuracy": float(r.train_accuracy), "path": r.path,
                "run_dir": str(Path(r.path) / "coupling" / "final")}
         for v in spec.variants:
-            row[v] = float(wide.loc[r.name, ("mean", v)])
-            row[f"{v}_se"] = float(wide.loc[r.name, ("se", v)])
+            row[v] = float(value[f"mean_{v}"])
+            row[f"{v}_se"] = float(value[f"se_{v}"])
         rows.append(row)
     return pd.DataFrame(rows)
 
@@ -196,7 +204,7 @@ def checkpoint_table(runs: pd.DataFrame, spec: GeneralizationSpec) -> pd.DataFra
     """One row per run and monitored step mark (``monitor_every`` steps apart): the run's
     coupling (per variant, on the monitored images) and test accuracy at the end of the epoch
     in which the mark falls, i.e. at matched progress across training-set sizes."""
-    from blockcoupling.studies.statistic import coupling_statistic
+    from blockcoupling.runs.statistic import coupling_statistic
     from blockcoupling.studies.vit.train import STATISTIC_TOKENS, read_metrics
 
     t = spec.train

@@ -50,10 +50,10 @@ from blockcoupling.engine.config import MeasureConfig
 from blockcoupling.engine.state import preserved
 from blockcoupling.errors import BlockCouplingError
 from blockcoupling.hashing import canonical_hash
+from blockcoupling.runs import kinds
+from blockcoupling.runs.integrity import unit_problem
 from blockcoupling.store import collection as store
 from blockcoupling.store.collection import UnitRecord, collection_unit_id
-from blockcoupling.studies import kinds
-from blockcoupling.studies.integrity import unit_problem
 
 
 def prompt_items(prompts: Any, limit: int | None, seed: int) -> tuple[list[Any], str]:
@@ -151,7 +151,7 @@ class CouplingMonitor:
         base = config if config is not None else MeasureConfig()
         self.config = base.replace(**options) if options else base
         self.prompts, self.prompt_set = prompt_items(prompts, limit, self.config.seed)
-        from blockcoupling.studies.identity import input_hashes, local_inputs
+        from blockcoupling.runs.identity import input_hashes, local_inputs
 
         # a prompt file counts by its content: an edited file gives other units
         self._inputs = input_hashes(local_inputs(self.prompt_set)) \
@@ -163,6 +163,7 @@ class CouplingMonitor:
         self.last_scalars: dict[str, float] = {}
         self._hash = self.config.config_hash()
         self._lock: contextlib.ExitStack | None = None
+        self._loss: Any = None  # the training-loss log, opened at the first loss
         self.open()
         try:
             self._init_manifest()
@@ -229,11 +230,11 @@ class CouplingMonitor:
 
     def record_loss(self, step: int, loss: float) -> None:
         """Store the training loss at ``step`` beside the coupling (``OUT/training_loss.jsonl``)."""
-        from blockcoupling.report.emergence import LOSS_FILE  # its reader (matplotlib: lazy)
+        from blockcoupling.report.emergence import loss_log  # its reader (matplotlib: lazy)
 
-        line = json.dumps({"step": int(step), "loss": float(loss)}) + "\n"
-        with open(self.root / LOSS_FILE, "a", encoding="utf-8") as fh:
-            fh.write(line)
+        if self._loss is None:
+            self._loss = loss_log(self.root)
+        self._loss.append({"step": int(step), "loss": float(loss)})
 
     def step(self, model: torch.nn.Module, step: int, *, force: bool = False,
              loss: float | None = None) -> Any:
@@ -284,6 +285,8 @@ class CouplingMonitor:
                            seconds=time.perf_counter() - t0,
                            weights_hash=m.meta.get("weights_hash"), n_prompts=len(m.prompts))
         store.write_catalogue(self.root)
+        if self._loss is not None:
+            self._loss.mark()  # the loss log's length so far, sealed
         self.last_scalars = coupling_scalars(m.coupling)
         if self.log is not None and self.last_scalars:
             self.log(dict(self.last_scalars), int(step))
@@ -315,7 +318,11 @@ class CouplingMonitor:
     def close(self) -> None:
         """Release the directory (another monitor may then write to it)."""
         lock, self._lock = self._lock, None
+        loss, self._loss = self._loss, None  # a reopened monitor counts the log again
         if lock is not None:
+            if loss is not None:
+                with contextlib.suppress(OSError):
+                    loss.mark()  # the loss log's length at the end, sealed
             lock.close()
             with contextlib.suppress(KeyError):
                 if _OPEN.get(str(self.root.resolve())) is self:

@@ -1,4 +1,4 @@
-"""The training monitor's registration as a collection kind (`blockcoupling.studies.kinds`):
+"""The training monitor's registration as a collection kind (`blockcoupling.runs.kinds`):
 written by training code (``CouplingMonitor``), never from a spec file."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from blockcoupling.studies.kinds import CollectionKind, register
+from blockcoupling.runs.kinds import CollectionKind, register
 
 
 def _page(collection: Any, out: Path) -> Path:

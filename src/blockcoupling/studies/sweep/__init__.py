@@ -8,13 +8,13 @@ on Ray (default) or in this process, read back as one set of tables.
 Modules: `spec` (the YAML spec), `units` (expansion, unit ids, checkpoints), `runner` (a
 unit's run and the sweep's), `plan` (its ``--dry-run``), `kind` (its registration as a
 collection kind). Shared with every kind of collection: `blockcoupling.store.collection`
-(the format) and `blockcoupling.studies.read` (``open_collection``, alias ``open_sweep``: the
+(the format) and `blockcoupling.runs.read` (``open_collection``, alias ``open_sweep``: the
 reader, re-exported here as the sweep's public names).
 """
 
+from blockcoupling.runs.executor import EXECUTORS, SweepError, start_ray
+from blockcoupling.runs.read import Sweep, open_collection, open_sweep, sweep_status
 from blockcoupling.store.collection import is_collection_dir, is_sweep_dir
-from blockcoupling.studies.executor import EXECUTORS, SweepError, start_ray
-from blockcoupling.studies.read import Sweep, open_collection, open_sweep, sweep_status
 from blockcoupling.studies.sweep.runner import run_sweep, run_unit
 from blockcoupling.studies.sweep.spec import ModelSpec, SpecError, SweepSpec, load_spec, parse_spec
 from blockcoupling.studies.sweep.units import Unit, discover_checkpoints, expand, parse_step

@@ -1,11 +1,11 @@
-"""The sweep's registration as a collection kind (`blockcoupling.studies.kinds`)."""
+"""The sweep's registration as a collection kind (`blockcoupling.runs.kinds`)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
-from blockcoupling.studies.kinds import CollectionKind, register
+from blockcoupling.runs.kinds import CollectionKind, register
 
 
 def _page(collection: Any, out: Path) -> Path:

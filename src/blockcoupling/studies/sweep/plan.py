@@ -1,4 +1,4 @@
-"""The sweep's ``--dry-run`` plan (its kind's ``plan``, `blockcoupling.studies.kinds`): every
+"""The sweep's ``--dry-run`` plan (its kind's ``plan``, `blockcoupling.runs.kinds`): every
 unit of a sweep spec, each with the `MeasurePlan` of its model and prompts (the model and the
 prompts are loaded and checked as the unit's measurement loads them: ``runner.load_unit``,
 ``store.record.plan_run``)."""
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from blockcoupling.studies.plans import TRAINING_MODEL, RunPlan, StudyPlan
+from blockcoupling.runs.plans import TRAINING_MODEL, RunPlan, StudyPlan
 
 __all__ = ["plan_sweep"]
 

@@ -24,9 +24,8 @@ from typing import Any
 
 from blockcoupling.engine.fastrecord import FastPathWarning, describe, fallback_layers
 from blockcoupling.errors import BlockCouplingError, RunDirError
-from blockcoupling.store import collection as store
-from blockcoupling.studies import integrity, kinds
-from blockcoupling.studies.executor import (
+from blockcoupling.runs import integrity, kinds
+from blockcoupling.runs.executor import (
     CONNECT_TIMEOUT_S,
     EXECUTORS,
     SweepError,
@@ -35,7 +34,8 @@ from blockcoupling.studies.executor import (
     ray_session,
     run_each,
 )
-from blockcoupling.studies.identity import input_differences, input_hashes
+from blockcoupling.runs.identity import input_differences, input_hashes
+from blockcoupling.store import collection as store
 from blockcoupling.studies.sweep.spec import SweepSpec, load_spec
 from blockcoupling.studies.sweep.units import Unit, expand
 
@@ -126,11 +126,15 @@ def load_unit(u: Unit, cfg: Any) -> tuple[Any, Any, list[Any]]:
     return model, tok, list(prompts)
 
 
-def _complete(run_dir: Path) -> bool:
+def _complete(run_dir: Path, *, damaged: bool = False) -> bool:
+    """Whether ``run_dir`` holds a finished run (its manifest verified); a manifest that
+    fails its check counts as finished with ``damaged`` (to be checked and measured again)."""
+    from blockcoupling.store.manifest import MANIFEST, load_manifest
+
     try:
-        return json.loads((run_dir / "manifest.json").read_text()).get("status") == "complete"
-    except (OSError, ValueError):
-        return False
+        return load_manifest(run_dir).get("status") == "complete"
+    except RunDirError:
+        return damaged and (run_dir / MANIFEST).exists()
 
 
 def _measure_waiting_for_lock(fn: Callable[[], Any]) -> Any:
@@ -299,7 +303,7 @@ def _recheck_done(root: Path, units: Sequence[Unit]) -> dict[str, str]:
     repaired: dict[str, str] = {}
     for u in units:
         rec = store.read_status(root, u.unit_id)
-        finished = _complete(store.unit_dir(root, u.unit_id))
+        finished = _complete(store.unit_dir(root, u.unit_id), damaged=True)
         if not finished and not (rec is not None and rec.get("status") == "done"):
             continue
         problem = integrity.unit_problem(root, rec if rec is not None else {"unit": u.to_dict()})
@@ -318,7 +322,7 @@ def run_sweep(spec: str | os.PathLike[str] | Mapping[str, Any] | SweepSpec,  # n
               retries: int | None = None,
               connect_timeout: float = CONNECT_TIMEOUT_S) -> Any:
     """Run (or with ``resume=True`` continue) a sweep into the directory ``out`` and return
-    [`open_sweep`][blockcoupling.studies.read.open_sweep] of it.
+    [`open_sweep`][blockcoupling.runs.read.open_sweep] of it.
 
     ``spec``: a YAML file, a mapping of the same form, or a [`SweepSpec`][blockcoupling.studies.sweep.spec.SweepSpec]. ``executor``:
     ``"ray"`` (one task per unit, on the cluster ``ray.init()`` would use: ``address``,
@@ -330,7 +334,7 @@ def run_sweep(spec: str | os.PathLike[str] | Mapping[str, Any] | SweepSpec,  # n
     ``retries``: Ray retries of a unit whose worker died (default: the spec's ``retries``,
     3). Units already done are skipped on resume; failed and unfinished ones run again.
     """
-    from blockcoupling.studies.read import open_sweep
+    from blockcoupling.runs.read import open_sweep
     from blockcoupling.validate import optional, whole
 
     if executor not in EXECUTORS:

@@ -29,9 +29,10 @@ from typing import Any
 
 from blockcoupling import validate
 from blockcoupling.engine.config import MeasureConfig
-from blockcoupling.errors import BlockCouplingError, require
+from blockcoupling.errors import BlockCouplingError
 from blockcoupling.fields import check_fields, from_mapping, key_names, opt
 from blockcoupling.loading import ModelSource
+from blockcoupling.store.verified import load_yaml
 
 #: a model entry's loading keys, top-level defaults and per-model values: every field of
 #: `ModelSource` but the model (its own key) and the revision (``revisions:`` and ``steps:``
@@ -343,17 +344,7 @@ def load_spec(source: str | os.PathLike[str] | Mapping[str, Any] | SweepSpec) ->
     if not path.is_file():
         raise SpecError(f"sweep spec {str(path)!r} not found; give a YAML file (see "
                         "docs/how-to/sweeps.md)")
-    yaml = require("yaml", what="reading a YAML spec", package="pyyaml",
-                   install="'blockcoupling[sweep]'", error=SpecError)
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
-        raise SpecError(f"{path}: not valid YAML{where}: {problem}") from err
-    except (OSError, UnicodeDecodeError) as err:
-        raise SpecError(f"cannot read {path}: {err}") from err
+    data = load_yaml(path, "sweep spec", error=SpecError)
     try:
         return parse_spec(data, base_dir=path.parent)
     except SpecError as err:

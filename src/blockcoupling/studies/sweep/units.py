@@ -123,7 +123,7 @@ def _targets(m: ModelSpec) -> list[tuple[str, str | None, int | None]]:
 
 def expand(spec: SweepSpec) -> list[Unit]:
     """Every unit of the sweep, in spec order (models, then revisions/steps, then prompts)."""
-    from blockcoupling.studies.identity import input_hashes, local_inputs
+    from blockcoupling.runs.identity import input_hashes, local_inputs
 
     cfg_dict = spec.config.to_dict()
     h = config_hash(spec.config)

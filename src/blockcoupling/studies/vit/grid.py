@@ -43,7 +43,7 @@ import pandas as pd
 from blockcoupling import validate
 from blockcoupling.errors import BlockCouplingError
 from blockcoupling.fields import check_fields, from_mapping, opt
-from blockcoupling.studies import kinds
+from blockcoupling.runs import kinds
 from blockcoupling.studies.vit.train import (
     COUPLING_METRICS,
     METRICS_FILE,
@@ -205,15 +205,9 @@ def load_grid_spec(source: str | Path | dict[str, Any]
     if isinstance(source, dict):
         data = source
     else:
-        import yaml
+        from blockcoupling.store.verified import load_yaml
 
-        path = Path(source)
-        if not path.is_file():
-            raise BlockCouplingError(f"grid spec {path} does not exist")
-        try:
-            data = yaml.safe_load(path.read_text()) or {}
-        except yaml.YAMLError as err:
-            raise BlockCouplingError(f"grid spec {path} is not valid YAML: {err}") from err
+        data = load_yaml(Path(source), "grid spec") or {}
     if not isinstance(data, dict):
         raise BlockCouplingError("a grid spec is a mapping with drop_path, weight_decay, train")
     if data.get("kind", KIND) != KIND:  # before the other keys: another kind's spec
@@ -347,7 +341,7 @@ def run_grid(base: VitTrainConfig, root: str | Path, *,
     if executor == "local":
         return _run_grid(base, root, configs, axes, executor, address, num_cpus, threads,
                          progress, on_run)
-    from blockcoupling.studies.executor import ray_session
+    from blockcoupling.runs.executor import ray_session
 
     with ray_session(address, num_cpus=cluster_cpus):  # reached before anything is written
         return _run_grid(base, root, configs, axes, executor, None, num_cpus, threads,
@@ -358,8 +352,8 @@ def _run_grid(base: VitTrainConfig, root: str | Path, configs: list[VitTrainConf
               axes: tuple[str, ...], executor: str, address: str | None, num_cpus: int,
               threads: int | None, progress: bool,
               on_run: Callable[[dict[str, Any]], None] | None) -> pd.DataFrame:
+    from blockcoupling.runs import integrity
     from blockcoupling.store import collection as store
-    from blockcoupling.studies import integrity
 
     units = [grid_unit(c, axes) for c in configs]
     rootp = Path(root)
@@ -457,7 +451,7 @@ def _run_jobs(jobs: list[tuple[dict[str, Any], str]], units: list[Any],
               executor: str, address: str | None, num_cpus: int,
               threads: int | None) -> None:
     """Every training through the kinds' one task loop (`executor.run_each`)."""
-    from blockcoupling.studies.executor import died, run_each
+    from blockcoupling.runs.executor import died, run_each
 
     def on_result(i: int, rec: Any, err: BaseException | None) -> None:
         if err is not None:

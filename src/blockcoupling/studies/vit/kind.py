@@ -1,4 +1,4 @@
-"""The ViT grid's registration as a collection kind (`blockcoupling.studies.kinds`): a
+"""The ViT grid's registration as a collection kind (`blockcoupling.runs.kinds`): a
 spec with ``kind: vit-grid``, the ViT study page, [CLS] as its headline token, the check of a
 trained unit, the conversion of the old grid layout (``grid.json`` + ``runs/``), and a folder
 of loose ``vit-train`` outputs (``blockcoupling report FOLDER``: the same page)."""
@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from blockcoupling.errors import RunDirError
+from blockcoupling.runs.kinds import CollectionKind, register
 from blockcoupling.store import collection as store
-from blockcoupling.studies.kinds import CollectionKind, register
 
 
 def _page(collection: Any, out: Path) -> Path:
@@ -66,6 +66,7 @@ def _upgrade(root: Path) -> bool:
     False where ``root`` is not a ViT grid in the old layout."""
     if not (root / store.LEGACY_GRID_FILE).is_file():
         return False
+    from blockcoupling.store.verified import load_json
     from blockcoupling.studies.vit.grid import KIND, grid_unit, headline_tokens, unit_record
     from blockcoupling.studies.vit.train import METRICS_FILE, VitTrainConfig, is_trained
 
@@ -80,12 +81,12 @@ def _upgrade(root: Path) -> bool:
     folders = [*sorted((root / "runs").glob(f"*/{METRICS_FILE}")),
                *sorted((root / store.UNITS).glob(f"*/{METRICS_FILE}"))]
     for metrics in folders:
+        again = f"Move that run's folder out of {root} and run the upgrade again."
+        record = load_json(metrics, again)  # a record of an older blockcoupling: unsealed
         try:
-            cfg = VitTrainConfig.from_dict(json.loads(metrics.read_text(encoding="utf-8"))
-                                           ["config"])
-        except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError) as err:
-            raise RunDirError(f"cannot read {metrics} ({err}); move that run's folder out of "
-                              f"{root} and run the upgrade again") from err
+            cfg = VitTrainConfig.from_dict(record["config"])
+        except (ValueError, KeyError, TypeError) as err:
+            raise RunDirError(f"{metrics} holds no training config ({err}). {again}") from err
         u = grid_unit(cfg)
         found[u.unit_id] = (u, cfg, metrics.parent)
     if base_dict is None and found:

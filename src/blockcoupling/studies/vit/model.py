@@ -106,10 +106,16 @@ def build_vit(shape: VitShape, *, image_size: int, num_channels: int, num_labels
 
 
 def load_vit(path: str | Path) -> torch.nn.Module:
-    """A trained model from a ``vit-train`` output folder (or its ``model/`` folder)."""
+    """A trained model from a ``vit-train`` output folder (or its ``model/`` folder); the
+    weights of an output folder are checked against the checksum its record holds first
+    (``vit.record.read_metrics``: one line naming a damaged file and the repair)."""
     from transformers import BeitForImageClassification
 
+    from blockcoupling.studies.vit.record import METRICS_FILE, read_metrics
+
     path = Path(path)
+    if (path / METRICS_FILE).exists():
+        read_metrics(path)
     folder = path / "model" if (path / "model" / "config.json").exists() else path
     if not (folder / "config.json").exists():
         raise BlockCouplingError(

@@ -1,5 +1,5 @@
 """The ViT trainings' ``--dry-run`` plans (``vit-train``, ``vit-grid``, a grid spec given to
-``sweep``: the kind's ``plan``, `blockcoupling.studies.kinds`): per training run its epochs and
+``sweep``: the kind's ``plan``, `blockcoupling.runs.kinds`): per training run its epochs and
 steps, the epochs measured and the MeasurePlan of one measurement and of the final one,
 computed on the untrained model of the run's shape with the images the run measures."""
 
@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from blockcoupling.studies.plans import RunPlan, StudyPlan
+from blockcoupling.runs.plans import RunPlan, StudyPlan
 
 __all__ = ["plan_grid", "plan_vit_training"]
 

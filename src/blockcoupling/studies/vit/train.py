@@ -24,7 +24,6 @@ Output folder ``OUT``::
 
 from __future__ import annotations
 
-import json
 import math
 import time
 from collections.abc import Callable
@@ -40,7 +39,7 @@ from torch import Tensor
 from blockcoupling.errors import BlockCouplingError
 from blockcoupling.fields import check_fields, identity, opt, parse_given
 from blockcoupling.hashing import canonical_hash
-from blockcoupling.store.fileio import atomic_path, atomic_write_text
+from blockcoupling.store.fileio import atomic_path
 from blockcoupling.studies.vit.augment import (
     AUGMENTS,
     crop_flip,
@@ -50,10 +49,19 @@ from blockcoupling.studies.vit.augment import (
 )
 from blockcoupling.studies.vit.data import DATASETS, ImageData, load_image_data
 from blockcoupling.studies.vit.model import build_vit, resolve_shape
+from blockcoupling.studies.vit.record import (  # noqa: F401 - the record's names, as before
+    DAMAGED_HINT,
+    FORMAT,
+    METRICS_FILE,
+    MODEL_WEIGHTS,
+    _load_metrics,
+    _model_sha256,
+    _write_json,
+    metrics_problem,
+    read_metrics,
+)
 from blockcoupling.validate import number, one_value, whole
 
-METRICS_FILE = "metrics.json"
-FORMAT = "blockcoupling-vit-train"
 CLS_TOKEN = 0  # BEiT puts [CLS] at position 0
 TOKENS = ("cls", "last", "all")  # the headline token choices (``tokens``)
 #: each choice as a token rule of ``engine.statistic`` ([CLS] is position 0: the first measured)
@@ -439,84 +447,16 @@ def measure_images(model: torch.nn.Module, pixel_values: Tensor, run_dir: Path, 
 
 
 # ---------------------------------------------------------------------------- I/O
-def _write_json(path: Path, data: dict[str, Any]) -> None:
-    """``metrics.json`` sealed (``store.integrity.sealed_text``): an edit is detected."""
-    from blockcoupling.store.integrity import sealed_text
-
-    atomic_write_text(path, sealed_text(data))
-
-
-#: what a reader of a damaged training record is told
-DAMAGED_HINT = ("a grid point is trained again by running the same vit-grid command; a "
-                "vit-train output: train into a new --out (or delete that folder)")
-
-
-def metrics_problem(out_dir: str | Path) -> str | None:
-    """Why the ``metrics.json`` of a ``vit-train`` folder cannot be trusted (unreadable, not
-    a metrics file, edited, or a finished training whose saved model no longer matches the
-    checksum recorded with it), or None. A record written before records were sealed is
-    accepted (None) and reported by `read_metrics` as unverified."""
-    from blockcoupling.store.integrity import seal_problem
-
-    path = Path(out_dir) / METRICS_FILE
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        return f"{path} is missing"
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-        return f"{path} is unreadable ({err})"
-    if not isinstance(data, dict) or data.get("format") != FORMAT:
-        return f"{path} is not a vit-train metrics file"
-    problem = seal_problem(data)
-    if problem is not None and "digest" in data:
-        return f"{path}: {problem}"
-    want = data.get("model_sha256")
-    if want is not None and _model_sha256(Path(out_dir)) != want:
-        return (f"{Path(out_dir) / MODEL_WEIGHTS} is missing or damaged (its checksum does not "
-                "match the one recorded when it was trained)")
-    return None
-
-
-def read_metrics(out_dir: str | Path) -> dict[str, Any]:
-    """The ``metrics.json`` of a ``vit-train`` output folder, verified (its seal and the
-    saved model's checksum: `metrics_problem`); one line naming the damage and the
-    repair otherwise. A record without a seal (an older blockcoupling) is read with a
-    warning that it is unverified."""
-    import warnings
-
-    path = Path(out_dir) / METRICS_FILE
-    if not path.exists():
-        raise BlockCouplingError(f"{out_dir} has no {METRICS_FILE}; is it a vit-train output?")
-    problem = metrics_problem(out_dir)
-    if problem is not None:
-        raise BlockCouplingError(f"{problem}; the training's record is damaged: {DAMAGED_HINT}")
-    data: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
-    if "digest" not in data:
-        warnings.warn(f"{path} has no checksum (written by an older blockcoupling): read "
-                      "unverified", UserWarning, stacklevel=2)
-    return data
-
-
-#: the saved model's weights, whose checksum a finished training records
-MODEL_WEIGHTS = "model/model.safetensors"
-
-
-def _model_sha256(out: Path) -> str | None:
-    from blockcoupling.store.fileio import sha256_bytes
-
-    try:
-        return sha256_bytes((out / MODEL_WEIGHTS).read_bytes())
-    except OSError:
-        return None
-
-
 def is_trained(out_dir: str | Path, config: VitTrainConfig | None = None) -> bool:
     """True when ``out_dir`` holds a finished, undamaged training (of ``config``, if
     given)."""
+    from blockcoupling.errors import RunDirError
+
     out = Path(out_dir)
-    if metrics_problem(out) is not None:
+    try:
+        data = _load_metrics(out)
+    except RunDirError:
         return False
-    data = json.loads((out / METRICS_FILE).read_text(encoding="utf-8"))
     if data.get("status") != "complete" or not (out / "model" / "config.json").exists():
         return False
     return config is None or data.get("config_key") == config.key()
@@ -558,7 +498,7 @@ def _train(config: VitTrainConfig, out: Path, *, progress: bool, on_epoch: Epoch
                                      f"({foreign}), not a training; choose another --out")
     data_content = None
     if config.data_dir is not None and Path(config.data_dir).is_dir():
-        from blockcoupling.studies.identity import content_hash
+        from blockcoupling.runs.identity import content_hash
 
         data_content = content_hash(Path(config.data_dir))  # a resume must see the same images
     if (out / METRICS_FILE).exists():
@@ -611,7 +551,7 @@ def _train(config: VitTrainConfig, out: Path, *, progress: bool, on_epoch: Epoch
     start_epoch = 1
     ckpt_path = out / "checkpoint.pt"
     if ckpt_path.exists():
-        ckpt = torch.load(ckpt_path, map_location="cpu", weights_only=False)
+        ckpt = _load_checkpoint(ckpt_path)
         if ckpt.get("config_key") == config.key():
             model.load_state_dict(ckpt["model"])
             optimizer.load_state_dict(ckpt["optimizer"])
@@ -855,9 +795,37 @@ def reproducibility(config: VitTrainConfig) -> dict[str, Any]:
 def _save_checkpoint(path: Path, config: VitTrainConfig, model: torch.nn.Module,
                      optimizer: torch.optim.Optimizer, history: list[dict[str, Any]],
                      epoch: int) -> None:
-    with atomic_path(path) as tmp:
-        torch.save({"config_key": config.key(), "epoch": epoch, "model": model.state_dict(),
-                    "optimizer": optimizer.state_dict(), "history": history}, tmp)
+    """The resume point, sealed (``store.verified.sealed_bytes``: its checksum inside it)."""
+    import io
+
+    from blockcoupling.store.fileio import atomic_write_bytes
+    from blockcoupling.store.verified import sealed_bytes
+
+    sink = io.BytesIO()
+    torch.save({"config_key": config.key(), "epoch": epoch, "model": model.state_dict(),
+                "optimizer": optimizer.state_dict(), "history": history}, sink)
+    atomic_write_bytes(path, sealed_bytes(sink.getvalue()))
+
+
+def _load_checkpoint(path: Path) -> dict[str, Any]:
+    """The resume point `_save_checkpoint` wrote, verified (one written before checkpoints
+    were sealed is read as it is), or one line: a damaged checkpoint is deleted by hand and
+    the training starts again from its first epoch."""
+    import io
+
+    from blockcoupling.store.verified import load_sealed_bytes, stored_error
+
+    hint = (f"Delete {path} and run the same command again: the training starts again from "
+            "its first epoch (bit-identically)")
+    payload = load_sealed_bytes(path, hint)
+    try:  # our own file, verified (a sealed one) or of an older blockcoupling: not a user's
+        ckpt = torch.load(io.BytesIO(payload), map_location="cpu", weights_only=False)
+    except Exception as err:  # torch / pickle raise many types for a damaged file
+        raise stored_error(path, f"is not a readable checkpoint ({type(err).__name__})",
+                           hint) from err
+    if not isinstance(ckpt, dict) or not {"epoch", "model", "optimizer", "history"} <= set(ckpt):
+        raise stored_error(path, "is not a vit-train checkpoint", hint)
+    return ckpt
 
 
 def _save_model(model: Any, folder: Path) -> None:

@@ -15,7 +15,7 @@ from blockcoupling.store.collection import all_status, run_relpath, unit_dir
 def repair_command(root: Path, kind: str | None) -> str:
     """How a damaged unit of the collection in ``root`` is measured again (its kind's
     ``CollectionKind.repair``; a manifest without kind is the registry's default kind's)."""
-    from blockcoupling.studies import kinds
+    from blockcoupling.runs import kinds
 
     return (kinds.get(kind, root) if kind else kinds.default()).repair(root)
 
@@ -32,7 +32,7 @@ def unit_problem(root: Path, rec: dict[str, Any]) -> str | None:
     uid = str(unit.get("unit_id"))
     path = root / run_relpath(unit)
     if unit.get("run"):  # a unit trained into its folder: its kind's check of that folder
-        from blockcoupling.studies import kinds
+        from blockcoupling.runs import kinds
 
         for name in kinds.names():
             check = kinds.get(name).unit_check

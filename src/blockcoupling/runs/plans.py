@@ -4,10 +4,8 @@ written.
 `RunPlan` (one training run or one unit) and `StudyPlan` (all of them, with a stated cost
 model) are what every plan is made of. A collection kind's plan lives in its own package
 (``CollectionKind.plan``: ``blockcoupling sweep SPEC --dry-run`` asks the registry); the
-studies' plans beside their code (``study generalization``: its package's ``plan``). Here:
-`plan_lm_study` (``study lm-family``): per training run its steps, the checkpoints measured
-and the MeasurePlan of one checkpoint's measurement, computed on the untrained model of the
-run's shape with the inputs the study measures.
+studies' plans beside their code (``study generalization``: its package's ``plan``;
+``study lm-family``: ``studies.lm_study.plan_lm_study``).
 
 The time estimate is a stated model, not a measurement: training costs ``6 x parameters x
 tokens`` flop per step (forward and backward of a dense transformer), a measurement what
@@ -18,13 +16,12 @@ steps on this machine.
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
 from blockcoupling.engine.plan import GFLOPS, MeasurePlan, duration, span
 
-__all__ = ["TRAINING_MODEL", "RunPlan", "StudyPlan", "plan_lm_study"]
+__all__ = ["TRAINING_MODEL", "RunPlan", "StudyPlan"]
 
 #: how the training time is estimated (stated in every plan)
 TRAINING_MODEL = (f"stated model: training 6 x parameters x tokens flop per step, measurement "
@@ -111,42 +108,3 @@ def _measure_line(p: MeasurePlan) -> str:
     return (f"{p.prompts:,} inputs ({p.tokens:,} tokens) on {p.num_layers} blocks of d = "
             f"{p.hidden_size}, {p.jacobians:,} Jacobian blocks, pairs {pairs}, "
             f"{duration(p.estimated_seconds)}")
-
-
-# ---------------------------------------------------------------------------- the LM family
-def plan_lm_study(spec: Any) -> StudyPlan:
-    """The plan of ``study lm-family`` for a ``StudySpec``: per run its training steps (a cap),
-    the checkpoints (step 0 and the powers of two to the cap) and the measurement of each (the study's sweep), on the untrained
-    model of the run's shape and the held-out prompts."""
-    import torch
-    from transformers import GPT2LMHeadModel
-
-    from blockcoupling.engine.config import parse_config
-    from blockcoupling.store.record import plan_run
-    from blockcoupling.studies.lm_study import family_prompts, study_measure, tiny_config
-    from blockcoupling.studies.tiny_lm import build_tokenizer, corpus_text, gpt2_config
-
-    tok = build_tokenizer(corpus_text())
-    cfg = parse_config(None, **study_measure(spec))
-    prompts = family_prompts(tiny_config(spec, spec.runs[0]), n=spec.n_prompts,
-                             length=spec.prompt_length)
-    runs = []
-    shapes: dict[tuple[int, int], tuple[int, Any]] = {}  # runs of one shape: one plan
-    for run in spec.runs:
-        tc = tiny_config(spec, run)
-        if (run.n_layer, run.n_embd) not in shapes:
-            with torch.device("meta"):  # the shape only: no weights are allocated
-                model = GPT2LMHeadModel(gpt2_config(tc, len(tok), tok.pad_token_id))
-            shapes[run.n_layer, run.n_embd] = (
-                sum(p.numel() for p in model.parameters()),
-                plan_run(model, tok, prompts, config=cfg, model_name=run.run_id))
-        params, plan = shapes[run.n_layer, run.n_embd]
-        runs.append(RunPlan(
-            name=run.run_id, checkpoints=tuple(tc.checkpoints), steps=tc.max_steps,
-            parameters=params,
-            training_flops=6.0 * params * tc.batch_size * tc.block_size * tc.max_steps,
-            measure=dataclasses.replace(plan, model=run.run_id)))
-    notes = ["steps and checkpoints are caps: each run stops at its held-out plateau",
-             f"each checkpoint is also scored on held-out text; K = {spec.k}, "
-             f"{len(prompts)} prompts of {spec.prompt_length} characters"]
-    return StudyPlan(study="the LM family study", runs=runs, notes=notes, capped=True)

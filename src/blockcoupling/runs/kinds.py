@@ -1,14 +1,14 @@
 """The registry of collection kinds: what a kind of "many runs" directory adds to the one
 collection format (`blockcoupling.store.collection`).
 
-A kind is a package under ``blockcoupling/studies/`` whose module ``kind.py`` makes one call,
+A kind is a package under ``blockcoupling/studies/`` (`KIND_HOME`) whose module ``kind.py`` makes one call,
 ``register(CollectionKind(...))``: its name (the manifest's ``kind``), how a spec file of the
 kind is parsed, planned and run, its report page, its headline token rule, the line that
 repairs a damaged unit, the check of a unit beyond its run directory, the conversion of
 an old layout, and the loose outputs it recognises outside a collection. One kind is the
 ``default``: that of a spec without ``kind:`` and of a manifest that records none (format 1,
-written when it was the only kind). Generic modules (the reader, ``studies/collection.py``,
-``studies/plans.py``, the CLI) ask the registry (`get`, `names`, `spec_kinds`, `default`,
+written when it was the only kind). Generic modules (the reader, ``runs/collection.py``,
+``runs/plans.py``, the CLI) ask the registry (`get`, `names`, `spec_kinds`, `default`,
 `manifest_kind`, `collection_tokens`, `recognising`) and name no kind. The recipe: docs/DESIGN.md, "Recipe: add a
 collection kind"; ``tests/project/test_architecture.py`` fails when a kind is named outside its own
 package.
@@ -26,6 +26,10 @@ from typing import Any
 
 from blockcoupling.errors import RunDirError
 
+#: where kind packages live: every sub-package of it with a `KIND_MODULE` registers a kind.
+#: The registry finds them by this name when first asked (plugin discovery, as an entry
+#: point group would): this layer imports nothing of the studies standing on it.
+KIND_HOME = "blockcoupling.studies"
 #: a kind package's module that registers it (``blockcoupling.studies.<package>.kind``)
 KIND_MODULE = "kind"
 
@@ -43,7 +47,7 @@ class CollectionKind:
     repair: Callable[[Path], str]
     #: a spec mapping (YAML) -> the kind's parsed spec (None: not written from a spec)
     parse_spec: Callable[[Any], Any] | None = None
-    #: the ``--dry-run`` plan (a ``studies.plans.StudyPlan``) of a spec (a file or a mapping)
+    #: the ``--dry-run`` plan (a ``runs.plans.StudyPlan``) of a spec (a file or a mapping)
     plan: Callable[..., Any] | None = None
     #: run a spec (a file or a mapping) into a directory: ``run(spec, out, *, executor,
     #: address, resume, progress, num_cpus, retries, connect_timeout)`` -> the opened
@@ -103,9 +107,10 @@ def load_kinds() -> None:
     global _loaded
     if _loaded:
         return
-    package = __name__.rsplit(".", 1)[0]  # blockcoupling.studies, found by its folder
-    for info in pkgutil.iter_modules([str(Path(__file__).parent)]):
-        name = f"{package}.{info.name}.{KIND_MODULE}"
+    home = importlib.util.find_spec(KIND_HOME)
+    folders = list(home.submodule_search_locations or []) if home is not None else []
+    for info in pkgutil.iter_modules(folders):
+        name = f"{KIND_HOME}.{info.name}.{KIND_MODULE}"
         if info.ispkg and importlib.util.find_spec(name) is not None:
             importlib.import_module(name)
     _loaded = True

@@ -1,12 +1,12 @@
-"""Reading a collection (a sweep, a monitor directory, a ViT grid): [`open_collection`][blockcoupling.studies.read.open_collection]
-(alias [`open_sweep`][blockcoupling.studies.read.open_sweep]) -> [`Sweep`][blockcoupling.studies.read.Sweep], tables across units via DuckDB. The one reader of
+"""Reading a collection (a sweep, a monitor directory, a ViT grid): [`open_collection`][blockcoupling.runs.read.open_collection]
+(alias [`open_sweep`][blockcoupling.runs.read.open_sweep]) -> [`Sweep`][blockcoupling.runs.read.Sweep], tables across units via DuckDB. The one reader of
 every kind, naming none: the manifest says the kind (``Sweep.kind``, through the registry
-`blockcoupling.studies.kinds`), the units' run directories come from the catalogue.
+`blockcoupling.runs.kinds`), the units' run directories come from the catalogue.
 
-Nothing is loaded until asked for: [`Sweep.table`][blockcoupling.studies.read.Sweep.table] runs one DuckDB query over the Parquet
+Nothing is loaded until asked for: [`Sweep.table`][blockcoupling.runs.read.Sweep.table] runs one DuckDB query over the Parquet
 tables of every finished unit (``read_parquet`` of the files, joined with the catalogue), so
-a filter or a column selection is applied while reading, and [`Sweep.sql`][blockcoupling.studies.read.Sweep.sql] lets any
-aggregate run without materialising the rows. [`Sweep.summary`][blockcoupling.studies.read.Sweep.summary] is such an aggregate.
+a filter or a column selection is applied while reading, and [`Sweep.sql`][blockcoupling.runs.read.Sweep.sql] lets any
+aggregate run without materialising the rows. [`Sweep.summary`][blockcoupling.runs.read.Sweep.summary] is such an aggregate.
 """
 
 from __future__ import annotations
@@ -30,8 +30,8 @@ from blockcoupling.engine.statistic import (
     statistic_table,
 )
 from blockcoupling.errors import BlockCouplingError, require
+from blockcoupling.runs import integrity, kinds
 from blockcoupling.store import collection as store
-from blockcoupling.studies import integrity, kinds
 
 #: the unit columns put in front of every table read from a sweep
 UNIT_COLUMNS = ("unit_id", "label", "model", "revision", "step", "prompt_set")
@@ -95,7 +95,7 @@ class Sweep:
         checksum of every file, prompt rows counted against the manifest, the unit's
         identity); a `UnitDamagedError` names the
         first damaged unit and the command that measures it again. Every table read calls
-        it (once per [`Sweep`][blockcoupling.studies.read.Sweep])."""
+        it (once per [`Sweep`][blockcoupling.runs.read.Sweep])."""
         if self._verified:
             return
         damaged = integrity.damaged_units(self.root)
@@ -233,8 +233,8 @@ class Sweep:
         """The headline statistic (``engine.statistic``) of every done unit: the unit
         columns, then one row per variant and K. ``k=None`` is the smallest measured K, which
         must be the same for every unit (a sweep with mixed K is refused: pass ``k``) unless
-        ``allow_mixed_k`` (each unit's own smallest K, as [`summary`][blockcoupling.studies.read.Sweep.summary] shows them).
-        ``tokens=None`` is the collection's own ([`default_tokens`][blockcoupling.studies.read.Sweep.default_tokens]).
+        ``allow_mixed_k`` (each unit's own smallest K, as [`summary`][blockcoupling.runs.read.Sweep.summary] shows them).
+        ``tokens=None`` is the collection's own ([`default_tokens`][blockcoupling.runs.read.Sweep.default_tokens]).
         The keywords are the fields of `StatisticRule`; `statistic` takes the rule whole."""
         rule, ks = rule_and_ks(k, p=p, orientation=orientation,
                                tokens=self.default_tokens if tokens is None else tokens,
@@ -347,7 +347,7 @@ class Sweep:
         return out
 
 
-#: the statistic's columns in [`Sweep.summary`][blockcoupling.studies.read.Sweep.summary] (wide form, chance-corrected first)
+#: the statistic's columns in [`Sweep.summary`][blockcoupling.runs.read.Sweep.summary] (wide form, chance-corrected first)
 SUMMARY_STATISTIC_COLUMNS: tuple[str, ...] = (
     "coupling_vs_rotated_mean", "coupling_vs_rotated_se", "coupling_vs_null_mean",
     "coupling_vs_null_se", "coupling_mean", "coupling_se", "coupling_chance")
@@ -369,7 +369,7 @@ def open_collection(path: str | os.PathLike[str]) -> Sweep:
 
 
 open_sweep = open_collection
-"""The earlier name of [`open_collection`][blockcoupling.studies.read.open_collection] (kept): opens a collection of any kind."""
+"""The earlier name of [`open_collection`][blockcoupling.runs.read.open_collection] (kept): opens a collection of any kind."""
 
 
 def sweep_status(path: str | os.PathLike[str]) -> pd.DataFrame:

@@ -3,7 +3,7 @@
 A collection is a directory in the layout of `blockcoupling.store.collection` whose
 manifest records its ``kind``: ``sweep`` (``run_sweep``), ``monitor`` (``CouplingMonitor``)
 or ``vit-grid`` (``studies.vit.grid.run_grid``). Every kind has the same catalogue, unit-id
-rule, lock and status vocabulary, and is read by [`open_collection`][blockcoupling.studies.read.open_collection] (alias
+rule, lock and status vocabulary, and is read by [`open_collection`][blockcoupling.runs.read.open_collection] (alias
 ``open_sweep``); ``blockcoupling report``, ``sweep-status`` and ``correlate`` take any kind
 through it. This module adds what depends on the kind: the report page
 (`write_collection_report`) and the conversion of old layouts
@@ -18,9 +18,9 @@ from pathlib import Path
 from typing import Any
 
 from blockcoupling.errors import BlockCouplingError, RunDirError
+from blockcoupling.runs import kinds
+from blockcoupling.runs.read import Sweep, load_manifest, open_collection, open_sweep
 from blockcoupling.store import collection as store
-from blockcoupling.studies import kinds
-from blockcoupling.studies.read import Sweep, load_manifest, open_collection, open_sweep
 
 
 def spec_kind(data: Any, where: str = "spec") -> str:

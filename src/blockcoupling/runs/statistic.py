@@ -2,7 +2,7 @@
 
 The rule itself lives in `blockcoupling.engine.statistic` (pure pandas over a
 ``coupling`` table); this module only finds the tables: a [`Measurement`][blockcoupling.engine.results.Measurement], a run
-directory, a collection (sweep, monitor or vit-grid directory) or an open [`Sweep`][blockcoupling.studies.read.Sweep], and puts each run's or unit's
+directory, a collection (sweep, monitor or vit-grid directory) or an open [`Sweep`][blockcoupling.runs.read.Sweep], and puts each run's or unit's
 names (label, model, revision, step; unit_id for collections) in front of its rows.
 """
 
@@ -83,8 +83,8 @@ def coupling_statistic(source: Measurement | str | os.PathLike[str] | Any, *,
             r, ks = rule(m.headline_tokens)
             return _with_names(m.statistic(r, variants=variants, ks=ks),
                                run_names(m.meta, path.name))
+        from blockcoupling.runs.read import open_collection
         from blockcoupling.store.collection import is_collection_dir
-        from blockcoupling.studies.read import open_collection
 
         if not is_collection_dir(path):
             raise BlockCouplingError(

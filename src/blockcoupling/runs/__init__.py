@@ -1,0 +1,64 @@
+"""How runs are made and read, whatever they measure: the machinery every collection kind and
+every study stands on, naming none of them.
+
+- ``kinds``: the registry of collection kinds (`CollectionKind`, `register`);
+- ``read``: `open_collection` -> `Sweep`, the one reader of every kind;
+- ``collection``: dispatch by kind (the page, ``collection upgrade``, a spec's kind);
+- ``executor``: `run_each`, the one task loop (ray | local), and the Ray connection;
+- ``integrity``: whether a done unit can be trusted, and the line that repairs it;
+- ``identity``: the content of local inputs as part of an identity;
+- ``plans``: `RunPlan` / `StudyPlan`, what every ``--dry-run`` plan is made of;
+- ``statistic``: `coupling_statistic`, the headline statistic on any source.
+
+The format of a collection on disk is the store's (`blockcoupling.store.collection`); the
+studies and kinds standing on this layer live in `blockcoupling.studies`. Names are exported
+lazily (``import blockcoupling.runs`` imports no torch, pandas or ray).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from blockcoupling import lazy
+
+_EXPORTS: dict[str, tuple[str, ...]] = {
+    "blockcoupling.runs.kinds": ("CollectionKind", "register"),
+    "blockcoupling.runs.read": ("Sweep", "open_collection", "open_sweep", "sweep_status"),
+    "blockcoupling.runs.collection": ("upgrade_collection", "write_collection_report"),
+    "blockcoupling.runs.executor": ("run_each",),
+    "blockcoupling.runs.plans": ("RunPlan", "StudyPlan"),
+    "blockcoupling.runs.statistic": ("coupling_statistic",),
+}
+_WHERE: dict[str, str] = {name: mod for mod, names in _EXPORTS.items() for name in names}
+
+if TYPE_CHECKING:
+    from blockcoupling.runs.collection import upgrade_collection, write_collection_report
+    from blockcoupling.runs.executor import run_each
+    from blockcoupling.runs.kinds import CollectionKind, register
+    from blockcoupling.runs.plans import RunPlan, StudyPlan
+    from blockcoupling.runs.read import Sweep, open_collection, open_sweep, sweep_status
+    from blockcoupling.runs.statistic import coupling_statistic
+
+
+def __getattr__(name: str) -> Any:
+    return lazy.resolve(globals(), __name__, _WHERE, name)
+
+
+def __dir__() -> list[str]:
+    return lazy.listing(globals(), __all__)
+
+
+__all__ = [
+    "CollectionKind",
+    "RunPlan",
+    "StudyPlan",
+    "Sweep",
+    "coupling_statistic",
+    "open_collection",
+    "open_sweep",
+    "register",
+    "run_each",
+    "sweep_status",
+    "upgrade_collection",
+    "write_collection_report",
+]
