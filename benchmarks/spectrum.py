@@ -18,8 +18,12 @@ and gives random models weights that reproduce it.
   replaced, in place, by ``U diag(s) V^T`` with U (m x r), V (n x r) the Q factors of seeded
   Gaussian matrices (Haar-random orthonormal columns), r = min(m, n),
   ``s_i = exp(profile(i / r))`` (`profile`: `WEIGHT_PROFILE` interpolated linearly in x),
-  scaled so that ``||W||_F`` is the initialisation's (each matrix, so each layer, keeps its
-  scale). `WEIGHT_PROFILE` is not `TRAINED_PROFILE` itself: a block's J is a product of
+  scaled so that ``||W||_F`` is the initialisation's times ``sqrt(REF_WIDTH / d)`` (each
+  matrix, so each layer, keeps its relative scale; d the model's width). The factor keeps
+  the pre-activations of a unit-RMS input at the scale they have at the calibration width
+  (768): the transformers initialisations keep std 0.02 at every width, so their
+  pre-activations grow as sqrt(d), and that alone steepens the head of the J's spectrum
+  (BENCHMARKS.md: the Llama-3-8B-shaped model at its initialisation). `WEIGHT_PROFILE` is not `TRAINED_PROFILE` itself: a block's J is a product of
   weight matrices (the MLP's two, through the activation and the norm), whose bulk decays
   by itself; it was calibrated so that the J^l_tt of the GPT-2-small-shaped model match
   `TRAINED_PROFILE` (BENCHMARKS.md gives the match at every shape). The profile is a
@@ -63,6 +67,7 @@ TRAINED_PROFILE: tuple[tuple[float, float], ...] = (
 #: J then lie within 0.047 of TRAINED_PROFILE in log, RMS over the grid x = 0.002-0.9).
 #: The J of random weights decay by themselves (their bulk is a product of random
 #: matrices): the weights need the trained head, not the trained bulk.
+REF_WIDTH: int = 768
 WEIGHT_PROFILE: tuple[tuple[float, float], ...] = (
     (0.0, 0.0), (0.002, -0.104), (0.005, -0.3057), (0.01, -0.6044), (0.02, -0.7033),
     (0.03, -0.7176), (0.05, -0.8181), (0.075, -1.0277), (0.1, -1.1917), (0.15, -1.294),
@@ -144,7 +149,11 @@ def realistic_(model: torch.nn.Module, seed: int = 0,
                table: Sequence[tuple[float, float]] = WEIGHT_PROFILE) -> torch.nn.Module:
     """Give every 2-D weight matrix in ``model``'s blocks the trained decay, in place (module
     docstring); returns the model. Deterministic per seed and device."""
-    blocks = get_blocks(model, find_blocks(model))
+    spec = find_blocks(model)
+    blocks = get_blocks(model, spec)
+    # the pre-activations' scale of the calibration width (module docstring)
+    width = float(spec.hidden_size or REF_WIDTH)
+    scale = math.sqrt(REF_WIDTH / width)
     n_mat = 0
     for block in blocks:
         for _name, p in sorted(block.named_parameters()):
@@ -159,7 +168,7 @@ def realistic_(model: torch.nn.Module, seed: int = 0,
             V = _haar_columns(n, r, gen, p.device)
             x = torch.arange(r, device=p.device, dtype=torch.float64) / r
             s = profile(x, table).exp()
-            s = s * (float(p.float().norm()) / float(s.norm()))
+            s = s * (scale * float(p.float().norm()) / float(s.norm()))
             p.copy_(((U * s.float()) @ V.mT).to(p.dtype))
     return model
 
