@@ -71,6 +71,17 @@ seconds; ``--shape host`` (d = 128, 32 blocks) leaves the host's work per block,
     OMP_NUM_THREADS=1 python benchmarks/bench_gpu_llama.py --shape mid --items 8
     python benchmarks/bench_gpu_llama.py --items 8                 # the 8B shape on cuda
 
+``--spectrum trained flat`` measures each item on two models one after the other (built, run,
+freed): ``trained`` is the random model with the trained models' Jacobian decay
+(`spectrum.realistic_`, BENCHMARKS.md "Issue 43 items 1-2"), ``flat`` its initialisation (the
+default, and every row before issue 43). ``--methods`` picks item 4's methods;
+``--baselines first`` runs item 4's float64 oracle and released algorithm on the first model
+only (the released algorithm's work does not depend on the spectrum; a later model's ratio is
+then against it, ``released_on``), so both spectra fit one short GPU lease:
+
+    python benchmarks/bench_gpu_llama.py --items 4 --spectrum trained flat --baselines first \
+        --methods measure measure_split measure_eigh
+
 Items run in the order ``--items`` gives; ``--item-timeout ITEM=SECONDS`` stops one item with a
 record and goes on, and SIGTERM (an outer ``timeout``) still saves the records: a short GPU
 lease gets every item that fits. Measured on one H200 on 2026-11-27: BENCHMARKS.md, "Issue 34
