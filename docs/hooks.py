@@ -64,13 +64,21 @@ def on_files(files: Any, config: Any) -> Any:
     return files
 
 
+#: a text group of an equation (``\texttt{coupling\_vs\_rotated}``), whose escaped
+#: underscores latex2mathml would print with their backslashes
+_TEXT_GROUP = re.compile(r"(\\text(?:tt|rm|sf|it|bf)?\{)([^{}]*)(\})")
+
+
 def tex_to_mathml(tex: str, display: bool) -> str:
-    """One equation's TeX (without its delimiters) as a MathML element."""
+    """One equation's TeX (without its delimiters) as a MathML element; ``\_`` in a text
+    group is the underscore it stands for."""
     try:
         from latex2mathml.converter import convert
     except ImportError as err:  # the docs extra: pip install -e '.[docs]'
         raise RuntimeError("the docs need latex2mathml to render their mathematics "
                            "offline: pip install -e '.[docs]'") from err
+    tex = _TEXT_GROUP.sub(lambda m: m.group(1) + m.group(2).replace("\\_", "_") + m.group(3),
+                          tex)
     return convert(tex, display="block" if display else "inline")
 
 

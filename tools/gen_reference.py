@@ -35,7 +35,7 @@ _SECTIONS: dict[str, str] = {  # module -> heading of the API page
     "blockcoupling.prompts.sources": "Prompts",
     "blockcoupling.runs.statistic": "The headline statistic",
     "blockcoupling.store.record": "Run directories",
-    "blockcoupling.store.rundir": "Run directories",
+    "blockcoupling.store.reader": "Run directories",
     "blockcoupling.report.html": "Reports",
     "blockcoupling.studies.monitor": "Training-time monitoring",
     "blockcoupling.studies.sweep": "Sweeps",
@@ -177,8 +177,38 @@ def api_markdown() -> str:
     for section, paths in by_section.items():
         lines += [f"## {section}", ""]
         for path in paths:
-            lines += [f"::: {path}", ""]
+            lines += _entry(path)
     return "\n".join(lines) + "\n"
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def _entry(path: str) -> list[str]:
+    """One public name on the API page: its docstring; for a config record (``MeasureConfig``,
+    ``VitTrainConfig``) a table of its fields first (type, default, CLI flag, help), then its
+    docstring and methods without the generated signature and field list (whose defaults
+    would read as the ``opt(...)`` declarations)."""
+    import importlib
+
+    from blockcoupling.fields import field_docs, is_record
+
+    module, name = path.rsplit(".", 1)
+    obj = getattr(importlib.import_module(module), name, None)
+    if not is_record(obj):
+        return [f"::: {path}", ""]
+    docs = field_docs(obj)
+    hidden = "|".join(d.name for d in docs)
+    lines = [f"`{name}(...)` takes its fields as keyword arguments ([`{name}`][{path}] below: "
+             "its methods):", "",
+             "| field | type | default | CLI | what it is |", "|---|---|---|---|---|"]
+    for d in docs:
+        default = "required" if d.default is None else f"`{_cell(d.default)}`"
+        lines.append(f"| `{d.name}` | `{_cell(d.type)}` | {default} | "
+                      f"{f'`{d.flag}`' if d.flag else ''} | {_cell(d.help)} |")
+    return lines + ["", f"::: {path}", "    options:", "      show_signature: false",
+                    f'      filters: ["!^_", "!^({hidden})$"]', ""]
 
 
 def oldest_supported(package: str = "transformers") -> str:

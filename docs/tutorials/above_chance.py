@@ -76,7 +76,7 @@ import numpy as np
 from scipy.stats import t as student_t
 
 fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 3.8), width_ratios=(1.5, 1))
-groups = [(f"{name}\n{variant.removeprefix('coupling_')}", m, variant)
+groups = [(name, m, variant)
           for name, m in (("pretrained", pretrained), ("random init", random_init))
           for variant in ("coupling_vs_rotated", "coupling_vs_null")]
 for x, (name, m, variant) in enumerate(groups):
@@ -84,16 +84,20 @@ for x, (name, m, variant) in enumerate(groups):
     jitter = np.random.default_rng(0).uniform(-0.12, 0.12, len(values))
     ax1.scatter(x + jitter, values, s=14, alpha=0.6, color="C0" if "rotated" in variant else "C1")
     mean, se = values.mean(), values.std(ddof=1) / np.sqrt(len(values))
+    row = stats[(stats["model"] == name) & (stats["variant"] == variant)]
+    assert np.allclose([mean, se], row[["mean", "se"]].to_numpy()[0])  # the headline's numbers
     t = student_t.ppf(0.975, len(values) - 1)   # the statistic's interval: mean ± t(n-1) se
     ax1.errorbar(x + 0.3, mean, yerr=t * se, fmt="o", color="black", capsize=4)
 ax1.axhline(0, color="grey", lw=0.8, ls="--")
-ax1.set_xticks(range(len(groups)), [g[0] for g in groups], fontsize="small")
+ax1.set_xticks(range(len(groups)), [f"{name}\n{variant.removeprefix('coupling_')}"
+                                     for name, _, variant in groups], fontsize="small")
 ax1.set_ylabel("coupling above chance (0 = chance)")
 ax1.set_title("per prompt: against the rotated basis (blue) and independent bases\n"
               "(orange); black: mean with its 95 % t interval", fontsize="medium")
 matrix = pretrained.depth_matrix(k=K, variant="coupling_vs_rotated")  # L x L, mean over prompts
 values = matrix.to_numpy().copy()
 np.fill_diagonal(values, np.nan)   # l = l' is 1 by definition: left out of the colour scale
+assert np.isclose(np.nanmean(values), rot.loc["pretrained", "mean"])  # one token per prompt
 im = ax2.imshow(values, cmap="viridis", vmin=0)
 ax2.set_xticks(range(len(matrix)), matrix.columns)
 ax2.set_yticks(range(len(matrix)), matrix.index)

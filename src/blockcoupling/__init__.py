@@ -44,14 +44,14 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "blockcoupling.engine.results": ("SCHEMAS", "Measurement"),
     "blockcoupling.prompts.sources": ("BUILTIN_SETS", "Prompt", "load_prompts"),
     "blockcoupling.store.record": ("measure_to_dir",),
-    "blockcoupling.store.rundir": ("is_run_dir", "open_run"),
+    "blockcoupling.store.reader": ("is_run_dir", "open_run"),
     "blockcoupling.report.html": ("write_report",),
     "blockcoupling.runs.read": ("Sweep", "open_collection", "open_sweep"),  # the collections reader
     "blockcoupling.runs.statistic": ("coupling_statistic",),  # the headline statistic
     # coupling across runs (stored bases): a reader of run directories, like open_run
     "blockcoupling.studies.cross": ("CrossCoupling", "cross_coupling", "cross_sweep"),
 }
-_WHERE: dict[str, str] = {name: mod for mod, names in _EXPORTS.items() for name in names}
+_resolve, __dir__ = lazy.hooks(globals(), __name__, _EXPORTS)
 
 #: study names that were top-level before 0.2 -> where they live now: still resolved, with a
 #: DeprecationWarning; removed in the release after.
@@ -73,8 +73,8 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ do
     from blockcoupling.report.html import write_report
     from blockcoupling.runs.read import Sweep, open_collection, open_sweep
     from blockcoupling.runs.statistic import coupling_statistic
+    from blockcoupling.store.reader import is_run_dir, open_run
     from blockcoupling.store.record import measure_to_dir
-    from blockcoupling.store.rundir import is_run_dir, open_run
     from blockcoupling.studies.cross import CrossCoupling, cross_coupling, cross_sweep
 
 
@@ -86,11 +86,7 @@ def __getattr__(name: str) -> Any:
                       "(the top-level name goes in the next release)", DeprecationWarning,
                       stacklevel=2)
         return getattr(importlib.import_module(_DEPRECATED[name]), name)
-    return lazy.resolve(globals(), __name__, _WHERE, name)
-
-
-def __dir__() -> list[str]:
-    return lazy.listing(globals(), __all__)
+    return _resolve(name)
 
 
 __all__ = [

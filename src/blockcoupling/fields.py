@@ -36,8 +36,9 @@ from typing import Any
 from blockcoupling import validate
 from blockcoupling.errors import BlockCouplingError
 
-__all__ = ["OptionSpec", "check_fields", "cli_options", "from_mapping", "identity", "key_names",
-           "opt", "option_name", "option_parameters", "parse_given"]
+__all__ = ["FieldDoc", "OptionSpec", "check_fields", "cli_options", "field_docs", "from_mapping",
+           "identity", "is_record", "key_names", "opt", "option_name", "option_parameters",
+           "parse_given"]
 
 _MISSING: Any = dataclasses.MISSING
 
@@ -197,7 +198,7 @@ def cli_options(cls: Any, *, exclude: tuple[str, ...] = (),
         cli = f.metadata.get("cli")
         if not cli or f.name in exclude:
             continue
-        flag = "--" + (f.name.replace("_", "-") if cli is True else str(cli))
+        flag = _flag(f)
         help_ = (help_overrides or {}).get(f.name, f.metadata.get("help", ""))
         plain = _plain_type(hints[f.name])
         is_flag = plain is bool and f.metadata.get("parse") is None or isinstance(f.default, bool)
@@ -212,6 +213,53 @@ def cli_options(cls: Any, *, exclude: tuple[str, ...] = (),
             help_ = f"{help_} [default: {shown}]"
         out.append(OptionSpec(f.name, flag, help_, bool if is_flag else plain, is_flag,
                               metavar))
+    return out
+
+
+def _flag(f: dataclasses.Field[Any]) -> str:
+    """A field's CLI flag (``--analysis-dtype``); the field has a ``cli`` entry."""
+    cli = f.metadata.get("cli")
+    return "--" + (f.name.replace("_", "-") if cli is True else str(cli))
+
+
+@dataclasses.dataclass(frozen=True)
+class FieldDoc:
+    """What a user reads of one field of a config record (the API reference's table)."""
+
+    name: str
+    type: str      # as annotated, ``X | None`` written ``X or None``
+    default: str | None  # Python, as written (``(10, 30, 50)``, ``torch.float32``); None: required
+    help: str
+    flag: str | None  # its CLI flag, None when it is not on the command line
+
+
+def is_record(cls: Any) -> bool:
+    """Whether ``cls`` is a config record (a dataclass with fields made by `opt`)."""
+    return (isinstance(cls, type) and dataclasses.is_dataclass(cls)
+            and any("hashed" in f.metadata for f in _fields(cls)))
+
+
+def _written(value: Any) -> str:
+    if type(value).__module__ == "torch" and type(value).__name__ == "dtype":
+        return str(value)  # torch.float32
+    if isinstance(value, float) and value == float("inf"):
+        return 'float("inf")'
+    return repr(value)
+
+
+def field_docs(cls: Any) -> list[FieldDoc]:
+    """Each field of the record ``cls``: its name, type, default, help and CLI flag."""
+    out = []
+    for f in _fields(cls):
+        tp = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", str(f.type))
+        default: str | None = None  # required
+        if f.default_factory is not _MISSING:
+            default = _written(f.default_factory())  # type: ignore[operator]
+        elif f.default is not _MISSING:
+            default = _written(f.default)
+        out.append(FieldDoc(f.name, tp.replace(" | ", " or "), default,
+                            str(f.metadata.get("help", "")),
+                            _flag(f) if f.metadata.get("cli") else None))
     return out
 
 

@@ -8,7 +8,7 @@ load no torch, pandas or ray until a name is used.
 from __future__ import annotations
 
 import importlib
-from collections.abc import Iterable, Mapping, MutableMapping
+from collections.abc import Callable, Iterable, Mapping, MutableMapping
 from typing import Any
 
 
@@ -29,4 +29,20 @@ def listing(namespace: Mapping[str, Any], exported: Iterable[str]) -> list[str]:
     return sorted(set(namespace) | set(exported))
 
 
-__all__ = ["listing", "resolve"]
+def hooks(namespace: MutableMapping[str, Any], package: str,
+          exports: Mapping[str, Iterable[str]]
+          ) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
+    """A package's ``__getattr__`` and ``__dir__`` (PEP 562) for ``exports`` (module -> the
+    names it exports): ``__getattr__, __dir__ = lazy.hooks(globals(), __name__, EXPORTS)``."""
+    where = {name: module for module, names in exports.items() for name in names}
+
+    def getattr_(name: str) -> Any:
+        return resolve(namespace, package, where, name)
+
+    def dir_() -> list[str]:
+        return listing(namespace, namespace.get("__all__", where))
+
+    return getattr_, dir_
+
+
+__all__ = ["hooks", "listing", "resolve"]

@@ -118,6 +118,35 @@ def test_every_option_has_help_without_markup() -> None:
             assert markup not in text, f"{name} --help shows {markup!r}"
 
 
+def test_arguments_read_as_names_not_python() -> None:
+    """A command's positional arguments are named in capitals in its usage line, its help
+    and its missing-argument error: never typer's ``{run_dirs}`` placeholder nor a Python
+    type such as ``<list[Path]>`` (and the generated CLI reference says the same)."""
+    import re
+
+    from typer.testing import CliRunner
+
+    seen = 0
+    for name, cmd in _commands():
+        args = [p for p in cmd.params if getattr(p, "param_type_name", "") == "argument"]
+        if not args:
+            continue
+        seen += 1
+        out = CliRunner().invoke(app, [*name.split(), "--help"], terminal_width=200).output
+        for a in args:
+            label = a.name.upper() + ("..." if a.nargs != 1 else "")
+            assert re.search(rf"Usage: .* {re.escape(label)}", out), (name, out[:300])
+            assert "{" + a.name + "}" not in out, (name, out[:300])
+        assert "<list[" not in out, (name, out)
+        for a in args:  # the argument's row: its name, then its help (no Python type between)
+            label = a.name.upper() + ("..." if a.nargs != 1 else "")
+            assert re.search(rf"^  {re.escape(label)}  +\w", out, re.M), (name, out)
+        missing = CliRunner().invoke(app, name.split())
+        if missing.exit_code == 2 and "Missing argument" in missing.output:
+            assert f"Missing argument '{args[0].name.upper()}'" in missing.output, missing.output
+    assert seen >= 8
+
+
 #: options that mean one thing in every command that has them: one help text (vit-grid's
 #: and study generalization's --address had said "default: start a local one", while they
 #: reach RAY_ADDRESS or a running cluster first, as sweep's said); the loading options of

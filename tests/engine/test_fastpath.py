@@ -337,3 +337,25 @@ def test_refusal_is_warned_once_per_run_and_recorded_per_layer(
     assert "fast path: generic path at layers 1-3: disagrees" in stored.summary()
     enc = bc.measure(tiny_model("bert", dtype=F64), None, tiny_inputs("bert"), **kw)
     assert set(enc.fast_path.values()) == {fastrecord.NOT_CAUSAL}
+
+
+def test_a_refusal_says_why_in_words_without_the_exception_text(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A block that fails when given a cache (an internal error with library-internal text):
+    the warning and meta say what failed in words, never the exception's own text."""
+    import blockcoupling as bc
+
+    def broken(self: Any, k: torch.Tensor, v: torch.Tensor, *a: Any, **kw: Any) -> Any:
+        raise TypeError("_wrapped_call_impl() got multiple values for argument 'self'")
+
+    model = tiny_model("gpt2", seed=3, dtype=F64)
+    monkeypatch.setattr(fastpath._RecordingCache, "update", broken)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        m = bc.measure(model, None, tiny_inputs("gpt2", n=5), k=(2,), dtype=F64,
+                       progress=False)
+    said = " ".join(str(w.message) for w in caught if issubclass(w.category, FastPathWarning))
+    assert "calling the block with a cache there failed: it does not accept those " \
+           "arguments" in said
+    for text in (said, *map(str, m.fast_path.values())):
+        assert "_wrapped_call_impl" not in text and "TypeError" not in text, text

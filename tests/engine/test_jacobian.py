@@ -18,7 +18,6 @@ from blockcoupling.engine.capture import capture, residual_branch
 from blockcoupling.engine.jacobian import (
     JacobianOperator,
     jacobian_blocks,
-    jacobian_blocks_jvp,
     jacobian_operator,
 )
 from blockcoupling.errors import BlockCouplingError, NumericalError
@@ -63,7 +62,7 @@ def test_jacobian_blocks_match_oracle(arch: str, tiny64) -> None:
         _close(J, oracle, 1e-8)
         # forward mode: exact against a forward-mode oracle; HF upcasts some ops to float32
         # (RMSNorm, eager softmax), which limits forward vs reverse agreement to float32 level.
-        Jf = jacobian_blocks_jvp(f, x, range(n))
+        Jf = jacobian_blocks(f, x, in_tokens=range(n), forward=True)
         _close(Jf, _oracle_blocks(model, cap, layer, forward=True), 1e-8)
         _close(Jf, oracle, 1e-6)
         norms = J.flatten(2).norm(dim=2)  # (t2, t1)
@@ -192,7 +191,7 @@ def test_chunked_subsets_match_analytic(n: int, d: int, seed: int, chunk: int, d
         jacobian_blocks(f, x, outs, in_tokens=ins, chunk_size=chunk), expected
     )
     torch.testing.assert_close(
-        jacobian_blocks_jvp(f, x, ins, out_tokens=outs, chunk_size=chunk), expected
+        jacobian_blocks(f, x, outs, in_tokens=ins, forward=True, chunk_size=chunk), expected
     )
     op = JacobianOperator(f, x, ins[0], outs[0], chunk_size=chunk)
     assert (op.d, op.dtype, op.device.type, op.shape) == (d, torch.float64, "cpu", (d, d))
@@ -206,7 +205,7 @@ def test_chunked_subsets_match_analytic(n: int, d: int, seed: int, chunk: int, d
 def test_default_in_tokens_is_all() -> None:
     f, x, J = _analytic(4, 3, 0)
     torch.testing.assert_close(jacobian_blocks(f, x, [2]), J[[2]])
-    torch.testing.assert_close(jacobian_blocks_jvp(f, x, [1]), J[:, [1]])
+    torch.testing.assert_close(jacobian_blocks(f, x, in_tokens=[1], forward=True), J[:, [1]])
 
 
 def test_nan_jacobian_and_bad_arguments() -> None:
@@ -215,7 +214,7 @@ def test_nan_jacobian_and_bad_arguments() -> None:
     with pytest.raises(NumericalError):
         jacobian_blocks(f_nan, x, [0])
     with pytest.raises(NumericalError):
-        jacobian_blocks_jvp(f_nan, x, [0])
+        jacobian_blocks(f_nan, x, in_tokens=[0], forward=True)
     with pytest.raises(NumericalError):
         jacobian_operator(f_nan, x, 0, 0).matmat(torch.ones(2, 1, dtype=torch.float64))
     with pytest.raises(NumericalError):

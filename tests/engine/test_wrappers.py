@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 import warnings
 from types import SimpleNamespace
+from typing import Any
 
 import pandas as pd
 import pytest
@@ -21,7 +22,13 @@ from torch.nn import functional as F
 from blockcoupling import measure
 from blockcoupling.engine.blocks import find_blocks
 from blockcoupling.engine.causality import is_causal_mask
-from blockcoupling.engine.wrappers import forward_inputs, unwrap_model
+from blockcoupling.engine.wrappers import (
+    forward_inputs,
+    forward_signature,
+    original_module,
+    unwrap_model,
+    without_bridges,
+)
 from blockcoupling.errors import ArchitectureError
 from tests.helpers.tiny_models import EncoderStack
 
@@ -245,8 +252,13 @@ def test_real_nnsight_language_model() -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         lm = nnsight.LanguageModel(g, tokenizer=tok)
-    m = run(lm)
+    from blockcoupling.engine.fastrecord import FastPathWarning
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FastPathWarning)
+        m = run(lm)
     assert m.meta["wrapper"] == "nnsight" and m.meta["blocks_path"] == "transformer.h"
+    assert m.fast_path == {1: True, 2: True, 3: True}  # nnsight's forward controllers
     pd.testing.assert_frame_equal(table(m), table(run(g)))
 
 
@@ -323,3 +335,55 @@ def test_stored_tables_describe_themselves(tmp_path: object) -> None:
     assert "| `value` |" in text and "`coupling_vs_null` | higher = more coupled" in text
     assert "`unit_id` = u-1" in text
     assert len(open_run(out).coupling) > 0
+
+
+def test_forward_signature_drops_the_self_of_a_forward_object() -> None:
+    """nnsight installs an object as each module's forward whose signature is the class's
+    unbound forward (``self`` first): the call's signature is the forward's without it."""
+    import functools
+
+    class Controller:  # as nnsight's: the unbound forward's metadata, called with the args
+        def __init__(self, module: nn.Module) -> None:
+            functools.update_wrapper(self, type(module).forward)
+            self.module = module
+
+        def __call__(self, *args: Any, **kwargs: Any) -> Any:
+            return type(self.module).forward(self.module, *args, **kwargs)
+
+    block = gpt2().h[0]
+    plain = list(forward_signature(block).parameters)
+    block.forward = Controller(block)
+    assert list(forward_signature(block).parameters) == plain and plain[0] == "hidden_states"
+
+
+def test_without_bridges_gives_the_original_modules_in_shallow_copies() -> None:
+    """A TransformerLens-4-style envelope (a bridge component holding the original module,
+    bridges in place of its children): the copy has the originals, shares their tensors, and
+    the user's module is unchanged."""
+
+    class Bridge(nn.Module):
+        def __init__(self, original: nn.Module) -> None:
+            super().__init__()
+            self._original_component = original
+
+        @property
+        def original_component(self) -> nn.Module:
+            return self._original_component
+
+        def forward(self, *args: Any, **kwargs: Any) -> Any:
+            return self._original_component(*args, **kwargs)
+
+    Bridge.__module__ = "transformer_lens.model_bridge.generalized_components.base"
+    block = gpt2().h[0]
+    ln, attn = block.ln_1, block.attn
+    block.ln_1, block.attn.c_attn = Bridge(ln), Bridge(attn.c_attn)
+    wrapped = Bridge(block)
+    plain = without_bridges(wrapped)
+    assert original_module(wrapped) is block and type(plain) is type(block)
+    assert plain.ln_1 is ln and type(plain.attn.c_attn).__name__ == "Conv1D"
+    assert plain.attn.c_attn.weight is attn.c_attn.original_component.weight  # shared
+    assert isinstance(block.ln_1, Bridge) and isinstance(block.attn.c_attn, Bridge)  # unchanged
+    x = torch.randn(1, 4, D)
+    first = lambda out: out[0] if isinstance(out, tuple) else out  # noqa: E731
+    torch.testing.assert_close(first(plain(x)), first(wrapped(x)))
+    assert without_bridges(ln) is ln  # no bridge: the module itself

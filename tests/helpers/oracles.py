@@ -161,3 +161,22 @@ def call_block_oracle(
         return out - h
 
     return g
+
+
+def largest_sign(scores: np.ndarray, rtol: float = 1e-9) -> float | None:
+    """The PCA sign convention (scikit-learn's ``svd_flip``): the sign of the score of largest
+    absolute value; None when two scores tie within ``rtol`` (a two-token prompt's scores are
+    +a and -a), where rounding, hence the host's BLAS kernel, decides the sign."""
+    mag = np.sort(np.abs(scores))[::-1]
+    if len(mag) > 1 and mag[0] - mag[1] <= rtol * mag[0]:
+        return None
+    return float(np.sign(scores[np.argmax(np.abs(scores))]))
+
+
+def assert_pca_matches(got: np.ndarray, ref: np.ndarray, atol: float) -> None:
+    """``got`` (L+1, n) is the PCA component ``ref`` (L+1, n) with the sign convention of
+    :func:`largest_sign` on the last layer; where that layer's scores tie, up to the sign."""
+    sign = largest_sign(ref[-1])
+    if sign is None:
+        sign = 1.0 if float(np.sum(got[-1] * ref[-1])) >= 0 else -1.0
+    np.testing.assert_allclose(got, sign * ref, atol=atol)

@@ -11,7 +11,7 @@ import pandas as pd
 
 from blockcoupling.engine.config import MeasureConfig
 from blockcoupling.engine.results import Measurement, conform
-from blockcoupling.store.rundir import RunWriter
+from blockcoupling.store.writer import RunWriter
 
 
 def coupling_rows(level: float, rng: np.random.Generator, *, L: int = 4, ks: tuple[int, ...] = (2, 3),

@@ -40,8 +40,31 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return save_tiny_lm(tmp_path_factory.mktemp("interop") / "tiny-gpt2")
 
 
-def _run(model: object) -> bc.Measurement:
-    return bc.measure(model, None, IDS, k=(2,), progress=False)  # type: ignore[arg-type]
+def _run(model: object, **options: object) -> bc.Measurement:
+    return bc.measure(model, None, IDS, k=(2,), progress=False, **options)  # type: ignore[arg-type]
+
+
+def _fast(model: object, **options: object) -> bc.Measurement:
+    """``model`` measured with no fast-path warning, every layer's J^l_tt on the fast path."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FastPathWarning)
+        m = _run(model, **options)
+    assert m.fast_path and all(v is True for v in m.fast_path.values()), m.fast_path
+    return m
+
+
+def _same_as_oracle(model: object, oracle: torch.nn.Module | None = None) -> None:
+    """In float64 the wrapped model on the fast path gives the values of the float64 oracle,
+    the wrapped model itself on the generic path (autodiff through the whole prompt), to
+    rounding; and those of ``oracle`` (the same weights, plain) to what the wrapper's own
+    float32 forward changes in the block inputs (the bridge computes attention its own way:
+    3e-9 here)."""
+    got = _coupling(_fast(model, dtype=torch.float64))
+    generic = _run(model, dtype=torch.float64, fast_path=False)
+    pd.testing.assert_series_equal(got, _coupling(generic), atol=1e-12, rtol=0)
+    if oracle is not None:
+        pd.testing.assert_series_equal(got, _coupling(_fast(oracle, dtype=torch.float64)),
+                                       atol=1e-7, rtol=0)
 
 
 def _coupling(m: bc.Measurement) -> pd.Series:
@@ -62,20 +85,29 @@ def test_bridge_boot_transformers_equals_the_plain_model(model_dir: Path) -> Non
     from transformer_lens.model_bridge import TransformerBridge
 
     bridge = TransformerBridge.boot_transformers(str(model_dir), device="cpu")
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", FastPathWarning)
-        m = _run(bridge)
+    m = _fast(bridge)  # the bridge's envelopes are looked through: the HF blocks' fast path
     assert m.meta["wrapper"] == "transformer_bridge" and m.meta["causal"] is True
     assert m.meta["bridge_compatibility_mode"] is False and set(m.fast_path) == {1, 2, 3}
     pd.testing.assert_series_equal(_coupling(m), _coupling(_run(_plain(model_dir))),
                                    atol=1e-5, rtol=0)
+    _same_as_oracle(bridge, _plain(model_dir))
     # compatibility mode without weight processing: the same numbers, recorded
     bridge.enable_compatibility_mode(no_processing=True, disable_warnings=True)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", FastPathWarning)
-        again = _run(bridge)
+    again = _fast(bridge)
     assert again.meta["bridge_compatibility_mode"] is True
     pd.testing.assert_series_equal(_coupling(again), _coupling(m), atol=1e-5, rtol=0)
+    # a hook that changes the first block's activations: that layer on the generic path
+    # (through the hook), said in words; the values those of the generic path everywhere
+    hook = bridge.original_model.transformer.h[0].attn.hook_out
+    hook.add_hook(lambda x, hook: 2 * x)
+    with pytest.warns(FastPathWarning, match=r"layer 1: the block inside the wrapper's "
+                      "BlockBridge computes another output.*a hook that changes activations"):
+        hooked = _run(bridge, dtype=torch.float64)
+    assert hooked.fast_path == {1: hooked.fast_path[1], 2: True, 3: True}
+    pd.testing.assert_series_equal(
+        _coupling(hooked), _coupling(_run(bridge, dtype=torch.float64, fast_path=False)),
+        atol=1e-12, rtol=0)
+    hook.remove_hooks()
 
 
 @tl4
@@ -116,10 +148,13 @@ def test_hooked_transformer_3() -> None:
                                      d_vocab=64, act_fn="gelu_new", normalization_type="LN")
     torch.manual_seed(0)
     model = tl.HookedTransformer(cfg).eval()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", FastPathWarning)
-        m = _run(model)
+    m = _fast(model)  # its blocks' own key-value cache entry gives the decode step
     assert m.meta["causal_source"] == "attention_dir" and "weights_processed" not in m.meta
+    _same_as_oracle(model)
+    rotary = tl.HookedTransformer(tl.HookedTransformerConfig(
+        n_layers=2, d_model=16, n_ctx=16, d_head=8, n_heads=2, d_vocab=64, act_fn="silu",
+        normalization_type="RMS", positional_embedding_type="rotary")).eval()
+    _same_as_oracle(rotary)  # rotary positions: the query rotated at its own position
     model.process_weights_(fold_ln=True, center_writing_weights=True, center_unembed=True)
     with pytest.warns(UserWarning, match="fold_ln"):
         processed = _run(model)
@@ -144,11 +179,10 @@ def test_nnsight_loaded_and_lazy(model_dir: Path) -> None:
     assert not (model_dir.parent / "lazy-run").exists()  # nothing written
     ref = _coupling(_run(_plain(model_dir)))
     for lm in (loaded, wrapped):
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", FastPathWarning)
-            m = _run(lm)
+        m = _fast(lm)  # nnsight's forward controllers called as the modules' own forwards
         assert m.meta["wrapper"] == "nnsight" and set(m.fast_path) == {1, 2, 3}
         pd.testing.assert_series_equal(_coupling(m), ref, atol=1e-5, rtol=0)
+    _same_as_oracle(wrapped, _plain(model_dir))
 
 
 @pytest.mark.skipif(_major("peft") is None, reason="needs peft")

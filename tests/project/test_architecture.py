@@ -232,10 +232,10 @@ GENERIC = ("blockcoupling.store.collection", *(m for m in MODULES if layer_of(m)
 
 
 def _kind_packages() -> dict[str, str]:
-    """kind name -> the package that registers it (``<package>/kind.py``)."""
+    """kind name -> the package it lives in, as its registration says (``package=``)."""
     from blockcoupling.runs import kinds
 
-    return {name: kinds.get(name).page.__module__.rsplit(".", 1)[0] for name in kinds.names()}
+    return {name: kinds.get(name).package for name in kinds.names()}
 
 
 def kind_naming(modules: Sequence[str]) -> set[tuple[str, str]]:
@@ -258,8 +258,9 @@ def test_every_kind_registers_from_its_own_package() -> None:
     packages = _kind_packages()
     assert {"sweep", "monitor", "vit-grid"} <= set(packages)
     for name, package in packages.items():  # a kind.py of its own, inside studies/
-        assert package.startswith("blockcoupling.studies.") and \
-            f"{package}.kind" in MODULES, (name, package)
+        assert package.startswith("blockcoupling.studies.") and f"{package}.kind" in MODULES, (
+            f"kind {name!r} registers package={package!r}: its kind.py, in its own package "
+            "under studies/, passes package=__package__")
     with_kind_py = {m.rsplit(".", 1)[0] for m in MODULES if m.endswith(".kind")}
     assert with_kind_py == set(packages.values()), "a kind.py that registers nothing"
 
@@ -291,6 +292,6 @@ def test_no_kind_package_imports_another_kinds_package() -> None:
 def test_generic_modules_name_no_kind() -> None:
     """The modules every kind goes through name no kind, neither by importing its package
     nor by its name; the check sees a kind that is named (it cannot pass vacuously)."""
-    assert kind_naming(["blockcoupling.studies.lm_study"])  # runs a sweep: it names one
+    assert kind_naming(["blockcoupling.studies.lm_study.run"])  # runs a sweep: it names one
     assert kind_naming(["blockcoupling.cli.vit"]) == {("blockcoupling.cli.vit", "vit-grid")}
     assert kind_naming(GENERIC) == set()

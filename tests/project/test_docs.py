@@ -44,6 +44,25 @@ def test_every_public_name_is_in_the_reference() -> None:
         assert f"::: {path}\n" in page
 
 
+def test_config_records_read_as_a_users_page() -> None:
+    """A config record on the API page is a table of its fields (type, default as written in
+    Python, CLI flag, help), and mkdocstrings is told not to render the fields itself (their
+    values would read ``_opt(default, "help", parse_fn, cli=...)``) nor the signature."""
+    from blockcoupling.fields import field_docs
+
+    page = _gen_reference().api_markdown()
+    assert "| `k` | `tuple[int, ...]` | `(10, 30, 50)` | `--k` | Top-K sizes" in page
+    assert "| `dtype` | `torch.dtype` | `torch.float32` | `--analysis-dtype` |" in page
+    assert "| `layers` | `LayerSpec` | `None` | `--layers` |" in page
+    block = page[page.index("::: blockcoupling.engine.config.MeasureConfig\n"):]
+    options = block.split("\n\n", 1)[0]
+    assert "show_signature: false" in options
+    names = {d.name for d in field_docs(bc.MeasureConfig)}
+    hidden = re.search(r'"!\^\((.*)\)\$"', options)
+    assert hidden is not None and set(hidden.group(1).split("|")) == names
+    assert "_opt(" not in page and "| `seed` | `int` | `0` |" in page
+
+
 def test_every_public_name_has_a_docstring() -> None:
     griffe = pytest.importorskip("griffe", reason="the docs extra (mkdocstrings[python]) is not installed")
     package = griffe.load("blockcoupling", search_paths=[str(ROOT / "src")],
@@ -103,8 +122,10 @@ def test_site_builds_strictly_and_shows_the_tutorials(built_site: Path) -> None:
     assert "measure_to_dir" in api
     assert not re.search(r":(func|class|mod|meth|data|attr):`", api)  # no literal roles
     assert 'class="autorefs autorefs-internal"' in api  # cross-references are links
+    assert "opt(" not in api and "<td><code>(10, 30, 50)</code></td>" in api  # a user's page
     concepts = (site / "concepts" / "index.html").read_text()
     assert concepts.count("<math") > 10 and 'class="arithmatex"' not in concepts
+    assert ">coupling_vs_rotated</mtext>" in concepts and "\\_" not in concepts
     for path in site.rglob("*.html"):  # no page loads a script or stylesheet from elsewhere
         assert not re.search(r'<(script|link)[^>]+(src|href)="(https?:)?//', path.read_text()), path
 
@@ -127,3 +148,8 @@ def test_math_becomes_mathml() -> None:
     out = module.math_to_mathml(html)
     assert "arithmatex" not in out and out.count("<math") == 2
     assert 'display="block"' in out and "<mfrac>" in out and "&#x0003C;" in out
+    # an escaped underscore in a text group (Concepts' coupling\_vs\_rotated) is an underscore
+    named = module.math_to_mathml('<div class="arithmatex">\\[\\texttt{coupling\\_vs\\_rotated}'
+                                  ' = 1 - \\text{a\\_b}\\]</div>')
+    assert ">coupling_vs_rotated</mtext>" in named and ">a_b</mtext>" in named
+    assert "\\_" not in named

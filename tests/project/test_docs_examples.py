@@ -263,6 +263,71 @@ def test_tutorial_cells_show_every_name_they_use(page: str) -> None:
         "show the helper on the page, or use the library")
 
 
+# ---------------------------------------------------------------------- coupling numbers
+#: code that computes a coupling number from the tables (an aggregate of coupling values)
+COMPUTES_COUPLING = re.compile(
+    r"avg\(\s*value\s*\)|\[\s*[\"']value[\"']\s*\]\s*\.\s*(mean|median|sum|agg)\b"
+    r"|\.(mean_depth_coupling|per_prompt_coupling|coupling_by_distance|depth_matrix)\("
+    r"|\.table\(\s*[\"']coupling[\"']|\bFROM\s+coupling\b|coupling\.parquet", re.I)
+#: the headline statistic of the same run (what an example's number is compared with)
+HEADLINE_CALL = re.compile(r"\bcoupling_statistic\(|\.summary\(\)")
+ASSERTS = re.compile(r"^\s*assert\b", re.M)
+
+
+def headline_problem(code: str, before: str) -> str | None:
+    """Why an example that computes a coupling number is not checked against the headline of
+    the same run (None: it is, or it computes none): it must assert its number against
+    ``coupling_statistic`` / ``summary()`` of the same data, called in it or earlier on its
+    page (the examples run, so the assertion is executed)."""
+    if not COMPUTES_COUPLING.search(code):
+        return None
+    if not ASSERTS.search(code):
+        return "it computes a coupling number and asserts nothing about it"
+    if not HEADLINE_CALL.search(before + code):
+        return "it asserts without the headline (coupling_statistic / summary()) of the run"
+    return None
+
+
+def _python_examples() -> list[tuple[str, str, str]]:
+    """(where, code, the page's python before it) of every executed python example: the
+    pages' blocks and the tutorial cells the pages include."""
+    out, before = [], {}
+    for b in ALL:
+        page = str(b.page.relative_to(ROOT))
+        if b.snippets and b.lang in RUN_LANGS:
+            for file, name in b.snippets:
+                code = _snippet(file, name)
+                out.append((f"{b.where} ({file}:{name})", code, before.get(page, "")))
+                before[page] = before.get(page, "") + code
+        elif b in RUNNABLE and b.lang not in SHELL:
+            out.append((b.where, b.code, before.get(page, "")))
+            before[page] = before.get(page, "") + b.code
+    return out
+
+
+def test_every_coupling_number_is_checked_against_the_headline() -> None:
+    """Every executed example that averages coupling values asserts its number equals the
+    headline statistic of the same run: an average over kinds, variants, K, orientations,
+    tokens or the diagonal (a number no page reports) cannot stand in the docs."""
+    found = [(where, problem) for where, code, before in _python_examples()
+             if (problem := headline_problem(code, before))]
+    assert not found, found
+    assert sum(bool(COMPUTES_COUPLING.search(c)) for _, c, _ in _python_examples()) >= 4
+
+
+def test_the_headline_check_can_fail() -> None:
+    """The sweeps page's earlier example (an average of every kind, orientation, token, K and
+    the diagonal) and a per-prompt mean never compared are both found."""
+    old = ("s.sql(\"SELECT label, step, avg(value) FROM coupling WHERE variant = 'coupling' "
+           "GROUP BY ALL\")\nprint(s.summary())\n")
+    assert headline_problem(old, "") == ("it computes a coupling number and asserts "
+                                         "nothing about it")
+    unchecked = "v = m.per_prompt_coupling(10)['value'].mean()\nassert v > 0\n"
+    assert headline_problem(unchecked, "") is not None
+    assert headline_problem(unchecked, "stat = bc.coupling_statistic(m)\n") is None
+    assert headline_problem("print(bc.coupling_statistic(m))\n", "") is None
+
+
 # ---------------------------------------------------------------------- numbers in prose
 def _fmt_p(p: float) -> str:
     """p as the pages write it: 0.57, 4.8e-4."""

@@ -138,7 +138,8 @@ def _tiny_lm(art: Artefacts, cache: Path) -> Path:
 
 def _study_records(art: Artefacts, out: Path) -> Path:
     from blockcoupling.store.verified import write_sealed
-    from blockcoupling.studies.lm_study import SPEC_FILE, TRAINED_FILE, quick_spec
+    from blockcoupling.studies.lm_study import quick_spec
+    from blockcoupling.studies.lm_study.run import SPEC_FILE, TRAINED_FILE
 
     write_sealed(out / SPEC_FILE, quick_spec().to_dict())
     write_sealed(out / TRAINED_FILE, {"a-s0": "0" * 16})
@@ -218,13 +219,13 @@ def _checkpoint(built: Artefacts, root: Path) -> Any:
 
 
 def _spec_check(built: Artefacts, root: Path) -> Any:
-    from blockcoupling.studies.lm_study import _other_spec, quick_spec
+    from blockcoupling.studies.lm_study.run import _stored_spec
 
-    return _other_spec(root, quick_spec())
+    return _stored_spec(root)
 
 
 def _trained(built: Artefacts, root: Path) -> Any:
-    from blockcoupling.studies.lm_study import _trained as trained
+    from blockcoupling.studies.lm_study.run import _trained as trained
 
     return trained(root)
 
@@ -381,6 +382,21 @@ def test_every_stored_file_fault_is_one_line_naming_the_file_and_its_repair(
     assert re.search(kind.repair, line), f"the line names no repair ({kind.repair}): {line}"
 
 
+def test_a_status_file_copied_under_another_name_is_one_line(built: Artefacts,
+                                                            tmp_path: Path) -> None:
+    """Before: a status file copied to another name (sealed, so its content was intact)
+    listed its unit twice, and ``sweep-status`` ended in a traceback."""
+    root = tmp_path / "monitor"
+    shutil.copytree(built["monitor"], root)
+    first = sorted((root / "status").glob("*.json"))[0]
+    copy = root / "status" / "zz-copy.json"
+    shutil.copy(first, copy)
+    line = _outcome(cli("sweep-status", str(root)))
+    assert line is not None and str(copy) in line and "--resume" in line, line
+    with pytest.raises(BlockCouplingError, match="copied or renamed"):
+        bc.open_sweep(root).summary()
+
+
 # ---------------------------------------------------------------------------- every read
 #: every call in src/ that reads a file, by module and call, with what it reads: (a) a file
 #: blockcoupling wrote, read through ``store/verified.py`` against its recorded checksum;
@@ -395,7 +411,7 @@ READS: dict[tuple[str, str], str] = {
     ("store/tables.py", "read_table"): "a: bytes the caller verified",
     ("store/tables.py", "load"): "a: np.load of bytes the caller verified (no pickles)",
     ("store/collection.py", "read_json"): "a: collection records (store.verified.load_sealed)",
-    ("studies/vit/grid.py", "read_json"): "a: the same (store.collection.read_json)",
+    ("runs/protocol.py", "read_json"): "a: the same (store.collection.read_json)",
     ("store/fileio.py", "open"): "the writer's lock and fsync (no content trusted)",
     ("store/fileio.py", "pread"): "the PID in a lock file, for a message",
     ("store/bases.py", "open"): "fsync of a copied file",
@@ -408,8 +424,8 @@ READS: dict[tuple[str, str], str] = {
                                           "trainings' verified records",
     ("studies/vit/kind.py", "loads"): "a, an older format: the same",
     ("studies/tiny_lm.py", "from_pretrained"): "a: after check_checkpoint (the cache's ledger)",
-    ("studies/lm_study.py", "from_pretrained"): "a: after check_checkpoint (the cache's ledger)",
-    ("studies/lm_study.py", "read_text"): "a: prompts.txt compared with what it must hold, "
+    ("studies/lm_study/run.py", "from_pretrained"): "a: after check_checkpoint (the cache's ledger)",
+    ("studies/lm_study/run.py", "read_text"): "a: prompts.txt compared with what it must hold, "
                                           "rewritten when it differs (never trusted)",
     ("studies/demo.py", "from_pretrained"): "c: the MiniLM of an installed package",
     ("runs/executor.py", "open"): "a worker's stderr captured to a temporary file",
@@ -423,9 +439,6 @@ READS: dict[tuple[str, str], str] = {
     ("studies/scores.py", "read_csv"): "b: a score CSV",
     ("studies/lmeval.py", "*"): "b: lm-evaluation-harness results",
     ("studies/vit/data.py", "open"): "b: the images of an image folder",
-    # the perturbation folder moves onto the run protocol and its sealed record (issue 40
-    # item 1, wt/protocol); until then its reads are listed here
-    ("studies/perturbation.py", "*"): "a: to be read through the run protocol",
 }
 _READ_CALLS = {"read_text", "read_bytes", "open", "load", "loads", "read_parquet", "read_table",
                "read_metadata", "read_csv", "read_json", "safe_load", "load_file", "safe_open",

@@ -131,7 +131,48 @@ def test_cli_writes_resumes_and_refuses_other_settings(tmp_path: Path) -> None:
     assert r.exit_code == 0, r.output
     pd.testing.assert_frame_equal(pd.read_parquet(out / "perturbation.parquet"), rows)
     r = cli(*args[:-1], "3")
-    assert r.exit_code == 1 and "other draws" in r.output
+    assert r.exit_code == 1 and "draws: stored 2, now 3" in r.output
+
+
+def test_perturb_verifies_what_it_reads_and_checks_before_it_writes(tmp_path: Path) -> None:
+    """The run protocol on ``perturb`` (issue 40): a part edited or truncated after it was
+    written is measured again (the table is bit-identical to the first run's), an edited
+    record is one line naming the way out, and a refused command (a token outside a prompt)
+    writes nothing, so the corrected command runs in the same --out."""
+    from blockcoupling.studies.perturbation import read_perturbation
+
+    model = save_tiny_lm(tmp_path / "m")
+    prompts = write_prompts(tmp_path / "p.txt")
+    out = tmp_path / "pert"
+    args = ["-q", "perturb", "--model", str(model), "--prompts", str(prompts), "--out",
+            str(out), "--levels", "0.1,1", "--draws", "2"]
+    r = cli(*args, "--token", "40")  # refused before the folder is made
+    assert r.exit_code == 1 and "outside the prompt" in r.output and not out.exists()
+    r = cli(*args)
+    assert r.exit_code == 0, r.output
+    table = (out / "perturbation.parquet").read_bytes()
+    summary = (out / "summary.csv").read_bytes()
+    assert read_perturbation(out).rows.equals(pd.read_parquet(out / "perturbation.parquet"))
+    part = out / "parts" / "00001.parquet"
+    good = part.read_bytes()
+    for damage in (good[: len(good) // 2], good.replace(b"cosine", b"cosinf")):
+        part.write_bytes(damage)
+        r = cli(*args)
+        assert r.exit_code == 0, r.output
+        assert part.read_bytes() == good  # measured again
+        assert (out / "perturbation.parquet").read_bytes() == table
+        assert (out / "summary.csv").read_bytes() == summary
+    (out / "perturbation.parquet").write_bytes(table[:100])  # the table: verified on read
+    with pytest.raises(BlockCouplingError, match="damaged or was altered"):
+        read_perturbation(out)
+    record = json.loads((out / "perturbation.json").read_text())
+    record["draws"] = 3  # an edited record: one line, nothing written
+    (out / "perturbation.json").write_text(json.dumps(record))
+    before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    r = cli(*args)
+    assert r.exit_code == 1 and "perturbation.json" in r.output and "Traceback" not in r.output
+    assert len(r.output.strip().splitlines()) == 1, r.output
+    assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
 
 
 @pytest.mark.parametrize("extra, match", [

@@ -660,6 +660,12 @@ def test_report_of_missing_figures_leaves_them_out(tmp_path: Path) -> None:
     assert "Skipped" not in text and 'class="note"' not in text
     assert text.count("<img") == 3  # PCA, trajectory metrics, depth profiles
     assert "<h2>1. Token trajectories (PCA)</h2>" in text
+    # no coupling measured (a logit-lens or trajectory-only run): the summary describes
+    # what its table holds, not the depth-wise coupling it does not have
+    summary = re.search(r'<div class="summary">.*?</div>', text, re.S).group(0)
+    assert "No depth-wise coupling was measured" in summary
+    assert "above chance" not in summary and "m/m_rot" not in summary
+    assert "<th>K</th>" not in summary and "LSS median" in summary
     not_shown = re.search(r'id="not-shown".*?</section>', text, re.S).group(0)
     assert "Depth-wise coupling" in not_shown and "Across runs" not in not_shown
     files = sorted(p.name for p in (tmp_path / "only_figures").iterdir())
@@ -700,8 +706,7 @@ def test_runs_table_formats_numbers(tmp_path: Path) -> None:
 
 def test_report_from_dirs_uses_open_run(tmp_path: Path,
                                         monkeypatch: pytest.MonkeyPatch) -> None:
-    import sys
-    import types
+    from blockcoupling.store import reader
 
     runs = []
     for seed in (0, 1):  # trajectories only: two figures, quick to draw
@@ -709,14 +714,12 @@ def test_report_from_dirs_uses_open_run(tmp_path: Path,
         m.coupling, m.spectra = m.coupling.iloc[0:0], m.spectra.iloc[0:0]
         runs.append(m)
     opened: list[Path] = []
-    fake = types.ModuleType("blockcoupling.store.rundir")
 
     def open_run(path: Path) -> Measurement:
         opened.append(path)
         return runs[len(opened) - 1]
 
-    fake.open_run = open_run  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "blockcoupling.store.rundir", fake)
+    monkeypatch.setattr(reader, "open_run", open_run)
     out = write_report_from_dirs([tmp_path / "a", tmp_path / "b"], tmp_path / "r.html",
                                  formats=(), labels=["before", "after"])
     assert opened == [tmp_path / "a", tmp_path / "b"]

@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 from blockcoupling.engine.config import MeasureConfig
 from blockcoupling.engine.results import SCHEMAS, TABLES, Measurement
 from blockcoupling.errors import RunDirError
-from blockcoupling.store.rundir import RunWriter, is_run_dir, open_run, weights_hash
+from blockcoupling.store import RunWriter, is_run_dir, open_run, weights_hash
 from tests.helpers import child_env
 from tests.helpers.store_parts import CONFIG, META, PROMPT_IDS, PROMPTS, make_part
 
@@ -219,7 +219,7 @@ def test_resume_with_a_different_config_is_refused(tmp_path: Path) -> None:
 def test_existing_directory_without_resume_is_refused(tmp_path: Path) -> None:
     root = tmp_path / "run"
     write_run(root, [["p0"]], finalize=False)
-    with pytest.raises(RunDirError, match="use --resume to continue it or choose a new --out"):
+    with pytest.raises(RunDirError, match="continue it with --resume, or choose a new --out"):
         RunWriter(root, config=CONFIG, meta=META, prompts=PROMPTS)
     (tmp_path / "empty").mkdir()
     with RunWriter(tmp_path / "empty", config=CONFIG, meta=META, prompts=PROMPTS) as w:
@@ -235,7 +235,7 @@ def child_code(root: Path, *, kill_at: tuple[str, ...] = (), sleep: float = 0.0,
     return textwrap.dedent(f"""
         import os, signal, sys, time
         import tests.helpers.store_parts as t
-        from blockcoupling.store import rundir as store
+        import blockcoupling.store as store
         real_fsync = os.fsync
         def fsync(fd):
             target = os.readlink(f"/proc/self/fd/{{fd}}")
@@ -344,7 +344,7 @@ def test_second_process_is_refused_while_a_writer_holds_the_lock(tmp_path: Path)
     code = textwrap.dedent(f"""
         import tests.helpers.store_parts as t
         from blockcoupling.errors import RunDirError
-        from blockcoupling.store.rundir import RunWriter
+        from blockcoupling.store.writer import RunWriter
         try:
             with RunWriter({str(root)!r}, config=t.CONFIG, meta=t.META, prompts=t.PROMPTS,
                            resume=True) as w:

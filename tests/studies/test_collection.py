@@ -268,7 +268,7 @@ def test_format_one_sweep_is_read_and_resumed(kinds: dict[str, Path], tmp_path: 
     assert r.exit_code == 0 and f"{path} (sweep): 1 units: 1 done" in r.output, r.output
     with pytest.raises(bc.BlockCouplingError, match="is a sweep collection, not a ViT grid"):
         collect_runs(path)
-    with pytest.raises(bc.BlockCouplingError, match="holds a sweep, not a ViT grid"):
+    with pytest.raises(bc.BlockCouplingError, match="holds a sweep, not a vit-grid"):
         run_grid(VitTrainConfig(**VIT_TINY), path, drop_paths=(0.0,), weight_decays=(0.01,),
                  executor="local", progress=False)
     again = bc.run_sweep(_sweep_spec(kinds["sweep"].parent), path, executor="local", resume=True, progress=False)
@@ -302,7 +302,7 @@ def test_unknown_kind_and_non_collections_are_one_line(kinds: dict[str, Path],
     from blockcoupling.studies.vit.grid import collect_runs, run_grid
     from blockcoupling.studies.vit.train import VitTrainConfig
 
-    with pytest.raises(bc.BlockCouplingError, match="holds a monitor, not a ViT grid"):
+    with pytest.raises(bc.BlockCouplingError, match="holds a monitor, not a vit-grid"):
         run_grid(VitTrainConfig(**VIT_TINY), kinds["monitor"], drop_paths=(0.0,),
                  weight_decays=(0.01,), executor="local", progress=False)
     with pytest.raises(bc.BlockCouplingError, match="is a sweep collection, not a ViT grid"):
@@ -407,19 +407,21 @@ def test_pinned_unit_ids_and_hashes_of_existing_collections(kinds: dict[str, Pat
 
 def test_a_new_kind_is_a_package_and_one_registration(tmp_path: Path) -> None:
     """The recipe "add a collection kind" (docs/DESIGN.md), followed once for a trivial kind
-    written from a spec file (two tiny GPT-2 units, measured by its own ``run`` on
-    ``runs.executor.run_each``): one registration, and ``blockcoupling sweep SPEC``
+    written from a spec file (two tiny GPT-2 units): its units, the work of one unit, and
+    its ``run`` as one call of the run protocol (``runs.protocol.run_collection``), no code
+    of its own for the folder. One registration, and ``blockcoupling sweep SPEC``
     (``--dry-run``: its plan; a run, then ``--resume``, which measures nothing again), the
     reader, ``sweep-status``, ``report`` (of its collection and of a folder of its loose
-    outputs) and the repair line take it; unregistered, its directory is the one
-    unknown-kind line."""
+    outputs) and the repair line take it; the protocol refuses a changed spec (4 units into
+    the folder of 2, nothing written) and rebuilds a lost manifest (nothing measured
+    again); unregistered, its directory is the one unknown-kind line."""
     import yaml
 
     from blockcoupling.engine.config import MeasureConfig
     from blockcoupling.runs import kinds
-    from blockcoupling.runs.executor import run_each
     from blockcoupling.runs.integrity import repair_command
     from blockcoupling.runs.plans import RunPlan, StudyPlan
+    from blockcoupling.runs.protocol import run_collection
     from blockcoupling.store.record import plan_run
 
     measured: list[str] = []
@@ -439,11 +441,9 @@ def test_a_new_kind_is_a_package_and_one_registration(tmp_path: Path) -> None:
             prompt_set="inline:two", limit=None, config=cfg.to_dict(),
             config_hash=cfg.config_hash()) for i in range(data["n"])]
 
-    def measure_unit(unit: dict, root: str) -> Any:  # what a Ray worker runs
-        u = store.UnitRecord.from_dict(unit)
+    def measure_unit(u: store.UnitRecord, folder: Path) -> Any:  # the work of one unit
         measured.append(u.unit_id)
-        return bc.measure_to_dir(_gpt2(int(u.label[3:])), _tokenizer(), TEXTS,
-                                 store.unit_dir(Path(root), u.unit_id),
+        return bc.measure_to_dir(_gpt2(int(u.label[3:])), _tokenizer(), TEXTS, folder,
                                  config=MeasureConfig.from_dict(u.config), resume=True,
                                  meta={"unit_id": u.unit_id, "label": u.label,
                                        "model": u.model}, progress=False)
@@ -453,30 +453,10 @@ def test_a_new_kind_is_a_package_and_one_registration(tmp_path: Path) -> None:
             _gpt2(0), _tokenizer(), TEXTS, config=MeasureConfig.from_dict(u.config)))
             for u in toy_units(spec)])
 
-    def run(spec: Any, out: Path, *, executor: str, address: str | None, resume: bool,
-            num_cpus: int | None, **_: Any) -> bc.Sweep:
-        units, root = toy_units(spec), Path(out)
-        root.mkdir(parents=True, exist_ok=True)
-        with store.collection_lock(root, "toy"):
-            manifest = (store.load_manifest(root) if resume and store.is_collection_dir(root)
-                        else store.new_manifest("toy", {"toy": {"n": len(units)}}))
-            manifest["order"] = [u.unit_id for u in units]
-            manifest["sessions"].append({"started": store.now(), "executor": executor})
-            store.write_json(root / store.MANIFEST, manifest)
-            todo = [u for u in units
-                    if (store.read_status(root, u.unit_id) or {}).get("status") != "done"]
-            for u in todo:
-                store.write_status(root, u, "pending")
-
-            def done(i: int, m: Any, err: BaseException | None) -> None:
-                assert err is None
-                store.write_status(root, todo[i], "done", weights_hash=m.meta["weights_hash"],
-                                   n_prompts=len(m.prompts))
-
-            run_each(measure_unit, [((u.to_dict(), str(root)), {}) for u in todo], done,
-                     executor=executor, address=address, num_cpus=num_cpus)
-            store.write_catalogue(root)
-        return bc.open_collection(root)
+    def run(spec: Any, out: Path, **options: Any) -> bc.Sweep:
+        units = toy_units(spec)
+        return run_collection(out, kind="toy", spec={"toy": {"n": len(units)}}, units=units,
+                              work=measure_unit, **options)
 
     def page(collection: bc.Sweep, out: Path) -> Path:
         out.write_text(f"<p>toy page of {len(collection.catalogue)} units</p>")
@@ -518,6 +498,23 @@ def test_a_new_kind_is_a_package_and_one_registration(tmp_path: Path) -> None:
         r = runner.invoke(app, ["sweep", str(spec), "--out", str(root), "--executor", "local",
                                 "--resume"])
         assert r.exit_code == 0 and "2 of 2 units done" in r.output and len(measured) == 2
+        spec.write_text("kind: toy\nn: 4\n")  # a changed spec: refused, nothing written
+        before = {p: p.read_bytes() for p in root.rglob("*") if p.is_file()}
+        for flags in ([], ["--resume"]):
+            r = runner.invoke(app, ["sweep", str(spec), "--out", str(root), "--executor",
+                                    "local", *flags])
+            assert r.exit_code == 1 and "another spec" in r.output, r.output
+            assert "toy.n: stored 2, now 4" in r.output and len(r.output.splitlines()) == 1
+        assert {p: p.read_bytes() for p in root.rglob("*") if p.is_file()} == before
+        assert len(measured) == 2
+        spec.write_text("kind: toy\nn: 2\n")
+        (root / store.MANIFEST).unlink()  # a lost manifest: --resume rebuilds it
+        r = runner.invoke(app, ["sweep", str(spec), "--out", str(root), "--executor", "local"])
+        assert r.exit_code == 1 and "--resume" in r.output, r.output
+        r = runner.invoke(app, ["sweep", str(spec), "--out", str(root), "--executor", "local",
+                                "--resume"])
+        assert r.exit_code == 0 and "2 of 2 units done" in r.output, r.output
+        assert len(measured) == 2 and "rebuilt" in bc.open_collection(root).manifest
         assert repair_command(root, "toy") == f"run the toy again in {root}"
         r = runner.invoke(app, ["sweep-status", str(root)])
         assert r.exit_code == 0 and "(toy): 2 units: 2 done" in r.output, r.output

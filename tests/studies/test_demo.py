@@ -337,6 +337,27 @@ def test_k_values() -> None:
     assert tiny_lm._k_values(8, quick=True) == (1,)
 
 
+def test_each_demo_line_names_its_token() -> None:
+    """The demo's summary lines say which token each headline measures: MiniLM measured at
+    its last token is at [SEP] (not the [CLS] of ``tokens="auto"``, which the README's
+    example measures), and the numbers on the line are that run's headline."""
+    import blockcoupling as bc
+    from tests.helpers.tiny_models import tiny_inputs, tiny_model
+
+    kw: dict[str, Any] = dict(coupling=("depth",), k=(2,), progress=False)
+    enc, dec = tiny_model("bert"), tiny_model("gpt2")
+    at_last = bc.measure(enc, None, tiny_inputs("bert"), tokens="last", **kw)
+    at_cls = bc.measure(enc, None, tiny_inputs("bert"), **kw)  # auto: [CLS] for an encoder
+    every = bc.measure(dec, None, tiny_inputs("gpt2"), tokens="all", **kw)
+    line = demo.demo_line("MiniLM pretrained", at_last)
+    assert "at the last token ([SEP], not [CLS]):" in line
+    assert "at the [CLS]:" in demo.demo_line("MiniLM, README's token", at_cls)
+    assert demo.token_words(every) == "last token, every token measured"
+    assert demo.token_words(bc.measure(dec, None, tiny_inputs("gpt2"), **kw)) == "last token"
+    rot = bc.coupling_statistic(at_last, k=2).set_index("variant").loc["coupling_vs_rotated"]
+    assert f"{rot['mean']:.4f}" in line
+
+
 def test_run_demo_call_sites(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, trained: tuple[Path, list[tuple[int, Path]]]
 ) -> None:

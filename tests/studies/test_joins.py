@@ -393,7 +393,7 @@ COMBINING = {
     "chance-floor": ("studies.chance_floor", "studies.scores"),
     "difficulty": ("studies.difficulty",),
     "cross": ("studies.cross",),
-    "study lm-family": ("studies.lm_study",),
+    "study lm-family": ("studies.lm_study.run", "studies.lm_study.analysis"),
     "study generalization": ("studies.generalization.analysis", "studies.generalization.run"),
 }
 #: the commands that join nothing across files or runs, and why

@@ -143,10 +143,10 @@ def _trainer_data() -> list[dict]:
     return data
 
 
-def _hf_train(tmp_path: Path, callbacks: list, report_to: list[str], steps: int = 5
-              ) -> tuple[list[float], dict, list[dict]]:
+def _hf_train(tmp_path: Path, callbacks: list, report_to: list[str], steps: int = 5,
+              logging_steps: int = 1) -> tuple[list[float], dict, list[dict]]:
     args = tf.TrainingArguments(output_dir=str(tmp_path / "trainer"), max_steps=steps,
-                                per_device_train_batch_size=4, logging_steps=1,
+                                per_device_train_batch_size=4, logging_steps=logging_steps,
                                 save_strategy="no", report_to=report_to, seed=7,
                                 use_cpu=True, disable_tqdm=True, dataloader_num_workers=0)
     trainer = tf.Trainer(model=dropout_gpt2(), args=args, train_dataset=_trainer_data(),
@@ -181,43 +181,57 @@ def _report_renders(root: Path, tmp_path: Path) -> str:
     return page
 
 
+_RUNTIME = {"train_runtime", "train_samples_per_second", "train_steps_per_second"}
+
+
+def _user_log(history: list[dict]) -> list[dict]:
+    """``log_history`` without the wall-clock entries of its last row (they differ between
+    any two runs)."""
+    return [{k: v for k, v in h.items() if k not in _RUNTIME} for h in history]
+
+
 def test_trainer_callback(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The HF Trainer with CouplingCallback: units at step 0 and every 2 steps, the same
-    losses and weights as without the callback, the scalars in log_history and TensorBoard
-    at exactly the measured steps (step 0 included), and the report of the run renders."""
+    """The HF Trainer with CouplingCallback: units at step 0 and every 2 steps; the Trainer's
+    own logging untouched (its log_history, the loss averaged over its 3-step logging window,
+    equal to the last digit to the run without the callback, no extra entries); the same
+    weights; the scalars in TensorBoard at exactly the measured steps (step 0 included);
+    and the report of the run renders."""
     pytest.importorskip("accelerate", reason="transformers.Trainer needs accelerate "
                         "(pip install accelerate); the callback's events are tested above")
     pytest.importorskip("tensorboard", reason="report_to='tensorboard' needs tensorboard")
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+    # logging every 3 steps, measuring every 2: a measured step inside a logging window
     monkeypatch.setenv("TENSORBOARD_LOGGING_DIR", str(tmp_path / "tb0"))
-    base_losses, base_state, _ = _hf_train(tmp_path, [], ["tensorboard"])
+    base_losses, base_state, base_history = _hf_train(tmp_path, [], ["tensorboard"], steps=6,
+                                                      logging_steps=3)
     cb = bc.CouplingCallback(word_tokenizer(), PROMPTS, every=2, out=tmp_path / "cb", k=(2,),
                              orientations=("ujv",))
     monkeypatch.setenv("TENSORBOARD_LOGGING_DIR", str(tmp_path / "tb1"))
-    losses, state, history = _hf_train(tmp_path, [cb], ["tensorboard"])
+    losses, state, history = _hf_train(tmp_path, [cb], ["tensorboard"], steps=6,
+                                       logging_steps=3)
     assert cb.monitor._lock is None  # released at the end of training
+    assert [h["step"] for h in history if "loss" in h] == [3, 6]
+    assert _user_log(history) == _user_log(base_history)  # every value, to the last digit
     assert losses == base_losses
     for key in base_state:
         assert torch.equal(base_state[key], state[key]), key
     measured = _measured(tmp_path / "cb")
-    assert sorted(measured) == [0, 2, 4]
-    # log_history: one entry with the scalars per measured step, none elsewhere
-    logged = {h["step"]: h for h in history if "coupling/coupling_k2" in h}
-    assert sorted(logged) == [0, 2, 4]
-    for step, h in logged.items():
-        assert {"coupling/coupling_vs_null_k2", "coupling/coupling_vs_null_k2_se",
-                "coupling/coupling_k2_se"} <= set(h)
-        assert h["coupling/coupling_k2"] == pytest.approx(measured[step])
+    assert sorted(measured) == [0, 2, 4, 6]
     # TensorBoard's event file (the Trainer prefixes "train/"): the same steps and values
     acc = EventAccumulator(str(next((tmp_path / "tb1").rglob("events.out.tfevents*")).parent))
     acc.Reload()
-    assert "train/coupling/coupling_vs_null_k2_se" in acc.Tags()["scalars"]
+    assert {"train/coupling/coupling_vs_null_k2", "train/coupling/coupling_vs_null_k2_se",
+            "train/coupling/coupling_k2_se"} <= set(acc.Tags()["scalars"])
     events = acc.Scalars("train/coupling/coupling_k2")
-    assert [e.step for e in events] == [0, 2, 4]
-    assert [e.value for e in events] == pytest.approx([measured[s] for s in (0, 2, 4)],
+    assert [e.step for e in events] == [0, 2, 4, 6]
+    assert [e.value for e in events] == pytest.approx([measured[s] for s in (0, 2, 4, 6)],
                                                       rel=1e-6)
-    assert [e.step for e in acc.Scalars("train/loss")] == [1, 2, 3, 4, 5]  # its own cadence
+    base_acc = EventAccumulator(str(next((tmp_path / "tb0").rglob("events.out.tfevents*")).parent))
+    base_acc.Reload()
+    assert [(e.step, e.value) for e in acc.Scalars("train/loss")] == [
+        (e.step, e.value) for e in base_acc.Scalars("train/loss")]  # its own cadence, values
+    assert [e.step for e in acc.Scalars("train/loss")] == [3, 6]
     # the training loss stored beside the coupling, and the report of the run
     from blockcoupling.report.emergence import read_training_loss
 
@@ -280,7 +294,7 @@ def test_trainer_callback_wandb_offline(tmp_path: Path, monkeypatch: pytest.Monk
     measured = _measured(tmp_path / "cb")
     got = {int(r["train/global_step"]): r["train/coupling/coupling_k2"] for r in rows
            if "train/coupling/coupling_k2" in r}
-    assert sorted(got) == [0, 2, 4]
+    assert sorted(got) == [0, 2, 4], (run_dir, rows)
     assert [got[s] for s in (0, 2, 4)] == pytest.approx([measured[s] for s in (0, 2, 4)])
 
 
@@ -358,7 +372,8 @@ def test_interpreter_exit_is_clean(tmp_path: Path) -> None:
 @pytest.mark.slow  # end to end; CI runs every test (-m 'slow or not slow')
 def test_lightning_callback(tmp_path: Path) -> None:
     """The Lightning callback: the scalars in every logger at exactly the measured steps,
-    step 0 included (the CSV and TensorBoard loggers read back), the loss stored, the lock
+    step 0 included (the CSV and TensorBoard loggers read back); what the module logs
+    itself the same as without the callback (steps and values); the loss stored, the lock
     released at the end, training unchanged, and the report of the run renders."""
     L = pytest.importorskip("lightning", reason="lightning is an optional dependency")
     pytest.importorskip("tensorboard", reason="Lightning's TensorBoardLogger needs tensorboard")
@@ -386,7 +401,7 @@ def test_lightning_callback(tmp_path: Path) -> None:
         module = Module()
         loggers = [CSVLogger(logs, name="csv"), TensorBoardLogger(logs, name="tb")]
         trainer = L.Trainer(max_steps=5, callbacks=callbacks, logger=loggers,
-                            log_every_n_steps=1, enable_checkpointing=False,
+                            log_every_n_steps=3, enable_checkpointing=False,
                             enable_progress_bar=False, enable_model_summary=False,
                             accelerator="cpu")
         trainer.fit(module, data)
@@ -408,7 +423,12 @@ def test_lightning_callback(tmp_path: Path) -> None:
     assert rows["coupling/coupling_k2"].tolist() == pytest.approx(
         [measured[s] for s in (0, 2, 4)])
     assert rows["coupling/coupling_vs_null_k2"].notna().all()
-    assert csv["train_loss"].notna().sum() == 5  # Lightning's own rows are still there
+    # Lightning's own rows (every 3 steps): the same steps and values as without the
+    # callback, to the last digit, and nothing else logged at them
+    base_csv = pd.read_csv(next((tmp_path / "logs0" / "csv").rglob("metrics.csv")))
+    own = csv[csv["train_loss"].notna()].dropna(axis=1, how="all")
+    assert own.to_dict("records") == base_csv[base_csv["train_loss"].notna()].to_dict("records")
+    assert own["step"].tolist() == [2]  # Lightning logs one step behind global_step
     # TensorBoard: the same steps and values
     acc = EventAccumulator(str(next((tmp_path / "logs1" / "tb").rglob("events.out.*")).parent))
     acc.Reload()
@@ -416,6 +436,10 @@ def test_lightning_callback(tmp_path: Path) -> None:
     assert [e.step for e in events] == [0, 2, 4]
     assert [e.value for e in events] == pytest.approx([measured[s] for s in (0, 2, 4)],
                                                       rel=1e-6)
+    base_acc = EventAccumulator(str(next((tmp_path / "logs0" / "tb").rglob("events.out.*")).parent))
+    base_acc.Reload()
+    assert [(e.step, e.value) for e in acc.Scalars("train_loss")] == [
+        (e.step, e.value) for e in base_acc.Scalars("train_loss")]
     from blockcoupling.report.emergence import read_training_loss
 
     assert read_training_loss(tmp_path / "pl")["step"].tolist() == [1, 2, 3, 4, 5]

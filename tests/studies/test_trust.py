@@ -396,12 +396,12 @@ def _small_spec(**over: Any) -> Any:
 @pytest.fixture
 def no_training(monkeypatch: pytest.MonkeyPatch) -> None:
     """Any training is a failure of the test: the study must refuse before it."""
-    from blockcoupling.studies import lm_study
+    from blockcoupling.studies.lm_study import run
 
     def train(*a: Any, **k: Any) -> None:
         raise AssertionError("the study trained before its checks")
 
-    monkeypatch.setattr(lm_study, "train_tiny_lm", train)
+    monkeypatch.setattr(run, "train_tiny_lm", train)
 
 
 @pytest.mark.parametrize("case", ["executor", "out is a file", "out holds other files",
@@ -430,7 +430,8 @@ def test_a_study_checks_everything_before_it_trains(no_training: None, tmp_path:
         (out / "study-spec.json").write_text(json.dumps({"runs": []}))
         (out / "sweep" / store.STATUS).mkdir(parents=True)
         (out / "sweep" / store.MANIFEST).write_text("{}")
-        (out / "sweep" / store.STATUS / "u.json").write_text(json.dumps({"status": "done"}))
+        (out / "sweep" / store.STATUS / "u.json").write_text(
+            json.dumps({"unit": {"unit_id": "u"}, "status": "done"}))
     before = sorted(p.name for p in out.iterdir()) if out.is_dir() else None
     match = {"executor": "executor", "out is a file": "is a file|--out",
              "out holds other files": "other files", "out in use": "in use",
@@ -510,7 +511,7 @@ def test_a_study_measures_again_what_was_trained_again(tmp_path: Path) -> None:
     measured again, so a run's coupling and its accuracy always come from one training.
     Here the other weights are simulated by the study's record of what it measured."""
     from blockcoupling.store import collection as store
-    from blockcoupling.studies.lm_study import TRAINED_FILE, run_study
+    from blockcoupling.studies.lm_study.run import TRAINED_FILE, run_study
 
     out, cache = tmp_path / "out", tmp_path / "cache"
     spec = _small_spec()
@@ -536,6 +537,25 @@ def test_a_study_measures_again_what_was_trained_again(tmp_path: Path) -> None:
     assert third == first
     redone = {r["unit"]["label"] for r in store.all_status(out / "sweep") if r.get("repaired")}
     assert redone == {"a-s0"}
+
+
+@pytest.mark.slow
+def test_another_checkpoint_cache_is_refused_or_replaced(tmp_path: Path) -> None:
+    """The same study into the same folder from another checkpoint cache (its sweep names
+    other checkpoint paths): refused in one line that says why, or, with ``replace`` (the
+    demo, which owns its folder; ``BLOCKCOUPLING_CACHE`` changed with ``demo_run/``
+    present), measured afresh with the same numbers."""
+    from blockcoupling.studies.lm_study import run_study
+
+    out, spec = tmp_path / "out", _small_spec()
+    first = run_study(out, spec, cache_dir=tmp_path / "a", progress=False).to_dict()
+    with pytest.raises(BlockCouplingError, match="sweep of other checkpoints .*checkpoint "
+                       "cache.*another --out"):
+        run_study(out, spec, cache_dir=tmp_path / "b", progress=False)
+    again = run_study(out, spec, cache_dir=tmp_path / "b", progress=False, replace=True).to_dict()
+    for rec in (first, again):
+        rec.pop("seconds")
+    assert again == first
 
 
 # ---------------------------------------------------------------------------- item 3: identity
@@ -778,12 +798,13 @@ def test_a_grid_record_from_before_seals_is_read_with_a_warning(tmp_path: Path) 
 def test_a_study_of_another_spec_that_measured_nothing_is_replaced(no_training: None,
                                                                    tmp_path: Path) -> None:
     from blockcoupling.store import collection as store
-    from blockcoupling.studies.lm_study import SPEC_FILE, run_study
+    from blockcoupling.studies.lm_study.run import SPEC_FILE, run_study
 
     out = tmp_path / "out"
     (out / "sweep" / store.STATUS).mkdir(parents=True)
     (out / "sweep" / store.MANIFEST).write_text("{}")
-    (out / "sweep" / store.STATUS / "u.json").write_text(json.dumps({"status": "failed"}))
+    (out / "sweep" / store.STATUS / "u.json").write_text(
+        json.dumps({"unit": {"unit_id": "u"}, "status": "failed"}))
     (out / SPEC_FILE).write_text(json.dumps({"runs": []}))
     spec = _small_spec()
     with pytest.raises(AssertionError, match="trained before"):  # it went on to train

@@ -543,10 +543,19 @@ def test_cli_vit_train_and_figures(tmp_path: Path, trained: Path) -> None:
     res = runner.invoke(app, ["-q", "vit-grid", "--spec", str(spec), "--out", str(tmp_path / "g2")])
     assert res.exit_code == 0, res.output
     assert collect_runs(tmp_path / "g2")["status"].tolist() == ["complete"]
-    # the same grid spec through `blockcoupling sweep` (the study's entry point) gives the same run
-    res = runner.invoke(app, ["-q", "sweep", str(spec), "--out", str(tmp_path / "g3"),
-                              "--executor", "local"])
+    # the same grid spec through `blockcoupling sweep` (the study's entry point) gives the same
+    # run, with the spec's own executor (local: no --executor given), and sweep's --resume
+    # and --retries (issue 40: they were dropped without a word)
+    res = runner.invoke(app, ["-q", "sweep", str(spec), "--out", str(tmp_path / "g3")])
     assert res.exit_code == 0, res.output
+    res = runner.invoke(app, ["sweep", str(spec), "--out", str(tmp_path / "g3")])
+    assert res.exit_code == 1 and "continue it with --resume" in res.output, res.output
+    res = runner.invoke(app, ["-q", "sweep", str(spec), "--out", str(tmp_path / "g3"),
+                              "--resume", "--retries", "0"])
+    assert res.exit_code == 0, res.output
+    res = runner.invoke(app, ["sweep", str(spec), "--out", str(tmp_path / "g4"), "--retries",
+                              "-1"])
+    assert res.exit_code == 1 and "retries" in res.output and not (tmp_path / "g4").exists()
     g2, g3 = collect_runs(tmp_path / "g2"), collect_runs(tmp_path / "g3")
     assert g3["status"].tolist() == ["complete"]
     assert g3["coupling"].tolist() == g2["coupling"].tolist()

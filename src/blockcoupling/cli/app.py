@@ -10,14 +10,14 @@ from collections.abc import Callable, Iterator
 from typing import Annotated, Any, TypeVar
 
 import typer
-from typer.core import TyperCommand, TyperGroup
+from typer.core import TyperArgument, TyperCommand, TyperGroup
 
 from blockcoupling.errors import BlockCouplingError
 from blockcoupling.jsonsafe import jsonable
 from blockcoupling.validate import one_value
 
-__all__ = ["ADDRESS_HELP", "JSON_HELP", "STATE", "app", "deprecated", "echo_json", "fail", "guarded",
-           "one_value", "print_plan", "user_errors"]
+__all__ = ["ADDRESS_HELP", "JSON_HELP", "STATE", "Group", "app", "deprecated", "echo_json", "fail",
+           "guarded", "one_value", "plain_arguments", "print_plan", "user_errors"]
 
 T = TypeVar("T")
 #: CPUs of a local Ray cluster started by the command (sweep, vit-grid); a Ray task's own CPUs
@@ -33,15 +33,52 @@ ADDRESS_HELP = ("Ray cluster to use: host:port, or ray://head:10001 (Ray Client)
 GLOBAL_FLAGS = ("-q", "--quiet", "-v", "--verbose")
 
 
-class _Group(TyperGroup):
+class _PlainArgument(TyperArgument):
+    """A positional argument as a user reads it: its name in capitals (``RUN_DIRS...``,
+    ``SPEC``; optional ones in brackets), without typer's ``{run_dirs}`` placeholder in the
+    usage line nor the Python type (``<list[Path]>``) in the help; a missing one is named
+    the same way."""
+
+    def _label(self) -> str:
+        return (self.metavar or self.name or "").upper()
+
+    def _usage_display_name(self) -> str:
+        label = self._label() if self.required else f"[{self._label()}]"
+        return label + ("..." if self.nargs != 1 else "")
+
+    def _rich_display_name(self) -> str:
+        return self._label() + ("..." if self.nargs != 1 else "")
+
+    def display_type_rich(self, ctx: Any) -> str | None:
+        return None
+
+    @property
+    def display_name_raw(self) -> str:
+        return self._label()
+
+
+def plain_arguments(command: Any) -> Any:
+    """``command`` with its positional arguments shown as `_PlainArgument` (in place; an
+    argument has no state of its own beyond typer's, so its class is swapped)."""
+    for param in getattr(command, "params", None) or ():
+        if type(param) is TyperArgument:
+            param.__class__ = _PlainArgument
+    return command
+
+
+class Group(TyperGroup):
     """The command group: ``-q`` / ``-v`` given after a command (``blockcoupling measure ...
-    -q``) are taken as the global flags, as if given before it."""
+    -q``) are taken as the global flags, as if given before it; the commands' arguments read
+    as `_PlainArgument` (sub-groups too: give them ``cls=Group``)."""
 
     def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
         end = args.index("--") if "--" in args else len(args)
         flags = [a for a in args[:end] if _global_flags(a)]
         rest = [a for a in args[:end] if not _global_flags(a)]
         return super().parse_args(ctx, flags + rest + args[end:])
+
+    def get_command(self, ctx: Any, cmd_name: str) -> Any:
+        return plain_arguments(super().get_command(ctx, cmd_name))
 
 
 def _global_flags(arg: str) -> bool:
@@ -53,7 +90,7 @@ def _global_flags(arg: str) -> bool:
 
 
 app = typer.Typer(
-    cls=_Group,
+    cls=Group,
     add_completion=True,  # --install-completion / --show-completion (bash, zsh, fish, ...)
     no_args_is_help=True,
     help="Measure transformer block coupling, trajectories and spectra (Aubry et al., ICLR 2025).",

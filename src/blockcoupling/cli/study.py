@@ -11,6 +11,7 @@ from blockcoupling.cli.app import (
     ADDRESS_HELP,
     CLUSTER_CPUS_HELP,
     JSON_HELP,
+    Group,
     app,
     echo_json,
     guarded,
@@ -18,7 +19,7 @@ from blockcoupling.cli.app import (
 )
 from blockcoupling.cli.app import STATE as _STATE
 
-study_app = typer.Typer(help="Built-in studies that test the paper's claims end to end.",
+study_app = typer.Typer(cls=Group, help="Built-in studies that test the paper's claims end to end.",
                         no_args_is_help=True)
 app.add_typer(study_app, name="study")
 

@@ -13,6 +13,7 @@ from blockcoupling.cli.app import (
     CLUSTER_CPUS_HELP,
     JSON_HELP,
     SPEC_RUNNERS,
+    Group,
     app,
     deprecated,
     echo_json,
@@ -31,7 +32,7 @@ def sweep(
     out: Annotated[Path, typer.Option("--out", "-o", help="Sweep directory to write.")],
     address: Annotated[str | None, typer.Option(help=ADDRESS_HELP)] = None,
     resume: Annotated[bool, typer.Option("--resume", help="Continue the sweep in --out (after a crash or a kill).")] = False,
-    executor: Annotated[str, typer.Option(help="ray (default) or local (one unit after the other in this process, for debugging).")] = "ray",
+    executor: Annotated[str | None, typer.Option(help="ray (default; a ViT grid spec: its own executor key) or local (one unit after the other in this process, for debugging).")] = None,
     cluster_cpus: Annotated[int | None, typer.Option(help=CLUSTER_CPUS_HELP)] = None,
     num_cpus: Annotated[int | None, typer.Option(hidden=True, help="Deprecated: --cluster-cpus.")] = None,
     retries: Annotated[int | None, typer.Option(help="Ray retries of a unit whose worker died (default: the spec's retries, 3).")] = None,
@@ -56,16 +57,17 @@ def sweep(
             plan = kind.plan(spec)
         print_plan(plan, as_json)
         return
-    if kind.name in SPEC_RUNNERS:  # the kind's own command module runs it
+    if kind.name in SPEC_RUNNERS:  # the kind's own command module runs it, with every option
         SPEC_RUNNERS[kind.name](spec, out, executor=executor, address=address, as_json=as_json,
-                                cluster_cpus=cluster_cpus)
+                                cluster_cpus=cluster_cpus, resume=resume, retries=retries,
+                                connect_timeout=connect_timeout)
         return
     with guarded(saved=f"finished units are saved in {out}",
                  again="continue with the same command and --resume"):
         if kind.run is None:  # a kind registered without one (and no command-line run)
             raise BlockCouplingError(f"a {kind.name} spec cannot be run by `sweep`")
-        s = kind.run(spec, out, executor=executor, address=address, resume=resume,
-                     progress=not _STATE["quiet"], num_cpus=cluster_cpus, retries=retries,
+        s = kind.run(spec, out, executor=executor or "ray", address=address, resume=resume,
+                     progress=not _STATE["quiet"], cluster_cpus=cluster_cpus, retries=retries,
                      connect_timeout=connect_timeout)
     cat = s.catalogue
     failed = cat[cat["status"] == "failed"]
@@ -173,7 +175,7 @@ def _kind(root: Path) -> str:
     return str(load_manifest(root)["kind"])
 
 
-collection_app = typer.Typer(help="Collections (sweep, monitor, vit-grid directories): one "
+collection_app = typer.Typer(cls=Group, help="Collections (sweep, monitor, vit-grid directories): one "
                              "format, read by open_collection.", no_args_is_help=True)
 app.add_typer(collection_app, name="collection")
 

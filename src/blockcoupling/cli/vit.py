@@ -225,15 +225,22 @@ def vit_figures(
 
 
 @spec_runner("vit-grid")
-def grid_from_spec(spec: Path, out: Path, *, executor: str, address: str | None,
-              as_json: bool = False, cluster_cpus: int | None = None) -> None:
+def grid_from_spec(spec: Path, out: Path, *, executor: str | None, address: str | None,
+                   as_json: bool = False, cluster_cpus: int | None = None,
+                   resume: bool = False, retries: int | None = None,
+                   connect_timeout: float = 60.0) -> None:
+    """``blockcoupling sweep GRID.yaml``: the grid by the sweep's rules (``--resume`` to
+    continue one that holds trained runs), the spec's own executor unless ``--executor``."""
     from blockcoupling.studies.vit.grid import load_grid_spec, run_grid
 
-    with guarded(saved=f"finished runs are saved in {out}"):
+    with guarded(saved=f"finished runs are saved in {out}",
+                 again="continue with the same command and --resume"):
         base, kwargs = load_grid_spec(spec)
-        kwargs["executor"] = executor
-        kwargs["cluster_cpus"] = cluster_cpus
+        if executor is not None:
+            kwargs["executor"] = executor
         if address is not None:
             kwargs["address"] = address
-        runs = run_grid(base, out, progress=not _STATE["quiet"], **kwargs)
+        runs = run_grid(base, out, progress=not _STATE["quiet"], cluster_cpus=cluster_cpus,
+                        resume=resume, retries=retries, connect_timeout=connect_timeout,
+                        **kwargs)
     report_grid(runs, out, as_json=as_json)

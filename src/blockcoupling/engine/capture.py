@@ -46,7 +46,7 @@ import copy
 import dataclasses
 import inspect
 import warnings
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -56,7 +56,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from blockcoupling.engine import offload
 from blockcoupling.engine.blocks import BlockSpec, get_blocks, get_module
-from blockcoupling.engine.wrappers import forward_inputs
+from blockcoupling.engine.wrappers import forward_inputs, without_bridges
 from blockcoupling.errors import ArchitectureError, BlockCouplingError, NumericalError, ReplayError
 
 __all__ = [
@@ -73,7 +73,8 @@ __all__ = [
 #: (<= 4.5x ``past_key_value`` / ``layer_past``, then ``past_key_values``, 5.24 ``cache``):
 #: stripped from recorded calls here; tried by the fast path after the parameters annotated
 #: ``Cache`` (engine/fastpath.py)
-CACHE_NAMES: tuple[str, ...] = ("cache", "past_key_values", "past_key_value", "layer_past")
+CACHE_NAMES: tuple[str, ...] = ("cache", "past_key_values", "past_key_value", "layer_past",
+                                 "past_kv_cache_entry")  # the last: TransformerLens 3's blocks
 _WARNED_ATTN: set[str] = set()
 
 #: Relative replay tolerance (max abs error / max abs recorded output, real positions) by
@@ -280,7 +281,7 @@ def _right_padded_valid(
 # ----------------------------------------------------------------------------- capture
 
 
-def capture(  # noqa: C901 - one branch per input kind and wrapper; split with the one-plan work (issue 33)
+def capture(
     model: nn.Module,
     inputs: Mapping[str, Tensor],
     spec: BlockSpec,
@@ -295,115 +296,21 @@ def capture(  # noqa: C901 - one branch per input kind and wrapper; split with t
     cast to the model's dtype). Raises [`NumericalError`][blockcoupling.errors.NumericalError] if a block output is not
     finite and [`ArchitectureError`][blockcoupling.errors.ArchitectureError] if a block is not called exactly once.
     """
-    if model.training:
-        warnings.warn(
-            "the model was in training mode; calling model.eval() so that dropout is off.",
-            stacklevel=2,
-        )
-        model.eval()
-    if final_norm and spec.final_norm_path is None:
-        raise ArchitectureError(
-            f"final_norm=True, but the {spec.arch} model has no final norm "
-            "(BERT-style encoders have none). Use final_norm=False or pass final_norm_path "
-            "to find_blocks."
-        )
-    _ensure_attn_implementation(model)
-    _ensure_experts_implementation(model)
+    _prepare(model, spec, final_norm)
     blocks = get_blocks(model, spec)
-    L = len(blocks)
     ref = _first_float_param(model)
-    device = offload.input_device(model)  # not "meta": an offloaded model's weights wait there
     model_dtype = ref.dtype if ref is not None else torch.float32
-
-    def to_model(t: Tensor) -> Tensor:
-        t = t.to(device)
-        return t.to(model_dtype) if t.is_floating_point() else t
-
-    call_inputs: dict[str, Any] = {k: _map_tensors(v, to_model) for k, v in inputs.items()}
-    if _accepts_kwarg(model.forward, "use_cache"):
-        call_inputs["use_cache"] = False
-
-    raw_calls: list[list[tuple[tuple[Any, ...], dict[str, Any]]]] = [[] for _ in range(L)]
-    outputs: list[list[Tensor]] = [[] for _ in range(L)]
-    norm_out: list[Tensor] = []
-
-    def make_pre(i: int) -> Callable[..., None]:
-        def hook(mod: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-            raw_calls[i].append(_strip_caches(args, kwargs))
-
-        return hook
-
-    def make_post(i: int) -> Callable[..., None]:
-        def hook(mod: nn.Module, args: tuple[Any, ...], output: Any) -> None:
-            outputs[i].append(first_output(output).detach())
-
-        return hook
-
-    def norm_hook(mod: nn.Module, args: tuple[Any, ...], output: Any) -> None:
-        norm_out.append(first_output(output).detach())
-
-    handles = []
-    try:
-        for i, block in enumerate(blocks):
-            handles.append(block.register_forward_pre_hook(make_pre(i), with_kwargs=True))
-            handles.append(block.register_forward_hook(make_post(i)))
-        if final_norm:
-            assert spec.final_norm_path is not None
-            norm = get_module(model, spec.final_norm_path)
-            handles.append(norm.register_forward_hook(norm_hook))
-        with torch.no_grad():
-            model(**forward_inputs(model, call_inputs))
-    finally:
-        for h in handles:
-            h.remove()
-
-    for i in range(L):
-        if len(raw_calls[i]) != 1 or len(outputs[i]) != 1:
-            raise ArchitectureError(
-                f"block {i + 1} of '{spec.blocks_path}' was called {len(raw_calls[i])} times in "
-                "one forward pass (expected once). Pass blocks_path= of a list of blocks that "
-                "are each applied once."
-            )
+    norm = get_module(model, spec.final_norm_path) if final_norm and spec.final_norm_path else None
+    raw_calls, outputs, norm_out = _record(model, blocks, norm, _call_inputs(model, inputs,
+                                                                              model_dtype))
+    calls = _block_calls(raw_calls, outputs, spec)
     if final_norm and len(norm_out) != 1:
         raise ArchitectureError(
             f"the final norm '{spec.final_norm_path}' was called {len(norm_out)} times "
             "(expected once). Use final_norm=False."
         )
-
-    calls: list[BlockCall] = []
-    for i in range(L):
-        args, kwargs = raw_calls[i][0]
-        where = _hidden_location(args, kwargs)
-        x_in = args[where] if isinstance(where, int) else kwargs[where]
-        calls.append(
-            BlockCall(
-                args=args, kwargs=kwargs, hidden=where, input=x_in.detach(), output=outputs[i][0]
-            )
-        )
-
-    x0 = calls[0].input
-    if x0.ndim != 3:
-        raise ArchitectureError(
-            f"the first block received hidden states of shape {tuple(x0.shape)}; expected "
-            "(batch, tokens, hidden). Pass blocks_path= of the transformer blocks."
-        )
-    if not torch.isfinite(x0).all():
-        raise NumericalError("the input of block 1 (x^0) contains NaN or inf; check the inputs.")
-    states = [x0] + [c.output for c in calls]
-    if final_norm:
-        states[L] = norm_out[0]
-    for layer, state in enumerate(states[1:], start=1):
-        if state.shape != x0.shape:
-            raise ArchitectureError(
-                f"block {layer} output has shape {tuple(state.shape)}, its input {tuple(x0.shape)}; "
-                "blocks must map (batch, tokens, hidden) to the same shape."
-            )
-        if not torch.isfinite(state).all():
-            where = "the final norm after block" if (final_norm and layer == L) else "block"
-            raise NumericalError(
-                f"{where} {layer} output contains NaN or inf (layer {layer}). Run the model in a wider "
-                "dtype (e.g. float32 instead of float16) or check the inputs."
-            )
+    states = _checked_states(calls, norm_out[0] if final_norm else None)
+    x0 = states[0]
     boundaries = torch.stack([s.to("cpu", boundary_dtype) for s in states])  # (L+1, B, n, d)
     B, n, d = x0.shape
     valid, lengths = _right_padded_valid(inputs, B, n)
@@ -419,6 +326,129 @@ def capture(  # noqa: C901 - one branch per input kind and wrapper; split with t
         final_output=norm_out[0] if (final_norm and keep_calls) else None,
         model_dtype=model_dtype,
     )
+
+
+def _prepare(model: nn.Module, spec: BlockSpec, final_norm: bool) -> None:
+    """The model ready for a capture: in eval mode (dropout off; a warning where it was
+    training), an attention and experts implementation that replays; a final norm where
+    one is asked for, else an ArchitectureError."""
+    if model.training:
+        warnings.warn(
+            "the model was in training mode; calling model.eval() so that dropout is off.",
+            stacklevel=3,
+        )
+        model.eval()
+    if final_norm and spec.final_norm_path is None:
+        raise ArchitectureError(
+            f"final_norm=True, but the {spec.arch} model has no final norm "
+            "(BERT-style encoders have none). Use final_norm=False or pass final_norm_path "
+            "to find_blocks."
+        )
+    _ensure_attn_implementation(model)
+    _ensure_experts_implementation(model)
+
+
+def _call_inputs(model: nn.Module, inputs: Mapping[str, Tensor],
+                 model_dtype: torch.dtype) -> dict[str, Any]:
+    """``inputs`` on the model's input device (not "meta": an offloaded model's weights wait
+    there), floating ones in the model's dtype; ``use_cache=False`` where it is accepted."""
+    device = offload.input_device(model)
+
+    def to_model(t: Tensor) -> Tensor:
+        t = t.to(device)
+        return t.to(model_dtype) if t.is_floating_point() else t
+
+    call_inputs: dict[str, Any] = {k: _map_tensors(v, to_model) for k, v in inputs.items()}
+    if _accepts_kwarg(model.forward, "use_cache"):
+        call_inputs["use_cache"] = False
+    return call_inputs
+
+
+def _record(model: nn.Module, blocks: Sequence[nn.Module], norm: nn.Module | None,
+            call_inputs: dict[str, Any]
+            ) -> tuple[list[list[tuple[tuple[Any, ...], dict[str, Any]]]], list[list[Tensor]],
+                       list[Tensor]]:
+    """One forward pass with hooks: each block's calls (args, kwargs without caches) and
+    outputs, and the final norm's outputs (``norm``: its module, else none recorded)."""
+    raw_calls: list[list[tuple[tuple[Any, ...], dict[str, Any]]]] = [[] for _ in blocks]
+    outputs: list[list[Tensor]] = [[] for _ in blocks]
+    norm_out: list[Tensor] = []
+
+    def make_pre(i: int) -> Callable[..., None]:
+        def hook(mod: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+            raw_calls[i].append(_strip_caches(args, kwargs))
+
+        return hook
+
+    def make_post(sink: list[Tensor]) -> Callable[..., None]:
+        def hook(mod: nn.Module, args: tuple[Any, ...], output: Any) -> None:
+            sink.append(first_output(output).detach())
+
+        return hook
+
+    handles = []
+    try:
+        for i, block in enumerate(blocks):
+            handles.append(block.register_forward_pre_hook(make_pre(i), with_kwargs=True))
+            handles.append(block.register_forward_hook(make_post(outputs[i])))
+        if norm is not None:
+            handles.append(norm.register_forward_hook(make_post(norm_out)))
+        with torch.no_grad():
+            model(**forward_inputs(model, call_inputs))
+    finally:
+        for h in handles:
+            h.remove()
+    return raw_calls, outputs, norm_out
+
+
+def _block_calls(raw_calls: list[list[tuple[tuple[Any, ...], dict[str, Any]]]],
+                 outputs: list[list[Tensor]], spec: BlockSpec) -> list[BlockCall]:
+    """Each block's one recorded call (where its hidden states went in, its input and
+    output); an ArchitectureError where a block was not called exactly once."""
+    calls: list[BlockCall] = []
+    for i, (called, out) in enumerate(zip(raw_calls, outputs, strict=True)):
+        if len(called) != 1 or len(out) != 1:
+            raise ArchitectureError(
+                f"block {i + 1} of '{spec.blocks_path}' was called {len(called)} times in "
+                "one forward pass (expected once). Pass blocks_path= of a list of blocks that "
+                "are each applied once."
+            )
+        args, kwargs = called[0]
+        where = _hidden_location(args, kwargs)
+        x_in = args[where] if isinstance(where, int) else kwargs[where]
+        calls.append(BlockCall(args=args, kwargs=kwargs, hidden=where, input=x_in.detach(),
+                               output=out[0]))
+    return calls
+
+
+def _checked_states(calls: list[BlockCall], final: Tensor | None) -> list[Tensor]:
+    """The block boundaries x^0 .. x^L (the last one the final norm's output, where given):
+    each (batch, tokens, hidden) and finite, else one line saying what to do."""
+    x0 = calls[0].input
+    if x0.ndim != 3:
+        raise ArchitectureError(
+            f"the first block received hidden states of shape {tuple(x0.shape)}; expected "
+            "(batch, tokens, hidden). Pass blocks_path= of the transformer blocks."
+        )
+    if not torch.isfinite(x0).all():
+        raise NumericalError("the input of block 1 (x^0) contains NaN or inf; check the inputs.")
+    L = len(calls)
+    states = [x0] + [c.output for c in calls]
+    if final is not None:
+        states[L] = final
+    for layer, state in enumerate(states[1:], start=1):
+        if state.shape != x0.shape:
+            raise ArchitectureError(
+                f"block {layer} output has shape {tuple(state.shape)}, its input {tuple(x0.shape)}; "
+                "blocks must map (batch, tokens, hidden) to the same shape."
+            )
+        if not torch.isfinite(state).all():
+            where = "the final norm after block" if (final is not None and layer == L) else "block"
+            raise NumericalError(
+                f"{where} {layer} output contains NaN or inf (layer {layer}). Run the model in a wider "
+                "dtype (e.g. float32 instead of float16) or check the inputs."
+            )
+    return states
 
 
 # ----------------------------------------------------------------------------- replay
@@ -483,9 +513,13 @@ def check_call_index(cap: Capture, layer: int, prompt: int) -> list[BlockCall]:
 
 def prepare_replay(model: nn.Module, cap: Capture, layer: int, prompt: int, *,
                    dtype: torch.dtype = torch.float32,
-                   device: torch.device | str | None = None) -> BlockReplay:
+                   device: torch.device | str | None = None,
+                   original: bool = False) -> BlockReplay:
     """Block ``layer``'s recorded call for ``prompt``, cast to ``dtype`` and moved to ``device``
-    (default: where the block's weights are). Validates the layer, the prompt and eval mode."""
+    (default: where the block's weights are). Validates the layer, the prompt and eval mode.
+    ``original``: the block (and final norm) without a wrapper's envelopes
+    (`wrappers.without_bridges`: TransformerLens 4's bridge components), for the fast path,
+    which checks the result against the recorded output."""
     calls = check_call_index(cap, layer, prompt)
     L, B = len(calls), cap.batch_size
     spec = cap.spec
@@ -496,6 +530,9 @@ def prepare_replay(model: nn.Module, cap: Capture, layer: int, prompt: int, *,
         offload.materialize(get_module(model, spec.final_norm_path))
         if (use_norm and spec.final_norm_path) else None
     )
+    if original:
+        block_orig = without_bridges(block_orig)
+        norm_orig = without_bridges(norm_orig) if norm_orig is not None else None
     for mod in (block_orig, norm_orig):
         if mod is not None and mod.training:
             raise BlockCouplingError(

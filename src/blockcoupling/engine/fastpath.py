@@ -18,6 +18,11 @@ argument is recognised by what it is, not by its name (transformers has spelled 
 ``layer_past``, ``past_key_value``, ``past_key_values`` and ``cache``): the parameters
 annotated with transformers' ``Cache`` first, then the known spellings, each *probed* by the
 recording pass below; the first one whose cache receives exactly one ``update`` is used.
+TransformerLens 3's blocks take a cache *entry* (``past_kv_cache_entry``: ``append`` instead
+of ``update``, sequence on axis 1); the caches below speak both. Wrapped models: the block is
+replayed without a TransformerLens 4 bridge's envelopes (`wrappers.without_bridges`, checked
+against the recorded output), and nnsight's forward controllers are called as the modules'
+own forwards (`wrappers.forward_signature`).
 
 1. The block is run once on the whole prompt with a *recording* cache whose ``update``
    stores the prompt's keys and values and returns them unchanged (and the output is checked
@@ -54,6 +59,7 @@ rejects. `blockcoupling.engine.fastrecord` keeps the per-layer record of a run.
 from __future__ import annotations
 
 import inspect
+import logging
 import math
 import typing
 import warnings
@@ -90,6 +96,7 @@ from blockcoupling.engine.jacobian import (
     jacobian_operator,
     vectors_in_budget,
 )
+from blockcoupling.engine.wrappers import forward_signature, original_module
 from blockcoupling.errors import BlockCouplingError
 
 __all__ = [
@@ -108,6 +115,8 @@ VERIFY_RTOL: dict[torch.dtype, float] = {
     torch.float16: 5e-2,
     torch.bfloat16: 5e-2,
 }
+
+_LOG = logging.getLogger(__name__)
 
 # Rough number of d-sized (and intermediate-sized) activations kept per batch row.
 _ROW_FACTOR: int = 48
@@ -134,24 +143,38 @@ def _init_cache(cache: Any) -> None:
         super(type(cache), cache).__init__()
 
 
+# Two cache protocols reach a block: transformers' ``Cache.update(key, value, layer_idx)``
+# with tensors (batch, heads, seq, hd), and TransformerLens 3's cache entry (its blocks'
+# ``past_kv_cache_entry``): ``past_keys.size(1)`` is the cached length and ``append(key,
+# value)`` returns the whole sequence, tensors (batch, seq, heads, hd). Both caches below
+# speak both; what they keep is in transformers' layout.
 class _RecordingCache(_cache_base()):  # type: ignore[misc]
-    """Stores the keys/values of the one ``update`` call and returns them unchanged."""
+    """Stores the keys/values of the one ``update`` (or ``append``) call and returns them
+    unchanged."""
 
     def __init__(self) -> None:
         _init_cache(self)
         self.records: list[tuple[Tensor, Tensor]] = []
+        self.past_keys = self.past_values = torch.empty(1, 0)  # nothing cached before
 
     def update(self, key_states: Tensor, value_states: Tensor, layer_idx: int = 0,
                *args: Any, **kwargs: Any) -> tuple[Tensor, Tensor]:
         self.records.append((key_states.detach(), value_states.detach()))
         return key_states, value_states
 
+    def append(self, new_keys: Tensor, new_values: Tensor) -> tuple[Tensor, Tensor]:
+        """TransformerLens 3: (batch, seq, heads, hd), kept as (batch, heads, seq, hd)."""
+        self.records.append((new_keys.detach().transpose(1, 2),
+                             new_values.detach().transpose(1, 2)))
+        return new_keys, new_values
+
     def get_seq_length(self, layer_idx: int = 0) -> int:
         return 0
 
 
 class _PrefixCache(_cache_base()):  # type: ignore[misc]
-    """Stateless: ``update(k, v)`` -> ``(cat(K_pre, k), cat(V_pre, v))`` on the sequence axis.
+    """Stateless: ``update(k, v)`` -> ``(cat(K_pre, k), cat(V_pre, v))`` on the sequence axis
+    (``append`` likewise, in TransformerLens 3's layout).
 
     ``K_pre``/``V_pre`` (1, ..., t, hd) are expanded to the batch size of ``k`` (m rows).
     """
@@ -167,6 +190,20 @@ class _PrefixCache(_cache_base()):  # type: ignore[misc]
         k = self.keys.expand(m, *self.keys.shape[1:])
         v = self.values.expand(m, *self.values.shape[1:])
         return torch.cat([k, key_states], dim=-2), torch.cat([v, value_states], dim=-2)
+
+    @property
+    def past_keys(self) -> Tensor:  # TransformerLens 3: (1, t, H_kv, hd)
+        return self.keys.transpose(1, 2)
+
+    @property
+    def past_values(self) -> Tensor:
+        return self.values.transpose(1, 2)
+
+    def append(self, new_keys: Tensor, new_values: Tensor) -> tuple[Tensor, Tensor]:
+        m = new_keys.shape[0]
+        k = self.past_keys.expand(m, *self.past_keys.shape[1:])
+        v = self.past_values.expand(m, *self.past_values.shape[1:])
+        return torch.cat([k, new_keys], dim=1), torch.cat([v, new_values], dim=1)
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
         return int(self.keys.shape[-2])
@@ -202,6 +239,19 @@ def _slice_kwarg(name: str, value: Any, t: int, n: int) -> Any:
     return value
 
 
+def _failed(what: str, err: BaseException) -> str:
+    """Why a step of the fast path failed, in words: what was tried and the kind of error
+    (the exception's own text, which names library internals, goes to the debug log)."""
+    _LOG.debug("fast path: %s failed", what, exc_info=err)
+    kinds = {TypeError: "it does not accept those arguments",
+             ValueError: "a value of unexpected shape or content",
+             RuntimeError: "a tensor operation failed",
+             AttributeError: "a part the fast path reads is missing",
+             IndexError: "a position out of range"}
+    why = next((text for kind, text in kinds.items() if isinstance(err, kind)), "an error")
+    return f"{what} failed: {why}"
+
+
 class _Refused(Exception):
     """The fast path does not apply to this block's call (the message says why)."""
 
@@ -228,7 +278,7 @@ def _named_call(block: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
     """All arguments by name, the hidden-state name and the candidate cache parameters: those
     annotated ``Cache`` first, then the known spellings the forward takes (by name, or through
     ``**kwargs`` where the recorded call passed it)."""
-    sig = inspect.signature(block.forward)
+    sig = forward_signature(block)
     bound = sig.bind(*args, **kwargs)
     named: dict[str, Any] = {}
     for pname, val in bound.arguments.items():
@@ -268,12 +318,12 @@ def _record(block: nn.Module, named: dict[str, Any], hidden_name: str, candidate
             with replay_context(), torch.no_grad():
                 out = first_output(block(**full))  # (1, n, d)
         except (TypeError, ValueError, RuntimeError, AttributeError, IndexError) as err:
-            tried.append(f"{name}: {type(err).__name__}: {err}")
+            tried.append(f"{name}: {_failed('calling the block with a cache there', err)}")
             continue
         if len(rec.records) == 1:
             return name, out, *rec.records[0]
         tried.append(f"{name}: the cache got {len(rec.records)} updates, not 1")
-    sig = inspect.signature(block.forward)
+    sig = forward_signature(block)
     tuples = [c for c in candidates if c in sig.parameters
               and "tuple" in _annotation_text(sig.parameters[c].annotation).lower()]
     what = (f"a tuple key-value cache ({tuples[0]}: "
@@ -322,9 +372,6 @@ class TokenBranch:
 
     def _check(self, M: Tensor, name: str) -> Tensor:
         return as_columns(M, self.d, self.device, self.dtype, name)
-
-    def _rows(self, m: int) -> Tensor:
-        return self.x.expand(m, self.d).contiguous()  # (m, d)
 
     def value(self) -> Tensor:
         """``g(x)`` (d,): the residual branch at token t (equals the recorded F(x)_t - x_t)."""
@@ -452,7 +499,7 @@ def token_branches(
     except (TypeError, ValueError, RuntimeError, AttributeError, IndexError) as err:
         if isinstance(err, BlockCouplingError):
             raise
-        refuse(f"could not be built: {type(err).__name__}: {err}")
+        refuse(_failed("building the decode step", err))
         return None
     if verify:
         bad_msg = _verify(model, cap, layer, prompt, rp, built, n_check, seed,
@@ -503,7 +550,7 @@ def _replay_recorded(model: nn.Module, cap: Capture, layer: int, prompt: int,
                      dtype: torch.dtype, device: torch.device | str | None) -> _Recorded:
     """The block's recording pass over the prompt (probing the cache argument), checked
     against the captured output; raises `_Refused` where the fast path does not apply."""
-    rp = prepare_replay(model, cap, layer, prompt, dtype=dtype, device=device)
+    rp = prepare_replay(model, cap, layer, prompt, dtype=dtype, device=device, original=True)
     named, hidden_name, candidates = _named_call(rp.block, rp.args, rp.kwargs)
     n = rp.x.shape[0]
     if named.get("alibi") is not None:  # Falcon ALiBi: key-length-shaped bias, not verified
@@ -516,6 +563,11 @@ def _replay_recorded(model: nn.Module, cap: Capture, layer: int, prompt: int,
     real = slice(0, cap.lengths[prompt])
     err = relative_error(out[0], rp.recorded, real)
     if not err <= replay_tolerance(cap, dtype):
+        block = get_blocks(model, cap.spec)[layer - 1]
+        if original_module(block) is not block:
+            raise _Refused(f"the block inside the wrapper's {type(block).__name__} computes "
+                           "another output than the wrapped block did (relative error "
+                           f"{err:.3g}): a hook that changes activations is on it")
         raise _Refused(f"the recording pass differs from the captured output (relative "
                        f"error {err:.3g})")
     return _Recorded(rp, named, hidden_name, cache_name, keys, values)
@@ -556,7 +608,7 @@ def token_jacobians(
     if not (cap.spec.causal and pairs) or any(s > t for s, t in pairs):
         return None
     block_ref = get_blocks(model, cap.spec)[layer - 1]
-    if not structured.supports(block_ref) or block_ref in _STRUCTURED_OFF:
+    if not structured.supports(original_module(block_ref)) or block_ref in _STRUCTURED_OFF:
         return None
     try:
         got = _replay_recorded(model, cap, layer, prompt, dtype, device)
@@ -567,7 +619,7 @@ def token_jacobians(
         if isinstance(err, BlockCouplingError):
             raise
         warnings.warn(f"structured token Jacobians of layer {layer} ({cap.spec.arch}) "
-                      f"could not be built ({type(err).__name__}: {err}); using the generic "
+                      f"could not be built ({_failed('the structured step', err)}); using the generic "
                       "path (slower).", FastPathWarning, stacklevel=2)
         return None
     if out is None or not verify:
@@ -641,7 +693,7 @@ def _verify_cross(cap: Capture, layer: int, prompt: int, rp: BlockReplay,
                     got = V @ Js[key] if reverse else V @ Js[key].T  # (m, d)
                     worst = max(worst, _rel(got, ref[:, o]))
     except (TypeError, ValueError, RuntimeError, AttributeError, IndexError) as err:
-        return f"{type(err).__name__}: {err}"
+        return _failed("the check's products", err)
     if not worst <= tol:  # also catches NaN
         return f"relative error {worst:.3g} > {tol:.3g}"
     return None
@@ -741,7 +793,7 @@ def _verify(model: nn.Module, cap: Capture, layer: int, prompt: int, rp: BlockRe
             if forward or not structured_ok:
                 errs.append(_rel(tb.matmat(V), op.matmat(V)))
         except (TypeError, ValueError, RuntimeError, AttributeError, IndexError) as err:
-            return f"token {t}: {type(err).__name__}: {err}"
+            return f"token {t}: {_failed('the check', err)}"
         prior = tb.verify_error if structured_ok else None
         error = max(errs + ([prior] if prior is not None else []))
         tb.verify_error = error
@@ -759,7 +811,7 @@ def _verify_structured(model: nn.Module, cap: Capture, layer: int, tb: TokenBran
         err = math.inf if J is None else _rel(J.T @ V, JtV)
     except (TypeError, ValueError, RuntimeError, AttributeError, IndexError) as exc:
         J, err = None, math.inf
-        why = f"{type(exc).__name__}: {exc}"
+        why = _failed("the structured Jacobian", exc)
     else:
         why = f"relative error {err:.3g} > {tol:.3g}" if J is not None else "not applicable"
     if J is not None and err <= tol:

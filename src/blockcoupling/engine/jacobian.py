@@ -4,12 +4,11 @@ For ``f: (n, d) -> (n, d)`` (`blockcoupling.engine.capture.residual_branch`) the
 ``J_{t1 t2} = d f(x)_{t2} / d x_{t1}`` is a (d, d) matrix with rows = output coordinates
 (token t2) and columns = input coordinates (token t1) (DEFINITIONS.md "Block Jacobians").
 
-* `jacobian_blocks` -- reverse mode. One forward pass (``torch.func.vjp``), then the
+* `jacobian_blocks` -- reverse mode: one forward pass (``torch.func.vjp``), then the
   vjp function is applied under ``vmap`` to one-hot cotangents: the cotangent ``e_{t2, a}``
-  gives row ``a`` of ``J_{t1 t2}`` for *every* input token t1 at once.
-* `jacobian_blocks_jvp` -- forward mode. ``torch.func.jvp`` under ``vmap`` with
-  one-hot tangents: the tangent ``e_{t1, b}`` gives column ``b`` of ``J_{t1 t2}`` for every
-  output token t2 at once (used for ``fixed_input`` coupling).
+  gives row ``a`` of ``J_{t1 t2}`` for *every* input token t1 at once. ``forward=True``:
+  ``torch.func.jvp`` under ``vmap`` with one-hot tangents: the tangent ``e_{t1, b}`` gives
+  column ``b`` of ``J_{t1 t2}`` for every output token t2 at once (``fixed_input``).
 * `JacobianOperator` -- matrix-free ``J_{t_in t_out}``: ``matmat`` by batched JVP,
   ``rmatmat`` by batched VJP (forward pass done once, vjp function reused).
 
@@ -39,7 +38,6 @@ __all__ = [
     "default_chunk_size",
     "vectors_in_budget",
     "jacobian_blocks",
-    "jacobian_blocks_jvp",
     "jacobian_operator",
 ]
 
@@ -154,67 +152,48 @@ def _block_setup(x: Tensor, out_tokens: Sequence[int] | None, in_tokens: Sequenc
 def jacobian_blocks(
     f: Fn,
     x: Tensor,
-    out_tokens: Sequence[int],
+    out_tokens: Sequence[int] | None = None,
     *,
     in_tokens: Sequence[int] | None = None,
+    forward: bool = False,
     chunk_size: int | None = None,
     memory_bytes: int = DEFAULT_MEMORY_BYTES,
 ) -> Tensor:
-    """Dense Jacobian blocks by batched VJPs.
+    """Dense Jacobian blocks by batched VJPs, or JVPs (``forward``).
 
     Returns J of shape (len(out_tokens), len(in_tokens), d, d) with
     ``J[i, j] = d f(x)[out_tokens[i]] / d x[in_tokens[j]]`` (rows = output coordinates).
-    ``in_tokens=None`` means every position 0..n-1. One forward pass in total; the
-    len(out_tokens) * d one-hot cotangents go through ``vmap(vjp_fn)`` in chunks of
+    ``None`` means every position 0..n-1. By VJPs: one forward pass in total, the
+    len(out_tokens) * d one-hot cotangents through ``vmap(vjp_fn)``; by JVPs: the
+    len(in_tokens) * d one-hot tangents through ``vmap(jvp)``, each a column for every output
+    token at once (fewer batches where there are fewer input tokens). In chunks of
     ``chunk_size`` (default from ``memory_bytes``).
     """
+    return _dense_blocks(f, x, out_tokens, in_tokens, chunk_size, memory_bytes, forward=forward)
+
+
+def _dense_blocks(f: Fn, x: Tensor, out_tokens: Sequence[int] | None,
+                  in_tokens: Sequence[int] | None, chunk_size: int | None, memory_bytes: int,
+                  *, forward: bool) -> Tensor:
+    """`jacobian_blocks`: ``forward=False`` one-hot cotangents at the output tokens, each
+    pulled back to a row e_i^T J at every input token; ``forward=True`` one-hot tangents at
+    the input tokens, each pushed forward to a column J e_i at every output token."""
     n, d, outs, ins, out_t, in_t, chunk = _block_setup(x, out_tokens, in_tokens, chunk_size,
                                                         memory_bytes)
+    seeds, kept = (in_t, out_t) if forward else (out_t, in_t)
     with _autodiff_context():
-        vjp_fn = vjp(f, x)[1]  # (f(x), pullback)
-        pull = vmap(lambda u: vjp_fn(u)[0])
-        total = len(outs) * d
-        rows: list[Tensor] = []
-        for start in range(0, total, chunk):
-            idx = torch.arange(start, min(start + chunk, total), device=x.device)
-            cot = _one_hot(idx, out_t, n, d, x)  # (m, n, d)
-            grads = pull(cot)  # (m, n, d): grads[i] = e_i^T J (all input tokens)
-            rows.append(grads.index_select(1, in_t))  # (m, len(in), d)
-    G = torch.cat(rows).reshape(len(outs), d, len(ins), d)  # (out, a, in, b)
-    J = G.permute(0, 2, 1, 3).contiguous()  # (out, in, a, b)
-    return check_finite(J, "Jacobian")
-
-
-def jacobian_blocks_jvp(
-    f: Fn,
-    x: Tensor,
-    in_tokens: Sequence[int],
-    *,
-    out_tokens: Sequence[int] | None = None,
-    chunk_size: int | None = None,
-    memory_bytes: int = DEFAULT_MEMORY_BYTES,
-) -> Tensor:
-    """Dense Jacobian blocks by batched JVPs (forward mode).
-
-    Same layout as `jacobian_blocks`: (len(out_tokens), len(in_tokens), d, d), rows =
-    output coordinates. ``out_tokens=None`` means every position. The len(in_tokens) * d
-    one-hot tangents go through ``vmap(jvp)`` in chunks; each yields a column for every
-    output token at once.
-    """
-    n, d, outs, ins, out_t, in_t, chunk = _block_setup(x, out_tokens, in_tokens, chunk_size,
-                                                        memory_bytes)
-    push = vmap(lambda v: jvp(f, (x,), (v,))[1])
-    with _autodiff_context():
-        cols: list[Tensor] = []
-        total = len(ins) * d
-        for start in range(0, total, chunk):
-            idx = torch.arange(start, min(start + chunk, total), device=x.device)
-            tan = _one_hot(idx, in_t, n, d, x)  # (m, n, d)
-            jt = push(tan)  # (m, n, d): jt[i] = J e_i (all output tokens)
-            cols.append(jt.index_select(1, out_t))  # (m, len(out), d)
-    G = torch.cat(cols).reshape(len(ins), d, len(outs), d)  # (in, b, out, a)
-    J = G.permute(2, 0, 3, 1).contiguous()  # (out, in, a, b)
-    return check_finite(J, "Jacobian")
+        if forward:
+            apply = vmap(lambda v: jvp(f, (x,), (v,))[1])
+        else:
+            pullback = vjp(f, x)[1]  # one forward pass: (f(x), pullback)
+            apply = vmap(lambda v: pullback(v)[0])
+        total = len(seeds) * d
+        parts = [apply(_one_hot(torch.arange(start, min(start + chunk, total), device=x.device),
+                                seeds, n, d, x)).index_select(1, kept)  # (m, len(kept), d)
+                 for start in range(0, total, chunk)]
+    G = torch.cat(parts).reshape(len(seeds), d, len(kept), d)  # (seed, ., kept, .)
+    J = G.permute(2, 0, 3, 1) if forward else G.permute(0, 2, 1, 3)  # (out, in, a, b)
+    return check_finite(J.contiguous(), "Jacobian")
 
 
 class JacobianOperator:
@@ -256,34 +235,31 @@ class JacobianOperator:
 
     def matmat(self, V: Tensor) -> Tensor:
         """(d, m) -> (d, m) = J V."""
-        V = self._check_block(V, "V")
-        m = V.shape[1]
-        push = vmap(lambda v: jvp(self.f, (self.x,), (v,))[1])
-        outs: list[Tensor] = []
         with _autodiff_context():
-            for start in range(0, m, self.chunk_size):
-                Vc = V[:, start : start + self.chunk_size].T  # (c, d)
-                tan = torch.zeros(Vc.shape[0], self.n, self.d, dtype=self.dtype, device=self.device)
-                tan[:, self.token_in, :] = Vc
-                outs.append(push(tan)[:, self.token_out, :])  # (c, d)
-        return check_finite(torch.cat(outs).T, "Jacobian-vector product")  # (d, m)
+            push = vmap(lambda v: jvp(self.f, (self.x,), (v,))[1])
+            return self._products(push, self._check_block(V, "V"), self.token_in,
+                                  self.token_out, "Jacobian-vector product")
 
     def rmatmat(self, U: Tensor) -> Tensor:
         """(d, m) -> (d, m) = J^T U."""
-        U = self._check_block(U, "U")
-        m = U.shape[1]
         with _autodiff_context():
             if self._vjp_fn is None:
                 self._vjp_fn = vjp(self.f, self.x)[1]  # (f(x), pullback)
             vjp_fn = self._vjp_fn
-            pull = vmap(lambda u: vjp_fn(u)[0])
-            outs: list[Tensor] = []
-            for start in range(0, m, self.chunk_size):
-                Uc = U[:, start : start + self.chunk_size].T  # (c, d)
-                cot = torch.zeros(Uc.shape[0], self.n, self.d, dtype=self.dtype, device=self.device)
-                cot[:, self.token_out, :] = Uc
-                outs.append(pull(cot)[:, self.token_in, :])  # (c, d)
-        return check_finite(torch.cat(outs).T, "vector-Jacobian product")  # (d, m)
+            return self._products(vmap(lambda u: vjp_fn(u)[0]), self._check_block(U, "U"),
+                                  self.token_out, self.token_in, "vector-Jacobian product")
+
+    def _products(self, apply: Callable[[Tensor], Tensor], M: Tensor, at: int, read: int,
+                  what: str) -> Tensor:
+        """``apply`` (a batched JVP or VJP) on the columns of M (d, m) placed at token ``at``,
+        read at token ``read``, in chunks: (d, m)."""
+        outs: list[Tensor] = []
+        for start in range(0, M.shape[1], self.chunk_size):
+            Mc = M[:, start : start + self.chunk_size].T  # (c, d)
+            vec = torch.zeros(Mc.shape[0], self.n, self.d, dtype=self.dtype, device=self.device)
+            vec[:, at, :] = Mc
+            outs.append(apply(vec)[:, read, :])  # (c, d)
+        return check_finite(torch.cat(outs).T, what)  # (d, m)
 
     def matvec(self, v: Tensor) -> Tensor:
         """(d,) -> (d,) = J v."""
@@ -294,16 +270,5 @@ class JacobianOperator:
         return self.rmatmat(u[:, None])[:, 0]
 
 
-def jacobian_operator(
-    f: Fn,
-    x: Tensor,
-    token_in: int,
-    token_out: int,
-    *,
-    chunk_size: int | None = None,
-    memory_bytes: int = DEFAULT_MEMORY_BYTES,
-) -> JacobianOperator:
-    """Matrix-free operator for ``J_{token_in token_out}`` of ``f`` at ``x``."""
-    return JacobianOperator(
-        f, x, token_in, token_out, chunk_size=chunk_size, memory_bytes=memory_bytes
-    )
+#: the matrix-free operator for ``J_{token_in token_out}`` of ``f`` at ``x``
+jacobian_operator = JacobianOperator

@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import pandas as pd
@@ -73,6 +73,18 @@ def _model_device(model: torch.nn.Module) -> torch.device:
 
 
 # ---------------------------------------------------------------------------- per-Jacobian state
+#: How one Jacobian J^l_{t_in t_out} is taken, chosen once per layer (`_PromptRun._route`):
+#: ``structure`` dense from the block's structure (fastpath.token_jacobians: cross-token
+#: keys and J_tt of a causal model), ``decode`` dense from the decode step's operator,
+#: ``decode_structure`` dense from the decode step's structure where it applies (else as
+#: ``decode_operator``), ``decode_operator`` the decode step's operator (matrix-free);
+#: ``blocks`` dense from the generic branch's VJP/JVP batches, ``operator`` the generic
+#: branch's operator (matrix-free). The ``decode*`` and ``structure`` routes are the fast path
+#: (``_fast`` in the diagnostics' ``method``).
+Route = Literal["structure", "decode", "decode_structure", "decode_operator", "blocks",
+                "operator"]
+
+
 @dataclass
 class _Measured:
     """One Jacobian J^l_{t_in t_out}: its top-K factors and a way to apply it."""
@@ -82,6 +94,27 @@ class _Measured:
     method: str
     residual: float
     seconds: float
+    route: Route
+
+
+@dataclass
+class _LayerWork:
+    """What pass 1 has of one layer: its coupling keys and influence keys (t_in, t_out), the
+    route of each key, the dense J taken for the layer, the decode-step operators by token,
+    and the generic residual branch ``f`` at ``x`` (None where nothing needs it)."""
+
+    keys: list[tuple[int, int]]
+    infl: list[tuple[int, int]]
+    routes: dict[tuple[int, int], Route]
+    blocks: dict[tuple[int, int], Tensor]
+    fast: dict[int, Any]
+    f: Callable[[Tensor], Tensor] | None
+    x: Tensor | None
+
+    def branch(self) -> tuple[Callable[[Tensor], Tensor], Tensor]:
+        """The generic residual branch (built wherever a key's route needs it)."""
+        assert self.f is not None and self.x is not None, "no generic route on this layer"
+        return self.f, self.x
 
 
 def choose_method(cfg: MeasureConfig, d: int) -> str:
@@ -166,7 +199,8 @@ class _PromptRun:
         # requested variant needs it (engine/variants.py, Variant.needs)
         self.needs_trace2 = any("trace2" in variants.get(v).needs for v in cfg.variants)
         self.norm_bases: dict[int, Tensor] = {}  # remove_norm_directions: layer -> (n, d, 2)
-        self.rows: dict[str, list[dict[str, Any]]] = {"spectra": [], "influence": [], "diagnostics": []}
+        # layer -> (its influence keys, metric -> values (n,))
+        self.influence: dict[int, tuple[list[tuple[int, int]], dict[str, Tensor]]] = {}
 
     # -- pass 1 ------------------------------------------------------------------------
     def _branch(self, layer: int) -> tuple[Callable[[Tensor], Tensor], Tensor]:
@@ -228,68 +262,61 @@ class _PromptRun:
         return got
 
     def pass1(self) -> None:
-        with grouped_layer_warnings():  # a fallback said once for its layers, not per layer
-            self._pass1()
-
-    def _pass1(self) -> None:
+        """Per layer: its routes (`_LayerWork`), then each Jacobian's top-K factors; the
+        influence of its tokens."""
         from blockcoupling.progress import bar
 
-        want_influence = self.cfg.influence
-        layers = sorted(set(self.keys) | (set(self.layers) if want_influence else set()))
-        for layer in bar(layers, desc=f"{self.item.prompt_id} Jacobians", unit="layer",
-                         leave=False, enabled=not (self.progress is None or self.progress.disable)):
-            keys = self.keys.get(layer, [])
-            infl = pairs.influence_keys([layer], n=self.n)[layer] if want_influence else []
-            t0 = time.perf_counter()
-            # token-wise layers: dense J_{s t} from the block's structure, where it applies
-            with self._where(layer, keys):
-                cross = self._structured(layer, keys, infl)
-            served = set(cross) if self.structured_dense else set()  # forced matrix-free
-            fast = self._fast(layer, [k for k in keys if k not in served])
-            generic = [k for k in keys if k not in served and (k[0] != k[1] or k[0] not in fast)]
-            infl_generic = [k for k in infl if k not in cross and not (
-                k[0] == k[1] and k[0] in fast)]
-            # the generic residual branch only where something needs it (the fast path
-            # replays the block against its recorded output on its own)
-            f, x = self._branch(layer) if (generic or infl_generic) else (None, None)
-            dense_keys = sorted(set(generic if self.method == "dense" else []) | set(infl_generic))
-            with self._where(layer, dense_keys):
-                blocks = self._dense_blocks(f, x, dense_keys)
-            blocks.update(cross)
-            for k in infl:  # the influence's J_tt from the decode step
-                if k not in blocks:
-                    blocks[k] = fast[k[0]].jacobian()
-            if dense_keys or cross:
-                self._emit("jacobian", t0, layer=layer)
-            for t_in, t_out in keys:
-                tb = fast.get(t_in) if t_in == t_out else None
-                with self._where(layer, [(t_in, t_out)]):
-                    m = self._measure_key(layer, t_in, t_out, tb, f, x, blocks,
-                                          structured=(t_in, t_out) in served)
-                self.measured[(layer, t_in, t_out)] = m
-                self.state.on_event(MeasureEvent(
-                    "svd", m.seconds, self.item.prompt_id, layer, t_in, t_out, m.method))
-                self.rows["diagnostics"].append(dict(
-                    prompt_id=self.item.prompt_id, layer=layer, token_in=t_in, token_out=t_out,
-                    method=m.method, residual=m.residual, seconds=m.seconds,
-                    **self._isotropy(m)))
-                if self.cfg.spectra:
-                    s = m.top.S.detach().double().cpu().numpy()
-                    self.rows["spectra"] += [
-                        dict(prompt_id=self.item.prompt_id, layer=layer, token_in=t_in,
-                             token_out=t_out, rank=r + 1, singular_value=float(v))
-                        for r, v in enumerate(s)
-                    ]
-            if infl:
-                self._influence(layer, blocks, infl)
+        layers = sorted(set(self.keys) | (set(self.layers) if self.cfg.influence else set()))
+        with grouped_layer_warnings():  # a fallback said once for its layers, not per layer
+            for layer in bar(layers, desc=f"{self.item.prompt_id} Jacobians", unit="layer",
+                             leave=False,
+                             enabled=not (self.progress is None or self.progress.disable)):
+                work = self._layer_work(layer)
+                for key in work.keys:
+                    with self._where(layer, [key]):
+                        m = self._measure_key(layer, key, work)
+                    self.measured[(layer, key[0], key[1])] = m
+                    self.state.on_event(MeasureEvent(
+                        "svd", m.seconds, self.item.prompt_id, layer, key[0], key[1], m.method))
+                if work.infl:
+                    self._influence(layer, work.blocks, work.infl)
 
-    def _isotropy(self, m: _Measured) -> dict[str, float]:
-        """The diagnostics' isotropy columns of one Jacobian (metrics.isotropy_diagnostics),
-        ``uv_overlap`` at the run's smallest K."""
-        if m.top.trace is None or m.top.fro2 is None:
-            return {}
-        return metrics.isotropy_diagnostics(m.top.trace, m.top.fro2, m.top.U, m.top.V, self.d,
-                                            min(self.cfg.k))
+    def _layer_work(self, layer: int) -> _LayerWork:
+        """The routes of ``layer``'s Jacobians, chosen once: the dense J the block's structure
+        gives (cross-token and, under ``influence``, every J_tt), the decode-step operators of
+        the rest of J_tt, the generic residual branch only where something needs it (the fast
+        path replays the block on its own), and the dense J that VJP/JVP batches take."""
+        keys = self.keys.get(layer, [])
+        infl = pairs.influence_keys([layer], n=self.n)[layer] if self.cfg.influence else []
+        t0 = time.perf_counter()
+        with self._where(layer, keys):
+            cross = self._structured(layer, keys, infl)
+        served = set(cross) if self.structured_dense else set()  # forced matrix-free
+        fast = self._fast(layer, [k for k in keys if k not in served])
+        routes = {k: self._route(k in served, k[0] == k[1] and k[0] in fast) for k in keys}
+        generic = [k for k, r in routes.items() if r in ("blocks", "operator")]
+        infl_generic = [k for k in infl if k not in cross and not (k[0] == k[1] and k[0] in fast)]
+        f, x = self._branch(layer) if (generic or infl_generic) else (None, None)
+        dense_keys = sorted({k for k in generic if routes[k] == "blocks"} | set(infl_generic))
+        with self._where(layer, dense_keys):
+            blocks = self._dense_blocks(f, x, dense_keys)
+        blocks.update(cross)
+        for k in infl:  # the influence's J_tt from the decode step
+            if k not in blocks:
+                blocks[k] = fast[k[0]].jacobian()
+        if dense_keys or cross:
+            self._emit("jacobian", t0, layer=layer)
+        return _LayerWork(keys, infl, routes, blocks, fast, f, x)
+
+    def _route(self, structured: bool, decode: bool) -> Route:
+        """How a key's J is taken (`Route`): ``structured`` the block's structure serves it,
+        ``decode`` the decode step does."""
+        if structured:
+            return "structure"
+        if decode:
+            return ("decode" if self.method == "dense" else
+                    "decode_structure" if self.structured_dense else "decode_operator")
+        return "blocks" if self.method == "dense" else "operator"
 
     def _emit(self, phase: Phase, t0: float, layer: int | None = None) -> None:
         self.state.on_event(MeasureEvent(phase, time.perf_counter() - t0, self.item.prompt_id,
@@ -318,36 +345,44 @@ class _PromptRun:
             return normdirs.project_rows(J, N.to(J.device, J.dtype))
         return normdirs.ProjectedOperator(J, N)
 
-    def _measure_key(self, layer: int, t_in: int, t_out: int, tb: Any, f: Any, x: Any,
-                     blocks: dict[tuple[int, int], Tensor], structured: bool = False) -> _Measured:
-        """Top-K factors of J_{t_in t_out}: dense (from ``blocks`` or the fast path ``tb``)
-        or matrix-free; ``auto`` falls back to dense where the SVD residual is above tol.
-        ``structured``: ``blocks`` holds this cross-token J from the block's structure."""
+    def _measure_key(self, layer: int, key: tuple[int, int], work: _LayerWork) -> _Measured:
+        """Top-K factors of J_key by its route: dense where the route gives J, else
+        matrix-free; ``auto`` falls back to dense where the SVD residual is above tol."""
         t0 = time.perf_counter()
-        kmax = self.cfg.k_max
-        tag = "_fast" if tb is not None or structured else ""
-        J_struct = blocks[(t_in, t_out)] if structured else None
-        if self.method == "matrix_free" and self.structured_dense and tb is not None:
-            J_struct = tb.structured_jacobian()  # None where the structure does not apply
-        if self.method == "dense" or J_struct is not None:
-            J = self._project(layer, t_out, J_struct if J_struct is not None else
-                              tb.jacobian() if tb is not None else blocks[(t_in, t_out)])
-            m = _Measured(svd.topk_svd(J, kmax), J, "dense" + tag, 0.0, 0.0)
+        t_in, t_out = key
+        route = work.routes[key]
+        tb: Any = work.fast[t_in] if route.startswith("decode") else None
+        tag = "" if route in ("blocks", "operator") else "_fast"
+        J = (work.blocks[key] if route in ("structure", "blocks") else
+             tb.jacobian() if route == "decode" else
+             tb.structured_jacobian() if route == "decode_structure" else  # None: no structure
+             None)
+        if J is not None:
+            J = self._project(layer, t_out, J)
+            m = _Measured(svd.topk_svd(J, self.cfg.k_max), J, "dense" + tag, 0.0, 0.0, route)
         else:
-            op = self._project(layer, t_out,
-                               tb if tb is not None else jac.jacobian_operator(f, x, t_in, t_out))
-            top = svd.randomized_topk_svd(
-                op, kmax, oversample=self.cfg.svd_oversample, n_iter=self.cfg.svd_iters,
-                tol=self.cfg.svd_tol, seed=self.cfg.seed, trace2=self.needs_trace2,
-            )
-            res = float(top.residual.max()) if top.residual is not None else 0.0
-            m = _Measured(top, None, "matrix_free" + tag, res, 0.0)
-            if self.cfg.method == "auto" and self.cfg.svd_tol is not None and res > self.cfg.svd_tol:
-                J = self._project(layer, t_out, tb.jacobian() if tb is not None else jac.jacobian_blocks(
-                    f, x, [t_out], in_tokens=[t_in], chunk_size=self.cfg.chunk_size)[0, 0])
-                m = _Measured(svd.topk_svd(J, kmax), J, "dense_fallback" + tag, res, 0.0)
+            m = self._matrix_free(layer, key, tb if tb is not None else
+                                  jac.jacobian_operator(*work.branch(), t_in, t_out), work)
         m.seconds = time.perf_counter() - t0
         return m
+
+    def _matrix_free(self, layer: int, key: tuple[int, int], operator: Any,
+                     work: _LayerWork) -> _Measured:
+        """The randomized top-K of an operator; under ``auto`` J dense where its residual is
+        above ``svd_tol``."""
+        cfg, (t_in, t_out), route = self.cfg, key, work.routes[key]
+        tag = "" if route == "operator" else "_fast"
+        top = svd.randomized_topk_svd(
+            self._project(layer, t_out, operator), cfg.k_max, oversample=cfg.svd_oversample,
+            n_iter=cfg.svd_iters, tol=cfg.svd_tol, seed=cfg.seed, trace2=self.needs_trace2)
+        res = float(top.residual.max()) if top.residual is not None else 0.0
+        if cfg.method == "auto" and cfg.svd_tol is not None and res > cfg.svd_tol:
+            J = self._project(layer, t_out, operator.jacobian() if route != "operator" else
+                              jac.jacobian_blocks(*work.branch(), [t_out], in_tokens=[t_in],
+                                                  chunk_size=cfg.chunk_size)[0, 0])
+            return _Measured(svd.topk_svd(J, cfg.k_max), J, "dense_fallback" + tag, res, 0.0,
+                             route)
+        return _Measured(top, None, "matrix_free" + tag, res, 0.0, route)
 
     def _dense_blocks(self, f: Callable[[Tensor], Tensor] | None, x: Tensor | None,
                       keys: Sequence[tuple[int, int]]) -> dict[tuple[int, int], Tensor]:
@@ -363,29 +398,24 @@ class _PromptRun:
         for t_in, t_out in keys:
             by_out.setdefault(t_out, []).append(t_in)
             by_in.setdefault(t_in, []).append(t_out)
-        if len(by_in) < len(by_out):
-            for t_in, outs in by_in.items():
-                J = jac.jacobian_blocks_jvp(f, x, [t_in], out_tokens=outs,
-                                            chunk_size=self.cfg.chunk_size)  # (len(outs), 1, d, d)
-                for i, t_out in enumerate(outs):
-                    out[(t_in, t_out)] = J[i, 0].detach()
-            return out
-        for t_out, ins in by_out.items():
-            J = jac.jacobian_blocks(f, x, [t_out], in_tokens=ins, chunk_size=self.cfg.chunk_size)
-            for j, t_in in enumerate(ins):
-                out[(t_in, t_out)] = J[0, j].detach()
+        forward = len(by_in) < len(by_out)
+        for t, others in (by_in if forward else by_out).items():
+            outs, ins = (others, [t]) if forward else ([t], others)
+            J = jac.jacobian_blocks(f, x, outs, in_tokens=ins, forward=forward,
+                                    chunk_size=self.cfg.chunk_size)  # (len(outs), len(ins), d, d)
+            for i, o in enumerate(others):
+                out[(t, o) if forward else (o, t)] = (J[i, 0] if forward else J[0, i]).detach()
         return out
 
     def _influence(self, layer: int, blocks: dict[tuple[int, int], Tensor],
-                   keys: Sequence[tuple[int, int]]) -> None:
+                   keys: list[tuple[int, int]]) -> None:
         Js = torch.stack([self._project(layer, k[1], blocks[k]) for k in keys])  # (n, d, d)
-        s = torch.linalg.svdvals(Js.double())  # (n, d)
-        vals = spectra.influence_metrics(s)
-        for name, v in vals.items():
-            for (t_in, t_out), value in zip(keys, v.cpu().numpy(), strict=True):
-                self.rows["influence"].append(dict(
-                    prompt_id=self.item.prompt_id, layer=layer, token_in=t_in, token_out=t_out,
-                    metric=name, value=float(value)))
+        self.influence[layer] = (keys, spectra.influence_metrics(torch.linalg.svdvals(Js.double())))
+
+    def rows(self) -> dict[str, list[dict[str, Any]]]:
+        """The ``diagnostics``, ``spectra`` and ``influence`` rows of pass 1."""
+        return tables.jacobian_rows(self.item.prompt_id, self.measured, self.influence,
+                                    self.d, min(self.cfg.k), spectra=self.cfg.spectra)
 
     # -- pass 2 ------------------------------------------------------------------------
     def pass2(self) -> tuple[list[pd.DataFrame], dict[str, np.ndarray], dict[int, float]]:
@@ -431,10 +461,11 @@ class _PromptRun:
             t0 = time.perf_counter()
             f = x = None
             fast: dict[int, Any] = {}
-            operator_keys = [a for a in by_a if a[0] == layer and self.measured[a].dense is None]
-            if operator_keys:  # matrix-free: rebuild the operators of this layer
-                fast = self._fast(layer, [(a[1], a[2]) for a in operator_keys])
-                if any(a[1] != a[2] or a[1] not in fast for a in operator_keys):
+            operators = [a for a in by_a if a[0] == layer and self.measured[a].dense is None]
+            if operators:  # matrix-free: rebuild the operators of this layer, by their routes
+                fast = self._fast(layer, [(a[1], a[2]) for a in operators
+                                          if self.measured[a].route != "operator"])
+                if any(self.measured[a].route == "operator" for a in operators):
                     f, x = self._branch(layer)  # the generic branch only where it is needed
             for a in [a for a in by_a if a[0] == layer]:
                 apply = self._applier(a, f, x, fast)
@@ -464,9 +495,8 @@ class _PromptRun:
         if m.dense is not None:
             J = m.dense
             return lambda X: J @ X
-        if key[1] == key[2] and key[1] in fast:
-            return self._project(key[0], key[2], fast[key[1]]).matmat
-        return self._project(key[0], key[2], jac.jacobian_operator(f, x, key[1], key[2])).matmat
+        op = fast[key[1]] if m.route != "operator" else jac.jacobian_operator(f, x, key[1], key[2])
+        return self._project(key[0], key[2], op).matmat
 
 
 # ---------------------------------------------------------------------------- public API
@@ -508,15 +538,7 @@ def _iter_parts(model: torch.nn.Module, tokenizer: Any, items: list[MeasureInput
     from blockcoupling.progress import bar as progress_bar
 
     cfg = config
-    if spec is None:
-        spec = model_spec(model, cfg)
-    if not checked:
-        if spec.hidden_size:  # a custom model's hidden size is known only after the capture
-            cfg.check_model(spec.num_layers, spec.hidden_size)
-        if cfg.analysis_device is not None:
-            from blockcoupling.loading import resolve_device
-
-            resolve_device(cfg.analysis_device)  # a clear error for an unavailable device
+    spec = _checked_spec(model, cfg, spec, checked)
     device = _model_device(model)
     hidden_dtype = _model_dtype(model)  # the precision the hidden states carry
     readout = lens.readout(model, spec) if cfg.logit_lens else None
@@ -533,25 +555,9 @@ def _iter_parts(model: torch.nn.Module, tokenizer: Any, items: list[MeasureInput
     try:
         for batch_items in batches:
             ids = [it.prompt_id for it in batch_items]
-            t0 = time.perf_counter()
-            inputs = make_batch(tokenizer, batch_items, model, device)
-            # boundaries keep the precision of the analysis (float64 when asked for)
-            cap = capture(model, inputs, spec, final_norm=cfg.final_norm,
-                          boundary_dtype=torch.promote_types(cfg.dtype, torch.float32))
-            on_event(MeasureEvent("capture", time.perf_counter() - t0, prompt_ids=tuple(ids)))
-            if cap.spec.causal_source == "unknown":  # a custom module: mask or probe of J
-                cap.spec = resolve_causal(model, cap)
-            if (cap.spec.num_layers, cap.spec.hidden_size) != (spec.num_layers, spec.hidden_size):
-                cfg.check_model(cap.spec.num_layers, cap.spec.hidden_size)  # width learnt here
+            cap = _capture_batch(model, tokenizer, batch_items, cfg, spec, device, on_event)
             spec = cap.spec  # width and causality known from here on
-            t0 = time.perf_counter()
-            ent = (lens.lens_entropy(tables.batch_trajectory(cap), readout, device=device,
-                                     dtype=hidden_dtype, normed_last=cap.final_norm)
-                   if readout is not None else None)
-            batch_tables = (tables.trajectory_tables(cap, ids, cfg.lss_window, hidden_dtype,
-                                                     entropy=ent)
-                            if cfg.trajectory else None)
-            on_event(MeasureEvent("trajectory", time.perf_counter() - t0, prompt_ids=tuple(ids)))
+            batch_tables = _trajectories(cap, ids, cfg, readout, device, hidden_dtype, on_event)
             if not (cfg.coupling or cfg.spectra or cfg.influence):
                 # no Jacobian work: the whole batch is one part (one table build, one write)
                 part = tables.trajectory_part(cap, batch_items, cfg, batch_tables)
@@ -571,6 +577,56 @@ def _iter_parts(model: torch.nn.Module, tokenizer: Any, items: list[MeasureInput
         bar.close()
 
 
+def _checked_spec(model: torch.nn.Module, cfg: MeasureConfig, spec: BlockSpec | None,
+                  checked: bool) -> BlockSpec:
+    """The model's spec (found where not given); unless ``checked`` (a plan's), ``cfg``
+    checked against its width and the analysis device against what is available."""
+    if spec is None:
+        spec = model_spec(model, cfg)
+    if not checked:
+        if spec.hidden_size:  # a custom model's hidden size is known only after the capture
+            cfg.check_model(spec.num_layers, spec.hidden_size)
+        if cfg.analysis_device is not None:
+            from blockcoupling.loading import resolve_device
+
+            resolve_device(cfg.analysis_device)  # a clear error for an unavailable device
+    return spec
+
+
+def _trajectories(cap: Capture, ids: list[str], cfg: MeasureConfig, readout: Any,
+                  device: torch.device, hidden_dtype: torch.dtype | None,
+                  on_event: EventCallback) -> tuple[pd.DataFrame, pd.DataFrame] | None:
+    """The batch's trajectory and token-metric tables (the logit lens's entropy with them
+    where asked for); None without ``cfg.trajectory``."""
+    t0 = time.perf_counter()
+    ent = (lens.lens_entropy(tables.batch_trajectory(cap), readout, device=device,
+                             dtype=hidden_dtype, normed_last=cap.final_norm)
+           if readout is not None else None)
+    out = (tables.trajectory_tables(cap, ids, cfg.lss_window, hidden_dtype, entropy=ent)
+           if cfg.trajectory else None)
+    on_event(MeasureEvent("trajectory", time.perf_counter() - t0, prompt_ids=tuple(ids)))
+    return out
+
+
+def _capture_batch(model: torch.nn.Module, tokenizer: Any, items: list[MeasureInput],
+                   cfg: MeasureConfig, spec: BlockSpec, device: torch.device,
+                   on_event: EventCallback) -> Capture:
+    """One batch's capture, its boundaries in the precision of the analysis (float64 when
+    asked for); a custom module's causality (its mask, or a probe of J) and width resolved
+    from it, the width checked against ``cfg``."""
+    t0 = time.perf_counter()
+    inputs = make_batch(tokenizer, items, model, device)
+    cap = capture(model, inputs, spec, final_norm=cfg.final_norm,
+                  boundary_dtype=torch.promote_types(cfg.dtype, torch.float32))
+    on_event(MeasureEvent("capture", time.perf_counter() - t0,
+                          prompt_ids=tuple(it.prompt_id for it in items)))
+    if cap.spec.causal_source == "unknown":
+        cap.spec = resolve_causal(model, cap)
+    if (cap.spec.num_layers, cap.spec.hidden_size) != (spec.num_layers, spec.hidden_size):
+        cfg.check_model(cap.spec.num_layers, cap.spec.hidden_size)  # width learnt here
+    return cap
+
+
 def _without_prompts(part: Measurement, skip: frozenset[str] | set[str]) -> Measurement:
     """``part`` without the rows of the prompts in ``skip`` (a trajectory-only part)."""
     def keep(df: pd.DataFrame) -> pd.DataFrame:
@@ -587,11 +643,13 @@ def _measure_one(model: torch.nn.Module, cap: Capture, b: int, item: MeasureInpu
     n = cap.lengths[b]
     traj, tokm = trajectories.get(item.prompt_id, (None, None))
     run = _PromptRun(model, cap, b, item, cfg, spec, bar, state)
+    rows: dict[str, list[dict[str, Any]]] = {}
     frames: list[pd.DataFrame] = []
     arrays: dict[str, np.ndarray] = {}
     if run.keys or cfg.influence:
         with svd.one_blas_thread():  # the Jacobian work is torch's threads' (engine/svd.py)
             run.pass1()
+            rows = run.rows()
             if cfg.coupling:
                 frames, arrays, lin = run.pass2()
                 if tokm is not None and lin:
@@ -603,10 +661,10 @@ def _measure_one(model: torch.nn.Module, cap: Capture, b: int, item: MeasureInpu
         coupling=pd.concat(frames, ignore_index=True) if frames else conform("coupling", []),
         trajectory=traj if traj is not None else conform("trajectory", []),
         token_metrics=tokm if tokm is not None else conform("token_metrics", []),
-        spectra=conform("spectra", run.rows["spectra"]),
-        influence=conform("influence", run.rows["influence"]),
+        spectra=conform("spectra", rows.get("spectra", [])),
+        influence=conform("influence", rows.get("influence", [])),
         prompts=prompts_df,
-        diagnostics=conform("diagnostics", run.rows["diagnostics"]),
+        diagnostics=conform("diagnostics", rows.get("diagnostics", [])),
         arrays=arrays,
         config=cfg,
         meta={"seconds": time.perf_counter() - t0,

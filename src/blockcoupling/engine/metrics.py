@@ -72,10 +72,6 @@ def _check_orientation(orientation: str) -> None:
         )
 
 
-def _check_variant(variant: str) -> None:
-    registry.get(variant)
-
-
 def _norm_p(p: float | int | str | None) -> float:
     """Normalise a user-supplied p (1, 2, inf, "inf", None -> 1) to a float in VALID_P."""
     if p is None:

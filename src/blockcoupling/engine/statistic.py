@@ -378,14 +378,16 @@ def per_prompt_values(coupling: pd.DataFrame, rule: StatisticRule, *, k: int,
 
 def bootstrap_ci(values: np.ndarray, *, n_boot: int = DEFAULT_N_BOOT, seed: int = 0,
                  ci: float = DEFAULT_CI) -> tuple[float, float]:
-    """Seeded percentile bootstrap CI of the mean of ``values`` (n,); NaN for n < 2."""
+    """Seeded percentile bootstrap CI of the mean of ``values`` (n,) (``scipy.stats.bootstrap``,
+    ``n_boot`` resamples from ``numpy.random.default_rng(seed)``); NaN for n < 2."""
+    from scipy import stats
+
     x = np.asarray(values, dtype=np.float64)
     if x.size < 2 or n_boot < 1:
         return math.nan, math.nan
-    rng = np.random.default_rng(seed)
-    means = x[rng.integers(0, x.size, size=(n_boot, x.size))].mean(axis=1)  # (n_boot,)
-    lo, hi = np.quantile(means, [(1 - ci) / 2, 1 - (1 - ci) / 2])
-    return float(lo), float(hi)
+    res = stats.bootstrap((x,), np.mean, n_resamples=n_boot, confidence_level=ci,
+                          method="percentile", random_state=np.random.default_rng(seed))
+    return float(res.confidence_interval.low), float(res.confidence_interval.high)
 
 
 @functools.lru_cache(maxsize=256)

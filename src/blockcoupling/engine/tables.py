@@ -100,6 +100,32 @@ def coupling_rows(prompt_id: str, A_store: CouplingStore, measured: Mapping[Key,
 FIGURE_TOKENS = 12
 
 
+def jacobian_rows(prompt_id: str, measured: Mapping[Key, Any],
+                  influence: Mapping[int, tuple[Sequence[tuple[int, int]], Mapping[str, Tensor]]],
+                  d: int, k: int, *, spectra: bool) -> dict[str, list[dict[str, Any]]]:
+    """The ``diagnostics`` rows of one prompt's measured Jacobians (``measured[key]``: its
+    ``top`` factors, ``method``, ``residual``, ``seconds``; the isotropy columns of
+    `metrics.isotropy_diagnostics`, ``uv_overlap`` at ``k``), their ``spectra`` rows (with
+    ``spectra``), and the ``influence`` rows (layer -> (keys, metric -> values))."""
+    rows: dict[str, list[dict[str, Any]]] = {"diagnostics": [], "spectra": [], "influence": []}
+    for (layer, t_in, t_out), m in measured.items():
+        top, where = m.top, dict(prompt_id=prompt_id, layer=layer, token_in=t_in, token_out=t_out)
+        iso = ({} if top.trace is None or top.fro2 is None else
+               metrics.isotropy_diagnostics(top.trace, top.fro2, top.U, top.V, d, k))
+        rows["diagnostics"].append(dict(**where, method=m.method, residual=m.residual,
+                                        seconds=m.seconds, **iso))
+        if spectra:
+            s = top.S.detach().double().cpu().numpy()
+            rows["spectra"] += [dict(**where, rank=r + 1, singular_value=float(v))
+                                for r, v in enumerate(s)]
+    for layer, (keys, values) in influence.items():
+        for name, v in values.items():
+            for (t_in, t_out), value in zip(keys, v.cpu().numpy(), strict=True):
+                rows["influence"].append(dict(prompt_id=prompt_id, layer=layer, token_in=t_in,
+                                              token_out=t_out, metric=name, value=float(value)))
+    return rows
+
+
 def _token_key(kind: str, layer: int, fixed: int, t: int) -> Key:
     """The Jacobian at token ``t`` of a token-wise kind's axis (``fixed``: its fixed token)."""
     if kind == "self":

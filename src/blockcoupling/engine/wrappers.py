@@ -12,9 +12,13 @@ A TransformerBridge whose weights were processed (``enable_compatibility_mode()`
 default processing, or ``process_weights()``) is refused, as TransformerLens's JacobianLens
 refuses it: the wrapped model's weights changed; compatibility mode without processing is
 measured and recorded (``meta["bridge_compatibility_mode"]``). The bridge puts a
-``BlockBridge`` (hooks, its own attention) around each HuggingFace block, and nnsight an
-intervention controller in each block's ``forward``: their decode step is refused, recorded
-in ``meta["fast_path"]``, and the generic path gives the same values. An nnsight model loaded lazily (weights on the meta device) is refused with
+``BlockBridge`` (hooks, its own attention) around each HuggingFace block and bridges in place
+of the block's norms, attention, MLP and linear layers: the fast path looks through them
+(`without_bridges`: the HuggingFace modules inside, in shallow copies) and checks the result
+against the bridge's recorded output (a hook that changes activations sends that layer to the
+generic path, through the hook, and the warning says so). nnsight installs an intervention
+controller as each module's ``forward``; `forward_signature` reads the call signature
+through it. An nnsight model loaded lazily (weights on the meta device) is refused with
 one line: load it with ``dispatch=True``.
 
 PEFT adapters are measured **as loaded**: active adapters stay active and unmerged (merging
@@ -23,7 +27,8 @@ merged (``merge_and_unload()``) is a plain model.
 
 TransformerLens's ``HookedTransformer`` is itself an ``nn.Module``: its blocks, width and
 causality come from its ``cfg`` (engine/blocks.py) and its input name (``input``) from
-`forward_inputs`. TransformerLens's default weight processing (``fold_ln``,
+`forward_inputs`; its blocks' key-value cache entry (``past_kv_cache_entry``) gives the fast
+path's decode step (engine/fastpath.py). TransformerLens's default weight processing (``fold_ln``,
 ``center_writing_weights``) changes the residual stream the blocks see, so coupling differs
 from the original model's: `unwrap_model` warns where it finds it applied and records
 it in ``meta["weights_processed"]``.
@@ -34,6 +39,7 @@ module whose ``forward(tokens)`` or ``forward(input)`` takes the token ids gets 
 
 from __future__ import annotations
 
+import copy
 import inspect
 import warnings
 from collections.abc import Mapping
@@ -45,7 +51,8 @@ from torch import Tensor, nn
 
 from blockcoupling.errors import ArchitectureError
 
-__all__ = ["Unwrapped", "as_module", "forward_inputs", "tl_processing", "unwrap_model"]
+__all__ = ["Unwrapped", "as_module", "forward_inputs", "forward_signature", "original_module",
+           "tl_processing", "unwrap_model", "without_bridges"]
 
 
 @dataclass(frozen=True)
@@ -147,6 +154,42 @@ def unwrap_model(model: Any) -> Unwrapped:
     return Unwrapped(module, meta)
 
 
+def _bridged(module: nn.Module) -> nn.Module | None:
+    """The module a TransformerLens 4 bridge component wraps (its ``original_component``),
+    or None for any other module."""
+    if not type(module).__module__.startswith("transformer_lens.model_bridge"):
+        return None
+    inner = getattr(module, "original_component", None)
+    return inner if isinstance(inner, nn.Module) else None
+
+
+def original_module(module: nn.Module) -> nn.Module:
+    """The module inside the TransformerLens 4 bridge components around ``module`` (``module``
+    itself where it is no bridge): what its class is, e.g. for the fast path's structured
+    Jacobians."""
+    inner = _bridged(module)
+    while inner is not None:
+        module, inner = inner, _bridged(inner)
+    return module
+
+
+def without_bridges(module: nn.Module) -> nn.Module:
+    """``module`` as the wrapped library defines it: every TransformerLens 4 bridge component
+    in it (the ``BlockBridge`` around a HuggingFace block, the bridges the bridge puts in
+    place of its norms, attention, MLP and linear layers) replaced by the original module it
+    wraps, in shallow copies: parameters and buffers are shared, the user's modules are not
+    changed. ``module`` itself where it holds no bridge. The copy computes the original
+    model's function without the bridge's hook points (a hook that changes values is then
+    not applied: the fast path checks the copy's output against the recorded one)."""
+    module = original_module(module)
+    if all(_bridged(m) is None for m in module.modules()):
+        return module
+    clone = copy.copy(module)  # a new module object sharing its tensors
+    clone._modules = {name: None if child is None else without_bridges(child)
+                      for name, child in module._modules.items()}
+    return clone
+
+
 def as_module(model: Any) -> nn.Module:
     """The ``nn.Module`` to measure inside ``model`` (cheap: for repeated look-ups); a wrapper
     in a state that cannot be measured (processed bridge weights, a lazy nnsight model) is
@@ -185,9 +228,23 @@ def tl_processing(model: nn.Module) -> list[str]:
     return out
 
 
+def forward_signature(module: nn.Module) -> inspect.Signature:
+    """The signature ``module(...)`` is called with: that of ``module.forward`` without
+    ``self``. nnsight installs its ``Controller`` as each module's ``forward`` (an object,
+    not a bound method), whose signature is the class's unbound ``forward`` (``self``
+    first); the ``self`` is dropped here. Raises TypeError / ValueError where Python cannot
+    tell the signature."""
+    fn = module.forward
+    sig = inspect.signature(fn)
+    params = list(sig.parameters.values())
+    if params and params[0].name == "self" and not inspect.ismethod(fn):
+        sig = sig.replace(parameters=params[1:])
+    return sig
+
+
 def _signature(module: nn.Module) -> inspect.Signature | None:
     try:
-        return inspect.signature(module.forward)
+        return forward_signature(module)
     except (TypeError, ValueError):
         return None
 

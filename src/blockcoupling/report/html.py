@@ -86,18 +86,18 @@ def report_figures(rule: StatisticRule = REPORT_RULE, *, labels: Sequence[str] |
         ReportFigure("coupling_grid", "Coupling matrices |A| across a window of layers",
                      bind(F.plot_coupling_grid, **grid), bind(F.caption_coupling_grid, **grid)),
     ]
-    for kind, title in (("self", "Token-wise coupling (same input and output token)"),
-                        ("fixed_input", "Context coupling, fixed input token"),
-                        ("fixed_output", "Context coupling, fixed output token")):
-        out.append(ReportFigure(f"token_{kind}", title,
-                                bind(F.plot_token_heatmap, kind, **sel),
-                                bind(F.caption_token_heatmap, kind, **sel)))
-    for kind, title in (("self", "Coupling matrices |A| across tokens (same input and output)"),
-                        ("fixed_input", "Coupling matrices |A|, fixed input token"),
-                        ("fixed_output", "Coupling matrices |A|, fixed output token")):
-        out.append(ReportFigure(f"token_grid_{kind}", title,
-                                bind(F.plot_token_grid, kind, **grid),
-                                bind(F.caption_token_grid, kind, **grid)))
+    token_kinds = {  # kind -> (the heatmap's title, the matrices' title)
+        "self": ("Token-wise coupling (same input and output token)",
+                 "Coupling matrices |A| across tokens (same input and output)"),
+        "fixed_input": ("Context coupling, fixed input token",
+                        "Coupling matrices |A|, fixed input token"),
+        "fixed_output": ("Context coupling, fixed output token",
+                         "Coupling matrices |A|, fixed output token")}
+    for name, (plot, caption, opts), which in (
+            ("token", (F.plot_token_heatmap, F.caption_token_heatmap, sel), 0),
+            ("token_grid", (F.plot_token_grid, F.caption_token_grid, grid), 1)):
+        out += [ReportFigure(f"{name}_{kind}", titles[which], bind(plot, kind, **opts),
+                             bind(caption, kind, **opts)) for kind, titles in token_kinds.items()]
     out += [
         ReportFigure("layer_graph", "Layer adjacency graph",
                      bind(F.plot_layer_graph, **sel), bind(F.caption_layer_graph, **sel)),
@@ -221,14 +221,20 @@ def summary_html(summary: ReportSummary) -> str:
         return f'<p class="nothing">{esc(" ".join(summary.measured))}</p>'
     parts = [paragraphs_html(summary.measured)]
     if summary.table is not None and len(summary.table.columns):
-        parts.append("<h3>Headline numbers</h3><p class=\"muted\">Depth-wise coupling above "
-                     "chance = coupling_vs_rotated = 1 - m/m_rot (against the same basis "
-                     "rotated at random; coupling_vs_null = 1 - m/m_null, against "
-                     "independent random bases, for runs measured before it existed), mean "
-                     "over layer pairs l != l' per prompt and token: 0 = the chance level, "
-                     "1 = perfect coupling; ± = one standard error over prompts, within one "
-                     "model; coupling_vs_null, raw c_K and the chance level c_K of the same "
-                     "pairs beside it.</p>" + table_html(summary.table))
+        coupled = any(str(c).startswith(("above chance", "raw c_K"))
+                      for c in summary.table.columns)
+        what = ("Depth-wise coupling above chance = coupling_vs_rotated = 1 - m/m_rot "
+                "(against the same basis rotated at random; coupling_vs_null = 1 - m/m_null, "
+                "against independent random bases, for runs measured before it existed), "
+                "mean over layer pairs l != l' per prompt and token: 0 = the chance level, "
+                "1 = perfect coupling; ± = one standard error over prompts, within one model; "
+                "coupling_vs_null, raw c_K and the chance level c_K of the same pairs beside "
+                "it." if coupled else
+                "No depth-wise coupling was measured in these runs (no coupling kind, or "
+                "token-wise kinds only): the table holds what was measured, the hidden-state "
+                "trajectory metrics over prompts and tokens.")
+        parts.append(f'<h3>Headline numbers</h3><p class="muted">{esc(what)}</p>'
+                     + table_html(summary.table))
     for title, lines in ((("In words" if summary.table is not None else "Headline numbers"),
                           summary.headline),
                          ("Comparisons", summary.comparisons),
@@ -300,8 +306,8 @@ def write_report(measurements: Sequence[Measurement], out: Path | str, *,
 
 def write_report_from_dirs(run_dirs: Sequence[Path | str], out: Path | str,
                            **options: Any) -> Path:
-    """Open each run directory with [`blockcoupling.store.rundir.open_run`][blockcoupling.store.reader.open_run] and write the
+    """Open each run directory with [`open_run`][blockcoupling.store.reader.open_run] and write the
     report (options as for [`write_report`][blockcoupling.report.html.write_report])."""
-    from blockcoupling.store.rundir import open_run
+    from blockcoupling.store.reader import open_run
 
     return write_report([open_run(Path(d)) for d in run_dirs], out, **options)

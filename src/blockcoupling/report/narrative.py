@@ -113,7 +113,10 @@ def headline_table(ov: pd.DataFrame) -> pd.DataFrame:
     t["expodistance NaN tokens"] = [
         f"{int(n)} of {int(tot)}" if tot else np.nan
         for n, tot in zip(ov["expodistance_nan"], ov["n_tokens"], strict=True)]
-    return t.loc[:, [c for c in t.columns if t[c].notna().any()]]
+    t = t.loc[:, [c for c in t.columns if t[c].notna().any()]]
+    if not any(str(c).startswith(("above chance", "raw c_K")) for c in t.columns):
+        t = t.drop(columns=["K"], errors="ignore")  # no coupling: K describes nothing here
+    return t
 
 
 def _overlap(a: pd.Series | None, b: pd.Series | None) -> bool | None:

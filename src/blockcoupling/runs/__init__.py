@@ -1,23 +1,26 @@
 """How runs are made and read, whatever they measure: the machinery every collection kind and
-every study stands on, naming none of them.
+every study stands on, naming none of them (``blockcoupling.studies`` stands on it).
 
-- ``kinds``: the registry of collection kinds (`CollectionKind`, `register`);
-- ``read``: `open_collection` -> `Sweep`, the one reader of every kind;
+- ``protocol``: the run protocol of every collection kind (`run_collection`): open, lock,
+  record, verify, resume, rebuild; ``store.folder`` is its first step, shared with
+  ``measure`` and ``perturb``;
+- ``kinds``: the registry of collection kinds (``CollectionKind``, ``register``);
+- ``read``: ``open_collection`` -> ``Sweep``, the one reader of every kind;
 - ``collection``: dispatch by kind (the page, ``collection upgrade``, a spec's kind);
-- ``executor``: `run_each`, the one task loop (ray | local), and the Ray connection;
+- ``executor``: ``run_each``, the one task loop (ray | local), and the Ray connection;
 - ``integrity``: whether a done unit can be trusted, and the line that repairs it;
 - ``identity``: the content of local inputs as part of an identity;
-- ``plans``: `RunPlan` / `StudyPlan`, what every ``--dry-run`` plan is made of;
-- ``statistic``: `coupling_statistic`, the headline statistic on any source.
+- ``plans``: ``RunPlan`` / ``StudyPlan``, what every ``--dry-run`` plan is made of;
+- ``statistic``: ``coupling_statistic``, the headline statistic on any source.
 
-The format of a collection on disk is the store's (`blockcoupling.store.collection`); the
-studies and kinds standing on this layer live in `blockcoupling.studies`. Names are exported
+The format of a collection on disk is the store's (``blockcoupling.store.collection``); the
+studies and kinds standing on this layer live in ``blockcoupling.studies``. Names are exported
 lazily (``import blockcoupling.runs`` imports no torch, pandas or ray).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from blockcoupling import lazy
 
@@ -29,7 +32,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "blockcoupling.runs.plans": ("RunPlan", "StudyPlan"),
     "blockcoupling.runs.statistic": ("coupling_statistic",),
 }
-_WHERE: dict[str, str] = {name: mod for mod, names in _EXPORTS.items() for name in names}
+__getattr__, __dir__ = lazy.hooks(globals(), __name__, _EXPORTS)
 
 if TYPE_CHECKING:
     from blockcoupling.runs.collection import upgrade_collection, write_collection_report
@@ -38,14 +41,6 @@ if TYPE_CHECKING:
     from blockcoupling.runs.plans import RunPlan, StudyPlan
     from blockcoupling.runs.read import Sweep, open_collection, open_sweep, sweep_status
     from blockcoupling.runs.statistic import coupling_statistic
-
-
-def __getattr__(name: str) -> Any:
-    return lazy.resolve(globals(), __name__, _WHERE, name)
-
-
-def __dir__() -> list[str]:
-    return lazy.listing(globals(), __all__)
 
 
 __all__ = [

@@ -49,6 +49,15 @@ def import_ray() -> Any:
                    alternative="or run with --executor local, in this process", error=SweepError)
 
 
+def check_executor(executor: str) -> str:
+    """``executor`` if it is one of `EXECUTORS` (``ray``: installed), else one line."""
+    if executor not in EXECUTORS:
+        raise ExecutorError(f"executor {executor!r}: choose ray or local")
+    if executor == "ray":
+        import_ray()  # a missing ray is said before anything runs
+    return executor
+
+
 def worker_env() -> dict[str, str]:
     """The environment variables sent to every worker (``FORWARDED_ENV`` that are set)."""
     return {k: os.environ[k] for k in FORWARDED_ENV if k in os.environ}
@@ -357,9 +366,7 @@ def run_each(fn: Callable[..., Any],
     ``on_result(i, value, None)`` after each; ``"ray"`` is `ray_each`. Returns the cluster
     address (None: local). ``on_submit(i)``, if given, is called as call ``i`` is handed
     over: just before it runs (local), or once the cluster is reached (ray)."""
-    if executor not in EXECUTORS:
-        raise ExecutorError(f"unknown executor {executor!r}; choose one of "
-                            f"{', '.join(EXECUTORS)}")
+    check_executor(executor)
     if executor == "local":
         for i, (args, _opts) in enumerate(calls):
             if on_submit is not None:

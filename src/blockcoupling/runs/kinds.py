@@ -50,9 +50,11 @@ class CollectionKind:
     #: the ``--dry-run`` plan (a ``runs.plans.StudyPlan``) of a spec (a file or a mapping)
     plan: Callable[..., Any] | None = None
     #: run a spec (a file or a mapping) into a directory: ``run(spec, out, *, executor,
-    #: address, resume, progress, num_cpus, retries, connect_timeout)`` -> the opened
-    #: collection (``blockcoupling sweep`` prints its units); a kind whose command module
-    #: registers its own command-line run (``cli.app.spec_runner``) may leave it None
+    #: address, resume, progress, cluster_cpus, retries, connect_timeout)`` -> the opened
+    #: collection (``blockcoupling sweep`` prints its units): the keywords of
+    #: ``runs.protocol.run_collection``, which a kind's run is one call of; a kind whose
+    #: command module registers its own command-line run (``cli.app.spec_runner``) may
+    #: leave it None
     run: Callable[..., Any] | None = None
     #: the token rule of the headline statistic of a collection of this kind whose manifest
     #: states none (a ViT's [CLS]: "first"; None: the statistic's own default,
@@ -75,6 +77,9 @@ class CollectionKind:
     recognises: Callable[[Path], bool] | None = None
     #: the page of such a folder -> the HTML file written (``folder_page(folder, out)``)
     folder_page: Callable[[Path, Path], Path] | None = None
+    #: the package the kind lives in (its ``kind.py`` passes ``package=__package__``): the
+    #: architecture test holds the kind's name and imports to it
+    package: str = ""
 
 
 _KINDS: dict[str, CollectionKind] = {}

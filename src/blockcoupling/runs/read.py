@@ -131,7 +131,7 @@ class Sweep:
 
     def open_unit(self, unit_id: str) -> Any:
         """The unit's [`Measurement`][blockcoupling.engine.results.Measurement] (``open_run``)."""
-        from blockcoupling.store.rundir import open_run
+        from blockcoupling.store.reader import open_run
 
         return open_run(self.run_dir(unit_id))
 

@@ -76,7 +76,7 @@ def coupling_statistic(source: Measurement | str | os.PathLike[str] | Any, *,
     variants = _variants(variant)
     if isinstance(source, str | os.PathLike):
         path = Path(source)
-        from blockcoupling.store.rundir import is_run_dir, open_run
+        from blockcoupling.store.reader import is_run_dir, open_run
 
         if is_run_dir(path):
             m = open_run(path)

@@ -202,7 +202,7 @@ def load_manifest(root: Path) -> dict[str, Any]:
 
 
 def new_manifest(kind: str, spec: dict[str, Any] | None) -> dict[str, Any]:
-    from blockcoupling.store.rundir import library_versions
+    from blockcoupling.store.fingerprint import library_versions
 
     return {"format": FORMAT_NAME, "format_version": FORMAT_VERSION, "kind": kind,
             "created": now(), "spec": spec, "order": [], "sessions": [],
@@ -244,9 +244,23 @@ def run_relpath(unit: dict[str, Any]) -> str:
     return f"{UNITS}/{unit.get('unit_id')}" + (f"/{run}" if run else "")
 
 
+def _read_status_file(path: Path) -> dict[str, Any]:
+    """A status file, verified (`read_json`), and the status of the unit its name says (a
+    status file copied or renamed to another unit's name is named as such)."""
+    rec: dict[str, Any] = read_json(path)
+    unit = rec.get("unit")
+    uid = unit.get("unit_id") if isinstance(unit, dict) else None
+    if uid != path.stem:
+        root = path.parent.parent
+        raise RunDirError(f"{path} holds the status of unit {uid!r}, not of {path.stem!r} (a "
+                          f"copied or renamed status file). Delete it and r"
+                          f"{status_fix(root)[1:]}")
+    return rec
+
+
 def read_status(root: Path, uid: str) -> dict[str, Any] | None:
     path = status_path(root, uid)
-    return read_json(path) if path.is_file() else None
+    return _read_status_file(path) if path.exists() else None
 
 
 def write_status(root: Path, unit: CollectionUnit, status: str, **fields: Any) -> dict[str, Any]:
@@ -263,7 +277,7 @@ def all_status(root: Path) -> list[dict[str, Any]]:
     folder = root / STATUS
     if not folder.is_dir():
         return []
-    return [read_json(p) for p in sorted(folder.glob("*.json"))]
+    return [_read_status_file(p) for p in sorted(folder.glob("*.json"))]
 
 
 def catalogue(root: Path, manifest: dict[str, Any] | None = None) -> pd.DataFrame:

@@ -6,10 +6,10 @@ Contracts:
 - `atomic_write_bytes` either leaves ``path`` as it was or replaces it whole (temporary
   file, ``fsync``, one ``os.replace``, ``fsync`` of the directory).
 - `write_temp` writes a durable temporary sibling that a later ``os.replace`` commits.
-- `DirLock` is an exclusive, non-blocking ``flock`` on ``DIR/.lock`` holding the
-  writer's PID; releasing it removes the file, so a finished run keeps no ``.lock``. It is
-  the one lock of every directory with one writer (run directories, sweep and monitor
-  directories: ``dir_lock``); `lock_holder` reads it.
+- `DirLock` is an exclusive, non-blocking ``flock`` on ``DIR/.lock`` (the ``filelock``
+  library) holding the writer's PID; releasing it removes the file, so a finished run keeps
+  no ``.lock``. It is the one lock of every folder with one writer (``dir_lock``: run
+  directories, collections, every folder the run protocol opens); `lock_holder` reads it.
 - `atomic_write_bytes` / `atomic_write_text` / `atomic_path` are the one
   way to replace a file (or a folder) whole; every layer above calls them.
 - `disk_errors` turns an ``OSError`` (disk full, read-only, permission, a path under a
@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import fcntl
 import hashlib
 import json
 import os
@@ -166,60 +165,44 @@ def disk_errors(root: Path) -> Iterator[None]:
 
 
 # ---------------------------------------------------------------------------- lock
+def _write_pid(fd: int) -> None:
+    """Write this process's PID into the lock file just taken (`lock_holder` reads it)."""
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+
+
 class DirLock:
-    """The exclusive writer lock of a directory (``DIR/.lock`` holding the PID). ``busy`` is
-    the message when another process holds it (``{who}`` becomes `` (PID n)``)."""
+    """The exclusive writer lock of a directory: ``filelock``'s ``flock`` on ``DIR/.lock``,
+    taken without waiting, holding the writer's PID. ``busy`` is the message when another
+    process holds it (``{who}`` becomes `` (PID n)``). Released, the file is removed (while
+    still held: a writer that opened the old file sees it replaced and tries again)."""
 
     def __init__(self, root: Path, *, busy: str | None = None) -> None:
-        self.root = root
-        self.busy = busy or (f"run directory {root} is in use by another blockcoupling "
-                             "process{who}; wait for it to finish or stop it, or choose a new "
-                             "--out")
-        self.path = root / LOCK
-        self.fd: int | None = None
-        for _ in range(10):  # the file may be removed by a finishing holder between open and flock
-            fd = self._try(os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644))
-            if fd is not None:
-                self.fd = fd
-                break
-        else:  # pragma: no cover - a lock file replaced ten times in a row
-            raise RunDirError(f"cannot lock {self.path}: it keeps changing; try again")
-        os.ftruncate(self.fd, 0)
-        os.pwrite(self.fd, f"{os.getpid()}\n".encode(), 0)
+        import filelock
 
-    def _try(self, fd: int) -> int | None:
+        self.root = root
+        self.path = root / LOCK
+        busy = busy or (f"run directory {root} is in use by another blockcoupling "
+                        "process{who}; wait for it to finish or stop it, or choose a new --out")
+        self._lock: Any = filelock.FileLock(self.path, timeout=0, on_acquired=_write_pid)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            self._lock.acquire()
+        except filelock.Timeout:
+            holder = lock_holder(root)
+            raise RunDirError(busy.replace("{who}", f" (PID {holder})" if holder not in (
+                None, "?") else "")) from None
         except OSError as err:
-            holder = ""
-            with contextlib.suppress(OSError, ValueError, UnicodeDecodeError):
-                holder = os.pread(fd, 64, 0).decode().strip()
-            os.close(fd)
-            if err.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                raise RunDirError(f"cannot lock {self.path}: {err.strerror}") from err
-            who = f" (PID {holder})" if holder else ""
-            raise RunDirError(self.busy.replace("{who}", who)) from err
-        # we hold a lock on the file we opened: make sure it is still the one at the path
-        try:
-            same = os.path.samestat(os.fstat(fd), os.stat(self.path))
-        except FileNotFoundError:
-            same = False
-        if not same:
-            os.close(fd)
-            return None
-        return fd
+            raise RunDirError(f"cannot lock {self.path}: {err.strerror or err}") from err
 
     def release(self) -> None:
         """Remove ``.lock`` (while still holding it) and release it."""
-        if self.fd is None:
+        if self._lock is None:
             return
         with contextlib.suppress(OSError):
             self.path.unlink()
         with contextlib.suppress(OSError):
-            fcntl.flock(self.fd, fcntl.LOCK_UN)
-        with contextlib.suppress(OSError):
-            os.close(self.fd)
-        self.fd = None
+            self._lock.release(force=True)
+        self._lock = None
 
 
 @contextlib.contextmanager
@@ -234,20 +217,24 @@ def dir_lock(root: Path, *, busy: str | None = None) -> Iterator[DirLock]:
 
 
 def lock_holder(root: Path) -> str | None:
-    """The PID of a live writer of ``root`` (as written in its lock), or None if none holds it."""
-    path = root / LOCK
+    """The PID of a live writer of ``root`` (as written in its lock), or None if none holds it.
+    Reads only: a missing ``.lock`` is not created."""
+    import filelock
+
     try:
-        fd = os.open(path, os.O_RDONLY)
+        fd = os.open(root / LOCK, os.O_RDONLY)
     except OSError:
         return None
     try:
         try:
-            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            free = filelock.lock_descriptor(fd, blocking=False)
         except OSError:
-            with contextlib.suppress(OSError, ValueError, UnicodeDecodeError):
-                return os.pread(fd, 64, 0).decode().strip() or "?"
-            return "?"
-        fcntl.flock(fd, fcntl.LOCK_UN)
-        return None
+            free = False
+        if free:
+            filelock.unlock_descriptor(fd)
+            return None
+        with contextlib.suppress(OSError, ValueError, UnicodeDecodeError):
+            return os.pread(fd, 64, 0).decode().strip() or "?"
+        return "?"
     finally:
         os.close(fd)

@@ -21,6 +21,7 @@ prompts already stored through `RunWriter.done_prompt_ids`.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 from collections.abc import Mapping
@@ -34,9 +35,7 @@ from blockcoupling.engine.results import TABLES, Measurement
 from blockcoupling.errors import BlockCouplingError, RunDirError
 from blockcoupling.store import bases as stored
 from blockcoupling.store.fileio import (
-    LOCK,
     TMP_PREFIX,
-    DirLock,
     atomic_write_bytes,
     commit_temp,
     disk_errors,
@@ -45,6 +44,7 @@ from blockcoupling.store.fileio import (
     write_file,
     write_temp,
 )
+from blockcoupling.store.folder import NEW, REPLACE, Layout, decide, entries, open_folder
 from blockcoupling.store.integrity import (
     DATA_FILES,
     RunContents,
@@ -76,27 +76,20 @@ from blockcoupling.store.tables import arrays_bytes, part_prompt_ids, table_byte
 from blockcoupling.store.verified import verified_bytes
 
 
-def _entries(root: Path) -> list[Path]:
-    """What a run directory holds besides its lock and temporary files."""
-    if not root.is_dir():
-        return []
-    return [p for p in root.iterdir() if p.name != LOCK and not p.name.startswith(TMP_PREFIX)]
-
-
 def _what_is_there(root: Path) -> str:
-    """`` (it holds a run: 2 of 4 prompts, running)``, or nothing if that cannot be read."""
+    """`` (2 of 4 prompts stored, running)``, or nothing if that cannot be read."""
     try:
         manifest = load_manifest(root)
         done = len(scan(root, manifest).done)
     except RunDirError:
         return ""
-    return f" (it holds a run: {done} of {len(manifest['prompts'])} prompts, {manifest['status']})"
+    return f" ({done} of {len(manifest['prompts'])} prompts stored, {manifest['status']})"
 
 
-def _holds_no_results(root: Path, entries: list[Path]) -> bool:
+def _holds_no_results(root: Path) -> bool:
     """True for a run directory whose run never stored a result (only its manifest and an
     empty parts folder): replacing it loses nothing."""
-    names = {p.name for p in entries}
+    names = {p.name for p in entries(root)}
     if not names <= {MANIFEST, PARTS} or MANIFEST not in names:
         return False
     try:
@@ -114,43 +107,42 @@ def _verify_parts(contents: RunContents) -> None:
         stored.verify_part(part)
 
 
+#: a run directory in the run protocol's words (`blockcoupling.store.folder`)
+RUN = Layout(what="run directory", record=MANIFEST)
+
+
 def check_target(root: Path, config: MeasureConfig, meta: Mapping[str, Any],
                  records: list[dict[str, Any]], resume: bool, *,
                  locked: bool = False, verify_parts: bool | None = None
                  ) -> dict[str, Any] | None:
     """What opening ``root`` for this run refuses, checked without writing anything (the
-    writer's open and ``measure --dry-run`` run this one function): a file at ``root``,
-    another writer holding it (unless ``locked``: the caller holds the lock), a run there
-    without ``resume``, a run of other settings, damaged stored parts (``verify_parts``,
-    default: unless ``locked``, as the writer verifies them itself after rolling a killed
-    consolidation forward). Returns the manifest to resume, or None when the run starts
-    afresh (new, empty, or no result stored yet)."""
-    from blockcoupling.store.fileio import lock_holder
-
-    if root.exists() and not root.is_dir():
-        raise RunDirError(f"--out {root} is a file; choose a directory for the run")
-    if not locked and (pid := lock_holder(root)) is not None:
-        raise RunDirError(f"run directory {root} is in use by another blockcoupling process "
-                          f"(PID {pid}); wait for it to finish or stop it, or choose a new --out")
-    entries = _entries(root)
-    if not entries or _holds_no_results(root, entries):
+    writer's open and ``measure --dry-run`` run this one function): the run protocol's
+    decision (`store.folder.decide`: a file at ``root``, another writer holding it unless
+    ``locked``, a run there without ``resume``, a run of other settings), then damaged stored
+    parts (``verify_parts``, default: unless ``locked``, as the writer verifies them itself
+    after rolling a killed consolidation forward). Returns the manifest to resume, or None
+    when the run starts afresh (new, empty, or no result stored yet)."""
+    state = decide(root, RUN, resume=resume, locked=locked,
+                   **_identity(root, config, meta, records))
+    if state in (NEW, REPLACE):
         return None
-    if not resume:
-        raise RunDirError(
-            f"{root} already exists and is not empty{_what_is_there(root)}; use "
-            "--resume to continue it or choose a new --out"
-        )
     manifest = load_manifest(root)
-    diffs = resume_differences(manifest, jsonable(config.to_dict()), dict(meta), records)
-    if diffs:
-        raise RunDirError(
-            f"cannot resume {root}: it was measured with different settings:\n  "
-            + "\n  ".join(diffs)
-            + "\nresume with the run's original options, or choose a new --out"
-        )
     if verify_parts if verify_parts is not None else not locked:
         _verify_parts(scan(root, manifest))
     return manifest
+
+
+def _identity(root: Path, config: MeasureConfig, meta: Mapping[str, Any],
+              records: list[dict[str, Any]]) -> dict[str, Any]:
+    """How the protocol reads a run directory's identity: the settings, model and prompts
+    it records against this run's (a damaged manifest is its own line), whether it stored a
+    result, and what it holds in words."""
+    def differences() -> list[str]:
+        return resume_differences(load_manifest(root), jsonable(config.to_dict()), dict(meta),
+                                  records)
+
+    return {"differences": differences, "has_results": lambda: not _holds_no_results(root),
+            "describe": lambda: _what_is_there(root)}
 
 
 def resume_config(root: Path, config: MeasureConfig, resume: bool) -> tuple[MeasureConfig, str | None]:
@@ -160,8 +152,7 @@ def resume_config(root: Path, config: MeasureConfig, resume: bool) -> tuple[Meas
     began is on by default now) keeps the variants its recorded config asked for, so every
     prompt of it has the same tables. Anything else (no run with results there, another
     difference) is ``config`` unchanged, and `check_target` refuses what differs."""
-    entries = _entries(root)
-    if not resume or not entries or _holds_no_results(root, entries):
+    if not resume or not entries(root) or _holds_no_results(root):
         return config, None
     try:
         old = list((load_manifest(root).get("config") or {}).get("variants") or ())
@@ -193,45 +184,39 @@ class RunWriter:
                  meta: Mapping[str, Any], prompts: pd.DataFrame, resume: bool = False) -> None:
         self.root = Path(path)
         self.config = config
-        self._lock: DirLock | None = None
+        self._open_folder: contextlib.ExitStack | None = contextlib.ExitStack()
         self._finalized = False
         records = prompt_records(prompts)
         self._order = {p["prompt_id"]: i for i, p in enumerate(records)}
-        with disk_errors(self.root):
-            if self.root.exists() and not self.root.is_dir():
-                raise RunDirError(f"--out {self.root} is a file; choose a directory for the run")
-            self.root.mkdir(parents=True, exist_ok=True)
-            self._lock = DirLock(self.root)
-            try:
-                self._open(config, dict(meta), records, resume)
-            except BaseException:
-                self.close()
-                raise
+        try:
+            with disk_errors(self.root):
+                state = self._open_folder.enter_context(open_folder(
+                    self.root, RUN, resume=resume,
+                    **_identity(self.root, config, dict(meta), records)))
+                self._open(state, config, dict(meta), records)
+        except BaseException:
+            self.close()
+            raise
 
     # -------------------------------------------------------------- opening
-    def _open(self, config: MeasureConfig, meta: dict[str, Any],
-              records: list[dict[str, Any]], resume: bool) -> None:
+    def _open(self, state: str, config: MeasureConfig, meta: dict[str, Any],
+              records: list[dict[str, Any]]) -> None:
         new_config = jsonable(config.to_dict())
-        manifest = check_target(self.root, config, meta, records, resume, locked=True)
         self.damaged_bases: dict[str, list[str]] = {}  # consolidated bases file -> prompts
-        if manifest is None:  # new, empty, or a run that failed before its first result
-            for entry in _entries(self.root):
-                if entry.is_dir():
-                    shutil.rmtree(entry)
-                else:
-                    entry.unlink()
+        if state in (NEW, REPLACE):  # new, empty, or a run that failed before its first result
             self.manifest = new_manifest(new_config, meta, records)
             write_manifest(self.root, self.manifest)
             self._contents = RunContents()
             self._done: set[str] = set()
             return
+        manifest = load_manifest(self.root)
         cons = manifest.get("consolidated") or {}
         roll_forward(self.root, cons.get("files", {}))
         contents = scan(self.root, manifest)
         self._cleanup(contents)
         _verify_parts(contents)
-        entries = bases_entries(manifest)
-        self.damaged_bases = {name: list(entries[name].get("prompt_ids") or [])
+        stored_bases = bases_entries(manifest)
+        self.damaged_bases = {name: list(stored_bases[name].get("prompt_ids") or [])
                               for name in damaged_files(self.root, manifest)}
         self._contents = contents
         self._done = contents.done
@@ -280,7 +265,7 @@ class RunWriter:
     def _check_open(self) -> None:
         if self._finalized:
             raise BlockCouplingError(f"the run {self.root} is finalized; open a new RunWriter")
-        if self._lock is None:
+        if self._open_folder is None:
             raise BlockCouplingError(f"the writer of {self.root} is closed")
 
     def write_part(self, part: Measurement) -> None:
@@ -385,9 +370,9 @@ class RunWriter:
 
     def close(self) -> None:
         """Release the lock and remove ``.lock`` (an unfinished run stays resumable)."""
-        if self._lock is not None:
-            self._lock.release()
-            self._lock = None
+        folder, self._open_folder = getattr(self, "_open_folder", None), None
+        if folder is not None:
+            folder.close()
 
     def __enter__(self) -> RunWriter:
         return self

@@ -9,7 +9,7 @@ blockcoupling.studies`` imports no torch, ray or statsmodels):
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from blockcoupling import lazy
 
@@ -28,7 +28,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "blockcoupling.studies.lm_study": ("run_study",),
     "blockcoupling.studies.demo": ("run_demo",),
 }
-_WHERE: dict[str, str] = {name: mod for mod, names in _EXPORTS.items() for name in names}
+__getattr__, __dir__ = lazy.hooks(globals(), __name__, _EXPORTS)
 
 if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ does the work
     from blockcoupling.runs.read import Sweep, open_collection, open_sweep, sweep_status
@@ -39,14 +39,6 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ do
     from blockcoupling.studies.sweep import SweepSpec, load_spec, run_sweep
     from blockcoupling.studies.vit.grid import run_grid
     from blockcoupling.studies.vit.train import VitTrainConfig, train_vit
-
-
-def __getattr__(name: str) -> Any:
-    return lazy.resolve(globals(), __name__, _WHERE, name)
-
-
-def __dir__() -> list[str]:
-    return lazy.listing(globals(), __all__)
 
 
 __all__ = [

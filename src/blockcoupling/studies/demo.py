@@ -199,6 +199,30 @@ def _sweep_measurements(spec: dict[str, Any], root: Path, executor: str,
     return [(uid, sweep.open_unit(uid)) for uid in sweep.units["unit_id"]]
 
 
+def token_words(m: Any) -> str:
+    """Which token a run's headline measures, in words: each prompt's last measured token,
+    and what that token is under the run's ``tokens`` option (an encoder measured at its
+    last token is at [SEP], not at the [CLS] that ``tokens="auto"`` takes for it)."""
+    tokens = m.config.tokens
+    encoder = m.meta.get("causal") is False
+    if tokens == "last" or (tokens == "auto" and not encoder):
+        return "last token ([SEP], not [CLS])" if encoder else "last token"
+    if tokens in ("cls", "auto"):
+        return "[CLS]"
+    if tokens == "all":
+        return "last token, every token measured"
+    return f"the last of tokens {tokens}"
+
+
+def demo_line(label: str, m: Any) -> str:
+    """One run's line of the demo's summary: its label, the token its headline measures and
+    the headline at K = 10 (or the smallest K measured)."""
+    ks = {int(v) for v in m.coupling["k"].unique()}
+    k = 10 if 10 in ks else min(ks, default=10)
+    stat = m.coupling_statistic(k=k, n_boot=0)
+    return f"  {label:<42} at the {token_words(m)}: {stat_headline(stat)}"
+
+
 def run_demo(
     out_dir: str | Path,
     *,
@@ -244,13 +268,10 @@ def run_demo(
     the end when ``progress`` is on.
     """
     from blockcoupling.report.html import write_report
-    from blockcoupling.runs.executor import EXECUTORS, import_ray
+    from blockcoupling.runs.executor import check_executor
     from blockcoupling.store.record import measure_to_dir
 
-    if executor not in EXECUTORS:
-        raise BlockCouplingError(f"executor {executor!r}: choose ray or local")
-    if executor == "ray":
-        import_ray()  # a missing ray is said before anything runs
+    check_executor(executor)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     measurements: list[Any] = []
@@ -329,7 +350,8 @@ def run_demo(
                 write(f"[family] tiny-LM family (quick study): train, score, measure by "
                       f"sweep, test -> {out / 'lm-family'}")
             family_result = run_study(out / "lm-family", quick=True, cache_dir=cache_dir,
-                                      progress=progress, executor=executor)
+                                      progress=progress, executor=executor,
+                                      replace=True)  # the demo's own: re-run after any cache change
     for unit_id, m in swept:
         step = int(m.meta["step"])  # parsed by the sweep from the folder name step-NNNNNN
         path = str(folder_of[step])
@@ -353,11 +375,8 @@ def run_demo(
               "1 = perfect) ± se over prompts within one model; raw c_K ± se and its chance "
               "level")
         for label, m in zip(labels, measurements, strict=True):
-            ks = {int(v) for v in m.coupling["k"].unique()}
-            k = 10 if 10 in ks else min(ks, default=10)
-            stat = m.coupling_statistic(k=k, n_boot=0)
-            write(f"  {label:<42} {stat_headline(stat)}")
-        write(f"  (rule: {headline_rule()})")
+            write(demo_line(label, m))
+        write(f"  (rule: {headline_rule()}; each line says which token that is)")
         if family_result is not None:
             write("the tiny-LM family (toy scale: it tests the procedure, not LLMs):")
             for line in family_result.statement:
@@ -374,11 +393,13 @@ __all__ = [
     "corpus_documents",
     "corpus_text",
     "default_cache_dir",
+    "demo_line",
     "demo_prompts",
     "load_checkpoint",
     "load_minilm",
     "random_like",
     "run_demo",
+    "token_words",
     "train_tiny_lm",
     "training_log",
 ]

@@ -234,6 +234,22 @@ def _file_tasks(f: Path, data: dict[str, Any]) -> tuple[dict[str, tuple[str, flo
     return board, other, notes
 
 
+def _differences(board: dict[str, Any], other: dict[str, Any]) -> list[str]:
+    """How a model's score differs from the Leaderboard's: Leaderboard tasks missing, other
+    tasks left out, or (none of the Leaderboard's) the mean of the others."""
+    if not board:
+        return [f"none of the Leaderboard's tasks; the score is the mean of "
+                f"{', '.join(sorted(other))} and not comparable with the Leaderboard's"]
+    notes = []
+    missing = [t for t in LEADERBOARD if t not in board]
+    if missing:
+        notes.append(f"averages {len(board)} of the 6 Leaderboard tasks "
+                     f"(missing {', '.join(missing)})")
+    if other:
+        notes.append(f"left out tasks that are not the Leaderboard's: {', '.join(sorted(other))}")
+    return notes
+
+
 def read_lmeval(path: str | Path) -> pd.DataFrame:
     """One row per (model, revision) of the results under ``path``: ``model`` (with
     ``@revision``), ``revision``, ``score`` (Leaderboard average x 100), ``params_b`` (from
@@ -264,18 +280,7 @@ def read_lmeval(path: str | Path) -> pd.DataFrame:
         if not tasks:
             raise LmEvalError(f"{path}: no task with an acc/acc_norm/mc2/exact_match metric for "
                               f"{name}")
-        notes = list(dict.fromkeys(row["notes"]))
-        if row["board"]:
-            missing = [t for t in LEADERBOARD if t not in row["board"]]
-            if missing:
-                notes.append(f"averages {len(row['board'])} of the 6 Leaderboard tasks "
-                             f"(missing {', '.join(missing)})")
-            if row["other"]:
-                notes.append(f"left out tasks that are not the Leaderboard's: "
-                             f"{', '.join(sorted(row['other']))}")
-        else:
-            notes.append(f"none of the Leaderboard's tasks; the score is the mean of "
-                         f"{', '.join(sorted(tasks))} and not comparable with the Leaderboard's")
+        notes = list(dict.fromkeys(row["notes"])) + _differences(row["board"], row["other"])
         if notes:
             warnings.warn(f"lm-eval scores of {name}: " + "; ".join(notes), UserWarning,
                           stacklevel=2)

@@ -114,7 +114,7 @@ class ModelUnit:
 def _unit_from_run(path: Path, declared_revision: object = None) -> ModelUnit:
     """The unit of one run directory; its revision is the one the run loaded
     (``joins.loaded``, checked against ``declared_revision``, a catalogue's)."""
-    from blockcoupling.store.rundir import open_run
+    from blockcoupling.store.reader import open_run
 
     m = open_run(path)
     meta = m.meta
@@ -202,7 +202,7 @@ def load_units(paths: Iterable[str | Path],
     adds one per done unit, read by ``open_collection``.
     ``labels`` (one per run directory, no sweeps) name the models instead of their manifests'
     label or model id: the names the score table's ``model`` column uses."""
-    from blockcoupling.store.rundir import is_run_dir
+    from blockcoupling.store.reader import is_run_dir
 
     sweep = _sweep_reader()
     units: list[ModelUnit] = []

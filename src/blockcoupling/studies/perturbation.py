@@ -3,16 +3,18 @@
 
 ``run_perturbation`` measures prompt after prompt with `engine.perturb.perturbation_rows`
 (the rule is stated there and in ``OUT/perturbation.json``), each prompt's rows written
-atomically to ``OUT/parts/<index>.parquet``; a killed run continues with the same command (the
-settings, the model's weights hash and the prompts must match: otherwise one error line). When
-every prompt is done: ``OUT/perturbation.parquet`` (every row), ``OUT/summary.csv``
-(``report.perturb.perturbation_summary``) and ``OUT/perturbation.html`` (the figure).
+to ``OUT/parts/<index>.parquet`` and its checksum to the folder's ledger
+(``OUT/checksums.json``, `store.verified.Ledger`: one commit). A killed run continues with
+the same command (the settings, the model's weights hash and the prompts must match:
+otherwise one error line). When every prompt is done: ``OUT/perturbation.parquet`` (every
+row), ``OUT/summary.csv`` (``report.perturb.perturbation_summary``) and
+``OUT/perturbation.html`` (the figure), each recorded in the ledger. The folder is opened,
+written and read by the run protocol (``store.folder``; docs/DESIGN.md, "Recipe: add a
+command"): the worked example of a command that is not a collection.
 """
 
 from __future__ import annotations
 
-import io
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,8 +23,11 @@ from typing import Any
 import pandas as pd
 
 from blockcoupling.errors import BlockCouplingError
+from blockcoupling.store.folder import Layout
+from blockcoupling.store.verified import LEDGER, Ledger, parquet_bytes
 
 SETTINGS = "perturbation.json"
+PARTS = "parts"
 TABLE = "perturbation.parquet"
 PAGE = "perturbation.html"
 SUMMARY = "summary.csv"
@@ -57,9 +62,55 @@ class PerturbationResult:
         return "\n".join(lines)
 
 
-def _identity(settings: dict[str, Any]) -> dict[str, Any]:
-    return {k: settings[k] for k in ("levels", "draws", "seed", "token", "weights_hash",
-                                     "prompts")}
+#: what identifies a perturbation run: a folder holding one of other values is refused
+IDENTITY = ("levels", "draws", "seed", "token", "weights_hash", "prompts")
+#: a perturbation folder in the run protocol's words: what it may hold; running the same
+#: command again continues it (no ``--resume``)
+LAYOUT = Layout(what="perturbation run", record=SETTINGS,
+                files=(SETTINGS, PARTS, TABLE, SUMMARY, PAGE, LEDGER), resume_flag=None)
+
+
+def _ledger(out: Path) -> Ledger:
+    """The folder's ledger: every file the command wrote, with its checksum."""
+    return Ledger(out, f"Run the same blockcoupling perturb command again into {out} (a "
+                       "damaged part is measured again), or delete the folder to start afresh.")
+
+
+def _parts(out: Path) -> list[Path]:
+    folder = out / PARTS
+    return sorted(p for p in folder.iterdir() if p.is_file()) if folder.is_dir() else []
+
+
+def _differences(out: Path, settings: dict[str, Any]) -> list[str]:
+    """What differs between the run ``out`` records and ``settings`` (the protocol's
+    ``differences``): each identity key, one line; a record that cannot be trusted is one
+    line when nothing was measured (the folder is then replaced), else a refusal."""
+    try:
+        stored = _ledger(out).json(SETTINGS)
+    except BlockCouplingError:
+        if _parts(out):
+            raise
+        return [f"{SETTINGS}: damaged"]
+    return [f"{k}: stored {stored.get(k)!r}, now {settings[k]!r}" for k in IDENTITY
+            if stored.get(k) != settings[k]]
+
+
+def _checked_inputs(model: Any, tokenizer: Any, items: list[Any], token: int) -> None:
+    """Every prompt tokenizes within the model's context, and the perturbed token is one of
+    its tokens: checked before the folder is opened."""
+    import torch
+
+    from blockcoupling.engine.inputs import make_batch
+
+    for it in items:
+        batch = make_batch(tokenizer, [it], model, torch.device("cpu"))
+        mask, ids = batch.get("attention_mask"), batch.get("input_ids")
+        n = int(mask.sum()) if mask is not None else int(ids.shape[-1]) if ids is not None \
+            else None
+        if n is not None and not -n <= token < n:
+            raise BlockCouplingError(f"token {token} is outside the prompt's {n} tokens "
+                                     f"(prompt {it.prompt_id}); give a --token within every "
+                                     "prompt (negative: from the end)")
 
 
 def run_perturbation(model: Any, tokenizer: Any, prompts: Any, out: str | Path, *,
@@ -67,7 +118,14 @@ def run_perturbation(model: Any, tokenizer: Any, prompts: Any, out: str | Path, 
                      seed: int = 0, token: int = -1, batch_size: int = 16,
                      meta: dict[str, Any] | None = None, progress: bool = True
                      ) -> PerturbationResult:
-    """Run (or continue) the experiment on ``prompts`` into ``out``; see the module doc."""
+    """Run (or continue) the experiment on ``prompts`` into ``out`` by the run protocol
+    (`blockcoupling.store.folder.open_folder`): every input checked before the folder is
+    opened; a folder of other settings with results refused, one without results replaced;
+    every file written through the folder's ledger (`store.verified.Ledger`) and read back
+    verified (a damaged part is measured again); the table and summary rebuilt from the
+    parts."""
+    import sys
+
     import torch
 
     from blockcoupling.engine.causality import model_spec
@@ -79,80 +137,67 @@ def run_perturbation(model: Any, tokenizer: Any, prompts: Any, out: str | Path, 
     from blockcoupling.hashing import canonical_hash
     from blockcoupling.progress import bar
     from blockcoupling.report.perturb import perturbation_summary, write_perturbation_html
-    from blockcoupling.store.fileio import (
-        LOCK,
-        atomic_path,
-        atomic_write_bytes,
-        dir_lock,
-        write_json,
-    )
+    from blockcoupling.store.fileio import disk_errors
     from blockcoupling.store.fingerprint import weights_hash
+    from blockcoupling.store.folder import CONTINUE, open_folder
+    from blockcoupling.validate import whole
 
     levels = check_levels(levels, draws)
+    batch_size = whole(batch_size, "batch-size", minimum=1)
     model = as_module(model)
     items = normalise_inputs(prompts)
     if not items:
         raise BlockCouplingError("no prompts to perturb; give a prompt set")
     out = Path(out)
-    if out.exists() and not out.is_dir():
-        raise BlockCouplingError(f"--out {out} is a file; choose a folder")
+    spec = model_spec(model, MeasureConfig(), tokenizer, items[:1])
+    _checked_inputs(model, tokenizer, items, token)
     settings: dict[str, Any] = {
         **(meta or {}), "levels": list(levels), "draws": int(draws), "seed": int(seed),
         "token": int(token), "weights_hash": weights_hash(model), "rule": RULE,
         "prompts": canonical_hash([[it.prompt_id, it.text] for it in items]),
         "n_prompts": len(items)}
-    with dir_lock(out, busy=f"{out} is being written by another process"):
-        old = out / SETTINGS
-        if old.is_file():
-            stored = json.loads(old.read_text(encoding="utf-8"))
-            if _identity(stored) != _identity(settings):
-                diff = [k for k in _identity(settings) if stored.get(k) != settings[k]]
-                raise BlockCouplingError(
-                    f"--out {out} holds a perturbation run with other {', '.join(diff)}; "
-                    "continue it with the same settings, or choose a new --out")
-        elif any(p.name != LOCK for p in out.iterdir()):
-            raise BlockCouplingError(f"--out {out} holds other files; choose a new or empty "
-                                     "folder")
-        else:
-            write_json(old, settings)
-        parts = out / "parts"
-        parts.mkdir(exist_ok=True)
+    with open_folder(out, LAYOUT, resume=True, differences=lambda: _differences(out, settings),
+                     has_results=lambda: bool(_parts(out))) as state, disk_errors(out):
+        ledger = _ledger(out)
+        if state != CONTINUE:
+            ledger.write_json(SETTINGS, settings)
+        names = [f"{PARTS}/{i:05d}.parquet" for i in range(len(items))]
+        todo = [(i, it) for i, it in enumerate(items) if ledger.check([names[i]]) is not None]
+        damaged = [names[i] for i, _ in todo if (out / names[i]).exists()]
+        if damaged and progress:
+            print(f"perturbation: {len(damaged)} stored part(s) damaged or unrecorded "
+                  f"({damaged[0]}, ...); their prompts are measured again", file=sys.stderr)
         device = next((p.device for p in model.parameters()), torch.device("cpu"))
         with preserved(model):
             model.eval()
-            spec = model_spec(model, MeasureConfig(), tokenizer, items[:1])
-            todo = [(i, it) for i, it in enumerate(items)
-                    if not (parts / f"{i:05d}.parquet").is_file()]
             for i, it in bar(todo, desc="perturbation", unit="prompt", enabled=progress):
                 inputs = make_batch(tokenizer, [it], model, device)
                 rows = perturbation_rows(model, inputs, spec, it.prompt_id, levels=levels,
                                          draws=draws, seed=seed, token=token,
                                          batch_size=batch_size)
-                sink = io.BytesIO()
-                rows.to_parquet(sink, index=False)
-                atomic_write_bytes(parts / f"{i:05d}.parquet", sink.getvalue())
-        rows = pd.concat([pd.read_parquet(parts / f"{i:05d}.parquet")
-                          for i in range(len(items))], ignore_index=True)
-        with atomic_path(out / TABLE) as tmp:
-            rows.to_parquet(tmp, index=False)
+                ledger.write(names[i], parquet_bytes(rows))  # the part's commit
+        rows = pd.concat([ledger.parquet(n) for n in names], ignore_index=True)
         summary = perturbation_summary(rows)
-        with atomic_path(out / SUMMARY) as tmp:
-            summary.to_csv(tmp, index=False)
+        ledger.write(TABLE, parquet_bytes(rows))
+        ledger.write(SUMMARY, summary.to_csv(index=False).encode())
         write_perturbation_html(rows, settings, out / PAGE)
+        ledger.record([PAGE])
     return PerturbationResult(rows, summary, settings, out)
 
 
 def read_perturbation(out: str | Path) -> PerturbationResult:
-    """A finished experiment folder, read back."""
+    """A finished experiment folder, read back verified (its ledger: the settings and the
+    table against the checksums recorded when they were written)."""
     from blockcoupling.report.perturb import perturbation_summary
 
-    out = Path(out)
-    if not (out / TABLE).is_file():
-        raise BlockCouplingError(f"{out} holds no finished perturbation run ({TABLE} missing); "
-                                 "run blockcoupling perturb (again) into it")
-    rows = pd.read_parquet(out / TABLE)
-    settings = json.loads((out / SETTINGS).read_text(encoding="utf-8"))
-    return PerturbationResult(rows, perturbation_summary(rows), settings, out)
+    ledger = _ledger(Path(out))
+    if not ledger.has(TABLE):
+        raise BlockCouplingError(f"{out} holds no finished perturbation run ({TABLE} not "
+                                 "recorded); run the same blockcoupling perturb command "
+                                 "again to finish it")
+    rows = ledger.parquet(TABLE)
+    return PerturbationResult(rows, perturbation_summary(rows), ledger.json(SETTINGS),
+                              Path(out))
 
 
 __all__ = ["PAGE", "RULE", "SETTINGS", "SUMMARY", "TABLE", "PerturbationResult",

@@ -19,7 +19,6 @@ import errno
 import functools
 import hashlib
 import json
-import math
 import os
 import re
 import shutil
@@ -39,6 +38,7 @@ from blockcoupling.errors import BlockCouplingError
 from blockcoupling.fields import check_fields, identity, opt
 from blockcoupling.hashing import canonical_hash
 from blockcoupling.loading import save_model
+from blockcoupling.studies.schedule import lr_at
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase, PreTrainedTokenizerFast
@@ -313,15 +313,9 @@ def checkpoint_name(step: int) -> str:
 
 
 def _lr_at(cfg: TinyLMConfig, step: int) -> float:
-    """Linear warm-up then cosine decay to ``min_lr_ratio * lr`` (step is 0-based)."""
-    if cfg.warmup_steps and step < cfg.warmup_steps:
-        return cfg.lr * (step + 1) / cfg.warmup_steps
-    if cfg.lr_schedule == "constant":
-        return cfg.lr
-    span = max(cfg.max_steps - cfg.warmup_steps, 1)
-    t = min((step - cfg.warmup_steps) / span, 1.0)
-    lo = cfg.min_lr_ratio * cfg.lr
-    return lo + 0.5 * (cfg.lr - lo) * (1.0 + math.cos(math.pi * t))
+    """Linear warm-up, then constant or cosine decay to ``min_lr_ratio * lr`` (``lr_at``)."""
+    floor = cfg.lr if cfg.lr_schedule == "constant" else cfg.min_lr_ratio * cfg.lr
+    return lr_at(step, cfg.max_steps, cfg.warmup_steps, cfg.lr, floor)
 
 
 def gpt2_config(cfg: TinyLMConfig, vocab_size: int, pad_id: int) -> Any:
@@ -415,121 +409,124 @@ def monitor_options(cfg: TinyLMConfig) -> dict[str, Any]:
 
 def _train_and_save(cfg: TinyLMConfig, target: Path, progress: bool,
                     monitor: bool = True) -> dict[str, Any]:
-    """Train the tiny LM from scratch and save every checkpoint under ``target``.
-
-    Writes ``target/step-NNNNNN/`` (model + tokenizer, loadable with ``from_pretrained``) for
-    each step in ``cfg.checkpoints`` and returns the training log (also saved by the caller).
-    With ``monitor`` (the default), a `CouplingMonitor` measures the
-    model at each checkpoint step, inside the training loop, into ``target/monitor`` (a
-    monitor directory: ``open_sweep`` and ``blockcoupling report`` read it). The monitor does
-    not change training: the weights and losses are bit-identical without it (tested).
-    """
+    """Train the tiny LM from scratch, save ``target/step-NNNNNN/`` (model + tokenizer) at each
+    step of ``cfg.checkpoints``, return the log (``train_loss`` per step, before the update;
+    ``checkpoints``: step -> held-out scores). ``monitor``: a `CouplingMonitor` measures
+    each checkpoint in the loop into ``target/monitor`` (training is the same without it)."""
     from transformers import GPT2LMHeadModel
 
+    from blockcoupling.progress import bar as progress_bar
     from blockcoupling.studies.monitor import CouplingMonitor
 
-    docs = corpus_documents()
-    tokenizer = build_tokenizer("\n\n\n".join(docs))
-    tokenizer.model_max_length = cfg.block_size
-    train_text = "\n\n\n".join(d for i, d in enumerate(docs) if i % cfg.val_every != cfg.val_every - 1)
-    val_text = held_out_text(cfg)
-    train_ids, val_ids = _encode(tokenizer, train_text), _encode(tokenizer, val_text)  # (N,), (M,)
-    if cfg.train_chars is not None:
-        train_ids = train_ids[: cfg.train_chars]  # one character is one token
-    span = cfg.block_size + 1
-    if len(train_ids) <= span or len(val_ids) <= span:
-        raise BlockCouplingError(
-            f"TinyLMConfig: block_size={cfg.block_size} is too long for the corpus (or "
-            "train_chars too small); lower it"
-        )
+    tokenizer, train_ids, val_ids = _training_data(cfg)
     val_chunk = validation_chunk(cfg, val_ids)  # (W, span)
-
-    config = gpt2_config(cfg, len(tokenizer), tokenizer.pad_token_id)
     log: dict[str, Any] = {
-        "config": cfg.to_dict(),
-        "cache_key": cfg.cache_key(),
-        "corpus_sha256": corpus_sha256(),
-        "torch": torch.__version__,
-        "threads": torch.get_num_threads(),
-        "n_train_tokens": len(train_ids),
-        "n_val_tokens": len(val_ids),
-        "vocab_size": len(tokenizer),
-        "train_loss": [],  # one per optimiser step (loss of the batch before the update)
-        "checkpoints": {},  # step -> {"val_loss": ..., "train_loss": ...}
-    }
+        "config": cfg.to_dict(), "cache_key": cfg.cache_key(), "corpus_sha256": corpus_sha256(),
+        "torch": torch.__version__, "threads": torch.get_num_threads(),
+        "n_train_tokens": len(train_ids), "n_val_tokens": len(val_ids),
+        "vocab_size": len(tokenizer), "train_loss": [], "checkpoints": {}}
     data_gen = torch.Generator().manual_seed(cfg.seed + 1)  # fixed data order
 
     with torch.random.fork_rng(devices=[]), _deterministic(), contextlib.ExitStack() as stack:
         torch.manual_seed(cfg.seed)
-        model = GPT2LMHeadModel(config)
+        model = GPT2LMHeadModel(gpt2_config(cfg, len(tokenizer), tokenizer.pad_token_id))
         log["n_params"] = sum(p.numel() for p in model.parameters())
-        decay = [p for p in model.parameters() if p.dim() >= 2]
-        no_decay = [p for p in model.parameters() if p.dim() < 2]
-        opt = torch.optim.AdamW(
-            [{"params": decay, "weight_decay": cfg.weight_decay},
-             {"params": no_decay, "weight_decay": 0.0}],
-            lr=cfg.lr, betas=(cfg.beta1, cfg.beta2),
-        )
-        mon = None
-        if monitor:
-            mon = CouplingMonitor(tokenizer, tiny_lm_prompts(cfg), every=None,
-                                  steps=cfg.checkpoints, out=target / MONITOR_DIR,
-                                  label="tiny LM", **monitor_options(cfg))
-            stack.callback(mon.close)  # released however training ends
-        bar = None
-        if progress:
-            from blockcoupling.progress import bar as progress_bar
-
-            bar = progress_bar(total=cfg.max_steps, desc="training tiny LM", unit="step",
-                               leave=False)
-        t0 = time.perf_counter()
-        monitor_s = 0.0
-        last_loss = float("nan")
+        opt = torch.optim.AdamW(  # weight decay on the matrices only
+            [{"params": [p for p in model.parameters() if p.dim() >= 2],
+              "weight_decay": cfg.weight_decay},
+             {"params": [p for p in model.parameters() if p.dim() < 2], "weight_decay": 0.0}],
+            lr=cfg.lr, betas=(cfg.beta1, cfg.beta2))
+        mon = stack.enter_context(CouplingMonitor(  # released however training ends
+            tokenizer, tiny_lm_prompts(cfg), every=None, steps=cfg.checkpoints,
+            out=target / MONITOR_DIR, label="tiny LM", **monitor_options(cfg))) if monitor else None
+        bar = stack.enter_context(progress_bar(total=cfg.max_steps, desc="training tiny LM",
+                                               unit="step", leave=False, enabled=progress))
+        t0, monitor_s, last_loss = time.perf_counter(), 0.0, float("nan")
         for step in range(cfg.max_steps + 1):
             if mon is not None:  # measures the checkpoint steps only (steps=cfg.checkpoints)
                 t_mon = time.perf_counter()
                 mon.step(model, step)
                 monitor_s += time.perf_counter() - t_mon
-            if step in cfg.checkpoints:
-                model.eval()
-                val = held_out_scores(model, val_chunk)
-                model.train()
-                path = target / checkpoint_name(step)
-                save_model(model, path, tokenizer)
-                log["checkpoints"][str(step)] = {
-                    "val_loss": val["val_loss"], "val_accuracy": val["accuracy"],
-                    "train_loss": None if step == 0 else last_loss,
-                }
-                if cfg.plateau_tol is not None and step >= cfg.min_steps:
-                    losses = {int(k): v["val_loss"] for k, v in log["checkpoints"].items()}
-                    log["plateau"] = plateau_check(losses, step, cfg.plateau_tol)
-                    if log["plateau"]["reached"]:
-                        break
+            if step in cfg.checkpoints and _checkpoint(cfg, model, tokenizer, step, target,
+                                                       val_chunk, last_loss, log):
+                break  # the held-out loss plateaued
             if step == cfg.max_steps:
                 break
-            for group in opt.param_groups:
-                group["lr"] = _lr_at(cfg, step)
-            starts = torch.randint(0, len(train_ids) - span, (cfg.batch_size,), generator=data_gen)
-            loss = _lm_loss(model, _windows(train_ids, starts, span))
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-            opt.step()
-            last_loss = float(loss.detach())
+            last_loss = _train_step(cfg, model, opt, step, train_ids, data_gen)
             log["train_loss"].append(last_loss)
-            if bar is not None:
-                bar.update(1)
-                bar.set_postfix(loss=f"{last_loss:.3f}")
-        if bar is not None:
-            bar.close()
-    log["seconds"] = time.perf_counter() - t0
-    log["monitor_seconds"] = monitor_s if monitor else None
-    log["end_step"] = step  # max_steps, or where the plateau rule stopped
-    # Final training loss: mean over the last 10 % of steps (a single batch is noisy).
+            bar.update(1)
+            bar.set_postfix(loss=f"{last_loss:.3f}")
+    return _ended(log, step, time.perf_counter() - t0, monitor_s if monitor else None)
+
+
+def _ended(log: dict[str, Any], step: int, seconds: float,
+           monitor_seconds: float | None) -> dict[str, Any]:
+    """``log`` with the training's seconds (and the monitor's), where it ended (``max_steps``,
+    or where the plateau rule stopped), the mean training loss over its last 10 % of steps
+    (one batch is noisy) and the held-out loss there."""
+    log["seconds"] = seconds
+    log["monitor_seconds"] = monitor_seconds
+    log["end_step"] = step
     tail = log["train_loss"][-max(1, step // 10):]
     log["final_train_loss"] = sum(tail) / len(tail) if tail else None
     log["final_val_loss"] = log["checkpoints"][str(step)]["val_loss"]
     return log
+
+
+def _training_data(cfg: TinyLMConfig
+                   ) -> tuple[PreTrainedTokenizerFast, torch.Tensor, torch.Tensor]:
+    """The character tokenizer of the corpus and the token ids (N,), (M,) of the training
+    split (its first ``train_chars`` characters) and of the held-out split."""
+    docs = corpus_documents()
+    tokenizer = build_tokenizer("\n\n\n".join(docs))
+    tokenizer.model_max_length = cfg.block_size
+    train_text = "\n\n\n".join(d for i, d in enumerate(docs) if i % cfg.val_every != cfg.val_every - 1)
+    train_ids = _encode(tokenizer, train_text)
+    val_ids = _encode(tokenizer, held_out_text(cfg))
+    if cfg.train_chars is not None:
+        train_ids = train_ids[: cfg.train_chars]  # one character is one token
+    if len(train_ids) <= cfg.block_size + 1 or len(val_ids) <= cfg.block_size + 1:
+        raise BlockCouplingError(
+            f"TinyLMConfig: block_size={cfg.block_size} is too long for the corpus (or "
+            "train_chars too small); lower it"
+        )
+    return tokenizer, train_ids, val_ids
+
+
+def _train_step(cfg: TinyLMConfig, model: torch.nn.Module, opt: torch.optim.Optimizer,
+                step: int, train_ids: torch.Tensor, data_gen: torch.Generator) -> float:
+    """One optimiser step at the schedule's learning rate on ``batch_size`` windows of the
+    training split drawn from ``data_gen`` (the fixed data order); the batch's loss."""
+    for group in opt.param_groups:
+        group["lr"] = _lr_at(cfg, step)
+    span = cfg.block_size + 1
+    starts = torch.randint(0, len(train_ids) - span, (cfg.batch_size,), generator=data_gen)
+    loss = _lm_loss(model, _windows(train_ids, starts, span))
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+    opt.step()
+    return float(loss.detach())
+
+
+def _checkpoint(cfg: TinyLMConfig, model: torch.nn.Module, tokenizer: Any, step: int,
+                target: Path, val_chunk: torch.Tensor, last_loss: float,
+                log: dict[str, Any]) -> bool:
+    """Score the model on the held-out windows, save it as checkpoint ``step`` and log both;
+    whether the plateau rule stops training here (`plateau_check`, from ``min_steps`` on)."""
+    model.eval()
+    val = held_out_scores(model, val_chunk)
+    model.train()
+    save_model(model, target / checkpoint_name(step), tokenizer)
+    log["checkpoints"][str(step)] = {
+        "val_loss": val["val_loss"], "val_accuracy": val["accuracy"],
+        "train_loss": None if step == 0 else last_loss,
+    }
+    if cfg.plateau_tol is None or step < cfg.min_steps:
+        return False
+    losses = {int(k): v["val_loss"] for k, v in log["checkpoints"].items()}
+    log["plateau"] = plateau_check(losses, step, cfg.plateau_tol)
+    return bool(log["plateau"]["reached"])
 
 
 def tiny_lm_dir(cfg: TinyLMConfig, cache_dir: str | Path | None = None) -> Path:

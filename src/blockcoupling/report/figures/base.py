@@ -230,6 +230,17 @@ TICK_ANGLES: tuple[int, ...] = (0, 30, 45, 60, 90)
 _RUN_TICKS = "run-ticks"  # the gid that marks an x axis whose labels name runs
 
 
+def median_band(ax: Any, frame: Any, col: str, i: int, label: str) -> None:
+    """The per-layer median of ``col`` (``{col}_median``) as a line, its quartiles
+    (``{col}_q25``, ``{col}_q75``) as a band, in colour ``C{i}``."""
+    x = frame["layer"].to_numpy(dtype=float)
+    ax.plot(x, frame[f"{col}_median"].to_numpy(dtype=float), marker=".", color=f"C{i % 10}",
+            label=clip(label, LEGEND_CHARS))
+    ax.fill_between(x, frame[f"{col}_q25"].to_numpy(dtype=float),
+                    frame[f"{col}_q75"].to_numpy(dtype=float), color=f"C{i % 10}",
+                    alpha=0.12, linewidth=0)
+
+
 def run_ticks(ax: Any, positions: Iterable[float], labels: Sequence[str]) -> None:
     """X tick labels that name runs, small; their angle is chosen from the drawn figure by
     `fit_run_ticks` (call it once the figure is complete)."""

@@ -178,6 +178,29 @@ def layer_graph_variant(runs: Runs, variant: str = "coupling", against_chance: b
     return variant
 
 
+def _circle_graph(ax: Any, layers: list[int], w: dict[tuple[int, int], float],
+                  variant: str) -> None:
+    """Layers on a circle (the first at the top, clockwise), one edge per pair of ``w``: width
+    and opacity from its `edge_strength`, one LineCollection."""
+    ax.set_aspect("equal")
+    ax.axis("off")
+    n = len(layers)
+    angle = {lay: math.pi / 2 - 2 * math.pi * i / n for i, lay in enumerate(layers)}
+    pos = {lay: (math.cos(a), math.sin(a)) for lay, a in angle.items()}
+    s = edge_strength(list(w.values()), variant)
+    colors = [(0.12, 0.35, 0.70, 0.05 + 0.9 * x) for x in s]
+    ax.add_collection(LineCollection([[pos[a], pos[b]] for a, b in w], linewidths=0.3 + 5.0 * s,
+                                     colors=colors, zorder=1))
+    xy = np.array([pos[lay] for lay in layers])  # (n, 2)
+    ax.scatter(xy[:, 0], xy[:, 1], s=140 if n <= 24 else 40, c="white", edgecolors="0.2",
+               zorder=2)
+    if n <= 40:
+        for lay in layers:
+            ax.text(*pos[lay], str(lay), ha="center", va="center", fontsize=7, zorder=3)
+    ax.set_xlim(-1.2, 1.2)
+    ax.set_ylim(-1.2, 1.2)
+
+
 def plot_layer_graph(runs: Runs, rule: StatisticRule = REPORT_RULE, *,
                      token: int | None = None, against_chance: bool = True,
                      labels: Sequence[str] | None = None) -> Figure:
@@ -200,25 +223,7 @@ def plot_layer_graph(runs: Runs, rule: StatisticRule = REPORT_RULE, *,
     fig, axes = panels(len(mats), 3.2, 3.6, extra_width=0.2)
     for ax, mat, w, lab in zip(axes, mats, weights, labs, strict=True):
         ax.set_title(clip(lab, TITLE_CHARS))
-        ax.set_aspect("equal")
-        ax.axis("off")
-        layers = sorted(set(mat.index) | set(mat.columns))
-        n = len(layers)
-        angle = {lay: math.pi / 2 - 2 * math.pi * i / n for i, lay in enumerate(layers)}
-        pos = {lay: (math.cos(a), math.sin(a)) for lay, a in angle.items()}
-        s = edge_strength(list(w.values()), variant)
-        segs = [[pos[a], pos[b]] for a, b in w]
-        widths = 0.3 + 5.0 * s
-        colors = [(0.12, 0.35, 0.70, 0.05 + 0.9 * x) for x in s]
-        ax.add_collection(LineCollection(segs, linewidths=widths, colors=colors, zorder=1))
-        xy = np.array([pos[lay] for lay in layers])  # (n, 2)
-        ax.scatter(xy[:, 0], xy[:, 1], s=140 if n <= 24 else 40, c="white",
-                   edgecolors="0.2", zorder=2)
-        if n <= 40:
-            for lay in layers:
-                ax.text(*pos[lay], str(lay), ha="center", va="center", fontsize=7, zorder=3)
-        ax.set_xlim(-1.2, 1.2)
-        ax.set_ylim(-1.2, 1.2)
+        _circle_graph(ax, sorted(set(mat.index) | set(mat.columns)), w, variant)
     if variant in NULL_VARIANTS:
         names = ("at chance (0)", "0.5", "perfect (1)")
     elif variant == "coupling":

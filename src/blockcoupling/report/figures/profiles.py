@@ -11,12 +11,12 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
 from blockcoupling.report.figures.base import (
-    LEGEND_CHARS,
     TICK_CHARS,
     FigureUnavailable,
     Runs,
     clip,
     fit_run_ticks,
+    median_band,
     new_figure,
     run_ticks,
     tokens_text,
@@ -58,12 +58,7 @@ def plot_depth_profiles(runs: Runs, *, token: int | None = None,
             p = p[p[f"{col}_n"] > 0] if len(p) else p
             if p.empty:
                 continue
-            x = p["layer"].to_numpy(dtype=float)
-            ax.plot(x, p[f"{col}_median"].to_numpy(dtype=float), marker=".",
-                    color=f"C{i % 10}", label=clip(lab, LEGEND_CHARS))
-            ax.fill_between(x, p[f"{col}_q25"].to_numpy(dtype=float),
-                            p[f"{col}_q75"].to_numpy(dtype=float), color=f"C{i % 10}",
-                            alpha=0.12, linewidth=0)
+            median_band(ax, p, col, i, lab)
         if col == "norm":
             vals = np.concatenate([p["norm_median"].to_numpy(dtype=float) for p in profs])
             vals = vals[np.isfinite(vals) & (vals > 0)]

@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
+import pandas as pd
 from matplotlib.figure import Figure
 
 from blockcoupling.engine.results import Measurement
@@ -39,6 +40,17 @@ def training_runs(ms: Sequence[Measurement]) -> list[list[int]]:
     return [[i for _, i in sorted(g)] for g in groups.values() if len(g) > 1]
 
 
+def _values_and_errors(data: pd.DataFrame, col: str) -> tuple[np.ndarray, np.ndarray]:
+    """Per run: ``coupling``'s mean and one std; any other column's median and its
+    inter-quartile range (as the distances below and above, (2, runs))."""
+    if col == "coupling":
+        return (data[f"{col}_mean"].to_numpy(dtype=float),
+                data[f"{col}_std"].to_numpy(dtype=float))
+    y = data[f"{col}_median"].to_numpy(dtype=float)
+    return y, np.vstack([y - data[f"{col}_q25"].to_numpy(float),
+                         data[f"{col}_q75"].to_numpy(float) - y])
+
+
 def plot_across_runs(runs: Runs, rule: StatisticRule = REPORT_RULE, *,
                      labels: Sequence[str] | None = None) -> Figure:
     """Runs in the order given on the x axis: mean off-diagonal depth-wise ``variant`` (+- one
@@ -68,13 +80,7 @@ def plot_across_runs(runs: Runs, rule: StatisticRule = REPORT_RULE, *,
     ticks = [clip(lab, TICK_CHARS) for lab in labs]
     for ax, (col, name) in zip(axes, panels, strict=True):
         ax.set_title(name, fontsize="medium")
-        if col != "coupling":  # median with the inter-quartile range
-            y = data[f"{col}_median"].to_numpy(dtype=float)
-            e = np.vstack([y - data[f"{col}_q25"].to_numpy(float),
-                           data[f"{col}_q75"].to_numpy(float) - y])
-        else:  # mean +- one std
-            y = data[f"{col}_mean"].to_numpy(dtype=float)
-            e = data[f"{col}_std"].to_numpy(dtype=float)
+        y, e = _values_and_errors(data, col)
         ax.ticklabel_format(axis="y", useOffset=False)
         ax.errorbar(x, y, yerr=np.nan_to_num(e), fmt="o", capsize=3, color="C0")
         for run in joined:  # a line only through the checkpoints of one training run

@@ -21,6 +21,7 @@ from blockcoupling.report.figures.base import (
     clip,
     colormap,
     fit_run_ticks,
+    median_band,
     missing_text,
     new_figure,
     panels,
@@ -154,6 +155,31 @@ def _metric_data(ms: Sequence[Any], labs: Sequence[str], token: int | None
     return summaries, tms, covered, drawn
 
 
+def _per_layer_panel(ax: Any, col: str, summaries: list[pd.DataFrame], labs: list[str],
+                     covered: list[str]) -> None:
+    """A per-layer panel (``norm`` or ``lss_window``): each run's median with its quartile
+    band; the runs whose LSS window covers the whole model named, not drawn; the norm on a
+    log scale where the medians span decades."""
+    ax.ticklabel_format(axis="y", useOffset=False)  # plain values, no "+1.8e0" offset
+    for i, (sm, lab) in enumerate(zip(summaries, labs, strict=True)):
+        if sm.empty or sm[col].isna().all() or (col == "lss_window" and lab in covered):
+            continue
+        median_band(ax, sm.dropna(subset=[col]), col, i, lab)  # windowed LSS: not at the ends
+    if col == "lss_window" and covered:
+        ax.text(0.02, 0.98, "window covers the whole model (not drawn):\n"
+                + ", ".join(clip(c, LEGEND_CHARS) for c in covered),
+                transform=ax.transAxes, va="top", fontsize="x-small", color="0.35")
+    if col == "norm":
+        norms = np.concatenate([sm["norm_median"].to_numpy(dtype=float)
+                                for sm in summaries if not sm.empty])
+        if robust_stats(norms).spans_decades(1.5):
+            ax.set_yscale("log")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_xlabel("layer l (0 = input of block 1)")
+    ax.set_ylabel(f"median {'norm ||x^l||' if col == 'norm' else 'windowed LSS'}")
+    ax.grid(alpha=0.3)
+
+
 def plot_trajectory_metrics(runs: Runs, *, token: int | None = None,
                             labels: Sequence[str] | None = None) -> Figure:
     """Up to four panels, each drawn only where some run has its data (lettered in order):
@@ -177,30 +203,7 @@ def plot_trajectory_metrics(runs: Runs, *, token: int | None = None,
     for letter, (ax, col) in zip("abcd", zip(axes, drawn, strict=True), strict=False):
         ax.set_title(f"({letter}) {titles[col]}", fontsize="medium", loc="left")
         if col in ("norm", "lss_window"):
-            ax.ticklabel_format(axis="y", useOffset=False)  # plain values, no "+1.8e0" offset
-            for i, (sm, lab) in enumerate(zip(summaries, labs, strict=True)):
-                if sm.empty or sm[col].isna().all() or (col == "lss_window" and lab in covered):
-                    continue
-                sm = sm.dropna(subset=[col])  # windowed LSS is undefined near the ends
-                x = sm["layer"].to_numpy(dtype=float)
-                ax.plot(x, sm[f"{col}_median"].to_numpy(dtype=float), marker=".",
-                        color=f"C{i % 10}", label=clip(lab, LEGEND_CHARS))
-                ax.fill_between(x, sm[f"{col}_q25"].to_numpy(dtype=float),
-                                sm[f"{col}_q75"].to_numpy(dtype=float), color=f"C{i % 10}",
-                                alpha=0.12, linewidth=0)
-            if col == "lss_window" and covered:
-                ax.text(0.02, 0.98, "window covers the whole model (not drawn):\n"
-                        + ", ".join(clip(c, LEGEND_CHARS) for c in covered),
-                        transform=ax.transAxes, va="top", fontsize="x-small", color="0.35")
-            if col == "norm":
-                norms = np.concatenate([sm["norm_median"].to_numpy(dtype=float)
-                                        for sm in summaries if not sm.empty])
-                if robust_stats(norms).spans_decades(1.5):
-                    ax.set_yscale("log")
-            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-            ax.set_xlabel("layer l (0 = input of block 1)")
-            ax.set_ylabel(f"median {'norm ||x^l||' if col == 'norm' else 'windowed LSS'}")
-            ax.grid(alpha=0.3)
+            _per_layer_panel(ax, col, summaries, labs, covered)
             continue
         vals = [t[col].to_numpy(dtype=float) for t in tms]
         nans = [int(np.isnan(v).sum()) for v in vals]

@@ -190,12 +190,14 @@ class GeneralizationSpec:
         """Every run's training config, in the grid's order (size, noise, seed)."""
         from blockcoupling.studies.vit.grid import grid_configs
 
-        return grid_configs(self.train, (self.train.drop_path,), (self.train.weight_decay,),
-                            self.seeds, **self.grid_axes())
+        return grid_configs(self.train, **self.grid())
 
-    def grid_axes(self) -> dict[str, tuple[Any, ...]]:
-        """The ViT grid's extra axes of this design (``run_grid``'s keywords)."""
-        return {"train_limits": self.train_sizes, "label_noises": self.label_noises}
+    def grid(self) -> dict[str, Any]:
+        """The design's runs as one ViT grid on ``train``: the keywords of ``run_grid`` (what
+        the study trains) and of ``vit.plan.plan_grid`` (what ``--dry-run`` plans)."""
+        return {"drop_paths": (self.train.drop_path,), "weight_decays": (self.train.weight_decay,),
+                "seeds": self.seeds, "train_limits": self.train_sizes,
+                "label_noises": self.label_noises}
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)

@@ -12,7 +12,7 @@ from matplotlib import colormaps
 from matplotlib.figure import Figure
 
 from blockcoupling.report.figures.base import new_figure
-from blockcoupling.studies.generalization.design import HYPOTHESES
+from blockcoupling.studies.generalization.design import HYPOTHESES, describe_design
 
 if TYPE_CHECKING:
     from blockcoupling.studies.generalization.result import GeneralizationResult
@@ -68,6 +68,16 @@ def plot_cells(result: GeneralizationResult) -> Figure:
     return fig
 
 
+def _control_table(ctrl: dict[str, Any]) -> pd.DataFrame:
+    """The positive control per cell: each variant's cell mean and one-sided p."""
+    cells = next(iter(ctrl["variants"].values()))["cells"]
+    return pd.DataFrame([{"cell": c["cell"], **{f"{name} mean": r["cells"][i]["mean"]
+                                                for name, r in ctrl["variants"].items()},
+                          **{f"{name} one-sided p": r["cells"][i]["p"]
+                             for name, r in ctrl["variants"].items()}}
+                         for i, c in enumerate(cells)])
+
+
 def write_study_page(result: GeneralizationResult, path: Path) -> Path:
     """The study's page: what it found, the design and its power, the figure, the positive
     control, the cells (seed level) and the runs (within-model se, run directories)."""
@@ -79,17 +89,11 @@ def write_study_page(result: GeneralizationResult, path: Path) -> Path:
         table_html,
         write_page,
     )
-    from blockcoupling.studies.generalization.design import describe_design
 
     spec, a = result.spec, result.analysis
     v = spec.variants[0]
     where = "the end of training" if a["point"] == "final" else f"step {a['point']}"
     ctrl = a["control"]
-    control_rows = [{"cell": c["cell"], **{f"{name} mean": r["cells"][i]["mean"]
-                                           for name, r in ctrl["variants"].items()},
-                     **{f"{name} one-sided p": r["cells"][i]["p"]
-                        for name, r in ctrl["variants"].items()}}
-                    for i, c in enumerate(next(iter(ctrl["variants"].values()))["cells"])]
     cell_cols = ["cell", "n_train", "label_noise", "n_seeds", "test_accuracy_mean",
                  "test_accuracy_se", "train_accuracy_mean", *(
                      c for name in spec.variants for c in (f"{name}_mean", f"{name}_se",
@@ -109,7 +113,7 @@ def write_study_page(result: GeneralizationResult, path: Path) -> Path:
             "accuracy against the training-set size, one line per label-noise level.")),
         Section("control", "Positive control", "<p>" + esc(
             f"At {where}: {ctrl['rule']}. {'Passed' if ctrl['passed'] else 'Failed'}. "
-            f"{a['reason']}.") + "</p>" + table_html(pd.DataFrame(control_rows), index=False)),
+            f"{a['reason']}.") + "</p>" + table_html(_control_table(ctrl), index=False)),
         Section("cells", "Cells (seed level)", "<p>" + esc(
             "_mean, _se: over the cell's runs (seeds), runs as the unit of replication; "
             "_within_se: what the measured images alone give the cell mean (sqrt of the sum "

@@ -14,10 +14,8 @@ def plan_generalization(spec: Any) -> StudyPlan:
     its power included): every run's training (its steps, the checkpoints measured) and
     measurements, with the design and its power as notes."""
     from blockcoupling.studies.generalization.design import describe_design
-    from blockcoupling.studies.vit.grid import grid_axes
-    from blockcoupling.studies.vit.plan import plan_vit_training
+    from blockcoupling.studies.vit.plan import plan_grid
 
-    plan = plan_vit_training(spec.configs(), grid_axes(**spec.grid_axes()),
-                             study="the generalization study")
+    plan = plan_grid(spec.train, spec.grid(), "the generalization study")  # what run_study trains
     plan.notes += [*describe_design(spec), "runs already trained in --out are reused"]
     return plan

@@ -28,6 +28,7 @@ import numpy as np
 import pandas as pd
 
 from blockcoupling.errors import BlockCouplingError
+from blockcoupling.store.folder import Layout
 from blockcoupling.studies import joins
 from blockcoupling.studies.generalization.analysis import analyse, positive_control
 from blockcoupling.studies.generalization.design import (
@@ -42,6 +43,10 @@ from blockcoupling.studies.generalization.result import GeneralizationResult
 __all__ = ["run_study"]
 
 GRID = "grid"
+#: a study's folder in the run protocol's words: its grid and what the study writes from it
+LAYOUT = Layout(what="generalization study", record=GRID,
+                files=(GRID, "study.json", "study.html", "runs.csv", "cells.csv"),
+                resume_flag=None)
 
 
 def _say(progress: bool, line: str) -> None:
@@ -69,45 +74,26 @@ def run_study(out: str | Path, spec: GeneralizationSpec | None = None, *, quick:
     write ``study.json``, ``study.html``, ``runs.csv`` and ``cells.csv`` into ``out``.
     ``executor``: ``local`` (one run after the other in this process) or ``ray`` (one task
     per run, one CPU and one torch thread each)."""
-    from blockcoupling.studies.vit.grid import run_grid
+    from blockcoupling.runs.executor import check_executor
+    from blockcoupling.runs.protocol import has_results
+    from blockcoupling.store.folder import open_folder
 
     spec = spec if spec is not None else (quick_spec() if quick else full_spec())
     out = Path(out)
-    if out.exists() and not out.is_dir():
-        raise BlockCouplingError(f"--out {out} is a file; give a folder for the study")
+    check_executor(executor)
+    # the study's folder by the run protocol; its identity is its grid's (its base config)
+    with open_folder(out, LAYOUT, resume=True, differences=lambda: [],
+                     has_results=lambda: has_results(out / GRID)):
+        return _run_study(out, spec, executor, address, cluster_cpus, progress)
+
+
+def _run_study(out: Path, spec: GeneralizationSpec, executor: str, address: str | None,
+               cluster_cpus: int | None, progress: bool) -> GeneralizationResult:
+    """`run_study` once its folder is open and locked."""
     t0, cpu0 = time.perf_counter(), time.process_time()
-    for line in describe_design(spec):
-        _say(progress, line)
-    out.mkdir(parents=True, exist_ok=True)
-    done = [0]
-
-    def on_run(rec: dict[str, Any]) -> None:
-        done[0] += 1
-        what = "reused" if rec.get("skipped") else rec["status"]
-        msg = f": {rec['message']}" if rec.get("message") else ""
-        _say(progress, f"run {done[0]} of {spec.n_runs} {what}: {rec['name']} "
-                       f"({rec['seconds']:.0f} s){msg}")
-
-    _say(progress, f"training into {out / GRID} ({executor}); a finished run is reused, an "
-                   "interrupted one resumed")
-    runs = run_grid(spec.train, out / GRID, drop_paths=(spec.train.drop_path,),
-                    weight_decays=(spec.train.weight_decay,), seeds=spec.seeds,
-                    executor=executor, address=address, num_cpus=1, threads=1,
-                    progress=False, on_run=on_run, cluster_cpus=cluster_cpus,
-                    **spec.grid_axes())
-    if done[0] < spec.n_runs:
-        _say(progress, f"{spec.n_runs - done[0]} of {spec.n_runs} runs were already trained "
-                       f"in {out / GRID}: reused")
+    runs = _train(spec, out, executor, address, cluster_cpus, progress)
     seconds = {"train": time.perf_counter() - t0}
-    names = _run_names(spec)
-    runs = runs[runs["name"].isin(names)]
-    failed = runs[runs["status"] != "complete"]
-    if len(failed) or len(runs) < len(names):
-        first = failed.iloc[0] if len(failed) else None
-        raise BlockCouplingError(
-            f"{len(failed) or len(names) - len(runs)} of {len(names)} runs did not finish"
-            + (f", e.g. {first['name']}: {first['message']}" if first is not None else "")
-            + f"; run the study again to retry them (`blockcoupling sweep-status {out / GRID}`)")
+    runs = _finished(runs, spec, out)
     _say(progress, "reading the runs' measurements")
     final = final_table(out / GRID, runs, spec)
     checkpoints = None
@@ -140,10 +126,53 @@ def write_outputs(result: GeneralizationResult, out: Path) -> None:
     write_study_page(result, out / "study.html")
 
 
+def _train(spec: GeneralizationSpec, out: Path, executor: str, address: str | None,
+           cluster_cpus: int | None, progress: bool) -> pd.DataFrame:
+    """Train (or reuse) the design's runs as one ViT grid in ``out/grid``, saying so run by
+    run; the grid's runs table."""
+    from blockcoupling.studies.vit.grid import run_grid
+
+    for line in describe_design(spec):
+        _say(progress, line)
+    done = [0]
+
+    def on_run(rec: dict[str, Any]) -> None:
+        done[0] += 1
+        what = "reused" if rec.get("skipped") else rec["status"]
+        msg = f": {rec['message']}" if rec.get("message") else ""
+        _say(progress, f"run {done[0]} of {spec.n_runs} {what}: {rec['name']} "
+                       f"({rec['seconds']:.0f} s){msg}")
+
+    _say(progress, f"training into {out / GRID} ({executor}); a finished run is reused, an "
+                   "interrupted one resumed")
+    runs = run_grid(spec.train, out / GRID, **spec.grid(), executor=executor, address=address,
+                    num_cpus=1, threads=1, progress=False, on_run=on_run,
+                    cluster_cpus=cluster_cpus)
+    if done[0] < spec.n_runs:
+        _say(progress, f"{spec.n_runs - done[0]} of {spec.n_runs} runs were already trained "
+                       f"in {out / GRID}: reused")
+    return runs
+
+
+def _finished(runs: pd.DataFrame, spec: GeneralizationSpec, out: Path) -> pd.DataFrame:
+    """The design's runs of the grid's table, every one finished; else one line saying how
+    many did not and how to retry them."""
+    names = _run_names(spec)
+    runs = runs[runs["name"].isin(names)]
+    failed = runs[runs["status"] != "complete"]
+    if len(failed) or len(runs) < len(names):
+        first = failed.iloc[0] if len(failed) else None
+        raise BlockCouplingError(
+            f"{len(failed) or len(names) - len(runs)} of {len(names)} runs did not finish"
+            + (f", e.g. {first['name']}: {first['message']}" if first is not None else "")
+            + f"; run the study again to retry them (`blockcoupling sweep-status {out / GRID}`)")
+    return runs
+
+
 def _run_names(spec: GeneralizationSpec) -> list[str]:
     from blockcoupling.studies.vit.grid import grid_axes, run_name
 
-    axes = grid_axes(**spec.grid_axes())
+    axes = grid_axes(spec.train_sizes, spec.label_noises)
     return [run_name(c, axes) for c in spec.configs()]
 
 
@@ -237,6 +266,47 @@ def _verdict(p: float, alpha: float) -> str:
     return "supported" if p < alpha else "not supported"
 
 
+def _control(ctrl: dict[str, Any], where: str) -> str:
+    """The positive control ``where`` in words, per variant."""
+    parts = [f"{name}: {c['cells_passing']} of {c['n_cells']} cells above chance (lowest "
+             f"cell mean {c['min_cell_mean']:.4f}, largest one-sided p {c['max_p']:.2g});"
+             f" over all runs {c['runs']['mean']:.4f} ± {c['runs']['se']:.4f} "
+             "(seed-level se)" for name, c in ctrl["variants"].items()]
+    return (f"Positive control {where} ({'passed' if ctrl['passed'] else 'FAILED'}): "
+            + "; ".join(parts) + ".")
+
+
+def _h1_lines(h: dict[str, Any], v: str, alpha: float) -> list[str]:
+    """H1 (one-sided correlation over the cells) and E1 (its equivalence test) in words."""
+    if "r" not in h:
+        return [f"H1 and E1 not computable: {h['skipped']}."]
+    inside = "inside" if h["equivalent"] else "not inside"
+    return [
+        f"H1 ({v} rises with test accuracy across the {h['n']} cells, one-sided): "
+        f"{_verdict(h['p_greater'], alpha)}: r = {h['r']:+.3f}, one-sided p = "
+        f"{h['p_greater']:.3g}; slope {h['slope']:.4g} ± {h['slope_stderr']:.2g} per "
+        "unit of accuracy.",
+        f"E1 (equivalence within ±{h['bound']:g}, TOST): the {100 * h['ci_tost_level']:.0f} "
+        f"% interval of r, [{h['ci_tost'][0]:+.3f}, {h['ci_tost'][1]:+.3f}], is {inside} "
+        f"the bounds (p = {h['p_tost']:.3g}): "
+        + ("a correlation as large as the smallest effect of interest is ruled out."
+           if h["equivalent"] else "an effect of that size is not ruled out.")]
+
+
+def _exploratory_lines(ex: dict[str, Any]) -> list[str]:
+    """The exploratory fits (each manipulation with the other factor held fixed) in words."""
+    held = [(ex[f], what) for f, what in (("label_noise", "label noise held fixed (the "
+                                           "size manipulation)"),
+                                          ("n_train", "training-set size held fixed (the "
+                                           "noise manipulation)")) if "slope" in ex.get(f, {})]
+    if not held:
+        return []
+    return ["Exploratory, not pre-registered (OLS of the cell means, the other factor as fixed "
+            "effects): " + "; ".join(f"with {what}, slope {e['slope']:.4g} ± "
+                                     f"{e['slope_stderr']:.2g} (two-sided p = {e['p']:.2g}, "
+                                     f"{e['df']} df)" for e, what in held) + "."]
+
+
 def _statement(spec: GeneralizationSpec, a: dict[str, Any]) -> list[str]:
     """The study's result in words, whatever it is."""
     from blockcoupling.studies.regression import tost_power
@@ -255,35 +325,12 @@ def _statement(spec: GeneralizationSpec, a: dict[str, Any]) -> list[str]:
         f"within-model se over one run's images is {sp[f'{v}_within_model_se']:.4f}, not a "
         "replication se).")
     where = "at the end of training" if a["point"] == "final" else f"at step {a['point']}"
-    def control(ctrl: dict[str, Any], where: str) -> str:
-        parts = [f"{name}: {c['cells_passing']} of {c['n_cells']} cells above chance (lowest "
-                 f"cell mean {c['min_cell_mean']:.4f}, largest one-sided p {c['max_p']:.2g});"
-                 f" over all runs {c['runs']['mean']:.4f} ± {c['runs']['se']:.4f} "
-                 "(seed-level se)" for name, c in ctrl["variants"].items()]
-        return (f"Positive control {where} ({'passed' if ctrl['passed'] else 'FAILED'}): "
-                + "; ".join(parts) + ".")
-
     if a["point"] != "final":
-        lines.append(control(a["control_final"], "at the end of training"))
-    lines.append(control(a["control"], where))
+        lines.append(_control(a["control_final"], "at the end of training"))
+    lines.append(_control(a["control"], where))
     if a["point"] != "final" or not a["control"]["passed"]:
         lines.append(f"Comparison point: {a['reason']}.")
-    h = tests["H1_E1"]
-    if "r" in h:
-        lines.append(
-            f"H1 ({v} rises with test accuracy across the {h['n']} cells, one-sided): "
-            f"{_verdict(h['p_greater'], spec.alpha)}: r = {h['r']:+.3f}, one-sided p = "
-            f"{h['p_greater']:.3g}; slope {h['slope']:.4g} ± {h['slope_stderr']:.2g} per "
-            "unit of accuracy.")
-        inside = "inside" if h["equivalent"] else "not inside"
-        lines.append(
-            f"E1 (equivalence within ±{h['bound']:g}, TOST): the {100 * h['ci_tost_level']:.0f} "
-            f"% interval of r, [{h['ci_tost'][0]:+.3f}, {h['ci_tost'][1]:+.3f}], is {inside} "
-            f"the bounds (p = {h['p_tost']:.3g}): "
-            + ("a correlation as large as the smallest effect of interest is ruled out."
-               if h["equivalent"] else "an effect of that size is not ruled out."))
-    else:
-        lines.append(f"H1 and E1 not computable: {h['skipped']}.")
+    lines += _h1_lines(tests["H1_E1"], v, spec.alpha)
     m = tests["H1b"]
     if "slope" in m:
         lines.append(
@@ -291,17 +338,7 @@ def _statement(spec: GeneralizationSpec, a: dict[str, Any]) -> list[str]:
             f"{m['slope']:.4g} ± {m['slope_stderr']:.2g}, one-sided p = {m['p_greater']:.3g}"
             f" ({_verdict(m['p_greater'], spec.alpha)}"
             + ("" if m["converged"] else "; the fit did not converge") + ").")
-    ex = tests.get("exploratory", {})
-    held = [(ex[f], what) for f, what in (("label_noise", "label noise held fixed (the "
-                                           "size manipulation)"),
-                                          ("n_train", "training-set size held fixed (the "
-                                           "noise manipulation)")) if "slope" in ex.get(f, {})]
-    if held:
-        lines.append("Exploratory, not pre-registered (OLS of the cell means, the other factor "
-                     "as fixed effects): " + "; ".join(
-                         f"with {what}, slope {e['slope']:.4g} ± {e['slope_stderr']:.2g} "
-                         f"(two-sided p = {e['p']:.2g}, {e['df']} df)" for e, what in held)
-                     + ".")
+    lines += _exploratory_lines(tests.get("exploratory", {}))
     for name, o in tests["other_variants"].items():
         if "r" in o:
             lines.append(f"The same over the cells with {name}: r = {o['r']:+.3f}, one-sided "

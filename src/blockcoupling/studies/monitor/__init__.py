@@ -14,10 +14,13 @@ on those prompts; restrict ``layers=`` and ``k=`` (and use few prompts) to keep 
 Each measured step also gives scalars for experiment trackers (`coupling_scalars`):
 ``coupling/<statistic>_k<K>`` (``coupling_vs_null``: chance-corrected; ``coupling``: raw)
 and ``..._se`` (std over prompts / sqrt(n)). ``CouplingMonitor(log=fn)`` calls
-``fn(scalars, step)``; [`CouplingCallback`][blockcoupling.studies.monitor.CouplingCallback] writes them into the Trainer's logs, so
-``report_to`` (TensorBoard, W&B, MLflow, ...) and ``trainer.state.log_history`` carry them;
+``fn(scalars, step)``; [`CouplingCallback`][blockcoupling.studies.monitor.CouplingCallback] gives them to the ``report_to``
+integrations (TensorBoard, W&B, MLflow, ...) by its own log call;
 ``studies/monitor_lightning.py`` gives them to every Lightning logger. Trackers get a
-measured step's scalars at that step and at no other (step 0 included). The training loss
+measured step's scalars at that step and at no other (step 0 included). What the trainer
+logs itself is not changed: the callback never calls the Trainer's ``log`` nor sets its
+``control``, so the logged loss (averaged over the Trainer's logging window), its logging
+steps and ``trainer.state.log_history`` are those of a run without the monitor. The training loss
 (``step(..., loss=)``; the callback takes it from the Trainer's logs) is stored beside the
 coupling in ``OUT/training_loss.jsonl`` and drawn on the emergence page.
 
@@ -31,6 +34,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import copy
 import glob
 import json
 import math
@@ -50,7 +54,6 @@ from blockcoupling.engine.config import MeasureConfig
 from blockcoupling.engine.state import preserved
 from blockcoupling.errors import BlockCouplingError
 from blockcoupling.hashing import canonical_hash
-from blockcoupling.runs import kinds
 from blockcoupling.runs.integrity import unit_problem
 from blockcoupling.store import collection as store
 from blockcoupling.store.collection import UnitRecord, collection_unit_id
@@ -102,14 +105,6 @@ _OPEN: weakref.WeakValueDictionary[str, CouplingMonitor] = weakref.WeakValueDict
 def _close_open_monitors() -> None:
     for mon in list(_OPEN.values()):
         mon.close()
-
-
-def _readable(root: Path) -> bool:
-    try:
-        store.load_manifest(root)
-    except BlockCouplingError:
-        return False
-    return True
 
 
 class CouplingMonitor:
@@ -165,52 +160,40 @@ class CouplingMonitor:
         self._lock: contextlib.ExitStack | None = None
         self._loss: Any = None  # the training-loss log, opened at the first loss
         self.open()
-        try:
-            self._init_manifest()
-        except BaseException:
-            self.close()
-            raise
 
     def open(self) -> None:
-        """Take the directory's lock (again, after [`close`][blockcoupling.studies.monitor.CouplingMonitor.close]); an open monitor of this
-        process on the same ``out`` is closed first."""
+        """Open ``out`` by the run protocol of every collection (`blockcoupling.runs.protocol`:
+        no other writer, no other kind, a lost manifest rebuilt from this monitor's status
+        files) and hold its lock until [`close`][blockcoupling.studies.monitor.CouplingMonitor.close] (again after a close); an open monitor of
+        this process on the same ``out`` is closed first. Each opening is a session of the
+        manifest."""
+        from blockcoupling.runs.protocol import collection_folder
+
         if self._lock is not None:
             return
         key = str(self.root.resolve())
         earlier = _OPEN.get(key)
         if earlier is not None and earlier is not self:
             earlier.close()
-        stack = contextlib.ExitStack()
-        stack.enter_context(store.sweep_lock(self.root, "monitor"))
-        self._lock = stack
-        _OPEN[key] = self
-
-    def _init_manifest(self) -> None:
         spec = {"monitor": {"label": self.label, "every": self.every,
                             "steps": sorted(self.steps), "prompt_set": self.prompt_set,
                             "config": json.loads(json.dumps(self.config.to_dict(),
                                                             default=str))}}
-        rebuilt = None
-        if not store.is_sweep_dir(self.root) or not _readable(self.root):
-            slug = self.unit(0).unit_id.rsplit("-step0-", 1)[0]  # the rule's slug of the label
-            mine = {p.stem for label in {slug, self.label}
-                    for p in (self.root / store.STATUS).glob(f"{glob.escape(label)}-step*.json")}
-            rebuilt = store.rebuilt_manifest(self.root, "monitor", spec, mine)
-        if rebuilt is not None:  # lost or corrupt: rebuilt from the status files
-            manifest = rebuilt
-        elif store.is_sweep_dir(self.root):
-            manifest = store.load_manifest(self.root)
-            if (kind := kinds.manifest_kind(manifest)) != "monitor":
-                raise BlockCouplingError(f"{self.root} holds a {kind}, not a "
-                                         "monitor directory; choose another out=")
-        else:
-            others = [p for p in self.root.iterdir() if p.name != store.LOCK]
-            if others:
-                raise BlockCouplingError(f"{self.root} is not empty and is not a monitor "
-                                         "directory; choose another out=")
-            manifest = store.new_manifest("monitor", spec)
-        manifest["sessions"].append({"started": store.now(), "executor": "monitor", **spec})
-        store.write_json(self.root / store.MANIFEST, manifest)
+        slug = self.unit(0).unit_id.rsplit("-step0-", 1)[0]  # the rule's slug of the label
+        mine = {p.stem for label in {slug, self.label}
+                for p in (self.root / store.STATUS).glob(f"{glob.escape(label)}-step*.json")}
+        stack = contextlib.ExitStack()
+        _, manifest = stack.enter_context(collection_folder(
+            self.root, "monitor", spec, unit_ids=mine, resume=True, same=lambda m: [],
+            flag="out="))  # any monitor adds its units: other prompts or options are others
+        try:
+            manifest["sessions"].append({"started": store.now(), "executor": "monitor", **spec})
+            store.write_json(self.root / store.MANIFEST, manifest)
+        except BaseException:
+            stack.close()
+            raise
+        self._lock = stack
+        _OPEN[key] = self
 
     def should_measure(self, step: int) -> bool:
         return int(step) in self.steps or (self.every is not None and int(step) % self.every == 0)
@@ -359,13 +342,15 @@ class CouplingCallback(TrainerCallback):
     when ``at_start`` (the initialisation, as Pythia's step0). Arguments as
     [`CouplingMonitor`][blockcoupling.studies.monitor.CouplingMonitor].
 
-    A measured step is also a logging step: its `coupling_scalars` go into the
-    Trainer's logs at that step and only there (``trainer.state.log_history`` and every
-    ``report_to`` integration: TensorBoard, W&B, MLflow, ...; the callback moves itself first
-    among the Trainer's callbacks so that they see them). The step-0 scalars are measured
-    before training and logged when the integrations are ready (before the first step). The
-    Trainer's ``loss`` is stored beside the coupling. The monitor is closed at the end of
-    training (and opened again if training resumes)."""
+    A measured step's `coupling_scalars` go to every ``report_to`` integration
+    (TensorBoard, W&B, MLflow, ...) at that step and only there, by the callback's own
+    ``on_log`` call to the other callbacks: the Trainer's logging is untouched (its
+    loss-averaging window, its logging steps and ``trainer.state.log_history`` are those of a
+    run without the callback; the scalars are in the monitor's directory,
+    ``bc.open_collection(out).summary()``). The step-0 scalars are measured before training
+    and logged when the integrations are ready (before the first step). The Trainer's
+    ``loss`` is stored beside the coupling. The monitor is closed at the end of training (and
+    opened again if training resumes)."""
 
     def __init__(self, tokenizer: Any, prompts: Any, *, every: int | None = 500,
                  steps: Sequence[int] = (), out: str | os.PathLike[str] = "runs/monitor",
@@ -373,15 +358,8 @@ class CouplingCallback(TrainerCallback):
         self.at_start = at_start
         self.monitor = CouplingMonitor(tokenizer, prompts, every=every, steps=steps, out=out,
                                        **kwargs)
-        self._pending: dict[str, float] = {}
         self._start: dict[str, float] = {}  # the step-0 scalars, for the integrations
         self._emitting = False
-
-    def on_init_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        handler = _callback_handler(self)
-        if handler is not None and handler.callbacks[0] is not self:
-            handler.callbacks.remove(self)
-            handler.callbacks.insert(0, self)  # before report_to's callbacks read the logs
 
     def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None,
                        **kwargs: Any) -> None:
@@ -390,20 +368,27 @@ class CouplingCallback(TrainerCallback):
         if self.at_start and model is not None and state.is_world_process_zero:
             if self.monitor.step(model, state.global_step, force=True) is not None:
                 self._start = dict(self.monitor.last_scalars)
-                state.log_history.append({**self._start, "step": state.global_step})
 
-    def _log_start(self, args: Any, state: Any, control: Any) -> None:
-        """The step-0 scalars to the other callbacks' ``on_log`` (the integrations), once
-        every callback's ``on_train_begin`` has run (they set their writers up there)."""
-        start, self._start = self._start, {}
+    def _emit(self, args: Any, state: Any, control: Any, scalars: dict[str, float]) -> None:
+        """``scalars`` to the other callbacks' ``on_log`` (the ``report_to`` integrations) at
+        ``state.global_step``: the monitor's own log call. The Trainer's ``log`` is not
+        called and ``control`` is not touched, so its loss-averaging window, its
+        ``log_history`` and its logging steps stay what they are without the monitor."""
         handler = _callback_handler(self)
-        if not start or handler is None:
+        if not scalars or handler is None:
             return
         self._emitting = True
         try:
-            handler.call_event("on_log", args, state, control, logs=dict(start))
+            # a copy of control: what the integrations' on_log return does not steer training
+            handler.call_event("on_log", args, state, copy.deepcopy(control), logs=dict(scalars))
         finally:
             self._emitting = False
+
+    def _log_start(self, args: Any, state: Any, control: Any) -> None:
+        """The step-0 scalars to the integrations, once every callback's ``on_train_begin``
+        has run (they set their writers up there)."""
+        start, self._start = self._start, {}
+        self._emit(args, state, control, start)
 
     def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if self._start:
@@ -413,8 +398,7 @@ class CouplingCallback(TrainerCallback):
                     **kwargs: Any) -> None:
         if model is not None and state.is_world_process_zero:
             if self.monitor.step(model, state.global_step) is not None:
-                self._pending = dict(self.monitor.last_scalars)
-                control.should_log = True
+                self._emit(args, state, control, dict(self.monitor.last_scalars))
 
     def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None,
                **kwargs: Any) -> None:
@@ -422,12 +406,6 @@ class CouplingCallback(TrainerCallback):
             return
         if isinstance(logs.get("loss"), (int, float)):
             self.monitor.record_loss(state.global_step, float(logs["loss"]))
-        if self._pending:
-            logs.update(self._pending)  # seen by the callbacks after this one (report_to)
-            last = state.log_history[-1] if state.log_history else None
-            if last is not None and last.get("step") == state.global_step:
-                last.update(self._pending)  # the Trainer appended a copy before on_log
-            self._pending = {}
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if self._start:  # no step was taken: the step-0 scalars still reach the trackers

@@ -20,4 +20,5 @@ def _repair(root: Path) -> str:
             "it measures the damaged steps again")
 
 
-KIND = register(CollectionKind(name="monitor", page=_page, repair=_repair))
+KIND = register(CollectionKind(name="monitor", page=_page, repair=_repair,
+                               package=__package__ or ""))

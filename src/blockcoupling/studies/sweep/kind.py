@@ -25,10 +25,10 @@ def _parse(data: Any) -> Any:
     return parse_spec(data)
 
 
-def _run(spec: Any, out: Any, **options: Any) -> Any:
+def _run(spec: Any, out: Any, *, cluster_cpus: int | None = None, **options: Any) -> Any:
     from blockcoupling.studies.sweep.runner import run_sweep
 
-    return run_sweep(spec, out, **options)
+    return run_sweep(spec, out, num_cpus=cluster_cpus, **options)
 
 
 def _plan(spec: Any) -> Any:
@@ -40,4 +40,4 @@ def _plan(spec: Any) -> Any:
 #: the default kind: a spec without ``kind:`` is a sweep, and so is a manifest of format 1
 #: (which records no kind: sweeps were the only kind then)
 KIND = register(CollectionKind(name="sweep", page=_page, repair=_repair, parse_spec=_parse,
-                               plan=_plan, run=_run, default=True))
+                               plan=_plan, run=_run, default=True, package=__package__ or ""))

@@ -26,12 +26,8 @@ and the others go on. The old layout (``grid.json`` + ``runs/``) is one line nam
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
-import shutil
-import time
-import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from itertools import product
@@ -44,6 +40,7 @@ from blockcoupling import validate
 from blockcoupling.errors import BlockCouplingError
 from blockcoupling.fields import check_fields, from_mapping, opt
 from blockcoupling.runs import kinds
+from blockcoupling.runs.executor import CONNECT_TIMEOUT_S, EXECUTORS
 from blockcoupling.studies.vit.train import (
     COUPLING_METRICS,
     METRICS_FILE,
@@ -60,7 +57,6 @@ PAPER_WEIGHT_DECAY: tuple[float, ...] = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.
 #: the old layout's grid record (``blockcoupling collection upgrade`` converts it)
 GRID_FILE = "grid.json"
 GRID_FORMAT = "blockcoupling-vit-grid"
-EXECUTORS = ("ray", "local")
 
 
 KIND = "vit-grid"
@@ -216,29 +212,13 @@ def load_grid_spec(source: str | Path | dict[str, Any]
     return VitTrainConfig.from_dict(spec.train), spec.run_grid_kwargs()
 
 
-def train_unit(config: dict[str, Any], out_dir: str, threads: int | None = 1) -> dict[str, Any]:
-    """Train one grid point; never raises for a user error (returns a ``failed`` record)."""
-    t0 = time.perf_counter()
-    name = Path(out_dir).name
-    try:
-        cfg = VitTrainConfig.from_dict(config)
-        skipped = is_trained(out_dir, cfg)
-        train_vit(cfg, out_dir, progress=False, threads=threads)
-        return {"name": name, "status": "done", "skipped": skipped, "message": None,
-                "seconds": time.perf_counter() - t0}
-    except BlockCouplingError as err:
-        return {"name": name, "status": "failed", "skipped": False, "message": str(err),
-                "seconds": time.perf_counter() - t0}
-    except OSError as err:  # a user's file or folder: unreadable, missing, disk full
-        where = f" {err.filename}" if err.filename else ""
-        return {"name": name, "status": "failed", "skipped": False,
-                "message": f"cannot read or write{where}: {err.strerror or err}; check the "
-                           "path and run the grid again", "seconds": time.perf_counter() - t0}
-    except Exception as err:  # noqa: BLE001 - keep the other runs going
-        last = traceback.format_exception_only(type(err), err)[-1].strip()
-        return {"name": name, "status": "failed", "skipped": False,
-                "message": f"unexpected error (please report it): {last}",
-                "seconds": time.perf_counter() - t0}
+def train_unit(unit: Any, folder: Path, threads: int | None = 1) -> dict[str, Any]:
+    """The work of one grid point (`blockcoupling.runs.protocol.unit_task`): its ViT
+    trained into ``folder`` (a finished training is kept, an interrupted one resumed)."""
+    cfg = VitTrainConfig.from_dict(unit.config)
+    skipped = is_trained(folder, cfg)
+    train_vit(cfg, folder, progress=False, threads=threads)
+    return {"skipped": skipped}
 
 
 #: a grid unit's run directory inside its vit-train folder (the final measurement)
@@ -270,44 +250,33 @@ def headline_tokens(base_dict: dict[str, Any]) -> str:
     return STATISTIC_TOKENS[str(base_dict.get("tokens", "cls"))]
 
 
-def _grid_manifest(root: Path, base_dict: dict[str, Any], units: list[Any],
-                   configs: list[VitTrainConfig], executor: str,
-                   axes: Sequence[str] = ()) -> dict[str, Any]:
-    """The grid's collection manifest (new, or the existing one of the same base config)
-    with this run's points added to its spec and order and a new session."""
+def _same_base(base_dict: dict[str, Any]) -> Callable[[dict[str, Any]], list[str]]:
+    """A grid's identity is its base config: a grid of the same one continues (and may grow
+    by new points); another is refused."""
+    def same(manifest: dict[str, Any]) -> list[str]:
+        stored = ((manifest.get("spec") or {}).get(KIND) or {}).get("base")
+        return [] if stored == base_dict else [
+            "another base config (the training options every run shares); run the same "
+            "options again to continue it"]
+
+    return same
+
+
+def _add_points(base_dict: dict[str, Any], configs: Sequence[VitTrainConfig],
+                axes: Sequence[str]) -> Callable[[dict[str, Any]], None]:
+    """What a run of the grid adds to its manifest: its points' values on every axis, the
+    headline token rule, the format version."""
     from blockcoupling.store import collection as store
 
-    spec = {KIND: {"base": base_dict, "drop_paths": [], "weight_decays": [], "seeds": [],
-                   **{EXTRA_AXES[a][0]: [] for a in axes}}}
-    readable = False  # lost or corrupt: rebuilt from status/
-    with contextlib.suppress(BlockCouplingError):
-        readable = (root / store.MANIFEST).is_file() and isinstance(
-            store.read_json(root / store.MANIFEST), dict)
-    if readable or (root / store.LEGACY_GRID_FILE).is_file():
-        manifest = store.load_manifest(root)  # the old layout: the line that converts it
-        if (kind := kinds.manifest_kind(manifest)) != KIND:
-            raise BlockCouplingError(f"{root} holds a {kind}, not a ViT grid; "
-                                     "choose another --out")
-        if ((manifest.get("spec") or {}).get(KIND) or {}).get("base") != base_dict:
-            raise BlockCouplingError(
-                f"{root} holds a grid with another base config; choose another --out (or run "
-                "the same options again to continue it)")
-    else:
-        rebuilt = store.rebuilt_manifest(root, KIND, spec, {u.unit_id for u in units})
-        if rebuilt is None and any(p.name not in (store.LOCK, store.MANIFEST)
-                                   for p in root.iterdir()):
-            raise BlockCouplingError(f"{root} is not empty and holds no ViT grid; choose "
-                                     "another --out")
-        manifest = rebuilt if rebuilt is not None else store.new_manifest(KIND, spec)
-    grid = manifest["spec"][KIND]
-    for key, attr in (("drop_paths", "drop_path"), ("weight_decays", "weight_decay"),
-                      ("seeds", "seed"), *((EXTRA_AXES[a][0], a) for a in axes)):
-        grid[key] = sorted({*grid.get(key, []), *(getattr(c, attr) or 0 for c in configs)})
-    manifest["headline_tokens"] = headline_tokens(base_dict)
-    manifest["order"] += [u.unit_id for u in units if u.unit_id not in manifest["order"]]
-    manifest["sessions"].append({"started": store.now(), "executor": executor})
-    manifest["format_version"] = store.FORMAT_VERSION
-    return manifest
+    def update(manifest: dict[str, Any]) -> None:
+        grid = manifest["spec"][KIND]
+        for key, attr in (("drop_paths", "drop_path"), ("weight_decays", "weight_decay"),
+                          ("seeds", "seed"), *((EXTRA_AXES[a][0], a) for a in axes)):
+            grid[key] = sorted({*grid.get(key, []), *(getattr(c, attr) or 0 for c in configs)})
+        manifest["headline_tokens"] = headline_tokens(base_dict)
+        manifest["format_version"] = store.FORMAT_VERSION
+
+    return update
 
 
 def run_grid(base: VitTrainConfig, root: str | Path, *,
@@ -318,103 +287,61 @@ def run_grid(base: VitTrainConfig, root: str | Path, *,
              executor: str = "ray", address: str | None = None, num_cpus: int = 1,
              threads: int | None = 1, progress: bool = True,
              on_run: Callable[[dict[str, Any]], None] | None = None,
-             cluster_cpus: int | None = None) -> pd.DataFrame:
-    """Train every grid point into ``root/runs/<name>``; returns `collect_runs` with a
+             cluster_cpus: int | None = None, resume: bool | None = None,
+             retries: int | None = None,
+             connect_timeout: float = CONNECT_TIMEOUT_S) -> pd.DataFrame:
+    """Train every grid point into ``root/units/<id>`` by the run protocol of every
+    collection (`blockcoupling.runs.protocol.run_collection`); returns `collect_runs` with a
     ``message`` column (runs that failed are ``status == "failed"``).
 
     ``train_limits`` / ``label_noises``: extra axes (`grid_configs`; the runs' names
-    then start with them). ``executor="ray"``: one task per run (``num_cpus`` each) on the cluster at ``address``
-    (or the one ``ray.init()`` finds), reached before anything is written, or a local one of
-    ``cluster_cpus`` CPUs; ``"local"``: one after the other in this process. A grid directory may be
-    run again with the same base config (finished runs are skipped, new points are added);
-    another base config is refused.
+    then start with them). ``executor="ray"``: one task per run (``num_cpus`` each) on the
+    cluster at ``address`` (or the one ``ray.init()`` finds), reached before anything is
+    written, or a local one of ``cluster_cpus`` CPUs; ``"local"``: one after the other in
+    this process. A grid directory may be run again with the same base config (finished runs
+    are skipped, damaged ones trained again, new points added; ``resume=False``: a grid
+    that holds trained runs is refused, as ``sweep`` without ``--resume`` refuses); another
+    base config is refused. ``retries``: Ray retries of a run whose worker died.
     """
+    from blockcoupling.runs import protocol
+    from blockcoupling.runs.executor import check_executor
     from blockcoupling.validate import optional, whole
 
-    if executor not in EXECUTORS:
-        raise BlockCouplingError(f"executor {executor!r}: choose ray or local")
+    check_executor(executor)
     num_cpus = whole(num_cpus, "cpus-per-run", minimum=1)
     threads = optional(whole, threads, "threads", minimum=1)
     configs = grid_configs(base, drop_paths, weight_decays, seeds, train_limits=train_limits,
                            label_noises=label_noises)  # checked before Ray starts
     axes = grid_axes(train_limits, label_noises)
-    if executor == "local":
-        return _run_grid(base, root, configs, axes, executor, address, num_cpus, threads,
-                         progress, on_run)
-    from blockcoupling.runs.executor import ray_session
-
-    with ray_session(address, num_cpus=cluster_cpus):  # reached before anything is written
-        return _run_grid(base, root, configs, axes, executor, None, num_cpus, threads,
-                         progress, on_run)
-
-
-def _run_grid(base: VitTrainConfig, root: str | Path, configs: list[VitTrainConfig],  # noqa: C901 - local and Ray executors; moves with the executor module (issue 33 item 1)
-              axes: tuple[str, ...], executor: str, address: str | None, num_cpus: int,
-              threads: int | None, progress: bool,
-              on_run: Callable[[dict[str, Any]], None] | None) -> pd.DataFrame:
-    from blockcoupling.runs import integrity
-    from blockcoupling.store import collection as store
-
     units = [grid_unit(c, axes) for c in configs]
     rootp = Path(root)
-    if rootp.exists() and not rootp.is_dir():
-        raise BlockCouplingError(f"{rootp} is a file; give a directory for the grid")
     base_dict = json.loads(json.dumps(base.replace(
         drop_path=0.0, weight_decay=0.0, seed=0, **dict.fromkeys(axes)).to_dict(), default=str))
-    rootp.mkdir(parents=True, exist_ok=True)
-    with store.sweep_lock(rootp, KIND):
-        manifest = _grid_manifest(rootp, base_dict, units, configs, executor, axes)
-        store.write_json(rootp / store.MANIFEST, manifest)
-        by_id = {u.unit_id: u for u in units}
-        todo = []  # done units that pass the collection's integrity check are not run again
-        repaired: dict[str, str] = {}
-        for c, u in zip(configs, units, strict=True):
-            rec = store.read_status(rootp, u.unit_id)
-            if rec is None:
-                store.write_status(rootp, u, "pending")
-            elif rec.get("status") == "done":
-                problem = integrity.unit_problem(rootp, rec)
-                if problem is None:
-                    continue
-                shutil.rmtree(store.unit_dir(rootp, u.unit_id), ignore_errors=True)
-                store.write_status(rootp, u, "pending", repaired=problem, weights_hash=None)
-                repaired[u.unit_id] = problem  # damaged: trained again
-            todo.append((c, u))
-        if repaired:
-            manifest["sessions"][-1]["repaired"] = repaired
+    spec = {KIND: {"base": base_dict, "drop_paths": [], "weight_decays": [], "seeds": [],
+                   **{EXTRA_AXES[a][0]: [] for a in axes}}}
 
-        def start(u: Any) -> None:
-            rec = store.read_status(rootp, u.unit_id) or {}
-            store.write_status(rootp, u, "running", attempts=int(rec.get("attempts", 0)) + 1,
-                               started=store.now(), message=None)
+    def done(rec: dict[str, Any]) -> None:
+        if on_run is not None:
+            unit = rec.get("unit") or {}
+            on_run({"name": unit.get("label"), "unit_id": unit.get("unit_id"),
+                    "status": rec.get("status"), "message": rec.get("message"),
+                    "seconds": rec.get("seconds", math.nan), "skipped": rec.get("skipped")})
 
-        def done(rec: dict[str, Any]) -> None:
-            u = by_id[rec["name"]]
-            extra = unit_record(rootp, u) if rec["status"] == "done" else {}
-            store.write_status(rootp, u, rec["status"], message=rec["message"],
-                               seconds=rec["seconds"], finished=store.now(), **extra)
-            store.write_catalogue(rootp)
-            if on_run is not None:
-                on_run({**rec, "name": u.label, "unit_id": u.unit_id})
-            if bar is not None:
-                bar.update(1)
+    protocol.run_collection(
+        rootp, kind=KIND, spec=spec, units=units, work=train_unit, args=(threads,),
+        resume=True if resume is None else resume, executor=executor, address=address,
+        cluster_cpus=cluster_cpus, retries=retries, progress=progress,
+        connect_timeout=connect_timeout,
+        same=_same_base(base_dict), update=_add_points(base_dict, configs, axes),
+        resources=lambda u: {"num_cpus": num_cpus}, on_done=done)
+    return _grid_runs(rootp, units)
 
-        bar = None
-        if progress:
-            from blockcoupling.progress import bar as progress_bar
 
-            bar = progress_bar(total=len(todo), desc="vit grid", unit="run")
-        # absolute: a Ray worker's working directory may be another
-        jobs = [(c.to_dict(), str(store.unit_dir(rootp.resolve(), u.unit_id))) for c, u in todo]
-        try:
-            _run_jobs(jobs, [u for _, u in todo], start, done, executor=executor,
-                      address=address, num_cpus=num_cpus, threads=threads)
-        finally:
-            if bar is not None:
-                bar.close()
-            manifest["sessions"][-1]["finished"] = store.now()
-            store.write_json(rootp / store.MANIFEST, manifest)
-            store.write_catalogue(rootp)
+def _grid_runs(rootp: Path, units: list[Any]) -> pd.DataFrame:
+    """The grid's runs table (`collect_runs`), with the runs that failed before writing
+    their ``metrics.json`` added from their status."""
+    from blockcoupling.store import collection as store
+
     runs = collect_runs(rootp)
     runs["message"] = None
     missing = []
@@ -433,37 +360,6 @@ def _run_grid(base: VitTrainConfig, root: str | Path, configs: list[VitTrainConf
     if missing:
         runs = pd.concat([runs, pd.DataFrame(missing)], ignore_index=True)
     return runs
-
-
-def unit_record(root: Path, unit: Any) -> dict[str, Any]:
-    """The status fields of a trained unit that the collection's integrity check compares:
-    the final measurement's weights hash and image count."""
-    from blockcoupling.store import collection as store
-    from blockcoupling.store.manifest import load_manifest
-
-    m = load_manifest(root / store.run_relpath(unit.to_dict()))
-    return {"weights_hash": m.get("weights_hash"),
-            "n_prompts": len((m.get("consolidated") or {}).get("prompt_ids") or [])}
-
-
-def _run_jobs(jobs: list[tuple[dict[str, Any], str]], units: list[Any],
-              start: Callable[[Any], None], done: Callable[[dict[str, Any]], None], *,
-              executor: str, address: str | None, num_cpus: int,
-              threads: int | None) -> None:
-    """Every training through the kinds' one task loop (`executor.run_each`)."""
-    from blockcoupling.runs.executor import died, run_each
-
-    def on_result(i: int, rec: Any, err: BaseException | None) -> None:
-        if err is not None:
-            rec = {"name": Path(jobs[i][1]).name, "status": "failed", "skipped": False,
-                   "message": f"the worker died ({died(err)}); run the grid again to continue",
-                   "seconds": float("nan")}
-        done(rec)
-
-    run_each(train_unit, [((cfg, out, threads), {"num_cpus": num_cpus, "max_retries": 2,
-                                                 "retry_exceptions": False})
-                          for cfg, out in jobs], on_result, executor=executor,
-             address=address, on_submit=lambda i: start(units[i]))
 
 
 # ---------------------------------------------------------------------------- reading

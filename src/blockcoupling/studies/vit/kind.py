@@ -66,8 +66,9 @@ def _upgrade(root: Path) -> bool:
     False where ``root`` is not a ViT grid in the old layout."""
     if not (root / store.LEGACY_GRID_FILE).is_file():
         return False
+    from blockcoupling.runs.protocol import run_record
     from blockcoupling.store.verified import load_json
-    from blockcoupling.studies.vit.grid import KIND, grid_unit, headline_tokens, unit_record
+    from blockcoupling.studies.vit.grid import KIND, grid_unit, headline_tokens
     from blockcoupling.studies.vit.train import METRICS_FILE, VitTrainConfig, is_trained
 
     legacy = root / store.LEGACY_GRID_FILE
@@ -117,7 +118,7 @@ def _upgrade(root: Path) -> bool:
             os.replace(folder, target)
         status = ("done" if is_trained(target, cfg) else
                   "failed" if u.unit_id in failed else "pending")
-        extra = unit_record(root, u) if status == "done" else {}
+        extra = run_record(root, u) if status == "done" else {}
         store.write_status(root, u, status, message=failed.get(u.unit_id), **extra)
     with contextlib.suppress(OSError):
         (root / "runs").rmdir()  # empty now; anything left in it stays
@@ -140,4 +141,4 @@ GRID_KEYS = ("drop_path", "weight_decay", "train")
 KIND = register(CollectionKind(name="vit-grid", page=_page, repair=_repair, parse_spec=_parse,
                                plan=_plan, headline_tokens="first", unit_check=_unit_check,
                                upgrade=_upgrade, spec_keys=GRID_KEYS, recognises=_recognises,
-                               folder_page=_folder_page))
+                               folder_page=_folder_page, package=__package__ or ""))

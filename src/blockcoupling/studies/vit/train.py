@@ -40,6 +40,8 @@ from blockcoupling.errors import BlockCouplingError
 from blockcoupling.fields import check_fields, identity, opt, parse_given
 from blockcoupling.hashing import canonical_hash
 from blockcoupling.store.fileio import atomic_path
+from blockcoupling.store.folder import Layout, open_folder
+from blockcoupling.studies.schedule import lr_at
 from blockcoupling.studies.vit.augment import (
     AUGMENTS,
     crop_flip,
@@ -283,15 +285,6 @@ RECIPES: dict[str, dict[str, Any]] = {
 
 
 # ---------------------------------------------------------------------------- schedule
-def lr_at(step: int, total_steps: int, warmup_steps: int, lr: float, min_lr: float) -> float:
-    """Linear warm-up from lr/warmup_steps to lr, then cosine from lr down to min_lr."""
-    if warmup_steps > 0 and step < warmup_steps:
-        return lr * (step + 1) / warmup_steps
-    span = max(total_steps - warmup_steps, 1)
-    progress = min(max(step - warmup_steps, 0) / span, 1.0)
-    return min_lr + 0.5 * (lr - min_lr) * (1.0 + math.cos(math.pi * progress))
-
-
 def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict[str, Any]]:
     """Decay on weight matrices only: not on biases, norms, [CLS] and position embeddings."""
     decay, no_decay = [], []
@@ -481,39 +474,57 @@ def train_vit(config: VitTrainConfig, out_dir: str | Path, *, progress: bool = T
     out = Path(out_dir)
     if is_trained(out, config):
         return out
+    content = None
+    if config.data_dir is not None and Path(config.data_dir).is_dir():
+        from blockcoupling.runs.identity import content_hash
+
+        content = content_hash(Path(config.data_dir))  # a resume must see the same images
     old_threads = torch.get_num_threads()
     if threads is not None:
         torch.set_num_threads(max(1, int(threads)))
-    try:
-        return _train(config, out, progress=progress, on_epoch=on_epoch, data=data)
+    try:  # the folder by the run protocol: locked, another training's refused
+        with open_folder(out, TRAINING, resume=True, **_identity(config, out, content)):
+            return _train(config, out, progress=progress, on_epoch=on_epoch, data=data,
+                          data_content=content)
     finally:
         torch.set_num_threads(old_threads)
 
 
-def _train(config: VitTrainConfig, out: Path, *, progress: bool, on_epoch: EpochCallback | None,  # noqa: C901 - the training loop with its monitor, resume and stop rules
-           data: ImageData | None) -> Path:
-    for foreign in ("manifest.json", "sweep.json", "grid.json"):  # never train into those
-        if (out / foreign).exists():
-            raise BlockCouplingError(f"{out} holds a measurement run or a collection "
-                                     f"({foreign}), not a training; choose another --out")
-    data_content = None
-    if config.data_dir is not None and Path(config.data_dir).is_dir():
-        from blockcoupling.runs.identity import content_hash
+#: a training's folder in the run protocol's words (`blockcoupling.store.folder`): running
+#: the same training again continues it
+TRAINING = Layout(what="ViT training", record=METRICS_FILE, resume_flag=None)
 
-        data_content = content_hash(Path(config.data_dir))  # a resume must see the same images
-    if (out / METRICS_FILE).exists():
+
+def _identity(config: VitTrainConfig, out: Path, content: str | None) -> dict[str, Any]:
+    """How the protocol reads a training folder's identity: no other command's files, the
+    same config and the same images as its record (`read_metrics`, verified) states."""
+    def differences() -> list[str]:
+        for foreign in ("manifest.json", "sweep.json", "grid.json"):  # never train into those
+            if (out / foreign).exists():
+                raise BlockCouplingError(f"{out} holds a measurement run or a collection "
+                                         f"({foreign}), not a training; choose another --out")
+        if not (out / METRICS_FILE).exists():
+            return []
         old = read_metrics(out)
         if old.get("config_key") != config.key():
             raise BlockCouplingError(
                 f"{out} holds a training of another config (key {old.get('config_key')}, this "
-                f"one {config.key()}); choose another --out or delete that folder"
-            )
+                f"one {config.key()}); choose another --out or delete that folder")
         before = (old.get("data") or {}).get("content")
-        if before is not None and before != data_content:
+        if before is not None and before != content:
             raise BlockCouplingError(
                 f"the images in {config.data_dir} changed since {out} started training "
-                f"(content {str(before)[7:19]}, now {str(data_content)[7:19]}); restore them, "
+                f"(content {str(before)[7:19]}, now {str(content)[7:19]}); restore them, "
                 "or train into another --out")
+        return []
+
+    return {"differences": differences,
+            "has_results": lambda: any((out / n).exists() for n in (METRICS_FILE,
+                                                                     "checkpoint.pt"))}
+
+
+def _train(config: VitTrainConfig, out: Path, *, progress: bool, on_epoch: EpochCallback | None,  # noqa: C901 - the training loop with its monitor, resume and stop rules
+           data: ImageData | None, data_content: str | None) -> Path:
     t_start, cpu_start = time.perf_counter(), time.process_time()
 
     if data is None:
@@ -535,7 +546,6 @@ def _train(config: VitTrainConfig, out: Path, *, progress: bool, on_epoch: Epoch
                           heads=config.heads)
     if config.k > shape.hidden_size:
         raise BlockCouplingError(f"k={config.k} exceeds the ViT's width {shape.hidden_size}")
-    out.mkdir(parents=True, exist_ok=True)  # only once the data and the shape are known good
     model = build_vit(shape, image_size=data.image_size, num_channels=data.num_channels,
                       num_labels=len(data.classes), drop_path=config.drop_path,
                       seed=config.seed, id2label=dict(enumerate(data.classes)))

@@ -1,0 +1,167 @@
+"""The run protocol's first step, one for every folder a command writes (a run directory,
+a collection of any kind, a perturbation run, a study folder): open it.
+
+`decide` looks at the folder and says what opening it does, writing nothing (``--dry-run``
+and every command's checks before anything is loaded run it): ``new`` (absent or empty),
+``replace`` (it holds a start of this or another identity that stored no result: a failed
+start never blocks the corrected command), ``continue`` (the same identity, with results),
+``rebuild`` (the same identity, its record lost or damaged but derivable from what is
+there). Everything else is one refusal line that names the way out: ``--out`` is a file or
+under an unwritable folder, another writer holds it, it holds files of something else, it
+holds results of another identity (spec, settings, model, inputs), or results that only
+``--resume`` continues.
+
+`open_folder` takes the same decision again under the folder's lock (``fileio.DirLock``,
+one writer at a time), clears a folder to ``replace`` and yields the decision while the
+lock is held: what the kind writes (its record first) comes after every check. A kind
+describes its folder once (`Layout`) and how to read its identity (``differences``,
+``has_results``); the decision and its words are this module's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from blockcoupling.errors import RunDirError
+from blockcoupling.store.fileio import LOCK, TMP_PREFIX, DirLock, disk_errors, lock_holder
+
+#: what opening a folder does (`decide`)
+NEW, REPLACE, CONTINUE, REBUILD = "new", "replace", "continue", "rebuild"
+
+
+@dataclass(frozen=True)
+class Layout:
+    """What a kind of folder is, in the protocol's words."""
+
+    #: what it holds, in messages ("run directory", "sweep", "perturbation run")
+    what: str
+    #: the file that records its identity
+    record: str
+    #: the names it may hold (None: not checked); anything else is refused as another's
+    files: tuple[str, ...] | None = None
+    #: the flag that continues a folder holding results (None: running again continues)
+    resume_flag: str | None = "--resume"
+    #: the option naming the folder, in messages
+    flag: str = "--out"
+    #: who else may be writing it, in the busy line ("sweep": "in use by another sweep")
+    writer: str = "blockcoupling process"
+
+    def busy(self, root: Path) -> str:
+        """The line when another process holds the lock (``{who}``: `` (PID n)``)."""
+        return (f"{self.what} {root} is in use by another {self.writer}{{who}}; wait for it "
+                f"to finish or stop it, or choose another {self.flag}")
+
+
+def entries(root: Path) -> list[Path]:
+    """What a folder holds besides its lock and temporary files."""
+    if not root.is_dir():
+        return []
+    return [p for p in root.iterdir() if p.name != LOCK and not p.name.startswith(TMP_PREFIX)]
+
+
+def check_out(root: Path, layout: Layout, *, locked: bool = False) -> None:
+    """The checks of a folder's place, writing nothing: ``root`` is no file, the nearest
+    folder that exists is writable, and no other process holds its lock (unless ``locked``:
+    the caller holds it)."""
+    if root.exists() and not root.is_dir():
+        raise RunDirError(f"{layout.flag} {root} is a file; choose a folder for the "
+                          f"{layout.what}")
+    parent = root
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir():
+        raise RunDirError(f"{layout.flag} {root}: {parent} is a file, not a folder; choose "
+                          f"another {layout.flag}")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise RunDirError(f"{layout.flag} {root}: {parent} is not writable; choose a "
+                          f"{layout.flag} in a folder you can write to")
+    if not locked and (pid := lock_holder(root)) is not None:
+        raise RunDirError(layout.busy(root).replace("{who}", f" (PID {pid})" if pid != "?"
+                                                    else ""))
+
+
+def decide(root: Path, layout: Layout, *, differences: Callable[[], list[str] | None],
+           has_results: Callable[[], bool], resume: bool = False, locked: bool = False,
+           describe: Callable[[], str] | None = None) -> str:
+    """What opening ``root`` does (`NEW`, `REPLACE`, `CONTINUE`, `REBUILD`), or one
+    RunDirError line; nothing is written. ``differences()``: what differs between the
+    identity the folder records and this run's (empty: the same; None: its record is lost
+    or damaged but derivable; it raises, with its own line, for a record that is not);
+    ``has_results()``: whether anything of value is stored; ``describe()``: words on what
+    is there (`` (2 of 4 prompts stored, running)``)."""
+    check_out(root, layout, locked=locked)
+    held = entries(root)
+    if not held:
+        return NEW
+    if layout.files is not None:
+        foreign = sorted(p.name for p in held if p.name not in layout.files)
+        if foreign:
+            raise RunDirError(f"{layout.flag} {root} holds other files ({foreign[0]}"
+                              f"{', ...' if len(foreign) > 1 else ''}) and no "
+                              f"{layout.what}; choose a new or empty {layout.flag}")
+    diffs = differences()
+    results = has_results()
+    if not results and (diffs or not resume):
+        return REPLACE  # nothing of value: the corrected command starts afresh
+    if diffs:
+        raise RunDirError(
+            f"cannot resume {root}: it holds a {layout.what} of another spec or other "
+            f"settings ({'; '.join(diffs[:3])}{'; ...' if len(diffs) > 3 else ''}); run it "
+            f"with the same ones, or choose a new {layout.flag}")
+    if layout.resume_flag is not None and not resume:
+        lost = f" whose {layout.record} is lost" if diffs is None else ""
+        what = describe() if describe is not None else ""
+        raise RunDirError(f"{root} already exists and holds a {layout.what}{lost}{what}; "
+                          f"continue it with {layout.resume_flag}"
+                          + (f" (it rebuilds {layout.record})" if diffs is None else "")
+                          + f", or choose a new {layout.flag}")
+    return REBUILD if diffs is None else CONTINUE
+
+
+@contextlib.contextmanager
+def open_folder(root: Path, layout: Layout, *, differences: Callable[[], list[str] | None],
+                has_results: Callable[[], bool], resume: bool = False,
+                describe: Callable[[], str] | None = None) -> Iterator[str]:
+    """`decide` (nothing written), then the folder made and locked, `decide` again under
+    the lock, a folder to `REPLACE` (or a `NEW` one's leftovers) emptied; yields the decision
+    while the lock is held. A folder it made that is still empty at the end is removed."""
+    def again(locked: bool) -> str:
+        return decide(root, layout, differences=differences, has_results=has_results,
+                      resume=resume, locked=locked, describe=describe)
+
+    again(locked=False)
+    made = [p for p in (root, *root.parents) if not p.exists()]  # the folders made here
+    with disk_errors(root):
+        root.mkdir(parents=True, exist_ok=True)
+        lock = DirLock(root, busy=layout.busy(root))
+    try:
+        state = again(locked=True)
+        if state in (NEW, REPLACE):  # (a new one may hold a killed first write's leftovers)
+            with disk_errors(root):
+                clear(root)
+        yield state
+    finally:
+        lock.release()
+        for folder in made:  # a body that failed before writing leaves no empty folder behind
+            with contextlib.suppress(OSError):
+                folder.rmdir()
+
+
+def clear(root: Path) -> None:
+    """Remove what ``root`` holds besides its lock (the caller holds it)."""
+    for entry in root.iterdir():
+        if entry.name == LOCK:
+            continue
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry)
+        else:
+            entry.unlink()
+
+
+__all__ = ["CONTINUE", "NEW", "REBUILD", "REPLACE", "Layout", "check_out", "clear", "decide",
+           "entries", "open_folder"]
