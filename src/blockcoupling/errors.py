@@ -3,7 +3,8 @@
 Every problem a user can cause (bad model, bad option, bad prompt, bad run directory) is
 raised as a [`BlockCouplingError`][blockcoupling.errors.BlockCouplingError] whose message says what went wrong *and what to do*.
 It subclasses `ValueError` so generic callers can catch it; the CLI turns it into
-exit code 1 with the message and no traceback.
+exit code 1 with the message and no traceback (2 for an option or a spec key refused:
+``validate.OptionError``).
 
 An optional dependency is imported with `require`, which states the one form of the message
 a missing package gets: what needs it, the ``pip install`` line, and any other way out.

@@ -20,7 +20,7 @@ import math
 from collections.abc import Mapping
 from typing import Any, Literal
 
-__all__ = ["jsonable"]
+__all__ = ["dumps", "jsonable"]
 
 
 def jsonable(obj: Any, *, nonfinite: Literal["null", "string"] = "null") -> Any:
@@ -50,3 +50,12 @@ def jsonable(obj: Any, *, nonfinite: Literal["null", "string"] = "null") -> Any:
         return again(obj.tolist())
     text = str(obj)
     return text.removeprefix("torch.") if type(obj).__module__ == "torch" else text
+
+
+def dumps(obj: Any) -> str:
+    """``obj`` as the JSON text of every output (``--json`` on stdout, ``--json-out`` and
+    every JSON file a command writes through ``store.fileio.write_json``): `jsonable`
+    (missing values ``null``), indented by one, never ``NaN``."""
+    import json
+
+    return json.dumps(jsonable(obj), indent=1, allow_nan=False)

@@ -23,7 +23,16 @@ import torch
 
 from blockcoupling import validate
 from blockcoupling.errors import BlockCouplingError, require
-from blockcoupling.fields import OptionSpec, check_fields, cli_options, opt, option_name
+from blockcoupling.fields import (
+    GIVEN,
+    OptionSpec,
+    changed,
+    check_fields,
+    check_given,
+    cli_options,
+    opt,
+    option_name,
+)
 from blockcoupling.progress import interactive
 
 MODEL_DTYPES = {
@@ -35,32 +44,14 @@ MODEL_DTYPES = {
 }
 
 
-def resolve_device(device: str = "auto") -> torch.device:
+def resolve_device(device: str = "auto", name: str = "--device") -> torch.device:
     """The torch device of a ``--device`` name (``auto``: the GPU if one is visible, else the
-    CPU); a device this machine does not have (no CUDA GPU, an ``xpu`` or ``mps`` torch was
-    not built for or that is absent, an index past the last device) is one error line."""
+    CPU); a device this torch was not built for, or this machine does not have (no CUDA GPU,
+    an index past the last device), is one error line (`validate.device_name`, the one check
+    of every device name, with ``present``)."""
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        raise BlockCouplingError(f"--device {device}: no CUDA GPU is visible; use --device cpu")
-    try:
-        dev = torch.device(device)
-    except RuntimeError as err:
-        raise BlockCouplingError(f"--device {device!r} is not a device torch knows (auto, cpu, cuda, cuda:1)") from err
-    if dev.type == "meta":
-        raise BlockCouplingError("--device meta holds no weights and measures nothing; "
-                                 "use --device cpu or a GPU")
-    backend = torch.backends.mps if dev.type == "mps" else getattr(torch, dev.type, None)
-    available = getattr(backend, "is_available", None)
-    if dev.type != "cpu" and available is not None:  # a backend torch can ask about
-        count = getattr(getattr(torch, dev.type, None), "device_count", None)
-        present = bool(available())
-        if present and dev.index is not None and count is not None:
-            present = dev.index < int(count())
-        if not present:
-            raise BlockCouplingError(f"--device {device}: no such {dev.type} device is "
-                                     "visible to this torch; use --device cpu (or auto)")
-    return dev
+    return torch.device(validate.device_name(device, name, present=True))
 
 
 # Files that make a folder's tokenizer loadable (any one of them).
@@ -176,6 +167,7 @@ def _looks_like_path(name: str) -> bool:
 #: ``--quantize`` choices: the transformers quantization config each loads with, and the
 #: package it needs
 QUANTIZE = {"bnb-8bit": "bitsandbytes", "bnb-4bit": "bitsandbytes", "torchao-int8": "torchao"}
+_QUANTIZE_CHOICES = ("none", *QUANTIZE)
 #: the ``pip install`` of each package a loading option needs (the extra, where one has it)
 INSTALL = {"bitsandbytes": "bitsandbytes", "torchao": "'blockcoupling[quant]'",
            "accelerate": "'blockcoupling[offload]'"}
@@ -194,7 +186,8 @@ def _writable_folder(path: Path, flag: str) -> None:
                                  "folder on a writable disk with free space") from err
 
 
-def parse_max_memory(spec: str | None) -> dict[int | str, str] | None:
+def parse_max_memory(spec: str | None, name: str = "--max-memory"
+                     ) -> dict[int | str, str] | None:
     """``"0=20GiB,cpu=60GiB"`` -> ``{0: "20GiB", "cpu": "60GiB"}`` (accelerate's max_memory)."""
     if spec is None or not spec.strip():
         return None
@@ -202,21 +195,41 @@ def parse_max_memory(spec: str | None) -> dict[int | str, str] | None:
     for item in spec.split(","):
         dev, sep, size = item.strip().partition("=")
         if not sep or not dev.strip() or not size.strip():
-            raise BlockCouplingError(
-                f"--max-memory {spec!r}: give DEVICE=SIZE pairs such as 0=20GiB,cpu=60GiB")
+            raise validate.OptionError(
+                f"{name} {spec!r}: give DEVICE=SIZE pairs such as 0=20GiB,cpu=60GiB")
         dev = dev.strip()
         out[int(dev) if dev.isdigit() else dev] = size.strip()
     return out
 
 
+def _max_memory(value: Any, name: str) -> str:
+    """A ``max_memory`` option: text of DEVICE=SIZE pairs (`parse_max_memory`)."""
+    parse_max_memory(validate.text(value, name, example="0=20GiB,cpu=60GiB"), name)
+    return str(value)
+
+
+#: accelerate's dispatch strategies (``device_map``; a device name also places the whole
+#: model there)
+DEVICE_MAPS = ("auto", "balanced", "balanced_low_0", "sequential")
+
+
+def _device_map(value: Any, name: str) -> str:
+    """A ``device_map``: a strategy of `DEVICE_MAPS` or a device this torch has."""
+    if isinstance(value, str) and value in DEVICE_MAPS:
+        return value
+    try:
+        return validate.device_name(value, name)
+    except validate.OptionError:
+        raise validate.OptionError(f"{name} {value!r}: choose {', '.join(DEVICE_MAPS)} (or a "
+                                   "device name such as cpu)") from None
+
+
 def quantization_config(quantize: str | None) -> Any:
-    """The transformers quantization config of a ``--quantize`` choice (None: none); a
-    backend that is not installed is one clear error."""
+    """The transformers quantization config of a ``--quantize`` choice (None: none; the
+    choice is `ModelSource`'s check); a backend that is not installed is one clear error."""
     if quantize is None or quantize == "none":
         return None
-    if quantize not in QUANTIZE:
-        raise BlockCouplingError(
-            f"--quantize {quantize!r}: choose none, {', '.join(QUANTIZE)}")
+    validate.choice(quantize, "--quantize", choices=_QUANTIZE_CHOICES)
     package = QUANTIZE[quantize]
     require(package, what=f"--quantize {quantize}", install=INSTALL[package],
             alternative="or measure without --quantize")
@@ -283,17 +296,17 @@ class ModelSource:
     device_map: str | None = opt(
         None, "Dispatch the model with accelerate (auto, balanced, sequential): blocks on "
         "several devices, some offloaded; measured one block at a time.", cli=True,
-        check=(validate.text, {"example": "auto"}))
+        check=validate.rule(_device_map))
     max_memory: str | None = opt(
         None, "With --device-map: memory per device, e.g. 0=20GiB,cpu=60GiB.", cli=True,
-        check=(validate.text, {"example": "0=20GiB,cpu=60GiB"}))
+        check=validate.rule(_max_memory), requires=("device_map", GIVEN))
     offload_folder: str | None = opt(
         None, "With --device-map: folder for blocks offloaded to disk.", cli=True,
-        check=(validate.text, {"example": "offload"}))
+        check=(validate.text, {"example": "offload"}), requires=("device_map", GIVEN))
     quantize: str | None = opt(
         None, "Load the weights in 8 or 4 bits: bnb-8bit, bnb-4bit (bitsandbytes), "
         "torchao-int8; each block is dequantized to the analysis dtype.", cli=True,
-        check=(validate.text, {"example": "bnb-8bit"}))
+        check=validate.rule(validate.choice, choices=_QUANTIZE_CHOICES))
     allow_missing_weights: bool = opt(
         False, "Measure a checkpoint that lacks weights its config describes (or holds block "
         "weights it does not describe): those are initialised under a fixed seed and listed "
@@ -303,8 +316,8 @@ class ModelSource:
         "pretrained", "pretrained (the checkpoint's weights) or random: the same config with "
         "seeded random weights (the untrained baseline of the paper's figures 3, 4 and 23; "
         "recorded in the run's meta and identity).", cli=True, check=(validate.init_name, {}))
-    init_seed: int = opt(0, "Seed of --init random.", cli=True,
-                         check=(validate.whole, {"minimum": 0}))
+    init_seed: int = opt(0, "Seed of --init random.", cli=True, check=validate.SEED,
+                         requires=("init", "random"))
 
     def __post_init__(self) -> None:
         """The values' checks; a message names the option as the CLI writes it
@@ -314,14 +327,18 @@ class ModelSource:
                 check, bounds = f.metadata["check"]
                 check(None, option_name(f.name, prefix="--"), **bounds)
         check_fields(self, prefix="--")
+
+        def name(f: str) -> str:
+            return option_name(f, prefix="--")
+
         if self.init == "random" and (self.device_map is not None
                                       or self.quantize not in (None, "none")):
-            def name(f: str) -> str:
-                return option_name(f, prefix="--")
-
             raise validate.OptionError(
                 f"{name('init')} random builds the model in memory; {name('device_map')} and "
                 f"{name('quantize')} apply to checkpoints only (drop them)")
+        # the rules between options (``requires``) on what was set: a command line and a
+        # spec check them on what was given (an explicit --init-seed 0 too)
+        check_given(type(self), changed(self), vars(self), prefix="--")
 
     def meta(self, **extra: Any) -> dict[str, Any]:
         """What a run's meta records of its model: ``model``, ``revision``, the caller's
@@ -357,8 +374,6 @@ class ModelSource:
                             offload_folder=self.offload_folder)
             if self.offload_folder is not None:
                 _writable_folder(Path(self.offload_folder).expanduser(), "--offload-folder")
-        elif self.max_memory is not None or self.offload_folder is not None:
-            raise BlockCouplingError("--max-memory and --offload-folder apply with --device-map")
         qc = quantization_config(self.quantize)
         if qc is not None:
             dispatch["quantization_config"] = qc

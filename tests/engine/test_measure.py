@@ -298,7 +298,7 @@ def test_analysis_device_option_and_an_unavailable_device() -> None:
     np.testing.assert_array_equal(here.coupling["value"], streamed.coupling["value"])
     assert next(model.parameters()).dtype == torch.float64  # the user's model is untouched
     if not torch.cuda.is_available():
-        with pytest.raises(bc.BlockCouplingError, match="no CUDA GPU is visible"):
+        with pytest.raises(bc.BlockCouplingError, match="no CUDA GPU is visible|built without cuda support"):
             bc.measure(model, None, inputs, analysis_device="cuda", **kw)
 
 

@@ -87,7 +87,7 @@ def test_cli_device_map_auto_with_max_memory_offloads_and_measures(tmp_path: Pat
     np.testing.assert_allclose(_values(off), _values(bc.open_run(tmp_path / "mem")), atol=1e-6)
     bad = cli("measure", *common, "--out", str(tmp_path / "bad"), "--device-map", "auto",
               "--max-memory", "lots")
-    assert bad.exit_code == 1 and "DEVICE=SIZE" in bad.output and not (tmp_path / "bad").exists()
+    assert bad.exit_code == 2 and "DEVICE=SIZE" in bad.output and not (tmp_path / "bad").exists()
 
 
 def _dequantized_float_copy(q: torch.nn.Module, arch: str) -> torch.nn.Module:
@@ -146,7 +146,7 @@ def test_cli_quantize_torchao_and_a_backend_that_is_not_installed(tmp_path: Path
         res = cli("measure", *common, "--out", str(tmp_path / package), *given)
         assert res.exit_code == 1, res.output
         assert f"{named} needs {package}: pip install 'blockcoupling[{extra}]'" in res.output
-    with pytest.raises(BlockCouplingError, match="choose none"):
+    with pytest.raises(BlockCouplingError, match="--quantize '3bit': choose from none"):
         from blockcoupling.loading import quantization_config
 
         quantization_config("3bit")
@@ -181,5 +181,14 @@ def test_sweep_spec_carries_device_map_and_quantize_to_its_units() -> None:
     same = parse_spec({**base, "models": [{"model": "gpt2"}]})
     assert expand(same)[0].unit_id == plain.unit_id
     assert quant.unit_id.rsplit("-", 1)[1] != plain.unit_id.rsplit("-", 1)[1]
-    with pytest.raises(SpecError, match="device_map must be a string"):
+    with pytest.raises(SpecError, match=r"models\[0\]\.device_map 3: choose auto"):
         parse_spec({**base, "models": [{"model": "gpt2", "device_map": 3}]})
+    # refused when the spec is read, named as its key (they failed each unit later, named
+    # as the command line's flags)
+    with pytest.raises(SpecError, match=r"^models\[0\]\.quantize '8bit': choose from none"):
+        parse_spec({**base, "models": [{"model": "gpt2", "quantize": "8bit"}]})
+    with pytest.raises(SpecError, match=r"^quantize '8bit': choose from none"):
+        parse_spec({**base, "quantize": "8bit", "models": [{"model": "gpt2"}]})
+    with pytest.raises(SpecError, match=r"^models\[0\]\.max_memory applies with "
+                                        r"models\[0\]\.device_map only"):
+        parse_spec({**base, "models": [{"model": "gpt2", "max_memory": "0=1GiB"}]})

@@ -99,16 +99,19 @@ def test_config_record_is_strict_and_frozen() -> None:
 @pytest.mark.parametrize(
     "kwargs, match",
     [
-        (dict(coupling=("depthwise",)), "unknown; choose from depth"),
-        (dict(k=(0,)), "positive"),
+        (dict(coupling=("depthwise",)), "coupling 'depthwise': choose from depth"),
+        (dict(k=(0,)), "k must be a whole number >= 1"),
         (dict(k=4.7), "not a whole number"),
         (dict(k="4.7"), "not a whole number"),
         (dict(k="abc"), "not a whole number"),
         (dict(k=","), "empty"),
         (dict(p="abc"), "p = 1, 2 or inf"),
-        (dict(variants=("nope",)), "variant 'nope'"),
+        (dict(variants=("nope",)), "variants 'nope': choose from coupling"),
         (dict(p=(3,)), "p = 1, 2 or inf"),
-        (dict(method="svd"), "auto, dense or matrix-free"),
+        (dict(method="svd"), "method 'svd': choose from auto, dense, matrix_free"),
+        (dict(seed=2**32), "seed must be a whole number >= 0 and <= 4294967295"),
+        (dict(lss_window=4), "odd width"),
+        (dict(analysis_device="hip"), "built without hip"),
         (dict(layers="5..2"), "empty"),
         (dict(layers="0..2"), "numbered from 1"),
         (dict(dtype="bfloat16"), "float32 or float64"),
@@ -121,7 +124,11 @@ def test_config_record_is_strict_and_frozen() -> None:
     ],
 )
 def test_config_errors(kwargs: dict, match: str) -> None:
-    with pytest.raises(BlockCouplingError, match=match):
+    """Each is refused as an option is (`validate.OptionError`: the command line's exit 2),
+    by the rule its field declares."""
+    from blockcoupling.validate import OptionError
+
+    with pytest.raises(OptionError, match=match):
         MeasureConfig.parse(**kwargs)
 
 

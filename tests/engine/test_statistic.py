@@ -232,11 +232,13 @@ def test_k_rules(multi_token: bc.Measurement) -> None:
 
 
 @pytest.mark.parametrize("kwargs, match", [
-    ({"variant": "nope"}, "unknown coupling variant 'nope'"),
-    ({"tokens": "cls"}, "unknown token rule 'cls'"),
+    ({"variant": "nope"}, "variant 'nope': choose from coupling"),
+    ({"tokens": "cls"}, "tokens 'cls': choose from last, first, all"),
     ({"k": 0}, "K must be a positive integer"),
     ({"k": "d/5"}, "K must be a positive integer"),
-    ({"orientation": "uvj"}, "unknown orientation"),
+    ({"orientation": "uvj"}, "orientation 'uvj': choose from ujv, vju"),
+    ({"seed": -1}, "seed must be a whole number >= 0"),
+    ({"n_boot": -5}, "n_boot must be a whole number >= 0"),
 ])
 def test_bad_rules_say_what_to_use(kwargs: dict, match: str) -> None:
     with pytest.raises(BlockCouplingError, match=match):
@@ -397,18 +399,18 @@ def test_chance_floor_equals_scipy_on_the_floor_values(tmp_path: Path) -> None:
     assert flat_chance(8192, 819) == pytest.approx(0.9634, abs=1e-4)
 
 
-@pytest.mark.parametrize("args, match", [
-    (["--scores", "paper", "--k-rule", "d/5"], "--k-rule 'd/5'"),
-    (["--scores", "paper", "--k-rule", "0"], "fixed positive K"),
-    (["--scores", "/nonexistent.csv"], "no such file"),
+@pytest.mark.parametrize("args, match, code", [
+    (["--scores", "paper", "--k-rule", "d/5"], "--k-rule 'd/5': give a positive integer", 2),
+    (["--scores", "paper", "--k-rule", "0"], "K must be a positive integer", 2),
+    (["--scores", "/nonexistent.csv"], "no such file", 1),
 ])
-def test_chance_floor_bad_input_is_one_line(args: list[str], match: str) -> None:
+def test_chance_floor_bad_input_is_one_line(args: list[str], match: str, code: int) -> None:
     from typer.testing import CliRunner
 
     from blockcoupling.cli import app
 
     r = CliRunner().invoke(app, ["chance-floor", *args])
-    assert r.exit_code == 1
+    assert r.exit_code == code
     lines = r.output.strip().splitlines()
     assert len(lines) == 1 and match in lines[0], r.output
 

@@ -75,6 +75,22 @@ def cli(*args: str) -> object:
     return CliRunner().invoke(app, list(args), catch_exceptions=True)
 
 
+def cli_parser() -> Callable[..., object]:
+    """`cli` with the click commands built once (building them is most of an invocation's
+    time; the tests that feed every option and every spec key run hundreds)."""
+    from unittest import mock
+
+    import typer
+
+    group = typer.main.get_command(app)
+
+    def run(*args: str) -> object:
+        with mock.patch("typer.testing._get_command", lambda _: group):
+            return CliRunner().invoke(app, list(args), catch_exceptions=True)
+
+    return run
+
+
 def measure_rated(root: Path) -> tuple[Path, Path]:
     """(run, rows): a tiny LM measured on 6 of the 8 `e2h_arc_rows` (``hf:e2h-arc@rows``)."""
     rows = e2h_arc_rows(root / "e2h_arc.jsonl")
@@ -86,16 +102,16 @@ def measure_rated(root: Path) -> tuple[Path, Path]:
 
 
 def assert_user_error(r: object, *expected: str, code: int = 1) -> str:
-    """Exit ``code``, no traceback; for code 1 exactly one line ``error: ...`` holding every
-    ``expected`` piece (case-insensitive)."""
+    """Exit ``code`` (1: a user error; 2: bad usage, an option or a spec key refused), no
+    traceback, exactly one line ``error: ...`` holding every ``expected`` piece
+    (case-insensitive)."""
     output = r.output  # type: ignore[attr-defined]
     assert "Traceback" not in output, output
     exc = r.exception  # type: ignore[attr-defined]
     assert exc is None or isinstance(exc, SystemExit), repr(exc)
     assert r.exit_code == code, output  # type: ignore[attr-defined]
     lines = [ln for ln in output.strip().splitlines() if ln.strip()]
-    if code == 1:
-        assert len(lines) == 1 and lines[0].startswith("error: "), output
+    assert len(lines) == 1 and lines[0].startswith("error: "), output
     text = output.lower()
     for piece in expected:
         assert piece.lower() in text, (piece, output)

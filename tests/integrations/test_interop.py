@@ -141,14 +141,22 @@ def test_bridge_boot_native() -> None:
 # ---------------------------------------------------------------------- TransformerLens 3
 @pytest.mark.skipif(_major("transformer-lens") != 3, reason="needs TransformerLens 3.x "
                     "(make test-interop: .venv-tl3)")
-def test_hooked_transformer_3() -> None:
+def test_hooked_transformer_3(monkeypatch: pytest.MonkeyPatch) -> None:
     import transformer_lens as tl
 
     cfg = tl.HookedTransformerConfig(n_layers=2, d_model=16, n_ctx=16, d_head=8, n_heads=2,
                                      d_vocab=64, act_fn="gelu_new", normalization_type="LN")
     torch.manual_seed(0)
     model = tl.HookedTransformer(cfg).eval()
-    m = _fast(model)  # its blocks' own key-value cache entry gives the decode step
+    from blockcoupling.engine import structured
+
+    steps: list[bool] = []
+    real = structured.output_step
+    monkeypatch.setattr(structured, "output_step",
+                        lambda *a, **kw: steps.append((out := real(*a, **kw)) is not None) or out)
+    m = _fast(model)  # its blocks' own key-value cache entry gives the decode step, and
+    assert steps and all(steps)  # its J^l_tt comes from the block's structure (GEMMs)
+    monkeypatch.setattr(structured, "output_step", real)
     assert m.meta["causal_source"] == "attention_dir" and "weights_processed" not in m.meta
     _same_as_oracle(model)
     rotary = tl.HookedTransformer(tl.HookedTransformerConfig(

@@ -215,39 +215,65 @@ def test_lm_family_dry_run_prints_runs_steps_and_checkpoints(tmp_path: Path) -> 
     assert not out.exists()
 
 
-@pytest.mark.parametrize("device", ["auto", "cpu", "cuda", "cuda:1", "mps", "xpu", "xpu:0"])
-def test_any_device_torch_names_is_a_valid_model_device(device: str) -> None:
-    """The model's device is checked as a name torch knows (an Intel GPU's ``xpu`` too), not
-    against a fixed list; its presence is checked when the model loads."""
-    from blockcoupling.loading import ModelSource
+def _built(kind: str) -> bool:
+    """Whether this torch was built for device type ``kind`` (the oracle: torch's own
+    build flags; other types have no backend in a stock build)."""
+    import torch
 
-    assert ModelSource(model="gpt2", device=device).device == device
+    return {"cpu": True, "cuda": torch.backends.cuda.is_built(),
+            "mps": torch.backends.mps.is_built(),
+            "xpu": bool(getattr(torch.xpu, "_is_compiled", lambda: False)())}.get(kind, False)
+
+
+@pytest.mark.parametrize("device", ["auto", "cpu", "cpu:0", "cuda", "cuda:1", "cuda:7", "mps",
+                                    "xpu", "xpu:0", "hip", "xla", "ipu", "hpu", "meta"])
+def test_every_device_name_is_checked_against_this_build(device: str) -> None:
+    """A device name is accepted where this torch was built for its type (``cuda`` on a CUDA
+    or ROCm build, ``mps``, ``xpu``), whatever machine it runs on (a spec may name the GPU of
+    its Ray workers); one a stock build lacks (``hip``, ``xla``, ``cuda`` on a CPU build:
+    a traceback from ``model.to`` before) is one line naming what this build has, for the
+    model's device and the analysis device alike."""
+    from blockcoupling.engine.config import MeasureConfig
+    from blockcoupling.loading import ModelSource
+    from blockcoupling.validate import OptionError
+
+    kind = device.split(":")[0]
+    if device == "auto" or (kind != "meta" and _built(kind)):
+        assert ModelSource(model="gpt2", device=device).device == device
+        if device != "auto":
+            assert MeasureConfig.parse(analysis_device=device).analysis_device == device
+        return
+    for make in (lambda: ModelSource(model="gpt2", device=device),
+                 lambda: MeasureConfig.parse(analysis_device=device)):
+        with pytest.raises(OptionError, match=r"(built without|no weights).*choose auto, cpu"):
+            make()
 
 
 @pytest.mark.parametrize("device", ["tpu:7", "gpu", "", 3])
 def test_a_device_torch_cannot_name_is_one_line(device: object) -> None:
-    from blockcoupling.errors import BlockCouplingError
     from blockcoupling.loading import ModelSource
+    from blockcoupling.validate import OptionError
 
-    with pytest.raises(BlockCouplingError, match="choose auto, cpu, cuda"):
+    with pytest.raises(OptionError, match="is not a device name; choose auto, cpu"):
         ModelSource(model="gpt2", device=device)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("device", ["xpu", "xpu:0", "mps", "cuda:99", "meta"])
 def test_a_device_this_machine_lacks_is_one_line_when_the_model_loads(device: str) -> None:
-    """A name torch knows but this machine does not have (an ``xpu`` on a CPU-only torch
-    raised torch's AssertionError from ``model.to``) is refused by `resolve_device`, which
-    every load calls, with one line; the CPU is always there."""
+    """A name this torch was built for but this machine does not have (no such GPU, an index
+    past the last) is refused by `resolve_device`, which every load calls, with one line;
+    the CPU is always there."""
     import torch
 
-    from blockcoupling.errors import BlockCouplingError
     from blockcoupling.loading import resolve_device
+    from blockcoupling.validate import OptionError
 
     present = {"xpu": torch.xpu.is_available(), "mps": torch.backends.mps.is_available(),
                "cuda": torch.cuda.device_count() > 99, "meta": False}
     if present[device.split(":")[0]]:
         pytest.skip(f"{device} exists on this machine")
-    with pytest.raises(BlockCouplingError, match=f"--device {device}.*(visible|no weights)"):
+    with pytest.raises(OptionError, match=f"^--device {device}.*(built without|visible|"
+                                          "this machine has|no weights)"):
         resolve_device(device)
     assert resolve_device("cpu:0") == torch.device("cpu:0")
 
@@ -277,3 +303,134 @@ def test_a_parsed_number_option_is_named_by_its_type_in_the_help() -> None:
     metavar = {o.name: o.metavar for o in measure_options()}
     assert metavar["batch_size"] == metavar["seed"] == metavar["hidden_size"] == "<int>"
     assert metavar["causal"] is None and metavar["k"] is None
+
+
+# ---------------------------------------------------------------- every spec key, checked when read
+def _bad_keys(rule: object, *, mapping: bool = False) -> list[object]:
+    """Values a key refuses: one of the wrong type (a mapping where a value or list is
+    expected, text where a mapping is), and each bound of its declared rule crossed."""
+    from blockcoupling import validate
+
+    if mapping:
+        return ["not-a-mapping"]
+    out: list[object] = [{"not": "a value"}]
+    if rule is None:
+        return out
+    fn, bounds = rule  # type: ignore[misc]
+    if fn is validate.choice:
+        out.append("not-a-choice")
+    if fn in (validate.whole, validate.number):
+        out += ["text"] + ([1.5] if fn is validate.whole else [float("nan")])
+        for key, step in (("minimum", -1), ("maximum", 1), ("above", 0), ("below", 0)):
+            if bounds.get(key) is not None:
+                out.append(bounds[key] + step)
+    return out
+
+
+def _rules(cls: type) -> dict[str, object]:
+    """Each field's rule; ``"mapping"`` for a field whose value is a mapping."""
+    import dataclasses
+
+    return {f.name: "mapping" if f.default_factory is dict else f.metadata.get("check")
+            for f in dataclasses.fields(cls)}
+
+
+def _spec_cases(kind: str) -> tuple[dict, list[tuple[tuple, object]], list[list[str]]]:
+    """A valid spec of ``kind``, its keys (a path in the spec, the key's rule, or the string
+    ``"mapping"``) and the command lines that read it (each run, and its --dry-run)."""
+    from blockcoupling.engine.config import MeasureConfig
+    from blockcoupling.loading import ModelSource
+    from blockcoupling.studies.generalization.design import GeneralizationSpec
+    from blockcoupling.studies.lm_study import StudyRun, StudySpec, quick_spec
+    from blockcoupling.studies.sweep.spec import (
+        LOADING_KEYS,
+        MODEL_KEYS,
+        TOP_KEYS,
+        Resources,
+        SweepSpec,
+    )
+    from blockcoupling.studies.vit.grid import GridSpec
+    from blockcoupling.studies.vit.train import VitTrainConfig
+
+    train = [(("train", k), r) for k, r in _rules(VitTrainConfig).items()]
+    if kind == "sweep":
+        source, top = _rules(ModelSource), _rules(SweepSpec)
+        keys = [((k,), source[k] if k in LOADING_KEYS else top.get(k)) for k in TOP_KEYS
+                if k not in ("measure", "resources")]
+        keys += [(("models", 0, k), source.get(k)) for k in MODEL_KEYS if k != "resources"]
+        keys += [(("measure", k), r) for k, r in _rules(MeasureConfig).items()]
+        keys += [(("resources",), "mapping"), (("measure",), "mapping")]
+        keys += [((*where, "resources", k), r) for k, r in _rules(Resources).items()
+                 for where in ((), ("models", 0))]
+        return ({"models": [{"label": "a", "model": "./m"}], "prompts": ["p.txt"]}, keys,
+                [["sweep", "spec.yaml", "--out", "OUT", "--executor", "local"]])
+    if kind == "vit-grid":
+        keys = [((k,), r) for k, r in _rules(GridSpec).items() if k != "train"]
+        return ({"kind": "vit-grid", "drop_path": [0.0], "weight_decay": [0.1],
+                 "train": {"epochs": 1}}, [*keys, *train, (("train",), "mapping")],
+                [["vit-grid", "--spec", "spec.yaml", "--out", "OUT", "--executor", "local"],
+                 ["sweep", "spec.yaml", "--out", "OUT", "--dry-run"]])  # the same reader
+    if kind == "lm-family":
+        keys = [((k,), r) for k, r in _rules(StudySpec).items() if k != "runs"]
+        keys += [(("runs", 0, k), r) for k, r in _rules(StudyRun).items()]
+        return (quick_spec().to_dict(), keys,
+                [["study", "lm-family", "--runs", "spec.yaml", "--out", "OUT"]])
+    keys = [((k,), r) for k, r in _rules(GeneralizationSpec).items() if k != "train"]
+    return ({}, [*keys, *train, (("train",), "mapping")],
+            [["study", "generalization", "--spec", "spec.yaml", "--out", "OUT"]])
+
+
+@pytest.mark.parametrize("kind", ["sweep", "vit-grid", "lm-family", "generalization"])
+def test_every_spec_key_is_checked_when_the_spec_is_read(
+        kind: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every key of every spec kind (a sweep's top level, model entries, ``measure:`` and
+    ``resources:``; a ViT grid's and its ``train:``; the lm-family study's and its runs';
+    the generalization design's and its ``train:``), given a value of the wrong type or out of
+    its declared range: one line naming the key as the spec writes it, exit 2, by the run and
+    its ``--dry-run`` alike, before anything is written (a key checked only when a unit ran
+    failed every unit, named as a command-line flag)."""
+    import copy
+
+    import yaml
+
+    from tests.helpers.tiny_runs import cli_parser
+
+    monkeypatch.chdir(tmp_path)
+    run = cli_parser()
+    base, keys, commands = _spec_cases(kind)
+    spec = tmp_path / "spec.yaml"
+    for path, rule in keys:
+        for bad in _bad_keys(rule, mapping=rule == "mapping"):
+            data = copy.deepcopy(base)
+            node = data
+            for step in path[:-1]:
+                node = node.setdefault(step, {}) if isinstance(step, str) else node[step]
+            node[path[-1]] = bad
+            spec.write_text(yaml.safe_dump(data))
+            for command in commands:
+                for args in (command, [*command, "--dry-run"]) if "--dry-run" not in command \
+                        else (command,):
+                    r = run(*args)
+                    lines = r.output.strip().splitlines()  # type: ignore[attr-defined]
+                    where = f"{kind} {path}={bad!r} ({' '.join(args)}): {r.output!r}"  # type: ignore[attr-defined]
+                    assert r.exit_code == 2, where  # type: ignore[attr-defined]
+                    assert len(lines) == 1 and lines[0].startswith("error: "), where
+                    named = str(path[-1]) if isinstance(path[-1], str) else str(path[-2])
+                    assert named in lines[0], where
+                    assert sorted(p.name for p in tmp_path.iterdir()) == ["spec.yaml"], where
+
+
+def test_rules_between_spec_keys_are_checked_when_the_spec_is_read() -> None:
+    """The rules between options hold for a spec's keys as for the flags (declared once,
+    ``requires``): named as the spec writes them; a top-level default meets an entry's key."""
+    from blockcoupling.studies.sweep.spec import SpecError, parse_spec
+
+    base = {"prompts": ["builtin:smoke"]}
+    with pytest.raises(SpecError, match=r"^models\[0\]\.init_seed applies with "
+                                        r"models\[0\]\.init: random only"):
+        parse_spec({**base, "models": [{"model": "gpt2", "init_seed": 3}]})
+    with pytest.raises(SpecError, match=r"^models\[0\]\.offload_folder applies with "
+                                        r"models\[0\]\.device_map only"):
+        parse_spec({**base, "models": [{"model": "gpt2", "offload_folder": "off"}]})
+    spec = parse_spec({**base, "init_seed": 3, "models": [{"model": "gpt2", "init": "random"}]})
+    assert spec.models[0].init_seed == 3

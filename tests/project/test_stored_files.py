@@ -173,10 +173,22 @@ def _vit_interrupted(art: Artefacts, out: Path) -> Path:
     return out
 
 
+def _perturb(art: Artefacts, out: Path) -> Path:
+    r = _perturb_command(art, out)
+    assert r.exit_code == 0, r.output
+    return out
+
+
+def _perturb_command(art: Artefacts, out: Path) -> Any:
+    prompts = write_prompts(art.base / "prompts.txt", PROMPTS[:2])
+    return cli("-q", "perturb", "--model", str(art["lm"]), "--prompts", str(prompts),
+               "--levels", "0.1", "--draws", "2", "--out", str(out))
+
+
 BUILDERS: dict[str, Callable[[Artefacts, Path], Path]] = {
     "lm": lambda art, out: save_tiny_lm(out), "run": _run, "unfinished": _unfinished,
     "monitor": _monitor, "lmcache": _tiny_lm, "study": _study_records, "vit": _vit,
-    "vit_interrupted": _vit_interrupted}
+    "vit_interrupted": _vit_interrupted, "perturb": _perturb}
 
 
 # ---------------------------------------------------------------------------- the readers
@@ -242,6 +254,26 @@ def _resume_training(built: Artefacts, root: Path) -> Any:
     return train_vit(VitTrainConfig(**VIT, epochs=2), root, progress=False, threads=1)
 
 
+def _read_perturbation(built: Artefacts, root: Path) -> Any:
+    from blockcoupling.studies.perturbation import read_perturbation
+
+    return read_perturbation(root)
+
+
+def _perturb_again(built: Artefacts, root: Path) -> Any:
+    """The same perturb command again: a damaged part is measured again, to the same rows."""
+    from blockcoupling.studies.perturbation import read_perturbation
+
+    r = _perturb_command(built, root)
+    if r.exit_code == 0:
+        got = read_perturbation(root).rows
+        want = read_perturbation(built["perturb"]).rows
+        import pandas as pd
+
+        pd.testing.assert_frame_equal(got, want, check_exact=True)
+    return r
+
+
 @dataclass(frozen=True)
 class Kind:
     """One kind of stored file: where it is, who reads it, what the line must name."""
@@ -257,6 +289,7 @@ class Kind:
 
 
 RUN_REPAIR = r"new --out|--resume|backup"
+PERTURB_REPAIR = r"blockcoupling perturb command"
 COLLECTION_REPAIR = r"--resume|CouplingMonitor|the same"
 KINDS = (
     Kind("run manifest", "run", "manifest.json", _cli("show", "{}"), RUN_REPAIR, json=True),
@@ -296,6 +329,14 @@ KINDS = (
          r"vit-grid command"),
     Kind("ViT checkpoint", "vit_interrupted", "checkpoint.pt", _api(_resume_training),
          r"run the same command again", rebuilt=("deleted",)),
+    Kind("perturbation settings", "perturb", "perturbation.json", _api(_read_perturbation),
+         PERTURB_REPAIR, json=True),
+    Kind("perturbation table", "perturb", "perturbation.parquet", _api(_read_perturbation),
+         PERTURB_REPAIR),
+    Kind("perturbation ledger", "perturb", "checksums.json", _api(_read_perturbation),
+         PERTURB_REPAIR, json=True),
+    Kind("perturbation part", "perturb", "parts/00001.parquet", _api(_perturb_again),
+         PERTURB_REPAIR, rebuilt=FAULTS),  # measured again, to the same rows
 )
 
 #: the faults every default run tries on every kind; the others in the slow set (CI: all)

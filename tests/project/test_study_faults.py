@@ -228,7 +228,7 @@ def test_listed_inputs_are_never_dropped(study: dict[str, Any], tmp_path: Path) 
         path.write_text(yaml.safe_dump(spec))
         r = cli("--quiet", "sweep", str(path), "--out", str(tmp_path / "x"), "--executor",
                 "local")
-        assert r.exit_code == 1 and match in one_error_line(r.output), r.output
+        assert r.exit_code == 2 and match in one_error_line(r.output), r.output  # spec keys
         assert not (tmp_path / "x").exists()
 
 
@@ -300,7 +300,7 @@ def test_refused_spec_leaves_no_directory_that_refuses_the_corrected_one(
            "prompts": [str(study["base"] / "prompts.txt")]}
     path.write_text(yaml.safe_dump(bad))
     r = cli("--quiet", "sweep", str(path), "--out", str(tmp_path / "s"), "--executor", "local")
-    assert r.exit_code == 1 and "float8" in one_error_line(r.output)
+    assert r.exit_code == 2 and "float8" in one_error_line(r.output)  # a spec key refused
     bad["models"][0]["dtype"] = "float32"
     path.write_text(yaml.safe_dump(bad))
     r = cli("--quiet", "sweep", str(path), "--out", str(tmp_path / "s"), "--executor", "local")
@@ -349,7 +349,7 @@ def test_vit_training_options_are_checked_at_parse_time(name: str, value: Any) -
 def test_vit_train_cli_refuses_bad_numbers_before_writing(flag: str, value: str,
                                                           tmp_path: Path) -> None:
     r = cli("vit-train", "--out", str(tmp_path / "v"), flag, value)
-    assert r.exit_code == 1 and flag.lstrip("-") in one_error_line(r.output)
+    assert r.exit_code == 2 and flag.lstrip("-") in one_error_line(r.output)  # as parsed
     assert not (tmp_path / "v").exists()
 
 
@@ -464,18 +464,21 @@ def test_bad_grid_spec_is_one_line(spec: dict[str, Any], match: str) -> None:
 def test_sweep_cli_refuses_bad_numbers_before_writing(study: dict[str, Any], flag: str,
                                                       value: str, tmp_path: Path) -> None:
     r = cli(*sweep_args(study, tmp_path / "s", flag, value))
-    assert r.exit_code == 1 and flag.lstrip("-") in one_error_line(r.output)
+    assert r.exit_code == 2 and flag.lstrip("-") in one_error_line(r.output)  # as parsed
     assert not (tmp_path / "s").exists()
 
 
 def test_sweep_without_results_is_replaced_by_the_corrected_spec(study: dict[str, Any],
                                                                   tmp_path: Path) -> None:
+    broken = tmp_path / "runs" / "checkpoint-0"  # its weights lost: every unit fails to load
+    shutil.copytree(study["base"] / "runs" / "checkpoint-0", broken)
+    for f in broken.glob("*.safetensors"):
+        f.unlink()
     spec = {**study["dict"], "prompts": [str(study["base"] / "prompts.txt")],
-            "models": [{"label": "lm", "checkpoints": str(study["base"] / "runs" /
-                                                          "checkpoint-0"), "device": "cuda:9"}]}
+            "models": [{"label": "lm", "checkpoints": str(broken)}]}
     s = bc.run_sweep(spec, tmp_path / "s", executor="local", progress=False)
     assert (s.catalogue["status"] == "failed").all()  # every unit failed: nothing measured
-    spec["models"][0]["device"] = "cpu"
+    spec["models"][0]["checkpoints"] = str(study["base"] / "runs" / "checkpoint-0")
     s = bc.run_sweep(spec, tmp_path / "s", executor="local", progress=False)
     assert (s.catalogue["status"] == "done").all() and len(s.catalogue) == 1
     spec["models"][0]["label"] = "other"  # now it holds results: refused with the difference
@@ -544,7 +547,7 @@ def test_measure_options_of_a_spec_are_checked(key: str, value: Any) -> None:
 def test_vit_grid_cli_refuses_bad_numbers_before_writing(flag: str, value: str,
                                                          tmp_path: Path) -> None:
     r = cli("vit-grid", "--out", str(tmp_path / "g"), "--executor", "local", flag, value)
-    assert r.exit_code == 1, r.output
+    assert r.exit_code == 2, r.output  # refused as the options are parsed
     one_error_line(r.output)
     assert not (tmp_path / "g").exists()
 

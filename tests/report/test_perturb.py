@@ -124,6 +124,8 @@ def test_cli_writes_resumes_and_refuses_other_settings(tmp_path: Path) -> None:
     assert rows["prompt_id"].nunique() == 4 and (out / "perturbation.html").is_file()
     settings = json.loads((out / "perturbation.json").read_text())
     assert settings["levels"] == [0.1, 1.0] and "uniformly random unit direction" in settings["rule"]
+    page = (out / "perturbation.html").read_text()  # the model by its folder's name, as
+    assert "<p>Model m;" in page and str(model) not in page  # every page names a local one
     # a killed run: one prompt's part gone; the same command measures it again, equal rows
     (out / "parts" / "00002.parquet").unlink()
     (out / "perturbation.parquet").unlink()
@@ -175,17 +177,24 @@ def test_perturb_verifies_what_it_reads_and_checks_before_it_writes(tmp_path: Pa
     assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
 
 
-@pytest.mark.parametrize("extra, match", [
-    (["--levels", "0.1,-1"], "give positive numbers"),
-    (["--levels", "a"], "--levels 'a'"),
-    (["--draws", "0"], "draws=0"),
-    (["--token", "40"], "outside the prompt"),
+@pytest.mark.parametrize("extra, match, code", [
+    (["--levels", "0.1,-1"], "--levels must be a finite number > 0, not -1.0", 2),
+    (["--levels", "a"], "--levels 'a'", 2),
+    (["--draws", "0"], "--draws must be a whole number >= 1", 2),
+    (["--batch-size", "0"], "--batch-size must be a whole number >= 1", 2),
+    (["--seed", "-1"], "--seed must be a whole number >= 0", 2),
+    (["--token", "40"], "outside the prompt", 1),
 ])
-def test_bad_input_is_one_line(tmp_path: Path, extra: list[str], match: str) -> None:
+def test_bad_input_is_one_line(tmp_path: Path, extra: list[str], match: str, code: int) -> None:
+    """A setting refused as it is parsed (exit 2, nothing written); a token outside the
+    prompt, once the prompt is read (exit 1)."""
     model = save_tiny_lm(tmp_path / "m")
     r = cli("perturb", "--model", str(model), "--prompts", "builtin:capital", "--out",
             str(tmp_path / "o"), *extra)
-    assert r.exit_code == 1 and match in r.output and "Traceback" not in r.output
+    assert r.exit_code == code and match in r.output, r.output
+    assert len(r.output.strip().splitlines()) == 1
+    if code == 2:
+        assert not (tmp_path / "o").exists()
 
 
 def test_check_levels() -> None:

@@ -499,6 +499,18 @@ def test_local_paths_are_labelled_by_their_folder(runs: list[Measurement]) -> No
     twins = F.run_labels([m, m, m])
     assert twins == ["EleutherAI/pythia-160m #1", "EleutherAI/pythia-160m #2",
                      "EleutherAI/pythia-160m #3"]
+    # runs of one folder that differ (--init random beside the pretrained weights; another
+    # token rule): labelled by what differs, not #1 / #2
+    local = {"model": "/home/me/models/gpt2"}
+    pre = replace(m, meta={**local, "init": "pretrained"})
+    rnd = replace(m, meta={**local, "init": "random", "init_seed": 0})
+    assert F.run_labels([pre, rnd]) == ["gpt2 (init pretrained)", "gpt2 (init random, init_seed 0)"]
+    last = replace(m, meta=dict(local), config=m.config.replace(tokens="last"))
+    every = replace(m, meta=dict(local), config=m.config.replace(tokens="all"))
+    assert F.run_labels([last, every]) == ["gpt2 (tokens last)", "gpt2 (tokens all)"]
+    assert F.run_labels([pre, pre, rnd]) == ["gpt2 (init pretrained) #1",
+                                             "gpt2 (init pretrained) #2",
+                                             "gpt2 (init random, init_seed 0)"]
 
 
 _LONG = ["/very/long/local/path/to/some/checkpoints/of/a/model/number-one",

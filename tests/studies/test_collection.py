@@ -354,7 +354,7 @@ def test_a_spec_says_its_kind(tmp_path: Path) -> None:
         spec.write_text(text)
         out = tmp_path / f"out-{name}"
         r = runner.invoke(app, ["sweep", str(spec), "--out", str(out), "--executor", "local"])
-        assert r.exit_code == 1 and message in r.output, r.output
+        assert r.exit_code == 2 and message in r.output, r.output  # a spec refused: usage
         assert len(r.output.strip().splitlines()) == 1 and not out.exists()
     from blockcoupling.studies.sweep.spec import parse_spec
     from blockcoupling.studies.vit.grid import load_grid_spec

@@ -195,7 +195,7 @@ def test_cli_refuses_an_underpowered_design_before_any_training(tmp_path: Path) 
     out = tmp_path / "out"
     res = CliRunner().invoke(app, ["study", "generalization", "--out", str(out), "--spec",
                                    str(spec)])
-    assert res.exit_code == 1 and res.output.startswith("error:")
+    assert res.exit_code == 2 and res.output.startswith("error:")  # a design refused: usage
     assert len(res.output.strip().splitlines()) == 1 and "power 0.63" in res.output
     assert not out.exists()
     res = CliRunner().invoke(app, ["study", "generalization", "--out", str(out), "--quick",

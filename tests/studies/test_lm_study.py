@@ -156,7 +156,7 @@ def test_bad_specs_are_one_line_before_training(spec: dict, match: str, tmp_path
     path.write_text(yaml.safe_dump(spec))
     out = tmp_path / "out"
     r = CliRunner().invoke(app, ["study", "lm-family", "--runs", str(path), "--out", str(out)])
-    assert r.exit_code == 1
+    assert r.exit_code == 2  # a spec refused: bad usage, as an option
     lines = r.output.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and match in lines[0], r.output
     assert not out.exists()  # refused before anything was written

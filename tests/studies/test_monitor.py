@@ -273,6 +273,20 @@ def _wandb_history(run_dir: Path) -> list[dict]:
     return rows
 
 
+def _wait_for_wandb(run_dir: Path, limit: float = 120.0) -> None:
+    """Until W&B's service says it has written the run (``wandb.finish`` can return before
+    its writer has flushed the run's file on a loaded machine): an I/O wait, no timing is
+    asserted."""
+    import time
+
+    log = run_dir / "logs" / "debug-internal.log"
+    end = time.monotonic() + limit
+    while time.monotonic() < end:
+        if log.is_file() and "stream: all finished" in log.read_text(errors="replace"):
+            return
+        time.sleep(0.5)
+
+
 @pytest.mark.slow  # end to end; CI runs every test (-m 'slow or not slow')
 def test_trainer_callback_wandb_offline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """W&B (offline, no network): the scalars at the measured steps, step 0 included, on
@@ -290,6 +304,7 @@ def test_trainer_callback_wandb_offline(tmp_path: Path, monkeypatch: pytest.Monk
     run_dir = Path(wandb.run.dir).parent if wandb.run is not None else None
     wandb.finish()
     run_dir = run_dir or next((tmp_path / "wandb").glob("offline-run-*"))
+    _wait_for_wandb(run_dir)
     rows = _wandb_history(run_dir)
     measured = _measured(tmp_path / "cb")
     got = {int(r["train/global_step"]): r["train/coupling/coupling_k2"] for r in rows

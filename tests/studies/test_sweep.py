@@ -270,7 +270,7 @@ def test_units_and_steps(study: Path) -> None:
     ({"models": ["gpt2"]}, "prompts"),
     ({"models": ["gpt2"], "prompts": "builtin:capital", "measure": {"k": "x"}}, "measure"),
     ({"models": ["gpt2"], "prompts": "builtin:capital", "measure": {"coupling": ["deep"]}},
-     "coupling kind 'deep'"),
+     "measure: coupling 'deep': choose from depth"),
     ({"models": [{"label": "a", "model": "gpt2"}, {"label": "a", "model": "gpt2"}],
       "prompts": "builtin:capital"}, "used twice"),
     ({"models": [{"checkpoints": "/nonexistent/checkpoint-*"}], "prompts": "builtin:capital"},
@@ -300,13 +300,13 @@ def test_cli_errors(tmp_path: Path) -> None:
                          "unknown key 'kk' (in measure)")):
         bad.write_text(text)
         r = runner.invoke(app, ["sweep", str(bad), "--out", str(tmp_path / "o")])
-        assert r.exit_code == 1, r.output
+        assert r.exit_code == 2, r.output  # a spec refused: bad usage, as an option
         lines = r.output.strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith("error: ") and match in lines[0]
     r = runner.invoke(app, ["sweep", str(tmp_path / "none.yaml"), "--out", str(tmp_path / "o")])
-    assert r.exit_code == 1 and "not found" in r.output
+    assert r.exit_code == 2 and "not found" in r.output
     r = runner.invoke(app, ["sweep", str(bad), "--out", str(tmp_path / "o"), "--executor", "x"])
-    assert r.exit_code == 1 and "executor" in r.output
+    assert r.exit_code == 2 and "--executor 'x': choose from ray, local" in r.output
     r = runner.invoke(app, ["sweep-status", str(tmp_path)])
     assert r.exit_code == 1 and "not a sweep directory" in r.output
 
@@ -322,19 +322,18 @@ def test_stored_spec_and_units_of_the_loading_options_are_pinned(tmp_path: Path)
                    {"label": "b", "model": "org/b", "init": "random", "init_seed": 3,
                     "device": "cpu", "allow_missing_weights": True},
                    {"label": "c", "model": "org/c", "device_map": "auto",
-                    "max_memory": "0=1GiB,cpu=2GiB"}],
+                    "max_memory": "0=1GiB,cpu=2GiB", "offload_folder": "/tmp/off"}],
         "prompts": ["builtin:capital"], "limit": 2, "dtype": "bfloat16",
-        "offload_folder": "/tmp/off", "allow_missing_weights": False,
+        "allow_missing_weights": False,
         "resources": {"num_cpus": 2}, "measure": {"k": [3]}})
     common = {"checkpoints": None, "trust_remote_code": False}
     assert json.loads(json.dumps(spec.to_dict()["models"])) == [
         {"label": "a", "model": "org/a", "revisions": ["step1", "main"], "checkpoints": None,
          "dtype": "float16", "device": "auto", "resources": {"num_cpus": 2, "num_gpus": 1},
-         "trust_remote_code": True,
-         "loading": [["offload_folder", "/tmp/off"], ["quantize", "bnb-8bit"]]},
+         "trust_remote_code": True, "loading": [["quantize", "bnb-8bit"]]},
         {"label": "b", "model": "org/b", "revisions": [], **common, "dtype": "bfloat16",
          "device": "cpu", "resources": {"num_cpus": 2, "num_gpus": 0.0},
-         "loading": [["offload_folder", "/tmp/off"], ["allow_missing_weights", True]],
+         "loading": [["allow_missing_weights", True]],
          "init": "random", "init_seed": 3},
         {"label": "c", "model": "org/c", "revisions": [], **common, "dtype": "bfloat16",
          "device": "auto", "resources": {"num_cpus": 2, "num_gpus": 0.0},
@@ -350,5 +349,5 @@ def test_stored_spec_and_units_of_the_loading_options_are_pinned(tmp_path: Path)
         "revision": "main", "step": None, "prompt_set": "builtin:capital", "limit": 2,
         "dtype": "float16", "device": "auto", "num_cpus": 2, "num_gpus": 1,
         "trust_remote_code": True, "prompt_texts": (),
-        "loading": {"offload_folder": "/tmp/off", "quantize": "bnb-8bit"}, "inputs": {},
+        "loading": {"quantize": "bnb-8bit"}, "inputs": {},
         "run": "", "init": "pretrained", "init_seed": 0}

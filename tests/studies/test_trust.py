@@ -482,7 +482,7 @@ def test_every_study_spec_field_has_a_type_and_a_bound(change: dict[str, Any], m
     path.write_text(yaml.safe_dump(spec))
     for extra in (["--dry-run"], []):
         r = cli("study", "lm-family", "--runs", str(path), "--out", str(tmp_path / "o"), *extra)
-        out = assert_user_error(r)
+        out = assert_user_error(r, code=2)  # a spec refused, by the run and its --dry-run
         assert match in out, out
     assert not (tmp_path / "o").exists()
 
@@ -498,7 +498,7 @@ def test_study_dry_run_checks_out_as_the_run_does(tmp_path: Path) -> None:
     assert_user_error(r, "other files")
     r = cli("-q", "study", "lm-family", "--quick", "--out", str(tmp_path / "new"), "--dry-run",
             "--executor", "rayy")
-    assert_user_error(r, "executor")
+    assert_user_error(r, "--executor 'rayy': choose from ray, local", code=2)
     r = cli("-q", "study", "lm-family", "--quick", "--out", str(tmp_path / "new"), "--dry-run")
     assert r.exit_code == 0, r.output
     assert not (tmp_path / "new").exists()

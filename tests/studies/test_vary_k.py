@@ -74,7 +74,7 @@ def test_cli_writes_one_json_and_one_page(runs, tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("k, match", [("2,5", "not measured at every K: m0 (K=5)"),
-                                      ("2,x", "--k x: not a valid value"),
+                                      ("2,x", "--k 'x': give a positive integer K"),
                                       ("2,2", "at least two different K")])
 def test_bad_k_lists_are_one_line(runs, k: str, match: str) -> None:
     paths, scores = runs

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -253,7 +254,7 @@ def test_weight_decay_only_on_matrices() -> None:
 
 def test_config_validation() -> None:
     for bad, msg in [(dict(drop_path=1.5), "drop-path"), (dict(epochs=0), "epochs"),
-                     (dict(dataset="svhn"), "unknown data set"),
+                     (dict(dataset="svhn"), "dataset 'svhn': choose from digits, cifar10"),
                      (dict(weight_decay=-1), "weight-decay"), (dict(k=0), "k must")]:
         with pytest.raises(BlockCouplingError, match=msg):
             VitTrainConfig(**bad)
@@ -373,6 +374,37 @@ def test_grid_configs_default_to_the_paper() -> None:
         grid_configs(VitTrainConfig(), drop_paths=(0.1, 0.1), weight_decays=(0.05,))
 
 
+def test_coupling_figures_draw_the_chance_level() -> None:
+    """Every ViT coupling figure draws the chance level of the coupling it plots: the runs'
+    c_null for raw c_K (as the figure of the study page shows raw c_K for older runs), 0 for
+    a chance-corrected variant; none is invented where no chance level was recorded."""
+    from blockcoupling.studies.vit.report import (
+        chance_level,
+        plot_coupling_epochs,
+        plot_coupling_vs_accuracy,
+        plot_coupling_vs_drop_path,
+    )
+
+    runs = pd.DataFrame({"drop_path": [0.0, 0.1, 0.0, 0.1], "weight_decay": [0.01, 0.01, 0.1, 0.1],
+                         "coupling": [0.71, 0.74, 0.72, 0.76], "coupling_chance": [0.68] * 4,
+                         "coupling_vs_rotated": [0.05, 0.09, 0.06, 0.1],
+                         "test_accuracy": [0.8, 0.85, 0.82, 0.9]})
+    epochs = runs.assign(name=["a", "b", "c", "d"], epoch=1)
+
+    def chance(ax: Any, vertical: bool = False) -> float:
+        [line] = [ln for ln in ax.get_lines() if ln.get_label().startswith("chance")]
+        data = line.get_xdata() if vertical else line.get_ydata()
+        assert len(set(map(float, data))) == 1
+        return float(data[0])
+
+    assert chance(plot_coupling_vs_drop_path(runs).axes[0]) == pytest.approx(0.68)
+    assert chance(plot_coupling_vs_drop_path(runs, column="coupling_vs_rotated").axes[0]) == 0
+    assert chance(plot_coupling_vs_accuracy(runs).axes[0], vertical=True) == pytest.approx(0.68)
+    assert chance(plot_coupling_epochs(epochs).axes[0]) == pytest.approx(0.68)
+    assert chance_level(runs.drop(columns="coupling_chance"), "coupling") is None
+    assert chance_level(runs, "coupling_vs_null_cls") == 0.0
+
+
 @pytest.mark.slow  # end to end; CI runs every test (-m 'slow or not slow')
 def test_small_grid_runs_locally_and_figures(tmp_path: Path) -> None:
     base = VitTrainConfig(epochs=1, **{**TINY_VIT, "monitor_images": 1, "final_images": 2})
@@ -486,7 +518,7 @@ def test_grid_spec_yaml(tmp_path: Path) -> None:
                      ({"train": {"drop_path": 0.1}}, "set by the grid"),
                      ({"train": {"lr_max": 1}}, "unknown training option"),
                      ({"train": {"augment": "randaugment"}}, "RandAugment is not"),
-                     ({"train": {"label_smoothing": -0.1}}, "label-smoothing"),
+                     ({"train": {"label_smoothing": -0.1}}, "train.label_smoothing must be a finite number >= 0"),
                      ({"drop_path": ["x"]}, "drop_path must be a finite number")]:
         with pytest.raises(BlockCouplingError, match=msg):
             load_grid_spec(bad)
@@ -527,14 +559,14 @@ def test_cli_vit_train_and_figures(tmp_path: Path, trained: Path) -> None:
     res = runner.invoke(app, args)
     assert res.exit_code == 0 and "test accuracy" in res.output
     res = runner.invoke(app, ["vit-train", "--out", str(tmp_path / "x"), "--drop-path", "2"])
-    assert res.exit_code == 1 and res.output.strip().startswith("error:")
+    assert res.exit_code == 2 and res.output.strip().startswith("error:")  # an option error
     res = runner.invoke(app, ["vit-figures", str(trained), "--out", str(tmp_path / "f")])
     assert res.exit_code == 0, res.output
     assert (tmp_path / "f" / "vit_coupling_epochs.png").exists()
     res = runner.invoke(app, ["vit-figures", str(tmp_path / "empty"), "--out", str(tmp_path)])
     assert res.exit_code == 1 and "error:" in res.output
     res = runner.invoke(app, ["vit-grid", "--out", str(tmp_path / "g"), "--executor", "dask"])
-    assert res.exit_code == 1 and "choose ray or local" in res.output
+    assert res.exit_code == 2 and "choose from ray, local" in res.output
     spec = tmp_path / "grid.yaml"
     spec.write_text("kind: vit-grid\ndrop_path: [0.1]\nweight_decay: [0.05]\nexecutor: local\n"
                     "train:\n" + "".join(
@@ -555,7 +587,7 @@ def test_cli_vit_train_and_figures(tmp_path: Path, trained: Path) -> None:
     assert res.exit_code == 0, res.output
     res = runner.invoke(app, ["sweep", str(spec), "--out", str(tmp_path / "g4"), "--retries",
                               "-1"])
-    assert res.exit_code == 1 and "retries" in res.output and not (tmp_path / "g4").exists()
+    assert res.exit_code == 2 and "retries" in res.output and not (tmp_path / "g4").exists()
     g2, g3 = collect_runs(tmp_path / "g2"), collect_runs(tmp_path / "g3")
     assert g3["status"].tolist() == ["complete"]
     assert g3["coupling"].tolist() == g2["coupling"].tolist()
@@ -617,7 +649,7 @@ def test_regulariser_options_and_the_paper_recipe() -> None:
     for bad, msg in [(dict(augment="randaugment"), "not RandAugment|RandAugment is not"),
                      (dict(label_smoothing=1.0), "label-smoothing"),
                      (dict(random_erasing=1.5), "random-erasing"), (dict(cutmix=-1), "cutmix"),
-                     (dict(lr_scaling="sqrt"), "lr scaling"), (dict(tokens="first"), "token")]:
+                     (dict(lr_scaling="sqrt"), "lr-scaling .sqrt.: choose from none, linear"), (dict(tokens="first"), "token")]:
         with pytest.raises(BlockCouplingError, match=msg):
             VitTrainConfig(**bad)
     paper = VitTrainConfig.from_dict({"preset": "paper", "drop_path": 0.2})
@@ -655,11 +687,11 @@ def test_cli_tokens_last_regularisers_and_estimate(tmp_path: Path) -> None:
     assert m["regularisers"]["lr"] == pytest.approx(5e-4 * 32 / 512)
     rep = m["reproducibility"]
     assert rep["torch_threads"] == 1 and rep["seed"] == 0 and rep["torch"] == torch.__version__
-    # bad values: one line, exit 1, nothing written
+    # bad values: one line, exit 2 (refused as the options are parsed), nothing written
     for bad in (["--augment", "randaugment"], ["--label-smoothing", "2"], ["--tokens", "x"],
                 ["--lr-scaling", "sqrt"], ["--preset", "paper2"]):
         res = runner.invoke(app, [*args, "--out", str(tmp_path / "bad"), *bad])
-        assert res.exit_code == 1 and res.output.strip().startswith("error:"), res.output
+        assert res.exit_code == 2 and res.output.strip().startswith("error:"), res.output
         assert len(res.output.strip().splitlines()) == 1 and not (tmp_path / "bad").exists()
     res = runner.invoke(app, [*args, "--out", str(tmp_path / "est"), "--estimate"])
     assert res.exit_code == 0 and "estimated (not run)" in res.output, res.output

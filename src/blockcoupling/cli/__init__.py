@@ -1,7 +1,9 @@
 """The ``blockcoupling`` command line (also ``python -m blockcoupling``).
 
 Exit codes: 0 success, 1 a user error (the message says what to do; no traceback),
-2 bad usage (typer/click's own code). ``--verbose`` shows tracebacks.
+2 bad usage: an option or a spec key refused (`validate.OptionError`, checked as the
+options are parsed) and click's own usage errors, each one line. ``--verbose`` shows
+tracebacks.
 
 Each command family lives in its own module and registers on `app` when imported here;
 heavy libraries (torch, matplotlib, ray) are imported inside the commands, not at start-up.

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import json
 import signal
 import warnings
 from collections.abc import Callable, Iterator
@@ -13,8 +12,8 @@ import typer
 from typer.core import TyperArgument, TyperCommand, TyperGroup
 
 from blockcoupling.errors import BlockCouplingError
-from blockcoupling.jsonsafe import jsonable
-from blockcoupling.validate import one_value
+from blockcoupling.jsonsafe import dumps
+from blockcoupling.validate import OptionError, one_value
 
 __all__ = ["ADDRESS_HELP", "JSON_HELP", "STATE", "Group", "app", "deprecated", "echo_json", "fail",
            "guarded", "one_value", "plain_arguments", "print_plan", "user_errors"]
@@ -31,6 +30,35 @@ ADDRESS_HELP = ("Ray cluster to use: host:port, or ray://head:10001 (Ray Client)
                 "else a new local one.")
 #: the options of every command, accepted before or after the command's name
 GLOBAL_FLAGS = ("-q", "--quiet", "-v", "--verbose")
+
+
+#: click's usage error, whichever click typer uses (its own from typer 0.22, click before)
+_UsageError: Any = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "UsageError")
+
+
+class UsageLine(_UsageError):
+    """Bad usage said in one line (``error: ...``, exit 2), as every other error is said:
+    click's own (a missing option, a value that is not an int, an unknown option) and an
+    option's check (`cli.options.checked`, a record's field) alike."""
+
+    def show(self, file: Any = None) -> None:
+        typer.echo(f"error: {self.format_message()}", err=True)
+
+
+@contextlib.contextmanager
+def _usage_in_one_line() -> Iterator[None]:
+    """click's usage errors (usage, a hint and the message over four lines) as a `UsageLine`
+    that names the command's help; the help printed for a bare group stays as it is."""
+    try:
+        yield
+    except UsageLine:
+        raise
+    except _UsageError as err:
+        if type(err).__name__ == "NoArgsIsHelpError":
+            raise
+        ctx = getattr(err, "ctx", None)
+        where = f" (see '{ctx.command_path} --help')" if ctx is not None else ""
+        raise UsageLine(err.format_message() + where, ctx) from None
 
 
 class _PlainArgument(TyperArgument):
@@ -69,13 +97,19 @@ def plain_arguments(command: Any) -> Any:
 class Group(TyperGroup):
     """The command group: ``-q`` / ``-v`` given after a command (``blockcoupling measure ...
     -q``) are taken as the global flags, as if given before it; the commands' arguments read
-    as `_PlainArgument` (sub-groups too: give them ``cls=Group``)."""
+    as `_PlainArgument` (sub-groups too: give them ``cls=Group``); a usage error is one
+    line (`UsageLine`)."""
 
     def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
         end = args.index("--") if "--" in args else len(args)
         flags = [a for a in args[:end] if _global_flags(a)]
         rest = [a for a in args[:end] if not _global_flags(a)]
-        return super().parse_args(ctx, flags + rest + args[end:])
+        with _usage_in_one_line():
+            return super().parse_args(ctx, flags + rest + args[end:])
+
+    def invoke(self, ctx: Any) -> Any:
+        with _usage_in_one_line():  # the command's own parsing, and a group's under it
+            return super().invoke(ctx)
 
     def get_command(self, ctx: Any, cmd_name: str) -> Any:
         return plain_arguments(super().get_command(ctx, cmd_name))
@@ -118,11 +152,13 @@ def spec_runner(kind: str) -> Callable[[Callable[..., None]], Callable[..., None
 
 
 def fail(err: BaseException) -> None:
-    """Print ``error: ...`` and exit 1 (``--verbose``: re-raise, for the traceback)."""
+    """Print ``error: ...`` and exit 1, or 2 for an option or a spec key that is refused
+    (an `OptionError`: bad usage, as click's own); ``--verbose``: re-raise, for the
+    traceback."""
     if STATE["verbose"]:
         raise err
     typer.echo(f"error: {err}", err=True)
-    raise typer.Exit(1)
+    raise typer.Exit(2 if isinstance(err, OptionError) else 1)
 
 
 class Terminated(KeyboardInterrupt):
@@ -209,8 +245,9 @@ JSON_HELP = "Print the results as JSON on stdout instead of text (errors stay on
 
 
 def echo_json(obj: Any) -> None:
-    """Print ``obj`` as indented JSON on stdout (``--json``)."""
-    typer.echo(json.dumps(jsonable(obj), indent=1, allow_nan=False))
+    """Print ``obj`` as indented JSON on stdout (``--json``): the one dialect of every JSON
+    output (``jsonsafe.dumps``; missing values null)."""
+    typer.echo(dumps(obj))
 
 
 def print_plan(plan: Any, as_json: bool) -> None:

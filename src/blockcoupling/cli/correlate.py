@@ -9,7 +9,21 @@ from typing import Annotated, Any
 import typer
 
 from blockcoupling.cli.app import JSON_HELP, OldJsonForm, app, echo_json, one_value, user_errors
+from blockcoupling.cli.options import checked, checked_field
 from blockcoupling.errors import BlockCouplingError
+from blockcoupling.validate import N_BOOT, SEED
+
+
+def statistic_option(name: str, *, listed: bool = False) -> Callable[..., Any]:
+    """The check of a command's option that is a field of the headline statistic's rule
+    (`StatisticRule`: ``--k``, ``--variant``, ``--p``, ``--orientation``, ``--tokens``):
+    one declaration, the rule's, for every command that takes it."""
+    def where() -> tuple[Any, str]:
+        from blockcoupling.engine.statistic import StatisticRule
+
+        return StatisticRule, name
+
+    return checked_field(where, listed=listed)
 
 
 @app.command(cls=OldJsonForm)
@@ -19,17 +33,17 @@ def correlate(
     as_json: Annotated[bool, typer.Option("--json", help=JSON_HELP)] = False,
     json_out: Annotated[Path | None, typer.Option("--json-out", help="Write every statistic as JSON to this file (also accepted: --json FILE.json).")] = None,
     out: Annotated[Path | None, typer.Option("--out", "-o", help="Write the HTML page (figures inline) here.")] = None,
-    k: Annotated[str | None, typer.Option("--k", help="Fixed top-K for every model (default: round(d/10) per model); several values such as 8,16,32 give the correlation at each K in one output (the paper's alignment_vary_k figure).")] = None,
-    variant: Annotated[str, typer.Option("--variant", help="Comma-separated coupling variants, each a predictor (default: raw coupling as the paper, coupling_vs_null and, where every run measured it, coupling_vs_rotated: its chance-corrected forms).")] = "",
-    tokens: Annotated[str | None, typer.Option("--tokens", help="last (each prompt's last measured token, the paper's), first ([CLS]) or all (the measured tokens averaged within each prompt); default: the runs' own rule (last for language models, [CLS] for ViT runs), which they must share.")] = None,
+    k: Annotated[str | None, typer.Option("--k", help="Fixed top-K for every model (default: round(d/10) per model); several values such as 8,16,32 give the correlation at each K in one output (the paper's alignment_vary_k figure).", callback=statistic_option("k", listed=True))] = None,
+    variant: Annotated[str, typer.Option("--variant", help="Comma-separated coupling variants, each a predictor (default: raw coupling as the paper, coupling_vs_null and, where every run measured it, coupling_vs_rotated: its chance-corrected forms).", callback=statistic_option("variant", listed=True))] = "",
+    tokens: Annotated[str | None, typer.Option("--tokens", help="last (each prompt's last measured token, the paper's), first ([CLS]) or all (the measured tokens averaged within each prompt); default: the runs' own rule (last for language models, [CLS] for ViT runs), which they must share.", callback=statistic_option("tokens"))] = None,
     diagonal: Annotated[bool, typer.Option("--diagonal", help="Average over every layer pair including l = l' (the paper's literal wording) instead of l != l'.")] = False,
     floor: Annotated[bool, typer.Option("--floor", help="Also report what the measured chance level of raw c_K explains of the scores, and what survives it.")] = False,
     allow_mixed_prompts: Annotated[bool, typer.Option("--allow-mixed-prompts", help="Correlate models measured on different prompt sets (refused by default).")] = False,
     allow_checkpoints: Annotated[bool, typer.Option("--allow-checkpoints", help="Count checkpoints of one training run (steps or revisions of one model) as independent models (refused by default: their p-values assume independence).")] = False,
-    p: Annotated[str, typer.Option("--p", help="Norm of the variants that have one, one value: 1, 2 or inf.")] = "1",
-    orientation: Annotated[str, typer.Option("--orientation", help="ujv or vju.")] = "ujv",
-    n_boot: Annotated[int, typer.Option("--n-boot", help="Bootstrap resamples for the CI of R^2.")] = 2000,
-    seed: Annotated[int, typer.Option("--seed", help="Seed of the bootstrap.")] = 0,
+    p: Annotated[str, typer.Option("--p", help="Norm of the variants that have one, one value: 1, 2 or inf.", callback=statistic_option("p"))] = "1",
+    orientation: Annotated[str, typer.Option("--orientation", help="ujv or vju.", callback=statistic_option("orientation"))] = "ujv",
+    n_boot: Annotated[int, typer.Option("--n-boot", help="Bootstrap resamples for the CI of R^2 (0: no interval).", callback=checked(N_BOOT))] = 2000,
+    seed: Annotated[int, typer.Option("--seed", help="Seed of the bootstrap.", callback=checked(SEED))] = 0,
     labels: Annotated[str | None, typer.Option("--labels", help="Comma-separated model names, one per run directory (default: each run's label or model id); the score table's 'model' column uses these.")] = None,
     any_revision: Annotated[bool, typer.Option("--any-revision", help="Let a model measured at a revision take the score row of its model id without that revision (e.g. the main branch's); refused by default, and named in a warning when it happens.")] = False,
 ) -> None:
@@ -79,7 +93,7 @@ def _k_values(raw: str | None) -> list[int]:
 @app.command("chance-floor", cls=OldJsonForm)
 def chance_floor(
     scores: Annotated[str, typer.Option("--scores", help="'paper' (the paper's Table 1, shipped) or a CSV with model, score, d_model[, group].")],
-    k_rule: Annotated[str, typer.Option("--k-rule", help="d/10 (the paper's K = round(d/10) per model) or a fixed K.")] = "d/10",
+    k_rule: Annotated[str, typer.Option("--k-rule", help="d/10 (the paper's K = round(d/10) per model) or a fixed K.", callback=statistic_option("k"))] = "d/10",
     as_json: Annotated[bool, typer.Option("--json", help=JSON_HELP)] = False,
     json_out: Annotated[Path | None, typer.Option("--json-out", help="Write the floor values and regressions as JSON to this file (also accepted: --json FILE.json).")] = None,
     out: Annotated[Path | None, typer.Option("--out", "-o", help="Write the HTML page (figure inline) here.")] = None,

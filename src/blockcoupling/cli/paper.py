@@ -11,60 +11,57 @@ import typer
 
 from blockcoupling.cli.app import JSON_HELP, app, echo_json, guarded, one_value, user_errors
 from blockcoupling.cli.app import STATE as _STATE
-from blockcoupling.cli.correlate import _write_and_say
-from blockcoupling.cli.options import given_options, record_command
-from blockcoupling.errors import BlockCouplingError
-
-
-def _floats(raw: str, flag: str) -> list[float]:
-    items = [v.strip() for v in raw.split(",") if v.strip()]
-    try:
-        return [float(v) for v in items]
-    except ValueError:
-        raise BlockCouplingError(f"{flag} {raw!r}: give comma-separated numbers such as "
-                                 "0.01,0.1,1") from None
-
+from blockcoupling.cli.correlate import _write_and_say, statistic_option
+from blockcoupling.cli.options import Record, checked, given_record, record_command
+from blockcoupling.cli.run import source_record
+from blockcoupling.validate import COUNT, N_BOOT, SEED
 
 #: the loading options perturb leaves out: it runs the whole model on one device
 _DISPATCH_OPTIONS = ("device_map", "max_memory", "offload_folder", "quantize")
 
 
-def _source_options() -> list[Any]:
-    from blockcoupling.loading import source_options
+def _settings_options() -> list[Any]:
+    from blockcoupling.engine.perturb import PerturbSettings
+    from blockcoupling.fields import cli_options
 
-    return source_options(exclude=_DISPATCH_OPTIONS)
+    return cli_options(PerturbSettings, render=lambda name, v: ",".join(
+        f"{x:g}" for x in v) if isinstance(v, tuple) else str(v))
 
 
-@app.command(cls=record_command(source=_source_options))
+def _settings(params: Any, given: dict[str, Any]) -> Any:
+    from blockcoupling.engine.perturb import PerturbSettings
+    from blockcoupling.fields import from_options
+
+    return from_options(PerturbSettings, given)
+
+
+@app.command(cls=record_command(Record(_settings_options, _settings),
+                                source=source_record(_DISPATCH_OPTIONS)))
 def perturb(
     ctx: typer.Context,
     model: Annotated[str, typer.Option("--model", "-m", help="Hub id or local model folder.")],
     prompts: Annotated[str, typer.Option("--prompts", help="File (.txt/.jsonl/.csv), builtin:NAME, hf:DATASET or protocol:paper[@DIR].")],
     out: Annotated[Path, typer.Option("--out", "-o", help="Folder to write (resumable: run the same command again to continue).")],
-    levels: Annotated[str, typer.Option("--levels", help="Noise levels: the perturbation's norm relative to the embedding's, comma-separated.")] = "0.01,0.03,0.1,0.3,1",
-    draws: Annotated[int, typer.Option("--draws", help="Random directions per level (the same for every prompt).")] = 8,
-    token: Annotated[int, typer.Option("--token", help="The perturbed token (0-based; negative from the end; the paper's: the last, -1).")] = -1,
-    seed: Annotated[int, typer.Option("--seed", help="Seed of the directions and of the prompt subset.")] = 0,
-    limit: Annotated[int | None, typer.Option(help="Use at most this many prompts (seeded subset).")] = None,
-    batch_size: Annotated[int, typer.Option("--batch-size", help="Perturbed copies per forward pass.")] = 16,
+    limit: Annotated[int | None, typer.Option(help="Use at most this many prompts (seeded subset).", callback=checked(COUNT))] = None,
     as_json: Annotated[bool, typer.Option("--json", help=JSON_HELP)] = False,
 ) -> None:
     """Perturb a token's embedding (the input of block 1) with noise of several sizes and
-    compare its trajectory with the true one, layer by layer (the paper's fig. 34)."""
-    from blockcoupling.loading import ModelSource
+    compare its trajectory with the true one, layer by layer (the paper's fig. 34).
+
+    The experiment's settings are PerturbSettings' fields (below the command's own)."""
     from blockcoupling.prompts.sources import load_prompts
     from blockcoupling.studies.perturbation import PAGE, run_perturbation
 
+    settings, source = given_record(ctx), given_record(ctx, "source")
     with guarded(saved=f"finished prompts are saved in {out}",
                  again="continue with the same command"):
-        lv = _floats(levels, "--levels")
-        items = load_prompts(prompts, limit=limit, seed=seed)
-        source = ModelSource(model=model, **given_options(ctx, "source"))
+        items = load_prompts(prompts, limit=limit, seed=settings.seed)
         net, tok = source.load(require_tokenizer=True, progress=not _STATE["quiet"])
         meta = source.meta(prompts_spec=prompts)
-        result = run_perturbation(net, tok, items, out, levels=lv, draws=draws, seed=seed,
-                                  token=token, batch_size=batch_size, meta=meta,
-                                  progress=not _STATE["quiet"])
+        result = run_perturbation(net, tok, items, out, levels=settings.levels,
+                                  draws=settings.draws, seed=settings.seed,
+                                  token=settings.token, batch_size=settings.batch_size,
+                                  meta=meta, progress=not _STATE["quiet"])
     if as_json:
         echo_json({"settings": result.settings,
                    "summary": result.summary.to_dict("records")})
@@ -77,11 +74,11 @@ def perturb(
 def difficulty(
     run_dir: Annotated[Path, typer.Argument(help="A run directory measured on a rated prompt set (hf:e2h-arc, hf:e2h-gsm8k, hf:e2h-winogrande).")],
     ratings: Annotated[str | None, typer.Option("--ratings", help="The rated set: hf:e2h-arc, hf:e2h-gsm8k or hf:e2h-winogrande (from the hub, or @/path/to/rows.jsonl|.parquet); default: the run's own prompt set.")] = None,
-    k: Annotated[str | None, typer.Option("--k", help="Top-K (default: the run's smallest).")] = None,
+    k: Annotated[str | None, typer.Option("--k", help="Top-K (default: the run's smallest).", callback=statistic_option("k"))] = None,
     out: Annotated[Path | None, typer.Option("--out", "-o", help="Write the HTML page here.")] = None,
     json_out: Annotated[Path | None, typer.Option("--json-out", help="Write the table and the fits as JSON here.")] = None,
-    n_boot: Annotated[int, typer.Option("--n-boot", help="Bootstrap resamples for the CI of R^2.")] = 2000,
-    seed: Annotated[int, typer.Option("--seed", help="Seed of the bootstrap.")] = 0,
+    n_boot: Annotated[int, typer.Option("--n-boot", help="Bootstrap resamples for the CI of R^2 (0: no interval).", callback=checked(N_BOOT))] = 2000,
+    seed: Annotated[int, typer.Option("--seed", help="Seed of the bootstrap.", callback=checked(SEED))] = 0,
     as_json: Annotated[bool, typer.Option("--json", help=JSON_HELP)] = False,
 ) -> None:
     """Per-prompt depth-wise coupling against the prompt's difficulty rating (Easy2Hard-Bench)

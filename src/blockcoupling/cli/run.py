@@ -11,8 +11,9 @@ import typer
 
 from blockcoupling.cli.app import JSON_HELP, app, echo_json, guarded, user_errors
 from blockcoupling.cli.app import STATE as _STATE
-from blockcoupling.cli.options import given_options, record_command
+from blockcoupling.cli.options import Record, checked, given_record, record_command
 from blockcoupling.errors import BlockCouplingError
+from blockcoupling.validate import COUNT, EXECUTOR
 
 
 def _csv(value: str | None) -> list[str] | None:
@@ -24,7 +25,7 @@ def measure(
     model: Annotated[str, typer.Option("--model", "-m", help="Hub id or local model folder.")],
     prompts: Annotated[str, typer.Option("--prompts", help="File (.txt/.jsonl/.csv), builtin:NAME, hf:DATASET or protocol:paper[@DIR].")],
     out: Annotated[Path, typer.Option("--out", "-o", help="Run directory to write.")],
-    limit: Annotated[int | None, typer.Option(help="Use at most this many prompts (seeded subset).")] = None,
+    limit: Annotated[int | None, typer.Option(help="Use at most this many prompts (seeded subset).", callback=checked(COUNT))] = None,
     prompt_column: Annotated[str | None, typer.Option(help="Text column of a .csv/.jsonl prompt file.")] = None,
     split: Annotated[str | None, typer.Option(help="Dataset split for hf: prompts.")] = None,
     resume: Annotated[bool, typer.Option("--resume/--no-resume", help="Continue an interrupted run in --out.")] = False,
@@ -32,17 +33,14 @@ def measure(
     as_json: Annotated[bool, typer.Option("--json", help=JSON_HELP)] = False,
 ) -> None:
     """Measure a model on a prompt set and write a resumable run directory."""
-    from blockcoupling.engine.config import parse_config
-    from blockcoupling.loading import ModelSource
     from blockcoupling.prompts.sources import load_prompts
     from blockcoupling.store.record import measure_to_dir
 
     with guarded(saved=f"finished prompts are saved in {out}",
                  again="continue with the same command and --resume"):
         _check_out(out, resume)
-        # the raw strings of the MeasureConfig options that were given go to the one parser
-        cfg = parse_config(None, **given_options(ctx))
-        source = ModelSource(model=model, **given_options(ctx, "source"))
+        # the records of the options given, checked as the options were parsed
+        cfg, source = given_record(ctx), given_record(ctx, "source")
         items = load_prompts(prompts, limit=limit, seed=cfg.seed, column=prompt_column, split=split)
         net, tok = source.load(require_tokenizer=True, progress=not _STATE["quiet"],
                                head=cfg.logit_lens)
@@ -94,13 +92,31 @@ def _measure_options() -> list[Any]:
     return measure_options()
 
 
-def _source_options() -> list[Any]:
-    from blockcoupling.loading import source_options
+def _measure_config(params: Any, given: dict[str, Any]) -> Any:
+    from blockcoupling.engine.config import parse_config
 
-    return source_options()
+    return parse_config(None, **given)  # the raw strings given, through the one parser
 
 
-app.command(cls=record_command(_measure_options, source=_source_options))(measure)
+def source_record(exclude: tuple[str, ...] = ()) -> Record:
+    """The loading options of a command that loads ``--model`` (`ModelSource`'s fields,
+    less ``exclude``) and the record they make."""
+    def options() -> list[Any]:
+        from blockcoupling.loading import source_options
+
+        return source_options(exclude=exclude)
+
+    def build(params: Any, given: dict[str, Any]) -> Any:
+        from blockcoupling.fields import from_options
+        from blockcoupling.loading import ModelSource
+
+        return from_options(ModelSource, given, model=params["model"])
+
+    return Record(options, build)
+
+
+app.command(cls=record_command(Record(_measure_options, _measure_config),
+                               source=source_record()))(measure)
 
 
 def _check_out(out: Path, resume: bool) -> None:
@@ -142,12 +158,19 @@ def _folder_page(path: Path) -> Callable[[Path, Path], Path] | None:
     return kind.folder_page if kind is not None else None
 
 
+def _sort_rule() -> Any:
+    from blockcoupling.report.summaries.profiles import SORT_KEYS
+    from blockcoupling.validate import choice, rule
+
+    return rule(choice, choices=tuple(SORT_KEYS))
+
+
 @app.command()
 def report(
     run_dirs: Annotated[list[Path], typer.Argument(help="One or more run directories, one collection (its kind's page: a sweep or monitor directory, the emergence report; a vit-grid, the ViT study page) or one folder of vit-train runs (the ViT study page).")],
     out: Annotated[Path, typer.Option("--out", "-o", help="HTML file to write.")] = Path("report.html"),
     labels: Annotated[str | None, typer.Option(help="Comma-separated labels, one per run.")] = None,
-    sort: Annotated[str, typer.Option("--sort", help="Order of the runs on the per-model figures: given, params (parameter count), layers, d_model, or score (with --scores; the paper sorts by size, fig. 37, or by score, fig. 23). Run directories only (a sweep's are SWEEP/units/*).")] = "given",
+    sort: Annotated[str, typer.Option("--sort", help="Order of the runs on the per-model figures: given, params (parameter count), layers, d_model, or score (with --scores; the paper sorts by size, fig. 37, or by score, fig. 23). Run directories only (a sweep's are SWEEP/units/*).", callback=checked(_sort_rule))] = "given",
     scores: Annotated[str | None, typer.Option("--scores", help="With --sort score: paper, a CSV (model, score) or an lm-evaluation-harness folder, matched to the runs as correlate does.")] = None,
 ) -> None:
     """Write one self-contained HTML report (plus PNG/SVG/PDF figures) from stored runs."""
@@ -232,7 +255,7 @@ def demo(
     quick: Annotated[bool, typer.Option("--quick/--no-quick", help="A much smaller demo: one prompt per model, K = 10 only, and a 2-layer d = 32 LM trained for 20 steps instead of the 6-layer d = 128 one trained for 400 (the numbers are a smoke test, not the story).")] = False,
     cache_dir: Annotated[Path | None, typer.Option(help="Where trained demo checkpoints are cached.")] = None,
     family: Annotated[bool, typer.Option("--family/--no-family", help="Also run the coupling-vs-generalisation study on a family of tiny LMs (about a minute more).")] = True,
-    executor: Annotated[str, typer.Option(help="Where the tiny LMs' checkpoint sweeps run: ray (a local Ray cluster, started for the demo) or local (in this process, no Ray).")] = "ray",
+    executor: Annotated[str, typer.Option(help="Where the tiny LMs' checkpoint sweeps run: ray (a local Ray cluster, started for the demo) or local (in this process, no Ray).", callback=checked(EXECUTOR))] = "ray",
 ) -> None:
     """The offline demo: pretrained MiniLM vs random init, and a tiny LM across training
     (trained with the coupling monitor, its checkpoints measured by a sweep on local Ray)."""

@@ -18,18 +18,20 @@ from blockcoupling.cli.app import (
     print_plan,
 )
 from blockcoupling.cli.app import STATE as _STATE
+from blockcoupling.cli.options import checked, record_command
+from blockcoupling.validate import COUNT, EXECUTOR
 
 study_app = typer.Typer(cls=Group, help="Built-in studies that test the paper's claims end to end.",
                         no_args_is_help=True)
 app.add_typer(study_app, name="study")
 
 
-@study_app.command("lm-family")
+@study_app.command("lm-family", cls=record_command(exclusive={"runs": ("quick",)}))
 def lm_family(
     out: Annotated[Path, typer.Option("--out", "-o", help="Output folder (study.json, study.html, sweep/).")],
     quick: Annotated[bool, typer.Option("--quick", help="The test-suite's tiny version (about a minute).")] = False,
     runs: Annotated[Path | None, typer.Option("--runs", help="A YAML study spec (runs, k, n_prompts, ...); default: the full family.")] = None,
-    executor: Annotated[str, typer.Option("--executor", help="How the checkpoints are measured: local (this process) or ray.")] = "local",
+    executor: Annotated[str, typer.Option("--executor", help="How the checkpoints are measured: local (this process) or ray.", callback=checked(EXECUTOR))] = "local",
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Check the study spec and print its plan (runs, training steps, checkpoints, the measurement of each, an estimated time); train and write nothing.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help=JSON_HELP)] = False,
 ) -> None:
@@ -60,14 +62,16 @@ def lm_family(
         typer.echo(f"wrote {out / 'study.json'} and {out / 'study.html'}")
 
 
-@study_app.command("generalization")
+@study_app.command("generalization", cls=record_command(
+    exclusive={"spec": ("quick",)},
+    requires={k: ("executor", "ray") for k in ("address", "cluster_cpus")}))
 def generalization(
     out: Annotated[Path, typer.Option("--out", "-o", help="Output folder (study.json, study.html, runs.csv, cells.csv, grid/).")],
     quick: Annotated[bool, typer.Option("--quick", help="The test-suite's tiny version (18 runs of a 16-wide ViT, under a minute; a smoke test without power).")] = False,
     spec: Annotated[Path | None, typer.Option("--spec", help="A YAML design (train_sizes, label_noises, seeds, train: {...}, variants, alpha, bound, power); default: the full design.")] = None,
-    executor: Annotated[str, typer.Option("--executor", help="How the runs train: local (one after the other in this process) or ray (one task per run, one CPU and one torch thread each).")] = "local",
+    executor: Annotated[str, typer.Option("--executor", help="How the runs train: local (one after the other in this process) or ray (one task per run, one CPU and one torch thread each).", callback=checked(EXECUTOR))] = "local",
     address: Annotated[str | None, typer.Option(help=ADDRESS_HELP)] = None,
-    cluster_cpus: Annotated[int | None, typer.Option(help=CLUSTER_CPUS_HELP)] = None,
+    cluster_cpus: Annotated[int | None, typer.Option(help=CLUSTER_CPUS_HELP, callback=checked(COUNT))] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Check the design (its power included) and print its plan (runs, steps, measured checkpoints, the measurement of each, an estimated time); train and write nothing.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help=JSON_HELP)] = False,
 ) -> None:

@@ -22,21 +22,27 @@ from blockcoupling.cli.app import (
     user_errors,
 )
 from blockcoupling.cli.app import STATE as _STATE
+from blockcoupling.cli.options import checked, record_command
 from blockcoupling.errors import BlockCouplingError
 from blockcoupling.jsonsafe import jsonable
+from blockcoupling.validate import COUNT, EXECUTOR, RETRIES, number, rule
+
+#: the options of a Ray cluster: nothing to --executor local
+RAY_ONLY = {name: ("executor", "ray") for name in ("address", "cluster_cpus", "num_cpus",
+                                                  "retries", "connect_timeout")}
 
 
-@app.command()
+@app.command(cls=record_command(requires=RAY_ONLY))
 def sweep(
     spec: Annotated[Path, typer.Argument(help="The sweep spec (YAML): models, prompts, measure.")],
     out: Annotated[Path, typer.Option("--out", "-o", help="Sweep directory to write.")],
     address: Annotated[str | None, typer.Option(help=ADDRESS_HELP)] = None,
     resume: Annotated[bool, typer.Option("--resume", help="Continue the sweep in --out (after a crash or a kill).")] = False,
-    executor: Annotated[str | None, typer.Option(help="ray (default; a ViT grid spec: its own executor key) or local (one unit after the other in this process, for debugging).")] = None,
-    cluster_cpus: Annotated[int | None, typer.Option(help=CLUSTER_CPUS_HELP)] = None,
-    num_cpus: Annotated[int | None, typer.Option(hidden=True, help="Deprecated: --cluster-cpus.")] = None,
-    retries: Annotated[int | None, typer.Option(help="Ray retries of a unit whose worker died (default: the spec's retries, 3).")] = None,
-    connect_timeout: Annotated[float, typer.Option(help="Seconds to reach an existing Ray cluster before giving up (one error line, nothing written).")] = 60.0,
+    executor: Annotated[str | None, typer.Option(help="ray (default; a ViT grid spec: its own executor key) or local (one unit after the other in this process, for debugging).", callback=checked(EXECUTOR))] = None,
+    cluster_cpus: Annotated[int | None, typer.Option(help=CLUSTER_CPUS_HELP, callback=checked(COUNT))] = None,
+    num_cpus: Annotated[int | None, typer.Option(hidden=True, help="Deprecated: --cluster-cpus.", callback=checked(COUNT))] = None,
+    retries: Annotated[int | None, typer.Option(help="Ray retries of a unit whose worker died (default: the spec's retries, 3).", callback=checked(RETRIES))] = None,
+    connect_timeout: Annotated[float, typer.Option(help="Seconds to reach an existing Ray cluster before giving up (one error line, nothing written).", callback=checked(rule(number, above=0)))] = 60.0,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Check the spec, load every unit's model and prompts, and print each unit's plan (prompts, tokens, pairs, Jacobians, memory, an estimated time); write nothing, start no Ray.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help=JSON_HELP)] = False,
 ) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -19,8 +20,15 @@ from blockcoupling.cli.app import (
     user_errors,
 )
 from blockcoupling.cli.app import STATE as _STATE
-from blockcoupling.cli.options import given_options, record_command
-from blockcoupling.errors import BlockCouplingError
+from blockcoupling.cli.options import (
+    Record,
+    checked,
+    checked_field,
+    given_options,
+    given_record,
+    record_command,
+)
+from blockcoupling.validate import COUNT
 
 #: VitTrainConfig fields that are not options of vit-grid: the grid's own list options
 #: (--drop-path, --weight-decay, --seeds) set them per run
@@ -41,26 +49,31 @@ def _grid_options() -> list[Any]:
     return cli_options(VitTrainConfig, exclude=_GRID_OWN)
 
 
-def _floats(value: str, what: str) -> list[float]:
-    try:
-        return [float(v) for v in value.split(",") if v.strip()]
-    except ValueError as err:
-        raise BlockCouplingError(f"{what}={value!r}: give comma-separated numbers") from err
-
-
-def _train_config(ctx: typer.Context, **fixed: Any) -> Any:
+def _train_config(params: Any, given: dict[str, Any]) -> Any:
     """The config of the options given (the others unset; ``--preset paper`` starts from the
-    recipe), with ``fixed`` values on top."""
+    recipe)."""
     from blockcoupling.studies.vit.train import VitTrainConfig
 
-    return VitTrainConfig.from_options(**given_options(ctx), **fixed)
+    return VitTrainConfig.from_options(**given)
 
 
-@app.command("vit-train", cls=record_command(_train_options))
+def _grid_field(name: str) -> Callable[..., Any]:
+    """The check of a vit-grid option that is a `GridSpec` key: its field's parser and
+    rule (a grid spec's key and the option are one declaration)."""
+    def where() -> tuple[Any, str]:
+        from blockcoupling.studies.vit.grid import GridSpec
+
+        return GridSpec, name
+
+    return checked_field(where)
+
+
+@app.command("vit-train", cls=record_command(Record(_train_options, _train_config),
+                                             exclusive={"dry_run": ("estimate",)}))
 def vit_train(
     ctx: typer.Context,
     out: Annotated[Path, typer.Option("--out", "-o", help="Output folder (model/, metrics.json, coupling/).")],
-    threads: Annotated[int | None, typer.Option(help="torch threads (default: torch's).")] = None,
+    threads: Annotated[int | None, typer.Option(help="torch threads (default: torch's).", callback=checked(COUNT))] = None,
     estimate: Annotated[bool, typer.Option("--estimate", help="Time a few training steps of this config on random images and print the estimated cost of the whole training; train nothing.")] = False,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Check the options and print the plan (epochs, steps, measured checkpoints and the measurement plan of each); write nothing.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help=JSON_HELP)] = False,
@@ -70,8 +83,8 @@ def vit_train(
     The training options are VitTrainConfig's fields (below the command's own)."""
     from blockcoupling.studies.vit.train import estimate_cost, read_metrics, train_vit
 
+    cfg = given_record(ctx)
     with guarded(saved=f"finished epochs are saved in {out}"):
-        cfg = _train_config(ctx)
         if dry_run:
             from blockcoupling.studies.vit.plan import plan_vit_training
 
@@ -122,37 +135,48 @@ def vit_headline(path: Path, m: dict[str, Any]) -> str:
             "the images, within this trained model)")
 
 
-@app.command("vit-grid", cls=record_command(_grid_options))
+#: what a --spec file states: the options that must not be given beside it (they would be
+#: dropped); the run's environment (--executor, --address, --cluster-cpus) applies to both
+_SPEC_STATES = ("drop_paths", "weight_decays", "seeds", "cpus_per_run", "threads", "config")
+
+
+@app.command("vit-grid", cls=record_command(
+    Record(_grid_options), exclusive={"spec": _SPEC_STATES},
+    requires={k: ("executor", "ray") for k in ("address", "cpus_per_run", "cluster_cpus")}))
 def vit_grid(
     ctx: typer.Context,
     out: Annotated[Path, typer.Option("--out", "-o", help="Grid folder: a vit-grid collection (sweep.json, status/, units/<id>/).")],
-    spec: Annotated[Path | None, typer.Option("--spec", help="YAML grid spec (drop_path, weight_decay, seeds, train: {...}); replaces the other options.")] = None,
-    drop_paths: Annotated[str, typer.Option("--drop-path", help="Comma-separated rates (default: the paper's 8).")] = "0,0.025,0.05,0.075,0.1,0.15,0.2,0.3",
-    weight_decays: Annotated[str, typer.Option("--weight-decay", help="Comma-separated decays (default: the paper's 8).")] = "0.005,0.01,0.02,0.04,0.06,0.08,0.1,0.2",
-    seeds: Annotated[str, typer.Option(help="Comma-separated seeds.")] = "0",
-    executor: Annotated[str, typer.Option(help="ray (one task per run) or local.")] = "ray",
+    spec: Annotated[Path | None, typer.Option("--spec", help="YAML grid spec (drop_path, weight_decay, seeds, train: {...}); replaces the grid and training options (given beside it, they are refused).")] = None,
+    drop_paths: Annotated[str, typer.Option("--drop-path", help="Comma-separated rates (default: the paper's 8).", callback=_grid_field("drop_path"))] = "0,0.025,0.05,0.075,0.1,0.15,0.2,0.3",
+    weight_decays: Annotated[str, typer.Option("--weight-decay", help="Comma-separated decays (default: the paper's 8).", callback=_grid_field("weight_decay"))] = "0.005,0.01,0.02,0.04,0.06,0.08,0.1,0.2",
+    seeds: Annotated[str, typer.Option(help="Comma-separated seeds.", callback=_grid_field("seeds"))] = "0",
+    executor: Annotated[str | None, typer.Option(help="ray (one task per run) or local (default: the spec's executor, else ray).", callback=_grid_field("executor"))] = None,
     address: Annotated[str | None, typer.Option(help=ADDRESS_HELP)] = None,
-    cpus_per_run: Annotated[int, typer.Option(help="CPUs of each run's Ray task.")] = 1,
-    cluster_cpus: Annotated[int | None, typer.Option(help=CLUSTER_CPUS_HELP)] = None,
-    threads: Annotated[int, typer.Option(help="torch threads per run.")] = 1,
+    cpus_per_run: Annotated[int, typer.Option(help="CPUs of each run's Ray task.", callback=_grid_field("cpus_per_run"))] = 1,
+    cluster_cpus: Annotated[int | None, typer.Option(help=CLUSTER_CPUS_HELP, callback=checked(COUNT))] = None,
+    threads: Annotated[int, typer.Option(help="torch threads per run.", callback=_grid_field("threads"))] = 1,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Check the grid and print its plan (runs, epochs, steps, measured checkpoints and the measurement plan of each); write nothing.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help=JSON_HELP)] = False,
 ) -> None:
     """Train the drop-path x weight-decay grid (one run per point; finished runs are skipped).
 
     The training options of every run are VitTrainConfig's fields (below the command's own)."""
-    from blockcoupling.studies.vit.grid import load_grid_spec, run_grid
+    from blockcoupling.studies.vit.grid import GridSpec, load_grid_spec, run_grid
 
     with guarded(saved=f"finished runs are saved in {out}"):
         if spec is not None:
             base, kwargs = load_grid_spec(spec)
-        else:
-            base = _train_config(ctx, seed=0)
-            kwargs = dict(drop_paths=_floats(drop_paths, "--drop-path"),
-                          weight_decays=_floats(weight_decays, "--weight-decay"),
-                          seeds=_floats(seeds, "seeds"), executor=executor,
-                          address=address, num_cpus=cpus_per_run, threads=threads,
-                          cluster_cpus=cluster_cpus)
+        else:  # the options as a grid spec's keys: one declaration, one check
+            from blockcoupling.fields import from_mapping
+
+            grid = from_mapping(GridSpec, {
+                "drop_path": drop_paths, "weight_decay": weight_decays, "seeds": seeds,
+                "cpus_per_run": cpus_per_run, "threads": threads,
+                "train": {k: v for k, v in given_options(ctx).items()}})
+            base, kwargs = grid.base(), grid.run_grid_kwargs()
+        # the run's environment: the command line's where given, else the spec's
+        kwargs.update({k: v for k, v in (("executor", executor), ("address", address),
+                                         ("cluster_cpus", cluster_cpus)) if v is not None})
         if dry_run:
             from blockcoupling.studies.vit.plan import plan_grid
 

@@ -36,6 +36,7 @@ from typing import Any, Literal
 
 import torch
 
+from blockcoupling import validate
 from blockcoupling.engine.names import (
     HASHED_VARIANTS,
     KINDS,
@@ -45,8 +46,9 @@ from blockcoupling.engine.names import (
     VARIANTS,
 )
 from blockcoupling.errors import BlockCouplingError
-from blockcoupling.fields import OptionSpec, cli_options, identity, opt, parse_given
+from blockcoupling.fields import OptionSpec, check_fields, cli_options, identity, opt, parse_given
 from blockcoupling.hashing import canonical_hash
+from blockcoupling.validate import OptionError
 
 DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "float64": torch.float64}
 HASH_VERSION = "measure-config-v1"
@@ -56,8 +58,8 @@ LayerSpec = tuple[int, ...] | None
 
 
 # ---------------------------------------------------------------------------- parsers
-def _bad(name: str, value: Any, hint: str) -> BlockCouplingError:
-    return BlockCouplingError(f"{name}={value!r}: {hint}")
+def _bad(name: str, value: Any, hint: str) -> OptionError:
+    return OptionError(f"{name}={value!r}: {hint}")
 
 
 def _items(name: str, value: Any) -> tuple[Any, ...]:
@@ -198,7 +200,9 @@ def parse_opt_float(name: str, value: Any) -> float | None:
 def parse_opt_str(name: str, value: Any) -> str | None:
     if value is None or (isinstance(value, str) and value.strip().lower() in ("", "none")):
         return None
-    return str(value).strip()
+    if not isinstance(value, str):  # a mapping or a list is not a name (never its str())
+        raise _bad(name, value, "give a name (text) or none")
+    return value.strip()
 
 
 def parse_opt_bool(name: str, value: Any) -> bool | None:
@@ -222,11 +226,41 @@ def parse_window(name: str, value: Any) -> tuple[int, int] | None:
 
 
 def _opt(default: Any, help: str, parse: Callable[[str, Any], Any], *, cli: str | None = None,
-         hashed: bool | str = True) -> Any:
+         hashed: bool | str = True, check: validate.Rule | None = None) -> Any:
     """A config field (`blockcoupling.fields.opt`): its default, help text, parser, CLI
-    flag (None = not on the CLI) and whether it enters [`MeasureConfig.config_hash`][blockcoupling.engine.config.MeasureConfig.config_hash]
+    flag (None = not on the CLI), its check (a `validate.Rule`, each item of a tuple) and
+    whether it enters [`MeasureConfig.config_hash`][blockcoupling.engine.config.MeasureConfig.config_hash]
     (``"if_set"``: only when not None, so that adding the field kept every earlier hash)."""
-    return opt(default, help, parse=parse, cli=cli, hashed=hashed)
+    return opt(default, help, parse=parse, cli=cli, hashed=hashed, check=check)
+
+
+def _layer(value: Any, name: str) -> int:
+    """A layer number: 1-based (layer l = block l)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise OptionError(f"{name} {value!r}: layers are numbered from 1 (layer l = block l)")
+    return value
+
+
+def _odd_window(value: Any, name: str) -> int:
+    """The line-shape-score window: centred, so odd, and at least 3."""
+    width = validate.whole(value, name, minimum=3)
+    if width % 2 == 0:
+        raise OptionError(f"{name}={width}: the window is centred, so give an odd width >= 3 "
+                          "(the paper uses 11)")
+    return width
+
+
+def _analysis_device(value: Any, name: str) -> str:
+    """Where the Jacobian work runs: a device this torch has (`validate.device_name`); not
+    ``auto`` (leave the option out: the work then runs with each block)."""
+    if value == "auto":
+        raise OptionError(f"{name} auto: leave it out (the analysis then runs with each "
+                          "block) or name a device such as cpu or cuda")
+    return validate.device_name(value, name)
+
+
+def _choose(choices: Iterable[Any], hint: str = "") -> validate.Rule:
+    return validate.rule(validate.choice, choices=tuple(choices), hint=hint)
 
 
 # ---------------------------------------------------------------------------- the record
@@ -236,50 +270,59 @@ class MeasureConfig:
 
     coupling: tuple[str, ...] = _opt(
         ("depth",), "Coupling kinds: depth,self,fixed_input,fixed_output (or none).",
-        parse_kinds, cli="coupling")
-    k: tuple[int, ...] = _opt((10, 30, 50), "Top-K sizes, e.g. 10,30,50.", parse_ints, cli="k")
+        parse_kinds, cli="coupling", check=_choose(KINDS))
+    k: tuple[int, ...] = _opt((10, 30, 50), "Top-K sizes, e.g. 10,30,50.", parse_ints, cli="k",
+                              check=validate.COUNT)
     tokens: TokenSpec = _opt("auto", "auto ([CLS] for ViTs and BERT-style encoders, last for "
                              "the rest), cls, last, all, or positions such as 0,5,-1.",
                              lambda n, v: parse_tokens(v, n), cli="tokens")
-    p: tuple[float, ...] = _opt((1.0,), "Norms for miscoupling: 1,2,inf.", parse_p, cli="p")
+    p: tuple[float, ...] = _opt((1.0,), "Norms for miscoupling: 1,2,inf.", parse_p, cli="p",
+                                check=_choose(VALID_P, "the normalising norm is p = 1, 2 or inf"))
     dtype: torch.dtype = _opt(torch.float32, "Precision of the analysis: float32 or float64.",
-                              parse_dtype, cli="analysis-dtype")
+                              parse_dtype, cli="analysis-dtype",
+                              check=_choose(DTYPES.values(), "the analysis runs in float32 or "
+                                            "float64"))
     variants: tuple[str, ...] = _opt(VARIANTS, "Variants to store (default: all).", parse_strs,
-                                     cli="variant")
+                                     cli="variant", check=_choose(VARIANTS))
     orientations: tuple[str, ...] = _opt(ORIENTATIONS, "Orientations: ujv,vju.", parse_strs,
-                                         cli="orientation")
+                                         cli="orientation", check=_choose(ORIENTATIONS))
     layers: LayerSpec = _opt(None, "Layer window A..B or a list (1-based; default all).",
-                             lambda n, v: parse_layers(v, n), cli="layers")
+                             lambda n, v: parse_layers(v, n), cli="layers",
+                             check=validate.rule(_layer))
     layer_pairs: str = _opt(
         "same", "Token-wise kinds: same (l = l') or all.", lambda n, v: str(v).strip(),
-        cli="layer-pairs")
+        cli="layer-pairs", check=_choose(("same", "all"), "same: l = l'"))
     final_norm: bool = _opt(False, "Fold the final norm into the last block.", parse_bool,
                             cli="final-norm")
     remove_norm_directions: bool = _opt(
         False, "Post-LN blocks: project the output LayerNorm's two directions (ones, normalised "
         "state) out of every Jacobian before the SVD (docs/conventions.md, Post-LN blocks).",
         parse_bool, cli="remove-norm-directions")
-    method: str = _opt("auto", "auto, dense or matrix-free.", parse_method, cli="method")
+    method: str = _opt("auto", "auto, dense or matrix-free.", parse_method, cli="method",
+                       check=_choose(METHODS))
     fast_path: bool = _opt(True, "Decode-step Jacobians J^l_tt for causal models (fastpath.py).",
                            parse_bool)
     analysis_device: str | None = _opt(
         None, "Where the Jacobian work runs (default: with each block). A model that does not "
         "fit the GPU: --device cpu --analysis-device cuda streams one block at a time.",
-        parse_opt_str, cli="analysis-device")
+        parse_opt_str, cli="analysis-device", check=validate.rule(_analysis_device))
     trajectory: bool = _opt(True, "Trajectory metrics.", parse_bool)
     spectra: bool = _opt(True, "Singular-value spectra of J^l_tt (--no-spectra: no Jacobian "
                          "work when no coupling kind needs it either).", parse_bool,
                          cli="spectra")
     influence: bool = _opt(False, "Cross-token influence on the last token.", parse_bool,
                            cli="influence")
-    lss_window: int = _opt(11, "Width of the centred line-shape-score window (odd).", parse_int)
+    lss_window: int = _opt(11, "Width of the centred line-shape-score window (odd).", parse_int,
+                           check=validate.rule(_odd_window))
     logit_lens: bool = _opt(
         False, "Logit lens (paper fig. 24): the entropy of softmax(W_U N(x^l)) at every layer "
         "and token, in the trajectory table's logit_entropy column; needs a causal LM with "
         "its head (the CLI loads it under this option).", parse_bool, cli="logit-lens",
         hashed="if_changed")
-    batch_size: int = _opt(8, "Prompts per forward pass.", parse_int, cli="batch-size")
-    seed: int = _opt(0, "Seed for prompt subsets and randomized SVDs.", parse_int, cli="seed")
+    batch_size: int = _opt(8, "Prompts per forward pass.", parse_int, cli="batch-size",
+                           check=validate.COUNT)
+    seed: int = _opt(0, "Seed for prompt subsets and randomized SVDs.", parse_int, cli="seed",
+                     check=validate.SEED)
     blocks_path: str | None = _opt(None, "Dotted path to the list of blocks (custom models).",
                                    parse_opt_str, cli="blocks")
     causal: bool | None = _opt(
@@ -287,17 +330,21 @@ class MeasureConfig:
         "the attention mask, or a probe of J).", parse_opt_bool, cli="causal", hashed="if_set")
     hidden_size: int | None = _opt(
         None, "Hidden size d (default: from the config or the first block input).",
-        parse_opt_int, cli="hidden-size", hashed="if_set")
-    svd_oversample: int = _opt(10, "Randomized SVD oversampling.", parse_int)
-    svd_iters: int = _opt(4, "Randomized SVD power iterations.", parse_int)
+        parse_opt_int, cli="hidden-size", hashed="if_set", check=validate.COUNT)
+    svd_oversample: int = _opt(10, "Randomized SVD oversampling.", parse_int,
+                               check=validate.COUNT0)
+    svd_iters: int = _opt(4, "Randomized SVD power iterations.", parse_int,
+                          check=validate.COUNT0)
     svd_tol: float | None = _opt(1e-3, "Residual above which auto falls back to dense.",
-                                 parse_opt_float)
+                                 parse_opt_float,  # nan would switch the fallback off
+                                 check=validate.rule(validate.number, above=0))
     figure_window: tuple[int, int] | None = _opt(
-        None, "Layers of the stored K x K figure matrices (A..B).", parse_window, hashed=False)
+        None, "Layers of the stored K x K figure matrices (A..B).", parse_window, hashed=False,
+        check=validate.rule(_layer))
     figure_prompts: int = _opt(1, "Prompts whose K x K matrices are stored.", parse_int,
-                               hashed=False)
+                               hashed=False, check=validate.COUNT0)
     chunk_size: int | None = _opt(None, "Jacobian rows per vmap chunk (default: automatic).",
-                                  parse_opt_int)
+                                  parse_opt_int, check=validate.COUNT)
     save_bases: bool = _opt(
         False, "Store the top-K U, S, V of every measured Jacobian in the run directory "
         "(read back with open_run(d).bases(...)); the size is printed first.", parse_bool,
@@ -314,6 +361,7 @@ class MeasureConfig:
         hints = _hints()
         for f in fields(self):
             _check_type(f.name, getattr(self, f.name), hints[f.name])
+        check_fields(self, dashes=False)  # each field's declared rule
         set_ = object.__setattr__
         set_(self, "k", tuple(sorted(set(self.k))))
         set_(self, "p", tuple(float(v) for v in self.p))
@@ -334,60 +382,26 @@ class MeasureConfig:
         return parse_config(self, **changes)
 
     # ------------------------------------------------------------------ validation
-    def _validate(self) -> None:  # noqa: C901 - one check per option, each its own line of error
+    def _validate(self) -> None:
+        """The rules between fields, and the empty lists a typed record may hold (each
+        field's own rule is its declaration's, `check_fields`)."""
         def bad(msg: str) -> None:
-            raise BlockCouplingError(msg)
+            raise OptionError(msg)
 
-        for kind in self.coupling:
-            if kind not in KINDS:
-                bad(f"coupling kind {kind!r} is unknown; choose from {', '.join(KINDS)}")
-        if not self.k or min(self.k) < 1:
-            bad(f"k={self.k}: give one or more positive top-K sizes, e.g. 10,30,50")
+        if not self.k:
+            bad("k=(): give one or more positive top-K sizes, e.g. 10,30,50")
         if not self.p:
             bad("p=(): give one or more norms for miscoupling, e.g. 1,2,inf")
-        for v in self.variants:
-            if v not in VARIANTS:
-                bad(f"variant {v!r} is unknown; choose from {', '.join(VARIANTS)}")
-        for o in self.orientations:
-            if o not in ORIENTATIONS:
-                bad(f"orientation {o!r} is unknown; choose from {', '.join(ORIENTATIONS)}")
-        for p in self.p:
-            if p not in VALID_P:
-                bad(f"p={p}: the normalising norm is p = 1, 2 or inf")
-        if self.method not in METHODS:
-            bad(f"method={self.method!r}: choose auto, dense or matrix-free")
-        if self.dtype not in DTYPES.values():
-            bad(f"dtype={self.dtype}: the analysis runs in torch.float32 or torch.float64")
-        if self.layer_pairs not in ("same", "all"):
-            bad(f"layer_pairs={self.layer_pairs!r}: use 'same' (l = l') or 'all'")
         if isinstance(self.tokens, tuple) and not self.tokens:
             bad("tokens=(): give 'auto', 'cls', 'last', 'all' or one or more positions such as "
                 "0,3,-1")
-        if self.batch_size < 1:
-            bad("batch_size must be at least 1")
-        if self.chunk_size is not None and self.chunk_size < 1:
-            bad("chunk_size must be at least 1 (or None for automatic)")
-        if self.svd_oversample < 0 or self.svd_iters < 0:
-            bad("svd_oversample and svd_iters must be >= 0")
-        if self.figure_prompts < 0:
-            bad("figure_prompts must be >= 0")
-        from blockcoupling.validate import number, whole
-
-        if self.svd_tol is not None:  # nan would switch the fallback off, inf force it
-            number(self.svd_tol, "svd_tol", above=0)
-        whole(self.seed, "seed", minimum=0)
         if self.logit_lens and not self.trajectory:
             bad("logit_lens adds a column to the trajectory table; keep trajectory=True")
-        if self.lss_window < 3 or self.lss_window % 2 == 0:
-            bad(f"lss_window={self.lss_window}: the window is centred, so give an odd width >= 3 "
-                "(the paper uses 11)")
-        if self.hidden_size is not None and self.hidden_size < 1:
-            bad(f"hidden_size={self.hidden_size}: give the model's width d (a positive integer)")
         if self.save_jacobians and self.method == "matrix_free":
             bad("save_jacobians stores dense Jacobians, which method='matrix_free' never forms; "
                 "use method='dense' or 'auto'")
-        if self.layers is not None and (not self.layers or min(self.layers) < 1):
-            bad(f"layers={self.layers}: layers are numbered from 1 (layer l = block l)")
+        if self.layers is not None and not self.layers:
+            bad("layers=(): give a window such as 9..16, or none for every layer")
 
     def check_model(self, num_layers: int, hidden_size: int) -> None:
         """Checks that depend on the model: K <= d (where a coupling kind or the spectra use
@@ -447,7 +461,7 @@ def parse_config(base: MeasureConfig | None = None, **user_values: Any) -> Measu
     by_name = {f.name: f for f in fields(MeasureConfig)}
     unknown = sorted(set(user_values) - set(by_name))
     if unknown:
-        raise BlockCouplingError(
+        raise OptionError(
             f"unknown measure option(s) {', '.join(unknown)}; known: {', '.join(by_name)}")
     parsed = parse_given(MeasureConfig, user_values)
     return replace(base, **parsed) if base is not None else MeasureConfig(**parsed)
@@ -522,7 +536,7 @@ def _matches(value: Any, tp: Any) -> bool:
 def _check_type(name: str, value: Any, tp: Any) -> None:
     if not _matches(value, tp):
         shown = getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
-        raise BlockCouplingError(
+        raise OptionError(
             f"{name}={value!r} is not of type {shown}; MeasureConfig is a typed record: pass "
             f"user input through MeasureConfig.parse({name}=...) (it accepts strings such as "
             "'10,30,50', '1,2,inf', 'last', '9..16')")

@@ -589,7 +589,7 @@ def _checked_spec(model: torch.nn.Module, cfg: MeasureConfig, spec: BlockSpec | 
         if cfg.analysis_device is not None:
             from blockcoupling.loading import resolve_device
 
-            resolve_device(cfg.analysis_device)  # a clear error for an unavailable device
+            resolve_device(cfg.analysis_device, "--analysis-device")  # one line if absent
     return spec
 
 

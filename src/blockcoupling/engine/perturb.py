@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -35,37 +36,62 @@ import pandas as pd
 import torch
 from torch import Tensor, nn
 
+from blockcoupling import validate
 from blockcoupling.engine.blocks import BlockSpec, get_blocks
 from blockcoupling.engine.capture import capture
 from blockcoupling.errors import BlockCouplingError
+from blockcoupling.fields import check_fields, opt
+from blockcoupling.validate import OptionError
 
-__all__ = ["COLUMNS", "directions", "perturbation_rows", "perturbations", "responses",
-           "check_levels"]
+__all__ = ["COLUMNS", "PerturbSettings", "check_levels", "directions", "perturbation_rows",
+           "perturbations", "responses"]
 
 #: the columns of the perturbation table, one row per (prompt, level, draw, layer)
 COLUMNS = ("prompt_id", "token", "level", "draw", "layer", "cosine", "rel_distance")
 
 
-def check_levels(levels: Sequence[float], draws: int) -> tuple[float, ...]:
-    """The noise levels as floats (each > 0 and finite, sorted, distinct) and ``draws`` >= 1;
-    anything else is one error saying what to give."""
-    out = []
-    for v in levels:
+def _levels(name: str, value: Any) -> tuple[Any, ...]:
+    """``--levels``: comma-separated numbers (``0.01,0.1,1``) or a sequence of them."""
+    if isinstance(value, str):
+        items: list[Any] = [v.strip() for v in value.split(",") if v.strip()]
         try:
-            f = float(v)
-        except (TypeError, ValueError):
-            raise BlockCouplingError(f"noise level {v!r} is not a number; give relative levels "
-                                     "such as 0.01,0.1,1") from None
-        if not np.isfinite(f) or f <= 0:
-            raise BlockCouplingError(f"noise level {v!r}: give positive numbers (the norm of "
-                                     "the perturbation relative to the embedding's)")
-        out.append(f)
-    if not out:
-        raise BlockCouplingError("give at least one noise level, e.g. 0.01,0.1,1")
-    if isinstance(draws, bool) or not isinstance(draws, int) or draws < 1:
-        raise BlockCouplingError(f"draws={draws!r}: give a whole number >= 1 of random "
-                                 "directions per level")
-    return tuple(sorted(set(out)))
+            return tuple(float(v) for v in items)
+        except ValueError:
+            raise OptionError(f"{name} {value!r}: give comma-separated numbers such as "
+                              "0.01,0.1,1") from None
+    return tuple(value) if isinstance(value, (list, tuple)) else (value,)
+
+
+@dataclass(frozen=True)
+class PerturbSettings:
+    """The settings of the perturbation experiment, each declared once (`fields.opt`): the
+    options of ``perturb`` and the arguments `run_perturbation` checks (``levels`` end up
+    sorted and distinct)."""
+
+    levels: tuple[float, ...] = opt(
+        (0.01, 0.03, 0.1, 0.3, 1.0), "Noise levels: the perturbation's norm relative to the "
+        "embedding's, comma-separated.", cli=True, parse=_levels,
+        check=validate.rule(validate.number, above=0))
+    draws: int = opt(8, "Random directions per level (the same for every prompt).", cli=True,
+                     check=validate.COUNT)
+    token: int = opt(-1, "The perturbed token (0-based; negative from the end; the paper's: "
+                     "the last, -1).", cli=True, check=validate.rule(validate.whole))
+    seed: int = opt(0, "Seed of the directions and of the prompt subset.", cli=True,
+                    check=validate.SEED)
+    batch_size: int = opt(16, "Perturbed copies per forward pass.", cli=True,
+                          check=validate.COUNT)
+
+    def __post_init__(self) -> None:
+        check_fields(self, dashes=False)
+        if not self.levels:
+            raise OptionError("levels: give at least one noise level, e.g. 0.01,0.1,1")
+        object.__setattr__(self, "levels", tuple(sorted({float(v) for v in self.levels})))
+
+
+def check_levels(levels: Sequence[float], draws: int) -> tuple[float, ...]:
+    """The noise levels as floats (each > 0 and finite, sorted, distinct) and ``draws`` >= 1
+    (`PerturbSettings`'s rules); anything else is one error saying what to give."""
+    return PerturbSettings(levels=_levels("levels", levels), draws=draws).levels
 
 
 def directions(d: int, n: int, seed: int, *, dtype: torch.dtype = torch.float64) -> Tensor:

@@ -50,6 +50,7 @@ from typing import Any, cast
 import numpy as np
 import pandas as pd
 
+from blockcoupling import validate
 from blockcoupling.engine.names import (
     FIXED_P,
     NULL_VARIANTS,
@@ -59,6 +60,7 @@ from blockcoupling.engine.names import (
     VARIANTS,
 )
 from blockcoupling.errors import BlockCouplingError
+from blockcoupling.fields import check_fields, opt
 
 __all__ = [
     "DEFAULT_TOKENS",
@@ -130,6 +132,35 @@ DEFAULT_CI = 0.95
 KSpec = int | str | None
 
 
+def _k_rule(value: Any, name: str) -> Any:
+    """A K rule: a positive integer, `PAPER_K` or None (the smallest measured K)."""
+    if value == PAPER_K:
+        return value
+    if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 1:
+        raise validate.OptionError(
+            f"{name}: K must be a positive integer or {PAPER_K} (round(d/10) per model), not "
+            f"{value!r}")
+    return value
+
+
+def _parse_k(name: str, value: Any) -> KSpec:
+    """``--k`` of a command that uses one K: ``10``, ``d/10`` (a list of one)."""
+    if isinstance(value, str) and value.strip() != PAPER_K:
+        k = value.strip()
+        if "," not in k and not k.lstrip("-").isdigit():
+            raise validate.OptionError(f"{name} {value!r}: give a positive integer K such as "
+                                       f"10, or {PAPER_K} (round(d/10) per model)")
+        return validate.one_value(value, name, int)
+    return cast(KSpec, value)
+
+
+def _parse_p(name: str, value: Any) -> float | None:
+    """``--p`` of a command that uses one p: ``1``, ``2`` or ``inf`` (a list of one)."""
+    if isinstance(value, str):
+        return validate.one_value(value, name, float)
+    return cast("float | None", value)
+
+
 def flat_chance(d: int | np.ndarray, k: int | np.ndarray) -> np.ndarray:
     """The chance level of raw c_K (p = 1) for a flat spectrum: ``1 - sqrt(1/d + 1/K)``.
 
@@ -157,44 +188,32 @@ class StatisticRule:
     ``k="d/10"``, not as None); an int is that K. `resolved` turns either into the int K of
     one table."""
 
-    variant: str = "coupling_vs_rotated"
-    k: KSpec = None  # None: the smallest measured K; "d/10": paper_k(d_model); or an int
-    p: float | None = 1.0
-    orientation: str = "ujv"
-    tokens: str = DEFAULT_TOKENS
-    diagonal: bool = False
-    n_boot: int = DEFAULT_N_BOOT  # resamples of interval="bootstrap" (0: no interval)
-    seed: int = 0
-    ci: float = DEFAULT_CI
-    interval: str = "t"
+    variant: str = opt("coupling_vs_rotated", "The coupling variant.",
+                       check=validate.rule(validate.choice, choices=VARIANTS))
+    k: KSpec = opt(None, "None: the smallest measured K; 'd/10': paper_k(d_model); or an int.",
+                   parse=_parse_k, check=validate.rule(_k_rule))
+    p: float | None = opt(1.0, "The norm of the variants that have one: 1, 2 or inf.",
+                          parse=_parse_p, check=validate.rule(
+                              validate.choice, choices=VALID_P, hint="p = 1, 2 or inf"))
+    orientation: str = opt("ujv", "ujv or vju.",
+                           check=validate.rule(validate.choice, choices=ORIENTATIONS))
+    tokens: str = opt(DEFAULT_TOKENS, "last (each prompt's last measured token, the paper's), "
+                      "first (its first measured token: a ViT's [CLS] where position 0 is "
+                      "measured) or all (the measured tokens averaged within each prompt).",
+                      check=validate.rule(validate.choice, choices=TOKEN_RULES))
+    diagonal: bool = opt(False, "Every ordered layer pair, l = l' included.",
+                         check=validate.rule(validate.flag))
+    n_boot: int = opt(DEFAULT_N_BOOT, "Resamples of interval='bootstrap' (0: no interval).",
+                      check=validate.N_BOOT)
+    seed: int = opt(0, "Seed of the bootstrap.", check=validate.SEED)
+    ci: float = opt(DEFAULT_CI, "The interval's level.",
+                    check=validate.rule(validate.number, above=0, below=1))
+    interval: str = opt("t", "t (Student) or bootstrap.",
+                        check=validate.rule(validate.choice, choices=INTERVALS))
 
     def __post_init__(self) -> None:
-        if self.variant not in VARIANTS:
-            raise BlockCouplingError(
-                f"unknown coupling variant {self.variant!r}; use one of {', '.join(VARIANTS)}")
-        if self.orientation not in ORIENTATIONS:
-            raise BlockCouplingError(f"unknown orientation {self.orientation!r}; use "
-                                     f"{' or '.join(ORIENTATIONS)}")
-        if self.tokens not in TOKEN_RULES:
-            raise BlockCouplingError(
-                f"unknown token rule {self.tokens!r}: use 'last' (each prompt's last measured "
-                "token, the paper's), 'first' (its first measured token: a ViT's [CLS] where "
-                "position 0 is measured) or 'all' (the measured tokens averaged within each "
-                "prompt)")
-        if self.k is not None and self.k != PAPER_K:
-            if isinstance(self.k, bool) or not isinstance(self.k, int | np.integer) or self.k < 1:
-                raise BlockCouplingError(
-                    f"K must be a positive integer, {PAPER_K!r} (round(d/10) per model) or "
-                    f"None (the smallest measured K), not {self.k!r}")
-        if self.p is not None and self.uses_p and float(self.p) not in VALID_P:
-            raise BlockCouplingError(f"p must be one of 1, 2, inf, not {self.p!r}")
-        if not (isinstance(self.n_boot, int) and self.n_boot >= 0):
-            raise BlockCouplingError(f"n_boot must be an integer >= 0, not {self.n_boot!r}")
-        if not (isinstance(self.ci, float | int) and 0 < float(self.ci) < 1):
-            raise BlockCouplingError(f"ci must be a level between 0 and 1, not {self.ci!r}")
-        if self.interval not in INTERVALS:
-            raise BlockCouplingError(f"interval must be one of {', '.join(INTERVALS)}, not "
-                                     f"{self.interval!r}")
+        """Each field's declared rule (`fields.check_fields`, named as the field)."""
+        check_fields(self, dashes=False)
 
     @property
     def uses_p(self) -> bool:

@@ -28,9 +28,12 @@ only through the key and value of s (`OutputStep`), so each is one d^3 GEMM afte
 (d, d) product shared by every s of that t, instead of d pullbacks through the whole prompt.
 
 Supported (by class name, exactly): ``GPT2Block`` (LayerNorm, fused ``c_attn`` Conv1D,
-elementwise MLP) and ``LlamaDecoderLayer`` with its structural twins ``MistralDecoderLayer``
+elementwise MLP), ``LlamaDecoderLayer`` with its structural twins ``MistralDecoderLayer``
 and ``Qwen2DecoderLayer`` (RMSNorm, RoPE, grouped-query attention, projection biases, gated
-MLP; a sliding window enters through the sliced attention mask). The RMSNorm of that family
+MLP; a sliding window enters through the sliced attention mask), and TransformerLens 3's
+``TransformerBlock`` (its own LayerNorm / RMSNorm, per-head ``W_Q``/``W_K``/``W_V``/``W_O``,
+learned positions, an elementwise MLP; a TransformerBridge's blocks are the HuggingFace
+ones inside it). The RMSNorm of that family
 computes in float32 internally, so there the structured route is used for float32 analyses
 only (in float64 the module's own float32 rounding is part of the measured function). Anything else, or anything unexpected (a mask of another shape, a recomputed key that
 differs from the recorded one, an output that differs from the recorded output) gives
@@ -57,13 +60,21 @@ HFModule = Any
 __all__ = ["OutputStep", "decode_step_jacobian", "output_step", "supports"]
 
 _LLAMA_LIKE = ("LlamaDecoderLayer", "MistralDecoderLayer", "Qwen2DecoderLayer")
-_SUPPORTED = ("GPT2Block", *_LLAMA_LIKE)
+_TL_BLOCK = "TransformerBlock"  # TransformerLens 3's block (transformer_lens.components)
+_SUPPORTED = ("GPT2Block", *_LLAMA_LIKE, _TL_BLOCK)
 _RMS_NORMS = ("LlamaRMSNorm", "MistralRMSNorm", "Qwen2RMSNorm")  # w * x / rms(x)
+#: TransformerLens 3's norms (w, b, eps; the Pre forms without weights)
+_TL_NORMS = ("LayerNorm", "LayerNormPre", "RMSNorm", "RMSNormPre")
+
+
+def _from_transformer_lens(module: Any) -> bool:
+    return type(module).__module__.startswith("transformer_lens.")
 
 
 def supports(block: nn.Module) -> bool:
     """Whether `decode_step_jacobian` knows this block type."""
-    return type(block).__name__ in _SUPPORTED
+    name = type(block).__name__
+    return name in _SUPPORTED and (name != _TL_BLOCK or _from_transformer_lens(block))
 
 
 # ----------------------------------------------------------------------------- pieces
@@ -87,33 +98,52 @@ class NormJacobian:
         return (self.c[:, None] * M).addmm_(self.P, self.Q.T @ M, alpha=-1)
 
 
-def norm_jacobian(norm: HFModule, x: Tensor) -> tuple[Tensor, NormJacobian] | None:
-    """Value and Jacobian of ``nn.LayerNorm`` or a Llama-style RMSNorm at x (d,); None otherwise."""
+def _layer_norm(norm: HFModule, x: Tensor, gamma: Tensor | None, eps: float
+                ) -> tuple[Tensor, NormJacobian]:
+    """A LayerNorm (centred, scaled, times ``gamma``) at x (d,): its value and Jacobian."""
     d = x.shape[0]
+    xc = x - x.mean()
+    sigma = torch.sqrt((xc * xc).mean() + eps)
+    xh = xc / sigma  # (d,)
+    c = (gamma if gamma is not None else torch.ones_like(x)) / sigma
+    P = torch.stack([c, c * xh], dim=1)  # (d, 2)
+    Q = torch.stack([torch.full_like(x, 1.0 / d), xh / d], dim=1)  # (d, 2)
+    return norm(x[None])[0], NormJacobian(c, P, Q)
+
+
+def _rms_norm(norm: HFModule, x: Tensor, w: Tensor | None, eps: float
+              ) -> tuple[Tensor, NormJacobian]:
+    """An RMSNorm (x / rms(x), times ``w``) at x (d,): its value and Jacobian."""
+    d = x.shape[0]
+    w = w if w is not None else torch.ones_like(x)
+    r = torch.sqrt((x * x).mean() + eps)
+    P = (w * x / r**3)[:, None]  # (d, 1)
+    Q = (x / d)[:, None]  # (d, 1)
+    return norm(x[None])[0], NormJacobian(w / r, P, Q)
+
+
+def norm_jacobian(norm: HFModule, x: Tensor) -> tuple[Tensor, NormJacobian] | None:
+    """Value and Jacobian of ``nn.LayerNorm``, a Llama-style RMSNorm or a TransformerLens 3
+    norm at x (d,); None otherwise."""
+    d = x.shape[0]
+    name = type(norm).__name__
     if isinstance(norm, nn.LayerNorm):
         if tuple(norm.normalized_shape) != (d,):
             return None
-        mu = x.mean()
-        xc = x - mu
-        sigma = torch.sqrt((xc * xc).mean() + norm.eps)
-        xh = xc / sigma  # (d,)
-        gamma = norm.weight if norm.weight is not None else torch.ones_like(x)
-        c = gamma / sigma
-        P = torch.stack([c, c * xh], dim=1)  # (d, 2)
-        Q = torch.stack([torch.full_like(x, 1.0 / d), xh / d], dim=1)  # (d, 2)
-        return norm(x[None])[0], NormJacobian(c, P, Q)
-    if type(norm).__name__ in _RMS_NORMS:
+        return _layer_norm(norm, x, norm.weight, float(norm.eps))
+    if name in _RMS_NORMS:
         if x.dtype != torch.float32:
             # the module computes in float32 whatever its dtype: in a wider analysis its own
             # rounding is part of the function, which only autodiff through it reproduces
             return None
-        eps = float(norm.variance_epsilon)
-        r = torch.sqrt((x * x).mean() + eps)
-        w = norm.weight
-        c = w / r
-        P = (w * x / r**3)[:, None]  # (d, 1)
-        Q = (x / d)[:, None]  # (d, 1)
-        return norm(x[None])[0], NormJacobian(c, P, Q)
+        return _rms_norm(norm, x, norm.weight, float(norm.variance_epsilon))
+    if name in _TL_NORMS and _from_transformer_lens(norm):
+        if x.dtype != norm.cfg.dtype:  # it casts its normalised x to the model's dtype
+            return None
+        weight = getattr(norm, "w", None) if not name.endswith("Pre") else None
+        if name.startswith("LayerNorm"):
+            return _layer_norm(norm, x, weight, float(norm.eps))
+        return _rms_norm(norm, x, weight, float(norm.eps))
     return None
 
 
@@ -132,9 +162,9 @@ def _bias(mask: Any, t: int, dtype: torch.dtype) -> Tensor | None | Literal[Fals
     if not isinstance(mask, Tensor) or mask.numel() != t + 1:
         return False
     m = mask.reshape(t + 1)
-    if m.dtype == torch.bool:
-        return torch.where(m, 0.0, float("-inf")).to(dtype)
-    return m.to(dtype)
+    if m.dtype == torch.bool or not m.is_floating_point():  # keep masks (TransformerLens' 1/0)
+        return torch.where(m.bool(), 0.0, float("-inf")).to(dtype)
+    return m.to(dtype)  # additive
 
 
 @dataclass
@@ -297,6 +327,35 @@ def _llama(block: HFModule, x: Tensor, row_kwargs: dict[str, Any]) -> tuple[Any,
     return block.input_layernorm, attn, block.post_attention_layernorm, mlp
 
 
+def _transformer_lens(block: HFModule, x: Tensor) -> tuple[Any, ...] | None:
+    """TransformerLens 3's ``TransformerBlock``: pre-norm, a plain ``Attention`` with learned
+    or no positions in the block (rotary keys are cached before their rotation there, so not
+    here: the decode step's pullback takes those), an elementwise ``MLP``; anything else None
+    (and whatever this does not see is caught by the output check and the verification)."""
+    cfg = block.cfg
+    if (type(block.attn).__name__ != "Attention" or type(block.mlp).__name__ != "MLP"
+            or str(cfg.positional_embedding_type) != "standard"
+            or any(bool(getattr(cfg, flag, False)) for flag in (
+                "use_attn_in", "use_split_qkv_input", "parallel_attn_mlp", "attn_only",
+                "use_normalization_before_and_after", "use_logn_attn", "use_attention_sinks"))
+            or cfg.is_layer_norm_activation() or getattr(cfg, "clip_qkv", None) is not None
+            or (getattr(cfg, "attn_scores_soft_cap", -1.0) or -1.0) > 0):
+        return None
+    at = block.attn
+    H, hd = int(at.W_Q.shape[0]), int(at.W_Q.shape[2])
+    d = x.shape[0]
+
+    def rows(W: Tensor) -> Tensor:  # (H, d, hd) -> (H*hd, d): rows = outputs
+        return W.permute(0, 2, 1).reshape(-1, d)
+
+    attn = _Attention(rows(at.W_Q), rows(at.W_K), rows(at.W_V), at.b_Q.reshape(-1),
+                      at.b_K.reshape(-1), at.b_V.reshape(-1), at.W_O.reshape(H * hd, d).T,
+                      at.b_O, H, H, hd, 1.0 / float(at.attn_scale), None)
+    m = block.mlp
+    mlp = ("plain", m.W_in.T, m.b_in, m.W_out.T, m.b_out, m.act_fn)
+    return block.ln1, attn, block.ln2, mlp
+
+
 def _through_width(W_out: Tensor, rows: Callable[[slice], Tensor]) -> Tensor:
     """``W_out M`` (d, d) for W_out (d, I) and M (I, d) given by row blocks ``rows(c)``
     (len(c), d), accumulated over blocks of d rows: the same flops as one GEMM, and no
@@ -423,6 +482,8 @@ def output_step(block: nn.Module, final_norm: nn.Module | None, x: Tensor, keys:
         parts = _gpt2(block, x)
     elif name in _LLAMA_LIKE:
         parts = _llama(block, x, row_kwargs)
+    elif supports(block):  # TransformerLens 3
+        parts = _transformer_lens(block, x)
     else:
         return None
     if parts is None:

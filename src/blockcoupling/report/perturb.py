@@ -66,11 +66,13 @@ def write_perturbation_html(rows: pd.DataFrame, settings: Mapping[str, Any],
                             out: str | Path) -> Path:
     """The page: what was perturbed and how, the figure, the summary table."""
     from blockcoupling.report.html import Section, esc, figure_html, table_html, write_page
+    from blockcoupling.report.summaries import short_name
 
     s = perturbation_summary(rows)
     L = int(s["layer"].max())
     key = s[s["layer"].isin([0, 1, L])].copy()
-    lead = (f"<p>Model {esc(settings.get('model', '?'))}; {esc(rows['prompt_id'].nunique())} "
+    lead = (f"<p>Model {esc(short_name(str(settings.get('model', '?'))))}; "
+            f"{esc(rows['prompt_id'].nunique())} "
             f"prompts; token {esc(settings.get('token', -1))} (negative: from the end); "
             f"{esc(settings.get('draws'))} random directions per level (seed "
             f"{esc(settings.get('seed'))}). {esc(settings.get('rule', ''))}</p>")

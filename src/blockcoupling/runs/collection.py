@@ -17,10 +17,11 @@ import os
 from pathlib import Path
 from typing import Any
 
-from blockcoupling.errors import BlockCouplingError, RunDirError
+from blockcoupling.errors import RunDirError
 from blockcoupling.runs import kinds
 from blockcoupling.runs.read import Sweep, load_manifest, open_collection, open_sweep
 from blockcoupling.store import collection as store
+from blockcoupling.validate import OptionError
 
 
 def spec_kind(data: Any, where: str = "spec") -> str:
@@ -33,14 +34,14 @@ def spec_kind(data: Any, where: str = "spec") -> str:
         return default  # its parser says what a spec must be
     kind = data.get("kind", default)
     known = kinds.spec_kinds()
-    if kind not in known:
-        raise BlockCouplingError(f"{where}: unknown kind {kind!r}; a spec is kind: "
+    if not isinstance(kind, str) or kind not in known:
+        raise OptionError(f"{where}: unknown kind {kind!r}; a spec is kind: "
                                  f"{default} (the default) or "
                                  + " or ".join(f"kind: {k}" for k in known if k != default))
     if "kind" not in data and "models" not in data:
         for other in known:
             if set(kinds.get(other).spec_keys) & set(data):
-                raise BlockCouplingError(
+                raise OptionError(
                     f"{where} has the keys of a {other} spec but no kind: add the line "
                     f"'kind: {other}' (specs say their kind; nothing is guessed)")
     return str(kind)

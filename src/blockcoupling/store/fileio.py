@@ -21,7 +21,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import hashlib
-import json
 import os
 import shutil
 from collections.abc import Iterator
@@ -29,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from blockcoupling.errors import RunDirError
-from blockcoupling.jsonsafe import jsonable
+from blockcoupling.jsonsafe import dumps
 
 TMP_PREFIX = ".tmp-"
 LOCK = ".lock"
@@ -99,7 +98,7 @@ def write_json(path: str | Path, data: Any) -> Path:
     atomically to ``path`` as indented JSON, its folders made; returns the path."""
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(out, json.dumps(jsonable(data), indent=1, allow_nan=False) + "\n")
+    atomic_write_text(out, dumps(data) + "\n")
     return out
 
 

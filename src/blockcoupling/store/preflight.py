@@ -38,7 +38,7 @@ def preflight(model: torch.nn.Module, tokenizer: Any, all_items: list[MeasureInp
     if cfg.analysis_device is not None:
         from blockcoupling.loading import resolve_device
 
-        resolve_device(cfg.analysis_device)
+        resolve_device(cfg.analysis_device, "--analysis-device")
     lengths: list[int] = [_ready_length(it, model) for it in all_items if not it.is_text]
     items = [it for it in all_items if it.is_text]
     special = set(getattr(tokenizer, "all_special_ids", []) or [])

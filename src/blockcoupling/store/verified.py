@@ -466,6 +466,9 @@ class Ledger:
         ledger's commit, one rename (a kill leaves the old file or the new one, each read
         verified: `verified_bytes` serves a committed temporary file)."""
         path = self.folder / name
+        if path.is_dir() and not path.is_symlink():
+            raise stored_error(path, "is a folder where blockcoupling writes a file; remove "
+                               "that folder", self.hint)
         path.parent.mkdir(parents=True, exist_ok=True)
         entries = self._current()
         tmp = write_temp(path, data)

@@ -14,33 +14,32 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import pandas as pd
 
-from blockcoupling.engine.statistic import FLOOR_NOTE, PAPER_K, flat_chance, paper_k
+from blockcoupling.engine.statistic import FLOOR_NOTE, PAPER_K, StatisticRule, flat_chance, paper_k
 from blockcoupling.errors import BlockCouplingError
 from blockcoupling.jsonsafe import jsonable
 from blockcoupling.store.fileio import write_json
 from blockcoupling.studies.regression import MIN_MODELS, regression
 from blockcoupling.studies.scores import check_score_frame, read_scores
+from blockcoupling.validate import OptionError
 
 __all__ = ["ChanceFloorResult", "chance_floor", "parse_k_rule"]
 
 
 def parse_k_rule(value: str | int) -> str | int:
-    """``"d/10"`` (the paper's K = round(d/10)) or a fixed positive K."""
-    if str(value).strip() == PAPER_K:
-        return PAPER_K
-    try:
-        k = int(str(value).strip())
-    except ValueError:
-        k = 0
-    if k < 1:
-        raise BlockCouplingError(f"--k-rule {value!r}: give d/10 (the paper's K = round(d/10)) "
-                                 "or a fixed positive K such as 10")
-    return k
+    """``"d/10"`` (the paper's K = round(d/10)) or a fixed positive K: the K of the
+    statistic's rule (`StatisticRule.k`, its parser and check), named ``--k-rule``."""
+    from blockcoupling.fields import check_value
+
+    k = check_value(StatisticRule, "k", str(value).strip(), "--k-rule")
+    if k is None:
+        raise OptionError("--k-rule: give d/10 (the paper's K = round(d/10)) or a fixed "
+                          "positive K such as 10")
+    return cast("str | int", k)
 
 
 @dataclass

@@ -91,8 +91,9 @@ class CrossCoupling:
         return "\n".join(lines)
 
     def to_dict(self, rule: StatisticRule = REPORT_RULE) -> dict[str, Any]:
-        """Both tables (records) and the layer x layer matrices (``--json``)."""
-        from blockcoupling.store.manifest import jsonable
+        """Both tables (records) and the layer x layer matrices (``--json``), in the one JSON
+        dialect of every output (``jsonsafe``: a missing value is null)."""
+        from blockcoupling.jsonsafe import jsonable
 
         mats = {f"{ra} | {rb}": CrossCoupling(df, self.angles).matrix(rule)
                 for (ra, rb), df in self.coupling.groupby(["run_a", "run_b"], sort=False)}
@@ -104,14 +105,11 @@ class CrossCoupling:
         return dict(jsonable(data))
 
     def to_json(self, path: str | os.PathLike[str], rule: StatisticRule = REPORT_RULE) -> Path:
-        """[`to_dict`][blockcoupling.studies.cross.CrossCoupling.to_dict] written to ``path``."""
-        import json
+        """[`to_dict`][blockcoupling.studies.cross.CrossCoupling.to_dict] written to ``path``
+        (its folders made), as every JSON output is (``store.fileio.write_json``)."""
+        from blockcoupling.store.fileio import write_json
 
-        from blockcoupling.store.fileio import atomic_write_bytes
-
-        out = Path(path)
-        atomic_write_bytes(out, json.dumps(self.to_dict(rule)).encode())
-        return out
+        return write_json(Path(path), self.to_dict(rule))
 
 
 def _open(run: RunLike) -> tuple[Measurement, str]:

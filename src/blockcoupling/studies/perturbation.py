@@ -191,7 +191,7 @@ def read_perturbation(out: str | Path) -> PerturbationResult:
     from blockcoupling.report.perturb import perturbation_summary
 
     ledger = _ledger(Path(out))
-    if not ledger.has(TABLE):
+    if not (Path(out) / TABLE).exists() and not ledger.has(TABLE):  # a table there: verified
         raise BlockCouplingError(f"{out} holds no finished perturbation run ({TABLE} not "
                                  "recorded); run the same blockcoupling perturb command "
                                  "again to finish it")

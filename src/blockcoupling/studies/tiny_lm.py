@@ -37,6 +37,7 @@ from blockcoupling import validate
 from blockcoupling.errors import BlockCouplingError
 from blockcoupling.fields import check_fields, identity, opt
 from blockcoupling.hashing import canonical_hash
+from blockcoupling.jsonsafe import dumps
 from blockcoupling.loading import save_model
 from blockcoupling.studies.schedule import lr_at
 
@@ -118,26 +119,33 @@ class TinyLMConfig:
     max_steps: int = opt(400, "Training steps (with plateau_tol: the cap, a power of two).",
                          check=(validate.whole, {"minimum": 0}))
     checkpoints: tuple[int, ...] = opt((0, 25, 50, 100, 200, 400),
-                                       "Steps saved: increasing, distinct, within 0..max_steps.")
-    lr: float = opt(3e-3, "Peak learning rate (AdamW).")
-    min_lr_ratio: float = opt(0.1, "The cosine's end, relative to lr.")
-    warmup_steps: int = opt(20, "Steps of the linear warm-up.")
-    weight_decay: float = opt(0.1, "AdamW weight decay, on matrices only (not biases, norms).")
-    beta1: float = opt(0.9, "AdamW beta1.")
-    beta2: float = opt(0.95, "AdamW beta2.")
-    grad_clip: float = opt(1.0, "Gradient norm clip.")
+                                       "Steps saved: increasing, distinct, within 0..max_steps.",
+                                       check=validate.COUNT0)
+    lr: float = opt(3e-3, "Peak learning rate (AdamW).",
+                    check=validate.rule(validate.number, above=0))
+    min_lr_ratio: float = opt(0.1, "The cosine's end, relative to lr.",
+                              check=validate.rule(validate.number, minimum=0, maximum=1))
+    warmup_steps: int = opt(20, "Steps of the linear warm-up.", check=validate.COUNT0)
+    weight_decay: float = opt(0.1, "AdamW weight decay, on matrices only (not biases, norms).",
+                              check=validate.rule(validate.number, minimum=0))
+    beta1: float = opt(0.9, "AdamW beta1.", check=validate.rule(validate.number, minimum=0,
+                                                                 below=1))
+    beta2: float = opt(0.95, "AdamW beta2.", check=validate.rule(validate.number, minimum=0,
+                                                                  below=1))
+    grad_clip: float = opt(1.0, "Gradient norm clip.",
+                           check=validate.rule(validate.number, above=0))
     val_every: int = opt(10, "Every val_every-th pydoc topic (sorted by key) is held out.",
                          check=_AT_LEAST_1)
     val_windows: int = opt(16, "Held-out windows of the validation loss; 0: the whole split.",
                            check=(validate.whole, {"minimum": 0}))
-    seed: int = opt(0, "Seed of the initialisation and the batches.")
+    seed: int = opt(0, "Seed of the initialisation and the batches.", check=validate.SEED)
     lr_schedule: str = opt("cosine", "After the warm-up: cosine (to min_lr_ratio * lr) or "
                            "constant.", check=(_schedule, {}), hashed="if_changed")
     plateau_tol: float | None = opt(None, "Stop at a plateau of the held-out loss (see above).",
                                     check=(validate.number, {"above": 0, "below": 1}),
                                     hashed="if_changed")
     min_steps: int = opt(0, "The earliest step the plateau rule may stop at.",
-                         hashed="if_changed")
+                         hashed="if_changed", check=validate.COUNT0)
     train_chars: int | None = opt(None, "The first N characters of the training split only.",
                                   check=_AT_LEAST_1, hashed="if_changed")
 
@@ -709,7 +717,7 @@ def _train_into(cfg: TinyLMConfig, target: Path, progress: bool, monitor: bool,
     tmp.mkdir()
     try:
         log = _train_and_save(cfg, tmp, progress, monitor=monitor)
-        (tmp / "training.json").write_text(json.dumps(log, indent=1))
+        (tmp / "training.json").write_text(dumps(log))  # the one JSON dialect
         _write_checksums(tmp)
         if target.exists():  # an incomplete, damaged or outdated folder, or a racing run's
             if complete():

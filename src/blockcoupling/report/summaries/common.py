@@ -76,20 +76,59 @@ def run_label(m: Measurement, index: int = 0) -> str:
 
 
 
+#: what a run is (``meta``), in the order that tells runs of one name apart
+_WHAT_A_RUN_IS = ("init", "init_seed", "revision", "step", "remove_norm_directions", "dtype",
+                  "quantize", "device_map")
+
+
+def _apart(group: Sequence[Measurement]) -> list[str]:
+    """Per run of ``group`` (runs that share a name) what differs between them, as
+    ``key value`` words: the `_WHAT_A_RUN_IS` entries of ``meta`` whose values differ, else
+    the measure options that differ (``tokens last``); empty words where nothing does."""
+    def differ(values: list[Any]) -> bool:
+        return len({repr(v) for v in values}) > 1
+
+    keys = [k for k in _WHAT_A_RUN_IS if differ([m.meta.get(k) for m in group])]
+    values = [[m.meta.get(k) for k in keys] for m in group]
+    if not keys:
+        configs = [m.config.to_dict() for m in group]
+        keys = [k for k in configs[0] if differ([c.get(k) for c in configs])][:2]
+        values = [[c.get(k) for k in keys] for c in configs]
+    return [", ".join(f"{k} {_word(v)}" for k, v in zip(keys, row, strict=True) if v is not None)
+            for row in values]
+
+
+def _word(value: Any) -> str:
+    if isinstance(value, list | tuple):
+        return ",".join(map(str, value))
+    return str(value)
+
+
 def run_labels(ms: Sequence[Measurement], labels: Sequence[str] | None = None) -> list[str]:
-    """Labels for several runs; explicit ``labels`` win. Duplicates get a suffix #i."""
+    """Labels for several runs; explicit ``labels`` win. Runs that would share a label are
+    told apart by what differs between them (``gpt2 (init random, init_seed 0)`` beside
+    ``gpt2 (init pretrained)``); where nothing does, or that is not enough, by a suffix #i."""
     if labels is not None:
         if len(labels) != len(ms):
             raise BlockCouplingError(
                 f"{len(labels)} labels for {len(ms)} runs: give one label per run"
             )
-        out = [str(x) for x in labels]
-    else:
-        out = [run_label(m, i) for i, m in enumerate(ms)]
-    given = list(out)
+        return _numbered([str(x) for x in labels])
+    out = [run_label(m, i) for i, m in enumerate(ms)]
+    for lab in {lab for lab in out if out.count(lab) > 1}:
+        idx = [i for i, x in enumerate(out) if x == lab]
+        for i, words in zip(idx, _apart([ms[i] for i in idx]), strict=True):
+            if words:
+                out[i] = f"{lab} ({words})"
+    return _numbered(out)
+
+
+def _numbered(labels: list[str]) -> list[str]:
+    """Labels still shared by several runs get a suffix #i."""
+    out = list(labels)
     seen: dict[str, int] = {}
-    for i, lab in enumerate(given):
-        if given.count(lab) > 1:
+    for i, lab in enumerate(labels):
+        if labels.count(lab) > 1:
             seen[lab] = seen.get(lab, 0) + 1
             out[i] = f"{lab} #{seen[lab]}"
     return out

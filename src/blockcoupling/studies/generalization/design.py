@@ -32,10 +32,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from blockcoupling import validate
 from blockcoupling.errors import BlockCouplingError
-from blockcoupling.fields import check_fields, from_mapping, opt
+from blockcoupling.fields import check_fields, from_mapping, key_names, opt
 from blockcoupling.studies.vit.train import SPLIT_SIZES, VitTrainConfig
-from blockcoupling.validate import number
+from blockcoupling.validate import OptionError, number
 
 __all__ = ["FULL_SIZES", "HYPOTHESES", "MIN_SEEDS", "GeneralizationSpec", "architecture",
            "describe_design", "design_power", "full_spec", "load_spec", "parse_spec",
@@ -68,7 +69,7 @@ HYPOTHESES: dict[str, str] = {
 def _fractions(name: str, value: Any) -> tuple[float, ...]:
     items = value if isinstance(value, list | tuple) else [value]
     if not items:
-        raise BlockCouplingError(f"{name}: give at least one value")
+        raise OptionError(f"{name}: give at least one value")
     return tuple(number(v, name, minimum=0.0, below=1.0) for v in items)
 
 
@@ -88,13 +89,14 @@ def _train(name: str, value: Any) -> VitTrainConfig:
     if isinstance(value, VitTrainConfig):
         return value
     if not isinstance(value, Mapping):
-        raise BlockCouplingError(f"{name}: give a mapping of training options (VitTrainConfig "
-                                 "fields), e.g. {dataset: digits, steps: 230}")
+        raise OptionError(f"{name}: give a mapping of training options (VitTrainConfig "
+                          "fields), e.g. {dataset: digits, steps: 230}")
     given = [k for k in _DESIGN_FIELDS if k in value]
     if given:
-        raise BlockCouplingError(f"{name}.{given[0]} is set by the design (train_sizes, "
-                                 "label_noises, seeds); give it at the top level")
-    return VitTrainConfig.from_dict({**asdict(FULL_TRAIN), **dict(value)})
+        raise OptionError(f"{name}.{given[0]} is set by the design (train_sizes, "
+                          "label_noises, seeds); give it at the top level")
+    with key_names(f"{name}."):  # a training key is named as the spec writes it
+        return VitTrainConfig.from_dict({**asdict(FULL_TRAIN), **dict(value)})
 
 
 #: the full design's training config (every run): the tiny ViT (width 64, 4 blocks, 16 x 16
@@ -113,11 +115,11 @@ class GeneralizationSpec:
     included, are checked below)."""
 
     train_sizes: tuple[int, ...] = opt(FULL_SIZES, "Training-set sizes (images; at least 3 "
-                                       "distinct levels).", parse=_ints)
+                                       "distinct levels).", parse=_ints, check=validate.COUNT)
     label_noises: tuple[float, ...] = opt((0.0, 0.2, 0.4), "Label-noise fractions (distinct).",
                                           parse=_fractions)
     seeds: tuple[int, ...] = opt((0, 1, 2), f"Seeds per cell (at least {MIN_SEEDS}).",
-                                 parse=_ints)
+                                 parse=_ints, check=validate.SEED)
     train: VitTrainConfig = opt(help="The training config of every run (VitTrainConfig "
                                 "fields; train_limit, label_noise and seed come from the "
                                 "design).", parse=_train, default_factory=lambda: FULL_TRAIN)
@@ -134,7 +136,8 @@ class GeneralizationSpec:
     power: float = opt(0.8, "The stated power of the primary test (H1) to detect a "
                        "correlation of `bound`: a design below it is refused before training.",
                        check=(number, {"minimum": 0.0, "below": 1.0}))
-    note: str = opt("", "What this spec is for (printed with the plan).")
+    note: str = opt("", "What this spec is for (printed with the plan).",
+                    check=validate.rule(validate.text))
 
     def __post_init__(self) -> None:
         from blockcoupling.engine.names import VARIANTS
@@ -278,8 +281,8 @@ def parse_spec(data: Mapping[str, Any]) -> GeneralizationSpec:
     mapping of `VitTrainConfig` fields on top of the full design's. Unknown keys and
     bad values: one line naming the key (``fields.from_mapping``)."""
     if not isinstance(data, Mapping):
-        raise BlockCouplingError("generalization spec: give a mapping of train_sizes, "
-                                 "label_noises, seeds, train, ...")
+        raise OptionError("generalization spec: give a mapping of train_sizes, "
+                          "label_noises, seeds, train, ...")
     return from_mapping(GeneralizationSpec, data, "generalization spec")
 
 
@@ -287,5 +290,5 @@ def load_spec(path: str | Path) -> GeneralizationSpec:
     """`parse_spec` of a YAML file."""
     from blockcoupling.store.verified import load_yaml
 
-    data = load_yaml(Path(path), "study spec")
+    data = load_yaml(Path(path), "study spec", error=OptionError)
     return parse_spec(data if data is not None else {})

@@ -172,18 +172,18 @@ def parse_study_spec(data: Mapping[str, Any]) -> StudySpec:
     of the spec's other fields. Unknown keys and bad values: one line naming the key
     (``fields.from_mapping``)."""
     if not isinstance(data, Mapping):
-        raise BlockCouplingError("study spec: a mapping with 'runs' is needed")
+        raise OptionError("study spec: a mapping with 'runs' is needed")
     runs_in = data.get("runs")
     if not isinstance(runs_in, list) or not runs_in:
-        raise BlockCouplingError("study spec: 'runs' must be a non-empty list of runs")
+        raise OptionError("study spec: 'runs' must be a non-empty list of runs")
     runs: list[StudyRun] = []
     for i, r in enumerate(runs_in):
         where = f"study spec: runs[{i}]"
         if not isinstance(r, Mapping):
-            raise BlockCouplingError(f"{where} must be a mapping")
+            raise OptionError(f"{where} must be a mapping")
         seeds = r.get("seeds", [r.get("seed", 0)])
         if not isinstance(seeds, list) or not seeds:
-            raise BlockCouplingError(f"{where}: seeds must be a non-empty list")
+            raise OptionError(f"{where}: seeds must be a non-empty list")
         base = {k: v for k, v in r.items() if k not in ("seed", "seeds")}
         runs += [from_mapping(StudyRun, {**base, "seed": s}, where) for s in seeds]
     return from_mapping(StudySpec, {**data, "runs": tuple(runs)}, "study spec")
@@ -193,7 +193,7 @@ def load_study_spec(path: str | Path) -> StudySpec:
     """`parse_study_spec` of a YAML file."""
     from blockcoupling.store.verified import load_yaml
 
-    return parse_study_spec(load_yaml(Path(path), "study spec"))
+    return parse_study_spec(load_yaml(Path(path), "study spec", error=OptionError))
 
 
 def full_spec() -> StudySpec:

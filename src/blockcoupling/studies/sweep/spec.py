@@ -30,7 +30,7 @@ from typing import Any
 from blockcoupling import validate
 from blockcoupling.engine.config import MeasureConfig
 from blockcoupling.errors import BlockCouplingError
-from blockcoupling.fields import check_fields, from_mapping, key_names, opt
+from blockcoupling.fields import check_fields, check_value, from_mapping, key_names, opt
 from blockcoupling.loading import ModelSource
 from blockcoupling.store.verified import load_yaml
 
@@ -49,14 +49,23 @@ MODEL_KEYS = ("label", "model", "revisions", "steps", "checkpoints", "resources"
 _MEASURE_FORBIDDEN: tuple[str, ...] = ("extra",)
 
 
-class SpecError(BlockCouplingError):
-    """The sweep specification is invalid (the message names the key and the fix)."""
+class SpecError(validate.OptionError):
+    """The sweep specification is invalid (the message names the key and the fix): refused
+    as an option is (the command line's exit 2), before anything is written."""
 
 
 def _checked(record: Any, prefix: str = "") -> None:
     """The record's field rules (``blockcoupling.fields``), a failure as a `SpecError`."""
     try:
         check_fields(record, prefix=prefix, dashes=False)
+    except validate.OptionError as err:
+        raise SpecError(str(err)) from err
+
+
+def _checked_key(rule: validate.Rule, value: Any, key: str) -> None:
+    """One key's rule, a failure as a `SpecError`."""
+    try:
+        rule(value, key)
     except validate.OptionError as err:
         raise SpecError(str(err)) from err
 
@@ -114,10 +123,8 @@ class SweepSpec:
     measure: dict[str, Any]              # the user's measure: mapping, as given (normalised)
     limit: int | None = opt(None, "Prompts per set (a seeded subset).",
                             check=(validate.whole, {"minimum": 1}))
-    seed: int = opt(0, "Seed of the prompt subsets and randomized SVDs.",
-                    check=(validate.whole, {"minimum": 0}))
-    retries: int = opt(3, "Ray retries of a unit whose worker died.",
-                       check=(validate.whole, {"minimum": 0}))
+    seed: int = opt(0, "Seed of the prompt subsets and randomized SVDs.", check=validate.SEED)
+    retries: int = opt(3, "Ray retries of a unit whose worker died.", check=validate.RETRIES)
     name: str = opt("", "The sweep's name.")
     base_dir: str = "."                  # where relative paths are resolved
     inline_prompts: dict[str, tuple[str, ...]] = field(default_factory=dict)  # name -> texts
@@ -218,8 +225,8 @@ def _model(entry: Any, i: int, base: Path, spec: Mapping[str, Any]) -> ModelSpec
     given = {k: v for k, v in (*spec.items(), *entry.items()) if k in LOADING_KEYS}
     try:
         with key_names(""):  # a top-level default this entry takes: named where it is written
-            for key in [k for k in given if k not in entry]:
-                from_mapping(ModelSource, {key: given[key]})
+            for key in [k for k in given if k not in entry]:  # the key's own rule
+                check_value(ModelSource, key, given[key], key)
         with key_names(f"{ctx}."):  # top-level defaults, then the entry's own values
             source = from_mapping(ModelSource, {"model": entry.get("model"), **given})
     except BlockCouplingError as err:
@@ -322,6 +329,7 @@ def parse_spec(data: Any, *, base_dir: str | os.PathLike[str] | None = None) -> 
         raise SpecError(f"model label {dup[0]!r} is used twice; give each entry its own label")
     prompts, inline = _prompts(data, base)
     seed = data.get("seed", 0)
+    _checked_key(validate.SEED, seed, "seed")  # named where it is written, not as measure's
     measure = data.get("measure") or {}
     if isinstance(measure, Mapping):  # else parse_measure says what to write
         if "seed" in measure and "seed" in data and measure["seed"] != seed:

@@ -38,7 +38,7 @@ import pandas as pd
 
 from blockcoupling import validate
 from blockcoupling.errors import BlockCouplingError
-from blockcoupling.fields import check_fields, from_mapping, opt
+from blockcoupling.fields import check_fields, from_mapping, key_names, opt, parse_given
 from blockcoupling.runs import kinds
 from blockcoupling.runs.executor import CONNECT_TIMEOUT_S, EXECUTORS
 from blockcoupling.studies.vit.train import (
@@ -113,25 +113,36 @@ def grid_axes(train_limits: Sequence[int] | None = None,
     return tuple(a for a in EXTRA_AXES if given[a] is not None)
 
 
-def _axis(check: Callable[..., Any], **bounds: Any) -> Callable[[str, Any], tuple[Any, ...]]:
-    """A grid axis's parser: one value or a list, each checked (`validate.whole` or
-    `validate.number` within ``bounds``), at least one."""
-    def parse(key: str, value: Any) -> tuple[Any, ...]:
-        values = value if isinstance(value, list) else [value]
-        if not values:
-            raise BlockCouplingError(f"{key}: give at least one value")
-        return tuple(check(v, key, **bounds) for v in values)
-
-    return parse
+def _axis(key: str, value: Any) -> tuple[Any, ...]:
+    """A grid axis: one value, a list, or comma-separated numbers (``0,0.1``: the command
+    line's form), at least one; each value's rule is the field's ``check``."""
+    if isinstance(value, str):
+        items: list[Any] = [v.strip() for v in value.split(",") if v.strip()]
+        try:
+            values = [float(v) for v in items]
+        except ValueError:
+            raise validate.OptionError(f"{key} {value!r}: give comma-separated numbers such "
+                                       "as 0,0.1") from None
+        values = [int(v) if v.is_integer() else v for v in values]
+    else:
+        values = list(value) if isinstance(value, (list, tuple)) else [value]
+    if not values:
+        raise validate.OptionError(f"{key}: give at least one value")
+    return tuple(values)
 
 
 def _train(key: str, value: Any) -> dict[str, Any]:
     if value is None:
         return {}
     if not isinstance(value, dict):
-        raise BlockCouplingError(f"{key}: give a mapping of training options, e.g. "
-                                 "{dataset: digits, epochs: 5}")
+        raise validate.OptionError(f"{key}: give a mapping of training options, e.g. "
+                                   "{dataset: digits, epochs: 5}")
     return dict(value)
+
+
+#: the rule of a rate in [0, 1) (a drop-path rate, a label-noise fraction)
+_DROP_PATH = validate.rule(validate.number, minimum=0, below=1)
+_WEIGHT_DECAY = validate.rule(validate.number, minimum=0)
 
 
 @dataclass(frozen=True)
@@ -141,34 +152,43 @@ class GridSpec:
 
     kind: str = opt(KIND, "The collection kind: vit-grid.")
     drop_path: tuple[float, ...] = opt(PAPER_DROP_PATH, "Drop-path rates (the paper's).",
-                                       parse=_axis(validate.number, minimum=0, below=1))
+                                       parse=_axis, check=_DROP_PATH)
     weight_decay: tuple[float, ...] = opt(PAPER_WEIGHT_DECAY, "Weight decays (the paper's).",
-                                          parse=_axis(validate.number, minimum=0))
-    seeds: tuple[int, ...] = opt((0,), "Seeds.", parse=_axis(validate.whole, minimum=0))
+                                          parse=_axis, check=_WEIGHT_DECAY)
+    seeds: tuple[int, ...] = opt((0,), "Seeds.", parse=_axis, check=validate.SEED)
     train: dict[str, Any] = opt(default_factory=dict, help="VitTrainConfig fields shared by "
                                 "every run.", parse=_train)
     train_limit: tuple[int, ...] | None = opt(None, "Extra axis: training-set sizes.",
-                                              parse=_axis(validate.whole, minimum=1))
+                                              parse=_axis, check=validate.COUNT)
     label_noise: tuple[float, ...] | None = opt(None, "Extra axis: label-noise rates.",
-                                                parse=_axis(validate.number, minimum=0,
-                                                            below=1))
-    executor: str | None = opt(None, "ray or local.", check=(validate.text, {}))
+                                                parse=_axis, check=_DROP_PATH)
+    executor: str | None = opt(None, "ray or local.", check=validate.EXECUTOR)
     address: str | None = opt(None, "The Ray cluster's address.", check=(validate.text, {}))
-    cpus_per_run: int | None = opt(None, "CPUs of each run's Ray task.",
-                                   check=(validate.whole, {"minimum": 1}))
-    threads: int | None = opt(None, "Torch threads of each run.",
-                              check=(validate.whole, {"minimum": 1}))
+    cpus_per_run: int | None = opt(None, "CPUs of each run's Ray task.", check=validate.COUNT)
+    threads: int | None = opt(None, "Torch threads of each run.", check=validate.COUNT)
 
     def __post_init__(self) -> None:
         if self.kind != KIND:
-            raise BlockCouplingError(f"kind: {self.kind!r} is not a ViT grid spec (kind: {KIND})")
+            raise validate.OptionError(f"kind: {self.kind!r} is not a ViT grid spec (kind: "
+                                       f"{KIND})")
         check_fields(self, dashes=False)
         axes = ("drop_path", "weight_decay", "seed",
                 *(a for a in EXTRA_AXES if getattr(self, a) is not None))
         for key in axes:
             if key in self.train:
-                raise BlockCouplingError(f"train.{key} is set by the grid; give it at the top "
-                                         "level")
+                raise validate.OptionError(f"train.{key} is set by the grid; give it at the "
+                                           "top level")
+
+    def base(self) -> VitTrainConfig:
+        """The training config every run shares (``train:``), its keys named as the spec's
+        (``train.epochs``)."""
+        with key_names("train."):
+            try:
+                return VitTrainConfig.from_dict(parse_given(VitTrainConfig, self.train))
+            except validate.OptionError:
+                raise
+            except BlockCouplingError as err:  # a rule between training options
+                raise validate.OptionError(f"train: {err}") from err
 
     def run_grid_kwargs(self) -> dict[str, Any]:
         """The keyword arguments of `run_grid` (the keys given; the axes always)."""
@@ -203,13 +223,15 @@ def load_grid_spec(source: str | Path | dict[str, Any]
     else:
         from blockcoupling.store.verified import load_yaml
 
-        data = load_yaml(Path(source), "grid spec") or {}
+        data = load_yaml(Path(source), "grid spec", error=validate.OptionError) or {}
     if not isinstance(data, dict):
-        raise BlockCouplingError("a grid spec is a mapping with drop_path, weight_decay, train")
+        raise validate.OptionError("a grid spec is a mapping with drop_path, weight_decay, "
+                                   "train")
     if data.get("kind", KIND) != KIND:  # before the other keys: another kind's spec
-        raise BlockCouplingError(f"kind: {data['kind']!r} is not a ViT grid spec (kind: {KIND})")
+        raise validate.OptionError(f"kind: {data['kind']!r} is not a ViT grid spec (kind: "
+                                   f"{KIND})")
     spec: GridSpec = from_mapping(GridSpec, data, "grid spec")
-    return VitTrainConfig.from_dict(spec.train), spec.run_grid_kwargs()
+    return spec.base(), spec.run_grid_kwargs()
 
 
 def train_unit(unit: Any, folder: Path, threads: int | None = 1) -> dict[str, Any]:

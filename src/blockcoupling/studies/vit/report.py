@@ -53,6 +53,29 @@ def _norm(values: pd.Series) -> Normalize:
     return Normalize(lo, hi if hi > lo else lo + 1e-9)
 
 
+def chance_level(df: pd.DataFrame, column: str) -> float | None:
+    """The chance level of a coupling ``column``: 0 for a chance-corrected variant
+    (``coupling_vs_rotated``, ``coupling_vs_null``, their ``_cls`` / ``_last`` forms), the
+    runs' chance level c_null for raw c_K (``coupling_chance``, ``coupling_chance_cls``, ...;
+    their mean: one per width and K); None where it was not recorded."""
+    if column.startswith("coupling_vs_"):
+        return 0.0
+    if not column.startswith("coupling"):
+        return None
+    chance = "coupling_chance" + column[len("coupling"):]
+    values = pd.to_numeric(df[chance], errors="coerce").dropna() if chance in df else None
+    return float(values.mean()) if values is not None and len(values) else None
+
+
+def _chance_line(ax: Any, df: pd.DataFrame, column: str, *, vertical: bool = False) -> None:
+    """The chance level of ``column`` as a dotted grey line labelled ``chance``."""
+    level = chance_level(df, column)
+    if level is None:
+        return
+    line = ax.axvline if vertical else ax.axhline
+    line(level, color="0.45", lw=1.0, ls=":", label=f"chance ({level:.3g})", zorder=1)
+
+
 def plot_coupling_vs_drop_path(runs: pd.DataFrame, *, column: str = "coupling") -> Figure:
     """Coupling (``column``) against drop-path rate, one line per weight decay."""
     df = _finite(runs, column)
@@ -68,6 +91,7 @@ def plot_coupling_vs_drop_path(runs: pd.DataFrame, *, column: str = "coupling") 
         if (agg["count"] > 1).any():
             ax.fill_between(agg["drop_path"], agg["mean"] - agg["std"].fillna(0),
                             agg["mean"] + agg["std"].fillna(0), color=colour, alpha=0.15)
+    _chance_line(ax, df, column)
     ax.set_xlabel("stochastic-depth (drop-path) rate")
     ax.set_ylabel("mean depth-wise coupling (CLS)")
     ax.legend(fontsize=7, title="weight decay", title_fontsize=7, ncol=2)
@@ -99,10 +123,12 @@ def plot_coupling_vs_accuracy(runs: pd.DataFrame, *, column: str = "coupling") -
     ax.scatter(df[column], df["test_accuracy"], c=df["drop_path"], cmap=_CMAP, norm=norm,
                edgecolors="k", linewidths=0.4, zorder=3)
     fit = coupling_accuracy_fit(df, column=column)
+    _chance_line(ax, df, column, vertical=True)
     if not math.isnan(fit["r2"]):
         xs = np.linspace(df[column].min(), df[column].max(), 50)
         ax.plot(xs, fit["intercept"] + fit["slope"] * xs, "k--", lw=1,
                 label=f"fit: R$^2$ = {fit['r2']:.2f}, p = {fit['p']:.2g} (n = {int(fit['n'])})")
+    if ax.get_legend_handles_labels()[0]:
         ax.legend(fontsize=7)
     _colour_bar(fig, ax, norm, "drop-path rate")
     ax.set_xlabel("mean depth-wise coupling (CLS)")
@@ -131,6 +157,9 @@ def plot_coupling_epochs(epochs: pd.DataFrame) -> Figure:
 
     for ax in (ax_c, ax_a):
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    _chance_line(ax_c, df, "coupling")
+    if ax_c.get_legend_handles_labels()[0]:
+        ax_c.legend(fontsize=7)
     ax_c.set_xlabel("epoch")
     ax_c.set_ylabel("mean depth-wise coupling (CLS)")
     ax_a.set_xlabel("epoch")
@@ -264,13 +293,17 @@ def write_vit_figures(root: str | Path, out: str | Path, *,
 _CAPTIONS = {
     "vit_coupling_vs_drop_path": ("Coupling against the stochastic-depth rate",
                                   "Final mean depth-wise coupling at [CLS] of each run against its "
-                                  "drop-path rate, one line per weight decay (paper figs. 6, 11)."),
+                                  "drop-path rate, one line per weight decay (paper figs. 6, 11); dotted: "
+                                  "the chance level (c_null for raw c_K, 0 for a "
+                                  "chance-corrected variant)."),
     "vit_coupling_vs_accuracy": ("Coupling against test accuracy",
                                  "Final coupling against test accuracy, colour = drop-path rate, "
-                                 "with the least-squares line and its R^2 and p (paper fig. 12)."),
+                                 "with the least-squares line and its R^2 and p (paper fig. 12); "
+                                 "dotted: the chance level of the coupling axis."),
     "vit_coupling_epochs": ("Coupling across epochs",
                             "Coupling on the fixed monitor images at every measured epoch "
-                            "(epoch 0 = initialisation), one line per run."),
+                            "(epoch 0 = initialisation), one line per run; dotted: the chance "
+                            "level."),
     "vit_conditional_fits": ("Conditional fits",
                              "coupling_vs_null against the drop-path rate at each fixed weight "
                              "decay (left) and against log10 weight decay at each fixed "
@@ -324,7 +357,7 @@ def write_vit_report(root: str | Path, out: str | Path, *,
     return write_page(out, "ViT stochastic-depth study", sections, lead=lead)
 
 
-__all__ = ["FIGURES", "FITS_FILE", "coupling_accuracy_fit", "plot_accuracy_fits",
+__all__ = ["FIGURES", "FITS_FILE", "chance_level", "coupling_accuracy_fit", "plot_accuracy_fits",
            "plot_conditional_fits", "plot_coupling_epochs",
            "plot_coupling_vs_accuracy", "plot_coupling_vs_drop_path", "write_vit_figures",
            "write_vit_report"]

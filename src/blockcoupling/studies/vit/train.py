@@ -36,6 +36,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from blockcoupling import validate
 from blockcoupling.errors import BlockCouplingError
 from blockcoupling.fields import check_fields, identity, opt, parse_given
 from blockcoupling.hashing import canonical_hash
@@ -50,7 +51,7 @@ from blockcoupling.studies.vit.augment import (
     smooth_targets,
 )
 from blockcoupling.studies.vit.data import DATASETS, ImageData, load_image_data
-from blockcoupling.studies.vit.model import build_vit, resolve_shape
+from blockcoupling.studies.vit.model import PRESETS, build_vit, resolve_shape
 from blockcoupling.studies.vit.record import (  # noqa: F401 - the record's names, as before
     DAMAGED_HINT,
     FORMAT,
@@ -79,6 +80,31 @@ def _one_k(name: str, value: Any) -> int:
 _W, _N = whole, number  # the range rules of the fields (blockcoupling.validate)
 
 
+def _preset(value: Any, name: str) -> str:
+    """A model shape of `PRESETS`, or a recipe of `RECIPES` (``paper``)."""
+    return str(validate.choice(value, name, choices=(*PRESETS, *RECIPES)))
+
+
+def _folder(value: Any, name: str) -> Any:
+    """A folder path (text or a ``Path``)."""
+    if not isinstance(value, (str, Path)):
+        raise validate.OptionError(f"{name} must be a folder path, not {value!r}")
+    return value
+
+
+def _notes(value: Any, name: str) -> Any:
+    """Free-form notes: a mapping."""
+    if not isinstance(value, dict):
+        raise validate.OptionError(f"{name} must be a mapping of notes, not {value!r}")
+    return value
+
+
+def _augment(value: Any, name: str) -> Any:
+    """An augmentation of `AUGMENTS` (True/False: the older on/off form)."""
+    return value if isinstance(value, bool) else validate.choice(
+        value, name, choices=AUGMENTS, hint="tensor crops and flips; RandAugment is not available")
+
+
 @dataclass(frozen=True)
 class VitTrainConfig:
     """Everything that determines one training run (and so its output).
@@ -89,7 +115,7 @@ class VitTrainConfig:
     [`key`][blockcoupling.studies.vit.train.VitTrainConfig.key]."""
 
     dataset: str = opt("digits", "digits (offline, scikit-learn; the default) or cifar10.",
-                       cli=True)
+                       cli=True, check=validate.rule(validate.choice, choices=DATASETS))
     drop_path: float = opt(0.1, "Stochastic-depth rate (linear over blocks, as DeiT).", cli=True,
                            check=(_N, {"minimum": 0, "below": 1}))
     weight_decay: float = opt(0.05, "AdamW weight decay.", cli=True, check=(_N, {"minimum": 0}))
@@ -109,7 +135,8 @@ class VitTrainConfig:
                                     hashed="if_set", check=(_N, {"minimum": 0, "below": 1}))
     preset: str = opt("tiny", "Model shape: tiny, small, deit-tiny (192 wide, 12 deep, 3 heads); "
                       "or the recipe 'paper' (DeiT-Tiny, CIFAR-10, 500 epochs, 30 warm-up, AdamW "
-                      "5e-4 cosine, mixup 0.8, crop-flip; other options override it).", cli=True)
+                      "5e-4 cosine, mixup 0.8, crop-flip; other options override it).", cli=True,
+                      check=validate.rule(_preset))
     hidden_size: int | None = opt(None, "Override the preset's width.", cli=True,
                                   check=(_W, {"minimum": 1}))
     depth: int | None = opt(None, "Override the preset's depth (the ICLR text: 24).", cli=True,
@@ -128,7 +155,8 @@ class VitTrainConfig:
                               cli=True, check=(_N, {"minimum": 0}))
     augment: str | bool | None = opt(
         None, "none, crop (pad 4, random crop) or crop-flip (and a horizontal flip); tensor "
-        "operations, NOT RandAugment. Default: crop-flip on CIFAR-10, none on digits.", cli=True)
+        "operations, NOT RandAugment. Default: crop-flip on CIFAR-10, none on digits.", cli=True,
+        check=validate.rule(_augment))
     cutmix: float = opt(0.0, "CutMix Beta alpha (0 = off; DeiT: 1.0; with --mixup too, one of "
                         "them per batch).", cli=True, check=(_N, {"minimum": 0}))
     label_smoothing: float = opt(0.0, "Label smoothing epsilon (DeiT: 0.1).", cli=True,
@@ -136,14 +164,17 @@ class VitTrainConfig:
     random_erasing: float = opt(0.0, "Random-erasing probability per image (DeiT: 0.25).",
                                 cli=True, check=(_N, {"minimum": 0, "maximum": 1}))
     lr_scaling: str = opt("none", "none, or linear: lr and min lr times batch-size/512 (DeiT's "
-                          "rule).", cli=True)
+                          "rule).", cli=True,
+                          check=validate.rule(validate.choice, choices=LR_SCALINGS))
     tokens: str = opt("cls", "Headline token of the coupling: cls ([CLS], default), last (the "
                       "last patch, the authors' released code), all. The final measurement also "
-                      "reports [CLS] and last.", cli=True)
+                      "reports [CLS] and last.", cli=True,
+                      check=validate.rule(validate.choice, choices=TOKENS))
     seed: int = opt(0, "Seed of the initialisation, order and augmentation.", cli=True,
-                    check=(_W, {"minimum": 0}))
+                    check=validate.SEED)
     data_dir: str | None = opt(None, "CIFAR-10 folder: DIR/train/<class>/*.png, "
-                               "DIR/test/<class>/*.png.", cli=True)
+                               "DIR/test/<class>/*.png.", cli=True,
+                               check=validate.rule(_folder))
     train_limit: int | None = opt(None, "Use a seeded subset of the training split.", cli=True,
                                   check=(_W, {"minimum": 1}))
     test_limit: int | None = opt(None, "Use a seeded subset of the test split.", cli=True,
@@ -160,28 +191,17 @@ class VitTrainConfig:
                  "in every command; here a list of one).", cli=True, parse=_one_k,
                  check=(_W, {"minimum": 1}))
     extra: dict[str, Any] = opt(help="Free-form notes (part of the key).",
-                                default_factory=dict)
+                                default_factory=dict, check=validate.rule(_notes))
 
     def __post_init__(self) -> None:
         def bad(msg: str) -> None:
-            raise BlockCouplingError(msg)
+            raise validate.OptionError(msg)
 
-        if self.dataset not in DATASETS:
-            bad(f"unknown data set {self.dataset!r}; choose {' or '.join(DATASETS)}")
         check_fields(self, prefix="training option ")  # 5.0 epochs -> 5
         if self.label_noise is not None and float(self.label_noise) == 0.0:
             object.__setattr__(self, "label_noise", None)  # no noise: the default's identity
         if isinstance(self.augment, bool):  # the older on/off form
             object.__setattr__(self, "augment", "crop-flip" if self.augment else "none")
-        if self.augment is not None and self.augment not in AUGMENTS:
-            bad(f"unknown augmentation {self.augment!r}; choose {', '.join(AUGMENTS)} (tensor "
-                "crops and flips; RandAugment is not available)")
-        if self.lr_scaling not in LR_SCALINGS:
-            bad(f"unknown lr scaling {self.lr_scaling!r}; choose {' or '.join(LR_SCALINGS)}")
-        if self.tokens not in TOKENS:
-            bad(f"unknown token choice {self.tokens!r}; choose {', '.join(TOKENS)}")
-        if self.data_dir is not None and not isinstance(self.data_dir, (str, Path)):
-            bad(f"data-dir must be a folder path, not {self.data_dir!r}")
         if self.min_lr > self.lr:
             bad(f"learning rates lr={self.lr}, min_lr={self.min_lr}: need min_lr <= lr")
         resolve_shape(self.preset, hidden_size=self.hidden_size, depth=self.depth,
@@ -251,7 +271,7 @@ class VitTrainConfig:
         known = {f.name for f in fields(cls)}
         unknown = set(data) - known
         if unknown:
-            raise BlockCouplingError(
+            raise validate.OptionError(
                 f"unknown training option(s) {sorted(unknown)}; known: {sorted(known)}"
             )
         recipe = RECIPES.get(str(data.get("preset")), {})
