@@ -1,14 +1,8 @@
-"""Collections: one format for every "many runs" kind, read by one reader.
-
-A collection is a directory in the layout of `blockcoupling.store.collection` whose
-manifest records its ``kind``: ``sweep`` (``run_sweep``), ``monitor`` (``CouplingMonitor``)
-or ``vit-grid`` (``studies.vit.grid.run_grid``). Every kind has the same catalogue, unit-id
-rule, lock and status vocabulary, and is read by [`open_collection`][blockcoupling.runs.read.open_collection] (alias
-``open_sweep``); ``blockcoupling report``, ``sweep-status`` and ``correlate`` take any kind
-through it. This module adds what depends on the kind: the report page
-(`write_collection_report`) and the conversion of old layouts
-(`upgrade_collection`, ``blockcoupling collection upgrade DIR``), and which kind a spec
-file asks for (`spec_kind`: its ``kind:`` key, never guessed from its other keys).
+"""What of a collection depends on its kind, asked of the registry (`blockcoupling.runs.kinds`)
+and naming none: the report page (`write_collection_report`), the conversion of old layouts
+(`upgrade_collection`, ``blockcoupling collection upgrade DIR``) and which kind a spec file
+asks for (`spec_kind`: its ``kind:`` key, never guessed). Every kind is read by
+[`open_collection`][blockcoupling.runs.read.open_collection].
 """
 
 from __future__ import annotations

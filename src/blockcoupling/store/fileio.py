@@ -1,19 +1,11 @@
 """Low-level file I/O of run directories: atomic writes, checksums, the writer's lock, and
 operating-system errors turned into messages that say what to do.
 
-Contracts:
-
-- `atomic_write_bytes` either leaves ``path`` as it was or replaces it whole (temporary
-  file, ``fsync``, one ``os.replace``, ``fsync`` of the directory).
-- `write_temp` writes a durable temporary sibling that a later ``os.replace`` commits.
-- `DirLock` is an exclusive, non-blocking ``flock`` on ``DIR/.lock`` (the ``filelock``
-  library) holding the writer's PID; releasing it removes the file, so a finished run keeps
-  no ``.lock``. It is the one lock of every folder with one writer (``dir_lock``: run
-  directories, collections, every folder the run protocol opens); `lock_holder` reads it.
-- `atomic_write_bytes` / `atomic_write_text` / `atomic_path` are the one
-  way to replace a file (or a folder) whole; every layer above calls them.
-- `disk_errors` turns an ``OSError`` (disk full, read-only, permission, a path under a
-  file) into a [`RunDirError`][blockcoupling.errors.RunDirError] whose message names the path and the way out.
+`atomic_write_bytes` / `atomic_write_text` / `atomic_path` are the one way to replace a file
+(or folder) whole: the old one or the new one, never a mix. `DirLock` is the one lock of every
+folder with one writer: an exclusive, non-blocking ``flock`` on ``DIR/.lock`` holding the
+writer's PID, removed on release. `disk_errors` turns an ``OSError`` into a
+[`RunDirError`][blockcoupling.errors.RunDirError] naming the path and the way out.
 """
 
 from __future__ import annotations

@@ -1,21 +1,12 @@
 """The run protocol's first step, one for every folder a command writes (a run directory,
 a collection of any kind, a perturbation run, a study folder): open it.
 
-`decide` looks at the folder and says what opening it does, writing nothing (``--dry-run``
-and every command's checks before anything is loaded run it): ``new`` (absent or empty),
-``replace`` (it holds a start of this or another identity that stored no result: a failed
-start never blocks the corrected command), ``continue`` (the same identity, with results),
-``rebuild`` (the same identity, its record lost or damaged but derivable from what is
-there). Everything else is one refusal line that names the way out: ``--out`` is a file or
-under an unwritable folder, another writer holds it, it holds files of something else, it
-holds results of another identity (spec, settings, model, inputs), or results that only
-``--resume`` continues.
-
-`open_folder` takes the same decision again under the folder's lock (``fileio.DirLock``,
-one writer at a time), clears a folder to ``replace`` and yields the decision while the
-lock is held: what the kind writes (its record first) comes after every check. A kind
-describes its folder once (`Layout`) and how to read its identity (``differences``,
-``has_results``); the decision and its words are this module's.
+`decide` says what opening the folder does, writing nothing: ``new``, ``replace`` (a start
+that stored no result), ``continue`` (the same identity, with results) or ``rebuild`` (its
+record lost but derivable), else one refusal line naming the way out (a file, an unwritable
+folder, another writer, another kind's files, results of another identity, or results only
+``--resume`` continues). `open_folder` takes the same decision again under the folder's lock
+and yields it while the lock is held. A kind describes its folder once (`Layout`).
 """
 
 from __future__ import annotations

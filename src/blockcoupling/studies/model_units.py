@@ -1,12 +1,9 @@
-"""The models of the correlation study: what one measured model is (`ModelUnit`), how
-it is read from run and sweep directories (`load_units`), and its row of numbers under
-one rule (`CORRELATION_RULE`, an ``engine.statistic.StatisticRule``, and `model_table`): the
-headline statistic of
-``engine.statistic`` for raw c_K, ``coupling_vs_null`` and ``coupling_vs_rotated``, each with
-its standard error over prompts (within one model), and the chance level of raw c_K, with K = round(d / 10) per model unless a fixed K is
-given. How models are joined (one prompt content, the same measured tokens, distinct
-weights, the revision each loaded) is ``studies.joins``'s rule (`check_prompt_sets` and
-`token_rule` are its checks as the correlation states them).
+"""The models of the correlation study: what one measured model is (`ModelUnit`), how it is
+read from run and sweep directories (`load_units`), and its row of numbers under one rule
+(`CORRELATION_RULE`, `model_table`: the headline statistic for raw c_K, ``coupling_vs_null``
+and ``coupling_vs_rotated`` with their standard errors, and the chance level of raw c_K).
+How models are joined is ``studies.joins``'s rule (`check_prompt_sets` and `token_rule` are
+its checks as the correlation states them).
 """
 
 from __future__ import annotations

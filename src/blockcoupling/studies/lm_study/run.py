@@ -4,6 +4,7 @@ one sweep, evaluates them, tests and writes ``study.json`` and ``study.html``.""
 from __future__ import annotations
 
 import json
+import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -169,8 +170,6 @@ def _remeasure_retrained(root: Path, digests: dict[str, str],
     """Mark again as pending the sweep units of runs whose checkpoints now hold other
     weights than those their units were measured on (a damaged cache trained again into
     different weights): the sweep's resume measures them again."""
-    import shutil
-
     from blockcoupling.store import collection as store
     from blockcoupling.studies.sweep.units import Unit
 
@@ -293,8 +292,6 @@ def _measure(out: Path, spec: StudySpec, prompts: list[str], paths: dict[str, li
             raise BlockCouplingError(f"{root} holds a sweep of other checkpoints (another "
                                      "study spec or checkpoint cache); give another --out or "
                                      "delete it")
-        import shutil
-
         shutil.rmtree(root)  # nothing measured there, or the caller owns it: replaced
     _remeasure_retrained(root, digests, _trained(out), progress)
     write_sealed(out / TRAINED_FILE, digests)
