@@ -33,9 +33,10 @@ INDEXING = ("layers are 1-based (layer l = block l; layer 0 in `trajectory` is t
 VARIANTS: dict[str, str] = {name: v.schema_entry for name, v in REGISTRY.items()}
 
 _ID = ("identifier of the prompt / input", "")
-_LAYER = ("layer l (1-based: block l)", "")
-_TOKEN_IN = ("input token position t_in (0-based)", "")
-_TOKEN_OUT = ("output token position t_out (0-based)", "")
+#: the key of a table with one row per Jacobian J^l_{t_in t_out} (or per its metric)
+_JACOBIAN_KEY = {"prompt_id": _ID, "layer": ("layer l (1-based: block l)", ""),
+                 "token_in": ("input token position t_in (0-based)", ""),
+                 "token_out": ("output token position t_out (0-based)", "")}
 
 #: table -> column -> (meaning, unit); "" = dimensionless / not a quantity
 COLUMNS: dict[str, dict[str, tuple[str, str]]] = {
@@ -82,12 +83,12 @@ COLUMNS: dict[str, dict[str, tuple[str, str]]] = {
                                  "dimensionless, -1..1"),
     },
     "spectra": {
-        "prompt_id": _ID, "layer": _LAYER, "token_in": _TOKEN_IN, "token_out": _TOKEN_OUT,
+        **_JACOBIAN_KEY,
         "rank": ("rank of the singular value (1 = largest)", ""),
         "singular_value": ("singular value of J^l_{t_in t_out}", "dimensionless (gain)"),
     },
     "influence": {
-        "prompt_id": _ID, "layer": _LAYER, "token_in": _TOKEN_IN, "token_out": _TOKEN_OUT,
+        **_JACOBIAN_KEY,
         "metric": ("frobenius, spectral, participation_ratio or effective_rank of "
                    "J^l_{t_in t_out}", ""),
         "value": ("the metric's value", "dimensionless"),
@@ -99,7 +100,7 @@ COLUMNS: dict[str, dict[str, tuple[str, str]]] = {
         "label": ("the prompt's label (e.g. its source dataset)", ""),
     },
     "diagnostics": {
-        "prompt_id": _ID, "layer": _LAYER, "token_in": _TOKEN_IN, "token_out": _TOKEN_OUT,
+        **_JACOBIAN_KEY,
         "method": ("how the Jacobian's SVD was computed: dense or matrix_free", ""),
         "residual": ("max_i ||J v_i - s_i u_i|| / s_1 of the top-K factors (null if exact)",
                      "dimensionless"),

@@ -22,6 +22,7 @@ from blockcoupling.errors import BlockCouplingError
 from blockcoupling.jsonsafe import jsonable
 from blockcoupling.store.fileio import write_json
 from blockcoupling.studies import joins
+from blockcoupling.studies.regression import fit_text
 
 #: the predictors of the per-prompt coupling, as the table names them
 PREDICTORS = ("rating", "n_tokens")
@@ -49,13 +50,9 @@ class DifficultyResult:
     def summary(self) -> str:
         lines = [f"{len(self.table)} prompts, K={self.k}, ratings {self.ratings}"]
         for variant, fits in self.fits.items():
-            for name, r in fits.items():
-                if "skipped" in r:
-                    lines.append(f"  {variant} ~ {name}: skipped ({r['skipped']})")
-                else:
-                    lines.append(f"  {variant} ~ {name}: n={r['n']} slope={r['slope']:.4g} "
-                                 f"R^2={r['r2']:.3f} p={r['p']:.3g} "
-                                 f"rho={r['spearman_rho']:+.3f}")
+            lines += [f"  {variant} ~ {name}: " + fit_text(
+                r, "n={n} slope={slope:.4g} R^2={r2:.3f} p={p:.3g} rho={spearman_rho:+.3f}")
+                for name, r in fits.items()]
         return "\n".join(lines)
 
 

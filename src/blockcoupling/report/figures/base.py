@@ -10,7 +10,7 @@ from __future__ import annotations
 import io
 import math
 import warnings
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -43,6 +43,7 @@ GRID_CMAP = "magma"
 
 __all__ = ["DPI", "FORMATS", "FigureLayoutWarning", "FigureUnavailable", "Runs", "colormap",
            "clip", "fit_run_ticks", "fmt_p", "label_list", "layout_problems", "missing_text", "new_figure",
+           "prompt_named", "run_parts",
            "panels", "png_bytes", "present", "rendered_png", "run_ticks", "save_figure", "selection_text",
            "tokens_text"]
 
@@ -109,6 +110,24 @@ def present(items: Sequence[T | None], labels: Sequence[str]) -> tuple[list[T], 
     """The items that are not None and their labels (runs without the data get no panel)."""
     keep = [(x, lab) for x, lab in zip(items, labels, strict=True) if x is not None]
     return [x for x, _ in keep], [lab for _, lab in keep]
+
+
+def prompt_named(m: Measurement, prompt_id: str) -> str:
+    """'prompt ID ("the prompt text")', the text shortened to 80 characters (left out when
+    unknown)."""
+    rows = m.prompts[m.prompts["prompt_id"] == prompt_id]
+    if rows.empty or rows["text"].isna().iloc[0]:
+        return f"prompt {prompt_id}"
+    text = str(rows["text"].iloc[0])
+    return f'prompt {prompt_id} ("{text[:77] + "..." if len(text) > 80 else text}")'
+
+
+def run_parts(ms: Sequence[Measurement], items: Sequence[T | None], labels: Sequence[str],
+              describe: Callable[[Measurement, T], str]) -> str:
+    """A caption's per-run parts, '; '-joined: 'label: describe(run, item)' for each run whose
+    item is not None (`missing_text` names the others)."""
+    return "; ".join(f"{lab}: {describe(m, x)}"
+                     for m, x, lab in zip(ms, items, labels, strict=True) if x is not None)
 
 
 def missing_text(items: Sequence[Any], labels: Sequence[str], what: str = "Not measured") -> str:

@@ -9,7 +9,6 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
-import pandas as pd
 from matplotlib.collections import LineCollection
 from matplotlib.colors import Normalize
 from matplotlib.figure import Figure
@@ -17,7 +16,6 @@ from matplotlib.lines import Line2D
 from matplotlib.ticker import MaxNLocator
 
 from blockcoupling.engine.names import NULL_VARIANTS
-from blockcoupling.engine.results import Measurement
 from blockcoupling.engine.statistic import LEAD_VARIANTS, StatisticRule
 from blockcoupling.report.figures.base import (
     HEATMAP_CMAP,
@@ -32,6 +30,8 @@ from blockcoupling.report.figures.base import (
     new_figure,
     panels,
     present,
+    prompt_named,
+    run_parts,
     selection_text,
 )
 from blockcoupling.report.summaries import (
@@ -48,16 +48,7 @@ from blockcoupling.report.summaries import (
 
 __all__ = ["caption_coupling_by_distance", "caption_coupling_grid", "caption_depth_heatmap",
            "caption_layer_graph", "layer_graph_variant", "plot_coupling_by_distance",
-           "plot_coupling_grid", "plot_depth_heatmap", "plot_layer_graph", "prompt_text"]
-
-
-def prompt_text(m: Measurement, prompt_id: str) -> str:
-    """' ("the prompt text")', shortened to 80 characters, or '' when unknown."""
-    rows = m.prompts[m.prompts["prompt_id"] == prompt_id]
-    if rows.empty or pd.isna(rows["text"].iloc[0]):
-        return ""
-    text = str(rows["text"].iloc[0])
-    return f' ("{text[:77] + "..." if len(text) > 80 else text}")'
+           "plot_coupling_grid", "plot_depth_heatmap", "plot_layer_graph"]
 
 
 # ====================================================================== L x L heatmap
@@ -136,17 +127,13 @@ def caption_coupling_grid(runs: Runs, *, prompt_id: str | None = None, k: int | 
     labs = run_labels(ms, labels)
     picks = coupling_grid_data(ms, prompt_id=prompt_id, k=k, orientation=orientation)
     formula = "U_l'^T J^l V_l'" if orientation == "ujv" else "V_l'^T J^l U_l'"
-    parts = []
-    for m, pick, lab in zip(ms, picks, labs, strict=True):
-        if pick is None:
-            continue
-        parts.append(f"{lab}: K={pick.k}, layers {_layers_text(pick.layers)}, "
-                     f"prompt {pick.prompt_id}{prompt_text(m, pick.prompt_id)}")
+    parts = run_parts(ms, picks, labs, lambda m, pick: f"K={pick.k}, layers "
+                      f"{_layers_text(pick.layers)}, {prompt_named(m, pick.prompt_id)}")
     return (f"Coupling matrices |A_ll'| = |{formula}| (orientation={orientation}) for every "
             "pair of layers in the figure window, leading K x K block, last measured token, "
             "each cell divided by its own maximum; a bright diagonal with a dark off-diagonal "
             "means the basis layer's singular vectors diagonalise the measured layer's "
-            "Jacobian. " + "; ".join(parts) + "."
+            "Jacobian. " + parts + "."
             + missing_text(picks, labs, "Not stored (figure_window)"))
 
 

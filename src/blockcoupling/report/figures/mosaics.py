@@ -17,8 +17,9 @@ from blockcoupling.report.figures.base import (
     mosaic_panel,
     panels,
     present,
+    prompt_named,
+    run_parts,
 )
-from blockcoupling.report.figures.depth import prompt_text
 from blockcoupling.report.summaries import as_runs, run_labels
 from blockcoupling.report.summaries.mosaics import token_grid_data
 
@@ -62,11 +63,10 @@ def caption_token_grid(runs: Runs, kind: str = "self", *, prompt_id: str | None 
             "fixed_input": "a fixed input token (kind fixed_input, context coupling)",
             "fixed_output": "a fixed output token (kind fixed_output, context coupling)"}[kind]
     formula = "U_b^T J_a V_b" if orientation == "ujv" else "V_b^T J_a U_b"
-    parts = [f"{lab}: K={p.k}, layer {p.layer}, prompt {p.prompt_id}"
-             f"{prompt_text(m, p.prompt_id)}" for m, p, lab in zip(ms, picks, labs, strict=True)
-             if p is not None]
+    parts = run_parts(ms, picks, labs,
+                      lambda m, p: f"K={p.k}, layer {p.layer}, {prompt_named(m, p.prompt_id)}")
     return (f"Coupling matrices |A| = |{formula}| across tokens, {what}: cell (row a, column b) "
             "compares the measured Jacobian of token a with the top-K singular vectors of the "
             "Jacobian of token b at the same layer (l = l'), leading K x K block, each cell "
             "divided by its own maximum; at most the last 12 tokens per axis. "
-            + "; ".join(parts) + "." + missing_text(picks, labs, "Not stored"))
+            + parts + "." + missing_text(picks, labs, "Not stored"))

@@ -24,8 +24,9 @@ from blockcoupling.report.figures.base import (
     missing_text,
     panels,
     present,
+    prompt_named,
+    run_parts,
 )
-from blockcoupling.report.figures.depth import prompt_text
 from blockcoupling.report.summaries import (
     P_VARIANTS,
     REPORT_RULE,
@@ -90,13 +91,9 @@ def caption_token_heatmap(runs: Runs, kind: str = "self", rule: StatisticRule = 
         "fixed_output": "Context coupling with a fixed output token t (kind fixed_output): "
                         "J^l_st (measured, rows s) against J^l'_s't (basis, columns s').",
     }[kind]
-    parts = []
-    for m, pick, lab in zip(ms, picks, labs, strict=True):
-        if pick is None:
-            continue
-        parts.append(f"{lab}: prompt {pick.prompt_id}{prompt_text(m, pick.prompt_id)}, "
-                     f"layers l={pick.layer_a}, l'={pick.layer_b}"
-                     + fixed_text(kind, pick.fixed, ", fixed "))
+    parts = run_parts(ms, picks, labs, lambda m, pick: f"{prompt_named(m, pick.prompt_id)}, "
+                      f"layers l={pick.layer_a}, l'={pick.layer_b}"
+                      + fixed_text(kind, pick.fixed, ", fixed "))
     p_text = f", p={fmt_p(p)}" if variant in P_VARIANTS else ""
     k_text = "K=" + label_list([resolve_k(m, rule.k) for m in ms], labs)
     has_rows = [bool((m.coupling["kind"] == kind).any()) for m in ms]
@@ -105,5 +102,5 @@ def caption_token_heatmap(runs: Runs, kind: str = "self", rule: StatisticRule = 
     one_token = [None if pick is None and rows else 0
                  for pick, rows in zip(picks, has_rows, strict=True)]
     return (f"{what} {k_text}, variant={variant}{p_text}, orientation={orientation}. "
-            + "; ".join(parts) + "." + missing_text(not_measured, labs)
+            + parts + "." + missing_text(not_measured, labs)
             + missing_text(one_token, labs, "Measured at one token only"))

@@ -54,9 +54,6 @@ from blockcoupling.studies.vit.train import (
 #: The paper's grid (DEFINITIONS.md, "Training and ViTs").
 PAPER_DROP_PATH: tuple[float, ...] = (0.0, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3)
 PAPER_WEIGHT_DECAY: tuple[float, ...] = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.2)
-#: the old layout's grid record (``blockcoupling collection upgrade`` converts it)
-GRID_FILE = "grid.json"
-GRID_FORMAT = "blockcoupling-vit-grid"
 
 
 KIND = "vit-grid"
