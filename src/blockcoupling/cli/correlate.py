@@ -8,10 +8,9 @@ from typing import Annotated, Any
 
 import typer
 
-from blockcoupling.cli.app import JSON_HELP, OldJsonForm, app, echo_json, one_value, user_errors
-from blockcoupling.cli.options import checked, checked_field
+from blockcoupling.cli.app import OldJsonForm, app, echo_json, one_value, user_errors
+from blockcoupling.cli.options import BootSeedOption, JsonFlag, NBootOption, checked_field
 from blockcoupling.errors import BlockCouplingError
-from blockcoupling.validate import N_BOOT, SEED
 
 
 def statistic_option(name: str, *, listed: bool = False) -> Callable[..., Any]:
@@ -26,11 +25,14 @@ def statistic_option(name: str, *, listed: bool = False) -> Callable[..., Any]:
     return checked_field(where, listed=listed)
 
 
+OrientationOption = Annotated[str, typer.Option("--orientation", help="ujv or vju.", callback=statistic_option("orientation"))]
+
+
 @app.command(cls=OldJsonForm)
 def correlate(
     inputs: Annotated[list[Path], typer.Argument(help="Run directories (one per model) or a collection (a sweep, monitor or vit-grid directory: one model per done unit).")],
     scores: Annotated[str, typer.Option("--scores", help="CSV (model, score[, params_b, layers, d_model, train_tokens_t, group]), 'paper', or an lm-evaluation-harness results folder.")],
-    as_json: Annotated[bool, typer.Option("--json", help=JSON_HELP)] = False,
+    as_json: JsonFlag = False,
     json_out: Annotated[Path | None, typer.Option("--json-out", help="Write every statistic as JSON to this file (also accepted: --json FILE.json).")] = None,
     out: Annotated[Path | None, typer.Option("--out", "-o", help="Write the HTML page (figures inline) here.")] = None,
     k: Annotated[str | None, typer.Option("--k", help="Fixed top-K for every model (default: round(d/10) per model); several values such as 8,16,32 give the correlation at each K in one output (the paper's alignment_vary_k figure).", callback=statistic_option("k", listed=True))] = None,
@@ -41,9 +43,9 @@ def correlate(
     allow_mixed_prompts: Annotated[bool, typer.Option("--allow-mixed-prompts", help="Correlate models measured on different prompt sets (refused by default).")] = False,
     allow_checkpoints: Annotated[bool, typer.Option("--allow-checkpoints", help="Count checkpoints of one training run (steps or revisions of one model) as independent models (refused by default: their p-values assume independence).")] = False,
     p: Annotated[str, typer.Option("--p", help="Norm of the variants that have one, one value: 1, 2 or inf.", callback=statistic_option("p"))] = "1",
-    orientation: Annotated[str, typer.Option("--orientation", help="ujv or vju.", callback=statistic_option("orientation"))] = "ujv",
-    n_boot: Annotated[int, typer.Option("--n-boot", help="Bootstrap resamples for the CI of R^2 (0: no interval).", callback=checked(N_BOOT))] = 2000,
-    seed: Annotated[int, typer.Option("--seed", help="Seed of the bootstrap.", callback=checked(SEED))] = 0,
+    orientation: OrientationOption = "ujv",
+    n_boot: NBootOption = 2000,
+    seed: BootSeedOption = 0,
     labels: Annotated[str | None, typer.Option("--labels", help="Comma-separated model names, one per run directory (default: each run's label or model id); the score table's 'model' column uses these.")] = None,
     any_revision: Annotated[bool, typer.Option("--any-revision", help="Let a model measured at a revision take the score row of its model id without that revision (e.g. the main branch's); refused by default, and named in a warning when it happens.")] = False,
 ) -> None:
@@ -94,7 +96,7 @@ def _k_values(raw: str | None) -> list[int]:
 def chance_floor(
     scores: Annotated[str, typer.Option("--scores", help="'paper' (the paper's Table 1, shipped) or a CSV with model, score, d_model[, group].")],
     k_rule: Annotated[str, typer.Option("--k-rule", help="d/10 (the paper's K = round(d/10) per model) or a fixed K.", callback=statistic_option("k"))] = "d/10",
-    as_json: Annotated[bool, typer.Option("--json", help=JSON_HELP)] = False,
+    as_json: JsonFlag = False,
     json_out: Annotated[Path | None, typer.Option("--json-out", help="Write the floor values and regressions as JSON to this file (also accepted: --json FILE.json).")] = None,
     out: Annotated[Path | None, typer.Option("--out", "-o", help="Write the HTML page (figure inline) here.")] = None,
 ) -> None:

@@ -7,21 +7,22 @@ from typing import Annotated
 
 import typer
 
-from blockcoupling.cli.app import JSON_HELP, OldJsonForm, app, echo_json, one_value, user_errors
-from blockcoupling.cli.correlate import statistic_option
+from blockcoupling.cli.app import OldJsonForm, app, echo_json, one_value, user_errors
+from blockcoupling.cli.correlate import OrientationOption, statistic_option
+from blockcoupling.cli.options import JsonFlag
 from blockcoupling.errors import BlockCouplingError
 
 
 @app.command(cls=OldJsonForm)
 def cross(
     runs: Annotated[list[Path], typer.Argument(help="RUN_A RUN_B: run directories measured with --save-bases (RUN_A also with --save-jacobians, or give --model-a). More than two: every run against the last; one sweep directory: per label, every checkpoint against the last.")],
-    as_json: Annotated[bool, typer.Option("--json", help=JSON_HELP)] = False,
+    as_json: JsonFlag = False,
     json_out: Annotated[Path | None, typer.Option("--json-out", help="Write the tables and layer x layer matrices as JSON to this file (also accepted: --json FILE.json).")] = None,
     out: Annotated[Path | None, typer.Option("--out", "-o", help="Write the HTML page (heatmap) here.")] = None,
     k: Annotated[str | None, typer.Option("--k", help="Top-K of the figure and summary (default: the smallest measured); a list of one.", callback=statistic_option("k"))] = None,
     variant: Annotated[str, typer.Option("--variant", help="coupling, miscoupling, released_norm, ...", callback=statistic_option("variant"))] = "coupling",
     p: Annotated[str, typer.Option("--p", help="Norm of the variants that have one (1, 2, inf); a list of one.", callback=statistic_option("p"))] = "1",
-    orientation: Annotated[str, typer.Option("--orientation", help="ujv or vju.", callback=statistic_option("orientation"))] = "ujv",
+    orientation: OrientationOption = "ujv",
     model_a: Annotated[str | None, typer.Option("--model-a", help="Model of RUN_A (hub id or folder), to measure its Jacobians again where RUN_A did not store them.")] = None,
 ) -> None:
     """Coupling across runs (checkpoint vs final, base vs fine-tuned, seed vs seed)."""

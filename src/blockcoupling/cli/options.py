@@ -34,7 +34,7 @@ import typer
 from typer.core import TyperCommand
 
 from blockcoupling import validate
-from blockcoupling.cli.app import UsageLine
+from blockcoupling.cli.app import ADDRESS_HELP, CLUSTER_CPUS_HELP, JSON_HELP, UsageLine
 from blockcoupling.errors import BlockCouplingError
 
 _KEY = "blockcoupling.config_options"
@@ -77,6 +77,16 @@ def checked(rule: Any) -> Callable[..., Any]:
 
     return _callback(lambda value, flag: resolve()(value, flag), resolve)
 
+
+#: options several commands share, declared once (typer copies an ``Annotated`` option per use)
+JsonFlag = Annotated[bool, typer.Option("--json", help=JSON_HELP)]
+ModelOption = Annotated[str, typer.Option("--model", "-m", help="Hub id or local model folder.")]
+PromptsOption = Annotated[str, typer.Option("--prompts", help="File (.txt/.jsonl/.csv), builtin:NAME, hf:DATASET or protocol:paper[@DIR].")]
+LimitOption = Annotated[int | None, typer.Option(help="Use at most this many prompts (seeded subset).", callback=checked(validate.COUNT))]
+AddressOption = Annotated[str | None, typer.Option(help=ADDRESS_HELP)]
+ClusterCpusOption = Annotated[int | None, typer.Option(help=CLUSTER_CPUS_HELP, callback=checked(validate.COUNT))]
+NBootOption = Annotated[int, typer.Option("--n-boot", help="Bootstrap resamples for the CI of R^2 (0: no interval).", callback=checked(validate.N_BOOT))]
+BootSeedOption = Annotated[int, typer.Option("--seed", help="Seed of the bootstrap.", callback=checked(validate.SEED))]
 
 def checked_field(where: Callable[[], tuple[Any, str]], *, listed: bool = False
                   ) -> Callable[..., Any]:

@@ -9,12 +9,21 @@ from typing import Annotated, Any
 
 import typer
 
-from blockcoupling.cli.app import JSON_HELP, app, echo_json, guarded, one_value, user_errors
 from blockcoupling.cli.app import STATE as _STATE
+from blockcoupling.cli.app import app, echo_json, guarded, one_value, user_errors
 from blockcoupling.cli.correlate import _write_and_say, statistic_option
-from blockcoupling.cli.options import Record, checked, given_record, record_command
+from blockcoupling.cli.options import (
+    BootSeedOption,
+    JsonFlag,
+    LimitOption,
+    ModelOption,
+    NBootOption,
+    PromptsOption,
+    Record,
+    given_record,
+    record_command,
+)
 from blockcoupling.cli.run import source_record
-from blockcoupling.validate import COUNT, N_BOOT, SEED
 
 #: the loading options perturb leaves out: it runs the whole model on one device
 _DISPATCH_OPTIONS = ("device_map", "max_memory", "offload_folder", "quantize")
@@ -39,11 +48,11 @@ def _settings(params: Any, given: dict[str, Any]) -> Any:
                                 source=source_record(_DISPATCH_OPTIONS)))
 def perturb(
     ctx: typer.Context,
-    model: Annotated[str, typer.Option("--model", "-m", help="Hub id or local model folder.")],
-    prompts: Annotated[str, typer.Option("--prompts", help="File (.txt/.jsonl/.csv), builtin:NAME, hf:DATASET or protocol:paper[@DIR].")],
+    model: ModelOption,
+    prompts: PromptsOption,
     out: Annotated[Path, typer.Option("--out", "-o", help="Folder to write (resumable: run the same command again to continue).")],
-    limit: Annotated[int | None, typer.Option(help="Use at most this many prompts (seeded subset).", callback=checked(COUNT))] = None,
-    as_json: Annotated[bool, typer.Option("--json", help=JSON_HELP)] = False,
+    limit: LimitOption = None,
+    as_json: JsonFlag = False,
 ) -> None:
     """Perturb a token's embedding (the input of block 1) with noise of several sizes and
     compare its trajectory with the true one, layer by layer (the paper's fig. 34).
@@ -77,9 +86,9 @@ def difficulty(
     k: Annotated[str | None, typer.Option("--k", help="Top-K (default: the run's smallest).", callback=statistic_option("k"))] = None,
     out: Annotated[Path | None, typer.Option("--out", "-o", help="Write the HTML page here.")] = None,
     json_out: Annotated[Path | None, typer.Option("--json-out", help="Write the table and the fits as JSON here.")] = None,
-    n_boot: Annotated[int, typer.Option("--n-boot", help="Bootstrap resamples for the CI of R^2 (0: no interval).", callback=checked(N_BOOT))] = 2000,
-    seed: Annotated[int, typer.Option("--seed", help="Seed of the bootstrap.", callback=checked(SEED))] = 0,
-    as_json: Annotated[bool, typer.Option("--json", help=JSON_HELP)] = False,
+    n_boot: NBootOption = 2000,
+    seed: BootSeedOption = 0,
+    as_json: JsonFlag = False,
 ) -> None:
     """Per-prompt depth-wise coupling against the prompt's difficulty rating (Easy2Hard-Bench)
     and its length in tokens (the paper's fig. 10)."""

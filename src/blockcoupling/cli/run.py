@@ -9,11 +9,20 @@ from typing import Annotated, Any
 
 import typer
 
-from blockcoupling.cli.app import JSON_HELP, app, echo_json, guarded, user_errors
 from blockcoupling.cli.app import STATE as _STATE
-from blockcoupling.cli.options import Record, checked, given_record, record_command
+from blockcoupling.cli.app import app, echo_json, guarded, user_errors
+from blockcoupling.cli.options import (
+    JsonFlag,
+    LimitOption,
+    ModelOption,
+    PromptsOption,
+    Record,
+    checked,
+    given_record,
+    record_command,
+)
 from blockcoupling.errors import BlockCouplingError
-from blockcoupling.validate import COUNT, EXECUTOR
+from blockcoupling.validate import EXECUTOR
 
 
 def _csv(value: str | None) -> list[str] | None:
@@ -22,15 +31,15 @@ def _csv(value: str | None) -> list[str] | None:
 
 def measure(
     ctx: typer.Context,
-    model: Annotated[str, typer.Option("--model", "-m", help="Hub id or local model folder.")],
-    prompts: Annotated[str, typer.Option("--prompts", help="File (.txt/.jsonl/.csv), builtin:NAME, hf:DATASET or protocol:paper[@DIR].")],
+    model: ModelOption,
+    prompts: PromptsOption,
     out: Annotated[Path, typer.Option("--out", "-o", help="Run directory to write.")],
-    limit: Annotated[int | None, typer.Option(help="Use at most this many prompts (seeded subset).", callback=checked(COUNT))] = None,
+    limit: LimitOption = None,
     prompt_column: Annotated[str | None, typer.Option(help="Text column of a .csv/.jsonl prompt file.")] = None,
     split: Annotated[str | None, typer.Option(help="Dataset split for hf: prompts.")] = None,
     resume: Annotated[bool, typer.Option("--resume/--no-resume", help="Continue an interrupted run in --out.")] = False,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Check everything and print the plan (prompts, tokens, pairs, Jacobians, memory, an estimated time); write nothing.")] = False,
-    as_json: Annotated[bool, typer.Option("--json", help=JSON_HELP)] = False,
+    as_json: JsonFlag = False,
 ) -> None:
     """Measure a model on a prompt set and write a resumable run directory."""
     from blockcoupling.prompts.sources import load_prompts
@@ -214,7 +223,7 @@ def _sorted_report(run_dirs: list[Path], out: Path, labels: list[str] | None, ke
 
 @app.command()
 def show(run_dir: Annotated[Path, typer.Argument(help="A run directory.")],
-         as_json: Annotated[bool, typer.Option("--json", help=JSON_HELP)] = False) -> None:
+         as_json: JsonFlag = False) -> None:
     """A short text summary of a run; says whether it is complete ("2 of 3 prompts")."""
     from blockcoupling.errors import RunDirError
     from blockcoupling.store.integrity import damaged_files, repair_hint
@@ -236,7 +245,7 @@ def show(run_dir: Annotated[Path, typer.Argument(help="A run directory.")],
 
 
 @app.command()
-def models(as_json: Annotated[bool, typer.Option("--json", help=JSON_HELP)] = False) -> None:
+def models(as_json: JsonFlag = False) -> None:
     """The architectures blockcoupling finds blocks in by itself."""
     from blockcoupling.engine.blocks import SUPPORTED_ARCHITECTURES
 

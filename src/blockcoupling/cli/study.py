@@ -7,19 +7,22 @@ from typing import Annotated, Any
 
 import typer
 
+from blockcoupling.cli.app import STATE as _STATE
 from blockcoupling.cli.app import (
-    ADDRESS_HELP,
-    CLUSTER_CPUS_HELP,
-    JSON_HELP,
     Group,
     app,
     echo_json,
     guarded,
     print_plan,
 )
-from blockcoupling.cli.app import STATE as _STATE
-from blockcoupling.cli.options import checked, record_command
-from blockcoupling.validate import COUNT, EXECUTOR
+from blockcoupling.cli.options import (
+    AddressOption,
+    ClusterCpusOption,
+    JsonFlag,
+    checked,
+    record_command,
+)
+from blockcoupling.validate import EXECUTOR
 
 TRAIN_EXECUTOR_HELP = ("How the runs train: local (one after the other in this process) or ray "
                        "(one task per run, one CPU and one torch thread each).")
@@ -38,7 +41,7 @@ def lm_family(
     runs: Annotated[Path | None, typer.Option("--runs", help="A YAML study spec (runs, k, n_prompts, ...); default: the full family.")] = None,
     executor: Annotated[str, typer.Option("--executor", help="How the checkpoints are measured: local (this process) or ray.", callback=checked(EXECUTOR))] = "local",
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Check the study spec and print its plan (runs, training steps, checkpoints, the measurement of each, an estimated time); train and write nothing.")] = False,
-    as_json: Annotated[bool, typer.Option("--json", help=JSON_HELP)] = False,
+    as_json: JsonFlag = False,
 ) -> None:
     """Train a family of tiny LMs, measure every checkpoint, and test whether coupling above
     chance tracks held-out accuracy across runs (H1) and emerges with training (H2)."""
@@ -75,10 +78,10 @@ def generalization(
     quick: Annotated[bool, typer.Option("--quick", help="The test-suite's tiny version (18 runs of a 16-wide ViT and 3 control runs, about a minute; a smoke test without power).")] = False,
     spec: Annotated[Path | None, typer.Option("--spec", help="A YAML design (train_sizes, label_noises, seeds, train: {...}, variants, alpha, bound, power); default: the full design.")] = None,
     executor: Annotated[str, typer.Option("--executor", help=TRAIN_EXECUTOR_HELP, callback=checked(EXECUTOR))] = "local",
-    address: Annotated[str | None, typer.Option(help=ADDRESS_HELP)] = None,
-    cluster_cpus: Annotated[int | None, typer.Option(help=CLUSTER_CPUS_HELP, callback=checked(COUNT))] = None,
+    address: AddressOption = None,
+    cluster_cpus: ClusterCpusOption = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Check the design (its power included) and print its plan (runs, steps, measured checkpoints, the measurement of each, an estimated time); train and write nothing.")] = False,
-    as_json: Annotated[bool, typer.Option("--json", help=JSON_HELP)] = False,
+    as_json: JsonFlag = False,
 ) -> None:
     """Train ViTs of one architecture with generalisation moved by the data (training-set size
     x label noise, seeds per cell, a fresh training subset per seed), and test whether
@@ -120,10 +123,10 @@ def intervention(
     quick: Annotated[bool, typer.Option("--quick", help="The test-suite's tiny version (9 runs of a 16-wide ViT, about a minute; a smoke test without power).")] = False,
     spec: Annotated[Path | None, typer.Option("--spec", help="A YAML design (strengths, seeds, train: {...}, variant, alpha, bound); default: the full design.")] = None,
     executor: Annotated[str, typer.Option("--executor", help=TRAIN_EXECUTOR_HELP, callback=checked(EXECUTOR))] = "local",
-    address: Annotated[str | None, typer.Option(help=ADDRESS_HELP)] = None,
-    cluster_cpus: Annotated[int | None, typer.Option(help=CLUSTER_CPUS_HELP, callback=checked(COUNT))] = None,
+    address: AddressOption = None,
+    cluster_cpus: ClusterCpusOption = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help=STUDY_DRY_RUN_HELP)] = False,
-    as_json: Annotated[bool, typer.Option("--json", help=JSON_HELP)] = False,
+    as_json: JsonFlag = False,
 ) -> None:
     """Train ViTs of one architecture with a loss term that raises or lowers their depth-wise
     coupling (several strengths each way and 0, seeds), measure the coupling reached and the

@@ -9,9 +9,6 @@ from typing import Annotated, Any
 import typer
 
 from blockcoupling.cli.app import (
-    ADDRESS_HELP,
-    CLUSTER_CPUS_HELP,
-    JSON_HELP,
     SPEC_RUNNERS,
     Group,
     app,
@@ -22,7 +19,13 @@ from blockcoupling.cli.app import (
     user_errors,
 )
 from blockcoupling.cli.app import STATE as _STATE
-from blockcoupling.cli.options import checked, record_command
+from blockcoupling.cli.options import (
+    AddressOption,
+    ClusterCpusOption,
+    JsonFlag,
+    checked,
+    record_command,
+)
 from blockcoupling.errors import BlockCouplingError
 from blockcoupling.jsonsafe import jsonable
 from blockcoupling.validate import COUNT, EXECUTOR, RETRIES, number, rule
@@ -36,15 +39,15 @@ RAY_ONLY = {name: ("executor", "ray") for name in ("address", "cluster_cpus", "n
 def sweep(
     spec: Annotated[Path, typer.Argument(help="The sweep spec (YAML): models, prompts, measure.")],
     out: Annotated[Path, typer.Option("--out", "-o", help="Sweep directory to write.")],
-    address: Annotated[str | None, typer.Option(help=ADDRESS_HELP)] = None,
+    address: AddressOption = None,
     resume: Annotated[bool, typer.Option("--resume", help="Continue the sweep in --out (after a crash or a kill).")] = False,
     executor: Annotated[str | None, typer.Option(help="ray (default; a ViT grid spec: its own executor key) or local (one unit after the other in this process, for debugging).", callback=checked(EXECUTOR))] = None,
-    cluster_cpus: Annotated[int | None, typer.Option(help=CLUSTER_CPUS_HELP, callback=checked(COUNT))] = None,
+    cluster_cpus: ClusterCpusOption = None,
     num_cpus: Annotated[int | None, typer.Option(hidden=True, help="Deprecated: --cluster-cpus.", callback=checked(COUNT))] = None,
     retries: Annotated[int | None, typer.Option(help="Ray retries of a unit whose worker died (default: the spec's retries, 3).", callback=checked(RETRIES))] = None,
     connect_timeout: Annotated[float, typer.Option(help="Seconds to reach an existing Ray cluster before giving up (one error line, nothing written).", callback=checked(rule(number, above=0)))] = 60.0,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Check the spec, load every unit's model and prompts, and print each unit's plan (prompts, tokens, pairs, Jacobians, memory, an estimated time); write nothing, start no Ray.")] = False,
-    as_json: Annotated[bool, typer.Option("--json", help=JSON_HELP)] = False,
+    as_json: JsonFlag = False,
 ) -> None:
     """Measure every unit of a sweep (models x revisions/checkpoints x prompt sets) on Ray.
 
@@ -133,7 +136,7 @@ def _spec_kind(spec: Path) -> str:
 @app.command("sweep-status")
 def sweep_status_cmd(
     sweep_dir: Annotated[Path, typer.Argument(help="A collection: a sweep, monitor or vit-grid directory.")],
-    as_json: Annotated[bool, typer.Option("--json", help=JSON_HELP)] = False,
+    as_json: JsonFlag = False,
 ) -> None:
     """Done / running / failed units of a collection (sweep, monitor, vit-grid), with the
     failures' messages and each done unit's headline statistic."""
@@ -189,7 +192,7 @@ app.add_typer(collection_app, name="collection")
 @collection_app.command("upgrade")
 def collection_upgrade(
     root: Annotated[Path, typer.Argument(help="A ViT grid in the old layout (grid.json, runs/) or a collection of an earlier format.")],
-    as_json: Annotated[bool, typer.Option("--json", help=JSON_HELP)] = False,
+    as_json: JsonFlag = False,
 ) -> None:
     """Convert a directory to the current collection format in place (trained runs and
     measured units are kept, moved not copied); safe to run again."""

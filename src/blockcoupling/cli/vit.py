@@ -8,10 +8,8 @@ from typing import Annotated, Any
 
 import typer
 
+from blockcoupling.cli.app import STATE as _STATE
 from blockcoupling.cli.app import (
-    ADDRESS_HELP,
-    CLUSTER_CPUS_HELP,
-    JSON_HELP,
     app,
     echo_json,
     guarded,
@@ -19,8 +17,10 @@ from blockcoupling.cli.app import (
     spec_runner,
     user_errors,
 )
-from blockcoupling.cli.app import STATE as _STATE
 from blockcoupling.cli.options import (
+    AddressOption,
+    ClusterCpusOption,
+    JsonFlag,
     Record,
     checked,
     checked_field,
@@ -76,7 +76,7 @@ def vit_train(
     threads: Annotated[int | None, typer.Option(help="torch threads (default: torch's).", callback=checked(COUNT))] = None,
     estimate: Annotated[bool, typer.Option("--estimate", help="Time a few training steps of this config on random images and print the estimated cost of the whole training; train nothing.")] = False,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Check the options and print the plan (epochs, steps, measured checkpoints and the measurement plan of each); write nothing.")] = False,
-    as_json: Annotated[bool, typer.Option("--json", help=JSON_HELP)] = False,
+    as_json: JsonFlag = False,
 ) -> None:
     """Train a DeiT-style ViT with stochastic depth and measure its coupling as it trains.
 
@@ -157,12 +157,12 @@ def vit_grid(
     weight_decays: Annotated[str, typer.Option("--weight-decay", help="Comma-separated decays (default: the paper's 8).", callback=_grid_field("weight_decay"))] = "0.005,0.01,0.02,0.04,0.06,0.08,0.1,0.2",
     seeds: Annotated[str, typer.Option(help="Comma-separated seeds.", callback=_grid_field("seeds"))] = "0",
     executor: Annotated[str | None, typer.Option(help="ray (one task per run) or local (default: the spec's executor, else ray).", callback=_grid_field("executor"))] = None,
-    address: Annotated[str | None, typer.Option(help=ADDRESS_HELP)] = None,
+    address: AddressOption = None,
     cpus_per_run: Annotated[int, typer.Option(help="CPUs of each run's Ray task.", callback=_grid_field("cpus_per_run"))] = 1,
-    cluster_cpus: Annotated[int | None, typer.Option(help=CLUSTER_CPUS_HELP, callback=checked(COUNT))] = None,
+    cluster_cpus: ClusterCpusOption = None,
     threads: Annotated[int, typer.Option(help="torch threads per run.", callback=_grid_field("threads"))] = 1,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Check the grid and print its plan (runs, epochs, steps, measured checkpoints and the measurement plan of each); write nothing.")] = False,
-    as_json: Annotated[bool, typer.Option("--json", help=JSON_HELP)] = False,
+    as_json: JsonFlag = False,
 ) -> None:
     """Train the drop-path x weight-decay grid (one run per point; finished runs are skipped).
 

@@ -222,6 +222,44 @@ def _is_causal(config: Any, model_type: str | None) -> bool:
     return any("CausalLM" in a for a in archs)
 
 
+def _search_blocks(model: nn.Module, config: Any, model_type: str | None) -> str:
+    """The path of the shallowest nn.ModuleList as long as the config's layer count."""
+    num_layers = _config_int(config, _LAYER_COUNT_ATTRS) if config is not None else None
+    if num_layers is None:
+        raise ArchitectureError(
+            f"Cannot find the transformer blocks of {type(model).__name__}: it has no "
+            f"HuggingFace config with a layer count (looked for config attributes "
+            f"{', '.join(_LAYER_COUNT_ATTRS)}, to match an nn.ModuleList of that length). "
+            "Pass blocks_path='dotted.path.to.ModuleList' (CLI: --blocks)."
+        )
+    candidates = _candidate_lists(model, num_layers)
+    if not candidates:
+        raise ArchitectureError(
+            f"Cannot find the transformer blocks of {type(model).__name__} "
+            f"(model_type={model_type!r}): no nn.ModuleList of length {num_layers} "
+            f"(the config's layer count, from {', '.join(_LAYER_COUNT_ATTRS)}). "
+            "Pass blocks_path='dotted.path.to.ModuleList' (CLI: --blocks)."
+        )
+    shallow = [c for c in candidates if c.count(".") == candidates[0].count(".")]
+    if len(shallow) > 1:
+        raise ArchitectureError(
+            f"{type(model).__name__} has several block lists of length {num_layers}: "
+            f"{', '.join(shallow)}. Pass blocks_path= one of them (CLI: --blocks)."
+        )
+    return candidates[0]
+
+
+def _causal(config: Any, model_type: str | None, causal: bool | None) -> tuple[bool, str]:
+    """Whether the blocks are causal, and what says so (`BlockSpec.causal_source`)."""
+    if causal is not None:
+        return causal, "option"
+    if config is not None and getattr(config, "attention_dir", None) is not None:
+        return str(config.attention_dir) == "causal", "attention_dir"
+    if config is not None:
+        return _is_causal(config, model_type), "config"
+    return False, "unknown"  # found from the first capture: engine/causality.py
+
+
 def find_blocks(
     model: nn.Module,
     blocks_path: str | None = None,
@@ -247,29 +285,7 @@ def find_blocks(
     info = _REGISTRY.get(model_type) if model_type else None
 
     if blocks_path is None:
-        num_layers = _config_int(config, _LAYER_COUNT_ATTRS) if config is not None else None
-        if num_layers is None:
-            raise ArchitectureError(
-                f"Cannot find the transformer blocks of {type(model).__name__}: it has no "
-                f"HuggingFace config with a layer count (looked for config attributes "
-                f"{', '.join(_LAYER_COUNT_ATTRS)}, to match an nn.ModuleList of that length). "
-                "Pass blocks_path='dotted.path.to.ModuleList' (CLI: --blocks)."
-            )
-        candidates = _candidate_lists(model, num_layers)
-        if not candidates:
-            raise ArchitectureError(
-                f"Cannot find the transformer blocks of {type(model).__name__} "
-                f"(model_type={model_type!r}): no nn.ModuleList of length {num_layers} "
-                f"(the config's layer count, from {', '.join(_LAYER_COUNT_ATTRS)}). "
-                "Pass blocks_path='dotted.path.to.ModuleList' (CLI: --blocks)."
-            )
-        shallow = [c for c in candidates if c.count(".") == candidates[0].count(".")]
-        if len(shallow) > 1:
-            raise ArchitectureError(
-                f"{type(model).__name__} has several block lists of length {num_layers}: "
-                f"{', '.join(shallow)}. Pass blocks_path= one of them (CLI: --blocks)."
-            )
-        blocks_path = candidates[0]
+        blocks_path = _search_blocks(model, config, model_type)
 
     blocks = get_module(model, blocks_path)
     if not isinstance(blocks, (nn.ModuleList, nn.Sequential)) or len(blocks) == 0:
@@ -288,14 +304,7 @@ def find_blocks(
 
     if hidden_size is None:
         hidden_size = (_config_int(config, _HIDDEN_SIZE_ATTRS) if config is not None else None) or 0
-    if causal is not None:
-        source = "option"
-    elif config is not None and getattr(config, "attention_dir", None) is not None:
-        causal, source = str(config.attention_dir) == "causal", "attention_dir"
-    elif config is not None:
-        causal, source = _is_causal(config, model_type), "config"
-    else:  # found from the first capture: engine/causality.py
-        causal, source = False, "unknown"
+    causal, source = _causal(config, model_type, causal)
     arch = model_type if model_type else (
         "transformer_lens" if config is tl_cfg and config is not None else "custom")
     return BlockSpec(

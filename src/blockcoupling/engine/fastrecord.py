@@ -1,16 +1,10 @@
 """Which layers took the decode-step fast path (engine/fastpath.py), and why the others did not.
 
 One record per run, ``meta["fast_path"]``: layer (a string key, as JSON stores it) -> ``True``
-where ``J^l_tt`` came from the fast path, else the reason it did not, one line (``"not
-causal (an encoder): no decode step"``, ``"off (fast_path=False)"``, ``"ValueError: ..."``).
-`fast_path_layers` reads it back with integer layers (``Measurement.fast_path`` does),
-`fallback_layers` keeps the layers where a causal model's fast path was refused,
-`describe` is the line ``blockcoupling show`` prints, and `fallback_warning`
-the one warning a run gives (not one per layer), naming every refused layer and its reason.
-
-Reasons that are a property of the run, not a failure (an encoder, the option off, no
-``J^l_tt`` measured at a layer) start with one of `NOT_ATTEMPTED`; they are recorded
-but never warned about.
+where ``J^l_tt`` came from the fast path, else the reason it did not, one line. Reasons that
+are a property of the run, not a failure (an encoder, the option off, no ``J^l_tt`` at a
+layer), start with one of `NOT_ATTEMPTED`: recorded, never warned about; `fallback_warning`
+is the one warning of a run, naming every refused layer and its reason.
 """
 
 from __future__ import annotations

@@ -1,22 +1,12 @@
-"""The logit lens: the entropy of the next-token distribution read off every layer (paper fig. 24).
+"""The logit lens: the entropy of the next-token distribution read off every layer (paper
+fig. 24; the paper does not say how, this is the standard lens, docs/conventions.md):
 
-For every block boundary x^l (l = 0..L: x^0 the input of block 1, x^l the output of block l)
-and every real token, the model's own read-out is applied as if the trajectory stopped there:
+    H^l_t = -sum_v p^l_t[v] ln p^l_t[v],   p^l_t = softmax(W_U N(x^l_t))   (nats)
 
-    logits^l_t = W_U N(x^l_t),      p^l_t = softmax(logits^l_t),
-    H^l_t = -sum_v p^l_t[v] ln p^l_t[v]       (nats; 0 = one certain token, ln V = uniform),
-
-with ``N`` the model's final norm (none where the model has none; not applied again at l = L
-when the boundaries were captured after it, ``final_norm=True``) and ``W_U`` its unembedding
-(``model.get_output_embeddings()``, with its bias where it has one). At l = L this is the
-entropy of the model's own output distribution. The paper does not say how it reads its
-"entropy of logit vectors as a function of depth"; this is the standard logit lens (final norm
-then unembedding), stated here and in docs/conventions.md.
-
-Pure on the tensors: `entropy` (the formula) and `lens_entropy` (the read-out of a
-captured batch). `readout` finds ``N`` and ``W_U`` on a model and says in one line what
-to do when there is no unembedding (a base model loaded without its LM head) or the model is
-an encoder (a masked-LM head has a transform between the last block and ``W_U``).
+for every boundary x^l (l = 0..L) and real token, ``N`` the model's final norm (not applied
+again at l = L under ``final_norm=True``) and ``W_U`` its unembedding with its bias. `entropy`
+is the formula, `lens_entropy` the read-out of a captured batch, and `readout` finds ``N`` and
+``W_U`` on a model (one line saying what to do where there is no usable unembedding).
 """
 
 from __future__ import annotations

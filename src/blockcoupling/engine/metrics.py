@@ -1,51 +1,18 @@
 """Coupling of two Jacobians: coupling matrices, every coupling variant, and the chance level.
 
-Notation (see ``DEFINITIONS.md``, "Coupling of two Jacobians"): J1 is the *measured* Jacobian
-(side ``a``) and J2 the *basis* Jacobian (side ``b``) with top-K singular vectors U2, V2.
+J1 is the *measured* Jacobian (side ``a``) and J2 the *basis* Jacobian (side ``b``) with top-K
+singular vectors U2, V2; ``A = U2^T J1 V2`` (``ujv``) or ``V2^T J1 U2`` (``vju``). Each variant
+is one record of ``engine/variants.py`` (its formula, direction and p rule; the definitions and
+both nulls are stated there and in docs/conventions.md, "Coupling"); the functions here check
+the inputs and run those formulas.
 
-- Orientation ``ujv``: ``A = U2^T J1 V2`` (K x K). Orientation ``vju``: ``A = V2^T J1 U2``.
-- ``miscoupling``: ``m_K = ||A_K - diag(s1K)||_F / ||s1K||_p`` (p in {1, 2, inf}, default 1),
-  where ``A_K`` is the leading K x K block of A and ``s1K`` the top-K singular values of J1.
-- ``coupling``: ``c_K = 1 - m_K``.
-- ``released_norm``: ``|| |A_K| - diag(s1K) ||_F / ||s1K||_2`` (element-wise |A|, as in the
-  released code; forgives sign flips). Reported with ``p = 2``.
-- ``released_trace``: the same numerator divided by ``sum(s1K)``. Reported with ``p`` empty.
-- ``offdiag_ratio``: ``||A_K - Diag(A_K)||_F / ||A_K||_F`` (lower = more coupled). Reported
-  with ``p`` empty.
-- ``coupling_vs_null``: ``(c - c_null) / (1 - c_null) = 1 - m_K / m_null`` where ``c_null`` is
-  the chance level below: 0 = chance, 1 = perfectly coupled, negative = worse than chance.
-  m_K and m_null share the denominator ``||s1K||_p``, so the value does not depend on p: it is
-  reported once, with ``p`` empty (computed with p = 1; a p passed in is accepted and has no
-  effect).
-- ``coupling_vs_rotated``: ``1 - m_K / m_rot``, against the same basis rotated at random
-  (U2 -> R U2, V2 -> R V2): 0 = chance for that null, where an isotropic part of J1 scores 0.
-  Its derivation is in ``engine/variants.py`` (and docs/conventions.md); p-free like
-  ``coupling_vs_null``.
-
-Every variant is one record of ``engine/variants.py`` (its formula, direction, p rule and
-schema entry); the functions here run those formulas.
-
-Chance level (not in the paper). Let U, V be *independent* Haar-random d x K matrices with
-orthonormal columns, independent of J1 (d x d). Because U and -U have the same law, E[A] = 0;
-because E[U U^T] = (K/d) I (and likewise for V),
-``E||U^T J1 V||_F^2 = (K/d) E tr(V^T J1^T J1 V) = (K/d)^2 ||J1||_F^2``.
-Hence ``E||A - diag(s1K)||_F^2 = (K/d)^2 ||J1||_F^2 + ||s1K||_2^2`` and we define
-
-    m_null = sqrt((K/d)^2 fro2 + ||s1K||_2^2) / ||s1K||_p,   c_null = 1 - m_null,
-
-with ``fro2 = ||J1||_F^2``. This is the root-mean-square miscoupling of a random basis (the
-square root is taken of the expectation; the mean of the square root is below it by Jensen's
-inequality, but ||A - S||_F concentrates for d in the tens and above, so the gap is small).
-For a flat spectrum and K << d, ``c_null ~ 1 - ||s1K||_2 / ||s1K||_1 = 1 - 1/sqrt(K)``.
-These bases are unrelated to J1 *and* to each other: for a basis taken from a real Jacobian,
-whose U2 and V2 are related, the rotated null (``rotated_chance_miscoupling``) is the one
-that keeps that relation.
+The chance level of independent Haar-random bases (not in the paper) is the root-mean-square
+miscoupling ``m_null = sqrt((K/d)^2 ||J1||_F^2 + ||s1K||_2^2) / ||s1K||_p``, ``c_null = 1 -
+m_null`` (about ``1 - 1/sqrt(K)`` for a flat spectrum and K << d).
 
 Degenerate inputs are not hidden: where J1's top-k singular values are all zero (or A_K = 0
-for ``offdiag_ratio``) the ratio is 0/0 and the value is NaN.
-
-Every function broadcasts over leading dimensions and works in float32 / float64 on any
-device; values are computed in the dtype of the inputs.
+for ``offdiag_ratio``) the value is NaN. Every function broadcasts over leading dimensions
+and computes in the dtype of its inputs, on any device.
 """
 
 from __future__ import annotations

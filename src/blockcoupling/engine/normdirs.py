@@ -1,28 +1,13 @@
 """Removing the output LayerNorm's directions from a post-LN block's Jacobian.
 
-Option ``remove_norm_directions`` of [`blockcoupling.engine.config.MeasureConfig`][blockcoupling.engine.config.MeasureConfig]; the
-derivation is in docs/conventions.md ("Post-LN blocks"). In short: a block whose output is a
-LayerNorm, ``F(X)_t = LN(z_t)`` with ``LN(z) = g * zhat + b`` and ``zhat = (z - mean z) / sigma``,
-has ``dF_t/d(anything) = diag(g) / sigma (I - 1 1^T / d - zhat zhat^T / d) (...)``, so every
-row of ``dF_t`` in the directions
-
-    N_t = span{ 1 / g,  zhat_t / g }          (element-wise division; zhat_t = (y_t - b) / g)
-
-is zero (exactly for ``1 / g``; up to ``eps / (var + eps)`` for ``zhat_t / g``). With the
-residual branch ``f = F - X`` of DEFINITIONS.md, the rows of the diagonal Jacobian
-``J_tt = dF_t/dx_t - I`` in ``N_t`` are therefore ``-Pi_N``: the skip connection's identity,
-the same for every block whatever its weights, of singular value 1. At random initialisation
-(``g = 1``, small branch weights) that rank-2 term dominates every layer's Jacobian and, because
-``zhat_t`` barely changes from layer to layer, it makes every pair of layers look coupled.
-
-``Q_N J`` with the orthogonal projector ``Q_N = I - Pi_N`` removes exactly that term and nothing
-the block's weights decide: ``Q_N J_tt = J_tt + Pi_N = dF_t/dx_t - Q_N``. Off-diagonal
-Jacobians ``J_{t1 t2}`` (t1 != t2) have no identity, their rows in ``N_{t2}`` are already zero,
-and the projection leaves them unchanged. Only the output side is projected; the input side
-of ``dF_t`` is not a LayerNorm output and is left alone.
-
-Everything here is pure tensor code; `blockcoupling.engine.measure` applies it to the
-dense Jacobians and the matrix-free operators before their SVD.
+Option ``remove_norm_directions`` of
+[`MeasureConfig`][blockcoupling.engine.config.MeasureConfig]; derivation and measurements in
+docs/conventions.md ("Post-LN blocks"). A block whose output is a LayerNorm has every row of
+``dF_t`` in ``N_t = span{1 / g, zhat_t / g}`` equal to zero, so its diagonal Jacobian
+``J_tt = dF_t/dx_t - I`` is ``-Pi_N`` there: the skip connection's identity, whatever the
+weights. ``Q_N J`` with ``Q_N = I - Pi_N`` (N of the output token) removes exactly that term;
+off-diagonal Jacobians are unchanged by it. Pure tensor code; `blockcoupling.engine.measure`
+applies it to the dense Jacobians and the matrix-free operators before their SVD.
 """
 
 from __future__ import annotations

@@ -18,6 +18,7 @@ the function the quantized model computes (up to the rounding of the dequantized
 from __future__ import annotations
 
 import copy
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -189,7 +190,6 @@ def peak_memory() -> dict[str, int]:
     out: dict[str, int] = {}
     try:
         import resource
-        import sys
 
         rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         out["cpu_max_rss_bytes"] = int(rss if sys.platform == "darwin" else rss * 1024)

@@ -1,27 +1,12 @@
-"""The perturbation experiment (paper fig. 34, Llama-3 8B): the last token's embedding is
-perturbed with noise of several sizes and its trajectory compared with the true one.
+"""The perturbation experiment (paper fig. 34): the embedding of token t (the last by default)
+perturbed with noise of several sizes, its trajectory compared with the true one.
 
-The paper: "The last token embedding is perturbed with various noise levels, and compared with
-the true embedding at the first and last layers ... at small noise levels, cosine similarity
-with the true embedding remains somewhat high, and is significantly lower at the first layer."
-It does not state the noise's distribution or scale; this module reads it as follows (stated in
-every output and in docs/conventions.md):
-
-* the perturbed embedding is the input of block 1 at token t (the last by default),
-  ``x~^0_t = x^0_t + delta``, every other token unchanged;
-* ``delta = level * ||x^0_t|| * u`` with ``u`` a uniformly random unit direction (a standard
-  Gaussian vector normalised, `directions`; ``draws`` of them per level, from a seeded
-  ``torch.Generator``): the noise level is the perturbation's norm relative to the embedding's;
-* the model runs forward from the perturbed input, and at every layer l = 0..L the perturbed
-  state ``x~^l_t`` is compared with the true ``x^l_t``: the cosine similarity (the paper's
-  response) and the relative distance ``||x~^l_t - x^l_t|| / ||x^l_t||``.
-
-At l = 0 the cosine is fixed by the construction (about ``1 / sqrt(1 + level^2)`` for a
-direction orthogonal to ``x^0_t``): the reference the blocks' effect is read against.
-
-`perturbation_rows` runs one prompt (batches of perturbed copies through
-`blockcoupling.engine.capture.capture`, a forward pre-hook on block 1 adding ``delta``);
-`directions`, `perturbations`, `responses` are the pure parts.
+The paper does not state the noise; the reading here (docs/conventions.md, "The perturbation
+experiment", and every output): ``x~^0_t = x^0_t + level ||x^0_t|| u`` with ``u`` a uniformly
+random unit direction (`directions`, seeded), every other token unchanged; at every layer
+l = 0..L the response is the cosine of ``x~^l_t`` with ``x^l_t`` and their relative distance.
+`perturbation_rows` runs one prompt (a forward pre-hook on block 1 adds the noise);
+`directions`, `perturbations` and `responses` are the pure parts.
 """
 
 from __future__ import annotations

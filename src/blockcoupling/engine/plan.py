@@ -1,16 +1,11 @@
 """The measurement plan: what a ``measure`` call will compute, counted before any Jacobian.
 
-`prompt_work` is the one rule for a prompt's work (its selected tokens, the pairs of every
-coupling kind, the Jacobians those pairs, the spectra and the influence need); the engine's
-per-prompt loop runs exactly that work, and `plan_measure` adds it up over the prompts
-into a `MeasurePlan` with an estimate of time and memory. ``blockcoupling measure
---dry-run`` prints it and writes nothing.
-
-The time estimate is a stated model, not a measurement: each dense Jacobian J^l_{t1 t2} costs
-one batched VJP of d vectors through the block, about ``2 d`` times the block's forward cost of
-``24 n d^2`` flops (pre-LN GPT block, 4x MLP), plus a float64 ``eigh`` of ``d^3`` flops per
-top-K SVD, at ``GFLOPS`` (the order of a laptop CPU core pair). It is meant to tell seconds from
-hours, not to benchmark; BENCHMARKS.md has measured times.
+`prompt_work` is the one rule for a prompt's work (its tokens, the pairs of every coupling
+kind and the Jacobians they, the spectra and the influence need); the engine runs exactly
+that, and `plan_measure` adds it up into a `MeasurePlan` (``measure --dry-run`` prints it).
+Its time estimate is a stated model, not a measurement: per dense Jacobian one batched VJP of
+d vectors (about ``2 d`` forward passes of ``24 n d^2`` flops) plus a ``d^3`` ``eigh``, at
+``GFLOPS``; it tells seconds from hours (BENCHMARKS.md has measured times).
 """
 
 from __future__ import annotations

@@ -1,42 +1,15 @@
 """The headline statistic: mean depth-wise coupling of a model, with its uncertainty.
 
-One rule, written once (``docs/conventions.md``, "The headline statistic"), used by every output
-that states "how coupled is this model": ``Measurement.mean_depth_coupling``, ``show``, the
-report pages, sweep summaries, the monitor and its tracker scalars, ``correlate``, the ViT
-metrics and the demo. Pure pandas/numpy over a ``coupling`` table; no model access.
-
-For one model (one ``coupling`` table), one variant and one K:
-
-1. rows: ``kind == "depth"``, the variant, K, the orientation, and ``p`` for the variants that
-   take one (``coupling``, ``miscoupling``);
-2. tokens: ``"last"`` (default, the paper's) keeps each prompt's last measured token;
-   ``"first"`` its first measured token (a ViT's [CLS] where position 0 is measured);
-   ``"all"`` keeps every measured token;
-3. layer pairs: ordered pairs l != l' (default) or every pair including l = l'
-   (``diagonal=True``, the paper's literal average);
-4. per prompt: the mean over its layer pairs (with ``tokens="all"``: the mean over pairs per
-   token, then the mean over the prompt's tokens);
-5. the statistic: ``mean`` over prompts of the per-prompt values, ``se`` = sample standard
-   deviation over prompts / sqrt(n) (ddof = 1; NaN for one prompt): the **within-model**
-   standard error (prompts are the unit of replication; it says nothing about another seed
-   of the same recipe), ``ci_low``/``ci_high`` the Student t interval ``mean +- t_{n-1} se``
-   (its coverage at n = 4, 8, 16 is checked by simulation in the tests; the percentile
-   bootstrap, ``interval="bootstrap"``, covers 80 % at n = 4), and ``chance``: the same
-   aggregate of each row's
-   chance level (c_null for ``coupling``, m_null for ``miscoupling``, 0 for
-   ``coupling_vs_null``; NaN where no chance level is defined or the ``coupling_vs_null`` rows
-   needed to recover it were not measured).
-
-The chance level of a row depends on the measured Jacobian J1 only (``metrics.chance_coupling``:
-its top-K singular values, ||J1||_F and d), so it is recovered from the stored values
-``c = coupling`` and ``v = coupling_vs_null = (c - c_null) / (1 - c_null)`` as
-``c_null = (c - v) / (1 - v)`` on the off-diagonal rows of the same J1 and used for its
-diagonal rows too (where c = v = 1 up to rounding and the ratio is noise).
-
-**Seeds.** Where runs of one configuration differ only by their seed, the runs are the unit
-of replication: `seed_level` averages the runs' values (one per run) and gives the
-between-run ``se`` and t interval (n_runs - 1 degrees of freedom), with the prompts'
-within-model se beside it (``within_se``); ``replication`` names the unit of every row.
+One rule, written once and stated by every output that says "how coupled is this model"
+(docs/conventions.md, "The headline statistic", defines it step by step). Pure pandas/numpy
+over a ``coupling`` table; no model access. In short: the depth-wise rows of one variant, K,
+orientation (and p where the variant takes one); each prompt's last (``first``, ``all``)
+measured token; ordered layer pairs l != l' (``diagonal=True``: every pair); per prompt the
+mean over its pairs; ``mean`` over prompts, ``se`` = sd over prompts / sqrt(n) (within one
+model), a Student t interval (or the percentile bootstrap), and ``chance``, the same
+aggregate of each row's chance level, recovered per measured Jacobian J1 as
+``c_null = (c - v) / (1 - v)`` from its ``coupling`` and ``coupling_vs_null`` rows.
+`seed_level` makes the runs of one configuration (seeds) the unit of replication.
 """
 
 from __future__ import annotations

@@ -17,6 +17,11 @@ from torch import Tensor
 from blockcoupling.errors import BlockCouplingError
 
 
+def _check_width(width: int) -> None:
+    if int(width) < 1 or int(width) % 2 == 0:
+        raise BlockCouplingError(f"the LSS window width must be an odd positive integer, got {width}")
+
+
 def _check_X(X: Tensor, min_layers: int = 1) -> None:
     if X.ndim != 3:
         raise BlockCouplingError(f"a trajectory must have shape (L+1, n, d), got {tuple(X.shape)}")
@@ -99,10 +104,7 @@ def windowed_lss(X: Tensor, width: int = 11) -> Tensor:
     same zero-step rule as `line_shape_score` applies.
     """
     _check_X(X)
-    if int(width) < 1 or int(width) % 2 == 0:
-        raise BlockCouplingError(
-            f"the LSS window width must be an odd positive integer, got {width}"
-        )
+    _check_width(width)
     L = X.shape[0] - 1
     n = X.shape[1]
     if L == 0:
@@ -119,10 +121,7 @@ def line_shape_scores(X: Tensor, width: int = 11) -> tuple[Tensor, Tensor]:
     """`line_shape_score` and `windowed_lss` together, sharing one computation of
     the unit steps: (L+1, n, d) -> ((n,), (L+1, n))."""
     _check_X(X, 2)
-    if int(width) < 1 or int(width) % 2 == 0:
-        raise BlockCouplingError(
-            f"the LSS window width must be an odd positive integer, got {width}"
-        )
+    _check_width(width)
     L = X.shape[0] - 1
     h = (int(width) - 1) // 2
     layers = torch.arange(L + 1, device=X.device)

@@ -1,75 +1,37 @@
 """Coupling variants, each declared once: one `Variant` record per variant.
 
 A record holds everything the package knows about a variant: its ``name`` (the ``variant``
-column), its ``formula`` (a function of `Parts`, the coupling matrices and what else
-the variant needs), its direction (``higher_is_coupled``), its ``p`` rule, its schema entry
-(``meaning``, ``unit``), the null it is measured against (``null``; 0 at that null) and
-whether it enters a config's identity hash (``hashed``). ``engine/names.py`` (the name lists),
-``engine/metrics.py`` (``coupling_values`` / ``all_coupling_values``),
-``report/summaries/common.py`` (``HIGHER_IS_COUPLED``) and ``store/schema.py`` (the
-``variants`` entry of every table's schema) are built from `REGISTRY`;
-``tests/engine/test_variants.py`` fails when a variant is declared in part.
-
-**Adding a variant** (docs/DESIGN.md, "Recipe: add a coupling variant"): write its formula
-(a function ``(parts, p) -> (..., n_k)`` over every requested K at once) and one
-``Variant(...)`` entry in `REGISTRY` here, with ``hashed=False`` (every earlier config
-identity stays where it was); a quantity the engine does not yet provide is one more field
-of `Parts` (and of ``metrics.all_coupling_values``), filled in ``engine/tables.py``;
-its definition goes into docs/conventions.md; its test checks it against a float64 oracle.
+column), its ``formula`` (a function of `Parts`), its direction (``higher_is_coupled``), its
+``p`` rule, its schema entry (``meaning``, ``unit``), the null it is 0 at (``null``) and
+whether it enters a config's identity hash (``hashed``). The name lists (``engine/names.py``),
+``engine/metrics.py``, the report's directions and every table's schema are built from
+`REGISTRY`; ``tests/engine/test_variants.py`` fails when a variant is declared in part. To add
+one: docs/DESIGN.md, "Recipe: add a coupling variant" (``hashed=False``; a new input is one
+more field of `Parts`, filled in ``engine/tables.py``).
 
 Notation (``DEFINITIONS.md``): J1 (d x d) the measured Jacobian with top-K singular values
-``s`` (descending), J2 the basis Jacobian with top-K singular vectors U2, V2;
-``A = U2^T J1 V2`` (``ujv``) or ``V2^T J1 U2`` (``vju``); ``S = diag(s_1..s_K)``;
-``m = ||A_K - S||_F / ||s_K||_p`` the miscoupling.
+``s``, J2 the basis Jacobian with top-K singular vectors U2, V2; ``A = U2^T J1 V2`` (``ujv``)
+or ``V2^T J1 U2`` (``vju``); ``S = diag(s_1..s_K)``; ``m = ||A_K - S||_F / ||s_K||_p``.
 
-The two nulls (not in the paper; docs/conventions.md states them with the same precision):
+The two nulls (not in the paper; derived in docs/conventions.md, "The chance level" and "The
+rotated-basis null"), both root-mean-square values and p-free (stored with ``p`` empty):
 
-1. **Independent random bases** (``coupling_vs_null``): U, V independent Haar-random d x K
-   frames, independent of J1. E[A] = 0 and E||U^T J1 V||_F^2 = (K/d)^2 ||J1||_F^2, so
-   ``E||A - S||_F^2 = (K/d)^2 ||J1||_F^2 + ||s_K||_2^2`` and
-   ``m_null = sqrt((K/d)^2 ||J1||_F^2 + ||s_K||_2^2) / ||s_K||_p``;
-   ``coupling_vs_null = 1 - m / m_null``.
+- independent Haar-random bases: ``m_null = sqrt((K/d)^2 ||J1||_F^2 + ||s_K||_2^2) /
+  ||s_K||_p``, ``coupling_vs_null = 1 - m / m_null``;
+- the same basis rotated at random (U2 -> R U2, V2 -> R V2, which keeps ``M = U2_K^T V2_K``;
+  ``vju``: M^T): with ``tau = tr(J1)/d``, ``F = ||J1||_F^2 - d tau^2``,
+  ``T = tr(J1^2) - d tau^2``, ``a = ((d + 1) F - T) / ((d - 1) d (d + 2))``,
+  ``b = ((d + 1) T - F) / ((d - 1) d (d + 2))``, ``c = -(a + b) / d``:
 
-2. **The same basis, rotated at random** (``coupling_vs_rotated``): U2 -> R U2, V2 -> R V2
-   for a Haar-random orthogonal R (d x d). This keeps ``M = U2_K^T V2_K`` (how the basis's
-   left and right vectors relate; ``vju``: M^T) and removes any alignment of the basis with
-   J1. The coupling matrix becomes ``A' = U2^T Y V2`` with ``Y = R^T J1 R``. Write
-   ``J1 = tau I + J0`` with ``tau = tr(J1) / d`` (so tr(J0) = 0); then
-   ``Y = tau I + R^T J0 R`` and ``E[A'] = tau M``. The law of ``Y0 = R^T J0 R`` is invariant
-   under conjugation by any fixed orthogonal matrix, so its second moments are an invariant
-   4-tensor, ``E[Y0_ij Y0_kl] = a d_ik d_jl + b d_il d_jk + c d_ij d_kl``, and contracting it
-   with ``tr(Y0) = 0``, ``||Y0||_F^2 = ||J0||_F^2 =: F`` and ``tr(Y0^2) = tr(J0^2) =: T``
-   gives ``a + b + c d = 0``, ``a (d^2 - 1) + b (d - 1) = F``, ``a (d - 1) + b (d^2 - 1) = T``:
+      E||A' - S||_F^2 = ||s_K||_2^2 - 2 tau sum_i s_i M_ii + tau^2 ||M_K||_F^2
+                        + a K^2 + (b + c) ||M_K||_F^2,
 
-       a = ((d + 1) F - T) / ((d - 1) d (d + 2)),   b = ((d + 1) T - F) / ((d - 1) d (d + 2)),
-       c = -(a + b) / d,
+  ``m_rot = sqrt(E||A' - S||_F^2) / ||s_K||_p``, ``coupling_vs_rotated = 1 - m / m_rot``
+  (the same in both orientations; an isotropic part of J1 scores 0 here).
 
-   with ``F = ||J1||_F^2 - d tau^2`` and ``T = tr(J1^2) - d tau^2``. With unit columns
-   u_p, v_q, ``E||U2^T Y0 V2||_F^2 = sum_pq E(u_p^T Y0 v_q)^2 = a K^2 + (b + c) ||M||_F^2``,
-   hence (the cross term with the mean vanishes because E[Y0] = 0)
-
-       E||A' - S||_F^2 = ||s_K||_2^2 - 2 tau sum_i s_i M_ii + tau^2 ||M_K||_F^2
-                         + a K^2 + (b + c) ||M_K||_F^2,
-
-   ``m_rot = sqrt(E||A' - S||_F^2) / ||s_K||_p`` and ``coupling_vs_rotated = 1 - m / m_rot``.
-   M's diagonal and Frobenius norm are the same for M and M^T, so m_rot is the same in both
-   orientations. The b-term is kept exactly (it is below ``|T| ||M||_F^2 / d^2``, at most
-   1/K of the a-term, not negligible at small K). For J1 = tau I + G with G independent of
-   the basis, m concentrates at m_rot, so the value is about 0 for every tau: an isotropic
-   part of J1 cannot pass for coupling here, while ``coupling_vs_null`` credits it whenever
-   U2 and V2 are related (tau M is close to S when J1 is close to -I and U2 ~ -V2).
-
-Both are p-free (m and the null share the denominator ``||s_K||_p``): stored once with
-``p`` empty. Both are root-mean-square nulls (the square root of the expected square; the
-Jensen gap is small for d in the tens and above, and the tests check both by Monte Carlo).
-Where J1 is exactly tau I with M = sign(tau) I (nothing but isotropy), m = m_rot = 0 and
-the value is 0/0 = NaN: nothing is hidden.
-
-Inputs per measured Jacobian J1: ``s`` and ``||J1||_F^2`` (both nulls), ``tr(J1)`` and
-``tr(J1^2)`` (the rotated null); per basis: ``M = U2^T V2`` (K_max x K_max). On the dense
-path all are exact (O(d^2) each from J); on the matrix-free path ``||J1||_F^2``, ``tr(J1)``
-and ``tr(J1^2)`` are Gaussian (Hutchinson) estimates from the randomized SVD's sketch
-vectors (engine/svd.py).
+Where m and its null are both 0 the value is 0/0 = NaN: nothing is hidden. Inputs per
+measured J1: ``s``, ``||J1||_F^2``, ``tr(J1)``, ``tr(J1^2)``; per basis ``M``; exact on the
+dense path, Hutchinson estimates from the randomized SVD's sketch on the matrix-free path.
 """
 
 from __future__ import annotations

@@ -1,18 +1,7 @@
-"""Figures and a self-contained HTML page for the correlation study (paper fig. 1a, 8, 9).
-
-- `plot_predictors`: one panel per predictor (coupling first, then parameters, depth,
-  d_model, training tokens, log10 parameters), score against predictor, every model labelled,
-  the least-squares line with its 95% confidence band for the mean (statsmodels OLS
-  ``get_prediction``) and n, R^2, p in the panel title.
-- `plot_exponential`: score against coupling with the linear and the exponential fit.
-- `write_correlation_html` and `write_chance_floor_html`: the pages, on the one
-  report template (`blockcoupling.report.page`): figures inline, the statistic used, the
-  tables of results (overall and per group, with which test gave each p-value) and the
-  models; no external resource.
-
-The page takes any `CorrelationData` (the study's
-[`CorrelationResult`][blockcoupling.studies.correlate.CorrelationResult] is one): the report layer imports
-nothing from the studies.
+"""Figures and pages of the correlation study (paper fig. 1a, 8, 9) and of the width floor:
+the score against each predictor with its least-squares line and 95% band (statsmodels OLS),
+the exponential fit, and the tables of results overall and per group. Draws any
+`CorrelationData` / `ChanceFloorData` (the report layer imports nothing from the studies).
 """
 
 from __future__ import annotations

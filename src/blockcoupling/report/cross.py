@@ -13,8 +13,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from blockcoupling.engine.statistic import StatisticRule
-from blockcoupling.report.figures.base import HEATMAP_CMAP, fmt_p, new_figure
-from blockcoupling.report.figures.depth import _layer_ticks
+from blockcoupling.report.figures.base import HEATMAP_CMAP, fmt_p, matrix_ticks, new_figure
 from blockcoupling.report.summaries import REPORT_RULE, short_name
 
 
@@ -49,7 +48,7 @@ def plot_cross_heatmap(res: CrossResult, rule: StatisticRule = REPORT_RULE) -> F
             (axes[1], ang, f"principal-angle cosine (K={k})", "mean cosine")):
         image = ax.imshow(m.to_numpy(dtype=float), cmap=HEATMAP_CMAP, origin="upper",
                           interpolation="nearest")
-        _layer_ticks(ax, list(m.index), list(m.columns))
+        matrix_ticks(ax, list(m.index), list(m.columns))
         ax.set_title(title, fontsize=9)
         ax.set_xlabel(f"layer l' of {name_b} (basis)")
         ax.set_ylabel(f"layer l of {name_a}")

@@ -1,25 +1,11 @@
-"""Emergence figures from a sweep (or a training monitor): coupling across training.
+"""Emergence figures from a sweep or a training monitor: coupling across training (paper
+fig. 1b-e), drawn from any `Collection` (the report layer imports nothing from the studies).
 
-As in the paper (fig. 1b-e), from any `Collection` of runs (a
-[`Sweep`][blockcoupling.runs.read.Sweep]: a sweep or monitor collection opened by
-``open_collection``;
-the report layer imports nothing from the studies):
-
-1. `plot_coupling_vs_step` - mean depth-wise coupling against the training step, one
-   line per model, on a numeric (log) step axis (step 0 on a short linear stretch), with
-   each model's chance level drawn dashed [fig. 1b]. Models without steps (plain models
-   side by side) are a bar panel.
-2. `plot_trajectory_vs_step` - mean LSS and median expodistance against the step.
-3. `plot_windowed_lss` - the windowed LSS against the layer at chosen checkpoints
-   [fig. 25 right];
-4. Layer adjacency graphs at chosen checkpoints [fig. 1c-e] and
-5. depth-wise heatmaps per checkpoint: the existing figures of
-   `blockcoupling.report.figures` drawn from the chosen units' run directories.
-
-Values come from `Collection.summary` (units with duplicate weights counted once).
-`write_emergence_report` writes them as one self-contained HTML file with the unit
-catalogue; ``blockcoupling report DIR --out x.html`` calls it on ``open_collection(DIR)`` for a
-sweep or monitor (a vit-grid gets the ViT study's page).
+Coupling and trajectory metrics against the training step (a log axis; models without steps
+are bars), the windowed LSS against the layer, and layer graphs and depth-wise heatmaps at
+chosen checkpoints (`blockcoupling.report.figures`); values from `Collection.summary` (units
+with duplicate weights counted once). `write_emergence_report` writes them as one page with
+the unit catalogue (``blockcoupling report DIR``).
 """
 
 from __future__ import annotations
@@ -37,8 +23,9 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from blockcoupling.engine.statistic import LEAD_VARIANTS, StatisticRule
-from blockcoupling.errors import BlockCouplingError, RunDirError
+from blockcoupling.errors import RunDirError
 from blockcoupling.report import figures as F
+from blockcoupling.report.page import Section, esc, figure_html, html_path, table_html, write_page
 from blockcoupling.store.verified import SealedLog
 
 
@@ -359,12 +346,8 @@ def write_emergence_report(sweep: Collection, out: str | os.PathLike[str],
     ``open_sweep(path)``) to ``out`` (.html) and
     its figures to ``<out stem>_figures/``; returns the HTML path. ``steps`` picks the
     checkpoints of the per-checkpoint figures (default: first, middle, last per model)."""
-    from blockcoupling.report.page import Section, esc, figure_html, table_html, write_page
-
     s = sweep
-    out = Path(out)
-    if out.suffix.lower() not in (".html", ".htm"):
-        raise BlockCouplingError(f"report path {out}: give a file name ending in .html")
+    out = html_path(out)
     summ = s.summary(k=k)
     fig_dir = out.parent / f"{out.stem}_figures"
     ids = chosen_checkpoints(s, steps=steps) if len(summ) else []

@@ -1,17 +1,8 @@
-"""The report of one or more runs (``blockcoupling report RUN_DIR ...``).
-
-Every report page (this one, the collection/emergence, correlate, chance-floor, cross-coupling
-and ViT study pages) is built on the one template of `blockcoupling.report.page`
-(`Section`, `render_page`, `write_page`, `figure_html`,
-`table_html`, one stylesheet), re-exported here.
-
-[`write_report`][blockcoupling.report.html.write_report] draws the figures of `blockcoupling.report.figures` and writes
-
-- ``<out>``: a summary generated from the data (`blockcoupling.report.narrative`), the
-  runs defined once (their labels, and what differs between them), then each figure that has
-  data with its caption (figures without data are left out and listed in one line);
-- ``<out stem>_figures/NN_<name>.{png,svg,pdf}``: each figure as a file, for papers.
-
+"""The report of one or more runs (``blockcoupling report RUN_DIR ...``): `write_report` writes
+``<out>`` (a summary generated from the data, `blockcoupling.report.narrative`; the runs
+defined once; each figure of `blockcoupling.report.figures` that has data, with its caption)
+and ``<out stem>_figures/NN_<name>.{png,svg,pdf}``. Re-exports the page template
+(`blockcoupling.report.page`).
 """
 
 from __future__ import annotations
@@ -37,6 +28,7 @@ from blockcoupling.report.page import (
     cell_html,
     esc,
     figure_html,
+    html_path,
     paragraphs_html,
     render_page,
     table_html,
@@ -260,9 +252,7 @@ def write_report(measurements: Sequence[Measurement], out: Path | str, *,
     ``coupling``, p = 1, ``ujv``). Figures whose data was not measured are left out (listed
     in one line); a report of runs with no data says that nothing was measured."""
     ms = F.as_runs(measurements)
-    out = Path(out)
-    if out.suffix.lower() not in (".html", ".htm"):
-        raise BlockCouplingError(f"report path {out}: give a file name ending in .html")
+    out = html_path(out)
     for fmt in formats:
         if fmt not in F.FORMATS:
             raise BlockCouplingError(f"figure format {fmt!r}: choose from {', '.join(F.FORMATS)}")

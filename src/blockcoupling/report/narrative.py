@@ -1,13 +1,8 @@
-"""The report's summary in words, generated from the data (no canned claims).
-
-`report_summary` reads `blockcoupling.report.summaries.run_overview` and states
-what was measured, the headline numbers against the chance level (``coupling_vs_rotated``
-= 1 - m / m_rot against the same basis rotated at random, with ``coupling_vs_null`` =
-1 - m / m_null against independent random bases beside it; ``coupling_vs_null`` leads where a
-run predates the rotated null: 0 at chance, 1 perfect), the comparisons the runs allow (runs of one model side
-by side, training checkpoints in order) and what the numbers do not show. Every sentence is
-built from numbers of the given runs; a sentence whose condition does not hold is left out.
-No matplotlib.
+"""The report's summary in words, generated from the data (no canned claims): `report_summary`
+states what was measured, the headline numbers against the chance level (the leading
+chance-corrected variant, `summaries.lead_of`), the comparisons the runs allow (runs of one
+model side by side, training checkpoints in order) and what the numbers do not show. A
+sentence whose condition does not hold is left out. No matplotlib.
 """
 
 from __future__ import annotations
@@ -208,7 +203,7 @@ def _ranking_text(ov: pd.DataFrame, labs: list[str], idx: list[int], what: str) 
             + " > ".join(f"{labs[i]} ({_f(ov.loc[i, 'lead_mean'])})" for i in order) + ".")
 
 
-def report_summary(runs: Measurement | Sequence[Measurement],  # noqa: C901 - one sentence per optional table of a run
+def report_summary(runs: Measurement | Sequence[Measurement],
                    labels: Sequence[str] | None = None,
                    rule: StatisticRule = REPORT_RULE) -> ReportSummary:
     """The summary of ``runs`` (see the module docstring) under ``rule`` (its K, p and
@@ -224,9 +219,24 @@ def report_summary(runs: Measurement | Sequence[Measurement],  # noqa: C901 - on
             + " no rows in any result table (coupling, trajectory, token metrics, spectra, "
             "influence). Re-run the measurement (e.g. `blockcoupling measure ... --resume`).")
         return out
+    out.measured = _measured(ms, labs, ov)
+    if len(ms) <= 3:  # many runs: the table says it
+        lead = _lead(ov)
+        out.headline = [line for _, r in ov.iterrows() if r["measured"]
+                        for line in _headline(r, lead)]
+    out.comparisons = _comparisons(ms, labs, ov, rule)
+    out.caveats = _caveats(ov)
+    return out
 
-    # ------------------------------------------------------------------ what was measured
-    kinds = {k_ for s in ov["kinds"] for k_ in s.split(", ") if k_}
+
+def _kinds(ov: pd.DataFrame) -> set[str]:
+    """The coupling kinds any run measured."""
+    return {k_ for s in ov["kinds"] for k_ in s.split(", ") if k_}
+
+
+def _measured(ms: Sequence[Measurement], labs: list[str], ov: pd.DataFrame) -> list[str]:
+    """What was measured, and for which runs nothing was."""
+    kinds = _kinds(ov)
     n_models = len(_group_by_model(ov))
     prompts = sorted(set(ov["n_prompts"]))
     ks = sorted({int(x) for x in ov["k"].dropna()})
@@ -240,50 +250,56 @@ def report_summary(runs: Measurement | Sequence[Measurement],  # noqa: C901 - on
         parts.append("hidden-state trajectories (norms, LSS, expodistance)")
     if any(not m.spectra.empty for m in ms):
         parts.append("top singular values per layer")
-    out.measured.append("Measured: " + "; ".join(parts) + ".")
+    out = ["Measured: " + "; ".join(parts) + "."]
     empty = [lab for lab, ok in zip(labs, ov["measured"], strict=True) if not ok]
     if empty:
-        out.measured.append(f"Nothing was measured for {', '.join(empty)}.")
+        out.append(f"Nothing was measured for {', '.join(empty)}.")
+    return out
 
-    # ------------------------------------------------------------------ headline per run
+
+def _headline(r: pd.Series, lead: str) -> list[str]:
+    """A measured run's headline: its coupling against chance, its trajectories."""
+    out = []
+    if r["lead_n"] > 0:
+        spread = (f" over {int(r['lead_n'])} prompts (per-prompt range "
+                  f"{_f(r['lead_min'])} to {_f(r['lead_max'])})"
+                  if r["lead_n"] > 1 else " (one prompt: no standard error)")
+        beside = (f"; against independent bases (coupling_vs_null) "
+                  f"{_pm(r['coupling_vs_null_mean'], r['coupling_vs_null_se'])}"
+                  if lead == "coupling_vs_rotated"
+                  and np.isfinite(r["coupling_vs_null_mean"]) else "")
+        out.append(
+            f"{r['label']}: depth coupling above chance ({lead}) "
+            f"{_pm(r['lead_mean'], r['lead_se'])}{spread}{beside}; "
+            f"raw c_K {_pm(r['coupling_mean'], r['coupling_se'])} against a chance level "
+            f"of {_f(r['coupling_chance'])} (K={r['k']}; ± is one standard error over "
+            f"prompts, within one model; rule: {r['statistic_rule']}).")
+    elif not np.isnan(r["coupling_mean"]):
+        out.append(
+            f"{r['label']}: mean off-diagonal depth coupling c_K "
+            f"{_pm(r['coupling_mean'], r['coupling_se'])} "
+            f"(K={r['k']}); the chance level was not measured (variant coupling_vs_null), "
+            f"for a flat spectrum it is about 1 - 1/sqrt(K) = "
+            f"{_f(1 - 1 / np.sqrt(r['k']))}.")
+    if r["n_tokens"] > 0:
+        ed_nan = int(r["expodistance_nan"])
+        ed = (f"expodistance median {_f(r['expodistance_median'])} (IQR "
+              f"{_f(r['expodistance_q25'])} to {_f(r['expodistance_q75'])})"
+              if r["n_tokens"] > ed_nan else "no finite expodistance")
+        line = f"{r['label']} trajectories: LSS median {_f(r['lss_median'])}; {ed}"
+        if ed_nan:
+            line += f"; {ed_nan} of {int(r['n_tokens'])} tokens NaN"
+        out.append(line + ".")
+    return out
+
+
+def _comparisons(ms: Sequence[Measurement], labs: list[str], ov: pd.DataFrame,
+                 rule: StatisticRule) -> list[str]:
+    """Checkpoints of one model in order, its other runs side by side (ranked when many),
+    one run per model ranked."""
+    out = []
     has_null = ov["lead_n"] > 0
-    lead = _lead(ov)
-    for _, r in ov.iterrows():
-        if not r["measured"] or len(ms) > 3:  # many runs: the table says it
-            continue
-        if r["lead_n"] > 0:
-            spread = (f" over {int(r['lead_n'])} prompts (per-prompt range "
-                      f"{_f(r['lead_min'])} to {_f(r['lead_max'])})"
-                      if r["lead_n"] > 1 else " (one prompt: no standard error)")
-            beside = (f"; against independent bases (coupling_vs_null) "
-                      f"{_pm(r['coupling_vs_null_mean'], r['coupling_vs_null_se'])}"
-                      if lead == "coupling_vs_rotated"
-                      and np.isfinite(r["coupling_vs_null_mean"]) else "")
-            out.headline.append(
-                f"{r['label']}: depth coupling above chance ({lead}) "
-                f"{_pm(r['lead_mean'], r['lead_se'])}{spread}{beside}; "
-                f"raw c_K {_pm(r['coupling_mean'], r['coupling_se'])} against a chance level "
-                f"of {_f(r['coupling_chance'])} (K={r['k']}; ± is one standard error over "
-                f"prompts, within one model; rule: {r['statistic_rule']}).")
-        elif not np.isnan(r["coupling_mean"]):
-            out.headline.append(
-                f"{r['label']}: mean off-diagonal depth coupling c_K "
-                f"{_pm(r['coupling_mean'], r['coupling_se'])} "
-                f"(K={r['k']}); the chance level was not measured (variant coupling_vs_null), "
-                f"for a flat spectrum it is about 1 - 1/sqrt(K) = "
-                f"{_f(1 - 1 / np.sqrt(r['k']))}.")
-        if r["n_tokens"] > 0:
-            ed_nan = int(r["expodistance_nan"])
-            ed = (f"expodistance median {_f(r['expodistance_median'])} (IQR "
-                  f"{_f(r['expodistance_q25'])} to {_f(r['expodistance_q75'])})"
-                  if r["n_tokens"] > ed_nan else "no finite expodistance")
-            line = f"{r['label']} trajectories: LSS median {_f(r['lss_median'])}; {ed}"
-            if ed_nan:
-                line += f"; {ed_nan} of {int(r['n_tokens'])} tokens NaN"
-            out.headline.append(line + ".")
-
-    # ------------------------------------------------------------------ comparisons
-    vs = {i: per_prompt_vs_null(ms[i], rule.with_variant(lead)) for i in range(len(ms))}
+    vs = {i: per_prompt_vs_null(ms[i], rule.with_variant(_lead(ov))) for i in range(len(ms))}
     for model, idx in _group_by_model(ov).items():
         idx = [i for i in idx if has_null[i]]
         stepped = [i for i in idx if isinstance(ms[i].meta.get("step"), int | float)
@@ -291,50 +307,54 @@ def report_summary(runs: Measurement | Sequence[Measurement],  # noqa: C901 - on
         if len({ms[i].meta["step"] for i in stepped}) != len(stepped):
             stepped = []
         if len(stepped) >= 2:
-            out.comparisons.append(_series_text(ms, ov, labs, stepped, model))
+            out.append(_series_text(ms, ov, labs, stepped, model))
         rest = [i for i in idx if i not in stepped]
         if len(rest) > 6:
-            out.comparisons.append(_ranking_text(ov, labs, rest, f"Runs of {model}"))
+            out.append(_ranking_text(ov, labs, rest, f"Runs of {model}"))
             continue
         for a, b in _pairs(ms, rest):
-            out.comparisons.append(_pair_text(ms, ov, labs, vs, a, b))
+            out.append(_pair_text(ms, ov, labs, vs, a, b))
     groups = [[i for i in idx if has_null[i]] for idx in _group_by_model(ov).values()]
     if len(groups) > 1 and all(len(g) == 1 for g in groups):  # one run per model: rank them
-        out.comparisons.append(_ranking_text(ov, labs, [g[0] for g in groups], "Models"))
+        out.append(_ranking_text(ov, labs, [g[0] for g in groups], "Models"))
+    return out
 
-    # ------------------------------------------------------------------ what it does not show
+
+def _caveats(ov: pd.DataFrame) -> list[str]:
+    """What the numbers do not show."""
+    out = []
+    lead = _lead(ov)
     at_chance = [r["label"] for _, r in ov.iterrows()
                  if r["lead_n"] > 0 and abs(r["lead_mean"]) < CHANCE_BAND]
     if at_chance:
-        out.caveats.append(
+        out.append(
             f"At the chance level (|mean {lead}| < {CHANCE_BAND}): {', '.join(at_chance)}: "
             "their raw coupling is what bases without alignment to the Jacobian give, not "
             "structure.")
-    if lead == "coupling_vs_rotated":
-        iso = [r["label"] for _, r in ov.iterrows()
-               if r["lead_n"] > 0 and r["coupling_vs_null_mean"] - r["lead_mean"] > 0.1]
-        if iso:
-            out.caveats.append(
-                f"For {', '.join(iso)} coupling_vs_null exceeds coupling_vs_rotated by more "
-                "than 0.1: part of what independent random bases count as coupling is the "
-                "Jacobians' isotropic part (tr(J)/d times the identity) seen through bases "
-                "whose left and right vectors are related; the diagnostics table's "
-                "trace_over_d, isotropic_share and uv_overlap say how much.")
+    iso = [r["label"] for _, r in ov.iterrows() if lead == "coupling_vs_rotated"
+           and r["lead_n"] > 0 and r["coupling_vs_null_mean"] - r["lead_mean"] > 0.1]
+    if iso:
+        out.append(
+            f"For {', '.join(iso)} coupling_vs_null exceeds coupling_vs_rotated by more "
+            "than 0.1: part of what independent random bases count as coupling is the "
+            "Jacobians' isotropic part (tr(J)/d times the identity) seen through bases "
+            "whose left and right vectors are related; the diagnostics table's "
+            "trace_over_d, isotropic_share and uv_overlap say how much.")
     few = [r["label"] for _, r in ov.iterrows() if r["measured"] and r["n_prompts"] < 5]
     if few:
         who = ("every run" if len(few) == int(ov["measured"].sum()) else ", ".join(few))
-        out.caveats.append(
+        out.append(
             f"Fewer than 5 prompts in {who}: the numbers describe these prompts, not a "
             "population of inputs.")
-    if n_models < 3:
-        out.caveats.append(
+    if (n_models := len(_group_by_model(ov))) < 3:
+        out.append(
             f"{n_models} model{'s' if n_models > 1 else ''}: the runs cannot show a relation "
             "between coupling and generalisation (the paper's claim is a regression across "
             "many models with benchmark scores).")
     nan_runs = [(r["label"], int(r["expodistance_nan"]), int(r["n_tokens"]))
                 for _, r in ov.iterrows() if r["expodistance_nan"] > 0]
     if nan_runs:
-        out.caveats.append(
+        out.append(
             "Expodistance is NaN for " + "; ".join(f"{n} of {t} tokens of {lab}"
                                                    for lab, n, t in nan_runs)
             + f": {EXPODISTANCE_NAN_REASON}.")
@@ -342,10 +362,10 @@ def report_summary(runs: Measurement | Sequence[Measurement],  # noqa: C901 - on
             if r["n_tokens"] > 0 and r["expodistance_q25"] > 0
             and r["expodistance_max"] / max(r["expodistance_q75"], 1e-300) > 100]
     if wide:
-        out.caveats.append(
+        out.append(
             f"Expodistance is heavy-tailed for {', '.join(wide)} (single tokens more than "
             "100 times the upper quartile): read medians, not means.")
-    if not has_null.any() and kinds:
-        out.caveats.append("The chance level was not measured (variant coupling_vs_null): raw "
-                           "c_K values of different K or different spectra are not comparable.")
+    if not (ov["lead_n"] > 0).any() and _kinds(ov):
+        out.append("The chance level was not measured (variant coupling_vs_null): raw "
+                   "c_K values of different K or different spectra are not comparable.")
     return out

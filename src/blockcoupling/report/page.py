@@ -1,15 +1,6 @@
-"""The one template of every report page: run report, collection/emergence, correlate,
-chance-floor, cross-coupling and ViT study.
-
-Build `Section` objects, then `render_page` (or `write_page`) makes ONE
-self-contained HTML file: the stylesheet (`CSS`) once, a table of contents, no external
-URL. Helpers for the body of a section: `figure_html` (a matplotlib figure embedded as a
-base64 PNG with its numbered caption, optionally also written as files), `table_html`
-(a DataFrame with formatted numbers in a box that scrolls sideways instead of overflowing the
-page), `paragraphs_html`, `notes_html` and `esc`.
-
-No JavaScript is needed to display a page (a four-line inline script only records, in
-``<body data-images-ok>``, how many images the browser decoded, for automated checks).
+"""The one template of every report page: `Section` objects rendered by `render_page` (or
+`write_page`) into ONE self-contained HTML file: the stylesheet (`CSS`) once, a table of
+contents, images embedded, no external URL and no script a page needs to display.
 """
 
 from __future__ import annotations
@@ -17,6 +8,7 @@ from __future__ import annotations
 import base64
 import html
 import math
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,7 +23,7 @@ from blockcoupling.report import figures as F
 from blockcoupling.report.summaries import fmt_number
 from blockcoupling.store.fileio import atomic_write_text
 
-__all__ = ["CSS", "Section", "cell_html", "esc", "figure_html", "notes_html",
+__all__ = ["CSS", "Section", "cell_html", "esc", "figure_html", "html_path", "notes_html",
            "paragraphs_html", "render_page", "table_html", "write_page"]
 
 
@@ -204,14 +196,18 @@ def render_page(title: str, sections: Sequence[Section], *, lead: str = "",
             f"<h1>{esc(title)}</h1>{lead}{nav}{body}{_SCRIPT}</body></html>\n")
 
 
-def write_page(path: Path | str, title: str, sections: Sequence[Section], *,
-               lead: str = "") -> Path:
-    """`render_page` written atomically to ``path`` (must end in .html)."""
+def html_path(path: str | os.PathLike[str]) -> Path:
+    """``path`` as a Path, refused unless it ends in .html (or .htm)."""
     out = Path(path)
     if out.suffix.lower() not in (".html", ".htm"):
         raise BlockCouplingError(f"report path {out}: give a file name ending in .html")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(out, render_page(title, sections, lead=lead))
     return out
 
 
+def write_page(path: Path | str, title: str, sections: Sequence[Section], *,
+               lead: str = "") -> Path:
+    """`render_page` written atomically to ``path`` (must end in .html)."""
+    out = html_path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(out, render_page(title, sections, lead=lead))
+    return out

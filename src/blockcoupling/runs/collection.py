@@ -1,14 +1,8 @@
-"""Collections: one format for every "many runs" kind, read by one reader.
-
-A collection is a directory in the layout of `blockcoupling.store.collection` whose
-manifest records its ``kind``: ``sweep`` (``run_sweep``), ``monitor`` (``CouplingMonitor``)
-or ``vit-grid`` (``studies.vit.grid.run_grid``). Every kind has the same catalogue, unit-id
-rule, lock and status vocabulary, and is read by [`open_collection`][blockcoupling.runs.read.open_collection] (alias
-``open_sweep``); ``blockcoupling report``, ``sweep-status`` and ``correlate`` take any kind
-through it. This module adds what depends on the kind: the report page
-(`write_collection_report`) and the conversion of old layouts
-(`upgrade_collection`, ``blockcoupling collection upgrade DIR``), and which kind a spec
-file asks for (`spec_kind`: its ``kind:`` key, never guessed from its other keys).
+"""What of a collection depends on its kind, asked of the registry (`blockcoupling.runs.kinds`)
+and naming none: the report page (`write_collection_report`), the conversion of old layouts
+(`upgrade_collection`, ``blockcoupling collection upgrade DIR``) and which kind a spec file
+asks for (`spec_kind`: its ``kind:`` key, never guessed). Every kind is read by
+[`open_collection`][blockcoupling.runs.read.open_collection].
 """
 
 from __future__ import annotations
@@ -21,6 +15,7 @@ from blockcoupling.errors import RunDirError
 from blockcoupling.runs import kinds
 from blockcoupling.runs.read import Sweep, load_manifest, open_collection, open_sweep
 from blockcoupling.store import collection as store
+from blockcoupling.store.folder import COLLECTION, another_kind
 from blockcoupling.validate import OptionError
 
 
@@ -66,6 +61,8 @@ def upgrade_collection(path: str | os.PathLike[str]) -> Sweep:
     with store.sweep_lock(root, "collection"):
         upgrades = [k.upgrade for k in map(kinds.get, kinds.names()) if k.upgrade is not None]
         if not (root / store.MANIFEST).is_file() and not any(up(root) for up in upgrades):
+            if (other := another_kind(root, COLLECTION, fix="nothing to upgrade")) is not None:
+                raise other
             raise RunDirError(f"{root} is neither a collection nor a ViT grid in the old "
                               f"layout (no {store.MANIFEST}, no {store.LEGACY_GRID_FILE}); "
                               "nothing to upgrade")

@@ -9,6 +9,7 @@ import contextlib
 import os
 import socket
 import sys
+import tempfile
 import threading
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -212,8 +213,6 @@ def _ray_reason(err: BaseException | None, log: str) -> str:
 def _init_with_deadline(ray: Any, timeout: float, **kwargs: Any) -> None:
     """``ray.init(**kwargs)`` that gives up after ``timeout`` seconds (Ray retries an
     unreachable or refusing cluster for ever): a `SweepError` with Ray's reason."""
-    import tempfile
-
     box: dict[str, BaseException] = {}
 
     def init() -> None:

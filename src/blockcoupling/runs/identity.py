@@ -1,10 +1,7 @@
-"""The content of a study's inputs, as part of its identity.
-
-A collection (a sweep's units, a ViT training) is identified by what it measured, so a file it
-reads (a prompt file, a data folder) counts by its *content*, not its path: a resume after
-the file was edited would otherwise mix two inputs in one result. `input_hashes` hashes
-the local files and folders a prompt spec or data folder reads; `input_differences`
-says what changed, for a refusal like a run directory's (``store.manifest.resume_differences``).
+"""The content of a study's inputs, as part of its identity: a file it reads (a prompt file, a
+data folder) counts by its content, not its path, so a resume after an edit is refused, not
+mixed. `input_hashes` hashes the local files and folders a prompt spec or data folder reads;
+`input_differences` says what changed.
 """
 
 from __future__ import annotations

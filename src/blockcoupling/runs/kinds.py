@@ -1,17 +1,12 @@
 """The registry of collection kinds: what a kind of "many runs" directory adds to the one
 collection format (`blockcoupling.store.collection`).
 
-A kind is a package under ``blockcoupling/studies/`` (`KIND_HOME`) whose module ``kind.py`` makes one call,
-``register(CollectionKind(...))``: its name (the manifest's ``kind``), how a spec file of the
-kind is parsed, planned and run, its report page, its headline token rule, the line that
-repairs a damaged unit, the check of a unit beyond its run directory, the conversion of
-an old layout, and the loose outputs it recognises outside a collection. One kind is the
-``default``: that of a spec without ``kind:`` and of a manifest that records none (format 1,
-written when it was the only kind). Generic modules (the reader, ``runs/collection.py``,
-``runs/plans.py``, the CLI) ask the registry (`get`, `names`, `spec_kinds`, `default`,
-`manifest_kind`, `collection_tokens`, `recognising`) and name no kind. The recipe: docs/DESIGN.md, "Recipe: add a
-collection kind"; ``tests/project/test_architecture.py`` fails when a kind is named outside its own
-package.
+A kind is a package under ``blockcoupling/studies/`` (`KIND_HOME`) whose ``kind.py`` makes one
+call, ``register(CollectionKind(...))``: its name (the manifest's ``kind``), its spec's
+parser, plan and run, its report page, its headline token rule, its repair line and unit
+check, the conversion of an old layout and the loose outputs it recognises. One kind is the
+``default`` (a spec without ``kind:``, a manifest that records none). Generic modules ask the
+registry and name no kind (docs/DESIGN.md, "Recipe: add a collection kind").
 """
 
 from __future__ import annotations

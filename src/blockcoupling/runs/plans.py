@@ -1,17 +1,8 @@
 """The plans that ``--dry-run`` prints for the studies and sweeps: validated and costed, nothing
-written.
-
-`RunPlan` (one training run or one unit) and `StudyPlan` (all of them, with a stated cost
-model) are what every plan is made of. A collection kind's plan lives in its own package
-(``CollectionKind.plan``: ``blockcoupling sweep SPEC --dry-run`` asks the registry); the
-studies' plans beside their code (``study generalization``: its package's ``plan``;
-``study lm-family``: ``studies.lm_study.plan_lm_study``).
-
-The time estimate is a stated model, not a measurement: training costs ``6 x parameters x
-tokens`` flop per step (forward and backward of a dense transformer), a measurement what
-`plan_measure` states, both at
-`GFLOPS`. ``vit-train --estimate`` times real training
-steps on this machine.
+written. `RunPlan` (one training run or one unit) and `StudyPlan` (all of them, with a stated
+cost model) are what every plan is made of; each kind's and study's plan lives beside its
+code. The time estimate is a stated model, not a measurement: ``6 x parameters x tokens``
+flop per training step and what `plan_measure` states per measurement, at `GFLOPS`.
 """
 
 from __future__ import annotations

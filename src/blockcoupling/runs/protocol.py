@@ -1,25 +1,13 @@
 """The run protocol of every collection kind: open the folder, lock it, record, verify on
 read, resume, rebuild what is derivable. A kind gives its units and the work of one unit;
-everything else is here, once.
+everything else is here, once (docs/DESIGN.md, "Recipe: add a collection kind").
 
-`run_collection` is the whole of it (a kind's ``run`` is one call, docs/DESIGN.md "Recipe:
-add a collection kind"):
-
-1. **open** (`store.folder.decide`, nothing written): ``--out`` is no file, no other
-   writer holds it, it holds no other collection (its manifest's ``kind``) and no results
-   of another spec or of input files whose content changed (a folder whose run stored
-   nothing is replaced); results of the same spec are continued only with ``resume``. The
-   Ray cluster is reached before anything is written.
-2. **lock** (``store.fileio.DirLock``), the same decision again under it, then the
-   manifest: new, continued, or rebuilt from the status files when it is lost or damaged
-   (every status file must name a unit of this spec).
-3. **verify** (on resume): every finished unit is checked (`integrity.unit_problem`: its
-   run directory's checksums and its identity); a damaged one is measured again.
-4. **record**: one status file per unit (pending, running, done, failed), written by
-   whoever runs it (`unit_task`, on Ray or here), the catalogue after each.
-
-The same open serves a collection written step by step (the training monitor:
-`collection_folder`); the format is `blockcoupling.store.collection`.
+`run_collection`: **open** (`store.folder.decide`, nothing written; the Ray cluster is
+reached before anything is written), **lock** and decide again, then the manifest (new,
+continued, or rebuilt from the status files), **verify** on resume (a damaged finished unit,
+`integrity.unit_problem`, is measured again) and **record** one status file per unit,
+written by whoever runs it (`unit_task`), the catalogue after each. A collection written
+step by step (the training monitor) opens through `collection_folder`.
 """
 
 from __future__ import annotations
@@ -33,6 +21,7 @@ import sys
 import time
 import traceback
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -49,7 +38,7 @@ from blockcoupling.runs.executor import (
 )
 from blockcoupling.runs.identity import input_differences, input_hashes
 from blockcoupling.store import collection as store
-from blockcoupling.store.folder import CONTINUE, REBUILD, Layout, decide, open_folder
+from blockcoupling.store.folder import COLLECTION, CONTINUE, REBUILD, Layout, decide, open_folder
 
 #: Ray retries of a unit whose worker died (a spec's ``retries``, ``--retries``)
 RETRIES = 3
@@ -64,7 +53,7 @@ Work = Callable[..., Any]
 
 def layout(kind: str, flag: str = "--out") -> Layout:
     """A collection of ``kind`` in the protocol's words (``flag``: the option naming it)."""
-    return Layout(what=kind, record=store.MANIFEST, writer=kind, flag=flag)
+    return replace(COLLECTION, what=kind, writer=kind, flag=flag)
 
 
 def spec_json(spec: Any) -> Any:

@@ -1,12 +1,10 @@
-"""Reading a collection (a sweep, a monitor directory, a ViT grid): [`open_collection`][blockcoupling.runs.read.open_collection]
-(alias [`open_sweep`][blockcoupling.runs.read.open_sweep]) -> [`Sweep`][blockcoupling.runs.read.Sweep], tables across units via DuckDB. The one reader of
-every kind, naming none: the manifest says the kind (``Sweep.kind``, through the registry
-`blockcoupling.runs.kinds`), the units' run directories come from the catalogue.
-
-Nothing is loaded until asked for: [`Sweep.table`][blockcoupling.runs.read.Sweep.table] runs one DuckDB query over the Parquet
-tables of every finished unit (``read_parquet`` of the files, joined with the catalogue), so
-a filter or a column selection is applied while reading, and [`Sweep.sql`][blockcoupling.runs.read.Sweep.sql] lets any
-aggregate run without materialising the rows. [`Sweep.summary`][blockcoupling.runs.read.Sweep.summary] is such an aggregate.
+"""Reading a collection of any kind (a sweep, a monitor directory, a ViT grid):
+[`open_collection`][blockcoupling.runs.read.open_collection] (alias
+[`open_sweep`][blockcoupling.runs.read.open_sweep]) -> [`Sweep`][blockcoupling.runs.read.Sweep],
+naming no kind (the manifest says it, through `blockcoupling.runs.kinds`). Nothing is loaded
+until asked for: [`Sweep.table`][blockcoupling.runs.read.Sweep.table] is one DuckDB query over
+the Parquet tables of every finished unit joined with the catalogue, and
+[`Sweep.sql`][blockcoupling.runs.read.Sweep.sql] runs any aggregate without materialising rows.
 """
 
 from __future__ import annotations
@@ -56,6 +54,16 @@ def _duckdb() -> Any:
 
 def _sql_str(s: str) -> str:
     return "'" + s.replace("'", "''") + "'"
+
+
+def _rows(con: Any, query: str, what: str) -> pd.DataFrame:
+    """The query's rows; a DuckDB error (a bad ``where``, an unknown column) is one line."""
+    try:
+        return con.execute(query).df()
+    except Exception as err:
+        if type(err).__module__.startswith("duckdb"):
+            raise BlockCouplingError(f"{what}: {str(err).splitlines()[0]}") from err
+        raise
 
 
 def load_manifest(root: Path) -> dict[str, Any]:
@@ -177,11 +185,7 @@ class Sweep:
         and ``_row``, which order the rows as the catalogue and the files do)."""
         con = self._connection()
         try:
-            return con.execute(query).df()
-        except Exception as err:
-            if type(err).__module__.startswith("duckdb"):
-                raise BlockCouplingError(f"query failed: {str(err).splitlines()[0]}") from err
-            raise
+            return _rows(con, query, "query failed")
         finally:
             con.close()
 
@@ -204,13 +208,7 @@ class Sweep:
                 "* EXCLUDE (_unit_order, _row)"
             q = (f"SELECT {sel} FROM {name}" + (f" WHERE {where}" if where else "")
                  + " ORDER BY _unit_order, _row")
-            try:
-                df = con.execute(q).df()
-            except Exception as err:
-                if type(err).__module__.startswith("duckdb"):
-                    raise BlockCouplingError(f"reading {name}: {str(err).splitlines()[0]}"
-                                             ) from err
-                raise
+            df = _rows(con, q, f"reading {name}")
         finally:
             con.close()
         return _unit_types(df)

@@ -1,9 +1,7 @@
-"""``coupling_statistic``: the headline statistic of a run, a measurement or a collection.
-
-The rule itself lives in `blockcoupling.engine.statistic` (pure pandas over a
-``coupling`` table); this module only finds the tables: a [`Measurement`][blockcoupling.engine.results.Measurement], a run
-directory, a collection (sweep, monitor or vit-grid directory) or an open [`Sweep`][blockcoupling.runs.read.Sweep], and puts each run's or unit's
-names (label, model, revision, step; unit_id for collections) in front of its rows.
+"""``coupling_statistic``: the headline statistic (`blockcoupling.engine.statistic`) of a
+[`Measurement`][blockcoupling.engine.results.Measurement], a run directory, a collection
+directory or an open [`Sweep`][blockcoupling.runs.read.Sweep]: this module finds the tables and
+puts each run's or unit's names (label, model, revision, step; unit_id) in front of its rows.
 """
 
 from __future__ import annotations

@@ -1,21 +1,11 @@
 """Stored top-K bases in a run directory (``save_bases=True``): safetensors, checksummed.
 
-Layout and protocol (the rest of the store's rules apply unchanged):
-
-* a part stores its prompts' factors as ``parts/part-N/bases.safetensors`` (tensors named
-  ``engine.bases.tensor_name``), listed with its sha256 in the part's sealed ``part.json``
-  like its tables: it is committed, verified on resume and read back with them;
-* consolidation does not merge the factors (they can be large): before the manifest's
-  commit each part's file is hard-linked (copied where links are not possible) to
-  ``bases/part-N.safetensors``, and the committed manifest lists every such file with its
-  sha256 and prompt ids under ``consolidated.bases``. A kill before the commit leaves the
-  parts (the next finalize links again); after it, the files are in place;
-* files are read lazily, one at a time, each verified against its checksum when read (a
-  run of a large model can hold gigabytes of factors); safetensors loads without pickle.
-
-The size is estimated before the run (`estimate`: prompts x layers x token pairs x
-(2 d K + K) x itemsize) and a run that would not fit the free disk is refused before any
-file is written (`check_disk`).
+A part stores its prompts' factors as ``parts/part-N/bases.safetensors``, listed with its
+sha256 in the part's sealed ``part.json``; consolidation does not merge them (they can be
+large) but links each to ``bases/part-N.safetensors`` before the manifest's commit, which
+lists them. Files are read lazily, one at a time, each verified as it is read. The size is
+estimated before the run (`estimate`) and a run that would not fit the free disk is refused
+before any file is written (`check_disk`).
 """
 
 from __future__ import annotations

@@ -3,32 +3,20 @@ monitor, a ViT training grid): manifest, lock, one status file per unit, the cat
 
 Layout of a collection directory ``ROOT`` (every kind)::
 
-    ROOT/sweep.json                the collection manifest: format + version, ``kind`` (sweep |
-                                   monitor | vit-grid), the spec, the unit order, and one entry
-                                   per session (executor, Ray version and address, library
-                                   versions, start and end)
-    ROOT/status/<unit_id>.json     the unit (label, model, revision, step, prompt set, config
-                                   hash, ``run``), its status (pending | running | done |
-                                   failed), message, attempts, weights hash, seconds; written
+    ROOT/sweep.json                the manifest: format + version, ``kind``, the spec, the unit
+                                   order, one entry per session (executor, versions, times)
+    ROOT/status/<unit_id>.json     the unit, its status (pending | running | done | failed),
+                                   message, attempts, weights hash, seconds; written
                                    atomically by whoever runs the unit
-    ROOT/units/<unit_id>/          the unit's folder: a run directory (``measure_to_dir``,
-                                   resumable), or for a vit-grid unit a ``vit-train`` output
-                                   whose run directory is ``units/<unit_id>/<run>``
-                                   (``coupling/final``)
-    ROOT/catalogue.parquet         one row per unit (derived from the status files; rewritten
-                                   as units finish) for DuckDB / pyarrow users
-    ROOT/.lock                     flock of the writer (``store.fileio.dir_lock``): two
-                                   drivers on one directory are refused
+    ROOT/units/<unit_id>/          the unit's folder (a run directory, or a ``vit-train``
+                                   output holding one)
+    ROOT/catalogue.parquet         one row per unit, derived from the status files
+    ROOT/.lock                     the writer's lock (``store.fileio.DirLock``)
 
-Unit ids follow one rule (`collection_unit_id`: readable parts, then the
-``canonical_hash`` of the kind's identity fields). The status files are the source of truth:
-a collection killed at any point is read (and resumed) from them; a unit's rows live only in
-its own run directory, so no unit ever writes rows twice. The manifest keeps the name
-``sweep.json`` for every kind (the format began with sweeps; format 1 directories are read
-as they are: their manifest records no kind, the registry's default kind). The ViT grid's old
-layout (``grid.json`` + ``runs/``) is converted by
-`blockcoupling.runs.collection.upgrade_collection`. What depends on a kind (the check of a
-trained unit, the repair line, which kind is the default) is registered by the kind in
+The status files are the source of truth: a collection killed at any point is read and
+resumed from them, and a unit's rows live only in its own run directory. Unit ids follow one
+rule (`collection_unit_id`). The manifest keeps the name ``sweep.json`` for every kind
+(format 1 records no kind: the registry's default). What depends on a kind is registered in
 `blockcoupling.runs.kinds`; this module names none.
 """
 
@@ -49,11 +37,12 @@ import pandas as pd
 from blockcoupling.errors import RunDirError
 from blockcoupling.hashing import canonical_hash
 from blockcoupling.store.fileio import atomic_path, dir_lock, lock_holder
+from blockcoupling.store.folder import COLLECTION, another_kind
 from blockcoupling.store.verified import load_sealed, write_sealed
 
 FORMAT_NAME = "blockcoupling-sweep"
 FORMAT_VERSION = 2  # 2: kind vit-grid and the units' ``run``; format 1 is read as it is
-MANIFEST = "sweep.json"
+MANIFEST = COLLECTION.record
 #: the ViT grid's manifest before it became a kind of collection (read: the upgrade line)
 LEGACY_GRID_FILE = "grid.json"
 STATUS = "status"
@@ -65,6 +54,9 @@ STATUSES = ("pending", "running", "done", "failed")
 CATALOGUE_COLUMNS = ("unit_id", "label", "model", "revision", "step", "prompt_set", "limit",
                      "config_hash", "status", "message", "attempts", "weights_hash",
                      "duplicate_of", "n_prompts", "seconds", "run_dir")
+_UNIT_FIELDS = ("unit_id", "label", "model", "revision", "step", "prompt_set", "limit",
+                "config_hash")  # a catalogue row's fields from the status file's unit record
+_STATUS_FIELDS = ("status", "message", "weights_hash", "n_prompts", "seconds")
 
 
 class CollectionUnit(Protocol):
@@ -180,6 +172,8 @@ def load_manifest(root: Path) -> dict[str, Any]:
     path = root / MANIFEST
     if not path.exists() and (root / LEGACY_GRID_FILE).is_file():
         raise RunDirError(upgrade_line(root))
+    if not path.exists() and (other := another_kind(root, COLLECTION)) is not None:
+        raise other
     if not path.exists():
         if (root / STATUS).is_dir() and any((root / STATUS).glob("*.json")):
             raise RunDirError(f"{path} is missing: {root} has lost its manifest. "
@@ -296,16 +290,9 @@ def catalogue(root: Path, manifest: dict[str, Any] | None = None) -> pd.DataFram
         uid = u.get("unit_id")
         if not uid:
             continue
-        rows.append({
-            "unit_id": uid, "label": u.get("label"), "model": u.get("model"),
-            "revision": u.get("revision"), "step": u.get("step"),
-            "prompt_set": u.get("prompt_set"), "limit": u.get("limit"),
-            "config_hash": u.get("config_hash"), "status": rec.get("status"),
-            "message": rec.get("message"), "attempts": rec.get("attempts", 0),
-            "weights_hash": rec.get("weights_hash"), "duplicate_of": None,
-            "n_prompts": rec.get("n_prompts"), "seconds": rec.get("seconds"),
-            "run_dir": run_relpath(u),
-        })
+        rows.append({**{c: u.get(c) for c in _UNIT_FIELDS},
+                     **{c: rec.get(c) for c in _STATUS_FIELDS},
+                     "attempts": rec.get("attempts", 0), "run_dir": run_relpath(u)})
     df = pd.DataFrame(rows, columns=list(CATALOGUE_COLUMNS))
     if df.empty:
         return df
@@ -318,18 +305,10 @@ def catalogue(root: Path, manifest: dict[str, Any] | None = None) -> pd.DataFram
     df["attempts"] = df["attempts"].fillna(0).astype("int64")
     df["n_prompts"] = df["n_prompts"].astype("Int64")
     df["seconds"] = df["seconds"].astype("float64")
-    first: dict[tuple[str, str, str], str] = {}
-    dup: list[str | None] = []
-    for r in df.itertuples():
-        key = (r.weights_hash, r.prompt_set, r.config_hash)
-        if r.status != "done" or not r.weights_hash:
-            dup.append(None)
-        elif key in first:
-            dup.append(first[key])
-        else:
-            first[key] = r.unit_id
-            dup.append(None)
-    df["duplicate_of"] = pd.Series(dup, dtype="object")
+    done = df[(df["status"] == "done") & df["weights_hash"].fillna("").astype(bool)]
+    first = done.groupby(["weights_hash", "prompt_set", "config_hash"], sort=False,
+                         dropna=False)["unit_id"].transform("first")
+    df["duplicate_of"] = first.where(first != done["unit_id"]).reindex(df.index)
     for col in ("unit_id", "label", "model", "revision", "prompt_set", "config_hash", "status",
                 "message", "weights_hash", "duplicate_of", "run_dir"):
         df[col] = df[col].astype("string")

@@ -1,19 +1,11 @@
 """Low-level file I/O of run directories: atomic writes, checksums, the writer's lock, and
 operating-system errors turned into messages that say what to do.
 
-Contracts:
-
-- `atomic_write_bytes` either leaves ``path`` as it was or replaces it whole (temporary
-  file, ``fsync``, one ``os.replace``, ``fsync`` of the directory).
-- `write_temp` writes a durable temporary sibling that a later ``os.replace`` commits.
-- `DirLock` is an exclusive, non-blocking ``flock`` on ``DIR/.lock`` (the ``filelock``
-  library) holding the writer's PID; releasing it removes the file, so a finished run keeps
-  no ``.lock``. It is the one lock of every folder with one writer (``dir_lock``: run
-  directories, collections, every folder the run protocol opens); `lock_holder` reads it.
-- `atomic_write_bytes` / `atomic_write_text` / `atomic_path` are the one
-  way to replace a file (or a folder) whole; every layer above calls them.
-- `disk_errors` turns an ``OSError`` (disk full, read-only, permission, a path under a
-  file) into a [`RunDirError`][blockcoupling.errors.RunDirError] whose message names the path and the way out.
+`atomic_write_bytes` / `atomic_write_text` / `atomic_path` are the one way to replace a file
+(or folder) whole: the old one or the new one, never a mix. `DirLock` is the one lock of every
+folder with one writer: an exclusive, non-blocking ``flock`` on ``DIR/.lock`` holding the
+writer's PID, removed on release. `disk_errors` turns an ``OSError`` into a
+[`RunDirError`][blockcoupling.errors.RunDirError] naming the path and the way out.
 """
 
 from __future__ import annotations
@@ -27,7 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from blockcoupling.errors import RunDirError
+from blockcoupling.errors import BlockCouplingError, RunDirError
 from blockcoupling.jsonsafe import dumps
 
 TMP_PREFIX = ".tmp-"
@@ -84,8 +76,26 @@ def commit_temp(tmp: Path, path: Path) -> None:
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` through a temporary file and one ``os.replace``."""
-    commit_temp(write_temp(path, data), path)
+    """Write ``data`` to ``path`` through a temporary file and one ``os.replace`` (a folder
+    at ``path`` is refused before anything is written; a failed write leaves no temporary
+    file behind)."""
+    check_output_file(path)
+    tmp = temp_path(path)
+    try:
+        write_file(tmp, data)
+        commit_temp(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
+
+
+def check_output_file(path: Path) -> None:
+    """One line where an output file's path is a folder (a rename onto it would fail
+    naming the temporary file)."""
+    if path.is_dir() and not path.is_symlink():
+        raise BlockCouplingError(f"{path} is a folder, not a file; give the path of a file "
+                                 "to write (a new name, or an existing file to replace)")
 
 
 def atomic_write_text(path: Path, text: str) -> None:

@@ -1,20 +1,16 @@
 """What a run directory holds, verified: sealed part descriptions, checksummed files, no prompt
 stored twice, nothing unknown to the manifest.
 
-Every part directory carries ``part.json``: its prompt ids and the sha256 of each of its files,
-sealed by its own digest. The manifest's ``consolidated`` entry holds the sha256 of each
-consolidated file (tables and ``arrays.npz``), the parts merged into them and their prompt
-ids. `scan` checks the structure (seals, duplicates, unknown prompts) without reading
-the tables; `verified_bytes` checks a file's checksum as it is read.
-
-Consolidation writes the new files to temporary names, commits the manifest that names their
-checksums, then renames them into place. A kill between the commit and the renames leaves
-temporary files whose checksums match the manifest: `verified_bytes` reads them and a
-resuming writer renames them (``roll_forward``), so a run is never stuck half-consolidated.
+`scan` checks the structure (each part's sealed ``part.json``, duplicates, unknown prompts)
+without reading the tables; `verified_bytes` checks a file's checksum as it is read. A kill
+between the commit of a consolidating manifest and its renames leaves temporary files whose
+checksums match it: they are read as they are, and the next writer renames them
+(``roll_forward``), so a run is never stuck half-consolidated.
 """
 
 from __future__ import annotations
 
+import io
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -203,8 +199,6 @@ def verify_complete(root: Path) -> dict[str, Any]:
     such as a sweep's DuckDB views, read the file itself); the ``prompts`` table has one row
     per consolidated prompt. RunDirError (what is wrong, no advice: the caller knows the
     repair) otherwise. Used by collections (sweeps, monitors) for each unit they read."""
-    import io
-
     import pyarrow.parquet as pq
 
     from blockcoupling.store.manifest import load_manifest

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import math
+import os
 import sys
 import time
+import warnings
+from pathlib import Path
 from typing import Any
 
 import pandas as pd
@@ -33,9 +37,6 @@ PART_SECONDS_ENV = "BLOCKCOUPLING_PART_SECONDS"
 
 def default_part_seconds() -> float:
     """``BLOCKCOUPLING_PART_SECONDS`` if set (a number >= 0), else `PART_SECONDS`."""
-    import math
-    import os
-
     raw = os.environ.get(PART_SECONDS_ENV, "").strip()
     if not raw:
         return PART_SECONDS
@@ -123,9 +124,6 @@ def measure_to_dir(model: torch.nn.Module, tokenizer: Any, prompts: Any, out_dir
 def _resumed(out_dir: Any, cfg: MeasureConfig, resume: bool) -> MeasureConfig:
     """``cfg``, or the variants a resumed run began with (`writer.resume_config`: a variant
     added since is not measured for its remaining prompts), said in a warning."""
-    import warnings
-    from pathlib import Path
-
     from blockcoupling.store.writer import resume_config
 
     cfg, line = resume_config(Path(out_dir), cfg, resume)
@@ -167,8 +165,6 @@ def _checked(model: torch.nn.Module, tokenizer: Any, prompts: Any, cfg: MeasureC
     stored bases' size against the disk, and what ``--out`` holds (``writer.check_target``:
     a run there without ``resume``, a run of other settings, another writer). Returns
     (items, prompts table, plan, block spec, the run's meta)."""
-    from pathlib import Path
-
     from blockcoupling.store.manifest import prompt_records
     from blockcoupling.store.writer import check_target
 
@@ -196,8 +192,6 @@ def _check_bases_size(plan: MeasurePlan, items: list[Any], cfg: MeasureConfig, o
     the limit (unless ``force_size``) and anything the disk cannot hold. The sizes are the
     plan's (`plan_measure`: one work list, on the run's own block spec, a custom module's
     stated ``hidden_size`` and ``causal`` included), never computed again here."""
-    from pathlib import Path
-
     from blockcoupling.store import bases as stored
 
     # text prompts and ready-made token ids have known lengths; images are counted after

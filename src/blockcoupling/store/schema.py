@@ -1,14 +1,10 @@
 """What every stored column means: Parquet key-value metadata and ``SCHEMA.md``.
 
 One description per column (meaning and unit), the direction of every coupling variant and
-the indexing conventions, written (a) into the key-value metadata of every Parquet file
-(key ``blockcoupling.schema``: JSON ``{"table", "columns": {col: {"meaning", "unit"}},
-"variants", "indexing"}``; with ``blockcoupling.unit``: the sweep unit's ``unit_id``,
-``label``, ``step``, ``revision`` where the run has them) and (b) as ``SCHEMA.md`` into each
-finished run directory. Readers ignore both: run directories written before them open as
-before. A sweep unit's tables (a run whose meta has a ``unit_id``) also carry its ``unit_id``, ``label``, ``step``, ``revision``
-as constant columns (`unit_columns`; not ``prompts.label``, the prompt's own label),
-so one unit's Parquet file read alone says where it comes from.
+the indexing conventions, written into the metadata of every Parquet file (key
+``blockcoupling.schema``; ``blockcoupling.unit`` for a sweep unit) and as ``SCHEMA.md`` into
+each finished run directory; readers ignore both. A sweep unit's tables also carry its
+``unit_id``, ``label``, ``step`` and ``revision`` as constant columns (`unit_columns`).
 """
 
 from __future__ import annotations
@@ -37,9 +33,10 @@ INDEXING = ("layers are 1-based (layer l = block l; layer 0 in `trajectory` is t
 VARIANTS: dict[str, str] = {name: v.schema_entry for name, v in REGISTRY.items()}
 
 _ID = ("identifier of the prompt / input", "")
-_LAYER = ("layer l (1-based: block l)", "")
-_TOKEN_IN = ("input token position t_in (0-based)", "")
-_TOKEN_OUT = ("output token position t_out (0-based)", "")
+#: the key of a table with one row per Jacobian J^l_{t_in t_out} (or per its metric)
+_JACOBIAN_KEY = {"prompt_id": _ID, "layer": ("layer l (1-based: block l)", ""),
+                 "token_in": ("input token position t_in (0-based)", ""),
+                 "token_out": ("output token position t_out (0-based)", "")}
 
 #: table -> column -> (meaning, unit); "" = dimensionless / not a quantity
 COLUMNS: dict[str, dict[str, tuple[str, str]]] = {
@@ -86,12 +83,12 @@ COLUMNS: dict[str, dict[str, tuple[str, str]]] = {
                                  "dimensionless, -1..1"),
     },
     "spectra": {
-        "prompt_id": _ID, "layer": _LAYER, "token_in": _TOKEN_IN, "token_out": _TOKEN_OUT,
+        **_JACOBIAN_KEY,
         "rank": ("rank of the singular value (1 = largest)", ""),
         "singular_value": ("singular value of J^l_{t_in t_out}", "dimensionless (gain)"),
     },
     "influence": {
-        "prompt_id": _ID, "layer": _LAYER, "token_in": _TOKEN_IN, "token_out": _TOKEN_OUT,
+        **_JACOBIAN_KEY,
         "metric": ("frobenius, spectral, participation_ratio or effective_rank of "
                    "J^l_{t_in t_out}", ""),
         "value": ("the metric's value", "dimensionless"),
@@ -103,7 +100,7 @@ COLUMNS: dict[str, dict[str, tuple[str, str]]] = {
         "label": ("the prompt's label (e.g. its source dataset)", ""),
     },
     "diagnostics": {
-        "prompt_id": _ID, "layer": _LAYER, "token_in": _TOKEN_IN, "token_out": _TOKEN_OUT,
+        **_JACOBIAN_KEY,
         "method": ("how the Jacobian's SVD was computed: dense or matrix_free", ""),
         "residual": ("max_i ||J v_i - s_i u_i|| / s_1 of the top-K factors (null if exact)",
                      "dimensionless"),

@@ -1,9 +1,6 @@
-"""Tables and arrays as bytes: Parquet with explicit Arrow types, ``.npz`` without pickles.
-
-Parquet files carry an explicit Arrow schema (int32, float64, string) and no pandas
-metadata, so pyarrow, pandas, polars and DuckDB read them alike. Missing floats (e.g. ``p``
-for variants without p) are stored as nulls and read back as NaN. Readers take the bytes a
-caller already verified against a checksum, so a file is read from disk once.
+"""Tables and arrays as bytes: Parquet with explicit Arrow types (int32, float64, string; no
+pandas metadata, missing floats as nulls), ``.npz`` without pickles. Readers take bytes the
+caller already verified against a checksum.
 """
 
 from __future__ import annotations

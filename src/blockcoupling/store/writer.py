@@ -1,22 +1,13 @@
 """``RunWriter``: a run directory written part by part, safe against a kill at any point.
 
-Write protocol (each step durable before the next):
-
-1. **open**: take the lock (``RUN/.lock``), write a sealed manifest (``status: running``).
-   A directory that holds no results yet (a run that failed before its first part) is
-   replaced, so a failed or crashed start never blocks the corrected command.
-2. **part**: the part's files and its sealed ``part.json`` (checksums of every file) go into
-   ``parts/.tmp-part-N-PID``, which one ``os.replace`` renames to ``parts/part-N``: the commit.
-   A kill loses at most the part being written.
-3. **finalize**: the consolidated tables and ``arrays.npz`` are written to temporary names,
-   the manifest naming their checksums (``status: complete``) is committed, then the files are
-   renamed into place and the merged parts and the lock file are deleted. A kill before the
-   commit leaves the parts; after it, the temporary files, which the next reader verifies and
-   the next writer renames (integrity.roll_forward).
-
-Resume checks the directory as a reader does (seals, checksums, duplicates), refuses other
-settings (everything but ``RUNTIME_KEYS``) with the list of differences, and reports the
-prompts already stored through `RunWriter.done_prompt_ids`.
+Each step is durable before the next: **open** (the lock, a sealed manifest ``status:
+running``; a directory that holds no results yet is replaced), **part** (its files and sealed
+``part.json`` in ``parts/.tmp-part-N-PID``, committed by one ``os.replace`` to
+``parts/part-N``: a kill loses at most that part), **finalize** (consolidated files under
+temporary names, the manifest naming their checksums committed, then the renames;
+`blockcoupling.store.integrity` rolls a killed finalize forward). Resume checks the directory
+as a reader does and refuses other settings (all but ``RUNTIME_KEYS``) with the list of
+differences; `RunWriter.done_prompt_ids` are the prompts already stored.
 """
 
 from __future__ import annotations
@@ -44,7 +35,7 @@ from blockcoupling.store.fileio import (
     write_file,
     write_temp,
 )
-from blockcoupling.store.folder import NEW, REPLACE, Layout, decide, entries, open_folder
+from blockcoupling.store.folder import NEW, REPLACE, RUN_DIRECTORY, decide, entries, open_folder
 from blockcoupling.store.integrity import (
     DATA_FILES,
     RunContents,
@@ -107,8 +98,14 @@ def _verify_parts(contents: RunContents) -> None:
         stored.verify_part(part)
 
 
+def _payload(m: Measurement, run_meta: Any) -> dict[str, bytes]:
+    """The files of a part or of the consolidated run: one Parquet file per table, the arrays."""
+    return {**{f"{name}.parquet": table_bytes(name, m.table(name), run_meta) for name in TABLES},
+            ARRAYS: arrays_bytes(m.arrays)}
+
+
 #: a run directory in the run protocol's words (`blockcoupling.store.folder`)
-RUN = Layout(what="run directory", record=MANIFEST)
+RUN = RUN_DIRECTORY
 
 
 def check_target(root: Path, config: MeasureConfig, meta: Mapping[str, Any],
@@ -206,7 +203,6 @@ class RunWriter:
         if state in (NEW, REPLACE):  # new, empty, or a run that failed before its first result
             self.manifest = new_manifest(new_config, meta, records)
             write_manifest(self.root, self.manifest)
-            self._contents = RunContents()
             self._done: set[str] = set()
             return
         manifest = load_manifest(self.root)
@@ -218,7 +214,6 @@ class RunWriter:
         stored_bases = bases_entries(manifest)
         self.damaged_bases = {name: list(stored_bases[name].get("prompt_ids") or [])
                               for name in damaged_files(self.root, manifest)}
-        self._contents = contents
         self._done = contents.done
         manifest["config"] = new_config  # only runtime keys can differ
         manifest["status"] = "running"
@@ -287,10 +282,7 @@ class RunWriter:
                 f"prompt(s) {', '.join(again[:5])} are already written to {self.root}; skip "
                 "the prompts in done_prompt_ids()"
             )
-        run_meta = self.manifest.get("meta")
-        payload = {f"{name}.parquet": table_bytes(name, part.table(name), run_meta)
-                   for name in TABLES}
-        payload[ARRAYS] = arrays_bytes(part.arrays)
+        payload = _payload(part, self.manifest.get("meta"))
         basis = stored.bases_bytes(part.basis_store, ids)
         if basis is not None:
             payload[stored.BASES_FILE] = basis
@@ -327,10 +319,7 @@ class RunWriter:
         with disk_errors(self.root):
             contents = scan(self.root, manifest)
             meas = read_measurement(self.root, manifest, contents)
-            run_meta = manifest.get("meta")
-            payload = {f"{name}.parquet": table_bytes(name, meas.table(name), run_meta)
-                       for name in TABLES}
-            payload[ARRAYS] = arrays_bytes(meas.arrays)
+            payload = _payload(meas, manifest.get("meta"))
             temps = {name: write_temp(self.root / name, data) for name, data in payload.items()}
             merged = list((manifest.get("consolidated") or {}).get("parts", []))
             merged += [p.path.name for p in contents.parts]

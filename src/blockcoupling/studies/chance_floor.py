@@ -23,7 +23,7 @@ from blockcoupling.engine.statistic import FLOOR_NOTE, PAPER_K, StatisticRule, f
 from blockcoupling.errors import BlockCouplingError
 from blockcoupling.jsonsafe import jsonable
 from blockcoupling.store.fileio import write_json
-from blockcoupling.studies.regression import MIN_MODELS, regression
+from blockcoupling.studies.regression import MIN_MODELS, fit_text, regression
 from blockcoupling.studies.scores import check_score_frame, read_scores
 from blockcoupling.validate import OptionError
 
@@ -72,12 +72,11 @@ class ChanceFloorResult:
         lines = [f"score against the flat-spectrum chance level of raw c_K ({k}), no model "
                  f"measured; scores: {self.scores_source}"]
         for name, r in [("all", self.overall), *self.groups.items()]:
+            lines.append(f"  {name:12s} n={r.get('n', 0):3d} " + fit_text(
+                r, "R^2={r2:.3f} p={p:.3g} slope={slope:.4g} (floor {floor_min:.3f} to "
+                "{floor_max:.3f})"))
             if "skipped" in r:
-                lines.append(f"  {name:12s} n={r.get('n', 0):3d} skipped ({r['skipped']})")
                 continue
-            lines.append(f"  {name:12s} n={r['n']:3d} R^2={r['r2']:.3f} p={r['p']:.3g} "
-                         f"slope={r['slope']:.4g} (floor {r['floor_min']:.3f} to "
-                         f"{r['floor_max']:.3f})")
             w = r.get("width")
             if w and "skipped" not in w:
                 lines.append(f"  {'':12s} the width alone (score ~ log10 d_model): "

@@ -1,38 +1,23 @@
 """Coupling against generalisation: the paper's correlation study (its fig. 1a, 8, 9, table 4).
 
-Three steps, each a plain function:
+Three steps, each a plain function in its own module (their names re-exported here):
 
-1. **The coupling statistic per model** (`CORRELATION_RULE`, `model_table`):
-   the headline rule of ``engine.statistic`` (mean over prompts of the per-prompt mean over
-   layer pairs l != l' at each prompt's last measured token, p = 1, orientation ``ujv``;
-   ``docs/conventions.md``) for raw c_K (as the paper), ``coupling_vs_rotated`` and
-   ``coupling_vs_null`` (chance corrected against the two nulls), each with its standard
-   error over prompts (within one model), and the chance level of raw c_K,
-   with K = round(d / 10) per model (at least 1) unless a fixed K is given. Models measured
-   on different prompt sets are refused unless told otherwise (`check_prompt_sets`).
-2. **The scores** (`read_scores`): a CSV (``model``, ``score``, optional ``params_b,
-   layers, d_model, train_tokens_t, group``), ``"paper"`` (the paper's Table 1 shipped as
-   package data with a hub id for every row, [`paper_scores`][blockcoupling.studies.scores.paper_scores]), or an lm-evaluation-harness
-   output folder (`read_lmeval_dir`). Models are matched to runs by label, model id,
-   ``model@revision`` or run folder name (`match_scores`). Every join of the study is
-   ``studies.joins``'s (``docs/conventions.md``, "Joins by content"): the models must have
-   measured one prompt content and their values sit at the same token positions (what each
-   run measured, not what it declares), two runs of the same weights are one model, and the
-   models are in one order (by label), so the runs and the score rows in another order give
-   bit-identical results.
-3. **The statistics** (`regression`, `exponential_fit`, `partial_correlation`,
-   `analyse`): for coupling and every other predictor present, n, slope, intercept, R^2,
-   p, Pearson r with a seeded percentile-bootstrap 95% CI of R^2, Spearman rho and p
-   (scipy.stats); the exponential fit score = a exp(b coupling) (scipy.optimize.curve_fit); the
-   partial correlation of each coupling predictor with the score controlling for log10
-   d_model, log10 parameters and both (statsmodels OLS, `partial_correlations`); with
-   ``floor`` what the measured chance level explains (`floor_analysis`); the same per
-   ``group``. Every output carries `FLOOR_NOTE`.
+1. **The coupling statistic per model** (``studies.model_units``: `CORRELATION_RULE`,
+   `model_table`): the headline rule of ``engine.statistic`` for raw c_K, ``coupling_vs_rotated``
+   and ``coupling_vs_null``, each with its standard error over prompts, and the chance level of
+   raw c_K, at K = round(d / 10) per model unless a fixed K is given.
+2. **The scores** (``studies.scores``: `read_scores`, `match_scores`): a CSV, ``"paper"`` (the
+   paper's Table 1, [`paper_scores`][blockcoupling.studies.scores.paper_scores]) or an
+   lm-evaluation-harness folder, matched to the runs by ``studies.joins``'s rule
+   (docs/conventions.md, "Joins by content"): inputs in another order give bit-identical
+   results.
+3. **The statistics** (``studies.regression``): per predictor n, slope, R^2 with a seeded
+   bootstrap interval, p, Pearson r, Spearman rho; the exponential fit; the partial
+   correlations given log10 d_model and log10 parameters; with ``floor`` what the measured
+   chance level explains; the same per ``group``. Every output carries `FLOOR_NOTE`.
 
-scipy and statsmodels are the optional extra ``blockcoupling[study]``; a clear error says so
-when they are missing. `correlate` runs all three steps on run directories. Each step has its module:
-``studies.model_units`` (1), ``studies.scores`` (2), ``studies.regression`` (3); their names
-are re-exported here.
+`correlate` runs all three on run directories. scipy and statsmodels are the optional extra
+``blockcoupling[study]``; a clear error says so when they are missing.
 """
 
 from __future__ import annotations

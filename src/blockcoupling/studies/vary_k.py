@@ -21,7 +21,7 @@ from blockcoupling.jsonsafe import jsonable
 from blockcoupling.store.fileio import write_json
 from blockcoupling.studies.correlate import CorrelationResult, correlate
 from blockcoupling.studies.model_units import ModelUnit, load_units
-from blockcoupling.studies.regression import COUPLING_PREDICTORS
+from blockcoupling.studies.regression import COUPLING_PREDICTORS, fit_text
 
 #: the columns of `VaryKResult.table`
 TABLE_COLUMNS = ("k", "predictor", "n", "r", "r2", "r2_lo", "r2_hi", "p", "slope",
@@ -67,13 +67,9 @@ class VaryKResult:
         first = self.results[self.ks[0]]
         lines = [f"{len(first.table)} models, K = {', '.join(map(str, self.ks))}; statistic: "
                  f"{first.describe_statistic()}"]
-        for row in t.itertuples(index=False):
-            if isinstance(row.skipped, str):
-                lines.append(f"  K={row.k:<4d} {row.predictor:18s} skipped ({row.skipped})")
-            else:
-                lines.append(f"  K={row.k:<4d} {row.predictor:18s} n={row.n:3d} "
-                             f"R^2={row.r2:.3f} [{row.r2_lo:.2f}, {row.r2_hi:.2f}] "
-                             f"p={row.p:.3g} r={row.r:+.3f}")
+        lines += [f"  K={row['k']:<4d} {row['predictor']:18s} " + fit_text(
+            row, "n={n:3d} R^2={r2:.3f} [{r2_lo:.2f}, {r2_hi:.2f}] p={p:.3g} r={r:+.3f}")
+            for row in t.to_dict("records")]
         return "\n".join(lines)
 
 

@@ -1,20 +1,12 @@
-"""The paper's figures, drawn from stored measurements only, one module per figure family.
+"""The paper's figures, drawn from stored measurements only, one module per figure family
+(`depth`, `tokens`, `mosaics`, `trajectory`, `profiles`, `spectra`, `runs`; `base`: what they
+share).
 
-- `depth`: L x L depth-wise heatmap, |A| grid [paper fig. 3], layer graph
-  [fig. 1c-e], coupling against layer distance;
-- `tokens`: token-wise coupling heatmaps (``self`` [fig. 4], ``fixed_input``,
-  ``fixed_output``);
-- `trajectory`: PCA trajectories [fig. 17] and trajectory metrics [fig. 24];
-- `spectra`: top singular value against depth with the 1/depth fit;
-- `runs`: across runs [fig. 1b];
-- `base`: figure creation, panels, saving, caption phrases.
-
-Every ``plot_*`` function takes one [`Measurement`][blockcoupling.engine.results.Measurement] or a
-sequence of them and returns a `matplotlib.figure.Figure`; its ``caption_*`` twin takes
-the same arguments and says what was measured (K, variant, p, orientation, token), naming runs
-by their labels. The numbers come from `blockcoupling.report.summaries` (pure pandas, no
-matplotlib), re-exported here for convenience. Where the data a figure needs is absent the
-plot and caption functions raise `FigureUnavailable` (= ``summaries.NoData``).
+Every ``plot_*`` function takes one [`Measurement`][blockcoupling.engine.results.Measurement]
+or a sequence of them and returns a `matplotlib.figure.Figure`; its ``caption_*`` twin takes
+the same arguments and says what was measured, naming runs by their labels. The numbers come
+from `blockcoupling.report.summaries` (re-exported here); where the data a figure needs is
+absent both raise `FigureUnavailable` (= ``summaries.NoData``).
 """
 
 from blockcoupling.engine.spectra import fit_inverse_depth

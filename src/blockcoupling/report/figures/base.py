@@ -10,7 +10,7 @@ from __future__ import annotations
 import io
 import math
 import warnings
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -43,6 +43,7 @@ GRID_CMAP = "magma"
 
 __all__ = ["DPI", "FORMATS", "FigureLayoutWarning", "FigureUnavailable", "Runs", "colormap",
            "clip", "fit_run_ticks", "fmt_p", "label_list", "layout_problems", "missing_text", "new_figure",
+           "prompt_named", "run_parts",
            "panels", "png_bytes", "present", "rendered_png", "run_ticks", "save_figure", "selection_text",
            "tokens_text"]
 
@@ -111,6 +112,24 @@ def present(items: Sequence[T | None], labels: Sequence[str]) -> tuple[list[T], 
     return [x for x, _ in keep], [lab for _, lab in keep]
 
 
+def prompt_named(m: Measurement, prompt_id: str) -> str:
+    """'prompt ID ("the prompt text")', the text shortened to 80 characters (left out when
+    unknown)."""
+    rows = m.prompts[m.prompts["prompt_id"] == prompt_id]
+    if rows.empty or rows["text"].isna().iloc[0]:
+        return f"prompt {prompt_id}"
+    text = str(rows["text"].iloc[0])
+    return f'prompt {prompt_id} ("{text[:77] + "..." if len(text) > 80 else text}")'
+
+
+def run_parts(ms: Sequence[Measurement], items: Sequence[T | None], labels: Sequence[str],
+              describe: Callable[[Measurement, T], str]) -> str:
+    """A caption's per-run parts, '; '-joined: 'label: describe(run, item)' for each run whose
+    item is not None (`missing_text` names the others)."""
+    return "; ".join(f"{lab}: {describe(m, x)}"
+                     for m, x, lab in zip(ms, items, labels, strict=True) if x is not None)
+
+
 def missing_text(items: Sequence[Any], labels: Sequence[str], what: str = "Not measured") -> str:
     """' Not measured for a, b.' for the runs whose item is None, else ''."""
     gone = [lab for x, lab in zip(items, labels, strict=True) if x is None]
@@ -140,6 +159,34 @@ def panels(n: int, width: float, height: float, *, extra_width: float = 0.0,
 
 def colormap(name: str) -> Colormap:
     return colormaps[name]  # a copy: safe to modify
+
+
+def matrix_ticks(ax: Any, rows: list[Any], cols: list[Any]) -> None:
+    """Row and column names of a heatmap as ticks, at most about 12 a side."""
+    step = max(1, math.ceil(len(cols) / 12))
+    ax.set_xticks(range(0, len(cols), step), [str(c) for c in cols[::step]])
+    ax.set_yticks(range(0, len(rows), step), [str(r) for r in rows[::step]])
+
+
+def fixed_text(kind: str, fixed: int | None, lead: str = "; ") -> str:
+    """'; input token 3' (fixed_input) or '; output token 5' (fixed_output); '' when None."""
+    if fixed is None:
+        return ""
+    return f"{lead}{'input' if kind == 'fixed_input' else 'output'} token {fixed}"
+
+
+def mosaic_panel(ax: Any, pick: Any, names: Sequence[Any], **font: Any) -> Any:
+    """Draw ``pick.mosaic`` (cells of ``pick.k`` with ``pick.gap`` between them, each in 0..1,
+    NaN in the gaps) with one tick per cell named by ``names``; returns the image."""
+    image = ax.imshow(pick.mosaic, cmap=colormap(GRID_CMAP).with_extremes(bad="white"),
+                      vmin=0.0, vmax=1.0, interpolation="nearest")
+    centres = [i * (pick.k + pick.gap) + (pick.k - 1) / 2 for i in range(len(names))]
+    ax.set_xticks(centres, [str(x) for x in names], **font)
+    ax.set_yticks(centres, [str(x) for x in names], **font)
+    ax.tick_params(length=0)
+    for side in ax.spines.values():
+        side.set_visible(False)
+    return image
 
 
 def save_figure(fig: Figure, stem: Path, formats: Sequence[str] = FORMATS) -> list[Path]:

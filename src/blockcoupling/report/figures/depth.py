@@ -9,7 +9,6 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
-import pandas as pd
 from matplotlib.collections import LineCollection
 from matplotlib.colors import Normalize
 from matplotlib.figure import Figure
@@ -17,21 +16,22 @@ from matplotlib.lines import Line2D
 from matplotlib.ticker import MaxNLocator
 
 from blockcoupling.engine.names import NULL_VARIANTS
-from blockcoupling.engine.results import Measurement
 from blockcoupling.engine.statistic import LEAD_VARIANTS, StatisticRule
 from blockcoupling.report.figures.base import (
-    GRID_CMAP,
     HEATMAP_CMAP,
     LEGEND_CHARS,
     TITLE_CHARS,
     FigureUnavailable,
     Runs,
     clip,
-    colormap,
+    matrix_ticks,
     missing_text,
+    mosaic_panel,
     new_figure,
     panels,
     present,
+    prompt_named,
+    run_parts,
     selection_text,
 )
 from blockcoupling.report.summaries import (
@@ -48,22 +48,7 @@ from blockcoupling.report.summaries import (
 
 __all__ = ["caption_coupling_by_distance", "caption_coupling_grid", "caption_depth_heatmap",
            "caption_layer_graph", "layer_graph_variant", "plot_coupling_by_distance",
-           "plot_coupling_grid", "plot_depth_heatmap", "plot_layer_graph", "prompt_text"]
-
-
-def prompt_text(m: Measurement, prompt_id: str) -> str:
-    """' ("the prompt text")', shortened to 80 characters, or '' when unknown."""
-    rows = m.prompts[m.prompts["prompt_id"] == prompt_id]
-    if rows.empty or pd.isna(rows["text"].iloc[0]):
-        return ""
-    text = str(rows["text"].iloc[0])
-    return f' ("{text[:77] + "..." if len(text) > 80 else text}")'
-
-
-def _layer_ticks(ax: Any, rows: list[Any], cols: list[Any]) -> None:
-    step = max(1, math.ceil(len(cols) / 12))
-    ax.set_xticks(range(0, len(cols), step), [str(c) for c in cols[::step]])
-    ax.set_yticks(range(0, len(rows), step), [str(r) for r in rows[::step]])
+           "plot_coupling_grid", "plot_depth_heatmap", "plot_layer_graph"]
 
 
 # ====================================================================== L x L heatmap
@@ -84,7 +69,7 @@ def plot_depth_heatmap(runs: Runs, rule: StatisticRule = REPORT_RULE, *,
         ax.set_title(clip(lab, TITLE_CHARS))
         image = ax.imshow(mat.to_numpy(dtype=float), cmap=HEATMAP_CMAP, norm=norm,
                           origin="upper", interpolation="nearest")
-        _layer_ticks(ax, list(mat.index), list(mat.columns))
+        matrix_ticks(ax, list(mat.index), list(mat.columns))
         ax.set_xlabel("basis layer l'")
         ax.set_ylabel("measured layer l")
     if image is not None:
@@ -120,15 +105,7 @@ def plot_coupling_grid(runs: Runs, *, prompt_id: str | None = None, k: int | Non
     image = None
     for ax, pick, lab in zip(axes, picks, labs, strict=True):
         ax.set_title(clip(lab, TITLE_CHARS))
-        image = ax.imshow(pick.mosaic, cmap=colormap(GRID_CMAP).with_extremes(bad="white"),
-                          vmin=0.0, vmax=1.0, interpolation="nearest")
-        centres = [i * (pick.k + pick.gap) + (pick.k - 1) / 2 for i in range(len(pick.layers))]
-        names = [str(x) for x in pick.layers]
-        ax.set_xticks(centres, names)
-        ax.set_yticks(centres, names)
-        ax.tick_params(length=0)
-        for side in ax.spines.values():
-            side.set_visible(False)
+        image = mosaic_panel(ax, pick, pick.layers)
         ax.set_xlabel("basis layer l'")
         ax.set_ylabel("measured layer l")
     if image is not None:
@@ -150,17 +127,13 @@ def caption_coupling_grid(runs: Runs, *, prompt_id: str | None = None, k: int | 
     labs = run_labels(ms, labels)
     picks = coupling_grid_data(ms, prompt_id=prompt_id, k=k, orientation=orientation)
     formula = "U_l'^T J^l V_l'" if orientation == "ujv" else "V_l'^T J^l U_l'"
-    parts = []
-    for m, pick, lab in zip(ms, picks, labs, strict=True):
-        if pick is None:
-            continue
-        parts.append(f"{lab}: K={pick.k}, layers {_layers_text(pick.layers)}, "
-                     f"prompt {pick.prompt_id}{prompt_text(m, pick.prompt_id)}")
+    parts = run_parts(ms, picks, labs, lambda m, pick: f"K={pick.k}, layers "
+                      f"{_layers_text(pick.layers)}, {prompt_named(m, pick.prompt_id)}")
     return (f"Coupling matrices |A_ll'| = |{formula}| (orientation={orientation}) for every "
             "pair of layers in the figure window, leading K x K block, last measured token, "
             "each cell divided by its own maximum; a bright diagonal with a dark off-diagonal "
             "means the basis layer's singular vectors diagonalise the measured layer's "
-            "Jacobian. " + "; ".join(parts) + "."
+            "Jacobian. " + parts + "."
             + missing_text(picks, labs, "Not stored (figure_window)"))
 
 

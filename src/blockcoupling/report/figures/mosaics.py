@@ -12,12 +12,14 @@ from blockcoupling.report.figures.base import (
     TITLE_CHARS,
     Runs,
     clip,
-    colormap,
+    fixed_text,
     missing_text,
+    mosaic_panel,
     panels,
     present,
+    prompt_named,
+    run_parts,
 )
-from blockcoupling.report.figures.depth import prompt_text
 from blockcoupling.report.summaries import as_runs, run_labels
 from blockcoupling.report.summaries.mosaics import token_grid_data
 
@@ -41,19 +43,9 @@ def plot_token_grid(runs: Runs, kind: str = "self", *, prompt_id: str | None = N
     image = None
     rows, cols = _AXES[kind]
     for ax, pick, lab in zip(axes, picks, labs, strict=True):
-        title = f"{clip(lab, TITLE_CHARS)}\nlayer {pick.layer}"
-        if pick.fixed is not None:
-            title += f"; {'input' if kind == 'fixed_input' else 'output'} token {pick.fixed}"
-        ax.set_title(title, fontsize="medium")
-        image = ax.imshow(pick.mosaic, cmap=colormap("magma").with_extremes(bad="white"),
-                          vmin=0.0, vmax=1.0, interpolation="nearest")
-        centres = [i * (pick.k + pick.gap) + (pick.k - 1) / 2 for i in range(len(pick.tokens))]
-        names = [str(t) for t in pick.tokens]
-        ax.set_xticks(centres, names, fontsize="small")
-        ax.set_yticks(centres, names, fontsize="small")
-        ax.tick_params(length=0)
-        for side in ax.spines.values():
-            side.set_visible(False)
+        ax.set_title(f"{clip(lab, TITLE_CHARS)}\nlayer {pick.layer}"
+                     f"{fixed_text(kind, pick.fixed)}", fontsize="medium")
+        image = mosaic_panel(ax, pick, pick.tokens, fontsize="small")
         ax.set_xlabel(cols, fontsize="small")
         ax.set_ylabel(rows, fontsize="small")
     if image is not None:
@@ -71,11 +63,10 @@ def caption_token_grid(runs: Runs, kind: str = "self", *, prompt_id: str | None 
             "fixed_input": "a fixed input token (kind fixed_input, context coupling)",
             "fixed_output": "a fixed output token (kind fixed_output, context coupling)"}[kind]
     formula = "U_b^T J_a V_b" if orientation == "ujv" else "V_b^T J_a U_b"
-    parts = [f"{lab}: K={p.k}, layer {p.layer}, prompt {p.prompt_id}"
-             f"{prompt_text(m, p.prompt_id)}" for m, p, lab in zip(ms, picks, labs, strict=True)
-             if p is not None]
+    parts = run_parts(ms, picks, labs,
+                      lambda m, p: f"K={p.k}, layer {p.layer}, {prompt_named(m, p.prompt_id)}")
     return (f"Coupling matrices |A| = |{formula}| across tokens, {what}: cell (row a, column b) "
             "compares the measured Jacobian of token a with the top-K singular vectors of the "
             "Jacobian of token b at the same layer (l = l'), leading K x K block, each cell "
             "divided by its own maximum; at most the last 12 tokens per axis. "
-            + "; ".join(parts) + "." + missing_text(picks, labs, "Not stored"))
+            + parts + "." + missing_text(picks, labs, "Not stored"))

@@ -21,7 +21,7 @@ from blockcoupling.report.figures.base import (
     run_ticks,
     tokens_text,
 )
-from blockcoupling.report.summaries import as_runs, run_labels
+from blockcoupling.report.summaries import as_runs, robust_stats, run_labels
 from blockcoupling.report.summaries.profiles import (
     PROFILE_COLUMNS,
     RUN_METRICS,
@@ -61,8 +61,7 @@ def plot_depth_profiles(runs: Runs, *, token: int | None = None,
             median_band(ax, p, col, i, lab)
         if col == "norm":
             vals = np.concatenate([p["norm_median"].to_numpy(dtype=float) for p in profs])
-            vals = vals[np.isfinite(vals) & (vals > 0)]
-            if vals.size and vals.max() / vals.min() > 10 ** 1.5:
+            if robust_stats(vals[vals > 0]).spans_decades(1.5):
                 ax.set_yscale("log")
         ax.set_ylabel(name, fontsize="small")
         ax.grid(alpha=0.3)
@@ -117,8 +116,7 @@ def plot_metrics_by_run(runs: Runs, *, metrics: Sequence[str] = RUN_METRICS,
         y = d["median"].to_numpy(dtype=float)
         err = np.vstack([y - d["q25"].to_numpy(dtype=float), d["q75"].to_numpy(dtype=float) - y])
         ax.errorbar(x, y, yerr=np.nan_to_num(err), fmt="o", capsize=3)
-        fin = y[np.isfinite(y) & (y > 0)]
-        if fin.size and fin.max() / fin.min() > 100:
+        if robust_stats(y[y > 0]).spans_decades():
             ax.set_yscale("log")
         run_ticks(ax, x, [clip(lab, TICK_CHARS) for lab in labs])
         ax.set_xlabel(f"model ({order_name})", fontsize="small")

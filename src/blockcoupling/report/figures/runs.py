@@ -23,6 +23,7 @@ from blockcoupling.report.figures.base import (
     selection_text,
 )
 from blockcoupling.report.summaries import REPORT_RULE, across_runs_data, as_runs, run_labels
+from blockcoupling.report.summaries.common import robust_stats
 
 __all__ = ["caption_across_runs", "plot_across_runs", "training_runs"]
 
@@ -88,11 +89,9 @@ def plot_across_runs(runs: Runs, rule: StatisticRule = REPORT_RULE, *,
         if col == "null":
             ax.axhline(0.0, color="0.3", lw=1, ls=":")
         if col == "expodistance":
-            lo = data["expodistance_q25"].to_numpy(float)
-            hi = data["expodistance_q75"].to_numpy(float)
-            finite = np.concatenate([lo, hi, y])
-            finite = finite[np.isfinite(finite)]
-            if finite.size and finite.min() > 0 and finite.max() / finite.min() > 100:
+            if robust_stats(np.concatenate([data["expodistance_q25"].to_numpy(float), y,
+                                            data["expodistance_q75"].to_numpy(float)])
+                            ).spans_decades():
                 ax.set_yscale("log")
         run_ticks(ax, x, ticks)
         ax.set_xlim(-0.5, len(ms) - 0.5)

@@ -4,7 +4,6 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 
 import numpy as np
@@ -18,13 +17,16 @@ from blockcoupling.report.figures.base import (
     Runs,
     clip,
     colormap,
+    fixed_text,
     fmt_p,
     label_list,
+    matrix_ticks,
     missing_text,
     panels,
     present,
+    prompt_named,
+    run_parts,
 )
-from blockcoupling.report.figures.depth import prompt_text
 from blockcoupling.report.summaries import (
     P_VARIANTS,
     REPORT_RULE,
@@ -59,17 +61,12 @@ def plot_token_heatmap(runs: Runs, kind: str = "self", rule: StatisticRule = REP
     fig, axes = panels(len(picks), 3.6, 4.4, extra_width=1.0)  # room for two-line titles
     image = None
     for ax, pick, lab in zip(axes, picks, labs, strict=True):
-        title = f"{clip(lab, TITLE_CHARS)}\nlayers {pick.layer_a}, {pick.layer_b}"
-        if pick.fixed is not None:
-            title += f"; {'input' if kind == 'fixed_input' else 'output'} token {pick.fixed}"
-        ax.set_title(title, fontsize="medium")
+        ax.set_title(f"{clip(lab, TITLE_CHARS)}\nlayers {pick.layer_a}, {pick.layer_b}"
+                     f"{fixed_text(kind, pick.fixed)}", fontsize="medium")
         image = ax.imshow(pick.matrix.to_numpy(dtype=float),
                           cmap=colormap(HEATMAP_CMAP).with_extremes(bad="0.92"), norm=norm,
                           interpolation="nearest")
-        rows, cols = list(pick.matrix.index), list(pick.matrix.columns)
-        step = max(1, math.ceil(len(cols) / 12))
-        ax.set_xticks(range(0, len(cols), step), [str(c) for c in cols[::step]])
-        ax.set_yticks(range(0, len(rows), step), [str(r) for r in rows[::step]])
+        matrix_ticks(ax, list(pick.matrix.index), list(pick.matrix.columns))
         ax.set_xlabel(col_name)
         ax.set_ylabel(row_name)
     if image is not None:
@@ -94,15 +91,9 @@ def caption_token_heatmap(runs: Runs, kind: str = "self", rule: StatisticRule = 
         "fixed_output": "Context coupling with a fixed output token t (kind fixed_output): "
                         "J^l_st (measured, rows s) against J^l'_s't (basis, columns s').",
     }[kind]
-    parts = []
-    for m, pick, lab in zip(ms, picks, labs, strict=True):
-        if pick is None:
-            continue
-        s = (f"{lab}: prompt {pick.prompt_id}{prompt_text(m, pick.prompt_id)}, "
-             f"layers l={pick.layer_a}, l'={pick.layer_b}")
-        if pick.fixed is not None:
-            s += f", fixed {'input' if kind == 'fixed_input' else 'output'} token {pick.fixed}"
-        parts.append(s)
+    parts = run_parts(ms, picks, labs, lambda m, pick: f"{prompt_named(m, pick.prompt_id)}, "
+                      f"layers l={pick.layer_a}, l'={pick.layer_b}"
+                      + fixed_text(kind, pick.fixed, ", fixed "))
     p_text = f", p={fmt_p(p)}" if variant in P_VARIANTS else ""
     k_text = "K=" + label_list([resolve_k(m, rule.k) for m in ms], labs)
     has_rows = [bool((m.coupling["kind"] == kind).any()) for m in ms]
@@ -111,5 +102,5 @@ def caption_token_heatmap(runs: Runs, kind: str = "self", rule: StatisticRule = 
     one_token = [None if pick is None and rows else 0
                  for pick, rows in zip(picks, has_rows, strict=True)]
     return (f"{what} {k_text}, variant={variant}{p_text}, orientation={orientation}. "
-            + "; ".join(parts) + "." + missing_text(not_measured, labs)
+            + parts + "." + missing_text(not_measured, labs)
             + missing_text(one_token, labs, "Measured at one token only"))

@@ -26,10 +26,11 @@ from blockcoupling.report.figures.base import (
     new_figure,
     panels,
     present,
+    prompt_named,
+    run_parts,
     run_ticks,
     tokens_text,
 )
-from blockcoupling.report.figures.depth import prompt_text
 from blockcoupling.report.summaries import (
     EXPODISTANCE_NAN_REASON,
     as_runs,
@@ -94,16 +95,12 @@ def caption_pca_trajectories(runs: Runs, *, prompt_id: str | None = None,
     data = [pca_data(m, prompt_id) for m in ms]
     if all(x is None for x in data):
         raise FigureUnavailable("no PCA coordinates in the trajectory table")
-    parts = []
-    for m, item, lab in zip(ms, data, labs, strict=True):
-        if item is None:
-            continue
-        parts.append(f"{lab}: prompt {item[0]}{prompt_text(m, item[0])}, "
-                     f"{item[1]['token'].nunique()} tokens, layers "
-                     f"{int(item[1]['layer'].min())}..{int(item[1]['layer'].max())}")
+    parts = run_parts(ms, data, labs, lambda m, item: f"{prompt_named(m, item[0])}, "
+                      f"{item[1]['token'].nunique()} tokens, layers "
+                      f"{int(item[1]['layer'].min())}..{int(item[1]['layer'].max())}")
     return ("Hidden trajectories x^0_i .. x^L_i of every token of one prompt, projected on "
             "the 2-component PCA fitted to the last layer's token embeddings (circle = layer "
-            "0, square = last layer; the last token in black). " + "; ".join(parts) + "."
+            "0, square = last layer; the last token in black). " + parts + "."
             + missing_text(data, labs))
 
 

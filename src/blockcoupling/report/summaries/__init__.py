@@ -1,31 +1,14 @@
 """Pure pandas summaries of stored measurements: what the figures draw and the report states.
 
-Nothing here imports matplotlib (the correlation, sweep and monitor studies read these
-summaries without plotting) and nothing recomputes a Jacobian: every function reads the tidy
-tables of a [`Measurement`][blockcoupling.engine.results.Measurement] (``coupling``, ``trajectory``,
-``token_metrics``, ``spectra``, ``prompts``) and its ``A/<prompt_id>/<orientation>`` arrays.
-
-Conventions shared by every function:
-
-- ``runs``: one Measurement or a sequence of them (a trained model next to its random
-  initialisation, training checkpoints, different models); results come back in run order.
-- The coupling rows a function selects are given by one ``engine.statistic.StatisticRule``
-  passed whole (``rule``; default `REPORT_RULE`: raw ``coupling``): its variant, its K
-  (``k=None``: each run's smallest measured K, as everywhere), its ``p`` (for the variants
-  that take one, ``P_VARIANTS``) and its orientation (``ujv`` or ``vju``). The |A| grids take
-  a display ``k`` (the leading k x k block of the stored matrices) and an ``orientation``.
-- Where a run lacks the data, per-run lists hold ``None``; where no run has it, the function
-  raises `NoData` (a [`BlockCouplingError`][blockcoupling.errors.BlockCouplingError] whose message
-  says what to measure).
-- Robust statistics (median and quartiles) sit next to means wherever a quantity is
-  heavy-tailed (expodistance of post-LN models reaches 1e5 on single tokens).
-- ``coupling_vs_rotated`` = 1 - m / m_rot leads (0 at the chance level of the same basis
-  rotated at random), ``coupling_vs_null`` = 1 - m / m_null stands beside it (0 at the chance
-  level of independent random bases, whose left and right vectors are unrelated too;
-  ``docs/conventions.md``); 1 = perfect coupling. A run measured before the rotated null
-  existed is led by ``coupling_vs_null`` (``lead_of``). The chance coupling ``c_null`` itself
-  is recovered row by row from the ``coupling`` and ``coupling_vs_null`` rows of the same
-  Jacobian pair.
+No matplotlib here (studies read these summaries without plotting) and no Jacobian is
+recomputed: every function reads the tables and ``A/...`` arrays of a
+[`Measurement`][blockcoupling.engine.results.Measurement]. Shared rules: ``runs`` is one
+Measurement or a sequence (results in run order); the coupling rows are chosen by one
+``engine.statistic.StatisticRule`` (``rule``, default `REPORT_RULE`; ``k=None``: each run's
+smallest measured K); a run without the data gives ``None`` in a per-run list, and when no run
+has it the function raises `NoData` saying what to measure. Medians and quartiles stand next
+to means where a quantity is heavy-tailed; the chance-corrected variants are those of
+``docs/conventions.md`` (`lead_of` says which one leads a page).
 """
 
 from __future__ import annotations

@@ -34,7 +34,6 @@ EXPODISTANCE_NAN_REASON = ("its norms ||x^l|| do not change beyond the rounding 
 CHANCE_BAND = 0.05
 
 
-
 class NoData(BlockCouplingError):
     """The data a summary or figure needs was not measured (e.g. no ``self`` coupling rows)."""
 
@@ -46,7 +45,6 @@ def as_runs(runs: Runs) -> list[Measurement]:
     if not out:
         raise BlockCouplingError("no measurement given: pass one Measurement or a list of them")
     return out
-
 
 
 def short_name(name: str) -> str:
@@ -73,7 +71,6 @@ def run_label(m: Measurement, index: int = 0) -> str:
         if value not in (None, ""):
             return short_name(str(value))
     return f"run {index + 1}"
-
 
 
 #: what a run is (``meta``), in the order that tells runs of one name apart
@@ -134,7 +131,6 @@ def _numbered(labels: list[str]) -> list[str]:
     return out
 
 
-
 def n_prompts(m: Measurement) -> int:
     """Number of prompts of a run (prompts table, else distinct prompt ids in any table)."""
     if len(m.prompts):
@@ -145,11 +141,9 @@ def n_prompts(m: Measurement) -> int:
     return len(ids)
 
 
-
 def is_empty(m: Measurement) -> bool:
     """True when no result table of the run has a row (nothing was measured)."""
     return all(m.table(name).empty for name in TABLES if name not in ("prompts", "diagnostics"))
-
 
 
 def n_layers(m: Measurement) -> int | None:
@@ -161,7 +155,6 @@ def n_layers(m: Measurement) -> int | None:
     if not m.spectra.empty:
         return int(m.spectra["layer"].max())
     return None
-
 
 
 def resolve_k(m: Measurement, k: int | str | None) -> int:
@@ -186,7 +179,6 @@ REPORT_RULE = StatisticRule(variant="coupling")
 def at_run_k(m: Measurement, rule: StatisticRule) -> StatisticRule:
     """``rule`` at the K it selects on run ``m`` (`resolve_k`)."""
     return replace(rule, k=resolve_k(m, rule.k))
-
 
 
 def check_variant(variant: str, orientation: str) -> None:
@@ -222,7 +214,6 @@ class RobustStats:
         return self.min > 0 and self.max / self.min > 10.0 ** decades
 
 
-
 def robust_stats(values: Sequence[float] | np.ndarray | pd.Series) -> RobustStats:
     """`RobustStats` of ``values`` (NaN and +-inf are counted in ``n_nan``)."""
     v = np.asarray(values, dtype=float).ravel()
@@ -236,13 +227,11 @@ def robust_stats(values: Sequence[float] | np.ndarray | pd.Series) -> RobustStat
                        float(finite.max()))
 
 
-
 def token_metric_stats(m: Measurement, column: str, token: int | None = None) -> RobustStats:
     """`RobustStats` over (prompt, token) of a ``token_metrics`` column (``lss``,
     ``expodistance``, ``equidistance_cv``, ``linearisation_cosine``)."""
     tm = m.token_metrics if token is None else m.token_metrics[m.token_metrics["token"] == token]
     return robust_stats(tm[column])
-
 
 
 def fmt_number(value: Any, digits: int = 3) -> str:
@@ -266,7 +255,6 @@ def fmt_number(value: Any, digits: int = 3) -> str:
             return f"{v:,.0f}"
         return f"{v:.{digits}g}"
     return str(value)
-
 
 
 def config_differences(a: Measurement, b: Measurement) -> dict[str, tuple[Any, Any]]:

@@ -33,7 +33,6 @@ def depth_rows(m: Measurement, rule: StatisticRule) -> pd.DataFrame | None:
         return None
 
 
-
 def why_no_depth(m: Measurement, rule: StatisticRule) -> str:
     """The message of the failed selection (says what was measured)."""
     try:
@@ -41,7 +40,6 @@ def why_no_depth(m: Measurement, rule: StatisticRule) -> str:
     except KeyError as err:
         return str(err.args[0]) if err.args else "no depth-wise coupling rows"
     return "no depth-wise coupling rows for this selection"
-
 
 
 def depth_matrix(m: Measurement, rule: StatisticRule = REPORT_RULE, *,
@@ -55,7 +53,6 @@ def depth_matrix(m: Measurement, rule: StatisticRule = REPORT_RULE, *,
     return None if mat.empty else mat
 
 
-
 def depth_matrices(runs: Runs, rule: StatisticRule = REPORT_RULE, *,
                    token: int | None = None) -> list[pd.DataFrame | None]:
     """Per run: `depth_matrix` (None where absent); `NoData` if no run has it."""
@@ -66,12 +63,10 @@ def depth_matrices(runs: Runs, rule: StatisticRule = REPORT_RULE, *,
     return mats
 
 
-
 def has_variant(m: Measurement, variant: str, kind: str = "depth") -> bool:
     """True when the run has rows of ``variant`` for ``kind``."""
     c = m.coupling
     return bool(((c["kind"] == kind) & (c["variant"] == variant)).any())
-
 
 
 def chance_coupling_rows(m: Measurement, rule: StatisticRule = REPORT_RULE
@@ -98,7 +93,6 @@ def chance_coupling_rows(m: Measurement, rule: StatisticRule = REPORT_RULE
     return out.reset_index(drop=True)
 
 
-
 def coupling_by_distance(runs: Runs, rule: StatisticRule = REPORT_RULE
                          ) -> list[pd.DataFrame | None]:
     """Locality per run: the depth-wise value against layer distance |l - l'|.
@@ -123,7 +117,6 @@ def coupling_by_distance(runs: Runs, rule: StatisticRule = REPORT_RULE
     return out
 
 
-
 def layer_graph_weights(matrix: pd.DataFrame) -> dict[tuple[int, int], float]:
     """Edge value for each pair of layers l < l': the mean of M[l, l'] and M[l', l]
     (coupling is not symmetric; the graph is), over the entries that were measured."""
@@ -139,7 +132,6 @@ def layer_graph_weights(matrix: pd.DataFrame) -> dict[tuple[int, int], float]:
     return out
 
 
-
 def edge_strength(values: np.ndarray | Sequence[float], variant: str) -> np.ndarray:
     """Map edge values to [0, 1] on a FIXED scale, never the data's range, so that a model at
     the chance level looks unstructured whatever its spread.
@@ -150,7 +142,6 @@ def edge_strength(values: np.ndarray | Sequence[float], variant: str) -> np.ndar
     v = np.asarray(values, dtype=float)
     s = v if HIGHER_IS_COUPLED[variant] else 1.0 - v
     return np.clip(s, 0.0, 1.0)
-
 
 
 def headline_columns(m: Measurement, rule: StatisticRule = REPORT_RULE) -> dict[str, Any]:

@@ -1,14 +1,7 @@
 """Depth profiles [paper fig. 24] and per-model trajectory metrics in a chosen order [fig. 23,
-37, and the figures the paper labels lss-all and expo-all].
-
-* `depth_profiles`: per layer, over prompts and tokens, the median and quartiles of the
-  norm ||x^l||, the windowed LSS, the step length ||x^l - x^{l-1}|| (the paper's "equidistance
-  of contiguous hidden trajectories as a function of depth") and the logit-lens entropy.
-* `metric_by_run`: one row per run with the median and quartiles of a per-token metric
-  (``lss``, ``expodistance``, ``equidistance_cv``), the paper's per-model panels.
-* `sort_values` / `run_order`: the models' order on those panels: as given, by
-  parameter count, depth, width (from each run's meta) or by values the caller brings (a
-  benchmark score, read by the study layer).
+37, and the paper's lss-all and expo-all panels]: `depth_profiles` (per layer: the norm, the
+windowed LSS, the step length and the logit-lens entropy), `metric_by_run` (per run: a
+per-token metric's median and quartiles) and the models' order (`sort_values`, `run_order`).
 """
 
 from __future__ import annotations

@@ -22,11 +22,7 @@ from blockcoupling.report.summaries.common import (
     run_labels,
     token_metric_stats,
 )
-from blockcoupling.report.summaries.depth import (
-    depth_rows,
-    headline_columns,
-    lead_of,
-)
+from blockcoupling.report.summaries.depth import depth_rows, headline_columns, lead_of
 
 
 # ====================================================================== across runs
@@ -71,7 +67,6 @@ def across_runs_data(runs: Runs, rule: StatisticRule = REPORT_RULE) -> pd.DataFr
     if out[["coupling_mean", "lss_mean", "expodistance_mean"]].isna().all().all():
         raise NoData("no depth-wise coupling and no trajectory metrics to compare")
     return out
-
 
 
 def run_overview(runs: Runs, labels: Sequence[str] | None = None,

@@ -34,7 +34,6 @@ class GridPick:
     gap: int
 
 
-
 def _figure_window(m: Measurement, width: int) -> tuple[int, ...] | None:
     win = m.meta.get("figure_window") or m.config.figure_window
     if win is None:
@@ -50,7 +49,6 @@ def _figure_window(m: Measurement, width: int) -> tuple[int, ...] | None:
             f"coupling arrays have {width}; the run directory is inconsistent, re-run it"
         )
     return layers
-
 
 
 def grid_mosaic(A: np.ndarray, k: int) -> tuple[np.ndarray, int]:
@@ -71,7 +69,6 @@ def grid_mosaic(A: np.ndarray, k: int) -> tuple[np.ndarray, int]:
             r, c = i * (k + gap), j * (k + gap)
             out[r:r + k, c:c + k] = cell
     return out, gap
-
 
 
 def coupling_grid_data(runs: Runs, *, prompt_id: str | None = None, k: int | None = None,
@@ -126,7 +123,6 @@ class TokenPick:
     matrix: pd.DataFrame  # rows = side-a token, columns = side-b token
 
 
-
 def token_axes(kind: str) -> tuple[str, str, str | None]:
     """(row column, column column, fixed-token column) of the pivot for a token-wise kind."""
     if kind == "self":
@@ -136,7 +132,6 @@ def token_axes(kind: str) -> tuple[str, str, str | None]:
     if kind == "fixed_output":
         return "token_in_a", "token_in_b", "token_out_a"
     raise BlockCouplingError(f"token-wise kind {kind!r}: choose from {', '.join(TOKEN_KINDS)}")
-
 
 
 def _token_pick(m: Measurement, kind: str, rule: StatisticRule, *, prompt_id: str | None,
@@ -174,7 +169,6 @@ def _token_pick(m: Measurement, kind: str, rule: StatisticRule, *, prompt_id: st
         return None
     matrix = df.pivot_table(index=row, columns=col, values="value", aggfunc="mean")
     return TokenPick(kind, str(prompt_id), int(layers[0]), int(layers[1]), fixed, matrix)
-
 
 
 def token_heatmap_data(runs: Runs, kind: str = "self", rule: StatisticRule = REPORT_RULE, *,

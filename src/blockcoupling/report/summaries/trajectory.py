@@ -9,9 +9,7 @@ import pandas as pd
 
 from blockcoupling.engine.results import Measurement
 from blockcoupling.engine.spectra import fit_inverse_depth
-from blockcoupling.report.summaries.common import (
-    n_layers,
-)
+from blockcoupling.report.summaries.common import n_layers
 
 
 # ====================================================================== trajectories
@@ -25,7 +23,6 @@ def _first_prompt(m: Measurement, table: pd.DataFrame) -> str | None:
     return str(table["prompt_id"].iloc[0])
 
 
-
 def pca_data(m: Measurement, prompt_id: str | None = None) -> tuple[str, pd.DataFrame] | None:
     """(prompt id, trajectory rows of that prompt sorted by token and layer) or None."""
     tr = m.trajectory.dropna(subset=["pca_x", "pca_y"])
@@ -34,7 +31,6 @@ def pca_data(m: Measurement, prompt_id: str | None = None) -> tuple[str, pd.Data
         return None
     rows = tr[tr["prompt_id"] == pid].sort_values(["token", "layer"])
     return (pid, rows) if not rows.empty else None
-
 
 
 def trajectory_summary(m: Measurement, token: int | None = None) -> pd.DataFrame:
@@ -51,7 +47,6 @@ def trajectory_summary(m: Measurement, token: int | None = None) -> pd.DataFrame
     for suffix, q in (("_median", 0.5), ("_q25", 0.25), ("_q75", 0.75)):
         out = out.join(g.quantile(q).add_suffix(suffix))
     return out.reset_index()[cols]
-
 
 
 def window_covers_model(m: Measurement) -> bool:
@@ -74,7 +69,6 @@ def top_singular_values(m: Measurement, rank: int = 1, token: int | None = None)
                          "q75": g.quantile(0.75), "count": g.size()}).reset_index()
 
 
-
 @dataclass(frozen=True)
 class InverseDepthFit:
     """The least-squares fit ``sigma ~ a / l + b`` of one run's `top_singular_values`."""
@@ -94,7 +88,6 @@ class InverseDepthFit:
         measured layer (a fit of singular values that goes negative does not describe them)."""
         return bool(np.isfinite(self.r2) and self.r2 >= min_r2 and self.layers
                     and len(self.layers) == self.n_layers_measured)
-
 
 
 def inverse_depth_fit(table: pd.DataFrame) -> InverseDepthFit | None:

@@ -24,6 +24,7 @@ import math
 import platform
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +32,7 @@ import numpy as np
 import pandas as pd
 
 from blockcoupling.errors import BlockCouplingError
-from blockcoupling.store.folder import Layout
+from blockcoupling.store.folder import GENERALIZATION_STUDY
 from blockcoupling.studies import joins
 from blockcoupling.studies.generalization.analysis import analyse, positive_control
 from blockcoupling.studies.generalization.design import (
@@ -48,13 +49,12 @@ from blockcoupling.studies.generalization.statement import statement
 
 __all__ = ["run_cpu", "run_reporter", "run_statistics", "run_study", "say", "versions"]
 
-GRID = "grid"
+GRID = GENERALIZATION_STUDY.record
 CONTROL = "control"
 #: a study's folder in the run protocol's words: its grids and what the study writes from them
-LAYOUT = Layout(what="generalization study", record=GRID,
-                files=(GRID, CONTROL, "study.json", "study.html", "runs.csv", "cells.csv",
-                       "control.csv"),
-                resume_flag=None)
+LAYOUT = replace(GENERALIZATION_STUDY,
+                 files=(GRID, CONTROL, "study.json", "study.html", "runs.csv", "cells.csv",
+                        "control.csv"))
 
 
 def say(progress: bool, line: str) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import torch
@@ -19,8 +20,6 @@ def plan_lm_study(spec: StudySpec) -> StudyPlan:
     """The plan of ``study lm-family`` for a ``StudySpec``: per run its training steps (a cap),
     the checkpoints (step 0 and the powers of two to the cap) and the measurement of each (the study's sweep), on the untrained
     model of the run's shape and the held-out prompts."""
-    import dataclasses
-
     from transformers import GPT2LMHeadModel
 
     from blockcoupling.engine.config import parse_config

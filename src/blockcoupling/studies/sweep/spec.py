@@ -122,7 +122,7 @@ class SweepSpec:
     config: MeasureConfig
     measure: dict[str, Any]              # the user's measure: mapping, as given (normalised)
     limit: int | None = opt(None, "Prompts per set (a seeded subset).",
-                            check=(validate.whole, {"minimum": 1}))
+                            check=validate.COUNT)
     seed: int = opt(0, "Seed of the prompt subsets and randomized SVDs.", check=validate.SEED)
     retries: int = opt(3, "Ray retries of a unit whose worker died.", check=validate.RETRIES)
     name: str = opt("", "The sweep's name.")

@@ -54,9 +54,6 @@ from blockcoupling.studies.vit.train import (
 #: The paper's grid (DEFINITIONS.md, "Training and ViTs").
 PAPER_DROP_PATH: tuple[float, ...] = (0.0, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3)
 PAPER_WEIGHT_DECAY: tuple[float, ...] = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.2)
-#: the old layout's grid record (``blockcoupling collection upgrade`` converts it)
-GRID_FILE = "grid.json"
-GRID_FORMAT = "blockcoupling-vit-grid"
 
 
 KIND = "vit-grid"
@@ -435,6 +432,18 @@ def _run_dirs(root: Path) -> list[tuple[str, Path]]:
     return [(p.parent.name, p.parent) for p in sorted(root.rglob(METRICS_FILE))]
 
 
+def _trainings(root: Path) -> list[tuple[str, Path, dict[str, Any]]]:
+    """(name, folder, verified ``metrics.json``) of every run (`_run_dirs`), joined by
+    content: two folders of the same trained weights (a copied training) are one training
+    counted twice, refused in one line (``joins.check_distinct_weights``)."""
+    from blockcoupling.studies.joins import check_distinct_weights
+
+    runs = [(name, d, read_metrics(d)) for name, d in _run_dirs(root)]
+    check_distinct_weights({(str(d.relative_to(root)) if d != root else d.name) or name:
+                            m.get("model_sha256") for name, d, m in runs})
+    return runs
+
+
 def collect_runs(root: str | Path) -> pd.DataFrame:
     """One row per ``vit-train`` output under ``root``: its grid point (and its training
     images ``n_train`` and ``label_noise``), status, final
@@ -445,8 +454,7 @@ def collect_runs(root: str | Path) -> pd.DataFrame:
     ``coupling_vs_rotated_cls``, ``coupling_vs_null_last``) and the last monitored raw c_K
     (``coupling_monitor``)."""
     rows = []
-    for name, d in _run_dirs(Path(root)):
-        m = read_metrics(d)
+    for name, d, m in _trainings(Path(root)):
         cfg = m["config"]
         epochs = m.get("epochs", [])
         last = epochs[-1] if epochs else {}
@@ -478,8 +486,7 @@ def collect_runs(root: str | Path) -> pd.DataFrame:
 def collect_epochs(root: str | Path) -> pd.DataFrame:
     """One row per (run, epoch): the metrics.json epoch records with the run's grid point."""
     frames = []
-    for name, d in _run_dirs(Path(root)):
-        m = read_metrics(d)
+    for name, _d, m in _trainings(Path(root)):
         df = pd.DataFrame(m.get("epochs", []))
         if df.empty:
             continue

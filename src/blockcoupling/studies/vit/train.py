@@ -41,7 +41,7 @@ from blockcoupling.errors import BlockCouplingError
 from blockcoupling.fields import check_fields, identity, opt, parse_given
 from blockcoupling.hashing import canonical_hash
 from blockcoupling.store.fileio import atomic_path
-from blockcoupling.store.folder import Layout, open_folder
+from blockcoupling.store.folder import VIT_TRAINING, open_folder
 from blockcoupling.studies.schedule import lr_at
 from blockcoupling.studies.vit.augment import (
     AUGMENTS,
@@ -120,14 +120,14 @@ class VitTrainConfig:
                            check=(_N, {"minimum": 0, "below": 1}))
     weight_decay: float = opt(0.05, "AdamW weight decay.", cli=True, check=(_N, {"minimum": 0}))
     epochs: int = opt(5, "Training epochs, per run in a grid (the paper: 500).", cli=True,
-                      check=(_W, {"minimum": 1}))
+                      check=validate.COUNT)
     steps: int | None = opt(None, "Train for exactly this many optimiser steps instead of "
                             "--epochs (runs on different --train-limit then take the same "
                             "steps): the last epoch stops early; the warm-up is the fraction "
                             "warmup-epochs/epochs of the steps and --monitor-every counts steps "
                             "(the coupling is measured at the end of the epoch in which each "
                             "multiple falls).", cli=True, hashed="if_set",
-                            check=(_W, {"minimum": 1}))
+                            check=validate.COUNT)
     label_noise: float | None = opt(None, "Fraction of the training labels replaced by another "
                                     "class drawn at random (seeded by --seed; exactly "
                                     "round(fraction x images) labels are wrong; the test labels "
@@ -138,17 +138,17 @@ class VitTrainConfig:
                       "5e-4 cosine, mixup 0.8, crop-flip; other options override it).", cli=True,
                       check=validate.rule(_preset))
     hidden_size: int | None = opt(None, "Override the preset's width.", cli=True,
-                                  check=(_W, {"minimum": 1}))
+                                  check=validate.COUNT)
     depth: int | None = opt(None, "Override the preset's depth (the ICLR text: 24).", cli=True,
-                            check=(_W, {"minimum": 1}))
+                            check=validate.COUNT)
     heads: int | None = opt(None, "Override the preset's heads.", cli=True,
-                            check=(_W, {"minimum": 1}))
+                            check=validate.COUNT)
     image_size: int | None = opt(None, "Image side in pixels (default 16 digits, 32 CIFAR-10).",
-                                 cli=True, check=(_W, {"minimum": 1}))
+                                 cli=True, check=validate.COUNT)
     lr: float = opt(5e-4, "Peak learning rate.", cli=True, check=(_N, {"above": 0}))
     min_lr: float = opt(1e-5, "Final learning rate of the cosine decay.",
                         check=(_N, {"minimum": 0}))
-    batch_size: int = opt(64, "Images per step.", cli=True, check=(_W, {"minimum": 1}))
+    batch_size: int = opt(64, "Images per step.", cli=True, check=validate.COUNT)
     warmup_epochs: float = opt(1.0, "Linear warm-up length in epochs (the paper: 30).", cli=True,
                                check=(_N, {"minimum": 0}))
     mixup: float | None = opt(None, "Mixup alpha (default 0.8 on CIFAR-10, 0 on digits).",
@@ -176,35 +176,35 @@ class VitTrainConfig:
                                "DIR/test/<class>/*.png.", cli=True,
                                check=validate.rule(_folder))
     train_limit: int | None = opt(None, "Use a seeded subset of the training split.", cli=True,
-                                  check=(_W, {"minimum": 1}))
+                                  check=validate.COUNT)
     subset_per_seed: bool = opt(False, "Draw the --train-limit subset with the run's --seed (a "
                                 "fresh subset per seed and size) instead of the one fixed "
                                 "permutation every run shares (then seeds hold the same images "
                                 "and smaller subsets are prefixes of larger ones).", cli=True,
                                 hashed="if_changed", check=(validate.flag, {}))
     test_limit: int | None = opt(None, "Use a seeded subset of the test split.", cli=True,
-                                 check=(_W, {"minimum": 1}))
+                                 check=validate.COUNT)
     coupling_term: float | None = opt(
         None, "Add -strength x the blocks' depth-wise traceless alignment at the headline token "
         "(engine.surrogate, a differentiable estimate of coupling from Jacobian-vector "
         "products) to the training loss: > 0 raises coupling, < 0 lowers it, 0 records it "
         "each epoch without adding it.", cli=True, hashed="if_set", check=(_N, {}))
     coupling_term_images: int = opt(4, "Images of each batch the coupling term is estimated "
-                                    "on.", check=(_W, {"minimum": 1}), hashed="if_changed")
+                                    "on.", check=validate.COUNT, hashed="if_changed")
     coupling_term_directions: int = opt(8, "Random directions of the coupling term's "
                                         "estimate (Jacobian-vector products per block).",
-                                        check=(_W, {"minimum": 1}), hashed="if_changed")
+                                        check=validate.COUNT, hashed="if_changed")
     eval_train_limit: int | None = opt(5000, "Clean (eval-mode) train accuracy on this many.",
-                                       check=(_W, {"minimum": 1}))
+                                       check=validate.COUNT)
     monitor_images: int = opt(4, "Test images measured during training.", cli=True,
-                              check=(_W, {"minimum": 1}))
+                              check=validate.COUNT)
     monitor_every: int = opt(1, "Measure every N epochs (0: only at the end; the paper 10).",
-                             cli=True, check=(_W, {"minimum": 0}))
+                             cli=True, check=validate.COUNT0)
     final_images: int = opt(16, "Test images measured on the trained model.", cli=True,
-                            check=(_W, {"minimum": 1}))
+                            check=validate.COUNT)
     k: int = opt(10, "Top-K of the coupling: one value (the option takes a comma-separated list "
                  "in every command; here a list of one).", cli=True, parse=_one_k,
-                 check=(_W, {"minimum": 1}))
+                 check=validate.COUNT)
     extra: dict[str, Any] = opt(help="Free-form notes (part of the key).",
                                 default_factory=dict, check=validate.rule(_notes))
 
@@ -532,7 +532,7 @@ def train_vit(config: VitTrainConfig, out_dir: str | Path, *, progress: bool = T
 
 #: a training's folder in the run protocol's words (`blockcoupling.store.folder`): running
 #: the same training again continues it
-TRAINING = Layout(what="ViT training", record=METRICS_FILE, resume_flag=None)
+TRAINING = VIT_TRAINING
 
 
 def _identity(config: VitTrainConfig, out: Path, content: str | None) -> dict[str, Any]:
