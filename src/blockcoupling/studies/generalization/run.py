@@ -26,13 +26,13 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import pandas as pd
 
 from blockcoupling.errors import BlockCouplingError
-from blockcoupling.store.folder import GENERALIZATION_STUDY
+from blockcoupling.store.folder import GENERALIZATION_STUDY, Layout
 from blockcoupling.studies import joins
 from blockcoupling.studies.generalization.analysis import analyse, positive_control
 from blockcoupling.studies.generalization.design import (
@@ -47,7 +47,10 @@ from blockcoupling.studies.generalization.design import (
 from blockcoupling.studies.generalization.result import GeneralizationResult
 from blockcoupling.studies.generalization.statement import statement
 
-__all__ = ["run_cpu", "run_reporter", "run_statistics", "run_study", "say", "versions"]
+__all__ = ["in_study_folder", "run_cpu", "run_reporter", "run_statistics", "run_study", "say",
+           "versions"]
+
+T = TypeVar("T")
 
 GRID = GENERALIZATION_STUDY.record
 CONTROL = "control"
@@ -84,17 +87,24 @@ def run_study(out: str | Path, spec: GeneralizationSpec | None = None, *, quick:
     write ``study.json``, ``study.html``, ``runs.csv`` and ``cells.csv`` into ``out``.
     ``executor``: ``local`` (one run after the other in this process) or ``ray`` (one task
     per run, one CPU and one torch thread each)."""
+    spec = spec if spec is not None else (quick_spec() if quick else full_spec())
+    out = Path(out)
+    return in_study_folder(out, LAYOUT, executor, lambda: _run_study(
+        out, spec, executor, address, cluster_cpus, progress))
+
+
+def in_study_folder(out: Path, layout: Layout, executor: str, body: Callable[[], T]) -> T:
+    """``body()`` with the executor checked and the study's folder ``out`` opened and
+    locked by the run protocol (``store.folder.open_folder``, ``layout``; its record is the
+    study's grid, whose base config is its identity), so an interrupted study continues."""
     from blockcoupling.runs.executor import check_executor
     from blockcoupling.runs.protocol import has_results
     from blockcoupling.store.folder import open_folder
 
-    spec = spec if spec is not None else (quick_spec() if quick else full_spec())
-    out = Path(out)
     check_executor(executor)
-    # the study's folder by the run protocol; its identity is its grid's (its base config)
-    with open_folder(out, LAYOUT, resume=True, differences=lambda: [],
-                     has_results=lambda: has_results(out / GRID)):
-        return _run_study(out, spec, executor, address, cluster_cpus, progress)
+    with open_folder(out, layout, resume=True, differences=lambda: [],
+                     has_results=lambda: has_results(out / layout.record)):
+        return body()
 
 
 def _run_study(out: Path, spec: GeneralizationSpec, executor: str, address: str | None,

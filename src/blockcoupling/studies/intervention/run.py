@@ -93,16 +93,12 @@ def run_study(out: str | Path, spec: InterventionSpec | None = None, *, quick: b
     """Train (or reuse) every run of ``spec`` into ``out/grid``, read them, run the tests and
     write ``study.json``, ``runs.csv``, ``arms.csv`` and ``study.html`` into ``out``; the
     folder is opened and locked by the run protocol (``store.folder.open_folder``)."""
-    from blockcoupling.runs.executor import check_executor
-    from blockcoupling.runs.protocol import has_results
-    from blockcoupling.store.folder import open_folder
+    from blockcoupling.studies.generalization.run import in_study_folder
 
     spec = spec if spec is not None else (quick_spec() if quick else full_spec())
     out = Path(out)
-    check_executor(executor)
-    with open_folder(out, LAYOUT, resume=True, differences=lambda: [],
-                     has_results=lambda: has_results(out / GRID)):
-        return _run_study(out, spec, executor, address, cluster_cpus, progress)
+    return in_study_folder(out, LAYOUT, executor, lambda: _run_study(
+        out, spec, executor, address, cluster_cpus, progress))
 
 
 def _run_study(out: Path, spec: InterventionSpec, executor: str, address: str | None,
