@@ -231,7 +231,8 @@ _NEEDS: dict[str, list[str]] = {
     "sweep": ["spec.yaml", "--out", "OUT"], "sweep-status": ["OUT"],
     "vit-train": ["--out", "OUT"], "vit-grid": ["--out", "OUT"],
     "vit-figures": ["OUT", "--out", "OUT/f"], "study lm-family": ["--out", "OUT"],
-    "study generalization": ["--out", "OUT"], "collection upgrade": ["OUT"],
+    "study generalization": ["--out", "OUT"], "study intervention": ["--out", "OUT"],
+    "collection upgrade": ["OUT"],
 }
 #: options that take any text (a name, a path, an address): nothing to refuse as they are
 #: parsed; what they name is checked when it is read, in one line (tests/cli/test_bad_input.py)
@@ -381,6 +382,8 @@ def test_every_rule_between_options_is_refused_in_one_line(
                      ("study generalization", "address needs executor"),
                      ("measure", "--max-memory"), ("measure", "--offload-folder"),
                      ("study generalization", "spec x quick"), ("study lm-family", "runs x quick"),
+                     ("study intervention", "address needs executor"),
+                     ("study intervention", "spec x quick"),
                      ("vit-grid", "spec x config")]:
         assert expected in seen, (expected, seen)
 
@@ -444,6 +447,7 @@ def test_every_command_that_writes_json_writes_one_dialect(tiny: Path, tmp_path:
                       "0.1", "--dry-run"]],
         "study lm-family": [["--out", str(tmp_path / "l"), "--quick", "--dry-run"]],
         "study generalization": [["--out", str(tmp_path / "e"), "--quick", "--dry-run"]],
+        "study intervention": [["--out", str(tmp_path / "i"), "--quick", "--dry-run"]],
     }
     writing = {name for name, cmd in _commands() for p in cmd.get_params(
         click.Context(cmd, info_name=name)) if _is_option(p) and p.opts[0] in ("--json",

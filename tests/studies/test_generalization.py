@@ -550,18 +550,18 @@ def test_the_readme_and_how_to_claims_re_derive_from_the_shipped_tables() -> Non
     readme = " ".join((root / "README.md").read_text().split())
     how_to = " ".join((root / "docs" / "how-to" / "generalization.md").read_text().split())
     quoted = {
-        readme: [f"drop-path 0.1 vs 0: {pc_diff:+.3f}", f"one-sided p = {pc.pvalue:.3f}",
-                 f"slope {w_slope:+.3f} ± {w_se:.3f} per unit", f"one-sided p = {w_p:.4f}",
-                 f"p = {w_p:.4f}, power {sim['W1']['power']:.2f})",
+        readme: [f"slope {w_slope:+.3f} ± {w_se:.3f} per unit",
+                 f"p = {w_p:.4f}, power {sim['W1']['power']:.2f};",
                  f"cells r = {across.statistic:+.2f}",
                  f"power {exact['H1']:.2f} at r = 0.5",
-                 f"power {sim['S2']['power']:.2f} for the slope that tracking accuracy predicts",
+                 f"power {sim['S2']['power']:.2f} at the slope tracking predicts",
                  f"one-sided p = {across.pvalue:.1e}".replace("e-03", "e-3"),
                  f"accuracy ({s2a.params['ln_n']:+.2f} per ln images, p = "
                  f"{s2a.pvalues['ln_n']:.1e}".replace("e-06", "e-6"),
                  f"not coupling ({s2c.params['ln_n']:+.4f} ± {s2c.bse['ln_n']:.4f}, p = "
                  f"{stats.t.sf(s2c.tvalues['ln_n'], s2c.df_resid):.2f}"],
-        how_to: [f"(r = {across.statistic:+.2f})",
+        how_to: [f"difference {pc_diff:+.4f}", f"one-sided p = {pc.pvalue:.2g}",
+                 f"(r = {across.statistic:+.2f})",
                  f"{s2a.params['ln_n']:.2f} per ln(images)",
                  f"(+{s2c.params['ln_n']:.4f} ± {s2c.bse['ln_n']:.4f} per ln(images)",
                  f"accuracy adds nothing (p = {beyond.pvalues['acc']:.2f})",

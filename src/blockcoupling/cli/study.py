@@ -117,7 +117,9 @@ def _run_design_study(out: Path, spec: Path | None, quick: bool, load: Any, quic
         typer.echo(f"wrote {out / 'study.json'} and {out / 'study.html'}")
 
 
-@study_app.command("intervention", cls=record_command(exclusive={"spec": ("quick",)}))
+@study_app.command("intervention", cls=record_command(
+    exclusive={"spec": ("quick",)},
+    requires={k: ("executor", "ray") for k in ("address", "cluster_cpus")}))
 def intervention(
     out: Annotated[Path, typer.Option("--out", "-o", help="Output folder (study.json, study.html, runs.csv, arms.csv, grid/).")],
     quick: Annotated[bool, typer.Option("--quick", help="The test-suite's tiny version (9 runs of a 16-wide ViT, about a minute; a smoke test without power).")] = False,
