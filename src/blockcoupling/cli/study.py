@@ -87,9 +87,11 @@ def generalization(
                        "again to continue"):
         design = load_spec(spec) if spec is not None else (quick_spec() if quick else
                                                            full_spec())
-        if dry_run:
+        if dry_run:  # every check of the real run (--out included), then the plan
             from blockcoupling.studies.generalization.plan import plan_generalization
+            from blockcoupling.studies.generalization.run import check_study
 
+            check_study(out, design, executor, address=address, cluster_cpus=cluster_cpus)
             print_plan(plan_generalization(design), as_json)
             return
         result = run_study(out, design, executor=executor, address=address,

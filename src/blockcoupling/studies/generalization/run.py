@@ -41,7 +41,7 @@ from blockcoupling.studies.generalization.design import (
 )
 from blockcoupling.studies.generalization.result import GeneralizationResult
 
-__all__ = ["run_study"]
+__all__ = ["check_study", "run_study"]
 
 GRID = GENERALIZATION_STUDY.record
 #: a study's folder in the run protocol's words: its grid and what the study writes from it
@@ -74,17 +74,38 @@ def run_study(out: str | Path, spec: GeneralizationSpec | None = None, *, quick:
     write ``study.json``, ``study.html``, ``runs.csv`` and ``cells.csv`` into ``out``.
     ``executor``: ``local`` (one run after the other in this process) or ``ray`` (one task
     per run, one CPU and one torch thread each)."""
-    from blockcoupling.runs.executor import check_executor
     from blockcoupling.runs.protocol import has_results
     from blockcoupling.store.folder import open_folder
 
     spec = spec if spec is not None else (quick_spec() if quick else full_spec())
     out = Path(out)
-    check_executor(executor)
+    check_study(out, spec, executor, cluster_cpus=cluster_cpus)
     # the study's folder by the run protocol; its identity is its grid's (its base config)
     with open_folder(out, LAYOUT, resume=True, differences=lambda: [],
                      has_results=lambda: has_results(out / GRID)):
         return _run_study(out, spec, executor, address, cluster_cpus, progress)
+
+
+def check_study(out: str | Path, spec: GeneralizationSpec, executor: str = "local", *,
+                address: str | None = None, cluster_cpus: int | None = None) -> str:
+    """Every check of the study that needs no training, made before any (and by
+    ``--dry-run``): the executor, the study's folder by the run protocol
+    (``store.folder.decide``: a folder, writable, not another command's, not in use) and
+    its grid by the grid's own run (``runs.protocol.checks_only``: another base config
+    refused). Returns what opening the study's folder does; writes nothing."""
+    from blockcoupling.runs.executor import check_executor
+    from blockcoupling.runs.protocol import checks_only, has_results
+    from blockcoupling.store.folder import decide
+    from blockcoupling.studies.vit.grid import run_grid
+
+    out = Path(out)
+    check_executor(executor)
+    state = decide(out, LAYOUT, resume=True, differences=lambda: [],
+                   has_results=lambda: has_results(out / GRID))
+    with checks_only():
+        run_grid(spec.train, out / GRID, **spec.grid(), executor=executor, address=address,
+                 num_cpus=1, threads=1, progress=False, cluster_cpus=cluster_cpus)
+    return state
 
 
 def _run_study(out: Path, spec: GeneralizationSpec, executor: str, address: str | None,
