@@ -58,16 +58,6 @@ BIG = str(2**64)  # above every 64-bit integer
 
 #: the cases still BAD on main: case id -> "class: what happens" (xfail, strict)
 BAD: dict[str, str] = {
-    # options: ranges, types and cross-option rules not checked where declared
-    # protocol: the folder, its lock, resume
-    "test_perturb_killed_mid_write_resumes_bit_identically": "protocol: the resume leaves the "
-                                                             "killed write's parts/.tmp-* file",
-    "test_collection_upgrade_killed_midway_then_again": "protocol: a kill at the last move "
-                                                        "leaves .tmp-catalogue.parquet-PID; "
-                                                        "the rerun never removes it",
-    # joins: results that depend on the order of the inputs
-    "perturb:prompt-file-reversed": "joins: the summary's means differ in the last bit "
-                                    "with the prompt file's order",
 }
 
 

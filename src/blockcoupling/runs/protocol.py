@@ -186,7 +186,7 @@ def collection_folder(root: Path, kind: str, spec: Any, *, unit_ids: set[str] | 
     locked, checked again), with its manifest: continued, rebuilt from the status files, or
     new (``spec``, ``inputs``). Yields (the decision, the manifest) while the lock is held;
     the caller writes the manifest."""
-    with open_folder(root, layout(kind, flag), resume=resume,
+    with open_folder(root, layout(kind, flag), resume=resume, records=dict,
                      **collection_identity(root, kind, spec, unit_ids=unit_ids, inputs=inputs,
                                            same=same, flag=flag)) as state:
         if state == CONTINUE:
