@@ -566,7 +566,25 @@ OPTIONS: dict[str, Argv] = {
         fx, fx["b"] / "grid"),
     "generalization:dry-run+out-is-a-run": lambda fx, o: _generalization("--quick")(
         fx, fx["b"] / "run0"),
+    # demo: its folder by the run protocol, every input checked before anything is measured
+    "demo:out-is-a-file": lambda fx, o: _demo(_write(o.parent / "afile", "x")),
+    "demo:out-is-a-perturbation": lambda fx, o: _demo(fx["b"] / "pert"),
+    "demo:out-is-a-run": lambda fx, o: _demo(fx["b"] / "run0"),
+    "demo:out-holds-other-files": lambda fx, o: _demo(_write(_mkdir(o.parent / "notes") / "n.txt",
+                                                             "x").parent),
+    "demo:cache-dir-is-a-file": lambda fx, o: [*_demo(o), "--cache-dir",
+                                               str(_write(o.parent / "afile", "x"))],
+    "demo:executor=bogus": lambda fx, o: [*_demo(o), "--executor", "bogus"],
 }
+
+
+def _demo(out: Path) -> list[str]:
+    return ["demo", "--quick", "--no-family", "--executor", "local", "-o", str(out)]
+
+
+def _mkdir(path: Path) -> Path:
+    path.mkdir(parents=True, exist_ok=True)
+    return path
 
 
 def _spec_files(fx: dict[str, Any], where: Path) -> dict[str, str]:

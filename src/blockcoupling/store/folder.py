@@ -84,6 +84,13 @@ GENERALIZATION_STUDY = Layout(
     what="generalization study", record="grid",
     made_by="blockcoupling study generalization",
     read_by="its results are its study.html and study.json", resume_flag=None)
+#: the demo's folder (not identified by `identify`: its only file of its own, report.html,
+#: is what ``blockcoupling report`` writes anywhere)
+DEMO = Layout(what="demo", record="report.html", made_by="blockcoupling demo",
+              read_by="open its report.html", resume_flag=None)
+#: a cache of trained checkpoints (``--cache-dir``)
+TRAINING_CACHE = Layout(what="training cache", record="", flag="--cache-dir",
+                        resume_flag=None)
 KINDS: tuple[Layout, ...] = (RUN_DIRECTORY, COLLECTION, PERTURBATION_RUN, VIT_TRAINING,
                              LM_STUDY, GENERALIZATION_STUDY)
 
@@ -249,7 +256,7 @@ def clear(root: Path) -> None:
             entry.unlink()
 
 
-__all__ = ["COLLECTION", "CONTINUE", "GENERALIZATION_STUDY", "KINDS", "LM_STUDY", "NEW",
+__all__ = ["COLLECTION", "CONTINUE", "DEMO", "TRAINING_CACHE", "GENERALIZATION_STUDY", "KINDS", "LM_STUDY", "NEW",
            "PERTURBATION_RUN", "REBUILD", "REPLACE", "RUN_DIRECTORY", "VIT_TRAINING", "Layout",
            "another_kind", "check_out", "clear", "decide", "entries", "identify",
            "open_folder", "settle"]
