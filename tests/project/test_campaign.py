@@ -1771,6 +1771,11 @@ TWICE: dict[str, Callable[[dict[str, Any], Path], None]] = {
     "correlate:a-run-measured-at-token-0": _correlate_refuses(_token0_run),
     "correlate:a-sweep-with-one-model-twice": _correlate_refuses(_one_model_twice_in_a_sweep),
     "difficulty:a-rated-prompt-edited": _ratings_text_edited,
+    "report:the-same-run-twice": _correlate_refuses(lambda fx, t: [
+        "report", str(fx["b"] / "run0"), str(fx["b"] / "run0"), "-o", str(t / "out" / "r.html")]),
+    "report:a-copied-run": _correlate_refuses(lambda fx, t: [
+        "report", str(fx["b"] / "run0"), str(copy(fx["b"] / "run0", t / "run0-copy")), "-o",
+        str(t / "out" / "r.html")]),
 }
 
 
