@@ -71,6 +71,17 @@ seconds; ``--shape host`` (d = 128, 32 blocks) leaves the host's work per block,
     OMP_NUM_THREADS=1 python benchmarks/bench_gpu_llama.py --shape mid --items 8
     python benchmarks/bench_gpu_llama.py --items 8                 # the 8B shape on cuda
 
+``--spectrum trained flat`` measures each item on two models one after the other (built, run,
+freed): ``trained`` is the random model with the trained models' Jacobian decay
+(`spectrum.realistic_`, BENCHMARKS.md "Issue 43 items 1-2"), ``flat`` its initialisation (the
+default, and every row before issue 43). ``--methods`` picks item 4's methods;
+``--baselines first`` runs item 4's float64 oracle and released algorithm on the first model
+only (the released algorithm's work does not depend on the spectrum; a later model's ratio is
+then against it, ``released_on``), so both spectra fit one short GPU lease:
+
+    python benchmarks/bench_gpu_llama.py --items 4 --spectrum trained flat --baselines first \
+        --methods measure measure_split measure_eigh
+
 Items run in the order ``--items`` gives; ``--item-timeout ITEM=SECONDS`` stops one item with a
 record and goes on, and SIGTERM (an outer ``timeout``) still saves the records: a short GPU
 lease gets every item that fits. Measured on one H200 on 2026-11-27: BENCHMARKS.md, "Issue 34
@@ -90,6 +101,7 @@ import torch
 import transformers as tf
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import spectrum  # noqa: E402
 from bench_depth import KS, Values, agreement, pair_values, topk_full, topk_gram  # noqa: E402
 from common import emit, machine, phase, save  # noqa: E402
 from released import released_depth  # noqa: E402
@@ -109,30 +121,16 @@ MATRIX_FREE_VARIANTS = tuple(v for v in VARIANTS
 
 
 #: ``--shape``: the model's width, MLP width, heads, kv heads and default number of layers
-SHAPES: dict[str, tuple[int, int, int, int, int]] = {
-    "8b": (4096, 14336, 32, 8, 32),  # Llama-3-8B
-    "mid": (1024, 3584, 16, 4, 4),  # the Llama-3-8B ratios at a width one CPU core measures in seconds
-    "small": (256, 512, 8, 2, 4),  # the CPU smoke test
-    # the 8B block count and head layout at a width where compute is nearly nothing: what is
-    # left is the host's work per block (Python, operator dispatch), which a GPU also pays
-    "host": (128, 448, 16, 4, 32),
-}
+SHAPES = spectrum.LLAMA_SHAPES
 
 
 def llama(small: bool, device: str, shape: str | None = None, layers: int | None = None,
-          weights: torch.dtype = torch.bfloat16) -> torch.nn.Module:
+          weights: torch.dtype = torch.bfloat16, kind: str = "flat") -> torch.nn.Module:
     """A random ``LlamaForCausalLM`` of ``shape`` (`SHAPES`; default "small" or "8b" by
-    ``small``) with ``layers`` blocks (default the shape's), weights in ``weights``."""
-    d, width, heads, kv, n_layers = SHAPES[shape or ("small" if small else "8b")]
-    extra: dict[str, Any] = ({"vocab_size": 128256, "max_position_embeddings": 8192,
-                              "rope_theta": 500000.0} if d == 4096 else {"vocab_size": 1000})
-    cfg = tf.LlamaConfig(hidden_size=d, intermediate_size=width,
-                         num_hidden_layers=layers or n_layers, num_attention_heads=heads,
-                         num_key_value_heads=kv, **extra)
-    torch.manual_seed(0)
-    with torch.device(device):
-        model = tf.LlamaForCausalLM(cfg).to(weights)
-    return model.eval()
+    ``small``) with ``layers`` blocks (default the shape's), weights in ``weights``, its
+    spectrum ``kind`` (`spectrum.build`: flat, the initialisation, or trained)."""
+    return spectrum.build(f"llama-{shape or ('small' if small else '8b')}", kind, device,
+                          layers, weights)
 
 
 def fast_dense(model: torch.nn.Module, ids: torch.Tensor, device: str
@@ -615,49 +613,74 @@ def main() -> None:
                     help="stop that item after SECONDS with a record, and go on (repeatable)")
     ap.add_argument("--iterate-anywhere", action="store_true",
                     help="try the iterated top-K first everywhere (a CPU dry run of that route)")
+    ap.add_argument("--spectrum", nargs="+", default=["flat"], choices=spectrum.SPECTRA,
+                    help="the models measured, one after the other: flat (the random "
+                         "initialisation) and/or trained (benchmarks/spectrum.py: Jacobians "
+                         "with the trained models' decay); every item runs on each")
+    ap.add_argument("--methods", nargs="+", default=list(ITEM4_METHODS), choices=ITEM4_METHODS,
+                    help="item 4's methods (the oracle and the released algorithm aside)")
+    ap.add_argument("--baselines", choices=("all", "first"), default="all",
+                    help="item 4's float64 oracle and released algorithm on every model, or "
+                         "on the first --spectrum's only (a short GPU lease)")
     args = ap.parse_args()
     if args.iterate_anywhere:
         svd._iterate_first = lambda n, k, dev: True
-    if 7 in args.items and args.items[-1] != 7:  # item 7 frees the 8B model for the 70B shape
-        ap.error("item 7 must come last in --items (it releases the model the others measure)")
+    if 7 in args.items and (args.items[-1] != 7 or len(args.spectrum) > 1):
+        ap.error("item 7 must come last in --items, with one --spectrum (it releases the "
+                 "model the others measure)")
     shape = args.shape or ("small" if args.small else "8b")
     device = args.device or ("cuda" if shape == "8b" else "cpu")
     sink: list[dict[str, Any]] = []
     info = machine()
+    name = "bench_gpu_llama" + ("" if shape == "8b" else f"_{shape}") + "".join(
+        f"_{k}" for k in args.spectrum if args.spectrum != ["flat"])
+    budgets = dict(args.item_timeout or [])
+    signal.signal(signal.SIGTERM, _raise_timeout)  # an outer `timeout` still saves the records
+    released: dict[str, Any] = {}  # the first model's released-algorithm seconds
+    try:
+        for i, kind in enumerate(args.spectrum):
+            measure_model(args, kind, args.baselines == "all" or i == 0, shape, device, info,
+                          budgets, released, sink)
+    finally:
+        save(sink, name)
+
+
+def measure_model(args: argparse.Namespace, kind: str, baselines: bool, shape: str,
+                  device: str, info: dict[str, Any], budgets: dict[int, int],
+                  released: dict[str, Any], sink: list[dict[str, Any]]) -> None:
+    """Build the model of spectrum ``kind``, run ``args.items`` on it, free it."""
     with phase("load", device) as ph:
         model = llama(args.small, device, shape, args.layers,
-                      torch.bfloat16 if args.weights == "bf16" else torch.float32)
+                      torch.bfloat16 if args.weights == "bf16" else torch.float32, kind)
     weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     ids = torch.randint(0, model.config.vocab_size, (1, args.tokens),
                         generator=torch.Generator().manual_seed(0)).to(device)
-    emit({"record": "config", "model": f"llama-random-{shape}-shape",
+    emit({"record": "config", "model": f"llama-random-{shape}-shape", "spectrum": kind,
           "d": model.config.hidden_size, "layers": model.config.num_hidden_layers,
           "n_tokens": args.tokens, "ks": list(KS), "weights": args.weights,
           "weight_gb": round(weight_bytes / 1e9, 3), "device": device, "load": ph.as_dict(),
           "topk_iterates_first": svd._iterate_first(model.config.hidden_size, max(KS),
-                                              torch.device(device)),
+                                                    torch.device(device)),
           "topk_iter": {"oversample": svd._ITER_OVERSAMPLE, "max_products": svd._ITER_MAX,
                         "check_every": svd._ITER_CHECK, "window": svd._GRAM_WINDOW},
           "machine": info}, sink)
-    name = "bench_gpu_llama" + ("" if shape == "8b" else f"_{shape}")
-    budgets = dict(args.item_timeout or [])
-    signal.signal(signal.SIGTERM, _raise_timeout)  # an outer `timeout` still saves the records
-    try:
-        for item in args.items:  # in the order given: the cheap items first on a short lease
-            run = {4: lambda: item4(model, ids, device, weight_bytes, args, sink),
-                   5: lambda: item5_tokenwise(model, device, 32,
-                                              min(16, model.config.num_hidden_layers), sink),
-                   6: lambda: item6_trajectory(model, device, 32, 12, 5, sink),
-                   7: lambda: item7_streaming(device, args.stream_layers, args.small, sink),
-                   8: lambda: item8_jacobian_phase(model, device, args.tokens, args.prompts,
-                                                   args.repeats, sink)}[item]
-            if item == 7:  # the 70B-shape model needs the GPU to itself
-                model.to("meta")
-                if torch.device(device).type == "cuda":
-                    torch.cuda.empty_cache()
-            _with_budget(item, budgets.get(item), run, sink)
-    finally:
-        save(sink, name)
+    runs = {4: lambda: item4(model, ids, device, weight_bytes, args, sink, kind, baselines,
+                             released),
+            5: lambda: item5_tokenwise(model, device, 32, min(16, model.config.num_hidden_layers),
+                                       sink),
+            6: lambda: item6_trajectory(model, device, 32, 12, 5, sink),
+            7: lambda: item7_streaming(device, args.stream_layers, args.small, sink),
+            8: lambda: item8_jacobian_phase(model, device, args.tokens, args.prompts,
+                                            args.repeats, sink)}
+    for item in args.items:  # in the order given: the cheap items first on a short lease
+        if item == 7:  # the 70B-shape model needs the GPU to itself
+            model.to("meta")
+            if torch.device(device).type == "cuda":
+                torch.cuda.empty_cache()
+        _with_budget(item, budgets.get(item), runs[item], sink)
+    model.to("meta")  # the next spectrum's model needs the memory
+    if torch.device(device).type == "cuda":
+        torch.cuda.empty_cache()
 
 
 class ItemTimeout(Exception):
@@ -691,14 +714,27 @@ def _item_budget(text: str) -> tuple[int, int]:
     return int(item), int(seconds)
 
 
+#: item 4's methods, in the order they run (`--methods`)
+ITEM4_METHODS: tuple[str, ...] = ("fast_dense", "fast_randomized", "measure", "measure_dense",
+                                  "measure_split", "measure_eigh", "measure_profile")
+
+
 def item4(model: torch.nn.Module, ids: torch.Tensor, device: str, weight_bytes: int,
-          args: argparse.Namespace, sink: list[dict[str, Any]]) -> None:
+          args: argparse.Namespace, sink: list[dict[str, Any]], kind: str = "flat",
+          baselines: bool = True, released: dict[str, Any] | None = None) -> None:
+    """Item 4 on one model (``kind``: its spectrum): the float64 oracle and the released
+    algorithm (unless skipped, or not ``baselines``), then ``args.methods``. ``released``
+    keeps the first model's released-algorithm seconds: a model without baselines states its
+    ratio against them (``released_on``; the released algorithm's work does not depend on
+    the spectrum: full SVDs and pair loops)."""
+    released = {} if released is None else released
     ref = None
-    if not args.skip_oracle:
+    if not args.skip_oracle and baselines:
         ref, t_or = oracle(model, ids)
-        emit({"record": "oracle", "how": "fast64", "seconds": round(t_or, 2)}, sink)
+        emit({"record": "oracle", "how": "fast64", "spectrum": kind, "seconds": round(t_or, 2)},
+             sink)
     rel_total = None
-    if not args.skip_released:
+    if not args.skip_released and baselines:
         body = model.model if hasattr(model, "model") else model
         attention = "the model's own"
         try:
@@ -712,21 +748,31 @@ def item4(model: torch.nn.Module, ids: torch.Tensor, device: str, weight_bytes: 
             with sdpa_kernel([SDPBackend.MATH]):
                 rel_vals, rel_ph = released_depth(body, ids, ks=KS)
         rel_total = sum(p.seconds for p in rel_ph.values())
+        released.setdefault("seconds", rel_total)
+        released.setdefault("spectrum", kind)
         rel_as = {("released_norm", k, o, a, b): v for (k, o, a, b), v in rel_vals.items()}
-        emit({"record": "method", "method": "released", "seconds": round(rel_total, 3),
+        emit({"record": "method", "method": "released", "spectrum": kind,
+              "seconds": round(rel_total, 3),
               "attention": attention,
               "phases": {k: p.as_dict() for k, p in rel_ph.items()},
               "agreement": agreement(rel_as, ref) if ref else None}, sink)
-    for name, fn in (("fast_dense", fast_dense), ("fast_randomized", fast_randomized),
-                     ("measure", user_measure), ("measure_dense", user_measure_dense),
-                     ("measure_split", user_measure_split), ("measure_eigh", user_measure_eigh),
-                     ("measure_profile", user_measure_profile)):
-        vals, phs = fn(model, ids, device)
+    fns = {"fast_dense": fast_dense, "fast_randomized": fast_randomized,
+           "measure": user_measure, "measure_dense": user_measure_dense,
+           "measure_split": user_measure_split, "measure_eigh": user_measure_eigh,
+           "measure_profile": user_measure_profile}
+    if rel_total is None and released:
+        rel_total = released["seconds"]
+    for name in ITEM4_METHODS:
+        if name not in args.methods:
+            continue
+        vals, phs = fns[name](model, ids, device)
         timed = [p for p in phs.values() if isinstance(p, dict) and "seconds" in p]
         total = sum(p["seconds"] for p in timed)
         peak = max((p.get("cuda_peak_mb") or 0.0) for p in timed)
-        emit({"record": "method", "method": name, "seconds": round(total, 3), "phases": phs,
+        emit({"record": "method", "method": name, "spectrum": kind, "seconds": round(total, 3),
+              "phases": phs,
               "speedup_vs_released": round(rel_total / total, 2) if rel_total else None,
+              "released_on": released.get("spectrum"),
               "cuda_peak_over_weights": round(peak * 2**20 / weight_bytes, 3) if peak else None,
               "agreement": agreement(vals, ref) if ref else None}, sink)
 

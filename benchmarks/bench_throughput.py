@@ -12,12 +12,18 @@ folder instead (its parts and consolidation included).
 Per call: wall and CPU seconds in all and per prompt; the CPU seconds per phase (``on_event``,
 common.PhaseCPU: capture, trajectory, jacobian, svd, coupling, tables, prompt); the first
 prompt's work (the one-time checks of the fast path) against the median of the others; and
-what is outside the prompts (the call's start, the tables' concatenation: ``outside_s``).
+the trajectory tables' seconds (``trajectory_s``, per batch); and what is outside all of
+these (the call's start, the batches' splits, the final concatenation: ``outside_s``;
+``outside_with_trajectory_s`` is the definition of the 2026-11-27 rows, the trajectory
+tables included). ``--count-calls N ...``: one more call per N under cProfile, the Python
+function calls per prompt (load-independent). ``--spectrum trained``: the model's weights
+with the trained models' Jacobian decay (`spectrum.realistic_`).
 What batching can amortise is the first prompt's checks and the call's fixed costs; the
 Jacobians, SVDs and pairs are per prompt.
 
     OMP_NUM_THREADS=2 python benchmarks/bench_throughput.py                 # gpt2-small, ~30 min
     OMP_NUM_THREADS=1 python benchmarks/bench_throughput.py --shape small   # ~5 min
+    OMP_NUM_THREADS=1 python benchmarks/bench_throughput.py --shape small --ns 2 --count-calls 8 32
 """
 
 from __future__ import annotations
@@ -36,6 +42,7 @@ import torch
 import transformers as tf
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import spectrum  # noqa: E402
 from common import PhaseCPU, emit, machine, phase, save, word_tokenizer  # noqa: E402
 
 import blockcoupling as bc  # noqa: E402
@@ -54,12 +61,14 @@ def prompts(n: int) -> list[Any]:
 
 
 class PromptLog(PhaseCPU):
-    """PhaseCPU plus each prompt's work seconds (the ``prompt`` events) and the capture's."""
+    """PhaseCPU plus each prompt's work seconds (the ``prompt`` events), the capture's and
+    the trajectory tables' (per batch)."""
 
     def __init__(self) -> None:
         super().__init__()
         self.prompt_s: list[float] = []
         self.capture_s = 0.0
+        self.trajectory_s = 0.0
 
     def __call__(self, ev: Any) -> None:
         super().__call__(ev)
@@ -67,6 +76,24 @@ class PromptLog(PhaseCPU):
             self.prompt_s.append(ev.seconds)
         elif ev.phase == "capture":
             self.capture_s += ev.seconds
+        elif ev.phase == "trajectory":
+            self.trajectory_s += ev.seconds
+
+
+def count_calls(fn: Any) -> tuple[int, list[tuple[str, int]]]:
+    """Python function calls made by ``fn()`` (cProfile): the total and the 15 functions
+    called most often. Counts do not depend on the machine's load, seconds do."""
+    import cProfile
+    import pstats
+
+    prof = cProfile.Profile()
+    prof.enable()
+    fn()
+    prof.disable()
+    stats = pstats.Stats(prof).stats  # type: ignore[attr-defined]
+    rows = sorted(((f"{Path(k[0]).name}:{k[2]}", int(v[1])) for k, v in stats.items()),
+                  key=lambda r: -r[1])
+    return sum(n for _, n in rows), rows[:15]
 
 
 def main() -> None:
@@ -74,6 +101,12 @@ def main() -> None:
     ap.add_argument("--shape", choices=("gpt2-small", "small"), default="gpt2-small")
     ap.add_argument("--ns", type=int, nargs="+", default=[4, 64, 256, 1024])
     ap.add_argument("--to-dir", action="store_true", help="measure_to_dir instead of measure")
+    ap.add_argument("--spectrum", choices=spectrum.SPECTRA, default="flat",
+                    help="the model's weights: flat (the random initialisation) or trained "
+                         "(benchmarks/spectrum.py: Jacobians with the trained models' decay)")
+    ap.add_argument("--count-calls", type=int, nargs="*", default=[], metavar="N",
+                    help="after the timed calls, one call per N under cProfile: Python "
+                         "function calls per prompt (load-independent; no seconds)")
     args = ap.parse_args()
     sink: list[dict[str, Any]] = []
     emit({"record": "config", **vars(args), "machine": machine()}, sink)
@@ -82,6 +115,8 @@ def main() -> None:
     cfg = (tf.GPT2Config(vocab_size=len(tok)) if args.shape == "gpt2-small" else
            tf.GPT2Config(n_layer=4, n_embd=256, n_head=4, vocab_size=len(tok)))
     model = tf.GPT2Model(cfg).eval()
+    if args.spectrum == "trained":
+        spectrum.realistic_(model)
     root = Path(tempfile.mkdtemp(prefix="bench_throughput_"))
     try:
         bc.measure(model, tok, prompts(2), progress=False)  # warm-up: imports, set-up
@@ -103,11 +138,25 @@ def main() -> None:
                   "first_prompt_s": round(log.prompt_s[0], 4),
                   "other_prompts_median_s": round(statistics.median(rest), 4),
                   "capture_s": round(log.capture_s, 3),
-                  "outside_s": round(ph.seconds - sum(log.prompt_s) - log.capture_s, 3),
+                  "trajectory_s": round(log.trajectory_s, 3),
+                  # the call less its measured pieces (capture, trajectory tables, prompts):
+                  # the start, the batches' splits, the final concatenation
+                  "outside_s": round(ph.seconds - sum(log.prompt_s) - log.capture_s
+                                     - log.trajectory_s, 3),
+                  # the definition of the 2026-11-27 rows (trajectory tables included)
+                  "outside_with_trajectory_s": round(ph.seconds - sum(log.prompt_s)
+                                                     - log.capture_s, 3),
                   "tokens_mean": round(sum(lengths) / n, 1), "tokens_max": max(lengths),
                   "loadavg_1m": round(os.getloadavg()[0], 2),
                   "time": time.strftime("%H:%M:%S")}, sink)
-        save(sink, f"bench_throughput_{args.shape}" + ("_to_dir" if args.to_dir else ""))
+        for n in args.count_calls:
+            items = prompts(n)
+            total, top = count_calls(lambda items=items: bc.measure(model, tok, items,
+                                                                    progress=False))
+            emit({"record": "calls", "prompts": n, "python_calls": total,
+                  "per_prompt": round(total / n, 1), "most_called": top}, sink)
+        save(sink, f"bench_throughput_{args.shape}" + ("_to_dir" if args.to_dir else "")
+             + ("_trained" if args.spectrum == "trained" else ""))
     finally:
         shutil.rmtree(root, ignore_errors=True)
 

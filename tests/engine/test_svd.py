@@ -414,13 +414,18 @@ def test_iterated_route_stops_at_once_without_a_bound(monkeypatch: pytest.Monkey
     assert ratios == [float("inf")] * 2  # the iteration's one check, then the eigh window's
 
 
-def test_the_iteration_rule_is_for_gpus_and_small_k() -> None:
-    """`_iterate_first`: never on the CPU; on another device while the block is <= 1/8 of d."""
+def test_the_iteration_rule_is_for_wide_matrices_and_small_k() -> None:
+    """`_iterate_first`: while the block is <= 1/8 of d; on the CPU only from d = 4096 (below
+    it LAPACK's subset MRRR was faster at the default K = 50)."""
     from blockcoupling.engine.svd import _iterate_first
 
-    assert not _iterate_first(4096, 50, torch.device("cpu"))
+    assert _iterate_first(4096, 50, torch.device("cpu"))
+    assert not _iterate_first(2048, 50, torch.device("cpu"))
+    assert _iterate_first(2048, 50, torch.device("cuda"))
+    assert _iterate_first(1024, 10, torch.device("cuda"))
     assert _iterate_first(4096, 50, torch.device("cuda"))
     assert not _iterate_first(768, 77, torch.device("cuda"))
+    assert not _iterate_first(4096, 500, torch.device("cpu"))
     assert topk_svd(_rand(3, 64, 64).float(), 4).route in ("gram-eigh", "gram-f64")
 
 

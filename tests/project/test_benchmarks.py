@@ -61,6 +61,64 @@ def test_bench_gpu_llama_smoke_runs_on_the_cpu(tmp_path: Path) -> None:
     assert [r["tables_on"] for r in records if r.get("record") == "item6"] == [["cpu"]]
 
 
+def test_bench_gpu_llama_next_gpu_command_runs_on_the_cpu(tmp_path: Path) -> None:
+    """The next GPU command (BENCHMARKS.md, "To measure next") at the smoke test's shape: item
+    4 on the trained-spectrum model (with the float64 oracle and the released algorithm) and
+    then on the flat one, whose ratio is against the first model's released algorithm."""
+    records = _run(tmp_path, "bench_gpu_llama.py", "--small", "--items", "4", "--spectrum",
+                   "trained", "flat", "--baselines", "first", "--methods", "measure",
+                   "measure_split", "measure_eigh", "--iterate-anywhere")
+    assert [r["spectrum"] for r in records if r.get("record") == "config"] == [
+        "trained", "flat"]
+    methods = {(r["method"], r["spectrum"]): r for r in records if r.get("record") == "method"}
+    assert set(methods) == {("released", "trained"), *(
+        (m, k) for m in ("measure", "measure_split", "measure_eigh") for k in ("trained", "flat"))}
+    for (method, kind), r in methods.items():
+        if method == "released":
+            continue
+        assert r["speedup_vs_released"] > 0 and r["released_on"] == "trained", r
+        # the oracle ran on the first model only
+        assert (r["agreement"] is not None) == (kind == "trained"), r
+        if kind == "trained":
+            assert r["agreement"]["max_abs_diff"] < 1e-5, r
+
+
+def test_bench_spectra_builds_models_with_the_trained_decay(tmp_path: Path) -> None:
+    """`benchmarks/spectrum.py`: the random models built with the trained decay have Jacobian
+    spectra nearer the trained profile than their flat twins, and the pretrained MiniLM's
+    spectra are measured."""
+    records = _run(tmp_path, "bench_spectra.py", "--trained", "minilm", "--random",
+                   "gpt2-small", "llama-small")
+    got = {(r["model"], r["kind"]): r for r in records if r.get("record") == "spectrum"}
+    assert set(got) == {("minilm", "trained"), ("gpt2-small", "flat"),
+                        ("gpt2-small", "trained"), ("llama-small", "flat"),
+                        ("llama-small", "trained")}, set(got)
+    for name in ("gpt2-small", "llama-small"):
+        flat, trained = got[(name, "flat")], got[(name, "trained")]
+        assert trained["rms_log_vs_trained"] < flat["rms_log_vs_trained"], (flat, trained)
+    assert got[("minilm", "trained")]["d"] == 384 and got[("minilm", "trained")]["gap"]
+
+
+def test_bench_throughput_smoke_splits_the_call(tmp_path: Path) -> None:
+    """Issue 43 item 3: the per-prompt record splits the call into capture, trajectory tables,
+    prompts and the rest, and counts the Python calls per prompt."""
+    records = _run(tmp_path, "bench_throughput.py", "--shape", "small", "--ns", "2",
+                   "--count-calls", "2", "--spectrum", "trained")
+    (call,) = [r for r in records if r.get("record") == "call"]
+    assert call["trajectory_s"] > 0 and call["capture_s"] > 0, call
+    assert call["outside_with_trajectory_s"] >= call["outside_s"], call
+    (calls,) = [r for r in records if r.get("record") == "calls"]
+    assert calls["python_calls"] > 0 and calls["most_called"], calls
+
+
+def test_bench_sweep_smoke_reports_the_measuring_share(tmp_path: Path) -> None:
+    records = _run(tmp_path, "bench_sweep.py", "--checkpoints", "2", "--prompts", "2",
+                   "--executors", "local")
+    (summary,) = [r for r in records if r.get("record") == "summary_local"]
+    assert summary["units"] == 2 and 0 < summary["measuring_share"] <= 1, summary
+    assert all(summary["unit_totals_s"][p] > 0 for p in ("load", "measure", "write")), summary
+
+
 def test_bench_gpu_llama_item8_splits_the_jacobian_phase(tmp_path: Path) -> None:
     """Item 8 (the Jacobian phase against its GEMM floor): the floor is counted and timed, and
     the build check runs on the first prompt of a call only, not on every prompt."""
@@ -77,12 +135,17 @@ def test_bench_gpu_llama_item8_splits_the_jacobian_phase(tmp_path: Path) -> None
 
 def test_bench_gram_iter_smoke_compares_both_routes(tmp_path: Path) -> None:
     records = _run(tmp_path, "bench_gram_iter.py", "--ks", "10", "--repeats", "1",
-                   "--llama-d", "256", "--lobpcg-iters", "5")
+                   "--models", "gpt2-small", "llama-small", "decay", "--lobpcg-iters", "5")
     rows = [r for r in records if r.get("record") == "topk"]
-    assert {r["matrix"] for r in rows} == {"gpt2", "llama", "decay"}, rows
+    assert {(r["matrix"], r["spectrum"]) for r in rows} == {
+        ("gpt2-small", "flat"), ("gpt2-small", "trained"), ("llama-small", "flat"),
+        ("llama-small", "trained"), ("decay", "10/sqrt(i)")}, rows
     for r in rows:
         assert r["eigh"]["route"] != "gram-iter", r  # forced off
         assert r["eigh"]["max_ds_rel"] < 1e-6 and r["iter"]["max_ds_rel"] < 1e-6, r
+        # the products the iteration spent, and whether it fell back to the eigh
+        assert r["iter"]["products"] > 0 and r["iter"]["fell_back"] == (
+            r["iter"]["route"] != "gram-iter"), r
     # the decaying spectrum is where the iteration is certified
     assert any(r["iter"]["route"] == "gram-iter" for r in rows if r["matrix"] == "decay"), rows
 

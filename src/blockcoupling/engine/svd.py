@@ -110,11 +110,13 @@ _GRAM_WINDOW: int = 16
 _GRAM_BACKWARD_ULPS: float = 32.0
 #: `_iterated_subspace`: columns of its block beyond k + ``_GRAM_WINDOW``; the most Gram
 #: products (n x n x p GEMMs) it spends; the certificate checked every that many products;
-#: used (`_iterate_first`) only while n >= ``_ITER_MAX_WIDTH_RATIO`` x the block's width.
+#: used (`_iterate_first`) only while n >= ``_ITER_MAX_WIDTH_RATIO`` x the block's width,
+#: and on the CPU only from n >= ``_ITER_CPU_MIN_DIM``.
 _ITER_OVERSAMPLE: int = 32
 _ITER_MAX: int = 24
 _ITER_CHECK: int = 4
 _ITER_MAX_WIDTH_RATIO: int = 8
+_ITER_CPU_MIN_DIM: int = 4096
 #: The routes of `topk_svd`, recorded in ``TopK.route``.
 ROUTES: tuple[str, ...] = ("gram-iter", "gram-eigh", "gram-f64", "svd")
 
@@ -203,9 +205,10 @@ def _topk_gram_mixed(J: Tensor, k: int) -> tuple[tuple[Tensor, Tensor, Tensor], 
     """Top-k SVD of a float32 J (m, n): a float32 subspace, float64 Ritz pairs, certified.
 
     1. a float32 subspace that holds the top k eigenvectors of the float32 Gram ``J^T J``:
-       where `_iterate_first` says so (a GPU, k << n), block subspace iteration on the Gram
-       (`_iterated_subspace`, route ``"gram-iter"``), certified every ``_ITER_CHECK``
-       products; else, or where that certificate does not hold, the top
+       where `_iterate_first` says so (k << n, on a GPU or on a CPU from n = 4096), block
+       subspace iteration on the Gram (`_iterated_subspace`, route ``"gram-iter"``),
+       certified every ``_ITER_CHECK`` products; else, or where that certificate does not
+       hold, the top
        ``w = k + _GRAM_WINDOW`` eigenvectors of the Gram (LAPACK MRRR on a subset on the CPU,
        the full ``torch.linalg.eigh`` elsewhere, `_top_eigh`; route ``"gram-eigh"``; float32
        halves the tridiagonalisation, which is nearly all of an eigensolver's time);
@@ -283,12 +286,17 @@ def _iter_width(n: int, k: int) -> int:
 
 
 def _iterate_first(n: int, k: int, device: torch.device) -> bool:
-    """THE rule for the Gram route's subspace: iterate first (`_iterated_subspace`) on a
-    non-CPU device while the block is at most ``1 / _ITER_MAX_WIDTH_RATIO`` of the
-    dimension; on the CPU LAPACK's subset MRRR is faster at every size measured
-    (BENCHMARKS.md, "the iterated top-K"), and a GPU has no subset driver (its full eigh
-    took 0.10 s per 4096 x 4096 Gram on an H200)."""
-    return device.type != "cpu" and _ITER_MAX_WIDTH_RATIO * _iter_width(n, k) <= n
+    """THE rule for the Gram route's subspace: iterate first (`_iterated_subspace`) while
+    the block is at most ``1 / _ITER_MAX_WIDTH_RATIO`` of the dimension, on any device but
+    the CPU, and on the CPU from ``n >= _ITER_CPU_MIN_DIM``. A GPU has no subset driver (its
+    full eigh took 0.10 s per 4096 x 4096 Gram on an H200); on the CPU LAPACK's subset MRRR
+    costs about n^3 and the iteration about n^2 p per product: one thread, the iteration
+    took 1.2-1.8x MRRR's time at n = 768 and 0.85-1.8x at n = 1024, but 0.56-0.85x at
+    n = 2048 and 0.30-0.39x at n = 4096 where it certified, 1.04-1.15x where it gave up
+    (BENCHMARKS.md, "Issue 43 items 1-2")."""
+    if device.type == "cpu" and n < _ITER_CPU_MIN_DIM:
+        return False
+    return _ITER_MAX_WIDTH_RATIO * _iter_width(n, k) <= n
 
 
 def _iterated_subspace(J: Tensor, G32: Tensor, k: int

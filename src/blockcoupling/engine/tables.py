@@ -64,27 +64,36 @@ def coupling_rows(prompt_id: str, A_store: CouplingStore, measured: Mapping[Key,
                      measured[b].top.U.mT @ measured[b].top.V)
                 cache[b] = M[:kmax, :kmax].to(device=A.device, dtype=A.dtype)
         overlap = torch.stack([cache[key[2]] for key in keys])  # (P, Kmax, Kmax)
-    base = pd.DataFrame({
-        "prompt_id": prompt_id,
-        "kind": [k[0] for k in keys],
-        "layer_a": [k[1][0] for k in keys], "layer_b": [k[2][0] for k in keys],
-        "token_in_a": [k[1][1] for k in keys], "token_out_a": [k[1][2] for k in keys],
-        "token_in_b": [k[2][1] for k in keys], "token_out_b": [k[2][2] for k in keys],
-        "orientation": [k[3] for k in keys],
-    })
     values = metrics.all_coupling_values(A, s1, cfg.k, variants=cfg.variants, ps=cfg.p,
                                          fro2=per_measured("fro2"), d=d,
                                          trace=per_measured("trace"),
                                          trace2=per_measured("trace2"), overlap=overlap)
-    parts = []
-    for (variant, p, k), vals in values.items():
-        df = base.copy()
-        df["k"] = k
-        df["variant"] = variant
-        df["p"] = np.nan if p is None else float(p)
-        df["value"] = vals.detach().double().cpu().numpy()
-        parts.append(df)
-    return conform("coupling", pd.concat(parts, ignore_index=True))
+    # one frame for the whole prompt: every (variant, p, k) block of P rows in the order of
+    # `values`, the pairs in the order of `keys` within each (a frame per block, then a
+    # concat, cost 21 pandas frame builds per prompt and left 21 chunks in every string
+    # column, which the run's final concat then walked: BENCHMARKS.md, issue 43 item 3)
+    combos = list(values)
+    P, n = len(keys), len(combos)
+    if not n:
+        return conform("coupling", [])
+
+    def tiled(col: list[Any]) -> np.ndarray:
+        return np.tile(np.asarray(col, dtype=object if isinstance(col[0], str) else None), n)
+
+    return conform("coupling", pd.DataFrame({
+        "prompt_id": np.full(P * n, prompt_id, dtype=object),
+        "kind": tiled([k[0] for k in keys]),
+        "layer_a": tiled([k[1][0] for k in keys]), "layer_b": tiled([k[2][0] for k in keys]),
+        "token_in_a": tiled([k[1][1] for k in keys]), "token_out_a": tiled([k[1][2] for k in keys]),
+        "token_in_b": tiled([k[2][1] for k in keys]), "token_out_b": tiled([k[2][2] for k in keys]),
+        "orientation": tiled([k[3] for k in keys]),
+        "k": np.repeat(np.asarray([k for _v, _p, k in combos], dtype=np.int64), P),
+        "variant": np.repeat(np.asarray([v for v, _p, _k in combos], dtype=object), P),
+        "p": np.repeat(np.asarray([np.nan if p is None else float(p) for _v, p, _k in combos],
+                                  dtype=np.float64), P),
+        "value": np.concatenate([vals.detach().double().cpu().numpy().reshape(P)
+                                 for vals in values.values()]),
+    }))
 
 
 #: token-wise |A| mosaics keep at most this many tokens per axis (the last ones)

@@ -76,6 +76,7 @@ from blockcoupling.prompts.prompt import (
     Prompt,
     check_text,
     check_unique,
+    once_each,
     prompts_frame,
 )
 from blockcoupling.prompts.subsets import (
@@ -178,4 +179,4 @@ def load_prompts(
     if not prompts:
         raise BlockCouplingError(f"the prompt set {spec!r} is empty; give at least one prompt")
     check_unique(prompts, spec)
-    return prompts
+    return once_each(prompts, spec)
