@@ -22,6 +22,9 @@ DTYPES = ("auto", "float32", "float16", "bfloat16", "float64")
 #: the largest seed: every consumer takes it (``random.Random``, ``numpy.random.default_rng``,
 #: ``torch.manual_seed``, and the seeds a study derives as ``seed * 1_000_003 + 17``)
 SEED_MAX = 2**32 - 1
+#: the largest whole number of any option: a 64-bit integer (what torch, numpy and Parquet
+#: hold); a larger one is refused by `whole` whatever the option's own bounds
+WHOLE_MAX = 2**63 - 1
 T = TypeVar("T")
 
 
@@ -80,6 +83,9 @@ def whole(value: Any, name: str, *, minimum: int | None = None,
         rng = _range(minimum, maximum, None, None)
         raise OptionError(f"{name} must be a whole number{' ' + rng if rng else ''}, "
                           f"not {value!r}")
+    if abs(value) > WHOLE_MAX:
+        raise OptionError(f"{name} must be a whole number of at most 63 bits (at most "
+                          f"{WHOLE_MAX:,} in size), not {value!r}")
     return int(value)
 
 

@@ -25,6 +25,7 @@ once per module in a few seconds of CPU; every case that changes a folder works 
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -58,28 +59,16 @@ BIG = str(2**64)  # above every 64-bit integer
 #: the cases still BAD on main: case id -> "class: what happens" (xfail, strict)
 BAD: dict[str, str] = {
     # options: ranges, types and cross-option rules not checked where declared
-    "vit-train:hidden-size=2^64": "options: a traceback (torch.zeros overflow)",
     "generalization:out-is-a-file": "options: --dry-run accepts an --out that is a file",
     # protocol: the folder, its lock, resume
     "test_perturb_killed_mid_write_resumes_bit_identically": "protocol: the resume leaves the "
                                                              "killed write's parts/.tmp-* file",
-    # reader: stored files read unverified
-    "show:a-perturbation-folder": "reader: 'manifest.json is missing ... lost ... restore it "
-                                  "from a backup' for a folder perturb wrote",
-    "show:a-sweep-folder": "reader: 'the record of the run is lost ... restore it from a "
-                           "backup' for a sweep folder",
-    "cross:perturbation-folders": "reader: 'record of the run is lost ... backup' for a "
-                                  "perturbation folder",
-    "difficulty:a-perturbation-folder": "reader: 'record of the run is lost ... backup'",
-    "report:a-perturbation-folder": "reader: 'record of the run is lost ... backup'",
+    "test_collection_upgrade_killed_midway_then_again": "protocol: a kill at the last move "
+                                                        "leaves .tmp-catalogue.parquet-PID; "
+                                                        "the rerun never removes it",
     # joins: results that depend on the order of the inputs
     "perturb:prompt-file-reversed": "joins: the summary's means differ in the last bit "
                                     "with the prompt file's order",
-    "measure:a-prompt-listed-twice": "joins: exit 0, one text measured as two prompts (the "
-                                     "mean and its se over prompts count it twice)",
-    "perturb:a-prompt-listed-twice": "joins: exit 0, one text counted as two prompts",
-    "vit-figures:a-training-copied": "joins: exit 0, a copied training folder counted as a "
-                                     "second run in the fits",
 }
 
 
@@ -210,18 +199,8 @@ def fx(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     rows = e2h_arc_rows(b / "e2h_arc.jsonl")
     assert_ok(cli("-q", "measure", "-m", str(lm[0]), "--prompts", f"hf:e2h-arc@{rows}",
                   "--limit", "6", "--k", "2", "-o", str(b / "rated")))
-    replaces = [0]
-    real = os.replace
-
-    def counting(*a: Any, **k: Any) -> None:
-        replaces[0] += 1
-        real(*a, **k)
-
-    os.replace = counting  # type: ignore[assignment]
-    try:
+    with counted_moves() as replaces:
         assert_ok(cli("-q", "perturb", *perturb_args(lm[0], prompts, b / "pert")))
-    finally:
-        os.replace = real  # type: ignore[assignment]
     spec = {"models": [{"label": "a", "model": str(lm[0])}, {"label": "b", "model": str(lm[1])}],
             "prompts": [str(prompts)],
             "measure": {"k": [2], "coupling": ["depth"], "variants": ["coupling",
@@ -233,6 +212,26 @@ def fx(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     assert_ok(cli("-q", *_vit_grid()({}, b / "grid")))
     return {"b": b, "lm": lm, "prompts": prompts, "rows": rows, "spec": spec,
             "replaces": replaces[0]}
+
+
+@contextlib.contextmanager
+def counted_moves() -> Iterator[list[int]]:
+    """Count the ``os.replace`` and ``os.rename`` calls of the body (the kill points of
+    `_killed_child`)."""
+    seen = [0]
+    real = os.replace, os.rename
+
+    def counting(fn: Callable[..., None]) -> Callable[..., None]:
+        def move(*a: Any, **k: Any) -> None:
+            seen[0] += 1
+            fn(*a, **k)
+        return move
+
+    os.replace, os.rename = counting(real[0]), counting(real[1])  # type: ignore[assignment]
+    try:
+        yield seen
+    finally:
+        os.replace, os.rename = real  # type: ignore[assignment]
 
 
 def perturb_args(model: Path, prompts: Path, out: Path, *extra: str) -> list[str]:
@@ -719,7 +718,60 @@ def _sweep_order(fx: dict[str, Any], tmp: Path) -> None:
                                   want.sort_values(key).reset_index(drop=True), check_exact=True)
 
 
+def _windows_file(src: Path, dst: Path, *, bom: bool = True) -> Path:
+    """``src`` as a Windows editor saves it: CRLF line ends, and a UTF-8 byte-order mark."""
+    text = src.read_text().replace("\n", "\r\n")
+    dst.write_bytes((b"\xef\xbb\xbf" if bom else b"") + text.encode())
+    return dst
+
+
+def _measure_windows(fx: dict[str, Any], tmp: Path) -> None:
+    args = ["-q", "measure", "-m", str(fx["lm"][0]), "--k", "2,4", "--coupling", "depth"]
+    win = _windows_file(fx["prompts"], tmp / "p.txt")
+    r = cli(*args, "--prompts", str(win), "-o", str(tmp / "win"))
+    if r.exit_code != 0:
+        assert_refused(r, unchanged={tmp / "win": None})
+        return
+    pd.testing.assert_frame_equal(by_text(tmp / "win"), by_text(fx["b"] / "run0"),
+                                  check_exact=True)
+
+
+def _correlate_windows(fx: dict[str, Any], tmp: Path) -> None:
+    r = [str(fx["b"] / f"run{i}") for i in range(3)]
+    args = ["--labels", "a,b,c", "--k", "2"]
+    want = json_of("correlate", *r, "--scores", str(fx["b"] / "scores.csv"), *args)
+    got = json_of("correlate", *r, "--scores", str(_windows_file(fx["b"] / "scores.csv",
+                                                                 tmp / "s.csv")), *args)
+    for d in (got, want):
+        d.pop("scores")
+    assert got == want
+
+
+def _difficulty_windows(fx: dict[str, Any], tmp: Path) -> None:
+    run = str(fx["b"] / "rated")
+    want = json_of("difficulty", run, "--ratings", f"hf:e2h-arc@{fx['rows']}")
+    win = _windows_file(fx["rows"], tmp / "e2h_arc.jsonl", bom=False)
+    got = json_of("difficulty", run, "--ratings", f"hf:e2h-arc@{win}")
+    for d in (got, want):
+        d.pop("ratings")
+    assert got == want
+
+
+def _measure_jsonl_bom(fx: dict[str, Any], tmp: Path) -> None:
+    path = tmp / "p.jsonl"
+    path.write_bytes(b"\xef\xbb\xbf" + "".join(json.dumps({"text": p}) + "\n"
+                                                for p in PROMPTS).encode())
+    assert_ok(cli("-q", "measure", "-m", str(fx["lm"][0]), "--k", "2,4", "--coupling", "depth",
+                  "--prompts", str(path), "-o", str(tmp / "j")))
+    pd.testing.assert_frame_equal(by_text(tmp / "j"), by_text(fx["b"] / "run0"),
+                                  check_exact=True)
+
+
 ORDER: dict[str, Callable[[dict[str, Any], Path], None]] = {
+    "measure:jsonl-prompt-file-with-a-bom": _measure_jsonl_bom,
+    "measure:prompt-file-saved-on-windows": _measure_windows,
+    "correlate:score-file-saved-on-windows": _correlate_windows,
+    "difficulty:ratings-file-with-crlf": _difficulty_windows,
     "measure:prompt-file-reversed": _measure_order,
     "perturb:prompt-file-reversed": _perturb_order,
     "difficulty:ratings-file-shuffled": _difficulty_order,
@@ -975,20 +1027,21 @@ def test_edited_or_truncated_stored_file(cid: str, fx: dict[str, Any], tmp_path:
 
 # ---------------------------------------------------------------------------- a kill mid-write
 def _killed_child(argv: list[str], nth: int) -> subprocess.CompletedProcess[str]:
-    """The CLI in a new process that SIGKILLs itself at its ``nth`` ``os.replace`` (a file
-    committed: a part, a table, a summary, a page)."""
+    """The CLI in a new process that SIGKILLs itself at its ``nth`` ``os.replace`` or
+    ``os.rename`` (a file committed: a part, a table, a summary, a page; a folder moved)."""
     import torch
 
     code = textwrap.dedent(f"""
         import os, signal, sys
-        real = os.replace
         seen = [0]
-        def replace(*a, **k):
-            seen[0] += 1
-            if seen[0] == {nth}:
-                os.kill(os.getpid(), signal.SIGKILL)
-            return real(*a, **k)
-        os.replace = replace
+        def killing(real):
+            def move(*a, **k):
+                seen[0] += 1
+                if seen[0] == {nth}:
+                    os.kill(os.getpid(), signal.SIGKILL)
+                return real(*a, **k)
+            return move
+        os.replace, os.rename = killing(os.replace), killing(os.rename)
         from blockcoupling.cli import main
         sys.argv = ["blockcoupling", *{argv!r}]
         main()
@@ -1189,7 +1242,32 @@ JSON_STDOUT: dict[str, Callable[[dict[str, Any], Path], list[str]]] = {
     "lm-family:dry-run-json": lambda fx, t: _lm_family("--quick")(fx, t / "s"),
     "generalization:dry-run-json": lambda fx, t: _generalization("--quick")(fx, t / "g"),
     "models:json": lambda fx, t: ["models"],
+    "sweep-status:json-with-a-damaged-unit": lambda fx, t: [
+        "sweep-status", str(_damaged_unit(copy(fx["b"] / "sweep", t / "s")))],
+    "show:json-of-an-unfinished-run": lambda fx, t: ["show", str(_unfinished_run(fx, t))],
 }
+
+
+def _damaged_unit(sweep: Path) -> Path:
+    flip(_first(sweep / "units", "*/coupling.parquet"))
+    return sweep
+
+
+def _unfinished_run(fx: dict[str, Any], tmp: Path) -> Path:
+    """A run killed before its parts were consolidated (its prompts in parts/)."""
+    from tests.helpers.tiny_runs import install_probes
+
+    def stop(point: str) -> None:
+        if point == "consolidate":
+            raise Stop
+
+    uninstall = install_probes(stop)
+    try:
+        cli("-q", *_measure()(fx, tmp / "unfinished"))
+    finally:
+        uninstall()
+    assert sorted((tmp / "unfinished" / "parts").glob("part-*"))
+    return tmp / "unfinished"
 
 
 def _write(path: Path, text: str) -> Path:
@@ -1660,3 +1738,182 @@ def test_one_thing_given_twice_or_changed_is_never_counted_twice(cid: str, fx: d
     """Joins by content: a prompt, a level, a training or a model given twice is counted
     once or refused; a rated prompt whose text changed is not joined to the measured one."""
     TWICE[cid](fx, tmp_path)
+
+
+def _k_twice(fx: dict[str, Any], tmp: Path) -> None:
+    r = [str(fx["b"] / f"run{i}") for i in range(3)]
+    res = cli("correlate", *r, "--scores", str(fx["b"] / "scores.csv"), "--labels", "a,b,c",
+              "--k", "2,2,4", "--json")
+    if res.exit_code == 0:
+        assert_ok(res)
+        data = json.loads(res.stdout)
+        assert data.get("ks") == [2, 4], data.get("ks")
+    else:
+        assert_refused(res)
+
+
+def _floor_model_twice(fx: dict[str, Any], tmp: Path) -> None:
+    path = _write(tmp / "s.csv", "model,score,d_model\nm1,10,64\nm2,20,128\nm3,30,256\n"
+                                 "m1,12,64\nm4,25,512\n")
+    assert_refused(cli("chance-floor", "--scores", str(path)))
+
+
+def _rated_twice(fx: dict[str, Any], tmp: Path) -> None:
+    rows = fx["rows"].read_text().splitlines()
+    again = json.loads(rows[0])
+    again["rating"] = 0.99
+    path = _write(tmp / "e2h.jsonl", "\n".join([*rows, json.dumps(again)]) + "\n")
+    assert_refused(cli("difficulty", str(fx["b"] / "rated"), "--ratings", f"hf:e2h-arc@{path}"))
+
+
+def _cross_run_twice(fx: dict[str, Any], tmp: Path) -> None:
+    r = [str(fx["b"] / f"run{i}") for i in range(3)]
+    res = cli("cross", r[0], r[0], r[2], "--json")
+    if res.exit_code == 0:
+        assert_ok(res)
+        pairs = {(c["run_a"], c["run_b"]) for c in json.loads(res.stdout)["coupling"]}
+        assert len(pairs) == 1, f"one run counted twice: {sorted(pairs)}"
+    else:
+        assert_refused(res)
+
+
+def _grid_rate_twice(fx: dict[str, Any], tmp: Path) -> None:
+    res = cli(*_vit_grid("--dry-run", "--drop-path", "0,0", "--json")(fx, tmp / "g"))
+    if res.exit_code == 0:
+        assert_ok(res)
+        plan = json.loads(res.stdout)
+        runs = plan.get("runs", plan.get("units"))
+        assert runs is not None and len(runs) == 1, f"{len(runs or [])} runs for one rate"
+    else:
+        assert_refused(res, unchanged={tmp / "g": None})
+
+
+TWICE.update({
+    "correlate:a-k-listed-twice": _k_twice,
+    "chance-floor:a-model-listed-twice": _floor_model_twice,
+    "difficulty:a-prompt-rated-twice": _rated_twice,
+    "cross:a-run-listed-twice": _cross_run_twice,
+    "vit-grid:a-rate-listed-twice": _grid_rate_twice,
+})
+
+
+# ---------------------------------------------------------------------------- into a folder of another kind
+def _into(kind: str) -> Callable[[dict[str, Any], Path], Path]:
+    return lambda fx, t: copy(fx["b"] / kind, t / kind)
+
+
+INTO_OTHER: dict[str, tuple[str, Callable[[dict[str, Any], Path], list[str]]]] = {
+    "measure:resume-into-a-perturbation-folder": (
+        "pert", lambda fx, o: [*_measure("--resume")(fx, o)]),
+    "measure:into-a-sweep-folder": ("sweep", lambda fx, o: _measure()(fx, o)),
+    "perturb:into-a-run-folder": ("run0", lambda fx, o: _perturb()(fx, o)),
+    "perturb:into-a-sweep-folder": ("sweep", lambda fx, o: _perturb()(fx, o)),
+    "sweep:resume-into-a-run-folder": ("run0", lambda fx, o: [
+        *_sweep(_nothing)(fx, o), "--resume"]),
+    "sweep:into-a-vit-grid": ("grid", lambda fx, o: _sweep(_nothing)(fx, o)),
+    "vit-train:into-a-sweep-folder": ("sweep", lambda fx, o: _vit_train()(fx, o)),
+    "vit-train:into-a-run-folder": ("run0", lambda fx, o: _vit_train()(fx, o)),
+    "vit-grid:into-a-sweep-folder": ("sweep", lambda fx, o: _vit_grid()(fx, o)),
+    "vit-grid:into-a-perturbation-folder": ("pert", lambda fx, o: _vit_grid()(fx, o)),
+}
+
+
+@pytest.mark.parametrize("cid", cases([(c,) for c in INTO_OTHER]))
+def test_writing_into_a_folder_of_another_kind_is_refused(cid: str, fx: dict[str, Any],
+                                                          tmp_path: Path) -> None:
+    """A folder another command made (a run, a perturbation, a sweep, a grid) given as
+    --out: one line, the folder unchanged."""
+    kind, argv = INTO_OTHER[cid]
+    out = copy(fx["b"] / kind, tmp_path / kind)
+    spec_dir = tmp_path / "spec"
+    spec_dir.mkdir()
+    before = snapshot(out)
+    args = argv(fx, out)
+    assert_refused(cli(*args), unchanged={out: before})
+
+
+# ---------------------------------------------------------------------------- output paths that cannot be written
+def _a_folder(fx: dict[str, Any], t: Path) -> str:
+    (t / "taken").mkdir(exist_ok=True)
+    return str(t / "taken")
+
+
+def _under_a_file(fx: dict[str, Any], t: Path) -> str:
+    return str(_write(t / "afile", "x") / "out.json")
+
+
+OUT_PATHS: dict[str, Callable[[dict[str, Any], Path], list[str]]] = {
+    "correlate:json-out-is-a-folder": lambda fx, t: [*_json_out("correlate")(fx, t)[:-4],
+                                                     "--json-out", _a_folder(fx, t)],
+    "chance-floor:json-out-is-a-folder": lambda fx, t: ["chance-floor", "--scores", "paper",
+                                                        "--json-out", _a_folder(fx, t)],
+    "cross:json-out-is-a-folder": lambda fx, t: ["cross", str(fx["b"] / "run0"),
+                                                 str(fx["b"] / "run1"), "--json-out",
+                                                 _a_folder(fx, t)],
+    "chance-floor:json-out-under-a-file": lambda fx, t: ["chance-floor", "--scores", "paper",
+                                                         "--json-out", _under_a_file(fx, t)],
+    "difficulty:page-is-a-folder": lambda fx, t: ["difficulty", str(fx["b"] / "rated"), "-o",
+                                                  _a_folder(fx, t)],
+    "cross:page-under-a-file": lambda fx, t: ["cross", str(fx["b"] / "run0"),
+                                              str(fx["b"] / "run1"), "-o", _under_a_file(fx, t)],
+    "report:out-is-a-folder": lambda fx, t: ["report", str(fx["b"] / "run0"), "-o",
+                                             _a_folder(fx, t)],
+    "vit-figures:out-is-a-file": lambda fx, t: ["vit-figures", str(fx["b"] / "vits"), "-o",
+                                                str(_write(t / "afile", "x"))],
+    "perturb:out-is-a-file": lambda fx, t: _perturb()(fx, _write(t / "afile", "x")),
+    "measure:out-under-a-file": lambda fx, t: _measure()(fx, _write(t / "afile", "x") / "run"),
+}
+
+
+@pytest.mark.parametrize("cid", cases([(c,) for c in OUT_PATHS]))
+def test_an_output_path_that_cannot_be_written_is_one_line(cid: str, fx: dict[str, Any],
+                                                           tmp_path: Path) -> None:
+    argv = OUT_PATHS[cid](fx, tmp_path)
+    before = snapshot(tmp_path)
+    line = assert_refused(cli(*argv), unchanged={tmp_path: before})
+    assert ".tmp" not in line
+
+
+# ---------------------------------------------------------------------------- collection upgrade killed midway
+def _old_grid(grid: Path, old: Path) -> None:
+    """A vit-grid collection in the layout run_grid wrote before grids were collections:
+    grid.json + runs/<label>/ (what ``collection upgrade`` converts)."""
+    import blockcoupling as bc
+    from blockcoupling.store import collection as store
+
+    c = bc.open_collection(grid)
+    runs = {}
+    (old / "runs").mkdir(parents=True)
+    for r in c.catalogue.itertuples():
+        shutil.copytree(grid / "units" / r.unit_id, old / "runs" / r.label)
+        cfg = store.read_status(grid, r.unit_id)["unit"]["config"]  # type: ignore[index]
+        runs[r.label] = {"drop_path": cfg["drop_path"], "weight_decay": cfg["weight_decay"],
+                         "seed": cfg["seed"], "status": "done", "message": None}
+    (old / "grid.json").write_text(json.dumps({
+        "format": "blockcoupling-vit-grid", "base": c.manifest["spec"]["vit-grid"]["base"],
+        "runs": runs}))
+
+
+@pytest.mark.xfail("test_collection_upgrade_killed_midway_then_again" in BAD, strict=True,
+                   reason=BAD.get("test_collection_upgrade_killed_midway_then_again", ""))
+def test_collection_upgrade_killed_midway_then_again(fx: dict[str, Any], tmp_path: Path) -> None:
+    """SIGKILL at a seeded file or folder move of ``collection upgrade`` (an old-layout ViT
+    grid), then the same command: the collection of an uninterrupted upgrade."""
+    import blockcoupling as bc
+
+    ref, old = tmp_path / "ref", tmp_path / "old"
+    _old_grid(fx["b"] / "grid", ref)
+    _old_grid(fx["b"] / "grid", old)
+    with counted_moves() as moves:
+        assert_ok(cli("collection", "upgrade", str(ref)))
+    nth = random.Random(f"{SEED}/campaign/upgrade").randint(1, moves[0])
+    info = f"kill at move #{nth} of {moves[0]} (BLOCKCOUPLING_FAULT_SEED={SEED})"
+    res = _killed_child(["collection", "upgrade", str(old)], nth)
+    assert res.returncode == -signal.SIGKILL, f"{info}\n{res.stderr[-2000:]}"
+    r = cli("collection", "upgrade", str(old))
+    assert r.exit_code == 0, f"{info}\n{tail(r.output)}"
+    got, want = bc.open_collection(old), bc.open_collection(ref)
+    cols = ["unit_id", "coupling_vs_null_mean", "coupling_mean"]
+    pd.testing.assert_frame_equal(got.summary()[cols], want.summary()[cols], check_exact=True)
+    left = [str(p.relative_to(old)) for p in old.rglob(".tmp*")]
+    assert not left, f"{info}: the killed upgrade's temporary files stay: {left}"

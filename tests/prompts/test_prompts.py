@@ -564,3 +564,15 @@ def test_hf_hub_failure_is_actionable(monkeypatch: pytest.MonkeyPatch) -> None:
     _fake_datasets(monkeypatch, load_dataset)
     with pytest.raises(BlockCouplingError, match=r"could not load allenai/ai2_arc.*hf:NAME@"):
         load_prompts("hf:arc")
+
+
+def test_a_text_listed_twice_is_one_prompt(tmp_path: Path) -> None:
+    """Prompts are identified by their text (joins by content): a text listed twice under
+    two ids is measured once (the first id kept), with one warning naming the others; texts
+    that differ by a blank are other prompts (the tokenizer sees them)."""
+    f = tmp_path / "twice.jsonl"
+    f.write_text('{"id": "a", "text": "x"}\n{"id": "b", "text": "y"}\n{"id": "c", "text": "x"}'
+                 '\n{"id": "d", "text": "x "}\n', encoding="utf-8")
+    with pytest.warns(UserWarning, match=r"1 prompt\(s\) repeat .* 'c' \(= 'a'\)"):
+        got = load_prompts(str(f))
+    assert [(p.prompt_id, p.text) for p in got] == [("a", "x"), ("b", "y"), ("d", "x ")]

@@ -15,12 +15,16 @@ import pytest
 from blockcoupling.errors import RunDirError
 from blockcoupling.store.fileio import lock_holder
 from blockcoupling.store.folder import (
+    COLLECTION,
     CONTINUE,
+    KINDS,
     NEW,
     REBUILD,
     REPLACE,
     Layout,
+    another_kind,
     decide,
+    identify,
     open_folder,
 )
 
@@ -123,3 +127,30 @@ def test_a_second_writer_is_refused_with_the_first_ones_pid(tmp_path: Path) -> N
         done.set()
         proc.join(60)
     assert lock_holder(root) is None and _run(root, {"n": 1}, resume=True) == NEW
+
+
+@pytest.mark.parametrize("kind", KINDS, ids=[k.what for k in KINDS])
+def test_a_folder_of_another_kind_is_named_by_what_wrote_it(kind: Layout, tmp_path: Path) -> None:
+    """Every kind's folder given where another kind is read or written: one line naming
+    what it is and who wrote it, never the words of a damaged folder of the reader's own
+    kind; a folder of the reader's own kind, or of none, is left to the reader."""
+    root = tmp_path / "f"
+    root.mkdir()
+    (root / kind.record).write_text(json.dumps({"kind": "sweep"}))
+    assert identify(root) is not None and identify(root).record == kind.record
+    assert another_kind(root, kind) is None
+    for reader in (k for k in KINDS if k.record != kind.record):
+        err = another_kind(root, reader)
+        assert err is not None and f"not a {reader.what}" in str(err), err
+        assert kind.made_by in str(err) and "backup" not in str(err), err
+        with pytest.raises(RunDirError, match=f"written by {kind.made_by}.*choose a new or "
+                           "empty --out"):
+            decide(root, reader, **_identity(root, {}))
+    assert identify(tmp_path / "missing") is None and another_kind(tmp_path, TOY) is None
+
+
+def test_a_collection_is_named_by_its_kind(tmp_path: Path) -> None:
+    (tmp_path / COLLECTION.record).write_text(json.dumps({"kind": "vit-grid"}))
+    assert identify(tmp_path).what == "vit-grid collection"
+    (tmp_path / COLLECTION.record).write_text("{not json")  # words only: never a traceback
+    assert identify(tmp_path).what == "collection"

@@ -4,6 +4,7 @@ one named), with ids and labels from the file where it has them (see
 
 from __future__ import annotations
 
+import codecs
 import io
 import json
 from collections.abc import Iterable, Mapping
@@ -29,11 +30,13 @@ def _cell_str(value: Any) -> str | None:
 
 
 def _read_text(path: Path) -> str:
-    """A prompt file's text; a clear error if it is not UTF-8 or cannot be read."""
+    """A prompt file's text, without the byte-order mark some editors write first (else it
+    would be part of the first prompt); a clear error if it is not UTF-8 or cannot be read."""
     try:
         data = path.read_bytes()
     except OSError as err:
         raise BlockCouplingError(f"cannot read the prompt file {path} ({err.strerror})") from None
+    data = data.removeprefix(codecs.BOM_UTF8)
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as err:

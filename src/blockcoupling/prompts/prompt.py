@@ -3,6 +3,7 @@ prompts table of a run."""
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -48,6 +49,27 @@ def check_unique(prompts: Sequence[Prompt], spec: str) -> None:
                 "prompt a unique id (or drop the id column to number them)"
             )
         seen.add(p.prompt_id)
+
+
+def once_each(prompts: Sequence[Prompt], spec: str) -> list[Prompt]:
+    """``prompts`` with each text once (the first of each; a prompt is identified by its
+    text, ``docs/conventions.md`` "Joins by content"): a text listed twice is measured
+    once, never counted as two prompts in a mean and its standard error. The ids dropped
+    are stated in one warning."""
+    first: dict[str, str] = {}
+    kept: list[Prompt] = []
+    dropped: list[str] = []
+    for p in prompts:
+        if p.text in first:
+            dropped.append(f"{p.prompt_id!r} (= {first[p.text]!r})")
+            continue
+        first[p.text] = p.prompt_id
+        kept.append(p)
+    if dropped:
+        shown = ", ".join(dropped[:3]) + (", ..." if len(dropped) > 3 else "")
+        warnings.warn(f"{spec!r}: {len(dropped)} prompt(s) repeat an earlier prompt's text "
+                      f"and are measured once: {shown}", UserWarning, stacklevel=2)
+    return kept
 
 
 def prompts_frame(prompts: Sequence[Prompt]) -> pd.DataFrame:

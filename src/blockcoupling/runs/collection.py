@@ -15,6 +15,7 @@ from blockcoupling.errors import RunDirError
 from blockcoupling.runs import kinds
 from blockcoupling.runs.read import Sweep, load_manifest, open_collection, open_sweep
 from blockcoupling.store import collection as store
+from blockcoupling.store.folder import COLLECTION, another_kind
 from blockcoupling.validate import OptionError
 
 
@@ -60,6 +61,8 @@ def upgrade_collection(path: str | os.PathLike[str]) -> Sweep:
     with store.sweep_lock(root, "collection"):
         upgrades = [k.upgrade for k in map(kinds.get, kinds.names()) if k.upgrade is not None]
         if not (root / store.MANIFEST).is_file() and not any(up(root) for up in upgrades):
+            if (other := another_kind(root, COLLECTION, fix="nothing to upgrade")) is not None:
+                raise other
             raise RunDirError(f"{root} is neither a collection nor a ViT grid in the old "
                               f"layout (no {store.MANIFEST}, no {store.LEGACY_GRID_FILE}); "
                               "nothing to upgrade")

@@ -21,6 +21,7 @@ import sys
 import time
 import traceback
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +38,7 @@ from blockcoupling.runs.executor import (
 )
 from blockcoupling.runs.identity import input_differences, input_hashes
 from blockcoupling.store import collection as store
-from blockcoupling.store.folder import CONTINUE, REBUILD, Layout, decide, open_folder
+from blockcoupling.store.folder import COLLECTION, CONTINUE, REBUILD, Layout, decide, open_folder
 
 #: Ray retries of a unit whose worker died (a spec's ``retries``, ``--retries``)
 RETRIES = 3
@@ -52,7 +53,7 @@ Work = Callable[..., Any]
 
 def layout(kind: str, flag: str = "--out") -> Layout:
     """A collection of ``kind`` in the protocol's words (``flag``: the option naming it)."""
-    return Layout(what=kind, record=store.MANIFEST, writer=kind, flag=flag)
+    return replace(COLLECTION, what=kind, writer=kind, flag=flag)
 
 
 def spec_json(spec: Any) -> Any:

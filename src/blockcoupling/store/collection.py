@@ -37,11 +37,12 @@ import pandas as pd
 from blockcoupling.errors import RunDirError
 from blockcoupling.hashing import canonical_hash
 from blockcoupling.store.fileio import atomic_path, dir_lock, lock_holder
+from blockcoupling.store.folder import COLLECTION, another_kind
 from blockcoupling.store.verified import load_sealed, write_sealed
 
 FORMAT_NAME = "blockcoupling-sweep"
 FORMAT_VERSION = 2  # 2: kind vit-grid and the units' ``run``; format 1 is read as it is
-MANIFEST = "sweep.json"
+MANIFEST = COLLECTION.record
 #: the ViT grid's manifest before it became a kind of collection (read: the upgrade line)
 LEGACY_GRID_FILE = "grid.json"
 STATUS = "status"
@@ -171,6 +172,8 @@ def load_manifest(root: Path) -> dict[str, Any]:
     path = root / MANIFEST
     if not path.exists() and (root / LEGACY_GRID_FILE).is_file():
         raise RunDirError(upgrade_line(root))
+    if not path.exists() and (other := another_kind(root, COLLECTION)) is not None:
+        raise other
     if not path.exists():
         if (root / STATUS).is_dir() and any((root / STATUS).glob("*.json")):
             raise RunDirError(f"{path} is missing: {root} has lost its manifest. "

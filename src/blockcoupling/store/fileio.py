@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from blockcoupling.errors import RunDirError
+from blockcoupling.errors import BlockCouplingError, RunDirError
 from blockcoupling.jsonsafe import dumps
 
 TMP_PREFIX = ".tmp-"
@@ -76,8 +76,26 @@ def commit_temp(tmp: Path, path: Path) -> None:
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` through a temporary file and one ``os.replace``."""
-    commit_temp(write_temp(path, data), path)
+    """Write ``data`` to ``path`` through a temporary file and one ``os.replace`` (a folder
+    at ``path`` is refused before anything is written; a failed write leaves no temporary
+    file behind)."""
+    check_output_file(path)
+    tmp = temp_path(path)
+    try:
+        write_file(tmp, data)
+        commit_temp(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
+
+
+def check_output_file(path: Path) -> None:
+    """One line where an output file's path is a folder (a rename onto it would fail
+    naming the temporary file)."""
+    if path.is_dir() and not path.is_symlink():
+        raise BlockCouplingError(f"{path} is a folder, not a file; give the path of a file "
+                                 "to write (a new name, or an existing file to replace)")
 
 
 def atomic_write_text(path: Path, text: str) -> None:

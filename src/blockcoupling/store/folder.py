@@ -12,10 +12,11 @@ and yields it while the lock is held. A kind describes its folder once (`Layout`
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from blockcoupling.errors import RunDirError
@@ -41,11 +42,72 @@ class Layout:
     flag: str = "--out"
     #: who else may be writing it, in the busy line ("sweep": "in use by another sweep")
     writer: str = "blockcoupling process"
+    #: the command that writes it, in the line naming it to another command
+    made_by: str = ""
+    #: what to do with it instead, in that line ("give it to vit-figures or report")
+    read_by: str = ""
 
     def busy(self, root: Path) -> str:
         """The line when another process holds the lock (``{who}``: `` (PID n)``)."""
         return (f"{self.what} {root} is in use by another {self.writer}{{who}}; wait for it "
                 f"to finish or stop it, or choose another {self.flag}")
+
+
+#: every kind of folder a command writes (`identify`), the record that marks each
+RUN_DIRECTORY = Layout(
+    what="run directory", record="manifest.json", made_by="blockcoupling measure",
+    read_by="give it to show, report, cross, correlate or difficulty")
+COLLECTION = Layout(
+    what="collection", record="sweep.json",
+    made_by="blockcoupling sweep, vit-grid or a CouplingMonitor",
+    read_by="give it to sweep-status, report, correlate, cross or vit-figures (a vit-grid)")
+PERTURBATION_RUN = Layout(
+    what="perturbation run", record="perturbation.json", made_by="blockcoupling perturb",
+    read_by="its results are its perturbation.html and summary.csv (perturb with the same "
+            "settings and --out continues it)", resume_flag=None)
+VIT_TRAINING = Layout(
+    what="ViT training", record="metrics.json", made_by="blockcoupling vit-train",
+    read_by="give it, or the folder above it, to vit-figures or report", resume_flag=None)
+LM_STUDY = Layout(
+    what="lm-family study", record="study-spec.json",
+    made_by="blockcoupling study lm-family",
+    read_by="its results are its study.html and study.json", resume_flag=None)
+GENERALIZATION_STUDY = Layout(
+    what="generalization study", record="grid",
+    made_by="blockcoupling study generalization",
+    read_by="its results are its study.html and study.json", resume_flag=None)
+KINDS: tuple[Layout, ...] = (RUN_DIRECTORY, COLLECTION, PERTURBATION_RUN, VIT_TRAINING,
+                             LM_STUDY, GENERALIZATION_STUDY)
+
+
+def identify(root: Path) -> Layout | None:
+    """The kind of folder ``root`` is, by the record it holds (a collection named by its
+    manifest's ``kind``: "sweep collection"); None: no kind's record. Words only: nothing
+    is verified (the kind's own reader does that)."""
+    if not root.is_dir():
+        return None
+    for kind in KINDS:
+        if not (root / kind.record).exists():
+            continue
+        if kind is COLLECTION:
+            name = None
+            with contextlib.suppress(OSError, ValueError, RecursionError):
+                name = json.loads((root / kind.record).read_bytes()).get("kind")
+            if isinstance(name, str) and name.strip():
+                return replace(kind, what=f"{name.strip()} collection")
+        return kind
+    return None
+
+
+def another_kind(root: Path, expected: Layout, *, fix: str = "") -> RunDirError | None:
+    """The one line for ``root`` holding a folder of another kind than ``expected`` (None:
+    it holds none, or one of ``expected``'s kind): what it is, who wrote it, what reads it
+    (``fix``: the reader's own way out instead)."""
+    other = identify(root)
+    if other is None or other.record == expected.record:
+        return None
+    return RunDirError(f"{root} is a {other.what} (written by {other.made_by}), not a "
+                       f"{expected.what}; {fix or other.read_by}")
 
 
 def entries(root: Path) -> list[Path]:
@@ -89,6 +151,8 @@ def decide(root: Path, layout: Layout, *, differences: Callable[[], list[str] | 
     held = entries(root)
     if not held:
         return NEW
+    if (err := another_kind(root, layout, fix=f"choose a new or empty {layout.flag}")) is not None:
+        raise RunDirError(f"{layout.flag} {err}")
     if layout.files is not None:
         foreign = sorted(p.name for p in held if p.name not in layout.files)
         if foreign:
@@ -154,5 +218,7 @@ def clear(root: Path) -> None:
             entry.unlink()
 
 
-__all__ = ["CONTINUE", "NEW", "REBUILD", "REPLACE", "Layout", "check_out", "clear", "decide",
-           "entries", "open_folder"]
+__all__ = ["COLLECTION", "CONTINUE", "GENERALIZATION_STUDY", "KINDS", "LM_STUDY", "NEW",
+           "PERTURBATION_RUN", "REBUILD", "REPLACE", "RUN_DIRECTORY", "VIT_TRAINING", "Layout",
+           "another_kind", "check_out", "clear", "decide", "entries", "identify",
+           "open_folder"]

@@ -23,11 +23,12 @@ from blockcoupling.errors import BlockCouplingError, RunDirError
 from blockcoupling.jsonsafe import jsonable as _jsonable
 from blockcoupling.store.fileio import atomic_write_bytes
 from blockcoupling.store.fingerprint import library_versions
+from blockcoupling.store.folder import RUN_DIRECTORY, another_kind
 from blockcoupling.store.verified import digest_of, load_json
 
 FORMAT_NAME = "blockcoupling-run"
 FORMAT_VERSION = 2  # 2: sealed manifest, checksummed parts and consolidated files
-MANIFEST = "manifest.json"
+MANIFEST = RUN_DIRECTORY.record
 ARRAYS = "arrays.npz"
 PARTS = "parts"
 PART_META = "part.json"
@@ -76,6 +77,8 @@ def load_manifest(root: Path) -> dict[str, Any]:
     if not root.is_dir():
         raise RunDirError(f"{root} is a file, not a run directory; give the directory of a run")
     path = root / MANIFEST
+    if not path.exists() and (other := another_kind(root, RUN_DIRECTORY)) is not None:
+        raise other
     if not path.exists() and ((root / PARTS).is_dir() or any(root.glob("*.parquet"))):
         raise RunDirError(
             f"{path} is missing: the record of the run in {root} is lost (its tables are "

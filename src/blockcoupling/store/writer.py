@@ -35,7 +35,7 @@ from blockcoupling.store.fileio import (
     write_file,
     write_temp,
 )
-from blockcoupling.store.folder import NEW, REPLACE, Layout, decide, entries, open_folder
+from blockcoupling.store.folder import NEW, REPLACE, RUN_DIRECTORY, decide, entries, open_folder
 from blockcoupling.store.integrity import (
     DATA_FILES,
     RunContents,
@@ -105,7 +105,7 @@ def _payload(m: Measurement, run_meta: Any) -> dict[str, bytes]:
 
 
 #: a run directory in the run protocol's words (`blockcoupling.store.folder`)
-RUN = Layout(what="run directory", record=MANIFEST)
+RUN = RUN_DIRECTORY
 
 
 def check_target(root: Path, config: MeasureConfig, meta: Mapping[str, Any],

@@ -321,8 +321,9 @@ def check_distinct_weights(weights: Mapping[str, str | None]) -> None:
     if twice:
         h, labels = twice
         raise BlockCouplingError(
-            f"runs {', '.join(labels)} measured the same weights (weights hash {h[:12]}): one "
-            "model counted as several; pass each model once")
+            f"runs {', '.join(labels)} measured the same weights (weights hash "
+            f"{h.removeprefix('sha256:')[:12]}): one model counted as several; pass each model "
+            "once")
 
 
 def same_weights(recorded: object, loaded: str, *, what: str) -> None:

@@ -23,6 +23,7 @@ from blockcoupling.engine.statistic import (
     statistic_table,
 )
 from blockcoupling.errors import BlockCouplingError
+from blockcoupling.store.folder import RUN_DIRECTORY, another_kind
 from blockcoupling.studies import joins
 
 __all__ = [
@@ -222,6 +223,9 @@ def load_units(paths: Iterable[str | Path],
         if sweep is not None and sweep.is_collection_dir(path):  # any kind, by its manifest
             units += _units_from_sweep(sweep, path)
             continue
+        if (other := another_kind(path, RUN_DIRECTORY, fix="pass run directories or a "
+                                  "sweep directory")) is not None:
+            raise other
         raise BlockCouplingError(f"{path} is not a blockcoupling run directory (no readable "
                                  "manifest.json); pass run directories written by "
                                  "`blockcoupling measure` or a sweep directory")

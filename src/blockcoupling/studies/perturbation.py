@@ -13,17 +13,17 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
 from blockcoupling.errors import BlockCouplingError
-from blockcoupling.store.folder import Layout
+from blockcoupling.store.folder import PERTURBATION_RUN
 from blockcoupling.store.verified import LEDGER, Ledger, parquet_bytes
 
-SETTINGS = "perturbation.json"
+SETTINGS = PERTURBATION_RUN.record
 PARTS = "parts"
 TABLE = "perturbation.parquet"
 PAGE = "perturbation.html"
@@ -63,8 +63,7 @@ class PerturbationResult:
 IDENTITY = ("levels", "draws", "seed", "token", "weights_hash", "prompts")
 #: a perturbation folder in the run protocol's words: what it may hold; running the same
 #: command again continues it (no ``--resume``)
-LAYOUT = Layout(what="perturbation run", record=SETTINGS,
-                files=(SETTINGS, PARTS, TABLE, SUMMARY, PAGE, LEDGER), resume_flag=None)
+LAYOUT = replace(PERTURBATION_RUN, files=(SETTINGS, PARTS, TABLE, SUMMARY, PAGE, LEDGER))
 
 
 def _ledger(out: Path) -> Ledger:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import math
 import platform
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +29,7 @@ import numpy as np
 import pandas as pd
 
 from blockcoupling.errors import BlockCouplingError
-from blockcoupling.store.folder import Layout
+from blockcoupling.store.folder import GENERALIZATION_STUDY
 from blockcoupling.studies import joins
 from blockcoupling.studies.generalization.analysis import analyse, positive_control
 from blockcoupling.studies.generalization.design import (
@@ -42,11 +43,10 @@ from blockcoupling.studies.generalization.result import GeneralizationResult
 
 __all__ = ["run_study"]
 
-GRID = "grid"
+GRID = GENERALIZATION_STUDY.record
 #: a study's folder in the run protocol's words: its grid and what the study writes from it
-LAYOUT = Layout(what="generalization study", record=GRID,
-                files=(GRID, "study.json", "study.html", "runs.csv", "cells.csv"),
-                resume_flag=None)
+LAYOUT = replace(GENERALIZATION_STUDY,
+                 files=(GRID, "study.json", "study.html", "runs.csv", "cells.csv"))
 
 
 def _say(progress: bool, line: str) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import shutil
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +14,7 @@ import pandas as pd
 import torch
 
 from blockcoupling.errors import BlockCouplingError
-from blockcoupling.store.folder import Layout, decide, open_folder
+from blockcoupling.store.folder import LM_STUDY, decide, open_folder
 from blockcoupling.studies.lm_study.analysis import (
     emergence_table,
     hypothesis_tests,
@@ -62,15 +63,14 @@ def evaluate_checkpoint(path: str | Path, cfg: TinyLMConfig) -> dict[str, float]
 
 #: the study's own record of its spec (written under the lock before any training): a
 #: second study of another spec on the same --out is refused before it trains
-SPEC_FILE = "study-spec.json"
+SPEC_FILE = LM_STUDY.record
 #: per run, the content of the checkpoints its sweep units were measured on
 #: (``tiny_lm.cache_digest``): a run trained again into other weights is measured again
 TRAINED_FILE = "trained.json"
 #: a study's output folder in the run protocol's words (`blockcoupling.store.folder`): what
 #: it may hold (anything else: another's folder, refused); running it again continues it
-LAYOUT = Layout(what="lm-family study", record=SPEC_FILE,
-                files=("study.json", "study.html", "prompts.txt", "sweep", SPEC_FILE,
-                       TRAINED_FILE), resume_flag=None)
+LAYOUT = replace(LM_STUDY, files=("study.json", "study.html", "prompts.txt", "sweep", SPEC_FILE,
+                                  TRAINED_FILE))
 
 
 def _identity(out: Path, spec: StudySpec) -> dict[str, Any]:

@@ -400,6 +400,18 @@ def _run_dirs(root: Path) -> list[tuple[str, Path]]:
     return [(p.parent.name, p.parent) for p in sorted(root.rglob(METRICS_FILE))]
 
 
+def _trainings(root: Path) -> list[tuple[str, Path, dict[str, Any]]]:
+    """(name, folder, verified ``metrics.json``) of every run (`_run_dirs`), joined by
+    content: two folders of the same trained weights (a copied training) are one training
+    counted twice, refused in one line (``joins.check_distinct_weights``)."""
+    from blockcoupling.studies.joins import check_distinct_weights
+
+    runs = [(name, d, read_metrics(d)) for name, d in _run_dirs(root)]
+    check_distinct_weights({(str(d.relative_to(root)) if d != root else d.name) or name:
+                            m.get("model_sha256") for name, d, m in runs})
+    return runs
+
+
 def collect_runs(root: str | Path) -> pd.DataFrame:
     """One row per ``vit-train`` output under ``root``: its grid point (and its training
     images ``n_train`` and ``label_noise``), status, final
@@ -409,8 +421,7 @@ def collect_runs(root: str | Path) -> pd.DataFrame:
     ``coupling_vs_null_cls``, ``coupling_vs_null_last``) and the last monitored coupling
     (``coupling_monitor``)."""
     rows = []
-    for name, d in _run_dirs(Path(root)):
-        m = read_metrics(d)
+    for name, d, m in _trainings(Path(root)):
         cfg = m["config"]
         epochs = m.get("epochs", [])
         last = epochs[-1] if epochs else {}
@@ -442,8 +453,7 @@ def collect_runs(root: str | Path) -> pd.DataFrame:
 def collect_epochs(root: str | Path) -> pd.DataFrame:
     """One row per (run, epoch): the metrics.json epoch records with the run's grid point."""
     frames = []
-    for name, d in _run_dirs(Path(root)):
-        m = read_metrics(d)
+    for name, _d, m in _trainings(Path(root)):
         df = pd.DataFrame(m.get("epochs", []))
         if df.empty:
             continue

@@ -101,7 +101,14 @@ def build_vit(shape: VitShape, *, image_size: int, num_channels: int, num_labels
     )
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model = BeitForImageClassification(config)
+        try:
+            model = BeitForImageClassification(config)
+        except (RuntimeError, TypeError, OverflowError, MemoryError) as err:
+            # a width whose tensors' sizes overflow or do not fit in memory
+            why = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+            raise BlockCouplingError(
+                f"a ViT of width {shape.hidden_size} and depth {shape.depth} cannot be built "
+                f"({why[:160]}); give a smaller --hidden-size or --depth") from None
     return model
 
 

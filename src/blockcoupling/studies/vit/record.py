@@ -9,8 +9,9 @@ from typing import Any
 
 from blockcoupling.errors import BlockCouplingError
 from blockcoupling.store.fileio import atomic_write_text
+from blockcoupling.store.folder import VIT_TRAINING
 
-METRICS_FILE = "metrics.json"
+METRICS_FILE = VIT_TRAINING.record
 FORMAT = "blockcoupling-vit-train"
 
 

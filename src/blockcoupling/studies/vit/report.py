@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 import pandas as pd
@@ -258,6 +258,17 @@ def _figures(runs: pd.DataFrame, epochs: pd.DataFrame, fits: dict[str, Any]
             ("vit_accuracy_by_drop_path", lambda: plot_accuracy_fits(fits, "drop_path"))]
 
 
+def _no_trainings(root: str | Path) -> NoReturn:
+    """The line for a folder without ``vit-train`` outputs: what it is if another command
+    wrote it (`store.folder.another_kind`)."""
+    from blockcoupling.store.folder import VIT_TRAINING, another_kind
+
+    if (other := another_kind(Path(root), VIT_TRAINING,
+                              fix="give a vit-grid or a folder of vit-train outputs")):
+        raise FigureUnavailable(str(other))
+    raise FigureUnavailable(f"no vit-train outputs (metrics.json) under {root}")
+
+
 def write_vit_figures(root: str | Path, out: str | Path, *,
                       formats: tuple[str, ...] = ("png",)) -> list[Path]:
     """Every ViT figure for the ``vit-train`` outputs under ``root`` into ``out``, plus
@@ -271,7 +282,7 @@ def write_vit_figures(root: str | Path, out: str | Path, *,
     runs = collect_runs(root)
     epochs = collect_epochs(root)
     if runs.empty:
-        raise FigureUnavailable(f"no vit-train outputs (metrics.json) under {root}")
+        _no_trainings(root)
     outp = Path(out)
     outp.mkdir(parents=True, exist_ok=True)
     written = []
@@ -338,7 +349,7 @@ def write_vit_report(root: str | Path, out: str | Path, *,
         raise FigureUnavailable(f"report path {out}: give a file name ending in .html")
     runs, epochs = collect_runs(root), collect_epochs(root)
     if runs.empty:
-        raise FigureUnavailable(f"no vit-train outputs (metrics.json) under {root}")
+        _no_trainings(root)
     fig_dir = out.parent / f"{out.stem}_figures"
     fits = conditional_fits(runs)
     sections = [Section("runs", "Training runs", table_html(runs, index=False)),

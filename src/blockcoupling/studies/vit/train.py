@@ -41,7 +41,7 @@ from blockcoupling.errors import BlockCouplingError
 from blockcoupling.fields import check_fields, identity, opt, parse_given
 from blockcoupling.hashing import canonical_hash
 from blockcoupling.store.fileio import atomic_path
-from blockcoupling.store.folder import Layout, open_folder
+from blockcoupling.store.folder import VIT_TRAINING, open_folder
 from blockcoupling.studies.schedule import lr_at
 from blockcoupling.studies.vit.augment import (
     AUGMENTS,
@@ -512,7 +512,7 @@ def train_vit(config: VitTrainConfig, out_dir: str | Path, *, progress: bool = T
 
 #: a training's folder in the run protocol's words (`blockcoupling.store.folder`): running
 #: the same training again continues it
-TRAINING = Layout(what="ViT training", record=METRICS_FILE, resume_flag=None)
+TRAINING = VIT_TRAINING
 
 
 def _identity(config: VitTrainConfig, out: Path, content: str | None) -> dict[str, Any]:
