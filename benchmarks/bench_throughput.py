@@ -1,7 +1,9 @@
 """Per-prompt cost of the default call against the number of prompts (issue 34 item 2).
 
 One process, ONE model load: a random-weight GPT-2-shaped model (``--shape``: ``gpt2-small``
-d = 768, 12 layers; ``small`` d = 256, 4 layers, for a quick or a shared machine), float32, a
+d = 768, 12 layers; ``small`` d = 256, 4 layers, for a quick or a shared machine; ``narrow``
+d = 64, 12 layers: GPT-2-small's coupling rows per prompt at a width where the prompts cost
+little, so what is outside them is a large share; ``--layers`` overrides the blocks), float32, a
 word-level tokenizer of the built-in prompts (common.word_tokenizer). For each N of ``--ns``
 (4, 64, 256, 1,024): ONE call with the defaults (depth-wise at the last token, K = 10, 30,
 50, every variant, both orientations, batch size 8) on the first N prompts of
@@ -24,6 +26,8 @@ Jacobians, SVDs and pairs are per prompt.
     OMP_NUM_THREADS=2 python benchmarks/bench_throughput.py                 # gpt2-small, ~30 min
     OMP_NUM_THREADS=1 python benchmarks/bench_throughput.py --shape small   # ~5 min
     OMP_NUM_THREADS=1 python benchmarks/bench_throughput.py --shape small --ns 2 --count-calls 8 32
+    OMP_NUM_THREADS=1 python benchmarks/bench_throughput.py --shape narrow --ns 4 64 256  # outside
+    OMP_NUM_THREADS=2 python benchmarks/bench_throughput.py --layers 6 --ns 4 64 1024   # ~12 min
 """
 
 from __future__ import annotations
@@ -48,6 +52,9 @@ from common import PhaseCPU, emit, machine, phase, save, word_tokenizer  # noqa:
 import blockcoupling as bc  # noqa: E402
 
 PROMPTS = "builtin:benchmark_styles"
+#: ``--shape``: (width, blocks, heads) of the GPT-2-shaped model
+SHAPES: dict[str, tuple[int, int, int]] = {"gpt2-small": (768, 12, 12), "small": (256, 4, 4),
+                                           "narrow": (64, 12, 2)}
 
 
 def prompts(n: int) -> list[Any]:
@@ -98,7 +105,8 @@ def count_calls(fn: Any) -> tuple[int, list[tuple[str, int]]]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--shape", choices=("gpt2-small", "small"), default="gpt2-small")
+    ap.add_argument("--shape", choices=sorted(SHAPES), default="gpt2-small")
+    ap.add_argument("--layers", type=int, default=None, help="blocks (default: the shape's)")
     ap.add_argument("--ns", type=int, nargs="+", default=[4, 64, 256, 1024])
     ap.add_argument("--to-dir", action="store_true", help="measure_to_dir instead of measure")
     ap.add_argument("--spectrum", choices=spectrum.SPECTRA, default="flat",
@@ -112,9 +120,9 @@ def main() -> None:
     emit({"record": "config", **vars(args), "machine": machine()}, sink)
     tok = word_tokenizer(PROMPTS)
     torch.manual_seed(0)
-    cfg = (tf.GPT2Config(vocab_size=len(tok)) if args.shape == "gpt2-small" else
-           tf.GPT2Config(n_layer=4, n_embd=256, n_head=4, vocab_size=len(tok)))
-    model = tf.GPT2Model(cfg).eval()
+    width, blocks, heads = SHAPES[args.shape]
+    model = tf.GPT2Model(tf.GPT2Config(n_layer=args.layers or blocks, n_embd=width, n_head=heads,
+                                       vocab_size=len(tok))).eval()
     if args.spectrum == "trained":
         spectrum.realistic_(model)
     root = Path(tempfile.mkdtemp(prefix="bench_throughput_"))
@@ -155,7 +163,8 @@ def main() -> None:
                                                                     progress=False))
             emit({"record": "calls", "prompts": n, "python_calls": total,
                   "per_prompt": round(total / n, 1), "most_called": top}, sink)
-        save(sink, f"bench_throughput_{args.shape}" + ("_to_dir" if args.to_dir else "")
+        save(sink, f"bench_throughput_{args.shape}"
+             + (f"_{args.layers}layers" if args.layers else "") + ("_to_dir" if args.to_dir else "")
              + ("_trained" if args.spectrum == "trained" else ""))
     finally:
         shutil.rmtree(root, ignore_errors=True)

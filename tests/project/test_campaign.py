@@ -58,17 +58,6 @@ BIG = str(2**64)  # above every 64-bit integer
 
 #: the cases still BAD on main: case id -> "class: what happens" (xfail, strict)
 BAD: dict[str, str] = {
-    # options: ranges, types and cross-option rules not checked where declared
-    "generalization:out-is-a-file": "options: --dry-run accepts an --out that is a file",
-    # protocol: the folder, its lock, resume
-    "test_perturb_killed_mid_write_resumes_bit_identically": "protocol: the resume leaves the "
-                                                             "killed write's parts/.tmp-* file",
-    "test_collection_upgrade_killed_midway_then_again": "protocol: a kill at the last move "
-                                                        "leaves .tmp-catalogue.parquet-PID; "
-                                                        "the rerun never removes it",
-    # joins: results that depend on the order of the inputs
-    "perturb:prompt-file-reversed": "joins: the summary's means differ in the last bit "
-                                    "with the prompt file's order",
 }
 
 
@@ -329,6 +318,16 @@ def _sweep(change: Callable[[dict[str, Any]], None], *extra: str) -> Argv:
     return argv
 
 
+def _sweep_at(out: Callable[[dict[str, Any], Path], Path],
+              change: Callable[[dict[str, Any]], None], *extra: str) -> Argv:
+    """`_sweep` (its spec beside ``o``) into the folder ``out(fx, o)``."""
+    def argv(fx: dict[str, Any], o: Path) -> list[str]:
+        args = _sweep(change, *extra)(fx, o)
+        args[args.index("-o") + 1] = str(out(fx, o))
+        return args
+    return argv
+
+
 def _model(**keys: Any) -> Callable[[dict[str, Any]], None]:
     return lambda spec: spec["models"][0].update(keys)
 
@@ -543,7 +542,49 @@ OPTIONS: dict[str, Argv] = {
     "generalization:out-is-a-file": lambda fx, o: _generalization("--quick")(
         fx, fx["b"] / "p.txt"),
     "lm-family:out-is-a-file": lambda fx, o: _lm_family("--quick")(fx, fx["b"] / "p.txt"),
+    # --dry-run checks --out as the run does (the run's own checks: runs.protocol.checks_only)
+    "sweep:dry-run+out-is-a-file": _sweep_at(lambda fx, o: _write(o.parent / "afile", "x"),
+                                             _nothing, "--dry-run"),
+    "sweep:dry-run+out-of-another-spec": _sweep_at(lambda fx, o: fx["b"] / "sweep", _top(seed=7),
+                                                   "--dry-run", "--resume"),
+    "sweep:dry-run+out-holds-results": _sweep_at(lambda fx, o: fx["b"] / "sweep", _nothing,
+                                                 "--dry-run"),
+    "sweep:dry-run+out-is-a-vit-grid": _sweep_at(lambda fx, o: fx["b"] / "grid", _nothing,
+                                                 "--dry-run"),
+    "sweep:dry-run+out-is-a-perturbation": _sweep_at(lambda fx, o: fx["b"] / "pert", _nothing,
+                                                     "--dry-run"),
+    "vit-grid:dry-run+out-is-a-file": lambda fx, o: _vit_grid("--dry-run")(
+        fx, _write(o.parent / "afile", "x")),
+    "vit-grid:dry-run+out-is-a-sweep": lambda fx, o: _vit_grid("--dry-run")(fx, fx["b"] / "sweep"),
+    "vit-grid:dry-run+out-of-another-base": lambda fx, o: _vit_grid("--dry-run", "--lr", "0.01")(
+        fx, fx["b"] / "grid"),
+    "vit-grid:dry-run+out-is-a-perturbation": lambda fx, o: _vit_grid("--dry-run")(
+        fx, fx["b"] / "pert"),
+    "vit-train:dry-run+out-is-a-file": lambda fx, o: _vit_train("--dry-run")(
+        fx, _write(o.parent / "afile", "x")),
+    "vit-train:dry-run+out-is-a-vit-grid": lambda fx, o: _vit_train("--dry-run")(
+        fx, fx["b"] / "grid"),
+    "generalization:dry-run+out-is-a-run": lambda fx, o: _generalization("--quick")(
+        fx, fx["b"] / "run0"),
+    # demo: its folder by the run protocol, every input checked before anything is measured
+    "demo:out-is-a-file": lambda fx, o: _demo(_write(o.parent / "afile", "x")),
+    "demo:out-is-a-perturbation": lambda fx, o: _demo(fx["b"] / "pert"),
+    "demo:out-is-a-run": lambda fx, o: _demo(fx["b"] / "run0"),
+    "demo:out-holds-other-files": lambda fx, o: _demo(_write(_mkdir(o.parent / "notes") / "n.txt",
+                                                             "x").parent),
+    "demo:cache-dir-is-a-file": lambda fx, o: [*_demo(o), "--cache-dir",
+                                               str(_write(o.parent / "afile", "x"))],
+    "demo:executor=bogus": lambda fx, o: [*_demo(o), "--executor", "bogus"],
 }
+
+
+def _demo(out: Path) -> list[str]:
+    return ["demo", "--quick", "--no-family", "--executor", "local", "-o", str(out)]
+
+
+def _mkdir(path: Path) -> Path:
+    path.mkdir(parents=True, exist_ok=True)
+    return path
 
 
 def _spec_files(fx: dict[str, Any], where: Path) -> dict[str, str]:
@@ -586,7 +627,8 @@ def test_bad_option_is_one_line_and_writes_nothing(cid: str, fx: dict[str, Any],
                                                    tmp_path: Path) -> None:
     out = tmp_path / "out"
     argv = [option_files.get(a, a) for a in OPTIONS[cid](fx, out)]
-    watched = [fx["b"] / n for n in ("run0", "run1", "run2", "rated", "pert", "sweep", "vits")]
+    watched = [fx["b"] / n for n in ("run0", "run1", "run2", "rated", "pert", "sweep", "vits",
+                                     "grid")]
     before = {p: snapshot(p) for p in watched}
     r = cli(*argv)
     assert_refused(r, unchanged={out: None, **before})
@@ -1729,6 +1771,11 @@ TWICE: dict[str, Callable[[dict[str, Any], Path], None]] = {
     "correlate:a-run-measured-at-token-0": _correlate_refuses(_token0_run),
     "correlate:a-sweep-with-one-model-twice": _correlate_refuses(_one_model_twice_in_a_sweep),
     "difficulty:a-rated-prompt-edited": _ratings_text_edited,
+    "report:the-same-run-twice": _correlate_refuses(lambda fx, t: [
+        "report", str(fx["b"] / "run0"), str(fx["b"] / "run0"), "-o", str(t / "out" / "r.html")]),
+    "report:a-copied-run": _correlate_refuses(lambda fx, t: [
+        "report", str(fx["b"] / "run0"), str(copy(fx["b"] / "run0", t / "run0-copy")), "-o",
+        str(t / "out" / "r.html")]),
 }
 
 

@@ -21,11 +21,13 @@ from blockcoupling.store.folder import (
     NEW,
     REBUILD,
     REPLACE,
+    RUN_DIRECTORY,
     Layout,
     another_kind,
     decide,
     identify,
     open_folder,
+    settle,
 )
 
 TOY = Layout(what="toy run", record="toy.json", files=("toy.json", "parts"))
@@ -154,3 +156,23 @@ def test_a_collection_is_named_by_its_kind(tmp_path: Path) -> None:
     assert identify(tmp_path).what == "vit-grid collection"
     (tmp_path / COLLECTION.record).write_text("{not json")  # words only: never a traceback
     assert identify(tmp_path).what == "collection"
+
+
+def test_settle_finishes_recorded_writes_and_removes_the_rest(tmp_path: Path) -> None:
+    """What killed writers left: a temporary file holding what the record expects is
+    renamed onto its file; every other temporary file or folder goes; a folder of another
+    kind inside (a collection's unit) is left to its own writer."""
+    from blockcoupling.store.fileio import sha256_bytes, temp_path
+
+    (tmp_path / "parts").mkdir()
+    temp_path(tmp_path / "parts" / "a").write_bytes(b"new")  # recorded, not renamed
+    (tmp_path / "parts" / "a").write_bytes(b"old")
+    temp_path(tmp_path / "parts" / "b").write_bytes(b"half")  # never recorded
+    temp_path(tmp_path / "dir").mkdir()
+    unit = tmp_path / "units" / "u1"
+    unit.mkdir(parents=True)
+    (unit / RUN_DIRECTORY.record).write_text("{}")
+    temp_path(unit / "x").write_bytes(b"the unit's own")
+    settle(tmp_path, {"parts/a": sha256_bytes(b"new")})
+    assert (tmp_path / "parts" / "a").read_bytes() == b"new"
+    assert sorted(p.name for p in tmp_path.rglob(".tmp-*")) == [temp_path(unit / "x").name]

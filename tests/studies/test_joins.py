@@ -530,3 +530,13 @@ def test_the_rule_is_stated_once_in_the_conventions() -> None:
         assert "conventions.md#joins-by-content" in (docs / page).read_text(encoding="utf-8")
     design = (docs / "DESIGN.md").read_text(encoding="utf-8")
     assert "joins.py" in design and "conventions.md#joins-by-content" in design
+
+
+def test_one_run_given_twice_is_refused() -> None:
+    """Runs side by side are told apart by the record they hold (its seal), not by their
+    path: the same directory twice, or a copy, is one line; runs without a seal pass."""
+    joins.check_distinct_runs([("a", "d1"), ("b", "d2"), ("c", None), ("d", None)])
+    with pytest.raises(BlockCouplingError, match="runs a, a are one run"):
+        joins.check_distinct_runs([("a", "d1"), ("a", "d1")])
+    with pytest.raises(BlockCouplingError, match="runs a, copy are one run"):
+        joins.check_distinct_runs([("a", "d1"), ("b", "d2"), ("copy", "d1")])

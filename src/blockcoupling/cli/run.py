@@ -193,6 +193,11 @@ def report(
             raise BlockCouplingError(
                 "--sort orders run directories; for a sweep pass its units' run directories "
                 f"({run_dirs[0]}/units/*)")
+        if not single:  # runs side by side: each run once (joins by content)
+            from blockcoupling.store.manifest import load_manifest
+            from blockcoupling.studies.joins import check_distinct_runs
+
+            check_distinct_runs([(str(d), load_manifest(d).get("digest")) for d in run_dirs])
         if sort != "given" or scores is not None:
             path = _sorted_report(run_dirs, out, _csv(labels), sort, scores)
         elif len(run_dirs) == 1 and is_collection_dir(run_dirs[0]):  # its manifest says the kind

@@ -90,14 +90,16 @@ def generalization(
     chance; a drop-path contrast the assay must detect) and the power of each test."""
     from blockcoupling.studies import generalization as g
     from blockcoupling.studies.generalization.plan import plan_generalization
+    from blockcoupling.studies.generalization.run import check_study
 
     _run_design_study(out, spec, quick, g.load_spec, g.quick_spec, g.full_spec,
-                      plan_generalization, g.run_study, executor=executor, address=address,
-                      cluster_cpus=cluster_cpus, dry_run=dry_run, as_json=as_json)
+                      plan_generalization, check_study, g.run_study, executor=executor,
+                      address=address, cluster_cpus=cluster_cpus, dry_run=dry_run,
+                      as_json=as_json)
 
 
 def _run_design_study(out: Path, spec: Path | None, quick: bool, load: Any, quick_spec: Any,
-                      full_spec: Any, plan: Any, run: Any, *, executor: str,
+                      full_spec: Any, plan: Any, check: Any, run: Any, *, executor: str,
                       address: str | None, cluster_cpus: int | None, dry_run: bool,
                       as_json: bool) -> None:
     """A built-in study trained as one ViT grid (generalization, intervention): its design
@@ -105,7 +107,8 @@ def _run_design_study(out: Path, spec: Path | None, quick: bool, load: Any, quic
     with guarded(saved=f"finished runs are kept in {out / 'grid'}; run the same command "
                        "again to continue"):
         design = load(spec) if spec is not None else (quick_spec() if quick else full_spec())
-        if dry_run:
+        if dry_run:  # every check of the real run (--out included), then the plan
+            check(out, design, executor, address=address, cluster_cpus=cluster_cpus)
             print_plan(plan(design), as_json)
             return
         result = run(out, design, executor=executor, address=address,
@@ -136,8 +139,9 @@ def intervention(
     paired one-sided tests, equivalence tests, the power of each)."""
     from blockcoupling.studies import intervention as i
     from blockcoupling.studies.intervention.plan import plan_intervention
-    from blockcoupling.studies.intervention.run import run_study
+    from blockcoupling.studies.intervention.run import check_study, run_study
 
     _run_design_study(out, spec, quick, i.load_spec, i.quick_spec, i.full_spec,
-                      plan_intervention, run_study, executor=executor, address=address,
-                      cluster_cpus=cluster_cpus, dry_run=dry_run, as_json=as_json)
+                      plan_intervention, check_study, run_study, executor=executor,
+                      address=address, cluster_cpus=cluster_cpus, dry_run=dry_run,
+                      as_json=as_json)

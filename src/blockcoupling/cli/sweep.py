@@ -60,24 +60,24 @@ def sweep(
     with user_errors("cannot read the spec"):
         kind = kinds.get(_spec_kind(spec))
     if dry_run:
+        from blockcoupling.runs.protocol import checks_only
+
         with user_errors("cannot read the spec"):
             if kind.plan is None:  # a kind registered without one
                 raise BlockCouplingError(f"a {kind.name} spec has no --dry-run plan")
+        with checks_only():  # every check of the run itself (--out too), nothing written
+            _run(kind, spec, out, executor=executor, address=address, as_json=as_json,
+                 cluster_cpus=cluster_cpus, resume=resume, retries=retries,
+                 connect_timeout=connect_timeout)
+        with user_errors("cannot read the spec"):
             plan = kind.plan(spec)
         print_plan(plan, as_json)
         return
-    if kind.name in SPEC_RUNNERS:  # the kind's own command module runs it, with every option
-        SPEC_RUNNERS[kind.name](spec, out, executor=executor, address=address, as_json=as_json,
-                                cluster_cpus=cluster_cpus, resume=resume, retries=retries,
-                                connect_timeout=connect_timeout)
+    s = _run(kind, spec, out, executor=executor, address=address, as_json=as_json,
+             cluster_cpus=cluster_cpus, resume=resume, retries=retries,
+             connect_timeout=connect_timeout)
+    if s is None:  # the kind's own command module ran it and said what it did
         return
-    with guarded(saved=f"finished units are saved in {out}",
-                 again="continue with the same command and --resume"):
-        if kind.run is None:  # a kind registered without one (and no command-line run)
-            raise BlockCouplingError(f"a {kind.name} spec cannot be run by `sweep`")
-        s = kind.run(spec, out, executor=executor or "ray", address=address, resume=resume,
-                     progress=not _STATE["quiet"], cluster_cpus=cluster_cpus, retries=retries,
-                     connect_timeout=connect_timeout)
     cat = s.catalogue
     failed = cat[cat["status"] == "failed"]
     sessions = s.manifest.get("sessions") or [{}]
@@ -99,6 +99,25 @@ def sweep(
                            "counted twice in summaries)")
     if len(failed):
         raise typer.Exit(1)
+
+
+def _run(kind: Any, spec: Path, out: Path, *, executor: str | None, address: str | None,
+         as_json: bool, cluster_cpus: int | None, resume: bool, retries: int | None,
+         connect_timeout: float) -> Any:
+    """Run a spec of ``kind`` into ``out``: by the kind's own command module (which says
+    what it did; None), or by the kind's run (the opened collection)."""
+    if kind.name in SPEC_RUNNERS:  # the kind's own command module runs it, with every option
+        SPEC_RUNNERS[kind.name](spec, out, executor=executor, address=address, as_json=as_json,
+                                cluster_cpus=cluster_cpus, resume=resume, retries=retries,
+                                connect_timeout=connect_timeout)
+        return None
+    with guarded(saved=f"finished units are saved in {out}",
+                 again="continue with the same command and --resume"):
+        if kind.run is None:  # a kind registered without one (and no command-line run)
+            raise BlockCouplingError(f"a {kind.name} spec cannot be run by `sweep`")
+        return kind.run(spec, out, executor=executor or "ray", address=address, resume=resume,
+                        progress=not _STATE["quiet"], cluster_cpus=cluster_cpus,
+                        retries=retries, connect_timeout=connect_timeout)
 
 
 def _where(out: Path, bare: bool = False) -> str:

@@ -87,7 +87,9 @@ def vit_train(
     with guarded(saved=f"finished epochs are saved in {out}"):
         if dry_run:
             from blockcoupling.studies.vit.plan import plan_vit_training
+            from blockcoupling.studies.vit.train import check_training
 
+            check_training(cfg, out)  # --out as the training checks it, nothing written
             print_plan(plan_vit_training([cfg]), as_json)
             return
         if estimate:
@@ -184,8 +186,11 @@ def vit_grid(
         kwargs.update({k: v for k, v in (("executor", executor), ("address", address),
                                          ("cluster_cpus", cluster_cpus)) if v is not None})
         if dry_run:
+            from blockcoupling.runs.protocol import checks_only
             from blockcoupling.studies.vit.plan import plan_grid
 
+            with checks_only():  # every check of the run itself (--out too), nothing written
+                run_grid(base, out, progress=False, **kwargs)
             print_plan(plan_grid(base, kwargs), as_json)
             return
         runs = run_grid(base, out, progress=not _STATE["quiet"], **kwargs)

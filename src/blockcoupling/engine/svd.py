@@ -290,10 +290,11 @@ def _iterate_first(n: int, k: int, device: torch.device) -> bool:
     the block is at most ``1 / _ITER_MAX_WIDTH_RATIO`` of the dimension, on any device but
     the CPU, and on the CPU from ``n >= _ITER_CPU_MIN_DIM``. A GPU has no subset driver (its
     full eigh took 0.10 s per 4096 x 4096 Gram on an H200); on the CPU LAPACK's subset MRRR
-    costs about n^3 and the iteration about n^2 p per product: one thread, the iteration
-    took 1.2-1.8x MRRR's time at n = 768 and 0.85-1.8x at n = 1024, but 0.56-0.85x at
-    n = 2048 and 0.30-0.39x at n = 4096 where it certified, 1.04-1.15x where it gave up
-    (BENCHMARKS.md, "Issue 43 items 1-2")."""
+    costs about n^3 and the iteration about n^2 p per product: one thread, on random,
+    trained-spectrum and decaying J, the iteration took 0.55-1.8x MRRR's time at n = 768-1024
+    where it certified (1.2-1.8x where it gave up), 0.56-0.85x at n = 2048 (but 1.09-1.37x where it gave up, 7 cases of
+    12), and at n = 4096 0.17-0.44x where it certified, 0.96-1.10x where it gave up: 63 s
+    against 107 s over the 15 blocks measured (BENCHMARKS.md, "Issue 43 items 1-2")."""
     if device.type == "cpu" and n < _ITER_CPU_MIN_DIM:
         return False
     return _ITER_MAX_WIDTH_RATIO * _iter_width(n, k) <= n

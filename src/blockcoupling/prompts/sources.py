@@ -107,6 +107,37 @@ __all__ = [
 ]
 
 
+def _builtin_subset(name: str, limit: int | None, seed: int) -> list[Prompt]:
+    """A built-in set, its seeded subset stratified by label."""
+    if name not in BUILTIN_SETS:
+        raise BlockCouplingError(
+            f"unknown built-in prompt set {name!r}; known: "
+            + ", ".join(f"builtin:{n}" for n in BUILTIN_SETS)
+        )
+    prompts = load_builtin(name)
+    return [prompts[i] for i in stratified_subset([p.label for p in prompts], limit, seed)]
+
+
+def _file_subset(spec: str, column: str | None, limit: int | None, seed: int) -> list[Prompt]:
+    """A .txt/.jsonl/.csv prompt file, its seeded uniform subset."""
+    path = Path(spec).expanduser()
+    if not path.is_file():
+        hint = (
+            f" (did you mean builtin:{spec}?)"
+            if spec in BUILTIN_SETS
+            else f" (did you mean hf:{spec}?)"
+            if spec.lower() in HF_DATASETS
+            else ""
+        )
+        raise BlockCouplingError(
+            f"prompt file {spec!r} not found{hint}; pass an existing .txt/.jsonl/.csv "
+            f"file, builtin:NAME ({', '.join(BUILTIN_SETS)}) or hf:DATASET "
+            f"({', '.join(HF_DATASETS)})"
+        )
+    prompts = load_file(path, column)
+    return [prompts[i] for i in uniform_subset(len(prompts), limit, seed)]
+
+
 def load_prompts(
     spec: str,
     *,
@@ -135,14 +166,7 @@ def load_prompts(
             f"column={column!r} only applies to .jsonl/.csv prompt files, not {spec!r}"
         )
     if spec.startswith("builtin:"):
-        name = spec[len("builtin:") :].strip()
-        if name not in BUILTIN_SETS:
-            raise BlockCouplingError(
-                f"unknown built-in prompt set {name!r}; known: "
-                + ", ".join(f"builtin:{n}" for n in BUILTIN_SETS)
-            )
-        prompts = load_builtin(name)
-        prompts = [prompts[i] for i in stratified_subset([p.label for p in prompts], limit, seed)]
+        prompts = _builtin_subset(spec[len("builtin:") :].strip(), limit, seed)
     elif spec.startswith("hf:"):
         prompts = load_hf(spec, limit, seed, split)
     elif spec.startswith("protocol:"):  # the paper's 1,200-prompt set: prompts/protocol.py
@@ -151,22 +175,7 @@ def load_prompts(
         prompts = [p for source, n in plan_protocol(spec, limit=limit)
                    for p in load_prompts(source, limit=n, seed=seed)]
     else:
-        path = Path(spec).expanduser()
-        if not path.is_file():
-            hint = (
-                f" (did you mean builtin:{spec}?)"
-                if spec in BUILTIN_SETS
-                else f" (did you mean hf:{spec}?)"
-                if spec.lower() in HF_DATASETS
-                else ""
-            )
-            raise BlockCouplingError(
-                f"prompt file {spec!r} not found{hint}; pass an existing .txt/.jsonl/.csv "
-                f"file, builtin:NAME ({', '.join(BUILTIN_SETS)}) or hf:DATASET "
-                f"({', '.join(HF_DATASETS)})"
-            )
-        prompts = load_file(path, column)
-        prompts = [prompts[i] for i in uniform_subset(len(prompts), limit, seed)]
+        prompts = _file_subset(spec, column, limit, seed)
     if not prompts:
         raise BlockCouplingError(f"the prompt set {spec!r} is empty; give at least one prompt")
     check_unique(prompts, spec)

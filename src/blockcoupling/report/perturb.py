@@ -21,8 +21,11 @@ __all__ = ["perturbation_summary", "plot_perturbation", "write_perturbation_html
 def perturbation_summary(rows: pd.DataFrame) -> pd.DataFrame:
     """Per (level, layer): each prompt's mean over its draws first (the prompt is the unit of
     replication), then ``n_prompts``, the mean, its standard error (sample std / sqrt(n)) and
-    the median over prompts, for ``cosine`` and ``rel_distance``."""
-    per_prompt = rows.groupby(["level", "layer", "prompt_id"])[["cosine", "rel_distance"]].mean()
+    the median over prompts, for ``cosine`` and ``rel_distance``. The prompts are reduced in
+    the order of ``rows`` (the stored table's canonical order: by content), never by their
+    ids, which name a position in a prompt file."""
+    per_prompt = rows.groupby(["level", "layer", "prompt_id"], sort=False)[
+        ["cosine", "rel_distance"]].mean()
     g = per_prompt.groupby(["level", "layer"])
     out = pd.DataFrame({"n_prompts": g.size()})
     for col in ("cosine", "rel_distance"):

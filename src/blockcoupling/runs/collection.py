@@ -15,7 +15,7 @@ from blockcoupling.errors import RunDirError
 from blockcoupling.runs import kinds
 from blockcoupling.runs.read import Sweep, load_manifest, open_collection, open_sweep
 from blockcoupling.store import collection as store
-from blockcoupling.store.folder import COLLECTION, another_kind
+from blockcoupling.store.folder import COLLECTION, another_kind, settle
 from blockcoupling.validate import OptionError
 
 
@@ -59,6 +59,8 @@ def upgrade_collection(path: str | os.PathLike[str]) -> Sweep:
     if not root.is_dir():
         raise RunDirError(f"no directory at {root}; give a sweep, monitor or ViT grid directory")
     with store.sweep_lock(root, "collection"):
+        if (root / store.MANIFEST).is_file() or (root / store.LEGACY_GRID_FILE).is_file():
+            settle(root)  # what a killed upgrade left (a temporary catalogue)
         upgrades = [k.upgrade for k in map(kinds.get, kinds.names()) if k.upgrade is not None]
         if not (root / store.MANIFEST).is_file() and not any(up(root) for up in upgrades):
             if (other := another_kind(root, COLLECTION, fix="nothing to upgrade")) is not None:

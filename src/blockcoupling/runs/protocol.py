@@ -13,6 +13,7 @@ step by step (the training monitor) opens through `collection_folder`.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import json
 import os
 import shutil
@@ -136,6 +137,37 @@ def collection_identity(root: Path, kind: str, spec: Any, *, unit_ids: set[str] 
     return {"differences": diff, "has_results": lambda: has_results(root)}
 
 
+#: inside `checks_only`: `run_collection` stops after its checks (``--dry-run``)
+_CHECKS_ONLY: contextvars.ContextVar[bool] = contextvars.ContextVar("checks_only",
+                                                                    default=False)
+
+
+class _Checked(Exception):  # noqa: N818 (a signal, not an error)
+    """`run_collection`'s stop inside `checks_only`, carrying its decision."""
+
+    def __init__(self, state: str) -> None:
+        super().__init__(state)
+        self.state = state
+
+
+@contextlib.contextmanager
+def checks_only() -> Iterator[dict[str, str]]:
+    """``--dry-run`` of a collection's run, by the run itself: inside, `run_collection` (a
+    kind's run is one call of it) makes every check of the real run (the executor, the
+    options, ``--out`` by `check_collection`: a file, another kind's folder, another spec,
+    a folder in use) and then stops, writing nothing and starting no cluster; the body's
+    run returns nothing. The yielded mapping's ``state`` is what opening the folder would do
+    (``store.folder.decide``). A kind gets its dry run's checks with no code of its own."""
+    result: dict[str, str] = {}
+    token = _CHECKS_ONLY.set(True)
+    try:
+        yield result
+    except _Checked as stop:
+        result["state"] = stop.state
+    finally:
+        _CHECKS_ONLY.reset(token)
+
+
 def check_collection(root: Path, kind: str, spec: Any, *, unit_ids: set[str] | None,
                      resume: bool, inputs: Mapping[str, str] | None = None,
                      same: Callable[[dict[str, Any]], list[str]] | None = None) -> str:
@@ -154,7 +186,7 @@ def collection_folder(root: Path, kind: str, spec: Any, *, unit_ids: set[str] | 
     locked, checked again), with its manifest: continued, rebuilt from the status files, or
     new (``spec``, ``inputs``). Yields (the decision, the manifest) while the lock is held;
     the caller writes the manifest."""
-    with open_folder(root, layout(kind, flag), resume=resume,
+    with open_folder(root, layout(kind, flag), resume=resume, records=dict,
                      **collection_identity(root, kind, spec, unit_ids=unit_ids, inputs=inputs,
                                            same=same, flag=flag)) as state:
         if state == CONTINUE:
@@ -304,7 +336,10 @@ def run_collection(root: str | os.PathLike[str], *, kind: str, spec: Any,
     root = Path(root)
     spec = spec_json(spec)
     ids = {u.unit_id for u in units}
-    check_collection(root, kind, spec, unit_ids=ids, resume=resume, inputs=inputs, same=same)
+    state = check_collection(root, kind, spec, unit_ids=ids, resume=resume, inputs=inputs,
+                             same=same)
+    if _CHECKS_ONLY.get():
+        raise _Checked(state)
     left = [u for u in units
             if (store.read_status(root, u.unit_id) or {}).get("status") != "done"]
     cluster_cm: Any = (ray_session(address, num_cpus=cluster_cpus,
@@ -381,6 +416,6 @@ def run_collection(root: str | os.PathLike[str], *, kind: str, spec: Any,
     return open_collection(root)
 
 
-__all__ = ["RETRIES", "check_collection", "collection_folder", "collection_identity",
+__all__ = ["RETRIES", "check_collection", "checks_only", "collection_folder", "collection_identity",
            "differences", "has_results", "is_complete", "recheck_done", "run_collection",
            "run_record", "unit_task"]

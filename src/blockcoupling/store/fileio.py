@@ -15,7 +15,7 @@ import errno
 import hashlib
 import os
 import shutil
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -75,6 +75,20 @@ def commit_temp(tmp: Path, path: Path) -> None:
     fsync_dir(path.parent)
 
 
+def roll_forward(root: Path, files: Mapping[str, str]) -> None:
+    """Finish writes killed after their record was committed but before their rename: for
+    each recorded file (relative path -> ``"sha256:<hex>"``) that does not match, a
+    temporary sibling that does is renamed onto it."""
+    for name, expected in files.items():
+        path = root / name
+        if path.is_file() and sha256_bytes(path.read_bytes()) == expected:
+            continue
+        for tmp in temp_candidates(path):
+            if sha256_bytes(tmp.read_bytes()) == expected:
+                commit_temp(tmp, path)
+                break
+
+
 def atomic_write_bytes(path: Path, data: bytes) -> None:
     """Write ``data`` to ``path`` through a temporary file and one ``os.replace`` (a folder
     at ``path`` is refused before anything is written; a failed write leaves no temporary
@@ -112,7 +126,8 @@ def write_json(path: str | Path, data: Any) -> Path:
     return out
 
 
-def _remove(path: Path) -> None:
+def remove(path: Path) -> None:
+    """Remove a file or a folder (and its contents), if it is there."""
     if path.is_dir() and not path.is_symlink():
         shutil.rmtree(path, ignore_errors=True)
     else:
@@ -127,7 +142,7 @@ def atomic_path(path: Path) -> Iterator[Path]:
     whole when the body ends (a folder at ``path`` is removed just before the rename); if the
     body raises, ``path`` is left as it was and the sibling is removed."""
     tmp = temp_path(path)
-    _remove(tmp)
+    remove(tmp)
     try:
         yield tmp
         if tmp.is_file():
@@ -137,7 +152,7 @@ def atomic_path(path: Path) -> Iterator[Path]:
             shutil.rmtree(path)
         commit_temp(tmp, path)
     finally:
-        _remove(tmp)
+        remove(tmp)
 
 
 # ---------------------------------------------------------------------------- OS errors

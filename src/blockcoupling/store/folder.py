@@ -15,12 +15,20 @@ import contextlib
 import json
 import os
 import shutil
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 from blockcoupling.errors import RunDirError
-from blockcoupling.store.fileio import LOCK, TMP_PREFIX, DirLock, disk_errors, lock_holder
+from blockcoupling.store.fileio import (
+    LOCK,
+    TMP_PREFIX,
+    DirLock,
+    disk_errors,
+    lock_holder,
+    remove,
+    roll_forward,
+)
 
 #: what opening a folder does (`decide`)
 NEW, REPLACE, CONTINUE, REBUILD = "new", "replace", "continue", "rebuild"
@@ -76,6 +84,13 @@ GENERALIZATION_STUDY = Layout(
     what="generalization study", record="grid",
     made_by="blockcoupling study generalization",
     read_by="its results are its study.html and study.json", resume_flag=None)
+#: the demo's folder (not identified by `identify`: its only file of its own, report.html,
+#: is what ``blockcoupling report`` writes anywhere)
+DEMO = Layout(what="demo", record="report.html", made_by="blockcoupling demo",
+              read_by="open its report.html", resume_flag=None)
+#: a cache of trained checkpoints (``--cache-dir``)
+TRAINING_CACHE = Layout(what="training cache", record="", flag="--cache-dir",
+                        resume_flag=None)
 KINDS: tuple[Layout, ...] = (RUN_DIRECTORY, COLLECTION, PERTURBATION_RUN, VIT_TRAINING,
                              LM_STUDY, GENERALIZATION_STUDY)
 
@@ -181,9 +196,12 @@ def decide(root: Path, layout: Layout, *, differences: Callable[[], list[str] | 
 @contextlib.contextmanager
 def open_folder(root: Path, layout: Layout, *, differences: Callable[[], list[str] | None],
                 has_results: Callable[[], bool], resume: bool = False,
-                describe: Callable[[], str] | None = None) -> Iterator[str]:
+                describe: Callable[[], str] | None = None,
+                records: Callable[[], Mapping[str, str]] | None = None) -> Iterator[str]:
     """`decide` (nothing written), then the folder made and locked, `decide` again under
-    the lock, a folder to `REPLACE` (or a `NEW` one's leftovers) emptied; yields the decision
+    the lock, a folder to `REPLACE` (or a `NEW` one's leftovers) emptied, one to continue
+    `settle`d where the kind gives ``records`` (its recorded checksums, relative path ->
+    ``"sha256:<hex>"``; a kind that settles its own folder gives none); yields the decision
     while the lock is held. A folder it made that is still empty at the end is removed."""
     def again(locked: bool) -> str:
         return decide(root, layout, differences=differences, has_results=has_results,
@@ -199,12 +217,32 @@ def open_folder(root: Path, layout: Layout, *, differences: Callable[[], list[st
         if state in (NEW, REPLACE):  # (a new one may hold a killed first write's leftovers)
             with disk_errors(root):
                 clear(root)
+        elif records is not None:
+            with disk_errors(root):
+                settle(root, records())
         yield state
     finally:
         lock.release()
         for folder in made:  # a body that failed before writing leaves no empty folder behind
             with contextlib.suppress(OSError):
                 folder.rmdir()
+
+
+def settle(root: Path, recorded: Mapping[str, str] | None = None) -> None:
+    """Finish or remove what killed writers left in ``root`` (the caller holds its lock): a
+    temporary file holding what a record expects of its file (``recorded``: relative path
+    -> ``"sha256:<hex>"``; a write whose record was committed, not its rename) is renamed
+    onto it (`fileio.roll_forward`); every other temporary file or folder is removed. A
+    folder of a kind inside ``root`` (a collection's units) is left to its own writer."""
+    roll_forward(root, recorded or {})
+    stack = [root]
+    while stack:
+        folder = stack.pop()
+        for entry in folder.iterdir():
+            if entry.name.startswith(TMP_PREFIX):
+                remove(entry)
+            elif entry.is_dir() and not entry.is_symlink() and identify(entry) is None:
+                stack.append(entry)
 
 
 def clear(root: Path) -> None:
@@ -218,7 +256,7 @@ def clear(root: Path) -> None:
             entry.unlink()
 
 
-__all__ = ["COLLECTION", "CONTINUE", "GENERALIZATION_STUDY", "KINDS", "LM_STUDY", "NEW",
+__all__ = ["COLLECTION", "CONTINUE", "DEMO", "TRAINING_CACHE", "GENERALIZATION_STUDY", "KINDS", "LM_STUDY", "NEW",
            "PERTURBATION_RUN", "REBUILD", "REPLACE", "RUN_DIRECTORY", "VIT_TRAINING", "Layout",
            "another_kind", "check_out", "clear", "decide", "entries", "identify",
-           "open_folder"]
+           "open_folder", "settle"]

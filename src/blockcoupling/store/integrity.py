@@ -19,7 +19,10 @@ from typing import Any
 
 from blockcoupling.engine.results import TABLES
 from blockcoupling.errors import RunDirError
-from blockcoupling.store.fileio import commit_temp, sha256_bytes, temp_candidates
+from blockcoupling.store.fileio import (  # noqa: F401 - roll_forward: its earlier home
+    roll_forward,
+    sha256_bytes,
+)
 from blockcoupling.store.manifest import ARRAYS, MANIFEST, PART_META, PARTS
 from blockcoupling.store.verified import (  # noqa: F401 - their earlier home, kept importable
     SEAL,
@@ -142,18 +145,6 @@ def scan(root: Path, manifest: Mapping[str, Any]) -> RunContents:
             owner[pid] = str(path)
         out.parts.append(part)
     return out
-
-
-def roll_forward(root: Path, files: Mapping[str, str]) -> None:
-    """Finish a consolidation killed after its commit: rename matching temporary files."""
-    for name, expected in files.items():
-        path = root / name
-        if path.is_file() and sha256_bytes(path.read_bytes()) == expected:
-            continue
-        for tmp in temp_candidates(path):
-            if sha256_bytes(tmp.read_bytes()) == expected:
-                commit_temp(tmp, path)
-                break
 
 
 def bases_entries(manifest: Mapping[str, Any]) -> dict[str, dict[str, Any]]:

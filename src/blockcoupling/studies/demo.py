@@ -20,7 +20,7 @@ import os
 import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -28,6 +28,7 @@ from blockcoupling.engine.statistic import headline as stat_headline
 from blockcoupling.engine.statistic import headline_rule
 from blockcoupling.errors import BlockCouplingError, require
 from blockcoupling.progress import write
+from blockcoupling.store.folder import DEMO, TRAINING_CACHE
 from blockcoupling.studies.tiny_lm import (  # the tiny LM, re-exported for the demo's users
     _CORPUS_PROMPTS,
     TinyLMConfig,
@@ -214,6 +215,13 @@ def demo_line(label: str, m: Any) -> str:
     return f"  {label:<42} at the {token_words(m)}: {stat_headline(stat)}"
 
 
+#: the demo's folder in the run protocol's words: what it may hold (anything else: another's
+#: folder, refused); running the demo again continues it
+LAYOUT = replace(DEMO, files=("minilm-pretrained", "minilm-random", "minilm-pretrained-normdirs",
+                              "minilm-random-normdirs", "tinylm-monitor", "tinylm", "lm-family",
+                              "report.html", "report_figures"))
+
+
 def run_demo(
     out_dir: str | Path,
     *,
@@ -236,12 +244,25 @@ def run_demo(
     resume: the demo run again into the same ``out_dir`` reuses what is finished.
     ``progress``: each step announced, one summary line per run at the end.
     """
-    from blockcoupling.report.html import write_report
     from blockcoupling.runs.executor import check_executor
+    from blockcoupling.store.folder import check_out, entries, open_folder
 
     check_executor(executor)
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    if cache_dir is not None:  # before anything is measured
+        check_out(Path(cache_dir), TRAINING_CACHE)
+    # the demo's folder by the run protocol: not a file, not another command's folder, one
+    # demo at a time; running it again continues it
+    with open_folder(out, LAYOUT, resume=True, differences=list,
+                     has_results=lambda: bool(entries(out))):
+        return _run_demo(out, quick, cache_dir, progress, family, executor)
+
+
+def _run_demo(out: Path, quick: bool, cache_dir: str | Path | None, progress: bool,
+              family: bool, executor: str) -> Path:
+    """`run_demo` once its folder is open and locked."""
+    from blockcoupling.report.html import write_report
+
     labels, measurements = _measure_minilm(out, quick, progress)
     cfg = TinyLMConfig.quick() if quick else TinyLMConfig()
     checkpoints = train_tiny_lm(cfg, cache_dir, progress=progress)

@@ -29,6 +29,7 @@ __all__ = [
     "MeasuredTokens",
     "attach_to_prompts",
     "canonical_order",
+    "check_distinct_runs",
     "check_distinct_weights",
     "check_models",
     "check_prompt_sets",
@@ -324,6 +325,16 @@ def check_distinct_weights(weights: Mapping[str, str | None]) -> None:
             f"runs {', '.join(labels)} measured the same weights (weights hash "
             f"{h.removeprefix('sha256:')[:12]}): one model counted as several; pass each model "
             "once")
+
+
+def check_distinct_runs(records: Iterable[tuple[str, str | None]]) -> None:
+    """One line where two runs ((label, the seal of the record it holds: its manifest's
+    digest) each) are one run: a run directory given twice, or a copy of it, shown as two."""
+    twice = _first_shared((str(d), label) for label, d in records if d)
+    if twice:
+        raise BlockCouplingError(f"runs {', '.join(twice[1])} are one run (the same record: "
+                                 "a run directory given twice, or a copy of it); pass each run "
+                                 "once")
 
 
 def same_weights(recorded: object, loaded: str, *, what: str) -> None:

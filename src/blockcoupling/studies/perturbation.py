@@ -22,6 +22,7 @@ import pandas as pd
 from blockcoupling.errors import BlockCouplingError
 from blockcoupling.store.folder import PERTURBATION_RUN
 from blockcoupling.store.verified import LEDGER, Ledger, parquet_bytes
+from blockcoupling.studies.joins import canonical_order, prompt_key
 
 SETTINGS = PERTURBATION_RUN.record
 PARTS = "parts"
@@ -64,6 +65,13 @@ IDENTITY = ("levels", "draws", "seed", "token", "weights_hash", "prompts")
 #: a perturbation folder in the run protocol's words: what it may hold; running the same
 #: command again continues it (no ``--resume``)
 LAYOUT = replace(PERTURBATION_RUN, files=(SETTINGS, PARTS, TABLE, SUMMARY, PAGE, LEDGER))
+
+
+def _recorded(out: Path) -> dict[str, str]:
+    """The checksums the folder's ledger records (none where it has no trustworthy one: its
+    files are then checked, and measured again, as they are read)."""
+    ledger = _ledger(out)
+    return ledger.entries() if ledger.exists() and ledger.problem() is None else {}
 
 
 def _ledger(out: Path) -> Ledger:
@@ -151,7 +159,8 @@ def run_perturbation(model: Any, tokenizer: Any, prompts: Any, out: str | Path, 
         "prompts": canonical_hash([[it.prompt_id, it.text] for it in items]),
         "n_prompts": len(items)}
     with open_folder(out, LAYOUT, resume=True, differences=lambda: _differences(out, settings),
-                     has_results=lambda: bool(_parts(out))) as state, disk_errors(out):
+                     has_results=lambda: bool(_parts(out)),
+                     records=lambda: _recorded(out)) as state, disk_errors(out):
         ledger = _ledger(out)
         if state != CONTINUE:
             ledger.write_json(SETTINGS, settings)
@@ -170,7 +179,12 @@ def run_perturbation(model: Any, tokenizer: Any, prompts: Any, out: str | Path, 
                                          draws=draws, seed=seed, token=token,
                                          batch_size=batch_size)
                 ledger.write(names[i], parquet_bytes(rows))  # the part's commit
-        rows = pd.concat([ledger.parquet(n) for n in names], ignore_index=True)
+        # the table in one canonical order, the prompts' content (``joins.canonical_order``):
+        # the same prompts in another order give the same table's values and summary, bit
+        # for bit (a mean sums in row order)
+        order = canonical_order(range(len(items)), key=lambda i: prompt_key(
+            items[i].prompt_id, items[i].text))
+        rows = pd.concat([ledger.parquet(names[i]) for i in order], ignore_index=True)
         summary = perturbation_summary(rows)
         ledger.write(TABLE, parquet_bytes(rows))
         ledger.write(SUMMARY, summary.to_csv(index=False).encode())

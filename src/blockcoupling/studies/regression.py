@@ -105,6 +105,38 @@ def _exact_p(x: np.ndarray, y: np.ndarray) -> float:
     return _permutation_p(np.asarray(y, dtype=float), lambda w: _centred_unit(w) @ zx)
 
 
+def _r2_interval(st: Any, xa: np.ndarray, ya: np.ndarray, n_boot: int, seed: int,
+                 confidence: float) -> tuple[float, float, int, str | None]:
+    """`regression`'s percentile-bootstrap interval of R^2: (lo, hi, degenerate resamples,
+    why there is none)."""
+    lo = hi = float("nan")
+    degenerate = 0
+    note: str | None = None
+    if n_boot > 0 and len(xa) < SMALL_N:
+        note = (f"no bootstrap interval for {len(xa)} models (below {SMALL_N}, most resamples "
+                "repeat a model and the interval degenerates)")
+    elif n_boot > 0:
+        def r2(a: np.ndarray, b: np.ndarray, axis: int = -1) -> np.ndarray:
+            return st.pearsonr(a, b, axis=axis).statistic ** 2
+
+        with warnings.catch_warnings(), np.errstate(all="ignore"):
+            warnings.simplefilter("ignore")
+            boot = st.bootstrap((xa, ya), r2, paired=True, vectorized=True, n_resamples=n_boot,
+                                method="percentile", confidence_level=confidence,
+                                random_state=np.random.default_rng(seed))
+        dist = np.asarray(boot.bootstrap_distribution, dtype=float)
+        degenerate = int((~np.isfinite(dist)).sum())
+        alpha = (1 - confidence) / 2
+        if degenerate <= MAX_DEGENERATE * len(dist):
+            lo, hi = (float(v) for v in np.nanpercentile(dist, [100 * alpha, 100 * (1 - alpha)]))
+        if degenerate > MAX_DEGENERATE * len(dist) or not lo < hi:
+            lo = hi = float("nan")
+            note = (f"no bootstrap interval: {degenerate} of {len(dist)} resamples had a "
+                    "constant x or y" if degenerate else "no bootstrap interval: every "
+                    "resample gave the same R^2")
+    return lo, hi, degenerate, note
+
+
 def regression(x: Sequence[float] | np.ndarray, y: Sequence[float] | np.ndarray, *,
                n_boot: int = 2000, seed: int = 0, confidence: float = 0.95,
                exact_below: int = 0) -> dict[str, Any]:
@@ -138,31 +170,7 @@ def regression(x: Sequence[float] | np.ndarray, y: Sequence[float] | np.ndarray,
         p, p_method = _exact_p(xa, ya), f"exact permutation ({math.factorial(len(xa))} orderings)"
         sp = _exact_p(st.rankdata(xa), st.rankdata(ya))
         sp_method = p_method
-    lo = hi = float("nan")
-    degenerate = 0
-    note = None
-    if n_boot > 0 and len(xa) < SMALL_N:
-        note = (f"no bootstrap interval for {len(xa)} models (below {SMALL_N}, most resamples "
-                "repeat a model and the interval degenerates)")
-    elif n_boot > 0:
-        def r2(a: np.ndarray, b: np.ndarray, axis: int = -1) -> np.ndarray:
-            return st.pearsonr(a, b, axis=axis).statistic ** 2
-
-        with warnings.catch_warnings(), np.errstate(all="ignore"):
-            warnings.simplefilter("ignore")
-            boot = st.bootstrap((xa, ya), r2, paired=True, vectorized=True, n_resamples=n_boot,
-                                method="percentile", confidence_level=confidence,
-                                random_state=np.random.default_rng(seed))
-        dist = np.asarray(boot.bootstrap_distribution, dtype=float)
-        degenerate = int((~np.isfinite(dist)).sum())
-        alpha = (1 - confidence) / 2
-        if degenerate <= MAX_DEGENERATE * len(dist):
-            lo, hi = (float(v) for v in np.nanpercentile(dist, [100 * alpha, 100 * (1 - alpha)]))
-        if degenerate > MAX_DEGENERATE * len(dist) or not lo < hi:
-            lo = hi = float("nan")
-            note = (f"no bootstrap interval: {degenerate} of {len(dist)} resamples had a "
-                    "constant x or y" if degenerate else "no bootstrap interval: every "
-                    "resample gave the same R^2")
+    lo, hi, degenerate, note = _r2_interval(st, xa, ya, n_boot, seed, confidence)
     return {
         "n": int(len(xa)), "slope": float(lr.slope), "intercept": float(lr.intercept),
         "slope_stderr": float(lr.stderr), "r": float(lr.rvalue), "r2": float(lr.rvalue ** 2),

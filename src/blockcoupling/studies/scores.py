@@ -136,6 +136,55 @@ def read_scores(source: str | Path) -> tuple[pd.DataFrame, str]:
                              "'paper' or an lm-evaluation-harness results folder")
 
 
+def _row_names(scores: pd.DataFrame) -> list[list[str]]:
+    """Each score row's names: its ``model``, its ``name`` and its ``aliases`` (``|``-separated)."""
+    names: list[list[str]] = []
+    for _, row in scores.iterrows():
+        row_names = [str(row["model"])]
+        if "name" in scores.columns and isinstance(row.get("name"), str):
+            row_names.append(row["name"])
+        if "aliases" in scores.columns and isinstance(row.get("aliases"), str):
+            row_names += [a for a in row["aliases"].split("|") if a.strip()]
+        names.append(row_names)
+    return names
+
+
+def _no_score(unmatched: Sequence[ModelUnit], scores: pd.DataFrame,
+              any_revision: bool) -> BlockCouplingError:
+    """The one line for units no score row names: all of them, the table's first models."""
+    listed = "; ".join(f"{u.label}" + (f" (model {u.model})" if u.model != u.label else "")
+                       for u in unmatched)
+    known = ", ".join(map(str, scores["model"].head(8)))
+    revs = [u for u in unmatched if u.revision]
+    hint = (f"; a run measured at a revision matches only that revision's row (e.g. "
+            f"{revs[0].model}@{revs[0].revision}) unless --any-revision"
+            if revs and not any_revision else "")
+    return BlockCouplingError(
+        f"no score for {len(unmatched)} run(s): {listed}. Add rows whose 'model' is the run's "
+        f"label or model id (score table has {len(scores)} models: {known}"
+        f"{', ...' if len(scores) > 8 else ''}){hint}")
+
+
+def _measured_shape(table: pd.DataFrame) -> list[str]:
+    """``layers`` and ``d_model`` as the runs measured them (in place), the score table's
+    values filling only what a run does not know (kept as ``*_scores``); a note for each
+    value the two disagree on."""
+    notes = []
+    for col, run_col in (("layers", "layers_run"), ("d_model", "d_model_run")):
+        measured = table[run_col].astype(float).where(table[run_col].astype(float) > 0)
+        if col in table.columns:
+            listed = table[col].astype(float)
+            differ = measured.notna() & listed.notna() & (listed != measured)
+            notes += [f"{r['label']}: the score table gives {col} {listed[i]:g}, the run "
+                      f"measured {measured[i]:g} (the measured value is used)"
+                      for i, r in table[differ].iterrows()]
+            table[f"{col}_scores"] = listed
+            table[col] = measured.fillna(listed)
+        else:
+            table[col] = measured
+    return notes
+
+
 def match_scores(models: pd.DataFrame, units: Sequence[ModelUnit], scores: pd.DataFrame, *,
                  any_revision: bool = False) -> tuple[pd.DataFrame, list[dict[str, str]]]:
     """Join each unit's row of ``models`` with its score row; returns (table, excluded).
@@ -149,37 +198,16 @@ def match_scores(models: pd.DataFrame, units: Sequence[ModelUnit], scores: pd.Da
     matching row raise (all listed); units whose row has no finite score are excluded and
     returned with the reason.
 
-    ``d_model`` and ``layers`` are the measured model's (``d_model_run``, ``layers_run``);
-    the score table's values fill only what a run does not know, and where they differ from
-    the measured shape a warning says so (the score table's values are kept as
-    ``d_model_scores`` / ``layers_scores``).
+    ``d_model`` and ``layers`` are the measured model's; the score table's fill only what a
+    run does not know, kept as ``d_model_scores`` / ``layers_scores`` (a warning where they differ).
     """
     scores = scores.reset_index(drop=True)
-    names: list[list[str]] = []
-    for _, row in scores.iterrows():
-        row_names = [str(row["model"])]
-        if "name" in scores.columns and isinstance(row.get("name"), str):
-            row_names.append(row["name"])
-        if "aliases" in scores.columns and isinstance(row.get("aliases"), str):
-            row_names += [a for a in row["aliases"].split("|") if a.strip()]
-        names.append(row_names)
     picked = joins.match_names({u.label: u.match_keys(any_revision=any_revision)
-                                for u in units}, names)
+                                for u in units}, _row_names(scores))
     chosen = [picked[u.label] for u in units]
     unmatched = [u for u, c in zip(units, chosen, strict=True) if c is None]
     if unmatched:
-        listed = "; ".join(f"{u.label}" + (f" (model {u.model})" if u.model != u.label else "")
-                           for u in unmatched)
-        known = ", ".join(map(str, scores["model"].head(8)))
-        revs = [u for u in unmatched if u.revision]
-        hint = (f"; a run measured at a revision matches only that revision's row (e.g. "
-                f"{revs[0].model}@{revs[0].revision}) unless --any-revision"
-                if revs and not any_revision else "")
-        raise BlockCouplingError(
-            f"no score for {len(unmatched)} run(s): {listed}. Add rows whose 'model' is the run's "
-            f"label or model id (score table has {len(scores)} models: {known}"
-            f"{', ...' if len(scores) > 8 else ''}){hint}"
-        )
+        raise _no_score(unmatched, scores, any_revision)
     extra = [c for c in scores.columns if c != "model"]
     right = scores.loc[[int(c) for c in chosen], extra].reset_index(drop=True)  # type: ignore[arg-type]
     right = right.rename(columns={c: f"score_{c}" for c in extra if c in models.columns})
@@ -192,18 +220,7 @@ def match_scores(models: pd.DataFrame, units: Sequence[ModelUnit], scores: pd.Da
                 and u.label.lower() != row_model.lower():
             notes.append(f"{u.label} (measured at revision {u.revision}) takes the score of "
                          f"{row_model!r} (--any-revision)")
-    for col, run_col in (("layers", "layers_run"), ("d_model", "d_model_run")):
-        measured = table[run_col].astype(float).where(table[run_col].astype(float) > 0)
-        if col in table.columns:  # the runs know their shape; the table fills what they don't
-            listed = table[col].astype(float)
-            differ = measured.notna() & listed.notna() & (listed != measured)
-            notes += [f"{r['label']}: the score table gives {col} {listed[i]:g}, the run "
-                      f"measured {measured[i]:g} (the measured value is used)"
-                      for i, r in table[differ].iterrows()]
-            table[f"{col}_scores"] = listed
-            table[col] = measured.fillna(listed)
-        else:
-            table[col] = measured
+    notes += _measured_shape(table)
     for col in ("params_b", "train_tokens_t"):
         if col not in table.columns:
             table[col] = np.nan

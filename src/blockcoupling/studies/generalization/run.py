@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 import platform
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, TypeVar
@@ -47,8 +47,8 @@ from blockcoupling.studies.generalization.design import (
 from blockcoupling.studies.generalization.result import GeneralizationResult
 from blockcoupling.studies.generalization.statement import statement
 
-__all__ = ["in_study_folder", "run_cpu", "run_reporter", "run_statistics", "run_study", "say",
-           "versions"]
+__all__ = ["check_grids", "check_study", "in_study_folder", "run_cpu", "run_reporter",
+           "run_statistics", "run_study", "say", "versions"]
 
 T = TypeVar("T")
 
@@ -89,22 +89,58 @@ def run_study(out: str | Path, spec: GeneralizationSpec | None = None, *, quick:
     per run, one CPU and one torch thread each)."""
     spec = spec if spec is not None else (quick_spec() if quick else full_spec())
     out = Path(out)
-    return in_study_folder(out, LAYOUT, executor, lambda: _run_study(
-        out, spec, executor, address, cluster_cpus, progress))
+    return in_study_folder(
+        out, LAYOUT, lambda: check_study(out, spec, executor, address=address,
+                                         cluster_cpus=cluster_cpus),
+        lambda: _run_study(out, spec, executor, address, cluster_cpus, progress))
 
 
-def in_study_folder(out: Path, layout: Layout, executor: str, body: Callable[[], T]) -> T:
-    """``body()`` with the executor checked and the study's folder ``out`` opened and
-    locked by the run protocol (``store.folder.open_folder``, ``layout``; its record is the
-    study's grid, whose base config is its identity), so an interrupted study continues."""
-    from blockcoupling.runs.executor import check_executor
+def in_study_folder(out: Path, layout: Layout, check: Callable[[], object],
+                    body: Callable[[], T]) -> T:
+    """``body()`` once ``check()`` (every check that needs no training: `check_grids`) has
+    passed, with the study's folder ``out`` opened and locked by the run protocol
+    (``store.folder.open_folder``, ``layout``; its record is the study's grid, whose base
+    config is its identity), so an interrupted study continues."""
     from blockcoupling.runs.protocol import has_results
     from blockcoupling.store.folder import open_folder
 
-    check_executor(executor)
+    check()
     with open_folder(out, layout, resume=True, differences=lambda: [],
                      has_results=lambda: has_results(out / layout.record)):
         return body()
+
+
+def check_grids(out: Path, layout: Layout, grids: Sequence[tuple[Path, Any, dict[str, Any]]],
+                executor: str, *, address: str | None = None,
+                cluster_cpus: int | None = None) -> str:
+    """Every check of a grid-trained study that needs no training, made before any (and by
+    ``--dry-run``): the executor, the study's folder by the run protocol
+    (``store.folder.decide``: a folder, writable, not another command's, not in use) and
+    each of its ``grids`` (root, base training config, ``run_grid`` axes) by the grid's own
+    run (``runs.protocol.checks_only``: another base config refused). Returns what opening
+    the study's folder does; writes nothing."""
+    from blockcoupling.runs.executor import check_executor
+    from blockcoupling.runs.protocol import checks_only, has_results
+    from blockcoupling.store.folder import decide
+    from blockcoupling.studies.vit.grid import run_grid
+
+    check_executor(executor)
+    state = decide(out, layout, resume=True, differences=lambda: [],
+                   has_results=lambda: has_results(out / layout.record))
+    with checks_only():
+        for root, train, axes in grids:
+            run_grid(train, root, **axes, executor=executor, address=address, num_cpus=1,
+                     threads=1, progress=False, cluster_cpus=cluster_cpus)
+    return state
+
+
+def check_study(out: str | Path, spec: GeneralizationSpec, executor: str = "local", *,
+                address: str | None = None, cluster_cpus: int | None = None) -> str:
+    """`check_grids` of the design's grid and the positive control's."""
+    out = Path(out)
+    return check_grids(out, LAYOUT, [(out / GRID, spec.train, spec.grid()),
+                                     (out / CONTROL, spec.train, spec.control_grid())],
+                       executor, address=address, cluster_cpus=cluster_cpus)
 
 
 def _run_study(out: Path, spec: GeneralizationSpec, executor: str, address: str | None,

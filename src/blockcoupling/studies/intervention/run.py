@@ -36,7 +36,7 @@ from blockcoupling.studies.intervention.design import (
 )
 from blockcoupling.studies.intervention.result import InterventionResult
 
-__all__ = ["read_runs", "run_study"]
+__all__ = ["check_study", "read_runs", "run_study"]
 
 GRID = "grid"
 #: the study's folder in the run protocol's words: its grid and what the study writes from it
@@ -97,8 +97,21 @@ def run_study(out: str | Path, spec: InterventionSpec | None = None, *, quick: b
 
     spec = spec if spec is not None else (quick_spec() if quick else full_spec())
     out = Path(out)
-    return in_study_folder(out, LAYOUT, executor, lambda: _run_study(
-        out, spec, executor, address, cluster_cpus, progress))
+    return in_study_folder(
+        out, LAYOUT, lambda: check_study(out, spec, executor, address=address,
+                                         cluster_cpus=cluster_cpus),
+        lambda: _run_study(out, spec, executor, address, cluster_cpus, progress))
+
+
+def check_study(out: str | Path, spec: InterventionSpec, executor: str = "local", *,
+                address: str | None = None, cluster_cpus: int | None = None) -> str:
+    """Every check of the study that needs no training, made before any (and by
+    ``--dry-run``): `generalization.run.check_grids` of its grid."""
+    from blockcoupling.studies.generalization.run import check_grids
+
+    out = Path(out)
+    return check_grids(out, LAYOUT, [(out / GRID, spec.train, spec.grid())], executor,
+                       address=address, cluster_cpus=cluster_cpus)
 
 
 def _run_study(out: Path, spec: InterventionSpec, executor: str, address: str | None,

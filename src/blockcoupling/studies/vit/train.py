@@ -41,7 +41,7 @@ from blockcoupling.errors import BlockCouplingError
 from blockcoupling.fields import check_fields, identity, opt, parse_given
 from blockcoupling.hashing import canonical_hash
 from blockcoupling.store.fileio import atomic_path
-from blockcoupling.store.folder import VIT_TRAINING, open_folder
+from blockcoupling.store.folder import VIT_TRAINING, decide, open_folder
 from blockcoupling.studies.schedule import lr_at
 from blockcoupling.studies.vit.augment import (
     AUGMENTS,
@@ -499,6 +499,23 @@ def is_trained(out_dir: str | Path, config: VitTrainConfig | None = None) -> boo
 EpochCallback = Callable[[dict[str, Any]], None]
 
 
+def _data_content(config: VitTrainConfig) -> str | None:
+    """The content hash of the training's image folder (None: a built-in data set)."""
+    if config.data_dir is None or not Path(config.data_dir).is_dir():
+        return None
+    from blockcoupling.runs.identity import content_hash
+
+    return content_hash(Path(config.data_dir))
+
+
+def check_training(config: VitTrainConfig, out_dir: str | Path) -> str:
+    """What training ``config`` into ``out_dir`` does to that folder
+    (``store.folder.decide``), or the one line the training itself would refuse it with;
+    nothing is written (``--dry-run``)."""
+    out = Path(out_dir)
+    return decide(out, TRAINING, resume=True, **_identity(config, out, _data_content(config)))
+
+
 def train_vit(config: VitTrainConfig, out_dir: str | Path, *, progress: bool = True,
               on_epoch: EpochCallback | None = None, data: ImageData | None = None,
               threads: int | None = None) -> Path:
@@ -514,11 +531,7 @@ def train_vit(config: VitTrainConfig, out_dir: str | Path, *, progress: bool = T
     out = Path(out_dir)
     if is_trained(out, config):
         return out
-    content = None
-    if config.data_dir is not None and Path(config.data_dir).is_dir():
-        from blockcoupling.runs.identity import content_hash
-
-        content = content_hash(Path(config.data_dir))  # a resume must see the same images
+    content = _data_content(config)  # a resume must see the same images
     old_threads = torch.get_num_threads()
     if threads is not None:
         torch.set_num_threads(max(1, int(threads)))
@@ -539,10 +552,9 @@ def _identity(config: VitTrainConfig, out: Path, content: str | None) -> dict[st
     """How the protocol reads a training folder's identity: no other command's files, the
     same config and the same images as its record (`read_metrics`, verified) states."""
     def differences() -> list[str]:
-        for foreign in ("manifest.json", "sweep.json", "grid.json"):  # never train into those
-            if (out / foreign).exists():
-                raise BlockCouplingError(f"{out} holds a measurement run or a collection "
-                                         f"({foreign}), not a training; choose another --out")
+        if (out / "grid.json").exists():  # an old ViT grid (other kinds: `decide` refuses them)
+            raise BlockCouplingError(f"{out} holds a ViT grid (grid.json), not a training; "
+                                     "choose another --out")
         if not (out / METRICS_FILE).exists():
             return []
         old = read_metrics(out)
@@ -906,6 +918,6 @@ def _save_model(model: Any, folder: Path) -> None:
 
 
 __all__ = ["COUPLING_METRICS", "RECIPES", "STATISTIC_TOKENS", "TOKENS", "TOKEN_METRICS", "VitTrainConfig",
-           "estimate_cost", "evaluate", "is_trained", "lr_at", "measure_images",
+           "check_training", "estimate_cost", "evaluate", "is_trained", "lr_at", "measure_images",
            "measured_tokens", "param_groups", "read_metrics", "record_images", "regularise",
            "reproducibility", "token_statistic", "train_loss", "train_vit"]
