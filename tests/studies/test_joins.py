@@ -395,6 +395,7 @@ COMBINING = {
     "cross": ("studies.cross",),
     "study lm-family": ("studies.lm_study.run", "studies.lm_study.analysis"),
     "study generalization": ("studies.generalization.analysis", "studies.generalization.run"),
+    "study intervention": ("studies.intervention.analysis", "studies.intervention.run"),
 }
 #: the commands that join nothing across files or runs, and why
 NOT_COMBINING = {
@@ -413,6 +414,7 @@ PLANTED = {
     "cross": "tests/studies/test_trust.py::test_cross_compares_prompt_texts_not_ids",
     "study lm-family": "test_tables_join_on_every_key_once",
     "study generalization": "test_tables_join_on_every_key_once",
+    "study intervention": "test_tables_join_on_every_key_once",
 }
 
 

@@ -18,6 +18,7 @@ from scipy import stats
 
 from blockcoupling.engine.statistic import seed_level
 from blockcoupling.errors import BlockCouplingError
+from blockcoupling.studies.joins import join_on
 from blockcoupling.studies.power import paired_tost
 
 __all__ = ["analyse", "arm_table", "manipulation_check", "paired_difference"]
@@ -36,8 +37,9 @@ def arm_table(runs: pd.DataFrame, columns: Sequence[str]) -> pd.DataFrame:
         if c not in runs or runs[c].isna().all():
             continue
         lvl = seed_level(runs, by=["strength"], value=c)
-        out = out.merge(lvl[["strength", *keep]].rename(columns={k: f"{c}_{k}" for k in keep}),
-                        on="strength")
+        arm = lvl[["strength", *keep]].rename(columns={k: f"{c}_{k}" for k in keep})
+        out = join_on(out, arm, ["strength"], names=("the arms", f"{c}'s seed level"),
+                      what="each arm once")
     return out
 
 
