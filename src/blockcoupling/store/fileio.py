@@ -15,7 +15,7 @@ import errno
 import hashlib
 import os
 import shutil
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -73,20 +73,6 @@ def temp_candidates(path: Path) -> list[Path]:
 def commit_temp(tmp: Path, path: Path) -> None:
     os.replace(tmp, path)
     fsync_dir(path.parent)
-
-
-def roll_forward(root: Path, files: Mapping[str, str]) -> None:
-    """Finish writes killed after their record was committed but before their rename: for
-    each recorded file (relative path -> ``"sha256:<hex>"``) that does not match, a
-    temporary sibling that does is renamed onto it."""
-    for name, expected in files.items():
-        path = root / name
-        if path.is_file() and sha256_bytes(path.read_bytes()) == expected:
-            continue
-        for tmp in temp_candidates(path):
-            if sha256_bytes(tmp.read_bytes()) == expected:
-                commit_temp(tmp, path)
-                break
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:

@@ -12,7 +12,6 @@ and yields it while the lock is held. A kind describes its folder once (`Layout`
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import shutil
 from collections.abc import Callable, Iterator, Mapping
@@ -27,8 +26,8 @@ from blockcoupling.store.fileio import (
     disk_errors,
     lock_holder,
     remove,
-    roll_forward,
 )
+from blockcoupling.store.verified import load_json, roll_forward
 
 #: what opening a folder does (`decide`)
 NEW, REPLACE, CONTINUE, REBUILD = "new", "replace", "continue", "rebuild"
@@ -106,8 +105,8 @@ def identify(root: Path) -> Layout | None:
             continue
         if kind is COLLECTION:
             name = None
-            with contextlib.suppress(OSError, ValueError, RecursionError):
-                name = json.loads((root / kind.record).read_bytes()).get("kind")
+            with contextlib.suppress(RunDirError):
+                name = load_json(root / kind.record, "").get("kind")
             if isinstance(name, str) and name.strip():
                 return replace(kind, what=f"{name.strip()} collection")
         return kind

@@ -19,15 +19,13 @@ from typing import Any
 
 from blockcoupling.engine.results import TABLES
 from blockcoupling.errors import RunDirError
-from blockcoupling.store.fileio import (  # noqa: F401 - roll_forward: its earlier home
-    roll_forward,
-    sha256_bytes,
-)
+from blockcoupling.store.fileio import sha256_bytes
 from blockcoupling.store.manifest import ARRAYS, MANIFEST, PART_META, PARTS
 from blockcoupling.store.verified import (  # noqa: F401 - their earlier home, kept importable
     SEAL,
     digest_of,
     load_json,
+    roll_forward,
     seal_problem,
     sealed_text,
     verified_bytes,

@@ -101,6 +101,31 @@ def verified_bytes(path: Path, expected: str | None, hint: str) -> bytes:
     raise stored_error(path, ALTERED, hint)
 
 
+def roll_forward(root: Path, files: Mapping[str, str]) -> None:
+    """Finish writes killed after their record was committed but before their rename: for
+    each recorded file (relative path -> ``"sha256:<hex>"``) with a temporary sibling, the
+    sibling that matches the record is renamed onto the file, unless the file matches
+    already (one that cannot be read counts as not matching: its reader says so)."""
+    for name, expected in files.items():
+        path = root / name
+        tmps = temp_candidates(path)
+        if not tmps:
+            continue
+        try:
+            if path.is_file() and sha256_bytes(path.read_bytes()) == expected:
+                continue
+        except OSError:
+            pass
+        for tmp in tmps:
+            try:
+                alt = tmp.read_bytes()
+            except OSError:
+                continue
+            if sha256_bytes(alt) == expected:
+                commit_temp(tmp, path)
+                break
+
+
 # ---------------------------------------------------------------------------- JSON
 def json_depth_exceeds(data: Any, limit: int = MAX_DEPTH) -> bool:
     """True if ``data`` nests lists and mappings deeper than ``limit`` (walked without
@@ -557,5 +582,6 @@ class Ledger:
 __all__ = ["ALTERED", "BLOB_MAGIC", "LEDGER", "MAX_DEPTH", "SEAL", "Ledger", "SealedLog",
            "digest_of",
            "json_depth_exceeds", "load_json", "load_parquet", "load_sealed", "load_sealed_bytes", "load_yaml",
-           "parquet_bytes", "parse_json", "parse_parquet", "seal_problem", "sealed_bytes",
+           "parquet_bytes", "parse_json", "parse_parquet", "roll_forward", "seal_problem",
+           "sealed_bytes",
            "sealed_text", "stored_error", "verified_bytes", "write_sealed"]
