@@ -349,7 +349,7 @@ def test_paper_protocol_from_a_local_folder(tmp_path: Path) -> None:
         "mmlu": [{"question": f"M{i}", "subject": "anatomy", "choices": ["a", "b", "c", "d"],
                   "answer": 0} for i in range(5)],
         "truthfulqa": [{"question": f"T{i}?"} for i in range(5)],
-        "winogrande": [{"sentence": f"Bob met _ {i}.", "option1": "Al", "option2": "Cy",
+        "winogrande": [{"sentence": f"Bob {i} met _.", "option1": "Al", "option2": "Cy",
                         "answer": "1"} for i in range(5)],
     }
     folder = tmp_path / "protocol"
