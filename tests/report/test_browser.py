@@ -7,6 +7,7 @@ anything fetched from the network. CI installs Chromium (.ci/run); elsewhere the
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -121,9 +122,10 @@ def _paper_command_pages(root: Path, dirs: list[Path]) -> dict[str, Path]:
     difficulty, correlate --k), and the generalization study's page of the shipped full run."""
     from blockcoupling.studies.generalization import full_spec
     from blockcoupling.studies.generalization.analysis import analyse
+    from blockcoupling.studies.generalization.design import PLANNING, control_direction
     from blockcoupling.studies.generalization.page import write_study_page
     from blockcoupling.studies.generalization.result import GeneralizationResult
-    from blockcoupling.studies.generalization.run import _statement
+    from blockcoupling.studies.generalization.statement import statement
     from tests.helpers.tiny_runs import cli, e2h_arc_rows, save_tiny_lm, write_prompts
 
     model = save_tiny_lm(root / "lm")
@@ -150,11 +152,14 @@ def _paper_command_pages(root: Path, dirs: list[Path]) -> dict[str, Path]:
     pages["correlate --k"] = root / "vary_k.html"
     shipped = Path(__file__).resolve().parents[2] / "docs" / "results" / "generalization"
     spec = full_spec()
-    runs = pd.read_csv(shipped / "runs.csv")
-    a = analyse(runs, spec.variants, alpha=spec.alpha, bound=spec.bound)
+    runs, control = pd.read_csv(shipped / "runs.csv"), pd.read_csv(shipped / "control.csv")
+    a = analyse(runs, spec.variants, alpha=spec.alpha, bound=spec.bound,
+                within_bound=PLANNING["across_slope"], control=control,
+                control_direction=control_direction(spec))
+    powers = json.loads((shipped / "study.json").read_text())["design"]["power_simulated"]
     result = GeneralizationResult(spec=spec, runs=a["runs"], final=runs, cells=a["cells"],
-                                  analysis=a, statement=_statement(spec, a),
-                                  reproducibility={})
+                                  analysis=a, powers=powers, control=control,
+                                  statement=statement(spec, a, powers), reproducibility={})
     pages["generalization study"] = write_study_page(result, root / "generalization.html")
     from typer.testing import CliRunner
 

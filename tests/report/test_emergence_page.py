@@ -132,4 +132,4 @@ def test_the_loss_twin_axis_leads_with_coupling_vs_rotated() -> None:
         "coupling_vs_null"
     assert headline_column(summ[["label", "step", "coupling_mean"]])[0] == "coupling"
     fig = plot_loss_vs_step(pd.DataFrame({"step": [1, 2], "loss": [2.0, 1.0]}), summ)
-    assert fig.axes[1].get_ylabel() == "coupling above chance (coupling_vs_rotated)"
+    assert fig.axes[1].get_ylabel() == "coupling above chance\n(coupling_vs_rotated)"

@@ -112,7 +112,7 @@ def plot_loss_vs_step(loss: pd.DataFrame, summ: pd.DataFrame) -> Figure:
             twin.errorbar(g["step"].astype(float).to_numpy(), g[f"{col}_mean"],
                           yerr=g[f"{col}_se"], fmt="o-", ms=4, capsize=2,
                           color=colors[str(lab)], label=str(lab))
-        twin.set_ylabel(name)
+        twin.set_ylabel(name.replace(" (", "\n(", 1))  # two lines: the variant's name is long
         twin.legend(fontsize="small", loc="upper right")
     ax.grid(alpha=0.3)
     return fig

@@ -80,8 +80,11 @@ def read_runs(root: Path, runs: pd.DataFrame, spec: InterventionSpec) -> pd.Data
 
 
 def _trajectory(run_dir: Path, tokens: str) -> dict[str, float]:
-    """LSS, expodistance and equidistance CV of the headline token, mean over the images."""
-    t = pd.read_parquet(run_dir / "token_metrics.parquet")
+    """LSS, expodistance and equidistance CV of the headline token, mean over the images
+    (the run read verified, `store.open_run`)."""
+    from blockcoupling.store import open_run
+
+    t = open_run(run_dir).token_metrics
     pos = t.groupby("prompt_id")["token"].transform("min" if tokens == "cls" else "max")
     at = t[t["token"] == pos]
     return {c: float(at[c].mean()) for c in ("lss", "expodistance", "equidistance_cv")}
